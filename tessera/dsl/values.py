@@ -1,0 +1,142 @@
+"""What the frontend manipulates while it traces a kernel.
+
+While the AST visitor walks a kernel, every Python expression evaluates to
+either
+
+* a compile-time Python value (int, float, bool, str, None, a DType, a tuple
+  of those, a builtin, a module): a *constexpr*, folded away; or
+* a `Tensor`: a traced IR value (scalar, pointer, tile of either, or view).
+
+Builtins (`tessera.load`, `tessera.arange`, ...) receive a `Context` and
+arguments of both kinds, emit IR through `ctx.builder`, and return Tensors
+or Python values. `ctx.error(...)` raises a CompileError at the source
+location being traced, so builtins never need to know about line numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, NoReturn
+
+from ..ir.builder import Builder
+from ..ir.core import Location, Value
+from ..ir.types import Type, TileType, ViewType, scalar_dtype, shape_of
+from ..ir.dtypes import DType
+from .errors import CompileError
+
+
+class Tensor:
+    """A traced IR value with Python operators handled by the code generator."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: Value):
+        self.value = value
+
+    @property
+    def type(self) -> Type:
+        return self.value.type
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return shape_of(self.value.type)
+
+    @property
+    def dtype(self) -> DType | None:
+        """The data type of a scalar or tile of scalars (None for pointers and views)."""
+        return scalar_dtype(self.value.type)
+
+    @property
+    def is_tile(self) -> bool:
+        return isinstance(self.value.type, TileType)
+
+    @property
+    def is_view(self) -> bool:
+        return isinstance(self.value.type, ViewType)
+
+    def __bool__(self) -> NoReturn:
+        # `if tensor:` / `a and b` on traced values must go through the code
+        # generator (structured control flow), never Python's truth test.
+        raise TypeError("a traced value has no compile-time truth value")
+
+    def __repr__(self) -> str:
+        return f"Tensor({self.value.type})"
+
+
+@dataclass
+class Context:
+    """Handed to every builtin: where to emit IR and how to report errors."""
+
+    builder: Builder
+    kernel_name: str = ""
+    file: str | None = None
+    source_lines: list[str] = field(default_factory=list)
+    # Set by the code generator: inline a @tessera.func at the insertion point,
+    # `call_function(func, args) -> result`. Builtins with function arguments
+    # (custom reduce/scan combine functions) use it to fill their regions.
+    call_function: Callable[[Any, list[Any]], Any] | None = None
+
+    @property
+    def loc(self) -> Location | None:
+        return self.builder.loc
+
+    def error(self, message: str, cls: type[CompileError] = CompileError) -> NoReturn:
+        """Raise `cls(message)` pointing at the source line being traced."""
+        loc = self.builder.loc
+        line = loc.line if loc else None
+        source = None
+        if line is not None and 0 < line <= len(self.source_lines):
+            source = self.source_lines[line - 1].rstrip("\n")
+        raise cls(message, kernel=self.kernel_name or None, file=loc.file if loc else self.file,
+                  line=line, column=loc.column if loc else None, source_line=source)
+
+
+@dataclass(frozen=True)
+class Builtin:
+    """A language function usable inside kernels, e.g. `tessera.load`.
+
+    `impl(ctx, *args, **kwargs)` emits IR. Calling the builtin from plain
+    Python (outside a kernel) is an error that says so.
+    """
+
+    name: str
+    impl: Callable[..., Any]
+    doc: str = ""
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"tessera.{self.name} can only be called inside a @tessera.kernel or @tessera.func")
+
+
+BUILTINS: dict[str, Builtin] = {}
+
+
+def builtin(fn: Callable[..., Any] | None = None, *, name: str | None = None):
+    """Register `fn(ctx, ...)` as the language function `tessera.<name>`."""
+    def register(f: Callable[..., Any]) -> Builtin:
+        key = name or f.__name__.rstrip("_")
+        if key in BUILTINS:
+            raise RuntimeError(f"builtin {key!r} defined twice")
+        b = Builtin(key, f, f.__doc__ or "")
+        BUILTINS[key] = b
+        return b
+    return register(fn) if fn is not None else register
+
+
+class static_range:
+    """`for i in tessera.static_range(lo, hi, step)`: a loop unrolled at compile time (bounds must be constexpr).
+
+    Outside kernels it behaves like `range`.
+    """
+
+    def __init__(self, *args: int):
+        self.range = range(*args)
+
+    def __iter__(self):
+        return iter(self.range)
+
+
+@dataclass(frozen=True)
+class constexpr:
+    """Annotation for kernel parameters whose value is fixed at compile time: `BLOCK: tessera.constexpr`."""
+
+    value: Any = None
