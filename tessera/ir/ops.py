@@ -68,8 +68,8 @@ def check_structure(op: Operation) -> None:
     require(opdef is not None, f"unknown op {op.name!r}")
     lo, hi = opdef.operands
     n = len(op.operands)
-    require(n >= lo and (hi < 0 or n <= hi),
-            f"{op.name} takes {lo if lo == hi else f'{lo} to {hi if hi >= 0 else 'any number of'}'} operands, got {n}")
+    count = str(lo) if lo == hi else f"{lo} to {hi}" if hi >= 0 else f"{lo} or more"
+    require(n >= lo and (hi < 0 or n <= hi), f"{op.name} takes {count} operands, got {n}")
     for key, kind in opdef.attrs.items():
         require(key in op.attrs, f"{op.name} needs attribute '{key}'")
     allowed = {**opdef.attrs, **opdef.optional_attrs}

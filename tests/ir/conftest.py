@@ -1,0 +1,6 @@
+"""Lets the IR tests import their helper modules (`program_strategies`)."""
+
+import sys
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
