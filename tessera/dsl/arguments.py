@@ -1,0 +1,156 @@
+"""Turning a launch's Python arguments into a specialization and runtime values.
+
+A launch `kernel[grid](x, y, n, BLOCK=1024)` binds arguments to parameters
+like a Python call, then classifies each runtime argument:
+
+| argument                                   | IR type            | specialized on            |
+| ------------------------------------------ | ------------------ | ------------------------- |
+| numpy array (contiguous)                   | ptr<dtype>         | dtype, 16-byte alignment  |
+| `tessera.reinterpret(array, dtype)`        | ptr<dtype>         | dtype, 16-byte alignment  |
+| torch CPU tensor                           | ptr<dtype>         | dtype, 16-byte alignment  |
+| Python bool                                | bool               | -                         |
+| Python int                                 | i32 (i64/u64 when it does not fit) | %16 == 0, == 1 |
+| Python float                               | f32                | -                         |
+| numpy scalar                               | its dtype          | ints: %16 == 0, == 1      |
+
+constexpr parameters are specialized on their value. `do_not_specialize`
+parameters keep only their dtype in the key.
+"""
+
+from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ..ir.types import PointerType, ScalarType
+from .errors import KernelArgumentError
+from .source import KernelSource
+from .specialization import ParamSpec
+
+
+@dataclass(frozen=True)
+class TypedArray:
+    """A numpy array whose bytes hold elements of a tessera dtype numpy lacks (bf16, fp8, packed int4, ...)."""
+
+    array: np.ndarray
+    dtype: dt.DType
+
+
+def reinterpret(array: Any, dtype: dt.DType) -> TypedArray:
+    """View `array`'s storage as elements of `dtype`: a uint16 array as bf16, a uint8 array as fp8 or packed u4.
+
+    Sub-byte dtypes are stored packed (element k at bit k*bits, little-endian
+    within bytes); `tessera.ir.dtypes.pack` builds such arrays.
+    """
+    array = _as_numpy(array)
+    if array is None:
+        raise TypeError("tessera.reinterpret takes a numpy array (or a CPU torch tensor)")
+    if dtype.is_subbyte:
+        if array.dtype != np.uint8:
+            raise TypeError(f"packed {dtype.name} data must be a uint8 array, got {array.dtype}")
+    elif array.dtype.itemsize * 8 != dtype.bits:
+        raise TypeError(f"cannot view {array.dtype} elements ({array.dtype.itemsize * 8} bits) as "
+                        f"{dtype.name} ({dtype.bits} bits); use a {dtype.storage_dtype} array")
+    return TypedArray(array, dtype)
+
+
+@dataclass(frozen=True)
+class BoundArguments:
+    """A launch's arguments, split into the specialization and what runs."""
+
+    params: tuple[ParamSpec, ...]    # what the code generator traces
+    key: tuple                       # the in-memory cache key (hashable)
+    runtime_args: tuple[Any, ...]    # one per non-constexpr parameter: arrays (as TypedArray) and scalars
+    by_name: dict[str, Any]          # every bound argument, for grid callables
+
+
+def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_specialize: frozenset[str]) -> BoundArguments:
+    """Bind a launch's arguments to the kernel's parameters and classify them."""
+    signature = inspect.signature(source.fn)
+    try:
+        bound = signature.bind(*args, **kwargs)
+    except TypeError as exc:
+        params = ", ".join(source.param_names)
+        raise KernelArgumentError(f"bad arguments for kernel '{source.name}({params})': {exc}",
+                                  kernel=source.name) from None
+    bound.apply_defaults()
+    specs, key, runtime = [], [], []
+    for name, value in bound.arguments.items():
+        if name in source.constexpr_params:
+            _check_constexpr_value(source, name, value)
+            specs.append(ParamSpec(name, constexpr=True, value=value))
+            key.append((name, type(value).__name__, value))
+            continue
+        spec, runtime_value = _classify(source, name, value, specialize=name not in do_not_specialize)
+        specs.append(spec)
+        key.append((name, str(spec.type), spec.divisible_by_16, spec.equals_one))
+        runtime.append(runtime_value)
+    return BoundArguments(tuple(specs), tuple(key), tuple(runtime), dict(bound.arguments))
+
+
+CONSTEXPR_TYPES = (bool, int, float, str, type(None), dt.DType)
+
+
+def _check_constexpr_value(source: KernelSource, name: str, value: Any) -> None:
+    ok = isinstance(value, CONSTEXPR_TYPES) or (
+        isinstance(value, tuple) and all(isinstance(v, CONSTEXPR_TYPES) for v in value))
+    if not ok:
+        raise KernelArgumentError(
+            f"constexpr parameter '{name}' got {type(value).__name__}; constexprs must be ints, floats, bools, "
+            f"strings, dtypes or tuples of those", kernel=source.name)
+
+
+def _as_numpy(value: Any) -> np.ndarray | None:
+    if isinstance(value, np.ndarray):
+        return value
+    if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+        if getattr(value, "device", None) is not None and value.device.type != "cpu":
+            return None
+        return value.detach().numpy()
+    return None
+
+
+def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> tuple[ParamSpec, Any]:
+    if isinstance(value, TypedArray):
+        return _pointer_spec(name, value, specialize), value
+    array = _as_numpy(value)
+    if array is not None:
+        try:
+            dtype = dt.dtype_from_numpy(array.dtype)
+        except ValueError:
+            raise KernelArgumentError(
+                f"argument '{name}' has numpy dtype {array.dtype}, which kernels cannot use; pass one of "
+                f"bool/int8..int64/uint8..uint64/float16/float32/float64, or tessera.reinterpret(array, dtype)",
+                kernel=source.name) from None
+        typed = TypedArray(array, dtype)
+        return _pointer_spec(name, typed, specialize), typed
+    if isinstance(value, (bool, np.bool_)):
+        return ParamSpec(name, False, type=ScalarType(dt.bool_)), bool(value)
+    if isinstance(value, (int, np.integer)):
+        dtype = _int_dtype(value) if isinstance(value, int) else dt.dtype_from_numpy(value.dtype)
+        facts = dict(divisible_by_16=int(value) % 16 == 0, equals_one=int(value) == 1) if specialize else {}
+        return ParamSpec(name, False, type=ScalarType(dtype), **facts), int(value)
+    if isinstance(value, (float, np.floating)):
+        dtype = dt.f32 if isinstance(value, float) else dt.dtype_from_numpy(value.dtype)
+        return ParamSpec(name, False, type=ScalarType(dtype)), float(value)
+    hint = " (a GPU tensor: the GPU path is not built yet; use a CPU tensor or numpy array)" \
+        if hasattr(value, "__cuda_array_interface__") else ""
+    raise KernelArgumentError(
+        f"argument '{name}' of type {type(value).__name__} cannot be passed to a kernel{hint}; pass a numpy array, "
+        f"a Python/numpy scalar, or annotate the parameter `{name}: tessera.constexpr`", kernel=source.name)
+
+
+def _pointer_spec(name: str, typed: TypedArray, specialize: bool) -> ParamSpec:
+    aligned = specialize and typed.array.ctypes.data % 16 == 0
+    return ParamSpec(name, False, type=PointerType(typed.dtype), divisible_by_16=aligned)
+
+
+def _int_dtype(value: int) -> dt.DType:
+    for dtype in (dt.i32, dt.i64, dt.u64):
+        if dtype.min_value <= value <= dtype.max_value:
+            return dtype
+    raise KernelArgumentError(f"integer argument {value} does not fit in 64 bits")

@@ -1,0 +1,148 @@
+"""`@tessera.kernel`: the object users decorate, trace and launch.
+
+    @tessera.kernel
+    def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tessera.constexpr):
+        ...
+
+    add[(n + 1023) // 1024,](x, y, out, n, BLOCK=1024)   # grid first, Triton style
+    add(x, y, out, n, BLOCK=1024, grid=(4,))             # or as a keyword
+
+The function's source is parsed once. Each distinct specialization (see
+`arguments.py`) is traced to tile IR once and cached in memory. Launches
+with numpy arrays (or with `TESSERA_INTERPRET=1`) run on the CPU tile
+interpreter, one program instance at a time, so `print(...)` and
+`breakpoint()` inside the kernel work.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Iterable
+
+from ..backends.interp import InterpreterError, Memory, run_function
+from ..ir.core import Module
+from ..ir.verifier import verify_module
+from ..ir.errors import VerifyError
+from .arguments import BoundArguments, TypedArray, bind_arguments
+from .codegen import build_kernel_ir
+from .errors import CompileError, KernelArgumentError
+from .source import KernelSource
+
+Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
+
+
+@dataclass
+class Specialization:
+    """One traced specialization of a kernel."""
+
+    key: tuple
+    module: Module
+
+    @property
+    def function(self):
+        return self.module.functions[0]
+
+
+class Kernel:
+    """A traced, launchable tile kernel. Create with `@tessera.kernel`."""
+
+    def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = ()):
+        self.fn = fn
+        self.source = KernelSource.of(fn)
+        names = self.source.param_names
+        self.do_not_specialize = frozenset(names[p] if isinstance(p, int) else p for p in do_not_specialize)
+        unknown = self.do_not_specialize - set(names)
+        if unknown:
+            raise KernelArgumentError(f"do_not_specialize names unknown parameters {sorted(unknown)}; "
+                                      f"the kernel's parameters are {names}", kernel=self.name)
+        self.specializations: dict[tuple, Specialization] = {}
+        self.__name__ = fn.__name__
+        self.__doc__ = fn.__doc__
+
+    @property
+    def name(self) -> str:
+        return self.fn.__name__
+
+    def __repr__(self) -> str:
+        return f"<tessera.kernel {self.name}>"
+
+    # -- tracing ----------------------------------------------------------
+
+    def specialize(self, *args, **kwargs) -> Specialization:
+        """Trace (or fetch from the in-memory cache) the tile IR for these arguments."""
+        return self._specialization(self._bind(args, kwargs))
+
+    def ir(self, *args, **kwargs) -> str:
+        """The tile IR text of the specialization these arguments select."""
+        from ..ir.printer import print_module
+        return print_module(self.specialize(*args, **kwargs).module)
+
+    def _bind(self, args: tuple, kwargs: dict) -> BoundArguments:
+        try:
+            return bind_arguments(self.source, args, kwargs, self.do_not_specialize)
+        except CompileError as exc:
+            raise exc.with_kernel(self.name) from None
+
+    def _specialization(self, bound: BoundArguments) -> Specialization:
+        spec = self.specializations.get(bound.key)
+        if spec is None:
+            try:
+                module = build_kernel_ir(self.source, list(bound.params))
+                verify_module(module)
+            except CompileError as exc:
+                raise exc.with_kernel(self.name) from None
+            except VerifyError as exc:
+                raise CompileError(f"internal compiler error: the traced IR is malformed ({exc}); "
+                                   f"please report this with the kernel", kernel=self.name) from None
+            spec = Specialization(bound.key, module)
+            self.specializations[bound.key] = spec
+        return spec
+
+    # -- launching --------------------------------------------------------
+
+    def __getitem__(self, grid: Grid) -> Callable[..., None]:
+        """`kernel[grid](*args, **kwargs)`: launch over `grid` program instances."""
+        return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
+
+    def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:
+        if grid is None:
+            raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...) or "
+                                      f"{self.name}(..., grid=(n,))", kernel=self.name)
+        self.run(*args, grid=grid, **kwargs)
+
+    def run(self, *args, grid: Grid, **kwargs) -> None:
+        """Launch on the CPU interpreter (the GPU runtime arrives with the NVPTX backend)."""
+        bound = self._bind(args, kwargs)
+        grid = self._resolve_grid(grid, bound)
+        # Every argument `bind_arguments` accepts today lives in host memory, so
+        # launches run on the interpreter; TESSERA_INTERPRET=1 will keep forcing
+        # that once device tensors are accepted.
+        self.interpret_bound(self._specialization(bound), bound, grid)
+
+    def interpret(self, *args, grid: Grid, **kwargs) -> None:
+        """Run on the CPU tile interpreter regardless of where the arguments live."""
+        bound = self._bind(args, kwargs)
+        self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound))
+
+    def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...]) -> None:
+        runtime = [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in bound.runtime_args]
+        try:
+            run_function(spec.function, runtime, grid)
+        except InterpreterError as exc:
+            raise InterpreterError(f"kernel '{self.name}': {exc}") from None
+
+    def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
+        if callable(grid):
+            grid = grid(bound.by_name)
+        if isinstance(grid, int):
+            grid = (grid,)
+        if not (isinstance(grid, tuple) and 1 <= len(grid) <= 3 and all(isinstance(g, int) and g >= 0 for g in grid)):
+            raise KernelArgumentError(f"grid must be 1 to 3 non-negative ints, got {grid!r}", kernel=self.name)
+        return grid
+
+
+def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Iterable[str | int] = ()):
+    """Decorate a Python function as a tile kernel: `@tessera.kernel` or `@tessera.kernel(do_not_specialize=["n"])`."""
+    if fn is None:
+        return lambda f: Kernel(f, do_not_specialize)
+    return Kernel(fn, do_not_specialize)
