@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Callable, Iterable
 
-from ..backends.interp import InterpreterError, Memory, run_function
+from ..backends.interp import Memory, run_function
 from ..ir.core import Module
 from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
@@ -126,10 +126,7 @@ class Kernel:
 
     def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...]) -> None:
         runtime = [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in bound.runtime_args]
-        try:
-            run_function(spec.function, runtime, grid)
-        except InterpreterError as exc:
-            raise InterpreterError(f"kernel '{self.name}': {exc}") from None
+        run_function(spec.function, runtime, grid)
 
     def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
         if callable(grid):

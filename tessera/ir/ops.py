@@ -130,6 +130,18 @@ def _check_mask(mask: Type, like: Type) -> None:
             f"mask must be bool with shape {shape_of(like)}, got {mask}")
 
 
+BITWISE_KINDS = ("and", "or", "xor")
+ARITHMETIC_KINDS = ("sum", "prod", "add")
+
+
+def _check_kind_fits_dtype(what: str, kind: str, dtype: dt.DType) -> None:
+    """and/or/xor need integers or bool; sum/prod/add need numbers."""
+    if kind in BITWISE_KINDS:
+        require(_is_int_like(dtype), f"{what} '{kind}' needs integers or bool, got {dtype.name}")
+    if kind in ARITHMETIC_KINDS:
+        require(not dtype.is_bool, f"{what} '{kind}' needs numbers, not bool")
+
+
 def _reduced_shape(shape: tuple[int, ...], axis: int) -> tuple[int, ...]:
     require(0 <= axis < len(shape), f"axis {axis} out of range for shape {shape}")
     return shape[:axis] + shape[axis + 1:]
@@ -324,7 +336,7 @@ def _check_cast(op):
     src, res = op.operands[0].type, op.results[0].type
     require(shape_of(src) == shape_of(res), f"cast keeps the shape ({src} -> {res})")
     require(scalar_dtype(src) is not None and scalar_dtype(res) is not None,
-            f"cast converts between data types; use int_to_ptr/ptr_to_int for pointers ({src} -> {res})")
+            f"cast converts between data types, not pointers ({src} -> {res})")
 
 
 def _check_bitcast(op):
@@ -380,6 +392,7 @@ ATOMIC_KINDS = ("add", "max", "min", "and", "or", "xor", "xchg")
 def _infer_atomic_rmw(ts, a):
     require(a["kind"] in ATOMIC_KINDS, f"atomic kind must be one of {ATOMIC_KINDS}, got {a['kind']!r}")
     _infer_store(ts, a)
+    _check_kind_fits_dtype("atomic", a["kind"], scalar_dtype(ts[1]))
     return [ts[1]]
 
 
@@ -420,6 +433,9 @@ def _infer_view_load(ts, a):
     view = _check_view_access(ts[0], ts[1:], "view_load")
     shape = tuple(a["shape"])
     require(len(shape) == view.rank, f"view_load block shape {shape} must have rank {view.rank}")
+    fill = a.get("fill", 0)
+    require(view.dtype.is_float or float(fill).is_integer(),
+            f"view_load fill {fill!r} is not a value of {view.dtype.name}")
     return [TileType(ScalarType(view.dtype), shape)]
 
 
@@ -451,6 +467,8 @@ def _check_reduce(op):
     require(isinstance(src, TileType), f"reduce needs a tile, got {src}")
     kind = op.attrs["kind"]
     require(kind in REDUCE_KINDS, f"reduce kind must be one of {REDUCE_KINDS}, got {kind!r}")
+    if isinstance(src.element, ScalarType):
+        _check_kind_fits_dtype("reduce", kind, src.element.dtype)
     want = with_shape(src.element, _reduced_shape(src.shape, op.attrs["axis"]))
     require([r.type for r in op.results] == [want], f"reduce result must be {want}")
     require(len(op.regions) == (1 if kind == "custom" else 0), "only a custom reduce has a combine region")
@@ -471,6 +489,8 @@ def _check_scan(op):
     _reduced_shape(src.shape, op.attrs["axis"])
     kind = op.attrs["kind"]
     require(kind in SCAN_KINDS, f"scan kind must be one of {SCAN_KINDS}, got {kind!r}")
+    if isinstance(src.element, ScalarType):
+        _check_kind_fits_dtype("scan", kind, src.element.dtype)
     require([r.type for r in op.results] == [src], f"scan result must be {src}")
     require(len(op.regions) == (1 if kind == "custom" else 0), "only a custom scan has a combine region")
     if kind == "custom":
@@ -486,7 +506,13 @@ def _infer_dot(ts, a):
     (m, k), (k2, n) = x.shape, y.shape
     require(k == k2, f"dot inner dimensions differ: {x.shape} @ {y.shape}")
     require(acc.shape == (m, n), f"dot accumulator must be {m}x{n}, got {acc.shape}")
+    precision = a.get("input_precision")
+    require(precision in (None,) + DOT_INPUT_PRECISIONS,
+            f"dot input_precision must be one of {DOT_INPUT_PRECISIONS}, got {precision!r}")
     return [acc]
+
+
+DOT_INPUT_PRECISIONS = ("ieee", "tf32")
 
 
 define("reduce", "Combine a tile along `axis` (kind sum/prod/max/min/and/or/xor, or a custom region).", 1,
@@ -551,7 +577,7 @@ define("while", "Loop while the condition region's `condition` is true.", (0, -1
 define("yield", "End a region, passing values to the parent op.", (0, -1), infer=lambda ts, a: [], terminator=True,
        pure=False)
 define("condition", "End a while's condition region: (keep going?, values for the body or the results).", (1, -1),
-       check=_check_condition, terminator=True, pure=False)
+       infer=lambda ts, a: [], check=_check_condition, terminator=True, pure=False)
 define("return", "End the kernel.", 0, infer=lambda ts, a: [], terminator=True, pure=False)
 
 # ---------------------------------------------------------------------------

@@ -1,0 +1,22 @@
+"""The tile interpreter: execute tile IR on the CPU with numpy (the author's debug mode).
+
+    from tessera.backends.interp import Memory, run_function
+    run_function(fn, [x, y, out, n], grid=(4,))        # numpy arrays written in place
+    run_program(fn, args, program_id=(2,), grid=(4,))  # just one program instance
+
+`Memory(array, dtype)` views a numpy array as kernel memory of `dtype` (a
+uint16 array as bf16, a uint8 array as packed u4). Everything the kernel
+does wrong (out-of-bounds access, integer division by zero, a failed
+assert) raises `InterpreterError` with the op's source location.
+"""
+
+from .errors import InterpreterError
+from .interpreter import ProgramInstance, bind_arguments, run_function, run_program
+from .registry import SEMANTICS, semantics
+from .storage import Memory
+from .values import Pointers, View
+
+__all__ = [
+    "InterpreterError", "Memory", "Pointers", "ProgramInstance", "SEMANTICS", "View",
+    "bind_arguments", "run_function", "run_program", "semantics",
+]

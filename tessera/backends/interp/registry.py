@@ -1,0 +1,40 @@
+"""The semantics table: op name -> the Python function that executes it.
+
+Each family module (`elementwise.py`, `memory.py`, ...) registers its ops:
+
+    @semantics("add", "sub", "mul")
+    def _arith(ctx, op, a, b): ...
+
+A semantics function receives the program instance `ctx` (see
+`interpreter.ProgramInstance`: program id, grid, region runner, errors), the
+`Operation` and the runtime values of its operands, and returns its result:
+the value itself for a one-result op, None for a no-result op, or (with
+`multi=True`) a sequence with one value per result, as control flow does.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+
+@dataclass(frozen=True)
+class Semantics:
+    fn: Callable
+    multi: bool  # returns a sequence of results rather than one value
+
+
+SEMANTICS: dict[str, Semantics] = {}
+
+
+def semantics(*names: str, multi: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the meaning of ops `names`."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            if name in SEMANTICS:
+                raise RuntimeError(f"interpreter semantics for op {name!r} defined twice")
+            SEMANTICS[name] = Semantics(fn, multi)
+        return fn
+
+    return register
