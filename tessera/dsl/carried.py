@@ -1,0 +1,315 @@
+"""Variables that cross region boundaries: if results and loop-carried values.
+
+SSA regions do not see later assignments, so a variable assigned inside a
+runtime `if` or loop becomes a result of that op, threaded explicitly:
+
+* after an `if`, a variable whose value differs between the branches
+  becomes a result (named after the variable);
+* a variable assigned in a loop body that existed before the loop is
+  carried: it enters the body as a block argument and leaves as a result.
+
+Both sides must have one IR type. A Python number on one side takes the
+other side's type (`x = 0` before `x += tile` becomes a zero tile); a
+traced value whose type differs is a `LoopCarriedTypeError` that names the
+variable, both types and the fix. Loops learn their carried types by
+tracing: Python-number initial values start with their default type, and if
+the body hands back another type the loop is traced again from that type
+(`Carried.retypes`).
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..ir.core import Block
+from ..ir.types import TileType, Type, scalar_dtype, shape_of
+from . import semantics
+from .errors import ConstexprError, LoopCarriedTypeError
+from .scope import Unbound, describe, hint_of
+from .values import Tensor
+
+if TYPE_CHECKING:
+    from .codegen import CodeGenerator
+
+MISSING = Unbound("is not defined")
+
+
+def is_number(value: Any) -> bool:
+    return isinstance(value, (bool, int, float))
+
+
+def same_value(a: Any, b: Any) -> bool:
+    """True when a variable did not change: the same traced value, or an equal compile-time value."""
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return isinstance(a, Tensor) and isinstance(b, Tensor) and a.value is b.value
+    if isinstance(a, tuple) and isinstance(b, tuple):
+        return len(a) == len(b) and all(same_value(x, y) for x, y in zip(a, b))
+    return type(a) is type(b) and (a is b or a == b)
+
+
+def assigned_names(stmts: list[ast.stmt]) -> list[str]:
+    """Every name stored to in `stmts`, nested blocks included, in order of first appearance."""
+    names: dict[str, None] = {}
+    for stmt in stmts:
+        for node in ast.walk(stmt):
+            if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Store):
+                names[node.id] = None
+    return list(names)
+
+
+def trace_region(gen: "CodeGenerator", block: Block, variables: dict[str, Any], body: Callable[[], Any]) -> Any:
+    """Run `body` with the insertion point in `block` and the frame's variables set to `variables`.
+
+    Returns what `body` returns; `variables` (mutated) holds the variables after it.
+    """
+    frame = gen.frame
+    saved = frame.variables
+    frame.variables = variables
+    frame.region_depth += 1
+    try:
+        with gen.builder.at(block):
+            return body()
+    finally:
+        frame.variables = saved
+        frame.region_depth -= 1
+
+
+# ---------------------------------------------------------------------------
+# Python numbers as IR values
+
+
+def constant_of_type(gen: "CodeGenerator", value: Any, type: Type) -> Tensor | None:
+    """`value` as a constant of `type` (scalar or tile) at the insertion point, or None if it does not fit exactly."""
+    dtype = scalar_dtype(type)
+    if dtype is None or not is_number(value):
+        return None
+    if dtype.is_bool:
+        if not isinstance(value, bool):
+            return None
+    elif dtype.is_int:
+        if isinstance(value, float) or not (dtype.min_value <= int(value) <= dtype.max_value):
+            return None
+        value = int(value)
+    else:
+        value = float(value)
+    return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[type]).result)
+
+
+def default_type(gen: "CodeGenerator", value: Any) -> Type:
+    """The type `semantics.to_tensor` gives a Python number (traced into a scratch block)."""
+    with gen.builder.at(Block()):
+        return semantics.to_tensor(gen.ctx, value).type
+
+
+def common_number_type(gen: "CodeGenerator", a: Any, b: Any) -> Type | None:
+    """A type holding both Python numbers exactly: the default type of the float one, else of either."""
+    candidates = [default_type(gen, v) for v in sorted((a, b), key=lambda v: isinstance(v, float), reverse=True)]
+    for candidate in candidates:
+        with gen.builder.at(Block()):
+            if constant_of_type(gen, a, candidate) is not None and constant_of_type(gen, b, candidate) is not None:
+                return candidate
+    return None
+
+
+def dtype_hint(type: Type) -> str:
+    dtype = scalar_dtype(type)
+    return f"tessera.{dtype.name}" if dtype is not None else "..."
+
+
+def describe_side(value: Any) -> str:
+    return str(value.type) if isinstance(value, Tensor) else describe(value)
+
+
+def shown(value: Any) -> str:
+    """A traced value's type, or a Python value's repr."""
+    return str(value.type) if isinstance(value, Tensor) else repr(value)
+
+
+# ---------------------------------------------------------------------------
+# if/else merges
+
+
+def unify_branches(gen: "CodeGenerator", name: str, a: Any, b: Any, blocks: tuple[Block, Block],
+                   line: int | None) -> tuple[Tensor, Tensor]:
+    """Traced values of one type for a variable that differs between the branches of a runtime `if`."""
+    where = f"the `if` at line {line}" if line else "this `if`"
+    if not (isinstance(a, Tensor) or is_number(a)) or not (isinstance(b, Tensor) or is_number(b)):
+        gen.error(f"'{hint_of(name)}' is {describe_side(a)} in the then branch but {describe_side(b)} in the else "
+                  f"branch of {where}; compile-time values cannot depend on a runtime condition (give it a traced "
+                  f"value in both branches, or decide it with a constexpr condition)", ConstexprError)
+    if is_number(a) and is_number(b):
+        target = common_number_type(gen, a, b)
+        if target is None:
+            gen.error(f"'{hint_of(name)}' is {a!r} in the then branch and {b!r} in the else branch of {where}, "
+                      f"and no one type holds both", LoopCarriedTypeError)
+    else:
+        target = widest([v.type for v in (a, b) if isinstance(v, Tensor)])
+    results = []
+    for value, block, side in ((a, blocks[0], "then"), (b, blocks[1], "else")):
+        with gen.builder.at(block):
+            converted = fit(gen, value, target) if isinstance(value, Tensor) else constant_of_type(gen, value, target)
+        if converted is None and isinstance(value, Tensor):
+            other = b if side == "then" else a
+            gen.error(f"'{hint_of(name)}' is {shown(a)} in the then branch but {shown(b)} in the else branch of "
+                      f"{where}; both branches must give it the same type: {advice(value.type, other.type)}",
+                      LoopCarriedTypeError)
+        if converted is None:
+            gen.error(f"'{hint_of(name)}' is the Python value {value!r} in the {side} branch of {where} but {target} "
+                      f"in the other, and {value!r} is not exactly a {target}; assign a value of that type",
+                      LoopCarriedTypeError)
+        results.append(converted)
+    return results[0], results[1]
+
+
+def widest(types: list[Type]) -> Type:
+    """The tile type when a scalar meets a tile of its element type (the scalar is splat), else the first."""
+    tiles = [t for t in types if isinstance(t, TileType)]
+    return tiles[0] if tiles and all(t == tiles[0] or t == tiles[0].element for t in types) else types[0]
+
+
+def fit(gen: "CodeGenerator", value: Tensor, type: Type) -> Tensor | None:
+    """`value` as `type`: itself, or a scalar splat to a tile of its type; None if it does not fit."""
+    if value.type == type:
+        return value
+    if isinstance(type, TileType) and value.type == type.element:
+        return Tensor(gen.builder.create("splat", [value.value], result_types=[type]).result)
+    return None
+
+
+def advice(have: Type, want: Type) -> str:
+    """How to make a value of type `have` agree with `want`."""
+    if dtypes_differ(have, want):
+        return f"convert with `.to({dtype_hint(want)})`"
+    if shape_of(have) != shape_of(want):
+        return f"the shapes differ ({shape_of(have)} vs {shape_of(want)}); use tessera.broadcast_to or reshape"
+    return "assign values of one type"
+
+
+# ---------------------------------------------------------------------------
+# Loop-carried variables
+
+
+def dtypes_differ(a: Type, b: Type) -> bool:
+    return scalar_dtype(a) is not None and scalar_dtype(b) is not None and scalar_dtype(a) != scalar_dtype(b)
+
+
+def loop_advice(name: str, before: Type, after: Type) -> str:
+    """How to keep a loop-carried variable's type."""
+    if dtypes_differ(before, after):
+        return (f"convert it before the loop (`{name} = {name}.to({dtype_hint(after)})`) or inside the body "
+                f"(`.to({dtype_hint(before)})`)")
+    return advice(after, before)
+
+
+class Carried:
+    """The variables a runtime loop threads through its body, and their current types."""
+
+    def __init__(self, gen: "CodeGenerator", body: list[ast.stmt], exclude: tuple[str, ...] = ()):
+        self.gen = gen
+        self.parent = gen.builder.block
+        variables = gen.frame.variables
+        self.names: list[str] = []
+        self.start: list[Any] = []            # what each variable held before the loop
+        self.frozen: dict[str, Any] = {}      # compile-time values the body must leave alone
+        for name in assigned_names(body):
+            value = variables.get(name, MISSING)
+            if name in exclude or isinstance(value, Unbound):
+                continue
+            if isinstance(value, Tensor) or is_number(value):
+                self.names.append(name)
+                self.start.append(value)
+            else:
+                self.frozen[name] = value
+        self.inits = [v if isinstance(v, Tensor) else semantics.to_tensor(gen.ctx, v) for v in self.start]
+
+    @property
+    def types(self) -> list[Type]:
+        return [t.type for t in self.inits]
+
+    @property
+    def hints(self) -> list[str]:
+        return [hint_of(n) for n in self.names]
+
+    def bind(self, variables: dict[str, Any], args: list) -> None:
+        for name, arg in zip(self.names, args):
+            variables[name] = Tensor(arg)
+
+    def yields(self, after: dict[str, Any], block: Block, line: int | None) -> tuple[list[Tensor], dict[int, Type]]:
+        """The body's values to yield, and {index: new type} for Python-number starts that must be retyped."""
+        gen, out, retypes = self.gen, [], {}
+        where = f"the loop at line {line}" if line else "this loop"
+        for i, name in enumerate(self.names):
+            value, want = after.get(name, MISSING), self.inits[i].type
+            if isinstance(value, Unbound):
+                gen.error(f"'{hint_of(name)}' is defined before {where} but not at the end of its body "
+                          f"(it {value.reason}); give it a value on every path through the body")
+            if isinstance(value, Tensor):
+                with gen.builder.at(block):
+                    fitted = fit(gen, value, want)
+                if fitted is not None:
+                    out.append(fitted)
+                    continue
+            if is_number(value):
+                with gen.builder.at(block):
+                    converted = constant_of_type(gen, value, want)
+                if converted is not None:
+                    out.append(converted)
+                    continue
+            elif not isinstance(value, Tensor):
+                gen.error(f"'{hint_of(name)}' is {want} before {where} but {describe(value)} at the end of its body; "
+                          f"a loop-carried variable must stay a traced value", LoopCarriedTypeError)
+            new_type = value.type if isinstance(value, Tensor) else default_type(gen, value)
+            start = self.start[i]
+            if not isinstance(start, Tensor) or widest([start.type, new_type]) == new_type != start.type:
+                retypes[i] = new_type       # a Python number, or a scalar that the body turns into a tile
+                out.append(None)
+                continue
+            assigned = gen.frame.assigned_at.get(name)
+            at_line = f" (assigned at line {assigned})" if assigned else ""
+            gen.error(f"'{hint_of(name)}' is {want} before {where} but {new_type} at the end of its body{at_line}; "
+                      f"a loop-carried variable must keep its type: {loop_advice(hint_of(name), want, new_type)}",
+                      LoopCarriedTypeError)
+        for name, value in self.frozen.items():
+            if not same_value(after.get(name, MISSING), value):
+                gen.error(f"'{hint_of(name)}' holds {describe(value)} before {where}, and the body assigns it "
+                          f"another value; compile-time values cannot change in a runtime loop (make it a traced "
+                          f"value before the loop, or unroll with tessera.static_range)", ConstexprError)
+        return out, retypes
+
+    def retype(self, retypes: dict[int, Type], line: int | None) -> None:
+        """Start the Python-number variables in `retypes` with their new types (the loop is traced again)."""
+        gen = self.gen
+        for i, new_type in retypes.items():
+            start = self.start[i]
+            if isinstance(start, Tensor):
+                with gen.builder.at(self.parent):
+                    self.inits[i] = fit(gen, start, new_type)
+                continue
+            old = self.inits[i].value.owner
+            if old in self.parent.ops and old.name == "constant":
+                self.parent.ops.remove(old)
+            with gen.builder.at(self.parent):
+                converted = constant_of_type(gen, start, new_type)
+            if converted is None:
+                gen.error(f"'{hint_of(self.names[i])}' starts as the Python value {self.start[i]!r} but becomes "
+                          f"{new_type} in the loop at line {line}; start it with a value of that type",
+                          LoopCarriedTypeError)
+            self.inits[i] = converted
+
+    def leave(self, before: dict[str, Any], after_body: dict[str, Any], results: list, line: int | None,
+              loop_only: tuple[str, ...] = ()) -> dict[str, Any]:
+        """The variables after the loop: carried ones are the loop's results; names the body introduced are unbound."""
+        after = dict(before)
+        for name, value in after_body.items():
+            if name.startswith(".") or name in self.names or name in self.frozen:
+                continue
+            if name in loop_only:
+                after[name] = Unbound(f"is the loop variable of the `for` at line {line}; it is only defined "
+                                      f"inside the loop")
+            elif name not in before or not same_value(before[name], value):
+                after[name] = Unbound(f"is first assigned inside the loop at line {line}, so it is not defined "
+                                      f"after the loop; assign it before the loop to carry it through")
+        for name, result in zip(self.names, results):
+            after[name] = Tensor(result)
+        return after

@@ -1,0 +1,250 @@
+"""if / for / while: compile-time control flow runs in Python, runtime control flow becomes IR regions.
+
+* `if C:` with a compile-time C traces only the taken branch. With a traced
+  C it emits an IR `if` whose results are the variables the branches set
+  (see `carried.py` for the merge rules).
+* `for x in tessera.static_range(...)` or over a compile-time tuple is
+  unrolled: the body is traced once per element.
+* `for i in range(a, b, c)` emits an IR `for` (bounds i32, or i64 when a
+  traced bound is i64) carrying the variables the body assigns; a body with
+  `break` becomes an IR `while` instead (see `loop_exits.py`).
+* `while C:` emits an IR `while` whose condition region evaluates C again
+  with the carried values. A compile-time false C emits nothing.
+"""
+
+from __future__ import annotations
+
+import ast
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..ir import dtypes as dt
+from ..ir.core import Block
+from ..ir.types import ScalarType
+from . import loop_exits, semantics
+from .carried import MISSING, Carried, same_value, trace_region, unify_branches
+from .errors import CompileError, ConstexprError, TypeMismatchError, UnsupportedSyntaxError
+from .scope import Unbound, describe, hint_of
+from .values import Tensor, static_range
+
+if TYPE_CHECKING:
+    from .codegen import CodeGenerator
+
+MAX_RETYPES = 8     # a loop is traced again at most this often while its carried types settle
+
+
+# ---------------------------------------------------------------------------
+# if
+
+
+def lower_if(gen: "CodeGenerator", node: ast.If) -> None:
+    condition = gen.visit(node.test)
+    if not isinstance(condition, Tensor):
+        gen.visit_block(node.body if condition else node.orelse)
+        return
+    predicate = semantics.truth(gen.ctx, condition)
+    runtime_if(gen, predicate, lambda: gen.visit_block(node.body), lambda: gen.visit_block(node.orelse))
+
+
+def runtime_if(gen: "CodeGenerator", predicate: Tensor, then: Callable[[], None], orelse: Callable[[], None]) -> None:
+    """Emit an IR `if` on the bool scalar `predicate`; variables the branches change become its results."""
+    line = gen.line()
+    before = gen.frame.variables
+    blocks = Block(), Block()
+    then_vars, else_vars = dict(before), dict(before)
+    trace_region(gen, blocks[0], then_vars, then)
+    trace_region(gen, blocks[1], else_vars, orelse)
+    after: dict[str, Any] = {}
+    names, then_values, else_values = [], [], []
+    for name in dict.fromkeys([*then_vars, *else_vars]):
+        a, b = then_vars.get(name, MISSING), else_vars.get(name, MISSING)
+        if same_value(a, b):
+            after[name] = a
+        elif isinstance(a, Unbound) or isinstance(b, Unbound):
+            after[name] = a if isinstance(a, Unbound) and isinstance(b, Unbound) else Unbound(
+                f"is only assigned in one branch of the `if` at line {line}, so it is not defined after it; "
+                f"assign it before the `if` or in both branches")
+        else:
+            x, y = unify_branches(gen, name, a, b, blocks, line)
+            names.append(name)
+            then_values.append(x)
+            else_values.append(y)
+    for block, values in zip(blocks, (then_values, else_values)):
+        with gen.builder.at(block):
+            gen.builder.create("yield", [v.value for v in values])
+    op = gen.builder.create("if", [predicate.value], result_types=[v.type for v in then_values],
+                            regions=list(blocks), result_names=[hint_of(n) for n in names])
+    for name, result in zip(names, op.results):
+        after[name] = Tensor(result)
+    gen.frame.rebind(after)
+
+
+# ---------------------------------------------------------------------------
+# for
+
+
+def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
+    if node.orelse:
+        gen.error("`for ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
+    iterable = node.iter
+    if isinstance(iterable, ast.Call) and gen.visit(iterable.func) is range:
+        bounds = range_bounds(gen, iterable)
+        if not isinstance(node.target, ast.Name):
+            gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
+                                      UnsupportedSyntaxError)
+        if loop_exits.has_exit(node.body, ast.Break):
+            loop_exits.lower_for_with_break(gen, node, *bounds)
+        else:
+            runtime_for(gen, node, *bounds)
+        return
+    values = gen.visit(iterable)
+    if isinstance(values, static_range):
+        values = tuple(values)
+    if not isinstance(values, tuple):
+        gen.at(iterable).error(f"cannot loop over {describe(values)}; loop over range(...), "
+                               f"tessera.static_range(...) or a compile-time tuple")
+    unroll(gen, node, values)
+
+
+def range_bounds(gen: "CodeGenerator", call: ast.Call) -> tuple[Tensor, Tensor, Tensor]:
+    """range(...)'s (start, stop, step) as integer scalars of one type: i32, or i64 if a traced bound is 64-bit
+    (or u32), or a compile-time bound does not fit in i32."""
+    if call.keywords or not 1 <= len(call.args) <= 3 or any(isinstance(a, ast.Starred) for a in call.args):
+        gen.at(call).error("range() takes 1 to 3 positional arguments: range(stop), range(start, stop) "
+                           "or range(start, stop, step)")
+    values = [gen.visit(a) for a in call.args]
+    for node, value in zip(call.args, values):
+        ok = isinstance(value, int) and not isinstance(value, bool) or (
+            isinstance(value, Tensor) and not value.is_tile and value.dtype is not None and value.dtype.is_int)
+        if not ok:
+            gen.at(node).error(f"range() bounds must be integers (compile-time or scalar), got {describe(value)}",
+                               TypeMismatchError)
+    if len(values) == 3 and not isinstance(values[2], Tensor) and values[2] == 0:
+        gen.at(call.args[2]).error("range() step must not be zero")
+    start, stop, step = ([0, values[0], 1] if len(values) == 1 else
+                         [*values, 1] if len(values) == 2 else values)
+    wide = any(isinstance(v, Tensor) and needs_i64(v.dtype) for v in (start, stop, step)) or any(
+        isinstance(v, int) and not dt.i32.min_value <= v <= dt.i32.max_value for v in (start, stop, step))
+    index = ScalarType(dt.i64 if wide else dt.i32)
+    return tuple(as_index(gen, v, index) for v in (start, stop, step))
+
+
+def needs_i64(dtype: dt.DType) -> bool:
+    """i64 and the unsigned types whose values i32 cannot hold."""
+    return dtype.bits == 64 or (not dtype.is_signed and dtype.bits == 32)
+
+
+def as_index(gen: "CodeGenerator", value: Any, index: ScalarType) -> Tensor:
+    if isinstance(value, Tensor):
+        return value if value.type == index else semantics.cast(gen.ctx, value, index.dtype)
+    return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[index]).result)
+
+
+def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor) -> None:
+    target, line = node.target.id, gen.line()
+    before = gen.frame.variables
+    carried = Carried(gen, node.body, exclude=(target,))
+    for _ in range(MAX_RETYPES):
+        body = Block([start.type, *carried.types], [target, *carried.hints])
+        variables = loop_exits.start_iteration(dict(before))
+        variables[target] = Tensor(body.args[0])
+        carried.bind(variables, body.args[1:])
+        trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
+        yields, retypes = carried.yields(variables, body, line)
+        if retypes:
+            carried.retype(retypes, line)
+            continue
+        with gen.builder.at(body):
+            gen.builder.create("yield", [v.value for v in yields])
+        op = gen.builder.create("for", [start.value, stop.value, step.value, *(t.value for t in carried.inits)],
+                                result_types=carried.types, regions=[body], result_names=carried.hints)
+        gen.frame.rebind(carried.leave(before, variables, op.results, line, loop_only=(target,)))
+        return
+    unsettled(gen, carried)
+
+
+def unsettled(gen: "CodeGenerator", carried: Carried) -> None:
+    gen.error(f"the types of the loop-carried variables ({', '.join(carried.hints)}) keep changing from one "
+              f"iteration to the next; give them their final types before the loop", CompileError)
+
+
+def unroll(gen: "CodeGenerator", node: ast.For, values: tuple) -> None:
+    """Trace the body once per compile-time value; break/continue follow Python (see loop_exits)."""
+    with loop_exits.unrolled_loop(gen):
+        for value in values:
+            if not loop_exits.begin_unrolled_iteration(gen):
+                break
+            gen.bind_target(node.target, value)
+            gen.visit_block(node.body)
+
+
+# ---------------------------------------------------------------------------
+# while
+
+
+def lower_while(gen: "CodeGenerator", node: ast.While) -> None:
+    if node.orelse:
+        gen.error("`while ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
+    has_break = loop_exits.has_exit(node.body, ast.Break)
+    line, before = gen.line(), gen.frame.variables
+    parent, mark = gen.builder.block, len(gen.builder.block.ops)
+    carried = Carried(gen, node.body)
+    lead_types = [ScalarType(dt.bool_)] if has_break else []
+    for _ in range(MAX_RETYPES):
+        types = [*lead_types, *carried.types]
+        hints = [*(["broke"] if has_break else []), *carried.hints]
+        condition_block, body = Block(types, hints), Block(types, hints)
+        variables = dict(before)
+        carried.bind(variables, condition_block.args[len(lead_types):])
+        keep_going = trace_region(gen, condition_block, variables,
+                                  lambda: while_condition(gen, node, condition_block.args[:len(lead_types)]))
+        if keep_going is None:     # compile-time false: the loop never runs
+            del parent.ops[mark:]
+            return
+        variables = loop_exits.start_iteration(dict(before))
+        carried.bind(variables, body.args[len(lead_types):])
+        trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
+        yields, retypes = carried.yields(variables, body, line)
+        if retypes:
+            carried.retype(retypes, line)
+            continue
+        with gen.builder.at(condition_block):
+            gen.builder.create("condition", [keep_going.value, *condition_block.args], result_types=[])
+        with gen.builder.at(body):
+            lead = [loop_exits.flag_tensor(gen, variables[loop_exits.BROKE])] if has_break else []
+            gen.builder.create("yield", [v.value for v in [*lead, *yields]])
+        inits = [*([loop_exits.constant_flag(gen, False)] if has_break else []), *carried.inits]
+        op = gen.builder.create("while", [t.value for t in inits], result_types=types,
+                                regions=[condition_block, body], result_names=hints)
+        gen.frame.rebind(carried.leave(before, variables, op.results[len(lead_types):], line))
+        return
+    unsettled(gen, carried)
+
+
+def while_condition(gen: "CodeGenerator", node: ast.While, lead: list) -> Tensor | None:
+    """The condition region's `keep going` flag; None when the condition is compile-time false."""
+    has_break = bool(lead)
+    if not has_break:
+        condition = gen.visit(node.test)
+        if isinstance(condition, Tensor):
+            return semantics.truth(gen.ctx, condition)
+        if condition:
+            with gen.located(node.test):
+                gen.error("this `while` loop never ends: its condition is always true at compile time and "
+                          "its body has no `break`", ConstexprError)
+        return None
+    # `not broke and cond`, evaluating cond only while not broke
+    not_broke = Tensor(gen.builder.create("not", [lead[0]]).result)
+    then = Block()
+    with gen.builder.at(then):
+        condition = gen.visit(node.test)
+    if not isinstance(condition, Tensor):
+        return not_broke if condition else None
+    with gen.builder.at(then):
+        truth = semantics.truth(gen.ctx, condition)
+        gen.builder.create("yield", [truth.value])
+    otherwise = Block()
+    with gen.builder.at(otherwise):
+        gen.builder.create("yield", [loop_exits.constant_flag(gen, False).value])
+    op = gen.builder.create("if", [not_broke.value], result_types=[truth.type], regions=[then, otherwise],
+                            result_names=["keep_going"])
+    return Tensor(op.result)

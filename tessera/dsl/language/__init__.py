@@ -1,0 +1,19 @@
+"""The kernel language's builtins (`tessera.load`, `tessera.dot`, ...), one module per family.
+
+Importing this package registers every builtin in `values.BUILTINS`:
+
+    creation     program_id, num_programs, arange, zeros, full, cast
+    memory       load, store, view (and view.block), atomic_*
+    math         exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh, erf, sigmoid,
+                 floor, ceil, abs, minimum, maximum, where
+    shape        reshape, permute, trans, expand_dims, broadcast_to
+    reductions   sum, max, min, argmax, argmin, reduce, cumsum, cumprod, scan
+    linalg       dot
+    debug        static_assert, static_print, device_print, device_assert
+
+Each builtin is defined once, with its docstring (the user documentation)
+and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
+`tessera/dsl/semantics.py`.
+"""
+
+from . import creation, debug, linalg, math, memory, reductions, shape  # noqa: F401

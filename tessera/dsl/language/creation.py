@@ -1,0 +1,91 @@
+"""Where tiles come from: program ids, ranges, constants, casts."""
+
+from __future__ import annotations
+
+from ...ir.dtypes import f32, i32
+from .. import semantics
+from ..constexpr_args import describe, is_power_of_two, static_dtype, static_int, static_shape
+from ..values import Context, Tensor, builtin
+
+
+@builtin
+def program_id(ctx: Context, axis=0) -> Tensor:
+    """program_id(axis=0) -> i32: this program instance's index along grid axis 0, 1 or 2."""
+    axis = static_int(ctx, axis, "program_id's axis")
+    if axis not in (0, 1, 2):
+        ctx.error(f"program_id's axis must be 0, 1 or 2, got {axis}")
+    return semantics.emit(ctx, "program_id", axis=axis)
+
+
+@builtin
+def num_programs(ctx: Context, axis=0) -> Tensor:
+    """num_programs(axis=0) -> i32: the number of program instances along grid axis 0, 1 or 2."""
+    axis = static_int(ctx, axis, "num_programs's axis")
+    if axis not in (0, 1, 2):
+        ctx.error(f"num_programs's axis must be 0, 1 or 2, got {axis}")
+    return semantics.emit(ctx, "num_programs", axis=axis)
+
+
+@builtin
+def arange(ctx: Context, start, end) -> Tensor:
+    """arange(start, end) -> tile<(end-start) x i32>: the integers start, start+1, ..., end-1.
+
+    `start` and `end` are compile-time ints and the length end - start must
+    be a power of two; to cover n elements, take the next power of two and
+    mask the extra lanes: `offs = tessera.arange(0, 128); mask = offs < n`.
+    """
+    start = static_int(ctx, start, "arange's start")
+    end = static_int(ctx, end, "arange's end")
+    length = end - start
+    if length <= 0:
+        ctx.error(f"arange({start}, {end}) is empty; it needs end > start")
+    if not is_power_of_two(length):
+        padded = 1 << (length - 1).bit_length()
+        ctx.error(f"arange({start}, {end}) has {length} elements, but tile lengths must be powers of two: "
+                  f"use arange({start}, {start + padded}) and mask the lanes >= {end}")
+    if not (i32.min_value <= start and end - 1 <= i32.max_value):
+        ctx.error(f"arange({start}, {end}) does not fit in i32")
+    return semantics.emit(ctx, "arange", start=start, end=end)
+
+
+@builtin
+def zeros(ctx: Context, shape, dtype=f32) -> Tensor:
+    """zeros(shape, dtype=tessera.f32) -> a tile of zeros.
+
+    `shape` is a compile-time int or tuple of ints, each a power of two.
+    """
+    shape = static_shape(ctx, shape, "zeros' shape")
+    dtype = static_dtype(ctx, dtype, "zeros' dtype")
+    return semantics.constant(ctx, 0, dtype, shape)
+
+
+@builtin
+def full(ctx: Context, shape, value, dtype=None) -> Tensor:
+    """full(shape, value, dtype=None) -> a tile with every lane `value`.
+
+    `shape` is a compile-time int or tuple of ints, each a power of two.
+    `value` is a number or a traced scalar; it is converted to `dtype` (as a
+    cast converts), which defaults to the value's own type (a Python int is
+    i32, a float f32).
+    """
+    shape = static_shape(ctx, shape, "full's shape")
+    dtype = None if dtype is None else static_dtype(ctx, dtype, "full's dtype")
+    if isinstance(value, Tensor):
+        if value.is_tile or value.dtype is None:
+            ctx.error(f"full's value must be a scalar number, got {value.type}; "
+                      f"to stretch a tile use tessera.broadcast_to(x, shape)")
+        return semantics.broadcast_to_shape(ctx, semantics.cast(ctx, value, dtype or value.dtype), shape)
+    if not semantics.is_python_number(value):
+        ctx.error(f"full's value must be a number, got {describe(value)}")
+    return semantics.constant(ctx, value, dtype or semantics.python_number_dtype(ctx, value), shape)
+
+
+@builtin
+def cast(ctx: Context, x, dtype, bitcast=False) -> Tensor:
+    """cast(x, dtype, bitcast=False) -> x converted to `dtype` (same as `x.to(dtype)`).
+
+    Conversions round to nearest even; float -> int truncates toward zero
+    and saturates (NaN -> 0); int -> int wraps. With `bitcast=True` the bits
+    are reinterpreted instead, which needs equal widths (f32 <-> i32).
+    """
+    return semantics.cast(ctx, x, dtype, bitcast)

@@ -1,0 +1,298 @@
+"""Reading and writing global memory: views and blocks, raw pointers, atomics.
+
+Two ways in:
+
+* views (the safe default): `a = tessera.view(a_ptr, (M, K), (stride_m, 1))`
+  describes a strided tensor, `a.block((BM, BK), (i, k))` names its block
+  (i, k), and `.load()` / `.store(tile)` move it. Lanes outside the tensor
+  read the fill value and are never written: bounds-checked by construction.
+* raw pointers (for experts): `tessera.load(ptr + offs, mask=offs < n)`.
+  Masked-off lanes are neither read nor written.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ...ir.dtypes import DType, bool_
+from ...ir.types import element_of
+from .. import semantics
+from ..constexpr_args import describe, require_constexpr, static_shape
+from ..errors import TypeMismatchError
+from ..values import Context, Tensor, builtin
+
+# ---------------------------------------------------------------------------
+# Argument checks shared by the builtins below
+
+
+def _pointer(ctx: Context, pointer: Any, what: str) -> Tensor:
+    if not semantics.is_pointer(pointer):
+        hint = ""
+        if isinstance(pointer, Tensor) and pointer.is_view:
+            hint = "; a view is read and written by blocks: v.block(shape, index).load() / .store(tile)"
+        ctx.error(f"{what} needs a pointer or a tile of pointers, got {describe(pointer)}{hint}", TypeMismatchError)
+    return pointer
+
+
+def _pointee(pointer: Tensor) -> DType:
+    return element_of(pointer.type).pointee
+
+
+def _fit(ctx: Context, value: Any, dtype: DType, shape: tuple[int, ...], what: str) -> Tensor:
+    """`value` converted to `dtype` and broadcast to `shape` (a store's value, a load's `other`, ...)."""
+    if isinstance(value, Tensor) and value.dtype is None:
+        ctx.error(f"{what} must be numbers, got {value.type}", TypeMismatchError)
+    source = semantics.shape_of_operand(value)
+    if semantics.broadcast_shape(source, shape) != tuple(shape):
+        ctx.error(f"{what} has shape {source}, which does not broadcast to the shape {tuple(shape)} "
+                  f"it is used with", TypeMismatchError)
+    return semantics.fit(ctx, value, dtype, shape)
+
+
+def _mask(ctx: Context, mask: Any, shape: tuple[int, ...], what: str) -> Tensor:
+    if isinstance(mask, Tensor) and mask.dtype != bool_:
+        ctx.error(f"{what}'s mask must be bool, got {mask.type}; make one with a comparison, e.g. offs < n",
+                  TypeMismatchError)
+    if not isinstance(mask, (Tensor, bool)):
+        ctx.error(f"{what}'s mask must be bool, got {describe(mask)}", TypeMismatchError)
+    return _fit(ctx, mask, bool_, shape, f"{what}'s mask")
+
+
+# ---------------------------------------------------------------------------
+# Pointer loads and stores
+
+
+@builtin
+def load(ctx: Context, pointer, mask=None, other=None) -> Tensor:
+    """load(pointer, mask=None, other=None) -> the values `pointer` points to.
+
+    `pointer` is a pointer or a tile of pointers; the result has its shape
+    and its element type. Where the bool `mask` is false, memory is not read
+    and the lane is `other` (0 when absent). `mask` and `other` broadcast to
+    the pointer's shape; `other` is converted to the element type.
+    """
+    pointer = _pointer(ctx, pointer, "load")
+    shape = pointer.shape
+    operands = [pointer]
+    if mask is None:
+        if other is not None:
+            ctx.error("load's `other` is the value of masked-off lanes, so it needs a mask: "
+                      "tessera.load(ptr, mask=..., other=...)")
+    else:
+        operands.append(_mask(ctx, mask, shape, "load"))
+        if other is not None:
+            operands.append(_fit(ctx, other, _pointee(pointer), shape, "load's `other`"))
+    return semantics.emit(ctx, "load", *operands)
+
+
+@builtin
+def store(ctx: Context, pointer, value, mask=None) -> None:
+    """store(pointer, value, mask=None): write `value` where `pointer` points.
+
+    `value` is converted to the pointer's element type and broadcast to its
+    shape (a scalar fills every lane). Lanes where the bool `mask` is false
+    are not written.
+    """
+    pointer = _pointer(ctx, pointer, "store")
+    shape = pointer.shape
+    operands = [pointer, _fit(ctx, value, _pointee(pointer), shape, "store's value")]
+    if mask is not None:
+        operands.append(_mask(ctx, mask, shape, "store"))
+    semantics.emit(ctx, "store", *operands)
+
+
+# ---------------------------------------------------------------------------
+# Views and blocks
+
+
+def _extents(ctx: Context, values: Any, what: str) -> list:
+    """Sizes, strides or offsets: Python ints stay ints (so arithmetic on them folds), scalars stay traced."""
+    entries = list(values) if isinstance(values, (tuple, list)) else [values]
+    for v in entries:
+        is_int = isinstance(v, int) and not isinstance(v, bool)
+        is_int_scalar = isinstance(v, Tensor) and not v.is_tile and v.dtype is not None and v.dtype.is_int
+        if not (is_int or is_int_scalar):
+            ctx.error(f"{what} must be integers (Python ints or integer scalars), got {describe(v)}",
+                      TypeMismatchError)
+    return entries
+
+
+def _multiply(ctx: Context, a: Any, b: Any) -> Any:
+    if isinstance(a, Tensor) or isinstance(b, Tensor):
+        return semantics.binary(ctx, "*", a, b)
+    return a * b
+
+
+@builtin
+def view(ctx: Context, pointer, shape, strides=None) -> Tensor:
+    """view(pointer, shape, strides=None) -> a strided tensor view of global memory.
+
+    `pointer` is the address of element (0, ..., 0); `shape` and `strides`
+    are tuples of ints or integer scalars (strides count elements). Without
+    `strides` the tensor is contiguous, row-major. Read and write it by
+    blocks: `v.block((BM, BN), (i, j)).load()`; lanes outside `shape` read
+    the fill value and are never written.
+    """
+    if not semantics.is_pointer(pointer) or pointer.is_tile:
+        ctx.error(f"view needs a scalar pointer (the address of the first element), got {describe(pointer)}",
+                  TypeMismatchError)
+    sizes = _extents(ctx, shape, "view's shape")
+    if strides is None:
+        strides = [1]
+        for size in reversed(sizes[1:]):
+            strides.insert(0, _multiply(ctx, strides[0], size))
+    else:
+        strides = _extents(ctx, strides, "view's strides")
+        if len(strides) != len(sizes):
+            ctx.error(f"view's shape has {len(sizes)} dimensions but its strides have {len(strides)}")
+    operands = [semantics.to_tensor(ctx, v) for v in sizes + strides]
+    return semantics.emit(ctx, "make_view", pointer, *operands)
+
+
+@dataclass(frozen=True, eq=False)
+class BlockRef:
+    """One block of a view: `shape` elements starting at element `offsets`.
+
+    A compile-time handle made by `view.block(...)`; `.load()` and
+    `.store(tile)` emit the bounds-checked IR.
+    """
+
+    ctx: Context
+    view: Tensor
+    shape: tuple[int, ...]
+    offsets: tuple[Tensor, ...]
+
+    @property
+    def dtype(self) -> DType:
+        return self.view.type.dtype
+
+    def load(self, fill=0) -> Tensor:
+        """The block as a tile; lanes outside the view read `fill` (a compile-time number, default 0)."""
+        ctx = self.ctx
+        require_constexpr(ctx, fill, "load's fill")
+        if not semantics.is_python_number(fill):
+            ctx.error(f"load's fill must be a number, got {describe(fill)}")
+        value = self.dtype.quantize(fill).item()
+        attrs = {"shape": self.shape}
+        if value != 0:
+            attrs["fill"] = int(value) if isinstance(value, bool) else value
+        return semantics.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
+
+    def store(self, value) -> None:
+        """Write `value`, converted to the view's dtype and broadcast to the block shape.
+
+        Lanes outside the view are not written.
+        """
+        tile = _fit(self.ctx, value, self.dtype, self.shape, "the stored block")
+        semantics.emit(self.ctx, "view_store", self.view, *self.offsets, tile)
+
+    def __repr__(self) -> str:
+        return f"BlockRef({self.view.type}, shape={self.shape})"
+
+
+def view_block(ctx: Context, view: Tensor, shape, index=None, *, offsets=None) -> BlockRef:
+    """view.block(shape, index=None, *, offsets=None) -> the block of `shape` at block `index`.
+
+    `index` counts blocks (element offsets are index * shape); `offsets`
+    gives element offsets instead; with neither, the block starts at 0.
+    Entries are ints or integer scalars.
+    """
+    rank = view.type.rank
+    shape = static_shape(ctx, shape, "the block shape")
+    if len(shape) != rank:
+        ctx.error(f"a block of the rank-{rank} view {view.type} needs {rank} dimensions, got shape {shape}")
+    if index is not None and offsets is not None:
+        ctx.error("block takes either `index` (counted in blocks) or `offsets` (in elements), not both")
+    if index is None and offsets is None:
+        starts = [0] * rank
+    else:
+        what = "the block index" if index is not None else "the block offsets"
+        starts = _extents(ctx, index if index is not None else offsets, what)
+        if len(starts) != rank:
+            ctx.error(f"{what} has {len(starts)} entries, but the view has rank {rank}")
+        if index is not None:
+            starts = [_multiply(ctx, i, size) for i, size in zip(starts, shape)]
+    return BlockRef(ctx, view, shape, tuple(semantics.to_tensor(ctx, s) for s in starts))
+
+
+# ---------------------------------------------------------------------------
+# Atomics
+
+_NUMERIC_KINDS = ("add", "max", "min")
+_BITWISE_KINDS = ("and", "or", "xor")
+
+
+def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Tensor:
+    name = f"atomic_{kind}"
+    pointer = _pointer(ctx, pointer, name)
+    pointee = _pointee(pointer)
+    if kind in _NUMERIC_KINDS and pointee.is_bool:
+        ctx.error(f"{name} needs numbers, but {pointer.type} points to bool", TypeMismatchError)
+    if kind in _BITWISE_KINDS and pointee.is_float:
+        ctx.error(f"{name} needs integers or bool, but {pointer.type} points to {pointee.name}", TypeMismatchError)
+    operands = [pointer, _fit(ctx, value, pointee, pointer.shape, f"{name}'s value")]
+    if mask is not None:
+        operands.append(_mask(ctx, mask, pointer.shape, name))
+    return semantics.emit(ctx, "atomic_rmw", *operands, kind=kind)
+
+
+@builtin
+def atomic_add(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_add(pointer, value, mask=None) -> old values: atomically `*pointer += value` lane by lane.
+
+    `value` is converted to the element type and broadcast to the pointer's
+    shape; lanes where `mask` is false are untouched.
+    """
+    return _atomic(ctx, "add", pointer, value, mask)
+
+
+@builtin
+def atomic_max(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_max(pointer, value, mask=None) -> old values: atomically `*pointer = max(*pointer, value)`."""
+    return _atomic(ctx, "max", pointer, value, mask)
+
+
+@builtin
+def atomic_min(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_min(pointer, value, mask=None) -> old values: atomically `*pointer = min(*pointer, value)`."""
+    return _atomic(ctx, "min", pointer, value, mask)
+
+
+@builtin
+def atomic_and(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_and(pointer, value, mask=None) -> old values: atomically `*pointer &= value` (integers, bool)."""
+    return _atomic(ctx, "and", pointer, value, mask)
+
+
+@builtin
+def atomic_or(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_or(pointer, value, mask=None) -> old values: atomically `*pointer |= value` (integers, bool)."""
+    return _atomic(ctx, "or", pointer, value, mask)
+
+
+@builtin
+def atomic_xor(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_xor(pointer, value, mask=None) -> old values: atomically `*pointer ^= value` (integers, bool)."""
+    return _atomic(ctx, "xor", pointer, value, mask)
+
+
+@builtin
+def atomic_xchg(ctx: Context, pointer, value, mask=None) -> Tensor:
+    """atomic_xchg(pointer, value, mask=None) -> old values: atomically `*pointer = value`."""
+    return _atomic(ctx, "xchg", pointer, value, mask)
+
+
+@builtin
+def atomic_cas(ctx: Context, pointer, compare, value) -> Tensor:
+    """atomic_cas(pointer, compare, value) -> old values: atomically, where `*pointer == compare`, `*pointer = value`.
+
+    `compare` and `value` are converted to the element type and broadcast to
+    the pointer's shape. A lane succeeded when the returned old value equals
+    `compare`.
+    """
+    pointer = _pointer(ctx, pointer, "atomic_cas")
+    pointee, shape = _pointee(pointer), pointer.shape
+    expected = _fit(ctx, compare, pointee, shape, "atomic_cas's compare")
+    desired = _fit(ctx, value, pointee, shape, "atomic_cas's value")
+    return semantics.emit(ctx, "atomic_cas", pointer, expected, desired)
