@@ -1,28 +1,45 @@
-from tessera.ir.dtypes import (
+"""Tessera: a Python DSL and compiler for tile-based GPU kernels.
+
+The public API, in one place:
+
+* `kernel`, `func`, `constexpr`, `static_range` — writing kernels;
+* the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
+  `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
+* the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
+* `CompileError` and friends, which every user mistake raises, and
+  `InterpreterError`, raised by the CPU interpreter for bad memory accesses
+  and failed device asserts.
+"""
+# ruff: noqa: F401  (this module re-exports)
+
+__version__ = "0.1.0"
+
+from .ir.dtypes import (
     DType, bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64,
     f8e4m3, f8e5m2, f6e2m3, f6e3m2, f4e2m1, e8m0,
     i1, i2, i3, i4, i5, i6, i7, u1, u2, u3, u4, u5, u6, u7,
 )
-from tessera.dsl.errors import (
+from .dsl.errors import (
     CompileError, ConstexprError, KernelArgumentError, LoopCarriedTypeError, StaticAssertionError,
     TypeMismatchError, UnknownNameError, UnsupportedSyntaxError,
 )
-from tessera.dsl.values import constexpr, static_range
-from tessera.dsl.function import func
-from tessera.dsl.kernel import Kernel, kernel
-from tessera.dsl.arguments import reinterpret
-from tessera.dsl.stdlib import cdiv, next_power_of_2
-from tessera.dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
-from tessera.dsl.language.memory import (
+from .backends.interp import InterpreterError
+from .dsl.values import constexpr, static_range
+from .dsl.function import func
+from .dsl.kernel import Kernel, kernel
+from .dsl.arguments import reinterpret
+from .dsl.stdlib import cdiv, next_power_of_2
+from .dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
+from .dsl.language.memory import (
     atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_xchg, atomic_xor,
     load, store, view,
 )
-from tessera.dsl.language.math import (
+from .dsl.language.math import (
     abs, ceil, cos, erf, exp, exp2, floor, log, log2, maximum, minimum, rsqrt, sigmoid, sin, sqrt, tanh, where,
 )
-from tessera.dsl.language.shape import broadcast_to, expand_dims, permute, reshape, trans
-from tessera.dsl.language.reductions import (
+from .dsl.language.shape import broadcast_to, expand_dims, permute, reshape, trans
+from .dsl.language.reductions import (
     argmax, argmin, cumprod, cumsum, max, min, reduce, scan, sum,
 )
-from tessera.dsl.language.linalg import dot
-from tessera.dsl.language.debug import device_assert, device_print, static_assert, static_print
+from .dsl.language.linalg import dot
+from .dsl.language.debug import device_assert, device_print, static_assert, static_print
