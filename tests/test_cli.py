@@ -1,0 +1,44 @@
+"""The `tessera` command line: `tessera ir` prints a kernel's IR; bad arguments exit 2 with one line."""
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tessera.cli import main
+
+TUTORIAL = Path(__file__).resolve().parents[1] / "tutorials" / "01-vector-add.py"
+
+
+def test_ir_prints_the_tile_ir_for_a_signature(capsys):
+    assert main(["ir", f"{TUTORIAL}:add", "--signature", "*f32:16,*f32:16,*f32:16,i32", "--const", "BLOCK=1024"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith("func @add(%x_ptr: ptr<f32>, %y_ptr: ptr<f32>, %out_ptr: ptr<f32>, %n: i32)")
+    assert "divisible_by_16 = [0, 1, 2]" in out
+    assert "tile<1024xf32>" in out
+
+
+@pytest.mark.parametrize("args, message", [
+    (["ir", "nowhere.py:add"], "no such file: nowhere.py"),
+    (["ir", f"{TUTORIAL}"], "expected FILE.py:KERNEL"),
+    (["ir", f"{TUTORIAL}:main"], "has no @tessera.kernel named 'main'"),
+    (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,i32"], "has 4 runtime parameters"),
+    (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i33", "--const", "BLOCK=64"], "unknown"),
+    (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i32"], "constexpr 'BLOCK' needs a value"),
+    (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i32", "--const", "WIDTH=4"], "not constexpr parameters"),
+])
+def test_bad_arguments_print_one_line_and_exit_2(args, message, capsys):
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message.lower() in err.lower()
+
+
+def test_compile_errors_exit_1_with_the_message(capsys):
+    assert main(["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i32", "--const", "BLOCK=1000"]) == 1
+    assert "powers of two" in capsys.readouterr().err
+
+
+def test_console_script_entry_point_runs():
+    result = subprocess.run([sys.executable, "-m", "tessera.cli", "doctor"], capture_output=True, text=True, check=True)
+    assert result.stdout.startswith("tessera 0.1.0")
