@@ -28,7 +28,7 @@ from . import dtypes as dt
 from .core import Block, Operation
 from .errors import TypeRuleError
 from .types import (
-    PointerType, ScalarType, TileType, Type, ViewType,
+    PointerType, RegsType, ScalarType, TileType, Type, ViewType,
     element_of, scalar_dtype, shape_of, with_element, with_shape,
 )
 
@@ -57,6 +57,7 @@ class OpDef:
     check: Callable[[Operation], None] | None = None
     terminator: bool = False
     pure: bool = True                    # no side effects: may be CSE'd or removed when unused
+    level: str = "tile"                  # "tile": tile IR (also valid per thread); "thread": thread IR only
 
 
 OPS: dict[str, OpDef] = {}
@@ -205,7 +206,8 @@ define("arange", "The i32 tile [start, start+1, ..., end-1].", 0,
 def _check_splat(op):
     src, res = op.operands[0].type, op.results[0].type
     require(not isinstance(src, TileType), f"splat takes a scalar, got {src}")
-    require(isinstance(res, TileType) and res.element == src, f"splat of {src} must produce a tile of {src}, got {res}")
+    require(isinstance(res, (TileType, RegsType)) and res.element == src,
+            f"splat of {src} must produce a tile (or registers) of {src}, got {res}")
 
 
 def _check_broadcast(op):
@@ -404,9 +406,13 @@ def _infer_atomic_cas(ts, a):
 
 
 define("addptr", "Pointer plus element offset, lane by lane.", 2, infer=_infer_addptr)
+# `vector` (thread IR): registers go in groups of `vector` whose addresses are
+# consecutive and aligned to the group's size, with one mask value per group,
+# so each group is one wide access.
 define("load", "Read through pointers; masked-off lanes yield `other` (zero if absent).", (1, 3),
-       infer=_infer_load, pure=False)
-define("store", "Write through pointers; masked-off lanes are not written.", (2, 3), infer=_infer_store, pure=False)
+       optional_attrs={"vector": "int"}, infer=_infer_load, pure=False)
+define("store", "Write through pointers; masked-off lanes are not written.", (2, 3),
+       optional_attrs={"vector": "int"}, infer=_infer_store, pure=False)
 define("atomic_rmw", "Atomically combine `value` into memory; returns the old values.", (2, 3),
        attrs={"kind": "str"}, infer=_infer_atomic_rmw, pure=False)
 define("atomic_cas", "Atomic compare-and-swap; returns the old values.", 3, infer=_infer_atomic_cas, pure=False)
@@ -591,3 +597,7 @@ define("breakpoint", "Stop in the CPU interpreter with the named operands as loc
        (0, -1), attrs={"names": "strs"},
        infer=lambda ts, a: (require(len(a["names"]) == len(ts), "breakpoint needs one name per operand"), [])[1],
        pure=False)
+
+
+# Thread-level ops live in their own file and register into OPS on import.
+from . import thread_ops  # noqa: E402,F401

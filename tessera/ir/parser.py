@@ -26,7 +26,7 @@ from .core import Block, Function, Location, Module, Operation, Value
 from .dtypes import DType, dtype_from_name
 from .errors import ParseError
 from .ops import OPS
-from .types import PointerType, ScalarType, TileType, Type, ViewType
+from .types import PointerType, RegsType, ScalarType, TileType, Type, ViewType
 
 
 def parse_module(text: str) -> Module:
@@ -171,6 +171,8 @@ class _FunctionReader:
         if kind == "tile_type":
             dims = parts[0].split("x")[:-1] if len(parts) == 2 else []
             return TileType(self.type(parts[-1]), tuple(int(d) for d in dims))
+        if kind == "regs_type":
+            return RegsType(self.type(parts[1]), int(parts[0][:-1]))
         dtype, rank = parts  # view_type
         return ViewType(self.dtype(dtype), int(rank))
 

@@ -9,9 +9,12 @@ hashable, compare by value, and print in the IR's textual form:
     tile<64x32xbf16>    a 64x32 tile of bf16 values
     tile<128xptr<f32>>  a tile of pointers (one per lane)
     view<f32, 2>        a rank-2 tensor view: base pointer, shape and strides
+    regs<8xf32>         thread IR: the 8 registers one thread holds of a tile
 
 Tile shapes are static; the element of a tile is a scalar dtype or a pointer.
-Layouts and memory spaces of tiles arrive with the lowering passes.
+In thread IR (after lowering), every value is per thread: a scalar is one
+register, and a tile becomes `regs<N x T>`, the N elements the thread holds
+under the tile's layout.
 """
 
 from __future__ import annotations
@@ -84,17 +87,36 @@ class ViewType(Type):
         return f"view<{self.dtype.name}, {self.rank}>"
 
 
+@dataclass(frozen=True)
+class RegsType(Type):
+    """Thread IR: the `count` registers of `element` type one thread holds of a tile."""
+
+    element: ScalarType | PointerType
+    count: int
+
+    def __str__(self) -> str:
+        return f"regs<{self.count}x{self.element}>"
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        return (self.count,)
+
+    @property
+    def numel(self) -> int:
+        return self.count
+
+
 # ---------------------------------------------------------------------------
 # Small queries used by type rules, the frontend and the interpreter.
 
 def shape_of(t: Type) -> tuple[int, ...]:
-    """Tile shape, or () for scalars and pointers."""
-    return t.shape if isinstance(t, TileType) else ()
+    """Tile shape (registers: (count,)), or () for scalars and pointers."""
+    return t.shape if isinstance(t, (TileType, RegsType)) else ()
 
 
 def element_of(t: Type) -> ScalarType | PointerType:
-    """The per-lane type: the tile's element, or the type itself."""
-    return t.element if isinstance(t, TileType) else t
+    """The per-lane type: the tile's (or register array's) element, or the type itself."""
+    return t.element if isinstance(t, (TileType, RegsType)) else t
 
 
 def scalar_dtype(t: Type) -> DType | None:
@@ -105,6 +127,8 @@ def scalar_dtype(t: Type) -> DType | None:
 
 def with_element(t: Type, element: ScalarType | PointerType) -> Type:
     """`t` with its per-lane type replaced, keeping the shape."""
+    if isinstance(t, RegsType):
+        return RegsType(element, t.count)
     return TileType(element, t.shape) if isinstance(t, TileType) else element
 
 

@@ -194,6 +194,23 @@ func @debug(%x: tile<8xi32>, %ok: tile<8xbool>) {
   return
 }
 """,
+    "thread_level": """\
+func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
+  %tid = thread_id : i32
+  %b = constant {value = 1} : i32
+  %offs = pack %tid, %tid, %tid, %b : regs<4xi32>
+  %ps = splat %p : regs<4xptr<f32>>
+  %addr = addptr %ps, %offs : regs<4xptr<f32>>
+  %v = load %addr, %m {vector = 4} : regs<4xf32>
+  store %addr, %v, %m {vector = 4}
+  %x = extract %v {index = 2} : f32
+  %y = shuffle %x, %b {mode = "bfly", width = 16} : f32
+  %smem = shared_alloc {bytes = 512, offset = -1} : ptr<f32, shared>
+  store %smem, %y
+  barrier
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

@@ -1,0 +1,80 @@
+"""Target descriptions: what the lowering passes and backends may assume of a GPU.
+
+Passes never ask "is this NVIDIA?": they read the warp size, shared-memory
+capacity, register budget and the set of hardware features from a `Target`,
+so one pipeline serves every GPU. Backends add what only they need (the
+LLVM triple and CPU name, PTX features) through the fields below.
+
+| target  | vendor | warp | shared memory / block | features                                   |
+| ------- | ------ | ---- | --------------------- | ------------------------------------------ |
+| sm_80   | nvidia | 32   | 163 KiB (A100)        | shfl, cp.async, mma.sync, ldmatrix         |
+| sm_89   | nvidia | 32   | 99 KiB (L40/4090)     | sm_80 + fp8 mma                            |
+| sm_90   | nvidia | 32   | 227 KiB (H100/H200)   | sm_89 + tma, mbarrier, clusters            |
+| sm_90a  | nvidia | 32   | 227 KiB               | sm_90 + wgmma, setmaxnreg                  |
+| sm_100  | nvidia | 32   | 227 KiB (B200)        | sm_90 + tcgen05 (no wgmma)                 |
+| gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
+| gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + fp8 mfma                          |
+| gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + wider mfma                        |
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Target:
+    name: str                       # what users write: --target sm_90a
+    vendor: str                     # "nvidia" | "amd"
+    warp_size: int
+    shared_memory_bytes: int        # per block, with the opt-in above 48 KB on NVIDIA
+    registers_per_thread: int       # the most a thread may use without spilling
+    registers_per_block: int
+    max_threads_per_block: int = 1024
+    max_vector_bits: int = 128      # widest single global load/store
+    features: frozenset[str] = field(default_factory=frozenset)
+    llvm_triple: str = ""
+    llvm_cpu: str = ""
+    llvm_features: str = ""
+
+    def has(self, feature: str) -> bool:
+        return feature in self.features
+
+
+_SM80 = frozenset({"shfl", "cp.async", "mma.sync", "ldmatrix"})
+_SM89 = _SM80 | {"mma.fp8"}
+_SM90 = _SM89 | {"tma", "mbarrier", "cluster"}
+_GFX90A = frozenset({"dpp", "mfma"})
+_GFX942 = _GFX90A | {"mfma.fp8"}
+
+
+def _nvidia(name: str, smem_kib: int, features: frozenset[str], ptx: str) -> Target:
+    return Target(name, "nvidia", 32, smem_kib * 1024, 255, 65536, features=features,
+                  llvm_triple="nvptx64-nvidia-cuda", llvm_cpu=name, llvm_features=f"+{ptx}")
+
+
+def _amd(name: str, lds_kib: int, features: frozenset[str]) -> Target:
+    return Target(name, "amd", 64, lds_kib * 1024, 512, 65536, features=features,
+                  llvm_triple="amdgcn-amd-amdhsa", llvm_cpu=name)
+
+
+TARGETS: dict[str, Target] = {t.name: t for t in (
+    _nvidia("sm_80", 163, _SM80, "ptx80"),
+    _nvidia("sm_89", 99, _SM89, "ptx80"),
+    _nvidia("sm_90", 227, _SM90, "ptx80"),
+    _nvidia("sm_90a", 227, _SM90 | {"wgmma", "setmaxnreg"}, "ptx80"),
+    _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
+    _amd("gfx90a", 64, _GFX90A),
+    _amd("gfx942", 64, _GFX942),
+    _amd("gfx950", 160, _GFX942 | {"mfma.wide"}),
+)}
+
+DEFAULT_TARGET = "sm_80"
+
+
+def get_target(name: str) -> Target:
+    """The target called `name`; a ValueError listing the known ones otherwise."""
+    try:
+        return TARGETS[name]
+    except KeyError:
+        raise ValueError(f"unknown target {name!r}; known targets: {', '.join(TARGETS)}") from None

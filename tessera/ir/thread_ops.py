@@ -1,0 +1,70 @@
+"""Thread-level ops: what one thread of a block does, after lowering.
+
+In thread IR every value is per thread. A tile of the tile IR becomes a
+`regs<N x T>` value (the N elements this thread holds under the tile's
+layout); elementwise ops, loads and stores keep their tile-IR names and
+apply register by register. The ops here are the ones that only make sense
+per thread: where the thread is, moving registers in and out of register
+arrays, talking to other lanes (shuffles), shared memory and barriers.
+
+Registered into the same op table as the tile ops (`ops.OPS`).
+"""
+
+from __future__ import annotations
+
+from . import dtypes as dt
+from .ops import define, require
+from .types import PointerType, RegsType, ScalarType
+
+SHUFFLE_MODES = ("bfly", "idx", "up", "down")
+
+
+def _infer_pack(ts, a):
+    first = ts[0]
+    require(isinstance(first, (ScalarType, PointerType)), f"pack takes scalars, got {first}")
+    require(all(t == first for t in ts), f"pack operands must share one type, got {', '.join(map(str, ts))}")
+    return [RegsType(first, len(ts))]
+
+
+def _infer_extract(ts, a):
+    regs = ts[0]
+    require(isinstance(regs, RegsType), f"extract needs registers, got {regs}")
+    require(0 <= a["index"] < regs.count, f"extract index {a['index']} out of range for {regs}")
+    return [regs.element]
+
+
+def _infer_shuffle(ts, a):
+    value, lane = ts
+    require(a["mode"] in SHUFFLE_MODES, f"shuffle mode must be one of {SHUFFLE_MODES}, got {a['mode']!r}")
+    require(isinstance(value, ScalarType) and value.dtype.bits <= 64,
+            f"shuffle moves one scalar of at most 64 bits, got {value}")
+    require(lane == ScalarType(dt.i32), f"shuffle lane must be i32, got {lane}")
+    width = a.get("width", 0)
+    require(width == 0 or (width > 0 and width & (width - 1) == 0), f"shuffle width must be a power of two, got {width}")
+    return [value]
+
+
+def _check_shared_alloc(op):
+    require(len(op.results) == 1, "shared_alloc has one result")
+    t = op.results[0].type
+    require(isinstance(t, PointerType) and t.address_space == "shared",
+            f"shared_alloc produces a shared-memory pointer, got {t}")
+    require(op.attrs["bytes"] > 0, "shared_alloc needs a positive size")
+    require(op.attrs["offset"] >= -1, "shared_alloc offset is -1 (unassigned) or a byte offset")
+
+
+def define_thread_op(name: str, doc: str, operands, **kw):
+    return define(name, doc, operands, level="thread", **kw)
+
+
+define_thread_op("thread_id", "Index of this thread in its block (threadIdx.x), i32.", 0,
+       infer=lambda ts, a: [ScalarType(dt.i32)])
+define_thread_op("pack", "A register array from scalars, in order.", (1, -1), infer=_infer_pack)
+define_thread_op("extract", "Register `index` of a register array.", 1, attrs={"index": "int"}, infer=_infer_extract)
+define_thread_op("shuffle", "The operand as held by another lane of the warp (shfl.sync: bfly/idx/up/down; "
+                           "`width` splits the warp into segments).", 2,
+       attrs={"mode": "str"}, optional_attrs={"width": "int"}, infer=_infer_shuffle)
+define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
+       infer=lambda ts, a: [], pure=False)
+define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it).", 0,
+       attrs={"bytes": "int", "offset": "int"}, check=_check_shared_alloc, pure=False)
