@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import ast
 import builtins
-import functools
 import inspect
 import types
 from typing import TYPE_CHECKING, Any
@@ -94,8 +93,7 @@ def call_value(gen: "CodeGenerator", func: Any, args: list[Any], kwargs: dict[st
 # Calling Python code that emits IR, with its failures turned into CompileErrors
 
 
-@functools.lru_cache(maxsize=None)
-def _signature(fn: Any) -> inspect.Signature | None:
+def signature_of(fn: Any) -> inspect.Signature | None:
     try:
         return inspect.signature(fn)
     except (TypeError, ValueError):
@@ -105,10 +103,7 @@ def _signature(fn: Any) -> inspect.Signature | None:
 def call_checked(gen: "CodeGenerator", fn: Any, shown: str, args: list[Any], kwargs: dict[str, Any],
                  skip: int = 0) -> Any:
     """`fn(*args, **kwargs)`, reporting a bad argument list as the user's mistake."""
-    try:
-        signature = _signature(fn)
-    except TypeError:   # unhashable callable
-        signature = None
+    signature = signature_of(fn)
     if signature is not None:
         try:
             signature.bind(*args, **kwargs)
@@ -283,7 +278,7 @@ def _convert(kind):
 def convert(gen, kind, args, kwargs):
     _no_keywords(gen, kind.__name__, kwargs)
     if any(isinstance(a, Tensor) for a in args):
-        target = {int: "tessera.int32", float: "tessera.float32", bool: "tessera.bool_"}[kind]
+        target = {int: "tessera.i32", float: "tessera.f32", bool: "tessera.bool_"}[kind]
         gen.error(f"{kind.__name__}() converts compile-time values only; convert a traced value with "
                   f"x.to({target})", ConstexprError)
     return call_python(gen, kind, kind.__name__, args, {})
@@ -299,7 +294,8 @@ def _len(gen, args, kwargs):
 
 
 def _print(gen, args, kwargs):
-    """`print("x =", x, "at", i)`: compile-time arguments become the prefix, traced values the operands."""
+    """`print("x =", x)`: the compile-time arguments, joined by spaces, become the prefix and the traced
+    values the operands (a compile-time argument after a traced one still goes into the prefix)."""
     _no_keywords(gen, "print", kwargs)
     prefix = " ".join(str(a) for a in args if not isinstance(a, Tensor))
     operands = [a.value for a in args if isinstance(a, Tensor)]

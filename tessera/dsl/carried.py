@@ -203,7 +203,18 @@ def loop_advice(name: str, before: Type, after: Type) -> str:
 
 
 class Carried:
-    """The variables a runtime loop threads through its body, and their current types."""
+    """The variables a runtime loop threads through its body, and their current types.
+
+    Tracing the body may show that the first guess was wrong; `yields` then
+    returns None and `retrace` prepares the next attempt:
+
+    * a Python-number start (or a scalar) that the body turns into another
+      type starts with that type instead;
+    * a compile-time value (a string, a view's block, ...) that the body
+      replaces is demoted to a per-iteration local: the next attempt traces
+      the body with it unbound, so reading it before assigning it is an
+      error, and it is not defined after the loop.
+    """
 
     def __init__(self, gen: "CodeGenerator", body: list[ast.stmt], exclude: tuple[str, ...] = ()):
         self.gen = gen
@@ -212,6 +223,8 @@ class Carried:
         self.names: list[str] = []
         self.start: list[Any] = []            # what each variable held before the loop
         self.frozen: dict[str, Any] = {}      # compile-time values the body must leave alone
+        self.fresh: dict[str, Any] = {}       # compile-time values the body replaces: per-iteration locals
+        self.pending: dict[str, Type | None] = {}   # for the next attempt: name -> new type (None: demote)
         for name in assigned_names(body):
             value = variables.get(name, MISSING)
             if name in exclude or isinstance(value, Unbound):
@@ -231,39 +244,37 @@ class Carried:
     def hints(self) -> list[str]:
         return [hint_of(n) for n in self.names]
 
-    def bind(self, variables: dict[str, Any], args: list) -> None:
+    def bind(self, variables: dict[str, Any], args: list, line: int | None) -> None:
+        """Set up a body's (or condition's) variables: the carried ones are `args`."""
         for name, arg in zip(self.names, args):
             variables[name] = Tensor(arg)
+        for name, value in self.fresh.items():
+            variables[name] = Unbound(
+                f"holds {describe(value)} before the loop at line {line}, and the loop assigns it another "
+                f"compile-time value; compile-time values cannot change from one iteration of a runtime loop to "
+                f"the next: make it a traced value before the loop, or unroll with tessera.static_range",
+                ConstexprError)
 
-    def yields(self, after: dict[str, Any], block: Block, line: int | None) -> tuple[list[Tensor], dict[int, Type]]:
-        """The body's values to yield, and {index: new type} for Python-number starts that must be retyped."""
-        gen, out, retypes = self.gen, [], {}
+    def yields(self, after: dict[str, Any], block: Block, line: int | None) -> list[Tensor] | None:
+        """The body's values to yield (converted into `block`), or None when the loop must be traced again."""
+        gen, out = self.gen, []
         where = f"the loop at line {line}" if line else "this loop"
         for i, name in enumerate(self.names):
-            value, want = after.get(name, MISSING), self.inits[i].type
+            value, want, start = after.get(name, MISSING), self.inits[i].type, self.start[i]
             if isinstance(value, Unbound):
                 gen.error(f"'{hint_of(name)}' is defined before {where} but not at the end of its body "
                           f"(it {value.reason}); give it a value on every path through the body")
-            if isinstance(value, Tensor):
-                with gen.builder.at(block):
-                    fitted = fit(gen, value, want)
-                if fitted is not None:
-                    out.append(fitted)
-                    continue
-            if is_number(value):
-                with gen.builder.at(block):
-                    converted = constant_of_type(gen, value, want)
-                if converted is not None:
-                    out.append(converted)
-                    continue
-            elif not isinstance(value, Tensor):
-                gen.error(f"'{hint_of(name)}' is {want} before {where} but {describe(value)} at the end of its body; "
-                          f"a loop-carried variable must stay a traced value", LoopCarriedTypeError)
+            with gen.builder.at(block):
+                converted = fit(gen, value, want) if isinstance(value, Tensor) else constant_of_type(gen, value, want)
+            if converted is not None:
+                out.append(converted)
+                continue
+            if not isinstance(value, Tensor) and not is_number(value):
+                self.pending[name] = None       # replaced by a compile-time value: a per-iteration local
+                continue
             new_type = value.type if isinstance(value, Tensor) else default_type(gen, value)
-            start = self.start[i]
             if not isinstance(start, Tensor) or widest([start.type, new_type]) == new_type != start.type:
-                retypes[i] = new_type       # a Python number, or a scalar that the body turns into a tile
-                out.append(None)
+                self.pending[name] = new_type   # a Python number, or a scalar the body turns into a tile
                 continue
             assigned = gen.frame.assigned_at.get(name)
             at_line = f" (assigned at line {assigned})" if assigned else ""
@@ -272,30 +283,42 @@ class Carried:
                       LoopCarriedTypeError)
         for name, value in self.frozen.items():
             if not same_value(after.get(name, MISSING), value):
-                gen.error(f"'{hint_of(name)}' holds {describe(value)} before {where}, and the body assigns it "
-                          f"another value; compile-time values cannot change in a runtime loop (make it a traced "
-                          f"value before the loop, or unroll with tessera.static_range)", ConstexprError)
-        return out, retypes
+                self.pending[name] = None
+        return None if self.pending else out
 
-    def retype(self, retypes: dict[int, Type], line: int | None) -> None:
-        """Start the Python-number variables in `retypes` with their new types (the loop is traced again)."""
-        gen = self.gen
-        for i, new_type in retypes.items():
-            start = self.start[i]
-            if isinstance(start, Tensor):
-                with gen.builder.at(self.parent):
-                    self.inits[i] = fit(gen, start, new_type)
+    def retrace(self, line: int | None) -> None:
+        """Apply what the last attempt learned (see the class docstring) before tracing the loop again."""
+        gen, pending = self.gen, self.pending
+        self.pending = {}
+        for name in [n for n, t in pending.items() if t is None]:
+            if name in self.frozen:
+                self.fresh[name] = self.frozen.pop(name)
                 continue
-            old = self.inits[i].value.owner
-            if old in self.parent.ops and old.name == "constant":
-                self.parent.ops.remove(old)
+            i = self.names.index(name)
+            self.forget_init(i)
+            self.fresh[name] = self.start[i]
+            del self.names[i], self.start[i], self.inits[i]
+        for name, new_type in pending.items():
+            if new_type is None:
+                continue
+            i = self.names.index(name)
+            start = self.start[i]
+            self.forget_init(i)
             with gen.builder.at(self.parent):
-                converted = constant_of_type(gen, start, new_type)
+                converted = fit(gen, start, new_type) if isinstance(start, Tensor) else \
+                    constant_of_type(gen, start, new_type)
             if converted is None:
-                gen.error(f"'{hint_of(self.names[i])}' starts as the Python value {self.start[i]!r} but becomes "
-                          f"{new_type} in the loop at line {line}; start it with a value of that type",
-                          LoopCarriedTypeError)
+                gen.error(f"'{hint_of(name)}' starts as the Python value {start!r} but becomes {new_type} in the "
+                          f"loop at line {line}; start it with a value of that type", LoopCarriedTypeError)
             self.inits[i] = converted
+
+    def forget_init(self, i: int) -> None:
+        """Drop the constant materialized for a Python-number start (unused once the loop is traced again)."""
+        if isinstance(self.start[i], Tensor):
+            return
+        op = self.inits[i].value.owner
+        if op in self.parent.ops and op.name == "constant":
+            self.parent.ops.remove(op)
 
     def leave(self, before: dict[str, Any], after_body: dict[str, Any], results: list, line: int | None,
               loop_only: tuple[str, ...] = ()) -> dict[str, Any]:
@@ -307,6 +330,9 @@ class Carried:
             if name in loop_only:
                 after[name] = Unbound(f"is the loop variable of the `for` at line {line}; it is only defined "
                                       f"inside the loop")
+            elif name in self.fresh:
+                after[name] = Unbound(f"is assigned a compile-time value inside the loop at line {line}, which "
+                                      f"differs from iteration to iteration, so it is not defined after the loop")
             elif name not in before or not same_value(before[name], value):
                 after[name] = Unbound(f"is first assigned inside the loop at line {line}, so it is not defined "
                                       f"after the loop; assign it before the loop to carry it through")

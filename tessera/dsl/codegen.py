@@ -178,7 +178,7 @@ class CodeGenerator(ast.NodeVisitor):
     def visit_AugAssign(self, node: ast.AugAssign) -> None:
         if not isinstance(node.target, ast.Name):
             self.bind_target(node.target, None)    # raises the right error for x[i] += ...
-        current = self.visit(ast.copy_location(ast.Name(node.target.id, ast.Load()), node.target))
+        current = self.lookup(node.target.id)
         self.assign(node.target.id, self.binary(BINARY_OPERATORS[type(node.op)], current,
                                                 self.visit(node.value)))
 
@@ -283,7 +283,7 @@ class CodeGenerator(ast.NodeVisitor):
         if name in frame.variables:
             value = frame.variables[name]
             if isinstance(value, Unbound):
-                self.error(f"'{name}' {value.reason}", UnknownNameError)
+                self.error(f"'{name}' {value.reason}", value.error)
             return value
         found, value = lookup_global(frame, name)
         if not found:

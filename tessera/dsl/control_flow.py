@@ -29,7 +29,7 @@ from .values import Tensor, static_range
 if TYPE_CHECKING:
     from .codegen import CodeGenerator
 
-MAX_RETYPES = 8     # a loop is traced again at most this often while its carried types settle
+MAX_LOOP_TRACES = 8     # attempts at tracing a loop while its carried variables settle (see Carried)
 
 
 # ---------------------------------------------------------------------------
@@ -143,15 +143,15 @@ def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
-    for _ in range(MAX_RETYPES):
+    for _ in range(MAX_LOOP_TRACES):
         body = Block([start.type, *carried.types], [target, *carried.hints])
         variables = loop_exits.start_iteration(dict(before))
         variables[target] = Tensor(body.args[0])
-        carried.bind(variables, body.args[1:])
+        carried.bind(variables, body.args[1:], line)
         trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
-        yields, retypes = carried.yields(variables, body, line)
-        if retypes:
-            carried.retype(retypes, line)
+        yields = carried.yields(variables, body, line)
+        if yields is None:
+            carried.retrace(line)
             continue
         with gen.builder.at(body):
             gen.builder.create("yield", [v.value for v in yields])
@@ -189,23 +189,23 @@ def lower_while(gen: "CodeGenerator", node: ast.While) -> None:
     parent, mark = gen.builder.block, len(gen.builder.block.ops)
     carried = Carried(gen, node.body)
     lead_types = [ScalarType(dt.bool_)] if has_break else []
-    for _ in range(MAX_RETYPES):
+    for _ in range(MAX_LOOP_TRACES):
         types = [*lead_types, *carried.types]
         hints = [*(["broke"] if has_break else []), *carried.hints]
         condition_block, body = Block(types, hints), Block(types, hints)
         variables = dict(before)
-        carried.bind(variables, condition_block.args[len(lead_types):])
+        carried.bind(variables, condition_block.args[len(lead_types):], line)
         keep_going = trace_region(gen, condition_block, variables,
                                   lambda: while_condition(gen, node, condition_block.args[:len(lead_types)]))
         if keep_going is None:     # compile-time false: the loop never runs
             del parent.ops[mark:]
             return
         variables = loop_exits.start_iteration(dict(before))
-        carried.bind(variables, body.args[len(lead_types):])
+        carried.bind(variables, body.args[len(lead_types):], line)
         trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
-        yields, retypes = carried.yields(variables, body, line)
-        if retypes:
-            carried.retype(retypes, line)
+        yields = carried.yields(variables, body, line)
+        if yields is None:
+            carried.retrace(line)
             continue
         with gen.builder.at(condition_block):
             gen.builder.create("condition", [keep_going.value, *condition_block.args], result_types=[])

@@ -164,7 +164,7 @@ def lower_for_with_break(gen: "CodeGenerator", node: ast.For, start: Tensor, sto
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
     index = start.type
-    for _ in range(control_flow.MAX_RETYPES):
+    for _ in range(control_flow.MAX_LOOP_TRACES):
         types, hints = [index, BOOL, *carried.types], [target, "broke", *carried.hints]
         condition_block, body = Block(types, hints), Block(types, hints)
         with gen.builder.at(condition_block):
@@ -175,11 +175,11 @@ def lower_for_with_break(gen: "CodeGenerator", node: ast.For, start: Tensor, sto
             gen.builder.create("condition", [keep_going, *condition_block.args], result_types=[])
         variables = start_iteration(dict(before))
         variables[target] = Tensor(body.args[0])
-        carried.bind(variables, body.args[2:])
+        carried.bind(variables, body.args[2:], line)
         trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
-        yields, retypes = carried.yields(variables, body, line)
-        if retypes:
-            carried.retype(retypes, line)
+        yields = carried.yields(variables, body, line)
+        if yields is None:
+            carried.retrace(line)
             continue
         with gen.builder.at(body):
             next_iv = gen.builder.create("add", [body.args[0], step.value]).result

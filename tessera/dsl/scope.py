@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.dtypes import DType
+from .errors import CompileError, UnknownNameError
 from .function import DeviceFunction
 from .source import KernelSource
 from .values import Builtin, Tensor, constexpr, static_range
@@ -51,6 +52,7 @@ class Unbound:
     """A name Python binds but the kernel cannot see here; `reason` completes "'x' ..."."""
 
     reason: str
+    error: type[CompileError] = UnknownNameError
 
 
 @dataclass

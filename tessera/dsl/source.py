@@ -57,8 +57,17 @@ class KernelSource:
                 f"cannot read the source of {getattr(fn, '__name__', fn)!r}: kernels must be defined in a file "
                 f"(not typed into an interactive prompt or built with exec)", kernel=getattr(fn, "__name__", None)
             ) from exc
-        module = ast.parse(textwrap.dedent("".join(lines)))
+        text = "".join(lines)
+        dedented = textwrap.dedent(text)
+        indent = len(lines[0]) - len(lines[0].lstrip()) if dedented != text else 0
+        module = ast.parse(dedented)
         ast.increment_lineno(module, first_line - 1)
+        if indent:  # columns must point into the file's lines, which keep their indentation
+            for node in ast.walk(module):
+                if hasattr(node, "col_offset"):
+                    node.col_offset += indent
+                    if getattr(node, "end_col_offset", None) is not None:
+                        node.end_col_offset += indent
         tree = next(node for node in module.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)))
         if isinstance(tree, ast.AsyncFunctionDef):
             raise UnsupportedSyntaxError("kernels cannot be async functions", kernel=fn.__name__,

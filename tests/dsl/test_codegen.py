@@ -580,3 +580,71 @@ def test_a_scalar_meeting_a_tile_of_its_type_is_splat():
     (loop,) = ops(fn, "for")
     assert [r.type for r in loop.results] == [TileType(F32, (4,))]
     assert loop.operands[3].owner.name == "splat"
+
+
+def early_return(out_ptr, n, SKIP: tl.constexpr):
+    if SKIP:
+        return
+    tl.store(out_ptr, n)
+
+
+def test_return_under_a_constexpr_condition_ends_the_kernel():
+    skipped = trace(early_return, arg("out_ptr", PointerType(dt.i32)), arg("n", I32), const("SKIP", True))
+    kept = trace(early_return, arg("out_ptr", PointerType(dt.i32)), arg("n", I32), const("SKIP", False))
+    assert top_ops(skipped) == ["return"]
+    assert top_ops(kept) == ["store", "return"]
+
+
+def until_break(x_ptr, out_ptr, n):
+    k = 0
+    while k < n:
+        if tl.load(x_ptr + k) < 0.0:
+            break
+        k += 1
+    steps = 0
+    while True:
+        steps += 1
+        if steps * steps > n:
+            break
+    tl.store(out_ptr, k + steps)
+
+
+def test_while_with_break_tests_its_condition_only_while_not_broken():
+    fn = trace(until_break, arg("x_ptr", PTR_F32), arg("out_ptr", PointerType(dt.i32)), arg("n", I32))
+    first, second = ops(fn, "while")
+    assert [r.name_hint for r in first.results] == ["broke", "k"]
+    condition = first.regions[0]
+    guarded = [o for o in condition.ops if o.name == "if"][0]     # `k < n` evaluated only when not broke
+    assert [o.name for o in guarded.regions[0].ops] == ["cmp", "yield"]
+    assert [o.name for o in second.regions[0].ops] == ["not", "condition"]   # `while True` with a break
+
+
+def unpacking_loop(out_ptr):
+    total = 0
+    for scale, offset in ((2, 1), (3, 4)):
+        total = total * scale + offset
+    first, (second, third) = 1, (2, 3)
+    tl.store(out_ptr, total + first + second + third)
+
+
+def test_unrolled_loops_and_assignments_unpack_tuples():
+    fn = trace(unpacking_loop, arg("out_ptr", PointerType(dt.i32)))
+    assert top_ops(fn) == ["constant", "store", "return"]
+    assert ops(fn, "constant")[0].attrs["value"] == (0 * 2 + 1) * 3 + 4 + 1 + 2 + 3
+
+
+def block_per_iteration(x_ptr, out_ptr, n, BLOCK: tl.constexpr):
+    x = tl.view(x_ptr, (n * BLOCK,))
+    block = x.block((BLOCK,), (0,))
+    total = block.load()
+    for i in range(1, n):
+        block = x.block((BLOCK,), (i,))
+        total += block.load()
+    tl.store(out_ptr + tl.arange(0, BLOCK), total)
+
+
+def test_compile_time_handles_reassigned_in_a_loop_are_per_iteration_locals():
+    fn = trace(block_per_iteration, arg("x_ptr", PTR_F32), arg("out_ptr", PTR_F32), arg("n", I32), const("BLOCK", 4))
+    (loop,) = ops(fn, "for")
+    assert [r.name_hint for r in loop.results] == ["total"]
+    assert [o.name for o in loop.regions[0].ops].count("view_load") == 1

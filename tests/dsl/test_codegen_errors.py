@@ -272,13 +272,27 @@ def test_loop_carried_variable_must_keep_its_type():
 def compile_time_value_changes_in_loop(ptr, n):
     mode = "a"
     for i in range(n):
+        if mode == "a":
+            tl.store(ptr, 1.0)
         mode = "b"
-    tl.store(ptr, 1.0)
 
 
-def test_compile_time_values_cannot_change_in_a_runtime_loop():
-    check(compile_time_value_changes_in_loop, ConstexprError, "for i in range(n)", "'mode' holds the compile-time "
-          "value 'a'", "tessera.static_range")
+def test_compile_time_values_cannot_change_across_iterations():
+    check(compile_time_value_changes_in_loop, ConstexprError, 'if mode == "a"', "'mode' holds the compile-time "
+          f"value 'a' before the loop at line {line_of(compile_time_value_changes_in_loop, 'for i')}",
+          "tessera.static_range")
+
+
+def compile_time_value_after_loop(ptr, n):
+    mode = "a"
+    for i in range(n):
+        mode = "b"
+    tl.store(ptr, len(mode))
+
+
+def test_compile_time_values_reassigned_in_a_loop_are_not_defined_after_it():
+    check(compile_time_value_after_loop, UnknownNameError, "len(mode)", "'mode' is assigned a compile-time value "
+          "inside the loop")
 
 
 def float_range(ptr, x):
@@ -340,7 +354,7 @@ def int_of_traced(ptr, x):
 
 
 def test_int_of_a_traced_value_points_to_to():
-    check(int_of_traced, ConstexprError, "int(x)", "x.to(tessera.int32)")
+    check(int_of_traced, ConstexprError, "int(x)", "x.to(tessera.i32)")
 
 
 def tuple_indexed_by_traced(ptr, n):
@@ -458,3 +472,28 @@ def test_type_rule_errors_become_type_mismatch_errors_at_the_line():
 
 def test_unexpected_exceptions_become_compile_errors_at_the_line():
     check(calls_crashing_builtin, CompileError, "crashes()", "internal compiler error", "RuntimeError: boom")
+
+
+def augmented_item_assignment(ptr, BLOCK):
+    x = tl.zeros((BLOCK,), tl.f32)
+    x[0] += 1.0
+    tl.store(ptr, x)
+
+
+def test_augmented_item_assignment_is_rejected_like_item_assignment():
+    check(augmented_item_assignment, UnsupportedSyntaxError, "x[0] += 1.0", "tiles are values")
+
+
+@tl.func
+def helper_with_a_typo(v):
+    return v + undefined_thing  # noqa: F821
+
+
+def calls_helper_with_a_typo(ptr, x):
+    tl.store(ptr, helper_with_a_typo(x))
+
+
+def test_errors_inside_helpers_point_into_the_helper():
+    error = check(calls_helper_with_a_typo, UnknownNameError, "undefined_thing", "unknown name 'undefined_thing'",
+                  where=helper_with_a_typo.fn)
+    assert error.kernel == "calls_helper_with_a_typo"

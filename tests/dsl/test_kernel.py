@@ -181,3 +181,14 @@ def test_breakpoint_exposes_kernel_variables(monkeypatch):
 
     inspect_me[(1,)](np.array([1, 2, 3, 4], np.int32))
     assert seen["doubled"].tolist() == [2, 4, 6, 8]
+
+
+def test_error_columns_point_into_the_file_for_nested_kernels():
+    @tessera.kernel
+    def nested(x_ptr):
+        tessera.store(x_ptr, missing)  # noqa: F821
+
+    with pytest.raises(tessera.UnknownNameError) as info:
+        nested[(1,)](np.zeros(1, np.float32))
+    error = info.value
+    assert error.source_line[error.column:].startswith("missing")
