@@ -69,7 +69,7 @@ def load_kernel(target: str):
 def _print_ir(args) -> int:
     from .dsl.codegen import build_kernel_ir
     from .dsl.errors import CompileError
-    from .dsl.signature import SignatureError, parse_signature
+    from .dsl.signature import SignatureError, parse_constexpr, parse_signature
     from .ir.printer import print_module
 
     kernel = load_kernel(args.target)
@@ -80,6 +80,7 @@ def _print_ir(args) -> int:
             raise _UsageError(f"--const takes NAME=VALUE, got {item!r}")
         constexprs[key] = value
     try:
+        constexprs = {key: parse_constexpr(key, text) for key, text in constexprs.items()}
         params = parse_signature(kernel.source, args.signature, constexprs)
         print(print_module(build_kernel_ir(kernel.source, params)), end="")
     except SignatureError as exc:

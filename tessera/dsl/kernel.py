@@ -17,7 +17,7 @@ interpreter, one program instance at a time, so `print(...)` and
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Iterable
+from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..backends.interp import Memory, run_function
 from ..ir.core import Module
@@ -26,7 +26,11 @@ from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
 from .errors import CompileError, KernelArgumentError
+from .signature import SignatureError, parse_signature
 from .source import KernelSource
+
+if TYPE_CHECKING:
+    from .compiler import CompiledKernel
 
 Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 
@@ -97,6 +101,28 @@ class Kernel:
             spec = Specialization(bound.key, module)
             self.specializations[bound.key] = spec
         return spec
+
+    def compile(self, *args, target: str = "sm_80", num_warps: int = 4, signature: str | None = None,
+                **kwargs) -> "CompiledKernel":
+        """Compile to GPU code for `target`, keeping every stage (see `tessera/dsl/compiler.py`).
+
+        Pass the launch's arguments (arrays and scalars, or just constexprs
+        with `signature="*f32:16,*f32:16,i32"`) to pick the specialization.
+        """
+        from .compiler import compile_tile_module  # imports the GPU pipeline only when asked for
+
+        if signature is not None:
+            try:
+                params = parse_signature(self.source, signature, kwargs)
+                module = build_kernel_ir(self.source, params)
+                verify_module(module)
+            except SignatureError as exc:
+                raise KernelArgumentError(str(exc), kernel=self.name) from None
+            except CompileError as exc:
+                raise exc.with_kernel(self.name) from None
+        else:
+            module = self.specialize(*args, **kwargs).module
+        return compile_tile_module(module, target=target, num_warps=num_warps)
 
     # -- launching --------------------------------------------------------
 

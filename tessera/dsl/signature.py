@@ -26,8 +26,8 @@ class SignatureError(ValueError):
     """A signature or constexpr that does not fit the kernel; the message says which entry."""
 
 
-def parse_signature(source: KernelSource, signature: str, constexprs: dict[str, str]) -> list[ParamSpec]:
-    """ParamSpecs for `source`'s parameters from a signature string and constexpr NAME -> text."""
+def parse_signature(source: KernelSource, signature: str, constexprs: dict[str, Any]) -> list[ParamSpec]:
+    """ParamSpecs for `source`'s parameters from a signature string and constexpr values by name."""
     runtime = [p for p in source.param_names if p not in source.constexpr_params]
     entries = [e.strip() for e in signature.split(",") if e.strip()]
     if len(entries) != len(runtime):
@@ -42,7 +42,7 @@ def parse_signature(source: KernelSource, signature: str, constexprs: dict[str, 
     for name in source.param_names:
         if name in source.constexpr_params:
             if name in constexprs:
-                value = _parse_constexpr(name, constexprs[name])
+                value = constexprs[name]
             elif name in source.defaults:
                 value = source.defaults[name]
             else:
@@ -68,7 +68,8 @@ def _parse_entry(name: str, entry: str) -> ParamSpec:
     return ParamSpec(name, False, type=ScalarType(dtype), divisible_by_16=hint == "16", equals_one=hint == "1")
 
 
-def _parse_constexpr(name: str, text: str) -> Any:
+def parse_constexpr(name: str, text: str) -> Any:
+    """A constexpr value written on the command line: a dtype name or a Python literal."""
     try:
         return dt.dtype_from_name(text)
     except ValueError:

@@ -1,0 +1,84 @@
+"""From a traced kernel to GPU code, keeping every stage for inspection.
+
+    compiled = my_kernel.compile(x, y, out, n, BLOCK=1024, target="sm_90a")
+    print(compiled.stages["ptx"])          # also: tile_ir, optimized_tile_ir, thread_ir, llvm_ir
+    compiled.metadata                      # threads, shared memory, registers, spills (ptxas -v)
+
+The stages are the pipeline of DESIGN.md section 2, one function each:
+tile-IR passes -> lowering to thread IR -> NVPTX (LLVM IR -> PTX -> cubin
+when ptxas is available). With `TESSERA_DUMP=DIR` in the environment every
+stage is also written to `DIR/<kernel>.<stage>.<ext>`.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..ir.core import Module
+from ..ir.printer import print_module
+from ..ir.target import get_target
+from ..passes.manager import PassManager
+from ..passes.pipeline import default_tile_passes
+from ..passes.pipeline_threads import lower
+
+STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
+                    "llvm_ir": "ll", "ptx": "ptx"}
+
+
+@dataclass
+class CompiledKernel:
+    """Everything one compilation produced: each stage's text, the binary, and facts about it."""
+
+    name: str
+    target: str
+    stages: dict[str, str]
+    cubin: bytes | None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def dump(self, directory: str | os.PathLike) -> list[Path]:
+        """Write every stage (and the cubin) to `directory`; returns the paths written."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        written = []
+        for stage, text in self.stages.items():
+            path = out / f"{self.name}.{STAGE_EXTENSIONS[stage]}"
+            path.write_text(text)
+            written.append(path)
+        if self.cubin is not None:
+            path = out / f"{self.name}.cubin"
+            path.write_bytes(self.cubin)
+            written.append(path)
+        return written
+
+
+def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4) -> CompiledKernel:
+    """Run a traced tile-IR module through the whole pipeline for `target`."""
+    from ..backends.nvptx.compile import compile_thread_ir
+
+    description = get_target(target)
+    if description.vendor != "nvidia":
+        raise ValueError(f"target {target} is not supported yet (only NVIDIA targets have a backend)")
+    fn = module.functions[0]
+    stages = {"tile_ir": print_module(module)}
+    optimized = PassManager(default_tile_passes()).run(module)
+    stages["optimized_tile_ir"] = print_module(optimized)
+    threads = lower(optimized, description, num_warps=num_warps)
+    stages["thread_ir"] = print_module(threads)
+    thread_fn = threads.functions[0]
+    artifacts = compile_thread_ir(thread_fn, description)
+    stages["llvm_ir"] = artifacts.llvm_ir
+    stages["ptx"] = artifacts.ptx
+    metadata = {
+        "num_threads": thread_fn.attrs.get("num_threads"),
+        "num_warps": num_warps,
+        "shared_bytes": thread_fn.attrs.get("shared_bytes", 0),
+        **(artifacts.ptxas_info or {}),
+    }
+    compiled = CompiledKernel(fn.name, target, stages, artifacts.cubin, metadata)
+    dump_dir = os.environ.get("TESSERA_DUMP")
+    if dump_dir:
+        compiled.dump(dump_dir)
+    return compiled
