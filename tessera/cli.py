@@ -1,6 +1,7 @@
 """The `tessera` command line.
 
     tessera ir FILE.py:KERNEL --signature '*f32,*f32,*f32,i32' --const BLOCK=1024
+    tessera compile FILE.py:KERNEL -s '*f32:16,*f32:16,*f32:16,i32' -c BLOCK=1024 --target sm_90a -o out/
     tessera doctor
 
 Bad arguments print one line and exit with status 2.
@@ -27,12 +28,22 @@ def main(argv: list[str] | None = None) -> int:
     ir.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
     ir.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
 
+    compile_ = commands.add_parser("compile", help="compile a kernel ahead of time to PTX (and cubin with ptxas)")
+    compile_.add_argument("target_kernel", metavar="FILE.py:KERNEL")
+    compile_.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
+    compile_.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
+    compile_.add_argument("--target", "-t", default="sm_80", help="GPU target (sm_80, sm_89, sm_90, sm_90a, sm_100)")
+    compile_.add_argument("--num-warps", "-w", type=int, default=4, help="warps per block (default 4)")
+    compile_.add_argument("--output", "-o", default=".", help="directory to write into (default: .)")
+
     commands.add_parser("doctor", help="show what this installation can do")
 
     args = parser.parse_args(argv)
     try:
         if args.command == "ir":
             return _print_ir(args)
+        if args.command == "compile":
+            return _compile(args)
         return _doctor()
     except _UsageError as exc:
         print(f"tessera: error: {exc}", file=sys.stderr)
@@ -66,28 +77,81 @@ def load_kernel(target: str):
     return kernel
 
 
+def _constexprs(items: list[str]) -> dict:
+    from .dsl.signature import parse_constexpr
+
+    constexprs = {}
+    for item in items:
+        key, eq, text = item.partition("=")
+        if not eq or not key:
+            raise _UsageError(f"--const takes NAME=VALUE, got {item!r}")
+        constexprs[key] = parse_constexpr(key, text)
+    return constexprs
+
+
 def _print_ir(args) -> int:
     from .dsl.codegen import build_kernel_ir
     from .dsl.errors import CompileError
-    from .dsl.signature import SignatureError, parse_constexpr, parse_signature
+    from .dsl.signature import SignatureError, parse_signature
     from .ir.printer import print_module
 
     kernel = load_kernel(args.target)
-    constexprs = {}
-    for item in args.const:
-        key, eq, value = item.partition("=")
-        if not eq:
-            raise _UsageError(f"--const takes NAME=VALUE, got {item!r}")
-        constexprs[key] = value
     try:
-        constexprs = {key: parse_constexpr(key, text) for key, text in constexprs.items()}
-        params = parse_signature(kernel.source, args.signature, constexprs)
+        params = parse_signature(kernel.source, args.signature, _constexprs(args.const))
         print(print_module(build_kernel_ir(kernel.source, params)), end="")
     except SignatureError as exc:
         raise _UsageError(str(exc)) from None
     except CompileError as exc:
         print(exc.with_kernel(kernel.name), file=sys.stderr)
         return 1
+    return 0
+
+
+def _compile(args) -> int:
+    import json
+
+    from .dsl.errors import CompileError, KernelArgumentError
+    from .ir.target import TARGETS
+
+    if args.target not in TARGETS or TARGETS[args.target].vendor != "nvidia":
+        known = ", ".join(name for name, t in TARGETS.items() if t.vendor == "nvidia")
+        raise _UsageError(f"unknown or unsupported target {args.target!r}; choose one of {known}")
+    if args.num_warps not in (1, 2, 4, 8, 16):
+        raise _UsageError(f"--num-warps must be 1, 2, 4, 8 or 16, got {args.num_warps}")
+    kernel = load_kernel(args.target_kernel)
+    constexprs = _constexprs(args.const)
+    try:
+        compiled = kernel.compile(signature=args.signature, target=args.target, num_warps=args.num_warps, **constexprs)
+    except KernelArgumentError as exc:
+        raise _UsageError(exc.message) from None
+    except CompileError as exc:
+        print(exc.with_kernel(kernel.name), file=sys.stderr)
+        return 1
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    written = [out / f"{kernel.name}.ptx"]
+    written[0].write_text(compiled.stages["ptx"])
+    if compiled.cubin is not None:
+        written.append(out / f"{kernel.name}.cubin")
+        written[-1].write_bytes(compiled.cubin)
+    manifest = {
+        "kernel": kernel.name,
+        "signature": [s.strip() for s in args.signature.split(",") if s.strip()],
+        "constexprs": {k: getattr(v, "name", v) for k, v in constexprs.items()},
+        "target": args.target,
+        "num_warps": args.num_warps,
+        "threads_per_block": compiled.metadata.get("num_threads"),
+        "shared_memory_bytes": compiled.metadata.get("shared_bytes", 0),
+        "registers": compiled.metadata.get("registers"),
+        "spill_bytes": compiled.metadata.get("spill_stores"),
+        "ptx": written[0].name,
+        "cubin": written[1].name if len(written) > 1 else None,
+        "compiler_version": __version__,
+    }
+    written.append(out / f"{kernel.name}.json")
+    written[-1].write_text(json.dumps(manifest, indent=2) + "\n")
+    for path in written:
+        print(f"wrote {path}")
     return 0
 
 

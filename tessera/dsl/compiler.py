@@ -13,6 +13,7 @@ stage is also written to `DIR/<kernel>.<stage>.<ext>`.
 from __future__ import annotations
 
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -62,19 +63,32 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if description.vendor != "nvidia":
         raise ValueError(f"target {target} is not supported yet (only NVIDIA targets have a backend)")
     fn = module.functions[0]
+    seconds: dict[str, float] = {}
+    clock = time.perf_counter()
+
+    def lap(stage: str) -> None:
+        nonlocal clock
+        now = time.perf_counter()
+        seconds[stage] = now - clock
+        clock = now
+
     stages = {"tile_ir": print_module(module)}
     optimized = PassManager(default_tile_passes()).run(module)
     stages["optimized_tile_ir"] = print_module(optimized)
+    lap("tile_passes")
     threads = lower(optimized, description, num_warps=num_warps)
     stages["thread_ir"] = print_module(threads)
+    lap("lower_to_threads")
     thread_fn = threads.functions[0]
     artifacts = compile_thread_ir(thread_fn, description)
     stages["llvm_ir"] = artifacts.llvm_ir
     stages["ptx"] = artifacts.ptx
+    lap("llvm_ptx_ptxas")
     metadata = {
         "num_threads": thread_fn.attrs.get("num_threads"),
         "num_warps": num_warps,
         "shared_bytes": thread_fn.attrs.get("shared_bytes", 0),
+        "stage_seconds": seconds,
         **(artifacts.ptxas_info or {}),
     }
     compiled = CompiledKernel(fn.name, target, stages, artifacts.cubin, metadata)
