@@ -24,6 +24,7 @@ from ..ir.target import get_target
 from ..passes.manager import PassManager
 from ..passes.pipeline import default_tile_passes
 from ..passes.pipeline_threads import lower
+from ..passes.rewrite import clone_function
 
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
                     "llvm_ir": "ll", "ptx": "ptx"}
@@ -73,7 +74,9 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
         clock = now
 
     stages = {"tile_ir": print_module(module)}
-    optimized = PassManager(default_tile_passes()).run(module)
+    # Passes rewrite in place: work on a copy so the kernel's cached tile IR stays as traced.
+    working_copy = Module([clone_function(f) for f in module.functions])
+    optimized = PassManager(default_tile_passes()).run(working_copy)
     stages["optimized_tile_ir"] = print_module(optimized)
     lap("tile_passes")
     threads = lower(optimized, description, num_warps=num_warps)

@@ -15,8 +15,11 @@ from .interpreter import ProgramInstance, bind_arguments, run_function, run_prog
 from .registry import SEMANTICS, semantics
 from .storage import Memory
 from .values import Pointers, View
+from .simt import run_threads
+from .thread_checks import verify_thread_ir
 
 __all__ = [
     "InterpreterError", "Memory", "Pointers", "ProgramInstance", "SEMANTICS", "View",
     "bind_arguments", "run_function", "run_program", "semantics",
+    "run_threads", "verify_thread_ir",
 ]

@@ -1,7 +1,7 @@
 """Lane-by-lane ops: arithmetic, bitwise, shifts, comparisons, math, select, casts.
 
 The arithmetic itself (rounding to narrow floats, wrapping integers) is in
-`numerics.py`; this file binds it to ops and checks what the hardware would
+`tessera/ir/numerics.py`; this file binds it to ops and checks what the hardware would
 turn into garbage:
 
 * integer `div`/`rem` by zero gives 0 in that lane (a GPU gives an
@@ -20,7 +20,7 @@ import numpy as np
 from tessera.ir.ops import BINARY_ARITH, COMPARE_PREDICATES, MATH_FUNCTIONS
 from tessera.ir.types import scalar_dtype
 
-from . import numerics
+from tessera.ir import numerics
 from .registry import semantics
 from .values import Pointers
 

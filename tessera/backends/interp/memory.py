@@ -23,7 +23,7 @@ import numpy as np
 
 from tessera.ir.types import scalar_dtype, shape_of
 
-from . import numerics
+from tessera.ir import numerics
 from .registry import semantics
 from .values import Pointers, View
 

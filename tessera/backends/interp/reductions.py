@@ -33,7 +33,7 @@ import numpy as np
 from tessera.ir.dtypes import DType
 from tessera.ir.types import ScalarType, scalar_dtype
 
-from . import numerics
+from tessera.ir import numerics
 from .registry import semantics
 
 _KIND_TO_OP = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and", "or": "or", "xor": "xor"}

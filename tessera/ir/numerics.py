@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from tessera.ir.dtypes import DType
+from .dtypes import DType
 
 _NATIVE: dict[DType, bool] = {}
 

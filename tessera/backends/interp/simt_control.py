@@ -1,0 +1,106 @@
+"""Structured control flow in lockstep: conditions may differ between threads.
+
+A condition that is the same for every active thread takes the fast path
+and runs like the tile interpreter. Otherwise:
+
+* `if` runs the then region for the threads whose condition is true and the
+  else region for the others, each under its mask, and merges what they
+  yield thread by thread;
+* `for` gives each thread its own induction variable and runs the body
+  while any thread has iterations left, masking threads that are done (they
+  keep their carried values);
+* `while` runs the condition region for the threads still looping; a thread
+  whose `condition` is false leaves with the values it passed.
+
+Ops compute for every thread; the mask only stops side effects (see
+`simt_ops.py`), so a masked thread's values inside a region are garbage
+that the merge discards.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.ir.types import scalar_dtype
+
+from .control_flow import KernelReturn
+from .simt_ops import merge, simt
+
+
+def _live(ctx, values: np.ndarray) -> np.ndarray:
+    """`values` of the active threads."""
+    return values if ctx.mask is None else values[ctx.mask]
+
+
+def _uniform(ctx, *values: np.ndarray) -> bool:
+    return all(live.size == 0 or (live == live[0]).all() for live in (_live(ctx, v) for v in values))
+
+
+def _everyone(ctx) -> np.ndarray:
+    return np.ones(ctx.num_threads, dtype=bool) if ctx.mask is None else ctx.mask
+
+
+@simt("if", multi=True)
+def _if(ctx, op, cond):
+    then_region, else_region = op.regions
+    taken = _live(ctx, cond)
+    if taken.all():
+        return ctx.run_region(then_region, [], ctx.mask)
+    if not taken.any():
+        return ctx.run_region(else_region, [], ctx.mask)
+    active = _everyone(ctx)
+    then_values = ctx.run_region(then_region, [], active & cond)
+    else_values = ctx.run_region(else_region, [], active & ~cond)
+    return [merge(ctx, op, cond, a, b) for a, b in zip(then_values, else_values)]
+
+
+@simt("for", multi=True)
+def _for(ctx, op, lb, ub, step, *carried):
+    body = op.regions[0]
+    iv_dtype = scalar_dtype(op.operands[0].type).compute_dtype
+    if (_live(ctx, step) == 0).any():
+        raise ctx.error(op, "for loop step is 0, so it would never end; use a positive or negative step")
+    if _uniform(ctx, lb, ub, step):
+        first = int(np.argmax(_everyone(ctx)))
+        for i in range(int(lb[first]), int(ub[first]), int(step[first])):
+            iv = np.full(ctx.num_threads, i, dtype=iv_dtype)
+            carried = ctx.run_region(body, [iv, *carried], ctx.mask)
+        return list(carried)
+    iv, stop, stride = (x.astype(np.int64) for x in (lb, ub, step))
+    active = _everyone(ctx)
+    running = active & np.where(stride > 0, iv < stop, iv > stop)
+    carried = list(carried)
+    while running.any():
+        new = ctx.run_region(body, [iv.astype(iv_dtype), *carried], running)
+        carried = [merge(ctx, op, running, n, c) for n, c in zip(new, carried)]
+        iv = iv + stride
+        running &= np.where(stride > 0, iv < stop, iv > stop)
+    return carried
+
+
+@simt("while", multi=True)
+def _while(ctx, op, *carried):
+    before, after = op.regions
+    running = _everyone(ctx)
+    results: list | None = None
+    while True:
+        keep_going, *passed = ctx.run_region(before, list(carried), running)
+        leaving = running & ~keep_going
+        if results is None:
+            results = passed
+        elif leaving.any():
+            results = [merge(ctx, op, leaving, p, r) for p, r in zip(passed, results)]
+        running = running & keep_going
+        if not running.any():
+            return results
+        carried = ctx.run_region(after, passed, running)
+
+
+@simt("yield", "condition")
+def _hand_over(ctx, op, *values):
+    return values
+
+
+@simt("return")
+def _return(ctx, op):
+    raise KernelReturn()

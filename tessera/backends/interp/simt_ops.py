@@ -1,0 +1,242 @@
+"""What each op means in thread IR, for the SIMT simulator (`simt.py`).
+
+Every runtime value is an array over the block's T threads: a scalar is
+shape (T,), `regs<N x T>` is (T, N), and a pointer is `Pointers(memory,
+offsets)` with offsets shaped the same way. Ops compute for every thread;
+those with side effects (memory, atomics, assert, print) act only for the
+threads in the context's active mask (`ctx.mask`, None when all are).
+
+Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
+interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
+tile IR computes. This file adds the thread-level ops: thread_id, registers
+(splat, pack, extract), select, shuffles, barriers, shared_alloc and the
+debugging ops; memory ops are in `simt_memory.py`, control flow in
+`simt_control.py`.
+
+Shuffles follow PTX `shfl.sync` with `width`-lane segments (width 0 = the
+warp), for lane `l` of a warp of W threads and operand `b` (taken mod W):
+
+    up    l - b, or l's own value when that falls before l's segment
+    down  l + b, or l's own value when that falls after l's segment
+    bfly  l ^ b, or l's own value when that falls after l's segment
+    idx   lane (b mod width) of l's segment
+
+A shuffle reads its source thread's value whether or not that thread is
+active (the value is whatever the thread last computed).
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.types import shape_of, scalar_dtype
+
+# Importing these fills the tile interpreter's table, whose lane-wise entries we reuse.
+from . import debug, elementwise, memory  # noqa: F401
+from .registry import SEMANTICS, Semantics
+from .values import Pointers, map_lanes
+
+SIMT_SEMANTICS: dict[str, Semantics] = {}
+
+
+def simt(*names: str, multi: bool = False) -> Callable[[Callable], Callable]:
+    """Register the decorated function as the thread-IR meaning of ops `names`."""
+
+    def register(fn: Callable) -> Callable:
+        for name in names:
+            if name in SIMT_SEMANTICS:
+                raise RuntimeError(f"SIMT semantics for op {name!r} defined twice")
+            SIMT_SEMANTICS[name] = Semantics(fn, multi)
+        return fn
+
+    return register
+
+
+# Ops whose tile semantics are lane by lane: the same function serves arrays over threads.
+LANEWISE = (*BINARY_ARITH, "and", "or", "xor", "shl", "shr", "cmp", "neg", "abs", "not",
+            *MATH_FUNCTIONS, "cast", "bitcast", "addptr", "breakpoint")
+for _name in LANEWISE:
+    SIMT_SEMANTICS[_name] = SEMANTICS[_name]
+
+
+def thread_index(mask: np.ndarray) -> tuple[int, ...]:
+    """(thread,) or (thread, register) of the first true entry of `mask`."""
+    return tuple(int(i) for i in np.unravel_index(int(np.argmax(mask)), mask.shape))
+
+
+def describe_lane(index: tuple[int, ...]) -> str:
+    return f"thread {index[0]}" + (f", register {index[1]}" if len(index) > 1 else "")
+
+
+def merge(ctx, op, mask: np.ndarray, a, b):
+    """`a` where `mask` (one bool per thread), else `b`: numbers or pointers."""
+    if isinstance(a, Pointers):
+        if a.memory is not b.memory:
+            if mask.all():
+                return a
+            if not mask.any():
+                return b
+            raise ctx.error(op, f"threads disagree on which memory a pointer addresses ({a.memory.name} or "
+                                f"{b.memory.name}); the simulator needs one memory per pointer value")
+        return Pointers(a.memory, np.where(_per_thread(mask, a.offsets), a.offsets, b.offsets))
+    return np.where(_per_thread(mask, a), a, b)
+
+
+def _per_thread(mask: np.ndarray, like: np.ndarray) -> np.ndarray:
+    return mask.reshape(mask.shape + (1,) * (like.ndim - mask.ndim))
+
+
+# -- values from nothing -----------------------------------------------------
+
+@simt("constant")
+def _constant(ctx, op):
+    t = op.result.type
+    dtype = scalar_dtype(t)
+    shape = (ctx.num_threads, *shape_of(t))
+    return ctx.memo(op, lambda: np.full(shape, dtype.quantize(op.attrs["value"]), dtype=dtype.compute_dtype))
+
+
+@simt("thread_id")
+def _thread_id(ctx, op):
+    return ctx.memo(op, lambda: np.arange(ctx.num_threads, dtype=np.int32))
+
+
+@simt("program_id")
+def _program_id(ctx, op):
+    return np.full(ctx.num_threads, ctx.program_id[op.attrs["axis"]], dtype=np.int32)
+
+
+@simt("num_programs")
+def _num_programs(ctx, op):
+    return np.full(ctx.num_threads, ctx.grid[op.attrs["axis"]], dtype=np.int32)
+
+
+# -- registers ---------------------------------------------------------------
+
+@simt("splat")
+def _splat(ctx, op, x):
+    count = op.result.type.count
+    return map_lanes(x, lambda a: np.repeat(a[:, None], count, axis=1))
+
+
+@simt("pack")
+def _pack(ctx, op, *scalars):
+    if isinstance(scalars[0], Pointers):
+        memory = scalars[0].memory
+        if any(p.memory is not memory for p in scalars):
+            raise ctx.error(op, "pack of pointers into different memories is not supported by the simulator")
+        return Pointers(memory, np.stack([p.offsets for p in scalars], axis=1))
+    return np.stack(scalars, axis=1)
+
+
+@simt("extract")
+def _extract(ctx, op, regs):
+    index = op.attrs["index"]
+    return map_lanes(regs, lambda a: np.ascontiguousarray(a[:, index]))
+
+
+@simt("select")
+def _select(ctx, op, cond, a, b):
+    if isinstance(a, Pointers) and a.memory is not b.memory:
+        live = cond if ctx.mask is None else cond[ctx.mask]
+        if live.all():
+            return a
+        if not live.any():
+            return b
+        raise ctx.error(op, f"select between pointers into different memories ({a.memory.name} and "
+                            f"{b.memory.name}) differs between threads; the simulator needs one memory per "
+                            "pointer value, so select offsets instead")
+    if isinstance(a, Pointers):
+        return Pointers(a.memory, np.where(cond, a.offsets, b.offsets))
+    return np.where(cond, a, b)
+
+
+# -- talking to other lanes ----------------------------------------------------
+
+@simt("shuffle")
+def _shuffle(ctx, op, value, lane):
+    warp = ctx.warp_size
+    width = op.attrs.get("width", 0) or warp
+    if width > warp:
+        raise ctx.error(op, f"shuffle width {width} exceeds the warp size {warp}")
+    tid = np.arange(ctx.num_threads, dtype=np.int64)
+    lane_id = tid % warp
+    first = lane_id & ~(width - 1)          # the segment is [first, last]
+    last = first | (width - 1)
+    b = lane.astype(np.int64) & (warp - 1)
+    mode = op.attrs["mode"]
+    if mode == "up":
+        src = lane_id - b
+        src = np.where(src >= first, src, lane_id)
+    elif mode == "down":
+        src = lane_id + b
+        src = np.where(src <= last, src, lane_id)
+    elif mode == "bfly":
+        src = lane_id ^ b
+        src = np.where(src <= last, src, lane_id)
+    else:  # idx
+        src = first | (b & (width - 1))
+    src = tid - lane_id + src
+    missing = src >= ctx.num_threads
+    if ctx.mask is not None:
+        missing &= ctx.mask
+    if missing.any():
+        t = int(np.argmax(missing))
+        raise ctx.error(op, f"thread {t} reads lane {int(src[t] % warp)} of its warp, but the block has only "
+                            f"{ctx.num_threads} threads (the last warp is partial)")
+    return value[np.minimum(src, ctx.num_threads - 1)]
+
+
+# -- shared memory and barriers --------------------------------------------------
+
+@simt("barrier")
+def _barrier(ctx, op):
+    if ctx.mask is not None:
+        idle = np.flatnonzero(~ctx.mask)
+        raise ctx.error(op, f"barrier in divergent code: {idle.size} of {ctx.num_threads} threads (thread "
+                            f"{int(idle[0])} first) do not reach it, so the block would hang; every thread must "
+                            "execute the same barriers, so move it out of the branch or loop whose condition "
+                            "differs between threads")
+    ctx.shared.barrier()
+
+
+@simt("shared_alloc")
+def _shared_alloc(ctx, op):
+    offset, nbytes = op.attrs["offset"], op.attrs["bytes"]
+    dtype = op.result.type.pointee
+    if offset < 0:
+        raise ctx.error(op, "shared_alloc has no offset yet (-1): run the shared-memory allocator on the "
+                            "thread IR before simulating it")
+    if offset + nbytes > ctx.shared.size:
+        raise ctx.error(op, f"shared_alloc of bytes [{offset}, {offset + nbytes}) lies outside the block's "
+                            f"{ctx.shared.size} bytes of shared memory (the kernel's `shared_bytes` attribute)")
+    if (offset * 8) % max(dtype.bits, 8):
+        raise ctx.error(op, f"shared_alloc at byte {offset} is not aligned to its {dtype.name} elements")
+    region = ctx.shared.region(offset, nbytes, dtype)
+    return Pointers(region, np.zeros(ctx.num_threads, dtype=np.int64))
+
+
+# -- debugging -------------------------------------------------------------------
+
+@simt("print")
+def _print(ctx, op, *values):
+    """One line per active thread: "pid (x, y, z) thread t <prefix> <values...>"."""
+    prefix = [op.attrs["prefix"]] if op.attrs["prefix"] else []
+    for t in range(ctx.num_threads):
+        if ctx.mask is None or ctx.mask[t]:
+            shown = [v.offsets[t] if isinstance(v, Pointers) else v[t] for v in values]
+            print(f"pid {ctx.program_id} thread {t}", *prefix, *shown, flush=True)
+
+
+@simt("assert")
+def _assert(ctx, op, cond):
+    failed = ~np.asarray(cond, dtype=bool)
+    if ctx.mask is not None:
+        failed &= _per_thread(ctx.mask, failed)
+    if failed.any():
+        where = describe_lane(thread_index(failed))
+        raise ctx.error(op, f"assertion failed: {op.attrs['message']} ({where}; {int(failed.sum())} of "
+                            f"{failed.size} lanes false)")

@@ -1,0 +1,186 @@
+"""Shared memory of one simulated block, and the data-race check between barriers.
+
+Each block gets `shared_bytes` bytes, filled with 0xFF (NaN for floats, -1
+for integers), so that reading shared memory nobody wrote shows up as
+garbage rather than as plausible zeros. `shared_alloc {offset, bytes}`
+views bytes [offset, offset + bytes) as a `SharedRegion`: a `Memory` of the
+pointer's element type, so loads and stores go through the same code as
+global memory. Pointer offsets count elements from the region's start; an
+access outside the region is out of bounds.
+
+Races. Between two barriers the threads of a block run in no defined order,
+so every byte keeps who wrote it (and the value) and who read it since the
+last barrier, and an access is reported when its outcome depends on that
+order:
+
+* two different threads write different values to a byte (several threads
+  writing one value is benign: replicated layouts do it);
+* a thread reads a byte another thread wrote, or writes a byte another
+  thread read.
+
+Atomics are not tracked. Sub-byte elements are tracked at the byte holding
+them: two threads writing different elements of one byte race, as the
+read-modify-write byte stores that implement them would.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.ir.dtypes import DType
+
+from .storage import Memory
+
+POISON = 0xFF
+_NONE = -1  # no thread
+_ADVICE = " (missing barrier?); add a `barrier` between the two accesses"
+
+
+class SharedRegion(Memory):
+    """Bytes [offset, offset + nbytes) of a block's shared memory, as elements of `dtype`."""
+
+    def __init__(self, shared: "SharedMemory", offset: int, nbytes: int, dtype: DType):
+        raw = shared.bytes[offset:offset + nbytes]
+        if not dtype.is_subbyte:
+            size = dtype.bits // 8
+            raw = raw[:nbytes // size * size].view(dtype.storage_dtype)
+        super().__init__(raw, dtype, name=f"the shared_alloc at byte {offset} ({nbytes} bytes)")
+        self.shared = shared
+        self.byte_offset = offset
+
+
+class SharedMemory:
+    """One block's shared-memory bytes and who touched them since the last barrier."""
+
+    def __init__(self, nbytes: int):
+        self.size = nbytes
+        self.bytes = np.full(nbytes, POISON, dtype=np.uint8)
+        self._regions: dict[tuple[int, int, DType], SharedRegion] = {}
+        # Per byte, since the last barrier: lowest and highest writer, the value
+        # last written, lowest and highest reader (_NONE when nobody).
+        self._writer_lo = np.full(nbytes, _NONE, dtype=np.int32)
+        self._writer_hi = np.full(nbytes, _NONE, dtype=np.int32)
+        self._written = np.zeros(nbytes, dtype=np.int32)
+        self._reader_lo = np.full(nbytes, _NONE, dtype=np.int32)
+        self._reader_hi = np.full(nbytes, _NONE, dtype=np.int32)
+        self._dirty = False
+
+    def region(self, offset: int, nbytes: int, dtype: DType) -> SharedRegion:
+        key = (offset, nbytes, dtype)
+        region = self._regions.get(key)
+        if region is None:
+            region = self._regions[key] = SharedRegion(self, offset, nbytes, dtype)
+        return region
+
+    def barrier(self) -> None:
+        """Every access so far is ordered before every access after."""
+        if self._dirty:
+            for track in (self._writer_lo, self._writer_hi, self._reader_lo, self._reader_hi):
+                track.fill(_NONE)
+            self._dirty = False
+
+    # -- recording accesses ---------------------------------------------------
+
+    def record_read(self, region: SharedRegion, threads: np.ndarray, offsets: np.ndarray) -> str | None:
+        """Note that `threads` read elements `offsets` of `region`; a race description or None."""
+        addrs, threads, _ = _bytes_touched(region, threads, offsets, None)
+        if addrs.size == 0:
+            return None
+        addrs, lo, hi, _, _ = _group(addrs, threads, None)
+        wlo, whi = self._writer_lo[addrs], self._writer_hi[addrs]
+        clash = (wlo != _NONE) & ~((wlo == whi) & (lo == wlo) & (hi == wlo))
+        if clash.any():
+            i = int(np.argmax(clash))
+            reader, writer = _distinct(lo[i], hi[i], wlo[i], whi[i])
+            return (f"thread {reader} reads {_where(region, addrs[i])}, which thread {writer} wrote since "
+                    f"the last barrier{_ADVICE}")
+        self._merge(self._reader_lo, self._reader_hi, addrs, lo, hi)
+        return None
+
+    def record_write(self, region: SharedRegion, threads: np.ndarray, offsets: np.ndarray,
+                     values: np.ndarray) -> str | None:
+        """Note that `threads` wrote `values` at elements `offsets` of `region`; a race description or None."""
+        addrs, threads, byte_values = _bytes_touched(region, threads, offsets, values)
+        if addrs.size == 0:
+            return None
+        addrs, lo, hi, vlo, vhi = _group(addrs, threads, byte_values)
+        torn = (lo != hi) & (vlo != vhi)
+        if torn.any():
+            i = int(np.argmax(torn))
+            return (f"threads {lo[i]} and {hi[i]} write different values to {_where(region, addrs[i])} "
+                    "in the same store, so which one lands is undefined; give each address one writer")
+        wlo, whi = self._writer_lo[addrs], self._writer_hi[addrs]
+        one_thread = (lo == hi) & (wlo == whi) & (wlo == lo)
+        clash = (wlo != _NONE) & ~one_thread & (self._written[addrs] != vlo)
+        if clash.any():
+            i = int(np.argmax(clash))
+            writer, other = _distinct(lo[i], hi[i], wlo[i], whi[i])
+            return (f"thread {writer} writes {_where(region, addrs[i])}, which thread {other} wrote with a "
+                    f"different value since the last barrier{_ADVICE}")
+        rlo, rhi = self._reader_lo[addrs], self._reader_hi[addrs]
+        clash = (rlo != _NONE) & ~((rlo == rhi) & (lo == rlo) & (hi == rlo))
+        if clash.any():
+            i = int(np.argmax(clash))
+            writer, reader = _distinct(lo[i], hi[i], rlo[i], rhi[i])
+            return (f"thread {writer} writes {_where(region, addrs[i])}, which thread {reader} read since "
+                    f"the last barrier{_ADVICE}")
+        self._merge(self._writer_lo, self._writer_hi, addrs, lo, hi)
+        self._written[addrs] = vlo
+        return None
+
+    def _merge(self, lo_track, hi_track, addrs, lo, hi) -> None:
+        old_lo, old_hi = lo_track[addrs], hi_track[addrs]
+        lo_track[addrs] = np.where(old_lo == _NONE, lo, np.minimum(old_lo, lo))
+        hi_track[addrs] = np.maximum(old_hi, hi)
+        self._dirty = True
+
+
+def _bytes_touched(region: SharedRegion, threads, offsets, values):
+    """(byte address, thread, value key) for every byte the accesses touch, flat."""
+    dtype = region.dtype
+    offsets = offsets.astype(np.int64).reshape(-1)
+    threads = threads.astype(np.int64).reshape(-1)
+    if dtype.is_subbyte:
+        bit = region.byte_offset * 8 + offsets * dtype.bits
+        keys = None
+        if values is not None:  # which bits of the byte, and their pattern
+            keys = ((bit & 7) << 8) | dtype.encode(values.reshape(-1)).astype(np.int64)
+        return bit >> 3, threads, keys
+    size = dtype.bits // 8
+    addrs = (region.byte_offset + offsets * size)[:, None] + np.arange(size)
+    keys = None
+    if values is not None:
+        patterns = dtype.encode(values.reshape(-1)).astype(f"<u{size}")
+        keys = patterns.view(np.uint8).reshape(-1, size).astype(np.int64).reshape(-1)
+    return addrs.reshape(-1), np.repeat(threads, size), keys
+
+
+def _group(addrs, threads, values):
+    """Per distinct address: lowest and highest thread, lowest and highest value."""
+    unique, inverse = np.unique(addrs, return_inverse=True)
+    n = unique.size
+    lo = np.full(n, np.iinfo(np.int64).max)
+    hi = np.full(n, _NONE, dtype=np.int64)
+    np.minimum.at(lo, inverse, threads)
+    np.maximum.at(hi, inverse, threads)
+    vlo = vhi = None
+    if values is not None:
+        vlo = np.full(n, np.iinfo(np.int64).max)
+        vhi = np.full(n, np.iinfo(np.int64).min)
+        np.minimum.at(vlo, inverse, values)
+        np.maximum.at(vhi, inverse, values)
+    return unique, lo, hi, vlo, vhi
+
+
+def _distinct(lo, hi, other_lo, other_hi) -> tuple[int, int]:
+    """A thread of the first group and a different one of the second."""
+    for mine in (int(lo), int(hi)):
+        for theirs in (int(other_lo), int(other_hi)):
+            if mine != theirs:
+                return mine, theirs
+    return int(lo), int(other_lo)
+
+
+def _where(region: SharedRegion, addr) -> str:
+    element = (int(addr) - region.byte_offset) * 8 // region.dtype.bits
+    return f"shared byte {int(addr)} (element {element} of {region.name})"
