@@ -1,0 +1,277 @@
+"""Thread IR function -> an LLVM module (llvmlite.ir) for the NVPTX backend.
+
+    lowered = lower_function(fn, target, use_libdevice=True)
+    text = str(lowered.module)
+
+The kernel becomes one `ptx_kernel` function:
+
+* parameters: pointers are `ptr addrspace(1) noalias` (every pointer
+  argument is assumed not to alias the others, which lets read-only inputs
+  use `ld.global.nc`); scalars keep their type, except `bool`, which is
+  passed as one byte (i8, 0 or 1) like numpy and torch store it;
+* `"nvvm.maxntid"="<num_threads>"` (PTX `.maxntid`, the launch bound);
+* shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
+  (`global_smem`, 16-byte aligned); `shared_alloc` is a byte offset into it
+  and the launch must pass `fn.attrs["shared_bytes"]` as the dynamic size.
+
+Values: see `llvm_types.py` (regs<N x T> are LLVM vectors, so elementwise
+ops apply to them unchanged). Structured control flow becomes basic blocks:
+`for`/`while` a header with one phi per carried value, `if` a diamond with
+one phi per result.
+
+`lower_function` expects a function that `validate.validate_function` has
+accepted; it does not re-check what the validator checks.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Callable
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.target import Target
+from tessera.ir.types import PointerType, ScalarType, scalar_dtype
+
+from . import intrinsics, llvm_memory, llvm_ops, llvm_thread  # noqa: F401  (register lowerings)
+from .llvm_types import I8, SHARED_ADDRSPACE, int_constant, register_type
+from .lowerings import LOWERINGS, lowering
+
+SHARED_MEMORY_SYMBOL = "global_smem"
+SHARED_MEMORY_ALIGN = 16
+
+
+@dataclass
+class LoweredModule:
+    module: ir.Module
+    kernel: str
+    libdevice_functions: frozenset[str]   # __nv_* functions the module calls
+
+
+def lower_function(fn: Function, target: Target, *, use_libdevice: bool, fp_fusion: bool = False) -> LoweredModule:
+    """The LLVM module of thread-IR kernel `fn` for `target` (validated beforehand)."""
+    lw = Lowering(fn, target, use_libdevice=use_libdevice, fp_fusion=fp_fusion)
+    lw.lower()
+    return LoweredModule(lw.module, fn.name, frozenset(lw.libdevice_used))
+
+
+class Lowering:
+    """The state of lowering one function: module, builder, value map and helpers for lowerings."""
+
+    def __init__(self, fn: Function, target: Target, *, use_libdevice: bool, fp_fusion: bool):
+        self.fn = fn
+        self.target = target
+        self.use_libdevice = use_libdevice
+        # `contract` lets LLVM fuse a*b+c into one fma (one rounding instead of two).
+        self.float_flags = ("contract",) if fp_fusion else ()
+        self.libdevice_used: set[str] = set()
+        self.values: dict[Value, ir.Value] = {}
+        self.module = ir.Module(name=fn.name)
+        self.module.triple = target.llvm_triple
+        self.function = self._declare_kernel()
+        self.builder = ir.IRBuilder(self.function.append_basic_block("entry"))
+        self._shared_memory: ir.GlobalVariable | None = None
+
+    # -- the kernel ------------------------------------------------------------------
+
+    def _declare_kernel(self) -> ir.Function:
+        params = [I8 if _is_bool(a.type) else register_type(a.type) for a in self.fn.args]
+        function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name=self.fn.name)
+        function.calling_convention = "ptx_kernel"
+        maxntid = f'"nvvm.maxntid"="{int(self.fn.attrs["num_threads"])}"'
+        function.attributes._known = function.attributes._known | {maxntid}  # string attrs are not in llvmlite's list
+        function.attributes.add(maxntid)
+        for arg, param in zip(self.fn.args, function.args):
+            param.name = _llvm_name(arg.name_hint) or "arg"
+            if isinstance(arg.type, PointerType):
+                param.add_attribute("noalias")
+        return function
+
+    def lower(self) -> None:
+        entry_values = []
+        for arg, param in zip(self.fn.args, self.function.args):
+            if _is_bool(arg.type):  # bools arrive as a byte
+                param = self.builder.icmp_unsigned("!=", param, ir.Constant(I8, 0), name=param.name)
+            entry_values.append(param)
+        self.region(self.fn.body, entry_values)
+
+    @property
+    def shared_memory(self) -> ir.GlobalVariable:
+        """The kernel's dynamic shared-memory buffer, declared on first use."""
+        if self._shared_memory is None:
+            smem = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
+            smem.linkage = "external"
+            smem.align = SHARED_MEMORY_ALIGN
+            smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
+            self._shared_memory = smem
+        return self._shared_memory
+
+    # -- regions and ops ---------------------------------------------------------------
+
+    def region(self, block: Block, args: list[ir.Value]) -> list[ir.Value]:
+        """Emit `block` at the builder's position with its arguments bound to `args`;
+        returns the LLVM values its terminator (yield / condition) passes on."""
+        for arg, value in zip(block.args, args):
+            self.values[arg] = value
+        for op in block.ops:
+            if op.name in ("yield", "condition"):
+                return [self.values[v] for v in op.operands]
+            if op.name == "return":
+                self.builder.ret_void()
+                return []
+            self.emit(op)
+        return []
+
+    def emit(self, op: Operation) -> None:
+        result = LOWERINGS[op.name](self, op, *[self.values[v] for v in op.operands])
+        results = result if isinstance(result, list) else [] if result is None else [result]
+        for value, llvm_value in zip(op.results, results):
+            name = _llvm_name(value.name_hint)
+            if name and isinstance(llvm_value, ir.Instruction) and _unnamed(llvm_value):
+                llvm_value.name = name
+            self.values[value] = llvm_value
+
+    # -- helpers for lowerings -----------------------------------------------------------
+
+    def new_block(self, name: str) -> ir.Block:
+        return self.function.append_basic_block(name)
+
+    def guarded(self, cond: ir.Value, then: Callable[[], ir.Value | None], default: ir.Value | None = None,
+                name: str = "guard") -> ir.Value | None:
+        """Run `then` only where the scalar `cond` holds; its value there, `default` otherwise."""
+        b = self.builder
+        start = b.block
+        then_bb, end_bb = self.new_block(f"{name}.then"), self.new_block(f"{name}.end")
+        b.cbranch(cond, then_bb, end_bb)
+        b.position_at_end(then_bb)
+        value = then()
+        then_end = b.block
+        b.branch(end_bb)
+        b.position_at_end(end_bb)
+        if value is None:
+            return None
+        phi = b.phi(value.type)
+        phi.add_incoming(value, then_end)
+        phi.add_incoming(default, start)
+        return phi
+
+    def intrinsic(self, name: str, args, overloads: tuple[ir.Type, ...] = ()) -> ir.Value:
+        return intrinsics.call(self.builder, name, args, overloads)
+
+    def libdevice(self, op_name: str, args) -> ir.Value:
+        fn = intrinsics.declare_libdevice(self.module, op_name, args[0].type)
+        self.libdevice_used.add(fn.name)
+        return self.builder.call(fn, list(args))
+
+    def map_lanes(self, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
+        """`fn` applied lane by lane to scalar or vector operands (for scalar-only calls)."""
+        first = operands[0]
+        if not isinstance(first.type, ir.VectorType):
+            return fn(*operands)
+        b = self.builder
+        result = None
+        for i in range(first.type.count):
+            index = ir.Constant(ir.IntType(32), i)
+            lane = fn(*[b.extract_element(v, index) for v in operands])
+            if result is None:
+                result = ir.Constant(ir.VectorType(lane.type, first.type.count), ir.Undefined)
+            result = b.insert_element(result, lane, index)
+        return result
+
+
+# -- structured control flow --------------------------------------------------------------
+
+
+@lowering("for")
+def _for(lw: Lowering, op: Operation, lb, ub, step, *inits):
+    b = lw.builder
+    signed = scalar_dtype(op.operands[0].type).kind == "int"
+    preheader = b.block
+    header, body, exit_bb = lw.new_block("for.header"), lw.new_block("for.body"), lw.new_block("for.exit")
+    b.branch(header)
+    b.position_at_end(header)
+    iv = b.phi(lb.type, name="iv")
+    carried = [b.phi(v.type) for v in inits]
+    for phi, init in zip([iv, *carried], [lb, *inits]):
+        phi.add_incoming(init, preheader)
+    if signed:  # range(): count up while iv < ub for step > 0, down while iv > ub otherwise
+        going_up = b.icmp_signed(">", step, int_constant(step.type, 0))
+        cond = b.select(going_up, b.icmp_signed("<", iv, ub), b.icmp_signed(">", iv, ub))
+    else:
+        cond = b.icmp_unsigned("<", iv, ub)
+    b.cbranch(cond, body, exit_bb)
+    b.position_at_end(body)
+    yielded = lw.region(op.regions[0], [iv, *carried])
+    # nsw: the induction variable must not overflow its type (as in C), which
+    # lets LLVM widen it and compute trip counts.
+    next_iv = b.add(iv, step, name="iv.next", flags=("nsw",) if signed else ())
+    latch = b.block
+    b.branch(header)
+    for phi, value in zip([iv, *carried], [next_iv, *yielded]):
+        phi.add_incoming(value, latch)
+    b.position_at_end(exit_bb)
+    return list(carried)
+
+
+@lowering("if")
+def _if(lw: Lowering, op: Operation, cond):
+    b = lw.builder
+    then_bb, else_bb, merge = lw.new_block("if.then"), lw.new_block("if.else"), lw.new_block("if.end")
+    b.cbranch(cond, then_bb, else_bb)
+    arms = []
+    for bb, region in ((then_bb, op.regions[0]), (else_bb, op.regions[1])):
+        b.position_at_end(bb)
+        values = lw.region(region, [])
+        arms.append((values, b.block))
+        b.branch(merge)
+    b.position_at_end(merge)
+    results = []
+    for i, result in enumerate(op.results):
+        phi = b.phi(register_type(result.type))
+        for values, end in arms:
+            phi.add_incoming(values[i], end)
+        results.append(phi)
+    return results
+
+
+@lowering("while")
+def _while(lw: Lowering, op: Operation, *inits):
+    b = lw.builder
+    before, after = op.regions
+    preheader = b.block
+    cond_bb, body_bb, exit_bb = lw.new_block("while.cond"), lw.new_block("while.body"), lw.new_block("while.exit")
+    b.branch(cond_bb)
+    b.position_at_end(cond_bb)
+    carried = [b.phi(v.type) for v in inits]
+    for phi, init in zip(carried, inits):
+        phi.add_incoming(init, preheader)
+    flag, *passed = lw.region(before, carried)
+    b.cbranch(flag, body_bb, exit_bb)
+    b.position_at_end(body_bb)
+    yielded = lw.region(after, passed)
+    latch = b.block
+    b.branch(cond_bb)
+    for phi, value in zip(carried, yielded):
+        phi.add_incoming(value, latch)
+    b.position_at_end(exit_bb)
+    return passed  # defined in the block that branches here, so they dominate the exit
+
+
+# -- small helpers --------------------------------------------------------------------------
+
+
+def _is_bool(t) -> bool:
+    return isinstance(t, ScalarType) and t.dtype == dt.bool_
+
+
+def _unnamed(value: ir.Instruction) -> bool:
+    """llvmlite numbers values created without a name: ".12"."""
+    return not value.name or value.name.lstrip(".").isdigit()
+
+
+def _llvm_name(hint: str) -> str:
+    """A readable LLVM value name from an IR name hint ('' when there is none)."""
+    return re.sub(r"[^A-Za-z0-9_.]", "_", hint or "")

@@ -1,0 +1,222 @@
+"""Memory ops -> LLVM: addptr, masked and vectorized loads/stores, atomics.
+
+* `addptr` is a GEP over the pointee's in-memory type (unsigned offsets are
+  zero-extended first, so a u32 offset >= 2^31 stays positive).
+* `load`/`store` of registers go in groups: with `vector = k`, each group of
+  k registers is one `<k x T>` access aligned to k * sizeof(T) through the
+  group's first pointer, guarded by the group's first mask value; without
+  it every register is its own group. A masked group is a branch around the
+  access (ptxas predicates it); masked-off loads yield `other` (or zero).
+* `bool` is one byte in memory: loads compare with 0, stores zero-extend.
+* atomics are acquire-release at GPU scope (the default Triton uses too),
+  one per register; masked-off registers are not touched and read as 0.
+  LLVM 22 lowers an `atomicrmw` to a relaxed `atom` whatever its ordering,
+  so `atomic_rmw` is a relaxed atomic between `fence.acq_rel.gpu`s (one
+  release fence before the registers, one acquire fence after); `cmpxchg`
+  keeps its ordering (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits
+  (floats go through integers, so NaN can match).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.types import RegsType, element_of, scalar_dtype
+
+from .llvm_types import I8, I32, memory_type, register_type, scalar_type, with_element
+from .lowerings import lowering
+
+# llvmlite prints the ordering verbatim, so it can carry the scope.
+RMW_ORDERING = 'syncscope("device") monotonic'
+CAS_ORDERING = 'syncscope("device") acq_rel'
+CAS_FAILURE_ORDERING = "acquire"
+
+
+def _index(i: int) -> ir.Constant:
+    return ir.Constant(I32, i)
+
+
+@lowering("addptr")
+def _addptr(lw, op, ptr, offset):
+    bld = lw.builder
+    off_dtype = scalar_dtype(op.operands[1].type)
+    if off_dtype.kind == "uint" and off_dtype.bits < 64:
+        offset = bld.zext(offset, with_element(offset.type, ir.IntType(64)))
+    pointee = element_of(op.operands[0].type).pointee
+    return bld.gep(ptr, [offset], source_etype=memory_type(pointee))
+
+
+# -- loads and stores ---------------------------------------------------------------
+
+
+def _groups(op):
+    """(number of groups, registers per group) of a load/store's pointer operand."""
+    t = op.operands[0].type
+    if not isinstance(t, RegsType):
+        return 0, 1
+    k = op.attrs.get("vector", 1)
+    return t.count // k, k
+
+
+def _lanes(lw, vector, start: int, k: int):
+    """Registers [start, start + k) of `vector`: one lane as a scalar, several as a vector."""
+    bld = lw.builder
+    if k == 1:
+        return bld.extract_element(vector, _index(start))
+    if k == vector.type.count:
+        return vector
+    mask = ir.Constant(ir.VectorType(I32, k), [_index(start + i) for i in range(k)])
+    return bld.shuffle_vector(vector, ir.Constant(vector.type, ir.Undefined), mask)
+
+
+def _from_memory(lw, value, dtype: dt.DType):
+    if dtype.is_bool:
+        return lw.builder.icmp_unsigned("!=", value, ir.Constant(value.type, None))
+    return value
+
+
+def _to_memory(lw, value, dtype: dt.DType):
+    if dtype.is_bool:
+        return lw.builder.zext(value, with_element(value.type, I8))
+    return value
+
+
+def _access_type(dtype: dt.DType, k: int) -> ir.Type:
+    mem = memory_type(dtype)
+    return mem if k == 1 else ir.VectorType(mem, k)
+
+
+def _alignment(dtype: dt.DType, k: int) -> int:
+    return max(1, dtype.bits // 8) * k
+
+
+@lowering("load")
+def _load(lw, op, ptr, mask=None, other=None):
+    dtype = element_of(op.operands[0].type).pointee
+    result_type = register_type(op.result.type)
+    if other is None:
+        other = ir.Constant(result_type, None)
+    groups, k = _groups(op)
+    if not groups:  # one scalar pointer
+        return _load_group(lw, ptr, mask, other, dtype, 1)
+    if groups == 1 and k > 1:  # the whole register array is one access
+        return _load_group(lw, _lanes(lw, ptr, 0, 1), _maybe_lane(lw, mask, 0), other, dtype, k)
+    bld = lw.builder
+    result = other
+    for g in range(groups):
+        start = g * k
+        value = _load_group(lw, _lanes(lw, ptr, start, 1), _maybe_lane(lw, mask, start),
+                            _lanes(lw, other, start, k), dtype, k)
+        for i in range(k):
+            lane = value if k == 1 else bld.extract_element(value, _index(i))
+            result = bld.insert_element(result, lane, _index(start + i))
+    return result
+
+
+def _maybe_lane(lw, mask, i: int):
+    return None if mask is None else _lanes(lw, mask, i, 1)
+
+
+def _load_group(lw, address, mask, other, dtype: dt.DType, k: int):
+    """Load k registers from `address` where the scalar `mask` holds (always if None), `other` elsewhere."""
+    def load():
+        value = lw.builder.load(address, typ=_access_type(dtype, k), align=_alignment(dtype, k))
+        return _from_memory(lw, value, dtype)
+
+    if mask is None:
+        return load()
+    return lw.guarded(mask, load, other, name="load")
+
+
+@lowering("store")
+def _store(lw, op, ptr, value, mask=None):
+    dtype = element_of(op.operands[0].type).pointee
+    groups, k = _groups(op)
+    if not groups:
+        _store_group(lw, ptr, value, mask, dtype, 1)
+        return None
+    for g in range(groups):
+        start = g * k
+        _store_group(lw, _lanes(lw, ptr, start, 1), _lanes(lw, value, start, k), _maybe_lane(lw, mask, start), dtype, k)
+    return None
+
+
+def _store_group(lw, address, value, mask, dtype: dt.DType, k: int):
+    def store():
+        lw.builder.store(_to_memory(lw, value, dtype), address, align=_alignment(dtype, k))
+
+    if mask is None:
+        store()
+    else:
+        lw.guarded(mask, store, name="store")
+
+
+# -- atomics -------------------------------------------------------------------------------
+
+
+def _rmw_operation(kind: str, dtype: dt.DType) -> str:
+    if kind == "xchg":
+        return "xchg"
+    if dtype.is_float:
+        return {"add": "fadd", "max": "fmax", "min": "fmin"}[kind]
+    if kind in ("max", "min") and dtype.kind != "int":
+        return "u" + kind
+    return kind
+
+
+@lowering("atomic_rmw")
+def _atomic_rmw(lw, op, ptr, value, mask=None):
+    dtype = scalar_dtype(op.result.type)
+    operation = _rmw_operation(op.attrs["kind"], dtype)
+
+    def one(address, v, m):
+        def rmw():
+            old = lw.builder.atomic_rmw(operation, address, _to_memory(lw, v, dtype), RMW_ORDERING)
+            return _from_memory(lw, old, dtype)
+
+        if m is None:
+            return rmw()
+        return lw.guarded(m, rmw, ir.Constant(scalar_type(dtype), None), name="atomic")
+
+    lw.builder.fence("release", "device")
+    result = _per_register(lw, one, ptr, value, mask)
+    lw.builder.fence("acquire", "device")
+    return result
+
+
+@lowering("atomic_cas")
+def _atomic_cas(lw, op, ptr, compare, value):
+    dtype = scalar_dtype(op.result.type)
+    bld = lw.builder
+    bits = ir.IntType(dtype.bits)
+
+    def as_bits(v):
+        if dtype.is_bool:
+            return bld.zext(v, bits)
+        return bld.bitcast(v, bits) if dtype.is_float else v
+
+    def one(address, expected, new, _mask):
+        pair = bld.cmpxchg(address, as_bits(expected), as_bits(new), CAS_ORDERING, CAS_FAILURE_ORDERING)
+        old = bld.extract_value(pair, 0)
+        if dtype.is_bool:
+            return bld.icmp_unsigned("!=", old, ir.Constant(bits, 0))
+        return bld.bitcast(old, scalar_type(dtype)) if dtype.is_float else old
+
+    return _per_register(lw, one, ptr, compare, value, None)
+
+
+def _per_register(lw, one, ptr, *operands):
+    """`one(pointer, *scalar operands)` for a scalar access, or register by register for vectors."""
+    *values, mask = operands
+    if not isinstance(ptr.type, ir.VectorType):
+        return one(ptr, *values, mask)
+    bld = lw.builder
+    result = None
+    for i in range(ptr.type.count):
+        lane = one(*[bld.extract_element(v, _index(i)) for v in (ptr, *values)],
+                   None if mask is None else bld.extract_element(mask, _index(i)))
+        if result is None:
+            result = ir.Constant(ir.VectorType(lane.type, ptr.type.count), ir.Undefined)
+        result = bld.insert_element(result, lane, _index(i))
+    return result

@@ -1,0 +1,296 @@
+"""Lane-by-lane ops -> LLVM: constants, arithmetic, bitwise, shifts, comparisons, math, select, casts.
+
+Scalars and regs<N x T> (LLVM vectors) take the same path. The numerics are
+the ones `tessera.ir.dtypes` and the interpreter define:
+
+* integers wrap; `div`/`rem` truncate toward zero, and a zero divisor gives
+  0 (as the interpreter does; LLVM would call it undefined), MIN / -1 = MIN;
+* `shl`/`shr` by an amount outside [0, bits) give 0, or the sign fill for an
+  arithmetic `shr` (LLVM and PTX would give poison / clamp);
+* float `min`/`max` ignore a NaN operand (`llvm.minnum`/`maxnum`);
+* float `ne` is unordered (NaN != x), the other comparisons ordered;
+* float -> int casts saturate with NaN -> 0 (`llvm.fptosi.sat`), float ->
+  float rounds to nearest even, f16 <-> bf16 goes through f32 (exact);
+* math functions compute in f32 (f64 for f64) and round to the result type.
+  With libdevice they call `__nv_*` (IEEE-accurate to a few ulp); without it
+  f32 uses the MUFU approximations in `intrinsics.APPROX`, and f64
+  transcendental functions, `erf` and float `rem` are rejected by the
+  validator (see `math_support`). sqrt is `llvm.sqrt` (correctly rounded),
+  floor/ceil are exact.
+"""
+
+from __future__ import annotations
+
+import math
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.types import scalar_dtype
+
+from .intrinsics import APPROX, LIBDEVICE
+from .llvm_types import F32, F64, constant, int_constant, scalar_type, splat_constant, with_element
+from .lowerings import lowering
+
+# -- which math functions can be lowered -------------------------------------------------
+
+EXACT_MATH = ("sqrt", "floor", "ceil")
+
+
+def math_support(name: str, dtype: dt.DType, has_libdevice: bool) -> str | None:
+    """Why math op `name` on `dtype` cannot be lowered (None when it can)."""
+    if has_libdevice or name in EXACT_MATH or name == "sigmoid" and dtype != dt.f64:
+        return None
+    if name == "rsqrt" and dtype == dt.f64:
+        return None  # 1 / sqrt, both correctly rounded
+    if name in APPROX and dtype != dt.f64:
+        return None
+    what = "float `rem` (fmod)" if name == "rem" else f"`{name}` on {dtype.name}"
+    return (f"{what} needs CUDA's libdevice, which this compile does not use (none was found, or "
+            f"libdevice=False); install the CUDA toolkit or "
+            f"`pip install nvidia-nvvm` (CUDA 13) / `nvidia-cuda-nvcc-cu12`, or set TESSERA_LIBDEVICE "
+            f"to libdevice.10.bc")
+
+
+# -- constants --------------------------------------------------------------------------
+
+
+@lowering("constant")
+def _constant(lw, op):
+    return constant(op.result.type, op.attrs["value"])
+
+
+def _dtype(op) -> dt.DType:
+    return scalar_dtype(op.result.type)
+
+
+def _zero(t: ir.Type) -> ir.Constant:
+    return ir.Constant(t, None)
+
+
+def _float_constant(t: ir.Type, value: float) -> ir.Constant:
+    elem = t.element if isinstance(t, ir.VectorType) else t
+    return splat_constant(t, ir.Constant(elem, value))
+
+
+# -- arithmetic -------------------------------------------------------------------------
+
+
+@lowering("add", "sub", "mul", "div", "rem", "min", "max")
+def _arith(lw, op, a, b):
+    d, bld = _dtype(op), lw.builder
+    if d.is_float:
+        flags = lw.float_flags
+        simple = {"add": bld.fadd, "sub": bld.fsub, "mul": bld.fmul, "div": bld.fdiv}
+        if op.name in simple:
+            return simple[op.name](a, b, flags=flags)
+        if op.name == "rem":
+            return _in_float_math_type(lw, d, lambda x, y: lw.map_lanes(lambda p, q: lw.libdevice("rem", [p, q]), x, y),
+                                       a, b)
+        return lw.intrinsic(f"llvm.{op.name}num", [a, b], (a.type,))
+    if op.name in ("div", "rem"):
+        return _int_divide(lw, op.name, a, b, d)
+    if op.name in ("min", "max"):
+        prefix = "s" if d.kind == "int" else "u"
+        return lw.intrinsic(f"llvm.{prefix}{op.name}", [a, b], (a.type,))
+    return {"add": bld.add, "sub": bld.sub, "mul": bld.mul}[op.name](a, b)
+
+
+def _int_divide(lw, name: str, a, b, d: dt.DType):
+    """a / b or a % b truncating toward zero; 0 where b == 0; MIN / -1 wraps to MIN (and % gives 0)."""
+    bld = lw.builder
+    zero, one = int_constant(a.type, 0), int_constant(a.type, 1)
+    by_zero = bld.icmp_unsigned("==", b, zero)
+    avoid = by_zero
+    if d.kind == "int":
+        overflow = bld.and_(bld.icmp_signed("==", a, int_constant(a.type, d.min_value)),
+                            bld.icmp_signed("==", b, int_constant(a.type, -1)))
+        avoid = bld.or_(by_zero, overflow)
+    safe_b = bld.select(avoid, one, b)  # a / 1 = a = MIN / -1 wrapped, a % 1 = 0
+    signed = d.kind == "int"
+    if name == "div":
+        q = bld.sdiv(a, safe_b) if signed else bld.udiv(a, safe_b)
+    else:
+        q = bld.srem(a, safe_b) if signed else bld.urem(a, safe_b)
+    return bld.select(by_zero, zero, q)
+
+
+@lowering("and", "or", "xor")
+def _bitwise(lw, op, a, b):
+    return {"and": lw.builder.and_, "or": lw.builder.or_, "xor": lw.builder.xor}[op.name](a, b)
+
+
+@lowering("shl", "shr")
+def _shift(lw, op, a, b):
+    d, bld = _dtype(op), lw.builder
+    out_of_range = bld.icmp_unsigned(">=", b, int_constant(b.type, d.bits))  # negative amounts too
+    if op.name == "shl":
+        return bld.select(out_of_range, _zero(a.type), bld.shl(a, b))
+    if d.kind == "int":
+        fill = bld.ashr(a, int_constant(a.type, d.bits - 1))
+        return bld.select(out_of_range, fill, bld.ashr(a, b))
+    return bld.select(out_of_range, _zero(a.type), bld.lshr(a, b))
+
+
+_PREDICATES = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
+
+
+@lowering("cmp")
+def _cmp(lw, op, a, b):
+    d, pred, bld = scalar_dtype(op.operands[0].type), _PREDICATES[op.attrs["pred"]], lw.builder
+    if d.is_float:
+        return bld.fcmp_unordered(pred, a, b) if pred == "!=" else bld.fcmp_ordered(pred, a, b)
+    if d.kind == "int":
+        return bld.icmp_signed(pred, a, b)
+    return bld.icmp_unsigned(pred, a, b)  # unsigned integers and bool (false < true)
+
+
+@lowering("neg")
+def _neg(lw, op, x):
+    if _dtype(op).is_float:
+        return lw.builder.fneg(x)
+    return lw.builder.sub(_zero(x.type), x)
+
+
+@lowering("abs")
+def _abs(lw, op, x):
+    d = _dtype(op)
+    if d.is_float:
+        return lw.intrinsic("llvm.fabs", [x], (x.type,))
+    if d.kind == "uint":
+        return x
+    return lw.intrinsic("llvm.abs", [x, ir.Constant(ir.IntType(1), 0)], (x.type,))
+
+
+@lowering("not")
+def _not(lw, op, x):
+    return lw.builder.not_(x)  # xor with all ones: logical not for i1
+
+
+@lowering("select")
+def _select(lw, op, cond, a, b):
+    return lw.builder.select(cond, a, b)
+
+
+# -- math ---------------------------------------------------------------------------------
+
+
+@lowering("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid", "floor", "ceil")
+def _math(lw, op, x):
+    return _in_float_math_type(lw, _dtype(op), lambda v: _math_in(lw, op.name, v), x)
+
+
+def _in_float_math_type(lw, d: dt.DType, compute, *operands):
+    """`compute` on the operands widened to f32 (f64 stays f64), rounded back to `d`."""
+    work = F64 if d == dt.f64 else F32
+    bld = lw.builder
+    narrow = d in (dt.f16, dt.bf16)
+    wide = [bld.fpext(v, with_element(v.type, work)) if narrow else v for v in operands]
+    result = compute(*wide)
+    return bld.fptrunc(result, operands[0].type) if narrow else result
+
+
+def _math_in(lw, name: str, x):
+    """Math function `name` on f32 or f64 values `x` (scalar or vector)."""
+    bld = lw.builder
+    if name in EXACT_MATH:
+        return lw.intrinsic(f"llvm.{name}", [x], (x.type,))
+    if name == "sigmoid":
+        one = _float_constant(x.type, 1.0)
+        e = _math_in(lw, "exp", bld.fneg(x))
+        return bld.fdiv(one, bld.fadd(one, e))
+    if lw.use_libdevice:
+        return lw.map_lanes(lambda v: lw.libdevice(name, [v]), x)
+    if name == "rsqrt" and _element(x.type) == F64:
+        return bld.fdiv(_float_constant(x.type, 1.0), lw.intrinsic("llvm.sqrt", [x], (x.type,)))
+    approx = APPROX[name]
+    if name == "exp":  # e^x = 2^(x log2 e)
+        x = bld.fmul(x, _float_constant(x.type, 1 / math.log(2)))
+    result = lw.map_lanes(lambda v: lw.intrinsic(approx, [v]), x)
+    if name == "log":  # ln x = log2(x) ln 2
+        result = bld.fmul(result, _float_constant(x.type, math.log(2)))
+    return result
+
+
+def _element(t: ir.Type) -> ir.Type:
+    return t.element if isinstance(t, ir.VectorType) else t
+
+
+assert set(LIBDEVICE) >= set(APPROX) | {"erf", "rem"}
+
+# -- conversions ------------------------------------------------------------------------------
+
+
+@lowering("cast")
+def _cast(lw, op, x):
+    return convert(lw, x, scalar_dtype(op.operands[0].type), _dtype(op))
+
+
+def convert(lw, x, src: dt.DType, dst: dt.DType):
+    """`x` of dtype `src` as dtype `dst`, with the rules of `DType.quantize`."""
+    if src == dst:
+        return x
+    bld = lw.builder
+    to = with_element(x.type, scalar_type(dst))
+    if dst.is_bool:  # x != 0 (NaN counts as nonzero)
+        if src.is_float:
+            return bld.fcmp_unordered("!=", x, _zero(x.type))
+        return bld.icmp_unsigned("!=", x, _zero(x.type))
+    if src.is_bool:
+        return bld.uitofp(x, to) if dst.is_float else bld.zext(x, to)
+    if src.is_int and dst.is_int:
+        if dst.bits < src.bits:
+            return bld.trunc(x, to)
+        if dst.bits > src.bits:
+            return bld.sext(x, to) if src.kind == "int" else bld.zext(x, to)
+        return x  # same bits: the LLVM type is the same
+    if src.is_float and dst.is_float:
+        if dst.bits == src.bits:  # f16 <-> bf16: f32 holds both exactly
+            return bld.fptrunc(bld.fpext(x, with_element(x.type, F32)), to)
+        return bld.fpext(x, to) if dst.bits > src.bits else bld.fptrunc(x, to)
+    if src.is_float:
+        family = "llvm.fptosi.sat" if dst.kind == "int" else "llvm.fptoui.sat"
+        return lw.intrinsic(family, [x], (to, x.type))
+    return _int_to_float(lw, x, src, dst, to)
+
+
+def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):
+    bld = lw.builder
+    if dst == dt.bf16 and src.bits >= 32 and sm_version(lw.target) < 90:
+        return lw.map_lanes(lambda v: _wide_int_to_bf16(lw, v, src), x)
+    return bld.sitofp(x, to) if src.kind == "int" else bld.uitofp(x, to)
+
+
+_TO_F32_TOWARD_ZERO = {("int", 32): "llvm.nvvm.i2f.rz", ("uint", 32): "llvm.nvvm.ui2f.rz",
+                       ("int", 64): "llvm.nvvm.ll2f.rz", ("uint", 64): "llvm.nvvm.ull2f.rz"}
+
+
+def _wide_int_to_bf16(lw, x, src: dt.DType):
+    """One 32/64-bit int -> bf16, rounded once. Before sm_90 there is no direct
+    convert and LLVM goes int -> f32 -> bf16, rounding twice; instead round to
+    f32 toward zero, set the last bit if that was inexact (round to odd, which
+    keeps the information a second rounding needs), then round to bf16."""
+    bld = lw.builder
+    t = lw.intrinsic(_TO_F32_TOWARD_ZERO[(src.kind, src.bits)], [x])
+    back = lw.intrinsic("llvm.fptosi.sat" if src.kind == "int" else "llvm.fptoui.sat", [t], (x.type, F32))
+    inexact = bld.zext(bld.icmp_unsigned("!=", back, x), ir.IntType(32))
+    odd = bld.bitcast(bld.or_(bld.bitcast(t, ir.IntType(32)), inexact), F32)
+    return bld.fptrunc(odd, scalar_type(dt.bf16))
+
+
+def sm_version(target) -> int:
+    """80 for sm_80, 90 for sm_90a."""
+    digits = "".join(c for c in target.llvm_cpu.removeprefix("sm_") if c.isdigit())
+    return int(digits)
+
+
+@lowering("bitcast")
+def _bitcast(lw, op, x):
+    src, dst = scalar_dtype(op.operands[0].type), _dtype(op)
+    bld = lw.builder
+    to = with_element(x.type, scalar_type(dst))
+    if src.is_bool:  # bool is one byte holding 0 or 1
+        return bld.zext(x, to)
+    if dst.is_bool:
+        return bld.icmp_unsigned("!=", x, _zero(x.type))
+    return x if x.type == to else bld.bitcast(x, to)
