@@ -1,0 +1,35 @@
+"""Errors raised by passes.
+
+`LoweringError` says that a program is valid tile IR but cannot be compiled
+for the chosen target and configuration as it stands: a tile that needs more
+shared memory than the block has, a layout that does not fit the block's
+threads, an op the thread-level lowering does not handle yet. The message
+names the op (and its source line when known) and what to change; the
+frontend turns it into a `CompileError` like the IR's own errors.
+"""
+
+from __future__ import annotations
+
+from tessera.ir.core import Operation
+from tessera.ir.errors import IRError
+
+
+class LoweringError(IRError):
+    """A valid program that cannot be lowered as configured; the message says what to change."""
+
+    def __init__(self, message: str, op: Operation | None = None, kernel: str | None = None):
+        self.message = message
+        self.op = op
+        self.kernel = kernel
+        self.loc = op.loc if op is not None else None
+        super().__init__(self._format())
+
+    def _format(self) -> str:
+        where = []
+        if self.kernel is not None:
+            where.append(f"kernel '{self.kernel}'")
+        if self.op is not None:
+            where.append(f"op '{self.op.name}'")
+        prefix = f"{self.loc}: " if self.loc is not None else ""
+        context = f"in {', '.join(where)}: " if where else ""
+        return f"{prefix}{context}{self.message}"

@@ -1,0 +1,414 @@
+"""Layout assignment: pick a register layout for every tile value of a function.
+
+Before tile IR can become per-thread code, every tile needs a
+`RegisterLayout` (see `tessera.ir.layouts`): which of the block's
+`num_warps * warp_size` threads holds which element, in which register.
+This pass chooses them; `lower_to_threads` then follows them.
+
+The default is Triton's "blocked" layout (`blocked_layout`): each thread
+holds `v` elements contiguous along the last dim (one vector access), the
+lanes of a warp spread over the last dim first and then the outer dims, the
+warps over the outer dims first, and what is left over repeats as more
+registers per thread (or, for tiles smaller than the block, as replicated
+threads). In the layout algebra, for a 2-D tile:
+
+    local(R0, R1) . replicated(rw) . spatial(W0, W1) . replicated(rl) . spatial(T0, T1) . local(1, v)
+
+Rules, applied to a fixpoint (each rule only fills values that have no
+layout yet, so the first layout to reach a value wins):
+
+1. pinned: `overrides` (value -> layout) are set first and never change.
+2. anchors: the tiles of memory ops (pointer loads/stores/atomics: the
+   pointer, value, mask and result; view loads: the result; view stores:
+   the value) get `blocked_layout(shape, v)`, where `v` is how many
+   elements along the last dim the alignment analysis proves contiguous
+   (pointer tiles; for views: 128 bits' worth when the last stride is the
+   constant 1, else 1), at most 128 bits / element bits (see
+   `lowering/vector_facts.py`). Whether the access is then one wide
+   instruction (alignment, masks) is the lowering's business. Program
+   order decides between anchors; an anchor whose tiles already have a
+   layout adds nothing.
+3. propagation, forward and backward:
+   * elementwise ops (arithmetic, math, cmp, select, cast, bitcast,
+     addptr), the operands and results of one memory op, a scan's
+     operand and result, a dot's accumulator and result, and each carried
+     value of `for`/`while`/`if` (initial value, region argument, yielded
+     value, result) share one layout;
+   * reduce / arg_reduce: result = `operand.reduce(axis, keepdims=False)`
+     (the reduced dim's threads become replication);
+   * expand_dims, and reshapes that only add or drop size-1 dims: the same
+     layout with the size-1 dim inserted or removed (both directions);
+   * permute: `operand.permute(order)` (both directions);
+   * broadcast: operand = `result.reduce(broadcast dims)` (backward only:
+     the replicated operand then broadcasts without moving data).
+4. defaults: while some tile has no layout, the first one in program
+   order gets `blocked_layout(shape, 128 bits / element bits)` and rule 3
+   runs again.
+
+Where an op's operand ends up with a layout other than the one the op
+needs (two anchors that disagree, a pinned layout, a carried value whose
+initial and yielded layouts differ), the assignment records a conversion
+for that operand in `conversions`: the lowering moves it through shared
+memory (or, when each thread already holds what it needs, by renaming
+registers). Shape ops (broadcast, expand_dims, reshape, permute), reduce
+operands and dot operands accept any layout: the lowering re-indexes or
+goes through shared memory as needed, so they never need a conversion.
+Pointer tiles lead their groups (a load's or store's pointer, an addptr's
+base come before masks and offsets), so conflicts land on data rather than
+on pointers, which can only be rebuilt, not moved.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterable, Mapping
+
+from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.layouts import LayoutError, RegisterLayout, local, replicated, spatial
+from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.target import Target
+from tessera.ir.types import PointerType, TileType, Type, element_of
+
+from .errors import LoweringError
+
+ELEMENTWISE = frozenset([
+    *BINARY_ARITH, "and", "or", "xor", "shl", "shr", "cmp", "neg", "abs", "not", *MATH_FUNCTIONS,
+    "select", "cast", "bitcast", "addptr",
+])
+MEMORY_TIED = frozenset(["load", "store", "atomic_rmw", "atomic_cas"])
+
+
+def element_bits(t: Type) -> int:
+    """Bits of one element in registers/memory: the pointee for pointers, at least a byte."""
+    elem = element_of(t)
+    if isinstance(elem, PointerType):
+        return max(elem.pointee.bits, 8)
+    return max(elem.dtype.bits, 8)
+
+
+def _pow2_at_most(n: int) -> int:
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
+def _split(available: int, extent: int) -> int:
+    """How many of `available` threads to put on a dim of `extent` groups (a common divisor)."""
+    return math.gcd(available, extent)
+
+
+def blocked_layout(shape: tuple[int, ...], vector: int, num_warps: int, warp_size: int) -> RegisterLayout:
+    """Triton's blocked layout of `shape` over num_warps * warp_size threads (see the module docstring).
+
+    `vector` elements per thread along the last dim (reduced to a divisor of
+    it, and to what leaves every thread an element when the tile is small);
+    lanes fill the last dim first, warps the first dim first; the rest
+    repeats as registers, and too few elements leave threads replicated.
+    """
+    rank = len(shape)
+    # Fewer elements per thread when the tile is small, so that every thread gets some (as Triton does).
+    vector = min(vector, max(math.prod(shape) // (num_warps * warp_size), 1))
+    v = math.gcd(max(vector, 1), shape[-1])
+    per_thread = [1] * (rank - 1) + [v]
+    rest = [n // p for n, p in zip(shape, per_thread)]
+    lanes, left = [1] * rank, warp_size
+    for d in reversed(range(rank)):
+        lanes[d] = _split(left, rest[d])
+        rest[d] //= lanes[d]
+        left //= lanes[d]
+    lane_replication = left
+    warps, left = [1] * rank, num_warps
+    for d in range(rank):
+        warps[d] = _split(left, rest[d])
+        rest[d] //= warps[d]
+        left //= warps[d]
+    warp_replication = left
+    return (local(*rest) * replicated(warp_replication) * spatial(*warps) * replicated(lane_replication)
+            * spatial(*lanes) * local(*per_thread))
+
+
+def default_vector(t: Type, max_bits: int = 128) -> int:
+    """128 bits' worth of elements (a power of two), capped by the last dim."""
+    shape = t.shape
+    return math.gcd(_pow2_at_most(max_bits // element_bits(t)), shape[-1])
+
+
+@dataclass
+class LayoutAssignment:
+    """The layouts chosen for one function.
+
+    layouts: every tile-typed value (op results and region arguments) -> layout.
+    conversions: (op, operand index) -> the layout that operand must be
+      converted to before the op uses it (absent: the operand's own layout).
+    """
+
+    function: Function
+    num_warps: int
+    warp_size: int
+    layouts: dict[Value, RegisterLayout] = field(default_factory=dict)
+    conversions: dict[tuple[Operation, int], RegisterLayout] = field(default_factory=dict)
+    overrides: dict[Value, RegisterLayout] = field(default_factory=dict)
+
+    @property
+    def num_threads(self) -> int:
+        return self.num_warps * self.warp_size
+
+    def layout(self, value: Value) -> RegisterLayout:
+        return self.layouts[value]
+
+    def operand_layout(self, op: Operation, index: int) -> RegisterLayout:
+        """The layout `op` reads operand `index` in (after any recorded conversion)."""
+        return self.conversions.get((op, index)) or self.layouts[op.operands[index]]
+
+    def describe(self) -> str:
+        """One line per tile value and per conversion, in program order (for debugging and tests)."""
+        from tessera.ir.printer import print_value
+        lines = []
+        for value in _tile_values(self.function):
+            lines.append(f"{print_value(value)}: {self.layouts[value]}")
+        for (op, i), layout in self.conversions.items():
+            lines.append(f"convert operand {i} of {op.name} ({print_value(op.operands[i])}): "
+                         f"{self.layouts[op.operands[i]]} -> {layout}")
+        return "\n".join(lines)
+
+
+def assign_layouts(fn: Function, target: Target, num_warps: int = 4,
+                   overrides: Mapping[Value, RegisterLayout] | None = None,
+                   facts=None) -> LayoutAssignment:
+    """Choose a layout for every tile value of `fn` (see the module docstring)."""
+    if num_warps < 1 or num_warps & (num_warps - 1):
+        raise LoweringError(f"num_warps must be a power of two, got {num_warps}", kernel=fn.name)
+    threads = num_warps * target.warp_size
+    if threads > target.max_threads_per_block:
+        raise LoweringError(f"{num_warps} warps of {target.warp_size} threads exceed {target.name}'s "
+                            f"{target.max_threads_per_block} threads per block; use fewer warps", kernel=fn.name)
+    if facts is None:
+        from .lowering.vector_facts import VectorFacts   # (lowering imports this module)
+        facts = VectorFacts(fn)
+    result = LayoutAssignment(fn, num_warps, target.warp_size)
+    _Assigner(result, target, facts, dict(overrides or {})).run()
+    return result
+
+
+class _Assigner:
+    def __init__(self, out: LayoutAssignment, target: Target, facts,
+                 overrides: dict[Value, RegisterLayout]):
+        self.out = out
+        self.target = target
+        self.facts = facts
+        self.layouts = out.layouts
+        for value, layout in overrides.items():
+            self._check_pinned(value, layout)
+        out.overrides = overrides
+        self.layouts.update(overrides)
+
+    def run(self) -> None:
+        fn = self.out.function
+        for op in fn.walk():
+            self.anchor(op)
+        self.propagate()
+        for value in _tile_values(fn):
+            if value not in self.layouts:
+                self.set(value, self.blocked(value.type.shape, default_vector(value.type, self.target.max_vector_bits)))
+                self.propagate()
+        self.record_conversions()
+
+    # -- building blocks --------------------------------------------------------
+
+    def blocked(self, shape: tuple[int, ...], vector: int) -> RegisterLayout:
+        return blocked_layout(shape, vector, self.out.num_warps, self.out.warp_size)
+
+    def set(self, value: Value, layout: RegisterLayout) -> bool:
+        if not isinstance(value.type, TileType) or value in self.layouts:
+            return False
+        self.layouts[value] = layout
+        return True
+
+    def _check_pinned(self, value: Value, layout: RegisterLayout) -> None:
+        t = value.type
+        where = value.owner if isinstance(value.owner, Operation) else None
+        if not isinstance(t, TileType):
+            raise LoweringError(f"a layout was pinned on {t}, which is not a tile", where, self.out.function.name)
+        if layout.shape != t.shape or layout.num_threads != self.out.num_threads:
+            raise LoweringError(
+                f"pinned layout {layout} covers shape {layout.shape} with {layout.num_threads} threads, but the "
+                f"tile is {t} and the block has {self.out.num_threads} threads "
+                f"({self.out.num_warps} warps of {self.out.warp_size})", where, self.out.function.name)
+
+    # -- rule 2: anchors --------------------------------------------------------
+
+    def anchor(self, op: Operation) -> None:
+        name = op.name
+        if name in MEMORY_TIED:
+            tiles = [v for v in [*op.operands, *op.results] if isinstance(v.type, TileType)]
+            if not tiles:
+                return
+            ptr = op.operands[0]
+            vector = self.facts.pointer_layout_width(ptr, element_bits(ptr.type), self.target.max_vector_bits)
+            if not any(v in self.layouts for v in tiles):
+                self.set(tiles[0], self.blocked(ptr.type.shape, vector))
+        elif name == "view_load":
+            t = op.result.type
+            self.set(op.result, self.blocked(t.shape, self.facts.view_layout_width(op, element_bits(t),
+                                                                                    self.target.max_vector_bits)))
+        elif name == "view_store":
+            value = op.operands[-1]
+            self.set(value, self.blocked(value.type.shape, self.facts.view_layout_width(
+                op, element_bits(value.type), self.target.max_vector_bits)))
+
+    # -- rule 3: propagation ----------------------------------------------------
+
+    def propagate(self) -> None:
+        changed = True
+        while changed:
+            changed = False
+            for op in self.out.function.walk():
+                changed |= self.step(op)
+
+    def step(self, op: Operation) -> bool:
+        changed = False
+        for group in tied_groups(op):
+            known = next((self.layouts[v] for v in group if v in self.layouts), None)
+            if known is not None:
+                for v in group:
+                    changed |= self.set(v, known)
+        for source, target, derive in derived(op):
+            if source in self.layouts and target not in self.layouts:
+                try:
+                    layout = derive(self.layouts[source])
+                except LayoutError:
+                    continue
+                changed |= self.set(target, layout)
+        return changed
+
+    # -- conversions ------------------------------------------------------------
+
+    def record_conversions(self) -> None:
+        """Give defined members their group's layout; operands that differ get a conversion."""
+        for op in self.out.function.walk():
+            for slots in _groups(op):
+                rep = next((v for v, site, _ in slots if site is None), None)
+                if rep is None or not isinstance(rep.type, TileType):
+                    continue
+                want = self.layouts[rep]
+                for v, site, index in slots:
+                    if site is None:
+                        self.layouts[v] = want
+        for op in self.out.function.walk():
+            for slots in _groups(op):
+                rep = next((v for v, site, _ in slots if site is None), None)
+                if rep is None or not isinstance(rep.type, TileType):
+                    continue
+                want = self.layouts[rep]
+                for v, site, index in slots:
+                    if site is not None and self.layouts[v] != want:
+                        self.out.conversions[(site, index)] = want
+
+
+def tied_groups(op: Operation) -> list[list[Value]]:
+    """Groups of tile values `op` requires to share one layout (see the module docstring)."""
+    out = []
+    for slots in _groups(op):
+        tiles = [v for v, _, _ in slots if isinstance(v.type, TileType)]
+        if len(tiles) > 1:
+            out.append(tiles)
+    return out
+
+
+def _groups(op: Operation):
+    """Tied groups as slots; the first definition slot is the representative whose layout wins."""
+    name = op.name
+    if name in ELEMENTWISE or name in MEMORY_TIED:
+        defs = [(r, None, 0) for r in op.results]
+        uses = [(v, op, i) for i, v in enumerate(op.operands)]
+        if defs:
+            yield defs + uses
+        elif uses:  # store: the pointer operand leads
+            yield [(uses[0][0], None, 0)] + uses[1:]
+    elif name == "scan":
+        yield [(op.result, None, 0), (op.operands[0], op, 0)]
+    elif name == "dot":
+        yield [(op.result, None, 0), (op.operands[2], op, 2)]
+    elif name == "for":
+        body = op.regions[0]
+        term = body.terminator
+        for i, arg in enumerate(body.args[1:]):
+            yield [(arg, None, 0), (op.results[i], None, 0), (op.operands[3 + i], op, 3 + i),
+                   (term.operands[i], term, i)]
+    elif name == "if":
+        terms = [r.terminator for r in op.regions]
+        for i, res in enumerate(op.results):
+            yield [(res, None, 0)] + [(t.operands[i], t, i) for t in terms]
+    elif name == "while":
+        before, after = op.regions
+        cond, term = before.terminator, after.terminator
+        for i, arg in enumerate(before.args):
+            yield [(arg, None, 0), (op.operands[i], op, i), (term.operands[i], term, i)]
+        for i, arg in enumerate(after.args):
+            yield [(arg, None, 0), (op.results[i], None, 0), (cond.operands[i + 1], cond, i + 1)]
+
+
+def derived(op: Operation):
+    """(source, target, derive) triples: a layout for `target` computed from `source`'s."""
+    name = op.name
+    if name in ("reduce", "arg_reduce") and isinstance(op.result.type, TileType):
+        axis = op.attrs["axis"]
+        yield op.operands[0], op.result, lambda l: l.reduce(axis, keepdims=False)
+    elif name == "expand_dims":
+        axis = op.attrs["axis"]
+        yield op.operands[0], op.result, lambda l: insert_unit_dim(l, axis)
+        yield op.result, op.operands[0], lambda l: drop_unit_dim(l, axis)
+    elif name == "reshape" and isinstance(op.result.type, TileType):
+        src, res = op.operands[0].type.shape, op.result.type.shape
+        if _squeeze(src) == _squeeze(res):
+            yield op.operands[0], op.result, lambda l: reshape_unit_dims(l, res)
+            yield op.result, op.operands[0], lambda l: reshape_unit_dims(l, src)
+    elif name == "permute":
+        order = list(op.attrs["order"])
+        inverse = [order.index(d) for d in range(len(order))]
+        yield op.operands[0], op.result, lambda l: l.permute(order)
+        yield op.result, op.operands[0], lambda l: l.permute(inverse)
+    elif name == "broadcast":
+        src, res = op.operands[0].type.shape, op.result.type.shape
+        dims = [d for d, (s, r) in enumerate(zip(src, res)) if s != r]
+        yield op.result, op.operands[0], lambda l: l.reduce(dims, keepdims=True) if dims else l
+
+
+def _squeeze(shape: Iterable[int]) -> tuple[int, ...]:
+    return tuple(d for d in shape if d != 1)
+
+
+def insert_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
+    """`layout` with a size-1 dim inserted at `axis` (size-1 dims own no modes)."""
+    return RegisterLayout(layout.shape[:axis] + (1,) + layout.shape[axis:],
+                          layout.modes[:axis] + ((),) + layout.modes[axis:],
+                          layout.spatial_modes, layout.local_modes)
+
+
+def drop_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
+    if layout.shape[axis] != 1:
+        raise LayoutError(f"dim {axis} of {layout} is not of size 1")
+    return RegisterLayout(layout.shape[:axis] + layout.shape[axis + 1:],
+                          layout.modes[:axis] + layout.modes[axis + 1:],
+                          layout.spatial_modes, layout.local_modes)
+
+
+def reshape_unit_dims(layout: RegisterLayout, shape: tuple[int, ...]) -> RegisterLayout:
+    """The layout of the same elements viewed with size-1 dims added or removed to give `shape`."""
+    modes = iter([ms for n, ms in zip(layout.shape, layout.modes) if n != 1])
+    new_modes = tuple(() if n == 1 else next(modes) for n in shape)
+    return RegisterLayout(tuple(shape), new_modes, layout.spatial_modes, layout.local_modes)
+
+
+def _tile_values(fn: Function) -> list[Value]:
+    """Every tile-typed value of `fn` in program order: region arguments, then each op's results."""
+    out: list[Value] = []
+
+    def visit(block: Block) -> None:
+        out.extend(a for a in block.args if isinstance(a.type, TileType))
+        for op in block.ops:
+            out.extend(r for r in op.results if isinstance(r.type, TileType))
+            for region in op.regions:
+                visit(region)
+
+    visit(fn.body)
+    return out

@@ -1,0 +1,68 @@
+"""Per-op lowering from tile IR to thread IR, one module per op family.
+
+`LOWERINGS` maps an op name to `fn(ctx, op)`, which reads the op's lowered
+operands from the `Lowering` context (`context.py`), emits thread IR at
+the context's insertion point and binds the op's results. Ops that only
+touch scalars and have no regions need no entry: they are copied as they
+are (`copy_scalar_op`).
+
+    elementwise.py    constants, splat, arange, arithmetic/math/cmp/select/cast
+    shape.py          broadcast, expand_dims, reshape, permute
+    memory.py         pointer loads/stores/atomics, tensor views
+    reductions.py     reduce, arg_reduce, scan
+    dot.py            dot (FMA through shared memory)
+    control_flow.py   for, if, while and their terminators
+    debug.py          print, breakpoint (dropped), assert
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+from tessera.ir.core import Operation
+from tessera.ir.types import TileType, ViewType
+
+from .context import Lowering, Regs
+
+LOWERINGS: dict[str, Callable[[Lowering, Operation], None]] = {}
+
+
+def lowering(*names: str):
+    """Register the decorated function as the lowering of ops `names`."""
+    def register(fn):
+        for name in names:
+            if name in LOWERINGS:
+                raise RuntimeError(f"lowering for op {name!r} defined twice")
+            LOWERINGS[name] = fn
+        return fn
+    return register
+
+
+def lower_op(ctx: Lowering, op: Operation) -> None:
+    fn = LOWERINGS.get(op.name)
+    if fn is None:
+        involved = [v for v in (*op.operands, *op.results) if isinstance(v.type, (TileType, ViewType))]
+        if involved or op.regions:
+            raise ctx.error(op, f"the thread-level lowering does not handle '{op.name}' on tiles yet")
+        fn = copy_scalar_op
+    saved, ctx.b.loc = ctx.b.loc, op.loc      # every op made for `op` carries its source location
+    try:
+        fn(ctx, op)
+    finally:
+        ctx.b.loc = saved
+
+
+def copy_scalar_op(ctx: Lowering, op: Operation) -> None:
+    """Re-create a scalar op with lowered operands (every thread computes the same value)."""
+    operands = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
+    new = ctx.create(op.name, operands, op.attrs, [r.type for r in op.results])
+    new.loc = op.loc
+    for old, result in zip(op.results, new.results):
+        result.name_hint = old.name_hint
+        ctx.define(old, result)
+
+
+# Importing the families fills LOWERINGS.
+from . import control_flow, debug, dot, elementwise, memory, reductions, shape  # noqa: E402,F401
+
+__all__ = ["LOWERINGS", "Lowering", "Regs", "lower_op", "lowering"]

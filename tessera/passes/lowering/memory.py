@@ -1,0 +1,187 @@
+"""Memory ops: pointer loads/stores/atomics on tiles and scalars, and tensor views.
+
+* Pointer tiles are per-register pointers. A load or store is vectorized
+  (`vector = k`) when the alignment analysis proves that aligned groups of
+  k lanes along the last dim are contiguous, aligned to k elements and
+  under one mask bit, and the layout holds k such lanes in consecutive
+  registers (`local_contiguity`); otherwise k = 1.
+* Views: register j of the block at `starts` is element
+  index_d = start_d + coord_d (per dim), at offset sum_d index_d * stride_d
+  (computed in i64, so any tensor size works; a stride that is the
+  constant 1 costs no multiply). Lanes outside [0, size_d) in any dim are
+  masked off: loads give `fill`, stores skip them. Vectorized like
+  pointers when the last stride is the constant 1 and base, other strides,
+  start and size are multiples of the width (`alignment.view_vector_width`).
+* Replicated layouts (tiles smaller than the block, reduce results): only
+  replica 0 of each element stores or performs an atomic, so an atomic
+  updates every element exactly once (stores of equal values would be
+  benign, but are masked the same way to save bandwidth). An atomic's old
+  values are then handed to the replicas through shared memory when used.
+* Scalars: every thread loads (the same address, one value); stores and
+  atomics are done by thread 0 only, and an atomic's old value is handed
+  to every thread through shared memory when used.
+"""
+
+from __future__ import annotations
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Block
+from tessera.ir.types import RegsType, ScalarType, TileType
+
+from . import copy_scalar_op, lowering
+from .context import Regs, ViewParts
+
+
+def _vector(ctx, op, layout) -> dict | None:
+    width = min(ctx.facts.access_width(op, ctx.target.max_vector_bits), layout.local_contiguity(-1))
+    width = 1 << (max(width, 1).bit_length() - 1)
+    return {"vector": width} if width > 1 else None
+
+
+def _and_owner(ctx, layout, mask):
+    """`mask` (registers or None) restricted to replica 0 of each element."""
+    owner = ctx.owner_predicate(layout)
+    if owner is None:
+        return mask
+    owner = ctx.splat(owner, layout.local_size)
+    return owner if mask is None else ctx.emit("and", mask, owner)
+
+
+def _and_first_thread(ctx, mask):
+    first = ctx.first_thread()
+    return first if mask is None else ctx.emit("and", mask, first)
+
+
+@lowering("load")
+def _load(ctx, op):
+    if not isinstance(op.result.type, TileType):
+        copy_scalar_op(ctx, op)
+        return
+    layout = ctx.assignment.layout(op.result)
+    operands = [r.value for r in ctx.operands(op)]
+    t = RegsType(op.result.type.element, layout.local_size)
+    value = ctx.create("load", operands, _vector(ctx, op, layout), [t]).result
+    ctx.define(op.result, Regs(value, layout), op)
+
+
+@lowering("store")
+def _store(ctx, op):
+    if not isinstance(op.operands[0].type, TileType):
+        ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
+        ctx.create("store", [ptr, value, _and_first_thread(ctx, mask[0] if mask else None)])
+        return
+    ptr, value, *mask = ctx.operands(op)
+    layout = ptr.layout
+    mask = _and_owner(ctx, layout, mask[0].value if mask else None)
+    operands = [ptr.value, value.value] + ([mask] if mask is not None else [])
+    ctx.create("store", operands, _vector(ctx, op, layout))
+
+
+@lowering("atomic_rmw")
+def _atomic_rmw(ctx, op):
+    attrs = {"kind": op.attrs["kind"]}
+    if not isinstance(op.operands[0].type, TileType):
+        ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
+        mask = _and_first_thread(ctx, mask[0] if mask else None)
+        old = ctx.create("atomic_rmw", [ptr, value, mask], attrs, [op.result.type]).result
+        ctx.define(op.result, ctx.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
+        return
+    ptr, value, *mask = ctx.operands(op)
+    layout = ctx.assignment.layout(op.result)
+    mask = _and_owner(ctx, layout, mask[0].value if mask else None)
+    operands = [ptr.value, value.value] + ([mask] if mask is not None else [])
+    t = RegsType(op.result.type.element, layout.local_size)
+    old = Regs(ctx.create("atomic_rmw", operands, attrs, [t]).result, layout)
+    ctx.define(op.result, ctx.broadcast_from_owners(old) if op.result in ctx.used else old, op)
+
+
+@lowering("atomic_cas")
+def _atomic_cas(ctx, op):
+    """atomic_cas has no mask: threads that must not swap skip it in an `if`."""
+    tile = isinstance(op.operands[0].type, TileType)
+    lowered = ctx.operands(op)
+    operands = [ctx.thread_value(x) for x in lowered]
+    layout = ctx.assignment.layout(op.result) if tile else None
+    pred = ctx.owner_predicate(layout) if tile else ctx.first_thread()
+    t = RegsType(op.result.type.element, layout.local_size) if tile else op.result.type
+    if pred is None:
+        old = ctx.create("atomic_cas", operands, None, [t]).result
+    else:
+        then_block, else_block = Block(), Block()
+        with ctx.b.at(then_block):
+            swapped = ctx.create("atomic_cas", operands, None, [t]).result
+            ctx.create("yield", [swapped])
+        dtype = op.result.type.element.dtype if tile else op.result.type.dtype
+        zero = ctx.const_regs([0] * t.count, dtype) if tile else ctx.const(0, dtype)
+        with ctx.b.at(else_block):
+            ctx.create("yield", [zero])
+        old = ctx.create("if", [pred], None, [t], [then_block, else_block]).result
+    if not tile:
+        ctx.define(op.result, ctx.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
+        return
+    regs = Regs(old, layout)
+    ctx.define(op.result, ctx.broadcast_from_owners(regs) if op.result in ctx.used else regs, op)
+
+
+# -- tensor views ------------------------------------------------------------------
+
+
+@lowering("make_view")
+def _make_view(ctx, op):
+    base, *rest = [ctx.operand(op, i) for i in range(len(op.operands))]
+    rank = len(rest) // 2
+    ctx.env[op.result] = ViewParts(base, tuple(rest[:rank]), tuple(rest[rank:]), op)
+
+
+def _view_lanes(ctx, op, layout, view: ViewParts, starts):
+    """(pointers, inside-mask) registers of the block of `layout` at `starts`."""
+    rank = len(view.sizes)
+    count = layout.local_size
+    inside, offset = None, None
+    for d in range(rank):
+        start, size, stride = starts[d], view.sizes[d], view.strides[d]
+        wide = any(v.type.dtype.bits > 32 for v in (start, size))
+        idx_dtype = dt.i64 if wide else dt.i32
+        weights = [1 if e == d else 0 for e in range(rank)]
+        index = ctx.index_regs(layout, weights, offset=start, dtype=idx_dtype)
+        zero = ctx.const_regs([0] * count, idx_dtype)
+        above = ctx.emit("cmp", index, zero, attrs={"pred": "ge"})
+        below = ctx.emit("cmp", index, ctx.splat(ctx.cast(size, idx_dtype), count), attrs={"pred": "lt"})
+        ok = ctx.emit("and", above, below)
+        inside = ok if inside is None else ctx.emit("and", inside, ok)
+        term = ctx.cast(index, dt.i64)
+        if not _is_constant_one(ctx, view.source.operands[1 + rank + d]):
+            term = ctx.emit("mul", term, ctx.splat(ctx.cast(stride, dt.i64), count))
+        offset = term if offset is None else ctx.emit("add", offset, term)
+    ptrs = ctx.emit("addptr", ctx.splat(view.base, count), offset)
+    return ptrs, inside
+
+
+def _is_constant_one(ctx, value) -> bool:
+    info = ctx.facts.facts.get(value)
+    return getattr(info, "constant", None) == 1
+
+
+@lowering("view_load")
+def _view_load(ctx, op):
+    view = ctx.lookup(op.operands[0])
+    starts = [ctx.operand(op, i) for i in range(1, len(op.operands))]
+    layout = ctx.assignment.layout(op.result)
+    ptrs, inside = _view_lanes(ctx, op, layout, view, starts)
+    dtype = op.result.type.element.dtype
+    fill = ctx.const_regs([op.attrs.get("fill", 0)] * layout.local_size, dtype)
+    t = RegsType(ScalarType(dtype), layout.local_size)
+    value = ctx.create("load", [ptrs, inside, fill], _vector(ctx, op, layout), [t]).result
+    ctx.define(op.result, Regs(value, layout), op)
+
+
+@lowering("view_store")
+def _view_store(ctx, op):
+    view = ctx.lookup(op.operands[0])
+    n = len(op.operands)
+    starts = [ctx.operand(op, i) for i in range(1, n - 1)]
+    value = ctx.operand(op, n - 1)
+    layout = value.layout
+    ptrs, inside = _view_lanes(ctx, op, layout, view, starts)
+    mask = _and_owner(ctx, layout, inside)
+    ctx.create("store", [ptrs, value.value, mask], _vector(ctx, op, layout))

@@ -1,0 +1,128 @@
+"""Shared-memory allocation: give every `shared_alloc` of a thread-IR function a byte offset.
+
+Each allocation is live from its `shared_alloc` to the last use of any
+pointer derived from it (addptr, splat, pack, ...). A use inside a region
+counts as a use of the whole op that holds the region at the allocation's
+level, so a buffer read in a loop stays live for the whole loop. Two
+allocations whose live ranges do not overlap may share bytes: the
+lowering ends every use of a buffer with a barrier, so the next buffer's
+writes cannot race with the last reads of the one before.
+
+Placement is first-fit, largest allocation first, at 16-byte alignment (the
+widest vector access). The function's `shared_bytes` attribute is set to
+the bytes used; a function that needs more than the target has raises
+`LoweringError` naming the largest buffers.
+"""
+
+from __future__ import annotations
+
+from tessera.ir.core import Block, Function, Module, Operation, Value
+from tessera.ir.target import Target, get_target
+from tessera.ir.types import PointerType, element_of
+
+from .errors import LoweringError
+
+ALIGNMENT = 16
+
+
+def allocate_shared_memory(fn: Function, capacity: int | None = None) -> int:
+    """Assign offsets to `fn`'s shared_allocs in place; set and return `fn.attrs["shared_bytes"]`.
+
+    capacity: the most bytes the block may use (default: the function's
+    `target` attribute's shared memory per block; no check without one).
+    """
+    positions, ends = _number_ops(fn)
+    allocs = [op for op in fn.walk() if op.name == "shared_alloc"]
+    ranges = {op: (positions[op], _live_end(op, positions, ends)) for op in allocs}
+    placed: list[tuple[Operation, int]] = []
+    for op in sorted(allocs, key=lambda o: (-o.attrs["bytes"], positions[o])):
+        start, end = ranges[op]
+        busy = sorted((offset, offset + other.attrs["bytes"]) for other, offset in placed
+                      if ranges[other][0] <= end and start <= ranges[other][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + op.attrs["bytes"] <= lo:
+                break
+            offset = max(offset, _align(hi))
+        op.attrs["offset"] = offset
+        placed.append((op, offset))
+    total = max((offset + op.attrs["bytes"] for op, offset in placed), default=0)
+    fn.attrs["shared_bytes"] = total
+    if capacity is None and "target" in fn.attrs:
+        capacity = get_target(fn.attrs["target"]).shared_memory_bytes
+    if capacity is not None and total > capacity:
+        largest = sorted(allocs, key=lambda o: -o.attrs["bytes"])[:3]
+        listed = ", ".join(f"{o.attrs['bytes']} bytes" + (f" at {o.loc}" if o.loc else "") for o in largest)
+        raise LoweringError(f"the kernel needs {total} bytes of shared memory, more than the {capacity} a block "
+                            f"has (largest buffers: {listed}); use smaller tiles or fewer warps' worth of "
+                            f"data per reduction", largest[0], fn.name)
+    return total
+
+
+class SharedMemoryAllocation:
+    """The pass object for `PassManager`: allocate every function of a thread-IR module."""
+
+    name = "shared-memory"
+
+    def __init__(self, target: Target | None = None):
+        self.target = target
+
+    def run(self, module: Module) -> None:
+        for fn in module.functions:
+            allocate_shared_memory(fn, self.target.shared_memory_bytes if self.target else None)
+
+
+def _align(n: int) -> int:
+    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+
+
+def _number_ops(fn: Function) -> tuple[dict[Operation, int], dict[Operation, int]]:
+    """Pre-order position of every op, and the last position inside each op's regions."""
+    positions: dict[Operation, int] = {}
+    ends: dict[Operation, int] = {}
+
+    def visit(block: Block) -> None:
+        for op in block.ops:
+            positions[op] = len(positions)
+            for region in op.regions:
+                visit(region)
+            ends[op] = len(positions) - 1
+
+    visit(fn.body)
+    return positions, ends
+
+
+def _is_shared_pointer(value: Value) -> bool:
+    elem = element_of(value.type)
+    return isinstance(elem, PointerType) and elem.address_space == "shared"
+
+
+def _live_end(alloc: Operation, positions: dict, ends: dict) -> int:
+    """The last position where a pointer derived from `alloc` is used, lifted to `alloc`'s block."""
+    home = alloc.parent
+    derived, work, last = {alloc.result}, [alloc.result], positions[alloc]
+    users = _users(alloc)
+    while work:
+        value = work.pop()
+        for user in users.get(value, ()):
+            lifted = user
+            while lifted.parent is not home and isinstance(lifted.parent.parent, Operation):
+                lifted = lifted.parent.parent
+            last = max(last, ends[lifted])
+            for result in user.results:
+                if _is_shared_pointer(result) and result not in derived:
+                    derived.add(result)
+                    work.append(result)
+    return last
+
+
+def _users(alloc: Operation) -> dict[Value, list[Operation]]:
+    block = alloc.parent
+    while isinstance(block.parent, Operation):
+        block = block.parent.parent
+    users: dict[Value, list[Operation]] = {}
+    for top in block.ops:
+        for op in top.walk():
+            for v in op.operands:
+                users.setdefault(v, []).append(op)
+    return users

@@ -1,0 +1,240 @@
+"""Layout assignment: the blocked default, the propagation rules, conversions and pinned layouts."""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.backends.interp import run_function
+from tessera.ir.layouts import local, parse_layout, replicated, spatial
+from tessera.ir.parser import parse_module
+from tessera.ir.target import get_target
+from tessera.ir.types import TileType
+from tessera.passes.errors import LoweringError
+from tessera.passes.layout_assignment import assign_layouts, blocked_layout, insert_unit_dim
+from tessera.passes.lower_to_threads import lower_to_threads
+from tessera.passes.shared_memory import allocate_shared_memory
+
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
+SM80 = get_target("sm_80")
+
+
+def _tutorial(file: str, name: str):
+    return runpy.run_path(str(TUTORIALS / file))[name]
+
+
+ADD = _tutorial("01-vector-add.py", "add")
+SOFTMAX = _tutorial("02-fused-softmax.py", "softmax")
+MATMUL = _tutorial("03-matmul.py", "matmul")
+
+
+def tile_values(fn):
+    values = []
+    for op in fn.walk():
+        values += [r for r in op.results if isinstance(r.type, TileType)]
+        for region in op.regions:
+            values += [a for a in region.args if isinstance(a.type, TileType)]
+    return values
+
+
+def named(fn, assignment):
+    return {v.name_hint: assignment.layout(v) for v in tile_values(fn) if v.name_hint}
+
+
+# ---------------------------------------------------------------------------
+# The blocked default
+
+
+@pytest.mark.parametrize("shape, vector, warps, warp_size, expected", [
+    ((1024,), 4, 4, 32, "local(2).spatial(128).local(4)"),     # lanes, then warps, then repeats
+    ((64,), 4, 1, 32, "spatial(32).local(2)"),                  # small tile: fewer per thread, all threads busy
+    ((16, 64), 4, 4, 32, "local(2,1).spatial(8,16).local(1,4)"),
+    ((64, 64), 8, 4, 32, "local(4,1).spatial(16,8).local(1,8)"),
+    ((2, 256), 4, 4, 32, "spatial(2,64).local(1,4)"),           # warps go to dim 1 once dim 0 is used up
+    ((4, 4), 4, 4, 32, "replicated(8).spatial(4,4)"),           # 16 elements over 128 threads
+    ((16,), 4, 4, 64, "replicated(16).spatial(16)"),
+])
+def test_blocked_layout(shape, vector, warps, warp_size, expected):
+    layout = blocked_layout(shape, vector, warps, warp_size)
+    assert str(layout) == expected
+    assert layout.shape == shape and layout.num_threads == warps * warp_size
+    assert layout == parse_layout(expected)
+
+
+def test_blocked_layout_is_the_documented_product():
+    layout = blocked_layout((16, 64), 4, 4, 32)
+    assert layout == local(2, 1) * replicated(1) * spatial(4, 1) * replicated(1) * spatial(2, 16) * local(1, 4)
+    assert layout.local_contiguity(-1) == 4
+
+
+# ---------------------------------------------------------------------------
+# Propagation on real kernels
+
+
+def test_vector_add_is_one_layout_with_vectors_of_four():
+    x = np.zeros(4096, np.float32)
+    fn = ADD.specialize(x, x, x, 4096, BLOCK=1024).module.functions[0]
+    a = assign_layouts(fn, SM80, 4)
+    layouts = set(a.layouts.values())
+    assert layouts == {parse_layout("local(2).spatial(128).local(4)")}
+    assert not a.conversions
+
+
+def test_softmax_reduce_and_broadcast_derive_from_the_load():
+    x = np.zeros((4, 512), np.float32)
+    fn = SOFTMAX.specialize(x, x, 4, 512, BLOCK=512).module.functions[0]
+    a = assign_layouts(fn, SM80, 4)
+    names = named(fn, a)
+    values = names["values"]
+    assert values == blocked_layout((1, 512), 4, 4, 32)
+    ops = {op.name: op for op in fn.walk()}
+    assert a.layout(ops["reduce"].result) == values.reduce(1, keepdims=False)
+    assert a.layout(ops["broadcast"].operands[0]) == values.reduce(1)        # the replicated column
+    assert names["shifted"] == names["numerator"] == names["result"] == values
+    assert not a.conversions
+
+
+def test_every_tile_gets_a_layout_of_its_shape_and_the_block():
+    x16 = np.zeros((40, 40), np.float16)
+    kernels = [
+        (ADD, [np.zeros(100, np.float32)] * 3 + [100], {"BLOCK": 64}),
+        (SOFTMAX, [np.zeros((3, 50), np.float32)] * 2 + [3, 50], {"BLOCK": 64}),
+        (MATMUL, [x16, x16, x16, 40, 40, 40], {"BM": 32, "BN": 16, "BK": 16}),
+    ]
+    for kernel, args, constexprs in kernels:
+        fn = kernel.specialize(*args, **constexprs).module.functions[0]
+        for warps in (1, 2, 4, 8):
+            a = assign_layouts(fn, SM80, warps)
+            for v in tile_values(fn):
+                layout = a.layout(v)
+                assert layout.shape == v.type.shape and layout.num_threads == warps * 32
+
+
+def test_matmul_accumulator_is_carried_in_one_layout():
+    x = np.zeros((64, 64), np.float16)
+    fn = MATMUL.specialize(x, x, x, 64, 64, 64, BM=32, BN=32, BK=16).module.functions[0]
+    a = assign_layouts(fn, SM80, 4)
+    loop = next(op for op in fn.walk() if op.name == "for")
+    dot = next(op for op in fn.walk() if op.name == "dot")
+    carried = a.layout(loop.regions[0].args[1])
+    assert a.layout(loop.results[0]) == carried == a.layout(dot.result) == a.layout(loop.operands[3])
+    assert not a.conversions
+
+
+REDUCE_IR = """\
+func @k(%x: ptr<f32>) {
+  %r = arange {end = 64, start = 0} : tile<64xi32>
+  %xs = splat %x : tile<64xptr<f32>>
+  %p = addptr %xs, %r : tile<64xptr<f32>>
+  %v = load %p : tile<64xf32>
+  %s = reduce %v {axis = 0, kind = "sum"} : f32
+  %t = expand_dims %v {axis = 0} : tile<1x64xf32>
+  %u = permute %t {order = [1, 0]} : tile<64x1xf32>
+  %w = reshape %u : tile<64xf32>
+  return
+}
+"""
+
+
+def test_shape_ops_derive_their_layouts():
+    fn = parse_module(REDUCE_IR).functions[0]
+    a = assign_layouts(fn, SM80, 2)
+    names = named(fn, a)
+    v = names["v"]
+    assert names["t"] == insert_unit_dim(v, 0) and names["t"].shape == (1, 64)
+    assert names["u"] == names["t"].permute([1, 0])
+    assert names["w"] == v                       # only size-1 dims came and went
+    assert "%v: " in a.describe()
+
+
+# ---------------------------------------------------------------------------
+# Conflicts, conversions and pinned layouts
+
+
+@tessera.kernel
+def two_loads(x_ptr, y_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    x = tessera.load(x_ptr + offs)
+    y = tessera.load(y_ptr + offs * 2)               # strided: no contiguity, one element per thread
+    tessera.store(out_ptr + offs, x + y)
+
+
+def test_disagreeing_anchors_record_a_conversion_that_lowering_honours():
+    x = np.arange(512, dtype=np.float32)
+    fn = two_loads.specialize(x, x, x, BLOCK=256).module.functions[0]
+    a = assign_layouts(fn, SM80, 2)
+    names = named(fn, a)
+    assert names["x"].local_contiguity(-1) == 4 and names["y"].local_contiguity(-1) == 1
+    add = next(op for op in fn.walk() if op.name == "add" and isinstance(op.result.type, TileType)
+               and op.result.type.element.dtype.is_float)
+    assert (add, 1) in a.conversions and a.conversions[(add, 1)] == names["x"]
+    _run_both(fn, a, [np.arange(512, dtype=np.float32), np.arange(512, dtype=np.float32) * 3,
+                      np.zeros(512, np.float32)])
+
+
+def _run_both(fn, assignment, args, grid=(1,)):
+    simt = pytest.importorskip("tessera.backends.interp.simt")
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_function(fn, expected, grid)
+    lowered = lower_to_threads(fn, assignment, SM80).functions[0]
+    allocate_shared_memory(lowered)
+    actual = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    simt.run_threads(lowered, actual, grid)
+    for want, got in zip(expected, actual):
+        if isinstance(want, np.ndarray):
+            assert want.tobytes() == got.tobytes()
+
+
+def test_pinned_layout_wins_and_conflicts_convert():
+    x = np.zeros(256, np.float32)
+    fn = ADD.specialize(x, x, x, 256, BLOCK=256).module.functions[0]
+    x_value = next(v for v in tile_values(fn) if v.name_hint == "x")
+    pinned = local(4).spatial(64)              # strided: thread t holds t, t+64, t+128, t+192
+    a = assign_layouts(fn, SM80, 2, overrides={x_value: pinned})
+    assert a.layout(x_value) == pinned
+    assert a.overrides == {x_value: pinned}
+    assert a.conversions                                               # y and the store disagree with x
+    rng = np.random.default_rng(0)
+    _run_both(fn, a, [rng.standard_normal(256).astype(np.float32), rng.standard_normal(256).astype(np.float32),
+                      np.zeros(256, np.float32), 256])
+
+
+def test_loop_carried_conflict_converts_the_initial_value():
+    @tessera.kernel
+    def carried(x_ptr, out_ptr, steps, BLOCK: tessera.constexpr):
+        offs = tessera.arange(0, BLOCK)
+        acc = tessera.load(x_ptr + offs)
+        for i in range(steps):
+            acc = acc * 2.0 + 1.0
+        tessera.store(out_ptr + offs, acc)
+
+    x = np.arange(128, dtype=np.float32)
+    fn = carried.specialize(x, x, 3, BLOCK=128).module.functions[0]
+    loop = next(op for op in fn.walk() if op.name == "for")
+    arg = loop.regions[0].args[1]
+    pinned = local(2).spatial(64)
+    a = assign_layouts(fn, SM80, 2, overrides={arg: pinned})
+    assert a.layout(arg) == a.layout(loop.results[0]) == pinned
+    assert a.conversions.get((loop, 3)) == pinned                      # the loaded initial value converts
+    _run_both(fn, a, [x.copy(), np.zeros(128, np.float32), 3])
+
+
+def test_bad_pins_and_configurations_are_lowering_errors():
+    x = np.zeros(64, np.float32)
+    fn = ADD.specialize(x, x, x, 64, BLOCK=64).module.functions[0]
+    x_value = next(v for v in tile_values(fn) if v.name_hint == "x")
+    with pytest.raises(LoweringError, match="covers shape"):
+        assign_layouts(fn, SM80, 1, overrides={x_value: spatial(32).local(4)})         # 128 elements
+    with pytest.raises(LoweringError, match="64 threads"):
+        assign_layouts(fn, SM80, 2, overrides={x_value: spatial(32).local(2)})         # 32 threads
+    n_value = fn.args[3]
+    with pytest.raises(LoweringError, match="not a tile"):
+        assign_layouts(fn, SM80, 1, overrides={n_value: spatial(32)})
+    with pytest.raises(LoweringError, match="power of two"):
+        assign_layouts(fn, SM80, 3)
+    with pytest.raises(LoweringError, match="threads per block"):
+        assign_layouts(fn, SM80, 64)
