@@ -42,3 +42,27 @@ def test_compile_errors_exit_1_with_the_message(capsys):
 def test_console_script_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "tessera.cli", "doctor"], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("tessera 0.1.0")
+
+
+@pytest.mark.skipif(__import__("tessera.backends.nvptx", fromlist=["find_ptxas"]).find_ptxas() is None,
+                    reason="ptxas not installed")
+def test_compile_writes_ptx_cubin_and_manifest(tmp_path, capsys):
+    import json
+
+    assert main(["compile", f"{TUTORIAL}:add", "-s", "*f32:16,*f32:16,*f32:16,i32", "-c", "BLOCK=1024",
+                 "--target", "sm_90a", "--num-warps", "4", "-o", str(tmp_path)]) == 0
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["add.cubin", "add.json", "add.ptx"]
+    manifest = json.loads((tmp_path / "add.json").read_text())
+    assert manifest["target"] == "sm_90a" and manifest["threads_per_block"] == 128
+    assert manifest["constexprs"] == {"BLOCK": 1024} and manifest["spill_bytes"] == 0
+    assert capsys.readouterr().out.count("wrote ") == 3
+
+
+@pytest.mark.parametrize("args, message", [
+    (["compile", f"{TUTORIAL}:add", "--target", "sm_99"], "unknown or unsupported target 'sm_99'"),
+    (["compile", f"{TUTORIAL}:add", "--num-warps", "3"], "--num-warps must be"),
+    (["compile", f"{TUTORIAL}:add", "-s", "*f32"], "has 4 runtime parameters"),
+])
+def test_compile_rejects_bad_arguments_with_exit_2(args, message, capsys):
+    assert main(args) == 2
+    assert message in capsys.readouterr().err
