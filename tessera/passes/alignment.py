@@ -46,37 +46,49 @@ constant if equal, nonnegative if both.
 
 Sources
 -------
-| value                        | C        | D                                  | K      |
-| ---------------------------- | -------- | ---------------------------------- | ------ |
-| constant c                   | 1        | pow2 divisor of c                  | dim    |
-| kernel arg in divisible_by_16| -        | 16 (pointers: 16 bytes)            | -      |
-| other arg, program_id, load  | 1        | 1                                  | 1      |
-| arange(s, e)                 | e - s    | pow2 divisor of s                  | 1      |
-| for iv = lb + k*step         | -        | min(E_lb, E_step)                  | -      |
-| make_view                    | ViewInfo: base bytes, size and stride divisibility, unit stride  |
+| value                                | C     | D                       | K   |
+| ------------------------------------ | ----- | ----------------------- | --- |
+| constant c (exact: `constant`)       | 1     | pow2 divisor of c       | dim |
+| kernel arg listed in divisible_by_16 | -     | 16 (pointers: 16 bytes) | -   |
+| other args, program_id, load, dot    | 1     | 1                       | 1   |
+| arange(s, e)                         | e - s | pow2 divisor of s       | 1   |
+| for's iv = lb + k * step             | -     | min(E_lb, E_step)       | -   |
+| make_view: a ViewInfo of base bytes, size and stride divisibility, unit strides |   |
 
-Transfer functions (per dim; "run(a|b)" = the largest g <= min(C_a, K_b)
-with a's and b's values at lanes g apart divisible by g: a run of a stays
-inside one step of the constant b; div1(x) = x's divisibility of every lane)
-----------------------------------------------------------------------------
-| op                           | C                     | D (at C groups)          | K                        |
-| ---------------------------- | --------------------- | ------------------------ | ------------------------ |
-| splat, broadcast (new dims)  | 1                     | E                        | dim                      |
-| expand_dims, permute, reshape| moved (reshape: only size-1 dims change; else 1, 1, 1 and E) |    |
-| add a, b                     | max(min(C_a, K_b), min(K_a, C_b)) | min of both  | min(K_a, K_b)            |
-| sub a, b                     | min(C_a, K_b)         | min of both              | min(K), or min(C) if both runs |
-| mul a, b                     | C_a if b == 1, else 1 | div1(a) * div1(b)        | min(K_a, K_b)            |
-| div a, b (a >= 0)            | C_a if b == 1, else 1 | div1(a) / b for b = 2^k  | max(min(K), run(a|b))    |
-| rem a, b (a >= 0 for C)      | run(a|b)              | min of both              | min(K_a, K_b)            |
-| shl a, k / shr a, k          | as mul / div by 2^k (shr floors, so no sign condition)                      |
-| and a, 2^k-1 / and a, -2^k   | floor mod / floor multiple of 2^k; other and: D = max, or/xor: D = min, C = 1 |
-| min, max, neg, abs, not      | 1                     | min of div1              | min(K)                   |
-| cmp lt/ge a, b (gt/le: b, a) | 1                     | 1                        | max(min(K), run(a|b), min(C_a, C_b)) |
-| select c, x, y               | min(K_c, C_x, C_y)    | min of x and y           | min(K_c, K_x, K_y)       |
-| cast, bitcast int -> int     | kept if value-preserving | kept                  | kept                     |
-| addptr p, off                | max(min(K_p, C_o), min(C_p, K_o)) | min(D_p, D_o * bytes) | min(K_p, K_o)   |
-| load, reduce, dot, others    | 1                     | 1                        | 1                        |
-| for/while/if block args, results | fixpoint of the join over inits and yields                          |
+Transfer functions, per dim. "run(a|b)" is the largest g <= min(C_a, K_b)
+such that a's values g lanes apart and b's value are divisible by g: each
+aligned group of g lanes of the run a then lies between two consecutive
+multiples of g, so `a < b`, `a / b` (a >= 0) and `a >> k` are constant on
+it and `a % b` (a >= 0) is a run on it. div1(x) divides every lane of x.
+
+| op                          | C                               | D (at C groups)        | K                        |
+| --------------------------- | ------------------------------- | ---------------------- | ------------------------ |
+| splat; broadcast's new dims | 1                               | E                      | dim                      |
+| expand_dims, permute        | moved (new dim: 1)              | moved (new dim: E)     | moved (new dim: 1)       |
+| reshape                     | kept if only 1-dims move        | E otherwise            | as C                     |
+| add a, b                    | max(min(C_a,K_b), min(K_a,C_b)) | min of a and b         | min(K_a, K_b)            |
+| sub a, b                    | min(C_a, K_b)                   | min of a and b         | min(K); min(C) if 2 runs |
+| mul a, b                    | C_a if b == 1, else 1           | div1(a) * div1(b)      | min(K_a, K_b)            |
+| div a, b                    | C_a if b == 1, else 1           | div1(a) / b, b = +-2^k | min(K); run(a|b) if a>=0 |
+| rem a, b                    | run(a|b) if a >= 0              | min of a and b         | min(K_a, K_b)            |
+| shl a, k / shr a, k         | as mul / div by 2^k             | (shr rounds down:      | runs need no sign)       |
+| and a, 2^k - 1              | run(a|2^k): floor modulo        | min(D_a, 2^k)          | K_a                      |
+| and a, -2^k                 | 1                               | max(div1(a), 2^k)      | run(a|2^k)               |
+| and (other)                 | 1                               | max(div1(a), div1(b))  | min(K_a, K_b)            |
+| or, xor, min, max, neg, abs | 1                               | min(div1(a), div1(b))  | min(K)                   |
+| not                         | 1                               | 1                      | K_a                      |
+| cmp lt, ge (gt, le: b, a)   | 1                               | 1                      | min(K); run(a|b); 2 runs |
+| cmp eq, ne                  | 1                               | 1                      | min(K); min(C) if 2 runs |
+| select c, x, y              | min(K_c, C_x, C_y)              | min of x and y         | min(K_c, K_x, K_y)       |
+| cast, bitcast int -> int    | kept if values are kept         | kept (wraps keep it)   | kept                     |
+| addptr p, off               | max(min(K_p,C_o), min(C_p,K_o)) | min(D_p, D_o * bytes)  | min(K_p, K_o)            |
+| load, reduce, scan, dot     | 1                               | 1                      | 1                        |
+| for / while / if            | args, results: fixpoint         | of `join` over inits   | and yields               |
+
+A view access (`view_vector_width`) may move w lanes along a unit-stride
+dim when the base, the other dims' strides and the block offset along the
+dim are multiples of w elements, and the offset and size along the dim are
+multiples of w (so the bounds check is the same for all w lanes).
 
 Constants fold exactly through every integer op, so `%c = mul %one, %K`
 knows K's divisibility and `%n = add %c16, %c16` is the constant 32.
@@ -207,14 +219,13 @@ def join(a: Facts | None, b: Facts | None) -> Facts | None:
                         tuple(map(min, a.size_divisibility, b.size_divisibility)),
                         tuple(map(min, a.stride_divisibility, b.stride_divisibility)),
                         tuple(x and y for x, y in zip(a.unit_stride, b.unit_stride)))
-    if a == b:
+    if a == b or (a.constant is not None and a.constant == b.constant):
         return a
     C = [min(x, y) for x, y in zip(a.contiguity, b.contiguity)]
     D = [min(a.divisibility_at(d, c), b.divisibility_at(d, c)) for d, c in enumerate(C)]
     K = [min(x, y) for x, y in zip(a.constancy, b.constancy)]
-    constant = a.constant if a.constant is not None and a.constant == b.constant else None
     no_caps = (1 << 62,) * a.rank      # both sides already respect the real shape's caps
-    return make_info(no_caps, C, D, K, min(a.element_divisibility, b.element_divisibility), constant,
+    return make_info(no_caps, C, D, K, min(a.element_divisibility, b.element_divisibility), None,
                      a.nonnegative and b.nonnegative, a.pointee_bits)
 
 
@@ -772,10 +783,11 @@ def analyze(fn: Function) -> dict[Value, Facts]:
 
 def vector_width(info: AxisInfo, element_bits: int, max_bits: int = 128, dim: int = -1) -> int:
     """How many consecutive elements along `dim` one access through the pointer tile `info` may cover:
-    min(contiguity, alignment in elements, max_bits / element_bits), a power of two >= 1."""
+    min(contiguity, alignment in elements, max_bits / element_bits), a power of two >= 1. (For a tile of
+    integer offsets from a suitably aligned base, the alignment is the offsets' divisibility.)"""
     if info.rank == 0 or not _is_pow2(element_bits):
         return 1
-    aligned = info.divisibility[dim] * 8 // element_bits
+    aligned = info.divisibility[dim] * 8 // element_bits if info.pointee_bits else info.divisibility[dim]
     return max(1, min(info.contiguity[dim], aligned, max_bits // element_bits))
 
 

@@ -21,7 +21,8 @@ from tessera.backends.interp import Pointers, ProgramInstance, bind_arguments
 from tessera.ir.builder import Builder
 from tessera.ir.core import Function, Module, Value
 from tessera.ir.parser import parse_module
-from tessera.ir.types import PointerType, element_of
+from tessera.ir.dtypes import dtype_from_name
+from tessera.ir.types import PointerType, ScalarType, TileType, element_of
 from tessera.ir.verifier import verify_module
 from tessera.passes.alignment import (
     MAX_DIVISIBILITY, AxisInfo, ViewInfo, access_width, analyze, mask_constancy, vector_width,
@@ -630,6 +631,7 @@ CATALOG = {
     "run_neg": "arange {end = 0, start = -16}",
     "run_neg4": "arange {end = 12, start = -4}",
     "run3": "arange {end = 19, start = 3}",
+    "run120": "arange {end = 136, start = 120}",
     "run_pid": "add %pid16, %run0",
     "run_pid4": "add %pid4, %run0",
     "quarter": "shr %run0, %c2",
@@ -638,7 +640,7 @@ CATALOG = {
     "mod8": "rem %run16, %c8",
 }
 NONZERO = [k for k in CATALOG if k.startswith("c") and k != "c0" or k in ("n16", "m16", "run16", "run3")]
-SHIFTS = ["c0", "c1", "c2", "c3", "c4", "c40"]
+SHIFTS = ["c0", "c1", "c2", "c3", "c4", "c40", "pid1", "m16"]     # m is 7: unknown amounts too
 
 
 def _catalog_kernel(op: str, n: int, m: int) -> Function:
@@ -655,6 +657,14 @@ def _catalog_kernel(op: str, n: int, m: int) -> Function:
     b = Builder()
     rhs = NONZERO if op in ("div", "rem") else SHIFTS if op in ("shl", "shr") else list(CATALOG)
     with b.at(fn.body):
+        if op in UNARY:
+            name, _, dtype = op.partition(":")
+            for x in CATALOG:
+                if dtype:
+                    b.create(name, [operands[x]], result_types=[_tile_type(dtype)])
+                else:
+                    b.create(name, [operands[x]])
+            rhs = []
         for x in CATALOG:
             for y in rhs:
                 a, c = operands[x], operands[y]
@@ -670,14 +680,21 @@ def _catalog_kernel(op: str, n: int, m: int) -> Function:
     return fn
 
 
+UNARY = ("neg", "abs", "not", "cast:i64", "cast:i8", "cast:u16", "cast:bool", "bitcast:u32")
+
+
+def _tile_type(dtype: str) -> TileType:
+    return TileType(ScalarType(dtype_from_name(dtype)), (16,))
+
+
 @pytest.mark.parametrize("op", ["add", "sub", "mul", "div", "rem", "shl", "shr", "and", "or", "xor", "min", "max",
-                                "cmp_lt", "cmp_le", "cmp_gt", "cmp_ge", "cmp_eq", "cmp_ne", "addptr"])
+                                "cmp_lt", "cmp_le", "cmp_gt", "cmp_ge", "cmp_eq", "cmp_ne", "addptr", *UNARY])
 def test_every_rule_is_sound_on_every_pair_of_catalog_operands(op):
     n, m = 48, 7
     assert_facts_hold(_catalog_kernel(op, n, m), n, m, {"p32"})
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(index_kernels())
 def test_every_claimed_fact_holds_of_the_computed_values(kernel):
     text, n, m, aligned = kernel
