@@ -1,0 +1,81 @@
+"""Shared helpers for the GPU benchmarks: device facts, timing, result files."""
+
+from __future__ import annotations
+
+import json
+import platform
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def require_gpu():
+    """torch with a CUDA device, or exit 0 with a note (benchmarks measure GPUs only)."""
+    try:
+        import torch
+    except ImportError:
+        print("torch is not installed: GPU benchmarks need it (pip install -e '.[torch]')")
+        sys.exit(0)
+    if not torch.cuda.is_available():
+        print("no CUDA GPU here: nothing to measure")
+        sys.exit(0)
+    return torch
+
+
+def environment(torch) -> dict:
+    """GPU name, driver, versions and date, recorded with every result."""
+    import llvmlite
+
+    import tessera
+    driver = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                            capture_output=True, text=True).stdout.strip()
+    try:
+        import triton
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    return {"gpu": torch.cuda.get_device_name(), "driver": driver, "cuda": torch.version.cuda,
+            "torch": torch.__version__, "triton": triton_version, "tessera": tessera.__version__,
+            "llvmlite": llvmlite.__version__, "python": platform.python_version(),
+            "date": time.strftime("%Y-%m-%d")}
+
+
+def median_us(fn, torch, warmup: int = 100, iters: int = 2000) -> float:
+    """Median wall time of one host-side call, in µs (launch overhead: the GPU work is tiny)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    samples = []
+    for _ in range(iters):
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def device_ms(fn, torch, warmup: int = 10, iters: int = 50) -> float:
+    """Median GPU time of `fn` in ms, with CUDA events."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(iters):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        fn()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end))
+    return statistics.median(times)
+
+
+def write(name: str, payload: dict) -> Path:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    path = RESULTS / f"{name}.json"
+    path.write_text(json.dumps(payload, indent=2) + "\n")
+    print(f"wrote {path}")
+    return path

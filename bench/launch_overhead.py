@@ -1,0 +1,50 @@
+"""Median host time per warm launch: an empty kernel and vector add, beside torch and Triton.
+
+    python bench/launch_overhead.py        # needs an NVIDIA GPU and torch
+
+Goal (issue 4): at most 4 µs median on an H200, below Triton and a torch elementwise op.
+"""
+
+from __future__ import annotations
+
+import gpu_common
+
+import tessera
+
+
+@tessera.kernel
+def empty(x_ptr):
+    pass
+
+
+@tessera.kernel
+def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tessera.constexpr):
+    offs = tessera.program_id(0) * BLOCK + tessera.arange(0, BLOCK)
+    mask = offs < n
+    tessera.store(out_ptr + offs, tessera.load(x_ptr + offs, mask=mask) + tessera.load(y_ptr + offs, mask=mask),
+                  mask=mask)
+
+
+def main() -> None:
+    torch = gpu_common.require_gpu()
+    n = 4096
+    x, y, out = (torch.randn(n, device="cuda") for _ in range(3))
+    grid = (tessera.cdiv(n, 1024),)
+    results = {"environment": gpu_common.environment(torch), "n": n, "median_us": {}}
+    timings = results["median_us"]
+    timings["tessera_empty"] = gpu_common.median_us(lambda: empty[(1,)](x), torch)
+    timings["tessera_vector_add"] = gpu_common.median_us(lambda: add[grid](x, y, out, n, BLOCK=1024), torch)
+    timings["torch_add"] = gpu_common.median_us(lambda: torch.add(x, y, out=out), torch)
+    try:
+        import triton_kernels
+        timings["triton_vector_add"] = gpu_common.median_us(
+            lambda: triton_kernels.add[grid](x, y, out, n, BLOCK=1024), torch)
+    except ImportError:
+        pass
+    for name, us in timings.items():
+        print(f"{name:<22} {us:7.2f} µs")
+    gpu_common.write("launch_overhead", results)
+
+
+if __name__ == "__main__":
+    main()
