@@ -1,0 +1,139 @@
+"""The binary cache's key: everything a compiled kernel depends on, hashed.
+
+    key = cache_key(kernel.source.source_hash, callee_hashes, bound.key,
+                    {"num_warps": 4}, "sm_90a")
+
+The key is the sha256 of one canonical JSON document holding
+
+* the kernel's source hash and its callees' source hashes (as a set: the
+  order they were found in does not matter);
+* the specialization (constexpr values, argument dtypes and alignments);
+* the compile options (a dict: its insertion order does not matter);
+* the target arch;
+* the compiler's own identity (`compiler_identity`): tessera's version, a
+  hash of its own .py and .lark files, and the LLVM and llvmlite versions, so
+  editing the compiler (even without bumping the version) never serves a
+  binary it would no longer produce.
+
+Values are serialized explicitly, each tagged with its type, so `1`, `True`
+and `1.0` (or `0.0` and `-0.0`) give different keys; a value of a type this
+module does not know is an error rather than a silent `repr` that might hold
+a memory address. Nothing here imports `tessera.dsl`: the caller passes plain
+data.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Iterable
+
+# Bump when the key document's layout changes, so old keys can never collide with new ones.
+KEY_FORMAT = 1
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the `tessera` package directory
+SOURCE_SUFFIXES = (".py", ".lark")
+
+
+def cache_key(kernel_source_hash: str, callee_hashes: Iterable[str], specialization: tuple,
+              options: dict[str, Any], target: str) -> str:
+    """The sha256 hex digest naming one compiled kernel in the binary cache."""
+    if not isinstance(kernel_source_hash, str):
+        raise TypeError(f"kernel_source_hash must be a str, got {type(kernel_source_hash).__name__}")
+    if not isinstance(target, str):
+        raise TypeError(f"target must be a str like 'sm_90a', got {type(target).__name__}")
+    if not isinstance(options, dict):
+        raise TypeError(f"options must be a dict, got {type(options).__name__}")
+    callees = sorted(set(callee_hashes))
+    if not all(isinstance(h, str) for h in callees):
+        raise TypeError("callee_hashes must be strings")
+    document = {
+        "format": KEY_FORMAT,
+        "compiler": compiler_identity(),
+        "kernel": kernel_source_hash,
+        "callees": callees,
+        "specialization": canonical(specialization),
+        "options": canonical(options),
+        "target": target,
+    }
+    return hashlib.sha256(_dump(document).encode("ascii")).hexdigest()
+
+
+@functools.cache
+def compiler_identity() -> dict[str, str]:
+    """What identifies this compiler build; computed once per process."""
+    from .. import __version__   # at call time: `tessera/__init__` has finished importing by then
+
+    try:
+        import llvmlite
+        import llvmlite.binding as llvm
+        llvm_version = ".".join(map(str, llvm.llvm_version_info))
+        llvmlite_version = llvmlite.__version__
+    except ImportError:   # the key must still be computable (e.g. `tessera cache list` without llvmlite)
+        llvm_version = llvmlite_version = "unavailable"
+    return {"tessera": __version__, "source": package_source_hash(), "llvm": llvm_version,
+            "llvmlite": llvmlite_version}
+
+
+def package_source_hash(root: Path = PACKAGE_ROOT) -> str:
+    """sha256 over every .py and .lark file under `root`: relative path, length and bytes, in sorted order."""
+    digest = hashlib.sha256()
+    paths = sorted((p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()
+                    and "__pycache__" not in p.parts),
+                   key=lambda p: p.relative_to(root).as_posix())
+    for path in paths:
+        data = path.read_bytes()
+        name = path.relative_to(root).as_posix().encode()
+        # Length-prefix both fields so no two different file sets hash the same stream.
+        digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)
+    return digest.hexdigest()
+
+
+def canonical(value: Any) -> Any:
+    """A JSON-ready form of `value` that tags every leaf with its type.
+
+    Supported: None, bool, int, float, str, bytes, tuple, list, dict, set,
+    frozenset, enums, dataclass instances (e.g. tessera dtypes) and numpy
+    scalars/dtypes (by their repr). Anything else raises TypeError.
+    """
+    kind = type(value)
+    if value is None:
+        return ["None"]
+    if kind is bool:
+        return ["bool", value]
+    if kind is int:
+        return ["int", str(value)]          # as text: JSON numbers would lose big ints and the int/float split
+    if kind is float:
+        return ["float", repr(value)]       # repr round-trips exactly and spells nan, inf and -0.0
+    if kind is str:
+        return ["str", value]
+    if kind is bytes:
+        return ["bytes", value.hex()]
+    if kind in (tuple, list):
+        return [kind.__name__, [canonical(v) for v in value]]
+    if kind in (set, frozenset):
+        return [kind.__name__, sorted((canonical(v) for v in value), key=_dump)]
+    if kind is dict:
+        items = [[canonical(k), canonical(v)] for k, v in value.items()]
+        return ["dict", sorted(items, key=lambda item: _dump(item[0]))]
+    if isinstance(value, enum.Enum):
+        return [_qualified_name(kind), value.name]
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return [_qualified_name(kind),
+                [[f.name, canonical(getattr(value, f.name))] for f in dataclasses.fields(value)]]
+    if kind.__module__.split(".")[0] == "numpy":   # np.float32(1.5), dtype('float32'): reprs are stable
+        return [_qualified_name(kind), repr(value)]
+    raise TypeError(f"cannot put a value of type {_qualified_name(kind)} ({value!r:.60}) into a cache key; "
+                    f"use None, bool, int, float, str, bytes, tuples, dicts, enums or dataclasses of those")
+
+
+def _qualified_name(kind: type) -> str:
+    return f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _dump(document: Any) -> str:
+    return json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True, allow_nan=False)
