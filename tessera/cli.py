@@ -2,6 +2,7 @@
 
     tessera ir FILE.py:KERNEL --signature '*f32,*f32,*f32,i32' --const BLOCK=1024
     tessera compile FILE.py:KERNEL -s '*f32:16,*f32:16,*f32:16,i32' -c BLOCK=1024 --target sm_90a -o out/
+    tessera cache info | list | clear
     tessera doctor
 
 Bad arguments print one line and exit with status 2.
@@ -36,6 +37,9 @@ def main(argv: list[str] | None = None) -> int:
     compile_.add_argument("--num-warps", "-w", type=int, default=4, help="warps per block (default 4)")
     compile_.add_argument("--output", "-o", default=".", help="directory to write into (default: .)")
 
+    cache = commands.add_parser("cache", help="inspect or empty the binary cache ($TESSERA_CACHE_DIR)")
+    cache.add_argument("action", choices=["info", "list", "clear"])
+
     commands.add_parser("doctor", help="show what this installation can do")
 
     args = parser.parse_args(argv)
@@ -44,6 +48,8 @@ def main(argv: list[str] | None = None) -> int:
             return _print_ir(args)
         if args.command == "compile":
             return _compile(args)
+        if args.command == "cache":
+            return _cache(args.action)
         return _doctor()
     except _UsageError as exc:
         print(f"tessera: error: {exc}", file=sys.stderr)
@@ -155,15 +161,40 @@ def _compile(args) -> int:
     return 0
 
 
+def _cache(action: str) -> int:
+    import datetime
+
+    from .runtime.cache import BinaryCache
+
+    cache = BinaryCache()
+    if action == "clear":
+        print(f"removed {cache.clear()} entries from {cache.directory}")
+    elif action == "list":
+        for entry in cache.entries():
+            when = datetime.datetime.fromtimestamp(entry.mtime).strftime("%Y-%m-%d %H:%M")
+            state = "" if entry.valid else "  (damaged: will be recompiled)"
+            print(f"{entry.key[:16]}  {entry.kernel or '?':<24} {entry.target or '?':<8} {entry.size:>9} B  {when}{state}")
+    else:
+        info = cache.info()
+        print(f"directory: {info['directory']}{'' if info['enabled'] else ' (disabled: TESSERA_CACHE_DIR is empty)'}")
+        print(f"entries: {info['entries']}, {info['total_bytes']} bytes")
+    return 0
+
+
 def _doctor() -> int:
     import llvmlite
     import numpy
 
     print(f"tessera {__version__} (python {sys.version.split()[0]}, numpy {numpy.__version__}, "
           f"llvmlite {llvmlite.__version__})")
-    print(f"ptxas: {shutil.which('ptxas') or 'not found'}")
+    from .backends.nvptx import find_ptxas
+
+    print(f"ptxas: {find_ptxas() or 'not found (pip install nvidia-cuda-nvcc-cu12 for cubins)'}")
     print(f"ld.lld: {shutil.which('ld.lld') or 'not found'}")
-    print("backends: CPU tile interpreter")
+    from .runtime.cache import BinaryCache
+
+    print("backends: CPU tile interpreter, SIMT simulator, NVPTX (PTX; cubin with ptxas)")
+    print(f"binary cache: {BinaryCache().directory}")
     return 0
 
 

@@ -66,3 +66,17 @@ def test_compile_writes_ptx_cubin_and_manifest(tmp_path, capsys):
 def test_compile_rejects_bad_arguments_with_exit_2(args, message, capsys):
     assert main(args) == 2
     assert message in capsys.readouterr().err
+
+
+def test_cache_commands_report_and_clear(tmp_path, monkeypatch, capsys):
+    from tessera.runtime.cache import BinaryCache, CacheEntry
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    BinaryCache().put("ab" * 32, CacheEntry("add", "sm_80", {"num_threads": 128}, ptx="// ptx"))
+    assert main(["cache", "info"]) == 0
+    assert f"directory: {tmp_path}" in capsys.readouterr().out
+    assert main(["cache", "list"]) == 0
+    assert "add" in capsys.readouterr().out
+    assert main(["cache", "clear"]) == 0
+    assert "removed 1 entries" in capsys.readouterr().out
+    assert BinaryCache().entries() == []
