@@ -95,13 +95,17 @@ def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_speci
 CONSTEXPR_TYPES = (bool, int, float, str, type(None), dt.DType)
 
 
+def _is_constexpr_type(value: Any) -> bool:
+    """A plain constexpr, or an object whose class opts in with `__tessera_constexpr__ = True` (layouts)."""
+    return isinstance(value, CONSTEXPR_TYPES) or getattr(type(value), "__tessera_constexpr__", False) is True
+
+
 def _check_constexpr_value(source: KernelSource, name: str, value: Any) -> None:
-    ok = isinstance(value, CONSTEXPR_TYPES) or (
-        isinstance(value, tuple) and all(isinstance(v, CONSTEXPR_TYPES) for v in value))
+    ok = _is_constexpr_type(value) or (isinstance(value, tuple) and all(_is_constexpr_type(v) for v in value))
     if not ok:
         raise KernelArgumentError(
             f"constexpr parameter '{name}' got {type(value).__name__}; constexprs must be ints, floats, bools, "
-            f"strings, dtypes or tuples of those", kernel=source.name)
+            f"strings, dtypes, layouts or tuples of those", kernel=source.name)
 
 
 def _as_numpy(value: Any) -> np.ndarray | None:

@@ -10,6 +10,9 @@ What a call means depends on what the callee evaluated to:
   compile-time values, `print` (an IR `print`), `breakpoint` (an IR
   `breakpoint` over every traced variable in scope);
 * a `math` function on compile-time arguments: evaluated now;
+* a compile-time function (`__tessera_constexpr__ = True`, such as
+  `tessera.layouts.spatial`) or a method of a compile-time object (a
+  layout's `.local(...)`) on compile-time arguments: evaluated now;
 * `tessera.static_range(...)` / `tessera.constexpr(...)`: compile-time values.
 
 Anything else is a plain Python function, which kernels cannot call.
@@ -28,7 +31,10 @@ from ..ir.errors import TypeRuleError
 from . import semantics
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnknownNameError, UnsupportedSyntaxError
 from .function import DeviceFunction
-from .scope import Frame, admit_global, describe, is_constexpr_value, is_math_function, python_builtin_name, suggest
+from .scope import (
+    Frame, admit_global, describe, is_compile_time_function, is_constexpr_value, is_math_function,
+    python_builtin_name, suggest,
+)
 from .values import BUILTINS, Builtin, Tensor, constexpr, static_range
 
 if TYPE_CHECKING:
@@ -71,6 +77,10 @@ def call_value(gen: "CodeGenerator", func: Any, args: list[Any], kwargs: dict[st
         return call_checked(gen, func.impl, f"tessera.{func.name}", [gen.ctx, *args], kwargs, skip=1)
     if isinstance(func, DeviceFunction):
         return inline(gen, func, args, kwargs)
+    if is_compile_time_function(func) or is_compile_time_method(func):
+        fn = func.fn if isinstance(func, TensorMethod) else func
+        compile_time_args(gen, shown, args, kwargs)
+        return call_python(gen, fn, shown, args, kwargs)
     if isinstance(func, TensorMethod):
         return call_checked(gen, func.fn, f".{func.name}", args, kwargs)
     if func is static_range:
@@ -87,6 +97,12 @@ def call_value(gen: "CodeGenerator", func: Any, args: list[Any], kwargs: dict[st
         return call_python(gen, func, f"math.{func.__name__}", args, kwargs)
     gen.error(f"cannot call {shown} ({describe(func)}) inside a kernel: only tessera builtins and "
               f"@tessera.func helpers can be called; decorate the helper with @tessera.func so it is inlined")
+
+
+def is_compile_time_method(func: Any) -> bool:
+    """A method of a compile-time object (a layout's `.spatial`), which only computes another such value."""
+    owner = getattr(func.fn, "__self__", None) if isinstance(func, TensorMethod) else None
+    return owner is not None and is_constexpr_value(owner)
 
 
 # ---------------------------------------------------------------------------

@@ -7,7 +7,10 @@
 The stages are the pipeline of DESIGN.md section 2, one function each:
 tile-IR passes -> lowering to thread IR -> NVPTX (LLVM IR -> PTX -> cubin
 when ptxas is available). With `TESSERA_DUMP=DIR` in the environment every
-stage is also written to `DIR/<kernel>.<stage>.<ext>`.
+stage is also written to `DIR/<kernel>.<stage>.<ext>`. A kernel that is
+valid but cannot be lowered as configured (a pinned layout for the wrong
+number of threads, more shared memory than the block has) is a
+`CompileError` at the offending op's source line.
 """
 
 from __future__ import annotations
@@ -18,13 +21,15 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from ..ir.core import Module
+from ..ir.core import Function, Module
 from ..ir.printer import print_module
 from ..ir.target import get_target
+from ..passes.errors import LoweringError
 from ..passes.manager import PassManager
 from ..passes.pipeline import default_tile_passes
 from ..passes.pipeline_threads import lower
 from ..passes.rewrite import clone_function
+from .errors import CompileError
 
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
                     "llvm_ir": "ll", "ptx": "ptx"}
@@ -79,7 +84,10 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     optimized = PassManager(default_tile_passes()).run(working_copy)
     stages["optimized_tile_ir"] = print_module(optimized)
     lap("tile_passes")
-    threads = lower(optimized, description, num_warps=num_warps)
+    try:
+        threads = lower(optimized, description, num_warps=num_warps)
+    except LoweringError as exc:
+        raise _compile_error(exc, fn) from None
     stages["thread_ir"] = print_module(threads)
     lap("lower_to_threads")
     thread_fn = threads.functions[0]
@@ -99,3 +107,11 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if dump_dir:
         compiled.dump(dump_dir)
     return compiled
+
+
+def _compile_error(exc: LoweringError, fn: Function) -> CompileError:
+    """A LoweringError as the user sees it: at the op's source line (else the kernel's), naming the kernel."""
+    loc = exc.loc or fn.loc
+    what = f"cannot lower '{exc.op.name}': " if exc.op is not None else ""
+    return CompileError(what + exc.message, kernel=exc.kernel or fn.name, file=loc.file if loc else None,
+                        line=loc.line if loc else None, column=loc.column if loc else None)

@@ -93,6 +93,12 @@ def is_constexpr_value(value: Any) -> bool:
     return getattr(type(value), "__tessera_constexpr__", False) is True
 
 
+def is_compile_time_function(value: Any) -> bool:
+    """A function that declares `__tessera_constexpr__ = True` (the layout constructors): kernels call it
+    on compile-time arguments while tracing."""
+    return isinstance(value, types.FunctionType) and getattr(value, "__tessera_constexpr__", False) is True
+
+
 def is_math_function(value: Any) -> bool:
     return isinstance(value, types.BuiltinFunctionType) and getattr(value, "__module__", None) == "math"
 
@@ -103,8 +109,8 @@ def admit_global(value: Any) -> tuple[bool, Any]:
     Usable: modules, constexpr data (numpy scalars become Python numbers),
     `tessera.constexpr(...)` instances (their value), builtins, helpers,
     `static_range`, `tessera.constexpr`, math functions, the Python builtins
-    of PYTHON_BUILTINS, and classes or
-    objects that declare `__tessera_constexpr__ = True` (layouts, say).
+    of PYTHON_BUILTINS, and classes, objects or functions that declare
+    `__tessera_constexpr__ = True` (layouts and their constructors).
     """
     if isinstance(value, constexpr):
         value = value.value
@@ -112,7 +118,7 @@ def admit_global(value: Any) -> tuple[bool, Any]:
         value = value.item()
     if (isinstance(value, (types.ModuleType, Builtin, DeviceFunction)) or value is static_range
             or value is constexpr or is_constexpr_value(value) or is_math_function(value)
-            or python_builtin_name(value) is not None):
+            or is_compile_time_function(value) or python_builtin_name(value) is not None):
         return True, value
     return False, None
 

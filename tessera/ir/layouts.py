@@ -54,6 +54,8 @@ class LayoutError(IRError, ValueError):
 class RegisterLayout:
     """(thread, local) -> coordinate map of a tile; see the module docstring."""
 
+    __tessera_constexpr__ = True   # kernels may use layouts as compile-time values (globals, constexprs)
+
     shape: tuple[int, ...]
     modes: tuple[tuple[int, ...], ...]
     spatial_modes: tuple[int, ...]
@@ -337,6 +339,13 @@ def ldmatrix(num: int = 4, trans: bool = False) -> RegisterLayout:
         raise LayoutError(f"ldmatrix: num must be 1, 2 or 4, got {num}")
     inner = column_spatial(4, 8).local(2, 1) if trans else spatial(8, 4).local(1, 2)
     return local(num, 1) * inner
+
+
+# Kernels may call the constructors on compile-time arguments: the DSL evaluates
+# them while tracing (the marker is all it looks for; ir/ imports nothing of dsl/).
+for _constructor in (local, spatial, column_local, column_spatial, replicated,
+                     mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c, ldmatrix):
+    _constructor.__tessera_constexpr__ = True
 
 
 # -- text form -------------------------------------------------------------------

@@ -248,6 +248,28 @@ define("permute", "Transpose dimensions: result dim i is operand dim order[i].",
        attrs={"order": "ints"}, infer=_infer_permute)
 
 # ---------------------------------------------------------------------------
+# Layouts
+
+
+def _infer_convert_layout(ts, a):
+    from .layouts import LayoutError, parse_layout  # (layouts.py imports nothing of the op table)
+
+    t = ts[0]
+    require(isinstance(t, TileType), f"convert_layout needs a tile, got {t}")
+    try:
+        layout = parse_layout(a["layout"])
+    except LayoutError as exc:
+        raise TypeRuleError(f"convert_layout: {exc}") from None
+    require(layout.shape == t.shape,
+            f"convert_layout: layout {layout} covers shape {layout.shape}, but the operand is {t}")
+    return [t]
+
+
+# Pure, so CSE merges identical pins and DCE drops unused ones; no other pass looks through it.
+define("convert_layout", "The operand unchanged, pinned to the register layout `layout` (ir/layouts.py text).", 1,
+       attrs={"layout": "str"}, infer=_infer_convert_layout)
+
+# ---------------------------------------------------------------------------
 # Elementwise arithmetic, comparison, bitwise and math
 
 def _arith(ts, a):

@@ -17,7 +17,11 @@ threads). In the layout algebra, for a 2-D tile:
 Rules, applied to a fixpoint (each rule only fills values that have no
 layout yet, so the first layout to reach a value wins):
 
-1. pinned: `overrides` (value -> layout) are set first and never change.
+1. pinned: `overrides` (value -> layout) are set first and never change
+   (`pinned_layouts(fn)` gives the pins of the IR's `convert_layout` ops,
+   which `pipeline_threads.lower` passes). The operand of a pinned
+   `convert_layout` that nothing else uses takes the pinned layout too, so
+   that `load(..., layout=L)` loads straight into L.
 2. anchors: the tiles of memory ops (pointer loads/stores/atomics: the
    pointer, value, mask and result; view loads: the result; view stores:
    the value) get `blocked_layout(shape, v)`, where `v` is how many
@@ -40,7 +44,9 @@ layout yet, so the first layout to reach a value wins):
      layout with the size-1 dim inserted or removed (both directions);
    * permute: `operand.permute(order)` (both directions);
    * broadcast: operand = `result.reduce(broadcast dims)` (backward only:
-     the replicated operand then broadcasts without moving data).
+     the replicated operand then broadcasts without moving data);
+   * convert_layout: the same layout (both directions; the pin usually
+     decides the result).
 4. defaults: while some tile has no layout, the first one in program
    order gets `blocked_layout(shape, 128 bits / element bits)` and rule 3
    runs again.
@@ -50,9 +56,10 @@ needs (two anchors that disagree, a pinned layout, a carried value whose
 initial and yielded layouts differ), the assignment records a conversion
 for that operand in `conversions`: the lowering moves it through shared
 memory (or, when each thread already holds what it needs, by renaming
-registers). Shape ops (broadcast, expand_dims, reshape, permute), reduce
-operands and dot operands accept any layout: the lowering re-indexes or
-goes through shared memory as needed, so they never need a conversion.
+registers). Shape ops (broadcast, expand_dims, reshape, permute,
+convert_layout), reduce operands and dot operands accept any layout: the
+lowering re-indexes or goes through shared memory as needed, so they never
+need a conversion.
 Pointer tiles lead their groups (a load's or store's pointer, an addptr's
 base come before masks and offsets), so conflicts land on data rather than
 on pointers, which can only be rebuilt, not moved.
@@ -65,7 +72,7 @@ from dataclasses import dataclass, field
 from typing import Iterable, Mapping
 
 from tessera.ir.core import Block, Function, Operation, Value
-from tessera.ir.layouts import LayoutError, RegisterLayout, local, replicated, spatial
+from tessera.ir.layouts import LayoutError, RegisterLayout, local, parse_layout, replicated, spatial
 from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
 from tessera.ir.target import Target
 from tessera.ir.types import PointerType, TileType, Type, element_of
@@ -171,6 +178,18 @@ class LayoutAssignment:
         return "\n".join(lines)
 
 
+def pinned_layouts(fn: Function) -> dict[Value, RegisterLayout]:
+    """The layout each `convert_layout` of `fn` pins on its result, as `overrides` for `assign_layouts`."""
+    pins = {}
+    for op in fn.walk():
+        if op.name == "convert_layout":
+            try:
+                pins[op.result] = parse_layout(op.attrs["layout"])
+            except LayoutError as exc:
+                raise LoweringError(str(exc), op, fn.name) from None
+    return pins
+
+
 def assign_layouts(fn: Function, target: Target, num_warps: int = 4,
                    overrides: Mapping[Value, RegisterLayout] | None = None,
                    facts=None) -> LayoutAssignment:
@@ -203,6 +222,7 @@ class _Assigner:
 
     def run(self) -> None:
         fn = self.out.function
+        self.pin_sole_operands()
         for op in fn.walk():
             self.anchor(op)
         self.propagate()
@@ -232,7 +252,31 @@ class _Assigner:
             raise LoweringError(
                 f"pinned layout {layout} covers shape {layout.shape} with {layout.num_threads} threads, but the "
                 f"tile is {t} and the block has {self.out.num_threads} threads "
-                f"({self.out.num_warps} warps of {self.out.warp_size})", where, self.out.function.name)
+                f"({self.out.num_warps} warps of {self.out.warp_size}); {self._pin_fix(layout, t)}",
+                where, self.out.function.name)
+
+    def _pin_fix(self, layout: RegisterLayout, t: TileType) -> str:
+        """What to change about a pin that does not fit the tile or the block."""
+        threads = self.out.num_threads
+        fixes = [f"pin a layout of shape {t.shape} for {threads} threads"]
+        if layout.shape == t.shape:
+            warps, rest = divmod(layout.num_threads, self.out.warp_size)
+            if not rest and warps >= 1 and warps & (warps - 1) == 0:
+                fixes.append(f"compile with num_warps={warps}")
+            if layout.num_threads < threads and threads % layout.num_threads == 0:
+                copies = threads // layout.num_threads
+                fixes.append(f"replicate it over the other threads (`.replicated({copies})`)")
+        return ", or ".join(fixes)
+
+    def pin_sole_operands(self) -> None:
+        """Rule 1, second part: a pinned convert_layout's operand used nowhere else takes the pin."""
+        uses: dict[Value, int] = {}
+        for op in self.out.function.walk():
+            for v in op.operands:
+                uses[v] = uses.get(v, 0) + 1
+        for op in self.out.function.walk():
+            if op.name == "convert_layout" and op.result in self.layouts and uses[op.operands[0]] == 1:
+                self.set(op.operands[0], self.layouts[op.result])
 
     # -- rule 2: anchors --------------------------------------------------------
 
@@ -371,6 +415,9 @@ def derived(op: Operation):
         src, res = op.operands[0].type.shape, op.result.type.shape
         dims = [d for d, (s, r) in enumerate(zip(src, res)) if s != r]
         yield op.result, op.operands[0], lambda l: l.reduce(dims, keepdims=True) if dims else l
+    elif name == "convert_layout":
+        yield op.operands[0], op.result, lambda l: l
+        yield op.result, op.operands[0], lambda l: l
 
 
 def _squeeze(shape: Iterable[int]) -> tuple[int, ...]:

@@ -19,7 +19,7 @@ docstrings give the rules):
 | ------------------------------------- | ------------------------------------------------------------- |
 | constant, splat, arange               | register constants; splat; thread part + register constants   |
 | elementwise, cast, select, addptr     | the same op on registers                                      |
-| broadcast, expand_dims, reshape, permute | register renaming, or through shared memory (pointer tiles: rebuilt) |
+| broadcast, expand_dims, reshape, permute, convert_layout | register renaming, or through shared memory (pointer tiles: rebuilt) |
 | load, store, atomics (pointer tiles)  | per-register pointers, `vector = k` where proven; replicas masked |
 | make_view, view_load, view_store      | per-register offsets and bounds masks; vectorized where proven |
 | reduce, arg_reduce                    | registers, then shuffles (bfly), then shared memory across warps |

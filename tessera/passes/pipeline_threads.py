@@ -2,10 +2,11 @@
 
     module = lower(tile_module, "sm_90", num_warps=4)
 
-For each function: the alignment analysis, `layout_assignment` (with any
-pinned `overrides`), `lower_to_threads`, `shared_memory` allocation, and
-the verifier on the result. Returns a new module of thread-IR functions;
-the input is not changed.
+For each function: the alignment analysis, `layout_assignment` (with the
+layouts its `convert_layout` ops pin, plus any `overrides`, which win),
+`lower_to_threads`, `shared_memory` allocation, and the verifier on the
+result. Returns a new module of thread-IR functions; the input is not
+changed.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from tessera.ir.layouts import RegisterLayout
 from tessera.ir.target import Target, get_target
 from tessera.ir.verifier import verify_function
 
-from .layout_assignment import assign_layouts
+from .layout_assignment import assign_layouts, pinned_layouts
 from .lower_to_threads import lower_to_threads
 from .lowering.vector_facts import VectorFacts
 from .shared_memory import allocate_shared_memory
@@ -32,7 +33,8 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
     out = Module()
     for fn in functions:
         facts = VectorFacts(fn)
-        assignment = assign_layouts(fn, target, num_warps, overrides, facts)
+        pins = {**pinned_layouts(fn), **(overrides or {})}
+        assignment = assign_layouts(fn, target, num_warps, pins, facts)
         lowered = lower_to_threads(fn, assignment, target, num_warps, facts).functions[0]
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)

@@ -45,6 +45,13 @@ func @shapes(%s: f32, %t: tile<1x64xf32>) {
   return
 }
 """,
+    "layouts": """\
+func @layouts(%acc: tile<16x8xf32>, %p: tile<16x8xptr<f16>>) {
+  %c = convert_layout %acc {layout = "local(2,1).spatial(8,4).local(1,2)"} : tile<16x8xf32>
+  %q = convert_layout %p {layout = "local(2,1).column_spatial(4,8).local(2,1)"} : tile<16x8xptr<f16>>
+  return
+}
+""",
     "elementwise": """\
 func @elementwise(%x: tile<128xf32>, %y: tile<128xf32>, %i: tile<128xi32>, %j: tile<128xu8>) {
   %0 = add %x, %y : tile<128xf32>

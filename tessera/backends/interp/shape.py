@@ -1,6 +1,7 @@
 """Ops that move lanes around without changing values: splat, broadcast,
-expand_dims, reshape (row-major), permute. They apply to tiles of numbers
-and to tiles of pointers alike."""
+expand_dims, reshape (row-major), permute, and convert_layout (the identity:
+a register layout says where lanes live on the GPU, not what they hold).
+They apply to tiles of numbers and to tiles of pointers alike."""
 
 from __future__ import annotations
 
@@ -38,3 +39,8 @@ def _reshape(ctx, op, x):
 @semantics("permute")
 def _permute(ctx, op, x):
     return map_lanes(x, lambda a: np.transpose(a, op.attrs["order"]))
+
+
+@semantics("convert_layout")
+def _convert_layout(ctx, op, x):
+    return x

@@ -20,7 +20,7 @@ from tessera.ir.types import TileType, ViewType
 # Tile ops that have no per-thread meaning: they describe a whole tile's lanes.
 TILE_ONLY_OPS = frozenset({
     "arange", "broadcast", "expand_dims", "reshape", "permute", "reduce", "arg_reduce", "scan", "dot",
-    "make_view", "view_load", "view_store",
+    "make_view", "view_load", "view_store", "convert_layout",
 })
 
 _LOWER = "lower the kernel with tessera.passes.lower_to_threads first"

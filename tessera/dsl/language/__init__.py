@@ -10,10 +10,11 @@ Importing this package registers every builtin in `values.BUILTINS`:
     reductions   sum, max, min, argmax, argmin, reduce, cumsum, cumprod, scan
     linalg       dot
     debug        static_assert, static_print, device_print, device_assert
+    layouts      convert_layout (and the `layout=` keyword of zeros, full, load)
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 `tessera/dsl/semantics.py`.
 """
 
-from . import creation, debug, linalg, math, memory, reductions, shape  # noqa: F401
+from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401

@@ -6,6 +6,7 @@ from ...ir.dtypes import f32, i32
 from .. import semantics
 from ..constexpr_args import describe, is_power_of_two, static_dtype, static_int, static_shape
 from ..values import Context, Tensor, builtin
+from .layouts import pin_layout
 
 
 @builtin
@@ -49,24 +50,26 @@ def arange(ctx: Context, start, end) -> Tensor:
 
 
 @builtin
-def zeros(ctx: Context, shape, dtype=f32) -> Tensor:
-    """zeros(shape, dtype=tessera.f32) -> a tile of zeros.
+def zeros(ctx: Context, shape, dtype=f32, layout=None) -> Tensor:
+    """zeros(shape, dtype=tessera.f32, layout=None) -> a tile of zeros.
 
     `shape` is a compile-time int or tuple of ints, each a power of two.
+    `layout` pins the tile's register layout (see `tessera.convert_layout`).
     """
     shape = static_shape(ctx, shape, "zeros' shape")
     dtype = static_dtype(ctx, dtype, "zeros' dtype")
-    return semantics.constant(ctx, 0, dtype, shape)
+    return pin_layout(ctx, semantics.constant(ctx, 0, dtype, shape), layout, "zeros' layout")
 
 
 @builtin
-def full(ctx: Context, shape, value, dtype=None) -> Tensor:
-    """full(shape, value, dtype=None) -> a tile with every lane `value`.
+def full(ctx: Context, shape, value, dtype=None, layout=None) -> Tensor:
+    """full(shape, value, dtype=None, layout=None) -> a tile with every lane `value`.
 
     `shape` is a compile-time int or tuple of ints, each a power of two.
     `value` is a number or a traced scalar; it is converted to `dtype` (as a
     cast converts), which defaults to the value's own type (a Python int is
-    i32, a float f32).
+    i32, a float f32). `layout` pins the tile's register layout (see
+    `tessera.convert_layout`).
     """
     shape = static_shape(ctx, shape, "full's shape")
     dtype = None if dtype is None else static_dtype(ctx, dtype, "full's dtype")
@@ -74,10 +77,12 @@ def full(ctx: Context, shape, value, dtype=None) -> Tensor:
         if value.is_tile or value.dtype is None:
             ctx.error(f"full's value must be a scalar number, got {value.type}; "
                       f"to stretch a tile use tessera.broadcast_to(x, shape)")
-        return semantics.broadcast_to_shape(ctx, semantics.cast(ctx, value, dtype or value.dtype), shape)
-    if not semantics.is_python_number(value):
-        ctx.error(f"full's value must be a number, got {describe(value)}")
-    return semantics.constant(ctx, value, dtype or semantics.python_number_dtype(ctx, value), shape)
+        tile = semantics.broadcast_to_shape(ctx, semantics.cast(ctx, value, dtype or value.dtype), shape)
+    else:
+        if not semantics.is_python_number(value):
+            ctx.error(f"full's value must be a number, got {describe(value)}")
+        tile = semantics.constant(ctx, value, dtype or semantics.python_number_dtype(ctx, value), shape)
+    return pin_layout(ctx, tile, layout, "full's layout")
 
 
 @builtin

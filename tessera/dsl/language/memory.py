@@ -21,6 +21,7 @@ from .. import semantics
 from ..constexpr_args import describe, require_constexpr, static_shape
 from ..errors import TypeMismatchError
 from ..values import Context, Tensor, builtin
+from .layouts import pin_layout
 
 # ---------------------------------------------------------------------------
 # Argument checks shared by the builtins below
@@ -64,13 +65,14 @@ def _mask(ctx: Context, mask: Any, shape: tuple[int, ...], what: str) -> Tensor:
 
 
 @builtin
-def load(ctx: Context, pointer, mask=None, other=None) -> Tensor:
-    """load(pointer, mask=None, other=None) -> the values `pointer` points to.
+def load(ctx: Context, pointer, mask=None, other=None, layout=None) -> Tensor:
+    """load(pointer, mask=None, other=None, layout=None) -> the values `pointer` points to.
 
     `pointer` is a pointer or a tile of pointers; the result has its shape
     and its element type. Where the bool `mask` is false, memory is not read
     and the lane is `other` (0 when absent). `mask` and `other` broadcast to
-    the pointer's shape; `other` is converted to the element type.
+    the pointer's shape; `other` is converted to the element type. `layout`
+    pins the result's register layout (see `tessera.convert_layout`).
     """
     pointer = _pointer(ctx, pointer, "load")
     shape = pointer.shape
@@ -83,7 +85,7 @@ def load(ctx: Context, pointer, mask=None, other=None) -> Tensor:
         operands.append(_mask(ctx, mask, shape, "load"))
         if other is not None:
             operands.append(_fit(ctx, other, _pointee(pointer), shape, "load's `other`"))
-    return semantics.emit(ctx, "load", *operands)
+    return pin_layout(ctx, semantics.emit(ctx, "load", *operands), layout, "load's layout")
 
 
 @builtin
@@ -167,8 +169,11 @@ class BlockRef:
     def dtype(self) -> DType:
         return self.view.type.dtype
 
-    def load(self, fill=0) -> Tensor:
-        """The block as a tile; lanes outside the view read `fill` (a compile-time number, default 0)."""
+    def load(self, fill=0, layout=None) -> Tensor:
+        """The block as a tile; lanes outside the view read `fill` (a compile-time number, default 0).
+
+        `layout` pins the tile's register layout (see `tessera.convert_layout`).
+        """
         ctx = self.ctx
         require_constexpr(ctx, fill, "load's fill")
         if not semantics.is_python_number(fill):
@@ -177,7 +182,8 @@ class BlockRef:
         attrs = {"shape": self.shape}
         if value != 0:
             attrs["fill"] = int(value) if isinstance(value, bool) else value
-        return semantics.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
+        tile = semantics.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
+        return pin_layout(ctx, tile, layout, "load's layout")
 
     def store(self, value) -> None:
         """Write `value`, converted to the view's dtype and broadcast to the block shape.

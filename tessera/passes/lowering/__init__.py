@@ -7,7 +7,7 @@ touch scalars and have no regions need no entry: they are copied as they
 are (`copy_scalar_op`).
 
     elementwise.py    constants, splat, arange, arithmetic/math/cmp/select/cast
-    shape.py          broadcast, expand_dims, reshape, permute
+    shape.py          broadcast, expand_dims, reshape, permute, convert_layout
     memory.py         pointer loads/stores/atomics, tensor views
     reductions.py     reduce, arg_reduce, scan
     dot.py            dot (FMA through shared memory)

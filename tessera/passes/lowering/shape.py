@@ -1,4 +1,5 @@
-"""Ops that move lanes without changing values: broadcast, expand_dims, reshape, permute.
+"""Ops that move lanes without changing values: broadcast, expand_dims, reshape, permute,
+convert_layout.
 
 Each is a `relayout`: result register j holds the source element whose
 row-major index is a linear function of j's coordinates (zero weight on
@@ -8,6 +9,9 @@ assignment derives (the broadcast operand is the result's layout reduced
 over the broadcast dims, permute permutes the layout, ...) every thread
 already holds what it needs and this is a renaming of registers; otherwise
 the tile goes through shared memory.
+
+convert_layout is the same move with the identity map, to the layout it
+pins (`Lowering.materialize`: tiles of pointers are rebuilt there instead).
 """
 
 from __future__ import annotations
@@ -43,3 +47,8 @@ def _shape_op(ctx, op):
         ctx.define(op.result, ctx.materialize(op.result, layout), op)
         return
     ctx.define(op.result, ctx.relayout(ctx.operand(op, 0), layout, source_weights(op), op), op)
+
+
+@lowering("convert_layout")
+def _convert_layout(ctx, op):
+    ctx.define(op.result, ctx.materialize(op.operands[0], ctx.assignment.layout(op.result)), op)
