@@ -1,0 +1,186 @@
+"""One compiled kernel, ready to launch: `Launcher(binary, param_types)(grid, args)`.
+
+    launcher = Launcher(compiled, [a.type for a in thread_fn.args], names=[...])   # once per specialization
+    launcher((blocks,), [x, y, out, n])             # torch CUDA tensors, CAI/DLPack arrays, ints, floats
+    launcher((blocks,), [x, y, out, n], stream=s)   # an int handle, a torch.cuda.Stream, ...
+
+The module is loaded on the first launch on each device and kept: the cubin
+when it runs there, else the PTX, which the driver compiles for GPUs newer
+than the target (an sm_80 kernel on an H100). A launch then does only:
+device addresses of the pointer arguments -> one `pack_into` into the
+prepared buffer -> `cuLaunchKernel`.
+
+Which device: the one the tensor arguments live on (they must agree); with
+no tensor that says, torch's current device, else the current context's.
+Which stream: `stream=` when given; otherwise torch's current stream of that
+device when any argument is a torch tensor (so `torch.cuda.graph` captures
+the launch and it orders with torch's own kernels), else the legacy default
+stream 0.
+
+An empty grid (a 0 in any dimension) launches nothing, as on the
+interpreter. A launch holds a lock while it packs and launches, so threads
+sharing a launcher cannot interleave their arguments.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+import threading
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from tessera.ir.types import PointerType, ScalarType
+
+from .errors import LaunchError
+from .limits import as_dim3
+from .packing import ArgumentPacker, pointer_and_device
+
+BACKENDS = {"cuda": "tessera.runtime.cuda", "hip": "tessera.runtime.hip"}
+
+
+@dataclass(frozen=True)
+class KernelBinary:
+    """What the runtime needs of a compiled kernel (duck-typed from `CompiledKernel` by `of`)."""
+
+    name: str
+    target: str | None          # sm_90a, gfx942, ...: checked against the device before loading
+    image: bytes | None         # cubin / AMD code object
+    ptx: str | None = None      # NVIDIA: JIT-compiled by the driver when the cubin is missing or does not fit
+    num_threads: int = 128      # threads per block the kernel was lowered for
+    shared_bytes: int = 0       # dynamic shared memory per block
+
+    @classmethod
+    def of(cls, compiled: Any) -> "KernelBinary":
+        if isinstance(compiled, KernelBinary):
+            return compiled
+        metadata = getattr(compiled, "metadata", {}) or {}
+        stages = getattr(compiled, "stages", {}) or {}
+        image = getattr(compiled, "cubin", None) or getattr(compiled, "code_object", None)
+        threads = metadata.get("num_threads")
+        if not threads:
+            raise LaunchError(f"compiled kernel '{compiled.name}' does not say how many threads per block it "
+                              f"was lowered for (metadata['num_threads'])")
+        return cls(compiled.name, getattr(compiled, "target", None), image, stages.get("ptx"), int(threads),
+                   int(metadata.get("shared_bytes") or 0))
+
+
+class Launcher:
+    """A kernel specialization bound to a backend; call it with a grid and the runtime arguments."""
+
+    def __init__(self, binary: Any, param_types: Sequence[PointerType | ScalarType], backend: Any = "cuda",
+                 *, names: Sequence[str] | None = None):
+        self.binary = KernelBinary.of(binary)
+        self.packer = ArgumentPacker(param_types, names)
+        self.block = (self.binary.num_threads, 1, 1)
+        if isinstance(backend, str):
+            if backend not in BACKENDS:
+                raise LaunchError(f"unknown backend {backend!r}; use one of {', '.join(BACKENDS)}")
+            backend = importlib.import_module(BACKENDS[backend])
+        self._backend = backend
+        self._pointers = tuple(s.index for s in self.packer.slots if s.is_pointer)
+        self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
+        self._lock = threading.Lock()
+
+    def __repr__(self) -> str:
+        return f"<Launcher {self.binary.name} ({self.binary.target})>"
+
+    def __call__(self, grid: Any, args: Sequence[Any], stream: Any = None) -> None:
+        try:
+            grid = as_dim3(grid, "grid")
+            if 0 in grid:
+                return
+            values, ordinal, torch_args = self._arguments(args)
+            function = self._functions.get(ordinal) or self._load(ordinal)
+            handle = stream_handle(stream) if stream is not None else (
+                torch_current_stream(ordinal) if torch_args else 0)
+            with self._lock:
+                self.packer.pack(values)
+                function.device.launch(function, grid, self.block, self.binary.shared_bytes, self.packer, handle)
+        except LaunchError as exc:
+            raise exc.with_kernel(self.binary.name) from None
+
+    def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool]:
+        """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor."""
+        slots = self.packer.slots
+        if len(args) != len(slots):
+            names = ", ".join(s.name or str(s.type) for s in slots)
+            raise LaunchError(f"the kernel takes {len(slots)} runtime arguments ({names}), got {len(args)}")
+        values = list(args)
+        torch = sys.modules.get("torch")
+        ordinal, owner, torch_args = None, None, False
+        for i in self._pointers:
+            value = values[i]
+            if value is None or type(value) is int:
+                continue
+            try:
+                address, where = pointer_and_device(value)
+                if where is None:
+                    where = self._backend.pointer_device(address)
+            except LaunchError as exc:
+                raise LaunchError(f"{slots[i].describe()}: {exc.message}") from None
+            if where is not None:
+                if ordinal is None:
+                    ordinal, owner = where, slots[i]
+                elif where != ordinal:
+                    raise LaunchError(f"{slots[i].describe()} is on GPU {where} but {owner.describe()} is on GPU "
+                                      f"{ordinal}; put all tensors of a launch on one device (.to('cuda:{ordinal}'))")
+            torch_args = torch_args or (torch is not None and isinstance(value, torch.Tensor))
+            values[i] = address
+        if ordinal is None:
+            ordinal = self._backend.current_ordinal()
+        return values, ordinal, torch_args
+
+    def _load(self, ordinal: int):
+        with self._lock:
+            function = self._functions.get(ordinal)
+            if function is None:
+                device = self._backend.get_device(ordinal)
+                module = self._load_module(device)
+                function = device.get_function(module, self.binary.name)
+                self._functions[ordinal] = function
+            return function
+
+    def _load_module(self, device):
+        """The cubin when it runs on `device`, else the PTX (the driver compiles it for newer GPUs, as
+        a fatbin's PTX would be); a LaunchError naming the target to compile for when neither fits."""
+        binary = self.binary
+        if getattr(device, "backend", None) == "hip":
+            device.check_target(binary.target)
+            return device.load_module(code_object=binary.image)
+        if binary.image is not None:
+            try:
+                device.check_target(binary.target, cubin=True)
+                return device.load_module(cubin=binary.image)
+            except LaunchError:
+                if not binary.ptx:
+                    raise
+        device.check_target(binary.target, cubin=False)
+        return device.load_module(ptx=binary.ptx)
+
+
+def stream_handle(stream: Any) -> int:
+    """An explicit stream -> its raw handle: an int, a torch/CuPy stream, a CUstream, or a `__cuda_stream__` object."""
+    if isinstance(stream, int):
+        return stream
+    handle = getattr(stream, "cuda_stream", None)      # torch.cuda.Stream / ExternalStream
+    if handle is None:
+        handle = getattr(stream, "ptr", None)          # cupy.cuda.Stream
+    if handle is None and hasattr(stream, "__cuda_stream__"):
+        handle = stream.__cuda_stream__()[1]            # cuda.core protocol: (version, handle)
+    if handle is None:
+        try:
+            handle = int(stream)                         # cuda.bindings CUstream
+        except (TypeError, ValueError):
+            raise LaunchError(f"stream= takes an int handle or a stream object (torch.cuda.Stream, CuPy, "
+                              f"cuda.core), got {type(stream).__name__}") from None
+    return int(handle)
+
+
+def torch_current_stream(ordinal: int) -> int:
+    """torch's current stream on device `ordinal` (the capture stream inside `torch.cuda.graph`)."""
+    torch = sys.modules["torch"]
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what Triton uses: no Stream object
+    if raw is not None:
+        return raw(ordinal)
+    return torch.cuda.current_stream(ordinal).cuda_stream

@@ -1,0 +1,392 @@
+"""Kernel arguments -> the bytes and the `void**` array a launch passes to the driver.
+
+    packer = ArgumentPacker([PointerType(f32), PointerType(f32), ScalarType(i32)])  # once per specialization
+    packer.pack([x_address, out_address, n])      # every launch: one struct.pack_into
+    cuLaunchKernel(..., kernelParams=packer.kernel_params, extra=0)
+
+The ABI (what `llvm_codegen.py` declares; PTX `.param`s and the AMDGPU
+kernarg segment lay parameters out the same way): parameters in order, each
+at the next multiple of its own size.
+
+| IR parameter          | bytes = alignment | written as                                       |
+| --------------------- | ----------------- | ------------------------------------------------ |
+| ptr<T>                | 8                 | the device address (an int in [0, 2**64))        |
+| bool                  | 1                 | 0 or 1 (the kernel declares an i8 and tests != 0) |
+| i8 .. i64, u8 .. u64  | 1, 2, 4, 8        | wrapped to the width (two's complement)          |
+| f16 / bf16            | 2                 | IEEE half / the top half of an f32               |
+| f32 / f64             | 4 / 8             | IEEE single / double                             |
+| f8e4m3, f8e5m2, e8m0  | 1                 | the format's bit pattern                         |
+
+Scalars become the value `DType.quantize` gives (ints wrap, floats round to
+nearest even once, from the exact value; overflow is +-inf where the format
+has one), so a launch sees exactly what the CPU interpreter computes with.
+Sub-byte scalars have no ABI and are rejected.
+
+The buffer and the `void**` array are allocated once and never move:
+`kernel_params[i]` always points at parameter i's offset in the buffer. The
+CUDA driver copies the parameters when `cuLaunchKernel` is called, so the
+buffer can be rewritten for the next launch at once (and a captured CUDA
+graph keeps the values of its capture). The HIP loader passes the buffer
+itself (`extra` form), which needs exactly this layout.
+
+`pack` tries one precompiled `struct.Struct.pack_into` over all parameters
+with native formats ('Q', 'i', 'f', ...). Anything that form would not store
+exactly (an out-of-range int, an int for a float parameter, numpy scalars of
+other types, non-finite bf16) makes it fall back to converting each value
+through `DType.encode`, which is the definition; tests check the two agree.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import math
+import operator
+import struct
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from tessera.ir import dtypes as dt
+from tessera.ir.types import PointerType, ScalarType
+
+from .errors import LaunchError
+
+POINTER_BYTES = 8
+
+# struct formats that store a value of the dtype exactly as the ABI wants it.
+_NATIVE_FORMATS = {
+    dt.bool_: "?", dt.i8: "b", dt.i16: "h", dt.i32: "i", dt.i64: "q",
+    dt.u8: "B", dt.u16: "H", dt.u32: "I", dt.u64: "Q",
+    dt.f16: "e", dt.f32: "f", dt.f64: "d",
+}  # fmt: skip
+_BITS_FORMATS = {1: "B", 2: "H", 4: "I", 8: "Q"}  # unsigned bit patterns of each width
+
+
+@dataclass(frozen=True)
+class ParamSlot:
+    """Where one kernel parameter lives in the argument buffer."""
+
+    index: int
+    name: str
+    type: PointerType | ScalarType
+    size: int       # bytes; also the alignment
+    offset: int
+
+    @property
+    def is_pointer(self) -> bool:
+        return isinstance(self.type, PointerType)
+
+    @property
+    def dtype(self) -> dt.DType | None:
+        return None if self.is_pointer else self.type.dtype
+
+    def describe(self) -> str:
+        return f"argument {self.index} ({self.name})" if self.name else f"argument {self.index}"
+
+
+def param_layout(param_types: Sequence[PointerType | ScalarType],
+                 names: Sequence[str] | None = None) -> tuple[list[ParamSlot], int]:
+    """Each parameter's size and offset, and the end of the last one (the buffer size)."""
+    slots, end = [], 0
+    for i, t in enumerate(param_types):
+        size = _param_size(t, i)
+        offset = -(-end // size) * size
+        slots.append(ParamSlot(i, names[i] if names else "", t, size, offset))
+        end = offset + size
+    return slots, end
+
+
+def _param_size(t, index: int) -> int:
+    if isinstance(t, PointerType):
+        if t.address_space != "global":
+            raise LaunchError(f"parameter {index} is a {t} pointer; only global-memory pointers can be passed "
+                              f"to a kernel")
+        return POINTER_BYTES
+    if isinstance(t, ScalarType):
+        if t.dtype.is_subbyte:
+            raise LaunchError(f"parameter {index} has sub-byte type {t.dtype.name}, which has no kernel ABI; "
+                              f"pass it as i8/u8 and cast inside the kernel")
+        return t.dtype.bits // 8
+    raise LaunchError(f"parameter {index} has type {t}; kernels take only pointers and scalars (the compiler "
+                      f"lowers tiles and views before codegen)")
+
+
+class _Inexact(Exception):
+    """The single-struct fast path would not store these values exactly."""
+
+
+class ArgumentPacker:
+    """A preallocated argument buffer and `void**` array for one kernel specialization.
+
+    `pack(values)` writes one launch's arguments -- ints (device addresses)
+    for pointers, numbers for scalars -- and raises a LaunchError naming the
+    argument when one cannot be passed. `kernel_params` is the `void**` for
+    cuLaunchKernel; `address` and `size` describe the buffer (HIP's `extra`).
+    """
+
+    def __init__(self, param_types: Sequence[PointerType | ScalarType], names: Sequence[str] | None = None):
+        self.slots, self.size = param_layout(list(param_types), names)
+        self._count = len(self.slots)
+        words = max(1, -(-self.size // 8))
+        self._buffer = (ctypes.c_uint64 * words)()      # 8-byte aligned, fixed address
+        self.address = ctypes.addressof(self._buffer)
+        self._pointers = (ctypes.c_void_p * max(1, self._count))(*[self.address + s.offset for s in self.slots])
+        self._native = struct.Struct(_struct_format(self.slots, lambda s: _native_format(s)))
+        self._bits = struct.Struct(_struct_format(self.slots, lambda s: _BITS_FORMATS[s.size]))
+        # Fast-path guards: parameters whose native format would accept a value
+        # without converting it as `quantize` does (see `_fast_kind`).
+        self._checks = tuple((s.index, kind) for s in self.slots if (kind := _fast_kind(s)) is not None)
+        self._fast_converters = tuple((s.index, conv) for s in self.slots
+                                      if (conv := _fast_converter(s)) is not None)
+        self._exact_converters = tuple(_exact_converter(s) for s in self.slots)
+        self.pack = self._compile_pack()
+
+    @property
+    def kernel_params(self) -> int:
+        """Address of the `void*[n]` array for `cuLaunchKernel(kernelParams=...)`."""
+        return ctypes.addressof(self._pointers)
+
+    def _compile_pack(self) -> Callable[[Sequence[Any]], None]:
+        """The `pack` function of this packer: a closure over the prepared structs, so that a
+        launch pays for one Python call and one `pack_into`, not for attribute lookups."""
+        pack_into, buffer, exactly = self._native.pack_into, self._buffer, self._pack_exactly
+        checks, converters = self._checks, self._fast_converters
+        fallback = (_Inexact, LaunchError, struct.error, OverflowError, TypeError, ValueError, IndexError)
+
+        if not checks and not converters:       # pointers and ints: one struct call
+            def pack(values):
+                try:
+                    pack_into(buffer, 0, *values)
+                except fallback:
+                    exactly(values)
+            return pack
+
+        def pack(values):
+            try:
+                for i, kind in checks:
+                    if not isinstance(values[i], kind):
+                        raise _Inexact
+                if converters:
+                    values = list(values)
+                    for i, convert in converters:
+                        values[i] = convert(values[i])
+                pack_into(buffer, 0, *values)
+            except fallback:
+                exactly(values)
+        return pack
+
+    def _pack_exactly(self, values: Sequence[Any]) -> None:
+        if len(values) != self._count:
+            names = ", ".join(s.name or str(s.type) for s in self.slots)
+            raise LaunchError(f"the kernel takes {self._count} runtime arguments ({names}), got {len(values)}")
+        patterns = []
+        for slot, convert, value in zip(self.slots, self._exact_converters, values):
+            try:
+                patterns.append(convert(value))
+            except LaunchError as exc:
+                raise LaunchError(f"{slot.describe()}: {exc.message}") from None
+        self._bits.pack_into(self._buffer, 0, *patterns)
+
+    def decode(self) -> list[Any]:
+        """The values the buffer holds now, as the kernel will read them (for tests and debugging)."""
+        patterns = self._bits.unpack_from(self._buffer, 0)
+        return [bits if slot.is_pointer else slot.dtype.decode(bits).item()
+                for slot, bits in zip(self.slots, patterns)]
+
+    def raw_bytes(self) -> bytes:
+        """The buffer's first `size` bytes."""
+        return ctypes.string_at(self.address, self.size)
+
+
+def _struct_format(slots: list[ParamSlot], char: Callable[[ParamSlot], str]) -> str:
+    fmt, end = ["<"], 0
+    for slot in slots:
+        fmt.append("x" * (slot.offset - end) + char(slot))
+        end = slot.offset + slot.size
+    return "".join(fmt)
+
+
+def _native_format(slot: ParamSlot) -> str:
+    if slot.is_pointer:
+        return "Q"
+    return _NATIVE_FORMATS.get(slot.dtype, _BITS_FORMATS[slot.size])
+
+
+def _fast_kind(slot: ParamSlot) -> type | None:
+    """The Python type a value must have for the native format to store it exactly.
+
+    'f' would round an int above 2**53 twice (int -> double -> float) and
+    '?' would take any object's truthiness; ints, f16 and f64 need no guard
+    (struct rejects out-of-range ints, and every int that fits a double's
+    53 bits is exact where f16 has not overflowed already).
+    """
+    if slot.is_pointer:
+        return None
+    d = slot.dtype
+    if d == dt.bool_:
+        return bool
+    if d.is_float and d != dt.f16 and d != dt.f64:
+        return float
+    return None
+
+
+def _fast_converter(slot: ParamSlot) -> Callable[[Any], int] | None:
+    """Formats struct lacks: bit patterns computed in the fast path."""
+    if slot.is_pointer or slot.dtype in _NATIVE_FORMATS:
+        return None
+    if slot.dtype == dt.bf16:
+        return _bf16_bits
+    return _encoder(slot.dtype)  # fp8 / e8m0: rare as parameters; numpy is the definition
+
+
+def _exact_converter(slot: ParamSlot) -> Callable[[Any], int]:
+    if slot.is_pointer:
+        return _address_bits
+    d = slot.dtype
+    mask = (1 << d.bits) - 1
+    encode = _encoder(d)
+
+    def convert(value):
+        if d.is_int and isinstance(value, int):
+            return value & mask      # wrap; bool is an int here (True -> 1)
+        return encode(value)
+
+    return convert
+
+
+def _encoder(d: dt.DType) -> Callable[[Any], int]:
+    def encode(value) -> int:
+        try:
+            patterns = d.encode(value)
+            if patterns.size != 1:
+                raise TypeError(f"expected one number, got an array of shape {patterns.shape}")
+            return int(patterns.reshape(()))
+        except (TypeError, ValueError, OverflowError) as exc:
+            raise LaunchError(f"cannot pass {value!r} as a {d.name} scalar ({exc})") from None
+    return encode
+
+
+def _address_bits(value) -> int:
+    if value is None:
+        return 0
+    try:
+        address = operator.index(value)
+    except TypeError:
+        raise LaunchError(f"a pointer parameter takes a device address (int), got {type(value).__name__}; "
+                          f"use device_pointer(obj) to get one") from None
+    if not 0 <= address < 1 << 64:
+        raise LaunchError(f"device address {address:#x} is outside [0, 2**64)")
+    return address
+
+
+_F32 = struct.Struct("<f")
+_U32 = struct.Struct("<I")
+
+
+def _bf16_bits(x: float) -> int:
+    """bf16 bit pattern of the float `x`, rounded once to nearest even (as `bf16.quantize`)."""
+    if not math.isfinite(x):
+        raise _Inexact  # inf and NaN patterns: let encode define them
+    _, e = math.frexp(x)                   # |x| in [2**(e-1), 2**e)
+    if e > 128:                            # |x| >= 2**128: beyond bf16 (and the scaling below)
+        return 0xFF80 if x < 0 else 0x7F80
+    quantum = max(e - 8, -133)             # 8 significant bits; subnormals: fixed 2**-133
+    r = math.ldexp(round(math.ldexp(x, -quantum)), quantum)  # exact scaling, round() ties to even
+    if abs(r) >= 2.0**128:
+        return 0xFF80 if x < 0 else 0x7F80
+    (bits,) = _U32.unpack(_F32.pack(math.copysign(r, x)))   # r is exact in f32
+    return bits >> 16
+
+
+# -- device pointers ---------------------------------------------------------------
+
+CPU_TENSOR_MESSAGE = ("a CPU tensor was passed to a GPU launch; move it with .cuda(), or pass numpy arrays to "
+                      "run on the CPU interpreter")
+NUMPY_MESSAGE = ("a numpy array (CPU memory) was passed to a GPU launch; copy it to the GPU (e.g. "
+                 "torch.from_numpy(a).cuda()), or pass only numpy arrays to run on the CPU interpreter")
+
+# DLPack device types (dlpack.h, DLDeviceType)
+_DL_GPU = {2: "cuda", 13: "cuda", 10: "rocm"}   # kDLCUDA, kDLCUDAManaged, kDLROCM
+_DL_NAMES = {1: "CPU", 3: "pinned host (CUDA)", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 11: "pinned host (ROCm)"}
+
+
+def device_pointer(obj: Any, device: int | None = None) -> int:
+    """The device address of a GPU array; `device` (an ordinal) also checks where it lives.
+
+    Accepts torch CUDA (or ROCm) tensors, objects with `__cuda_array_interface__`
+    (CuPy, Numba, ...) and `__dlpack__` objects on a GPU (JAX, CuPy, ...).
+    """
+    address, where = pointer_and_device(obj)
+    if device is not None and where is not None and where != device:
+        raise LaunchError(f"the tensor is on GPU {where} but the launch runs on GPU {device}; move it with "
+                          f".to('cuda:{device}') or launch under torch.cuda.device({where})")
+    return address
+
+
+def pointer_and_device(obj: Any) -> tuple[int, int | None]:
+    """(device address, device ordinal) of a GPU array; the ordinal is None when the object does not say."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        device = obj.device
+        if device.type == "cuda":
+            return obj.data_ptr(), device.index
+        if device.type == "cpu":
+            raise LaunchError(CPU_TENSOR_MESSAGE)
+        raise LaunchError(f"a tensor on device '{device}' was passed to a GPU launch; move it with .cuda()")
+    if isinstance(obj, np.ndarray):
+        raise LaunchError(NUMPY_MESSAGE)
+    interface = getattr(obj, "__cuda_array_interface__", None)
+    if interface is not None:
+        return int(interface["data"][0]), _dlpack_device(obj)
+    if hasattr(obj, "__dlpack__"):
+        device = _dlpack_device(obj)
+        return _dlpack_address(obj), device
+    raise LaunchError(f"cannot pass a {type(obj).__name__} as a pointer argument; pass a torch CUDA tensor, an "
+                      f"object with __cuda_array_interface__ or __dlpack__ (CuPy, Numba, JAX), or an int "
+                      f"device address")
+
+
+def _dlpack_device(obj: Any) -> int | None:
+    query = getattr(obj, "__dlpack_device__", None)
+    if query is None:
+        return None
+    device_type, device_id = query()
+    device_type = int(device_type)
+    if device_type in _DL_GPU:
+        return int(device_id)
+    where = _DL_NAMES.get(device_type, f"DLPack device type {device_type}")
+    if device_type == 1:
+        raise LaunchError(f"an array in CPU memory ({type(obj).__name__}) was passed to a GPU launch; copy it "
+                          f"to the GPU, or pass numpy arrays to run on the CPU interpreter")
+    raise LaunchError(f"an array in {where} memory ({type(obj).__name__}) was passed to a GPU launch; copy it "
+                      f"to GPU memory first")
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLTensor(ctypes.Structure):
+    """The head of dlpack.h's DLTensor (the first member of DLManagedTensor)."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", ctypes.c_uint32), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
+                ("byte_offset", ctypes.c_uint64)]
+
+
+def _dlpack_address(obj: Any) -> int:
+    """The data address inside a (legacy, unversioned) DLPack capsule.
+
+    The capsule is read, not consumed: dropping it runs the producer's
+    deleter, and `obj` itself keeps the memory alive.
+    """
+    capsule = obj.__dlpack__()
+    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
+    try:
+        head = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))
+    except ValueError:
+        raise LaunchError(f"{type(obj).__name__}.__dlpack__() did not return a DLPack capsule") from None
+    return (head.data or 0) + head.byte_offset

@@ -1,0 +1,481 @@
+"""The launch path without a GPU: launch validation, architecture checks, the CUDA loader driven by a
+fake driver, the launcher on a fake backend, and clear errors when no driver or hip-python is present."""
+
+import ctypes
+import subprocess
+import sys
+import textwrap
+import time
+import types
+
+import pytest
+
+from tessera.ir import dtypes as dt
+from tessera.ir.types import PointerType, ScalarType
+from tessera.runtime import cuda, hip
+from tessera.runtime.errors import LaunchError
+from tessera.runtime.launcher import KernelBinary, Launcher, stream_handle
+from tessera.runtime.limits import DeviceLimits, as_dim3, validate_launch
+
+ADD_TYPES = [PointerType(dt.f32), PointerType(dt.f32), PointerType(dt.f32), ScalarType(dt.i32)]
+ADD = KernelBinary("add", "sm_80", b"cubin", num_threads=128)
+
+
+class DeviceArray:
+    """A GPU array as CuPy presents it: __cuda_array_interface__ plus __dlpack_device__."""
+
+    def __init__(self, address, device=0):
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": (4,), "typestr": "<f4", "version": 3}
+        self.__dlpack_device__ = lambda: (2, device)
+
+
+# -- limits ---------------------------------------------------------------------------------
+
+LIMITS = DeviceLimits(name="GPU 0 (Test, sm_80)", max_shared_bytes=163 * 1024)
+
+
+@pytest.mark.parametrize("grid, block, shared, message", [
+    ((2**31, 1, 1), (128, 1, 1), 0, r"grid dimension 0 is 2147483648, above the limit of 2147483647.*fewer programs"),
+    ((1, 65536, 1), (128, 1, 1), 0, r"grid dimension 1 is 65536.*put the largest grid dimension first"),
+    ((1, 1, 70000), (128, 1, 1), 0, r"grid dimension 2"),
+    ((1, 1, 1), (2048, 1, 1), 0, r"2048x1x1 threads exceeds .* 1024 threads per block; compile with fewer warps"),
+    ((1, 1, 1), (32, 1, 128), 0, r"32x1x128 threads exceeds"),
+    ((1, 1, 1), (128, 1, 1), 200 * 1024, r"needs 204800 bytes of shared memory .* at most 166912; use smaller tiles"),
+])
+def test_launches_beyond_the_device_limits_say_what_to_change(grid, block, shared, message):
+    with pytest.raises(LaunchError, match=message):
+        validate_launch(grid, block, shared, LIMITS)
+
+
+def test_launches_within_the_limits_pass():
+    validate_launch((2**31 - 1, 65535, 65535), (1024, 1, 1), 163 * 1024, LIMITS)
+
+
+def test_block_larger_than_the_kernel_was_compiled_for():
+    with pytest.raises(LaunchError, match="at most 128 threads per block"):
+        validate_launch((1, 1, 1), (256, 1, 1), 0, LIMITS, kernel_max_threads=128)
+
+
+@pytest.mark.parametrize("dims, expected", [(5, (5, 1, 1)), ((5,), (5, 1, 1)), ((2, 3), (2, 3, 1)),
+                                            ([2, 3, 4], (2, 3, 4))])
+def test_grids_become_three_dimensions(dims, expected):
+    assert as_dim3(dims, "grid") == expected
+
+
+@pytest.mark.parametrize("dims", [(), (1, 2, 3, 4), (-1,), (1.5,), "4", (True,)])
+def test_malformed_grids_are_rejected(dims):
+    with pytest.raises(LaunchError, match="grid must be 1 to 3 non-negative ints"):
+        as_dim3(dims, "grid")
+
+
+# -- architectures ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("capability, target", [((8, 0), "sm_80"), ((8, 6), "sm_86"), ((8, 9), "sm_89"),
+                                                ((9, 0), "sm_90a"), ((10, 0), "sm_100"), ((12, 0), "sm_120")])
+def test_compute_capability_to_target(capability, target):
+    assert cuda.target_name(capability) == target
+
+
+@pytest.mark.parametrize("target, capability, cubin", [
+    ("sm_80", (8, 0), True), ("sm_80", (8, 6), True), ("sm_80", (8, 9), True), ("sm_90a", (9, 0), True),
+    ("sm_100", (10, 0), True), ("sm_80", (9, 0), False), ("sm_90", (10, 0), False),
+])
+def test_compatible_binaries_load(target, capability, cubin):
+    cuda.check_architecture(target, capability, cubin=cubin)
+
+
+@pytest.mark.parametrize("target, capability, cubin, message", [
+    ("sm_90a", (8, 0), True, r"compiled for sm_90a \(sm_90a code runs only on compute capability 9.0\) but .* "
+                             r"is sm_80.*target='sm_80'"),
+    ("sm_90a", (10, 0), False, r"runs only on compute capability 9.0"),
+    ("sm_80", (9, 0), True, r"compiled for sm_80 but .* is sm_90a"),   # cubins do not cross major versions
+    ("sm_89", (8, 0), True, r"target='sm_80'"),
+    ("sm_90", (8, 9), False, r"target='sm_89'"),                        # PTX only runs on newer GPUs
+    ("gfx942", (9, 0), True, r"not an NVIDIA target"),
+])
+def test_binaries_for_another_architecture_are_refused(target, capability, cubin, message):
+    with pytest.raises(LaunchError, match=message):
+        cuda.check_architecture(target, capability, cubin=cubin)
+
+
+def test_amd_code_objects_need_their_exact_gfx():
+    hip.check_architecture("gfx942:sramecc+", "gfx942")
+    with pytest.raises(LaunchError, match="compiled for gfx90a but .* is gfx942; compile it with target='gfx942'"):
+        hip.check_architecture("gfx90a", "gfx942")
+
+
+# -- driver errors ------------------------------------------------------------------------------
+
+
+def test_driver_errors_keep_the_driver_name_and_add_a_hint():
+    from cuda.bindings import driver
+
+    err = cuda.driver_error(driver.CUresult.CUDA_ERROR_ILLEGAL_ADDRESS, "launching kernel 'add' (cuLaunchKernel)")
+    assert err.driver_error == "CUDA_ERROR_ILLEGAL_ADDRESS"
+    assert "launching kernel 'add' (cuLaunchKernel) failed: CUDA_ERROR_ILLEGAL_ADDRESS" in str(err)
+    assert "TESSERA_INTERPRET=1" in str(err)
+
+
+# -- no driver ------------------------------------------------------------------------------------
+
+NO_DRIVER_SCRIPT = textwrap.dedent("""
+    import time
+    import tessera.runtime.cuda as cuda
+    cuda._LIBCUDA_NAMES = ("libcuda-that-does-not-exist.so.1",)   # as on a machine without the driver
+    cuda.driver_available.cache_clear()
+    start = time.perf_counter()
+    assert cuda.driver_available() is False and cuda.device_count() == 0
+    assert time.perf_counter() - start < 1.0
+    from tessera.ir import dtypes as dt
+    from tessera.ir.types import PointerType, ScalarType
+    from tessera.runtime.errors import LaunchError
+    from tessera.runtime.launcher import KernelBinary, Launcher
+
+    class DeviceArray:
+        def __init__(self, address):
+            self.__cuda_array_interface__ = {"data": (address, False), "shape": (4,), "typestr": "<f4",
+                                             "version": 3}
+
+    launcher = Launcher(KernelBinary("add", "sm_80", b"cubin", num_threads=128),
+                        [PointerType(dt.f32), ScalarType(dt.i32)])
+    for attempt in (launcher, lambda *a: cuda.get_device(0)):
+        try:
+            attempt((4,), [DeviceArray(0x1000), 5])
+        except LaunchError as exc:
+            print("LaunchError:", exc)
+""")
+
+
+def test_without_a_driver_launching_raises_instead_of_hanging():
+    start = time.perf_counter()
+    done = subprocess.run([sys.executable, "-c", NO_DRIVER_SCRIPT], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    lines = done.stdout.splitlines()
+    assert lines[0].startswith("LaunchError: kernel 'add': no NVIDIA driver found")
+    assert lines[1].startswith("LaunchError: no NVIDIA driver found") and "CPU interpreter" in lines[1]
+    assert time.perf_counter() - start < 30
+
+
+def test_driver_available_answers_quickly():
+    start = time.perf_counter()
+    cuda.driver_available.cache_clear()
+    cuda.driver_available()
+    assert time.perf_counter() - start < 1.0
+
+
+# -- the CUDA loader on a fake driver ----------------------------------------------------------------
+
+
+class FakeDriver:
+    """Answers the cuda.bindings.driver calls CudaDevice makes, like an sm_80 GPU would."""
+
+    def __init__(self):
+        from cuda.bindings import driver
+
+        self.real = driver
+        self.CUdevice_attribute = driver.CUdevice_attribute
+        self.CUfunction_attribute = driver.CUfunction_attribute
+        self.CUpointer_attribute = driver.CUpointer_attribute
+        self.ok = driver.CUresult.CUDA_SUCCESS
+        self.current = 0            # the thread's current context
+        self.stack = []
+        self.calls = []
+        self.launch_result = self.ok
+        A = driver.CUdevice_attribute
+        self.attributes = {
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 8, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: 2**31 - 1, A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: 65535,
+            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: 65535, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: 1024,
+            A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: 1024, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: 64,
+            A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 163 * 1024,
+        }
+
+    def cuDeviceGetCount(self):
+        return self.ok, 1
+
+    def cuDeviceGet(self, ordinal):
+        return self.ok, self.real.CUdevice(ordinal)
+
+    def cuDeviceGetName(self, length, device):
+        return self.ok, b"Fake A100\0\0\0"
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        return self.ok, self.attributes[attribute]
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return self.ok, self.real.CUcontext(0xC0)
+
+    def cuCtxGetCurrent(self):
+        return self.ok, self.real.CUcontext(self.current)
+
+    def cuCtxSetCurrent(self, context):
+        self.current = int(context)
+        return (self.ok,)
+
+    def cuCtxPushCurrent(self, context):
+        self.stack.append(self.current)
+        self.current = int(context)
+        return (self.ok,)
+
+    def cuCtxPopCurrent(self):
+        popped, self.current = self.current, self.stack.pop()
+        return self.ok, self.real.CUcontext(popped)
+
+    def cuModuleLoadData(self, image):
+        self.calls.append(("load", bytes(image), self.current))
+        return self.ok, "module"
+
+    def cuModuleGetFunction(self, module, name):
+        return self.ok, f"function {name.decode()}"
+
+    def cuFuncGetAttribute(self, attribute, function):
+        F = self.CUfunction_attribute
+        return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 128, F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 0,
+                         F.CU_FUNC_ATTRIBUTE_NUM_REGS: 20}[attribute]
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        self.calls.append(("set", attribute.name, value))
+        return (self.ok,)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        self.calls.append(("launch", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra, self.current))
+        return (self.launch_result,)
+
+    def cuPointerGetAttribute(self, attribute, address):
+        return self.ok, 0
+
+
+@pytest.fixture
+def fake_driver(monkeypatch):
+    driver = FakeDriver()
+    monkeypatch.setattr(cuda, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda, "_devices", {})
+    return driver
+
+
+def test_cuda_device_reads_its_identity_and_limits(fake_driver):
+    device = cuda.get_device(0)
+    assert (device.name, device.capability, device.target) == ("Fake A100", (8, 0), "sm_80")
+    assert device.limits.max_shared_bytes == 163 * 1024 and device.limits.max_grid[1] == 65535
+    assert cuda.get_device(0) is device
+
+
+def test_cuda_launch_passes_the_prepared_parameters(fake_driver):
+    launcher = Launcher(ADD, ADD_TYPES, names=["x", "y", "out", "n"])
+    launcher((4,), [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000), 500], stream=7)
+    load, launch = fake_driver.calls
+    assert load == ("load", b"cubin", 0xC0)
+    _, function, grid, block, shared, stream, params, extra, context = launch
+    assert (function, grid, block, shared, stream, extra) == ("function add", (4, 1, 1), (128, 1, 1), 0, 7, 0)
+    assert params == launcher.packer.kernel_params and context == 0xC0
+    assert launcher.packer.decode() == [0x1000, 0x2000, 0x3000, 500]
+
+
+def test_cuda_launch_restores_another_current_context(fake_driver):
+    fake_driver.current = 0xAA            # e.g. torch made another device's context current
+    device = cuda.get_device(0)
+    function = device.get_function(device.load_module(cubin=b"cubin"), "add")
+    device.launch(function, (1, 1, 1), (128, 1, 1), 0, Launcher(ADD, ADD_TYPES).packer, 0)
+    assert fake_driver.calls[-1][-1] == 0xC0 and fake_driver.current == 0xAA
+
+
+def test_dynamic_shared_memory_above_48_kib_is_opted_in_once(fake_driver):
+    device = cuda.get_device(0)
+    function = device.get_function(device.load_module(cubin=b"cubin"), "add")
+    packer = Launcher(ADD, ADD_TYPES).packer
+    for _ in range(2):
+        device.launch(function, (1, 1, 1), (128, 1, 1), 100_000, packer, 0)
+    opt_ins = [c for c in fake_driver.calls if c[0] == "set"]
+    assert opt_ins == [("set", "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 100_000)]
+    with pytest.raises(LaunchError, match="needs 200000 bytes of shared memory"):
+        device.launch(function, (1, 1, 1), (128, 1, 1), 200_000, packer, 0)
+
+
+def test_ptx_is_loaded_when_there_is_no_cubin(fake_driver):
+    launcher = Launcher(KernelBinary("add", "sm_80", None, ptx=".version 8.0", num_threads=128), ADD_TYPES)
+    launcher((1,), [DeviceArray(1), DeviceArray(2), DeviceArray(3), 4])
+    assert fake_driver.calls[0][:2] == ("load", b".version 8.0\0")
+
+
+def test_driver_failures_become_launch_errors_with_the_kernel_name(fake_driver):
+    fake_driver.launch_result = fake_driver.real.CUresult.CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES
+    with pytest.raises(LaunchError, match=r"kernel 'add': launching kernel 'add' \(cuLaunchKernel\) failed: "
+                                          r"CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES.*fewer warps"):
+        Launcher(ADD, ADD_TYPES)((1,), [1, 2, 3, 4])
+
+
+def test_architecture_mismatch_is_caught_before_loading(fake_driver):
+    launcher = Launcher(KernelBinary("add", "sm_90a", b"cubin", num_threads=128), ADD_TYPES)
+    with pytest.raises(LaunchError, match=r"kernel 'add': the kernel was compiled for sm_90a .* is sm_80"):
+        launcher((1,), [1, 2, 3, 4])
+    assert fake_driver.calls == []
+
+
+def test_a_cubin_for_an_older_major_version_falls_back_to_its_ptx(fake_driver):
+    A = fake_driver.CUdevice_attribute
+    fake_driver.attributes[A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR] = 9    # an H100: sm_90a
+    launcher = Launcher(KernelBinary("add", "sm_80", b"cubin", ptx=".target sm_80", num_threads=128), ADD_TYPES)
+    launcher((1,), [1, 2, 3, 4])
+    assert fake_driver.calls[0][:2] == ("load", b".target sm_80\0")
+
+
+def test_kernel_launch_bound_is_enforced(fake_driver):
+    launcher = Launcher(KernelBinary("add", "sm_80", b"cubin", num_threads=256), ADD_TYPES)
+    with pytest.raises(LaunchError, match="at most 128 threads per block"):
+        launcher((1,), [1, 2, 3, 4])
+
+
+# -- the launcher on a fake backend ----------------------------------------------------------------
+
+
+class FakeBackend:
+    """A backend module stand-in: devices that record launches."""
+
+    def __init__(self, current=0):
+        self.devices, self.current, self.loads = {}, current, []
+
+    def get_device(self, ordinal):
+        return self.devices.setdefault(ordinal, FakeDevice(self, ordinal))
+
+    def current_ordinal(self):
+        return self.current
+
+    def pointer_device(self, address):
+        return None
+
+
+class FakeDevice:
+    backend = "fake"
+
+    def __init__(self, backend, ordinal):
+        self.backend_, self.ordinal, self.launches = backend, ordinal, []
+
+    def check_target(self, target, *, cubin=True):
+        pass
+
+    def load_module(self, cubin=None, ptx=None):
+        self.backend_.loads.append(self.ordinal)
+        return "module"
+
+    def get_function(self, module, name):
+        return types.SimpleNamespace(device=self, name=name)
+
+    def launch(self, function, grid, block, shared_bytes, packer, stream):
+        self.launches.append((grid, block, shared_bytes, stream, packer.decode()))
+
+
+def test_launcher_loads_once_per_device_and_packs_each_launch():
+    backend = FakeBackend()
+    launcher = Launcher(ADD, ADD_TYPES, backend=backend)
+    for n in (10, 20):
+        launcher((2, 3), [DeviceArray(0x10), DeviceArray(0x20), DeviceArray(0x30), n])
+    launcher(1, [DeviceArray(0x40, device=1), DeviceArray(0x50, device=1), 0x60, 30])
+    assert backend.loads == [0, 1]
+    assert backend.devices[0].launches == [((2, 3, 1), (128, 1, 1), 0, 0, [0x10, 0x20, 0x30, 10]),
+                                           ((2, 3, 1), (128, 1, 1), 0, 0, [0x10, 0x20, 0x30, 20])]
+    assert backend.devices[1].launches[0][-1] == [0x40, 0x50, 0x60, 30]
+
+
+def test_an_empty_grid_launches_nothing():
+    backend = FakeBackend()
+    Launcher(ADD, ADD_TYPES, backend=backend)((0,), [1, 2, 3, 4])
+    assert backend.loads == []
+
+
+def test_tensors_on_different_gpus_are_refused():
+    launcher = Launcher(ADD, ADD_TYPES, backend=FakeBackend(), names=["x", "y", "out", "n"])
+    with pytest.raises(LaunchError, match=r"kernel 'add': argument 1 \(y\) is on GPU 1 but argument 0 \(x\) is "
+                                          r"on GPU 0; put all tensors of a launch on one device"):
+        launcher((1,), [DeviceArray(1, device=0), DeviceArray(2, device=1), DeviceArray(3), 4])
+
+
+def test_cpu_arrays_are_refused_naming_the_argument():
+    import numpy as np
+
+    launcher = Launcher(ADD, ADD_TYPES, backend=FakeBackend(), names=["x", "y", "out", "n"])
+    with pytest.raises(LaunchError, match=r"kernel 'add': argument 2 \(out\): a numpy array \(CPU memory\)"):
+        launcher((1,), [DeviceArray(1), DeviceArray(2), np.zeros(4), 4])
+
+
+def test_without_tensors_that_say_the_current_device_is_used():
+    backend = FakeBackend(current=3)
+    Launcher(ADD, ADD_TYPES, backend=backend)((1,), [1, 2, 3, 4])
+    assert backend.loads == [3]
+
+
+@pytest.fixture
+def fake_torch(monkeypatch):
+    torch = types.ModuleType("torch")
+
+    class Tensor:
+        def __init__(self, address, index):
+            self.device = types.SimpleNamespace(type="cuda", index=index)
+            self._address = address
+
+        def data_ptr(self):
+            return self._address
+
+    torch.Tensor = Tensor
+    torch._C = types.SimpleNamespace(_cuda_getCurrentRawStream=lambda ordinal: 0x5000 + ordinal)
+    monkeypatch.setitem(sys.modules, "torch", torch)
+    return torch
+
+
+def test_torch_tensors_launch_on_torchs_current_stream(fake_torch):
+    backend = FakeBackend()
+    launcher = Launcher(ADD, ADD_TYPES, backend=backend)
+    x = fake_torch.Tensor(0x100, index=1)
+    launcher((1,), [x, x, x, 4])
+    assert backend.devices[1].launches[-1][3] == 0x5001          # torch's current stream of cuda:1
+    launcher((1,), [x, x, x, 4], stream=9)
+    assert backend.devices[1].launches[-1][3] == 9               # an explicit stream wins
+    launcher((1,), [DeviceArray(1, device=1)] * 3 + [4])
+    assert backend.devices[1].launches[-1][3] == 0               # no torch tensor: the default stream
+
+
+def test_stream_objects_give_their_handles():
+    assert stream_handle(5) == 5
+    assert stream_handle(types.SimpleNamespace(cuda_stream=0x77)) == 0x77               # torch.cuda.Stream
+    assert stream_handle(types.SimpleNamespace(ptr=0x78)) == 0x78                       # cupy
+    core_stream = types.SimpleNamespace(__cuda_stream__=lambda: (0, 0x79))
+    assert stream_handle(core_stream) == 0x79
+    from cuda.bindings import driver
+    assert stream_handle(driver.CUstream(0x7A)) == 0x7A
+    with pytest.raises(LaunchError, match="stream= takes an int handle"):
+        stream_handle("default")
+
+
+def test_compiled_kernels_are_read_by_duck_typing():
+    compiled = types.SimpleNamespace(name="softmax", target="sm_90a", cubin=b"\x7fELF", stages={"ptx": "ptx"},
+                                     metadata={"num_threads": 256, "shared_bytes": 1024})
+    assert KernelBinary.of(compiled) == KernelBinary("softmax", "sm_90a", b"\x7fELF", "ptx", 256, 1024)
+    compiled.metadata = {}
+    with pytest.raises(LaunchError, match="does not say how many threads"):
+        KernelBinary.of(compiled)
+
+
+# -- HIP -----------------------------------------------------------------------------------------------
+
+
+def test_missing_hip_python_says_how_to_install_it(monkeypatch):
+    monkeypatch.setitem(sys.modules, "hip", None)            # makes `from hip import hip` fail
+    monkeypatch.setattr(hip, "_devices", {})
+    with pytest.raises(LaunchError, match=r"hip-python is not installed.*pip install tessera\[rocm\]"):
+        hip.get_device(0)
+    launcher = Launcher(KernelBinary("add", "gfx942", b"hsaco", num_threads=256), ADD_TYPES, backend="hip")
+    with pytest.raises(LaunchError, match=r"kernel 'add': hip-python is not installed"):
+        launcher((1,), [DeviceArray(1), DeviceArray(2), DeviceArray(3), 4])
+
+
+def test_hip_extra_array_hands_over_the_packed_buffer():
+    packer = Launcher(ADD, [PointerType(dt.f32), ScalarType(dt.i8), ScalarType(dt.f64)]).packer
+    device = object.__new__(hip.HipDevice)
+    device._extra = {}
+    address = device.extra_array(packer)
+    config = (ctypes.c_void_p * 5).from_address(address)
+    assert [config[0], config[1], config[2], config[4]] == [hip.HIP_LAUNCH_PARAM_BUFFER_POINTER, packer.address,
+                                                            hip.HIP_LAUNCH_PARAM_BUFFER_SIZE, hip.HIP_LAUNCH_PARAM_END]
+    assert ctypes.c_size_t.from_address(config[3]).value == packer.size == 24
+    assert device.extra_array(packer) == address          # prepared once per packer
