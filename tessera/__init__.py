@@ -8,9 +8,9 @@ The public API, in one place:
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
-* `CompileError` and friends, which every user mistake raises, and
+* `CompileError` and friends, which every user mistake raises;
   `InterpreterError`, raised by the CPU interpreter for bad memory accesses
-  and failed device asserts.
+  and failed device asserts; `LaunchError`, for GPU launches that cannot run.
 """
 # ruff: noqa: F401  (this module re-exports)
 
@@ -26,6 +26,7 @@ from .dsl.errors import (
     TypeMismatchError, UnknownNameError, UnsupportedSyntaxError,
 )
 from .backends.interp import InterpreterError
+from .runtime.errors import LaunchError
 from .dsl.values import constexpr, static_range
 from .dsl.function import func
 from .dsl.kernel import Kernel, kernel

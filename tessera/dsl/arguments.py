@@ -8,6 +8,7 @@ like a Python call, then classifies each runtime argument:
 | numpy array (contiguous)                   | ptr<dtype>         | dtype, 16-byte alignment  |
 | `tessera.reinterpret(array, dtype)`        | ptr<dtype>         | dtype, 16-byte alignment  |
 | torch CPU tensor                           | ptr<dtype>         | dtype, 16-byte alignment  |
+| torch CUDA tensor, `__cuda_array_interface__` object | ptr<dtype> (on the GPU) | dtype, 16-byte alignment |
 | Python bool                                | bool               | -                         |
 | Python int                                 | i32 (i64/u64 when it does not fit) | %16 == 0, == 1 |
 | Python float                               | f32                | -                         |
@@ -59,13 +60,51 @@ def reinterpret(array: Any, dtype: dt.DType) -> TypedArray:
 
 
 @dataclass(frozen=True)
+class DeviceArray:
+    """An argument living in GPU memory: the caller's object, its element type, address and device."""
+
+    obj: Any
+    dtype: dt.DType
+    address: int
+    device: int | None
+
+
+TORCH_DTYPES = {
+    "torch.float32": dt.f32, "torch.float16": dt.f16, "torch.bfloat16": dt.bf16, "torch.float64": dt.f64,
+    "torch.int8": dt.i8, "torch.int16": dt.i16, "torch.int32": dt.i32, "torch.int64": dt.i64,
+    "torch.uint8": dt.u8, "torch.bool": dt.bool_, "torch.float8_e4m3fn": dt.f8e4m3, "torch.float8_e5m2": dt.f8e5m2,
+}
+
+
+def _device_array(value: Any) -> DeviceArray | None:
+    """A DeviceArray for GPU tensors (torch CUDA tensors, `__cuda_array_interface__` objects), else None."""
+    from ..runtime.packing import pointer_and_device
+
+    if type(value).__module__.startswith("torch") and getattr(getattr(value, "device", None), "type", "cpu") == "cuda":
+        dtype = TORCH_DTYPES.get(str(value.dtype))
+        if dtype is None:
+            raise TypeError(f"torch dtype {value.dtype} has no tessera equivalent")
+    elif hasattr(value, "__cuda_array_interface__"):
+        dtype = dt.dtype_from_numpy(np.dtype(value.__cuda_array_interface__["typestr"]))
+    else:
+        return None
+    address, device = pointer_and_device(value)
+    return DeviceArray(value, dtype, address, device)
+
+
+@dataclass(frozen=True)
 class BoundArguments:
     """A launch's arguments, split into the specialization and what runs."""
 
     params: tuple[ParamSpec, ...]    # what the code generator traces
     key: tuple                       # the in-memory cache key (hashable)
-    runtime_args: tuple[Any, ...]    # one per non-constexpr parameter: arrays (as TypedArray) and scalars
+    runtime_args: tuple[Any, ...]    # one per non-constexpr parameter: TypedArray/DeviceArray and scalars
     by_name: dict[str, Any]          # every bound argument, for grid callables
+
+    @property
+    def on_device(self) -> bool:
+        """True when any array argument lives in GPU memory (the launch goes to the GPU)."""
+        return any(isinstance(a, DeviceArray) for a in self.runtime_args)
 
 
 def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_specialize: frozenset[str]) -> BoundArguments:
@@ -121,6 +160,13 @@ def _as_numpy(value: Any) -> np.ndarray | None:
 def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> tuple[ParamSpec, Any]:
     if isinstance(value, TypedArray):
         return _pointer_spec(name, value, specialize), value
+    try:
+        device_array = _device_array(value)
+    except (TypeError, ValueError) as exc:
+        raise KernelArgumentError(f"argument '{name}': {exc}", kernel=source.name) from None
+    if device_array is not None:
+        aligned = specialize and device_array.address % 16 == 0
+        return ParamSpec(name, False, type=PointerType(device_array.dtype), divisible_by_16=aligned), device_array
     array = _as_numpy(value)
     if array is not None:
         try:
@@ -141,11 +187,9 @@ def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> 
     if isinstance(value, (float, np.floating)):
         dtype = dt.f32 if isinstance(value, float) else dt.dtype_from_numpy(value.dtype)
         return ParamSpec(name, False, type=ScalarType(dtype)), float(value)
-    hint = " (a GPU tensor: the GPU path is not built yet; use a CPU tensor or numpy array)" \
-        if hasattr(value, "__cuda_array_interface__") else ""
     raise KernelArgumentError(
-        f"argument '{name}' of type {type(value).__name__} cannot be passed to a kernel{hint}; pass a numpy array, "
-        f"a Python/numpy scalar, or annotate the parameter `{name}: tessera.constexpr`", kernel=source.name)
+        f"argument '{name}' of type {type(value).__name__} cannot be passed to a kernel; pass a numpy array, a GPU "
+        f"tensor, a Python/numpy scalar, or annotate the parameter `{name}: tessera.constexpr`", kernel=source.name)
 
 
 def _pointer_spec(name: str, typed: TypedArray, specialize: bool) -> ParamSpec:

@@ -11,11 +11,15 @@ The function's source is parsed once. Each distinct specialization (see
 `arguments.py`) is traced to tile IR once and cached in memory. Launches
 with numpy arrays (or with `TESSERA_INTERPRET=1`) run on the CPU tile
 interpreter, one program instance at a time, so `print(...)` and
-`breakpoint()` inside the kernel work.
+`breakpoint()` inside the kernel work. Launches with GPU tensors compile
+(through the disk cache) and run on the GPU (`gpu_launch.py`); the launch
+options `num_warps=` and `stream=` go with the arguments.
 """
 
 from __future__ import annotations
 
+import functools
+import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Callable, Iterable
 
@@ -25,6 +29,8 @@ from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
+from .dependencies import kernel_dependencies
+from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
 from .source import KernelSource
@@ -33,6 +39,7 @@ if TYPE_CHECKING:
     from .compiler import CompiledKernel
 
 Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
+LAUNCH_OPTIONS = ("num_warps", "stream")   # launch keywords that are not kernel arguments
 
 
 @dataclass
@@ -60,12 +67,18 @@ class Kernel:
             raise KernelArgumentError(f"do_not_specialize names unknown parameters {sorted(unknown)}; "
                                       f"the kernel's parameters are {names}", kernel=self.name)
         self.specializations: dict[tuple, Specialization] = {}
+        self.launchers: dict[tuple, Any] = {}      # (specialization, target, num_warps) -> runtime Launcher
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 
     @property
     def name(self) -> str:
         return self.fn.__name__
+
+    @functools.cached_property
+    def dependencies(self) -> tuple[list[str], dict[str, Any]]:
+        """(hashes of the @tessera.func helpers it calls, global constants it reads): part of the cache key."""
+        return kernel_dependencies(self.source)
 
     def __repr__(self) -> str:
         return f"<tessera.kernel {self.name}>"
@@ -137,22 +150,30 @@ class Kernel:
         self.run(*args, grid=grid, **kwargs)
 
     def run(self, *args, grid: Grid, **kwargs) -> None:
-        """Launch on the CPU interpreter (the GPU runtime arrives with the NVPTX backend)."""
+        """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
+        options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in self.source.param_names}
         bound = self._bind(args, kwargs)
         grid = self._resolve_grid(grid, bound)
-        # Every argument `bind_arguments` accepts today lives in host memory, so
-        # launches run on the interpreter; TESSERA_INTERPRET=1 will keep forcing
-        # that once device tensors are accepted.
-        self.interpret_bound(self._specialization(bound), bound, grid)
+        if not bound.on_device:
+            self.interpret_bound(self._specialization(bound), bound, grid)
+        elif os.environ.get("TESSERA_INTERPRET", "0") == "1":
+            interpret_device_arrays(self, bound, grid)
+        else:
+            launch_on_gpu(self, bound, grid, stream=options.get("stream"), num_warps=options.get("num_warps", 4))
+
+    def binary(self, *args, target: str = "sm_80", num_warps: int = 4, **kwargs):
+        """The compiled binary (a cache entry: PTX, cubin, metadata) these arguments select, via the disk cache."""
+        return binary_for(self, self._bind(args, kwargs), target, num_warps)
 
     def interpret(self, *args, grid: Grid, **kwargs) -> None:
         """Run on the CPU tile interpreter regardless of where the arguments live."""
         bound = self._bind(args, kwargs)
         self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound))
 
-    def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...]) -> None:
-        runtime = [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in bound.runtime_args]
-        run_function(spec.function, runtime, grid)
+    def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...],
+                        runtime_args: list | None = None) -> None:
+        args = bound.runtime_args if runtime_args is None else runtime_args
+        run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid)
 
     def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
         if callable(grid):

@@ -280,3 +280,19 @@ def test_a_pinned_kernel_compiles_to_ptx():
     compiled = pinned_copy.compile(signature="*f32:16,*f32:16", target="sm_80", num_warps=1, PIN=MMA_C)
     assert "regs<4xf32>" in compiled.stages["thread_ir"]
     assert "ld.global" in compiled.stages["ptx"]
+
+
+def test_a_layout_pin_keeps_alignment_facts():
+    from tessera.ir.parser import parse_module
+    from tessera.passes.alignment import analyze
+
+    fn = parse_module("""\
+func @k() {
+  %offs = arange {end = 128, start = 0} : tile<128xi32>
+  %pinned = convert_layout %offs {layout = "local(1).spatial(128)"} : tile<128xi32>
+  return
+}
+""").functions[0]
+    facts = analyze(fn)
+    offs, pinned = fn.body.ops[0].result, fn.body.ops[1].result
+    assert facts[pinned] == facts[offs] and facts[pinned].contiguity == (128,)

@@ -1,0 +1,104 @@
+"""Launching a specialization on a GPU: disk cache -> (compile) -> load -> launch.
+
+The warm path is one dictionary lookup per launch: the kernel keeps a
+`Launcher` (prepared argument buffer, loaded module) per (specialization,
+device target, num_warps). The first launch of a specialization in a process
+asks the binary cache, keyed without tracing the kernel (source, helper
+functions, global constants, specialization, options, target, compiler
+identity); only a miss traces and compiles, so a second process that
+launches an already-compiled kernel never runs LLVM.
+
+`TESSERA_INTERPRET=1` sends launches with torch CUDA tensors to the CPU
+interpreter instead: each tensor is copied to the host, the kernel runs,
+and the results are copied back.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..ir import dtypes as dt
+from ..runtime.cache import BinaryCache, CacheEntry
+from ..runtime.cache_key import cache_key
+from ..runtime.errors import LaunchError
+from .arguments import BoundArguments, DeviceArray, TypedArray
+from .errors import KernelArgumentError
+
+if TYPE_CHECKING:
+    from .kernel import Kernel
+
+
+def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: int) -> CacheEntry:
+    """The compiled binary of this specialization, from the disk cache or freshly compiled (and stored)."""
+    from ..backends.nvptx import find_ptxas  # imported on first use: `import tessera` stays light
+    from .compiler import compile_tile_module
+
+    callees, constants = kernel.dependencies
+    ptxas = find_ptxas()
+    options = {"num_warps": num_warps, "globals": constants, "ptxas": str(ptxas) if ptxas else None}
+    key = cache_key(kernel.source.source_hash, callees, bound.key, options, target)
+
+    def compile_now() -> CacheEntry:
+        module = kernel._specialization(bound).module
+        return CacheEntry.from_compiled(compile_tile_module(module, target=target, num_warps=num_warps))
+
+    return BinaryCache().get_or_compile(key, compile_now)
+
+
+def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...], *, stream: Any,
+                  num_warps: int) -> None:
+    from ..runtime import cuda
+    from ..runtime.launcher import KernelBinary, Launcher
+
+    if any(isinstance(a, TypedArray) for a in bound.runtime_args):
+        raise KernelArgumentError("the launch mixes host arrays and GPU tensors; move every array to the same "
+                                  "GPU (or all to the host to run on the CPU interpreter)", kernel=kernel.name)
+    if not cuda.driver_available():
+        raise LaunchError("no NVIDIA driver was found (libcuda.so.1), so GPU tensors cannot be launched on; "
+                          "pass numpy arrays, or set TESSERA_INTERPRET=1 to run torch tensors on the CPU",
+                          kernel=kernel.name)
+    ordinal = next(a.device for a in bound.runtime_args if isinstance(a, DeviceArray))
+    device = cuda.get_device(ordinal or 0)
+    key = (bound.key, device.target, num_warps)
+    launcher = kernel.launchers.get(key)
+    if launcher is None:
+        entry = binary_for(kernel, bound, device.target, num_warps)
+        binary = KernelBinary(entry.name, entry.target, entry.cubin, entry.ptx,
+                              int(entry.metadata["num_threads"]), int(entry.metadata.get("shared_bytes") or 0))
+        params = [p for p in bound.params if not p.constexpr]
+        launcher = Launcher(binary, [p.type for p in params], names=[p.name for p in params])
+        kernel.launchers[key] = launcher
+    try:
+        launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
+    except LaunchError as exc:
+        raise exc.with_kernel(kernel.name) from None
+
+
+def interpret_device_arrays(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]) -> None:
+    """TESSERA_INTERPRET=1 with torch CUDA tensors: copy in, run on the CPU interpreter, copy back."""
+    staged, copy_back = [], []
+    for arg in bound.runtime_args:
+        if not isinstance(arg, DeviceArray):
+            staged.append(arg)
+            continue
+        if not type(arg.obj).__module__.startswith("torch"):
+            raise KernelArgumentError("TESSERA_INTERPRET=1 can copy torch CUDA tensors to the host, not "
+                                      f"{type(arg.obj).__name__} objects; pass numpy arrays", kernel=kernel.name)
+        host = arg.obj.detach().cpu().contiguous()
+        staged.append(TypedArray(_numpy_view(host, arg.dtype), arg.dtype))
+        copy_back.append((arg.obj, host))
+    kernel.interpret_bound(kernel._specialization(bound), bound, grid, runtime_args=staged)
+    for device_tensor, host in copy_back:
+        device_tensor.copy_(host)
+
+
+def _numpy_view(host_tensor: Any, dtype: dt.DType) -> np.ndarray:
+    """A numpy array sharing the host tensor's memory (raw bits for dtypes numpy lacks)."""
+    import torch
+
+    if dtype in (dt.bf16, dt.f8e4m3, dt.f8e5m2):
+        bits = torch.int16 if dtype.bits == 16 else torch.uint8
+        return host_tensor.view(bits).numpy().view(dtype.storage_dtype)
+    return host_tensor.numpy()

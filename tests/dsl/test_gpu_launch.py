@@ -1,0 +1,75 @@
+"""The GPU launch path, as far as it runs without a GPU: classification of device tensors,
+clear errors instead of hangs, and a disk cache that spares a second process the compile."""
+
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.runtime import cuda
+
+ROOT = __import__("pathlib").Path(__file__).resolve().parents[2]
+
+
+class FakeDeviceArray:
+    """Looks like GPU memory (a `__cuda_array_interface__` object) without a GPU."""
+
+    def __init__(self, n, typestr="<f4", address=0x7F0000000000):
+        self.__cuda_array_interface__ = {"shape": (n,), "typestr": typestr, "data": (address, False), "version": 3,
+                                         "strides": None}
+
+
+@tessera.kernel
+def copy(x_ptr, out_ptr, n, BLOCK: tessera.constexpr):
+    offs = tessera.program_id(0) * BLOCK + tessera.arange(0, BLOCK)
+    tessera.store(out_ptr + offs, tessera.load(x_ptr + offs, mask=offs < n), mask=offs < n)
+
+
+def test_device_arrays_specialize_like_host_arrays():
+    fn = copy.specialize(FakeDeviceArray(64), FakeDeviceArray(64, address=0x7F0000000100), 64, BLOCK=64).function
+    assert [str(a.type) for a in fn.args] == ["ptr<f32>", "ptr<f32>", "i32"]
+    assert fn.attrs["divisible_by_16"] == (0, 1, 2)
+
+
+@pytest.mark.skipif(cuda.driver_available(), reason="checks the no-driver path")
+def test_launching_device_arrays_without_a_driver_is_a_clear_error():
+    with pytest.raises(tessera.LaunchError, match="no NVIDIA driver"):
+        copy[(1,)](FakeDeviceArray(64), FakeDeviceArray(64), 64, BLOCK=64)
+
+
+def test_mixing_host_and_device_arrays_is_rejected():
+    with pytest.raises(tessera.KernelArgumentError, match="mixes host arrays and GPU tensors"):
+        copy[(1,)](np.zeros(64, np.float32), FakeDeviceArray(64), 64, BLOCK=64)
+
+
+def test_launch_options_are_not_kernel_arguments():
+    x, out = np.arange(8, dtype=np.float32), np.zeros(8, np.float32)
+    copy[(1,)](x, out, 8, BLOCK=8, num_warps=2)          # accepted and ignored on the CPU
+    np.testing.assert_array_equal(out, x)
+
+
+SECOND_PROCESS = textwrap.dedent("""
+    import sys, numpy as np
+    sys.path.insert(0, {tests!r})
+    import tessera.backends.nvptx.compile as nvptx
+    compiled = []
+    real_compile = nvptx.compile_thread_ir
+    nvptx.compile_thread_ir = lambda *a, **k: compiled.append(1) or real_compile(*a, **k)
+    from test_gpu_launch import copy
+    entry = copy.binary(np.zeros(64, np.float32), np.zeros(64, np.float32), 64, BLOCK=64, target="sm_80")
+    print(len(entry.ptx), bool(compiled), len(copy.specializations))
+""")
+
+
+def test_a_second_process_loads_from_the_disk_cache_without_compiling(tmp_path):
+    env = {**__import__("os").environ, "TESSERA_CACHE_DIR": str(tmp_path)}
+    script = SECOND_PROCESS.format(tests=str(ROOT / "tests" / "dsl"))
+    first = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    second = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, check=True)
+    ptx_len, compiled, traced = first.stdout.split()
+    assert (compiled, traced) == ("True", "1") and int(ptx_len) > 0
+    # the second process neither traces the kernel nor runs LLVM: the binary comes from disk
+    assert second.stdout.split() == [ptx_len, "False", "0"]
