@@ -21,7 +21,7 @@ parameters keep only their dtype in the key.
 from __future__ import annotations
 
 import inspect
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -117,6 +117,7 @@ def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_speci
         raise KernelArgumentError(f"bad arguments for kernel '{source.name}({params})': {exc}",
                                   kernel=source.name) from None
     bound.apply_defaults()
+    aliased = _aliased_arguments(bound.arguments)
     specs, key, runtime = [], [], []
     for name, value in bound.arguments.items():
         if name in source.constexpr_params:
@@ -125,10 +126,41 @@ def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_speci
             key.append((name, type(value).__name__, value))
             continue
         spec, runtime_value = _classify(source, name, value, specialize=name not in do_not_specialize)
+        if name in aliased:
+            spec = replace(spec, may_alias=True)
         specs.append(spec)
-        key.append((name, str(spec.type), spec.divisible_by_16, spec.equals_one))
+        key.append((name, str(spec.type), spec.divisible_by_16, spec.equals_one, spec.may_alias))
         runtime.append(runtime_value)
     return BoundArguments(tuple(specs), tuple(key), tuple(runtime), dict(bound.arguments))
+
+
+def _memory_range(value: Any) -> tuple[int, int] | None:
+    """[start, end) byte addresses of an array argument, or None for scalars."""
+    if isinstance(value, TypedArray):
+        value = value.array
+    array = _as_numpy(value) if not isinstance(value, np.ndarray) else value
+    if array is not None:
+        start = array.__array_interface__["data"][0]
+        return start, start + array.nbytes
+    if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
+        return value.data_ptr(), value.data_ptr() + value.numel() * value.element_size()
+    interface = getattr(value, "__cuda_array_interface__", None)
+    if interface is not None:
+        start = interface["data"][0]
+        size = int(np.prod(interface["shape"])) * np.dtype(interface["typestr"]).itemsize
+        return start, start + size
+    return None
+
+
+def _aliased_arguments(arguments: dict[str, Any]) -> set[str]:
+    """Names of array arguments whose memory overlaps another array argument's (in-place updates, views)."""
+    ranges = {name: r for name, value in arguments.items() if (r := _memory_range(value)) is not None}
+    aliased = set()
+    for a, (a_start, a_end) in ranges.items():
+        for b, (b_start, b_end) in ranges.items():
+            if a != b and a_start < b_end and b_start < a_end:
+                aliased.update((a, b))
+    return aliased
 
 
 CONSTEXPR_TYPES = (bool, int, float, str, type(None), dt.DType)

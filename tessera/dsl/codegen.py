@@ -22,6 +22,7 @@ from contextlib import contextmanager
 from typing import Any, Iterator, NoReturn
 
 from ..ir.builder import Builder
+from ..ir.types import PointerType
 from ..ir.core import Location, Module
 from ..ir.errors import TypeRuleError
 from . import calls, control_flow, loop_exits, semantics
@@ -72,8 +73,10 @@ class CodeGenerator(ast.NodeVisitor):
         calls.check_signature(self, tree)
         runtime = [p for p in params if not p.constexpr]
         divisible = tuple(i for i, p in enumerate(runtime) if p.divisible_by_16)
+        noalias = tuple(i for i, p in enumerate(runtime) if isinstance(p.type, PointerType) and not p.may_alias)
+        attrs = {"divisible_by_16": divisible, "noalias": noalias}
         function = self.builder.function(self.source.name, [p.type for p in runtime], [p.name for p in runtime],
-                                         {"divisible_by_16": divisible} if divisible else None)
+                                         {k: v for k, v in attrs.items() if v} or None)
         args = iter(function.args)
         variables: dict[str, Any] = {}
         for p in params:

@@ -5,7 +5,9 @@ scalar arguments, the values of its constexpr parameters, and two facts per
 pointer/integer argument that let later passes emit wide memory accesses:
 whether it is divisible by 16 (pointers: 16-byte aligned) and whether an
 integer equals 1 (strides of 1 make accesses contiguous). Parameters listed
-in `do_not_specialize` contribute only their dtype.
+in `do_not_specialize` contribute only their dtype. Pointer arguments whose
+memory overlaps another argument's are marked `may_alias`, so the backend
+only promises "no aliasing" to LLVM where it holds.
 """
 
 from __future__ import annotations
@@ -32,3 +34,4 @@ class ParamSpec:
     type: Type | None = None
     divisible_by_16: bool = False
     equals_one: bool = False
+    may_alias: bool = False          # pointers: memory overlaps another pointer argument's

@@ -192,3 +192,20 @@ def test_error_columns_point_into_the_file_for_nested_kernels():
         nested[(1,)](np.zeros(1, np.float32))
     error = info.value
     assert error.source_line[error.column:].startswith("missing")
+
+
+def test_overlapping_array_arguments_are_not_promised_noalias():
+    x, y = np.ones(64, np.float32), np.ones(64, np.float32)
+    separate = scale.specialize(x, y, 64, 1.0, BLOCK=64).function
+    in_place = scale.specialize(x, x, 64, 1.0, BLOCK=64).function
+    overlapping_view = scale.specialize(x[:48], x[16:], 48, 1.0, BLOCK=64).function
+    assert separate.attrs["noalias"] == (0, 1)
+    assert "noalias" not in in_place.attrs and "noalias" not in overlapping_view.attrs
+
+
+def test_noalias_reaches_the_llvm_parameters():
+    x = np.ones(64, np.float32)
+    in_place = scale.compile(x, x, 64, 1.0, BLOCK=64, target="sm_80").stages["llvm_ir"]
+    separate = scale.compile(x, np.ones(64, np.float32), 64, 1.0, BLOCK=64, target="sm_80").stages["llvm_ir"]
+    assert "noalias" not in in_place.split("define")[1].split("{")[0]
+    assert separate.split("define")[1].split("{")[0].count("noalias") == 2

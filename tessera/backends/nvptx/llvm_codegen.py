@@ -5,9 +5,10 @@
 
 The kernel becomes one `ptx_kernel` function:
 
-* parameters: pointers are `ptr addrspace(1) noalias` (every pointer
-  argument is assumed not to alias the others, which lets read-only inputs
-  use `ld.global.nc`); scalars keep their type, except `bool`, which is
+* parameters: pointers are `ptr addrspace(1)`, and `noalias` where the
+  function's `noalias` attribute lists them (the launch found their memory
+  disjoint from every other pointer argument's; it lets read-only inputs use
+  `ld.global.nc`); scalars keep their type, except `bool`, which is
   passed as one byte (i8, 0 or 1) like numpy and torch store it;
 * `"nvvm.maxntid"="<num_threads>"` (PTX `.maxntid`, the launch bound);
 * shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
@@ -84,9 +85,10 @@ class Lowering:
         maxntid = f'"nvvm.maxntid"="{int(self.fn.attrs["num_threads"])}"'
         function.attributes._known = function.attributes._known | {maxntid}  # string attrs are not in llvmlite's list
         function.attributes.add(maxntid)
-        for arg, param in zip(self.fn.args, function.args):
+        noalias = set(self.fn.attrs.get("noalias", ()))
+        for index, (arg, param) in enumerate(zip(self.fn.args, function.args)):
             param.name = _llvm_name(arg.name_hint) or "arg"
-            if isinstance(arg.type, PointerType):
+            if isinstance(arg.type, PointerType) and index in noalias:
                 param.add_attribute("noalias")
         return function
 
