@@ -57,10 +57,14 @@ func @vadd(%x: ptr<{t}>, %y: ptr<{t}>, %out: ptr<{t}>, %n: i32) {attrs} {{
 """
 
 
-def vector_add(t: str, k: int) -> str:
+# The three pointers of vector add are disjoint: the launch says so with `noalias`.
+VECTOR_ADD_ATTRS = "attributes {noalias = [0, 1, 2], num_threads = 128, shared_bytes = 0, warp_size = 32}"
+
+
+def vector_add(t: str, k: int, attrs: str = VECTOR_ADD_ATTRS) -> str:
     # With `vector = k` only the first pointer of each group matters, so the
     # lane offsets can stay zero here.
-    return VECTOR_ADD.format(t=t, k=k, block=128 * k, attrs=ATTRS)
+    return VECTOR_ADD.format(t=t, k=k, block=128 * k, attrs=attrs)
 
 
 @pytest.mark.parametrize("target", TARGETS)
@@ -70,6 +74,13 @@ def test_vector_add_with_vector_4_is_one_128_bit_load_per_operand(target):
     assert a.ptx.count("ld.global.nc.v4.b32") == 2  # noalias + read-only -> the non-coherent path
     assert a.ptx.count("st.global.v4.b32") == 1
     assert "load <4 x float>, ptr addrspace(1)" in a.llvm_ir and "align 16" in a.llvm_ir
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_pointers_that_may_alias_use_coherent_loads(target):
+    a = compile_ir(vector_add("f32", 4, attrs=ATTRS), target)      # no `noalias` attribute: in-place launch
+    assert "noalias" not in a.llvm_ir.split("define")[1].split("{")[0]
+    assert a.ptx.count("ld.global.v4.b32") == 2 and "ld.global.nc" not in a.ptx
     assert a.num_threads == 128 and a.shared_bytes == 0 and a.kernel == "vadd"
 
 
@@ -409,10 +420,12 @@ def test_integer_division_and_shifts_are_guarded():
     assert "select" in a.llvm_ir
 
 
-def test_bool_parameters_are_bytes_and_pointers_are_noalias():
+def test_bool_parameters_are_bytes_and_pointers_are_noalias_only_when_listed():
     a = compile_ir(MASKED_GROUPS, "sm_80")
     assert "i8 %\"m\"" in a.llvm_ir or "i8 %m" in a.llvm_ir
-    assert a.llvm_ir.count("ptr addrspace(1) noalias") == 2
+    assert a.llvm_ir.count("ptr addrspace(1) noalias") == 0        # the IR promises nothing about aliasing
+    listed = compile_ir(MASKED_GROUPS.replace("attributes {", "attributes {noalias = [0, 1], ", 1), "sm_80")
+    assert listed.llvm_ir.count("ptr addrspace(1) noalias") == 2
     assert ".param .u8 masked_param_2" in a.ptx or ".param .b8 masked_param_2" in a.ptx
 
 

@@ -84,16 +84,17 @@ def test_kernel_signature_is_the_runtime_parameters():
     assert fn.name == "vector_add"
     assert [(a.name_hint, a.type) for a in fn.args] == [
         ("x_ptr", PTR_F32), ("y_ptr", PTR_F32), ("out_ptr", PTR_F32), ("n", I32)]
-    assert fn.attrs == {"divisible_by_16": (0, 2)}
+    assert fn.attrs == {"divisible_by_16": (0, 2), "noalias": (0, 1, 2)}
     assert top_ops(fn)[-1] == "return"
     assert {"program_id", "arange", "load", "store"} <= {op.name for op in ops(fn)}
     (arange,) = ops(fn, "arange")
     assert arange.attrs == {"start": 0, "end": 128}
 
 
-def test_no_divisibility_attribute_when_nothing_is_divisible():
-    fn = trace(vector_add, arg("x_ptr", PTR_F32), arg("y_ptr", PTR_F32), arg("out_ptr", PTR_F32),
-               arg("n", I32), const("BLOCK", 64))
+def test_no_attributes_when_nothing_is_divisible_and_pointers_may_alias():
+    may_alias = dict(may_alias=True)
+    fn = trace(vector_add, arg("x_ptr", PTR_F32, **may_alias), arg("y_ptr", PTR_F32, **may_alias),
+               arg("out_ptr", PTR_F32, **may_alias), arg("n", I32), const("BLOCK", 64))
     assert fn.attrs == {}
 
 
