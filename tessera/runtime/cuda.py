@@ -20,7 +20,6 @@ that context current only when another one is (multi-GPU), and restores it.
 
 from __future__ import annotations
 
-import ctypes
 import functools
 import re
 import sys
@@ -29,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .errors import LaunchError
+from .native import any_library_loads
 from .limits import DEFAULT_SHARED_BYTES, DeviceLimits, validate_launch
 from .packing import ArgumentPacker
 
@@ -42,13 +42,7 @@ NO_DRIVER_MESSAGE = ("no NVIDIA driver found (libcuda.so.1 could not be loaded),
 @functools.cache
 def driver_available() -> bool:
     """Whether the NVIDIA driver library loads; never initializes CUDA, never hangs."""
-    for name in _LIBCUDA_NAMES:
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
+    return any_library_loads(_LIBCUDA_NAMES)
 
 
 _init_lock = threading.Lock()

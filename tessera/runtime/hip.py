@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .errors import LaunchError
+from .native import any_library_loads
 from .limits import DeviceLimits, validate_launch
 from .packing import ArgumentPacker
 
@@ -49,13 +50,7 @@ NO_RUNTIME_MESSAGE = ("no ROCm runtime found (libamdhip64.so could not be loaded
 @functools.cache
 def driver_available() -> bool:
     """Whether the ROCm runtime library loads; never initializes HIP."""
-    for name in _LIBHIP_NAMES:
-        try:
-            ctypes.CDLL(name)
-            return True
-        except OSError:
-            continue
-    return False
+    return any_library_loads(_LIBHIP_NAMES)
 
 
 def _hip_python():

@@ -33,7 +33,7 @@ from tessera.ir.types import PointerType, Type, ViewType, scalar_dtype, shape_of
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
 from .control_flow import KernelReturn
 from .errors import InterpreterError
-from .registry import SEMANTICS
+from .registry import SEMANTICS, apply_semantics
 from .storage import Memory
 from .values import Pointers, View
 
@@ -93,18 +93,7 @@ class ProgramInstance:
             sem = SEMANTICS.get(op.name)
             if sem is None:
                 raise self.error(op, f"the interpreter has no semantics for op '{op.name}'")
-            try:
-                out = sem.fn(self, op, *[env[v] for v in op.operands])
-            except KernelReturn:
-                raise
-            except InterpreterError as e:
-                if e.op is None:  # raised below the op (by Memory, say): add where it happened
-                    raise self.error(op, e.message) from None
-                raise
-            except Exception as e:
-                e.add_note(f"while interpreting '{op.name}' at {op.loc or 'unknown location'} "
-                           f"in kernel '{self.fn.name}', program {self.program_id}")
-                raise
+            out = apply_semantics(self, sem, op, [env[v] for v in op.operands], f"program {self.program_id}")
             if op.name in _TERMINATORS:
                 return list(out)
             results = op.results

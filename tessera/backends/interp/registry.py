@@ -38,3 +38,26 @@ def semantics(*names: str, multi: bool = False) -> Callable[[Callable], Callable
         return fn
 
     return register
+
+
+def apply_semantics(ctx, sem: Semantics, op, values: list, where: str):
+    """Run `sem` on `op`; errors raised below the op (by Memory, say) get the op's location.
+
+    `where` names the running instance in notes added to unexpected
+    exceptions ("program (1, 0, 0)", "block (0, 0, 0)"). Used by both the
+    tile interpreter and the SIMT simulator.
+    """
+    from .control_flow import KernelReturn
+    from .errors import InterpreterError
+
+    try:
+        return sem.fn(ctx, op, *values)
+    except KernelReturn:
+        raise
+    except InterpreterError as e:
+        if e.op is None:
+            raise ctx.error(op, e.message) from None
+        raise
+    except Exception as e:
+        e.add_note(f"while running '{op.name}' at {op.loc or 'unknown location'} in kernel '{ctx.fn.name}', {where}")
+        raise

@@ -34,6 +34,7 @@ from . import simt_control, simt_memory  # noqa: F401  (fill the SIMT semantics 
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .interpreter import _normalize_grid, bind_arguments
+from .registry import apply_semantics
 from .simt_ops import SIMT_SEMANTICS
 from .simt_shared import SharedMemory
 from .thread_checks import TILE_ONLY_OPS, verify_thread_ir
@@ -131,18 +132,7 @@ class ThreadBlock:
                 what = "a tile-level op; lower the kernel to threads first" if op.name in TILE_ONLY_OPS else \
                     "not supported by the SIMT simulator"
                 raise self.error(op, f"op '{op.name}' is {what}")
-            try:
-                out = sem.fn(self, op, *[env[v] for v in op.operands])
-            except KernelReturn:
-                raise
-            except InterpreterError as e:
-                if e.op is None:  # raised below the op (by Memory, say): add where it happened
-                    raise self.error(op, e.message) from None
-                raise
-            except Exception as e:
-                e.add_note(f"while simulating '{op.name}' at {op.loc or 'unknown location'} "
-                           f"in kernel '{self.fn.name}', block {self.program_id}")
-                raise
+            out = apply_semantics(self, sem, op, [env[v] for v in op.operands], f"block {self.program_id}")
             if op.name in _TERMINATORS:
                 return list(out)
             if sem.multi:
