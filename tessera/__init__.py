@@ -48,3 +48,4 @@ from .dsl.language.linalg import dot
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
 from .ir import layouts
+from .dsl.autotune import Config, autotune
