@@ -5,7 +5,8 @@ In thread IR every value is per thread. A tile of the tile IR becomes a
 layout); elementwise ops, loads and stores keep their tile-IR names and
 apply register by register. The ops here are the ones that only make sense
 per thread: where the thread is, moving registers in and out of register
-arrays, talking to other lanes (shuffles), shared memory and barriers.
+arrays, talking to other lanes (shuffles, and the warp-wide tensor-core
+`mma_m16n8k16`), shared memory and barriers.
 
 Registered into the same op table as the tile ops (`ops.OPS`).
 """
@@ -44,6 +45,17 @@ def _infer_shuffle(ts, a):
     return [value]
 
 
+def _infer_mma(ts, a):
+    x, y, acc = ts
+    shapes = ((x, 8), (y, 4), (acc, 4))
+    require(all(isinstance(t, RegsType) and t.count == n for t, n in shapes),
+            f"mma_m16n8k16 takes regs<8>, regs<4>, regs<4> (the A, B, C fragments), got {x}, {y}, {acc}")
+    require(x.element == y.element and x.element.dtype in (dt.f16, dt.bf16),
+            f"mma_m16n8k16 multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
+    require(acc.element == ScalarType(dt.f32), f"mma_m16n8k16 accumulates in f32, got {acc.element}")
+    return [acc]
+
+
 def _check_shared_alloc(op):
     require(len(op.results) == 1, "shared_alloc has one result")
     t = op.results[0].type
@@ -64,6 +76,9 @@ define_thread_op("extract", "Register `index` of a register array.", 1, attrs={"
 define_thread_op("shuffle", "The operand as held by another lane of the warp (shfl.sync: bfly/idx/up/down; "
                            "`width` splits the warp into segments).", 2,
        attrs={"mode": "str"}, optional_attrs={"width": "int"}, infer=_infer_shuffle)
+define_thread_op("mma_m16n8k16", "D = A @ B + C for one 16x16 A, 16x8 B and 16x8 f32 C, each spread over the 32 "
+                 "lanes of a warp in the `layouts.mma_m16n8k16_a/b/c()` fragments (mma.sync.aligned.m16n8k16."
+                 "row.col); every lane of the warp must execute it together.", 3, infer=_infer_mma)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it).", 0,

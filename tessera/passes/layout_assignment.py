@@ -22,7 +22,11 @@ layout yet, so the first layout to reach a value wins):
    which `pipeline_threads.lower` passes). The operand of a pinned
    `convert_layout` that nothing else uses takes the pinned layout too, so
    that `load(..., layout=L)` loads straight into L.
-2. anchors: the tiles of memory ops (pointer loads/stores/atomics: the
+2. anchors: a dot that runs on tensor cores (`mma.mma_plan`: f16/bf16
+   inputs, f32 accumulator, 16x8x16 multiples, an mma.sync target) gets
+   the mma accumulator layout on its result, and asks for its A and B
+   operands in the matching fragment layouts (as conversions, below).
+   The tiles of memory ops (pointer loads/stores/atomics: the
    pointer, value, mask and result; view loads: the result; view stores:
    the value) get `blocked_layout(shape, v)`, where `v` is how many
    elements along the last dim the alignment analysis proves contiguous
@@ -57,9 +61,10 @@ initial and yielded layouts differ), the assignment records a conversion
 for that operand in `conversions`: the lowering moves it through shared
 memory (or, when each thread already holds what it needs, by renaming
 registers). Shape ops (broadcast, expand_dims, reshape, permute,
-convert_layout), reduce operands and dot operands accept any layout: the
+convert_layout), reduce operands and FMA dot operands accept any layout: the
 lowering re-indexes or goes through shared memory as needed, so they never
-need a conversion.
+need a conversion; tensor-core dot operands are converted to their
+fragment layouts.
 Pointer tiles lead their groups (a load's or store's pointer, an addptr's
 base come before masks and offsets), so conflicts land on data rather than
 on pointers, which can only be rebuilt, not moved.
@@ -78,6 +83,7 @@ from tessera.ir.target import Target
 from tessera.ir.types import PointerType, TileType, Type, element_of
 
 from .errors import LoweringError
+from .mma import mma_plan
 
 ELEMENTWISE = frozenset([
     *BINARY_ARITH, "and", "or", "xor", "shl", "shr", "cmp", "neg", "abs", "not", *MATH_FUNCTIONS,
@@ -282,7 +288,11 @@ class _Assigner:
 
     def anchor(self, op: Operation) -> None:
         name = op.name
-        if name in MEMORY_TIED:
+        if name == "dot":
+            plan = mma_plan(op, self.target, self.out.num_warps)
+            if plan is not None:
+                self.set(op.result, plan.c)
+        elif name in MEMORY_TIED:
             tiles = [v for v in [*op.operands, *op.results] if isinstance(v.type, TileType)]
             if not tiles:
                 return
@@ -346,6 +356,11 @@ class _Assigner:
                 for v, site, index in slots:
                     if site is not None and self.layouts[v] != want:
                         self.out.conversions[(site, index)] = want
+            if op.name == "dot":
+                plan = mma_plan(op, self.target, self.out.num_warps)
+                for index, want in ((0, plan and plan.a), (1, plan and plan.b)):
+                    if want is not None and self.layouts[op.operands[index]] != want:
+                        self.out.conversions[(op, index)] = want
 
 
 def tied_groups(op: Operation) -> list[list[Value]]:

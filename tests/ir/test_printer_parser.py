@@ -215,6 +215,10 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   %smem = shared_alloc {bytes = 512, offset = -1} : ptr<f32, shared>
   store %smem, %y
   barrier
+  %fa = constant {value = 0.5} : regs<8xf16>
+  %fb = constant {value = 2.0} : regs<4xf16>
+  %fc = constant {value = 0.0} : regs<4xf32>
+  %fd = mma_m16n8k16 %fa, %fb, %fc : regs<4xf32>
   return
 }
 """,

@@ -9,7 +9,8 @@ threads in the context's active mask (`ctx.mask`, None when all are).
 Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
 interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
 tile IR computes. This file adds the thread-level ops: thread_id, registers
-(splat, pack, extract), select, shuffles, barriers, shared_alloc and the
+(splat, pack, extract), select, shuffles, the warp-wide tensor-core
+`mma_m16n8k16`, barriers, shared_alloc and the
 debugging ops; memory ops are in `simt_memory.py`, control flow in
 `simt_control.py`.
 
@@ -31,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from tessera.ir.layouts import mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c
 from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
 from tessera.ir.types import shape_of, scalar_dtype
 
@@ -188,6 +190,48 @@ def _shuffle(ctx, op, value, lane):
         raise ctx.error(op, f"thread {t} reads lane {int(src[t] % warp)} of its warp, but the block has only "
                             f"{ctx.num_threads} threads (the last warp is partial)")
     return value[np.minimum(src, ctx.num_threads - 1)]
+
+
+# -- tensor cores ----------------------------------------------------------------
+
+@simt("mma_m16n8k16")
+def _mma_m16n8k16(ctx, op, a, b, c):
+    """mma.sync m16n8k16 per warp: gather A (16x16), B (16x8), C (16x8) from the lanes' fragments
+    (`layouts.mma_m16n8k16_a/b/c`), D = A @ B + C, scatter D back.
+
+    Products of f16/bf16 values are exact in f32; the simulator adds them to C
+    one k at a time, rounding to f32 each step (the hardware's order and
+    intermediate precision are unspecified: within a few f32 ulps of this).
+    """
+    warp = ctx.warp_size
+    if warp != 32 or ctx.num_threads % warp:
+        raise ctx.error(op, f"mma_m16n8k16 needs whole 32-lane warps, but the block has {ctx.num_threads} "
+                            f"threads in warps of {warp}")
+    if ctx.mask is not None:
+        per_warp = ctx.mask.reshape(-1, warp)
+        partial = per_warp.any(axis=1) & ~per_warp.all(axis=1)
+        if partial.any():
+            w = int(np.argmax(partial))
+            raise ctx.error(op, f"mma_m16n8k16 in divergent code: only {int(per_warp[w].sum())} of the 32 lanes "
+                                f"of warp {w} execute it; every lane of a warp must reach mma.sync together")
+    a_at, b_at, c_at = (_fragment_coords(layout) for layout in (mma_m16n8k16_a(), mma_m16n8k16_b(),
+                                                                 mma_m16n8k16_c()))
+    warps = ctx.num_threads // warp
+    A = np.zeros((warps, 16, 16), np.float32)
+    B = np.zeros((warps, 16, 8), np.float32)
+    D = np.zeros((warps, 16, 8), np.float32)
+    A[:, a_at[0], a_at[1]] = a.reshape(warps, warp, 8).astype(np.float32)
+    B[:, b_at[0], b_at[1]] = b.reshape(warps, warp, 4).astype(np.float32)
+    D[:, c_at[0], c_at[1]] = c.reshape(warps, warp, 4).astype(np.float32)
+    for k in range(16):
+        D = D + A[:, :, k, None] * B[:, None, k, :]   # float32 throughout: one rounding per k
+    return D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, 4)
+
+
+def _fragment_coords(layout):
+    """(rows, cols), each (32, registers): the element lane l's register j holds."""
+    rows, cols = layout.table().transpose(2, 0, 1)
+    return rows, cols
 
 
 # -- shared memory and barriers --------------------------------------------------

@@ -52,6 +52,11 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.ui2f.rz": (F32, (I32,)),
     "llvm.nvvm.ll2f.rz": (F32, (I64,)),
     "llvm.nvvm.ull2f.rz": (F32, (I64,)),
+    # mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32: A as 4 and B as 2 registers of
+    # two 16-bit values (<2 x half> for f16, i32 for bf16), C as 4 floats; D comes back as a struct.
+    "llvm.nvvm.mma.m16n8k16.row.col.f32.f32": (ir.LiteralStructType([F32] * 4),
+                                              (ir.VectorType(F16, 2),) * 6 + (F32,) * 4),
+    "llvm.nvvm.mma.m16n8k16.row.col.bf16": (ir.LiteralStructType([F32] * 4), (I32,) * 6 + (F32,) * 4),
 }
 
 # -- overloaded families -----------------------------------------------------------

@@ -7,6 +7,9 @@
   segments as CUDA's `__shfl_*_sync(..., width)` does: the clamp operand is
   `(32 - width) << 8 | (mode == up ? 0 : 31)`. Values narrower than 32 bits
   are zero-extended and truncated back; 64-bit values move as two halves.
+* `mma_m16n8k16` is `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
+  (needs sm_80+); fragment registers 2i and 2i+1 share one 32-bit register, the
+  lower index in the low half, as the PTX ISA packs .f16x2/.bf16x2.
 * `barrier` is `bar.sync 0` (`llvm.nvvm.barrier.cta.sync.aligned.all`).
 * `shared_alloc` is its byte `offset` into the kernel's dynamic shared buffer.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 
 from llvmlite import ir
 
+from tessera.ir import dtypes as dt
 from tessera.ir.types import scalar_dtype
 
 from .llvm_types import I32, I64, register_type, scalar_type
@@ -95,6 +99,32 @@ def _shuffle(lw, op, value, lane):
     if dtype.is_int or dtype.is_bool:
         return moved
     return bld.bitcast(moved, scalar_type(dtype))
+
+
+MMA_INTRINSICS = {dt.f16: "llvm.nvvm.mma.m16n8k16.row.col.f32.f32", dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16"}
+
+
+@lowering("mma_m16n8k16")
+def _mma_m16n8k16(lw, op, a, b, c):
+    dtype = scalar_dtype(op.operands[0].type)
+    bld = lw.builder
+    accumulators = [bld.extract_element(c, ir.Constant(I32, i)) for i in range(4)]
+    d = lw.intrinsic(MMA_INTRINSICS[dtype], [*_pairs(bld, a, dtype), *_pairs(bld, b, dtype), *accumulators])
+    result = ir.Constant(c.type, ir.Undefined)
+    for i in range(4):
+        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, i))
+    return result
+
+
+def _pairs(bld, regs, dtype):
+    """Registers 2i, 2i+1 as one 32-bit operand (<2 x half> for f16, i32 for bf16, 2i in the low half)."""
+    count = regs.type.count // 2
+    if dtype == dt.f16:
+        undef = ir.Constant(regs.type, ir.Undefined)
+        return [bld.shuffle_vector(regs, undef, ir.Constant(ir.VectorType(I32, 2), [2 * i, 2 * i + 1]))
+                for i in range(count)]
+    words = bld.bitcast(regs, ir.VectorType(I32, count))
+    return [bld.extract_element(words, ir.Constant(I32, i)) for i in range(count)]
 
 
 @lowering("breakpoint")

@@ -194,6 +194,11 @@ class _Validator:
             raise self.fail(f"bytes [{offset}, {offset + size}) lie outside the kernel's shared memory "
                             f"(shared_bytes = {total}); raise the function's shared_bytes", op)
 
+    def op_mma_m16n8k16(self, op: Operation) -> None:
+        if not self.target.has("mma.sync"):
+            raise self.fail(f"mma_m16n8k16 needs mma.sync, which {self.target.name} lacks; lower the kernel for "
+                            f"this target (dot then uses FMA)", op)
+
     def op_shuffle(self, op: Operation) -> None:
         width = op.attrs.get("width", 0)
         if width > self.target.warp_size:

@@ -10,7 +10,7 @@ are (`copy_scalar_op`).
     shape.py          broadcast, expand_dims, reshape, permute, convert_layout
     memory.py         pointer loads/stores/atomics, tensor views
     reductions.py     reduce, arg_reduce, scan
-    dot.py            dot (FMA through shared memory)
+    dot.py            dot (mma.sync tensor cores, else FMA through shared memory)
     control_flow.py   for, if, while and their terminators
     debug.py          print, breakpoint (dropped), assert
 """

@@ -1,4 +1,16 @@
-"""dot: the FMA fallback, through shared memory.
+"""dot: on tensor cores (mma.sync m16n8k16) where it qualifies, else the FMA fallback.
+
+Tensor cores (`mma.mma_plan` says when, and picks the layouts): layout
+assignment has already put the accumulator in the mma C layout and asked
+for A and B in the fragment layouts, so each thread holds, for each of its
+warp's fragments, exactly the registers mma.sync takes. For every
+(m-fragment, n-fragment) the warp runs one `mma_m16n8k16` per k-fragment,
+in k order, accumulating into that C fragment. Each mma rounds to f32 as
+the hardware does (the SIMT simulator accumulates each fragment's 16
+products in f32, in k order), so results agree with the tile interpreter's
+single rounding of the exact sum to about K ulps of f32, not bit for bit.
+
+FMA fallback, through shared memory:
 
 A and B are stored row-major into shared memory (whatever their layouts),
 a barrier, then every thread runs a thread-level `for` over k that loads
@@ -9,21 +21,25 @@ multiply (exact for f16/bf16/fp8 into f32; integers wrap like the
 interpreter's). The sum is rounded at every step, unlike the tile
 interpreter's single rounding of an exact sum, so float results agree to
 the accumulator's precision times K, not bit for bit; `input_precision`
-is ignored (full f32). Tensor-core paths (mma, wgmma, mfma) come later.
+is ignored (full f32).
 """
 
 from __future__ import annotations
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block
-from tessera.ir.types import ScalarType
+from tessera.ir.types import RegsType, ScalarType
 
+from ..mma import mma_plan
 from . import lowering
 from .context import Regs
 
 
 @lowering("dot")
 def _dot(ctx, op):
+    plan = mma_plan(op, ctx.target, ctx.num_threads // ctx.warp_size)
+    if plan is not None:
+        return _mma_dot(ctx, op, plan)
     a, b, acc = ctx.operands(op)
     (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
     layout = ctx.assignment.layout(op.result)
@@ -46,3 +62,21 @@ def _dot(ctx, op):
     loop = ctx.create("for", [ctx.const(0), ctx.const(k), ctx.const(1), acc.value], None, [acc.value.type], [body])
     ctx.barrier()
     ctx.define(op.result, Regs(loop.result, layout), op)
+
+
+def _mma_dot(ctx, op, plan):
+    a, b, acc = ctx.operands(op)           # A and B arrive in plan.a / plan.b (recorded conversions)
+    a, b, acc = (ctx.convert(x, want, op) for x, want in ((a, plan.a), (b, plan.b), (acc, plan.c)))
+    a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
+    c_regs = list(ctx.unpack(acc.value))
+    fragment = RegsType(ScalarType(dt.f32), 4)
+    for rm in range(plan.rm):
+        for rn in range(plan.rn):
+            c0 = (rm * plan.rn + rn) * 4
+            d = ctx.pack(c_regs[c0:c0 + 4])
+            for rk in range(plan.rk):
+                a0, b0 = (rm * plan.rk + rk) * 8, (rk * plan.rn + rn) * 4
+                d = ctx.emit("mma_m16n8k16", ctx.pack(a_regs[a0:a0 + 8]), ctx.pack(b_regs[b0:b0 + 4]), d,
+                             type=fragment)
+            c_regs[c0:c0 + 4] = ctx.unpack(d)
+    ctx.define(op.result, Regs(ctx.pack(c_regs), plan.c), op)

@@ -1,0 +1,157 @@
+"""GEMM with a fused epilogue: C = act(alpha * op(A) @ op(B) + bias).
+
+Each program computes one BM x BN block of C: it walks K in steps of BK,
+multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
+float32 accumulator, then applies alpha, the bias and the activation and
+stores the block in the output dtype. Transposed operands are views with
+swapped strides, so nothing is copied; block loads are bounds-checked, so
+the sizes need not be multiples of the blocks.
+
+`gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (with a fake
+implementation, so `torch.compile` traces it). CUDA tensors launch the
+autotuned kernel; CPU tensors run on the tile interpreter with one small
+pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from typing import Optional
+
+import torch
+
+import tessera
+
+ACTIVATIONS = ("none", "relu", "gelu", "silu")
+
+# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores):
+CONFIGS = [
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=8),  # large square problems
+    tessera.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=4),   # tall: M much larger than N
+    tessera.Config({"BM": 64, "BN": 128, "BK": 64}, num_warps=4),   # wide: N much larger than M
+    tessera.Config({"BM": 64, "BN": 64, "BK": 64}, num_warps=4),    # small problems: more programs to fill SMs
+    tessera.Config({"BM": 128, "BN": 128, "BK": 32}, num_warps=4),  # register-light fallback
+]
+# The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
+CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=4)
+
+SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+
+
+@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.kernel
+def gemm_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, alpha,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                HAS_BIAS: tessera.constexpr, ACTIVATION: tessera.constexpr,
+                BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    pid_m = tessera.program_id(0)
+    pid_n = tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
+    b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
+    c = tessera.view(c_ptr, (M, N))
+
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in range(0, tessera.cdiv(K, BK)):
+        a_block = a.block((BM, BK), (pid_m, k)).load()
+        b_block = b.block((BK, BN), (k, pid_n)).load()
+        acc = tessera.dot(a_block, b_block, acc)
+
+    acc = acc * alpha
+    if HAS_BIAS:
+        bias = tessera.view(bias_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
+        acc = acc + bias.to(tessera.f32)
+    if ACTIVATION == "relu":
+        acc = tessera.maximum(acc, 0.0)
+    elif ACTIVATION == "gelu":      # tanh approximation
+        acc = 0.5 * acc * (1.0 + tessera.tanh(SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)))
+    elif ACTIVATION == "silu":
+        acc = acc * tessera.sigmoid(acc)
+    c.block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+# ---------------------------------------------------------------------------
+# The torch op
+
+TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+
+
+def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
+           out_dtype: Optional[torch.dtype], trans_a: bool, trans_b: bool) -> tuple[int, int, int, torch.dtype]:
+    """Validate the arguments; return M, N, K and the output dtype."""
+    for name, x in (("a", a), ("b", b)):
+        if x.dim() != 2:
+            raise ValueError(f"tessera::gemm: {name} must be a 2-D matrix, got shape {tuple(x.shape)}")
+        if x.dtype not in TORCH_DTYPES:
+            raise ValueError(f"tessera::gemm: {name} has dtype {x.dtype}; supported are float16, bfloat16, float32")
+    if a.dtype != b.dtype:
+        raise ValueError(f"tessera::gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+    if a.device != b.device:
+        raise ValueError(f"tessera::gemm: a is on {a.device} but b is on {b.device}")
+    M, K = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
+    K_b, N = (b.shape[1], b.shape[0]) if trans_b else (b.shape[0], b.shape[1])
+    if K != K_b:
+        raise ValueError(f"tessera::gemm: shape mismatch: op(a) is {M}x{K} (a {tuple(a.shape)}, trans_a={trans_a}) "
+                         f"but op(b) is {K_b}x{N} (b {tuple(b.shape)}, trans_b={trans_b}); inner sizes differ")
+    if (activation or "none") not in ACTIVATIONS:
+        raise ValueError(f"tessera::gemm: unknown activation {activation!r}; choose one of {ACTIVATIONS} or None")
+    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype not in TORCH_DTYPES:
+        raise ValueError(f"tessera::gemm: out_dtype {out_dtype} is not supported; use float16, bfloat16 or float32")
+    if bias is not None:
+        if bias.dim() != 1 or bias.shape[0] != N:
+            raise ValueError(f"tessera::gemm: bias must have shape ({N},) to match the output's N, "
+                             f"got {tuple(bias.shape)}")
+        if bias.dtype not in (torch.float32, out_dtype):
+            raise ValueError(f"tessera::gemm: bias has dtype {bias.dtype}; use float32 or the output dtype {out_dtype}")
+        if bias.device != a.device:
+            raise ValueError(f"tessera::gemm: bias is on {bias.device} but a is on {a.device}")
+    return M, N, K, out_dtype
+
+
+def _strided(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
+    """A logical matrix -> (its dense storage, row stride, column stride); only non-dense layouts are copied."""
+    if not x.is_contiguous() and x.t().is_contiguous():
+        return x.t(), x.stride(0), x.stride(1)     # column-major: the transpose is the dense tensor
+    x = x.contiguous()
+    return x, x.stride(0), x.stride(1)
+
+
+def _host(x: torch.Tensor):
+    """A CPU tensor as an interpreter argument (numpy has no bfloat16: pass its bits)."""
+    return tessera.reinterpret(x.view(torch.uint16), tessera.bf16) if x.dtype == torch.bfloat16 else x
+
+
+@torch.library.custom_op("tessera::gemm", mutates_args=())
+def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+         activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
+         trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0) -> torch.Tensor:
+    """act(alpha * op(a) @ op(b) + bias), accumulated in float32; op transposes when trans_a / trans_b.
+
+    a is [M, K] ([K, M] with trans_a), b is [K, N] ([N, K] with trans_b),
+    bias is [N] in float32 or the output dtype, activation is None, "relu",
+    "gelu" (tanh approximation) or "silu"; the result is [M, N] in
+    out_dtype (default: the inputs' dtype).
+    """
+    M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b)
+    c = torch.empty((M, N), dtype=out_dtype, device=a.device)
+    if M == 0 or N == 0:
+        return c
+    a_mem, stride_am, stride_ak = _strided(a.t() if trans_a else a)
+    b_mem, stride_bk, stride_bn = _strided(b.t() if trans_b else b)
+    bias_mem = bias.contiguous() if bias is not None else c       # c stands in when there is no bias
+    args = (a_mem, b_mem, bias_mem, c, M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
+    constants = dict(HAS_BIAS=bias is not None, ACTIVATION=activation or "none")
+    if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
+        grid = (tessera.cdiv(M, CPU_CONFIG.kwargs["BM"]), tessera.cdiv(N, CPU_CONFIG.kwargs["BN"]))
+        host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+        gemm_kernel.kernel[grid](*host_args, **constants, **CPU_CONFIG.as_dict())
+    else:
+        gemm_kernel[lambda meta: (tessera.cdiv(M, meta["BM"]), tessera.cdiv(N, meta["BN"]))](*args, **constants)
+    return c
+
+
+@gemm.register_fake
+def _gemm_fake(a, b, bias=None, *, activation=None, out_dtype=None, trans_a=False, trans_b=False, alpha=1.0):
+    M, N, _, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b)
+    return a.new_empty((M, N), dtype=out_dtype)

@@ -1,0 +1,142 @@
+"""tessera::gemm (tessera/kernels_lib/gemm.py) on the CPU interpreter, against torch in float32."""
+
+import itertools
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tessera.kernels_lib import gemm  # noqa: E402
+from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
+
+DTYPES = [torch.float16, torch.bfloat16, torch.float32]
+TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-4}
+ACTIVATIONS = {
+    None: lambda x: x,
+    "relu": torch.relu,
+    "gelu": lambda x: torch.nn.functional.gelu(x, approximate="tanh"),
+    "silu": torch.nn.functional.silu,
+}
+
+
+def reference(a, b, bias=None, activation=None, out_dtype=None, trans_a=False, trans_b=False, alpha=1.0):
+    out_dtype = out_dtype or a.dtype
+    a, b = a.float(), b.float()
+    x = alpha * ((a.t() if trans_a else a) @ (b.t() if trans_b else b))
+    if bias is not None:
+        x = x + bias.float()
+    return ACTIVATIONS[activation](x).to(out_dtype)
+
+
+def operands(M, N, K, dtype, trans_a=False, trans_b=False, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    a = torch.randn((K, M) if trans_a else (M, K), generator=g).to(dtype)
+    b = torch.randn((N, K) if trans_b else (K, N), generator=g).to(dtype)
+    return a, b
+
+
+def check(out, expected):
+    assert out.dtype == expected.dtype and out.shape == expected.shape
+    tol = TOLERANCE[out.dtype]
+    torch.testing.assert_close(out.float(), expected.float(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("dtype", DTYPES, ids=str)
+@pytest.mark.parametrize("trans_a,trans_b", list(itertools.product([False, True], repeat=2)))
+@pytest.mark.parametrize("M,N,K", [(1, 1, 1), (17, 33, 64), (64, 17, 33), (33, 64, 17)])
+def test_matches_torch(M, N, K, trans_a, trans_b, dtype):
+    a, b = operands(M, N, K, dtype, trans_a, trans_b)
+    out = gemm(a, b, trans_a=trans_a, trans_b=trans_b)
+    check(out, reference(a, b, trans_a=trans_a, trans_b=trans_b, out_dtype=dtype))
+
+
+@pytest.mark.parametrize("activation", list(ACTIVATIONS))
+@pytest.mark.parametrize("bias_dtype", [None, torch.float32, torch.float16])
+def test_epilogue(activation, bias_dtype):
+    a, b = operands(17, 33, 20, torch.float16, seed=1)
+    bias = None if bias_dtype is None else torch.randn(33).to(bias_dtype)
+    out = gemm(a, b, bias=bias, activation=activation, alpha=0.25)
+    check(out, reference(a, b, bias, activation, alpha=0.25, out_dtype=torch.float16))
+
+
+@pytest.mark.parametrize("in_dtype,out_dtype", [(torch.float16, torch.float32), (torch.bfloat16, torch.float32),
+                                                (torch.float32, torch.bfloat16), (torch.bfloat16, torch.float16)])
+def test_out_dtype(in_dtype, out_dtype):
+    a, b = operands(9, 18, 27, in_dtype, trans_b=True, seed=2)
+    bias = torch.randn(18)
+    out = gemm(a, b, bias=bias, out_dtype=out_dtype, trans_b=True, activation="gelu", alpha=-1.5)
+    check(out, reference(a, b, bias, "gelu", out_dtype, trans_b=True, alpha=-1.5))
+
+
+def test_strided_views_are_not_copied_and_other_layouts_work():
+    a, b = operands(12, 10, 8, torch.float32, seed=3)
+    a_col_major = a.t().contiguous().t()       # the same matrix, stored column-major
+    b_every_other = torch.randn(8, 20)[:, ::2]  # neither row- nor column-major: copied
+    check(gemm(a_col_major, b_every_other), reference(a, b_every_other))
+
+
+def test_empty_and_zero_k():
+    assert gemm(torch.randn(0, 4), torch.randn(4, 3)).shape == (0, 3)
+    bias = torch.randn(3)
+    check(gemm(torch.randn(5, 0), torch.randn(0, 3), bias=bias, activation="relu"),
+          torch.relu(bias).expand(5, 3).contiguous())
+
+
+def test_opcheck():
+    a, b = operands(5, 7, 6, torch.float16, seed=4)
+    op = torch.ops.tessera.gemm.default
+    torch.library.opcheck(op, (a, b))
+    torch.library.opcheck(op, (a.t().contiguous(), b, torch.randn(7)),
+                          {"activation": "silu", "trans_a": True, "alpha": 2.0, "out_dtype": torch.float32})
+
+
+def test_fake_tensor_shapes_and_dtypes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        a, b = torch.empty(1000, 300, dtype=torch.bfloat16), torch.empty(200, 300, dtype=torch.bfloat16)
+        out = gemm(a, b, bias=torch.empty(200), trans_b=True, out_dtype=torch.float32)
+        assert out.shape == (1000, 200) and out.dtype == torch.float32
+        with pytest.raises(ValueError, match="shape mismatch"):
+            gemm(a, b)
+
+
+def test_torch_compile_traces_the_op():
+    def f(a, b, bias):
+        return gemm(a, b, bias=bias, activation="relu").float() * 2
+
+    a, b = operands(6, 5, 4, torch.float16, seed=5)
+    bias = torch.randn(5)
+    out = torch.compile(f, fullgraph=True, backend="eager")(a, b, bias)
+    torch.testing.assert_close(out, reference(a, b, bias, "relu", torch.float16).float() * 2, rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda: gemm(torch.randn(4, 5), torch.randn(6, 3)), r"op\(a\) is 4x5 \(a \(4, 5\).*op\(b\) is 6x3 \(b \(6, 3\)"),
+    (lambda: gemm(torch.randn(4, 5), torch.randn(3, 5)), "shape mismatch"),
+    (lambda: gemm(torch.randn(4, 5), torch.randn(5)), "2-D"),
+    (lambda: gemm(torch.randn(4, 5).double(), torch.randn(5, 3).double()), "float64"),
+    (lambda: gemm(torch.randn(4, 5).half(), torch.randn(5, 3)), "same dtype"),
+    (lambda: gemm(torch.randn(4, 5), torch.randn(5, 3), bias=torch.randn(4)), r"bias must have shape \(3,\)"),
+    (lambda: gemm(torch.randn(4, 5).half(), torch.randn(5, 3).half(), bias=torch.randn(3).bfloat16()), "bias"),
+    (lambda: gemm(torch.randn(4, 5), torch.randn(5, 3), activation="tanh"), "activation"),
+    (lambda: gemm(torch.randn(4, 5), torch.randn(5, 3), out_dtype=torch.int32), "out_dtype"),
+])
+def test_errors(call, message):
+    with pytest.raises(ValueError, match=message):
+        call()
+
+
+def test_gpu_configs_are_tiles_of_64_and_128():
+    assert gemm_kernel.tuner.configs == CONFIGS
+    assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
+               for c in CONFIGS)
+
+
+def test_kernel_compiles_for_hopper():
+    from tessera.backends.nvptx import find_ptxas
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    compiled = gemm_kernel.kernel.compile(
+        signature="*f16:16,*f16:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
+        target="sm_90a", num_warps=4, HAS_BIAS=True, ACTIVATION="gelu", BM=64, BN=64, BK=64)
+    assert compiled.cubin
