@@ -127,10 +127,10 @@ def _splat(ctx, op, x):
 @simt("pack")
 def _pack(ctx, op, *scalars):
     if isinstance(scalars[0], Pointers):
-        memory = scalars[0].memory
-        if any(p.memory is not memory for p in scalars):
+        target = scalars[0].memory
+        if any(p.memory is not target for p in scalars):
             raise ctx.error(op, "pack of pointers into different memories is not supported by the simulator")
-        return Pointers(memory, np.stack([p.offsets for p in scalars], axis=1))
+        return Pointers(target, np.stack([p.offsets for p in scalars], axis=1))
     return np.stack(scalars, axis=1)
 
 

@@ -41,7 +41,7 @@ def _dot(ctx, op):
     if plan is not None:
         return _mma_dot(ctx, op, plan)
     a, b, acc = ctx.operands(op)
-    (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
+    k, n = op.operands[0].type.shape[1], op.operands[1].type.shape[1]
     layout = ctx.assignment.layout(op.result)
     if acc.layout != layout:
         acc = ctx.convert(acc, layout, op)
