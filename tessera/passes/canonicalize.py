@@ -24,11 +24,12 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.ir import numerics
-from tessera.ir.core import Block, Function, Module, Operation, Value
+from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.dtypes import DType
 from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
 from tessera.ir.types import scalar_dtype
 
+from .manager import FunctionPass
 from .rewrite import inline_region, remap_operands, splice
 
 # A rewrite: the ops that take the old op's place, and the values that replace its results.
@@ -38,16 +39,6 @@ _BINARY = (*BINARY_ARITH, "and", "or", "xor", "shl", "shr")
 _UNARY = ("neg", "abs", "not")
 _SHAPE = ("splat", "broadcast", "expand_dims", "reshape", "permute")
 _SELF_COMPARISON = {"eq": True, "le": True, "ge": True, "ne": False, "lt": False, "gt": False}  # cmp(x, x), no NaN
-
-
-class Canonicalize:
-    """The pass object for `PassManager` (see the module docstring)."""
-
-    name = "canonicalize"
-
-    def run(self, module: Module) -> None:
-        for fn in module.functions:
-            canonicalize_function(fn)
 
 
 def canonicalize_function(fn: Function) -> bool:
@@ -324,3 +315,10 @@ def _known_for(op: Operation) -> Rewrite | None:
     if trips == 1:
         return inline_region(op.regions[0], [lb, *inits])
     return None
+
+
+class Canonicalize(FunctionPass):
+    """The pass object for `PassManager` (see the module docstring)."""
+
+    name = "canonicalize"
+    rewrite = staticmethod(canonicalize_function)

@@ -16,22 +16,13 @@ from __future__ import annotations
 
 from typing import Hashable
 
-from tessera.ir.core import Block, Function, Module, Operation, Value
+from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.printer import format_attrs
 from tessera.ir.types import scalar_dtype
 
+from .manager import FunctionPass
 from .rewrite import remap_operands
-
-
-class CSE:
-    """The pass object for `PassManager` (see the module docstring)."""
-
-    name = "cse"
-
-    def run(self, module: Module) -> None:
-        for fn in module.functions:
-            cse_function(fn)
 
 
 def cse_function(fn: Function) -> bool:
@@ -96,3 +87,10 @@ def _lookup(scopes: list[dict], key: Hashable) -> Operation | None:
         if twin is not None:
             return twin
     return None
+
+
+class CSE(FunctionPass):
+    """The pass object for `PassManager` (see the module docstring)."""
+
+    name = "cse"
+    rewrite = staticmethod(cse_function)

@@ -18,22 +18,13 @@ from __future__ import annotations
 
 from collections import Counter
 
-from tessera.ir.core import Block, Function, Module, Operation, Value
+from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 
+from .manager import FunctionPass
 from .rewrite import use_counts
 
 _REGION_ENDS = ("yield", "condition")  # hand values to the parent op: no effect of their own
-
-
-class DCE:
-    """The pass object for `PassManager` (see the module docstring)."""
-
-    name = "dce"
-
-    def run(self, module: Module) -> None:
-        for fn in module.functions:
-            dce_function(fn)
 
 
 def dce_function(fn: Function) -> bool:
@@ -82,3 +73,10 @@ def _dead(op: Operation, uses: Counter[Value]) -> bool:
 def _nonzero_constant(value: Value) -> bool:
     owner = value.owner
     return isinstance(owner, Operation) and owner.name == "constant" and owner.attrs["value"] != 0
+
+
+class DCE(FunctionPass):
+    """The pass object for `PassManager` (see the module docstring)."""
+
+    name = "dce"
+    rewrite = staticmethod(dce_function)

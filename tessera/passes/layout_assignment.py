@@ -337,25 +337,26 @@ class _Assigner:
     # -- conversions ------------------------------------------------------------
 
     def record_conversions(self) -> None:
-        """Give defined members their group's layout; operands that differ get a conversion."""
+        """Give defined members their group's layout; operands that differ get a conversion.
+
+        Two sweeps, so operands are compared with every group's final layout.
+        """
+        for want, slots in self._tile_groups():
+            for v, site, _ in slots:
+                if site is None:
+                    self.layouts[v] = want
+        for want, slots in self._tile_groups():
+            for v, site, index in slots:
+                if site is not None and self.layouts[v] != want:
+                    self.out.conversions[(site, index)] = want
+
+    def _tile_groups(self):
+        """(the group's layout, its slots) for every layout group of tiles, read as the walk goes."""
         for op in self.out.function.walk():
             for slots in _groups(op):
                 rep = next((v for v, site, _ in slots if site is None), None)
-                if rep is None or not isinstance(rep.type, TileType):
-                    continue
-                want = self.layouts[rep]
-                for v, site, index in slots:
-                    if site is None:
-                        self.layouts[v] = want
-        for op in self.out.function.walk():
-            for slots in _groups(op):
-                rep = next((v for v, site, _ in slots if site is None), None)
-                if rep is None or not isinstance(rep.type, TileType):
-                    continue
-                want = self.layouts[rep]
-                for v, site, index in slots:
-                    if site is not None and self.layouts[v] != want:
-                        self.out.conversions[(site, index)] = want
+                if rep is not None and isinstance(rep.type, TileType):
+                    yield self.layouts[rep], slots
             if op.name == "dot":
                 plan = mma_plan(op, self.target, self.out.num_warps)
                 for index, want in ((0, plan and plan.a), (1, plan and plan.b)):

@@ -29,6 +29,24 @@ class Pass(Protocol):
     def run(self, module: Module) -> Module | None: ...
 
 
+class FunctionPass:
+    """A pass that rewrites every function of a module in place with `rewrite(fn)`.
+
+    Subclasses set `name` and `rewrite` (a function of one IR function):
+
+        class DCE(FunctionPass):
+            name = "dce"
+            rewrite = staticmethod(dce_function)
+    """
+
+    name: str
+    rewrite: Callable
+
+    def run(self, module: Module) -> None:
+        for fn in module.functions:
+            self.rewrite(fn)
+
+
 DumpSink = Callable[[str, str], None]
 
 
