@@ -1,4 +1,4 @@
-"""GEMM with a fused epilogue: C = act(alpha * op(A) @ op(B) + bias).
+"""GEMM with a fused epilogue: C = act(alpha * op(A) @ op(B) * scales + bias).
 
 Each program computes one BM x BN block of C: it walks K in steps of BK,
 multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
@@ -7,8 +7,14 @@ stores the block in the output dtype. Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
+fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
+float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
+per column of op(B) ([N]), applied to the float32 accumulator before alpha:
+acc * scale_a[:, None] * scale_b[None, :].
+
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (with a fake
-implementation, so `torch.compile` traces it). CUDA tensors launch the
+implementation, so `torch.compile` traces it, and autograd for float
+inputs, whose backward is two more `gemm` calls). CUDA tensors launch the
 autotuned kernel; CPU tensors run on the tile interpreter with one small
 pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
 """
@@ -41,9 +47,10 @@ SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 @tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
 @tessera.kernel
-def gemm_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, alpha,
+def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
-                HAS_BIAS: tessera.constexpr, ACTIVATION: tessera.constexpr,
+                HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
+                ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
     pid_m = tessera.program_id(0)
     pid_n = tessera.program_id(1)
@@ -57,6 +64,10 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, alpha,
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)
 
+    if HAS_SCALE_A:     # one f32 scale per row of op(A) (per-tensor scales arrive expanded)
+        acc = acc * tessera.view(scale_a_ptr, (M, 1)).block((BM, 1), (pid_m, 0)).load()
+    if HAS_SCALE_B:     # one f32 scale per column of op(B)
+        acc = acc * tessera.view(scale_b_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
     acc = acc * alpha
     if HAS_BIAS:
         bias = tessera.view(bias_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
@@ -74,18 +85,42 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, c_ptr, M, N, K, alpha,
 # The torch op
 
 TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+# numpy has neither bfloat16 nor fp8: the interpreter gets their bits, reinterpreted.
+_HOST_BITS = {torch.bfloat16: (torch.uint16, tessera.bf16), torch.float8_e4m3fn: (torch.uint8, tessera.f8e4m3),
+              torch.float8_e5m2: (torch.uint8, tessera.f8e5m2)}
+
+
+def _check_scale(scale: Optional[torch.Tensor], name: str, length: int, what: str, a: torch.Tensor) -> None:
+    if scale is None:
+        return
+    if a.dtype not in FP8_DTYPES:
+        raise ValueError(f"tessera::gemm: {name} is only for fp8 inputs (float8_e4m3fn / float8_e5m2), "
+                         f"but a is {a.dtype}; fold a float scale into alpha instead")
+    if scale.dtype != torch.float32:
+        raise ValueError(f"tessera::gemm: {name} must be float32, got {scale.dtype}")
+    if scale.dim() != 0 and tuple(scale.shape) != (length,):
+        raise ValueError(f"tessera::gemm: {name} must have shape () (per tensor) or ({length},) (per {what}), "
+                         f"got {tuple(scale.shape)}")
+    if scale.device != a.device:
+        raise ValueError(f"tessera::gemm: {name} is on {scale.device} but a is on {a.device}")
 
 
 def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation: Optional[str],
-           out_dtype: Optional[torch.dtype], trans_a: bool, trans_b: bool) -> tuple[int, int, int, torch.dtype]:
+           out_dtype: Optional[torch.dtype], trans_a: bool, trans_b: bool,
+           scale_a: Optional[torch.Tensor] = None,
+           scale_b: Optional[torch.Tensor] = None) -> tuple[int, int, int, torch.dtype]:
     """Validate the arguments; return M, N, K and the output dtype."""
     for name, x in (("a", a), ("b", b)):
         if x.dim() != 2:
             raise ValueError(f"tessera::gemm: {name} must be a 2-D matrix, got shape {tuple(x.shape)}")
-        if x.dtype not in TORCH_DTYPES:
-            raise ValueError(f"tessera::gemm: {name} has dtype {x.dtype}; supported are float16, bfloat16, float32")
-    if a.dtype != b.dtype:
-        raise ValueError(f"tessera::gemm: a and b must have the same dtype, got {a.dtype} and {b.dtype}")
+        if x.dtype not in TORCH_DTYPES + FP8_DTYPES:
+            raise ValueError(f"tessera::gemm: {name} has dtype {x.dtype}; supported are float16, bfloat16, "
+                             f"float32, float8_e4m3fn and float8_e5m2")
+    fp8 = a.dtype in FP8_DTYPES
+    if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):    # e4m3 x e5m2 is fine (dot promotes to f16)
+        raise ValueError(f"tessera::gemm: a and b must have the same dtype (or both be fp8), "
+                         f"got {a.dtype} and {b.dtype}")
     if a.device != b.device:
         raise ValueError(f"tessera::gemm: a is on {a.device} but b is on {b.device}")
     M, K = (a.shape[1], a.shape[0]) if trans_a else (a.shape[0], a.shape[1])
@@ -95,7 +130,8 @@ def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activ
                          f"but op(b) is {K_b}x{N} (b {tuple(b.shape)}, trans_b={trans_b}); inner sizes differ")
     if (activation or "none") not in ACTIVATIONS:
         raise ValueError(f"tessera::gemm: unknown activation {activation!r}; choose one of {ACTIVATIONS} or None")
-    out_dtype = a.dtype if out_dtype is None else out_dtype
+    if out_dtype is None:
+        out_dtype = torch.bfloat16 if fp8 else a.dtype
     if out_dtype not in TORCH_DTYPES:
         raise ValueError(f"tessera::gemm: out_dtype {out_dtype} is not supported; use float16, bfloat16 or float32")
     if bias is not None:
@@ -106,6 +142,8 @@ def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activ
             raise ValueError(f"tessera::gemm: bias has dtype {bias.dtype}; use float32 or the output dtype {out_dtype}")
         if bias.device != a.device:
             raise ValueError(f"tessera::gemm: bias is on {bias.device} but a is on {a.device}")
+    _check_scale(scale_a, "scale_a", M, "row of op(a)", a)
+    _check_scale(scale_b, "scale_b", N, "column of op(b)", a)
     return M, N, K, out_dtype
 
 
@@ -118,30 +156,49 @@ def _strided(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
 
 
 def _host(x: torch.Tensor):
-    """A CPU tensor as an interpreter argument (numpy has no bfloat16: pass its bits)."""
-    return tessera.reinterpret(x.view(torch.uint16), tessera.bf16) if x.dtype == torch.bfloat16 else x
+    """A CPU tensor as an interpreter argument (bfloat16 and fp8 go as their bits)."""
+    if x.dtype in _HOST_BITS:
+        bits, dtype = _HOST_BITS[x.dtype]
+        return tessera.reinterpret(x.view(bits).numpy(), dtype)
+    return x
+
+
+def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
+    """A per-tensor scale expanded to one per row/column (the kernel reads a vector either way)."""
+    if scale is None:
+        return None
+    return scale.reshape(1).expand(length).contiguous() if scale.dim() == 0 else scale.contiguous()
 
 
 @torch.library.custom_op("tessera::gemm", mutates_args=())
-def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, *,
+def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+         scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None, *,
          activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
          trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0) -> torch.Tensor:
-    """act(alpha * op(a) @ op(b) + bias), accumulated in float32; op transposes when trans_a / trans_b.
+    """act(alpha * (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :] + bias), accumulated in float32.
 
-    a is [M, K] ([K, M] with trans_a), b is [K, N] ([N, K] with trans_b),
-    bias is [N] in float32 or the output dtype, activation is None, "relu",
-    "gelu" (tanh approximation) or "silu"; the result is [M, N] in
-    out_dtype (default: the inputs' dtype).
+    op transposes when trans_a / trans_b: a is [M, K] ([K, M] with trans_a),
+    b is [K, N] ([N, K] with trans_b). a and b are float16, bfloat16 or
+    float32 (the same), or fp8 (float8_e4m3fn / float8_e5m2, mixing allowed).
+    scale_a / scale_b (fp8 only) are float32, shape [] (per tensor) or [M] /
+    [N] (per row of op(a) / per column of op(b)). bias is [N] in float32 or
+    the output dtype, activation is None, "relu", "gelu" (tanh
+    approximation) or "silu"; the result is [M, N] in out_dtype (default:
+    the inputs' dtype, bfloat16 for fp8 inputs).
     """
-    M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b)
+    M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if M == 0 or N == 0:
         return c
     a_mem, stride_am, stride_ak = _strided(a.t() if trans_a else a)
     b_mem, stride_bk, stride_bn = _strided(b.t() if trans_b else b)
-    bias_mem = bias.contiguous() if bias is not None else c       # c stands in when there is no bias
-    args = (a_mem, b_mem, bias_mem, c, M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
-    constants = dict(HAS_BIAS=bias is not None, ACTIVATION=activation or "none")
+    bias_mem = bias.contiguous() if bias is not None else c       # c stands in when there is no bias/scale
+    scale_a_mem, scale_b_mem = _scale_vector(scale_a, M), _scale_vector(scale_b, N)
+    args = (a_mem, b_mem, bias_mem, c if scale_a_mem is None else scale_a_mem,
+            c if scale_b_mem is None else scale_b_mem, c,
+            M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
+    constants = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
+                     ACTIVATION=activation or "none")
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         grid = (tessera.cdiv(M, CPU_CONFIG.kwargs["BM"]), tessera.cdiv(N, CPU_CONFIG.kwargs["BN"]))
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
@@ -152,6 +209,64 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None, 
 
 
 @gemm.register_fake
-def _gemm_fake(a, b, bias=None, *, activation=None, out_dtype=None, trans_a=False, trans_b=False, alpha=1.0):
-    M, N, _, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b)
+def _gemm_fake(a, b, bias=None, scale_a=None, scale_b=None, *, activation=None, out_dtype=None,
+               trans_a=False, trans_b=False, alpha=1.0):
+    M, N, _, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
     return a.new_empty((M, N), dtype=out_dtype)
+
+
+# ---------------------------------------------------------------------------
+# Autograd (float inputs only)
+
+def _activation_grad(pre: torch.Tensor, activation: Optional[str]) -> Optional[torch.Tensor]:
+    """d act / d pre at the float32 pre-activation (None for the identity)."""
+    if activation == "relu":
+        return (pre > 0).to(pre.dtype)
+    if activation == "gelu":        # tanh approximation, as in the kernel
+        inner = SQRT_2_OVER_PI * (pre + 0.044715 * pre ** 3)
+        t = torch.tanh(inner)
+        return 0.5 * (1.0 + t) + 0.5 * pre * (1.0 - t * t) * SQRT_2_OVER_PI * (1.0 + 3 * 0.044715 * pre * pre)
+    if activation == "silu":
+        s = torch.sigmoid(pre)
+        return s * (1.0 + pre * (1.0 - s))
+    return None
+
+
+def _setup_context(ctx, inputs, keyword_only_inputs, output):
+    a, b, bias, scale_a, scale_b = inputs
+    if a.dtype in FP8_DTYPES or b.dtype in FP8_DTYPES:
+        raise RuntimeError("tessera::gemm: fp8 inputs have no gradients (the op is inference-only for fp8); "
+                           "detach the fp8 operands and scales, or use float16/bfloat16/float32 inputs")
+    ctx.kw = dict(keyword_only_inputs)
+    ctx.wants = (a.requires_grad, b.requires_grad, bias is not None and bias.requires_grad)
+    ctx.save_for_backward(a, b, bias)
+
+
+def _backward(ctx, grad):
+    a, b, bias = ctx.saved_tensors
+    kw = ctx.kw
+    activation, alpha = kw.get("activation"), float(kw.get("alpha", 1.0))
+    trans_a, trans_b = kw.get("trans_a", False), kw.get("trans_b", False)
+    g = grad.float()
+    if (activation or "none") != "none":      # recompute the pre-activation in float32 rather than storing it
+        pre = gemm(a, b, bias, activation=None, out_dtype=torch.float32, trans_a=trans_a, trans_b=trans_b,
+                   alpha=alpha)
+        g = g * _activation_grad(pre, activation)
+    grad_a = grad_b = grad_bias = None
+    if ctx.wants[2]:
+        grad_bias = g.sum(0).to(bias.dtype)
+    g_in = g.to(a.dtype)
+    if ctx.wants[0]:     # d op(a) = alpha * g @ op(b)^T
+        if trans_a:
+            grad_a = gemm(b, g_in, trans_a=trans_b, trans_b=True, alpha=alpha, out_dtype=a.dtype)
+        else:
+            grad_a = gemm(g_in, b, trans_b=not trans_b, alpha=alpha, out_dtype=a.dtype)
+    if ctx.wants[1]:     # d op(b) = alpha * op(a)^T @ g
+        if trans_b:
+            grad_b = gemm(g_in, a, trans_a=True, trans_b=trans_a, alpha=alpha, out_dtype=b.dtype)
+        else:
+            grad_b = gemm(a, g_in, trans_a=not trans_a, alpha=alpha, out_dtype=b.dtype)
+    return grad_a, grad_b, grad_bias, None, None
+
+
+gemm.register_autograd(_backward, setup_context=_setup_context)
