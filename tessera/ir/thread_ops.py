@@ -56,6 +56,14 @@ def _infer_mma(ts, a):
     return [acc]
 
 
+def _infer_ldmatrix(ts, a):
+    (row,) = ts
+    require(a["num"] in (1, 2, 4), f"ldmatrix loads 1, 2 or 4 matrices, got num = {a['num']}")
+    require(isinstance(row, PointerType) and row.address_space == "shared" and row.pointee in (dt.f16, dt.bf16),
+            f"ldmatrix reads 16-bit rows of shared memory: its operand is a ptr<f16|bf16, shared>, got {row}")
+    return [RegsType(ScalarType(row.pointee), 2 * a["num"])]
+
+
 def _check_shared_alloc(op):
     require(len(op.results) == 1, "shared_alloc has one result")
     t = op.results[0].type
@@ -79,6 +87,10 @@ define_thread_op("shuffle", "The operand as held by another lane of the warp (sh
 define_thread_op("mma_m16n8k16", "D = A @ B + C for one 16x16 A, 16x8 B and 16x8 f32 C, each spread over the 32 "
                  "lanes of a warp in the `layouts.mma_m16n8k16_a/b/c()` fragments (mma.sync.aligned.m16n8k16."
                  "row.col); every lane of the warp must execute it together.", 3, infer=_infer_mma)
+define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit elements from shared memory into the `layouts.ldmatrix(num, "
+                 "trans)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes 8j..8j+7 each give the "
+                 "address of one 16-byte-aligned 8-element row of matrix j; every lane of the warp must execute it "
+                 "together.", 1, attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it).", 0,

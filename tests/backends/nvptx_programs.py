@@ -15,6 +15,7 @@ from tessera.ir.ops import COMPARE_PREDICATES, MATH_FUNCTIONS
 from tessera.ir.thread_ops import SHUFFLE_MODES
 
 SUPPORTED = (dt.bool_, dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64, dt.f16, dt.bf16, dt.f32, dt.f64)
+FP8 = (dt.f8e4m3, dt.f8e5m2)  # loaded, stored and cast only: every other op computes after a cast to f32
 ATTRS = "attributes {num_threads = 128, shared_bytes = 0, warp_size = 32}"
 
 
@@ -79,7 +80,7 @@ def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True) -> str:
     for pred in COMPARE_PREDICATES:
         c = t.op(f"cmp {a}, {b} {{pred = \"{pred}\"}}", f"regs<{n}xbool>")
         keep(t.op(f"select {c}, {a}, {b}", regs))
-    for other in SUPPORTED:
+    for other in SUPPORTED + FP8:
         if other != dtype:
             there = t.op(f"cast {a}", f"regs<{n}x{other.name}>")
             keep(t.op(f"cast {there}", regs))

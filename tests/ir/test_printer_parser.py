@@ -219,6 +219,8 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   %fb = constant {value = 2.0} : regs<4xf16>
   %fc = constant {value = 0.0} : regs<4xf32>
   %fd = mma_m16n8k16 %fa, %fb, %fc : regs<4xf32>
+  %tiles = shared_alloc {bytes = 512, offset = 0} : ptr<f16, shared>
+  %frag = ldmatrix %tiles {num = 4, trans = true} : regs<8xf16>
   return
 }
 """,

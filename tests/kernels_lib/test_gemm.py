@@ -144,8 +144,6 @@ def test_kernel_compiles_for_hopper():
     assert compiled.cubin
 
 
-@pytest.mark.xfail(strict=True, reason="the NVPTX backend does not lower fp8 yet (LoweringError); "
-                   "fp8 gemm runs on the CPU interpreter only")
 def test_fp8_kernel_compiles_for_hopper():
     from tessera.backends.nvptx import find_ptxas
     if find_ptxas() is None:

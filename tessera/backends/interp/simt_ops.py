@@ -39,6 +39,7 @@ from tessera.ir.types import shape_of, scalar_dtype
 # Importing these fills the tile interpreter's table, whose lane-wise entries we reuse.
 from . import debug, elementwise, memory  # noqa: F401
 from .registry import SEMANTICS, Semantics
+from .simt_shared import SharedRegion
 from .values import Pointers, map_lanes
 
 SIMT_SEMANTICS: dict[str, Semantics] = {}
@@ -226,6 +227,68 @@ def _mma_m16n8k16(ctx, op, a, b, c):
     for k in range(16):
         D = D + A[:, :, k, None] * B[:, None, k, :]   # float32 throughout: one rounding per k
     return D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, 4)
+
+
+@simt("ldmatrix")
+def _ldmatrix(ctx, op, rows):
+    """ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16 per warp (PTX ISA 9.7.9.x, the ldmatrix fragments).
+
+    Lane 8j + r gives the address of row r of matrix j (8 contiguous 16-bit
+    elements, 16-byte aligned). Lane l receives, in registers 2j and 2j + 1,
+    elements (l // 4, 2 * (l % 4) + {0, 1}) of matrix j; with .trans the
+    transposed ones, (2 * (l % 4) + {0, 1}, l // 4): the `layouts.ldmatrix()`
+    registers. The reads count as reads of every lane that receives the bytes,
+    so the race check sees them as the warp-wide access they are.
+    """
+    warp, num, trans = ctx.warp_size, op.attrs["num"], op.attrs["trans"]
+    _require_whole_warps(ctx, op, "ldmatrix")
+    region = rows.memory
+    if not isinstance(region, SharedRegion):
+        raise ctx.error(op, "ldmatrix reads shared memory, but its operand points into global memory")
+    warps = ctx.num_threads // warp
+    live = np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
+    starts = np.where(live, rows.offsets, 0).reshape(warps, warp)[:, :8 * num].reshape(warps, num, 8)
+    if ((starts * region.dtype.bits) % 128).any():
+        w, j, r = (int(i) for i in np.argwhere((starts * region.dtype.bits) % 128)[0])
+        raise ctx.error(op, f"ldmatrix row address of lane {8 * j + r} of warp {w} (element {int(starts[w, j, r])}) "
+                            "is not 16-byte aligned")
+    lane = np.arange(warp)
+    row, col = lane // 4, 2 * (lane % 4)
+    element = np.arange(2)
+    if trans:   # lane l, element e: stored row 2 * (l % 4) + e, column l // 4
+        src_row, src_col = col[:, None] + element, np.broadcast_to(row[:, None], (warp, 2))
+    else:
+        src_row, src_col = np.broadcast_to(row[:, None], (warp, 2)), col[:, None] + element
+    # offsets[w, l, j, e] = starts[w, j, src_row[l, e]] + src_col[l, e]
+    offsets = np.empty((warps, warp, num, 2), np.int64)
+    for j in range(num):
+        offsets[:, :, j, :] = starts[:, j, :][:, src_row] + src_col
+    offsets = offsets.reshape(ctx.num_threads, 2 * num)
+    outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
+    if outside.any():
+        raise ctx.error(op, f"ldmatrix reads outside {region.name} (elements {int(offsets.min())}.."
+                            f"{int(offsets.max())} of {region.size})")
+    threads = np.broadcast_to(np.arange(ctx.num_threads)[:, None], offsets.shape)
+    race = region.shared.record_read(region, threads[live], offsets[live])
+    if race is not None:
+        raise ctx.error(op, f"shared-memory race: {race}")
+    result = np.zeros(offsets.shape, region.dtype.compute_dtype)
+    result[live] = region.load(offsets[live])
+    return result
+
+
+def _require_whole_warps(ctx, op, name: str) -> None:
+    warp = ctx.warp_size
+    if ctx.num_threads % warp:
+        raise ctx.error(op, f"{name} needs whole warps, but the block has {ctx.num_threads} threads in warps of "
+                            f"{warp}")
+    if ctx.mask is not None:
+        per_warp = ctx.mask.reshape(-1, warp)
+        partial = per_warp.any(axis=1) & ~per_warp.all(axis=1)
+        if partial.any():
+            w = int(np.argmax(partial))
+            raise ctx.error(op, f"{name} in divergent code: only {int(per_warp[w].sum())} of the {warp} lanes "
+                                f"of warp {w} execute it; every lane of a warp must reach it together")
 
 
 def _fragment_coords(layout):

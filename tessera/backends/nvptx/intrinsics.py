@@ -57,6 +57,11 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mma.m16n8k16.row.col.f32.f32": (ir.LiteralStructType([F32] * 4),
                                               (ir.VectorType(F16, 2),) * 6 + (F32,) * 4),
     "llvm.nvvm.mma.m16n8k16.row.col.bf16": (ir.LiteralStructType([F32] * 4), (I32,) * 6 + (F32,) * 4),
+    # ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].b16 [row address in shared memory]: one 32-bit register
+    # (two 16-bit elements) per matrix.
+    **{f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16":
+       (I32 if num == 1 else ir.LiteralStructType([I32] * num), (ir.PointerType(addrspace=3),))
+       for num in (1, 2, 4) for trans in ("", ".trans")},
 }
 
 # -- overloaded families -----------------------------------------------------------

@@ -11,6 +11,7 @@ the ones `tessera.ir.dtypes` and the interpreter define:
 * float `ne` is unordered (NaN != x), the other comparisons ordered;
 * float -> int casts saturate with NaN -> 0 (`llvm.fptosi.sat`), float ->
   float rounds to nearest even, f16 <-> bf16 goes through f32 (exact);
+  fp8 (i8 bit patterns) converts through f32 with `llvm_fp8` (exact, one rounding);
 * math functions compute in f32 (f64 for f64) and round to the result type.
   With libdevice they call `__nv_*` (IEEE-accurate to a few ulp); without it
   f32 uses the MUFU approximations in `intrinsics.APPROX`, and f64
@@ -28,8 +29,9 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir.types import scalar_dtype
 
+from . import llvm_fp8
 from .intrinsics import APPROX, LIBDEVICE
-from .llvm_types import F32, F64, constant, int_constant, scalar_type, splat_constant, with_element
+from .llvm_types import F32, F64, FP8, constant, int_constant, scalar_type, splat_constant, with_element
 from .lowerings import lowering
 
 # -- which math functions can be lowered -------------------------------------------------
@@ -230,6 +232,8 @@ def convert(lw, x, src: dt.DType, dst: dt.DType):
     """`x` of dtype `src` as dtype `dst`, with the rules of `DType.quantize`."""
     if src == dst:
         return x
+    if src in FP8 or dst in FP8:
+        return _convert_fp8(lw, x, src, dst)
     bld = lw.builder
     to = with_element(x.type, scalar_type(dst))
     if dst.is_bool:  # x != 0 (NaN counts as nonzero)
@@ -252,6 +256,26 @@ def convert(lw, x, src: dt.DType, dst: dt.DType):
         family = "llvm.fptosi.sat" if dst.kind == "int" else "llvm.fptoui.sat"
         return lw.intrinsic(family, [x], (to, x.type))
     return _int_to_float(lw, x, src, dst, to)
+
+
+def _convert_fp8(lw, x, src: dt.DType, dst: dt.DType):
+    """Casts from and to fp8 go through f32, which holds every fp8 value, so only the last step rounds."""
+    bld = lw.builder
+    if src in FP8:
+        return convert(lw, llvm_fp8.decode(bld, x, src), dt.f32, dst)
+    if src == dt.f64:
+        return llvm_fp8.encode(bld, x, dst)  # f64 -> f32 would round twice
+    if src.is_int and src.bits >= 32:  # beyond +-2^20 every int overflows fp8; within it f32 is exact
+        limit = 1 << 20
+        if src.kind == "int":
+            low = int_constant(x.type, -limit)
+            x = bld.select(bld.icmp_signed("<", x, low), low, x)
+            high = int_constant(x.type, limit)
+            x = bld.select(bld.icmp_signed(">", x, high), high, x)
+        else:
+            high = int_constant(x.type, limit)
+            x = bld.select(bld.icmp_unsigned(">", x, high), high, x)
+    return llvm_fp8.encode(bld, convert(lw, x, src, dt.f32), dst)
 
 
 def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):

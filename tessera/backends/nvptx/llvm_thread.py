@@ -10,6 +10,8 @@
 * `mma_m16n8k16` is `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
   (needs sm_80+); fragment registers 2i and 2i+1 share one 32-bit register, the
   lower index in the low half, as the PTX ISA packs .f16x2/.bf16x2.
+* `ldmatrix` is `ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16`: one 32-bit
+  register per matrix, split into registers 2j (low half) and 2j+1.
 * `barrier` is `bar.sync 0` (`llvm.nvvm.barrier.cta.sync.aligned.all`).
 * `shared_alloc` is its byte `offset` into the kernel's dynamic shared buffer.
 """
@@ -125,6 +127,23 @@ def _pairs(bld, regs, dtype):
                 for i in range(count)]
     words = bld.bitcast(regs, ir.VectorType(I32, count))
     return [bld.extract_element(words, ir.Constant(I32, i)) for i in range(count)]
+
+
+@lowering("ldmatrix")
+def _ldmatrix(lw, op, row):
+    num, trans = op.attrs["num"], ".trans" if op.attrs["trans"] else ""
+    bld = lw.builder
+    loaded = lw.intrinsic(f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16", [row])
+    words = [loaded] if num == 1 else [bld.extract_value(loaded, j) for j in range(num)]
+    result_type = register_type(op.result.type)
+    pair = ir.VectorType(result_type.element, 2)       # <2 x half> / <2 x bfloat>, element 2j in the low half
+    result = ir.Constant(result_type, ir.Undefined)
+    for j, word in enumerate(words):
+        halves = bld.bitcast(word, pair)
+        for e in range(2):
+            result = bld.insert_element(result, bld.extract_element(halves, ir.Constant(I32, e)),
+                                        ir.Constant(I32, 2 * j + e))
+    return result
 
 
 @lowering("breakpoint")

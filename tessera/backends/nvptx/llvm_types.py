@@ -5,11 +5,12 @@
 | bool                 | i1                            | i8 (0/1)  |
 | i8..i64, u8..u64     | i8..i64 (sign lives in ops)   | same      |
 | f16 / bf16 / f32 / f64 | half / bfloat / float / double | same    |
+| f8e4m3 / f8e5m2      | i8 (the bit pattern)          | same      |
 | ptr<T> / ptr<T, shared> | ptr addrspace(1) / addrspace(3) | -    |
 | regs<N x T>          | <N x T> (a vector: elementwise ops apply as is) | - |
 
-Sub-byte integers, fp8/fp6/fp4 and e8m0 are not lowered yet: the validator
-rejects them (`unsupported_dtype_reason`) before any LLVM is built.
+fp8 values only move and convert (`llvm_fp8.py`). Sub-byte integers,
+fp6/fp4 and e8m0 are not lowered yet: the validator rejects them (`unsupported_dtype_reason`) before any LLVM is built.
 
 llvmlite.ir has no `bfloat`; `BFloatType` adds it (constants print as
 `0xRXXXX`). Float constants are formatted here for every width, from the
@@ -56,10 +57,11 @@ F64 = ir.DoubleType()
 
 SUPPORTED_DTYPES: frozenset[dt.DType] = frozenset({
     dt.bool_, dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64,
-    dt.f16, dt.bf16, dt.f32, dt.f64,
+    dt.f16, dt.bf16, dt.f32, dt.f64, dt.f8e4m3, dt.f8e5m2,
 })
 
-_FLOATS = {dt.f16: ir.HalfType(), dt.bf16: BFloatType(), dt.f32: F32, dt.f64: F64}
+FP8 = (dt.f8e4m3, dt.f8e5m2)  # held as i8 bit patterns: LLVM has no fp8 type
+_FLOATS = {dt.f16: ir.HalfType(), dt.bf16: BFloatType(), dt.f32: F32, dt.f64: F64, dt.f8e4m3: I8, dt.f8e5m2: I8}
 
 
 def unsupported_dtype_reason(dtype: dt.DType) -> str | None:
@@ -146,6 +148,9 @@ def scalar_constant(dtype: dt.DType, value) -> ir.Constant:
     """`value` as a constant of `dtype` (rounded/wrapped as a cast to `dtype` would)."""
     if dtype.is_bool:
         return ir.Constant(I1, int(bool(value)))
+    if dtype in FP8:
+        bits = int(dtype.encode(value))
+        return ir.Constant(I8, bits - 256 if bits >= 128 else bits)
     if dtype.is_float:
         return ir.FormattedConstant(scalar_type(dtype), _float_literal(dtype, value))
     wrapped = int(dtype.quantize(value))

@@ -25,8 +25,9 @@ from tessera.ir.types import PointerType, RegsType, ScalarType, Type, element_of
 from tessera.ir.verifier import verify_function
 
 from .errors import LoweringError
+from .llvm_fp8 import FP8_OPS
 from .llvm_ops import math_support
-from .llvm_types import unsupported_dtype_reason
+from .llvm_types import FP8, unsupported_dtype_reason
 from .llvm_codegen import LOWERINGS  # importing the code generator fills the table
 
 NVPTX_TRIPLE = "nvptx64-nvidia-cuda"
@@ -155,6 +156,9 @@ class _Validator:
             self.dtype(elem.pointee, op)
         else:
             self.dtype(elem.dtype, op)
+            if elem.dtype in FP8 and op.name not in FP8_OPS:
+                raise self.fail(f"`{op.name}` on {elem.dtype.name}: fp8 values can only be loaded, stored, moved "
+                                f"and cast on the GPU; cast to f32 (or f16/bf16) first", op)
 
     def dtype(self, d: dt.DType, op: Operation | None = None) -> None:
         reason = unsupported_dtype_reason(d)
@@ -198,6 +202,11 @@ class _Validator:
         if not self.target.has("mma.sync"):
             raise self.fail(f"mma_m16n8k16 needs mma.sync, which {self.target.name} lacks; lower the kernel for "
                             f"this target (dot then uses FMA)", op)
+
+    def op_ldmatrix(self, op: Operation) -> None:
+        if not self.target.has("ldmatrix"):
+            raise self.fail(f"ldmatrix needs sm_75+, which {self.target.name} is not; lower the kernel for this "
+                            "target (dot operands then go through plain shared-memory loads)", op)
 
     def op_shuffle(self, op: Operation) -> None:
         width = op.attrs.get("width", 0)

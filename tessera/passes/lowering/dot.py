@@ -5,7 +5,10 @@ assignment has already put the accumulator in the mma C layout and asked
 for A and B in the fragment layouts, so each thread holds, for each of its
 warp's fragments, exactly the registers mma.sync takes. For every
 (m-fragment, n-fragment) the warp runs one `mma_m16n8k16` per k-fragment,
-in k order, accumulating into that C fragment. Each mma rounds to f32 as
+in k order, accumulating into that C fragment. An operand that has to move
+into its fragment layout goes through XOR-swizzled shared memory and
+`ldmatrix` (`mma_operands.py`: A plain, B with .trans), bank-conflict free;
+the generic scalar conversion is the fallback. Each mma rounds to f32 as
 the hardware does (the SIMT simulator accumulates each fragment's 16
 products in f32, in k order), so results agree with the tile interpreter's
 single rounding of the exact sum to about K ulps of f32, not bit for bit.
@@ -33,6 +36,7 @@ from tessera.ir.types import RegsType, ScalarType
 from ..mma import mma_plan
 from . import lowering
 from .context import Regs
+from .mma_operands import ldmatrix_operand
 
 
 @lowering("dot")
@@ -65,8 +69,8 @@ def _dot(ctx, op):
 
 
 def _mma_dot(ctx, op, plan):
-    a, b, acc = ctx.operands(op)           # A and B arrive in plan.a / plan.b (recorded conversions)
-    a, b, acc = (ctx.convert(x, want, op) for x, want in ((a, plan.a), (b, plan.b), (acc, plan.c)))
+    a, b = (_fragment(ctx, op, i, want, trans) for i, want, trans in ((0, plan.a, False), (1, plan.b, True)))
+    acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
     fragment = RegsType(ScalarType(dt.f32), 4)
@@ -80,3 +84,14 @@ def _mma_dot(ctx, op, plan):
                              type=fragment)
             c_regs[c0:c0 + 4] = ctx.unpack(d)
     ctx.define(op.result, Regs(ctx.pack(c_regs), plan.c), op)
+
+
+def _fragment(ctx, op, index, want, trans):
+    """Operand `index` in fragment layout `want`: through swizzled shared memory and ldmatrix when it has
+    to move, else the generic conversion (free renaming, or scalar shared-memory loads as the fallback)."""
+    lowered = ctx.lookup(op.operands[index])
+    if isinstance(lowered, Regs):
+        loaded = ldmatrix_operand(ctx, lowered, want, trans)
+        if loaded is not None:
+            return loaded
+    return ctx.convert(ctx.operand(op, index), want, op)

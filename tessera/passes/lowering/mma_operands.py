@@ -1,0 +1,205 @@
+"""mma operands into their fragments: global -> shared (swizzled) -> registers with ldmatrix.
+
+A dot's A or B tile that is not already in its mma fragment layout is
+stored (by the owners of its elements) into a row-major shared-memory
+buffer whose 16-byte chunks are XOR-swizzled, then read back with
+`ldmatrix` x4 (x2 / x1 for the last matrices): A (M x K, row-major) plain,
+B (K x N, row-major) with `.trans`. Each lane gives the address of one
+8-element row, swizzled the same way, so the eight 16-byte rows one phase
+of ldmatrix reads fall in eight different 16-byte bank groups: no bank
+conflicts (`smem_layouts.bank_conflicts` checks the choice at compile time).
+
+Every 8x8 matrix of the fragment layout is found from the layout itself
+(register pairs 2j, 2j+1 of a group of eight registers are matrix j), and
+the whole plan is checked against the `layouts.ldmatrix()` semantics for
+every thread before anything is emitted; a layout it does not reproduce
+(or a row too narrow to swizzle) returns None and the caller keeps the
+generic conversion through shared memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from tessera.ir import dtypes as dt
+from tessera.ir.layouts import RegisterLayout
+from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, row_major, swizzle_bytes
+from tessera.ir.types import PointerType, ScalarType
+
+from .context import Regs, register_map, row_major_strides
+
+LDMATRIX_DTYPES = (dt.f16, dt.bf16)
+
+
+def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs | None:
+    """`regs` in fragment layout `want` through swizzled shared memory and ldmatrix; None: not this way."""
+    if (not ctx.target.has("ldmatrix") or isinstance(regs.element, PointerType)
+            or regs.element.dtype not in LDMATRIX_DTYPES or regs.layout == want
+            or register_map(regs.layout, want, row_major_strides(want.shape)) is not None):
+        return None
+    plan = ldmatrix_rows(want, trans, ctx.warp_size)
+    if plan is None:
+        return None
+    rows, cols = want.shape
+    smem = swizzled_row_major(rows, cols, plan.starts)
+    offsets = np.asarray(smem(plan.starts[..., 0], plan.starts[..., 1]), np.int64)   # (threads, groups)
+    thread_bits = _thread_bit_weights(np.asarray(plan.starts[..., 0] * cols + plan.starts[..., 1], np.int64))
+    if thread_bits is None:
+        return None
+    buf = _store_swizzled(ctx, regs, smem)
+    dtype = regs.element.dtype
+    loaded = []
+    for g, num in enumerate(plan.nums):
+        row = ctx.emit("addptr", buf, _row_offset(ctx, thread_bits, g, smem.swizzle))
+        frag = ctx.emit("ldmatrix", row, attrs={"num": num, "trans": trans})
+        loaded += ctx.unpack(frag) if len(plan.nums) > 1 else [frag]
+    ctx.barrier()
+    value = loaded[0] if len(loaded) == 1 else ctx.pack(loaded)
+    assert value.type.count == want.local_size and value.type.element == ScalarType(dtype)
+    return Regs(value, want)
+
+
+class RowPlan:
+    """Which row each lane addresses in each ldmatrix of a fragment layout."""
+
+    def __init__(self, starts: np.ndarray, nums: tuple[int, ...]):
+        self.starts = starts        # (threads, groups, 2): tile coordinate of the row this lane addresses
+        self.nums = nums            # matrices per ldmatrix, in register order
+
+
+def ldmatrix_rows(want: RegisterLayout, trans: bool, warp: int = 32) -> RowPlan | None:
+    """The ldmatrix row addresses that produce exactly the registers of `want`, or None."""
+    if warp != 32 or want.rank != 2 or want.num_threads % warp or want.local_size % 2:
+        return None
+    table = want.table()                                    # (threads, registers, 2)
+    threads, count = table.shape[:2]
+    nums, left = [], count // 2                             # matrices still to load
+    while left:
+        nums.append(4 if left >= 4 else left)
+        left -= nums[-1]
+    warp_first = (np.arange(threads) // warp) * warp
+    lane = np.arange(threads) % warp
+    starts = np.zeros((threads, len(nums), 2), np.int64)
+    for g, num in enumerate(nums):
+        j, r = (lane // 8) % num, lane % 8                  # lane 8j + r addresses row r of matrix j
+        # (x1 / x2 ignore lanes 8 * num and up; they repeat the rows so that addresses stay linear in the lane)
+        first = 8 * g + 2 * j                               # register of matrix j's first element
+        if trans:   # stored row r of the matrix is what lane r // 2 holds in element r % 2, at column 0
+            starts[:, g] = table[warp_first + r // 2, first + r % 2]
+        else:       # row r is what lane 4r holds first
+            starts[:, g] = table[warp_first + 4 * r, first]
+    if not (_reproduces(table, starts, nums, trans, warp)):
+        return None
+    return RowPlan(starts, tuple(nums))
+
+
+def _reproduces(table, starts, nums, trans, warp) -> bool:
+    """Whether ldmatrix from these row starts yields `table` (lane l: matrix j, element e -> register 2j + e)."""
+    threads = table.shape[0]
+    lane = np.arange(threads) % warp
+    warp_first = (np.arange(threads) // warp) * warp
+    for g, num in enumerate(nums):
+        for j in range(num):
+            for e in range(2):
+                r, c = ((2 * (lane % 4) + e, lane // 4) if trans else (lane // 4, 2 * (lane % 4) + e))
+                start = starts[warp_first + 8 * j + r, g]
+                got = start + np.stack([np.zeros_like(c), c], axis=-1)
+                if not np.array_equal(got, table[:, 8 * g + 2 * j + e]):
+                    return False
+        if (starts[:, g, 1] % 8).any():
+            return False
+    return True
+
+
+def swizzled_row_major(rows: int, cols: int, starts: np.ndarray) -> SmemLayout:
+    """Row-major rows x cols (16-bit elements) with the widest 128/64/32-byte swizzle whose row reads are
+    conflict-free; plain row-major if none is."""
+    plain = row_major(rows, cols)
+    for nbytes in (128, 64, 32):
+        swizzle = swizzle_bytes(nbytes, 2)
+        if cols * 2 < nbytes or (rows * cols) % swizzle.block:
+            continue
+        layout = SmemLayout(plain.shape, plain.strides, swizzle)
+        if row_conflicts(layout, starts) == 1:
+            return layout
+    return plain
+
+
+def row_conflicts(layout: SmemLayout, starts: np.ndarray) -> int:
+    """Worst bank-conflict degree of the ldmatrix row reads: `starts` is (threads, groups, 2), each lane
+    reading 8 contiguous 16-bit elements (16 bytes: 8 lanes per phase) per warp-wide ldmatrix."""
+    row = np.stack([np.zeros(8, np.int64), np.arange(8)], axis=-1)
+    worst = 1
+    for g in range(starts.shape[1]):
+        for warp in range(0, starts.shape[0], 32):
+            access = starts[warp:warp + 32, g, None, :] + row[None]
+            worst = max(worst, bank_conflicts(layout, access, 2))
+    return worst
+
+
+def _thread_bit_weights(offsets: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
+    """offsets[t, g] = base[g] + sum_b bit_b(t) * weight[b] (the row address is linear in thread-id bits)."""
+    threads = offsets.shape[0]
+    if threads & (threads - 1):
+        return None
+    bits = threads.bit_length() - 1
+    base = offsets[0]
+    weights = [int(offsets[1 << b, 0] - base[0]) for b in range(bits)]
+    t = np.arange(threads)
+    predicted = base[None, :] + sum(((t >> b) & 1)[:, None] * w for b, w in enumerate(weights))
+    if bits and not np.array_equal(predicted, offsets):
+        return None
+    return base, weights
+
+
+def _thread_offset(ctx, weights: list[int]):
+    """sum_b bit_b(thread_id) * weights[b], hoisted; runs of bits with doubling weights become one digit."""
+    total, b = None, 0
+    while b < len(weights):
+        if weights[b] == 0:
+            b += 1
+            continue
+        end = b + 1
+        while end < len(weights) and weights[end] == 2 * weights[end - 1]:
+            end += 1
+        term = ctx.hoisted_affine(ctx.thread_digit(1 << b, 1 << (end - b)), weights[b])
+        total = term if total is None else ctx.hoist("add", [total, term])
+        b = end
+    return total
+
+
+def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
+    """This lane's (swizzled) element offset of its row for ldmatrix number g, hoisted."""
+    base, weights = thread_bits
+    offset = _thread_offset(ctx, weights)
+    if offset is None:
+        offset = ctx.const(int(base[g]))
+    elif base[g]:
+        offset = ctx.hoist("add", [offset, ctx.const(int(base[g]))])
+    if swizzle is None:
+        return offset
+    moved = ctx.hoist("and", [ctx.hoist("shr", [offset, ctx.const(swizzle.shift)]),
+                              ctx.const(((1 << swizzle.bits) - 1) << swizzle.base)])
+    return ctx.hoist("xor", [offset, moved])
+
+
+def _store_swizzled(ctx, regs: Regs, smem: SmemLayout):
+    """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
+    then a barrier; the buffer."""
+    layout, dtype = regs.layout, regs.element.dtype
+    buf = ctx.shared_alloc(dtype, smem.cosize)
+    count = regs.count
+    index = ctx.index_regs(layout, row_major_strides(layout.shape))
+    swizzle = smem.swizzle
+    if swizzle is not None:
+        moved = ctx.emit("and", ctx.emit("shr", index, ctx.const_regs([swizzle.shift] * count, dt.i32)),
+                         ctx.const_regs([((1 << swizzle.bits) - 1) << swizzle.base] * count, dt.i32))
+        index = ctx.emit("xor", index, moved)
+    ptrs = ctx.emit("addptr", ctx.splat(buf, count), index)
+    owner = ctx.owner_predicate(layout)
+    mask = [ctx.splat(owner, count)] if owner is not None else []
+    k = min(ctx.shared_vector(layout, row_major_strides(layout.shape), dtype), 16 // (dtype.bits // 8))
+    ctx.create("store", [ptrs, regs.value, *mask], {"vector": k} if k > 1 else None)
+    ctx.barrier()
+    return buf
+

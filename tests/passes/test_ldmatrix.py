@@ -1,0 +1,224 @@
+"""dot operands global -> shared (swizzled) -> registers with ldmatrix.
+
+Specification:
+
+* `ldmatrix {num, trans}` on the SIMT simulator is the PTX instruction:
+  lane 8j + r gives the address of row r of matrix j; lane l receives
+  elements (l // 4, 2 * (l % 4) + {0, 1}) of matrix j in registers 2j, 2j + 1,
+  transposed with .trans -- the `layouts.ldmatrix()` registers;
+* a tensor-core dot whose A / B must move into their fragments stores them
+  into XOR-swizzled shared memory and reads them back with ldmatrix (A plain,
+  B .trans), and still computes what the tile interpreter computes (the
+  simulator also checks the shared-memory accesses for races);
+* the swizzled layout serves the ldmatrix row reads without bank conflicts
+  (the plain row-major one does not);
+* tutorial 03's matmul uses it, and the PTX holds
+  `ldmatrix.sync.aligned.m8n8.x4` and assembles without spills.
+"""
+
+from __future__ import annotations
+
+import runpy
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.backends.interp import run_function, run_threads
+from tessera.backends.nvptx import compile_thread_ir, find_ptxas
+from tessera.ir.layouts import ldmatrix
+from tessera.ir.parser import parse_module
+from tessera.ir.printer import print_module
+from tessera.ir.smem_layouts import bank_conflicts, row_major
+from tessera.ir.target import get_target
+from tessera.passes.layout_assignment import assign_layouts
+from tessera.passes.lowering.mma_operands import ldmatrix_rows, row_conflicts, swizzled_row_major
+from tessera.passes.mma import mma_plan
+from tessera.passes.pipeline_threads import lower
+
+TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
+F32_ACC = dict(rtol=1e-5, atol=1e-5)
+
+# -- the thread op -------------------------------------------------------------------
+
+LDMATRIX = """\
+func @k(%src: ptr<f32>, %rows: ptr<i32>, %out: ptr<f32>) attributes {num_threads = 32, shared_bytes = 512} {
+  %tid = thread_id : i32
+  %eight = constant {value = 8} : i32
+  %smem = shared_alloc {bytes = 512, offset = 0} : ptr<DTYPE, shared>
+  %first = mul %tid, %eight : i32
+  %lanes = constant {value = [0, 1, 2, 3, 4, 5, 6, 7]} : regs<8xi32>
+  %base = splat %first : regs<8xi32>
+  %idx = add %base, %lanes : regs<8xi32>
+  %srcs = splat %src : regs<8xptr<f32>>
+  %from = addptr %srcs, %idx : regs<8xptr<f32>>
+  %x = load %from : regs<8xf32>
+  %h = cast %x : regs<8xDTYPE>
+  %smems = splat %smem : regs<8xptr<DTYPE, shared>>
+  %to = addptr %smems, %idx : regs<8xptr<DTYPE, shared>>
+  store %to, %h
+  barrier
+  %rp = addptr %rows, %tid : ptr<i32>
+  %row = load %rp : i32
+  %off = mul %row, %eight : i32
+  %addr = addptr %smem, %off : ptr<DTYPE, shared>
+  %v = ldmatrix %addr {num = NUM, trans = TRANS} : regs<REGSxDTYPE>
+  %w = cast %v : regs<REGSxf32>
+  %n = constant {value = REGS} : i32
+  %o = mul %tid, %n : i32
+  %outs = splat %out : regs<REGSxptr<f32>>
+  %ob = splat %o : regs<REGSxi32>
+  %order = constant {value = ORDER} : regs<REGSxi32>
+  %oi = add %ob, %order : regs<REGSxi32>
+  %op = addptr %outs, %oi : regs<REGSxptr<f32>>
+  store %op, %w
+  return
+}
+"""
+
+
+def ldmatrix_kernel(num: int, trans: bool, dtype: str):
+    regs = 2 * num
+    text = (LDMATRIX.replace("ORDER", str(list(range(regs)))).replace("NUM", str(num))
+            .replace("TRANS", "true" if trans else "false").replace("REGS", str(regs)).replace("DTYPE", dtype))
+    return parse_module(text).functions[0]
+
+
+def reference(memory: np.ndarray, rows: np.ndarray, num: int, trans: bool) -> np.ndarray:
+    """PTX ISA ldmatrix: out[l, 2j + e] from matrix j, whose row r is at the address lane 8j + r gives."""
+    out = np.zeros((32, 2 * num), np.float32)
+    for j in range(num):
+        matrix = memory.reshape(32, 8)[rows[8 * j:8 * j + 8]]
+        for lane in range(32):
+            for e in range(2):
+                r, c = lane // 4, 2 * (lane % 4) + e
+                out[lane, 2 * j + e] = matrix[c, r] if trans else matrix[r, c]
+    return out
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("trans", [False, True])
+@pytest.mark.parametrize("num", [1, 2, 4])
+def test_ldmatrix_on_the_simt_simulator_is_the_ptx_instruction(num, trans, dtype):
+    fn = ldmatrix_kernel(num, trans, dtype)
+    rng = np.random.default_rng(num + 2 * trans)
+    memory = rng.permutation(256).astype(np.float32)           # exact in f16 and bf16, all distinct
+    rows = rng.permutation(32).astype(np.int32)                 # any row of the 32 for each lane
+    out = np.zeros(32 * 2 * num, np.float32)
+    run_threads(fn, [memory, rows, out], (1,))
+    np.testing.assert_array_equal(out.reshape(32, 2 * num), reference(memory, rows, num, trans))
+
+
+@pytest.mark.parametrize("trans", [False, True])
+def test_ldmatrix_registers_are_the_ldmatrix_layout(trans):
+    # Lanes 8j..8j+7 point at rows 8j.. of a (32, 8) stack: register i of lane l is stack[ldmatrix().map(l, i)].
+    fn = ldmatrix_kernel(4, trans, "f16")
+    memory = np.arange(256, dtype=np.float32)
+    out = np.zeros(32 * 8, np.float32)
+    run_threads(fn, [memory, np.arange(32, dtype=np.int32), out], (1,))
+    layout, stack = ldmatrix(4, trans), memory.reshape(32, 8)
+    for lane in range(32):
+        for i in range(8):
+            assert out[lane * 8 + i] == stack[layout.map(lane, i)]
+
+
+LDMATRIX_MISALIGNED = """\
+func @k() attributes {num_threads = 32, shared_bytes = 512} {
+  %tid = thread_id : i32
+  %smem = shared_alloc {bytes = 512, offset = 0} : ptr<f16, shared>
+  %addr = addptr %smem, %tid : ptr<f16, shared>
+  %v = ldmatrix %addr {num = 4, trans = false} : regs<8xf16>
+  return
+}
+"""
+
+
+def test_ldmatrix_rejects_a_row_that_is_not_16_byte_aligned():
+    from tessera.backends.interp import InterpreterError
+    with pytest.raises(InterpreterError, match="not 16-byte aligned"):
+        run_threads(parse_module(LDMATRIX_MISALIGNED).functions[0], [], (1,))
+
+# -- the mma operand path ------------------------------------------------------------------
+
+
+@tessera.kernel
+def dot_kernel(a_ptr, b_ptr, c_ptr, M: tessera.constexpr, N: tessera.constexpr, K: tessera.constexpr,
+               DTYPE: tessera.constexpr):
+    a = tessera.view(a_ptr, (M, K)).block((M, K), (0, 0)).load().to(DTYPE)
+    b = tessera.view(b_ptr, (K, N)).block((K, N), (0, 0)).load().to(DTYPE)
+    c = tessera.view(c_ptr, (M, N))
+    acc = c.block((M, N), (0, 0)).load()
+    c.block((M, N), (0, 0)).store(tessera.dot(a, b, acc))
+
+
+def dot_args(m, n, k, seed=0):
+    rng = np.random.default_rng(seed)
+    return [rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32),
+            rng.standard_normal((m, n)).astype(np.float32)]
+
+
+def dot_module(m, n, k, dtype=tessera.f16):
+    return dot_kernel.specialize(*dot_args(m, n, k), M=m, N=n, K=k, DTYPE=dtype).module
+
+
+def ldmatrix_ops(fn):
+    return [op for op in fn.walk() if op.name == "ldmatrix"]
+
+
+def operand_shared_loads(fn, dtype):
+    """Scalar / vector loads of A or B elements from shared memory (the generic conversion)."""
+    return [op for op in fn.walk() if op.name == "load" and op.operands[0].type.element.address_space == "shared"
+            and op.operands[0].type.element.pointee == dtype]
+
+
+@pytest.mark.parametrize("dtype", [tessera.f16, tessera.bf16], ids=str)
+@pytest.mark.parametrize("shape, num_warps", [((64, 64, 32), 4), ((16, 8, 16), 1)], ids=str)
+def test_mma_dot_reads_its_operands_with_ldmatrix_and_matches_the_tile_interpreter(shape, num_warps, dtype):
+    m, n, k = shape
+    module = dot_module(m, n, k, dtype)
+    expected, actual = dot_args(m, n, k), dot_args(m, n, k)
+    run_function(module.functions[0], expected, (1,))
+    fn = lower(module, "sm_80", num_warps=num_warps).functions[0]
+    ops = ldmatrix_ops(fn)
+    assert any(not op.attrs["trans"] for op in ops) and any(op.attrs["trans"] for op in ops)   # A plain, B .trans
+    assert not operand_shared_loads(fn, dtype)     # no generic conversion of A or B left
+    run_threads(fn, actual, (1,))                  # checks shared-memory races too
+    np.testing.assert_allclose(actual[2], expected[2], **F32_ACC)
+
+
+@pytest.mark.parametrize("operand", ["a", "b"])
+def test_the_swizzled_buffer_serves_the_ldmatrix_rows_without_bank_conflicts(operand):
+    fn = dot_module(64, 64, 32).functions[0]
+    dot = next(op for op in fn.walk() if op.name == "dot")
+    plan = mma_plan(dot, get_target("sm_80"), 4)
+    want, trans = (plan.a, False) if operand == "a" else (plan.b, True)
+    rows = ldmatrix_rows(want, trans)
+    assert rows is not None and rows.nums == (4,) * (want.local_size // 8)
+    shape = want.shape
+    swizzled = swizzled_row_major(*shape, rows.starts)
+    assert swizzled.swizzle is not None and swizzled.is_bijective
+    for g in range(len(rows.nums)):            # each warp-wide ldmatrix: 8 contiguous f16 per lane
+        access = rows.starts[:32, g, None, :] + np.stack([np.zeros(8, int), np.arange(8)], -1)[None]
+        assert bank_conflicts(swizzled, access, 2) == 1
+    assert row_conflicts(row_major(*shape), rows.starts) > 1     # what the swizzle avoids
+
+
+def test_tutorial_matmul_thread_ir_uses_ldmatrix():
+    matmul = runpy.run_path(str(TUTORIALS / "03-matmul.py"))["matmul"]
+    m, n, k = 128, 128, 64
+    args = [np.zeros((m, k), np.float16), np.zeros((k, n), np.float16), np.zeros((m, n), np.float16), m, n, k]
+    module = matmul.specialize(*args, BM=64, BN=64, BK=32).module
+    text = print_module(lower(module, "sm_80", num_warps=4))
+    assert "ldmatrix" in text and "trans = true" in text
+
+
+@pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (PATH, CUDA_HOME, nvidia-cuda-nvcc wheel)")
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype", [tessera.f16, tessera.bf16], ids=str)
+def test_ldmatrix_ptx_assembles_without_spills(target, dtype):
+    fn = lower(dot_module(64, 64, 32, dtype), target, num_warps=4).functions[0]
+    artifacts = compile_thread_ir(fn, target, isolate=False)
+    ldmatrix_lines = [line for line in artifacts.ptx.splitlines() if "ldmatrix.sync.aligned.m8n8.x4" in line]
+    assert ldmatrix_lines and any(".trans" in line for line in ldmatrix_lines)
+    assert artifacts.ptxas_info["spill_stores"] == artifacts.ptxas_info["spill_loads"] == 0
