@@ -25,7 +25,7 @@ ptxas info    : Compile time = 12.5 ms
 def test_parse_info_reads_registers_spills_and_shared_memory():
     info = parse_info(PTXAS_LOG)
     assert (info["registers"], info["spill_stores"], info["spill_loads"]) == (40, 4, 12)
-    assert (info["stack_frame"], info["shared_bytes"], info["barriers"]) == (8, 1024, 1)
+    assert (info["stack_frame"], info["static_shared_bytes"], info["barriers"]) == (8, 1024, 1)
     assert info["constant_bytes"] == {0: 380, 2: 8}
     assert set(info["functions"]) == {"block_sum", "helper"} and info["log"] == PTXAS_LOG
     assert parse_info("")["registers"] == 0

@@ -153,3 +153,17 @@ def test_fp8_kernel_compiles_for_hopper():
         target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="relu",
         BM=64, BN=64, BK=64)
     assert compiled.cubin
+
+
+def test_every_shipped_config_compiles_for_hopper_without_spills():
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.kernels_lib.gemm import CONFIGS
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    signature = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16"
+    for config in CONFIGS:
+        metadata = gemm_kernel.kernel.compile(
+            signature=signature, target="sm_90a", num_warps=config.num_warps, HAS_BIAS=False, HAS_SCALE_A=False,
+            HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs).metadata
+        assert metadata["spill_stores"] == 0, f"{config} spills"
+        assert metadata["shared_bytes"] <= 227 * 1024

@@ -6,7 +6,7 @@
 
 `info` holds, for the kernel (the first entry function ptxas reports):
 registers, spill_stores, spill_loads (bytes), stack_frame (bytes),
-shared_bytes (static shared memory; the dynamic buffer is not counted),
+static_shared_bytes (the dynamic buffer is not counted: that is `shared_bytes` of the function),
 barriers, constant_bytes (cmem bank -> bytes), plus `functions` (the same
 per function) and `log` (ptxas's whole -v output). A failure raises
 `PtxasError` carrying ptxas's stderr. The arch-specific targets (sm_90a)
@@ -83,7 +83,7 @@ _FUNCTION = re.compile(r"(?:Compiling entry function|Function properties for) '?
 _FIELDS = {
     "registers": re.compile(r"Used (\d+) registers"),
     "barriers": re.compile(r"used (\d+) barriers"),
-    "shared_bytes": re.compile(r"(\d+) bytes smem"),
+    "static_shared_bytes": re.compile(r"(\d+) bytes smem"),
     "stack_frame": re.compile(r"(\d+) bytes stack frame"),
     "spill_stores": re.compile(r"(\d+) bytes spill stores"),
     "spill_loads": re.compile(r"(\d+) bytes spill loads"),
