@@ -103,17 +103,21 @@ class Kernel:
     def _specialization(self, bound: BoundArguments) -> Specialization:
         spec = self.specializations.get(bound.key)
         if spec is None:
-            try:
-                module = build_kernel_ir(self.source, list(bound.params))
-                verify_module(module)
-            except CompileError as exc:
-                raise exc.with_kernel(self.name) from None
-            except VerifyError as exc:
-                raise CompileError(f"internal compiler error: the traced IR is malformed ({exc}); "
-                                   f"please report this with the kernel", kernel=self.name) from None
-            spec = Specialization(bound.key, module)
+            spec = Specialization(bound.key, self._trace(bound.params))
             self.specializations[bound.key] = spec
         return spec
+
+    def _trace(self, params) -> Module:
+        """The verified tile IR for `params`; every error names this kernel."""
+        try:
+            module = build_kernel_ir(self.source, list(params))
+            verify_module(module)
+        except CompileError as exc:
+            raise exc.with_kernel(self.name) from None
+        except VerifyError as exc:
+            raise CompileError(f"internal compiler error: the traced IR is malformed ({exc}); "
+                               f"please report this with the kernel", kernel=self.name) from None
+        return module
 
     def compile(self, *args, target: str = "sm_80", num_warps: int = 4, signature: str | None = None,
                 **kwargs) -> "CompiledKernel":
@@ -127,12 +131,9 @@ class Kernel:
         if signature is not None:
             try:
                 params = parse_signature(self.source, signature, kwargs)
-                module = build_kernel_ir(self.source, params)
-                verify_module(module)
             except SignatureError as exc:
                 raise KernelArgumentError(str(exc), kernel=self.name) from None
-            except CompileError as exc:
-                raise exc.with_kernel(self.name) from None
+            module = self._trace(params)
         else:
             module = self.specialize(*args, **kwargs).module
         return compile_tile_module(module, target=target, num_warps=num_warps)
