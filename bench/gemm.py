@@ -4,7 +4,10 @@
 
 Shapes: square 1024..8192, and LLM projections with M in {1, 16, 64, 128, 256,
 1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}; bf16
-in, bf16 out. Writes bench/results/gemm.json and, with matplotlib, gemm.png.
+in, bf16 out. Then the same shapes in fp8: float8_e4m3fn inputs with float32
+per-tensor scales, bf16 out, against torch._scaled_mm (skipped where this torch
+lacks it or the GPU has no fp8 GEMM), recorded under "fp8_rows". Writes
+bench/results/gemm.json and, with matplotlib, gemm.png (the bf16 rows).
 Goal (issue 5, H200): >= 95% of cuBLAS at 8192^3, >= cuBLAS for M <= 256.
 """
 
@@ -19,6 +22,33 @@ LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
+    """e4m3 x e4m3 with per-tensor scales against torch._scaled_mm; None if torch cannot run it here."""
+    fp8 = torch.float8_e4m3fn
+    rows = []
+    for m, n, k in shapes:
+        a = (torch.randn(m, k, device="cuda") / 4).to(fp8)
+        b_t = (torch.randn(n, k, device="cuda") / 4).to(fp8)   # _scaled_mm wants op(b) column-major
+        scale_a = torch.tensor(0.5, device="cuda")
+        scale_b = torch.tensor(2.0, device="cuda")
+        theirs = lambda: torch._scaled_mm(a, b_t.t(), scale_a=scale_a, scale_b=scale_b,  # noqa: E731
+                                          out_dtype=torch.bfloat16)
+        try:
+            expected = theirs()
+        except (AttributeError, RuntimeError) as error:     # no _scaled_mm, or no fp8 GEMM on this GPU
+            print(f"fp8: torch._scaled_mm unavailable ({error}); skipping the fp8 rows")
+            return None
+        ours = lambda: gemm(a, b_t, None, scale_a, scale_b, trans_b=True)  # noqa: E731
+        torch.testing.assert_close(ours().float(), expected.float(), rtol=2e-2, atol=2e-1)
+        ours_ms = gpu_common.device_ms(ours, torch)
+        theirs_ms = gpu_common.device_ms(theirs, torch)
+        rows.append({"m": m, "n": n, "k": k, "tessera_tflops": tflops(m, n, k, ours_ms),
+                     "scaled_mm_tflops": tflops(m, n, k, theirs_ms), "ratio": theirs_ms / ours_ms})
+        print(f"fp8 {m:>5} x {n:>5} x {k:>5}: tessera {rows[-1]['tessera_tflops']:7.1f}  "
+              f"_scaled_mm {rows[-1]['scaled_mm_tflops']:7.1f} TFLOP/s  ({rows[-1]['ratio']:.0%})")
+    return rows
 
 
 def main() -> None:
@@ -37,7 +67,9 @@ def main() -> None:
                      "cublas_tflops": tflops(m, n, k, cublas), "ratio": cublas / ours})
         print(f"{m:>5} x {n:>5} x {k:>5}: tessera {rows[-1]['tessera_tflops']:7.1f}  "
               f"cuBLAS {rows[-1]['cublas_tflops']:7.1f} TFLOP/s  ({rows[-1]['ratio']:.0%})")
-    gpu_common.write("gemm", {"environment": gpu_common.environment(torch), "dtype": "bf16", "rows": rows})
+    fp8 = fp8_rows(torch, gemm, [(m, n, k) for m, n, k in shapes if m >= 16])   # _scaled_mm needs M % 16 == 0
+    gpu_common.write("gemm", {"environment": gpu_common.environment(torch), "dtype": "bf16", "rows": rows,
+                              "fp8_dtype": "e4m3 in, per-tensor f32 scales, bf16 out", "fp8_rows": fp8})
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -1,11 +1,16 @@
 """GEMM with a fused epilogue: C = act(alpha * op(A) @ op(B) * scales + bias).
 
-Each program computes one BM x BN block of C: it walks K in steps of BK,
+C is cut into BM x BN tiles. Computing a tile walks K in steps of BK,
 multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
 float32 accumulator, then applies alpha, the bias and the activation and
-stores the block in the output dtype. Transposed operands are views with
+stores the tile in the output dtype. Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
+
+Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
+at a time, column by column, so programs running together share rows of A
+and columns of B in L2. The grid is 1-D: one program per tile, or with
+PERSISTENT one program per SM that loops over tiles num_programs apart.
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
@@ -35,31 +40,36 @@ ACTIVATIONS = ("none", "relu", "gelu", "silu")
 # Each compiles for sm_90a without register spills (bf16, mma.sync + ldmatrix path);
 # the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64}, num_warps=8),  # large square problems
-    tessera.Config({"BM": 128, "BN": 64, "BK": 64}, num_warps=8),   # tall: M much larger than N
-    tessera.Config({"BM": 64, "BN": 128, "BK": 64}, num_warps=4),   # wide: N much larger than M
-    tessera.Config({"BM": 64, "BN": 64, "BK": 64}, num_warps=4),    # small problems: more programs to fill SMs
-    tessera.Config({"BM": 128, "BN": 128, "BK": 32}, num_warps=8),  # shallower K steps
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),  # large square
+    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),   # tall: M >> N
+    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=4),   # wide: N >> M
+    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=4),    # small: fill SMs
+    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),  # shallower K
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True}, num_warps=8),   # one program/SM
 ]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
-CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16}, num_warps=4)
+CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False}, num_warps=4)
+# The "SM count" persistent launches use on the interpreter (GPUs report theirs).
+CPU_NUM_SMS = 4
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
 
-@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
-@tessera.kernel
-def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
-                stride_am, stride_ak, stride_bk, stride_bn,
-                HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
-                ACTIVATION: tessera.constexpr,
-                BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
-    pid_m = tessera.program_id(0)
-    pid_n = tessera.program_id(1)
-    a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
-    b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
-    c = tessera.view(c_ptr, (M, N))
+@tessera.func
+def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
+    """Tile number -> (pid_m, pid_n), walking GROUP_M rows of tiles at a time, column by column."""
+    group = GROUP_M * num_pid_n                       # tiles per group of GROUP_M rows
+    first_m = (tile // group) * GROUP_M
+    size_m = min(num_pid_m - first_m, GROUP_M)        # the last group may have fewer rows
+    pid_m = first_m + (tile % group) % size_m
+    pid_n = (tile % group) // size_m
+    return pid_m, pid_n
 
+
+@tessera.func
+def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK):
+    """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     for k in range(0, tessera.cdiv(K, BK)):
         a_block = a.block((BM, BK), (pid_m, k)).load()
@@ -81,6 +91,30 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     elif ACTIVATION == "silu":
         acc = acc * tessera.sigmoid(acc)
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.kernel
+def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
+                stride_am, stride_ak, stride_bk, stride_bn,
+                HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
+                ACTIVATION: tessera.constexpr,
+                BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
+                GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr):
+    a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
+    b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
+    c = tessera.view(c_ptr, (M, N))
+    num_pid_m = tessera.cdiv(M, BM)
+    num_pid_n = tessera.cdiv(N, BN)
+    if PERSISTENT:      # one program per SM, each taking every num_programs-th tile
+        for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
+            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK)
+    else:               # one program per tile
+        pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK)
 
 
 # ---------------------------------------------------------------------------
@@ -172,6 +206,12 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
     return scale.reshape(1).expand(length).contiguous() if scale.dim() == 0 else scale.contiguous()
 
 
+def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
+    """One program per tile, or per SM (at most one per tile) for persistent configs."""
+    num_tiles = tessera.cdiv(M, meta["BM"]) * tessera.cdiv(N, meta["BN"])
+    return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
+
+
 @torch.library.custom_op("tessera::gemm", mutates_args=())
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
          scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None, *,
@@ -202,11 +242,12 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     constants = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
                      ACTIVATION=activation or "none")
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
-        grid = (tessera.cdiv(M, CPU_CONFIG.kwargs["BM"]), tessera.cdiv(N, CPU_CONFIG.kwargs["BN"]))
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+        grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
         gemm_kernel.kernel[grid](*host_args, **constants, **CPU_CONFIG.as_dict())
     else:
-        gemm_kernel[lambda meta: (tessera.cdiv(M, meta["BM"]), tessera.cdiv(N, meta["BN"]))](*args, **constants)
+        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
+        gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constants)
     return c
 
 
