@@ -20,7 +20,8 @@ parameters keep only their dtype in the key.
 
 from __future__ import annotations
 
-import inspect
+import functools
+import math
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -109,9 +110,8 @@ class BoundArguments:
 
 def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_specialize: frozenset[str]) -> BoundArguments:
     """Bind a launch's arguments to the kernel's parameters and classify them."""
-    signature = inspect.signature(source.fn)
     try:
-        bound = signature.bind(*args, **kwargs)
+        bound = source.signature.bind(*args, **kwargs)
     except TypeError as exc:
         params = ", ".join(source.param_names)
         raise KernelArgumentError(f"bad arguments for kernel '{source.name}({params})': {exc}",
@@ -147,9 +147,13 @@ def _memory_range(value: Any) -> tuple[int, int] | None:
     interface = getattr(value, "__cuda_array_interface__", None)
     if interface is not None:
         start = interface["data"][0]
-        size = int(np.prod(interface["shape"])) * np.dtype(interface["typestr"]).itemsize
-        return start, start + size
+        return start, start + math.prod(interface["shape"]) * _itemsize(interface["typestr"])
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _itemsize(typestr: str) -> int:
+    return np.dtype(typestr).itemsize
 
 
 def _aliased_arguments(arguments: dict[str, Any]) -> set[str]:

@@ -48,7 +48,8 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
 
 
 def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...], *, stream: Any,
-                  num_warps: int) -> None:
+                  num_warps: int):
+    """Launch; returns the prepared `Launcher` so the warm path (`fast_launch.py`) can reuse it."""
     from ..runtime import cuda
     from ..runtime.launcher import KernelBinary, Launcher
 
@@ -74,6 +75,7 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
     except LaunchError as exc:
         raise exc.with_kernel(kernel.name) from None
+    return launcher
 
 
 def interpret_device_arrays(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]) -> None:

@@ -25,11 +25,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..backends.interp import Memory, run_function
 from ..ir.core import Module
+from ..runtime.errors import LaunchError
 from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
 from .dependencies import kernel_dependencies
+from .fast_launch import FastLaunches
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
@@ -68,6 +70,7 @@ class Kernel:
                                       f"the kernel's parameters are {names}", kernel=self.name)
         self.specializations: dict[tuple, Specialization] = {}
         self.launchers: dict[tuple, Any] = {}      # (specialization, target, num_warps) -> runtime Launcher
+        self.fast_launches = FastLaunches(self.source, self.do_not_specialize)
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 
@@ -153,14 +156,26 @@ class Kernel:
     def run(self, *args, grid: Grid, **kwargs) -> None:
         """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
         options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in self.source.param_names}
+        num_warps, stream = options.get("num_warps", 4), options.get("stream")
+        interpret = os.environ.get("TESSERA_INTERPRET", "0") == "1"
+        fingerprint = None if interpret or not isinstance(grid, tuple) else \
+            self.fast_launches.fingerprint(args, kwargs, num_warps)
+        launcher = self.fast_launches.launchers.get(fingerprint) if fingerprint is not None else None
+        if launcher is not None:             # the warm path: no binding, no classification
+            try:
+                return launcher(grid, self.fast_launches.runtime_args(args), stream=stream)
+            except LaunchError as exc:
+                raise exc.with_kernel(self.name) from None
         bound = self._bind(args, kwargs)
         grid = self._resolve_grid(grid, bound)
         if not bound.on_device:
             self.interpret_bound(self._specialization(bound), bound, grid)
-        elif os.environ.get("TESSERA_INTERPRET", "0") == "1":
+        elif interpret:
             interpret_device_arrays(self, bound, grid)
         else:
-            launch_on_gpu(self, bound, grid, stream=options.get("stream"), num_warps=options.get("num_warps", 4))
+            launcher = launch_on_gpu(self, bound, grid, stream=stream, num_warps=num_warps)
+            if fingerprint is not None:
+                self.fast_launches.launchers[fingerprint] = launcher
 
     def binary(self, *args, target: str = "sm_80", num_warps: int = 4, **kwargs):
         """The compiled binary (a cache entry: PTX, cubin, metadata) these arguments select, via the disk cache."""

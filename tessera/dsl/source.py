@@ -10,6 +10,7 @@ binary cache can tell when a kernel (or a helper it calls) changed.
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import inspect
 import textwrap
@@ -32,6 +33,11 @@ class KernelSource:
     @property
     def name(self) -> str:
         return self.fn.__name__
+
+    @functools.cached_property
+    def signature(self) -> inspect.Signature:
+        """The function's signature, built once (launches bind arguments against it)."""
+        return inspect.signature(self.fn)
 
     @property
     def globals(self) -> dict[str, Any]:
