@@ -95,3 +95,41 @@ define_thread_op("barrier", "Wait for every thread of the block; orders shared-m
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it).", 0,
        attrs={"bytes": "int", "offset": "int"}, check=_check_shared_alloc, pure=False)
+
+
+# -- asynchronous copies (cp.async) ----------------------------------------------
+
+ASYNC_COPY_BYTES = (4, 8, 16)
+
+
+def _infer_async_copy(ts, a):
+    dst, src, pred = ts
+    size = a["bytes"]
+    require(size in ASYNC_COPY_BYTES, f"async_copy moves 4, 8 or 16 bytes, got bytes = {size}")
+    require(isinstance(dst, PointerType) and dst.address_space == "shared",
+            f"async_copy writes shared memory: its first operand is a ptr<T, shared>, got {dst}")
+    require(isinstance(src, PointerType) and src.address_space != "shared",
+            f"async_copy reads global memory: its second operand is a global ptr<T>, got {src}")
+    require(src.pointee == dst.pointee, f"async_copy copies between pointers of one element type, got {dst} and {src}")
+    require(dst.pointee.bits >= 8 and (size * 8) % dst.pointee.bits == 0,
+            f"async_copy of {size} bytes needs whole elements of at least one byte, got {dst.pointee.name}")
+    require(pred == ScalarType(dt.bool_), f"async_copy predicate must be bool, got {pred}")
+    return []
+
+
+def _infer_async_wait(ts, a):
+    require(a["pending"] >= 0, f"async_wait pending must be >= 0, got {a['pending']}")
+    return []
+
+
+define_thread_op("async_copy", "Copy `bytes` (4, 8 or 16) bytes from global `src` to shared `dst` asynchronously "
+                 "(cp.async): when `pred` is false the bytes are zero-filled instead (src-size 0). The copy joins "
+                 "this thread's open group; its bytes may be neither read nor written until an `async_wait` "
+                 "retires that group. Both addresses must be aligned to `bytes`.", 3,
+                 attrs={"bytes": "int"}, infer=_infer_async_copy, pure=False)
+define_thread_op("async_commit", "Close this thread's open group of async_copy ops (cp.async.commit_group).", 0,
+                 infer=lambda ts, a: [], pure=False)
+define_thread_op("async_wait", "Wait until at most `pending` of this thread's committed async_copy groups are "
+                 "still in flight (cp.async.wait_group); the others' bytes are then in shared memory, visible to "
+                 "this thread (other threads need a barrier after the wait).", 0,
+                 attrs={"pending": "int"}, infer=_infer_async_wait, pure=False)

@@ -53,7 +53,7 @@ class _Kernel:
 
 
 def _special_args(k: _Kernel, name: str):
-    if name == "llvm.nvvm.barrier.cta.sync.aligned.all":
+    if name in ("llvm.nvvm.barrier.cta.sync.aligned.all", "llvm.nvvm.cp.async.wait.group"):
         return [ir.Constant(I32, 0)]
     if name.startswith("llvm.nvvm.shfl.sync"):
         value, lane = (k.b.load(k._address(k.src, I32), typ=I32) for _ in range(2))

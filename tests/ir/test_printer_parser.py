@@ -221,6 +221,10 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   %fd = mma_m16n8k16 %fa, %fb, %fc : regs<4xf32>
   %tiles = shared_alloc {bytes = 512, offset = 0} : ptr<f16, shared>
   %frag = ldmatrix %tiles {num = 4, trans = true} : regs<8xf16>
+  %go = constant {value = true} : bool
+  async_copy %smem, %p, %go {bytes = 16}
+  async_commit
+  async_wait {pending = 0}
   return
 }
 """,

@@ -108,6 +108,11 @@ class ThreadBlock:
                 self.run_region(self.fn.body, [self._per_thread(a) for a in args])
             except KernelReturn:
                 pass
+        left = self.shared.async_outstanding()
+        if left:
+            raise InterpreterError(f"{left} async copies never waited for: the kernel ends with async_copy ops "
+                                   "in flight; add async_commit and async_wait {pending = 0} before it returns",
+                                   kernel=self.fn.name, program_id=self.program_id)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""

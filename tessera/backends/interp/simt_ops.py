@@ -10,7 +10,7 @@ Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
 interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
 tile IR computes. This file adds the thread-level ops: thread_id, registers
 (splat, pack, extract), select, shuffles, the warp-wide tensor-core
-`mma_m16n8k16`, barriers, shared_alloc and the
+`mma_m16n8k16`, barriers, shared_alloc, asynchronous copies and the
 debugging ops; memory ops are in `simt_memory.py`, control flow in
 `simt_control.py`.
 
@@ -324,6 +324,61 @@ def _shared_alloc(ctx, op):
         raise ctx.error(op, f"shared_alloc at byte {offset} is not aligned to its {dtype.name} elements")
     region = ctx.shared.region(offset, nbytes, dtype)
     return Pointers(region, np.zeros(ctx.num_threads, dtype=np.int64))
+
+
+# -- asynchronous copies (cp.async) ------------------------------------------------
+
+def _active_threads(ctx) -> np.ndarray:
+    return np.arange(ctx.num_threads) if ctx.mask is None else np.flatnonzero(ctx.mask)
+
+
+@simt("async_copy")
+def _async_copy(ctx, op, dst, src, pred):
+    """Snapshot `bytes` bytes of global memory now (zeros where `pred` is false); they land in shared
+    memory when an `async_wait` retires the copy's group (`SharedMemory.async_issue`)."""
+    size, region, memory = op.attrs["bytes"], dst.memory, src.memory
+    if not isinstance(region, SharedRegion) or isinstance(memory, SharedRegion):
+        raise ctx.error(op, "async_copy copies from global to shared memory, but its pointers point elsewhere")
+    threads = _active_threads(ctx)
+    if threads.size == 0:
+        return
+    width = region.dtype.bits // 8
+    count = size // width
+    dst_el, src_el = dst.offsets[threads], src.offsets[threads]
+    for name, offsets, mem in (("destination", dst_el, region), ("source", src_el, memory)):
+        bad = (offsets < 0) | (offsets + count > mem.size)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ctx.error(op, f"async_copy {name} out of bounds: thread {int(threads[i])} copies elements "
+                                f"{int(offsets[i])}..{int(offsets[i]) + count - 1} of '{mem.name or 'memory'}', "
+                                f"which holds {mem.size} {mem.dtype.name} elements")
+    dst_bytes = region.byte_offset + dst_el * width
+    src_bytes = src_el * width
+    for name, at in (("destination", dst_bytes), ("source", src_bytes)):
+        bad = at % size != 0
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ctx.error(op, f"async_copy {name} of thread {int(threads[i])} is at byte {int(at[i])}, which is "
+                                f"not aligned to the copy's {size} bytes")
+    lanes = np.arange(size)
+    raw = memory.array.reshape(-1).view(np.uint8)
+    data = raw[src_bytes[:, None] + lanes]
+    data = np.where(np.asarray(pred, bool)[threads][:, None], data, np.uint8(0))
+    failure = region.shared.async_issue(threads, dst_bytes[:, None] + lanes, data.astype(np.uint8))
+    if failure is not None:
+        raise ctx.error(op, f"shared-memory race: {failure}")
+
+
+@simt("async_commit")
+def _async_commit(ctx, op):
+    ctx.shared.async_commit(_active_threads(ctx))
+
+
+@simt("async_wait")
+def _async_wait(ctx, op):
+    failure = ctx.shared.async_wait(_active_threads(ctx), op.attrs["pending"])
+    if failure is not None:
+        raise ctx.error(op, f"shared-memory race: {failure}")
 
 
 # -- debugging -------------------------------------------------------------------

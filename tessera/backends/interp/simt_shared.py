@@ -18,6 +18,12 @@ order:
 * a thread reads a byte another thread wrote, or writes a byte another
   thread read.
 
+Asynchronous copies (`async_copy`, cp.async) are queued per thread in
+groups: their bytes land in shared memory only when an `async_wait` retires
+their group, and until then any read or write of those bytes is an error, as
+the hardware may still be writing them. Copies never waited for are an
+error at the end of the kernel.
+
 Atomics are not tracked. Sub-byte elements are tracked at the byte holding
 them: two threads writing different elements of one byte race, as the
 read-modify-write byte stores that implement them would.
@@ -34,6 +40,7 @@ from .storage import Memory
 POISON = 0xFF
 _NONE = -1  # no thread
 _ADVICE = " (missing barrier?); add a `barrier` between the two accesses"
+_ASYNC_ADVICE = "read of shared memory before cp.async.wait_group: add async_wait"
 
 
 class SharedRegion(Memory):
@@ -64,6 +71,11 @@ class SharedMemory:
         self._reader_lo = np.full(nbytes, _NONE, dtype=np.int32)
         self._reader_hi = np.full(nbytes, _NONE, dtype=np.int32)
         self._dirty = False
+        # Asynchronous copies: per byte, how many in-flight copies target it; per
+        # in-flight copy (thread, group, byte addresses, bytes); per thread, groups committed.
+        self._pending = np.zeros(nbytes, dtype=np.int32)
+        self._copies: list[tuple[int, int, np.ndarray, np.ndarray]] = []
+        self._committed: dict[int, int] = {}
 
     def region(self, offset: int, nbytes: int, dtype: DType) -> SharedRegion:
         key = (offset, nbytes, dtype)
@@ -87,6 +99,9 @@ class SharedMemory:
         if addrs.size == 0:
             return None
         addrs, lo, hi, _, _ = _group(addrs, threads, None)
+        in_flight = self._in_flight(addrs, lo, "reads", region)
+        if in_flight:
+            return in_flight
         wlo, whi = self._writer_lo[addrs], self._writer_hi[addrs]
         clash = (wlo != _NONE) & ~((wlo == whi) & (lo == wlo) & (hi == wlo))
         if clash.any():
@@ -104,29 +119,89 @@ class SharedMemory:
         if addrs.size == 0:
             return None
         addrs, lo, hi, vlo, vhi = _group(addrs, threads, byte_values)
+        in_flight = self._in_flight(addrs, lo, "writes", region)
+        if in_flight:
+            return in_flight
         torn = (lo != hi) & (vlo != vhi)
         if torn.any():
             i = int(np.argmax(torn))
             return (f"threads {lo[i]} and {hi[i]} write different values to {_where(region, addrs[i])} "
                     "in the same store, so which one lands is undefined; give each address one writer")
+        return self._write_grouped(addrs, lo, hi, vlo, lambda a: _where(region, a))
+
+    def _write_grouped(self, addrs, lo, hi, vlo, where, merge: bool = True) -> str | None:
+        """The race check and bookkeeping of a write of bytes `addrs` by threads lo..hi with values `vlo`."""
         wlo, whi = self._writer_lo[addrs], self._writer_hi[addrs]
         one_thread = (lo == hi) & (wlo == whi) & (wlo == lo)
         clash = (wlo != _NONE) & ~one_thread & (self._written[addrs] != vlo)
         if clash.any():
             i = int(np.argmax(clash))
             writer, other = _distinct(lo[i], hi[i], wlo[i], whi[i])
-            return (f"thread {writer} writes {_where(region, addrs[i])}, which thread {other} wrote with a "
+            return (f"thread {writer} writes {where(addrs[i])}, which thread {other} wrote with a "
                     f"different value since the last barrier{_ADVICE}")
         rlo, rhi = self._reader_lo[addrs], self._reader_hi[addrs]
         clash = (rlo != _NONE) & ~((rlo == rhi) & (lo == rlo) & (hi == rlo))
         if clash.any():
             i = int(np.argmax(clash))
             writer, reader = _distinct(lo[i], hi[i], rlo[i], rhi[i])
-            return (f"thread {writer} writes {_where(region, addrs[i])}, which thread {reader} read since "
+            return (f"thread {writer} writes {where(addrs[i])}, which thread {reader} read since "
                     f"the last barrier{_ADVICE}")
-        self._merge(self._writer_lo, self._writer_hi, addrs, lo, hi)
-        self._written[addrs] = vlo
+        if merge:
+            self._merge(self._writer_lo, self._writer_hi, addrs, lo, hi)
+            self._written[addrs] = vlo
         return None
+
+    def _in_flight(self, addrs, threads, verb: str, region: SharedRegion | None) -> str | None:
+        busy = self._pending[addrs] > 0
+        if not busy.any():
+            return None
+        i = int(np.argmax(busy))
+        place = _where(region, addrs[i]) if region is not None else f"shared byte {int(addrs[i])}"
+        return (f"{_ASYNC_ADVICE} (thread {int(threads[i])} {verb} {place}, which an async_copy not yet "
+                "retired by an async_wait is writing)")
+
+    # -- asynchronous copies --------------------------------------------------
+
+    def async_issue(self, threads: np.ndarray, addrs: np.ndarray, data: np.ndarray) -> str | None:
+        """Queue copies: thread threads[i] writes bytes data[i] at byte addresses addrs[i] when its group retires."""
+        flat, owners = addrs.reshape(-1), np.repeat(threads, addrs.shape[1])
+        unique, lo, hi, vlo, vhi = _group(flat, owners, data.reshape(-1).astype(np.int64))
+        in_flight = self._in_flight(unique, lo, "copies to", None)
+        if in_flight:
+            return in_flight
+        if unique.size < flat.size:
+            return "two async_copy ops in flight write the same shared bytes; give each byte one copy per wait"
+        # The copy may land at any moment from now: it must not race with other threads' accesses.
+        race = self._write_grouped(unique, lo, hi, vlo, lambda a: f"shared byte {int(a)}", merge=False)
+        if race:
+            return race
+        for t, a, d in zip(threads.tolist(), addrs, data):
+            self._copies.append((t, self._committed.get(t, 0), a, d))
+        self._pending[flat] += 1
+        return None
+
+    def async_commit(self, threads: np.ndarray) -> None:
+        for t in threads.tolist():
+            self._committed[t] = self._committed.get(t, 0) + 1
+
+    def async_wait(self, threads: np.ndarray, pending: int) -> str | None:
+        """Land the copies of `threads`' groups older than their newest `pending` committed ones."""
+        limit = {t: self._committed.get(t, 0) - pending for t in threads.tolist()}
+        done = [c for c in self._copies if c[0] in limit and c[1] < limit[c[0]]]
+        if not done:
+            return None
+        self._copies = [c for c in self._copies if not (c[0] in limit and c[1] < limit[c[0]])]
+        addrs = np.concatenate([c[2] for c in done])
+        data = np.concatenate([c[3] for c in done])
+        owners = np.concatenate([np.full(c[2].size, c[0]) for c in done])
+        self._pending[addrs] -= 1
+        self.bytes[addrs] = data
+        unique, lo, hi, vlo, _ = _group(addrs, owners, data.astype(np.int64))
+        return self._write_grouped(unique, lo, hi, vlo, lambda a: f"shared byte {int(a)}")
+
+    def async_outstanding(self) -> int:
+        """How many async copies are still in flight."""
+        return len(self._copies)
 
     def _merge(self, lo_track, hi_track, addrs, lo, hi) -> None:
         old_lo, old_hi = lo_track[addrs], hi_track[addrs]

@@ -62,6 +62,14 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16":
        (I32 if num == 1 else ir.LiteralStructType([I32] * num), (ir.PointerType(addrspace=3),))
        for num in (1, 2, 4) for trans in ("", ".trans")},
+    # cp.async.{cg,ca}.shared.global [dst], [src], bytes, src_size: the `.s` variants take the number of bytes
+    # to read (the rest are zero-filled), which is how a false predicate becomes a zero fill. .cg (L2 only)
+    # exists for 16 bytes; 4 and 8 go through .ca.
+    **{f"llvm.nvvm.cp.async.{cache}.shared.global.{size}.s":
+       (VOID, (ir.PointerType(addrspace=3), ir.PointerType(addrspace=1), I32))
+       for cache, size in (("cg", 16), ("ca", 4), ("ca", 8), ("ca", 16))},
+    "llvm.nvvm.cp.async.commit.group": (VOID, ()),
+    "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
 }
 
 # -- overloaded families -----------------------------------------------------------

@@ -14,6 +14,11 @@
   register per matrix, split into registers 2j (low half) and 2j+1.
 * `barrier` is `bar.sync 0` (`llvm.nvvm.barrier.cta.sync.aligned.all`).
 * `shared_alloc` is its byte `offset` into the kernel's dynamic shared buffer.
+* `async_copy` is `cp.async.cg.shared.global` for 16 bytes (`.ca` for 4 and
+  8: `.cg` only exists for 16) through the `.s` intrinsics, whose src-size
+  operand is `bytes` when the predicate holds and 0 (zero fill) when not;
+  `async_commit` / `async_wait` are `cp.async.commit_group` /
+  `cp.async.wait_group N` (needs sm_80+).
 """
 
 from __future__ import annotations
@@ -144,6 +149,24 @@ def _ldmatrix(lw, op, row):
             result = bld.insert_element(result, bld.extract_element(halves, ir.Constant(I32, e)),
                                         ir.Constant(I32, 2 * j + e))
     return result
+
+
+@lowering("async_copy")
+def _async_copy(lw, op, dst, src, pred):
+    size = op.attrs["bytes"]
+    cache = "cg" if size == 16 else "ca"
+    src_size = lw.builder.select(pred, ir.Constant(I32, size), ir.Constant(I32, 0))
+    lw.intrinsic(f"llvm.nvvm.cp.async.{cache}.shared.global.{size}.s", [dst, src, src_size])
+
+
+@lowering("async_commit")
+def _async_commit(lw, op):
+    lw.intrinsic("llvm.nvvm.cp.async.commit.group", [])
+
+
+@lowering("async_wait")
+def _async_wait(lw, op):
+    lw.intrinsic("llvm.nvvm.cp.async.wait.group", [ir.Constant(I32, op.attrs["pending"])])
 
 
 @lowering("breakpoint")

@@ -208,6 +208,20 @@ class _Validator:
             raise self.fail(f"ldmatrix needs sm_75+, which {self.target.name} is not; lower the kernel for this "
                             "target (dot operands then go through plain shared-memory loads)", op)
 
+    def op_async_copy(self, op: Operation) -> None:
+        self._require_cp_async(op)
+
+    def op_async_commit(self, op: Operation) -> None:
+        self._require_cp_async(op)
+
+    def op_async_wait(self, op: Operation) -> None:
+        self._require_cp_async(op)
+
+    def _require_cp_async(self, op: Operation) -> None:
+        if not self.target.has("cp.async"):
+            raise self.fail(f"{op.name} needs cp.async (sm_80+), which {self.target.name} lacks; lower the kernel "
+                            "for this target (operands then go through registers)", op)
+
     def op_shuffle(self, op: Operation) -> None:
         width = op.attrs.get("width", 0)
         if width > self.target.warp_size:
