@@ -8,16 +8,10 @@ Goal (issue 4): vector add and softmax at >= 90% of torch's copy bandwidth on an
 from __future__ import annotations
 
 import gpu_common
+from bench_kernels import add
 
 import tessera
 
-
-@tessera.kernel
-def add(x_ptr, y_ptr, out_ptr, n, BLOCK: tessera.constexpr):
-    offs = tessera.program_id(0) * BLOCK + tessera.arange(0, BLOCK)
-    mask = offs < n
-    tessera.store(out_ptr + offs, tessera.load(x_ptr + offs, mask=mask) + tessera.load(y_ptr + offs, mask=mask),
-                  mask=mask)
 
 
 @tessera.kernel
