@@ -32,10 +32,10 @@ from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
 from tessera.ir.smem_layouts import bank_conflicts, row_major
 from tessera.ir.target import get_target
-from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.lowering.mma_operands import ldmatrix_rows, row_conflicts, swizzled_row_major
 from tessera.passes.mma import mma_plan
 from tessera.passes.pipeline_threads import lower
+from test_mma_dot import dot_args, dot_module
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 F32_ACC = dict(rtol=1e-5, atol=1e-5)
@@ -140,26 +140,7 @@ def test_ldmatrix_rejects_a_row_that_is_not_16_byte_aligned():
         run_threads(parse_module(LDMATRIX_MISALIGNED).functions[0], [], (1,))
 
 # -- the mma operand path ------------------------------------------------------------------
-
-
-@tessera.kernel
-def dot_kernel(a_ptr, b_ptr, c_ptr, M: tessera.constexpr, N: tessera.constexpr, K: tessera.constexpr,
-               DTYPE: tessera.constexpr):
-    a = tessera.view(a_ptr, (M, K)).block((M, K), (0, 0)).load().to(DTYPE)
-    b = tessera.view(b_ptr, (K, N)).block((K, N), (0, 0)).load().to(DTYPE)
-    c = tessera.view(c_ptr, (M, N))
-    acc = c.block((M, N), (0, 0)).load()
-    c.block((M, N), (0, 0)).store(tessera.dot(a, b, acc))
-
-
-def dot_args(m, n, k, seed=0):
-    rng = np.random.default_rng(seed)
-    return [rng.standard_normal((m, k)).astype(np.float32), rng.standard_normal((k, n)).astype(np.float32),
-            rng.standard_normal((m, n)).astype(np.float32)]
-
-
-def dot_module(m, n, k, dtype=tessera.f16):
-    return dot_kernel.specialize(*dot_args(m, n, k), M=m, N=n, K=k, DTYPE=dtype).module
+# (the dot kernel and its arguments are the tensor-core tests' own: test_mma_dot.py)
 
 
 def ldmatrix_ops(fn):

@@ -205,16 +205,9 @@ def _mma_m16n8k16(ctx, op, a, b, c):
     intermediate precision are unspecified: within a few f32 ulps of this).
     """
     warp = ctx.warp_size
-    if warp != 32 or ctx.num_threads % warp:
-        raise ctx.error(op, f"mma_m16n8k16 needs whole 32-lane warps, but the block has {ctx.num_threads} "
-                            f"threads in warps of {warp}")
-    if ctx.mask is not None:
-        per_warp = ctx.mask.reshape(-1, warp)
-        partial = per_warp.any(axis=1) & ~per_warp.all(axis=1)
-        if partial.any():
-            w = int(np.argmax(partial))
-            raise ctx.error(op, f"mma_m16n8k16 in divergent code: only {int(per_warp[w].sum())} of the 32 lanes "
-                                f"of warp {w} execute it; every lane of a warp must reach mma.sync together")
+    if warp != 32:
+        raise ctx.error(op, f"mma_m16n8k16 needs 32-lane warps, but this block's warps have {warp} lanes")
+    _require_whole_warps(ctx, op, "mma_m16n8k16")
     a_at, b_at, c_at = (_fragment_coords(layout) for layout in (mma_m16n8k16_a(), mma_m16n8k16_b(),
                                                                  mma_m16n8k16_c()))
     warps = ctx.num_threads // warp
