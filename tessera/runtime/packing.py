@@ -4,7 +4,7 @@
     packer.pack([x_address, out_address, n])      # every launch: one struct.pack_into
     cuLaunchKernel(..., kernelParams=packer.kernel_params, extra=0)
 
-The ABI (what `llvm_codegen.py` declares; PTX `.param`s and the AMDGPU
+The ABI (what `tessera.backends.llvm.codegen` declares; PTX `.param`s and the AMDGPU
 kernarg segment lay parameters out the same way): parameters in order, each
 at the next multiple of its own size.
 

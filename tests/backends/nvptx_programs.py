@@ -9,7 +9,7 @@ away before LLVM selects instructions for it.
 
 from __future__ import annotations
 
-from tessera.backends.nvptx.llvm_ops import math_support
+from tessera.backends.nvptx.math import math_support
 from tessera.ir import dtypes as dt
 from tessera.ir.ops import COMPARE_PREDICATES, MATH_FUNCTIONS
 from tessera.ir.thread_ops import SHUFFLE_MODES
@@ -36,7 +36,7 @@ class _Text:
 
 def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True) -> str:
     """The kernel for `dtype` with `n` registers; without `libdevice`, only the
-    math the backend can lower without it (see `llvm_ops.math_support`)."""
+    math the backend can lower without it (see `nvptx.math.math_support`)."""
     d = dtype.name
     regs = f"regs<{n}x{d}>"
     ptrs = f"regs<{n}xptr<{d}>>"
