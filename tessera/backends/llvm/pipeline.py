@@ -70,7 +70,11 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
             raise LLVMError(f"LLVM's verifier rejected the module: {e}") from None
         pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=opt_level))
         pass_builder.getModulePassManager().run(module, pass_builder)
-        return {"assembly": tm.emit_assembly(module), "optimized_ir": str(module),
+        optimized_ir = str(module)
+        # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
+        # intrinsics it cannot select a second time), so each emission gets its own copy.
+        assembly = tm.emit_assembly(module.clone() if emit_object else module)
+        return {"assembly": assembly, "optimized_ir": optimized_ir,
                 "object": tm.emit_object(module) if emit_object else None}
 
 
