@@ -390,3 +390,18 @@ def _dlpack_address(obj: Any) -> int:
     except ValueError:
         raise LaunchError(f"{type(obj).__name__}.__dlpack__() did not return a DLPack capsule") from None
     return (head.data or 0) + head.byte_offset
+
+
+def check_kernarg_layout(packer: ArgumentPacker, kernel_args: Sequence[dict]) -> None:
+    """LaunchError unless `packer` puts every parameter where an AMD code object reads it.
+
+    `kernel_args` is the code object's argument metadata (`.args` of its AMDGPU note, keys without
+    the dot: offset, size, value_kind); the explicit ones (every kind but `hidden_*`) must match the
+    packer's slots one for one. A mismatch would make the kernel read garbage, so it stops the launch.
+    """
+    explicit = [a for a in kernel_args if not str(a.get("value_kind", "")).startswith("hidden_")]
+    expected = [(a["offset"], a["size"]) for a in explicit]
+    packed = [(s.offset, s.size) for s in packer.slots]
+    if expected != packed:
+        raise LaunchError(f"the code object reads its arguments at (offset, size) {expected}, but the launch "
+                          f"packs them at {packed}; this is a compiler bug: please report it with the kernel")
