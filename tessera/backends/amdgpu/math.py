@@ -7,7 +7,7 @@
 | rsqrt         | 1 / sqrt(x), both correctly rounded (<= 1 ulp)          | same       |
 | tanh          | odd Taylor polynomial for |x| < 0.125, else sign(x) (1 - 2 / (exp(2|x|) + 1)) (relative error ~1e-6) | rejected |
 | erf           | Taylor series for |x| < 0.5, else Abramowitz-Stegun 7.1.26 (absolute error <= 2e-7) | rejected |
-| rem (fmod)    | `frem`, which LLVM 22 expands for AMDGPU into an exact loop | same (exact) |
+| rem (fmod)    | scalar `frem`, which LLVM 22 expands for AMDGPU into an exact loop | same (exact) |
 
 f64 transcendental functions need a device math library (ROCm's OCML), which
 this backend does not link yet: the validator rejects them by name rather
@@ -61,7 +61,9 @@ def math_function(lw, name: str, x: ir.Value) -> ir.Value:
 
 
 def fmod(lw, a: ir.Value, b: ir.Value) -> ir.Value:
-    return lw.builder.frem(a, b)
+    """`frem` lane by lane: LLVM's exact AMDGPU expansion handles scalars only (a vector frem, as
+    from bf16 registers, would reach instruction selection as a libcall and abort)."""
+    return lw.map_lanes(lambda p, q: lw.builder.frem(p, q), a, b)
 
 
 def _polynomial(bld, x, coefficients):
