@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import shutil
 import sys
 from pathlib import Path
 
@@ -29,11 +28,12 @@ def main(argv: list[str] | None = None) -> int:
     ir.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
     ir.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
 
-    compile_ = commands.add_parser("compile", help="compile a kernel ahead of time to PTX (and cubin with ptxas)")
+    compile_ = commands.add_parser("compile", help="compile a kernel ahead of time to PTX (and cubin with ptxas) "
+                                       "or AMDGCN (and hsaco with ld.lld)")
     compile_.add_argument("target_kernel", metavar="FILE.py:KERNEL")
     compile_.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
     compile_.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
-    compile_.add_argument("--target", "-t", default="sm_80", help="GPU target (sm_80, sm_89, sm_90, sm_90a, sm_100)")
+    compile_.add_argument("--target", "-t", default="sm_80", help="GPU target (sm_80, sm_89, sm_90, sm_90a, sm_100, gfx90a, gfx942, gfx950)")
     compile_.add_argument("--num-warps", "-w", type=int, default=4, help="warps per block (default 4)")
     compile_.add_argument("--output", "-o", default=".", help="directory to write into (default: .)")
 
@@ -119,9 +119,8 @@ def _compile(args) -> int:
     from .dsl.errors import CompileError, KernelArgumentError
     from .ir.target import TARGETS
 
-    if args.target not in TARGETS or TARGETS[args.target].vendor != "nvidia":
-        known = ", ".join(name for name, t in TARGETS.items() if t.vendor == "nvidia")
-        raise _UsageError(f"unknown or unsupported target {args.target!r}; choose one of {known}")
+    if args.target not in TARGETS:
+        raise _UsageError(f"unknown or unsupported target {args.target!r}; choose one of {', '.join(TARGETS)}")
     if args.num_warps not in (1, 2, 4, 8, 16):
         raise _UsageError(f"--num-warps must be 1, 2, 4, 8 or 16, got {args.num_warps}")
     kernel = load_kernel(args.target_kernel)
@@ -135,11 +134,14 @@ def _compile(args) -> int:
         return 1
     out = Path(args.output)
     out.mkdir(parents=True, exist_ok=True)
-    written = [out / f"{kernel.name}.ptx"]
-    written[0].write_text(compiled.stages["ptx"])
-    if compiled.cubin is not None:
-        written.append(out / f"{kernel.name}.cubin")
-        written[-1].write_bytes(compiled.cubin)
+    amd = TARGETS[args.target].vendor == "amd"
+    assembly_stage, assembly_suffix = ("amdgcn", "s") if amd else ("ptx", "ptx")
+    written = [out / f"{kernel.name}.{assembly_suffix}"]
+    written[0].write_text(compiled.stages[assembly_stage])
+    if compiled.binary is not None:
+        written.append(out / f"{kernel.name}.{compiled.binary_extension}")
+        written[-1].write_bytes(compiled.binary)
+    binary_name = written[1].name if len(written) > 1 else None
     manifest = {
         "kernel": kernel.name,
         "signature": [s.strip() for s in args.signature.split(",") if s.strip()],
@@ -148,12 +150,25 @@ def _compile(args) -> int:
         "num_warps": args.num_warps,
         "threads_per_block": compiled.metadata.get("num_threads"),
         "shared_memory_bytes": compiled.metadata.get("shared_bytes", 0),
-        "registers": compiled.metadata.get("registers"),
-        "spill_bytes": compiled.metadata.get("spill_stores"),
-        "ptx": written[0].name,
-        "cubin": written[1].name if len(written) > 1 else None,
         "compiler_version": __version__,
     }
+    if amd:
+        manifest.update({
+            "dynamic_shared_memory_bytes": compiled.metadata.get("dynamic_shared_bytes", 0),
+            "sgprs": compiled.metadata.get("sgpr_count"),
+            "vgprs": compiled.metadata.get("vgpr_count"),
+            "wavefront_size": compiled.metadata.get("wavefront_size"),
+            "kernarg_segment_size": compiled.metadata.get("kernarg_segment_size"),
+            "assembly": written[0].name,
+            "hsaco": binary_name,
+        })
+    else:
+        manifest.update({
+            "registers": compiled.metadata.get("registers"),
+            "spill_bytes": compiled.metadata.get("spill_stores"),
+            "ptx": written[0].name,
+            "cubin": binary_name,
+        })
     written.append(out / f"{kernel.name}.json")
     written[-1].write_text(json.dumps(manifest, indent=2) + "\n")
     for path in written:
@@ -190,10 +205,13 @@ def _doctor() -> int:
     from .backends.nvptx import find_ptxas
 
     print(f"ptxas: {find_ptxas() or 'not found (pip install nvidia-cuda-nvcc-cu12 for cubins)'}")
-    print(f"ld.lld: {shutil.which('ld.lld') or 'not found'}")
+    from .backends.amdgpu import find_linker
+
+    print(f"ld.lld: {find_linker() or 'not found (pip install ziglang for hsaco code objects)'}")
     from .runtime.cache import BinaryCache
 
-    print("backends: CPU tile interpreter, SIMT simulator, NVPTX (PTX; cubin with ptxas)")
+    print("backends: CPU tile interpreter, SIMT simulator, NVPTX (PTX; cubin with ptxas), "
+          "AMDGPU (AMDGCN; hsaco with ld.lld)")
     print(f"binary cache: {BinaryCache().directory}")
     return 0
 

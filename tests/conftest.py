@@ -4,15 +4,18 @@ import pytest
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked `gpu` skip cleanly on machines without an NVIDIA driver (checked without touching CUDA)."""
-    from tessera.runtime.cuda import driver_available
+    """Tests marked `gpu` skip cleanly on machines without an NVIDIA driver, and those also marked `amdgpu`
+    on machines without ROCm's runtime (both checked without initializing either)."""
+    from tessera.runtime import cuda, hip
 
-    if driver_available():
-        return
-    skip = pytest.mark.skip(reason="needs an NVIDIA GPU and its driver")
+    skip_nvidia = pytest.mark.skip(reason="needs an NVIDIA GPU and its driver")
+    skip_amd = pytest.mark.skip(reason="needs an AMD GPU and ROCm (libamdhip64.so)")
     for item in items:
-        if "gpu" in item.keywords:
-            item.add_marker(skip)
+        if "amdgpu" in item.keywords:
+            if not hip.driver_available():
+                item.add_marker(skip_amd)
+        elif "gpu" in item.keywords and not cuda.driver_available():
+            item.add_marker(skip_nvidia)
 
 
 @pytest.fixture(autouse=True, scope="session")

@@ -3,10 +3,16 @@
     compiled = my_kernel.compile(x, y, out, n, BLOCK=1024, target="sm_90a")
     print(compiled.stages["ptx"])          # also: tile_ir, optimized_tile_ir, thread_ir, llvm_ir
     compiled.metadata                      # threads, shared memory, registers, spills (ptxas -v)
+    compiled.binary                        # the cubin (NVIDIA, with ptxas) or hsaco (AMD, with ld.lld)
 
 The stages are the pipeline of DESIGN.md section 2, one function each:
-tile-IR passes -> lowering to thread IR -> NVPTX (LLVM IR -> PTX -> cubin
-when ptxas is available). With `TESSERA_DUMP=DIR` in the environment every
+tile-IR passes -> lowering to thread IR -> the target vendor's backend:
+NVPTX (LLVM IR -> PTX stage -> cubin when ptxas is available) or AMDGPU
+(LLVM IR -> `amdgcn` assembly stage -> hsaco when ld.lld is available;
+its metadata adds the code object's register counts and kernarg layout,
+`kernel_args`). `metadata["dynamic_shared_bytes"]` is what a launch passes
+as dynamic shared memory: the shared bytes on NVIDIA, 0 on AMD (its LDS is
+static, in the code object). With `TESSERA_DUMP=DIR` in the environment every
 stage is also written to `DIR/<kernel>.<stage>.<ext>`. A kernel that is
 valid but cannot be lowered as configured (a pinned layout for the wrong
 number of threads, more shared memory than the block has) is a
@@ -32,7 +38,8 @@ from ..passes.rewrite import clone_function
 from .errors import CompileError
 
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
-                    "llvm_ir": "ll", "ptx": "ptx"}
+                    "llvm_ir": "ll", "ptx": "ptx", "amdgcn": "s"}
+BINARY_EXTENSIONS = {"nvidia": "cubin", "amd": "hsaco"}
 
 
 @dataclass
@@ -42,11 +49,21 @@ class CompiledKernel:
     name: str
     target: str
     stages: dict[str, str]
-    cubin: bytes | None
+    binary: bytes | None        # cubin (NVIDIA) or hsaco (AMD); None without ptxas / ld.lld
     metadata: dict[str, Any] = field(default_factory=dict)
 
+    @property
+    def cubin(self) -> bytes | None:
+        """The binary under its NVIDIA name (kept for callers that predate AMD targets)."""
+        return self.binary
+
+    @property
+    def binary_extension(self) -> str:
+        """"cubin" or "hsaco": how the binary's file is named."""
+        return BINARY_EXTENSIONS[get_target(self.target).vendor]
+
     def dump(self, directory: str | os.PathLike) -> list[Path]:
-        """Write every stage (and the cubin) to `directory`; returns the paths written."""
+        """Write every stage (and the binary) to `directory`; returns the paths written."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         written = []
@@ -54,20 +71,18 @@ class CompiledKernel:
             path = out / f"{self.name}.{STAGE_EXTENSIONS[stage]}"
             path.write_text(text)
             written.append(path)
-        if self.cubin is not None:
-            path = out / f"{self.name}.cubin"
-            path.write_bytes(self.cubin)
+        if self.binary is not None:
+            path = out / f"{self.name}.{self.binary_extension}"
+            path.write_bytes(self.binary)
             written.append(path)
         return written
 
 
 def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4) -> CompiledKernel:
-    """Run a traced tile-IR module through the whole pipeline for `target`."""
-    from ..backends.nvptx.compile import compile_thread_ir
-
+    """Run a traced tile-IR module through the whole pipeline for `target` (NVIDIA or AMD)."""
     description = get_target(target)
-    if description.vendor != "nvidia":
-        raise ValueError(f"target {target} is not supported yet (only NVIDIA targets have a backend)")
+    if description.vendor not in BINARY_EXTENSIONS:
+        raise ValueError(f"target {target} is not supported: no backend for {description.vendor} GPUs")
     fn = module.functions[0]
     seconds: dict[str, float] = {}
     clock = time.perf_counter()
@@ -91,22 +106,47 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     stages["thread_ir"] = print_module(threads)
     lap("lower_to_threads")
     thread_fn = threads.functions[0]
-    artifacts = compile_thread_ir(thread_fn, description)
-    stages["llvm_ir"] = artifacts.llvm_ir
-    stages["ptx"] = artifacts.ptx
-    lap("llvm_ptx_ptxas")
     metadata = {
         "num_threads": thread_fn.attrs.get("num_threads"),
         "num_warps": num_warps,
         "shared_bytes": thread_fn.attrs.get("shared_bytes", 0),
         "stage_seconds": seconds,
-        **(artifacts.ptxas_info or {}),
     }
-    compiled = CompiledKernel(fn.name, target, stages, artifacts.cubin, metadata)
+    if description.vendor == "amd":
+        binary = _amdgpu(thread_fn, description, stages, metadata)
+        lap("llvm_amdgcn_lld")
+    else:
+        binary = _nvptx(thread_fn, description, stages, metadata)
+        lap("llvm_ptx_ptxas")
+    compiled = CompiledKernel(fn.name, target, stages, binary, metadata)
     dump_dir = os.environ.get("TESSERA_DUMP")
     if dump_dir:
         compiled.dump(dump_dir)
     return compiled
+
+
+def _nvptx(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes | None:
+    from ..backends.nvptx.compile import compile_thread_ir
+
+    artifacts = compile_thread_ir(thread_fn, target)
+    stages["llvm_ir"] = artifacts.llvm_ir
+    stages["ptx"] = artifacts.ptx
+    metadata["dynamic_shared_bytes"] = artifacts.shared_bytes
+    metadata.update(artifacts.ptxas_info or {})
+    return artifacts.cubin
+
+
+def _amdgpu(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes | None:
+    from ..backends.amdgpu.compile import compile_thread_ir
+
+    artifacts = compile_thread_ir(thread_fn, target)
+    stages["llvm_ir"] = artifacts.llvm_ir
+    stages["amdgcn"] = artifacts.assembly
+    facts = dict(artifacts.metadata)
+    metadata["kernel_args"] = facts.pop("args")
+    metadata["dynamic_shared_bytes"] = artifacts.dynamic_shared_bytes
+    metadata.update(facts)   # kernarg_segment_size, sgpr_count, vgpr_count, wavefront_size, ...
+    return artifacts.hsaco
 
 
 def _compile_error(exc: LoweringError, fn: Function) -> CompileError:

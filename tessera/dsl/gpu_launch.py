@@ -32,12 +32,11 @@ if TYPE_CHECKING:
 
 def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: int) -> CacheEntry:
     """The compiled binary of this specialization, from the disk cache or freshly compiled (and stored)."""
-    from ..backends.nvptx import find_ptxas  # imported on first use: `import tessera` stays light
+    from ..ir.target import get_target  # imported on first use: `import tessera` stays light
     from .compiler import compile_tile_module
 
     callees, constants = kernel.dependencies
-    ptxas = find_ptxas()
-    options = {"num_warps": num_warps, "globals": constants, "ptxas": str(ptxas) if ptxas else None}
+    options = {"num_warps": num_warps, "globals": constants, **_tool_identity(get_target(target).vendor)}
     key = cache_key(kernel.source.source_hash, callees, bound.key, options, target)
 
     def compile_now() -> CacheEntry:
@@ -47,29 +46,58 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
     return BinaryCache().get_or_compile(key, compile_now)
 
 
+def _tool_identity(vendor: str) -> dict:
+    """The tool that makes the binary, part of the cache key (a new ptxas / ld.lld gives a new binary)."""
+    if vendor == "amd":
+        from ..backends.amdgpu import find_linker
+
+        linker = find_linker()
+        return {"ld.lld": str(linker) if linker else None}
+    from ..backends.nvptx import find_ptxas
+
+    ptxas = find_ptxas()
+    return {"ptxas": str(ptxas) if ptxas else None}
+
+
+def gpu_runtime(kernel_name: str):
+    """The runtime module of this machine's GPUs: `runtime.cuda` with an NVIDIA driver, else `runtime.hip`
+    with ROCm; a LaunchError naming both when neither is present."""
+    from ..runtime import cuda, hip
+
+    if cuda.driver_available():
+        return cuda
+    if hip.driver_available():
+        return hip
+    raise LaunchError("no NVIDIA driver was found (libcuda.so.1), nor ROCm (libamdhip64.so), so GPU tensors cannot "
+                      "be launched on; pass numpy arrays, or set TESSERA_INTERPRET=1 to run torch tensors on the "
+                      "CPU", kernel=kernel_name)
+
+
 def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...], *, stream: Any,
                   num_warps: int):
     """Launch; returns the prepared `Launcher` so the warm path (`fast_launch.py`) can reuse it."""
-    from ..runtime import cuda
     from ..runtime.launcher import KernelBinary, Launcher
+    from ..runtime.packing import check_kernarg_layout
 
     if any(isinstance(a, TypedArray) for a in bound.runtime_args):
         raise KernelArgumentError("the launch mixes host arrays and GPU tensors; move every array to the same "
                                   "GPU (or all to the host to run on the CPU interpreter)", kernel=kernel.name)
-    if not cuda.driver_available():
-        raise LaunchError("no NVIDIA driver was found (libcuda.so.1), so GPU tensors cannot be launched on; "
-                          "pass numpy arrays, or set TESSERA_INTERPRET=1 to run torch tensors on the CPU",
-                          kernel=kernel.name)
+    runtime = gpu_runtime(kernel.name)
     ordinal = next(a.device for a in bound.runtime_args if isinstance(a, DeviceArray))
-    device = cuda.get_device(ordinal or 0)
+    device = runtime.get_device(ordinal or 0)
     key = (bound.key, device.target, num_warps)
     launcher = kernel.launchers.get(key)
     if launcher is None:
         entry = binary_for(kernel, bound, device.target, num_warps)
-        binary = KernelBinary(entry.name, entry.target, entry.cubin, entry.ptx,
-                              int(entry.metadata["num_threads"]), int(entry.metadata.get("shared_bytes") or 0))
+        metadata = entry.metadata
+        dynamic_shared = metadata.get("dynamic_shared_bytes", metadata.get("shared_bytes"))
+        binary = KernelBinary(entry.name, entry.target, entry.cubin, entry.ptx or None,
+                              int(metadata["num_threads"]), int(dynamic_shared or 0))
         params = [p for p in bound.params if not p.constexpr]
-        launcher = Launcher(binary, [p.type for p in params], names=[p.name for p in params])
+        launcher = Launcher(binary, [p.type for p in params], backend=device.backend,
+                            names=[p.name for p in params])
+        if "kernel_args" in metadata:  # AMD: the code object says where it reads each argument
+            check_kernarg_layout(launcher.packer, metadata["kernel_args"])
         kernel.launchers[key] = launcher
     try:
         launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)

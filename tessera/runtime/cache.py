@@ -88,7 +88,8 @@ class CacheEntry:
     def from_compiled(cls, compiled: Any, keep_stages: bool = False) -> "CacheEntry":
         """From a `tessera.dsl.compiler.CompiledKernel` (read by attribute: the runtime does not import dsl)."""
         stages = {k: v for k, v in compiled.stages.items() if k != "ptx"} if keep_stages else {}
-        return cls(compiled.name, compiled.target, dict(compiled.metadata), compiled.stages["ptx"],
+        # AMD kernels have no PTX: the entry's text is empty and `cubin` holds the hsaco.
+        return cls(compiled.name, compiled.target, dict(compiled.metadata), compiled.stages.get("ptx", ""),
                    compiled.cubin, stages)
 
 

@@ -12,7 +12,10 @@ runtime (`libamdhip64.so`), the error says which is missing.
 Kernel arguments (AMDGPU ABI, code object v5): the explicit arguments form
 the start of the kernarg segment, each at the next multiple of its own
 alignment -- for pointers and scalars, their size -- which is exactly the
-buffer `ArgumentPacker` fills (bool is one byte; f16/bf16 two). The runtime
+buffer `ArgumentPacker` fills (bool is one byte; f16/bf16 two);
+`packing.check_kernarg_layout` compares the two from the code object's
+metadata before the first launch. Shared memory (LDS) is static in
+Tessera's code objects, so launches pass 0 dynamic bytes. The runtime
 appends the hidden arguments (block counts, group sizes, ...) itself from the
 code object's metadata. HIP's `kernelParams` form has historically been
 unimplemented, so the buffer goes through `extra` as

@@ -4,7 +4,7 @@
     packer.pack([x_address, out_address, n])      # every launch: one struct.pack_into
     cuLaunchKernel(..., kernelParams=packer.kernel_params, extra=0)
 
-The ABI (what `llvm_codegen.py` declares; PTX `.param`s and the AMDGPU
+The ABI (what `tessera.backends.llvm.codegen` declares; PTX `.param`s and the AMDGPU
 kernarg segment lay parameters out the same way): parameters in order, each
 at the next multiple of its own size.
 
@@ -390,3 +390,18 @@ def _dlpack_address(obj: Any) -> int:
     except ValueError:
         raise LaunchError(f"{type(obj).__name__}.__dlpack__() did not return a DLPack capsule") from None
     return (head.data or 0) + head.byte_offset
+
+
+def check_kernarg_layout(packer: ArgumentPacker, kernel_args: Sequence[dict]) -> None:
+    """LaunchError unless `packer` puts every parameter where an AMD code object reads it.
+
+    `kernel_args` is the code object's argument metadata (`.args` of its AMDGPU note, keys without
+    the dot: offset, size, value_kind); the explicit ones (every kind but `hidden_*`) must match the
+    packer's slots one for one. A mismatch would make the kernel read garbage, so it stops the launch.
+    """
+    explicit = [a for a in kernel_args if not str(a.get("value_kind", "")).startswith("hidden_")]
+    expected = [(a["offset"], a["size"]) for a in explicit]
+    packed = [(s.offset, s.size) for s in packer.slots]
+    if expected != packed:
+        raise LaunchError(f"the code object reads its arguments at (offset, size) {expected}, but the launch "
+                          f"packs them at {packed}; this is a compiler bug: please report it with the kernel")

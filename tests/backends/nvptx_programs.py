@@ -9,7 +9,7 @@ away before LLVM selects instructions for it.
 
 from __future__ import annotations
 
-from tessera.backends.nvptx.llvm_ops import math_support
+from tessera.backends.nvptx.math import math_support as nvptx_math_support
 from tessera.ir import dtypes as dt
 from tessera.ir.ops import COMPARE_PREDICATES, MATH_FUNCTIONS
 from tessera.ir.thread_ops import SHUFFLE_MODES
@@ -34,9 +34,11 @@ class _Text:
         return name
 
 
-def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True) -> str:
+def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True, math_support=None,
+                    warp_size: int = 32) -> str:
     """The kernel for `dtype` with `n` registers; without `libdevice`, only the
-    math the backend can lower without it (see `llvm_ops.math_support`)."""
+    math the backend can lower without it (see `nvptx.math.math_support`).
+    Another backend passes its own `math_support(name, dtype)` and warp size."""
     d = dtype.name
     regs = f"regs<{n}x{d}>"
     ptrs = f"regs<{n}xptr<{d}>>"
@@ -57,7 +59,9 @@ def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True) -> str:
         results.append((value, type_))
 
     def lowerable(name: str) -> bool:
-        return not dtype.is_float or math_support(name, dtype, libdevice) is None
+        if math_support is not None:
+            return not dtype.is_float or math_support(name, dtype) is None
+        return not dtype.is_float or nvptx_math_support(name, dtype, libdevice) is None
 
     if not dtype.is_bool:
         for name in ("add", "sub", "mul", "div", "rem", "min", "max"):
@@ -109,5 +113,6 @@ def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True) -> str:
             where = t.op(f"addptr %p, {t.op(f'constant {{value = {i}}}', 'i32')}", f"ptr<{d}>")
             t.op(f"store {where}, {value}")
     t.op("return")
-    header = f"func @every_op_{d}(%p: ptr<{d}>, %s: {d}, %n: i32) {ATTRS} {{"
+    attrs = ATTRS.replace("warp_size = 32", f"warp_size = {warp_size}")
+    header = f"func @every_op_{d}(%p: ptr<{d}>, %s: {d}, %n: i32) {attrs} {{"
     return "\n".join([header, *t.lines, "}"]) + "\n"

@@ -16,7 +16,7 @@ from llvmlite import ir
 from tessera.backends.nvptx import find_libdevice, find_ptxas
 from tessera.backends.nvptx import intrinsics as nv
 from tessera.backends.nvptx.compile import _run_llvm_isolated
-from tessera.backends.nvptx.llvm_types import F32, F64, I8, I32
+from tessera.backends.llvm.types import F32, F64, I8, I32
 from tessera.backends.nvptx.ptxas import assemble
 
 TARGETS = ("sm_80", "sm_90a")
@@ -85,9 +85,9 @@ def _table_kernel(with_libdevice: bool) -> tuple[str, list[str]]:
 
 def _compile_and_assemble(target: str, text: str, functions: list[str], libdevice) -> None:
     request = {"llvm_ir": text, "kernel": "intrinsics", "triple": "nvptx64-nvidia-cuda", "cpu": target,
-               "features": FEATURES, "libdevice": str(libdevice) if libdevice else None,
-               "libdevice_functions": functions}
-    ptx = _run_llvm_isolated(request)["ptx"]  # a child process: an abort fails the test, not pytest
+               "features": FEATURES, "bitcode_library": str(libdevice) if libdevice else None,
+               "library_functions": functions}
+    ptx = _run_llvm_isolated(request)["assembly"]  # a child process: an abort fails the test, not pytest
     # an unknown name would be left as a call of an external function
     assert ".extern .func" not in ptx and "llvm." not in ptx
     tool = find_ptxas()

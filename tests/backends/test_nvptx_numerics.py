@@ -16,8 +16,9 @@ import numpy as np
 import pytest
 from llvmlite import ir
 
-from tessera.backends.nvptx import intrinsics, llvm_codegen
-from tessera.backends.nvptx.llvm_types import memory_type
+from tessera.backends.llvm import codegen as llvm_codegen
+from tessera.backends.nvptx import intrinsics
+from tessera.backends.llvm.types import memory_type
 from tessera.backends.nvptx.lowerings import LOWERINGS
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, Value

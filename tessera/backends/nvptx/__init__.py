@@ -4,14 +4,15 @@
     artifacts = compile_thread_ir(fn, "sm_90a")      # fn: a thread-IR Function
     artifacts.ptx, artifacts.cubin, artifacts.ptxas_info
 
-Files, in pipeline order:
+The target-neutral work (values, control flow, elementwise ops, casts,
+memory, the LLVM pipeline) is the LLVM core's (`tessera.backends.llvm`);
+this package supplies what is NVIDIA's. Files, in pipeline order:
 
-    validate.py       checks that keep LLVM from aborting (target, dtypes, ops, attrs)
-    llvm_codegen.py   the kernel, regions and control flow -> llvmlite.ir
-    llvm_ops.py       elementwise ops, math, casts       llvm_types.py  types, constants
-    llvm_memory.py    addptr, loads/stores, atomics      llvm_thread.py ids, shuffles, barrier, smem
-    intrinsics.py     every intrinsic / libdevice name    lowerings.py   op -> lowering table
-    llvm_pipeline.py  parse, libdevice, O3, emit PTX (also runs as an isolated child)
+    validate.py       NVIDIA targets (triple, CPU, PTX features)
+    dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
+    lowerings.py      the NVPTX lowering table: common ops + mma.sync, ldmatrix, cp.async
+    math.py           libdevice calls, or MUFU approximations without it
+    intrinsics.py     every llvm.nvvm.* intrinsic and libdevice name
     ptxas.py          ptxas -v -> cubin and register/spill counts
     toolkit.py        where ptxas and libdevice are found
     compile.py        compile_thread_ir, NvptxArtifacts

@@ -4,46 +4,37 @@
     artifacts.ptx, artifacts.cubin, artifacts.ptxas_info["registers"]
 
 Steps: resolve the target and libdevice, validate the function
-(`validate.py`), build the LLVM module (`llvm_codegen.py`), run LLVM
-(`llvm_pipeline.py`: parse, link libdevice, verify, O3, emit PTX), and
-assemble with ptxas when one is found (`ptxas.py`).
+(`validate.py` and the LLVM core's checks with `NvptxDialect`), build the
+LLVM module (`tessera.backends.llvm.codegen`), run LLVM (the core's
+`pipeline.py`: parse, link libdevice, verify, O3, emit PTX), and assemble
+with ptxas when one is found (`ptxas.py`).
 
-LLVM runs in this process by default: the validator admits only targets,
-dtypes and ops whose LLVM patterns the test matrix compiles for every
-supported dtype, so nothing that reaches LLVM should abort. `isolate=True`
-(or `TESSERA_NVPTX_ISOLATE=1`) runs the LLVM step in a child process
-instead (`python -P llvm_pipeline.py`, ~0.2 s more per kernel): a crash
-there becomes a `BackendError` carrying LLVM's message. A child started
-with `subprocess` rather than `multiprocessing`'s spawn does not re-import
-the caller's `__main__`, and its stderr (where LLVM writes before it
-aborts) is captured whole.
+LLVM runs in this process by default; `isolate=True` (or
+`TESSERA_NVPTX_ISOLATE=1`) runs it in a child process, where a crash
+becomes a `BackendError` carrying LLVM's message (`tessera.backends.llvm.run`).
 """
 
 from __future__ import annotations
 
-import json
+import functools
 import os
-import signal
-import subprocess
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
-
-import llvmlite
 
 from tessera.ir.core import Function
 from tessera.ir.target import Target
 
-from . import llvm_pipeline
-from .errors import BackendError, LoweringError, PtxasError
-from .llvm_codegen import lower_function
+from ..llvm.codegen import lower_function
+from ..llvm.run import run_llvm, run_llvm_isolated
+from .dialect import NvptxDialect
+from .errors import LoweringError, PtxasError
 from .ptxas import assemble as run_ptxas
 from .ptxas import find_ptxas
 from .toolkit import find_libdevice
 from .validate import resolve_target, validate_function
 
 ISOLATE_ENV = "TESSERA_NVPTX_ISOLATE"
-CHILD_TIMEOUT_S = 600
+_run_llvm_isolated = functools.partial(run_llvm_isolated, backend="NVPTX")
 
 
 @dataclass(frozen=True)
@@ -74,23 +65,24 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
     """
     target = resolve_target(target if target is not None else fn.attrs.get("target"))
     libdevice_path = _resolve_libdevice(libdevice)
-    validate_function(fn, target, has_libdevice=libdevice_path is not None)
-    lowered = lower_function(fn, target, use_libdevice=libdevice_path is not None, fp_fusion=fp_fusion)
+    dialect = NvptxDialect(target, use_libdevice=libdevice_path is not None)
+    validate_function(fn, dialect)
+    lowered = lower_function(fn, dialect, fp_fusion=fp_fusion)
     llvm_ir = str(lowered.module)
     request = {
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,
         "features": target.llvm_features, "opt_level": opt_level,
-        "libdevice": str(libdevice_path) if lowered.libdevice_functions else None,
-        "libdevice_functions": sorted(lowered.libdevice_functions),
+        "bitcode_library": str(libdevice_path) if lowered.library_functions else None,
+        "library_functions": sorted(lowered.library_functions),
     }
     if isolate is None:
         isolate = os.environ.get(ISOLATE_ENV, "") not in ("", "0")
-    result = _run_llvm_isolated(request) if isolate else _run_llvm(request)
-    cubin, info = _assemble(result["ptx"], target, assemble)
+    result = run_llvm(request, isolate=isolate, backend="NVPTX")
+    cubin, info = _assemble(result["assembly"], target, assemble)
     return NvptxArtifacts(
         kernel=lowered.kernel, target=target.name, llvm_ir=llvm_ir, optimized_llvm_ir=result["optimized_ir"],
-        ptx=result["ptx"], cubin=cubin, ptxas_info=info, num_threads=int(fn.attrs["num_threads"]),
-        shared_bytes=int(fn.attrs.get("shared_bytes", 0)), libdevice_functions=tuple(request["libdevice_functions"]),
+        ptx=result["assembly"], cubin=cubin, ptxas_info=info, num_threads=int(fn.attrs["num_threads"]),
+        shared_bytes=int(fn.attrs.get("shared_bytes", 0)), libdevice_functions=tuple(request["library_functions"]),
     )
 
 
@@ -107,46 +99,6 @@ def _resolve_libdevice(libdevice) -> Path | None:
     if not path.is_file():
         raise LoweringError(f"libdevice {str(path)!r} is not a file")
     return path
-
-
-def _run_llvm(request: dict) -> dict:
-    try:
-        return llvm_pipeline.compile_llvm(**request)
-    except llvm_pipeline.LLVMError as e:
-        raise BackendError(_internal_error(request, str(e))) from None
-
-
-def _run_llvm_isolated(request: dict) -> dict:
-    env = dict(os.environ)
-    llvmlite_home = str(Path(llvmlite.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [llvmlite_home, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-P", llvm_pipeline.__file__]
-    try:
-        child = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True,
-                               timeout=CHILD_TIMEOUT_S, env=env)
-    except subprocess.TimeoutExpired:
-        raise BackendError(f"LLVM did not finish compiling kernel '{request['kernel']}' for {request['cpu']} "
-                           f"within {CHILD_TIMEOUT_S} s") from None
-    if child.returncode != 0:
-        how = (f"killed by {signal.Signals(-child.returncode).name}" if child.returncode < 0
-               else f"exit status {child.returncode}")
-        said = child.stderr.strip()[-4000:] or "(nothing)"
-        raise BackendError(f"LLVM crashed ({how}) compiling kernel '{request['kernel']}' for {request['cpu']} in "
-                           f"an isolated child process; this process is unharmed. This is a bug in the NVPTX "
-                           f"backend's validation: please report it with the thread IR. LLVM said:\n{said}")
-    try:
-        reply = json.loads(child.stdout)
-    except json.JSONDecodeError:
-        raise BackendError(f"the LLVM child process returned no result:\n{child.stdout[-2000:]}"
-                           f"{child.stderr[-2000:]}") from None
-    if not reply.pop("ok"):
-        raise BackendError(_internal_error(request, reply["error"]))
-    return reply
-
-
-def _internal_error(request: dict, message: str) -> str:
-    return (f"internal error compiling kernel '{request['kernel']}' for {request['cpu']}: {message}\n"
-            f"(the NVPTX backend generated LLVM IR that LLVM rejects; please report it with the thread IR)")
 
 
 def _assemble(ptx: str, target: Target, assemble: bool | None) -> tuple[bytes | None, dict]:

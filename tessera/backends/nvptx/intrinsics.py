@@ -1,34 +1,27 @@
 """Every LLVM intrinsic and libdevice function the NVPTX backend may call, in one table.
 
-LLVM does not reject an unknown intrinsic name: it becomes an external
-function and only ptxas fails, and an intrinsic the GPU lacks aborts the
-process ("Cannot select"). So codegen calls nothing that is not listed
-here (`call` checks), and `tests/backends/test_nvptx_intrinsics.py`
-assembles every entry, with every overload the backend uses, for sm_80
-and sm_90a.
+The table mechanism and the target-neutral families are the LLVM core's
+(`tessera.backends.llvm.intrinsics`); this file names what is NVIDIA's.
+`tests/backends/test_nvptx_intrinsics.py` assembles every entry, with every
+overload the backend uses, for sm_80 and sm_90a.
 
-* `FIXED`: intrinsics with one signature.
-* `OVERLOADED`: families whose name takes type suffixes (`llvm.minnum.v4f32`),
-  with the overloads the backend instantiates (`examples`).
+* `FIXED`: `llvm.nvvm.*` intrinsics with one signature.
+* `OVERLOADED`: the common families (`llvm.minnum`, `llvm.fptosi.sat`, ...).
 * `LIBDEVICE`: math functions from CUDA's libdevice (`__nv_expf`, ...), f32
-  and f64 flavours, linked in when libdevice is found (see `libdevice.py`);
+  and f64 flavours, linked in when libdevice is found (see `toolkit.py`);
   `APPROX` holds the f32 hardware approximations used without it.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable
-
 from llvmlite import ir
 
-from .llvm_types import F32, F64, I1, I8, I16, I32, I64, BFloatType, mangle
+from ..llvm.intrinsics import (BF16, COMMON_OVERLOADED, F16, VOID, Family, IntrinsicTable, get_or_declare,
+                               overloaded_name)
+from ..llvm.types import F32, F64, I32, I64
 
-VOID = ir.VoidType()
-F16 = ir.HalfType()
-BF16 = BFloatType()
-FLOAT_TYPES = (F16, BF16, F32, F64)
-INT_TYPES = (I8, I16, I32, I64)
+__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "call", "declare",
+           "declare_libdevice", "libdevice_functions", "overloaded_name"]
 
 # -- fixed signatures ------------------------------------------------------------
 
@@ -72,46 +65,7 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
 }
 
-# -- overloaded families -----------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class Family:
-    """Intrinsics named `<name>.<suffix of each overload type>`."""
-
-    signature: Callable[..., tuple[ir.Type, tuple[ir.Type, ...]]]  # overload types -> (return, args)
-    examples: tuple[tuple[ir.Type, ...], ...]                      # overloads the backend may use
-
-
-def _vectors(types):
-    return tuple((t,) for t in types) + ((ir.VectorType(types[-1], 4),), (ir.VectorType(types[0], 2),))
-
-
-_unary = lambda t: (t, (t,))          # noqa: E731
-_binary = lambda t: (t, (t, t))       # noqa: E731
-_sat = lambda r, a: (r, (a,))         # noqa: E731
-_SAT_EXAMPLES = tuple((r, a) for r in INT_TYPES for a in FLOAT_TYPES) + (
-    (ir.VectorType(I8, 4), ir.VectorType(F32, 4)), (ir.VectorType(I64, 2), ir.VectorType(BF16, 2)))
-
-OVERLOADED: dict[str, Family] = {
-    # IEEE minNum/maxNum: a NaN operand yields the other one (min.f32 / max.f32).
-    "llvm.minnum": Family(_binary, _vectors(FLOAT_TYPES)),
-    "llvm.maxnum": Family(_binary, _vectors(FLOAT_TYPES)),
-    "llvm.smin": Family(_binary, _vectors(INT_TYPES)),
-    "llvm.smax": Family(_binary, _vectors(INT_TYPES)),
-    "llvm.umin": Family(_binary, _vectors(INT_TYPES)),
-    "llvm.umax": Family(_binary, _vectors(INT_TYPES)),
-    "llvm.abs": Family(lambda t: (t, (t, I1)), _vectors(INT_TYPES)),  # i1 false: abs(MIN) = MIN, not poison
-    "llvm.fabs": Family(_unary, _vectors(FLOAT_TYPES)),
-    # Correctly rounded (sqrt.rn) and exact rounding functions; f32/f64 only
-    # (narrow floats compute in f32, as the interpreter does).
-    "llvm.sqrt": Family(_unary, _vectors((F32, F64))),
-    "llvm.floor": Family(_unary, _vectors((F32, F64))),
-    "llvm.ceil": Family(_unary, _vectors((F32, F64))),
-    # float -> int: NaN -> 0, truncate, saturate (cvt.rzi + clamps).
-    "llvm.fptosi.sat": Family(_sat, _SAT_EXAMPLES),
-    "llvm.fptoui.sat": Family(_sat, _SAT_EXAMPLES),
-}
+OVERLOADED: dict[str, Family] = COMMON_OVERLOADED
 
 # -- libdevice -----------------------------------------------------------------------
 
@@ -158,37 +112,11 @@ def libdevice_functions() -> list[str]:
 
 # -- declaring and calling ----------------------------------------------------------
 
-
-def overloaded_name(family: str, overloads: tuple[ir.Type, ...]) -> str:
-    return ".".join([family, *(mangle(t) for t in overloads)])
-
-
-def declare(module: ir.Module, name: str, overloads: tuple[ir.Type, ...] = ()) -> ir.Function:
-    """The declaration of table entry `name` (a family when `overloads` are given) in `module`."""
-    if overloads:
-        if name not in OVERLOADED:
-            raise KeyError(f"{name} is not an overloaded intrinsic in intrinsics.OVERLOADED")
-        ret, args = OVERLOADED[name].signature(*overloads)
-        name = overloaded_name(name, overloads)
-    elif name in FIXED:
-        ret, args = FIXED[name]
-    else:
-        raise KeyError(f"{name} is not in the intrinsics table (intrinsics.FIXED)")
-    return _get_or_declare(module, name, ret, args)
+NVPTX_INTRINSICS = IntrinsicTable("NVPTX", FIXED, OVERLOADED)
+declare = NVPTX_INTRINSICS.declare
+call = NVPTX_INTRINSICS.call
 
 
 def declare_libdevice(module: ir.Module, op: str, float_type: ir.Type) -> ir.Function:
     ret, args = libdevice_signature(op, float_type)
-    return _get_or_declare(module, libdevice_name(op, float_type), ret, args)
-
-
-def _get_or_declare(module: ir.Module, name: str, ret: ir.Type, args: tuple[ir.Type, ...]) -> ir.Function:
-    existing = module.globals.get(name)
-    if existing is not None:
-        return existing
-    return ir.Function(module, ir.FunctionType(ret, args), name=name)
-
-
-def call(builder: ir.IRBuilder, name: str, args, overloads: tuple[ir.Type, ...] = (), result_name: str = ""):
-    """Call table entry `name` (with `overloads` for a family)."""
-    return builder.call(declare(builder.module, name, overloads), list(args), name=result_name)
+    return get_or_declare(module, libdevice_name(op, float_type), ret, args)

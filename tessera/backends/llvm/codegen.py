@@ -1,21 +1,21 @@
-"""Thread IR function -> an LLVM module (llvmlite.ir) for the NVPTX backend.
+"""Thread IR function -> an LLVM module (llvmlite.ir), for any target through its dialect.
 
-    lowered = lower_function(fn, target, use_libdevice=True)
+    lowered = lower_function(fn, NvptxDialect(target, use_libdevice=True))
     text = str(lowered.module)
 
-The kernel becomes one `ptx_kernel` function:
+The kernel becomes one function, which the dialect makes a kernel
+(`TargetDialect.configure_kernel`: calling convention, launch bounds):
 
 * parameters: pointers are `ptr addrspace(1)`, and `noalias` where the
   function's `noalias` attribute lists them (the launch found their memory
   disjoint from every other pointer argument's; it lets read-only inputs use
-  `ld.global.nc`); scalars keep their type, except `bool`, which is
+  non-coherent loads); scalars keep their type, except `bool`, which is
   passed as one byte (i8, 0 or 1) like numpy and torch store it;
-* `"nvvm.maxntid"="<num_threads>"` (PTX `.maxntid`, the launch bound);
-* shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
-  (`global_smem`, 16-byte aligned); `shared_alloc` is a byte offset into it
-  and the launch must pass `fn.attrs["shared_bytes"]` as the dynamic size.
+* shared memory is one byte buffer in addrspace(3) that the dialect
+  declares on first use (`shared_memory`); `shared_alloc` is a byte offset
+  into it.
 
-Values: see `llvm_types.py` (regs<N x T> are LLVM vectors, so elementwise
+Values: see `types.py` (regs<N x T> are LLVM vectors, so elementwise
 ops apply to them unchanged). Structured control flow becomes basic blocks:
 `for`/`while` a header with one phi per carried value, `if` a diamond with
 one phi per result.
@@ -34,44 +34,43 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
-from tessera.ir.target import Target
 from tessera.ir.types import PointerType, ScalarType, scalar_dtype
 
-from . import intrinsics, llvm_memory, llvm_ops, llvm_thread  # noqa: F401  (register lowerings)
-from .llvm_types import I8, SHARED_ADDRSPACE, int_constant, register_type
-from .lowerings import LOWERINGS, lowering
-
-SHARED_MEMORY_SYMBOL = "global_smem"
-SHARED_MEMORY_ALIGN = 16
+from . import memory, ops, thread  # noqa: F401  (register the common lowerings)
+from .dialect import TargetDialect
+from .lowerings import COMMON as COMMON_LOWERINGS
+from .lowerings import lowering
+from .types import I8, int_constant, register_type
 
 
 @dataclass
 class LoweredModule:
     module: ir.Module
     kernel: str
-    libdevice_functions: frozenset[str]   # __nv_* functions the module calls
+    library_functions: frozenset[str]   # bitcode-library functions the module calls (libdevice's __nv_*)
 
 
-def lower_function(fn: Function, target: Target, *, use_libdevice: bool, fp_fusion: bool = False) -> LoweredModule:
-    """The LLVM module of thread-IR kernel `fn` for `target` (validated beforehand)."""
-    lw = Lowering(fn, target, use_libdevice=use_libdevice, fp_fusion=fp_fusion)
+def lower_function(fn: Function, dialect: TargetDialect, *, fp_fusion: bool = False) -> LoweredModule:
+    """The LLVM module of thread-IR kernel `fn` for the dialect's target (validated beforehand)."""
+    lw = Lowering(fn, dialect, fp_fusion=fp_fusion)
     lw.lower()
-    return LoweredModule(lw.module, fn.name, frozenset(lw.libdevice_used))
+    return LoweredModule(lw.module, fn.name, frozenset(lw.library_functions))
 
 
 class Lowering:
     """The state of lowering one function: module, builder, value map and helpers for lowerings."""
 
-    def __init__(self, fn: Function, target: Target, *, use_libdevice: bool, fp_fusion: bool):
+    def __init__(self, fn: Function, dialect: TargetDialect, *, fp_fusion: bool = False):
         self.fn = fn
-        self.target = target
-        self.use_libdevice = use_libdevice
+        self.dialect = dialect
+        self.target = dialect.target
+        self.lowerings = dialect.lowerings
         # `contract` lets LLVM fuse a*b+c into one fma (one rounding instead of two).
         self.float_flags = ("contract",) if fp_fusion else ()
-        self.libdevice_used: set[str] = set()
+        self.library_functions: set[str] = set()
         self.values: dict[Value, ir.Value] = {}
         self.module = ir.Module(name=fn.name)
-        self.module.triple = target.llvm_triple
+        self.module.triple = self.target.llvm_triple
         self.function = self._declare_kernel()
         self.builder = ir.IRBuilder(self.function.append_basic_block("entry"))
         self._shared_memory: ir.GlobalVariable | None = None
@@ -81,10 +80,7 @@ class Lowering:
     def _declare_kernel(self) -> ir.Function:
         params = [I8 if _is_bool(a.type) else register_type(a.type) for a in self.fn.args]
         function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name=self.fn.name)
-        function.calling_convention = "ptx_kernel"
-        maxntid = f'"nvvm.maxntid"="{int(self.fn.attrs["num_threads"])}"'
-        function.attributes._known = function.attributes._known | {maxntid}  # string attrs are not in llvmlite's list
-        function.attributes.add(maxntid)
+        self.dialect.configure_kernel(function, self.fn)
         noalias = set(self.fn.attrs.get("noalias", ()))
         for index, (arg, param) in enumerate(zip(self.fn.args, function.args)):
             param.name = _llvm_name(arg.name_hint) or "arg"
@@ -102,13 +98,9 @@ class Lowering:
 
     @property
     def shared_memory(self) -> ir.GlobalVariable:
-        """The kernel's dynamic shared-memory buffer, declared on first use."""
+        """The kernel's shared-memory buffer (raw bytes), declared by the dialect on first use."""
         if self._shared_memory is None:
-            smem = ir.GlobalVariable(self.module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
-            smem.linkage = "external"
-            smem.align = SHARED_MEMORY_ALIGN
-            smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
-            self._shared_memory = smem
+            self._shared_memory = self.dialect.declare_shared_memory(self.module, self.fn)
         return self._shared_memory
 
     # -- regions and ops ---------------------------------------------------------------
@@ -128,7 +120,7 @@ class Lowering:
         return []
 
     def emit(self, op: Operation) -> None:
-        result = LOWERINGS[op.name](self, op, *[self.values[v] for v in op.operands])
+        result = self.lowerings[op.name](self, op, *[self.values[v] for v in op.operands])
         results = result if isinstance(result, list) else [] if result is None else [result]
         for value, llvm_value in zip(op.results, results):
             name = _llvm_name(value.name_hint)
@@ -161,12 +153,13 @@ class Lowering:
         return phi
 
     def intrinsic(self, name: str, args, overloads: tuple[ir.Type, ...] = ()) -> ir.Value:
-        return intrinsics.call(self.builder, name, args, overloads)
+        """Call entry `name` of the target's intrinsics table (with `overloads` for a family)."""
+        return self.dialect.intrinsics.call(self.builder, name, args, overloads)
 
-    def libdevice(self, op_name: str, args) -> ir.Value:
-        fn = intrinsics.declare_libdevice(self.module, op_name, args[0].type)
-        self.libdevice_used.add(fn.name)
-        return self.builder.call(fn, list(args))
+    def call_library(self, function: ir.Function, args) -> ir.Value:
+        """Call `function` of a bitcode library that the LLVM pipeline links in (libdevice)."""
+        self.library_functions.add(function.name)
+        return self.builder.call(function, list(args))
 
     def map_lanes(self, fn: Callable[..., ir.Value], *operands: ir.Value) -> ir.Value:
         """`fn` applied lane by lane to scalar or vector operands (for scalar-only calls)."""

@@ -8,13 +8,15 @@
   it every register is its own group. A masked group is a branch around the
   access (ptxas predicates it); masked-off loads yield `other` (or zero).
 * `bool` is one byte in memory: loads compare with 0, stores zero-extend.
-* atomics are acquire-release at GPU scope (the default Triton uses too),
-  one per register; masked-off registers are not touched and read as 0.
-  LLVM 22 lowers an `atomicrmw` to a relaxed `atom` whatever its ordering,
-  so `atomic_rmw` is a relaxed atomic between `fence.acq_rel.gpu`s (one
-  release fence before the registers, one acquire fence after); `cmpxchg`
-  keeps its ordering (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits
-  (floats go through integers, so NaN can match).
+* atomics are acquire-release at device scope (the default Triton uses
+  too; the scope is the dialect's `device_syncscope`: "device" on NVPTX,
+  "agent" on AMDGPU), one per register; masked-off registers are not touched
+  and read as 0. NVPTX (LLVM 22) lowers an `atomicrmw` to a relaxed `atom`
+  whatever its ordering, so `atomic_rmw` is a relaxed atomic between
+  device-scope fences (one release fence before the registers, one acquire
+  fence after), which is right on every target; `cmpxchg` keeps its
+  ordering (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits (floats go
+  through integers, so NaN can match).
 """
 
 from __future__ import annotations
@@ -24,13 +26,15 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir.types import RegsType, element_of, scalar_dtype
 
-from .llvm_types import I8, I32, memory_type, register_type, scalar_type, with_element
 from .lowerings import lowering
+from .types import I8, I32, memory_type, register_type, scalar_type, with_element
 
-# llvmlite prints the ordering verbatim, so it can carry the scope.
-RMW_ORDERING = 'syncscope("device") monotonic'
-CAS_ORDERING = 'syncscope("device") acq_rel'
 CAS_FAILURE_ORDERING = "acquire"
+
+
+def _ordering(lw, ordering: str) -> str:
+    """`ordering` at the dialect's device scope (llvmlite prints the ordering verbatim, so it can carry it)."""
+    return f'syncscope("{lw.dialect.device_syncscope}") {ordering}'
 
 
 def _index(i: int) -> ir.Constant:
@@ -172,16 +176,17 @@ def _atomic_rmw(lw, op, ptr, value, mask=None):
 
     def one(address, v, m):
         def rmw():
-            old = lw.builder.atomic_rmw(operation, address, _to_memory(lw, v, dtype), RMW_ORDERING)
+            old = lw.builder.atomic_rmw(operation, address, _to_memory(lw, v, dtype),
+                                         _ordering(lw, "monotonic"))
             return _from_memory(lw, old, dtype)
 
         if m is None:
             return rmw()
         return lw.guarded(m, rmw, ir.Constant(scalar_type(dtype), None), name="atomic")
 
-    lw.builder.fence("release", "device")
+    lw.builder.fence("release", lw.dialect.device_syncscope)
     result = _per_register(lw, one, ptr, value, mask)
-    lw.builder.fence("acquire", "device")
+    lw.builder.fence("acquire", lw.dialect.device_syncscope)
     return result
 
 
@@ -197,7 +202,8 @@ def _atomic_cas(lw, op, ptr, compare, value):
         return bld.bitcast(v, bits) if dtype.is_float else v
 
     def one(address, expected, new, _mask):
-        pair = bld.cmpxchg(address, as_bits(expected), as_bits(new), CAS_ORDERING, CAS_FAILURE_ORDERING)
+        pair = bld.cmpxchg(address, as_bits(expected), as_bits(new), _ordering(lw, "acq_rel"),
+                             CAS_FAILURE_ORDERING)
         old = bld.extract_value(pair, 0)
         if dtype.is_bool:
             return bld.icmp_unsigned("!=", old, ir.Constant(bits, 0))

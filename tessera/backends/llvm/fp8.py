@@ -29,7 +29,7 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir import float_formats
 
-from .llvm_types import F32, F64, int_constant, splat_constant, with_element
+from .types import F32, F64, int_constant, splat_constant, with_element
 
 # Ops that may hold fp8 values (as i8 bit patterns); computing needs a cast to f32 first.
 FP8_OPS = frozenset({"constant", "load", "store", "cast", "bitcast", "select", "pack", "extract", "splat",

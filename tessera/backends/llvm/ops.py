@@ -11,47 +11,27 @@ the ones `tessera.ir.dtypes` and the interpreter define:
 * float `ne` is unordered (NaN != x), the other comparisons ordered;
 * float -> int casts saturate with NaN -> 0 (`llvm.fptosi.sat`), float ->
   float rounds to nearest even, f16 <-> bf16 goes through f32 (exact);
-  fp8 (i8 bit patterns) converts through f32 with `llvm_fp8` (exact, one rounding);
+  fp8 (i8 bit patterns) converts through f32 with `fp8.py` (exact, one rounding);
 * math functions compute in f32 (f64 for f64) and round to the result type.
-  With libdevice they call `__nv_*` (IEEE-accurate to a few ulp); without it
-  f32 uses the MUFU approximations in `intrinsics.APPROX`, and f64
-  transcendental functions, `erf` and float `rem` are rejected by the
-  validator (see `math_support`). sqrt is `llvm.sqrt` (correctly rounded),
-  floor/ceil are exact.
+  sqrt is `llvm.sqrt` (correctly rounded), floor/ceil are exact and sigmoid
+  is 1 / (1 + exp(-x)); the transcendental functions and float `rem` come
+  from the dialect (`TargetDialect.math` / `float_rem`), whose
+  `math_support` the validator asks first.
 """
 
 from __future__ import annotations
-
-import math
 
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.types import scalar_dtype
 
-from . import llvm_fp8
-from .intrinsics import APPROX, LIBDEVICE
-from .llvm_types import F32, F64, FP8, constant, int_constant, scalar_type, splat_constant, with_element
+from . import fp8
 from .lowerings import lowering
+from .types import F32, F64, FP8, constant, int_constant, scalar_type, splat_constant, with_element
 
-# -- which math functions can be lowered -------------------------------------------------
-
+# Math the core lowers the same way on every target; the dialect supplies the rest.
 EXACT_MATH = ("sqrt", "floor", "ceil")
-
-
-def math_support(name: str, dtype: dt.DType, has_libdevice: bool) -> str | None:
-    """Why math op `name` on `dtype` cannot be lowered (None when it can)."""
-    if has_libdevice or name in EXACT_MATH or name == "sigmoid" and dtype != dt.f64:
-        return None
-    if name == "rsqrt" and dtype == dt.f64:
-        return None  # 1 / sqrt, both correctly rounded
-    if name in APPROX and dtype != dt.f64:
-        return None
-    what = "float `rem` (fmod)" if name == "rem" else f"`{name}` on {dtype.name}"
-    return (f"{what} needs CUDA's libdevice, which this compile does not use (none was found, or "
-            f"libdevice=False); install the CUDA toolkit or "
-            f"`pip install nvidia-nvvm` (CUDA 13) / `nvidia-cuda-nvcc-cu12`, or set TESSERA_LIBDEVICE "
-            f"to libdevice.10.bc")
 
 
 # -- constants --------------------------------------------------------------------------
@@ -70,7 +50,7 @@ def _zero(t: ir.Type) -> ir.Constant:
     return ir.Constant(t, None)
 
 
-def _float_constant(t: ir.Type, value: float) -> ir.Constant:
+def float_constant(t: ir.Type, value: float) -> ir.Constant:
     elem = t.element if isinstance(t, ir.VectorType) else t
     return splat_constant(t, ir.Constant(elem, value))
 
@@ -87,8 +67,7 @@ def _arith(lw, op, a, b):
         if op.name in simple:
             return simple[op.name](a, b, flags=flags)
         if op.name == "rem":
-            return _in_float_math_type(lw, d, lambda x, y: lw.map_lanes(lambda p, q: lw.libdevice("rem", [p, q]), x, y),
-                                       a, b)
+            return _in_float_math_type(lw, d, lambda x, y: lw.dialect.float_rem(lw, x, y), a, b)
         return lw.intrinsic(f"llvm.{op.name}num", [a, b], (a.type,))
     if op.name in ("div", "rem"):
         return _int_divide(lw, op.name, a, b, d)
@@ -198,27 +177,10 @@ def _math_in(lw, name: str, x):
     if name in EXACT_MATH:
         return lw.intrinsic(f"llvm.{name}", [x], (x.type,))
     if name == "sigmoid":
-        one = _float_constant(x.type, 1.0)
+        one = float_constant(x.type, 1.0)
         e = _math_in(lw, "exp", bld.fneg(x))
         return bld.fdiv(one, bld.fadd(one, e))
-    if lw.use_libdevice:
-        return lw.map_lanes(lambda v: lw.libdevice(name, [v]), x)
-    if name == "rsqrt" and _element(x.type) == F64:
-        return bld.fdiv(_float_constant(x.type, 1.0), lw.intrinsic("llvm.sqrt", [x], (x.type,)))
-    approx = APPROX[name]
-    if name == "exp":  # e^x = 2^(x log2 e)
-        x = bld.fmul(x, _float_constant(x.type, 1 / math.log(2)))
-    result = lw.map_lanes(lambda v: lw.intrinsic(approx, [v]), x)
-    if name == "log":  # ln x = log2(x) ln 2
-        result = bld.fmul(result, _float_constant(x.type, math.log(2)))
-    return result
-
-
-def _element(t: ir.Type) -> ir.Type:
-    return t.element if isinstance(t, ir.VectorType) else t
-
-
-assert set(LIBDEVICE) >= set(APPROX) | {"erf", "rem"}
+    return lw.dialect.math(lw, name, x)
 
 # -- conversions ------------------------------------------------------------------------------
 
@@ -262,9 +224,9 @@ def _convert_fp8(lw, x, src: dt.DType, dst: dt.DType):
     """Casts from and to fp8 go through f32, which holds every fp8 value, so only the last step rounds."""
     bld = lw.builder
     if src in FP8:
-        return convert(lw, llvm_fp8.decode(bld, x, src), dt.f32, dst)
+        return convert(lw, fp8.decode(bld, x, src), dt.f32, dst)
     if src == dt.f64:
-        return llvm_fp8.encode(bld, x, dst)  # f64 -> f32 would round twice
+        return fp8.encode(bld, x, dst)  # f64 -> f32 would round twice
     if src.is_int and src.bits >= 32:  # beyond +-2^20 every int overflows fp8; within it f32 is exact
         limit = 1 << 20
         if src.kind == "int":
@@ -275,37 +237,13 @@ def _convert_fp8(lw, x, src: dt.DType, dst: dt.DType):
         else:
             high = int_constant(x.type, limit)
             x = bld.select(bld.icmp_unsigned(">", x, high), high, x)
-    return llvm_fp8.encode(bld, convert(lw, x, src, dt.f32), dst)
+    return fp8.encode(bld, convert(lw, x, src, dt.f32), dst)
 
 
 def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):
-    bld = lw.builder
-    if dst == dt.bf16 and src.bits >= 32 and sm_version(lw.target) < 90:
-        return lw.map_lanes(lambda v: _wide_int_to_bf16(lw, v, src), x)
-    return bld.sitofp(x, to) if src.kind == "int" else bld.uitofp(x, to)
-
-
-_TO_F32_TOWARD_ZERO = {("int", 32): "llvm.nvvm.i2f.rz", ("uint", 32): "llvm.nvvm.ui2f.rz",
-                       ("int", 64): "llvm.nvvm.ll2f.rz", ("uint", 64): "llvm.nvvm.ull2f.rz"}
-
-
-def _wide_int_to_bf16(lw, x, src: dt.DType):
-    """One 32/64-bit int -> bf16, rounded once. Before sm_90 there is no direct
-    convert and LLVM goes int -> f32 -> bf16, rounding twice; instead round to
-    f32 toward zero, set the last bit if that was inexact (round to odd, which
-    keeps the information a second rounding needs), then round to bf16."""
-    bld = lw.builder
-    t = lw.intrinsic(_TO_F32_TOWARD_ZERO[(src.kind, src.bits)], [x])
-    back = lw.intrinsic("llvm.fptosi.sat" if src.kind == "int" else "llvm.fptoui.sat", [t], (x.type, F32))
-    inexact = bld.zext(bld.icmp_unsigned("!=", back, x), ir.IntType(32))
-    odd = bld.bitcast(bld.or_(bld.bitcast(t, ir.IntType(32)), inexact), F32)
-    return bld.fptrunc(odd, scalar_type(dt.bf16))
-
-
-def sm_version(target) -> int:
-    """80 for sm_80, 90 for sm_90a."""
-    digits = "".join(c for c in target.llvm_cpu.removeprefix("sm_") if c.isdigit())
-    return int(digits)
+    if dst == dt.bf16 and src.bits >= 32:  # beyond f32's 24 bits: targets differ in how often they round
+        return lw.dialect.wide_int_to_bf16(lw, x, src)
+    return lw.builder.sitofp(x, to) if src.kind == "int" else lw.builder.uitofp(x, to)
 
 
 @lowering("bitcast")

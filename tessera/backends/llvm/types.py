@@ -9,7 +9,7 @@
 | ptr<T> / ptr<T, shared> | ptr addrspace(1) / addrspace(3) | -    |
 | regs<N x T>          | <N x T> (a vector: elementwise ops apply as is) | - |
 
-fp8 values only move and convert (`llvm_fp8.py`). Sub-byte integers,
+fp8 values only move and convert (`fp8.py`). Sub-byte integers,
 fp6/fp4 and e8m0 are not lowered yet: the validator rejects them (`unsupported_dtype_reason`) before any LLVM is built.
 
 llvmlite.ir has no `bfloat`; `BFloatType` adds it (constants print as
@@ -64,12 +64,12 @@ FP8 = (dt.f8e4m3, dt.f8e5m2)  # held as i8 bit patterns: LLVM has no fp8 type
 _FLOATS = {dt.f16: ir.HalfType(), dt.bf16: BFloatType(), dt.f32: F32, dt.f64: F64, dt.f8e4m3: I8, dt.f8e5m2: I8}
 
 
-def unsupported_dtype_reason(dtype: dt.DType) -> str | None:
-    """Why the backend cannot hold `dtype` in a register yet, or None if it can."""
+def unsupported_dtype_reason(dtype: dt.DType, backend: str) -> str | None:
+    """Why `backend` (NVPTX, AMDGPU) cannot hold `dtype` in a register yet, or None if it can."""
     if dtype in SUPPORTED_DTYPES:
         return None
     kind = "sub-byte" if dtype.is_subbyte else "8-bit float" if dtype.bits == 8 else "this"
-    return (f"{kind} dtype {dtype.name} is not supported by the NVPTX backend yet; "
+    return (f"{kind} dtype {dtype.name} is not supported by the {backend} backend yet; "
             f"supported: {', '.join(d.name for d in sorted(SUPPORTED_DTYPES, key=_dtype_order))}. "
             f"Cast to a supported type (f16/bf16/f32 or an 8-bit integer) before this op")
 

@@ -1,13 +1,16 @@
-"""LLVM IR text -> PTX: parse, link libdevice, verify, optimize at O3, emit.
+"""LLVM IR text -> assembly (PTX, AMDGCN) and, on request, an object file: parse,
+link a bitcode library, verify, optimize at O3, emit. Target-neutral: the
+triple, CPU and features say what to emit.
 
 This file imports nothing but llvmlite and the standard library, so it also
 runs on its own as a child process, where an LLVM abort cannot take the
-caller down (`compile_thread_ir(..., isolate=True)`):
+caller down (`run.py`, `compile_thread_ir(..., isolate=True)`):
 
-    python -P llvm_pipeline.py  < request.json  > reply.json
+    python -P pipeline.py  < request.json  > reply.json
 
 The request holds `compile_llvm`'s keyword arguments; the reply is
-`{"ok": true, "ptx": ..., "optimized_ir": ...}` or `{"ok": false, "error": ...}`.
+`{"ok": true, "assembly": ..., "optimized_ir": ..., "object": base64 or null}`
+or `{"ok": false, "error": ...}`.
 
 Details that matter:
 * the module's data layout comes from the target machine (llvmlite prints
@@ -15,16 +18,20 @@ Details that matter:
 * O3 is the new pass manager's default pipeline (`create_pass_builder`),
   which for NVPTX includes NVVMReflect, so libdevice's `__nvvm_reflect`
   checks fold (no flush-to-zero: the module sets no `nvvm-reflect-ftz`);
-* libdevice is large (~500 functions, ~70 ms to parse): the first time a
-  function is needed, the parsed library is cut down to the requested
-  functions and what they call, and that bitcode is cached for the process.
-  The cut-down functions are `linkonce_odr`, so two cached pieces that both
-  hold a helper link without clashing; after linking, everything but the
-  kernel becomes internal and O3 drops what is unused.
+* a bitcode library (CUDA's libdevice) is large (~500 functions, ~70 ms to
+  parse): the first time a function is needed, the parsed library is cut
+  down to the requested functions and what they call, and that bitcode is
+  cached for the process. The cut-down functions are `linkonce_odr`, so two
+  cached pieces that both hold a helper link without clashing; after
+  linking, everything but the kernel becomes internal and O3 drops what is
+  unused;
+* `emit_object` also returns the relocatable object (`emit_object`, ET_REL
+  for AMDGPU, which `ld.lld` links into a code object).
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import sys
 import threading
@@ -34,18 +41,19 @@ import llvmlite.binding as llvm
 
 
 class LLVMError(RuntimeError):
-    """LLVM rejected the module (parse or verification error, missing libdevice function)."""
+    """LLVM rejected the module (parse or verification error, missing library function)."""
 
 
 _LOCK = threading.Lock()  # one LLVM context for the process: compile one module at a time
 _INITIALIZED = False
 _TARGET_MACHINES: dict[tuple, llvm.TargetMachine] = {}
-_LIBDEVICE_PIECES: dict[tuple[str, str], bytes] = {}  # (libdevice path, function) -> bitcode holding it
+_LIBRARY_PIECES: dict[tuple[str, str], bytes] = {}  # (library path, function) -> bitcode holding it
 
 
 def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: str, opt_level: int = 3,
-                 libdevice: str | None = None, libdevice_functions: list[str] = ()) -> dict:
-    """PTX (and the optimized IR) of the module `llvm_ir`; raises LLVMError."""
+                 bitcode_library: str | None = None, library_functions: list[str] = (),
+                 emit_object: bool = False) -> dict:
+    """Assembly, optimized IR and (with `emit_object`) the object bytes of module `llvm_ir`; raises LLVMError."""
     with _LOCK:
         tm = _target_machine(triple, cpu, features, opt_level)
         try:
@@ -54,15 +62,20 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
             raise LLVMError(f"LLVM could not parse the module: {e}") from None
         module.triple = triple
         module.data_layout = str(tm.target_data)
-        if libdevice_functions:
-            _link_libdevice(module, kernel, libdevice, list(libdevice_functions), tm)
+        if library_functions:
+            _link_library(module, kernel, bitcode_library, list(library_functions), tm)
         try:
             module.verify()
         except RuntimeError as e:
             raise LLVMError(f"LLVM's verifier rejected the module: {e}") from None
         pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=opt_level))
         pass_builder.getModulePassManager().run(module, pass_builder)
-        return {"ptx": tm.emit_assembly(module), "optimized_ir": str(module)}
+        optimized_ir = str(module)
+        # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
+        # intrinsics it cannot select a second time), so each emission gets its own copy.
+        assembly = tm.emit_assembly(module.clone() if emit_object else module)
+        return {"assembly": assembly, "optimized_ir": optimized_ir,
+                "object": tm.emit_object(module) if emit_object else None}
 
 
 def _target_machine(triple: str, cpu: str, features: str, opt_level: int) -> llvm.TargetMachine:
@@ -78,18 +91,18 @@ def _target_machine(triple: str, cpu: str, features: str, opt_level: int) -> llv
     return _TARGET_MACHINES[key]
 
 
-# -- libdevice ----------------------------------------------------------------------
+# -- bitcode libraries (libdevice) ---------------------------------------------------
 
 
-def _link_libdevice(module, kernel: str, path: str | None, names: list[str], tm) -> None:
+def _link_library(module, kernel: str, path: str | None, names: list[str], tm) -> None:
     if path is None:
-        raise LLVMError(f"the module calls {', '.join(names)} but no libdevice was given")
-    missing = [n for n in names if (path, n) not in _LIBDEVICE_PIECES]
+        raise LLVMError(f"the module calls {', '.join(names)} but no bitcode library was given")
+    missing = [n for n in names if (path, n) not in _LIBRARY_PIECES]
     if missing:
-        piece = _cut_libdevice(path, missing, module.triple, module.data_layout, tm)
+        piece = _cut_library(path, missing, module.triple, module.data_layout, tm)
         for name in missing:
-            _LIBDEVICE_PIECES[(path, name)] = piece
-    pieces = {id(p): p for p in (_LIBDEVICE_PIECES[(path, n)] for n in names)}
+            _LIBRARY_PIECES[(path, name)] = piece
+    pieces = {id(p): p for p in (_LIBRARY_PIECES[(path, n)] for n in names)}
     for piece in pieces.values():
         module.link_in(llvm.parse_bitcode(piece))
     for fn in module.functions:
@@ -97,17 +110,17 @@ def _link_libdevice(module, kernel: str, path: str | None, names: list[str], tm)
             fn.linkage = "internal"
 
 
-def _cut_libdevice(path: str, names: list[str], triple: str, data_layout: str, tm) -> bytes:
-    """Bitcode of libdevice reduced to `names` (kept external) and what they use."""
+def _cut_library(path: str, names: list[str], triple: str, data_layout: str, tm) -> bytes:
+    """Bitcode of the library at `path` reduced to `names` (kept external) and what they use."""
     try:
         lib = llvm.parse_bitcode(Path(path).read_bytes())
     except (OSError, RuntimeError) as e:
-        raise LLVMError(f"cannot read libdevice at {path}: {e}") from None
+        raise LLVMError(f"cannot read the bitcode library {path}: {e}") from None
     lib.triple, lib.data_layout = triple, data_layout
     defined = {fn.name for fn in lib.functions if not fn.is_declaration}
     absent = [n for n in names if n not in defined]
     if absent:
-        raise LLVMError(f"libdevice at {path} has no function {', '.join(absent)}")
+        raise LLVMError(f"the bitcode library {path} has no function {', '.join(absent)}")
     for fn in lib.functions:
         if not fn.is_declaration:
             fn.linkage = "external" if fn.name in names else "internal"
@@ -131,6 +144,8 @@ def _worker_main() -> None:
     request = json.load(sys.stdin)
     try:
         reply = {"ok": True, **compile_llvm(**request)}
+        if reply["object"] is not None:
+            reply["object"] = base64.b64encode(reply["object"]).decode("ascii")
     except LLVMError as e:
         reply = {"ok": False, "error": str(e)}
     json.dump(reply, sys.stdout)

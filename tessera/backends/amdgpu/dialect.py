@@ -1,0 +1,135 @@
+"""`AmdgpuDialect`: what AMD GPUs (gfx90a, gfx942, gfx950) need of the LLVM core.
+
+* the kernel is an `amdgpu_kernel` function with
+  `"amdgpu-flat-work-group-size"="1,<num_threads>"` (the launch bound, which
+  also sizes the register budget), in a module flagged for code object v5
+  (`amdhsa_code_object_version` = 500);
+* shared memory is LDS: one static `[shared_bytes x i8] addrspace(3)`
+  global (`tessera_lds`, 16-byte aligned), so the code object's
+  `.group_segment_fixed_size` already covers it and a launch passes 0
+  dynamic bytes (`DYNAMIC_SHARED_BYTES`);
+* `thread_id` / `program_id` are `llvm.amdgcn.workitem.id.x` /
+  `workgroup.id.<axis>`; `num_programs` reads the HSA dispatch packet:
+  grid_size (u32 at byte 12 + 4 axis, in work-items, as HIP sets it) /
+  workgroup_size (u16 at byte 4 + 2 axis);
+* `barrier` is a workgroup-scope release fence, `s_barrier`, and an acquire
+  fence (s_barrier alone orders execution, not LDS or global memory);
+* a shuffle word moves with `ds_bpermute_b32`: each lane computes the lane
+  it reads (the same rule as PTX `shfl.sync` and the SIMT simulator, with
+  `width` segments) and asks for its byte address, lane * 4 (wave64);
+* math: `math.py`; atomics use the "agent" scope (the whole GPU).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Function
+
+from ..llvm.dialect import TargetDialect, add_string_attribute
+from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
+from . import math as amdgpu_math
+from .intrinsics import AMDGPU_INTRINSICS
+from .lowerings import LOWERINGS
+
+CODE_OBJECT_VERSION = 500
+LDS_SYMBOL = "tessera_lds"
+LDS_ALIGN = 16
+DYNAMIC_SHARED_BYTES = 0  # all LDS is static: the launch passes no dynamic group segment
+# hsa_kernel_dispatch_packet_t byte offsets
+WORKGROUP_SIZE_OFFSET = 4   # u16 workgroup_size_{x,y,z}
+GRID_SIZE_OFFSET = 12       # u32 grid_size_{x,y,z}, in work-items
+_AXES = "xyz"
+
+_NVIDIA_ONLY = "is an NVIDIA instruction that AMD GPUs lack; lower the kernel for this AMD target ({target}) so "
+UNSUPPORTED_OPS = {
+    "mma_m16n8k16": "mma_m16n8k16 (mma.sync) " + _NVIDIA_ONLY + "dot uses FMA (or MFMA once supported)",
+    "ldmatrix": "ldmatrix " + _NVIDIA_ONLY + "dot operands go through plain LDS loads",
+    "async_copy": "async_copy (cp.async) " + _NVIDIA_ONLY + "copies go through registers",
+    "async_commit": "async_commit (cp.async.commit_group) " + _NVIDIA_ONLY + "copies go through registers",
+    "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",
+}
+
+
+class AmdgpuDialect(TargetDialect):
+    name = "AMDGPU"
+    lowerings = LOWERINGS
+    intrinsics = AMDGPU_INTRINSICS
+    device_syncscope = "agent"
+
+    @property
+    def unsupported_ops(self) -> dict[str, str]:
+        return {name: reason.format(target=self.target.name) for name, reason in UNSUPPORTED_OPS.items()}
+
+    def configure_kernel(self, function: ir.Function, fn: Function) -> None:
+        function.calling_convention = "amdgpu_kernel"
+        add_string_attribute(function, f'"amdgpu-flat-work-group-size"="1,{int(fn.attrs["num_threads"])}"')
+        module = function.module
+        flag = module.add_metadata([ir.Constant(I32, 1), ir.MetaDataString(module, "amdhsa_code_object_version"),
+                                    ir.Constant(I32, CODE_OBJECT_VERSION)])
+        module.add_named_metadata("llvm.module.flags", flag)
+
+    def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
+        array = ir.ArrayType(I8, int(fn.attrs.get("shared_bytes", 0)))
+        lds = ir.GlobalVariable(module, array, LDS_SYMBOL, addrspace=SHARED_ADDRSPACE)
+        lds.linkage = "internal"
+        lds.initializer = ir.Constant(array, ir.Undefined)  # LDS cannot be initialized
+        lds.align = LDS_ALIGN
+        lds.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
+        return lds
+
+    def thread_id(self, lw) -> ir.Value:
+        return lw.intrinsic("llvm.amdgcn.workitem.id.x", [])
+
+    def program_id(self, lw, axis: int) -> ir.Value:
+        return lw.intrinsic(f"llvm.amdgcn.workgroup.id.{_AXES[axis]}", [])
+
+    def num_programs(self, lw, axis: int) -> ir.Value:
+        bld = lw.builder
+        packet = lw.intrinsic("llvm.amdgcn.dispatch.ptr", [])
+        size_address = bld.gep(packet, [ir.Constant(I32, WORKGROUP_SIZE_OFFSET + 2 * axis)], source_etype=I8)
+        grid_address = bld.gep(packet, [ir.Constant(I32, GRID_SIZE_OFFSET + 4 * axis)], source_etype=I8)
+        block = bld.zext(bld.load(size_address, typ=I16, align=2), I32)
+        grid = bld.load(grid_address, typ=I32, align=4)
+        return bld.udiv(grid, block)
+
+    def barrier(self, lw) -> None:
+        lw.builder.fence("release", "workgroup")
+        lw.intrinsic("llvm.amdgcn.s.barrier", [])
+        lw.builder.fence("acquire", "workgroup")
+
+    def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:
+        bld = lw.builder
+        warp = self.target.warp_size
+
+        def c(v):
+            return ir.Constant(I32, v)
+
+        all_lanes = c(-1)
+        lane_id = lw.intrinsic("llvm.amdgcn.mbcnt.hi", [all_lanes, lw.intrinsic("llvm.amdgcn.mbcnt.lo",
+                                                                                 [all_lanes, c(0)])])
+        b = bld.and_(lane, c(warp - 1))
+        first = bld.and_(lane_id, c(~(width - 1)))           # this lane's segment is [first, last]
+        last = bld.or_(first, c(width - 1))
+        if mode == "up":
+            src = bld.sub(lane_id, b)
+            src = bld.select(bld.icmp_signed(">=", src, first), src, lane_id)
+        elif mode == "down":
+            src = bld.add(lane_id, b)
+            src = bld.select(bld.icmp_signed("<=", src, last), src, lane_id)
+        elif mode == "bfly":
+            src = bld.xor(lane_id, b)
+            src = bld.select(bld.icmp_signed("<=", src, last), src, lane_id)
+        else:  # idx
+            src = bld.or_(first, bld.and_(b, c(width - 1)))
+        return lw.intrinsic("llvm.amdgcn.ds.bpermute", [bld.shl(src, c(2)), word])
+
+    def math(self, lw, name: str, x: ir.Value) -> ir.Value:
+        return amdgpu_math.math_function(lw, name, x)
+
+    def float_rem(self, lw, a: ir.Value, b: ir.Value) -> ir.Value:
+        return amdgpu_math.fmod(lw, a, b)
+
+    def math_support(self, name: str, dtype: dt.DType) -> str | None:
+        return amdgpu_math.math_support(name, dtype)

@@ -1,0 +1,45 @@
+"""Every LLVM intrinsic the AMDGPU backend may call, in one table.
+
+`tests/backends/test_amdgpu_intrinsics.py` compiles every entry, with every
+overload listed, for gfx90a, gfx942 and gfx950 in a child process (an
+intrinsic the GPU cannot select aborts LLVM).
+
+* `FIXED`: `llvm.amdgcn.*` intrinsics with one signature.
+* `OVERLOADED`: the common families plus the f32 math intrinsics AMDGPU
+  selects natively (`llvm.exp2.f32` is `v_exp_f32`, ...). Their f64
+  versions have no AMDGPU lowering (LLVM would need a libm call and aborts),
+  so the examples are f32 only and the validator rejects f64 transcendentals.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..llvm.intrinsics import COMMON_OVERLOADED, VOID, Family, IntrinsicTable, unary, vectors
+from ..llvm.types import F32, I32
+
+CONSTANT_ADDRSPACE = 4  # AMDGPU's read-only constant memory (the dispatch packet lives there)
+
+FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
+    **{f"llvm.amdgcn.workitem.id.{axis}": (I32, ()) for axis in "xyz"},
+    **{f"llvm.amdgcn.workgroup.id.{axis}": (I32, ()) for axis in "xyz"},
+    # The HSA kernel dispatch packet (hsa_kernel_dispatch_packet_t): block and grid sizes.
+    "llvm.amdgcn.dispatch.ptr": (ir.PointerType(addrspace=CONSTANT_ADDRSPACE), ()),
+    # s_barrier: every wave of the work-group waits here (memory ordering comes from fences around it).
+    "llvm.amdgcn.s.barrier": (VOID, ()),
+    # ds_bpermute_b32 (byte address = source lane * 4, value): each lane reads the value of another lane.
+    "llvm.amdgcn.ds.bpermute": (I32, (I32, I32)),
+    # This lane's index in the wave: mbcnt_hi(~0, mbcnt_lo(~0, 0)) counts the lanes below it.
+    "llvm.amdgcn.mbcnt.lo": (I32, (I32, I32)),
+    "llvm.amdgcn.mbcnt.hi": (I32, (I32, I32)),
+}
+
+# f32 math that AMDGPU selects (v_exp_f32, v_log_f32, v_sin_f32, v_cos_f32 with LLVM's accuracy fix-ups).
+NATIVE_MATH = ("exp", "exp2", "log", "log2", "sin", "cos")
+
+OVERLOADED: dict[str, Family] = {
+    **COMMON_OVERLOADED,
+    **{f"llvm.{name}": Family(unary, vectors((F32,))) for name in NATIVE_MATH},
+}
+
+AMDGPU_INTRINSICS = IntrinsicTable("AMDGPU", FIXED, OVERLOADED)

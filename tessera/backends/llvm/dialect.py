@@ -1,0 +1,109 @@
+"""`TargetDialect`: what one GPU target's LLVM IR differs in, as hooks the common lowerings call.
+
+The LLVM core lowers every target-neutral op itself (`lowerings.COMMON`);
+where the instruction depends on the GPU it asks the function's dialect:
+
+| hook                      | NVPTX                                  | AMDGPU                                        |
+| ------------------------- | -------------------------------------- | --------------------------------------------- |
+| `configure_kernel`        | `ptx_kernel`, `"nvvm.maxntid"`         | `amdgpu_kernel`, flat work-group size, COv5   |
+| `declare_shared_memory`   | dynamic `extern [0 x i8]` addrspace(3) | static LDS `[shared_bytes x i8]` addrspace(3) |
+| `thread_id` / `program_id` / `num_programs` | `%tid`, `%ctaid`, `%nctaid` | workitem/workgroup ids, dispatch packet |
+| `barrier`                 | `bar.sync 0`                           | fence + `s_barrier` + fence                   |
+| `shuffle_word`            | `shfl.sync` (32-bit)                   | `ds_bpermute` (32-bit)                        |
+| `math`, `float_rem`       | libdevice or MUFU approximations       | LLVM intrinsics and expansions                |
+| `device_syncscope`        | `"device"`                             | `"agent"`                                     |
+
+A dialect also names its `lowerings` (the common table plus its own ops),
+its `intrinsics` table, and the checks the validator runs for it
+(`math_support`, `check_op`, `unsupported_ops`). One instance serves one
+compile: it may carry options (NVPTX: whether libdevice is linked).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Function, Operation
+from tessera.ir.target import Target
+
+from .intrinsics import IntrinsicTable
+from .lowerings import LoweringTable
+from .types import BFloatType
+
+_BF16 = BFloatType()
+
+
+class TargetDialect:
+    """Base class of the per-target hooks; subclasses implement every method that raises here."""
+
+    name: str = "?"                     # "NVPTX", "AMDGPU": how messages name the backend
+    lowerings: LoweringTable
+    intrinsics: IntrinsicTable
+    device_syncscope: str = ""          # LLVM syncscope of device-wide atomics and fences
+    unsupported_ops: dict[str, str] = {}  # op name -> why this target has no lowering and what to do
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    # -- the kernel ----------------------------------------------------------------------
+
+    def configure_kernel(self, function: ir.Function, fn: Function) -> None:
+        """Calling convention, attributes and module flags of kernel `function` (lowered from `fn`)."""
+        raise NotImplementedError
+
+    def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
+        """The kernel's shared-memory buffer (`shared_alloc` offsets index it as bytes)."""
+        raise NotImplementedError
+
+    # -- thread ops ------------------------------------------------------------------------
+
+    def thread_id(self, lw) -> ir.Value:
+        raise NotImplementedError
+
+    def program_id(self, lw, axis: int) -> ir.Value:
+        raise NotImplementedError
+
+    def num_programs(self, lw, axis: int) -> ir.Value:
+        raise NotImplementedError
+
+    def barrier(self, lw) -> None:
+        raise NotImplementedError
+
+    def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:
+        """The i32 `word` of the lane that shuffle `mode` (bfly/idx/up/down) with operand `lane`
+        selects, within segments of `width` lanes (the caller splits and joins other widths)."""
+        raise NotImplementedError
+
+    # -- math --------------------------------------------------------------------------------
+
+    def math(self, lw, name: str, x: ir.Value) -> ir.Value:
+        """Math function `name` (exp, exp2, log, log2, rsqrt, sin, cos, tanh, erf) of f32 or f64 `x`."""
+        raise NotImplementedError
+
+    def float_rem(self, lw, a: ir.Value, b: ir.Value) -> ir.Value:
+        """fmod(a, b) of f32 or f64 values: the result has a's sign and |result| < |b|, exactly."""
+        raise NotImplementedError
+
+    def math_support(self, name: str, dtype: dt.DType) -> str | None:
+        """Why math op `name` on `dtype` cannot be lowered for this target (None when it can)."""
+        raise NotImplementedError
+
+    def wide_int_to_bf16(self, lw, x: ir.Value, src: dt.DType) -> ir.Value:
+        """A 32/64-bit int -> bf16, rounded once (LLVM's `sitofp` promises that; a target overrides
+        this where its backend rounds twice)."""
+        to = ir.VectorType(_BF16, x.type.count) if isinstance(x.type, ir.VectorType) else _BF16
+        return lw.builder.sitofp(x, to) if src.kind == "int" else lw.builder.uitofp(x, to)
+
+    # -- validation ----------------------------------------------------------------------------
+
+    def check_op(self, op: Operation) -> str | None:
+        """A target-specific reason `op` cannot be lowered (attributes, features), or None."""
+        return None
+
+
+
+def add_string_attribute(function: ir.Function, attribute: str) -> None:
+    """A `"key"="value"` function attribute (llvmlite accepts only its fixed list unless extended)."""
+    function.attributes._known = function.attributes._known | {attribute}
+    function.attributes.add(attribute)

@@ -1,0 +1,202 @@
+"""Everything an LLVM backend checks before LLVM sees a module.
+
+LLVM aborts the whole process on some bad input (an unknown CPU or feature
+string, an instruction the GPU cannot select), so a backend hands it only
+modules it knows to be fine: a known target of its vendor, supported
+dtypes, ops that have a lowering in the target's table, and op attributes
+in range. Every problem raises a `LoweringError` naming the kernel, the op,
+its source line and the fix.
+
+The checks common to every target live here; the dialect adds its own
+(`TargetDialect.unsupported_ops`, `check_op`, `math_support`), and each
+backend resolves its targets (`resolve_target` with its vendor). What stays
+for LLVM is the fixed set of instruction patterns the lowerings produce;
+the backends' matrix tests compile every op for every dtype in a child
+process to keep that set crash-free.
+"""
+
+from __future__ import annotations
+
+import re
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Function, Operation
+from tessera.ir.errors import VerifyError
+from tessera.ir.ops import MATH_FUNCTIONS, OPS
+from tessera.ir.printer import print_op
+from tessera.ir.target import TARGETS, Target, get_target
+from tessera.ir.types import PointerType, RegsType, ScalarType, Type, element_of, scalar_dtype
+from tessera.ir.verifier import verify_function
+
+from .dialect import TargetDialect
+from .errors import LoweringError
+from .fp8 import FP8_OPS
+from .types import FP8, unsupported_dtype_reason
+
+TERMINATORS = ("yield", "condition", "return")  # Lowering.region handles these itself
+_KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
+_VENDOR_NAMES = {"nvidia": ("an NVIDIA", "NVIDIA"), "amd": ("an AMD", "AMD")}
+
+
+def resolve_target(target: Target | str | None, vendor: str, backend: str, example: str) -> Target:
+    """The `Target` called `target` (or `target` itself), which must be a `vendor` GPU; LoweringError otherwise."""
+    if target is None:
+        raise LoweringError(f"no target given: pass target='{example}' (or a Target), or set the function's "
+                            "`target` attribute")
+    if isinstance(target, str):
+        try:
+            target = get_target(target)
+        except ValueError as e:
+            raise LoweringError(str(e)) from None
+    if not isinstance(target, Target):
+        raise LoweringError(f"target must be a tessera.ir.target.Target or its name, got {target!r}")
+    if target.vendor != vendor:
+        ours = ", ".join(t for t, d in TARGETS.items() if d.vendor == vendor)
+        theirs = _VENDOR_NAMES.get(target.vendor, (f"a {target.vendor}",))[0]
+        raise LoweringError(f"target {target.name} is {theirs} GPU; the {backend} backend compiles for "
+                            f"{_VENDOR_NAMES[vendor][1]} targets ({ours})")
+    return target
+
+
+def validate_function(fn: Function, dialect: TargetDialect) -> None:
+    """Raise LoweringError unless thread-IR kernel `fn` can be lowered for the dialect's target."""
+    _Validator(fn, dialect).run()
+
+
+class _Validator:
+    def __init__(self, fn: Function, dialect: TargetDialect):
+        self.fn = fn
+        self.dialect = dialect
+        self.target = dialect.target
+
+    def fail(self, message: str, op: Operation | None = None) -> LoweringError:
+        if op is None:
+            return LoweringError(message, kernel=self.fn.name, loc=self.fn.loc)
+        return LoweringError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc)
+
+    def run(self) -> None:
+        try:
+            verify_function(self.fn)
+        except VerifyError as e:
+            raise self.fail(f"the thread IR is malformed: {e}") from None
+        self.function_attributes()
+        for arg in self.fn.args:
+            self.argument_type(arg.type)
+        for op in self.fn.walk():
+            self.op(op)
+
+    # -- the function -------------------------------------------------------------------
+
+    def function_attributes(self) -> None:
+        fn, target = self.fn, self.target
+        if not _KERNEL_NAME.fullmatch(fn.name):
+            raise self.fail(f"kernel name {fn.name!r} is not a valid {self.dialect.name} symbol name (letters, digits, _)")
+        threads = fn.attrs.get("num_threads")
+        if not _is_int(threads) or not 1 <= threads <= target.max_threads_per_block:
+            raise self.fail(f"attribute num_threads must be an int in [1, {target.max_threads_per_block}] "
+                            f"(threads per block), got {threads!r}")
+        warp = fn.attrs.get("warp_size", target.warp_size)
+        if warp != target.warp_size:
+            raise self.fail(f"attribute warp_size = {warp!r}, but {target.name} has {target.warp_size} threads "
+                            f"per warp; lower the function for this target")
+        smem = fn.attrs.get("shared_bytes", 0)
+        if not _is_int(smem) or not 0 <= smem <= target.shared_memory_bytes:
+            raise self.fail(f"attribute shared_bytes must be an int in [0, {target.shared_memory_bytes}] "
+                            f"({target.name}'s shared memory per block), got {smem!r}")
+        named = fn.attrs.get("target")
+        if named is not None and named != target.name:
+            raise self.fail(f"the function was lowered for target {named!r} but is being compiled for "
+                            f"{target.name}; lower it again for {target.name}")
+
+    def argument_type(self, t: Type) -> None:
+        if isinstance(t, PointerType) and t.address_space == "global":
+            self.dtype(t.pointee)
+        elif isinstance(t, ScalarType):
+            self.dtype(t.dtype)
+        else:
+            raise self.fail(f"kernel parameter of type {t}: parameters must be scalars or global pointers")
+
+    # -- ops --------------------------------------------------------------------------
+
+    def op(self, op: Operation) -> None:
+        if op.name in TERMINATORS:
+            return
+        dialect = self.dialect
+        if op.name in dialect.unsupported_ops:
+            raise self.fail(dialect.unsupported_ops[op.name], op)
+        if op.name not in dialect.lowerings:
+            level = OPS[op.name].level if op.name in OPS else None
+            if level == "tile" and op.name not in ("print", "assert"):
+                raise self.fail("this is a tile-level op: lower the function to thread IR before the backend", op)
+            raise self.fail(f"op `{op.name}` is not supported by the {dialect.name} backend yet", op)
+        for value in [*op.operands, *op.results]:
+            self.value_type(value.type, op)
+        check = getattr(self, f"op_{op.name}", None)
+        if check is not None:
+            check(op)
+        reason = dialect.check_op(op)
+        if reason:
+            raise self.fail(reason, op)
+        if op.name in MATH_FUNCTIONS or op.name == "rem" and scalar_dtype(op.results[0].type).is_float:
+            reason = dialect.math_support(op.name, scalar_dtype(op.results[0].type))
+            if reason:
+                raise self.fail(reason, op)
+
+    def value_type(self, t: Type, op: Operation) -> None:
+        elem = element_of(t)
+        if not isinstance(t, (ScalarType, PointerType, RegsType)):
+            raise self.fail(f"value of type {t} in thread IR: tiles and views must be lowered to registers first", op)
+        if isinstance(elem, PointerType):
+            self.dtype(elem.pointee, op)
+        else:
+            self.dtype(elem.dtype, op)
+            if elem.dtype in FP8 and op.name not in FP8_OPS:
+                raise self.fail(f"`{op.name}` on {elem.dtype.name}: fp8 values can only be loaded, stored, moved "
+                                f"and cast on the GPU; cast to f32 (or f16/bf16) first", op)
+
+    def dtype(self, d: dt.DType, op: Operation | None = None) -> None:
+        reason = unsupported_dtype_reason(d, self.dialect.name)
+        if reason:
+            raise self.fail(reason, op)
+
+    def op_load(self, op: Operation) -> None:
+        self.vector_access(op)
+
+    def op_store(self, op: Operation) -> None:
+        self.vector_access(op)
+
+    def vector_access(self, op: Operation) -> None:
+        k = op.attrs.get("vector", 1)
+        ptr = op.operands[0].type
+        pointee = element_of(ptr).pointee
+        if k == 1:
+            return
+        if k < 1 or k & (k - 1):
+            raise self.fail(f"vector = {k} must be a power of two", op)
+        if not isinstance(ptr, RegsType) or ptr.count % k:
+            raise self.fail(f"vector = {k} needs registers of pointers whose count is a multiple of {k}, got {ptr}",
+                            op)
+        width = k * max(8, pointee.bits)
+        if width > self.target.max_vector_bits:
+            raise self.fail(f"vector = {k} of {pointee.name} is a {width}-bit access; {self.target.name} allows at "
+                            f"most {self.target.max_vector_bits} bits: use vector = "
+                            f"{self.target.max_vector_bits // max(8, pointee.bits)}", op)
+
+    def op_shared_alloc(self, op: Operation) -> None:
+        offset, size = op.attrs["offset"], op.attrs["bytes"]
+        total = self.fn.attrs.get("shared_bytes", 0)
+        if offset < 0:
+            raise self.fail("shared memory offset is unassigned (-1): run the shared-memory planner before the "
+                            "backend", op)
+        if offset + size > total:
+            raise self.fail(f"bytes [{offset}, {offset + size}) lie outside the kernel's shared memory "
+                            f"(shared_bytes = {total}); raise the function's shared_bytes", op)
+
+    def op_shuffle(self, op: Operation) -> None:
+        width = op.attrs.get("width", 0)
+        if width > self.target.warp_size:
+            raise self.fail(f"shuffle width {width} exceeds the warp size {self.target.warp_size}", op)
+
+
+def _is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)

@@ -1,0 +1,125 @@
+"""`NvptxDialect`: what NVIDIA GPUs need of the LLVM core (see `tessera.backends.llvm.dialect`).
+
+* the kernel is a `ptx_kernel` function with `"nvvm.maxntid"="<num_threads>"`
+  (PTX `.maxntid`, the launch bound);
+* shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
+  (`global_smem`, 16-byte aligned); the launch must pass
+  `fn.attrs["shared_bytes"]` as the dynamic size;
+* `thread_id` is `%tid.x`; `program_id` / `num_programs` are `%ctaid` /
+  `%nctaid` along the axis; `barrier` is `bar.sync 0`;
+* a shuffle word is `shfl.sync.<mode>.b32` with the full-warp mask: `width`
+  becomes the clamp operand `(32 - width) << 8 | (mode == up ? 0 : 31)`;
+* math: `math.py` (libdevice, or MUFU approximations without it);
+* an int -> bf16 conversion before sm_90 rounds to odd in f32 first, because
+  there is no direct convert and LLVM's int -> f32 -> bf16 rounds twice;
+* atomics use the "device" scope (PTX `.gpu`).
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Function, Operation
+from tessera.ir.target import Target
+
+from ..llvm.dialect import TargetDialect, add_string_attribute
+from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
+from . import math as nvptx_math
+from .intrinsics import NVPTX_INTRINSICS
+from .lowerings import LOWERINGS
+
+SHARED_MEMORY_SYMBOL = "global_smem"
+SHARED_MEMORY_ALIGN = 16
+FULL_WARP = -1  # 0xffffffff as an i32
+_AXES = "xyz"
+_TO_F32_TOWARD_ZERO = {("int", 32): "llvm.nvvm.i2f.rz", ("uint", 32): "llvm.nvvm.ui2f.rz",
+                       ("int", 64): "llvm.nvvm.ll2f.rz", ("uint", 64): "llvm.nvvm.ull2f.rz"}
+
+
+class NvptxDialect(TargetDialect):
+    name = "NVPTX"
+    lowerings = LOWERINGS
+    intrinsics = NVPTX_INTRINSICS
+    device_syncscope = "device"
+    unsupported_ops = {
+        "mfma": "mfma is an AMD matrix-core instruction that NVIDIA GPUs lack; lower the kernel for this "
+                "target (dot then uses mma.sync or FMA)",
+    }
+
+    def __init__(self, target: Target, *, use_libdevice: bool):
+        super().__init__(target)
+        self.use_libdevice = use_libdevice
+
+    def configure_kernel(self, function: ir.Function, fn: Function) -> None:
+        function.calling_convention = "ptx_kernel"
+        add_string_attribute(function, f'"nvvm.maxntid"="{int(fn.attrs["num_threads"])}"')
+
+    def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
+        smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
+        smem.linkage = "external"
+        smem.align = SHARED_MEMORY_ALIGN
+        smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
+        return smem
+
+    def thread_id(self, lw) -> ir.Value:
+        return lw.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", [])
+
+    def program_id(self, lw, axis: int) -> ir.Value:
+        return lw.intrinsic(f"llvm.nvvm.read.ptx.sreg.ctaid.{_AXES[axis]}", [])
+
+    def num_programs(self, lw, axis: int) -> ir.Value:
+        return lw.intrinsic(f"llvm.nvvm.read.ptx.sreg.nctaid.{_AXES[axis]}", [])
+
+    def barrier(self, lw) -> None:
+        lw.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.all", [ir.Constant(I32, 0)])
+
+    def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:
+        warp = self.target.warp_size
+        clamp = ir.Constant(I32, ((warp - width) << 8) | (0 if mode == "up" else warp - 1))
+        return lw.intrinsic(f"llvm.nvvm.shfl.sync.{mode}.i32", [ir.Constant(I32, FULL_WARP), word, lane, clamp])
+
+    def math(self, lw, name: str, x: ir.Value) -> ir.Value:
+        return nvptx_math.math_function(lw, name, x, self.use_libdevice)
+
+    def float_rem(self, lw, a: ir.Value, b: ir.Value) -> ir.Value:
+        return nvptx_math.fmod(lw, a, b)
+
+    def math_support(self, name: str, dtype: dt.DType) -> str | None:
+        return nvptx_math.math_support(name, dtype, self.use_libdevice)
+
+    def wide_int_to_bf16(self, lw, x: ir.Value, src: dt.DType) -> ir.Value:
+        if sm_version(self.target) >= 90:
+            return super().wide_int_to_bf16(lw, x, src)
+        return lw.map_lanes(lambda v: _wide_int_to_bf16_by_odd_rounding(lw, v, src), x)
+
+    def check_op(self, op: Operation) -> str | None:
+        target = self.target
+        if op.name == "mma_m16n8k16" and not target.has("mma.sync"):
+            return (f"mma_m16n8k16 needs mma.sync, which {target.name} lacks; lower the kernel for this target "
+                    "(dot then uses FMA)")
+        if op.name == "ldmatrix" and not target.has("ldmatrix"):
+            return (f"ldmatrix needs sm_75+, which {target.name} is not; lower the kernel for this target "
+                    "(dot operands then go through plain shared-memory loads)")
+        if op.name in ("async_copy", "async_commit", "async_wait") and not target.has("cp.async"):
+            return (f"{op.name} needs cp.async (sm_80+), which {target.name} lacks; lower the kernel for this "
+                    "target (operands then go through registers)")
+        return None
+
+
+def sm_version(target: Target) -> int:
+    """80 for sm_80, 90 for sm_90a."""
+    digits = "".join(c for c in target.llvm_cpu.removeprefix("sm_") if c.isdigit())
+    return int(digits)
+
+
+def _wide_int_to_bf16_by_odd_rounding(lw, x, src: dt.DType):
+    """One 32/64-bit int -> bf16, rounded once: round to f32 toward zero, set the last bit if that
+    was inexact (round to odd, which keeps the information a second rounding needs), then round
+    to bf16."""
+    bld = lw.builder
+    t = lw.intrinsic(_TO_F32_TOWARD_ZERO[(src.kind, src.bits)], [x])
+    back = lw.intrinsic("llvm.fptosi.sat" if src.kind == "int" else "llvm.fptoui.sat", [t], (x.type, F32))
+    inexact = bld.zext(bld.icmp_unsigned("!=", back, x), ir.IntType(32))
+    odd = bld.bitcast(bld.or_(bld.bitcast(t, ir.IntType(32)), inexact), F32)
+    return bld.fptrunc(odd, scalar_type(dt.bf16))
