@@ -48,7 +48,7 @@ CONFIGS = [
     tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),   # one program/SM
 ]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
-CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 3}, num_warps=4)
+CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
 

@@ -140,7 +140,7 @@ def test_kernel_compiles_for_hopper():
     compiled = gemm_kernel.kernel.compile(
         signature="*f16:16,*f16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
         target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="gelu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False)
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
     assert compiled.cubin
 
 
@@ -151,7 +151,7 @@ def test_fp8_kernel_compiles_for_hopper():
     compiled = gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
         target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="relu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False)
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
     assert compiled.cubin
 
 
