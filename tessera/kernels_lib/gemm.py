@@ -3,7 +3,9 @@
 C is cut into BM x BN tiles. Computing a tile walks K in steps of BK,
 multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
 float32 accumulator, then applies alpha, the bias and the activation and
-stores the tile in the output dtype. Transposed operands are views with
+stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
+on GPUs with cp.async the blocks of the next STAGES - 1 steps are in flight
+while the tensor cores work on this one. Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
@@ -36,16 +38,23 @@ import tessera
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
-# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores).
-# Each compiles for sm_90a without register spills (bf16, mma.sync + ldmatrix path);
-# the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
+# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
+# software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
+# memory, 64-96 KB here). Each compiles for sm_80 and sm_90a without register spills (bf16, mma.sync +
+# ldmatrix path); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),  # large square
-    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),   # tall: M >> N
-    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=4),   # wide: N >> M
-    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=4),    # small: fill SMs
-    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),  # shallower K
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),   # one program/SM
+    # large square
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),
+    # tall: M >> N
+    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
+    # wide: N >> M
+    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
+    # small: fill SMs
+    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
+    # shallower K
+    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
+    # one program/SM
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),
 ]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)

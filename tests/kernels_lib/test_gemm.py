@@ -1,6 +1,7 @@
 """tessera::gemm (tessera/kernels_lib/gemm.py) on the CPU interpreter, against torch in float32."""
 
 import itertools
+import re
 
 import pytest
 
@@ -155,15 +156,27 @@ def test_fp8_kernel_compiles_for_hopper():
     assert compiled.cubin
 
 
-def test_every_shipped_config_compiles_for_hopper_without_spills():
+# stride_am, stride_ak, stride_bk, stride_bn: B row-major (K x N), or B^T stored (N x K), as trans_b passes it
+GEMM_SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
+B_STRIDES = {"b-row-major": "i32:16,i32:1", "b-transposed": "i32:1,i32:16"}
+
+
+@pytest.mark.parametrize("b_layout", list(B_STRIDES))
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout):
+    """Each config's K loop becomes a cp.async pipeline of its STAGES, fits the target's shared memory
+    and assembles with no register spills."""
     from tessera.backends.nvptx import find_ptxas
-    from tessera.kernels_lib.gemm import CONFIGS
+    from tessera.ir.target import get_target
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
-    signature = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16"
     for config in CONFIGS:
-        metadata = gemm_kernel.kernel.compile(
-            signature=signature, target="sm_90a", num_warps=config.num_warps, HAS_BIAS=False, HAS_SCALE_A=False,
-            HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs).metadata
-        assert metadata["spill_stores"] == 0, f"{config} spills"
-        assert metadata["shared_bytes"] <= 227 * 1024
+        compiled = gemm_kernel.kernel.compile(
+            signature=GEMM_SIGNATURE.format(b=B_STRIDES[b_layout]), target=target, num_warps=config.num_warps,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        metadata, ptx = compiled.metadata, compiled.stages["ptx"]
+        stages = config.kwargs["STAGES"]
+        assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{config} spills"
+        assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
+        assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx), \
+            f"{config}: not pipelined {stages} deep"
