@@ -6,8 +6,9 @@ Specification:
   read by ldmatrix into mma.sync) computes on the SIMT simulator what the
   tile interpreter computes, for f16 and bf16, S = 2, 3, 4, blocks 64x64x32
   and 128x128x32 with 4 warps, K not a multiple of BK, M and N not multiples
-  of the blocks (zero-filled chunks), B transposed through its strides, loops
-  shorter than the pipeline and loops that never run;
+  of the blocks (zero-filled chunks), B transposed through its strides, 8- and
+  4-byte copies where K is only that aligned, loops shorter than the pipeline
+  and loops that never run;
 * the simulator's checks run all along: no thread reads a slot before its
   copy's group is waited for and a barrier published it, no copy refills a
   slot another thread read since the last barrier, no copy is left in flight.
@@ -32,11 +33,13 @@ from pipeline_kernels import F16_RESULT, matmul_case  # noqa: E402
 
 
 def simulate(case, num_warps=4, target="sm_80"):
-    """(tile interpreter's C, SIMT simulator's C) as float32; the thread IR is checked to be pipelined."""
+    """(tile interpreter's C, SIMT simulator's C) as float32; the thread IR is checked to be pipelined and
+    its copy sizes are kept in `case.copy_bytes`."""
     expected, actual = case.make_args(), case.make_args()
     run_function(case.module.functions[0], expected, case.grid)
     fn = lower(case.module, target, num_warps).functions[0]
-    assert any(op.name == "async_copy" for op in fn.walk())
+    case.copy_bytes = {op.attrs["bytes"] for op in fn.walk() if op.name == "async_copy"}
+    assert case.copy_bytes
     run_threads(fn, actual, case.grid)
     return expected[2].astype(np.float32), actual[2].astype(np.float32)
 
@@ -58,6 +61,14 @@ def test_pipelined_matmul_matches_the_tile_interpreter(name):
     expected, actual = simulate(case)
     np.testing.assert_allclose(actual, expected, **F16_RESULT)
     np.testing.assert_allclose(actual, case.expected().astype(np.float32), **F16_RESULT)
+
+
+@pytest.mark.parametrize("K,a_copy_bytes", [(100, 8), (50, 4)], ids=["8-byte-copies", "4-byte-copies"])
+def test_narrower_copies_of_a_compile_time_k(K, a_copy_bytes):
+    case = matmul_case(61, 64, K, 64, 64, 32, 3, tessera.bf16, fixed_k=True)
+    expected, actual = simulate(case)
+    assert case.copy_bytes == {a_copy_bytes, 16}            # A's rows are only that aligned; B's are 16
+    np.testing.assert_allclose(actual, expected, **F16_RESULT)
 
 
 @pytest.mark.parametrize("K", [0, 32], ids=["no-iterations", "one-iteration"])

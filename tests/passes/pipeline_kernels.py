@@ -1,7 +1,8 @@
 """The pipelined matmul the software-pipelining tests share (IR, SIMT simulator and PTX).
 
 `matmul_case(...)` traces it for one problem and returns its tile-IR module
-with fresh arguments; B is read through strides, so `trans_b` stores it as
+with fresh arguments (`fixed_k`: K is a constexpr, so the alignment analysis
+knows exactly how aligned A's rows are); B is read through strides, so `trans_b` stores it as
 B^T (N x K, row-major), whose view has unit stride along K (dim 0). C is
 float16 (the accumulator is cast on the way out, as in tutorial 03).
 """
@@ -16,10 +17,8 @@ import tessera
 from tessera.ir.core import Module
 
 
-@tessera.kernel
-def pipelined_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn,
-                     BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
-                     STAGES: tessera.constexpr):
+@tessera.func
+def matmul_block(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn, BM, BN, BK, STAGES):
     pid_m = tessera.program_id(0)
     pid_n = tessera.program_id(1)
     a = tessera.view(a_ptr, (M, K))
@@ -28,6 +27,21 @@ def pipelined_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn,
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
     tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
+
+
+@tessera.kernel
+def pipelined_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn,
+                     BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
+                     STAGES: tessera.constexpr):
+    matmul_block(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn, BM, BN, BK, STAGES)
+
+
+@tessera.kernel
+def pipelined_matmul_fixed_k(a_ptr, b_ptr, c_ptr, M, N, stride_bk, stride_bn, K: tessera.constexpr,
+                             BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
+                             STAGES: tessera.constexpr):
+    """K known at compile time: its exact alignment (K = 100: 4 elements) decides A's copy width."""
+    matmul_block(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn, BM, BN, BK, STAGES)
 
 
 NUMPY_DTYPES = {tessera.f16: np.float16}
@@ -62,16 +76,21 @@ def _exact(x: np.ndarray, dtype) -> np.ndarray:
     return x.astype(NUMPY_DTYPES[dtype]).astype(np.float32)
 
 
-def matmul_case(M, N, K, BM, BN, BK, stages, dtype=tessera.f16, trans_b=False, seed=0) -> MatmulCase:
+def matmul_case(M, N, K, BM, BN, BK, stages, dtype=tessera.f16, trans_b=False, seed=0,
+                fixed_k=False) -> MatmulCase:
     rng = np.random.default_rng(seed)
     a = _exact(rng.standard_normal((M, K)), dtype)
     b = _exact(rng.standard_normal((K, N)), dtype)
     b_stored, strides = (np.ascontiguousarray(b.T), (1, K)) if trans_b else (b, (N, 1))
 
+    sizes = [M, N] if fixed_k else [M, N, K]
+
     def make_args():
-        return [_host(a, dtype), _host(b_stored, dtype), np.zeros((M, N), np.float16), M, N, K, *strides]
+        return [_host(a, dtype), _host(b_stored, dtype), np.zeros((M, N), np.float16), *sizes, *strides]
 
     typed = [tessera.reinterpret(x, dtype) if i < 2 else x for i, x in enumerate(make_args())]
-    module = pipelined_matmul.specialize(*typed, BM=BM, BN=BN, BK=BK, STAGES=stages).module
+    constexprs = dict(BM=BM, BN=BN, BK=BK, STAGES=stages, **({"K": K} if fixed_k else {}))
+    kernel = pipelined_matmul_fixed_k if fixed_k else pipelined_matmul
+    module = kernel.specialize(*typed, **constexprs).module
     grid = (tessera.cdiv(M, BM), tessera.cdiv(N, BN))
     return MatmulCase(module, grid, a, b, make_args)

@@ -130,6 +130,12 @@ def test_a_whose_rows_are_not_known_to_be_aligned_keeps_the_plain_path():
     assert [(load.operand, load.copy_bytes) for load in plan.loads] == [(1, 16)]
 
 
+@pytest.mark.parametrize("K,a_copy_bytes", [(100, 8), (50, 4)])
+def test_a_known_k_picks_the_widest_copy_its_alignment_allows(K, a_copy_bytes):
+    plan = plan_for(matmul_case(64, 64, K, 64, 64, 32, stages=2, fixed_k=True))
+    assert [(load.operand, load.copy_bytes) for load in plan.loads] == [(0, a_copy_bytes), (1, 16)]
+
+
 def test_stages_shrink_to_fit_shared_memory():
     plan = plan_for(matmul_case(128, 128, 128, 128, 128, 64, stages=16), num_warps=8)
     per_stage = 2 * 128 * 64 * 2
@@ -200,3 +206,11 @@ def test_one_stage_or_no_cp_async_lowers_like_range(target, stages):
     fn = lower(matmul_case(64, 64, 64, 64, 64, 32, stages=stages).module, target, num_warps).functions[0]
     assert not [op for op in fn.walk() if op.name.startswith("async_")]
     assert "stages" not in loop_of(fn).attrs
+    notes = fn.attrs.get("lowering_notes", ())
+    assert any("no load qualifies for cp.async pipelining on gfx942" in note for note in notes) == (stages > 1)
+
+
+def test_reduced_stages_are_noted():
+    fn = lower(matmul_case(256, 256, 256, 128, 128, 64, stages=16).module, "sm_80", 8).functions[0]
+    assert loop_of(fn).attrs["stages"] == 5
+    assert any("5 of the 16 stages fit in shared memory" in note for note in fn.attrs["lowering_notes"])

@@ -47,9 +47,16 @@ def _return(ctx, op):
 
 @lowering("for")
 def _for(ctx, op):
-    if op.attrs.get("stages", 1) > 1:
+    stages = op.attrs.get("stages", 1)
+    if stages > 1:
         plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
-        if plan is not None:
+        where = f" at {op.loc}" if op.loc else ""
+        if plan is None:
+            ctx.notes.append(f"for{where}: stages = {stages}, but no load qualifies for cp.async pipelining on "
+                             f"{ctx.target.name}; lowered as a plain loop")
+        else:
+            if plan.stages < stages:
+                ctx.notes.append(f"for{where}: {plan.stages} of the {stages} stages fit in shared memory")
             lower_pipelined_for(ctx, op, plan)
             return
     operands = _terminator_values(ctx, op)
