@@ -80,6 +80,33 @@ def test_loops_shorter_than_the_pipeline(K):
         assert not actual.any()
 
 
+@tessera.kernel
+def pinned_a_matmul(a_ptr, b_ptr, c_ptr, K, BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    a = tessera.view(a_ptr, (BM, K))
+    b = tessera.view(b_ptr, (K, BN))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=3):
+        a_block = tessera.convert_layout(a.block((BM, BK), (0, k)).load(),
+                                         tessera.layouts.local(2, 8) * tessera.layouts.spatial(32, 4))
+        acc = tessera.dot(a_block, b.block((BK, BN), (k, 0)).load(), acc)
+    tessera.view(c_ptr, (BM, BN)).block((BM, BN), (0, 0)).store(acc.to(tessera.f16))
+
+
+def test_a_load_reaching_the_dot_through_convert_layout_is_pipelined_too():
+    rng = np.random.default_rng(3)
+    K = 96
+    a = rng.standard_normal((64, K)).astype(np.float16)
+    b = rng.standard_normal((K, 64)).astype(np.float16)
+    args = lambda: [a, b, np.zeros((64, 64), np.float16), K]     # noqa: E731
+    module = pinned_a_matmul.specialize(*args(), BM=64, BN=64, BK=32).module
+    fn = lower(module, "sm_80", 4).functions[0]
+    assert sum(op.name == "async_copy" for op in fn.walk()) == 3 * 4      # A and B, 2 copies each, 3 places
+    out = args()
+    run_threads(fn, out, (1,))
+    np.testing.assert_allclose(out[2].astype(np.float32), (a.astype(np.float32) @ b.astype(np.float32)),
+                               **F16_RESULT)
+
+
 def sabotaged(case, remove):
     """The pipelined thread IR with `remove(loop_body)` applied (to prove the simulator's checks bite)."""
     fn = lower(case.module, "sm_80", 4).functions[0]

@@ -6,9 +6,10 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
 
 * the target has cp.async and ldmatrix, S >= 2 and the loop step is a
   positive compile-time constant (so iteration i + S - 1 is known);
-* its only consumer is operand A or B of one tensor-core `dot` in the body
-  (`mma.mma_plan` says yes), directly or through `convert_layout`s, and its
-  dtype is f16/bf16 (ldmatrix reads 16-bit elements);
+* its only consumer is operand A or B of one tensor-core `dot` of the body
+  (`mma.mma_plan` says yes; not inside a region nested in the body),
+  directly or through `convert_layout`s, and its dtype is f16/bf16 (ldmatrix
+  reads 16-bit elements);
 * its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
   ordinary path);
 * its view and offsets are computed in the body from the induction variable
@@ -123,7 +124,7 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
     dtype = tile.element.dtype
     if len(tile.shape) != 2 or dtype not in LDMATRIX_DTYPES or load.attrs.get("fill", 0) != 0:
         return None
-    consumer = _dot_consumer(load.result, users)
+    consumer = _dot_consumer(load.result, users, body)
     if consumer is None:
         return None
     dot, operand = consumer
@@ -169,16 +170,17 @@ def _copy_layout(shape: tuple[int, int], width: int, num_threads: int) -> Regist
     return local(rows // thread_rows, per_row // threads_per_row) * spatial(thread_rows, threads_per_row)
 
 
-def _dot_consumer(value: Value, users) -> tuple[Operation, int] | None:
-    """(dot, operand index) when `value`'s only use is that operand, directly or through convert_layouts."""
+def _dot_consumer(value: Value, users, body: Block) -> tuple[Operation, int] | None:
+    """(dot, operand index) when `value`'s only use is that operand, directly or through convert_layouts,
+    all of them ops of the loop body itself (not of regions nested in it)."""
     uses = users.get(value, [])
-    if len(uses) != 1:
+    if len(uses) != 1 or uses[0][0].parent is not body:
         return None
     user, index = uses[0]
     if user.name == "dot" and index in (0, 1):
         return user, index
     if user.name == "convert_layout":
-        return _dot_consumer(user.result, users)
+        return _dot_consumer(user.result, users, body)
     return None
 
 
