@@ -32,6 +32,7 @@ from tessera.ir.errors import VerifyError
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
 from tessera.ir.target import get_target
+from tessera.ir.types import ScalarType
 from tessera.ir.verifier import verify_module
 from tessera.passes.lowering.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
@@ -189,7 +190,7 @@ def test_lowered_loop_is_prologue_then_wait_barrier_refill_read():
     assert [op.attrs["bytes"] for op in before if op.name == "shared_alloc"] == [stages * 64 * 32 * 2] * 2
     # the loop carries the slot and starts with the wait and the one barrier
     body = loop.regions[0]
-    assert loop.attrs["stages"] == stages and body.args[-1].type == tessera.ir.types.ScalarType(tessera.i32)
+    assert loop.attrs["stages"] == stages and body.args[-1].type == ScalarType(tessera.i32)
     assert names(body.ops[:2]) == ["async_wait", "barrier"] and body.ops[0].attrs["pending"] == stages - 2
     inside = names(body.ops)
     assert inside.count("barrier") == 1 and inside.count("async_commit") == 1 and inside.count("async_copy") == 4
