@@ -2,7 +2,7 @@
 
 The public API, in one place:
 
-* `kernel`, `func`, `constexpr`, `static_range` — writing kernels;
+* `kernel`, `func`, `constexpr`, `static_range`, `pipeline` — writing kernels;
 * the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
@@ -27,7 +27,7 @@ from .dsl.errors import (
 )
 from .backends.interp import InterpreterError
 from .runtime.errors import LaunchError
-from .dsl.values import constexpr, static_range
+from .dsl.values import constexpr, pipeline, static_range
 from .dsl.function import func
 from .dsl.kernel import Kernel, kernel
 from .dsl.arguments import reinterpret

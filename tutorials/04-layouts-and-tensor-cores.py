@@ -12,7 +12,13 @@ C = A @ B, taken through the steps Tessera supports today:
                  (built from `tessera.layouts.mma_m16n8k16_c()`). Pinning the
                  layout the compiler would pick anyway (4a) changes nothing;
                  pinning another warp arrangement (4b) costs a trip through
-                 shared memory every K step -- the diff in the thread IR shows it.
+                 shared memory every K step -- the diff in the thread IR shows it;
+  5. pipelined   the K loop is `tessera.pipeline(..., stages=3)` instead of
+                 `range` (stages=1 in steps 2-4 is the same plain loop): the
+                 blocks of the next two K steps are copied into shared-memory
+                 ring buffers with cp.async while the tensor cores work on
+                 this one, and ldmatrix reads them from there -- no register
+                 round trip, one barrier per K step instead of four.
 
 Each step runs on the CPU interpreter at a small size and is checked against
 numpy, then compiled for sm_90a; the table lists facts about the PTX (static
@@ -20,9 +26,8 @@ instruction counts), registers and spills (from ptxas, when it is installed)
 and shared memory. With a CUDA GPU and torch each step is also timed at
 4096^3; without one the table says so.
 
-Not there yet, so not in this table: cp.async multi-stage pipelining (the
-building block exists, the lowering does not use it), wgmma and TMA on sm_90a
-(Hopper runs the sm_80 mma.sync path), and warp specialization.
+Not there yet, so not in this table: wgmma and TMA on sm_90a (Hopper runs the
+sm_80 mma.sync path), and warp specialization.
 
     python tutorials/04-layouts-and-tensor-cores.py
 """
@@ -53,13 +58,13 @@ def matmul_naive(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK: tessera.constexpr):
 
 @tessera.kernel
 def matmul_tiled(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
-                 BK: tessera.constexpr, ACC: tessera.constexpr):
+                 BK: tessera.constexpr, ACC: tessera.constexpr, STAGES: tessera.constexpr):
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     a = tessera.view(a_ptr, (M, K))
     b = tessera.view(b_ptr, (K, N))
     c = tessera.view(c_ptr, (M, N))
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in range(0, tessera.cdiv(K, BK)):
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):   # stages=1: a plain range loop
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
         if ACC is not None:                        # a constexpr: the pin is there or not at trace time
             acc = tessera.convert_layout(acc, ACC)
@@ -67,7 +72,7 @@ def matmul_tiled(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tesser
 
 
 BM, BN, BK, NUM_WARPS, BLOCK = 64, 64, 32, 4, 128
-TILED = dict(BM=BM, BN=BN, BK=BK)
+TILED = dict(BM=BM, BN=BN, BK=BK, STAGES=1)
 MMA_C = L.mma_m16n8k16_c()                          # one warp's 16x8 accumulator fragment
 # What layout assignment picks for a 64x64 accumulator and 4 warps: 2x2 warps, each 2x4 fragments.
 INFERRED = L.local(2, 4) * L.spatial(2, 2) * MMA_C
@@ -80,6 +85,7 @@ STEPS = [
     ("3 tiled dot (f16)", matmul_tiled, "f16", dict(TILED, ACC=None)),
     ("4a pin = inferred", matmul_tiled, "f16", dict(TILED, ACC=INFERRED)),
     ("4b pin warps 1x4", matmul_tiled, "f16", dict(TILED, ACC=WARPS_ALONG_N)),
+    ("5 pipelined x3", matmul_tiled, "f16", dict(TILED, ACC=None, STAGES=3)),
 ]
 
 
@@ -104,6 +110,7 @@ def compiler_facts(compiled):
     spills = (f"{meta['spill_stores']}/{meta['spill_loads']}" if "spill_stores" in meta else "n/a")
     return {"mma.sync": count(r"\bmma\.sync"), "ldmatrix": count(r"\bldmatrix"), "fma.rn": count(r"\bfma\.rn"),
             "mul.rn.f32": count(r"\bmul\.rn\.f32"), "ld.v4": count(r"\bld\.global(?:\.nc)?\.v4"),
+            "cp.async": count(r"\bcp\.async\.c[ag]\.shared"), "bar.sync": count(r"\bbar(?:rier)?\.sync"),
             "regs": meta.get("registers", "n/a"), "spills st/ld": spills, "smem B": meta["shared_bytes"]}
 
 
@@ -169,6 +176,11 @@ def main() -> None:
     changed = {op: after[op] - before[op] for op in sorted(before | after) if after[op] != before[op]}
     print(f"4b: pinning {WARPS_ALONG_N} makes every K step convert the accumulator "
           f"through shared memory; thread-IR op counts change by {changed}")
+    before, after = thread_ir_ops(compiled_by_step["3"]), thread_ir_ops(compiled_by_step["5"])
+    changed = {op: after[op] - before[op] for op in sorted(before | after) if after[op] != before[op]
+               and (op.startswith(("async", "barrier", "ldmatrix", "shared", "load", "store")))}
+    print(f"5: pipelining swaps the per-step register round trip for cp.async ring buffers; thread-IR memory and "
+          f"sync op counts change by {changed}")
     print("every step, run on the CPU interpreter at 72x80x96 with f32 or f16 inputs -- matches numpy")
 
 

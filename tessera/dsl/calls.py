@@ -35,7 +35,7 @@ from .scope import (
     Frame, admit_global, describe, is_compile_time_function, is_constexpr_value, is_math_function,
     python_builtin_name, suggest,
 )
-from .values import BUILTINS, Builtin, Tensor, constexpr, static_range
+from .values import BUILTINS, Builtin, Tensor, constexpr, pipeline, static_range
 
 if TYPE_CHECKING:
     from .codegen import CodeGenerator
@@ -86,6 +86,9 @@ def call_value(gen: "CodeGenerator", func: Any, args: list[Any], kwargs: dict[st
     if func is static_range:
         compile_time_args(gen, "tessera.static_range", args, kwargs, what="bounds")
         return call_python(gen, static_range, "tessera.static_range", args, kwargs)
+    if func is pipeline:
+        gen.error("tessera.pipeline(...) is a loop iterator: write `for k in tessera.pipeline(start, stop, "
+                  "stages=S):`", UnsupportedSyntaxError)
     if func is constexpr:
         compile_time_args(gen, "tessera.constexpr", args, kwargs)
         return args[0] if args else None

@@ -8,6 +8,9 @@
 * `for i in range(a, b, c)` emits an IR `for` (bounds i32, or i64 when a
   traced bound is i64) carrying the variables the body assigns; a body with
   `break` becomes an IR `while` instead (see `loop_exits.py`).
+* `for i in tessera.pipeline(a, b, c, stages=S)` is the same loop with
+  `stages = S` on the IR `for` (S a compile-time int >= 1; a pipelined loop
+  cannot `break`): the lowering may software-pipeline its copies S deep.
 * `while C:` emits an IR `while` whose condition region evaluates C again
   with the carried values. A compile-time false C emits nothing.
 """
@@ -24,7 +27,7 @@ from . import loop_exits, semantics
 from .carried import MISSING, Carried, same_value, trace_region, unify_branches
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnsupportedSyntaxError
 from .scope import Unbound, describe, hint_of
-from .values import Tensor, static_range
+from .values import Tensor, pipeline, static_range
 
 if TYPE_CHECKING:
     from .codegen import CodeGenerator
@@ -86,15 +89,20 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
     if node.orelse:
         gen.error("`for ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
     iterable = node.iter
-    if isinstance(iterable, ast.Call) and gen.visit(iterable.func) is range:
-        bounds = range_bounds(gen, iterable)
+    func = gen.visit(iterable.func) if isinstance(iterable, ast.Call) else None
+    if func is range or func is pipeline:
+        stages = pipeline_stages(gen, iterable) if func is pipeline else 1
+        bounds = range_bounds(gen, iterable, "tessera.pipeline" if func is pipeline else "range")
         if not isinstance(node.target, ast.Name):
             gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
                                       UnsupportedSyntaxError)
         if loop_exits.has_exit(node.body, ast.Break):
+            if func is pipeline:
+                gen.error("a tessera.pipeline loop cannot `break` (its copies run ahead of the iterations); "
+                          "loop over range(...) instead", UnsupportedSyntaxError)
             loop_exits.lower_for_with_break(gen, node, *bounds)
         else:
-            runtime_for(gen, node, *bounds)
+            runtime_for(gen, node, *bounds, stages=stages)
         return
     values = gen.visit(iterable)
     if isinstance(values, static_range):
@@ -105,21 +113,41 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
     unroll(gen, node, values)
 
 
-def range_bounds(gen: "CodeGenerator", call: ast.Call) -> tuple[Tensor, Tensor, Tensor]:
+def pipeline_stages(gen: "CodeGenerator", call: ast.Call) -> int:
+    """The `stages=` of `tessera.pipeline(...)`: a compile-time int >= 1 (default 2)."""
+    stages = 2
+    for keyword in call.keywords:
+        if keyword.arg != "stages":
+            gen.at(keyword.value if keyword.arg is None else keyword).error(
+                "tessera.pipeline() takes start/stop/step positionally and only the keyword `stages`: "
+                "tessera.pipeline(start, stop, step, stages=3)")
+        value = gen.visit(keyword.value)
+        if isinstance(value, Tensor):
+            gen.at(keyword.value).error("tessera.pipeline(stages=...) must be a compile-time int; make it a "
+                                        "tessera.constexpr parameter or a literal", ConstexprError)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            gen.at(keyword.value).error(f"tessera.pipeline(stages=...) must be an int >= 1 (1: no pipelining), "
+                                        f"got {value!r}")
+        stages = value
+    return stages
+
+
+def range_bounds(gen: "CodeGenerator", call: ast.Call, name: str = "range") -> tuple[Tensor, Tensor, Tensor]:
     """range(...)'s (start, stop, step) as integer scalars of one type: i32, or i64 if a traced bound is 64-bit
     (or u32), or a compile-time bound does not fit in i32."""
-    if call.keywords or not 1 <= len(call.args) <= 3 or any(isinstance(a, ast.Starred) for a in call.args):
-        gen.at(call).error("range() takes 1 to 3 positional arguments: range(stop), range(start, stop) "
-                           "or range(start, stop, step)")
+    keywords = [k for k in call.keywords if not (name == "tessera.pipeline" and k.arg == "stages")]
+    if keywords or not 1 <= len(call.args) <= 3 or any(isinstance(a, ast.Starred) for a in call.args):
+        gen.at(call).error(f"{name}() takes 1 to 3 positional arguments: {name}(stop), {name}(start, stop) "
+                           f"or {name}(start, stop, step)")
     values = [gen.visit(a) for a in call.args]
     for node, value in zip(call.args, values):
         ok = isinstance(value, int) and not isinstance(value, bool) or (
             isinstance(value, Tensor) and not value.is_tile and value.dtype is not None and value.dtype.is_int)
         if not ok:
-            gen.at(node).error(f"range() bounds must be integers (compile-time or scalar), got {describe(value)}",
+            gen.at(node).error(f"{name}() bounds must be integers (compile-time or scalar), got {describe(value)}",
                                TypeMismatchError)
     if len(values) == 3 and not isinstance(values[2], Tensor) and values[2] == 0:
-        gen.at(call.args[2]).error("range() step must not be zero")
+        gen.at(call.args[2]).error(f"{name}() step must not be zero")
     start, stop, step = ([0, values[0], 1] if len(values) == 1 else
                          [*values, 1] if len(values) == 2 else values)
     wide = any(isinstance(v, Tensor) and needs_i64(v.dtype) for v in (start, stop, step)) or any(
@@ -139,7 +167,8 @@ def as_index(gen: "CodeGenerator", value: Any, index: ScalarType) -> Tensor:
     return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[index]).result)
 
 
-def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor) -> None:
+def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
+                stages: int = 1) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
@@ -156,6 +185,7 @@ def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor
         with gen.builder.at(body):
             gen.builder.create("yield", [v.value for v in yields])
         op = gen.builder.create("for", [start.value, stop.value, step.value, *(t.value for t in carried.inits)],
+                                attrs={"stages": stages} if stages > 1 else None,
                                 result_types=carried.types, regions=[body], result_names=carried.hints)
         gen.frame.rebind(carried.leave(before, variables, op.results, line, loop_only=(target,)))
         return

@@ -31,7 +31,7 @@ from ..ir.dtypes import DType
 from .errors import CompileError, UnknownNameError
 from .function import DeviceFunction
 from .source import KernelSource
-from .values import Builtin, Tensor, constexpr, static_range
+from .values import Builtin, Tensor, constexpr, pipeline, static_range
 
 BROKE = ".broke"
 CONTINUED = ".continued"
@@ -108,7 +108,7 @@ def admit_global(value: Any) -> tuple[bool, Any]:
 
     Usable: modules, constexpr data (numpy scalars become Python numbers),
     `tessera.constexpr(...)` instances (their value), builtins, helpers,
-    `static_range`, `tessera.constexpr`, math functions, the Python builtins
+    `static_range`, `pipeline`, `tessera.constexpr`, math functions, the Python builtins
     of PYTHON_BUILTINS, and classes, objects or functions that declare
     `__tessera_constexpr__ = True` (layouts and their constructors).
     """
@@ -116,7 +116,7 @@ def admit_global(value: Any) -> tuple[bool, Any]:
         value = value.value
     if isinstance(value, np.generic) and not isinstance(value, np.void):
         value = value.item()
-    if (isinstance(value, (types.ModuleType, Builtin, DeviceFunction)) or value is static_range
+    if (isinstance(value, (types.ModuleType, Builtin, DeviceFunction)) or value is static_range or value is pipeline
             or value is constexpr or is_constexpr_value(value) or is_math_function(value)
             or is_compile_time_function(value) or python_builtin_name(value) is not None):
         return True, value

@@ -135,6 +135,23 @@ class static_range:
         return iter(self.range)
 
 
+class pipeline:
+    """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
+    for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
+    `passes/lowering/async_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
+    int >= 1; 1 means no pipelining) is recorded on the IR `for`.
+
+    Outside kernels it behaves like `range`.
+    """
+
+    def __init__(self, *args: int, stages: int = 2):
+        self.range = range(*args)
+        self.stages = stages
+
+    def __iter__(self):
+        return iter(self.range)
+
+
 @dataclass(frozen=True)
 class constexpr:
     """Annotation for kernel parameters whose value is fixed at compile time: `BLOCK: tessera.constexpr`."""

@@ -567,6 +567,8 @@ def _check_for(op):
             f"for body must take ({', '.join(str(t) for t in [lb, *inits])}): the induction variable, then the carried values")
     require(_yield_types(body) == inits, "for body must yield the carried values' types")
     require([r.type for r in op.results] == inits, "for results must have the carried values' types")
+    stages = op.attrs.get("stages", 1)
+    require(stages >= 1, f"for stages (software-pipelining depth) must be >= 1, got {stages}")
 
 
 def _check_if(op):
@@ -596,8 +598,9 @@ def _check_condition(op):
     require(op.operands and op.operands[0].type == ScalarType(dt.bool_), "condition's first operand must be a bool scalar")
 
 
-define("for", "for iv in range(lb, ub, step), threading carried values through the body.", (3, -1),
-       regions=1, check=_check_for, pure=False)
+define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1, "
+       "default 1): how deep the lowering may software-pipeline the body's global -> shared copies.", (3, -1),
+       optional_attrs={"stages": "int"}, regions=1, check=_check_for, pure=False)
 define("if", "Run the then or else region; results are what the taken region yields.", 1,
        regions=2, check=_check_if, pure=False)
 define("while", "Loop while the condition region's `condition` is true.", (0, -1),

@@ -3,7 +3,9 @@
 C is cut into BM x BN tiles. Computing a tile walks K in steps of BK,
 multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
 float32 accumulator, then applies alpha, the bias and the activation and
-stores the tile in the output dtype. Transposed operands are views with
+stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
+on GPUs with cp.async the blocks of the next STAGES - 1 steps are in flight
+while the tensor cores work on this one. Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
@@ -36,19 +38,26 @@ import tessera
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
-# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores).
-# Each compiles for sm_90a without register spills (bf16, mma.sync + ldmatrix path);
-# the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
+# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
+# software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
+# memory, 64-96 KB here). Each compiles for sm_80 and sm_90a without register spills (bf16, mma.sync +
+# ldmatrix path); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),  # large square
-    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),   # tall: M >> N
-    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=4),   # wide: N >> M
-    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False}, num_warps=4),    # small: fill SMs
-    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False}, num_warps=8),  # shallower K
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True}, num_warps=8),   # one program/SM
+    # large square
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),
+    # tall: M >> N
+    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
+    # wide: N >> M
+    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
+    # small: fill SMs
+    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
+    # shallower K
+    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
+    # one program/SM
+    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),
 ]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
-CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False}, num_warps=4)
+CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
 
@@ -68,10 +77,10 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
 
 @tessera.func
 def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK):
+              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in range(0, tessera.cdiv(K, BK)):
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):    # blocks copied STAGES - 1 ahead
         a_block = a.block((BM, BK), (pid_m, k)).load()
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)
@@ -100,7 +109,7 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
                 ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
-                GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr):
+                GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr):
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -110,11 +119,11 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
         for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK)
+                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES)
     else:               # one program per tile
         pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK)
+                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES)
 
 
 # ---------------------------------------------------------------------------

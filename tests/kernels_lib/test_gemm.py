@@ -1,6 +1,7 @@
 """tessera::gemm (tessera/kernels_lib/gemm.py) on the CPU interpreter, against torch in float32."""
 
 import itertools
+import re
 
 import pytest
 
@@ -140,7 +141,7 @@ def test_kernel_compiles_for_hopper():
     compiled = gemm_kernel.kernel.compile(
         signature="*f16:16,*f16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
         target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="gelu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False)
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
     assert compiled.cubin
 
 
@@ -151,19 +152,31 @@ def test_fp8_kernel_compiles_for_hopper():
     compiled = gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
         target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="relu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False)
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
     assert compiled.cubin
 
 
-def test_every_shipped_config_compiles_for_hopper_without_spills():
+# stride_am, stride_ak, stride_bk, stride_bn: B row-major (K x N), or B^T stored (N x K), as trans_b passes it
+GEMM_SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
+B_STRIDES = {"b-row-major": "i32:16,i32:1", "b-transposed": "i32:1,i32:16"}
+
+
+@pytest.mark.parametrize("b_layout", list(B_STRIDES))
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout):
+    """Each config's K loop becomes a cp.async pipeline of its STAGES, fits the target's shared memory
+    and assembles with no register spills."""
     from tessera.backends.nvptx import find_ptxas
-    from tessera.kernels_lib.gemm import CONFIGS
+    from tessera.ir.target import get_target
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
-    signature = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16"
     for config in CONFIGS:
-        metadata = gemm_kernel.kernel.compile(
-            signature=signature, target="sm_90a", num_warps=config.num_warps, HAS_BIAS=False, HAS_SCALE_A=False,
-            HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs).metadata
-        assert metadata["spill_stores"] == 0, f"{config} spills"
-        assert metadata["shared_bytes"] <= 227 * 1024
+        compiled = gemm_kernel.kernel.compile(
+            signature=GEMM_SIGNATURE.format(b=B_STRIDES[b_layout]), target=target, num_warps=config.num_warps,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        metadata, ptx = compiled.metadata, compiled.stages["ptx"]
+        stages = config.kwargs["STAGES"]
+        assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{config} spills"
+        assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
+        assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx), \
+            f"{config}: not pipelined {stages} deep"

@@ -34,7 +34,8 @@ def test_group_of_one_row_is_row_major():
 
 
 def cpu_config(monkeypatch, persistent, group_m, num_sms=2):
-    config = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": group_m, "PERSISTENT": persistent}, num_warps=4)
+    config = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": group_m, "PERSISTENT": persistent,
+                            "STAGES": 2}, num_warps=4)
     monkeypatch.setattr(gemm_module, "CPU_CONFIG", config)
     monkeypatch.setattr(gemm_module, "CPU_NUM_SMS", num_sms)
 
@@ -73,5 +74,5 @@ def test_persistent_loop_around_k_loop_and_epilogue_compiles_for_hopper():
     compiled = gemm_module.gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
         target="sm_90a", num_warps=8, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="gelu",
-        BM=128, BN=128, BK=64, GROUP_M=8, PERSISTENT=True)
+        BM=128, BN=128, BK=64, GROUP_M=8, PERSISTENT=True, STAGES=3)
     assert compiled.cubin and compiled.metadata["spill_stores"] == 0

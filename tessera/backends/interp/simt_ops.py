@@ -327,8 +327,9 @@ def _active_threads(ctx) -> np.ndarray:
 
 @simt("async_copy")
 def _async_copy(ctx, op, dst, src, pred):
-    """Snapshot `bytes` bytes of global memory now (zeros where `pred` is false); they land in shared
-    memory when an `async_wait` retires the copy's group (`SharedMemory.async_issue`)."""
+    """Snapshot `bytes` bytes of global memory now (zeros where `pred` is false: then nothing is read, and
+    the source address may lie outside memory); they land in shared memory when an `async_wait` retires
+    the copy's group (`SharedMemory.async_issue`)."""
     size, region, memory = op.attrs["bytes"], dst.memory, src.memory
     if not isinstance(region, SharedRegion) or isinstance(memory, SharedRegion):
         raise ctx.error(op, "async_copy copies from global to shared memory, but its pointers point elsewhere")
@@ -338,8 +339,9 @@ def _async_copy(ctx, op, dst, src, pred):
     width = region.dtype.bits // 8
     count = size // width
     dst_el, src_el = dst.offsets[threads], src.offsets[threads]
-    for name, offsets, mem in (("destination", dst_el, region), ("source", src_el, memory)):
-        bad = (offsets < 0) | (offsets + count > mem.size)
+    reads = np.asarray(pred, bool)[threads]         # a predicated-off copy reads nothing (src-size 0)
+    for name, offsets, mem, checked in (("destination", dst_el, region, True), ("source", src_el, memory, reads)):
+        bad = checked & ((offsets < 0) | (offsets + count > mem.size))
         if bad.any():
             i = int(np.argmax(bad))
             raise ctx.error(op, f"async_copy {name} out of bounds: thread {int(threads[i])} copies elements "
@@ -355,8 +357,8 @@ def _async_copy(ctx, op, dst, src, pred):
                                 f"not aligned to the copy's {size} bytes")
     lanes = np.arange(size)
     raw = memory.array.reshape(-1).view(np.uint8)
-    data = raw[src_bytes[:, None] + lanes]
-    data = np.where(np.asarray(pred, bool)[threads][:, None], data, np.uint8(0))
+    data = np.zeros((threads.size, size), np.uint8)
+    data[reads] = raw[src_bytes[reads][:, None] + lanes]
     failure = region.shared.async_issue(threads, dst_bytes[:, None] + lanes, data.astype(np.uint8))
     if failure is not None:
         raise ctx.error(op, f"shared-memory race: {failure}")

@@ -12,6 +12,8 @@ are (`copy_scalar_op`).
     reductions.py     reduce, arg_reduce, scan
     dot.py            dot (mma.sync tensor cores, else FMA through shared memory)
     control_flow.py   for, if, while and their terminators
+    async_pipeline.py a `for {stages}` whose dot operands are copied ahead with cp.async
+                      (which loads: pipeline_plan.py)
     debug.py          print, breakpoint (dropped), assert
 """
 

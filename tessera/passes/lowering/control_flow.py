@@ -6,6 +6,10 @@ argument or result, with initial and yielded values converted to it first
 where they differ. Conditions and bounds are scalars, the same in every
 thread, so all threads take the same path and barriers inside regions are
 safe.
+
+A `for {stages = S}` whose dot operands can be copied ahead with cp.async
+becomes the software-pipelined loop of `async_pipeline.py`; otherwise the
+attribute is dropped and the loop lowers as any other.
 """
 
 from __future__ import annotations
@@ -13,7 +17,9 @@ from __future__ import annotations
 from tessera.ir.types import TileType
 
 from . import lowering
+from .async_pipeline import lower_pipelined_for
 from .context import Regs
+from .pipeline_plan import pipeline_plan
 
 
 def _results(ctx, op, new_op) -> None:
@@ -41,6 +47,18 @@ def _return(ctx, op):
 
 @lowering("for")
 def _for(ctx, op):
+    stages = op.attrs.get("stages", 1)
+    if stages > 1:
+        plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
+        where = f" at {op.loc}" if op.loc else ""
+        if plan is None:
+            ctx.notes.append(f"for{where}: stages = {stages}, but no load qualifies for cp.async pipelining on "
+                             f"{ctx.target.name}; lowered as a plain loop")
+        else:
+            if plan.stages < stages:
+                ctx.notes.append(f"for{where}: {plan.stages} of the {stages} stages fit in shared memory")
+            lower_pipelined_for(ctx, op, plan)
+            return
     operands = _terminator_values(ctx, op)
     (region,) = op.regions
     body = ctx.new_block(region)

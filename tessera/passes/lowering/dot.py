@@ -8,7 +8,9 @@ warp's fragments, exactly the registers mma.sync takes. For every
 in k order, accumulating into that C fragment. An operand that has to move
 into its fragment layout goes through XOR-swizzled shared memory and
 `ldmatrix` (`mma_operands.py`: A plain, B with .trans), bank-conflict free;
-the generic scalar conversion is the fallback. Each mma rounds to f32 as
+the generic scalar conversion is the fallback. In a software-pipelined
+loop (`async_pipeline.py`) an operand already sits in a swizzled ring slot
+that cp.async filled, and is read from there with the same ldmatrix plan. Each mma rounds to f32 as
 the hardware does (the SIMT simulator accumulates each fragment's 16
 products in f32, in k order), so results agree with the tile interpreter's
 single rounding of the exact sum to about K ulps of f32, not bit for bit.
@@ -35,6 +37,7 @@ from tessera.ir.types import RegsType, ScalarType
 
 from ..mma import mma_plan
 from . import lowering
+from .async_pipeline import RingOperand
 from .context import Regs
 from .mma_operands import ldmatrix_operand
 
@@ -90,6 +93,8 @@ def _fragment(ctx, op, index, want, trans):
     """Operand `index` in fragment layout `want`: through swizzled shared memory and ldmatrix when it has
     to move, else the generic conversion (free renaming, or scalar shared-memory loads as the fallback)."""
     lowered = ctx.lookup(op.operands[index])
+    if isinstance(lowered, RingOperand):        # a software-pipelined load: its slot of the ring buffer
+        return lowered.read(ctx)
     if isinstance(lowered, Regs):
         loaded = ldmatrix_operand(ctx, lowered, want, trans)
         if loaded is not None:

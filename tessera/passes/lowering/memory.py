@@ -133,16 +133,18 @@ def _make_view(ctx, op):
     ctx.env[op.result] = ViewParts(base, tuple(rest[:rank]), tuple(rest[rank:]), op)
 
 
-def _view_lanes(ctx, op, layout, view: ViewParts, starts):
-    """(pointers, inside-mask) registers of the block of `layout` at `starts`."""
+def view_lanes(ctx, op, layout, view: ViewParts, starts, steps=None):
+    """(pointers, inside-mask) registers of the block of `layout` at `starts`: register j addresses element
+    start_d + steps[d] * coord_d along each dim d (steps default to 1)."""
     rank = len(view.sizes)
+    steps = steps or (1,) * rank
     count = layout.local_size
     inside, offset = None, None
     for d in range(rank):
         start, size, stride = starts[d], view.sizes[d], view.strides[d]
         wide = any(v.type.dtype.bits > 32 for v in (start, size))
         idx_dtype = dt.i64 if wide else dt.i32
-        weights = [1 if e == d else 0 for e in range(rank)]
+        weights = [steps[d] if e == d else 0 for e in range(rank)]
         index = ctx.index_regs(layout, weights, offset=start, dtype=idx_dtype)
         zero = ctx.const_regs([0] * count, idx_dtype)
         above = ctx.emit("cmp", index, zero, attrs={"pred": "ge"})
@@ -150,14 +152,14 @@ def _view_lanes(ctx, op, layout, view: ViewParts, starts):
         ok = ctx.emit("and", above, below)
         inside = ok if inside is None else ctx.emit("and", inside, ok)
         term = ctx.cast(index, dt.i64)
-        if not _is_constant_one(ctx, view.source.operands[1 + rank + d]):
+        if not is_constant_one(ctx, view.source.operands[1 + rank + d]):
             term = ctx.emit("mul", term, ctx.splat(ctx.cast(stride, dt.i64), count))
         offset = term if offset is None else ctx.emit("add", offset, term)
     ptrs = ctx.emit("addptr", ctx.splat(view.base, count), offset)
     return ptrs, inside
 
 
-def _is_constant_one(ctx, value) -> bool:
+def is_constant_one(ctx, value) -> bool:
     info = ctx.facts.facts.get(value)
     return getattr(info, "constant", None) == 1
 
@@ -167,7 +169,7 @@ def _view_load(ctx, op):
     view = ctx.lookup(op.operands[0])
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands))]
     layout = ctx.assignment.layout(op.result)
-    ptrs, inside = _view_lanes(ctx, op, layout, view, starts)
+    ptrs, inside = view_lanes(ctx, op, layout, view, starts)
     dtype = op.result.type.element.dtype
     fill = ctx.const_regs([op.attrs.get("fill", 0)] * layout.local_size, dtype)
     t = RegsType(ScalarType(dtype), layout.local_size)
@@ -182,6 +184,6 @@ def _view_store(ctx, op):
     starts = [ctx.operand(op, i) for i in range(1, n - 1)]
     value = ctx.operand(op, n - 1)
     layout = value.layout
-    ptrs, inside = _view_lanes(ctx, op, layout, view, starts)
+    ptrs, inside = view_lanes(ctx, op, layout, view, starts)
     mask = _and_owner(ctx, layout, inside)
     ctx.create("store", [ptrs, value.value, mask], _vector(ctx, op, layout))

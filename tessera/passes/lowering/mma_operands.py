@@ -19,6 +19,8 @@ generic conversion through shared memory.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import numpy as np
 
 from tessera.ir import dtypes as dt
@@ -37,26 +39,50 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
             or regs.element.dtype not in LDMATRIX_DTYPES or regs.layout == want
             or register_map(regs.layout, want, row_major_strides(want.shape)) is not None):
         return None
-    plan = ldmatrix_rows(want, trans, ctx.warp_size)
+    plan = ldmatrix_plan(want, trans, ctx.warp_size)
     if plan is None:
         return None
-    rows, cols = want.shape
-    smem = swizzled_row_major(rows, cols, plan.starts)
-    offsets = np.asarray(smem(plan.starts[..., 0], plan.starts[..., 1]), np.int64)   # (threads, groups)
-    thread_bits = _thread_bit_weights(np.asarray(plan.starts[..., 0] * cols + plan.starts[..., 1], np.int64))
+    buf = _store_swizzled(ctx, regs, plan.smem)
+    loaded = read_fragment(ctx, buf, plan, regs.element.dtype)
+    ctx.barrier()
+    return loaded
+
+
+@dataclass(frozen=True)
+class LdmatrixPlan:
+    """How a row-major (rows x cols) shared buffer is read into fragment layout `want` with ldmatrix."""
+
+    want: RegisterLayout
+    trans: bool
+    rows: "RowPlan"
+    smem: SmemLayout                    # the buffer's (swizzled) row-major layout
+    thread_bits: tuple                  # row address = base[g] + sum_b bit_b(thread) * weight[b]
+
+
+def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32) -> LdmatrixPlan | None:
+    """The ldmatrix reads (and the conflict-free swizzle of the buffer) that give exactly the registers of
+    `want` from a row-major buffer of its shape (.trans when `trans`); None when ldmatrix cannot."""
+    rows = ldmatrix_rows(want, trans, warp)
+    if rows is None:
+        return None
+    cols = want.shape[1]
+    smem = swizzled_row_major(*want.shape, rows.starts)
+    thread_bits = _thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
     if thread_bits is None:
         return None
-    buf = _store_swizzled(ctx, regs, smem)
-    dtype = regs.element.dtype
+    return LdmatrixPlan(want, trans, rows, smem, thread_bits)
+
+
+def read_fragment(ctx, buf, plan: LdmatrixPlan, dtype: dt.DType) -> Regs:
+    """The registers of `plan.want` read from `buf` (laid out as `plan.smem`) with ldmatrix; no barrier."""
     loaded = []
-    for g, num in enumerate(plan.nums):
-        row = ctx.emit("addptr", buf, _row_offset(ctx, thread_bits, g, smem.swizzle))
-        frag = ctx.emit("ldmatrix", row, attrs={"num": num, "trans": trans})
-        loaded += ctx.unpack(frag) if len(plan.nums) > 1 else [frag]
-    ctx.barrier()
+    for g, num in enumerate(plan.rows.nums):
+        row = ctx.emit("addptr", buf, _row_offset(ctx, plan.thread_bits, g, plan.smem.swizzle))
+        frag = ctx.emit("ldmatrix", row, attrs={"num": num, "trans": plan.trans})
+        loaded += ctx.unpack(frag) if len(plan.rows.nums) > 1 else [frag]
     value = loaded[0] if len(loaded) == 1 else ctx.pack(loaded)
-    assert value.type.count == want.local_size and value.type.element == ScalarType(dtype)
-    return Regs(value, want)
+    assert value.type.count == plan.want.local_size and value.type.element == ScalarType(dtype)
+    return Regs(value, plan.want)
 
 
 class RowPlan:
@@ -183,18 +209,24 @@ def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     return ctx.hoist("xor", [offset, moved])
 
 
+def swizzle_offsets(ctx, index, swizzle: Swizzle | None):
+    """Element offsets `index` (registers) of a row-major buffer moved by the XOR swizzle (16-byte chunks
+    stay whole)."""
+    if swizzle is None:
+        return index
+    count = index.type.count
+    moved = ctx.emit("and", ctx.emit("shr", index, ctx.const_regs([swizzle.shift] * count, dt.i32)),
+                     ctx.const_regs([((1 << swizzle.bits) - 1) << swizzle.base] * count, dt.i32))
+    return ctx.emit("xor", index, moved)
+
+
 def _store_swizzled(ctx, regs: Regs, smem: SmemLayout):
     """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
     then a barrier; the buffer."""
     layout, dtype = regs.layout, regs.element.dtype
     buf = ctx.shared_alloc(dtype, smem.cosize)
     count = regs.count
-    index = ctx.index_regs(layout, row_major_strides(layout.shape))
-    swizzle = smem.swizzle
-    if swizzle is not None:
-        moved = ctx.emit("and", ctx.emit("shr", index, ctx.const_regs([swizzle.shift] * count, dt.i32)),
-                         ctx.const_regs([((1 << swizzle.bits) - 1) << swizzle.base] * count, dt.i32))
-        index = ctx.emit("xor", index, moved)
+    index = swizzle_offsets(ctx, ctx.index_regs(layout, row_major_strides(layout.shape)), smem.swizzle)
     ptrs = ctx.emit("addptr", ctx.splat(buf, count), index)
     owner = ctx.owner_predicate(layout)
     mask = [ctx.splat(owner, count)] if owner is not None else []

@@ -1,0 +1,157 @@
+"""Software-pipelined loops: `for {stages = S}` with cp.async ring buffers feeding ldmatrix (sm_80+).
+
+A loop the author wrote as `for k in tessera.pipeline(lo, hi, stages=S)`
+carries `stages = S` in the tile IR. When lowering it to threads,
+`pipeline_plan.pipeline_plan` picks the loads to pipeline (the A and B
+blocks of a tensor-core dot: see its docstring for the conditions) and this
+module emits, instead of load -> registers -> swizzled shared -> ldmatrix
+in every iteration:
+
+    ring_a = shared_alloc (S slots of the A block)        ... one ring per pipelined load
+    for s in 0 .. S-2:                                     prologue: iterations lo .. lo+(S-2)*step
+        async_copy ring_a[s], A(lo + s*step), pred        16 (else 8 / 4) bytes per copy, zero-filled
+        ...                                                where the view's bounds mask the chunk or
+        async_commit                                       the iteration is past the end
+    for iv, ..., slot = 0:
+        async_wait {pending = S-2}                         iteration iv's group has landed (own copies)
+        barrier                                            ... and everyone's; and every thread is done
+                                                           reading slot iv-1, the slot refilled next
+        async_copy ring_a[slot-1 mod S], A(iv + (S-1)*step), pred
+        async_commit                                       (one group per iteration, possibly empty of
+                                                           live bytes, so the group count stays exact)
+        ... body, with the pipelined loads read from ring[slot] by ldmatrix straight into the mma
+            fragments (`mma_operands.read_fragment`: the same swizzle and row plan as the
+            non-pipelined path) ...
+        yield ..., (slot + 1) mod S
+    async_wait {pending = 0}                               drain the (zero-filling) copies past the end
+    barrier                                                before later buffers reuse the rings' bytes
+
+Slot s of a ring holds the block row-major along the view's contiguous dim
+(for a dim-0-contiguous operand, the transposed block, read with ldmatrix's
+.trans flipped), XOR-swizzled in 16-byte chunks so that the ldmatrix row
+reads are bank-conflict free; each copy moves one chunk of contiguous
+elements, so the swizzle never splits it. The view and offsets of
+iteration iv + (S-1)*step come from re-lowering the body's scalar address
+ops (the plan's `slice`) with the induction variable replaced.
+
+One barrier per iteration replaces the two per operand of the plain path:
+the barrier after the wait both publishes the landed slot and orders the
+previous iteration's ldmatrix reads of the slot about to be refilled
+before the copies into it (the SIMT simulator checks both).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.ir.core import Operation, Value
+from tessera.ir.types import TileType
+
+from . import lower_op
+from .context import I32, Regs
+from .memory import view_lanes
+from .mma_operands import read_fragment, swizzle_offsets
+from .pipeline_plan import PipelinedLoad, PipelinePlan
+
+
+@dataclass(frozen=True)
+class RingOperand:
+    """A pipelined load's block in the current iteration: elements [offset, offset + slot) of `ring`."""
+
+    ring: Value
+    offset: Value
+    load: PipelinedLoad
+
+    def read(self, ctx) -> Regs:
+        """The block in the dot's fragment layout, read from the slot with ldmatrix."""
+        slot = ctx.emit("addptr", self.ring, self.offset)
+        regs = read_fragment(ctx, slot, self.load.fragment, self.load.dtype)
+        return Regs(regs.value, self.load.want)
+
+
+def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
+    """Lower the tile-IR `for` `op` as the pipelined loop of the module docstring."""
+    lb, ub, step, *inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
+    stages, region = plan.stages, op.regions[0]
+    index_dtype = lb.type.dtype
+    rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements) for load in plan.loads]
+    for stage in range(stages - 1):
+        iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
+        _issue(ctx, plan, rings, iv, ub, [ctx.const(stage * load.slot_elements) for load in plan.loads])
+
+    body = ctx.new_block(region)
+    slot = body.add_arg(I32, "slot")
+    with ctx.b.at(body):
+        ctx.create("async_wait", attrs={"pending": stages - 2})
+        ctx.barrier()
+        ahead = ctx.emit("add", body.args[0], ctx.const((stages - 1) * plan.step, index_dtype))
+        last = ctx.const(stages - 1)
+        at_first = ctx.emit("cmp", slot, ctx.const(0), attrs={"pred": "eq"})
+        refill = ctx.emit("select", at_first, last, ctx.emit("sub", slot, ctx.const(1)))
+        _issue(ctx, plan, rings, ahead, ub, [_times(ctx, refill, load.slot_elements) for load in plan.loads])
+        at_last = ctx.emit("cmp", slot, last, attrs={"pred": "eq"})
+        next_slot = ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1)))
+        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load)
+                 for load, ring in zip(plan.loads, rings)}
+        for old, new in zip(region.args, ctx.region_args(region, body)):
+            ctx.env[old] = new
+        for body_op in region.ops:
+            _lower_body_op(ctx, body_op, reads)
+    body.ops[-1].operands.append(next_slot)       # the yield carries the slot too
+
+    result_types = [ctx.thread_type(r) for r in op.results] + [I32]
+    new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0)], {"stages": stages}, result_types, [body])
+    ctx.create("async_wait", attrs={"pending": 0})
+    ctx.barrier()
+    for old, result in zip(op.results, new.results):
+        result.name_hint = old.name_hint
+        ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+
+
+def _lower_body_op(ctx, op: Operation, reads: dict) -> None:
+    """A body op: pipelined loads (and layout conversions of them) become their ring slot."""
+    if op in reads:
+        ctx.env[op.result] = reads[op]
+    elif op.name == "convert_layout" and isinstance(ctx.env.get(op.operands[0]), RingOperand):
+        ctx.env[op.result] = ctx.env[op.operands[0]]
+    else:
+        lower_op(ctx, op)
+
+
+def _times(ctx, value: Value, n: int) -> Value:
+    return ctx.emit("mul", value, ctx.const(n))
+
+
+def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, offsets) -> None:
+    """Copy every pipelined block of iteration `iv` into its ring at element `offsets`, as one group."""
+    live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
+    body = plan.loop.regions[0]
+    ctx.env[body.args[0]] = iv
+    order = {op: i for i, op in enumerate(body.ops)}
+    for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
+        lower_op(ctx, slice_op)
+    for load, ring, offset in zip(plan.loads, rings, offsets):
+        _copy_block(ctx, load, ring, offset, live)
+    ctx.create("async_commit")
+
+
+def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Value) -> None:
+    """async_copy of each chunk this thread owns under `load.copies`, zero-filled where masked."""
+    tile_op, copies, dim = load.load, load.copies, load.contiguous_dim
+    view = ctx.lookup(tile_op.operands[0])
+    starts = [ctx.lookup(v) for v in tile_op.operands[1:]]
+    steps = [1, 1]
+    steps[dim] = load.width
+    src, inside = view_lanes(ctx, tile_op, copies, view, starts, steps)
+    count = copies.local_size
+    pred = ctx.emit("and", inside, ctx.splat(live, count))
+    weights = [0, 0]                               # slot element of a chunk: row-major along `dim`
+    weights[dim] = load.width
+    weights[1 - dim] = tile_op.result.type.shape[dim]
+    index = swizzle_offsets(ctx, ctx.index_regs(copies, weights), load.fragment.smem.swizzle)
+    index = ctx.emit("add", index, ctx.splat(offset, count))
+    dst = ctx.emit("addptr", ctx.splat(ring, count), index)
+    for j in range(count):
+        ctx.create("async_copy", [ctx.extract(dst, j), ctx.extract(src, j), ctx.extract(pred, j)],
+                   {"bytes": load.copy_bytes})
+

@@ -1,0 +1,36 @@
+"""Pipelined K loops in PTX: cp.async ring copies, wait_group S-2, assembled for sm_80 and sm_90a without spills."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+import tessera
+from tessera.backends.nvptx import compile_thread_ir, find_ptxas
+from tessera.passes.pipeline_threads import lower
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
+from pipeline_kernels import matmul_case  # noqa: E402
+
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None,
+                                 reason="ptxas not found (PATH, CUDA_HOME, nvidia-cuda-nvcc wheel)")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("dtype,trans_b,stages", [(tessera.f16, False, 3), (tessera.bf16, True, 4)], ids=str)
+def test_pipelined_matmul_assembles_with_cp_async_and_no_spills(target, dtype, trans_b, stages):
+    case = matmul_case(256, 256, 256, 128, 128, 32, stages, dtype, trans_b)
+    fn = lower(case.module, target, num_warps=4).functions[0]
+    artifacts = compile_thread_ir(fn, target, isolate=False)
+    ptx = artifacts.ptx
+    copies = re.findall(r"cp\.async\.cg\.shared\.global(?:\.L2::\d+B)? \[[^\]]+\], \[[^\]]+\], 16", ptx)
+    assert copies                                              # 16-byte copies, cached in L2 only
+    assert re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx)
+    assert re.search(r"cp\.async\.wait_group\s+0;", ptx)       # the drain after the loop
+    assert "cp.async.commit_group" in ptx and "ldmatrix.sync.aligned.m8n8.x4" in ptx
+    assert artifacts.ptxas_info["spill_stores"] == artifacts.ptxas_info["spill_loads"] == 0
+    assert fn.attrs["shared_bytes"] >= stages * (128 * 32 + 32 * 128) * 2
