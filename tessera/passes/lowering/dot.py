@@ -69,20 +69,22 @@ def _dot(ctx, op):
 
 
 def _mma_dot(ctx, op, plan):
+    inst = plan.instruction
     a, b = (_fragment(ctx, op, i, want, trans) for i, want, trans in ((0, plan.a, False), (1, plan.b, True)))
     acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
-    fragment = RegsType(ScalarType(dt.f32), 4)
+    na, nb, nc = inst.a.local_size, inst.b.local_size, inst.c.local_size    # registers per fragment
+    fragment = RegsType(ScalarType(dt.f32), nc)
     for rm in range(plan.rm):
         for rn in range(plan.rn):
-            c0 = (rm * plan.rn + rn) * 4
-            d = ctx.pack(c_regs[c0:c0 + 4])
+            c0 = (rm * plan.rn + rn) * nc
+            d = ctx.pack(c_regs[c0:c0 + nc])
             for rk in range(plan.rk):
-                a0, b0 = (rm * plan.rk + rk) * 8, (rk * plan.rn + rn) * 4
-                d = ctx.emit("mma_m16n8k16", ctx.pack(a_regs[a0:a0 + 8]), ctx.pack(b_regs[b0:b0 + 4]), d,
-                             type=fragment)
-            c_regs[c0:c0 + 4] = ctx.unpack(d)
+                a0, b0 = (rm * plan.rk + rk) * na, (rk * plan.rn + rn) * nb
+                d = ctx.emit(inst.op, ctx.pack(a_regs[a0:a0 + na]), ctx.pack(b_regs[b0:b0 + nb]), d,
+                             attrs=dict(inst.attrs) or None, type=fragment)
+            c_regs[c0:c0 + nc] = ctx.unpack(d)
     ctx.define(op.result, Regs(ctx.pack(c_regs), plan.c), op)
 
 
