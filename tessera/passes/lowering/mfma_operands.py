@@ -14,9 +14,10 @@ padded by 0..8 elements; `plan_lds` scores each candidate by the LDS cycles
 of the store plus the loads (`lds_cycles`: for every vector access of every
 wave, its phases times its worst bank-conflict degree from
 `smem_layouts.bank_conflicts` with the target's `shared_memory_banks`) and
-keeps the cheapest (then the one with wider accesses, then the smallest). The model takes a wave's lanes
-in order, 4 * banks bytes per phase, as `bank_conflicts` documents; the
-hardware's exact phase grouping for wide LDS accesses is not modelled.
+keeps the cheapest (then the one with wider accesses, then the smallest).
+The model takes a wave's lanes in order, 4 * banks bytes per phase, as
+`bank_conflicts` documents; the hardware's exact phase grouping for wide
+LDS accesses is not modelled.
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ import numpy as np
 
 from tessera.ir.layouts import RegisterLayout
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
-from tessera.ir.target import Target
 from tessera.ir.types import PointerType
 
 from .context import Regs, layout_digits, register_map, row_major_strides, shared_vector_width
