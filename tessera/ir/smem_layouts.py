@@ -18,7 +18,8 @@ makes the permuted unit a 16-byte chunk; `swizzle_bytes(128, e)` is the TMA /
 wgmma 128-byte swizzle (Swizzle<3,4,3> on bytes; Swizzle(3,3,3) for f16):
 16-byte chunk c of row r (rows of 128 bytes) moves to chunk c ^ (r % 8).
 
-`bank_conflicts` scores an access pattern against 32 banks of 4-byte words.
+`bank_conflicts` scores an access pattern against banks of 4-byte words
+(32 by default; the target's `shared_memory_banks`).
 Text form: `row_major(64,64)`, `row_major(64,64,pad=8)`, `col_major(32,32)`,
 `strided(shape=[4,8],strides=[1,4])`, each optionally `.swizzle(3,3,3)`.
 """
@@ -164,16 +165,18 @@ def parse_smem_layout(text: str) -> SmemLayout:
         raise LayoutError(f"bad smem layout {text!r}: {e}") from None
 
 
-def bank_conflicts(layout: SmemLayout, access: Any, element_bytes: float) -> int:
+def bank_conflicts(layout: SmemLayout, access: Any, element_bytes: float, banks: int = 32) -> int:
     """Worst bank-conflict degree of one warp-wide access; 1 means conflict-free.
 
     `access` holds each thread's coordinates: (threads, rank) for one element
     per thread, or (threads, vector, rank) for a vector access. Shared memory
-    has 32 banks of 4-byte words (word w is in bank w % 32) and serves at most
-    128 bytes per wavefront: 32 threads per phase for <= 4 bytes per thread,
-    16 for 8 bytes, 8 for 16 bytes. Within a phase threads reading the same
-    word share it (broadcast); the degree is the largest number of distinct
-    words any bank must serve. Returns the worst phase's degree.
+    has `banks` banks of 4-byte words (word w is in bank w % banks: 32 on
+    NVIDIA and on AMD gfx90a/gfx942 LDS, 64 on gfx950) and serves at most
+    4 * banks bytes per phase, threads taken in order: with 32 banks, 32
+    threads per phase for <= 4 bytes per thread, 16 for 8 bytes, 8 for 16
+    bytes. Within a phase threads reading the same word share it
+    (broadcast); the degree is the largest number of distinct words any bank
+    must serve. Returns the worst phase's degree.
     """
     acc = np.asarray(access, np.int64)
     if acc.ndim == 2:
@@ -183,12 +186,12 @@ def bank_conflicts(layout: SmemLayout, access: Any, element_bytes: float) -> int
     bits = round(element_bytes * 8)
     offsets = np.asarray(layout(*np.moveaxis(acc, -1, 0)), np.int64).reshape(acc.shape[:2])
     per_thread = acc.shape[1] * bits // 8
-    phase = 32 if per_thread <= 4 else max(1, 128 // per_thread)
+    phase = banks if per_thread <= 4 else max(1, 4 * banks // per_thread)
     worst = 0
     for start in range(0, len(offsets), phase):
         first_bit = offsets[start : start + phase].ravel() * bits
         words = {w for lo, hi in zip(first_bit // 32, (first_bit + bits - 1) // 32) for w in range(lo, hi + 1)}
-        worst = max(worst, max(Counter(w % 32 for w in words).values(), default=0))
+        worst = max(worst, max(Counter(w % banks for w in words).values(), default=0))
     return worst
 
 

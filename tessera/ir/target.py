@@ -32,6 +32,7 @@ class Target:
     registers_per_block: int
     max_threads_per_block: int = 1024
     max_vector_bits: int = 128      # widest single global load/store
+    shared_memory_banks: int = 32   # 4-byte banks (`smem_layouts.bank_conflicts`); 64 in gfx950's LDS
     features: frozenset[str] = field(default_factory=frozenset)
     llvm_triple: str = ""
     llvm_cpu: str = ""
@@ -53,8 +54,8 @@ def _nvidia(name: str, smem_kib: int, features: frozenset[str], ptx: str) -> Tar
                   llvm_triple="nvptx64-nvidia-cuda", llvm_cpu=name, llvm_features=f"+{ptx}")
 
 
-def _amd(name: str, lds_kib: int, features: frozenset[str]) -> Target:
-    return Target(name, "amd", 64, lds_kib * 1024, 512, 65536, features=features,
+def _amd(name: str, lds_kib: int, features: frozenset[str], lds_banks: int = 32) -> Target:
+    return Target(name, "amd", 64, lds_kib * 1024, 512, 65536, shared_memory_banks=lds_banks, features=features,
                   llvm_triple="amdgcn-amd-amdhsa", llvm_cpu=name)
 
 
@@ -66,7 +67,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
     _amd("gfx90a", 64, _GFX90A),
     _amd("gfx942", 64, _GFX942),
-    _amd("gfx950", 160, _GFX942 | {"mfma.wide"}),
+    _amd("gfx950", 160, _GFX942 | {"mfma.wide"}, lds_banks=64),
 )}
 
 DEFAULT_TARGET = "sm_80"

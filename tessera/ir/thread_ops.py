@@ -6,7 +6,7 @@ layout); elementwise ops, loads and stores keep their tile-IR names and
 apply register by register. The ops here are the ones that only make sense
 per thread: where the thread is, moving registers in and out of register
 arrays, talking to other lanes (shuffles, and the warp-wide tensor-core
-`mma_m16n8k16`), shared memory and barriers.
+`mma_m16n8k16` and AMD's wave-wide `mfma`), shared memory and barriers.
 
 Registered into the same op table as the tile ops (`ops.OPS`).
 """
@@ -14,6 +14,7 @@ Registered into the same op table as the tile ops (`ops.OPS`).
 from __future__ import annotations
 
 from . import dtypes as dt
+from .mfma_layouts import MFMA_INPUTS, MFMA_SHAPES, WAVE
 from .ops import define, require
 from .types import PointerType, RegsType, ScalarType
 
@@ -56,6 +57,20 @@ def _infer_mma(ts, a):
     return [acc]
 
 
+def _infer_mfma(ts, a):
+    x, y, acc = ts
+    shape = (a["m"], a["n"], a["k"])
+    require(shape in MFMA_SHAPES, f"mfma shape (m, n, k) = {shape} is not one of {list(MFMA_SHAPES)}")
+    count = a["m"] * a["n"] // WAVE
+    require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (4, 4, count),
+            f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<4>, regs<4>, regs<{count}> (the A, B, C fragments), "
+            f"got {x}, {y}, {acc}")
+    require(x.element == y.element and x.element.dtype in MFMA_INPUTS,
+            f"mfma multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
+    require(acc.element == ScalarType(dt.f32), f"mfma accumulates in f32, got {acc.element}")
+    return [acc]
+
+
 def _infer_ldmatrix(ts, a):
     (row,) = ts
     require(a["num"] in (1, 2, 4), f"ldmatrix loads 1, 2 or 4 matrices, got num = {a['num']}")
@@ -87,6 +102,11 @@ define_thread_op("shuffle", "The operand as held by another lane of the warp (sh
 define_thread_op("mma_m16n8k16", "D = A @ B + C for one 16x16 A, 16x8 B and 16x8 f32 C, each spread over the 32 "
                  "lanes of a warp in the `layouts.mma_m16n8k16_a/b/c()` fragments (mma.sync.aligned.m16n8k16."
                  "row.col); every lane of the warp must execute it together.", 3, infer=_infer_mma)
+define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
+                 "16)), each spread over the 64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
+                 "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
+                 "the wave must execute it together.", 3,
+                 attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)
 define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit elements from shared memory into the `layouts.ldmatrix(num, "
                  "trans)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes 8j..8j+7 each give the "
                  "address of one 16-byte-aligned 8-element row of matrix j; every lane of the warp must execute it "

@@ -22,10 +22,11 @@ layout yet, so the first layout to reach a value wins):
    which `pipeline_threads.lower` passes). The operand of a pinned
    `convert_layout` that nothing else uses takes the pinned layout too, so
    that `load(..., layout=L)` loads straight into L.
-2. anchors: a dot that runs on tensor cores (`mma.mma_plan`: f16/bf16
-   inputs, f32 accumulator, 16x8x16 multiples, an mma.sync target) gets
-   the mma accumulator layout on its result, and asks for its A and B
-   operands in the matching fragment layouts (as conversions, below).
+2. anchors: a dot that runs on a matrix instruction (`mma.mma_plan`:
+   f16/bf16 inputs, f32 accumulator, multiples of the instruction's shape:
+   mma.sync 16x8x16 on NVIDIA, MFMA 32x32x8 or 16x16x16 on AMD) gets the
+   instruction's accumulator layout on its result, and asks for its A and
+   B operands in the matching fragment layouts (as conversions, below).
    The tiles of memory ops (pointer loads/stores/atomics: the
    pointer, value, mask and result; view loads: the result; view stores:
    the value) get `blocked_layout(shape, v)`, where `v` is how many

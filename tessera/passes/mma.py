@@ -1,46 +1,96 @@
-"""Tensor-core dot: when `dot` runs on mma.sync m16n8k16, and in which layouts.
+"""Matrix-instruction dot: when `dot` runs on mma.sync or MFMA, on which instruction, in which layouts.
 
-`dot(a[M,K], b[K,N], acc[M,N])` with f16 or bf16 inputs, an f32
-accumulator, M % 16 == N % 8 == K % 16 == 0 and a target with the
-"mma.sync" feature (32-lane warps) becomes `mma_m16n8k16` thread ops;
-anything else keeps the FMA lowering (`lowering/dot.py`).
+`dot(a[M,K], b[K,N], acc[M,N])` with f16 or bf16 inputs and an f32
+accumulator runs on the target's matrix instruction when the tile is a
+multiple of the instruction's m x n x k (`instruction_for`):
 
-The warps tile the M x N accumulator in 16x8 fragments: WM x WN warps
-(split like the blocked layout: a factor of two at a time to whichever of
-M, N has more elements left per warp; warps that find no fragment to own
-replicate the whole accumulator), each holding RM x RN fragments of its
-(M/WM) x (N/WN) block as more registers:
+    target                         instruction            thread op
+    "mma.sync", 32-lane warps      mma.sync m16n8k16      mma_m16n8k16
+    "mfma", 64-lane waves          v_mfma_f32_32x32x8     mfma {m = 32, n = 32, k = 8}   (M, N % 32 == 0)
+                                   v_mfma_f32_16x16x16    mfma {m = 16, n = 16, k = 16}  (otherwise)
 
-    C  local(RM, RN) . replicated(WR) . spatial(WM, WN) . mma_m16n8k16_c()
-    A  local(RM, RK) . replicated(WR) . spatial(WM, 1) . replicated(WN) . mma_m16n8k16_a()
-    B  local(RK, RN) . replicated(WR * WM) . spatial(1, WN) . mma_m16n8k16_b()
+Anything else (other dtypes, shapes that do not divide, other targets) keeps
+the FMA lowering (`lowering/dot.py`).
+
+One planning algorithm serves every instruction, parameterized by its shape
+and fragment layouts (`MatrixInstruction`). The warps tile the M x N
+accumulator in m x n fragments: WM x WN warps (split like the blocked
+layout: a factor of two at a time to whichever of M, N has more elements
+left per warp; warps that find no fragment to own replicate the whole
+accumulator), each holding RM x RN fragments of its (M/WM) x (N/WN) block
+as more registers:
+
+    C  local(RM, RN) . replicated(WR) . spatial(WM, WN) . C fragment
+    A  local(RM, RK) . replicated(WR) . spatial(WM, 1) . replicated(WN) . A fragment
+    B  local(RK, RN) . replicated(WR * WM) . spatial(1, WN) . B fragment
 
 A warp needs the rows of A and the columns of B of its block, so A is
 replicated over the WN warps that share rows, and B over the WM warps that
-share columns. Register (rm, rn, i) of C is `(rm * RN + rn) * 4 + i`; of A
-`(rm * RK + rk) * 8 + i`; of B `(rk * RN + rn) * 4 + i`, with i the
-fragment's own register order (the order mma.sync takes them in).
+share columns. Register (rm, rn, i) of C is `(rm * RN + rn) * c + i`; of A
+`(rm * RK + rk) * a + i`; of B `(rk * RN + rn) * b + i`, with a, b, c the
+registers per lane of one fragment and i the fragment's own register order
+(the order the instruction takes them in).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
-from tessera.ir.layouts import (RegisterLayout, local, mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c,
-                                replicated, spatial)
+from tessera.ir.layouts import RegisterLayout, local, mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c, replicated, spatial
+from tessera.ir.mfma_layouts import mfma_fragments
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
 
-MMA_M, MMA_N, MMA_K = 16, 8, 16
 MMA_INPUTS = (dt.f16, dt.bf16)
 
 
 @dataclass(frozen=True)
-class MmaPlan:
-    """The layouts of one tensor-core dot and how many fragments each warp holds."""
+class MatrixInstruction:
+    """One warp-wide matrix instruction: D (m x n) = A (m x k) @ B (k x n) + C, and its fragments."""
 
+    op: str                     # the thread op that runs it
+    m: int
+    n: int
+    k: int
+    lanes: int                  # the warp (wave) it spans
+    a: RegisterLayout
+    b: RegisterLayout
+    c: RegisterLayout
+    attrs: dict = field(default_factory=dict, compare=False)    # of the thread op
+
+    def divides(self, m: int, n: int, k: int) -> bool:
+        return m % self.m == 0 and n % self.n == 0 and k % self.k == 0
+
+
+MMA_M16N8K16 = MatrixInstruction("mma_m16n8k16", 16, 8, 16, 32, mma_m16n8k16_a(), mma_m16n8k16_b(), mma_m16n8k16_c())
+
+
+def mfma(m: int, n: int, k: int) -> MatrixInstruction:
+    return MatrixInstruction("mfma", m, n, k, 64, *mfma_fragments(m, n, k), attrs={"m": m, "n": n, "k": k})
+
+
+MFMA_32X32X8 = mfma(32, 32, 8)
+MFMA_16X16X16 = mfma(16, 16, 16)
+
+
+def instruction_for(target: Target, m: int, n: int, k: int) -> MatrixInstruction | None:
+    """The matrix instruction an m x n x k f16/bf16 -> f32 dot uses on `target`, or None (FMA)."""
+    if target.has("mma.sync") and target.warp_size == 32:
+        candidates = (MMA_M16N8K16,)
+    elif target.has("mfma") and target.warp_size == 64:
+        candidates = (MFMA_32X32X8, MFMA_16X16X16)      # the larger one first: half the instructions per flop
+    else:
+        return None
+    return next((inst for inst in candidates if inst.divides(m, n, k)), None)
+
+
+@dataclass(frozen=True)
+class MmaPlan:
+    """The layouts of one matrix-instruction dot and how many fragments each warp holds."""
+
+    instruction: MatrixInstruction
     a: RegisterLayout
     b: RegisterLayout
     c: RegisterLayout
@@ -50,19 +100,21 @@ class MmaPlan:
 
 
 def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
-    """How `op` (a dot) runs on mma.sync m16n8k16 with `num_warps` warps; None: it does not (FMA)."""
-    if op.name != "dot" or not target.has("mma.sync") or target.warp_size != 32:
+    """How `op` (a dot) runs on the target's matrix instruction with `num_warps` warps; None: it does not (FMA)."""
+    if op.name != "dot":
         return None
     a, b, acc = (v.type for v in op.operands)
-    source, accumulate = scalar_dtype(a), scalar_dtype(acc)
-    (m, k), (_, n) = a.shape, b.shape
-    if source not in MMA_INPUTS or accumulate != dt.f32 or m % MMA_M or n % MMA_N or k % MMA_K:
+    if scalar_dtype(a) not in MMA_INPUTS or scalar_dtype(b) != scalar_dtype(a) or scalar_dtype(acc) != dt.f32:
         return None
-    rm, rn, rk = m // MMA_M, n // MMA_N, k // MMA_K
+    (m, k), (_, n) = a.shape, b.shape
+    inst = instruction_for(target, m, n, k)
+    if inst is None:
+        return None
+    rm, rn, rk = m // inst.m, n // inst.n, k // inst.k
     wm = wn = 1
     left = num_warps
     while left > 1:
-        if rm % 2 == 0 and (rm * MMA_M >= rn * MMA_N or rn % 2):
+        if rm % 2 == 0 and (rm * inst.m >= rn * inst.n or rn % 2):
             wm, rm = wm * 2, rm // 2
         elif rn % 2 == 0:
             wn, rn = wn * 2, rn // 2
@@ -70,7 +122,7 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
             break
         left //= 2
     wr = left
-    c = local(rm, rn) * replicated(wr) * spatial(wm, wn) * mma_m16n8k16_c()
-    a_layout = local(rm, rk) * replicated(wr) * spatial(wm, 1) * replicated(wn) * mma_m16n8k16_a()
-    b_layout = local(rk, rn) * replicated(wr * wm) * spatial(1, wn) * mma_m16n8k16_b()
-    return MmaPlan(a_layout, b_layout, c, rm, rn, rk)
+    c = local(rm, rn) * replicated(wr) * spatial(wm, wn) * inst.c
+    a_layout = local(rm, rk) * replicated(wr) * spatial(wm, 1) * replicated(wn) * inst.a
+    b_layout = local(rk, rn) * replicated(wr * wm) * spatial(1, wn) * inst.b
+    return MmaPlan(inst, a_layout, b_layout, c, rm, rn, rk)

@@ -2,7 +2,7 @@
 
 The tutorials lowered to thread IR compute what the tile interpreter
 computes (tests/passes/test_lower_to_threads.py covers many more kernels
-and warp counts; here: 8 warps). And the simulator's checks catch what a
+and warp counts; here: 8 warps of 32, and 4 waves of 64 on gfx942). And the simulator's checks catch what a
 broken lowering or a mismatched launch would do on a GPU: a vector access
 whose promise does not hold, a missing barrier, an unplaced buffer.
 """
@@ -52,14 +52,19 @@ TUTORIAL_CASES = {
 }
 
 
+@pytest.mark.parametrize("target,num_warps", [("sm_80", 8), ("gfx942", 4)])
 @pytest.mark.parametrize("name", TUTORIAL_CASES)
-def test_lowered_tutorial_matches_the_tile_interpreter(name):
+def test_lowered_tutorial_matches_the_tile_interpreter(name, target, num_warps):
+    """sm_80: 8 warps of 32 (the matmul on mma.sync); gfx942: 4 waves of 64 (the matmul on MFMA 16x16x16)."""
     file, kernel_name, make_args, constexprs, grid, tolerance = TUTORIAL_CASES[name]
     kernel = tutorial_kernel(file, kernel_name)
     expected, actual = make_args(), make_args()
     module = kernel.specialize(*expected, **constexprs).module
     run_function(module.functions[0], expected, grid)
-    run_threads(pipeline_threads.lower(module, "sm_80", num_warps=8).functions[0], actual, grid)
+    fn = pipeline_threads.lower(module, target, num_warps=num_warps).functions[0]
+    matrix_op = "mfma" if target == "gfx942" else "mma_m16n8k16"
+    assert any(op.name == matrix_op for op in fn.walk()) == (name == "matmul")
+    run_threads(fn, actual, grid)
     for want, got in zip(expected, actual):
         if not isinstance(want, np.ndarray):
             continue

@@ -125,8 +125,13 @@ def test_matmul_accumulator_is_carried_in_one_layout():
     # On sm_80 the f16 dot runs on tensor cores: the accumulator stays in the mma C layout; only the
     # operands move into their fragment layouts, and the f16 result into the store's layout after the loop.
     assert {(op.name, i) for op, i in a.conversions} == {("dot", 0), ("dot", 1), ("cast", 0)}
-    fma = assign_layouts(fn, get_target("gfx90a"), 4)
-    assert not fma.conversions
+    # On gfx90a it runs on MFMA 32x32x8, with the same shape of plan.
+    mfma = assign_layouts(fn, get_target("gfx90a"), 4)
+    assert {(op.name, i) for op, i in mfma.conversions} == {("dot", 0), ("dot", 1), ("cast", 0)}
+    # An f32 dot keeps the FMA lowering, whose operands and accumulator need no particular layout.
+    y = np.zeros((64, 64), np.float32)
+    fma_fn = MATMUL.specialize(y, y, y, 64, 64, 64, BM=32, BN=32, BK=16).module.functions[0]
+    assert not assign_layouts(fma_fn, get_target("gfx90a"), 4).conversions
 
 
 REDUCE_IR = """\

@@ -8,8 +8,9 @@ Specification:
 * the lowered kernel runs `mma_m16n8k16` ops and, on the SIMT simulator,
   computes what the tile interpreter computes (to f32 rounding: each mma
   adds its 16 products in f32 where the interpreter rounds an exact sum once);
-* other dots (K not a multiple of 16, f32 inputs, an AMD target) keep the
-  FMA lowering;
+* other dots (K not a multiple of 16, f32 inputs, N = 8 on an AMD target,
+  which no MFMA fragment tiles) keep the FMA lowering (MFMA itself:
+  tests/passes/test_mfma_dot.py);
 * the PTX holds `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}...` and
   ptxas assembles it without spills for sm_80 and sm_90a.
 """

@@ -9,8 +9,8 @@ threads in the context's active mask (`ctx.mask`, None when all are).
 Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
 interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
 tile IR computes. This file adds the thread-level ops: thread_id, registers
-(splat, pack, extract), select, shuffles, the warp-wide tensor-core
-`mma_m16n8k16`, barriers, shared_alloc, asynchronous copies and the
+(splat, pack, extract), select, shuffles, the warp-wide matrix ops
+(`mma_m16n8k16` on 32-lane warps, `mfma` on 64-lane waves), barriers, shared_alloc, asynchronous copies and the
 debugging ops; memory ops are in `simt_memory.py`, control flow in
 `simt_control.py`.
 
@@ -33,6 +33,7 @@ from typing import Callable
 import numpy as np
 
 from tessera.ir.layouts import mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c
+from tessera.ir.mfma_layouts import mfma_fragments
 from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
 from tessera.ir.types import shape_of, scalar_dtype
 
@@ -197,29 +198,44 @@ def _shuffle(ctx, op, value, lane):
 
 @simt("mma_m16n8k16")
 def _mma_m16n8k16(ctx, op, a, b, c):
-    """mma.sync m16n8k16 per warp: gather A (16x16), B (16x8), C (16x8) from the lanes' fragments
-    (`layouts.mma_m16n8k16_a/b/c`), D = A @ B + C, scatter D back.
+    """mma.sync m16n8k16 per 32-lane warp on the `layouts.mma_m16n8k16_a/b/c` fragments (see `_warp_matmul`)."""
+    fragments = (mma_m16n8k16_a(), mma_m16n8k16_b(), mma_m16n8k16_c())
+    return _warp_matmul(ctx, op, "mma_m16n8k16", 32, fragments, a, b, c)
+
+
+@simt("mfma")
+def _mfma(ctx, op, a, b, c):
+    """v_mfma_f32_{m}x{n}x{k} per 64-lane wave on the `mfma_layouts.mfma_fragments(m, n, k)` (see `_warp_matmul`)."""
+    fragments = mfma_fragments(op.attrs["m"], op.attrs["n"], op.attrs["k"])
+    return _warp_matmul(ctx, op, "mfma", 64, fragments, a, b, c)
+
+
+def _warp_matmul(ctx, op, name: str, lanes: int, fragments, a, b, c):
+    """One matrix instruction per warp: gather A (m x k), B (k x n) and C (m x n) from the lanes'
+    registers by the fragment layouts, D = A @ B + C, scatter D back the way C came.
 
     Products of f16/bf16 values are exact in f32; the simulator adds them to C
-    one k at a time, rounding to f32 each step (the hardware's order and
-    intermediate precision are unspecified: within a few f32 ulps of this).
+    one k at a time, in k order, rounding to f32 each step. The hardware's
+    order and intermediate precision are unspecified (mma.sync) or not
+    documented per step (MFMA): results agree with it, and with the tile
+    interpreter's single rounding of the exact sum, to a few f32 ulps times k.
     """
     warp = ctx.warp_size
-    if warp != 32:
-        raise ctx.error(op, f"mma_m16n8k16 needs 32-lane warps, but this block's warps have {warp} lanes")
-    _require_whole_warps(ctx, op, "mma_m16n8k16")
-    a_at, b_at, c_at = (_fragment_coords(layout) for layout in (mma_m16n8k16_a(), mma_m16n8k16_b(),
-                                                                 mma_m16n8k16_c()))
+    if warp != lanes:
+        raise ctx.error(op, f"{name} needs {lanes}-lane warps, but this block's warps have {warp} lanes")
+    _require_whole_warps(ctx, op, name)
+    a_at, b_at, c_at = (_fragment_coords(layout) for layout in fragments)
+    (m, k), (_, n) = fragments[0].shape, fragments[1].shape
     warps = ctx.num_threads // warp
-    A = np.zeros((warps, 16, 16), np.float32)
-    B = np.zeros((warps, 16, 8), np.float32)
-    D = np.zeros((warps, 16, 8), np.float32)
-    A[:, a_at[0], a_at[1]] = a.reshape(warps, warp, 8).astype(np.float32)
-    B[:, b_at[0], b_at[1]] = b.reshape(warps, warp, 4).astype(np.float32)
-    D[:, c_at[0], c_at[1]] = c.reshape(warps, warp, 4).astype(np.float32)
-    for k in range(16):
-        D = D + A[:, :, k, None] * B[:, None, k, :]   # float32 throughout: one rounding per k
-    return D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, 4)
+    A = np.zeros((warps, m, k), np.float32)
+    B = np.zeros((warps, k, n), np.float32)
+    D = np.zeros((warps, m, n), np.float32)
+    A[:, a_at[0], a_at[1]] = a.reshape(warps, warp, -1).astype(np.float32)
+    B[:, b_at[0], b_at[1]] = b.reshape(warps, warp, -1).astype(np.float32)
+    D[:, c_at[0], c_at[1]] = c.reshape(warps, warp, -1).astype(np.float32)
+    for kk in range(k):
+        D = D + A[:, :, kk, None] * B[:, None, kk, :]   # float32 throughout: one rounding per k
+    return D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, -1)
 
 
 @simt("ldmatrix")
@@ -285,7 +301,7 @@ def _require_whole_warps(ctx, op, name: str) -> None:
 
 
 def _fragment_coords(layout):
-    """(rows, cols), each (32, registers): the element lane l's register j holds."""
+    """(rows, cols), each (lanes, registers): the element lane l's register j holds."""
     rows, cols = layout.table().transpose(2, 0, 1)
     return rows, cols
 

@@ -144,6 +144,19 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def shared_vector_width(layout: RegisterLayout, weights: Sequence[int], bits: int, max_vector_bits: int) -> int:
+    """Registers of `bits` bits one shared-memory access may move when register j of `layout` goes to element
+    sum_d w_d * coord_d: a power of two of registers contiguous along the last dim (weight 1) that every
+    other weight keeps aligned, at most `max_vector_bits` wide."""
+    if not layout.rank or weights[-1] != 1:
+        return 1
+    k = min(layout.local_contiguity(-1), max(1, max_vector_bits // max(bits, 8)))
+    k = 1 << (k.bit_length() - 1)
+    while k > 1 and any(w % k for w in weights[:-1]):
+        k //= 2
+    return k
+
+
 def shared_dtype(dtype: dt.DType) -> dt.DType:
     """What a value of `dtype` is kept as in shared memory: sub-byte types widen to a byte (ints) or f32
     (floats), so that threads never share a byte; everything else is kept as is."""
@@ -396,13 +409,7 @@ class Lowering:
 
     def shared_vector(self, layout: RegisterLayout, weights: Sequence[int], dtype: dt.DType) -> int:
         """Registers one shared-memory access may move when register j goes to element sum_d w_d * coord_d."""
-        if not layout.rank or weights[-1] != 1:
-            return 1
-        k = min(layout.local_contiguity(-1), max(1, self.target.max_vector_bits // max(dtype.bits, 8)))
-        k = 1 << (k.bit_length() - 1)
-        while k > 1 and any(w % k for w in weights[:-1]):
-            k //= 2
-        return k
+        return shared_vector_width(layout, tuple(weights), dtype.bits, self.target.max_vector_bits)
 
     def shared_access(self, name: str, base: Value, layout: RegisterLayout, weights: Sequence[int],
                       value: Value | None = None, mask: Value | None = None,

@@ -1,18 +1,21 @@
-"""dot: on tensor cores (mma.sync m16n8k16) where it qualifies, else the FMA fallback.
+"""dot: on matrix instructions (mma.sync m16n8k16, MFMA) where it qualifies, else the FMA fallback.
 
-Tensor cores (`mma.mma_plan` says when, and picks the layouts): layout
-assignment has already put the accumulator in the mma C layout and asked
-for A and B in the fragment layouts, so each thread holds, for each of its
-warp's fragments, exactly the registers mma.sync takes. For every
-(m-fragment, n-fragment) the warp runs one `mma_m16n8k16` per k-fragment,
-in k order, accumulating into that C fragment. An operand that has to move
-into its fragment layout goes through XOR-swizzled shared memory and
+Matrix instructions (`mma.mma_plan` says when, picks the instruction and
+the layouts): layout assignment has already put the accumulator in the C
+fragment layout and asked for A and B in the fragment layouts, so each
+thread holds, for each of its warp's fragments, exactly the registers the
+instruction takes. For every (m-fragment, n-fragment) the warp runs one
+instruction (`mma_m16n8k16`, or `mfma` with its shape) per k-fragment, in k
+order, accumulating into that C fragment. An operand that has to move into
+its fragment layout goes, on NVIDIA, through XOR-swizzled shared memory and
 `ldmatrix` (`mma_operands.py`: A plain, B with .trans), bank-conflict free;
-the generic scalar conversion is the fallback. In a software-pipelined
-loop (`async_pipeline.py`) an operand already sits in a swizzled ring slot
-that cp.async filled, and is read from there with the same ldmatrix plan. Each mma rounds to f32 as
-the hardware does (the SIMT simulator accumulates each fragment's 16
-products in f32, in k order), so results agree with the tile interpreter's
+on AMD through LDS in the padded row- or column-major layout with the
+fewest modelled bank conflicts, read with plain vector loads
+(`mfma_operands.py`); the generic conversion is the fallback. In a
+software-pipelined loop (`async_pipeline.py`) an operand already sits in a
+swizzled ring slot that cp.async filled, and is read from there with the
+same ldmatrix plan. Each instruction rounds to f32 (the SIMT simulator
+accumulates each fragment's products in f32, in k order), so results agree with the tile interpreter's
 single rounding of the exact sum to about K ulps of f32, not bit for bit.
 
 FMA fallback, through shared memory:
@@ -39,6 +42,7 @@ from ..mma import mma_plan
 from . import lowering
 from .async_pipeline import RingOperand
 from .context import Regs
+from .mfma_operands import lds_operand
 from .mma_operands import ldmatrix_operand
 
 
@@ -72,31 +76,37 @@ def _dot(ctx, op):
 
 
 def _mma_dot(ctx, op, plan):
-    a, b = (_fragment(ctx, op, i, want, trans) for i, want, trans in ((0, plan.a, False), (1, plan.b, True)))
+    inst = plan.instruction
+    a, b = (_fragment(ctx, op, i, want, trans, inst) for i, want, trans in ((0, plan.a, False), (1, plan.b, True)))
     acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
-    fragment = RegsType(ScalarType(dt.f32), 4)
+    na, nb, nc = inst.a.local_size, inst.b.local_size, inst.c.local_size    # registers per fragment
+    fragment = RegsType(ScalarType(dt.f32), nc)
     for rm in range(plan.rm):
         for rn in range(plan.rn):
-            c0 = (rm * plan.rn + rn) * 4
-            d = ctx.pack(c_regs[c0:c0 + 4])
+            c0 = (rm * plan.rn + rn) * nc
+            d = ctx.pack(c_regs[c0:c0 + nc])
             for rk in range(plan.rk):
-                a0, b0 = (rm * plan.rk + rk) * 8, (rk * plan.rn + rn) * 4
-                d = ctx.emit("mma_m16n8k16", ctx.pack(a_regs[a0:a0 + 8]), ctx.pack(b_regs[b0:b0 + 4]), d,
-                             type=fragment)
-            c_regs[c0:c0 + 4] = ctx.unpack(d)
+                a0, b0 = (rm * plan.rk + rk) * na, (rk * plan.rn + rn) * nb
+                d = ctx.emit(inst.op, ctx.pack(a_regs[a0:a0 + na]), ctx.pack(b_regs[b0:b0 + nb]), d,
+                             attrs=dict(inst.attrs) or None, type=fragment)
+            c_regs[c0:c0 + nc] = ctx.unpack(d)
     ctx.define(op.result, Regs(ctx.pack(c_regs), plan.c), op)
 
 
-def _fragment(ctx, op, index, want, trans):
-    """Operand `index` in fragment layout `want`: through swizzled shared memory and ldmatrix when it has
-    to move, else the generic conversion (free renaming, or scalar shared-memory loads as the fallback)."""
+def _fragment(ctx, op, index, want, trans, inst):
+    """Operand `index` in fragment layout `want`: when it has to move, through swizzled shared memory and
+    ldmatrix (mma.sync) or padded LDS and plain loads (MFMA); else, or as the fallback, the generic
+    conversion (free renaming, or scalar shared-memory loads)."""
     lowered = ctx.lookup(op.operands[index])
     if isinstance(lowered, RingOperand):        # a software-pipelined load: its slot of the ring buffer
         return lowered.read(ctx)
     if isinstance(lowered, Regs):
-        loaded = ldmatrix_operand(ctx, lowered, want, trans)
+        if inst.op == "mfma":
+            loaded = lds_operand(ctx, lowered, want)
+        else:
+            loaded = ldmatrix_operand(ctx, lowered, want, trans)
         if loaded is not None:
             return loaded
     return ctx.convert(ctx.operand(op, index), want, op)

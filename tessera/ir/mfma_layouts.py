@@ -1,0 +1,91 @@
+"""AMD MFMA fragments: which lane of a 64-lane wave holds which element of A, B and C/D.
+
+`v_mfma_f32_{32x32x8,16x16x16}_{f16,bf16}` (LLVM `llvm.amdgcn.mfma.f32.32x32x8f16`,
+`...32x32x8bf16.1k`, `...16x16x16f16`, `...16x16x16bf16.1k`; gfx90a, gfx942,
+gfx950) compute D = A @ B + C for an m x k A, a k x n B and an m x n f32 C,
+spread over the 64 lanes of a wave. Every lane holds 4 A and 4 B elements
+(two 32-bit VGPRs of packed halves: element i is the low half of VGPR
+i // 2 for even i, the high half for odd i) and m*n/64 C/D elements (one VGPR each). For lane l and
+element/VGPR index i (AMD Matrix Instruction Calculator, `--detail-instruction`
+for these instructions on CDNA2/CDNA3, "Register to matrix element mapping
+with no modifiers"; the same formulas appear in composable_kernel's
+ck_tile warp-gemm attributes and in IREE's wave MMA index tables):
+
+    16x16x16   A[l % 16][4 * (l // 16) + i]       i < 4
+               B[4 * (l // 16) + i][l % 16]       i < 4
+               D[4 * (l // 16) + i][l % 16]       i < 4
+    32x32x8    A[l % 32][4 * (l // 32) + i]       i < 4
+               B[4 * (l // 32) + i][l % 32]       i < 4
+               D[8 * (i // 4) + 4 * (l // 32) + i % 4][l % 32]    i < 16
+
+(the calculator spells the 32x32 row `(8 * floor(GPR_num / 4) % 32) +
+4 * floor(lane / 32) + (GPR_num % 4)`). The bf16 `_1k` variants use the same
+mappings as f16 (four bf16 per lane); the pre-`_1k` bf16 ones (two per lane)
+are not modelled. In the layout algebra these are products of `spatial` /
+`local` factors (lane = the thread index within the wave), so they compose
+with the warp tiling of `passes/mma.py` like the mma.sync fragments do.
+
+`MFMA_SHAPES` lists the (m, n, k) supported here; `mfma_fragments(m, n, k)`
+gives the (A, B, C) layouts of one of them.
+"""
+
+from __future__ import annotations
+
+from . import dtypes as dt
+from .layouts import LayoutError, RegisterLayout, column_spatial, local, spatial
+
+WAVE = 64
+MFMA_SHAPES = ((32, 32, 8), (16, 16, 16))
+MFMA_INPUTS = (dt.f16, dt.bf16)
+
+
+def mfma_16x16x16_a() -> RegisterLayout:
+    """A of v_mfma_f32_16x16x16_{f16,bf16}, a 16x16 (m, k) tile: lane l, element i -> A[l % 16][4 (l // 16) + i]."""
+    return column_spatial(16, 4).local(1, 4)
+
+
+def mfma_16x16x16_b() -> RegisterLayout:
+    """B of v_mfma_f32_16x16x16_{f16,bf16}, a 16x16 (k, n) tile: lane l, element i -> B[4 (l // 16) + i][l % 16]."""
+    return spatial(4, 16).local(4, 1)
+
+
+def mfma_16x16x16_c() -> RegisterLayout:
+    """C/D of v_mfma_f32_16x16x16_{f16,bf16}, a 16x16 (m, n) f32 tile: lane l, VGPR i -> D[4 (l // 16) + i][l % 16]."""
+    return spatial(4, 16).local(4, 1)
+
+
+def mfma_32x32x8_a() -> RegisterLayout:
+    """A of v_mfma_f32_32x32x8_{f16,bf16}, a 32x8 (m, k) tile: lane l, element i -> A[l % 32][4 (l // 32) + i]."""
+    return column_spatial(32, 2).local(1, 4)
+
+
+def mfma_32x32x8_b() -> RegisterLayout:
+    """B of v_mfma_f32_32x32x8_{f16,bf16}, an 8x32 (k, n) tile: lane l, element i -> B[4 (l // 32) + i][l % 32]."""
+    return spatial(2, 32).local(4, 1)
+
+
+def mfma_32x32x8_c() -> RegisterLayout:
+    """C/D of v_mfma_f32_32x32x8_{f16,bf16}, a 32x32 (m, n) f32 tile: lane l, VGPR i ->
+    D[8 (i // 4) + 4 (l // 32) + i % 4][l % 32] (four blocks of 8 rows, each lane 4 rows of a block)."""
+    return local(4, 1).spatial(2, 32).local(4, 1)
+
+
+_FRAGMENTS = {
+    (32, 32, 8): (mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c),
+    (16, 16, 16): (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c),
+}
+
+
+def mfma_fragments(m: int, n: int, k: int) -> tuple[RegisterLayout, RegisterLayout, RegisterLayout]:
+    """The (A, B, C/D) fragment layouts of the m x n x k MFMA; LayoutError for a shape not in MFMA_SHAPES."""
+    try:
+        return tuple(make() for make in _FRAGMENTS[(m, n, k)])
+    except KeyError:
+        shapes = ", ".join("x".join(map(str, s)) for s in MFMA_SHAPES)
+        raise LayoutError(f"no MFMA fragment layouts for {m}x{n}x{k}; supported: {shapes}") from None
+
+
+# Kernels may call the constructors on compile-time arguments, like those of `layouts`.
+for _constructor in (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c, mfma_32x32x8_a, mfma_32x32x8_b,
+                     mfma_32x32x8_c, mfma_fragments):
+    _constructor.__tessera_constexpr__ = True

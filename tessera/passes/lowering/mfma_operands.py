@@ -1,0 +1,132 @@
+"""MFMA operands into their fragments: through LDS, in a padded layout picked by counting bank conflicts.
+
+AMD has no ldmatrix: a dot's A or B tile that is not already in its MFMA
+fragment layout is stored by the owners of its elements into an LDS buffer,
+a barrier, and every lane loads its fragment registers with plain (vector)
+loads, then a barrier so the buffer can be reused.
+
+The generic conversion would store the tile row-major, which the fragment
+reads hit hard: lane l of A reads row l % 16 (or % 32) at one column, so with
+rows of 64 bytes every second row starts in the same bank. Here the buffer
+is row-major or column-major (the tile's dims swapped, which lets B's four
+consecutive k of one column be one 8-byte load), with the contiguous dim
+padded by 0..8 elements; `plan_lds` scores each candidate by the LDS cycles
+of the store plus the loads (`lds_cycles`: for every vector access of every
+wave, its phases times its worst bank-conflict degree from
+`smem_layouts.bank_conflicts` with the target's `shared_memory_banks`) and
+keeps the cheapest (then the one with wider accesses, then the smallest).
+The model takes a wave's lanes in order, 4 * banks bytes per phase, as
+`bank_conflicts` documents; the hardware's exact phase grouping for wide
+LDS accesses is not modelled.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from functools import lru_cache
+
+import numpy as np
+
+from tessera.ir.layouts import RegisterLayout
+from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
+from tessera.ir.types import PointerType
+
+from .context import Regs, layout_digits, register_map, row_major_strides, shared_vector_width
+
+PADS = (0, 1, 2, 4, 8)                      # elements added to the contiguous dim
+ORDERS = ((0, 1), (1, 0))                   # storage dims, major first: row-major, column-major
+
+
+@dataclass(frozen=True)
+class LdsPlan:
+    """Where a tile lives in LDS on its way to a fragment, and what the trip costs."""
+
+    order: tuple[int, int]      # tile dims, major first, as stored
+    pad: int                    # elements after each stored row
+    store_vector: int
+    load_vector: int
+    cycles: int                 # modelled LDS cycles of the store plus the loads
+
+    @property
+    def cost(self) -> tuple[int, float]:
+        """Cycles first, then fewer (wider) access instructions."""
+        return self.cycles, 1 / self.store_vector + 1 / self.load_vector
+
+    def storage(self, shape: tuple[int, int]) -> SmemLayout:
+        """The buffer as a layout of the tile in storage order (the tile transposed when column-major)."""
+        rows, cols = (shape[d] for d in self.order)
+        return SmemLayout((rows, cols), (cols + self.pad, 1))
+
+
+def lds_operand(ctx, regs: Regs, want: RegisterLayout) -> Regs | None:
+    """`regs` in fragment layout `want` through the LDS layout `plan_lds` picks; None when no data has to
+    move (a register renaming does it) or the tile is not a 2-D tile of numbers."""
+    layout = regs.layout
+    if (isinstance(regs.element, PointerType) or layout.rank != 2 or layout == want
+            or register_map(layout, want, row_major_strides(want.shape)) is not None):
+        return None
+    dtype = regs.element.dtype
+    plan = plan_lds(layout, want, dtype.bits, ctx.target.shared_memory_banks, ctx.target.max_vector_bits,
+                    ctx.warp_size)
+    smem = plan.storage(layout.shape)
+    buf = ctx.shared_alloc(dtype, smem.cosize)
+    owner = ctx.owner_predicate(layout)
+    mask = ctx.splat(owner, regs.count) if owner is not None else None
+    ctx.shared_access("store", buf, layout.permute(plan.order), smem.strides, regs.value, mask)
+    ctx.barrier()
+    loaded = ctx.shared_access("load", buf, want.permute(plan.order), smem.strides)
+    ctx.barrier()
+    return Regs(loaded, want)
+
+
+@lru_cache(maxsize=256)
+def plan_lds(src: RegisterLayout, want: RegisterLayout, bits: int, banks: int, max_vector_bits: int,
+             warp: int) -> LdsPlan:
+    """The cheapest storage (order, pad) for moving a tile of `bits`-bit elements from `src` to `want`."""
+    best = None
+    for pad in PADS:
+        for order in ORDERS:
+            rows, cols = (src.shape[d] for d in order)
+            smem = SmemLayout((rows, cols), (cols + pad, 1))
+            ks, kl = (shared_vector_width(x.permute(order), smem.strides, bits, max_vector_bits) for x in (src, want))
+            cycles = (lds_cycles(smem, src.permute(order), ks, bits, banks, warp, owners_only=True)
+                      + lds_cycles(smem, want.permute(order), kl, bits, banks, warp))
+            candidate = LdsPlan(order, pad, ks, kl, cycles)
+            if best is None or candidate.cost < best.cost:
+                best = candidate
+    return best
+
+
+def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int, banks: int, warp: int,
+               owners_only: bool = False) -> int:
+    """Modelled LDS cycles for every thread of `layout` to access its registers at `smem` (coordinates in
+    the layout's dims), `vector` registers per access: the sum over accesses and warps of phases x worst
+    bank-conflict degree. With `owners_only`, replicas (which do not store) are left out."""
+    table = layout.table()                                       # (threads, registers, 2)
+    active = _owners(layout) if owners_only else np.ones(layout.num_threads, bool)
+    cycles = 0
+    for first in range(0, layout.local_size, vector):
+        access = table[:, first:first + vector]
+        for w in range(0, layout.num_threads, warp):
+            lanes = np.flatnonzero(active[w:w + warp]) + w
+            if lanes.size == 0:
+                continue
+            phases = math.ceil(lanes.size / _lanes_per_phase(vector * bits // 8, banks))
+            cycles += phases * bank_conflicts(smem, access[lanes], bits / 8, banks)
+    return cycles
+
+
+def _lanes_per_phase(nbytes: int, banks: int) -> int:
+    """Lanes one LDS phase serves when each accesses `nbytes` (as `bank_conflicts` groups them)."""
+    return banks if nbytes <= 4 else max(1, 4 * banks // nbytes)
+
+
+def _owners(layout: RegisterLayout) -> np.ndarray:
+    """Which threads are replica 0 of what they hold (those that store it)."""
+    t = np.arange(layout.num_threads)
+    owner = np.ones(layout.num_threads, bool)
+    for digit in layout_digits(layout):
+        if digit.dim < 0:
+            owner &= (t // digit.stride) % digit.size == 0
+    return owner

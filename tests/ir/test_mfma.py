@@ -1,0 +1,119 @@
+"""AMD MFMA in the IR: the fragment layouts, and the `mfma` thread op's type rule.
+
+Specification:
+
+* every (lane, register) of each fragment layout holds the element the AMD
+  Matrix Instruction Calculator gives for v_mfma_f32_16x16x16f16 and
+  v_mfma_f32_32x32x8f16 (bf16_1k: the same). The tables below are written
+  from its "Register to matrix element mapping" text, not from the algebra;
+* the layouts are bijections of their tile onto 64 lanes, with 4 A/B and
+  m*n/64 C registers per lane, and print and parse back;
+* `mfma` takes regs<4 x f16|bf16> A and B of one dtype, regs<m*n/64 x f32> C,
+  for (m, n, k) in {(32, 32, 8), (16, 16, 16)}, and gives C's type.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from tessera.ir.errors import IRError
+from tessera.ir.layouts import LayoutError, parse_layout
+from tessera.ir.mfma_layouts import (MFMA_SHAPES, mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c, mfma_32x32x8_a,
+                                     mfma_32x32x8_b, mfma_32x32x8_c, mfma_fragments)
+from tessera.ir.parser import parse_module
+from tessera.ir.verifier import verify_module as verify
+
+
+# From the calculator (CDNA3, --detail-instruction, "Register to matrix element mapping with no
+# modifiers"). For A/B the "register" here is the element index 2 * GPR_num + GPR_bits // 16.
+def calc_16x16x16(matrix, lane, reg):
+    return {
+        "A": (lane % 16, 4 * (lane // 16) + reg),                       # A i, A k
+        "B": (4 * (lane // 16) + reg, lane % 16),                       # B k, B j
+        "C": (4 * (lane // 16) + reg % 4, lane % 16),                   # C or D i, j
+    }[matrix]
+
+
+def calc_32x32x8(matrix, lane, reg):
+    return {
+        "A": (lane % 32, 4 * (lane // 32) + reg),
+        "B": (4 * (lane // 32) + reg, lane % 32),
+        "C": ((8 * (reg // 4)) % 32 + 4 * (lane // 32) + reg % 4, lane % 32),
+    }[matrix]
+
+
+LAYOUTS = {
+    ("16x16x16", "A"): (mfma_16x16x16_a, calc_16x16x16, (16, 16), 4),
+    ("16x16x16", "B"): (mfma_16x16x16_b, calc_16x16x16, (16, 16), 4),
+    ("16x16x16", "C"): (mfma_16x16x16_c, calc_16x16x16, (16, 16), 4),
+    ("32x32x8", "A"): (mfma_32x32x8_a, calc_32x32x8, (32, 8), 4),
+    ("32x32x8", "B"): (mfma_32x32x8_b, calc_32x32x8, (8, 32), 4),
+    ("32x32x8", "C"): (mfma_32x32x8_c, calc_32x32x8, (32, 32), 16),
+}
+
+
+@pytest.mark.parametrize("key", LAYOUTS, ids=lambda k: "-".join(k))
+def test_every_lane_and_register_holds_the_element_amd_documents(key):
+    make, calc, shape, registers = LAYOUTS[key]
+    layout = make()
+    assert (layout.shape, layout.num_threads, layout.local_size) == (shape, 64, registers)
+    for lane, reg in itertools.product(range(64), range(registers)):
+        assert layout.map(lane, reg) == calc(key[1], lane, reg), (lane, reg)
+    assert layout.is_bijective
+    assert parse_layout(str(layout)) == layout
+
+
+def test_spot_checks_from_the_calculator_tables():
+    # v_mfma_f32_32x32x8f16 D: v5{33} is D[13][1]; v15{63} is D[31][31]; v0{32} is D[4][0].
+    c = mfma_32x32x8_c()
+    assert (c.map(33, 5), c.map(63, 15), c.map(32, 0)) == ((13, 1), (31, 31), (4, 0))
+    # A[3][6] of 32x32x8 is element 2 (v1.[15:0]) of lane 35; B[5][7] of 16x16x16 is element 1 of lane 23.
+    assert mfma_32x32x8_a().inverse((3, 6)) == [(35, 2)]
+    assert mfma_16x16x16_b().inverse((5, 7)) == [(23, 1)]
+
+
+def test_fragments_by_shape():
+    assert mfma_fragments(32, 32, 8) == (mfma_32x32x8_a(), mfma_32x32x8_b(), mfma_32x32x8_c())
+    assert mfma_fragments(16, 16, 16) == (mfma_16x16x16_a(), mfma_16x16x16_b(), mfma_16x16x16_c())
+    for m, n, k in MFMA_SHAPES:
+        a, b, c = mfma_fragments(m, n, k)
+        assert (a.shape, b.shape, c.shape) == ((m, k), (k, n), (m, n))
+    with pytest.raises(LayoutError, match=r"no MFMA fragment layouts for 32x32x16; supported: 32x32x8, 16x16x16"):
+        mfma_fragments(32, 32, 16)
+
+
+MFMA_IR = """\
+func @k() attributes {{num_threads = 64}} {{
+  %a = constant {{value = 1.0}} : {a}
+  %b = constant {{value = 1.0}} : {b}
+  %c = constant {{value = 0.0}} : {c}
+  %d = mfma %a, %b, %c {{k = {k}, m = {m}, n = {n}}} : {c}
+  return
+}}
+"""
+
+
+def mfma_program(a="regs<4xf16>", b="regs<4xf16>", c="regs<16xf32>", m=32, n=32, k=8):
+    return parse_module(MFMA_IR.format(a=a, b=b, c=c, m=m, n=n, k=k))
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16"])
+@pytest.mark.parametrize("m,n,k", MFMA_SHAPES)
+def test_mfma_type_rule_accepts_the_supported_instructions(m, n, k, dtype):
+    c = f"regs<{m * n // 64}xf32>"
+    verify(mfma_program(f"regs<4x{dtype}>", f"regs<4x{dtype}>", c, m, n, k))
+
+
+@pytest.mark.parametrize("program,message", [
+    (dict(m=32, n=32, k=16), r"mfma shape \(m, n, k\) = \(32, 32, 16\) is not one of"),
+    (dict(c="regs<4xf32>"), r"mfma 32x32x8 takes regs<4>, regs<4>, regs<16>"),
+    (dict(a="regs<8xf16>"), r"mfma 32x32x8 takes regs<4>, regs<4>, regs<16>"),
+    (dict(a="regs<4xf32>", b="regs<4xf32>"), r"mfma multiplies f16 or bf16 fragments of one dtype"),
+    (dict(a="regs<4xbf16>"), r"mfma multiplies f16 or bf16 fragments of one dtype"),
+    (dict(c="regs<16xf16>"), r"mfma accumulates in f32"),
+], ids=["shape", "c-count", "a-count", "f32-inputs", "mixed", "f16-acc"])
+def test_mfma_type_rule_rejects(program, message):
+    with pytest.raises(IRError, match=message):
+        verify(mfma_program(**program))
