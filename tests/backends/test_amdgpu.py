@@ -11,6 +11,8 @@ without a linker the error names every way to get one.
 import sys
 from pathlib import Path
 
+import re
+
 import pytest
 
 from tessera.backends.amdgpu import CodeObject, LinkerError, LoweringError, compile_thread_ir, find_linker
@@ -92,6 +94,14 @@ def test_the_softmax_uses_lds_bpermute_shuffles_and_fenced_barriers():
     assert artifacts.dynamic_shared_bytes == 0     # the LDS is static: launches pass no dynamic bytes
     assert 'fence syncscope("workgroup") release' in artifacts.llvm_ir
     assert "amdhsa_code_object_version" in artifacts.llvm_ir
+
+
+@pytest.mark.parametrize("target", AMD_TARGETS)
+def test_the_tutorial_matmul_runs_on_the_matrix_cores(target):
+    artifacts = compile_thread_ir(tutorial_thread_function("03-matmul.py:matmul", target), target, link=False)
+    assert "llvm.amdgcn.mfma.f32." in artifacts.llvm_ir
+    assert re.search(r"\bv_mfma_f32_(32x32x8|16x16x16)_?f16", artifacts.assembly)
+    assert artifacts.metadata["vgpr_spill_count"] == 0
 
 
 KERNEL_WITH = """\

@@ -146,7 +146,7 @@ def test_library_gemm_runs_on_mfma_for_gfx942(dtype, blocks, epilogue):
         return [a, b, bias.copy() if epilogue else c, c, c, c, M, N, K, 0.5, K, 1, N, 1]
 
     constexprs = dict(HAS_BIAS=epilogue, HAS_SCALE_A=False, HAS_SCALE_B=False,
-                      ACTIVATION="relu" if epilogue else "none", BM=bm, BN=bn, BK=bk, GROUP_M=2, PERSISTENT=False)
+                      ACTIVATION="relu" if epilogue else "none", BM=bm, BN=bn, BK=bk, GROUP_M=2, PERSISTENT=False, STAGES=2)
     expected, actual = args(), args()
     traced = [tessera.reinterpret(x.array, x.dtype) if isinstance(x, Memory) else x for x in expected]
     module = gemm.gemm_kernel.kernel.specialize(*traced, **constexprs).module

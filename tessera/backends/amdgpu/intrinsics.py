@@ -16,7 +16,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..llvm.intrinsics import COMMON_OVERLOADED, VOID, Family, IntrinsicTable, unary, vectors
-from ..llvm.types import F32, I32
+from ..llvm.types import F32, I16, I32
 
 CONSTANT_ADDRSPACE = 4  # AMDGPU's read-only constant memory (the dispatch packet lives there)
 
@@ -32,6 +32,12 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     # This lane's index in the wave: mbcnt_hi(~0, mbcnt_lo(~0, 0)) counts the lanes below it.
     "llvm.amdgcn.mbcnt.lo": (I32, (I32, I32)),
     "llvm.amdgcn.mbcnt.hi": (I32, (I32, I32)),
+    # v_mfma_f32_{32x32x8,16x16x16}_{f16,bf16}: A and B fragments as <4 x half> (bf16 as <4 x i16>), the C
+    # fragment as <m*n/64 x float>, then cbsz, abid, blgp (broadcast controls; immediates, 0 = none).
+    **{f"llvm.amdgcn.mfma.f32.{m}x{n}x{k}{suffix}": (ir.VectorType(F32, m * n // 64),
+                                                   (operand, operand, ir.VectorType(F32, m * n // 64), I32, I32, I32))
+       for m, n, k in ((32, 32, 8), (16, 16, 16))
+       for suffix, operand in (("f16", ir.VectorType(ir.HalfType(), 4)), ("bf16.1k", ir.VectorType(I16, 4)))},
 }
 
 # f32 math that AMDGPU selects (v_exp_f32, v_log_f32, v_sin_f32, v_cos_f32 with LLVM's accuracy fix-ups).

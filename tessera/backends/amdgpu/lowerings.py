@@ -6,22 +6,36 @@ NVIDIA's warp-level ops (mma_m16n8k16, ldmatrix, cp.async) have no entry:
 `AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
 sees anything.
 
-MFMA: the `mfma` thread op (matrix-core multiply-accumulate, with its
-layouts and SIMT semantics) is being added to the IR separately. Its
-lowering belongs here, registered as
-
-    @lowering("mfma")
-    def _mfma(lw, op, a, b, c):
-        # llvm.amdgcn.mfma.f32.{32x32x8f16, 16x16x16f16, 32x32x8bf16.1k, 16x16x16bf16.1k, ...}
-        # (names in LLVM-NOTES.md), entries added to `intrinsics.FIXED`
-
-and until then the validator reports `mfma` as not supported yet.
+`mfma` (the matrix cores, `v_mfma_f32_<m>x<n>x<k>_{f16,bf16}`) is
+lowered here: register i of the thread op's A, B and C operands is element
+i of the intrinsic's vectors (the fragment layouts in
+`tessera.ir.mfma_layouts` are written in the instruction's own register
+order), bf16 fragments travel as <4 x i16>, and the broadcast controls
+(cbsz, abid, blgp) are 0.
 """
 
 from __future__ import annotations
 
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.types import scalar_dtype
+
 from ..llvm.codegen import COMMON_LOWERINGS
 from ..llvm.lowerings import LoweringTable
+from ..llvm.types import I16, I32
 
 LOWERINGS = LoweringTable("AMDGPU", base=COMMON_LOWERINGS)
 lowering = LOWERINGS.register
+
+_SOURCE_SUFFIX = {dt.f16: "f16", dt.bf16: "bf16.1k"}   # the .1k forms are the bf16 ones gfx90a+ have
+
+
+@lowering("mfma")
+def _mfma(lw, op, a, b, c):
+    dtype = scalar_dtype(op.operands[0].type)
+    name = f"llvm.amdgcn.mfma.f32.{op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']}{_SOURCE_SUFFIX[dtype]}"
+    if dtype == dt.bf16:
+        a, b = (lw.builder.bitcast(x, ir.VectorType(I16, 4)) for x in (a, b))
+    no_broadcast = ir.Constant(I32, 0)
+    return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])

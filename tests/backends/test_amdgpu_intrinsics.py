@@ -1,0 +1,72 @@
+"""Every entry of the AMDGPU intrinsics table compiles to an object, for gfx90a, gfx942 and gfx950.
+
+LLVM aborts the process on an intrinsic the GPU cannot select, and turns an
+unknown name into an external call (the linker's `--no-undefined` would be
+the first to notice). So each name in `FIXED` and each overload in
+`OVERLOADED[...].examples` is called from one kernel per target, compiled
+in a child process, and the assembly is checked to call nothing external.
+The MFMA entries must become `v_mfma` instructions.
+"""
+
+import re
+
+import pytest
+from llvmlite import ir
+
+from tessera.backends.amdgpu.intrinsics import AMDGPU_INTRINSICS, FIXED, OVERLOADED
+from tessera.backends.llvm.run import run_llvm_isolated
+from tessera.backends.llvm.types import I8, I32, I64
+
+TARGETS = ("gfx90a", "gfx942", "gfx950")
+IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
+
+
+def _table_kernel() -> str:
+    """One amdgpu_kernel calling every table entry on loaded (not constant-folded) arguments."""
+    module = ir.Module("intrinsics")
+    module.triple = "amdgcn-amd-amdhsa"
+    ptr = ir.PointerType(addrspace=1)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr]), "intrinsics")
+    fn.calling_convention = "amdgpu_kernel"
+    src, dst = fn.args
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    offset = 0
+
+    def address(base):
+        nonlocal offset
+        offset += 256
+        return b.gep(base, [ir.Constant(I64, offset)], source_etype=I8)
+
+    def call(callee: ir.Function, name: str):
+        types = callee.function_type.args
+        immediates = IMMEDIATE_ARGS if ".mfma." in name else 0
+        loaded = [b.load(address(src), typ=t) for t in types[:len(types) - immediates]]
+        result = b.call(callee, loaded + [ir.Constant(I32, 0)] * immediates)
+        if not isinstance(callee.function_type.return_type, ir.VoidType):
+            b.store(result, address(dst))
+
+    for name in FIXED:
+        call(AMDGPU_INTRINSICS.declare(module, name), name)
+    for family, spec in OVERLOADED.items():
+        for overloads in spec.examples:
+            callee = AMDGPU_INTRINSICS.declare(module, family, overloads)
+            if family == "llvm.abs":       # its i1 operand is an immediate
+                x = b.load(address(src), typ=overloads[0])
+                b.store(b.call(callee, [x, ir.Constant(ir.IntType(1), 0)]), address(dst))
+            else:
+                call(callee, family)
+    b.ret_void()
+    return str(module)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_every_table_entry_compiles_for_the_target(target):
+    reply = run_llvm_isolated({"llvm_ir": _table_kernel(), "kernel": "intrinsics", "triple": "amdgcn-amd-amdhsa",
+                               "cpu": target, "features": "", "opt_level": 3, "emit_object": True},
+                              backend="AMDGPU")
+    assembly = reply["assembly"]
+    assert reply["object"][:4] == b"\x7fELF"
+    assert not re.search(r"s_swappc|s_setpc|\bcall\b", assembly), "an intrinsic became an external call"
+    mfma_entries = [name for name in FIXED if ".mfma." in name]
+    assert len(mfma_entries) == 4
+    assert len(re.findall(r"\bv_mfma_f32_\w+", assembly)) >= len(mfma_entries)
