@@ -72,6 +72,27 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
 }
 
+# -- sm_90+ only: mbarriers and TMA (llvm_bulk_async.py) --------------------------------
+# Kept apart from FIXED because they cannot be selected for sm_80 (the table test assembles FIXED for sm_80;
+# tests/backends/test_nvptx_tma.py assembles these for sm_90a). Checked with LLVM 22.1 and ptxas 13.0.
+
+_SMEM = ir.PointerType(addrspace=3)
+_CLUSTER_SMEM = ir.PointerType(addrspace=7)     # shared::cluster, where a TMA load writes
+SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
+    "llvm.nvvm.mbarrier.init.shared": (VOID, (_SMEM, I32)),                          # mbarrier.init.shared.b64
+    "llvm.nvvm.mbarrier.arrive.scope.cta.space.cta": (I64, (_SMEM, I32)),            # mbarrier.arrive (count)
+    "llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta": (I64, (_SMEM, I32)),  # mbarrier.arrive.expect_tx
+    "llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta": (I1, (_SMEM, I32)),    # mbarrier.try_wait.parity
+    "llvm.nvvm.fence.mbarrier_init.release.cluster": (VOID, ()),
+    "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),                            # fence.proxy.async.shared::cta
+    # cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: (dst, mbarrier, tensor
+    # map (generic address), r coordinates innermost first, multicast mask, cache hint, use-multicast flag,
+    # use-cache-hint flag, cta_group (immarg, 0 = none)).
+    **{f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{rank}d":
+       (VOID, (_CLUSTER_SMEM, _SMEM, ir.PointerType()) + (I32,) * rank + (I16, I64, I1, I1, I32))
+       for rank in range(1, 6)},
+}
+
 # -- overloaded families -----------------------------------------------------------
 
 
@@ -170,8 +191,8 @@ def declare(module: ir.Module, name: str, overloads: tuple[ir.Type, ...] = ()) -
             raise KeyError(f"{name} is not an overloaded intrinsic in intrinsics.OVERLOADED")
         ret, args = OVERLOADED[name].signature(*overloads)
         name = overloaded_name(name, overloads)
-    elif name in FIXED:
-        ret, args = FIXED[name]
+    elif name in FIXED or name in SM90_FIXED:
+        ret, args = FIXED.get(name) or SM90_FIXED[name]
     else:
         raise KeyError(f"{name} is not in the intrinsics table (intrinsics.FIXED)")
     return _get_or_declare(module, name, ret, args)

@@ -38,6 +38,7 @@ from tessera.ir.target import Target
 from tessera.ir.types import PointerType, ScalarType, scalar_dtype
 
 from . import intrinsics, llvm_memory, llvm_ops, llvm_thread  # noqa: F401  (register lowerings)
+from . import llvm_bulk_async  # noqa: F401,E402  (mbarrier and TMA lowerings)
 from .llvm_types import I8, SHARED_ADDRSPACE, int_constant, register_type
 from .lowerings import LOWERINGS, lowering
 

@@ -25,6 +25,7 @@ from tessera.ir.types import PointerType, RegsType, ScalarType, Type, element_of
 from tessera.ir.verifier import verify_function
 
 from .errors import LoweringError
+from .llvm_bulk_async import REQUIRED_FEATURES
 from .llvm_fp8 import FP8_OPS
 from .llvm_ops import math_support
 from .llvm_types import FP8, unsupported_dtype_reason
@@ -140,6 +141,10 @@ class _Validator:
             raise self.fail(f"op `{op.name}` is not supported by the NVPTX backend yet", op)
         for value in [*op.operands, *op.results]:
             self.value_type(value.type, op)
+        feature = REQUIRED_FEATURES.get(op.name)
+        if feature is not None and not self.target.has(feature[0]):
+            raise self.fail(f"{op.name} needs {feature[1]}, which {self.target.name} lacks; compile for sm_90a or "
+                            "lower the kernel for this target without TMA and mbarriers", op)
         check = getattr(self, f"op_{op.name}", None)
         if check is not None:
             check(op)
