@@ -55,6 +55,15 @@ def test_tma_load_copies_the_box_and_zero_fills_outside_the_tensor(row, col):
     np.testing.assert_array_equal(run_tile(tile_copy(), x, row, col), box_of(x, row, col))
 
 
+def test_two_boxes_on_one_barrier_complete_its_phase_together():
+    x = bf16_matrix(128, 128)
+    desc = TensorMapDescription.for_array(x, (BOX_ROWS, BOX_COLS), dtype=dt.bf16)
+    out = np.zeros((2, BOX_ROWS, BOX_COLS), np.uint16)
+    run_threads(kernel(tile_copy(second_box=True, expect_bytes=16384)), [desc, out, 0, 64], grid=1)
+    np.testing.assert_array_equal(out[0], box_of(x, 0, 64))
+    np.testing.assert_array_equal(out[1], box_of(x, 64, 0))
+
+
 def test_128B_swizzle_moves_16_byte_chunks_and_the_reader_undoes_it():
     x = bf16_matrix(128, 128)
     np.testing.assert_array_equal(run_tile(tile_copy(swizzled=True), x, 64, 64, swizzle="128B"), box_of(x, 64, 64))

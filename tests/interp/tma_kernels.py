@@ -16,32 +16,33 @@ BOX_ROWS, BOX_COLS = 64, 64
 THREADS = 128
 
 
-def _unswizzle(element: str, swizzled: bool) -> str:
-    """IR computing, into %at, the shared element where element `element` of the box landed."""
+def _unswizzle(element: str, swizzled: bool, n: str) -> str:
+    """IR computing, into %at{n}, the shared element where element `element` of the box landed."""
     if not swizzled:
-        return f"    %at = add {element}, %c0 : i32\n"
-    return (f"    %byte = shl {element}, %c1 : i32\n"                 # 2-byte elements
-            "    %c7 = constant {value = 7} : i32\n"
-            "    %c4 = constant {value = 4} : i32\n"
-            "    %row8 = shr %byte, %c7 : i32\n"
-            "    %row8m = and %row8, %c7 : i32\n"
-            "    %flip = shl %row8m, %c4 : i32\n"
-            "    %sbyte = xor %byte, %flip : i32\n"
-            "    %at = shr %sbyte, %c1 : i32\n")
+        return f"    %at{n} = add {element}, %c0 : i32\n"
+    return (f"    %byte{n} = shl {element}, %c1 : i32\n"                 # 2-byte elements
+            f"    %c7{n} = constant {{value = 7}} : i32\n"
+            f"    %c4{n} = constant {{value = 4}} : i32\n"
+            f"    %row8{n} = shr %byte{n}, %c7{n} : i32\n"
+            f"    %row8m{n} = and %row8{n}, %c7{n} : i32\n"
+            f"    %flip{n} = shl %row8m{n}, %c4{n} : i32\n"
+            f"    %sbyte{n} = xor %byte{n}, %flip{n} : i32\n"
+            f"    %at{n} = shr %sbyte{n}, %c1 : i32\n")
 
 
-def _copy_out(tile: str, base: str, swizzled: bool, name: str = "") -> str:
-    """Every thread copies elements tid*32 .. tid*32+31 of the 64x64 box at `tile` to out[`base` + e]."""
-    return (f"  %first{name} = mul %tid, %c32 : i32\n"
-            f"  %last{name} = add %first{name}, %c32 : i32\n"
-            f"  for %first{name}, %last{name}, %c1 {{\n"
-            "  ^(%e: i32):\n"
-            + _unswizzle("%e", swizzled) +
-            f"    %src = addptr {tile}, %at : ptr<bf16, shared>\n"
-            "    %v = load %src : bf16\n"
-            f"    %oe = add {base}, %e : i32\n"
-            "    %dst = addptr %out, %oe : ptr<bf16>\n"
-            "    store %dst, %v\n"
+def _copy_out(tile: str, base: str, swizzled: bool, n: str = "") -> str:
+    """Every thread copies elements tid*32 .. tid*32+31 of the 64x64 box at `tile` to out[`base` + e];
+    `n` suffixes the value names, so that a function can hold several copies."""
+    return (f"  %first{n} = mul %tid, %c32 : i32\n"
+            f"  %last{n} = add %first{n}, %c32 : i32\n"
+            f"  for %first{n}, %last{n}, %c1 {{\n"
+            f"  ^(%e{n}: i32):\n"
+            + _unswizzle(f"%e{n}", swizzled, n) +
+            f"    %src{n} = addptr {tile}, %at{n} : ptr<bf16, shared>\n"
+            f"    %v{n} = load %src{n} : bf16\n"
+            f"    %oe{n} = add {base}, %e{n} : i32\n"
+            f"    %dst{n} = addptr %out, %oe{n} : ptr<bf16>\n"
+            f"    store %dst{n}, %v{n}\n"
             "    yield\n"
             "  }\n")
 
@@ -57,21 +58,26 @@ PROLOGUE = """\
 
 
 def tile_copy(*, swizzled=False, init=True, fence=True, sync_after_init=True, arrive=True, expect_bytes=8192,
-              wait=True, parity=0, read_before_wait=False) -> str:
+              wait=True, parity=0, read_before_wait=False, second_box=False) -> str:
+    """`second_box`: also load the box at (%col, %row) into a second buffer on the same barrier (announce
+    16384 bytes then) and copy it to out[4096:]."""
     head = (f"func @tma_tile(%tm: ptr<i8>, %out: ptr<bf16>, %row: i32, %col: i32) attributes "
-            f"{{num_threads = {THREADS}, shared_bytes = 9216}} {{\n")
+            f"{{num_threads = {THREADS}, shared_bytes = 17408}} {{\n")
     body = PROLOGUE.replace("8192", str(expect_bytes)) + (
         "  %tile = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>\n"
         "  %bar = shared_alloc {bytes = 8, offset = 8192} : ptr<i64, shared>\n"
-        "  %par = constant {value = %d} : i32\n".replace("%d", str(parity)))
+        "  %par = constant {value = %d} : i32\n".replace("%d", str(parity))
+        + "  %tile2 = shared_alloc {bytes = 8192, offset = 9216} : ptr<bf16, shared>\n"
+        + "  %c4096 = constant {value = 4096} : i32\n")
     setup = ("    mbarrier_init %bar, %c1\n" if init else "") + ("    fence_mbarrier_init\n" if fence else "")
     body += f"  if %leader {{\n{setup}    yield\n  }} {{\n    yield\n  }}\n"
     if sync_after_init:
         body += "  barrier\n"
     announce = "    mbarrier_arrive_expect_tx %bar, %box_bytes\n" if arrive else ""
-    body += (f"  if %leader {{\n{announce}    tma_load %tile, %tm, %row, %col, %bar\n    yield\n"
+    again = "    tma_load %tile2, %tm, %col, %row, %bar\n" if second_box else ""
+    body += (f"  if %leader {{\n{announce}    tma_load %tile, %tm, %row, %col, %bar\n{again}    yield\n"
              "  } {\n    yield\n  }\n")
-    copy = _copy_out("%tile", "%c0", swizzled)
+    copy = _copy_out("%tile", "%c0", swizzled) + (_copy_out("%tile2", "%c4096", swizzled, "_2") if second_box else "")
     if read_before_wait:
         body += copy
     if wait:

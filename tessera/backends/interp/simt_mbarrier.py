@@ -84,7 +84,7 @@ def as_argument(value):
     return TensorMapMemory(value) if isinstance(value, TensorMapDescription) else value
 
 
-@dataclass
+@dataclass(eq=False)   # compared by identity: it holds arrays
 class BoxCopy:
     """The bytes one tma_load wrote, in flight until a wait observes `phase` of the barrier at `barrier`."""
 
@@ -111,7 +111,8 @@ class MBarrier:
     def describe(self) -> str:
         return f"the mbarrier at shared byte {self.address}"
 
-    def _maybe_complete(self) -> None:
+    def complete_if_done(self) -> None:
+        """End the phase once every arrival and every transaction byte is in; re-arm for the next."""
         if self.pending == 0 and self.tx == 0:
             self.phase += 1
             self.pending = self.expected
@@ -243,14 +244,14 @@ def _arrivals(ctx, op, bar, tx_bytes) -> None:
         if tx_bytes is not None:
             _add_tx(ctx, op, b, int(tx_bytes[t]))
         b.pending -= 1
-        b._maybe_complete()
+        b.complete_if_done()
 
 
 def _add_tx(ctx, op, b: MBarrier, delta: int) -> None:
     b.tx += delta
     if abs(b.tx) > TX_LIMIT:
         raise ctx.error(op, f"{b.describe()}: tx-count {b.tx} is outside PTX's range [-{TX_LIMIT}, {TX_LIMIT}]")
-    b._maybe_complete()
+    b.complete_if_done()
 
 
 @simt("mbarrier_wait")
