@@ -231,6 +231,23 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   return
 }
 """,
+    "bulk_async": """\
+func @bulk_async(%map: ptr<i8>) {
+  %bar = shared_alloc {bytes = 8, offset = 8192} : ptr<i64, shared>
+  %box = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>
+  %one = constant {value = 1} : i32
+  %row = constant {value = 64} : i32
+  %bytes = constant {value = 8192} : i32
+  mbarrier_init %bar, %one
+  fence_mbarrier_init
+  fence_proxy_async
+  mbarrier_arrive_expect_tx %bar, %bytes
+  tma_load %box, %map, %row, %one, %bar
+  mbarrier_arrive %bar
+  mbarrier_wait %bar, %one
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

@@ -44,11 +44,15 @@ _AXES = "xyz"
 
 _NVIDIA_ONLY = "is an NVIDIA instruction that AMD GPUs lack; lower the kernel for this AMD target ({target}) so "
 UNSUPPORTED_OPS = {
-    "mma_m16n8k16": "mma_m16n8k16 (mma.sync) " + _NVIDIA_ONLY + "dot uses FMA (or MFMA once supported)",
+    "mma_m16n8k16": "mma_m16n8k16 (mma.sync) " + _NVIDIA_ONLY + "dot uses MFMA or FMA",
     "ldmatrix": "ldmatrix " + _NVIDIA_ONLY + "dot operands go through plain LDS loads",
     "async_copy": "async_copy (cp.async) " + _NVIDIA_ONLY + "copies go through registers",
     "async_commit": "async_commit (cp.async.commit_group) " + _NVIDIA_ONLY + "copies go through registers",
     "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",
+    **{name: f"{name} (sm_90 mbarriers) " + _NVIDIA_ONLY + "blocks synchronize with barriers"
+       for name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+                    "fence_mbarrier_init", "fence_proxy_async")},
+    "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
 }
 
 

@@ -37,14 +37,21 @@ def _if(ctx, op, cond):
     return ctx.run_region(then_region if bool(cond) else else_region, [])
 
 
+# A `while` loop of one program instance that runs this often is taken to be infinite (the only construct that
+# can hang the interpreter): an InterpreterError instead of a hang.
+MAX_WHILE_ITERATIONS = 100_000
+
+
 @semantics("while", multi=True)
 def _while(ctx, op, *carried):
     before, after = op.regions
-    while True:
+    for _ in range(MAX_WHILE_ITERATIONS):
         keep_going, *passed = ctx.run_region(before, carried)
         if not bool(keep_going):
             return passed
         carried = ctx.run_region(after, passed)
+    raise ctx.error(op, f"the while loop ran {MAX_WHILE_ITERATIONS} iterations without finishing; is it infinite? "
+                        "(raise tessera.backends.interp.control_flow.MAX_WHILE_ITERATIONS if not)")
 
 
 @semantics("yield", "condition")

@@ -30,7 +30,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import Type, scalar_dtype, shape_of
 
-from . import simt_control, simt_memory  # noqa: F401  (fill the SIMT semantics table)
+from . import simt_control, simt_memory, simt_mbarrier  # noqa: F401  (fill the SIMT semantics table)
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .interpreter import _normalize_grid, bind_arguments
@@ -59,7 +59,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
         max_steps=max_steps,
     )
     grid3 = _normalize_grid(grid, minimum=0)
-    bound = bind_arguments(fn, args)
+    bound = bind_arguments(fn, [simt_mbarrier.as_argument(a) for a in args])
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
         ThreadBlock(fn, (x, y, z), grid3, launch).run(bound)
 
@@ -113,6 +113,7 @@ class ThreadBlock:
             raise InterpreterError(f"{left} async copies never waited for: the kernel ends with async_copy ops "
                                    "in flight; add async_commit and async_wait {pending = 0} before it returns",
                                    kernel=self.fn.name, program_id=self.program_id)
+        simt_mbarrier.finish_block(self)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""

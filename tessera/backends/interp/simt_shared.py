@@ -76,6 +76,7 @@ class SharedMemory:
         self._pending = np.zeros(nbytes, dtype=np.int32)
         self._copies: list[tuple[int, int, np.ndarray, np.ndarray]] = []
         self._committed: dict[int, int] = {}
+        self.async_proxy = None  # mbarriers and TMA copies in flight (simt_mbarrier.AsyncProxy), made on first use
 
     def region(self, offset: int, nbytes: int, dtype: DType) -> SharedRegion:
         key = (offset, nbytes, dtype)
@@ -152,6 +153,11 @@ class SharedMemory:
         return None
 
     def _in_flight(self, addrs, threads, verb: str, region: SharedRegion | None) -> str | None:
+        if self.async_proxy is not None:
+            place = (lambda a: _where(region, a)) if region is not None else (lambda a: f"shared byte {int(a)}")
+            in_tma = self.async_proxy.describe_in_flight(addrs, threads, verb, place)
+            if in_tma:
+                return in_tma
         busy = self._pending[addrs] > 0
         if not busy.any():
             return None

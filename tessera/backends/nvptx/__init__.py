@@ -11,6 +11,7 @@ this package supplies what is NVIDIA's. Files, in pipeline order:
     validate.py       NVIDIA targets (triple, CPU, PTX features)
     dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
     lowerings.py      the NVPTX lowering table: common ops + mma.sync, ldmatrix, cp.async
+    bulk_async.py     mbarriers and TMA box copies (sm_90+)
     math.py           libdevice calls, or MUFU approximations without it
     intrinsics.py     every llvm.nvvm.* intrinsic and libdevice name
     ptxas.py          ptxas -v -> cubin and register/spill counts

@@ -25,7 +25,9 @@ from tessera.ir.target import Target
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
+from . import bulk_async  # noqa: F401  (registers the mbarrier and TMA lowerings)
 from . import math as nvptx_math
+from .bulk_async import REQUIRED_FEATURES
 from .intrinsics import NVPTX_INTRINSICS
 from .lowerings import LOWERINGS
 
@@ -104,6 +106,11 @@ class NvptxDialect(TargetDialect):
         if op.name in ("async_copy", "async_commit", "async_wait") and not target.has("cp.async"):
             return (f"{op.name} needs cp.async (sm_80+), which {target.name} lacks; lower the kernel for this "
                     "target (operands then go through registers)")
+        if op.name in REQUIRED_FEATURES:
+            feature, what = REQUIRED_FEATURES[op.name]
+            if not target.has(feature):
+                return (f"{op.name} needs {what}, which {target.name} lacks; compile for sm_90a or lower the kernel "
+                        "for this target without TMA and mbarriers")
         return None
 
 

@@ -18,9 +18,9 @@ from llvmlite import ir
 
 from ..llvm.intrinsics import (BF16, COMMON_OVERLOADED, F16, VOID, Family, IntrinsicTable, get_or_declare,
                                overloaded_name)
-from ..llvm.types import F32, F64, I32, I64
+from ..llvm.types import F32, F64, I1, I16, I32, I64
 
-__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "call", "declare",
+__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "SM90_FIXED", "call", "declare",
            "declare_libdevice", "libdevice_functions", "overloaded_name"]
 
 # -- fixed signatures ------------------------------------------------------------
@@ -63,6 +63,27 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for cache, size in (("cg", 16), ("ca", 4), ("ca", 8), ("ca", 16))},
     "llvm.nvvm.cp.async.commit.group": (VOID, ()),
     "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
+}
+
+# -- sm_90+ only: mbarriers and TMA (bulk_async.py) --------------------------------
+# Kept apart from FIXED because they cannot be selected for sm_80 (the table test assembles FIXED for sm_80;
+# tests/backends/test_nvptx_tma.py assembles these for sm_90a). Checked with LLVM 22.1 and ptxas 13.0.
+
+_SMEM = ir.PointerType(addrspace=3)
+_CLUSTER_SMEM = ir.PointerType(addrspace=7)     # shared::cluster, where a TMA load writes
+SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
+    "llvm.nvvm.mbarrier.init.shared": (VOID, (_SMEM, I32)),                          # mbarrier.init.shared.b64
+    "llvm.nvvm.mbarrier.arrive.scope.cta.space.cta": (I64, (_SMEM, I32)),            # mbarrier.arrive (count)
+    "llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta": (I64, (_SMEM, I32)),  # mbarrier.arrive.expect_tx
+    "llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta": (I1, (_SMEM, I32)),    # mbarrier.try_wait.parity
+    "llvm.nvvm.fence.mbarrier_init.release.cluster": (VOID, ()),
+    "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),                            # fence.proxy.async.shared::cta
+    # cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: (dst, mbarrier, tensor
+    # map (generic address), r coordinates innermost first, multicast mask, cache hint, use-multicast flag,
+    # use-cache-hint flag, cta_group (immarg, 0 = none)).
+    **{f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{rank}d":
+       (VOID, (_CLUSTER_SMEM, _SMEM, ir.PointerType()) + (I32,) * rank + (I16, I64, I1, I1, I32))
+       for rank in range(1, 6)},
 }
 
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED
@@ -112,7 +133,7 @@ def libdevice_functions() -> list[str]:
 
 # -- declaring and calling ----------------------------------------------------------
 
-NVPTX_INTRINSICS = IntrinsicTable("NVPTX", FIXED, OVERLOADED)
+NVPTX_INTRINSICS = IntrinsicTable("NVPTX", {**FIXED, **SM90_FIXED}, OVERLOADED)
 declare = NVPTX_INTRINSICS.declare
 call = NVPTX_INTRINSICS.call
 

@@ -1,0 +1,92 @@
+"""mbarrier and TMA thread ops -> LLVM NVVM intrinsics (sm_90+; see `tessera/ir/bulk_async_ops.py`).
+
+| op                          | PTX (intrinsic in `intrinsics.SM90_FIXED`)                                |
+| --------------------------- | ------------------------------------------------------------------------- |
+| mbarrier_init               | mbarrier.init.shared.b64 [bar], count                                     |
+| mbarrier_arrive             | mbarrier.arrive.shared.b64 _, [bar], 1 (release, CTA scope)               |
+| mbarrier_arrive_expect_tx   | mbarrier.arrive.expect_tx.shared.b64 _, [bar], tx                         |
+| mbarrier_wait               | a loop around mbarrier.try_wait.parity.shared.b64 p, [bar], parity        |
+| fence_mbarrier_init         | fence.mbarrier_init.release.cluster                                       |
+| fence_proxy_async           | fence.proxy.async.shared::cta                                             |
+| tma_load                    | cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes |
+
+`mbarrier_wait` loops because `try_wait` may give up after a
+hardware-chosen time; the loop is the blocking wait CUTLASS and Triton emit.
+`tma_load` passes the destination as a shared::cluster address (the
+intrinsic's addrspace(7), which for a CTA's own shared memory is the same
+location), the tensor map by its generic address (the 128-byte CUtensorMap
+in global memory; PTX accepts a generic address of a global, const or
+param tensor map), and the coordinates innermost first, the reverse of the
+IR's numpy order; multicast and cache hints are off. A kernel using TMA
+aligns its dynamic shared memory to 1024 bytes, so that 128B-swizzled
+boxes at 1024-byte offsets are 1024-byte aligned.
+
+The ops need the target features in `REQUIRED_FEATURES`; `NvptxDialect.check_op`
+rejects them elsewhere, before LLVM (which would abort on "Cannot select").
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from ..llvm.types import I1, I16, I32, I64
+from .lowerings import lowering
+
+TMA_SHARED_ALIGN = 1024
+_CLUSTER_SMEM = ir.PointerType(addrspace=7)
+_GENERIC = ir.PointerType()
+
+# op -> (target feature, what to tell the user it is)
+REQUIRED_FEATURES = {
+    **{name: ("mbarrier", "mbarriers (sm_90+)") for name in (
+        "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_mbarrier_init",
+        "fence_proxy_async")},
+    "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
+}
+
+
+@lowering("mbarrier_init")
+def _init(lw, op, bar, count):
+    lw.intrinsic("llvm.nvvm.mbarrier.init.shared", [bar, count])
+
+
+@lowering("mbarrier_arrive")
+def _arrive(lw, op, bar):
+    lw.intrinsic("llvm.nvvm.mbarrier.arrive.scope.cta.space.cta", [bar, ir.Constant(I32, 1)])
+
+
+@lowering("mbarrier_arrive_expect_tx")
+def _arrive_expect_tx(lw, op, bar, tx_bytes):
+    lw.intrinsic("llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta", [bar, tx_bytes])
+
+
+@lowering("mbarrier_wait")
+def _wait(lw, op, bar, parity):
+    b = lw.builder
+    loop, done = lw.new_block("mbarrier.wait"), lw.new_block("mbarrier.ready")
+    b.branch(loop)
+    b.position_at_end(loop)
+    ready = lw.intrinsic("llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta", [bar, parity])
+    b.cbranch(ready, done, loop)
+    b.position_at_end(done)
+
+
+@lowering("fence_mbarrier_init")
+def _fence_mbarrier_init(lw, op):
+    lw.intrinsic("llvm.nvvm.fence.mbarrier_init.release.cluster", [])
+
+
+@lowering("fence_proxy_async")
+def _fence_proxy_async(lw, op):
+    lw.intrinsic("llvm.nvvm.fence.proxy.async.shared_cta", [])
+
+
+@lowering("tma_load")
+def _tma_load(lw, op, dst, tensor_map, *rest):
+    *coords, bar = rest
+    smem = lw.shared_memory
+    smem.align = max(smem.align or 0, TMA_SHARED_ALIGN)
+    b = lw.builder
+    args = [b.addrspacecast(dst, _CLUSTER_SMEM), bar, b.addrspacecast(tensor_map, _GENERIC), *reversed(coords),
+            ir.Constant(I16, 0), ir.Constant(I64, 0), ir.Constant(I1, 0), ir.Constant(I1, 0), ir.Constant(I32, 0)]
+    lw.intrinsic(f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{len(coords)}d", args)

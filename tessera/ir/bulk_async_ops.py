@@ -1,0 +1,115 @@
+"""Thread-level ops for sm_90 asynchronous data movement: mbarriers and TMA box copies.
+
+An *mbarrier* is an 8-byte object in shared memory (`ptr<i64, shared>`)
+that counts arrivals and transaction bytes for its current *phase*. The
+phase completes when every expected thread has arrived and every expected
+byte has landed; the barrier then moves to the next phase (parity flips)
+and re-arms with the same arrival count. Waits name the *parity* of the
+phase they wait for, as PTX `mbarrier.try_wait.parity` does: a wait for
+parity p returns once the current phase's parity is no longer p, i.e. once
+the phase with parity p has completed. A ring of stages therefore waits on
+parity 0, 1, 0, 1, ... as it reuses each stage's barrier.
+
+A *TMA load* (`cp.async.bulk.tensor`) copies one box of a global tensor,
+described by a 128-byte `CUtensorMap` in global memory, into shared memory
+and reports its bytes to an mbarrier (`complete_tx`); the box shape, dtype,
+strides and swizzle live in the map, so the op carries only coordinates.
+Out-of-bounds elements of the box are written as zeros.
+
+Ordering rules the ops encode (PTX ISA, "mbarrier" and "tensor copy"):
+
+* `mbarrier_init` is a plain write; other threads may use the barrier only
+  after a `barrier`, and the TMA engine (the *async proxy*) only after a
+  `fence_mbarrier_init` (fence.mbarrier_init.release.cluster) or
+  `fence_proxy_async` (fence.proxy.async.shared::cta) by the initializing thread.
+* the bytes a `tma_load` writes may be read only after an `mbarrier_wait`
+  that observes the completion of the phase that counted them.
+
+Coordinates are in elements, outermost dimension first (numpy order, as
+tiles are indexed everywhere in Tessera); the backend reverses them into
+PTX's innermost-first order. Registered into `ops.OPS` like `thread_ops`.
+"""
+
+from __future__ import annotations
+
+from . import dtypes as dt
+from .ops import require
+from .thread_ops import define_thread_op
+from .types import PointerType, ScalarType
+
+MBARRIER = PointerType(dt.i64, "shared")
+TENSOR_MAP = PointerType(dt.i8)          # the CUtensorMap's 128 bytes in global memory
+TMA_MAX_RANK = 5
+_I32 = ScalarType(dt.i32)
+
+
+def _require_bar(t, op: str) -> None:
+    require(t == MBARRIER, f"{op} takes an mbarrier, a {MBARRIER} (8 bytes of shared memory), got {t}")
+
+
+def _require_i32(t, op: str, what: str) -> None:
+    require(t == _I32, f"{op} {what} must be i32, got {t}")
+
+
+def _infer_init(ts, a):
+    bar, count = ts
+    _require_bar(bar, "mbarrier_init")
+    _require_i32(count, "mbarrier_init", "arrival count")
+    return []
+
+
+def _infer_arrive(ts, a):
+    _require_bar(ts[0], "mbarrier_arrive")
+    return []
+
+
+def _infer_arrive_expect_tx(ts, a):
+    bar, tx = ts
+    _require_bar(bar, "mbarrier_arrive_expect_tx")
+    _require_i32(tx, "mbarrier_arrive_expect_tx", "transaction byte count")
+    return []
+
+
+def _infer_wait(ts, a):
+    bar, parity = ts
+    _require_bar(bar, "mbarrier_wait")
+    _require_i32(parity, "mbarrier_wait", "phase parity")
+    return []
+
+
+def _infer_tma_load(ts, a):
+    dst, tensor_map, *coords, bar = ts
+    require(isinstance(dst, PointerType) and dst.address_space == "shared" and dst.pointee.bits >= 8,
+            f"tma_load writes a box into shared memory: its first operand is a ptr<T, shared> of a type of at "
+            f"least one byte, got {dst}")
+    require(tensor_map == TENSOR_MAP, f"tma_load's second operand is the tensor map, a {TENSOR_MAP} (the 128-byte "
+                                      f"CUtensorMap in global memory), got {tensor_map}")
+    require(1 <= len(coords) <= TMA_MAX_RANK, f"tma_load takes 1 to {TMA_MAX_RANK} coordinates (one per tensor "
+                                              f"dimension), got {len(coords)}")
+    for i, c in enumerate(coords):
+        _require_i32(c, "tma_load", f"coordinate {i}")
+    _require_bar(bar, "tma_load (last operand)")
+    return []
+
+
+define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
+                 "no transaction bytes (mbarrier.init.shared.b64). One thread initializes; the others may use it "
+                 "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False)
+define_thread_op("mbarrier_arrive", "This thread arrives on `bar`'s current phase (mbarrier.arrive.shared.b64, "
+                 "release at CTA scope).", 1, infer=_infer_arrive, pure=False)
+define_thread_op("mbarrier_arrive_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes`, then arrive "
+                 "(mbarrier.arrive.expect_tx.shared.b64): the phase completes only when those bytes have also "
+                 "landed (see tma_load).", 2, infer=_infer_arrive_expect_tx, pure=False)
+define_thread_op("mbarrier_wait", "Block until the phase of `bar` with parity `phase` (0 or 1) has completed "
+                 "(a mbarrier.try_wait.parity.shared.b64 loop, acquire at CTA scope); afterwards this thread sees "
+                 "every write the phase's arrivals and transactions released.", 2, infer=_infer_wait, pure=False)
+define_thread_op("fence_mbarrier_init", "Make this thread's prior mbarrier_init visible to the async proxy (TMA) "
+                 "and the cluster (fence.mbarrier_init.release.cluster).", 0, infer=lambda ts, a: [], pure=False)
+define_thread_op("fence_proxy_async", "Order this thread's prior shared-memory accesses (mbarrier inits included) "
+                 "before later async-proxy operations such as tma_load (fence.proxy.async.shared::cta).", 0,
+                 infer=lambda ts, a: [], pure=False)
+define_thread_op("tma_load", "Copy the box at element `coords` (outermost first) of the tensor that `tensor_map` "
+                 "describes into shared memory at `dst` (cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile."
+                 "mbarrier::complete_tx::bytes), out-of-bounds elements zero-filled, and count its bytes as "
+                 "transactions of `bar`'s current phase. Issued by one thread; `dst` must be 128-byte aligned "
+                 "(1024 with a 128B swizzle).", (4, 3 + TMA_MAX_RANK), infer=_infer_tma_load, pure=False)

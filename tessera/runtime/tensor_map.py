@@ -1,0 +1,76 @@
+"""Tensor maps for TMA loads on the host: describe a tensor, encode the 128-byte `CUtensorMap`.
+
+    desc = TensorMapDescription.for_array(x, box_shape=(64, 64), swizzle="128B")
+    run_threads(kernel, [desc, out], grid=...)          # the SIMT simulator takes the description
+    blob = encode_tensor_map(desc)                      # on a CUDA machine: the map's 128 bytes
+
+The description and its checks live in `tessera.ir.tensor_map` (the
+compiler, simulator and runtime share them); this module adds the driver
+call. `encode_tensor_map` imports the driver lazily and raises LaunchError
+without one. The kernel reads the map from global memory (a `ptr<i8>`
+parameter), so the caller copies the 128 bytes to a 64-byte-aligned device
+buffer before the launch.
+"""
+
+from __future__ import annotations
+
+from tessera.ir import dtypes as dt
+from tessera.ir.tensor_map import SWIZZLES, TensorMapDescription, TensorMapError, validate
+
+from .errors import LaunchError
+
+__all__ = ["TensorMapDescription", "TensorMapError", "encode_tensor_map", "driver_data_type", "TENSOR_MAP_BYTES"]
+
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN = 64
+
+# Tessera dtype -> CUtensorMapDataType name; 8-bit floats travel as bytes.
+_DATA_TYPES = {
+    dt.u8: "UINT8", dt.i8: "UINT8", dt.u16: "UINT16", dt.i16: "UINT16", dt.u32: "UINT32", dt.i32: "INT32",
+    dt.u64: "UINT64", dt.i64: "INT64", dt.f16: "FLOAT16", dt.bf16: "BFLOAT16", dt.f32: "FLOAT32", dt.f64: "FLOAT64",
+}
+
+
+def driver_data_type(dtype: dt.DType) -> str:
+    """The `CU_TENSOR_MAP_DATA_TYPE_*` suffix for `dtype` (fp8 as UINT8)."""
+    if dtype.bits == 8 and dtype.is_float:
+        return "UINT8"
+    try:
+        return _DATA_TYPES[dtype]
+    except KeyError:
+        raise TensorMapError(f"tensor map: no TMA data type for {dtype.name}") from None
+
+
+def encode_tensor_map(desc: TensorMapDescription) -> bytes:
+    """The 128 bytes of the `CUtensorMap` the driver encodes for `desc` (cuTensorMapEncodeTiled)."""
+    validate(desc)
+    from .cuda import _check, _driver   # lazy: no driver, no import of cuda-python
+
+    driver = _driver()
+    inner_first = lambda values: list(reversed(values))   # noqa: E731  (the driver lists dimension 0 innermost)
+    data_type = getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{driver_data_type(desc.dtype)}")
+    swizzle = getattr(driver.CUtensorMapSwizzle,
+                      "CU_TENSOR_MAP_SWIZZLE_NONE" if SWIZZLES[desc.swizzle] == 0
+                      else f"CU_TENSOR_MAP_SWIZZLE_{desc.swizzle}")
+    result = driver.cuTensorMapEncodeTiled(
+        data_type, desc.rank, desc.global_address,
+        inner_first(desc.shape),
+        inner_first(desc.strides[:-1]),            # rank - 1 strides, dimension 0's is the element size
+        inner_first(desc.box_shape),
+        [1] * desc.rank,                           # element strides
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        swizzle,
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+    )
+    tensor_map = _check(result, "cuTensorMapEncodeTiled")
+    blob = _map_bytes(tensor_map)
+    if len(blob) != TENSOR_MAP_BYTES:
+        raise LaunchError(f"cuTensorMapEncodeTiled returned {len(blob)} bytes; expected {TENSOR_MAP_BYTES}")
+    return blob
+
+
+def _map_bytes(tensor_map) -> bytes:
+    """The raw bytes of a cuda-python `CUtensorMap` (its `opaque` field: 16 x uint64)."""
+    words = tensor_map.opaque
+    return b"".join(int(w).to_bytes(8, "little") for w in words)
