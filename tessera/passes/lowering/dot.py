@@ -1,22 +1,25 @@
-"""dot: on matrix instructions (mma.sync m16n8k16, MFMA) where it qualifies, else the FMA fallback.
+"""dot: on matrix instructions (mma.sync, MFMA) where it qualifies, else the FMA fallback.
 
 Matrix instructions (`mma.mma_plan` says when, picks the instruction and
 the layouts): layout assignment has already put the accumulator in the C
 fragment layout and asked for A and B in the fragment layouts, so each
 thread holds, for each of its warp's fragments, exactly the registers the
 instruction takes. For every (m-fragment, n-fragment) the warp runs one
-instruction (`mma_m16n8k16`, or `mfma` with its shape) per k-fragment, in k
+instruction (`mma` or `mfma`, with its shape) per k-fragment, in k
 order, accumulating into that C fragment. An operand that has to move into
-its fragment layout goes, on NVIDIA, through XOR-swizzled shared memory and
-`ldmatrix` (`mma_operands.py`: A plain, B with .trans), bank-conflict free;
+its fragment layout goes, on NVIDIA, for 16-bit dtypes through XOR-swizzled
+shared memory and `ldmatrix` (`mma_operands.py`: A plain, B with .trans),
+bank-conflict free; tf32 and 8-bit operands through the generic conversion;
 on AMD through LDS in the padded row- or column-major layout with the
 fewest modelled bank conflicts, read with plain vector loads
 (`mfma_operands.py`); the generic conversion is the fallback. In a
 software-pipelined loop (`async_pipeline.py`) an operand already sits in a
 swizzled ring slot that cp.async filled, and is read from there with the
-same ldmatrix plan. Each instruction rounds to f32 (the SIMT simulator
+same ldmatrix plan. Each float instruction rounds to f32 (the SIMT simulator
 accumulates each fragment's products in f32, in k order), so results agree with the tile interpreter's
-single rounding of the exact sum to about K ulps of f32, not bit for bit.
+single rounding of the exact sum to about K ulps of f32, not bit for bit; integer ones (i8/u8 -> i32)
+wrap and agree exactly. A tf32 dot's `mma` rounds its f32 inputs to tf32 (ties away from zero), as the
+interpreter does for `input_precision = "tf32"`.
 
 FMA fallback, through shared memory:
 
@@ -82,7 +85,7 @@ def _mma_dot(ctx, op, plan):
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
     na, nb, nc = inst.a.local_size, inst.b.local_size, inst.c.local_size    # registers per fragment
-    fragment = RegsType(ScalarType(dt.f32), nc)
+    fragment = RegsType(acc.element, nc)
     for rm in range(plan.rm):
         for rn in range(plan.rn):
             c0 = (rm * plan.rn + rn) * nc
