@@ -195,3 +195,10 @@ def test_mixed_fp8_mma_computes_and_is_rejected_before_llvm_on_sm_80():
     if find_ptxas() is not None:
         artifacts = compile_thread_ir(parse_module(MIXED_FP8).functions[0], "sm_90a", isolate=False)
         assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e5m2.f32" in artifacts.ptx
+
+
+@pytest.mark.parametrize("target, shape", [("gfx942", (32, 32, 32)), ("sm_80", (16, 8, 4))], ids=["amd", "k4"])
+def test_a_tf32_dot_without_a_tensor_core_rounds_its_inputs_like_the_interpreter(target, shape):
+    actual, expected, fn = simulate("tf32", target, shape, shape, 1)
+    assert instructions(fn) == []
+    np.testing.assert_allclose(actual, expected, rtol=1e-6, atol=1e-5)     # far inside tf32's ~1e-3
