@@ -45,13 +45,10 @@ from dataclasses import dataclass, field
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
-from tessera.ir.mfma_layouts import mfma_fragments
+from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
-
-MFMA_INPUTS = (dt.f16, dt.bf16)
-
 
 @dataclass(frozen=True)
 class MatrixInstruction:
