@@ -133,3 +133,17 @@ def math_function(name: str, x, dtype: DType) -> np.ndarray:
     """A math function computed in float32 (float64 for f64), then rounded to `dtype`."""
     work = np.float64 if dtype.bits > 32 else np.float32
     return to_dtype(MATH[name](np.asarray(x, dtype=work)), dtype)
+
+
+# -- tf32 ------------------------------------------------------------------
+
+
+def round_to_tf32(values) -> np.ndarray:
+    """f32 values rounded to tf32 (8-bit exponent, 10-bit mantissa) as `cvt.rna.tf32.f32` does: to nearest,
+    ties away from zero (add half an ulp of tf32 to the magnitude's bits, drop the low 13), so a value past
+    tf32's largest rounds to infinity; NaN stays NaN and infinities stay. Returned as float32 with the low 13
+    bits zero: what tensor cores multiply when a dot asks for input_precision = "tf32"."""
+    x = np.asarray(values, np.float32)
+    bits = x.view(np.uint32)
+    rounded = ((bits.astype(np.uint64) + 0x1000) & 0xFFFFE000).astype(np.uint32).view(np.float32)
+    return np.where(np.isfinite(x), rounded, x)

@@ -61,9 +61,9 @@ def _amd(name: str, lds_kib: int, features: frozenset[str], lds_banks: int = 32)
 
 TARGETS: dict[str, Target] = {t.name: t for t in (
     _nvidia("sm_80", 163, _SM80, "ptx80"),
-    _nvidia("sm_89", 99, _SM89, "ptx80"),
-    _nvidia("sm_90", 227, _SM90, "ptx80"),
-    _nvidia("sm_90a", 227, _SM90 | {"wgmma", "setmaxnreg"}, "ptx80"),
+    _nvidia("sm_89", 99, _SM89, "ptx84"),      # PTX 8.4: the first with mma.sync on .e4m3/.e5m2 (LLVM needs it)
+    _nvidia("sm_90", 227, _SM90, "ptx84"),
+    _nvidia("sm_90a", 227, _SM90 | {"wgmma", "setmaxnreg"}, "ptx84"),
     _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
     _amd("gfx90a", 64, _GFX90A),
     _amd("gfx942", 64, _GFX942),

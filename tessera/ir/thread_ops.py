@@ -6,7 +6,7 @@ layout); elementwise ops, loads and stores keep their tile-IR names and
 apply register by register. The ops here are the ones that only make sense
 per thread: where the thread is, moving registers in and out of register
 arrays, talking to other lanes (shuffles, and the warp-wide tensor-core
-`mma_m16n8k16` and AMD's wave-wide `mfma`), shared memory and barriers.
+`mma` and AMD's wave-wide `mfma`), shared memory and barriers.
 
 Registered into the same op table as the tile ops (`ops.OPS`).
 """
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from . import dtypes as dt
 from .mfma_layouts import MFMA_INPUTS, MFMA_SHAPES, WAVE
+from .mma_layouts import MMA_SHAPES, WARP as MMA_WARP, mma_accepts
 from .ops import define, require
 from .types import PointerType, RegsType, ScalarType
 
@@ -48,12 +49,17 @@ def _infer_shuffle(ts, a):
 
 def _infer_mma(ts, a):
     x, y, acc = ts
-    shapes = ((x, 8), (y, 4), (acc, 4))
-    require(all(isinstance(t, RegsType) and t.count == n for t, n in shapes),
-            f"mma_m16n8k16 takes regs<8>, regs<4>, regs<4> (the A, B, C fragments), got {x}, {y}, {acc}")
-    require(x.element == y.element and x.element.dtype in (dt.f16, dt.bf16),
-            f"mma_m16n8k16 multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
-    require(acc.element == ScalarType(dt.f32), f"mma_m16n8k16 accumulates in f32, got {acc.element}")
+    shape = (a["m"], a["n"], a["k"])
+    name = "mma m{}n{}k{}".format(*shape)
+    require(shape in MMA_SHAPES, f"mma shape (m, n, k) = {shape} is not one of {list(MMA_SHAPES)}")
+    counts = (a["m"] * a["k"] // MMA_WARP, a["k"] * a["n"] // MMA_WARP, a["m"] * a["n"] // MMA_WARP)
+    require(all(isinstance(t, RegsType) and isinstance(t.element, ScalarType) for t in ts)
+            and (x.count, y.count, acc.count) == counts,
+            f"{name} takes regs<{counts[0]}>, regs<{counts[1]}>, regs<{counts[2]}> (the A, B, C fragments), "
+            f"got {x}, {y}, {acc}")
+    require(mma_accepts(shape, x.element.dtype, y.element.dtype, acc.element.dtype),
+            f"{name} has no instruction for {x.element} x {y.element} accumulating in {acc.element} (it takes "
+            "f32 (as tf32) -> f32 at k8; f16, bf16 -> f32 at k16; i8, u8 -> i32 and e4m3/e5m2 -> f32 at k32)")
     return [acc]
 
 
@@ -99,9 +105,12 @@ define_thread_op("extract", "Register `index` of a register array.", 1, attrs={"
 define_thread_op("shuffle", "The operand as held by another lane of the warp (shfl.sync: bfly/idx/up/down; "
                            "`width` splits the warp into segments).", 2,
        attrs={"mode": "str"}, optional_attrs={"width": "int"}, infer=_infer_shuffle)
-define_thread_op("mma_m16n8k16", "D = A @ B + C for one 16x16 A, 16x8 B and 16x8 f32 C, each spread over the 32 "
-                 "lanes of a warp in the `layouts.mma_m16n8k16_a/b/c()` fragments (mma.sync.aligned.m16n8k16."
-                 "row.col); every lane of the warp must execute it together.", 3, infer=_infer_mma)
+define_thread_op("mma", "D = A @ B + C for one m x k A, k x n B and m x n C, each spread over the 32 lanes of a "
+                 "warp in the `mma_layouts.mma_fragments(m, n, k)` fragments (mma.sync.aligned.m{m}n{n}k{k}.row.col; "
+                 "the dtypes are the operands': m16n8k8 f32 inputs are read as tf32, rounded to nearest with ties "
+                 "away from zero like cvt.rna.tf32.f32; m16n8k16 f16/bf16 -> f32; m16n8k32 i8/u8 -> i32 (wrapping) "
+                 "and e4m3/e5m2 (either mix) -> f32); every lane of the warp must execute it together.", 3,
+                 attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mma)
 define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
                  "16)), each spread over the 64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
                  "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "

@@ -41,7 +41,8 @@ ACTIVATIONS = ("none", "relu", "gelu", "silu")
 # Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
 # software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
 # memory, 64-96 KB here). Each compiles for sm_80 and sm_90a without register spills (bf16, mma.sync +
-# ldmatrix path); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
+# ldmatrix path), and for sm_90a with fp8 inputs too (mma.sync m16n8k32 .e4m3/.e5m2, operands through shared
+# memory, not yet pipelined); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
     # large square
     tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),

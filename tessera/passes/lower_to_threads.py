@@ -24,7 +24,7 @@ docstrings give the rules):
 | make_view, view_load, view_store      | per-register offsets and bounds masks; vectorized where proven |
 | reduce, arg_reduce                    | registers, then shuffles (bfly), then shared memory across warps |
 | scan                                  | through shared memory, a sequential fold per register          |
-| dot                                   | mma.sync fed by ldmatrix; else FMA over k from shared memory   |
+| dot                                   | mma.sync (ldmatrix for 16-bit inputs) or MFMA; else FMA over k |
 | for, if, while                        | the same, carrying registers                                   |
 | for {stages = S} (tessera.pipeline)   | dot operands copied S-1 iterations ahead into cp.async rings   |
 | assert / print, breakpoint            | kept per thread / dropped with a note (`lowering_notes`)       |

@@ -1,16 +1,22 @@
 """Matrix-instruction dot: when `dot` runs on mma.sync or MFMA, on which instruction, in which layouts.
 
-`dot(a[M,K], b[K,N], acc[M,N])` with f16 or bf16 inputs and an f32
-accumulator runs on the target's matrix instruction when the tile is a
-multiple of the instruction's m x n x k (`instruction_for`):
+`dot(a[M,K], b[K,N], acc[M,N])` runs on the target's matrix instruction
+when its dtypes have one and the tile is a multiple of the instruction's
+m x n x k (`instruction_for`):
 
-    target                         instruction            thread op
-    "mma.sync", 32-lane warps      mma.sync m16n8k16      mma_m16n8k16
-    "mfma", 64-lane waves          v_mfma_f32_32x32x8     mfma {m = 32, n = 32, k = 8}   (M, N % 32 == 0)
-                                   v_mfma_f32_16x16x16    mfma {m = 16, n = 16, k = 16}  (otherwise)
+    target                    inputs -> acc              instruction                thread op
+    "mma.sync", 32 lanes      f16, bf16 -> f32           mma.sync m16n8k16          mma {m = 16, n = 8, k = 16}
+                              f32 -> f32, tf32 asked     mma.sync m16n8k8 .tf32     mma {m = 16, n = 8, k = 8}
+                              i8, u8 -> i32              mma.sync m16n8k32 .s8/.u8  mma {m = 16, n = 8, k = 32}
+    + "mma.fp8" (sm_89+)      e4m3/e5m2 -> f32           mma.sync m16n8k32 .e4m3..  mma {m = 16, n = 8, k = 32}
+    "mfma", 64 lanes          f16, bf16 -> f32           v_mfma_f32_32x32x8         mfma {m = 32, n = 32, k = 8}
+                                                         v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
 
-Anything else (other dtypes, shapes that do not divide, other targets) keeps
-the FMA lowering (`lowering/dot.py`).
+(MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16.) f32 inputs
+use tf32 only when the dot says `input_precision = "tf32"`: by default (and
+with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
+(other dtypes, fp8 without "mma.fp8", shapes that do not divide, other
+targets) keeps the FMA lowering (`lowering/dot.py`).
 
 One planning algorithm serves every instruction, parameterized by its shape
 and fragment layouts (`MatrixInstruction`). The warps tile the M x N
@@ -38,13 +44,11 @@ from dataclasses import dataclass, field
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
-from tessera.ir.layouts import RegisterLayout, local, mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c, replicated, spatial
-from tessera.ir.mfma_layouts import mfma_fragments
+from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
+from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
+from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
-
-MMA_INPUTS = (dt.f16, dt.bf16)
-
 
 @dataclass(frozen=True)
 class MatrixInstruction:
@@ -64,7 +68,13 @@ class MatrixInstruction:
         return m % self.m == 0 and n % self.n == 0 and k % self.k == 0
 
 
-MMA_M16N8K16 = MatrixInstruction("mma_m16n8k16", 16, 8, 16, 32, mma_m16n8k16_a(), mma_m16n8k16_b(), mma_m16n8k16_c())
+def mma(m: int, n: int, k: int) -> MatrixInstruction:
+    return MatrixInstruction("mma", m, n, k, 32, *mma_fragments(m, n, k), attrs={"m": m, "n": n, "k": k})
+
+
+MMA_M16N8K16 = mma(16, 8, 16)
+MMA_M16N8K8 = mma(16, 8, 8)
+MMA_M16N8K32 = mma(16, 8, 32)
 
 
 def mfma(m: int, n: int, k: int) -> MatrixInstruction:
@@ -75,11 +85,19 @@ MFMA_32X32X8 = mfma(32, 32, 8)
 MFMA_16X16X16 = mfma(16, 16, 16)
 
 
-def instruction_for(target: Target, m: int, n: int, k: int) -> MatrixInstruction | None:
-    """The matrix instruction an m x n x k f16/bf16 -> f32 dot uses on `target`, or None (FMA)."""
+def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
+                    acc: dt.DType = dt.f32, tf32: bool = False) -> MatrixInstruction | None:
+    """The matrix instruction an m x n x k dot of `a` x `b` (default: `a`) inputs into an `acc` accumulator uses on
+    `target`, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for input_precision = "tf32")."""
+    b = a if b is None else b
     if target.has("mma.sync") and target.warp_size == 32:
-        candidates = (MMA_M16N8K16,)
-    elif target.has("mfma") and target.warp_size == 64:
+        if a == dt.f32 and not tf32:
+            return None
+        if (a in FP8 or b in FP8) and not target.has("mma.fp8"):
+            return None
+        candidates = tuple(inst for inst in (MMA_M16N8K16, MMA_M16N8K8, MMA_M16N8K32)
+                           if mma_accepts((inst.m, inst.n, inst.k), a, b, acc))
+    elif target.has("mfma") and target.warp_size == 64 and a == b and a in MFMA_INPUTS and acc == dt.f32:
         candidates = (MFMA_32X32X8, MFMA_16X16X16)      # the larger one first: half the instructions per flop
     else:
         return None
@@ -104,10 +122,9 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     if op.name != "dot":
         return None
     a, b, acc = (v.type for v in op.operands)
-    if scalar_dtype(a) not in MMA_INPUTS or scalar_dtype(b) != scalar_dtype(a) or scalar_dtype(acc) != dt.f32:
-        return None
     (m, k), (_, n) = a.shape, b.shape
-    inst = instruction_for(target, m, n, k)
+    tf32 = op.attrs.get("input_precision") == "tf32"
+    inst = instruction_for(target, m, n, k, scalar_dtype(a), scalar_dtype(b), scalar_dtype(acc), tf32)
     if inst is None:
         return None
     rm, rn, rk = m // inst.m, n // inst.n, k // inst.k

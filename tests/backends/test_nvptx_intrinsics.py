@@ -1,5 +1,9 @@
 """Every entry of the NVPTX intrinsics table assembles, for sm_80 and sm_90a.
 
+An entry in `intrinsics.NEEDS` (fp8 mma: sm_89+) is compiled only for the
+targets with that feature, each target with its own PTX version (sm_90a:
++ptx84, which fp8 mma.sync needs).
+
 LLVM turns an unknown intrinsic name into a call of an external function
 (only ptxas notices) and aborts on one the GPU cannot select, so each name
 in `intrinsics.FIXED`, each overload in `intrinsics.OVERLOADED[...].examples`
@@ -18,9 +22,9 @@ from tessera.backends.nvptx import intrinsics as nv
 from tessera.backends.nvptx.compile import _run_llvm_isolated
 from tessera.backends.llvm.types import F32, F64, I8, I32
 from tessera.backends.nvptx.ptxas import assemble
+from tessera.ir.target import get_target
 
 TARGETS = ("sm_80", "sm_90a")
-FEATURES = "+ptx80"
 
 
 class _Kernel:
@@ -61,9 +65,11 @@ def _special_args(k: _Kernel, name: str):
     return None
 
 
-def _table_kernel(with_libdevice: bool) -> tuple[str, list[str]]:
+def _table_kernel(target: str, with_libdevice: bool) -> tuple[str, list[str]]:
     k = _Kernel()
     for name in nv.FIXED:
+        if name in nv.NEEDS and not get_target(target).has(nv.NEEDS[name]):
+            continue
         k.call(nv.declare(k.module, name), _special_args(k, name))
     for family, spec in nv.OVERLOADED.items():
         for overloads in spec.examples:
@@ -83,9 +89,10 @@ def _table_kernel(with_libdevice: bool) -> tuple[str, list[str]]:
     return k.finish(), libdevice
 
 
-def _compile_and_assemble(target: str, text: str, functions: list[str], libdevice) -> None:
+def _compile_and_assemble(target: str, libdevice) -> None:
+    text, functions = _table_kernel(target, with_libdevice=libdevice is not None)
     request = {"llvm_ir": text, "kernel": "intrinsics", "triple": "nvptx64-nvidia-cuda", "cpu": target,
-               "features": FEATURES, "bitcode_library": str(libdevice) if libdevice else None,
+               "features": get_target(target).llvm_features, "bitcode_library": str(libdevice) if libdevice else None,
                "library_functions": functions}
     ptx = _run_llvm_isolated(request)["assembly"]  # a child process: an abort fails the test, not pytest
     # an unknown name would be left as a call of an external function
@@ -98,10 +105,14 @@ def _compile_and_assemble(target: str, text: str, functions: list[str], libdevic
 
 def test_every_table_entry_compiles_and_assembles_for_sm_80_and_sm_90a():
     libdevice = find_libdevice()
-    text, functions = _table_kernel(with_libdevice=libdevice is not None)
     with ThreadPoolExecutor(len(TARGETS)) as pool:  # the work is in child processes: run them side by side
-        for done in [pool.submit(_compile_and_assemble, t, text, functions, libdevice) for t in TARGETS]:
+        for done in [pool.submit(_compile_and_assemble, t, libdevice) for t in TARGETS]:
             done.result()
+
+
+def test_feature_gated_entries_are_compiled_somewhere():
+    assert nv.NEEDS and set(nv.NEEDS) <= set(nv.FIXED)
+    assert all(any(get_target(t).has(feature) for t in TARGETS) for feature in nv.NEEDS.values())
 
 
 def test_the_table_names_only_what_codegen_may_call():

@@ -62,7 +62,7 @@ def test_lowered_tutorial_matches_the_tile_interpreter(name, target, num_warps):
     module = kernel.specialize(*expected, **constexprs).module
     run_function(module.functions[0], expected, grid)
     fn = pipeline_threads.lower(module, target, num_warps=num_warps).functions[0]
-    matrix_op = "mfma" if target == "gfx942" else "mma_m16n8k16"
+    matrix_op = "mfma" if target == "gfx942" else "mma"
     assert any(op.name == matrix_op for op in fn.walk()) == (name == "matmul")
     run_threads(fn, actual, grid)
     for want, got in zip(expected, actual):

@@ -218,7 +218,7 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   %fa = constant {value = 0.5} : regs<8xf16>
   %fb = constant {value = 2.0} : regs<4xf16>
   %fc = constant {value = 0.0} : regs<4xf32>
-  %fd = mma_m16n8k16 %fa, %fb, %fc : regs<4xf32>
+  %fd = mma %fa, %fb, %fc {k = 16, m = 16, n = 8} : regs<4xf32>
   %wa = constant {value = 1.5} : regs<4xbf16>
   %wc = constant {value = 0.0} : regs<16xf32>
   %wd = mfma %wa, %wa, %wc {k = 8, m = 32, n = 32} : regs<16xf32>

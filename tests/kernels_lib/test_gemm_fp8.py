@@ -115,3 +115,23 @@ def test_fp8_inputs_requiring_grad_raise():
     a.requires_grad_(True)
     with pytest.raises(RuntimeError, match="fp8 inputs have no gradients"):
         gemm(a, b)
+
+
+FP8_SIGNATURE = "*f8e4m3:16,*f8e4m3:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
+
+
+@pytest.mark.parametrize("b_strides", ["i32:16,i32:1", "i32:1,i32:16"], ids=["b-row-major", "b-transposed"])
+def test_every_shipped_config_runs_fp8_tensor_cores_on_hopper_without_spills(b_strides):
+    """On sm_90a (which has fp8 mma.sync) an e4m3 GEMM multiplies on m16n8k32 .e4m3 tensor cores, not FMA."""
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    for config in CONFIGS:
+        compiled = gemm_kernel.kernel.compile(
+            signature=FP8_SIGNATURE.format(b=b_strides), target="sm_90a", num_warps=config.num_warps,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
+        fragments = (bm // 16) * (bn // 8) * (bk // 32) // config.num_warps     # per warp, per K step
+        assert compiled.stages["ptx"].count("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32") == fragments
+        assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"

@@ -5,7 +5,7 @@ Specification:
 * layout assignment puts a qualifying dot's accumulator in the mma C
   fragment layout, warps tiling M x N, and asks for A and B in the matching
   fragment layouts (replicated over the warps that share rows / columns);
-* the lowered kernel runs `mma_m16n8k16` ops and, on the SIMT simulator,
+* the lowered kernel runs `mma` ops and, on the SIMT simulator,
   computes what the tile interpreter computes (to f32 rounding: each mma
   adds its 16 products in f32 where the interpreter rounds an exact sum once);
 * other dots (K not a multiple of 16, f32 inputs, N = 8 on an AMD target,
@@ -57,7 +57,7 @@ def dot_module(m, n, k, dtype=tessera.f16):
 
 
 def mma_count(fn) -> int:
-    return sum(op.name == "mma_m16n8k16" for op in fn.walk())
+    return sum(op.name == "mma" for op in fn.walk())
 
 
 def test_a_64x64x32_f16_dot_with_4_warps_gets_the_fragment_layouts():
@@ -144,7 +144,7 @@ func @k(%out: ptr<f32>) attributes {num_threads = 64} {
   %b = constant {value = 0.5} : regs<4xf16>
   %c = constant {value = 1.0} : regs<4xf32>
   %d = if %go : regs<4xf32> {
-    %m = mma_m16n8k16 %a, %b, %c : regs<4xf32>
+    %m = mma %a, %b, %c {k = 16, m = 16, n = 8} : regs<4xf32>
     yield %m
   } {
     yield %c

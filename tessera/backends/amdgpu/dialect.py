@@ -44,7 +44,7 @@ _AXES = "xyz"
 
 _NVIDIA_ONLY = "is an NVIDIA instruction that AMD GPUs lack; lower the kernel for this AMD target ({target}) so "
 UNSUPPORTED_OPS = {
-    "mma_m16n8k16": "mma_m16n8k16 (mma.sync) " + _NVIDIA_ONLY + "dot uses MFMA or FMA",
+    "mma": "mma (mma.sync) " + _NVIDIA_ONLY + "dot uses MFMA or FMA",
     "ldmatrix": "ldmatrix " + _NVIDIA_ONLY + "dot operands go through plain LDS loads",
     "async_copy": "async_copy (cp.async) " + _NVIDIA_ONLY + "copies go through registers",
     "async_commit": "async_commit (cp.async.commit_group) " + _NVIDIA_ONLY + "copies go through registers",

@@ -2,7 +2,7 @@
 
 Every target-neutral op comes from `tessera.backends.llvm.lowerings.COMMON`
 (with `AmdgpuDialect` supplying ids, barrier, shuffles, LDS and math).
-NVIDIA's warp-level ops (mma_m16n8k16, ldmatrix, cp.async) have no entry:
+NVIDIA's warp-level ops (mma, ldmatrix, cp.async) have no entry:
 `AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
 sees anything.
 

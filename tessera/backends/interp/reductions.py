@@ -19,7 +19,8 @@ associative but not commutative see their operands in index order:
   Otherwise products and sums are formed in float64 (exact for f16, bf16 and
   fp8 inputs at any practical K) and rounded once to the accumulator dtype.
   `input_precision="tf32"` first rounds f32 inputs to tf32 (10 mantissa
-  bits, nearest-even), as tensor cores do.
+  bits, to nearest with ties away from zero: `numerics.round_to_tf32`), as
+  the tensor-core path does with cvt.rna.tf32.f32 before its mma.
 
 A custom combine region made only of lane-wise ops runs once per tree level
 (or scan step) on whole arrays of lanes; any other region runs once per
@@ -37,7 +38,6 @@ from tessera.ir import numerics
 from .registry import semantics
 
 _KIND_TO_OP = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and", "or": "or", "xor": "xor"}
-_TF32 = DType("tf32", 19, "float", 8, 10, 127, True, True)
 
 
 def _combiner(ctx, op, dtype: DType):
@@ -128,6 +128,6 @@ def _dot(ctx, op, a, b, acc):
         exact = acc.astype(np.int64) + a.astype(np.int64) @ b.astype(np.int64)
         return target.quantize(exact)
     if op.attrs.get("input_precision") == "tf32" and source.bits == 32:
-        a, b = _TF32.quantize(a), _TF32.quantize(b)
+        a, b = numerics.round_to_tf32(a), numerics.round_to_tf32(b)
     wide = acc.astype(np.float64) + a.astype(np.float64) @ b.astype(np.float64)
     return target.quantize(wide)

@@ -10,7 +10,7 @@ Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
 interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
 tile IR computes. This file adds the thread-level ops: thread_id, registers
 (splat, pack, extract), select, shuffles, the warp-wide matrix ops
-(`mma_m16n8k16` on 32-lane warps, `mfma` on 64-lane waves), barriers, shared_alloc, asynchronous copies and the
+(`mma` on 32-lane warps, `mfma` on 64-lane waves), barriers, shared_alloc, asynchronous copies and the
 debugging ops; memory ops are in `simt_memory.py`, control flow in
 `simt_control.py`.
 
@@ -32,8 +32,9 @@ from typing import Callable
 
 import numpy as np
 
-from tessera.ir.layouts import mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c
 from tessera.ir.mfma_layouts import mfma_fragments
+from tessera.ir.mma_layouts import mma_fragments
+from tessera.ir.numerics import round_to_tf32
 from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
 from tessera.ir.types import shape_of, scalar_dtype
 
@@ -196,11 +197,14 @@ def _shuffle(ctx, op, value, lane):
 
 # -- tensor cores ----------------------------------------------------------------
 
-@simt("mma_m16n8k16")
-def _mma_m16n8k16(ctx, op, a, b, c):
-    """mma.sync m16n8k16 per 32-lane warp on the `layouts.mma_m16n8k16_a/b/c` fragments (see `_warp_matmul`)."""
-    fragments = (mma_m16n8k16_a(), mma_m16n8k16_b(), mma_m16n8k16_c())
-    return _warp_matmul(ctx, op, "mma_m16n8k16", 32, fragments, a, b, c)
+@simt("mma")
+def _mma(ctx, op, a, b, c):
+    """mma.sync m{m}n{n}k{k} per 32-lane warp on the `mma_layouts.mma_fragments(m, n, k)` (see `_warp_matmul`);
+    f32 inputs are tf32: rounded first, to nearest with ties away from zero (cvt.rna.tf32.f32)."""
+    fragments = mma_fragments(op.attrs["m"], op.attrs["n"], op.attrs["k"])
+    if scalar_dtype(op.operands[0].type).name == "f32":
+        a, b = round_to_tf32(a), round_to_tf32(b)
+    return _warp_matmul(ctx, op, "mma", 32, fragments, a, b, c)
 
 
 @simt("mfma")
@@ -214,11 +218,13 @@ def _warp_matmul(ctx, op, name: str, lanes: int, fragments, a, b, c):
     """One matrix instruction per warp: gather A (m x k), B (k x n) and C (m x n) from the lanes'
     registers by the fragment layouts, D = A @ B + C, scatter D back the way C came.
 
-    Products of f16/bf16 values are exact in f32; the simulator adds them to C
-    one k at a time, in k order, rounding to f32 each step. The hardware's
-    order and intermediate precision are unspecified (mma.sync) or not
-    documented per step (MFMA): results agree with it, and with the tile
-    interpreter's single rounding of the exact sum, to a few f32 ulps times k.
+    Float inputs (f16, bf16, tf32, fp8) have products that are exact in f32;
+    the simulator adds them to C one k at a time, in k order, rounding to f32
+    each step. The hardware's order and intermediate precision are unspecified
+    (mma.sync) or not documented per step (MFMA): results agree with it, and
+    with the tile interpreter's single rounding of the exact sum, to a few f32
+    ulps times k. Integer inputs (i8, u8) accumulate exactly and wrap to the
+    i32 accumulator, like mma.sync's .s32 without .satfinite.
     """
     warp = ctx.warp_size
     if warp != lanes:
@@ -227,15 +233,22 @@ def _warp_matmul(ctx, op, name: str, lanes: int, fragments, a, b, c):
     a_at, b_at, c_at = (_fragment_coords(layout) for layout in fragments)
     (m, k), (_, n) = fragments[0].shape, fragments[1].shape
     warps = ctx.num_threads // warp
-    A = np.zeros((warps, m, k), np.float32)
-    B = np.zeros((warps, k, n), np.float32)
-    D = np.zeros((warps, m, n), np.float32)
-    A[:, a_at[0], a_at[1]] = a.reshape(warps, warp, -1).astype(np.float32)
-    B[:, b_at[0], b_at[1]] = b.reshape(warps, warp, -1).astype(np.float32)
-    D[:, c_at[0], c_at[1]] = c.reshape(warps, warp, -1).astype(np.float32)
-    for kk in range(k):
-        D = D + A[:, :, kk, None] * B[:, None, kk, :]   # float32 throughout: one rounding per k
-    return D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, -1)
+    acc_dtype = scalar_dtype(op.result.type)
+    exact = not acc_dtype.is_float
+    work = np.int64 if exact else np.float32
+    A = np.zeros((warps, m, k), work)
+    B = np.zeros((warps, k, n), work)
+    D = np.zeros((warps, m, n), work)
+    A[:, a_at[0], a_at[1]] = a.reshape(warps, warp, -1).astype(work)
+    B[:, b_at[0], b_at[1]] = b.reshape(warps, warp, -1).astype(work)
+    D[:, c_at[0], c_at[1]] = c.reshape(warps, warp, -1).astype(work)
+    if exact:
+        D = D + A @ B
+    else:
+        for kk in range(k):
+            D = D + A[:, :, kk, None] * B[:, None, kk, :]   # float32 throughout: one rounding per k
+    out = D[:, c_at[0], c_at[1]].reshape(ctx.num_threads, -1)
+    return acc_dtype.quantize(out) if exact else out
 
 
 @simt("ldmatrix")

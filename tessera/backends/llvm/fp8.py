@@ -4,7 +4,8 @@ LLVM has no fp8 type, so an fp8 value lives in an `i8` register holding its
 bit pattern, and memory holds the same byte. Only data movement (load,
 store, select, shuffle, pack/extract/splat, loops) and conversions touch
 fp8 values; arithmetic happens after a cast to f32 (the frontend promotes),
-and the validator rejects anything else (`FP8_OPS`).
+or on an fp8 tensor core (`mma`, sm_89+), and the validator rejects anything
+else (`FP8_OPS`).
 
 Conversions follow `tessera.ir.dtypes` bit for bit, so the GPU and the CPU
 interpreter agree:
@@ -31,9 +32,10 @@ from tessera.ir import float_formats
 
 from .types import F32, F64, int_constant, splat_constant, with_element
 
-# Ops that may hold fp8 values (as i8 bit patterns); computing needs a cast to f32 first.
+# Ops that may hold fp8 values (as i8 bit patterns); computing needs a cast to f32 first, except in `mma`,
+# whose fp8 tensor-core instruction takes the bit patterns (the NVPTX dialect checks the target has it).
 FP8_OPS = frozenset({"constant", "load", "store", "cast", "bitcast", "select", "pack", "extract", "splat",
-                     "shuffle", "for", "if", "while", "breakpoint"})
+                     "shuffle", "for", "if", "while", "breakpoint", "mma"})
 
 _SOURCE = {32: (F32, 8, 23), 64: (F64, 11, 52)}  # float width -> (type, exponent bits, mantissa bits)
 

@@ -21,6 +21,8 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
+from tessera.ir.mma_layouts import FP8
+from tessera.ir.types import scalar_dtype
 from tessera.ir.target import Target
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
@@ -97,9 +99,12 @@ class NvptxDialect(TargetDialect):
 
     def check_op(self, op: Operation) -> str | None:
         target = self.target
-        if op.name == "mma_m16n8k16" and not target.has("mma.sync"):
-            return (f"mma_m16n8k16 needs mma.sync, which {target.name} lacks; lower the kernel for this target "
+        if op.name == "mma" and not target.has("mma.sync"):
+            return (f"mma needs mma.sync, which {target.name} lacks; lower the kernel for this target "
                     "(dot then uses FMA)")
+        if op.name == "mma" and scalar_dtype(op.operands[0].type) in FP8 and not target.has("mma.fp8"):
+            return (f"mma on fp8 (e4m3/e5m2) fragments needs sm_89+, which {target.name} is not; lower the kernel "
+                    "for this target (dot then uses FMA)")
         if op.name == "ldmatrix" and not target.has("ldmatrix"):
             return (f"ldmatrix needs sm_75+, which {target.name} is not; lower the kernel for this target "
                     "(dot operands then go through plain shared-memory loads)")

@@ -3,7 +3,8 @@
 The table mechanism and the target-neutral families are the LLVM core's
 (`tessera.backends.llvm.intrinsics`); this file names what is NVIDIA's.
 `tests/backends/test_nvptx_intrinsics.py` assembles every entry, with every
-overload the backend uses, for sm_80 and sm_90a.
+overload the backend uses, for sm_80 and sm_90a (an entry in `NEEDS` only
+for the targets with that feature: fp8 mma on sm_90a).
 
 * `FIXED`: `llvm.nvvm.*` intrinsics with one signature.
 * `OVERLOADED`: the common families (`llvm.minnum`, `llvm.fptosi.sat`, ...).
@@ -50,6 +51,17 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mma.m16n8k16.row.col.f32.f32": (ir.LiteralStructType([F32] * 4),
                                               (ir.VectorType(F16, 2),) * 6 + (F32,) * 4),
     "llvm.nvvm.mma.m16n8k16.row.col.bf16": (ir.LiteralStructType([F32] * 4), (I32,) * 6 + (F32,) * 4),
+    # mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32: A as 4 and B as 2 i32 registers of tf32 bits (from
+    # cvt.rna.tf32.f32 = llvm.nvvm.f2tf32.rna), C and D as 4 floats.
+    "llvm.nvvm.f2tf32.rna": (I32, (F32,)),
+    "llvm.nvvm.mma.m16n8k8.row.col.tf32": (ir.LiteralStructType([F32] * 4), (I32,) * 6 + (F32,) * 4),
+    # mma.sync.aligned.m16n8k32.row.col.s32.{s8,u8}.{s8,u8}.s32 (wrapping; .satfinite is another intrinsic):
+    # A as 4 and B as 2 i32 registers of four bytes each, C and D as 4 i32.
+    **{f"llvm.nvvm.mma.m16n8k32.row.col.{t}": (ir.LiteralStructType([I32] * 4), (I32,) * 10) for t in ("s8", "u8")},
+    # mma.sync.aligned.m16n8k32.row.col.f32.<A>.<B>.f32 with A, B in {e4m3, e5m2}: packed like s8; sm_89+ and
+    # PTX 8.4 (LLVM cannot select them otherwise: `NEEDS` below).
+    **{f"llvm.nvvm.mma.m16n8k32.row.col.f32.{x}.{y}.f32": (ir.LiteralStructType([F32] * 4), (I32,) * 6 + (F32,) * 4)
+       for x in ("e4m3", "e5m2") for y in ("e4m3", "e5m2")},
     # ldmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].b16 [row address in shared memory]: one 32-bit register
     # (two 16-bit elements) per matrix.
     **{f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16":
@@ -87,6 +99,9 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
 }
 
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED
+
+# Entries only some targets can select, with the `Target` feature they need (the validator checks the op first).
+NEEDS: dict[str, str] = {name: "mma.fp8" for name in FIXED if name.startswith("llvm.nvvm.mma.m16n8k32.row.col.f32.")}
 
 # -- libdevice -----------------------------------------------------------------------
 

@@ -1,8 +1,12 @@
 """The NVPTX lowering table: the LLVM core's common ops plus NVIDIA's warp-level matrix and async-copy ops.
 
-* `mma_m16n8k16` is `mma.sync.aligned.m16n8k16.row.col.f32.{f16,bf16}.{f16,bf16}.f32`
-  (needs sm_80+); fragment registers 2i and 2i+1 share one 32-bit register, the
-  lower index in the low half, as the PTX ISA packs .f16x2/.bf16x2.
+* `mma` is `mma.sync.aligned.m16n8k{k}.row.col` through `MMA_INTRINSICS`
+  (needs sm_80+; fp8 needs sm_89+ and PTX 8.4): the A and B fragments go in
+  32-bit registers, each holding 32 / bits consecutive fragment elements, the
+  lowest index in the low bits, as the PTX ISA packs .f16x2/.bf16x2 and four
+  8-bit values; tf32 inputs are first rounded with cvt.rna.tf32.f32
+  (`llvm.nvvm.f2tf32.rna`), the rounding the `mma` op specifies. C and D are
+  four f32 or four s32 registers.
 * `ldmatrix` is `ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16`: one 32-bit
   register per matrix, split into registers 2j (low half) and 2j+1.
 * `async_copy` is `cp.async.cg.shared.global` for 16 bytes (`.ca` for 4 and
@@ -28,24 +32,40 @@ from ..llvm.types import I32, register_type
 LOWERINGS = LoweringTable("NVPTX", base=COMMON_LOWERINGS)
 lowering = LOWERINGS.register
 
-MMA_INTRINSICS = {dt.f16: "llvm.nvvm.mma.m16n8k16.row.col.f32.f32", dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16"}
+_FP8_NAMES = {dt.f8e4m3: "e4m3", dt.f8e5m2: "e5m2"}
 
 
-@lowering("mma_m16n8k16")
-def _mma_m16n8k16(lw, op, a, b, c):
-    dtype = scalar_dtype(op.operands[0].type)
+def mma_intrinsic(a: dt.DType, b: dt.DType) -> str:
+    """The intrinsic of the mma.sync that multiplies A, B of these dtypes (names in `intrinsics.FIXED`)."""
+    if a in _FP8_NAMES:     # .f32.<A>.<B>.f32: D and C types around the inputs'
+        return f"llvm.nvvm.mma.m16n8k32.row.col.f32.{_FP8_NAMES[a]}.{_FP8_NAMES[b]}.f32"
+    return {dt.f16: "llvm.nvvm.mma.m16n8k16.row.col.f32.f32", dt.bf16: "llvm.nvvm.mma.m16n8k16.row.col.bf16",
+            dt.f32: "llvm.nvvm.mma.m16n8k8.row.col.tf32", dt.i8: "llvm.nvvm.mma.m16n8k32.row.col.s8",
+            dt.u8: "llvm.nvvm.mma.m16n8k32.row.col.u8"}[a]
+
+
+@lowering("mma")
+def _mma(lw, op, a, b, c):
+    a_dtype, b_dtype = (scalar_dtype(v.type) for v in op.operands[:2])
     bld = lw.builder
-    accumulators = [bld.extract_element(c, ir.Constant(I32, i)) for i in range(4)]
-    d = lw.intrinsic(MMA_INTRINSICS[dtype], [*_pairs(bld, a, dtype), *_pairs(bld, b, dtype), *accumulators])
+    if a_dtype == dt.f32:       # tf32: round each f32 to nearest, ties away (cvt.rna.tf32.f32)
+        a, b = ([lw.intrinsic("llvm.nvvm.f2tf32.rna", [bld.extract_element(x, ir.Constant(I32, i))])
+                 for i in range(x.type.count)] for x in (a, b))
+    else:
+        a, b = _words(bld, a, a_dtype), _words(bld, b, b_dtype)
+    accumulators = [bld.extract_element(c, ir.Constant(I32, i)) for i in range(c.type.count)]
+    d = lw.intrinsic(mma_intrinsic(a_dtype, b_dtype), [*a, *b, *accumulators])
     result = ir.Constant(c.type, ir.Undefined)
-    for i in range(4):
+    for i in range(c.type.count):
         result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, i))
     return result
 
 
-def _pairs(bld, regs, dtype):
-    """Registers 2i, 2i+1 as one 32-bit operand (<2 x half> for f16, i32 for bf16, 2i in the low half)."""
-    count = regs.type.count // 2
+def _words(bld, regs, dtype):
+    """The fragment as 32-bit operands, consecutive registers packed low first: <2 x half> for f16 (the
+    intrinsic's type), i32 for bf16 and the 8-bit types."""
+    per_word = 32 // dtype.bits
+    count = regs.type.count // per_word
     if dtype == dt.f16:
         undef = ir.Constant(regs.type, ir.Undefined)
         return [bld.shuffle_vector(regs, undef, ir.Constant(ir.VectorType(I32, 2), [2 * i, 2 * i + 1]))

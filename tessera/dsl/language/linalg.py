@@ -40,9 +40,10 @@ def dot(ctx: Context, a, b, acc=None, input_precision=None, out_dtype=None) -> T
     M x N tile; without `acc` it starts from zeros of `out_dtype`, which
     defaults to f32 for float inputs (f64 for f64) and i32 for integers.
 
-    `input_precision` chooses how f32 inputs are multiplied: "tf32" (tensor
-    cores, inputs rounded to a 10-bit mantissa) or "ieee" (exact f32
-    products); by default the backend picks.
+    `input_precision` chooses how f32 inputs are multiplied: "tf32" (inputs
+    rounded to a 10-bit mantissa, to nearest with ties away from zero, then
+    tensor cores where the target has them; the interpreter rounds the same
+    way) or "ieee" (exact f32 products), the default, like Triton's.
     """
     a, b = _matrix(ctx, a, "a"), _matrix(ctx, b, "b")
     (m, k), (k2, n) = a.shape, b.shape

@@ -1,22 +1,25 @@
-"""dot: on matrix instructions (mma.sync m16n8k16, MFMA) where it qualifies, else the FMA fallback.
+"""dot: on matrix instructions (mma.sync, MFMA) where it qualifies, else the FMA fallback.
 
 Matrix instructions (`mma.mma_plan` says when, picks the instruction and
 the layouts): layout assignment has already put the accumulator in the C
 fragment layout and asked for A and B in the fragment layouts, so each
 thread holds, for each of its warp's fragments, exactly the registers the
 instruction takes. For every (m-fragment, n-fragment) the warp runs one
-instruction (`mma_m16n8k16`, or `mfma` with its shape) per k-fragment, in k
+instruction (`mma` or `mfma`, with its shape) per k-fragment, in k
 order, accumulating into that C fragment. An operand that has to move into
-its fragment layout goes, on NVIDIA, through XOR-swizzled shared memory and
-`ldmatrix` (`mma_operands.py`: A plain, B with .trans), bank-conflict free;
+its fragment layout goes, on NVIDIA, for 16-bit dtypes through XOR-swizzled
+shared memory and `ldmatrix` (`mma_operands.py`: A plain, B with .trans),
+bank-conflict free; tf32 and 8-bit operands through the generic conversion;
 on AMD through LDS in the padded row- or column-major layout with the
 fewest modelled bank conflicts, read with plain vector loads
 (`mfma_operands.py`); the generic conversion is the fallback. In a
 software-pipelined loop (`async_pipeline.py`) an operand already sits in a
 swizzled ring slot that cp.async filled, and is read from there with the
-same ldmatrix plan. Each instruction rounds to f32 (the SIMT simulator
+same ldmatrix plan. Each float instruction rounds to f32 (the SIMT simulator
 accumulates each fragment's products in f32, in k order), so results agree with the tile interpreter's
-single rounding of the exact sum to about K ulps of f32, not bit for bit.
+single rounding of the exact sum to about K ulps of f32, not bit for bit; integer ones (i8/u8 -> i32)
+wrap and agree exactly. A tf32 dot's `mma` rounds its f32 inputs to tf32 (ties away from zero), as the
+interpreter does for `input_precision = "tf32"`.
 
 FMA fallback, through shared memory:
 
@@ -28,8 +31,9 @@ can be reused. Inputs are converted to the accumulator dtype before the
 multiply (exact for f16/bf16/fp8 into f32; integers wrap like the
 interpreter's). The sum is rounded at every step, unlike the tile
 interpreter's single rounding of an exact sum, so float results agree to
-the accumulator's precision times K, not bit for bit; `input_precision`
-is ignored (full f32).
+the accumulator's precision times K, not bit for bit. f32 inputs of a dot
+with `input_precision = "tf32"` are rounded to tf32 first, the same way the
+tensor cores' path and the interpreter round them.
 """
 
 from __future__ import annotations
@@ -57,6 +61,7 @@ def _dot(ctx, op):
     if acc.layout != layout:
         acc = ctx.convert(acc, layout, op)
     acc_dtype = acc.element.dtype
+    tf32 = op.attrs.get("input_precision") == "tf32" and op.operands[0].type.element.dtype == dt.f32
     a_buf, b_buf = ctx.to_shared(a), ctx.to_shared(b)
     count = layout.local_size
     a_rows = ctx.index_regs(layout, [k, 0])     # m * K: where row m of A starts
@@ -67,8 +72,10 @@ def _dot(ctx, op):
         a_ptrs = ctx.emit("addptr", ctx.splat(a_buf, count), ctx.emit("add", a_rows, ctx.splat(kk, count)))
         b_row = ctx.emit("mul", kk, ctx.const(n))
         b_ptrs = ctx.emit("addptr", ctx.splat(b_buf, count), ctx.emit("add", b_cols, ctx.splat(b_row, count)))
-        x = ctx.cast(ctx.emit("load", a_ptrs), acc_dtype)
-        y = ctx.cast(ctx.emit("load", b_ptrs), acc_dtype)
+        x, y = ctx.emit("load", a_ptrs), ctx.emit("load", b_ptrs)
+        if tf32:
+            x, y = _round_to_tf32(ctx, x), _round_to_tf32(ctx, y)
+        x, y = ctx.cast(x, acc_dtype), ctx.cast(y, acc_dtype)
         ctx.create("yield", [ctx.emit("add", total, ctx.emit("mul", x, y))])
     loop = ctx.create("for", [ctx.const(0), ctx.const(k), ctx.const(1), acc.value], None, [acc.value.type], [body])
     ctx.barrier()
@@ -82,7 +89,7 @@ def _mma_dot(ctx, op, plan):
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
     na, nb, nc = inst.a.local_size, inst.b.local_size, inst.c.local_size    # registers per fragment
-    fragment = RegsType(ScalarType(dt.f32), nc)
+    fragment = RegsType(acc.element, nc)
     for rm in range(plan.rm):
         for rn in range(plan.rn):
             c0 = (rm * plan.rn + rn) * nc
@@ -110,3 +117,13 @@ def _fragment(ctx, op, index, want, trans, inst):
         if loaded is not None:
             return loaded
     return ctx.convert(ctx.operand(op, index), want, op)
+
+
+def _round_to_tf32(ctx, x):
+    """f32 registers rounded to tf32 as cvt.rna.tf32.f32 (and `numerics.round_to_tf32`) does: add half a tf32
+    ulp to the bits and drop the low 13 (to nearest, ties away from zero); NaNs are kept as they are."""
+    count = x.type.count
+    bits = ctx.emit("bitcast", x, type=RegsType(ScalarType(dt.i32), count))
+    half_ulp, mask = ctx.const_regs([0x1000] * count, dt.i32), ctx.const_regs([-0x2000] * count, dt.i32)
+    rounded = ctx.emit("bitcast", ctx.emit("and", ctx.emit("add", bits, half_ulp), mask), type=x.type)
+    return ctx.emit("select", ctx.emit("cmp", x, x, attrs={"pred": "ne"}), x, rounded)
