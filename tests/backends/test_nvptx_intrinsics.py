@@ -1,4 +1,5 @@
-"""Every entry of the NVPTX intrinsics table assembles, for sm_80 and sm_90a.
+"""Every entry of the NVPTX intrinsics table assembles, for sm_80 and sm_90a (those in `REQUIRES` only where
+the target has the feature).
 
 LLVM turns an unknown intrinsic name into a call of an external function
 (only ptxas notices) and aborts on one the GPU cannot select, so each name
@@ -18,6 +19,7 @@ from tessera.backends.nvptx import intrinsics as nv
 from tessera.backends.nvptx.compile import _run_llvm_isolated
 from tessera.backends.llvm.types import F32, F64, I8, I32
 from tessera.backends.nvptx.ptxas import assemble
+from tessera.ir.target import get_target
 
 TARGETS = ("sm_80", "sm_90a")
 FEATURES = "+ptx80"
@@ -55,15 +57,19 @@ class _Kernel:
 def _special_args(k: _Kernel, name: str):
     if name in ("llvm.nvvm.barrier.cta.sync.aligned.all", "llvm.nvvm.cp.async.wait.group"):
         return [ir.Constant(I32, 0)]
+    if name == "llvm.nvvm.wgmma.wait_group.sync.aligned":
+        return [ir.Constant(ir.IntType(64), 0)]
     if name.startswith("llvm.nvvm.shfl.sync"):
         value, lane = (k.b.load(k._address(k.src, I32), typ=I32) for _ in range(2))
         return [ir.Constant(I32, -1), value, lane, ir.Constant(I32, 31)]
     return None
 
 
-def _table_kernel(with_libdevice: bool) -> tuple[str, list[str]]:
+def _table_kernel(with_libdevice: bool, target: str) -> tuple[str, list[str]]:
     k = _Kernel()
     for name in nv.FIXED:
+        if name in nv.REQUIRES and not get_target(target).has(nv.REQUIRES[name]):
+            continue
         k.call(nv.declare(k.module, name), _special_args(k, name))
     for family, spec in nv.OVERLOADED.items():
         for overloads in spec.examples:
@@ -98,15 +104,16 @@ def _compile_and_assemble(target: str, text: str, functions: list[str], libdevic
 
 def test_every_table_entry_compiles_and_assembles_for_sm_80_and_sm_90a():
     libdevice = find_libdevice()
-    text, functions = _table_kernel(with_libdevice=libdevice is not None)
     with ThreadPoolExecutor(len(TARGETS)) as pool:  # the work is in child processes: run them side by side
-        for done in [pool.submit(_compile_and_assemble, t, text, functions, libdevice) for t in TARGETS]:
+        for done in [pool.submit(_compile_and_assemble, t, *_table_kernel(libdevice is not None, t), libdevice)
+                     for t in TARGETS]:
             done.result()
 
 
 def test_the_table_names_only_what_codegen_may_call():
     assert all(name.startswith("llvm.") for name in [*nv.FIXED, *nv.OVERLOADED])
     assert set(nv.APPROX.values()) <= set(nv.FIXED)
+    assert set(nv.REQUIRES) <= set(nv.FIXED) and "llvm.nvvm.wgmma.fence.sync.aligned" in nv.REQUIRES
     assert {name for pair in nv.LIBDEVICE.values() for name in pair} == set(nv.libdevice_functions())
     with pytest.raises(KeyError, match="not in the intrinsics table"):
         nv.declare(ir.Module(), "llvm.nvvm.made.up")

@@ -27,6 +27,7 @@ from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import math as nvptx_math
 from .intrinsics import NVPTX_INTRINSICS
+from . import warpgroup
 from .lowerings import LOWERINGS
 
 SHARED_MEMORY_SYMBOL = "global_smem"
@@ -95,6 +96,8 @@ class NvptxDialect(TargetDialect):
 
     def check_op(self, op: Operation) -> str | None:
         target = self.target
+        if op.name in warpgroup.WARPGROUP_OPS:
+            return warpgroup.check_op(op, target)
         if op.name == "mma_m16n8k16" and not target.has("mma.sync"):
             return (f"mma_m16n8k16 needs mma.sync, which {target.name} lacks; lower the kernel for this target "
                     "(dot then uses FMA)")

@@ -20,7 +20,7 @@ from ..llvm.intrinsics import (BF16, COMMON_OVERLOADED, F16, VOID, Family, Intri
                                overloaded_name)
 from ..llvm.types import F32, F64, I32, I64
 
-__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "call", "declare",
+__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "REQUIRES", "call", "declare",
            "declare_libdevice", "libdevice_functions", "overloaded_name"]
 
 # -- fixed signatures ------------------------------------------------------------
@@ -63,7 +63,18 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for cache, size in (("cg", 16), ("ca", 4), ("ca", 8), ("ca", 16))},
     "llvm.nvvm.cp.async.commit.group": (VOID, ()),
     "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
+    # -- Hopper warpgroup MMA (sm_90a only: see REQUIRES) --------------------------------------------------
+    # wgmma.{fence,commit_group}.sync.aligned; wgmma.wait_group.sync.aligned N (immarg i64: groups left in
+    # flight); fence.proxy.async.shared::cta (generic-proxy shared writes -> visible to wgmma's async proxy).
+    # wgmma.mma_async itself has no intrinsic: warpgroup.py emits it as inline PTX.
+    "llvm.nvvm.wgmma.fence.sync.aligned": (VOID, ()),
+    "llvm.nvvm.wgmma.commit_group.sync.aligned": (VOID, ()),
+    "llvm.nvvm.wgmma.wait_group.sync.aligned": (VOID, (I64,)),
+    "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),
 }
+
+# Intrinsics that only some targets can select: name -> the `Target` feature they need.
+REQUIRES: dict[str, str] = {name: "wgmma" for name in FIXED if ".wgmma." in name or ".fence.proxy.async" in name}
 
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED
 
