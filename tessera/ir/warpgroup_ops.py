@@ -20,6 +20,7 @@ and the PTX `backends/nvptx/warpgroup.py`.
 from __future__ import annotations
 
 from . import dtypes as dt
+from .layouts import LayoutError
 from .ops import define, require
 from .types import PointerType, RegsType, ScalarType
 from .wgmma_layouts import SWIZZLE_MODES, WGMMA_K, WGMMA_M, WGMMA_NS, MatrixDescriptor
@@ -47,7 +48,10 @@ def _infer_desc(ts, a):
             f"wgmma_desc describes a tile in shared memory: its operand is a ptr<T, shared>, got {ptr}")
     require(a["swizzle"] in SWIZZLE_MODES, f"wgmma_desc swizzle is one of {sorted(SWIZZLE_MODES)} bytes, "
                                            f"got {a['swizzle']}")
-    MatrixDescriptor(0, a["lbo"], a["sbo"], a["swizzle"])  # the byte offsets must be encodable
+    try:
+        MatrixDescriptor(0, a["lbo"], a["sbo"], a["swizzle"])  # the byte offsets must be encodable
+    except LayoutError as e:
+        require(False, f"wgmma_desc: {e}")
     return [I64]
 
 

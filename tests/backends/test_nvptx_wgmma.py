@@ -31,6 +31,7 @@ def test_wgmma_kernel_compiles_for_sm_90a_and_assembles_without_spills(n):
     assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)
     assert "fence.proxy.async.shared::cta;" in ptx
     assert ".extern .func" not in ptx
+    assert ".extern .shared .align 1024 .b8 global_smem[]" in ptx   # the swizzle pattern's period
     if find_ptxas() is not None:
         assert artifacts.cubin
         info = artifacts.ptxas_info

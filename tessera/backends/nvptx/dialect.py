@@ -3,7 +3,7 @@
 * the kernel is a `ptx_kernel` function with `"nvvm.maxntid"="<num_threads>"`
   (PTX `.maxntid`, the launch bound);
 * shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
-  (`global_smem`, 16-byte aligned); the launch must pass
+  (`global_smem`, 16-byte aligned; 1024 in kernels that use wgmma); the launch must pass
   `fn.attrs["shared_bytes"]` as the dynamic size;
 * `thread_id` is `%tid.x`; `program_id` / `num_programs` are `%ctaid` /
   `%nctaid` along the axis; `barrier` is `bar.sync 0`;
@@ -59,7 +59,9 @@ class NvptxDialect(TargetDialect):
     def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
         smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
         smem.linkage = "external"
-        smem.align = SHARED_MEMORY_ALIGN
+        # wgmma's swizzle patterns are keyed by absolute shared addresses: start them on a 1024-byte boundary
+        uses_wgmma = any(op.name in warpgroup.WARPGROUP_OPS for op in fn.walk())
+        smem.align = warpgroup.SHARED_MEMORY_ALIGN if uses_wgmma else SHARED_MEMORY_ALIGN
         smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
         return smem
 

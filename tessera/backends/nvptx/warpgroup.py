@@ -37,6 +37,8 @@ from tessera.ir.wgmma_layouts import MatrixDescriptor
 from ..llvm.types import F32, I32, I64
 from .lowerings import lowering
 
+# Swizzled wgmma tiles at shared offset 0 must sit on a 1024-byte boundary (the 128B pattern's period).
+SHARED_MEMORY_ALIGN = 1024
 WARPGROUP_OPS = frozenset({"wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait", "fence_proxy_async"})
 
 
