@@ -13,6 +13,13 @@ A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
     wgmma_commit           ... the wgmmas issued so far form a group,
     wgmma_wait             and at most `pending` groups remain in flight: %d is ready
 
+Why the fences (PTX ISA 9.7.15.4 "Async Proxy"): wgmma reads shared memory
+through the async proxy, so generic-proxy writes to its operands need
+`fence.proxy.async` first; and 9.7.15.7.1 (wgmma.fence): a wgmma.fence is
+required before the first wgmma of a warpgroup and between other accesses of
+its accumulator / A registers and a wgmma using them (chains of same-shape
+wgmmas on one accumulator excepted).
+
 The type rules are here; the SIMT semantics are `backends/interp/simt_wgmma.py`
 and the PTX `backends/nvptx/warpgroup.py`.
 """

@@ -36,6 +36,11 @@ Without swizzle a core matrix is 128 contiguous bytes (8 rows of 16):
 
     address = start + (r // 8) * SBO + (b // 16) * LBO + (r % 8) * 16 + b % 16
 
+For K-major operands the leading-dimension byte offset (LBO) is the step
+between K-adjacent core matrices without swizzle and is unused (assumed 1,
+i.e. 16 bytes) when swizzled; SBO steps between 8-row groups (PTX ISA
+"Strides": the tcgen05 section 9.7.16.3 tabulates the same definitions).
+
 Matrix descriptor (PTX ISA 9.7.15.5.1.2.2, "Matrix Descriptor Format"), with
 encode(x) = (x & 0x3FFFF) >> 4:
 
