@@ -75,3 +75,19 @@ def test_wgmma_needs_whole_warpgroups():
 def test_two_warpgroups_each_run_their_own_wgmma():
     a, bt, out = simulate(wgmma_kernel(64, 16, warpgroups=2), 64, 16)
     np.testing.assert_allclose(out, a.astype(np.float64) @ bt.astype(np.float64).T, rtol=1e-5, atol=1e-5)
+
+
+def test_descriptors_must_be_aligned_and_uniform_across_the_warpgroup():
+    text = wgmma_kernel(64, 16)
+    with pytest.raises(InterpreterError, match="wgmma_desc of thread 1: shared byte 2 is not 16-byte aligned"):
+        simulate(text.replace("%ap0 = addptr %sa, %c0", "%ap0 = addptr %sa, %tid"), 64, 16)
+    split = ("  %half = div %tid, %c64 : i32\n  %hoff = mul %half, %c64 : i32\n"
+             "  %ap0 = addptr %sa, %hoff")
+    with pytest.raises(InterpreterError, match="the A descriptor differs between threads of a warpgroup .thread 64."):
+        simulate(text.replace("  %ap0 = addptr %sa, %c0", split), 64, 16)
+
+
+def test_mn_major_operands_are_not_modelled_yet():
+    text = wgmma_kernel(64, 16).replace('{dtype = "bf16", k = 16', '{dtype = "bf16", trans_b = true, k = 16')
+    with pytest.raises(InterpreterError, match="MN-major wgmma operands"):
+        simulate(text, 64, 16)
