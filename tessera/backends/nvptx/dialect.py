@@ -26,8 +26,8 @@ from tessera.ir.target import Target
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import math as nvptx_math
-from .intrinsics import NVPTX_INTRINSICS
 from . import warpgroup
+from .intrinsics import NVPTX_INTRINSICS
 from .lowerings import LOWERINGS
 
 SHARED_MEMORY_SYMBOL = "global_smem"
