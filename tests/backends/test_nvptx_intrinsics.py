@@ -1,6 +1,6 @@
 """Every entry of the NVPTX intrinsics table assembles, for sm_80 and sm_90a.
 
-An entry in `intrinsics.NEEDS` (fp8 mma: sm_89+) is compiled only for the
+An entry in `intrinsics.NEEDS` (fp8 mma: sm_89+; wgmma: sm_90a) is compiled only for the
 targets with that feature, each target with its own PTX version (sm_90a:
 +ptx84, which fp8 mma.sync needs).
 
@@ -59,6 +59,8 @@ class _Kernel:
 def _special_args(k: _Kernel, name: str):
     if name in ("llvm.nvvm.barrier.cta.sync.aligned.all", "llvm.nvvm.cp.async.wait.group"):
         return [ir.Constant(I32, 0)]
+    if name == "llvm.nvvm.wgmma.wait_group.sync.aligned":
+        return [ir.Constant(ir.IntType(64), 0)]
     if name.startswith("llvm.nvvm.shfl.sync"):
         value, lane = (k.b.load(k._address(k.src, I32), typ=I32) for _ in range(2))
         return [ir.Constant(I32, -1), value, lane, ir.Constant(I32, 31)]
@@ -118,6 +120,7 @@ def test_feature_gated_entries_are_compiled_somewhere():
 def test_the_table_names_only_what_codegen_may_call():
     assert all(name.startswith("llvm.") for name in [*nv.FIXED, *nv.OVERLOADED])
     assert set(nv.APPROX.values()) <= set(nv.FIXED)
+    assert set(nv.NEEDS) <= set(nv.FIXED) and "llvm.nvvm.wgmma.fence.sync.aligned" in nv.NEEDS
     assert {name for pair in nv.LIBDEVICE.values() for name in pair} == set(nv.libdevice_functions())
     with pytest.raises(KeyError, match="not in the intrinsics table"):
         nv.declare(ir.Module(), "llvm.nvvm.made.up")

@@ -248,6 +248,20 @@ func @bulk_async(%map: ptr<i8>) {
   return
 }
 """,
+    "warpgroup": """\
+func @warpgroup(%p: ptr<bf16, shared>) attributes {num_threads = 128} {
+  fence_proxy_async
+  %a = wgmma_desc %p {lbo = 16, sbo = 1024, swizzle = 128} : i64
+  %b = wgmma_desc %p {lbo = 128, sbo = 256, swizzle = 0} : i64
+  %c = constant {value = 0.0} : regs<32xf32>
+  wgmma_fence
+  %d = wgmma %a, %b, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>
+  %e = wgmma %a, %b, %d {dtype = "f16", k = 16, m = 64, n = 64, trans_a = false, trans_b = true} : regs<32xf32>
+  wgmma_commit
+  wgmma_wait {pending = 0}
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

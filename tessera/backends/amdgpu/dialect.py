@@ -53,6 +53,8 @@ UNSUPPORTED_OPS = {
        for name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                     "fence_mbarrier_init", "fence_proxy_async")},
     "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
+    **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
+       for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
 }
 
 

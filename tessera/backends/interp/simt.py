@@ -30,7 +30,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import Type, scalar_dtype, shape_of
 
-from . import simt_control, simt_memory, simt_mbarrier  # noqa: F401  (fill the SIMT semantics table)
+from . import simt_control, simt_memory, simt_mbarrier, simt_wgmma  # noqa: F401  (fill the SIMT semantics table)
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .interpreter import _normalize_grid, bind_arguments
@@ -101,6 +101,10 @@ class ThreadBlock:
         self.mask: np.ndarray | None = None  # active threads; None when all are
         self.env: dict[Value, Any] = {}
         self.steps = 0
+        # Results that asynchronous ops (wgmma) still write: value -> (the op, a check of an op reading it
+        # that returns an error message or None). Per-block state of semantics modules lives in `state`.
+        self.unready: dict[Value, tuple[Operation, Any]] = {}
+        self.state: dict[str, Any] = {}
 
     def run(self, args: Sequence[Any]) -> None:
         with np.errstate(all="ignore"):
@@ -108,6 +112,10 @@ class ThreadBlock:
                 self.run_region(self.fn.body, [self._per_thread(a) for a in args])
             except KernelReturn:
                 pass
+        if self.unready:
+            op = next(iter(self.unready.values()))[0]
+            raise self.error(op, f"the kernel ends with {op.name} results never waited for; add the commit "
+                                 "and a wait that retires them before it returns")
         left = self.shared.async_outstanding()
         if left:
             raise InterpreterError(f"{left} async copies never waited for: the kernel ends with async_copy ops "
@@ -133,6 +141,8 @@ class ThreadBlock:
             if self.steps > self.launch.max_steps:
                 raise self.error(op, f"the block executed more than {self.launch.max_steps} ops without finishing; "
                                      "is a loop infinite? (pass a larger max_steps= to run_threads if not)")
+            if self.unready:
+                self._check_ready(op)
             sem = SIMT_SEMANTICS.get(op.name)
             if sem is None:
                 what = "a tile-level op; lower the kernel to threads first" if op.name in TILE_ONLY_OPS else \
@@ -147,6 +157,14 @@ class ThreadBlock:
             elif op.results:
                 env[op.results[0]] = self._checked(op, out, op.results[0].type)
         return []
+
+    def _check_ready(self, op: Operation) -> None:
+        for value in op.operands:
+            entry = self.unready.get(value)
+            if entry is not None:
+                message = entry[1](op)
+                if message:
+                    raise self.error(op, message)
 
     def memo(self, op: Operation, make) -> np.ndarray:
         """A value that depends only on `op` and the launch (constants), computed once, read-only."""

@@ -58,6 +58,7 @@ import numpy as np
 from tessera.ir import dtypes as dt
 from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
 
+from . import simt_wgmma
 from .simt_ops import simt
 from .simt_shared import SharedRegion
 from .storage import Memory
@@ -211,8 +212,20 @@ def _init(ctx, op, bar, count):
     _touch(ctx, op, bar, threads, np.asarray(count, np.int64)[threads])
 
 
-@simt("fence_mbarrier_init", "fence_proxy_async")
-def _fence(ctx, op):
+@simt("fence_mbarrier_init")
+def _fence_mbarrier_init(ctx, op):
+    _publish_barrier_inits(ctx)
+
+
+@simt("fence_proxy_async")
+def _fence_proxy_async(ctx, op):
+    """fence.proxy.async orders every earlier shared-memory access of the thread before the async proxy:
+    mbarrier inits (for TMA) and operand writes (for wgmma) alike."""
+    _publish_barrier_inits(ctx)
+    simt_wgmma.snapshot_async_view(ctx)
+
+
+def _publish_barrier_inits(ctx) -> None:
     threads = set(_active(ctx).tolist())
     for bar in _proxy(ctx).barriers.values():
         if bar.init_thread in threads:

@@ -3,7 +3,7 @@
 * the kernel is a `ptx_kernel` function with `"nvvm.maxntid"="<num_threads>"`
   (PTX `.maxntid`, the launch bound);
 * shared memory is one dynamic `extern [0 x i8] addrspace(3)` buffer
-  (`global_smem`, 16-byte aligned); the launch must pass
+  (`global_smem`, 16-byte aligned; 1024 in kernels that use wgmma); the launch must pass
   `fn.attrs["shared_bytes"]` as the dynamic size;
 * `thread_id` is `%tid.x`; `program_id` / `num_programs` are `%ctaid` /
   `%nctaid` along the axis; `barrier` is `bar.sync 0`;
@@ -29,6 +29,7 @@ from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import bulk_async  # noqa: F401  (registers the mbarrier and TMA lowerings)
 from . import math as nvptx_math
+from . import warpgroup
 from .bulk_async import REQUIRED_FEATURES
 from .intrinsics import NVPTX_INTRINSICS
 from .lowerings import LOWERINGS
@@ -62,7 +63,9 @@ class NvptxDialect(TargetDialect):
     def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
         smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
         smem.linkage = "external"
-        smem.align = SHARED_MEMORY_ALIGN
+        # wgmma's swizzle patterns are keyed by absolute shared addresses: start them on a 1024-byte boundary
+        uses_wgmma = any(op.name in warpgroup.WARPGROUP_OPS for op in fn.walk())
+        smem.align = warpgroup.SHARED_MEMORY_ALIGN if uses_wgmma else SHARED_MEMORY_ALIGN
         smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
         return smem
 
@@ -99,6 +102,8 @@ class NvptxDialect(TargetDialect):
 
     def check_op(self, op: Operation) -> str | None:
         target = self.target
+        if op.name in warpgroup.WARPGROUP_OPS:
+            return warpgroup.check_op(op, target)
         if op.name == "mma" and not target.has("mma.sync"):
             return (f"mma needs mma.sync, which {target.name} lacks; lower the kernel for this target "
                     "(dot then uses FMA)")
@@ -115,7 +120,7 @@ class NvptxDialect(TargetDialect):
             feature, what = REQUIRED_FEATURES[op.name]
             if not target.has(feature):
                 return (f"{op.name} needs {what}, which {target.name} lacks; compile for sm_90a or lower the kernel "
-                        "for this target without TMA and mbarriers")
+                        "for this target without sm_90's asynchronous units")
         return None
 
 

@@ -75,6 +75,14 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for cache, size in (("cg", 16), ("ca", 4), ("ca", 8), ("ca", 16))},
     "llvm.nvvm.cp.async.commit.group": (VOID, ()),
     "llvm.nvvm.cp.async.wait.group": (VOID, (I32,)),    # immarg: the number of groups left in flight
+    # -- Hopper warpgroup MMA (sm_90a only: see NEEDS) --------------------------------------------------
+    # wgmma.{fence,commit_group}.sync.aligned; wgmma.wait_group.sync.aligned N (immarg i64: groups left in
+    # flight); fence.proxy.async.shared::cta (generic-proxy shared writes -> visible to wgmma's async proxy).
+    # wgmma.mma_async itself has no intrinsic: warpgroup.py emits it as inline PTX.
+    "llvm.nvvm.wgmma.fence.sync.aligned": (VOID, ()),
+    "llvm.nvvm.wgmma.commit_group.sync.aligned": (VOID, ()),
+    "llvm.nvvm.wgmma.wait_group.sync.aligned": (VOID, (I64,)),
+    "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),
 }
 
 # -- sm_90+ only: mbarriers and TMA (bulk_async.py) --------------------------------
@@ -89,7 +97,6 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta": (I64, (_SMEM, I32)),  # mbarrier.arrive.expect_tx
     "llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta": (I1, (_SMEM, I32)),    # mbarrier.try_wait.parity
     "llvm.nvvm.fence.mbarrier_init.release.cluster": (VOID, ()),
-    "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),                            # fence.proxy.async.shared::cta
     # cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: (dst, mbarrier, tensor
     # map (generic address), r coordinates innermost first, multicast mask, cache hint, use-multicast flag,
     # use-cache-hint flag, cta_group (immarg, 0 = none)).
@@ -101,7 +108,11 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED
 
 # Entries only some targets can select, with the `Target` feature they need (the validator checks the op first).
-NEEDS: dict[str, str] = {name: "mma.fp8" for name in FIXED if name.startswith("llvm.nvvm.mma.m16n8k32.row.col.f32.")}
+NEEDS: dict[str, str] = {
+    **{name: "mma.fp8" for name in FIXED if name.startswith("llvm.nvvm.mma.m16n8k32.row.col.f32.")},
+    **{name: "wgmma" for name in FIXED if ".wgmma." in name},
+    "llvm.nvvm.fence.proxy.async.shared_cta": "mbarrier",     # sm_90+
+}
 
 # -- libdevice -----------------------------------------------------------------------
 

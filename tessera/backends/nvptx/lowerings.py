@@ -107,3 +107,7 @@ def _async_commit(lw, op):
 @lowering("async_wait")
 def _async_wait(lw, op):
     lw.intrinsic("llvm.nvvm.cp.async.wait.group", [ir.Constant(I32, op.attrs["pending"])])
+
+
+# Hopper's warpgroup ops (wgmma) register themselves into LOWERINGS from their own file.
+from . import warpgroup  # noqa: E402,F401

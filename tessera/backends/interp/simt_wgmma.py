@@ -1,0 +1,230 @@
+"""wgmma in the SIMT simulator: warpgroup-wide, asynchronous, reading shared memory through descriptors.
+
+Each op runs per warpgroup (128 consecutive threads, 4 warps of 32): all of a
+warpgroup's threads execute it together or none does, else it is an error,
+like the whole-warp rule of mma.sync. What the hardware leaves undefined when
+a program breaks the rules is reported instead (`ir/warpgroup_ops.py` shows
+the sequence a kernel follows):
+
+* `wgmma` decodes its two descriptors (which must be the same in every thread
+  of the warpgroup) with `wgmma_layouts.operand_addresses`, so the swizzle
+  mode is honoured exactly, and computes D = A @ B + C in f32, one k at a
+  time (like `mma_m16n8k16`). It needs a `wgmma_fence` since the kernel
+  start or the warpgroup's last `wgmma_wait` (stricter than the ISA, which
+  exempts accumulator chains: every code generator fences each batch anyway).
+* the shared bytes it reads must be what the last `fence_proxy_async` saw
+  (bytes written after it, by st.shared or cp.async, are invisible to the
+  async proxy wgmma reads through), and they count as read by the whole
+  warpgroup for the race check, so the writes need a `barrier` too.
+* its result is not ready until a `wgmma_commit` and a `wgmma_wait` retire
+  its group: until then it holds NaN, and an op that reads it is an error,
+  except another wgmma taking it as its accumulator (chaining in flight is
+  what the hardware allows; the chain continues from the true value).
+* when a wait retires a wgmma, the shared bytes it read must be unchanged:
+  writing operands of a wgmma in flight is an error. Results never waited for
+  are an error at the end of the kernel.
+
+MN-major operands (`trans_a` / `trans_b`) are not modelled yet: they are an error here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Operation, Value
+from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, MatrixDescriptor, operand_addresses, wgmma_accumulator
+
+from .simt_ops import simt
+from .simt_shared import SharedRegion
+
+_FENCE_ADVICE = "add fence_proxy_async after the shared-memory writes (then a barrier) before the wgmma"
+
+
+@dataclass(eq=False)
+class _Issued:
+    """One wgmma in flight: its true result, per thread its group and whether it is still waiting."""
+
+    op: Operation
+    result: np.ndarray        # (T, N/2) f32
+    group: np.ndarray         # (T,) the issuing thread's committed-group count at issue
+    waiting: np.ndarray       # (T,) bool
+    addresses: np.ndarray     # shared byte addresses it read
+    data: np.ndarray          # their bytes when it read them
+
+
+class WarpgroupState:
+    """Per block: committed groups and fences per thread, wgmmas in flight, the async-proxy view of shared."""
+
+    def __init__(self, num_threads: int):
+        self.committed = np.zeros(num_threads, np.int64)
+        self.fenced = np.zeros(num_threads, bool)
+        self.in_flight: dict[Value, _Issued] = {}
+        self.async_view: np.ndarray | None = None   # shared bytes as of the last fence_proxy_async
+
+
+def _state(ctx) -> WarpgroupState:
+    state = ctx.state.get("wgmma")
+    if state is None:
+        state = ctx.state["wgmma"] = WarpgroupState(ctx.num_threads)
+    return state
+
+
+def _live(ctx) -> np.ndarray:
+    return np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
+
+
+def _warpgroups(ctx, op) -> list[int]:
+    """The warpgroups executing `op`; an error unless each has all 128 threads or none active."""
+    if ctx.warp_size != 32:
+        raise ctx.error(op, f"{op.name} needs 32-lane warps, but this block's warps have {ctx.warp_size} lanes")
+    if ctx.num_threads % WARPGROUP:
+        raise ctx.error(op, f"{op.name} runs on warpgroups of {WARPGROUP} threads, but the block has "
+                            f"{ctx.num_threads}; use a multiple of {WARPGROUP}")
+    per_group = _live(ctx).reshape(-1, WARPGROUP)
+    partial = per_group.any(axis=1) & ~per_group.all(axis=1)
+    if partial.any():
+        g = int(np.argmax(partial))
+        raise ctx.error(op, f"{op.name} in divergent code: only {int(per_group[g].sum())} of the {WARPGROUP} "
+                            f"threads of warpgroup {g} execute it; all 4 warps of a warpgroup must reach it together")
+    return [int(g) for g in np.flatnonzero(per_group.all(axis=1))]
+
+
+@simt("wgmma_desc")
+def _wgmma_desc(ctx, op, ptr):
+    region = ptr.memory
+    if not isinstance(region, SharedRegion) or region.dtype.bits < 8:
+        raise ctx.error(op, "wgmma_desc describes a tile in shared memory of whole-byte elements")
+    address = region.byte_offset + ptr.offsets.astype(np.int64) * (region.dtype.bits // 8)
+    live = _live(ctx)
+    bad = live & (address % 16 != 0)
+    if bad.any():
+        t = int(np.argmax(bad))
+        raise ctx.error(op, f"wgmma_desc of thread {t}: shared byte {int(address[t])} is not 16-byte aligned")
+    fields = MatrixDescriptor(0, op.attrs["lbo"], op.attrs["sbo"], op.attrs["swizzle"]).signed()
+    return ((address & 0x3FFFF) >> 4) | np.int64(fields)
+
+
+@simt("wgmma_fence")
+def _wgmma_fence(ctx, op):
+    _warpgroups(ctx, op)
+    _state(ctx).fenced[_live(ctx)] = True
+
+
+def snapshot_async_view(ctx) -> None:
+    """What `fence_proxy_async` means for wgmma: the shared bytes its async proxy may now read
+    (the op's semantics are `simt_mbarrier`'s, which calls this)."""
+    _state(ctx).async_view = ctx.shared.bytes.copy()
+
+
+@simt("wgmma_commit")
+def _wgmma_commit(ctx, op):
+    _warpgroups(ctx, op)
+    _state(ctx).committed[_live(ctx)] += 1
+
+
+@simt("wgmma_wait")
+def _wgmma_wait(ctx, op):
+    _warpgroups(ctx, op)
+    state, live = _state(ctx), _live(ctx)
+    limit = state.committed - op.attrs["pending"]
+    for value, issued in list(state.in_flight.items()):
+        retire = issued.waiting & live & (issued.group < limit)
+        if not retire.any():
+            continue
+        changed = ctx.shared.bytes[issued.addresses] != issued.data
+        if changed.any():
+            raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(changed)])}, which the wgmma at "
+                                f"{issued.op.loc or 'an unknown location'} reads, was written while it was in "
+                                "flight; wait for the wgmma (wgmma_wait) before overwriting its operands")
+        ctx.env[value] = np.where(retire[:, None], issued.result, ctx.env[value])
+        issued.waiting &= ~retire
+        if not issued.waiting.any():
+            del state.in_flight[value]
+            del ctx.unready[value]
+    state.fenced[live] = False
+
+
+@simt("wgmma")
+def _wgmma(ctx, op, a_desc, b_desc, acc):
+    groups = _warpgroups(ctx, op)
+    state, live = _state(ctx), _live(ctx)
+    if op.attrs.get("trans_a") or op.attrs.get("trans_b"):
+        raise ctx.error(op, "MN-major wgmma operands (trans_a / trans_b) are not modelled by the SIMT simulator")
+    if not state.fenced[live].all():
+        t = int(np.argmax(live & ~state.fenced))
+        raise ctx.error(op, f"wgmma without a wgmma_fence (thread {t}) since the kernel start or the last "
+                            "wgmma_wait; add wgmma_fence before the first wgmma of each batch")
+    chained = state.in_flight.get(op.operands[2])
+    if chained is not None:   # accumulating in flight: continue from the true value
+        acc = np.where(chained.waiting[:, None], chained.result, acc)
+    n, dtype = op.attrs["n"], dt.dtype_from_name(op.attrs["dtype"])
+    rows, cols = wgmma_accumulator(n).table().transpose(2, 0, 1)
+    result = np.array(acc, np.float32)
+    read = []
+    for g in groups:
+        threads = slice(g * WARPGROUP, (g + 1) * WARPGROUP)
+        a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype)
+        b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype)   # B as its n x 16 transpose
+        read += [a_at, b_at]
+        d = np.zeros((WGMMA_M, n), np.float32)
+        d[rows, cols] = result[threads]
+        for k in range(a.shape[1]):
+            d = d + a[:, k, None] * b[None, :, k]   # float32 throughout: one rounding per k
+        result[threads] = d[rows, cols]
+        _check_reads(ctx, op, state, np.concatenate([a_at.ravel(), b_at.ravel()]), g)
+    addresses = np.unique(np.concatenate([r.ravel() for r in read])) if read else np.zeros(0, np.int64)
+    state.in_flight[op.result] = _Issued(op, result, state.committed.copy(), live.copy(), addresses,
+                                         ctx.shared.bytes[addresses].copy())
+    ctx.unready[op.result] = (op, lambda reader, value=op.result: _early_read(ctx, reader, value))
+    return np.full((ctx.num_threads, n // 2), np.nan, np.float32)
+
+
+def _operand(ctx, op, name: str, descs: np.ndarray, rows: int, dtype: dt.DType):
+    """The rows x 16 K-major operand a warpgroup's descriptor points at, as f32, and its byte addresses."""
+    if (descs != descs[0]).any():
+        t = int(np.argmax(descs != descs[0]))
+        raise ctx.error(op, f"the {name} descriptor differs between threads of a warpgroup (thread {t}); "
+                            "wgmma needs one descriptor per warpgroup")
+    desc = MatrixDescriptor.decode(int(descs[0]))
+    try:
+        at = operand_addresses(desc, rows, 2)
+    except ValueError as e:
+        raise ctx.error(op, f"{name} descriptor {desc}: {e}") from None
+    if at.min() < 0 or at.max() + 1 >= ctx.shared.size:
+        raise ctx.error(op, f"wgmma {name} operand ({desc}) reads shared bytes {int(at.min())}.."
+                            f"{int(at.max()) + 1}, outside the block's {ctx.shared.size} bytes")
+    raw = ctx.shared.bytes
+    bits = raw[at].astype(np.uint16) | (raw[at + 1].astype(np.uint16) << 8)
+    values = dtype.decode(bits).astype(np.float32)
+    return values, np.stack([at, at + 1], axis=-1)
+
+
+def _check_reads(ctx, op, state: WarpgroupState, addresses: np.ndarray, group: int) -> None:
+    """The bytes must be visible to the async proxy and not racing with other threads' writes."""
+    if state.async_view is None:
+        raise ctx.error(op, f"wgmma reads shared memory, but no fence_proxy_async has run; {_FENCE_ADVICE}")
+    stale = ctx.shared.bytes[addresses] != state.async_view[addresses]
+    if stale.any():
+        raise ctx.error(op, f"wgmma reads shared byte {int(addresses[np.argmax(stale)])}, written after the last "
+                            f"fence_proxy_async, so the async proxy may not see it; {_FENCE_ADVICE}")
+    whole = ctx.shared.region(0, ctx.shared.size, dt.u8)
+    first, last = group * WARPGROUP, (group + 1) * WARPGROUP - 1
+    threads = np.repeat(np.array([first, last]), addresses.size)
+    race = ctx.shared.record_read(whole, threads, np.tile(addresses, 2))
+    if race is not None:
+        raise ctx.error(op, f"shared-memory race: {race}")
+
+
+def _early_read(ctx, reader: Operation, value: Value) -> str | None:
+    issued = _state(ctx).in_flight[value]
+    early = issued.waiting & _live(ctx)
+    if not early.any():
+        return None
+    if reader.name == "wgmma" and reader.operands[2] is value and value not in reader.operands[:2]:
+        return None
+    return (f"{reader.name} reads the result of the wgmma at {issued.op.loc or 'an unknown location'} (thread "
+            f"{int(np.argmax(early))}) before a wgmma_wait retired it; add wgmma_commit and wgmma_wait "
+            "{pending = 0} (or fewer pending groups than were committed since) before reading the accumulator")

@@ -1,0 +1,101 @@
+"""NVPTX lowering of the warpgroup ops (`ir/warpgroup_ops.py`): Hopper wgmma, sm_90a only.
+
+* `wgmma_fence` / `wgmma_commit` / `wgmma_wait N` are `wgmma.fence.sync.aligned`,
+  `wgmma.commit_group.sync.aligned` and `wgmma.wait_group.sync.aligned N`
+  through their LLVM intrinsics; `fence_proxy_async` is
+  `fence.proxy.async.shared::cta` (`llvm.nvvm.fence.proxy.async.shared_cta`).
+* `wgmma_desc` is integer arithmetic: the shared pointer's address (ptrtoint of
+  the addrspace(3) pointer is its shared-window address), `(addr & 0x3FFFF) >> 4`,
+  OR'ed with the constant LBO / SBO / swizzle fields (`wgmma_layouts.MatrixDescriptor`).
+* `wgmma` has no LLVM intrinsic (LLVM 22), so it is inline PTX:
+
+      {
+      .reg .pred p;
+      setp.ne.b32 p, $N+2, 0;
+      wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<t>.<t> {$0, ..., $N/2-1}, $N/2, $N/2+1, p, 1, 1, <ta>, <tb>;
+      }
+
+  with N/2 "=f" outputs tied to the accumulator inputs ("0", "1", ...: the
+  "+f" of CUDA C), the two descriptors as "l" (64-bit) operands, scale-d as an
+  "r" operand (1: D = A*B + D), imm-scale-a/b = 1 and imm-trans-a/b from the
+  op's trans_a/trans_b. The asm has side effects, so it is never moved across
+  the fences or dropped.
+
+`check_op` rejects these ops on targets without the "wgmma" feature (only
+sm_90a has it) before LLVM sees them: LLVM would abort on the intrinsics and
+ptxas reject the asm.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir.core import Operation
+from tessera.ir.target import Target
+from tessera.ir.wgmma_layouts import MatrixDescriptor
+
+from ..llvm.types import F32, I32, I64
+from .lowerings import lowering
+
+# Swizzled wgmma tiles at shared offset 0 must sit on a 1024-byte boundary (the 128B pattern's period).
+SHARED_MEMORY_ALIGN = 1024
+WARPGROUP_OPS = frozenset({"wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait"})
+
+
+def check_op(op: Operation, target: Target) -> str | None:
+    """Why `op` cannot run on `target`, or None."""
+    if op.name in WARPGROUP_OPS and not target.has("wgmma"):
+        return (f"{op.name} is a Hopper warpgroup op (wgmma), which only sm_90a has; {target.name} lacks it: "
+                "compile for sm_90a, or lower the kernel for this target (dot then uses mma.sync)")
+    return None
+
+
+@lowering("wgmma_fence")
+def _wgmma_fence(lw, op):
+    lw.intrinsic("llvm.nvvm.wgmma.fence.sync.aligned", [])
+
+
+@lowering("wgmma_commit")
+def _wgmma_commit(lw, op):
+    lw.intrinsic("llvm.nvvm.wgmma.commit_group.sync.aligned", [])
+
+
+@lowering("wgmma_wait")
+def _wgmma_wait(lw, op):
+    lw.intrinsic("llvm.nvvm.wgmma.wait_group.sync.aligned", [ir.Constant(I64, op.attrs["pending"])])
+
+
+@lowering("wgmma_desc")
+def _wgmma_desc(lw, op, ptr):
+    bld = lw.builder
+    fields = MatrixDescriptor(0, op.attrs["lbo"], op.attrs["sbo"], op.attrs["swizzle"]).signed()
+    address = bld.ptrtoint(ptr, I64)
+    start = bld.lshr(bld.and_(address, ir.Constant(I64, 0x3FFFF)), ir.Constant(I64, 4))
+    return bld.or_(start, ir.Constant(I64, fields))
+
+
+def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
+    """The inline PTX of one wgmma m64n{n}k16 (operand numbering: see the module docstring)."""
+    count = n // 2
+    d = ", ".join(f"${i}" for i in range(count))
+    return ("{\n"
+            ".reg .pred p;\n"
+            f"setp.ne.b32 p, ${count + 2}, 0;\n"
+            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, ${count}, ${count + 1}, p, "
+            f"1, 1, {int(trans_a)}, {int(trans_b)};\n"
+            "}")
+
+
+@lowering("wgmma")
+def _wgmma(lw, op, a_desc, b_desc, acc):
+    bld, n = lw.builder, op.attrs["n"]
+    count = n // 2
+    accumulators = [bld.extract_element(acc, ir.Constant(I32, i)) for i in range(count)]
+    ftype = ir.FunctionType(ir.LiteralStructType([F32] * count), [I64, I64, I32] + [F32] * count)
+    constraints = ",".join(["=f"] * count + ["l", "l", "r"] + [str(i) for i in range(count)])
+    asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False))
+    d = bld.asm(ftype, asm, constraints, [a_desc, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
+    result = ir.Constant(acc.type, ir.Undefined)
+    for i in range(count):
+        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, i))
+    return result

@@ -1,0 +1,92 @@
+"""Warpgroup-level thread ops: Hopper's asynchronous wgmma and the fences around it (sm_90a).
+
+A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
+`wgmma` multiplies a 64x16 A by a 16xN B, both read from shared memory through
+64-bit matrix descriptors (`wgmma_layouts.MatrixDescriptor`, built by
+`wgmma_desc`), and adds the product to an f32 accumulator held in the
+`wgmma_layouts.wgmma_accumulator(N)` fragment. It is asynchronous:
+
+    fence_proxy_async      generic-proxy writes (st.shared, cp.async) to the operands -> visible to wgmma
+                           (defined with the other async-proxy ops in `bulk_async_ops`)
+    barrier                (every thread's writes, for the whole warpgroup)
+    wgmma_fence            order earlier register accesses before the wgmmas below
+    %d = wgmma %a, %b, %c  issue; %d may feed only other wgmmas' accumulators until ...
+    wgmma_commit           ... the wgmmas issued so far form a group,
+    wgmma_wait             and at most `pending` groups remain in flight: %d is ready
+
+Why the fences (PTX ISA 9.7.15.4 "Async Proxy"): wgmma reads shared memory
+through the async proxy, so generic-proxy writes to its operands need
+`fence.proxy.async` first; and 9.7.15.7.1 (wgmma.fence): a wgmma.fence is
+required before the first wgmma of a warpgroup and between other accesses of
+its accumulator / A registers and a wgmma using them (chains of same-shape
+wgmmas on one accumulator excepted).
+
+The type rules are here; the SIMT semantics are `backends/interp/simt_wgmma.py`
+and the PTX `backends/nvptx/warpgroup.py`.
+"""
+
+from __future__ import annotations
+
+from . import dtypes as dt
+from .layouts import LayoutError
+from .ops import define, require
+from .types import PointerType, RegsType, ScalarType
+from .wgmma_layouts import SWIZZLE_MODES, WGMMA_K, WGMMA_M, WGMMA_NS, MatrixDescriptor
+
+WGMMA_DTYPES = ("f16", "bf16")
+I64 = ScalarType(dt.i64)
+
+
+def _infer_wgmma(ts, a):
+    a_desc, b_desc, acc = ts
+    m, n, k = a["m"], a["n"], a["k"]
+    require((m, k) == (WGMMA_M, WGMMA_K) and n in WGMMA_NS,
+            f"wgmma shape is m64nNk16 with N in 8, 16, ..., 256; got m = {m}, n = {n}, k = {k}")
+    require(a["dtype"] in WGMMA_DTYPES, f"wgmma multiplies f16 or bf16, got dtype = {a['dtype']!r}")
+    require(a_desc == I64 and b_desc == I64,
+            f"wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got {a_desc} and {b_desc}")
+    require(acc == RegsType(ScalarType(dt.f32), n // 2),
+            f"wgmma m64n{n}k16 accumulates into regs<{n // 2}xf32> (the wgmma_accumulator({n}) fragment), got {acc}")
+    return [acc]
+
+
+def _infer_desc(ts, a):
+    (ptr,) = ts
+    require(isinstance(ptr, PointerType) and ptr.address_space == "shared",
+            f"wgmma_desc describes a tile in shared memory: its operand is a ptr<T, shared>, got {ptr}")
+    require(a["swizzle"] in SWIZZLE_MODES, f"wgmma_desc swizzle is one of {sorted(SWIZZLE_MODES)} bytes, "
+                                           f"got {a['swizzle']}")
+    try:
+        MatrixDescriptor(0, a["lbo"], a["sbo"], a["swizzle"])  # the byte offsets must be encodable
+    except LayoutError as e:
+        require(False, f"wgmma_desc: {e}")
+    return [I64]
+
+
+def _infer_wait(ts, a):
+    require(0 <= a["pending"] <= 7, f"wgmma_wait pending must be in [0, 7], got {a['pending']}")
+    return []
+
+
+def _define(name, doc, operands, **kw):
+    return define(name, doc, operands, level="thread", pure=False, **kw)
+
+
+_define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the K-major tile at shared pointer %p: start address "
+        "from %p, leading / stride byte offsets `lbo` / `sbo` and the `swizzle` mode (0, 32, 64 or 128 bytes); "
+        "see `wgmma_layouts.WgmmaSmemLayout.descriptor`.", 1,
+        attrs={"swizzle": "int", "lbo": "int", "sbo": "int"}, infer=_infer_desc)
+_define("wgmma", "D = A @ B + C for a 64x16 A and 16xN B (K-major in shared memory, read through the i64 "
+        "descriptors) and the 64xN f32 C held in `wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned."
+        "m64n{n}k16.f32.{dtype}.{dtype}); every thread of the warpgroup issues it together. Asynchronous: the "
+        "result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
+        attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
+        optional_attrs={"trans_a": "bool", "trans_b": "bool"}, infer=_infer_wgmma)
+_define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "
+        "follow (wgmma.fence.sync.aligned); needed before the first wgmma after the start or a wgmma_wait.", 0,
+        infer=lambda ts, a: [])
+_define("wgmma_commit", "Close the open group of this warpgroup's wgmmas (wgmma.commit_group.sync.aligned).", 0,
+        infer=lambda ts, a: [])
+_define("wgmma_wait", "Wait until at most `pending` committed wgmma groups of this warpgroup are in flight "
+        "(wgmma.wait_group.sync.aligned); the others' results are then ready.", 0,
+        attrs={"pending": "int"}, infer=_infer_wait)

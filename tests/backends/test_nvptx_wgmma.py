@@ -1,0 +1,55 @@
+"""wgmma to PTX: the hand-built warpgroup kernel (`wgmma_programs.py`, also run by the SIMT simulator in
+`tests/interp/test_simt_wgmma.py`) compiles for sm_90a to wgmma.mma_async / fence / commit / wait, assembles
+with ptxas without spilling, and is rejected before LLVM for targets without wgmma."""
+
+import re
+
+import pytest
+from wgmma_programs import wgmma_kernel
+
+from tessera.backends.nvptx import compile_thread_ir, find_ptxas
+from tessera.backends.nvptx.errors import LoweringError
+from tessera.backends.nvptx.warpgroup import wgmma_asm
+from tessera.ir.parser import parse_module
+from tessera.ir.verifier import verify_module
+
+
+def kernel(n, **kw):
+    module = parse_module(wgmma_kernel(n, **kw))
+    verify_module(module)
+    return module.functions[0]
+
+
+@pytest.mark.parametrize("n", [64, 128])
+def test_wgmma_kernel_compiles_for_sm_90a_and_assembles_without_spills(n):
+    artifacts = compile_thread_ir(kernel(n), "sm_90a", assemble=find_ptxas() is not None)
+    ptx = artifacts.ptx
+    mma = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16\.f32\.bf16\.bf16 \{{([^}}]*)\}}", ptx)
+    assert len(mma) == 4                                   # K = 64: four chained k16 steps
+    assert all(len(d.split(",")) == n // 2 for d in mma)   # N/2 f32 accumulator registers each
+    assert "wgmma.fence.sync.aligned;" in ptx and "wgmma.commit_group.sync.aligned;" in ptx
+    assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+0;", ptx)
+    assert "fence.proxy.async.shared::cta;" in ptx
+    assert ".extern .func" not in ptx
+    assert ".extern .shared .align 1024 .b8 global_smem[]" in ptx   # the swizzle pattern's period
+    if find_ptxas() is not None:
+        assert artifacts.cubin
+        info = artifacts.ptxas_info
+        assert info["spill_stores"] == 0 and info["spill_loads"] == 0, info["log"]
+
+
+def test_f16_and_n256_compile_for_sm_90a():
+    ptx = compile_thread_ir(kernel(256, k=32, dtype="f16"), "sm_90a", assemble=find_ptxas() is not None).ptx
+    assert "wgmma.mma_async.sync.aligned.m64n256k16.f32.f16.f16" in ptx
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90"])
+def test_targets_without_wgmma_reject_the_kernel_before_llvm(target):
+    with pytest.raises(LoweringError, match=rf"{target} lacks.*compile for sm_90a"):
+        compile_thread_ir(kernel(64), target)
+
+
+def test_inline_asm_operands():
+    asm = wgmma_asm(8, "bf16", False, True)
+    assert "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {$0, $1, $2, $3}, $4, $5, p, 1, 1, 0, 1;" in asm
+    assert "setp.ne.b32 p, $6, 0;" in asm

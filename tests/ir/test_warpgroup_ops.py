@@ -1,0 +1,44 @@
+"""The warpgroup ops' type rules: one line of IR each, accepted or rejected with the message a user sees."""
+
+import pytest
+
+from tessera.ir.errors import VerifyError
+from tessera.ir.parser import parse_module
+from tessera.ir.verifier import verify_module
+
+ARGS = "%p: ptr<bf16, shared>, %g: ptr<bf16>, %d: i64, %i: i32, %c: regs<32xf32>, %c8: regs<4xf32>"
+
+
+def verify(*body: str) -> None:
+    verify_module(parse_module(f"func @k({ARGS}) {{\n" + "".join(f"  {line}\n" for line in body) + "  return\n}\n"))
+
+
+def test_well_typed_ops():
+    verify("%a = wgmma_desc %p {lbo = 16, sbo = 1024, swizzle = 128} : i64",
+           "wgmma_fence",
+           '%e = wgmma %a, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
+           '%f = wgmma %a, %a, %c8 {dtype = "f16", k = 16, m = 64, n = 8, trans_b = true} : regs<4xf32>',
+           "wgmma_commit", "wgmma_wait {pending = 1}", "fence_proxy_async")
+
+
+@pytest.mark.parametrize("line, message", [
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 48} : regs<32xf32>',
+     "accumulates into regs<24xf32> (the wgmma_accumulator(48) fragment), got regs<32xf32>"),
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 264} : regs<32xf32>',
+     "wgmma shape is m64nNk16 with N in 8, 16, ..., 256; got m = 64, n = 264, k = 16"),
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 8, m = 64, n = 64} : regs<32xf32>', "wgmma shape is m64nNk16"),
+    ('%e = wgmma %d, %d, %c {dtype = "f32", k = 16, m = 64, n = 64} : regs<32xf32>',
+     "wgmma multiplies f16 or bf16, got dtype = 'f32'"),
+    ('%e = wgmma %i, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
+     "wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got i32 and i64"),
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, n = 64} : regs<32xf32>', "wgmma needs attribute 'm'"),
+    ("%a = wgmma_desc %g {lbo = 16, sbo = 1024, swizzle = 128} : i64",
+     "wgmma_desc describes a tile in shared memory: its operand is a ptr<T, shared>, got ptr<bf16>"),
+    ("%a = wgmma_desc %p {lbo = 16, sbo = 1024, swizzle = 96} : i64", "wgmma_desc swizzle is one of [0, 32, 64, 128]"),
+    ("%a = wgmma_desc %p {lbo = 8, sbo = 1024, swizzle = 128} : i64", "lbo = 8 must be a multiple of 16"),
+    ("wgmma_wait {pending = 8}", "wgmma_wait pending must be in [0, 7], got 8"),
+])
+def test_rejected(line, message):
+    with pytest.raises(VerifyError) as err:
+        verify(line)
+    assert message in str(err.value)

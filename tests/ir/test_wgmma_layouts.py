@@ -1,0 +1,142 @@
+"""wgmma layouts as specifications: the accumulator fragment, the K-major shared-memory tiles in every
+swizzle mode, and the 64-bit matrix descriptors, each against an independently written definition."""
+
+import numpy as np
+import pytest
+
+from tessera.ir.layouts import LayoutError, mma_m16n8k16_c, spatial
+from tessera.ir.smem_layouts import swizzle_bytes
+from tessera.ir.wgmma_layouts import (WGMMA_NS, MatrixDescriptor, WgmmaSmemLayout, operand_addresses,
+                                      wgmma_accumulator)
+
+
+def ptx_accumulator_table(n):
+    """PTX ISA 9.7.15.5.1.1.1 (Figure 149), written out loop by loop: thread -> register -> (row, col)."""
+    table = np.zeros((128, n // 2, 2), int)
+    for t in range(128):
+        warp, lane = divmod(t, 32)
+        group, in_group = divmod(lane, 4)
+        for i in range(n // 2):
+            row = 16 * warp + group + (8 if i % 4 >= 2 else 0)
+            col = 8 * (i >> 2) + in_group * 2 + (i & 1)
+            table[t, i] = row, col
+    return table
+
+
+@pytest.mark.parametrize("n", WGMMA_NS)
+def test_accumulator_matches_the_ptx_table(n):
+    layout = wgmma_accumulator(n)
+    assert layout.shape == (64, n) and layout.num_threads == 128 and layout.local_size == n // 2
+    assert layout.is_bijective
+    np.testing.assert_array_equal(layout.table(), ptx_accumulator_table(n))
+
+
+def test_accumulator_n8_is_the_mma_c_fragment_per_warp():
+    assert wgmma_accumulator(8) == spatial(4, 1) * mma_m16n8k16_c()
+
+
+@pytest.mark.parametrize("n", [0, 4, 12, 264])
+def test_accumulator_rejects_n_outside_8_to_256(n):
+    with pytest.raises(LayoutError, match="N = 8, 16, ..., 256"):
+        wgmma_accumulator(n)
+
+
+# -- descriptors -------------------------------------------------------------------------------
+
+def test_descriptor_fields_hand_computed():
+    # A 128B-swizzled tile at shared byte 0x4400 (= 17408), SBO 1024, LBO 16 (unused for swizzled K-major).
+    desc = MatrixDescriptor(start=0x4400, lbo=16, sbo=1024, swizzle=128)
+    bits = desc.encode()
+    assert bits & 0x3FFF == 0x440                  # start >> 4
+    assert (bits >> 16) & 0x3FFF == 1              # lbo >> 4
+    assert (bits >> 32) & 0x3FFF == 64             # sbo >> 4
+    assert (bits >> 49) & 7 == 0
+    assert bits >> 62 == 1                         # 128B swizzle
+    assert bits == 0x4000_0040_0001_0440
+    assert desc.signed() == bits                   # bit 63 clear: a positive i64
+    assert MatrixDescriptor(0, 16, 512, 64).signed() == (2 << 62) + (32 << 32) + (1 << 16) - (1 << 64)
+    assert MatrixDescriptor(0, 16, 1024, 64).encode() >> 62 == 2
+    assert MatrixDescriptor(0, 16, 256, 32).encode() >> 62 == 3
+    assert MatrixDescriptor(0, 128, 256, 0).encode() >> 62 == 0
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+@pytest.mark.parametrize("start, lbo, sbo, base", [(0, 16, 1024, 0), (0x3FFF0, 0x3FFF0, 0x3FFF0, 0), (1024, 128, 512, 3)])
+def test_descriptor_round_trips(swizzle, start, lbo, sbo, base):
+    desc = MatrixDescriptor(start, lbo, sbo, swizzle, base)
+    assert MatrixDescriptor.decode(desc.encode()) == desc
+    assert MatrixDescriptor.decode(desc.signed()) == desc
+
+
+@pytest.mark.parametrize("fields", [dict(start=8, lbo=16, sbo=16), dict(start=1 << 18, lbo=16, sbo=16),
+                                    dict(start=0, lbo=16, sbo=16, swizzle=96)])
+def test_descriptor_rejects_unencodable_fields(fields):
+    with pytest.raises(LayoutError):
+        MatrixDescriptor(**fields)
+
+
+# -- shared-memory tiles -------------------------------------------------------------------------
+
+def cutlass_k_major_sw128_offset(row, col):
+    """CUTLASS GMMA::Layout_K_SW128_Atom<bf16>: 8 x 64 row-major atom under Swizzle<3,4,3> on bytes, i.e.
+    16-byte chunk c of 128-byte row r lands at chunk c ^ (r % 8)."""
+    chunk, within = divmod(col, 8)
+    return row * 64 + (chunk ^ (row % 8)) * 8 + within
+
+
+def test_sw128_tile_is_chunk_xor_row():
+    layout = WgmmaSmemLayout(rows=64, k=64, element_bytes=2, swizzle=128)
+    expected = np.array([[cutlass_k_major_sw128_offset(r, c) for c in range(64)] for r in range(64)])
+    np.testing.assert_array_equal(layout.offsets(), expected)
+    np.testing.assert_array_equal(layout.smem_layout().offsets(), expected)
+    assert layout.smem_layout().swizzle == swizzle_bytes(128, 2)
+    assert (layout.sbo, layout.nbytes) == (1024, 64 * 128)
+
+
+@pytest.mark.parametrize("swizzle, rows_per_xor", [(64, 2), (32, 4)])
+def test_sw64_and_sw32_tiles_xor_chunks_by_the_128_byte_line(swizzle, rows_per_xor):
+    # A row of `swizzle` bytes; chunk c of row r moves to c ^ ((r // rows_per_xor) % (swizzle // 16)).
+    k = swizzle // 2
+    layout = WgmmaSmemLayout(rows=16, k=k, element_bytes=2, swizzle=swizzle)
+    chunks = swizzle // 16
+    for r in range(16):
+        for c in range(k):
+            chunk, within = divmod(c, 8)
+            moved = chunk ^ ((r // rows_per_xor) % chunks)
+            assert layout.offsets()[r, c] == r * k + moved * 8 + within
+    np.testing.assert_array_equal(layout.smem_layout().offsets(), layout.offsets())
+
+
+def test_unswizzled_tile_is_core_matrices():
+    layout = WgmmaSmemLayout(rows=16, k=32, element_bytes=2, swizzle=0)
+    offsets = layout.offsets()
+    # Each 8x8 core matrix is 64 contiguous elements, row-major; K-neighbours are 64 apart, row groups 256.
+    for r in range(16):
+        for c in range(32):
+            assert offsets[r, c] == (r // 8) * 256 + (c // 8) * 64 + (r % 8) * 8 + c % 8
+    assert (layout.lbo, layout.sbo) == (128, 512)
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+@pytest.mark.parametrize("rows", [64, 128])
+def test_descriptor_addresses_are_the_layout(swizzle, rows):
+    """What the hardware reads through each K slice's descriptor is exactly where the layout put it."""
+    k = 64
+    layout = WgmmaSmemLayout(rows=rows, k=k, element_bytes=2, swizzle=swizzle)
+    start = 2048
+    every = start + np.asarray(layout.offsets()) * 2
+    for s in range(k // 16):
+        desc = layout.descriptor(start, s)
+        np.testing.assert_array_equal(operand_addresses(desc, rows, 2), every[:, 16 * s:16 * s + 16])
+    assert np.unique(every).size == rows * k and every.max() < start + layout.nbytes
+
+
+def test_sw128_descriptor_k_slices_advance_the_start_by_32_bytes():
+    layout = WgmmaSmemLayout(rows=64, k=64, element_bytes=2, swizzle=128)
+    assert [layout.descriptor(4096, s).start for s in range(4)] == [4096, 4128, 4160, 4192]
+    assert {(d.lbo, d.sbo, d.swizzle) for d in (layout.descriptor(4096, s) for s in range(4))} == {(16, 1024, 128)}
+
+
+def test_misaligned_swizzled_tile_is_an_error():
+    with pytest.raises(LayoutError, match="1024-byte boundary"):
+        WgmmaSmemLayout(64, 64).descriptor(512)
