@@ -180,3 +180,24 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx), \
             f"{config}: not pipelined {stages} deep"
+
+
+@pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950"])
+def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code_object(target):
+    """The same configs on AMD: the dot runs on MFMA, the tiles fit the LDS, no vector registers spill, and
+    the object links into an ET_DYN code object with the kernel's descriptor (when a linker is found).
+    STAGES has no effect there (no cp.async), so the K loop is the plain one."""
+    from tessera.backends.amdgpu.elf import CodeObject
+    from tessera.backends.amdgpu.linker import find_linker
+    from tessera.ir.target import get_target
+    for config in CONFIGS:
+        compiled = gemm_kernel.kernel.compile(
+            signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]), target=target, num_warps=config.num_warps,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        metadata = compiled.metadata
+        assert re.search(r"\bv_mfma_f32_\w+bf16", compiled.stages["amdgcn"]), f"{config}: not on the matrix cores"
+        assert metadata["vgpr_spill_count"] == 0, f"{config} spills vector registers"
+        assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
+        if find_linker() is not None:
+            code = CodeObject(compiled.binary)
+            assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols
