@@ -52,17 +52,17 @@ TUTORIAL_CASES = {
 }
 
 
-@pytest.mark.parametrize("target,num_warps", [("sm_80", 8), ("gfx942", 4)])
+@pytest.mark.parametrize("target,num_warps", [("sm_80", 8), ("gfx90a", 4), ("gfx942", 4), ("gfx950", 4)])
 @pytest.mark.parametrize("name", TUTORIAL_CASES)
 def test_lowered_tutorial_matches_the_tile_interpreter(name, target, num_warps):
-    """sm_80: 8 warps of 32 (the matmul on mma.sync); gfx942: 4 waves of 64 (the matmul on MFMA 16x16x16)."""
+    """sm_80: 8 warps of 32 (the matmul on mma.sync); AMD: 4 waves of 64 (the matmul on MFMA 16x16x16)."""
     file, kernel_name, make_args, constexprs, grid, tolerance = TUTORIAL_CASES[name]
     kernel = tutorial_kernel(file, kernel_name)
     expected, actual = make_args(), make_args()
     module = kernel.specialize(*expected, **constexprs).module
     run_function(module.functions[0], expected, grid)
     fn = pipeline_threads.lower(module, target, num_warps=num_warps).functions[0]
-    matrix_op = "mfma" if target == "gfx942" else "mma"
+    matrix_op = "mfma" if target.startswith("gfx") else "mma"
     assert any(op.name == matrix_op for op in fn.walk()) == (name == "matmul")
     run_threads(fn, actual, grid)
     for want, got in zip(expected, actual):
