@@ -91,7 +91,7 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         entry = binary_for(kernel, bound, device.target, num_warps)
         metadata = entry.metadata
         dynamic_shared = metadata.get("dynamic_shared_bytes", metadata.get("shared_bytes"))
-        binary = KernelBinary(entry.name, entry.target, entry.cubin, entry.ptx or None,
+        binary = KernelBinary(entry.name, entry.target, entry.binary, entry.ptx or None,
                               int(metadata["num_threads"]), int(dynamic_shared or 0))
         params = [p for p in bound.params if not p.constexpr]
         launcher = Launcher(binary, [p.type for p in params], backend=device.backend,

@@ -17,7 +17,7 @@ One entry is one file, `<key>.tsr`:
     24      32    sha256 of bytes 0..24 followed by the manifest and the payload
     56      ...   manifest: UTF-8 JSON {key, name, target, metadata, sections}
     ...     ...   payload: the sections back to back, in manifest order
-                  ("ptx" always, "cubin" when there is one, "stage:<name>" for
+                  ("ptx" always, "binary" (cubin or hsaco) when there is one, "stage:<name>" for
                   any other stage text kept)
 
 A reader checks the magic, the version, that the file is exactly as long as
@@ -56,7 +56,7 @@ except ImportError:   # not on Linux/macOS: no lock, which costs only duplicate 
     fcntl = None
 
 MAGIC = b"TSRCACHE"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2   # 2: the binary section is "binary" (cubin or hsaco), was "cubin"
 FIELDS = struct.Struct("<8sHHIQ")   # magic, version, flags, manifest length, payload length
 HEADER_SIZE = FIELDS.size + 32       # ... then the sha256
 SUFFIX = ".tsr"
@@ -81,16 +81,16 @@ class CacheEntry:
     target: str
     metadata: dict[str, Any]
     ptx: str
-    cubin: bytes | None = None
+    binary: bytes | None = None      # the cubin (NVIDIA) or hsaco (AMD)
     stages: dict[str, str] = field(default_factory=dict)   # other stage texts, optional
 
     @classmethod
     def from_compiled(cls, compiled: Any, keep_stages: bool = False) -> "CacheEntry":
         """From a `tessera.dsl.compiler.CompiledKernel` (read by attribute: the runtime does not import dsl)."""
         stages = {k: v for k, v in compiled.stages.items() if k != "ptx"} if keep_stages else {}
-        # AMD kernels have no PTX: the entry's text is empty and `cubin` holds the hsaco.
+        # AMD kernels have no PTX: the entry's text is empty and `binary` is the hsaco.
         return cls(compiled.name, compiled.target, dict(compiled.metadata), compiled.stages.get("ptx", ""),
-                   compiled.cubin, stages)
+                   compiled.binary, stages)
 
 
 @dataclass(frozen=True)
@@ -357,8 +357,8 @@ def _remove_if_unchanged(path: Path, stat: os.stat_result) -> None:
 def encode_entry(key: str, entry: CacheEntry) -> bytes:
     """The bytes of `<key>.tsr` for `entry` (see the module docstring for the layout)."""
     sections = [("ptx", entry.ptx.encode("utf-8"))]
-    if entry.cubin is not None:
-        sections.append(("cubin", bytes(entry.cubin)))
+    if entry.binary is not None:
+        sections.append(("binary", bytes(entry.binary)))
     sections += [(f"stage:{name}", text.encode("utf-8")) for name, text in sorted(entry.stages.items())]
     manifest = {"key": key, "name": entry.name, "target": entry.target, "metadata": entry.metadata,
                 "sections": [[name, len(blob)] for name, blob in sections]}
@@ -397,7 +397,7 @@ def decode_entry(key: str, data: bytes) -> CacheEntry:
         stages = {name[len("stage:"):]: blob.decode("utf-8") for name, blob in blobs.items()
                   if name.startswith("stage:")}
         return CacheEntry(str(manifest["name"]), str(manifest["target"]), dict(manifest["metadata"]),
-                          blobs["ptx"].decode("utf-8"), blobs.get("cubin"), stages)
+                          blobs["ptx"].decode("utf-8"), blobs.get("binary"), stages)
     except (ValueError, KeyError, TypeError) as exc:   # JSON/UTF-8 errors are ValueErrors
         raise CorruptEntry(f"unreadable manifest: {exc}") from None
 

@@ -29,7 +29,7 @@ def key_with(**changes) -> str:
 
 def small_entry(**changes) -> CacheEntry:
     fields = dict(name="add", target="sm_90a", metadata={"num_threads": 128, "shared_bytes": 0, "registers": 12},
-                  ptx=".version 8.0\n.target sm_90a\n", cubin=b"\x7fELF\x00\x01", stages={})
+                  ptx=".version 8.0\n.target sm_90a\n", binary=b"\x7fELF\x00\x01", stages={})
     return CacheEntry(**{**fields, **changes})
 
 
@@ -146,7 +146,7 @@ def test_the_source_hash_covers_py_and_lark_files_only(tmp_path):
 
 def test_put_then_get_round_trips(tmp_path):
     cache = BinaryCache(tmp_path)
-    for entry in (small_entry(), small_entry(cubin=None), small_entry(stages={"llvm_ir": "define void @add()"})):
+    for entry in (small_entry(), small_entry(binary=None), small_entry(stages={"llvm_ir": "define void @add()"})):
         cache.put(KEY, entry)
         assert cache.get(KEY) == entry
     assert cache.stats.hits == 3 and cache.stats.writes == 3
@@ -199,7 +199,7 @@ entries = st.builds(
     name=st.text(min_size=1, max_size=20), target=st.sampled_from(["sm_80", "sm_90a", "sm_100"]),
     metadata=st.dictionaries(st.text(max_size=8), st.integers() | st.text(max_size=8) | st.booleans() | st.none(),
                              max_size=4),
-    ptx=st.text(max_size=200), cubin=st.none() | st.binary(max_size=200),
+    ptx=st.text(max_size=200), binary=st.none() | st.binary(max_size=200),
     stages=st.dictionaries(st.sampled_from(["tile_ir", "llvm_ir"]), st.text(max_size=50), max_size=2),
 )
 
@@ -272,7 +272,7 @@ def test_entries_and_info_report_what_is_on_disk(tmp_path):
     cache = BinaryCache(tmp_path)
     other = key_with(target="sm_80")
     cache.put(KEY, small_entry())
-    cache.put(other, small_entry(name="mul", target="sm_80", cubin=None))
+    cache.put(other, small_entry(name="mul", target="sm_80", binary=None))
     listed = {e.key: e for e in cache.entries()}
     assert set(listed) == {KEY, other}
     assert (listed[KEY].kernel, listed[KEY].target, listed[other].kernel) == ("add", "sm_90a", "mul")

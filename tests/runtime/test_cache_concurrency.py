@@ -20,7 +20,7 @@ _barrier = None
 
 def deterministic_entry(variant: int = 0) -> CacheEntry:
     return CacheEntry(name="add", target="sm_90a", metadata={"num_threads": 128, "variant": variant},
-                      ptx=f"// variant {variant}\n" * 50, cubin=bytes(range(256)) * 40 + bytes([variant]))
+                      ptx=f"// variant {variant}\n" * 50, binary=bytes(range(256)) * 40 + bytes([variant]))
 
 
 def _start(barrier) -> None:
