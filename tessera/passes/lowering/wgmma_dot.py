@@ -21,7 +21,9 @@ buffer aligned to its swizzle pattern (1024 bytes for 128B). Then
 Descriptors start at the slice's first 16-byte chunk (`WgmmaSmemLayout.descriptor`),
 moved (row0 / 8) * SBO down for the slab. Every dot waits for its own wgmmas
 (no groups in flight across dots or loop iterations) and is not
-software-pipelined (`pipeline_plan` leaves wgmma dots alone). Each wgmma
+software-pipelined: a dot in a `for {stages >= 2}` loop keeps mma.sync and
+the cp.async pipeline (`mma.mma_plan`), and `pipeline_plan` leaves wgmma
+dots alone. Each wgmma
 rounds to f32 per K slice in the simulator, so results agree with the tile
 interpreter like the mma.sync path's do (to about K ulps of f32).
 """
