@@ -1,10 +1,12 @@
-"""Matrix-instruction dot: when `dot` runs on mma.sync or MFMA, on which instruction, in which layouts.
+"""Matrix-instruction dot: when `dot` runs on wgmma, mma.sync or MFMA, on which instruction, in which layouts.
 
 `dot(a[M,K], b[K,N], acc[M,N])` runs on the target's matrix instruction
 when its dtypes have one and the tile is a multiple of the instruction's
 m x n x k (`instruction_for`):
 
     target                    inputs -> acc              instruction                thread op
+    "wgmma" (sm_90a),         f16, bf16 -> f32           wgmma m64nNk16             wgmma {m = 64, n = N, k = 16}
+      num_warps % 4 == 0      (M % 64, K % 16, N % 8; N <= 256 per instruction, else the largest such divisor)
     "mma.sync", 32 lanes      f16, bf16 -> f32           mma.sync m16n8k16          mma {m = 16, n = 8, k = 16}
                               f32 -> f32, tf32 asked     mma.sync m16n8k8 .tf32     mma {m = 16, n = 8, k = 8}
                               i8, u8 -> i32              mma.sync m16n8k32 .s8/.u8  mma {m = 16, n = 8, k = 32}
@@ -12,15 +14,19 @@ m x n x k (`instruction_for`):
     "mfma", 64 lanes          f16, bf16 -> f32           v_mfma_f32_32x32x8         mfma {m = 32, n = 32, k = 8}
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
 
-(MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16.) f32 inputs
+(MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16; wgmma first
+where it fits, else mma.sync on sm_90a too. A dot in the body of a
+`for {stages >= 2}` loop keeps mma.sync on sm_90a: the cp.async software
+pipeline feeds ldmatrix, and wgmma dots are not pipelined yet.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
 with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
 (other dtypes, fp8 without "mma.fp8", shapes that do not divide, other
 targets) keeps the FMA lowering (`lowering/dot.py`).
 
-One planning algorithm serves every instruction, parameterized by its shape
-and fragment layouts (`MatrixInstruction`). The warps tile the M x N
-accumulator in m x n fragments: WM x WN warps (split like the blocked
+One planning algorithm serves every instruction, parameterized by its shape,
+the lanes it spans and its fragment layouts (`MatrixInstruction`). The
+issuing groups (warps; warpgroups of 4 warps for wgmma) tile the M x N
+accumulator in m x n fragments: WM x WN groups (split like the blocked
 layout: a factor of two at a time to whichever of M, N has more elements
 left per warp; warps that find no fragment to own replicate the whole
 accumulator), each holding RM x RN fragments of its (M/WM) x (N/WN) block
@@ -36,6 +42,13 @@ share columns. Register (rm, rn, i) of C is `(rm * RN + rn) * c + i`; of A
 `(rm * RK + rk) * a + i`; of B `(rk * RN + rn) * b + i`, with a, b, c the
 registers per lane of one fragment and i the fragment's own register order
 (the order the instruction takes them in).
+
+wgmma reads A and B from shared memory (`MatrixInstruction.a`/`.b` are
+None: layout assignment asks nothing of the operands) and its fragment is
+64 rows by the whole N (N <= 256), so the split only ever goes along M: each
+warpgroup owns RM 64-row slabs (WR warpgroups replicate when M is too short):
+
+    C  local(RM, RN) . replicated(WR) . spatial(WM, 1) . wgmma_accumulator(n)
 """
 
 from __future__ import annotations
@@ -49,18 +62,20 @@ from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
+from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_K, WGMMA_M, wgmma_accumulator
 
 @dataclass(frozen=True)
 class MatrixInstruction:
-    """One warp-wide matrix instruction: D (m x n) = A (m x k) @ B (k x n) + C, and its fragments."""
+    """One warp- (or warpgroup-) wide matrix instruction: D (m x n) = A (m x k) @ B (k x n) + C, and its fragments
+    (`a`, `b` None: the instruction reads that operand from shared memory, as wgmma does)."""
 
     op: str                     # the thread op that runs it
     m: int
     n: int
     k: int
-    lanes: int                  # the warp (wave) it spans
-    a: RegisterLayout
-    b: RegisterLayout
+    lanes: int                  # the threads it spans: a warp (wave), or a warpgroup
+    a: RegisterLayout | None
+    b: RegisterLayout | None
     c: RegisterLayout
     attrs: dict = field(default_factory=dict, compare=False)    # of the thread op
 
@@ -70,6 +85,11 @@ class MatrixInstruction:
 
 def mma(m: int, n: int, k: int) -> MatrixInstruction:
     return MatrixInstruction("mma", m, n, k, 32, *mma_fragments(m, n, k), attrs={"m": m, "n": n, "k": k})
+
+
+def wgmma(n: int, dtype: dt.DType) -> MatrixInstruction:
+    return MatrixInstruction("wgmma", WGMMA_M, n, WGMMA_K, WARPGROUP, None, None, wgmma_accumulator(n),
+                             attrs={"m": WGMMA_M, "n": n, "k": WGMMA_K, "dtype": dtype.name})
 
 
 MMA_M16N8K16 = mma(16, 8, 16)
@@ -86,10 +106,15 @@ MFMA_16X16X16 = mfma(16, 16, 16)
 
 
 def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
-                    acc: dt.DType = dt.f32, tf32: bool = False) -> MatrixInstruction | None:
+                    acc: dt.DType = dt.f32, tf32: bool = False, num_warps: int = 1,
+                    warpgroup: bool = True) -> MatrixInstruction | None:
     """The matrix instruction an m x n x k dot of `a` x `b` (default: `a`) inputs into an `acc` accumulator uses on
-    `target`, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for input_precision = "tf32")."""
+    `target` with `num_warps` warps, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for
+    input_precision = "tf32"); wgmma needs whole warpgroups (and `warpgroup`)."""
     b = a if b is None else b
+    if (warpgroup and target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
+            and a in (dt.f16, dt.bf16) and acc == dt.f32 and m % WGMMA_M == 0 and k % WGMMA_K == 0 and n % 8 == 0):
+        return wgmma(next(w for w in range(min(n, 256), 7, -8) if n % w == 0), a)
     if target.has("mma.sync") and target.warp_size == 32:
         if a == dt.f32 and not tf32:
             return None
@@ -109,12 +134,13 @@ class MmaPlan:
     """The layouts of one matrix-instruction dot and how many fragments each warp holds."""
 
     instruction: MatrixInstruction
-    a: RegisterLayout
-    b: RegisterLayout
+    a: RegisterLayout | None    # None: from shared memory (wgmma)
+    b: RegisterLayout | None
     c: RegisterLayout
-    rm: int     # fragments per warp along M
+    rm: int     # fragments per warp (warpgroup) along M
     rn: int     # ... along N
     rk: int     # ... along K (the whole K: every warp walks it)
+    wm: int = 1     # warps (warpgroups) along M: fragment row rm of group g is at row (rm * wm + g) * m
 
 
 def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
@@ -124,22 +150,35 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     a, b, acc = (v.type for v in op.operands)
     (m, k), (_, n) = a.shape, b.shape
     tf32 = op.attrs.get("input_precision") == "tf32"
-    inst = instruction_for(target, m, n, k, scalar_dtype(a), scalar_dtype(b), scalar_dtype(acc), tf32)
+    inst = instruction_for(target, m, n, k, scalar_dtype(a), scalar_dtype(b), scalar_dtype(acc), tf32, num_warps,
+                           warpgroup=not _in_pipelined_loop(op, target))
     if inst is None:
         return None
     rm, rn, rk = m // inst.m, n // inst.n, k // inst.k
     wm = wn = 1
-    left = num_warps
+    left = num_warps * target.warp_size // inst.lanes      # issuing groups: warps, or warpgroups
+    from_shared = inst.a is None                            # wgmma: its slab spans N, so split M only
     while left > 1:
-        if rm % 2 == 0 and (rm * inst.m >= rn * inst.n or rn % 2):
+        if rm % 2 == 0 and (from_shared or rm * inst.m >= rn * inst.n or rn % 2):
             wm, rm = wm * 2, rm // 2
-        elif rn % 2 == 0:
+        elif rn % 2 == 0 and not from_shared:
             wn, rn = wn * 2, rn // 2
         else:
             break
         left //= 2
     wr = left
     c = local(rm, rn) * replicated(wr) * spatial(wm, wn) * inst.c
+    if from_shared:
+        return MmaPlan(inst, None, None, c, rm, rn, rk, wm)
     a_layout = local(rm, rk) * replicated(wr) * spatial(wm, 1) * replicated(wn) * inst.a
     b_layout = local(rk, rn) * replicated(wr * wm) * spatial(1, wn) * inst.b
-    return MmaPlan(inst, a_layout, b_layout, c, rm, rn, rk)
+    return MmaPlan(inst, a_layout, b_layout, c, rm, rn, rk, wm)
+
+
+def _in_pipelined_loop(op: Operation, target: Target) -> bool:
+    """`op` sits in the body of a `for {stages >= 2}` the cp.async pipeline serves (`pipeline_plan`): that dot
+    keeps mma.sync + ldmatrix, since wgmma dots are not software-pipelined yet."""
+    block = op.parent
+    loop = getattr(block, "parent", None)
+    return (target.has("cp.async") and getattr(loop, "name", None) == "for"
+            and loop.attrs.get("stages", 1) >= 2)

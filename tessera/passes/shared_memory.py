@@ -9,7 +9,8 @@ lowering ends every use of a buffer with a barrier, so the next buffer's
 writes cannot race with the last reads of the one before.
 
 Placement is first-fit, largest allocation first, at 16-byte alignment (the
-widest vector access). The function's `shared_bytes` attribute is set to
+widest vector access) or the allocation's own `align` (swizzled wgmma tiles:
+the swizzle is a function of the absolute address). The function's `shared_bytes` attribute is set to
 the bytes used; a function that needs more than the target has raises
 `LoweringError` naming the largest buffers.
 """
@@ -43,7 +44,7 @@ def allocate_shared_memory(fn: Function, capacity: int | None = None) -> int:
         for lo, hi in busy:
             if offset + op.attrs["bytes"] <= lo:
                 break
-            offset = max(offset, _align(hi))
+            offset = max(offset, _align(hi, op.attrs.get("align", ALIGNMENT)))
         op.attrs["offset"] = offset
         placed.append((op, offset))
     total = max((offset + op.attrs["bytes"] for op, offset in placed), default=0)
@@ -72,8 +73,8 @@ class SharedMemoryAllocation:
             allocate_shared_memory(fn, self.target.shared_memory_bytes if self.target else None)
 
 
-def _align(n: int) -> int:
-    return (n + ALIGNMENT - 1) // ALIGNMENT * ALIGNMENT
+def _align(n: int, alignment: int = ALIGNMENT) -> int:
+    return (n + alignment - 1) // alignment * alignment
 
 
 def _number_ops(fn: Function) -> tuple[dict[Operation, int], dict[Operation, int]]:

@@ -399,9 +399,10 @@ class Lowering:
 
     # -- shared memory -------------------------------------------------------------
 
-    def shared_alloc(self, dtype: dt.DType, count: int) -> Value:
+    def shared_alloc(self, dtype: dt.DType, count: int, align: int | None = None) -> Value:
         nbytes = max(1, (count * dtype.bits + 7) // 8)
-        return self.emit("shared_alloc", attrs={"bytes": nbytes, "offset": -1},
+        attrs = {"bytes": nbytes, "offset": -1} | ({"align": align} if align else {})
+        return self.emit("shared_alloc", attrs=attrs,
                          type=PointerType(dtype, "shared"))
 
     def barrier(self) -> None:

@@ -1,4 +1,6 @@
-"""dot: on matrix instructions (mma.sync, MFMA) where it qualifies, else the FMA fallback.
+"""dot: on matrix instructions (wgmma, mma.sync, MFMA) where it qualifies, else the FMA fallback.
+
+wgmma (sm_90a) reads its operands from shared memory: `wgmma_dot.py`.
 
 Matrix instructions (`mma.mma_plan` says when, picks the instruction and
 the layouts): layout assignment has already put the accumulator in the C
@@ -48,13 +50,14 @@ from .async_pipeline import RingOperand
 from .context import Regs
 from .mfma_operands import lds_operand
 from .mma_operands import ldmatrix_operand
+from .wgmma_dot import wgmma_dot
 
 
 @lowering("dot")
 def _dot(ctx, op):
     plan = mma_plan(op, ctx.target, ctx.num_threads // ctx.warp_size)
     if plan is not None:
-        return _mma_dot(ctx, op, plan)
+        return (wgmma_dot if plan.a is None else _mma_dot)(ctx, op, plan)
     a, b, acc = ctx.operands(op)
     k, n = op.operands[0].type.shape[1], op.operands[1].type.shape[1]
     layout = ctx.assignment.layout(op.result)

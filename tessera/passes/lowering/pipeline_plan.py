@@ -7,7 +7,9 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
 * the target has cp.async and ldmatrix, S >= 2 and the loop step is a
   positive compile-time constant (so iteration i + S - 1 is known);
 * its only consumer is operand A or B of one tensor-core `dot` of the body
-  (`mma.mma_plan` says yes; not inside a region nested in the body),
+  (`mma.mma_plan` says yes, on mma.sync: a wgmma dot stores its operands
+  into its own swizzled tiles and is not pipelined in this version; not
+  inside a region nested in the body),
   directly or through `convert_layout`s, and its dtype is f16/bf16 (ldmatrix
   reads 16-bit elements);
 * its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
@@ -129,7 +131,7 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         return None
     dot, operand = consumer
     mma = mma_plan(dot, target, num_warps)
-    if mma is None:
+    if mma is None or mma.a is None:    # wgmma reads its own shared tiles; not pipelined (yet)
         return None
     slice_ops = _address_slice(load, body)
     if slice_ops is None:
