@@ -90,9 +90,13 @@ def test_mma_dot_on_the_simt_simulator_matches_the_tile_interpreter(dtype, shape
     np.testing.assert_allclose(actual[2], expected[2], **F32_ACC)
 
 
-def test_tutorial_matmul_uses_tensor_cores_and_matches_the_tile_interpreter():
+def tutorial_matmul_on(target, num_warps, blocks=(64, 64, 32), grid=(2, 2)):
+    """Tutorial 03's matmul at 80 x 72 x 40 (no size divides its block: the edge blocks read zeros and mask
+    their stores), lowered for `target` and run on the SIMT simulator; asserts it matches the tile
+    interpreter and returns the thread IR, so callers can check which matrix instruction it used."""
     matmul = runpy.run_path(str(TUTORIALS / "03-matmul.py"))["matmul"]
-    m, n, k = 80, 72, 40      # edges: partial blocks read zeros
+    m, n, k = 80, 72, 40
+    bm, bn, bk = blocks
 
     def args():
         rng = np.random.default_rng(3)
@@ -100,14 +104,17 @@ def test_tutorial_matmul_uses_tensor_cores_and_matches_the_tile_interpreter():
         return [a, b, np.zeros((m, n), np.float16), m, n, k]
 
     expected, actual = args(), args()
-    module = matmul.specialize(*expected, BM=64, BN=64, BK=32).module
-    grid = (2, 2)
+    module = matmul.specialize(*expected, BM=bm, BN=bn, BK=bk).module
     run_function(module.functions[0], expected, grid)
-    fn = lower(module, "sm_80", num_warps=4).functions[0]
-    assert mma_count(fn) == 16
+    fn = lower(module, target, num_warps=num_warps).functions[0]
     run_threads(fn, actual, grid)
     # f16 outputs: the f32 sums differ in the last bits, which can move an f16 rounding by one ulp.
     np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), rtol=1e-3, atol=1e-3)
+    return fn
+
+
+def test_tutorial_matmul_uses_tensor_cores_and_matches_the_tile_interpreter():
+    assert mma_count(tutorial_matmul_on("sm_80", 4)) == 16
 
 
 @pytest.mark.parametrize("case", ["k8", "f32", "amd"])

@@ -17,7 +17,6 @@ Specification:
 
 from __future__ import annotations
 
-import runpy
 from pathlib import Path
 
 import numpy as np
@@ -33,7 +32,7 @@ from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.mma import MMA_M16N8K16, mma_plan
 from tessera.passes.pipeline_threads import lower
 
-from test_mma_dot import F32_ACC, dot_args, dot_module
+from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 
@@ -103,22 +102,7 @@ def test_wgmma_dot_on_the_simt_simulator_matches_the_tile_interpreter(dtype, sha
 
 @pytest.mark.parametrize("num_warps", [4, 8])
 def test_tutorial_matmul_on_wgmma_matches_the_tile_interpreter_with_masked_edges(num_warps):
-    matmul = runpy.run_path(str(TUTORIALS / "03-matmul.py"))["matmul"]
-    m, n, k = 80, 72, 40      # edges: partial blocks read zeros, stores past the edge are dropped
-
-    def args():
-        rng = np.random.default_rng(3)
-        a, b = rng.standard_normal((m, k)).astype(np.float16), rng.standard_normal((k, n)).astype(np.float16)
-        return [a, b, np.zeros((m, n), np.float16), m, n, k]
-
-    expected, actual = args(), args()
-    module = matmul.specialize(*expected, BM=64, BN=64, BK=32).module
-    grid = (2, 2)
-    run_function(module.functions[0], expected, grid)
-    fn = lower(module, "sm_90a", num_warps=num_warps).functions[0]
-    assert wgmma_count(fn) == 2
-    run_threads(fn, actual, grid)
-    np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), rtol=1e-3, atol=1e-3)
+    assert wgmma_count(tutorial_matmul_on("sm_90a", num_warps)) == 2
 
 
 @pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (PATH, CUDA_HOME, nvidia-cuda-nvcc wheel)")
