@@ -24,12 +24,7 @@ SUPPORTED_CPUS = frozenset({"gfx90a", "gfx942", "gfx950"})
 
 def resolve_target(target: Target | str | None) -> Target:
     """The AMD `Target` to compile for; LoweringError for anything else."""
-    target = resolve_vendor_target(target, "amd", "AMDGPU", "gfx942")
-    if target.llvm_triple != AMDGPU_TRIPLE:
-        raise LoweringError(f"target {target.name} has LLVM triple {target.llvm_triple!r}; expected {AMDGPU_TRIPLE!r}")
-    if target.llvm_cpu not in SUPPORTED_CPUS:
-        raise LoweringError(f"target {target.name}: LLVM CPU {target.llvm_cpu!r} is not one the AMDGPU backend "
-                            f"supports ({', '.join(sorted(SUPPORTED_CPUS))})")
+    target = resolve_vendor_target(target, "amd", "AMDGPU", "gfx942", triple=AMDGPU_TRIPLE, cpus=SUPPORTED_CPUS)
     if target.llvm_features:
         raise LoweringError(f"target {target.name}: the AMDGPU backend takes no LLVM features, got "
                             f"{target.llvm_features!r}")

@@ -38,8 +38,10 @@ _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VENDOR_NAMES = {"nvidia": ("an NVIDIA", "NVIDIA"), "amd": ("an AMD", "AMD")}
 
 
-def resolve_target(target: Target | str | None, vendor: str, backend: str, example: str) -> Target:
-    """The `Target` called `target` (or `target` itself), which must be a `vendor` GPU; LoweringError otherwise."""
+def resolve_target(target: Target | str | None, vendor: str, backend: str, example: str, *, triple: str,
+                   cpus: frozenset[str]) -> Target:
+    """The `Target` called `target` (or `target` itself), which must be a `vendor` GPU with LLVM `triple` and a
+    CPU in `cpus` (the ones the backend has been tested with); LoweringError otherwise."""
     if target is None:
         raise LoweringError(f"no target given: pass target='{example}' (or a Target), or set the function's "
                             "`target` attribute")
@@ -55,6 +57,11 @@ def resolve_target(target: Target | str | None, vendor: str, backend: str, examp
         theirs = _VENDOR_NAMES.get(target.vendor, (f"a {target.vendor}",))[0]
         raise LoweringError(f"target {target.name} is {theirs} GPU; the {backend} backend compiles for "
                             f"{_VENDOR_NAMES[vendor][1]} targets ({ours})")
+    if target.llvm_triple != triple:
+        raise LoweringError(f"target {target.name} has LLVM triple {target.llvm_triple!r}; expected {triple!r}")
+    if target.llvm_cpu not in cpus:
+        raise LoweringError(f"target {target.name}: LLVM CPU {target.llvm_cpu!r} is not one the {backend} backend "
+                            f"supports ({', '.join(sorted(cpus))})")
     return target
 
 

@@ -29,12 +29,7 @@ PTX_VERSIONS = range(70, 91)  # +ptx70 .. +ptx90
 
 def resolve_target(target: Target | str | None) -> Target:
     """The NVIDIA `Target` to compile for; LoweringError for anything else."""
-    target = resolve_vendor_target(target, "nvidia", "NVPTX", "sm_90a")
-    if target.llvm_triple != NVPTX_TRIPLE:
-        raise LoweringError(f"target {target.name} has LLVM triple {target.llvm_triple!r}; expected {NVPTX_TRIPLE!r}")
-    if target.llvm_cpu not in SUPPORTED_CPUS:
-        raise LoweringError(f"target {target.name}: LLVM CPU {target.llvm_cpu!r} is not one the NVPTX backend "
-                            f"supports ({', '.join(sorted(SUPPORTED_CPUS))})")
+    target = resolve_vendor_target(target, "nvidia", "NVPTX", "sm_90a", triple=NVPTX_TRIPLE, cpus=SUPPORTED_CPUS)
     for feature in filter(None, target.llvm_features.split(",")):
         match = _PTX_FEATURE.fullmatch(feature)
         if not match or int(match.group(1)) not in PTX_VERSIONS:
