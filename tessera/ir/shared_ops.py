@@ -114,3 +114,7 @@ define("smem_async_wait", "Retire committed copy groups, oldest first, until at 
        attrs={"pending": "int"}, infer=_infer_wait, pure=False)
 define("smem_barrier", "Wait for every thread of the program; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
+
+# A whole program's buffers: no per-thread meaning (the lowering turns them into shared_alloc and friends).
+SHARED_TILE_OPS = frozenset(("smem_alloc", "smem_slot", "smem_load", "smem_store", "smem_async_copy",
+                             "smem_async_commit", "smem_async_wait", "smem_barrier"))
