@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.dsl.errors import CompileError, ConstexprError, TypeMismatchError
+from tessera.dsl.errors import CompileError, ConstexprError, LoopCarriedTypeError, TypeMismatchError
 
 X = np.zeros((64, 64), np.float16)
 
@@ -197,3 +197,28 @@ def store_wrong_shape(x_ptr):
 
 def test_a_store_of_another_shape_is_an_error():
     check(store_wrong_shape, ".store(", "does not broadcast to the shape (64,)", cls=TypeMismatchError)
+
+
+@tessera.kernel
+def carried_slot(x_ptr):
+    buf = tessera.shared((2, 64), tessera.f16)
+    cur = buf[0]
+    for i in range(0, 4):
+        cur.store(0)
+        cur = buf[1]
+
+
+@tessera.kernel
+def slot_by_branch(x_ptr, n):
+    buf = tessera.shared((2, 64), tessera.f16)
+    cur = buf[0]
+    if n > 0:
+        cur = buf[1]
+    cur.store(0)
+
+
+def test_a_buffer_cannot_be_carried_or_chosen_at_run_time_so_the_slot_number_is():
+    check(carried_slot, "for i in range(0, 4):", "cannot be carried", "carry the slot number instead",
+          cls=LoopCarriedTypeError)
+    check(slot_by_branch, "if n > 0:", "cannot depend on a runtime condition", "pick the slot number",
+          cls=LoopCarriedTypeError, args=(X, 3))

@@ -53,6 +53,7 @@ from .mma_operands import LDMATRIX_DTYPES, ldmatrix_plan, read_fragment, swizzle
 
 MAX_COPY_BYTES = 16
 MIN_ASYNC_COPY_BYTES = 4
+SAMPLED_GROUPS = 8          # register groups per access scored for bank conflicts (they repeat; keeps it fast)
 
 
 @dataclass(frozen=True)
@@ -85,11 +86,14 @@ class SharedParts:
 
 @dataclass(frozen=True)
 class Access:
-    """One kind of access to a sub-buffer of `numel` elements: (threads, vector, 1) flat element numbers."""
+    """One kind of access to a sub-buffer of `numel` elements: (groups * threads, vector, 1) element numbers.
+
+    `needs` holds the swizzle an ldmatrix read of it requires (empty for other accesses).
+    """
 
     numel: int
     elements: np.ndarray
-    ldmatrix: Swizzle | None | bool = False     # the swizzle an ldmatrix read needs (False: not ldmatrix)
+    needs: tuple[Swizzle | None, ...] = ()
 
 
 def _users(fn) -> dict[Value, list[Operation]]:
@@ -114,7 +118,7 @@ def buffer_accesses(ctx, alloc: Operation) -> list[Access]:
                 layout = ctx.assignment.layout(op.result)
                 plan = _ldmatrix(ctx, layout, value.type.dtype)
                 out.append(Access(math.prod(shape), _pattern(layout, shape, _vector(ctx, layout, value.type)),
-                                  plan.smem.swizzle if plan is not None else False))
+                                  (plan.smem.swizzle,) if plan is not None else ()))
             elif op.name == "smem_store":
                 layout = ctx.assignment.operand_layout(op, 1)
                 out.append(Access(math.prod(shape), _pattern(layout, shape, _vector(ctx, layout, value.type))))
@@ -134,15 +138,22 @@ def _pattern(layout: RegisterLayout, shape, vector: int) -> np.ndarray:
 
 
 def choose_swizzle(accesses: list[Access], dtype: dt.DType, banks: int, warp: int, threads: int) -> Swizzle | None:
-    """The XOR swizzle of 16-byte chunks with the fewest bank conflicts over `accesses` (None: none better)."""
-    forced = {a.ldmatrix for a in accesses if a.ldmatrix is not False}
-    if len(forced) == 1:
-        return forced.pop()
+    """The XOR swizzle of 16-byte chunks with the fewest bank conflicts over `accesses` (None: none better).
+
+    ldmatrix reads win: when they agree on the swizzle they need (and it repeats within every accessed
+    sub-buffer, so that slots can share it), that is the buffer's swizzle.
+    """
     if not accesses:
         return None
+    smallest = min(a.numel for a in accesses)
+    needed = {swizzle for a in accesses for swizzle in a.needs}
+    if len(needed) == 1:
+        swizzle = needed.pop()
+        if swizzle is None or smallest % _period(swizzle) == 0:
+            return swizzle
     element_bytes = dtype.bits // 8
     base = int(math.log2(max(1, 16 // element_bytes)))
-    period_bits = int(math.log2(min(a.numel for a in accesses)))
+    period_bits = int(math.log2(smallest & -smallest))     # the swizzle must repeat within every sub-buffer
     candidates: list[Swizzle | None] = [None]
     for bits in (1, 2, 3):
         for shift in range(bits, period_bits - base - bits + 1):
@@ -151,15 +162,19 @@ def choose_swizzle(accesses: list[Access], dtype: dt.DType, banks: int, warp: in
     def cost(swizzle: Swizzle | None) -> int:
         total = 0
         for a in accesses:
-            layout = SmemLayout((a.numel,), (1,), swizzle if a.numel % (swizzle.block if swizzle else 1) == 0
-                                else None)
+            layout = SmemLayout((a.numel,), (1,), swizzle)
             per_group = a.elements.reshape(-1, threads, *a.elements.shape[1:])
-            for group in per_group:
+            for group in per_group[::max(1, len(per_group) // SAMPLED_GROUPS)]:
                 total += max(bank_conflicts(layout, group[w:w + warp], element_bytes, banks)
                              for w in range(0, threads, warp))
         return total
 
     return min(candidates, key=cost)      # (min keeps the first of equals: no swizzle, then the fewest bits)
+
+
+def _period(swizzle: Swizzle) -> int:
+    """The swizzle of offset o + k * period is o's plus k * period: slots of a multiple of it share it."""
+    return 1 << (swizzle.base + swizzle.shift + swizzle.bits)
 
 
 # -- ops ---------------------------------------------------------------------------------------
