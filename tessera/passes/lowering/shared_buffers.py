@@ -19,9 +19,10 @@
 * `smem_async_copy` on targets with cp.async (sm_80+): the slot is cut into
   chunks of w elements along its last dim, w the widest of 16 / 8 / 4 bytes
   that the view's (or pointers') alignment, contiguity and bounds allow;
-  each thread issues `async_copy {bytes}` for its chunks (blocked over the
-  chunk grid, neighbouring threads on neighbouring chunks), the predicate
-  false (zero fill) for chunks outside the view or masked off. Threads that
+  each thread issues `async_copy {bytes}` for its chunks (for a view block:
+  blocked over the chunk grid, neighbouring threads on neighbouring chunks;
+  for pointers: runs of w registers of the pointer tile's own layout), the
+  predicate false (zero fill) for chunks outside the view or masked off. Threads that
   replicate another's chunks (more threads than chunks) skip them.
   Narrower than 4 bytes, and on targets without cp.async (AMD gfx9xx), the
   copy is a synchronous global load (0 where masked) and shared store, and
