@@ -117,7 +117,7 @@ def test_the_destination_must_be_a_shared_buffer():
 
 @tessera.kernel
 def huge_buffer(x_ptr):
-    buf = tessera.shared((4, 256, 256), tessera.f32)
+    tessera.shared((4, 256, 256), tessera.f32)
 
 
 def test_a_buffer_larger_than_any_gpu_is_an_error_at_trace_time():
@@ -141,7 +141,7 @@ def test_a_buffer_larger_than_the_targets_shared_memory_is_an_error_when_compili
 @tessera.kernel
 def shared_in_loop(x_ptr):
     for i in range(0, 4):
-        buf = tessera.shared((64,), tessera.f16)
+        tessera.shared((64,), tessera.f16)
 
 
 def test_shared_inside_a_loop_asks_to_allocate_at_the_top_level():
@@ -150,7 +150,7 @@ def test_shared_inside_a_loop_asks_to_allocate_at_the_top_level():
 
 @tessera.kernel
 def subbyte_buffer(x_ptr):
-    buf = tessera.shared((64,), tessera.u4)
+    tessera.shared((64,), tessera.u4)
 
 
 def test_sub_byte_elements_are_refused():

@@ -23,7 +23,7 @@ import pytest
 import tessera
 from tessera.backends.interp import InterpreterError, run_function
 
-from shared_kernels import F16_RESULT, MatmulCase, double_buffered_matmul, line_of, no_wait_matmul
+from shared_kernels import F16_RESULT, MatmulCase, line_of, no_wait_matmul
 
 
 @tessera.kernel

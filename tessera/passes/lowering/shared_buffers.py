@@ -318,7 +318,7 @@ def _pow2_floor(n: int) -> int:
 def _async_copy(ctx, op):
     parts: SharedParts = ctx.lookup(op.operands[0])
     plan = copy_plan(ctx, op)
-    layout, width = plan.layout, plan.width
+    layout = plan.layout
     if isinstance(op.operands[1].type, ViewType):
         view = ctx.lookup(op.operands[1])
         starts = [ctx.operand(op, i) for i in range(2, len(op.operands))]
