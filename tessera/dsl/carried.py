@@ -134,6 +134,10 @@ def unify_branches(gen: "CodeGenerator", name: str, a: Any, b: Any, blocks: tupl
                    line: int | None) -> tuple[Tensor, Tensor]:
     """Traced values of one type for a variable that differs between the branches of a runtime `if`."""
     where = f"the `if` at line {line}" if line else "this `if`"
+    if any(isinstance(v, Tensor) and v.is_shared for v in (a, b)):
+        gen.error(f"'{hint_of(name)}' is {describe_side(a)} in the then branch but {describe_side(b)} in the else "
+                  f"branch of {where}; a shared buffer cannot depend on a runtime condition: pick the slot number "
+                  f"in the branches and index after them (buf[s])", LoopCarriedTypeError)
     if not (isinstance(a, Tensor) or is_number(a)) or not (isinstance(b, Tensor) or is_number(b)):
         gen.error(f"'{hint_of(name)}' is {describe_side(a)} in the then branch but {describe_side(b)} in the else "
                   f"branch of {where}; compile-time values cannot depend on a runtime condition (give it a traced "
@@ -229,6 +233,10 @@ class Carried:
             value = variables.get(name, MISSING)
             if name in exclude or isinstance(value, Unbound):
                 continue
+            if isinstance(value, Tensor) and value.is_shared:
+                gen.error(f"'{hint_of(name)}' holds the shared buffer {value.type} before the loop and the loop "
+                          f"assigns it again; a shared buffer cannot be carried from one iteration to the next: "
+                          f"carry the slot number instead and index inside the loop (buf[s])", LoopCarriedTypeError)
             if isinstance(value, Tensor) or is_number(value):
                 self.names.append(name)
                 self.start.append(value)

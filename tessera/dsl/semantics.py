@@ -396,6 +396,9 @@ def subscript(ctx: Context, x: Tensor, index: Any) -> Tensor:
     Tiles are not indexable otherwise: lanes are spread over threads, so
     elements are read by loading through a view or pointers.
     """
+    if isinstance(x, Tensor) and x.is_shared:
+        from .language.shared import slot
+        return slot(ctx, x, index)
     entries = index if isinstance(index, tuple) else (index,)
     is_full = [isinstance(e, slice) and e == slice(None) for e in entries]
     allowed = all(e is None or e is Ellipsis or full for e, full in zip(entries, is_full))
@@ -438,6 +441,9 @@ def attribute(ctx: Context, x: Tensor, name: str) -> Any:
     """
     if x.is_view:
         return _view_attribute(ctx, x, name)
+    if x.is_shared:
+        from .language.shared import attribute as shared_attribute
+        return shared_attribute(ctx, x, name)
     if name == "dtype":
         element = element_of(x.type)
         return element.pointee if isinstance(element, PointerType) else element.dtype

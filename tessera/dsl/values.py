@@ -20,7 +20,7 @@ from typing import Any, Callable, NoReturn
 
 from ..ir.builder import Builder
 from ..ir.core import Location, Value
-from ..ir.types import Type, TileType, ViewType, scalar_dtype, shape_of
+from ..ir.types import SharedType, Type, TileType, ViewType, scalar_dtype, shape_of
 from ..ir.dtypes import DType
 from .errors import CompileError
 
@@ -53,6 +53,11 @@ class Tensor:
     @property
     def is_view(self) -> bool:
         return isinstance(self.value.type, ViewType)
+
+    @property
+    def is_shared(self) -> bool:
+        """A shared-memory buffer (`tessera.shared`) or a slot of one."""
+        return isinstance(self.value.type, SharedType)
 
     def __bool__(self) -> NoReturn:
         # `if tensor:` / `a and b` on traced values must go through the code

@@ -26,7 +26,7 @@ from .core import Block, Function, Location, Module, Operation, Value
 from .dtypes import DType, dtype_from_name
 from .errors import ParseError
 from .ops import OPS
-from .types import PointerType, RegsType, ScalarType, TileType, Type, ViewType
+from .types import PointerType, RegsType, ScalarType, SharedType, TileType, Type, ViewType
 
 
 def parse_module(text: str) -> Module:
@@ -173,6 +173,8 @@ class _FunctionReader:
             return TileType(self.type(parts[-1]), tuple(int(d) for d in dims))
         if kind == "regs_type":
             return RegsType(self.type(parts[1]), int(parts[0][:-1]))
+        if kind == "smem_type":
+            return SharedType(self.dtype(parts[1]), tuple(int(d) for d in parts[0].split("x")[:-1]))
         dtype, rank = parts  # view_type
         return ViewType(self.dtype(dtype), int(rank))
 

@@ -123,8 +123,10 @@ define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit elements from shared 
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "
-                 "a multiple of `align` (default 16; 1024 for a 128B-swizzled wgmma tile).", 0,
-       attrs={"bytes": "int", "offset": "int"}, optional_attrs={"align": "int"}, check=_check_shared_alloc,
+                 "a multiple of `align` (default 16; 1024 for a 128B-swizzled wgmma tile); `whole_kernel`: live "
+                 "for the whole kernel, sharing bytes with no other buffer (explicit `tessera.shared` buffers).", 0,
+       attrs={"bytes": "int", "offset": "int"}, optional_attrs={"align": "int", "whole_kernel": "bool"},
+       check=_check_shared_alloc,
        pure=False)
 
 

@@ -9,6 +9,7 @@ hashable, compare by value, and print in the IR's textual form:
     tile<64x32xbf16>    a 64x32 tile of bf16 values
     tile<128xptr<f32>>  a tile of pointers (one per lane)
     view<f32, 2>        a rank-2 tensor view: base pointer, shape and strides
+    smem<2x64x32xf16>   a shared-memory buffer of one program (`tessera.shared`)
     regs<8xf32>         thread IR: the 8 registers one thread holds of a tile
 
 Tile shapes are static; the element of a tile is a scalar dtype or a pointer.
@@ -85,6 +86,31 @@ class ViewType(Type):
 
     def __str__(self) -> str:
         return f"view<{self.dtype.name}, {self.rank}>"
+
+
+@dataclass(frozen=True)
+class SharedType(Type):
+    """A statically shaped buffer of `dtype` elements in the shared memory of one program (tile IR).
+
+    Made by `smem_alloc`; `smem_slot` selects a sub-buffer along the leading
+    dim. Its elements are read and written whole-tile (`smem_load`,
+    `smem_store`, `smem_async_copy`), never through pointers, so the
+    lowering may lay it out (swizzle it) as it likes.
+    """
+
+    dtype: DType
+    shape: tuple[int, ...]
+
+    def __str__(self) -> str:
+        dims = "".join(f"{d}x" for d in self.shape)
+        return f"smem<{dims}{self.dtype.name}>"
+
+    @property
+    def numel(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
 
 @dataclass(frozen=True)

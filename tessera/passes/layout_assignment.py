@@ -293,6 +293,15 @@ class _Assigner:
             plan = mma_plan(op, self.target, self.out.num_warps)
             if plan is not None:
                 self.set(op.result, plan.c)
+                # A tile loaded from an explicit shared buffer is loaded straight into its fragment.
+                for index, want in ((0, plan.a), (1, plan.b)):
+                    producer = op.operands[index].owner
+                    if want is not None and isinstance(producer, Operation) and producer.name == "smem_load":
+                        self.set(op.operands[index], want)
+        elif name == "smem_async_copy" and isinstance(op.operands[1].type, TileType):
+            ptr = op.operands[1]        # a copy from a tile of pointers anchors it like a load
+            vector = self.facts.pointer_layout_width(ptr, element_bits(ptr.type), self.target.max_vector_bits)
+            self.set(ptr, self.blocked(ptr.type.shape, vector))
         elif name in MEMORY_TIED:
             tiles = [v for v in [*op.operands, *op.results] if isinstance(v.type, TileType)]
             if not tiles:
@@ -385,6 +394,8 @@ def _groups(op: Operation):
             yield defs + uses
         elif uses:  # store: the pointer operand leads
             yield [(uses[0][0], None, 0)] + uses[1:]
+    elif name == "smem_async_copy" and len(op.operands) == 3 and isinstance(op.operands[1].type, TileType):
+        yield [(op.operands[1], None, 0), (op.operands[2], op, 2)]      # pointers and mask
     elif name == "scan":
         yield [(op.result, None, 0), (op.operands[0], op, 0)]
     elif name == "dot":

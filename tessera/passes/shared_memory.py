@@ -6,7 +6,10 @@ counts as a use of the whole op that holds the region at the allocation's
 level, so a buffer read in a loop stays live for the whole loop. Two
 allocations whose live ranges do not overlap may share bytes: the
 lowering ends every use of a buffer with a barrier, so the next buffer's
-writes cannot race with the last reads of the one before.
+writes cannot race with the last reads of the one before. Explicit buffers
+(`tessera.shared`, `whole_kernel = true`) are read and filled by async
+copies on the author's schedule, with no closing barrier, so they are live
+for the whole kernel and share bytes with nothing.
 
 Placement is first-fit, largest allocation first, at 16-byte alignment (the
 widest vector access) or the allocation's own `align` (swizzled wgmma tiles:
@@ -34,7 +37,9 @@ def allocate_shared_memory(fn: Function, capacity: int | None = None) -> int:
     """
     positions, ends = _number_ops(fn)
     allocs = [op for op in fn.walk() if op.name == "shared_alloc"]
-    ranges = {op: (positions[op], _live_end(op, positions, ends)) for op in allocs}
+    last = len(positions) - 1
+    ranges = {op: (0, last) if op.attrs.get("whole_kernel") else (positions[op], _live_end(op, positions, ends))
+              for op in allocs}
     placed: list[tuple[Operation, int]] = []
     for op in sorted(allocs, key=lambda o: (-o.attrs["bytes"], positions[o])):
         start, end = ranges[op]

@@ -262,6 +262,21 @@ func @warpgroup(%p: ptr<bf16, shared>) attributes {num_threads = 128} {
   return
 }
 """,
+    "explicit_shared_memory": """\
+func @k(%a: ptr<f16>, %n: i32, %i: i32) {
+  %buf = smem_alloc : smem<2x16x32xf16>
+  %one = constant {value = 1} : i32
+  %v = make_view %a, %n, %n, %n, %one : view<f16, 2>
+  %s = smem_slot %buf, %i : smem<16x32xf16>
+  smem_async_copy %s, %v, %i, %i
+  smem_async_commit
+  smem_async_wait {pending = 0}
+  smem_barrier
+  %x = smem_load %s : tile<16x32xf16>
+  smem_store %s, %x
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

@@ -27,10 +27,11 @@ import numpy as np
 
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, Type, ViewType, scalar_dtype, shape_of
+from tessera.ir.types import PointerType, SharedType, Type, ViewType, scalar_dtype, shape_of
 
 # Importing the family modules fills the semantics table.
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
+from . import shared  # noqa: F401
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .registry import SEMANTICS, apply_semantics
@@ -83,6 +84,7 @@ class ProgramInstance:
                 self.run_region(self.fn.body, args)
             except KernelReturn:
                 pass
+            shared.check_drained(self)
 
     def run_region(self, block: Block, args: Sequence[Any]) -> list[Any]:
         """Bind the block's arguments, run its ops, return what its terminator passes on."""
@@ -135,7 +137,7 @@ class ProgramInstance:
                 raise self.error(op, f"internal error: semantics produced {array.dtype}{list(array.shape)} "
                                      f"for a {t} (expected {dtype.compute_dtype}{list(shape_of(t))})")
             return array
-        expected = View if isinstance(t, ViewType) else Pointers
+        expected = View if isinstance(t, ViewType) else shared.SharedRef if isinstance(t, SharedType) else Pointers
         if not isinstance(value, expected):
             raise self.error(op, f"internal error: semantics produced {type(value).__name__} for a {t}")
         return value

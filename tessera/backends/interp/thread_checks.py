@@ -15,13 +15,14 @@ from typing import Callable
 from tessera.ir.core import Block, Function, Module, Value
 from tessera.ir.errors import VerifyError
 from tessera.ir.printer import print_op, print_value
-from tessera.ir.types import TileType, ViewType
+from tessera.ir.shared_ops import SHARED_TILE_OPS
+from tessera.ir.types import SharedType, TileType, ViewType
 
 # Tile ops that have no per-thread meaning: they describe a whole tile's lanes.
 TILE_ONLY_OPS = frozenset({
     "arange", "broadcast", "expand_dims", "reshape", "permute", "reduce", "arg_reduce", "scan", "dot",
     "make_view", "view_load", "view_store", "convert_layout",
-})
+}) | SHARED_TILE_OPS
 
 _LOWER = "lower the kernel with tessera.passes.lower_to_threads first"
 
@@ -51,7 +52,7 @@ def _check_block(fn: Function, block: Block) -> None:
 
 
 def _check_value(fn: Function, value: Value, where: Callable[[], str]) -> None:
-    if isinstance(value.type, (TileType, ViewType)):
-        kind = "tile" if isinstance(value.type, TileType) else "tensor view"
+    if isinstance(value.type, (TileType, ViewType, SharedType)):
+        kind = {TileType: "tile", ViewType: "tensor view", SharedType: "shared buffer"}[type(value.type)]
         raise VerifyError(f"@{fn.name}: {where()} has type {value.type}, a {kind}; thread IR holds only "
                           f"scalars, pointers and regs<N x T>; {_LOWER}")

@@ -15,6 +15,7 @@ are (`copy_scalar_op`).
     async_pipeline.py a `for {stages}` whose dot operands are copied ahead with cp.async
                       (which loads: pipeline_plan.py)
     debug.py          print, breakpoint (dropped), assert
+    shared_buffers.py explicit shared buffers (tessera.shared): smem_alloc/slot/load/store, async copies
 """
 
 from __future__ import annotations
@@ -66,5 +67,6 @@ def copy_scalar_op(ctx: Lowering, op: Operation) -> None:
 
 # Importing the families fills LOWERINGS.
 from . import control_flow, debug, dot, elementwise, memory, reductions, shape  # noqa: E402,F401
+from . import shared_buffers  # noqa: E402,F401
 
 __all__ = ["LOWERINGS", "Lowering", "Regs", "lower_op", "lowering"]
