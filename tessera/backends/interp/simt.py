@@ -31,6 +31,7 @@ from tessera.ir.ops import OPS
 from tessera.ir.types import Type, scalar_dtype, shape_of
 
 from . import simt_control, simt_memory, simt_mbarrier, simt_wgmma  # noqa: F401  (fill the SIMT semantics table)
+from . import simt_warp_specialization  # noqa: F401
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .interpreter import _normalize_grid, bind_arguments

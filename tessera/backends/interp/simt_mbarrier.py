@@ -67,7 +67,7 @@ from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
 
 from . import simt_wgmma
 from .simt_ops import simt
-from .simt_paths import wait_until
+from .simt_paths import let_others_run, wait_until
 from .simt_shared import SharedRegion
 from .storage import Memory
 from .values import Pointers
@@ -272,6 +272,7 @@ def _arrivals(ctx, op, bar, tx_bytes) -> None:
         b.arriving.append(t)
         b.pending -= 1
         b.complete_if_done()
+    let_others_run(ctx, op)
 
 
 def _add_tx(ctx, op, b: MBarrier, delta: int) -> None:

@@ -12,10 +12,13 @@ So an `if` whose regions contain an op that can block (`BLOCKING_OPS`:
 mbarrier_wait, named_barrier) runs its two sides as *paths*: each side is a
 region walk for its threads' mask, on its own Python thread, but only one
 path runs at any time, so the simulation stays deterministic. A path runs
-until it finishes or reaches a wait that cannot complete yet
-(`Scheduler.block`); then the scheduler resumes the next path, in the
-order the paths were created, round robin, whose wait can now complete (or
-which has not started, or whose child paths have all finished). The `if`
+until it finishes, reaches a wait that cannot complete yet
+(`Scheduler.block`) or arrives on an mbarrier (`let_others_run`); then the
+scheduler resumes the next path, in the order the paths were created,
+round robin, whose wait can now complete (or which has not started, or
+whose child paths have all finished). Giving way after each arrival runs
+waiters as early as the GPU could, which is the schedule that exposes a
+producer refilling a stage its consumers have not read yet. The `if`
 merges its paths' results when both are done, and the parent path goes on.
 Paths nest: a path may diverge again, and its loops run inside it.
 
@@ -23,6 +26,13 @@ When no path can run, that is a DEADLOCK, reported with every blocked
 path's threads and what it waits for. An error in any path (a race, a
 phase error, a deadlock) ends the block: the other paths are unwound and
 the error is raised from `run_threads` as usual.
+
+A block-wide `barrier` inside a path is an error, as in any divergent
+code (`simt_ops.py`): on the GPU, bar.sync 0 in one side of a
+warp-specialized kernel waits for threads the other side never sends
+there. Threads of some paths meet at a `named_barrier {id, count}`
+instead, which waits for the other paths' arrivals like an mbarrier wait.
+A `return` inside a path ends the whole block, as it does in lockstep.
 
 Without blocking ops in a divergent `if` nothing changes: its regions run
 one after the other on the caller's stack, and a block that never diverges
@@ -234,6 +244,14 @@ def scheduler(ctx) -> Scheduler:
     if s is None:
         s = ctx.state["paths"] = Scheduler(ctx)
     return s
+
+
+def let_others_run(ctx, op) -> None:
+    """A release point (an arrival): let the next runnable path go first, so that waiters run as early as they
+    could on the GPU; that is the schedule that catches a producer refilling a stage its consumers still read."""
+    s = ctx.state.get("paths")
+    if s is not None and s.forked:
+        s.block(lambda: True, lambda: "nothing (it gave way after an arrival)", op)
 
 
 def wait_until(ctx, op, ready: Callable[[], bool], describe: Callable[[], str], alone: Callable[[], str]) -> None:
