@@ -431,6 +431,7 @@ def _land(ctx, op, region: SharedRegion, proxy: AsyncProxy, b: MBarrier, thread:
     if race:
         raise ctx.error(op, f"shared-memory race: the tma_load overwrites bytes in use: {race}")
     shared.bytes[addrs] = data
+    simt_wgmma.async_proxy_wrote(ctx, addrs)
     proxy.in_flight_bytes[addrs] += 1
     proxy.copies.append(BoxCopy(b.address, b.phase, addrs, thread))
 

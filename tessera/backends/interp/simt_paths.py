@@ -214,7 +214,8 @@ class Scheduler:
             if p.describe is not None:
                 first = first or p.op
                 where = f" (at {p.op.loc})" if p.op.loc else ""
-                lines.append(f"{_threads(p.threads(n))} wait{where}: {p.describe()}")
+                ids = p.threads(n)
+                lines.append(f"{_threads(ids)} wait{'s' if ids.size == 1 else ''}{where}: {p.describe()}")
             elif p.done and p.parent is not None and not all(c.done for c in p.parent.children):
                 lines.append(f"{_threads(p.threads(n))} have finished their side of an `if` and wait there for "
                              "the other side")
