@@ -90,3 +90,13 @@ def test_a_block_that_never_diverges_around_a_wait_starts_no_thread(monkeypatch)
     desc = TensorMapDescription.for_array(x, (64, 64), dtype=dt.bf16)
     run_threads(kernel(tile_copy()), [desc, np.zeros(4096, np.uint16), 0, 0], grid=1)
     assert started == []
+
+
+def test_a_failed_block_leaves_no_path_threads_behind():
+    import threading
+    before = threading.active_count()
+    for broken in (handoff(4, produce=False), handoff(4, empty_wait=False), handoff(6, split_consumers=True,
+                                                                                    consumer_parity="%c0")):
+        with pytest.raises(InterpreterError):
+            run(broken, 6)
+    assert threading.active_count() == before

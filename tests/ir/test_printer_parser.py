@@ -262,6 +262,14 @@ func @warpgroup(%p: ptr<bf16, shared>) attributes {num_threads = 128} {
   return
 }
 """,
+    "warp_specialization": """\
+func @warp_specialization() attributes {num_threads = 384} {
+  setmaxnreg {action = "dec", count = 40}
+  %e = elect_sync : bool
+  named_barrier {count = 256, id = 1}
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

@@ -1,0 +1,57 @@
+"""setmaxnreg, elect_sync and named_barrier in the SIMT simulator (`simt_warp_specialization.py`)."""
+
+import numpy as np
+import pytest
+
+from tessera.backends.interp import InterpreterError, run_threads
+from tessera.ir.parser import parse_module
+from tessera.ir.verifier import verify_module
+
+
+def run(body: str, threads=384, out_size=None):
+    text = (f"func @k(%out: ptr<i32>) attributes {{num_threads = {threads}}} {{\n"
+            "  %tid = thread_id : i32\n  %c0 = constant {value = 0} : i32\n  %c1 = constant {value = 1} : i32\n"
+            "  %c128 = constant {value = 128} : i32\n  %wg = div %tid, %c128 : i32\n"
+            "  %first = cmp %wg, %c0 {pred = \"eq\"} : bool\n" + body + "  return\n}\n")
+    module = parse_module(text)
+    verify_module(module)
+    out = np.zeros(out_size or threads, np.int32)
+    run_threads(module.functions[0], [out], grid=1)
+    return out
+
+
+def branch(then: str, other: str) -> str:
+    return f"  if %first {{\n{then}    yield\n  }} {{\n{other}    yield\n  }}\n"
+
+
+def test_setmaxnreg_by_whole_warpgroups_within_the_register_file_runs():
+    run(branch('    setmaxnreg {action = "dec", count = 40}\n', '    setmaxnreg {action = "inc", count = 232}\n'))
+
+
+def test_setmaxnreg_by_part_of_a_warpgroup_is_an_error():
+    body = ("  %c64 = constant {value = 64} : i32\n  %half = cmp %tid, %c64 {pred = \"lt\"} : bool\n"
+            "  if %half {\n    setmaxnreg {action = \"dec\", count = 40}\n    yield\n  } {\n    yield\n  }\n")
+    with pytest.raises(InterpreterError, match=r"setmaxnreg in divergent code: only 64 of the 128 threads of "
+                                               r"warpgroup 0 execute it; all 128 threads of a warpgroup"):
+        run(body)
+
+
+def test_setmaxnreg_asking_for_more_than_the_register_file_is_an_error():
+    body = branch('    setmaxnreg {action = "dec", count = 40}\n', '    setmaxnreg {action = "inc", count = 256}\n')
+    with pytest.raises(InterpreterError, match=r"setmaxnreg inc to 256 registers cannot be granted: .* 70656 "
+                                               r"registers in all \(warpgroup 0: 40, warpgroup 1: 256, warpgroup 2: "
+                                               r"256; x 128 threads\), more than the 65536"):
+        run(body)
+
+
+def test_elect_sync_is_true_in_the_lowest_active_lane_of_each_warp():
+    body = ("  %c5 = constant {value = 5} : i32\n  %c32 = constant {value = 32} : i32\n"
+            "  %lane = rem %tid, %c32 : i32\n  %late = cmp %lane, %c5 {pred = \"ge\"} : bool\n"
+            "  %p = addptr %out, %tid : ptr<i32>\n"
+            "  %all = elect_sync : bool\n  %a = cast %all : i32\n  store %p, %a\n"
+            "  if %late {\n    %some = elect_sync : bool\n    %s = cast %some : i32\n    %s2 = add %s, %s : i32\n"
+            "    %a2 = add %a, %s2 : i32\n    store %p, %a2\n    yield\n  } {\n    yield\n  }\n")
+    out = run(body, threads=64)
+    lane = np.arange(64) % 32
+    expected = (lane == 0).astype(np.int32) + 2 * (lane == 5)
+    np.testing.assert_array_equal(out, expected)
