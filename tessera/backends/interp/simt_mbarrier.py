@@ -67,7 +67,7 @@ from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
 
 from . import simt_wgmma
 from .simt_ops import simt
-from .simt_paths import let_others_run, wait_until
+from .simt_paths import let_others_run, span, wait_until
 from .simt_shared import SharedRegion
 from .storage import Memory
 from .values import Pointers
@@ -335,21 +335,12 @@ def _deadlock(ctx, b: MBarrier, parity: int, threads: np.ndarray) -> str:
     """The DEADLOCK message of a wait that no other path can help (`simt_paths.wait_until`)."""
     others = np.setdiff1d(np.arange(ctx.num_threads), threads)
     if others.size:
-        who = (f"threads {_span(threads)} wait, and threads {_span(others)} are not executing this code (they left "
+        who = (f"threads {span(threads)} wait, and threads {span(others)} are not executing this code (they left "
                "a loop the waiting threads are still in); threads of one loop run in lockstep in the simulator, so "
                "their arrivals cannot come while the others wait")
     else:
         who = "every thread of the block is waiting here, so no arrival can come"
     return f"DEADLOCK: {_waiting_for(b, parity)}, and {who}"
-
-
-def _span(threads: np.ndarray) -> str:
-    threads = np.asarray(threads)
-    if threads.size == 1:
-        return str(int(threads[0]))
-    if threads[-1] - threads[0] + 1 == threads.size:
-        return f"{int(threads[0])}..{int(threads[-1])}"
-    return ", ".join(map(str, threads[:4].tolist())) + (", ..." if threads.size > 4 else "")
 
 
 @simt("tma_load")

@@ -66,10 +66,11 @@ class _Abort(BaseException):
 
 
 class Path:
-    """Threads `mask` running one region walk; `waiting` says what it waits for while suspended."""
+    """Threads `mask` running one region walk (`work`) on their own Python thread; while suspended at a wait,
+    `ready` says whether it may go on and `describe` what it waits for; while suspended at a divergent `if`,
+    `children` are the if's paths."""
 
-    def __init__(self, scheduler: "Scheduler", mask: np.ndarray | None, work: Callable[[], list], parent):
-        self.scheduler = scheduler
+    def __init__(self, mask: np.ndarray | None, work: Callable[[], list], parent: "Path | None"):
         self.mask = mask                 # ctx.mask while it runs
         self.work = work
         self.parent = parent
@@ -100,7 +101,7 @@ class Scheduler:
 
     def __init__(self, ctx):
         self.ctx = ctx
-        self.root = Path(self, None, lambda: [], None)
+        self.root = Path(None, lambda: [], None)
         self.root.thread = threading.current_thread()
         self.paths: list[Path] = [self.root]
         self.current = self.root
@@ -112,7 +113,7 @@ class Scheduler:
         """Run each (mask, work) as a path; return their results once all have finished."""
         me = self.current
         me.mask = self.ctx.mask
-        me.children = [Path(self, mask, work, me) for mask, work in works]
+        me.children = [Path(mask, work, me) for mask, work in works]
         at = self.paths.index(me) + 1
         self.paths[at:at] = me.children
         self._suspend(me)
