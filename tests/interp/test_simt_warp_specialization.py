@@ -55,3 +55,31 @@ def test_elect_sync_is_true_in_the_lowest_active_lane_of_each_warp():
     lane = np.arange(64) % 32
     expected = (lane == 0).astype(np.int32) + 2 * (lane == 5)
     np.testing.assert_array_equal(out, expected)
+
+
+def handover(sync: bool) -> str:
+    """Warp 0 writes shared memory, warp 1 reads it, in two paths; `sync`: both meet at named_barrier 1 between."""
+    meet = "    named_barrier {count = 64, id = 1}\n" if sync else ""
+    return ("func @k(%out: ptr<i32>) attributes {num_threads = 64, shared_bytes = 128} {\n"
+            "  %tid = thread_id : i32\n  %c32 = constant {value = 32} : i32\n"
+            "  %lane = rem %tid, %c32 : i32\n"
+            "  %smem = shared_alloc {bytes = 128, offset = 0} : ptr<i32, shared>\n"
+            "  %slot = addptr %smem, %lane : ptr<i32, shared>\n"
+            "  %writer = cmp %tid, %c32 {pred = \"lt\"} : bool\n"
+            "  if %writer {\n    store %slot, %tid\n" + meet + "    yield\n  } {\n" + meet +
+            "    %v = load %slot : i32\n    %p = addptr %out, %lane : ptr<i32>\n    store %p, %v\n    yield\n  }\n"
+            "  return\n}\n")
+
+
+def test_named_barrier_orders_one_paths_writes_before_the_others_reads():
+    module = parse_module(handover(sync=True))
+    verify_module(module)
+    out = np.zeros(32, np.int32)
+    run_threads(module.functions[0], [out], grid=1)
+    np.testing.assert_array_equal(out, np.arange(32))
+
+
+def test_without_the_named_barrier_the_read_is_a_race():
+    module = parse_module(handover(sync=False))
+    with pytest.raises(InterpreterError, match="thread 32 reads shared byte 0 .*which thread 0 wrote.*named_barrier"):
+        run_threads(module.functions[0], [np.zeros(32, np.int32)], grid=1)

@@ -39,7 +39,9 @@ from .storage import Memory
 
 POISON = 0xFF
 _NONE = -1  # no thread
-_ADVICE = " (missing barrier?); add a `barrier` between the two accesses"
+_ADVICE = (" (missing barrier?); add a `barrier` between the two accesses (between threads of different paths "
+           "of a warp-specialized kernel: an mbarrier the first arrives on and the second waits on, or a "
+           "named_barrier)")
 _ASYNC_ADVICE = "read of shared memory before cp.async.wait_group: add async_wait"
 
 
