@@ -56,8 +56,9 @@ define_thread_op("setmaxnreg", "Set this warpgroup's per-thread register budget 
                  "[24, 256]): `action` \"dec\" releases registers, \"inc\" waits for and takes them "
                  "(setmaxnreg.{inc,dec}.sync.aligned.u32, sm_90a); all 128 threads of the warpgroup execute it "
                  "together.", 0, attrs={"action": "str", "count": "int"}, infer=_infer_setmaxnreg, pure=False)
-define_thread_op("elect_sync", "True in exactly one active lane of each warp (the lowest; elect.sync), false in the "
-                 "others: the one thread that issues a warp's TMA copies or arrivals.", 0,
+define_thread_op("elect_sync", "True in exactly one lane of each warp (the lowest; elect.sync with the full-warp "
+                 "member mask, so every lane of the warp executes it together), false in the others: the one "
+                 "thread that issues a warp's TMA copies or arrivals.", 0,
                  infer=lambda ts, a: [ScalarType(dt.bool_)], pure=False)
 define_thread_op("named_barrier", "Wait until `count` threads (whole warps) have arrived at barrier `id` (1..15), "
                  "ordering their shared-memory accesses (bar.sync id, count): a barrier for a subset of the "

@@ -4,7 +4,8 @@
   runs it with all 128 threads (it is `.sync.aligned`), and the register
   budgets the warpgroups asked for fit the 65536 registers of an SM (an
   `inc` that cannot be granted waits forever on the GPU).
-* `elect_sync` is true in the lowest active lane of each warp.
+* `elect_sync` is true in the lowest lane of each warp that executes it; all
+  lanes of such a warp must (the lowering's member mask is the full warp).
 * `named_barrier {id, count}` counts the threads arriving at barrier `id`,
   whole warps at a time; when `count` have arrived they all go on, and their
   shared-memory accesses before it are ordered before theirs after it (all
@@ -62,13 +63,11 @@ def _setmaxnreg(ctx, op):
 
 @simt("elect_sync")
 def _elect_sync(ctx, op):
-    live = _live(ctx).reshape(-1, ctx.warp_size) if ctx.num_threads % ctx.warp_size == 0 else None
-    if live is None:
-        raise ctx.error(op, f"elect_sync needs whole warps, but the block has {ctx.num_threads} threads")
-    first = np.zeros_like(live)
-    warps = np.flatnonzero(live.any(axis=1))
-    first[warps, np.argmax(live[warps], axis=1)] = True
-    return first.reshape(-1)
+    warps = _whole(ctx, op, ctx.warp_size, "warp", "elect.sync is lowered with the full-warp member mask, so every "
+                   "lane of the warp must execute it; elect before the branch, or in code the whole warp runs")
+    elected = np.zeros(ctx.num_threads, bool)
+    elected[warps * ctx.warp_size] = True
+    return elected
 
 
 class _NamedBarrier:

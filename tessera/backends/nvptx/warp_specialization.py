@@ -7,7 +7,10 @@
   adds `"nvvm.minctasm"="1"` to kernels that use it; without it ptxas warns
   "setmaxnreg ignored").
 * `elect_sync` is `elect.sync %r|%p, 0xffffffff` (`llvm.nvvm.elect.sync`,
-  which returns {the elected lane, i1 whether this lane is it}; sm_90+).
+  which returns {the elected lane, i1 whether this lane is it}; sm_90+). The
+  member mask is the full warp, so every lane must execute it (the
+  simulator checks that): electing among the active lanes of divergent code
+  (activemask) could elect two leaders when the warp is not converged.
 * `named_barrier {id, count}` is `bar.sync id, count`
   (`llvm.nvvm.barrier.cta.sync.aligned.count`, every NVIDIA target).
 
