@@ -87,3 +87,11 @@ def test_without_the_named_barrier_the_read_is_a_race():
     module = parse_module(handover(sync=False))
     with pytest.raises(InterpreterError, match="thread 32 reads shared byte 0 .*which thread 0 wrote.*named_barrier"):
         run_threads(module.functions[0], [np.zeros(32, np.int32)], grid=1)
+
+
+@pytest.mark.parametrize("action, count, why", [("inc", 160, "inc can only raise"), ("dec", 176, "dec can only lower")])
+def test_setmaxnreg_in_the_wrong_direction_is_an_error(action, count, why):
+    body = branch(f'    setmaxnreg {{action = "{action}", count = {count}}}\n', "")
+    with pytest.raises(InterpreterError, match=f"setmaxnreg {action} to {count} registers, but warpgroup 0 has 168 "
+                                               f"per thread now: {why}"):
+        run(body)

@@ -1,7 +1,8 @@
 """setmaxnreg, elect_sync and named_barrier in the SIMT simulator (`ir/warp_specialization_ops.py`).
 
 * `setmaxnreg` changes no value; it is checked: every warpgroup that runs it
-  runs it with all 128 threads (it is `.sync.aligned`), and the register
+  runs it with all 128 threads (it is `.sync.aligned`), `inc` raises and
+  `dec` lowers the warpgroup's count (at entry, `entry_registers`), and the
   budgets the warpgroups asked for fit the 65536 registers of an SM (an
   `inc` that cannot be granted waits forever on the GPU).
 * `elect_sync` is true in the lowest lane of each warp that executes it; all
@@ -25,6 +26,7 @@ from .simt_ops import simt
 from .simt_paths import span, wait_until
 
 REGISTERS_PER_SM = 65536
+MAX_REGISTERS = 255
 
 
 def _live(ctx) -> np.ndarray:
@@ -44,6 +46,12 @@ def _whole(ctx, op, size: int, unit: str, rule: str) -> np.ndarray:
     return np.flatnonzero(per.all(axis=1))
 
 
+def entry_registers(num_threads: int) -> int:
+    """Registers per thread at kernel entry: what ptxas gives a kernel with .maxntid and .minnctapersm 1 (the
+    NVPTX backend emits both for kernels that use setmaxnreg): the register file split evenly, in steps of 8."""
+    return min(MAX_REGISTERS, REGISTERS_PER_SM // num_threads // 8 * 8)
+
+
 @simt("setmaxnreg")
 def _setmaxnreg(ctx, op):
     if ctx.warp_size != 32:
@@ -51,8 +59,15 @@ def _setmaxnreg(ctx, op):
     groups = _whole(ctx, op, WARPGROUP, "warpgroup",
                     "all 128 threads of a warpgroup must execute setmaxnreg together (it is .sync.aligned)")
     budget = ctx.state.setdefault("setmaxnreg", {})
+    action, count = op.attrs["action"], op.attrs["count"]
     for g in groups.tolist():
-        budget[g] = op.attrs["count"]
+        now = budget.get(g, entry_registers(ctx.num_threads))
+        if (action == "inc" and count < now) or (action == "dec" and count > now):
+            raise ctx.error(op, f"setmaxnreg {action} to {count} registers, but warpgroup {g} has {now} per thread "
+                                f"now: {'inc can only raise' if action == 'inc' else 'dec can only lower'} the count "
+                                f"(at entry a block of {ctx.num_threads} threads has {entry_registers(ctx.num_threads)}"
+                                f"); use {'dec' if action == 'inc' else 'inc'}, or another count")
+        budget[g] = count
     total = sum(budget.values()) * WARPGROUP
     if op.attrs["action"] == "inc" and total > REGISTERS_PER_SM:
         asked = ", ".join(f"warpgroup {g}: {n}" for g, n in sorted(budget.items()))
