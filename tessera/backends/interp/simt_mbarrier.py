@@ -22,7 +22,8 @@ reported, as are copies never waited for when the block ends.
 p (the phase with parity p completed). A wait whose phase is incomplete
 lets the other paths of a warp-specialized block run (`simt_paths.py`:
 the producer and consumer sides of a divergent `if` are scheduled
-cooperatively) until the phase completes; when no path can run, or the
+cooperatively; an arriving path also gives way, so that waiters run as
+early as they could) until the phase completes; when no path can run, or the
 waiting threads are all there is (copies have already landed), it is a
 DEADLOCK naming the barrier, the phase, the arrivals seen and expected and
 the transaction bytes outstanding, for every blocked path. Waits
