@@ -628,3 +628,4 @@ define("breakpoint", "Stop in the CPU interpreter with the named operands as loc
 from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
+from . import warp_specialization_ops  # noqa: E402,F401

@@ -59,6 +59,8 @@ class _Kernel:
 def _special_args(k: _Kernel, name: str):
     if name in ("llvm.nvvm.barrier.cta.sync.aligned.all", "llvm.nvvm.cp.async.wait.group"):
         return [ir.Constant(I32, 0)]
+    if name.startswith("llvm.nvvm.setmaxnreg."):
+        return [ir.Constant(I32, 64)]
     if name == "llvm.nvvm.wgmma.wait_group.sync.aligned":
         return [ir.Constant(ir.IntType(64), 0)]
     if name.startswith("llvm.nvvm.shfl.sync"):

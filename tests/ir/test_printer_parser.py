@@ -277,6 +277,14 @@ func @k(%a: ptr<f16>, %n: i32, %i: i32) {
   return
 }
 """,
+    "warp_specialization": """\
+func @warp_specialization() attributes {num_threads = 384} {
+  setmaxnreg {action = "dec", count = 40}
+  %e = elect_sync : bool
+  named_barrier {count = 256, id = 1}
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

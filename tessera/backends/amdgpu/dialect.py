@@ -55,6 +55,9 @@ UNSUPPORTED_OPS = {
     "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
     **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
        for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
+    "setmaxnreg": "setmaxnreg (Hopper register rebalancing) " + _NVIDIA_ONLY + "it runs without warp specialization",
+    "elect_sync": "elect_sync (elect.sync) " + _NVIDIA_ONLY + "one lane is chosen by its lane id",
+    "named_barrier": "named_barrier (bar.sync id, count) " + _NVIDIA_ONLY + "threads meet at the block-wide barrier",
 }
 
 

@@ -9,7 +9,9 @@ Within a block every SSA value is a numpy array over its T threads (see
 `simt_ops.py`): one walk over the IR executes all threads at once, and
 `thread_id` is `arange(T)`. Warps are consecutive runs of `warp_size`
 threads. Divergent control flow runs under a mask of active threads
-(`simt_control.py`); memory ops are bounds-, race- and vector-checked
+(`simt_control.py`), and the two sides of a divergent `if` that waits for
+other threads run as cooperatively scheduled paths (`simt_paths.py`: warp
+specialization); memory ops are bounds-, race- and vector-checked
 (`simt_memory.py`, `simt_shared.py`).
 
 Launch parameters come from the function's attributes unless given:
@@ -31,6 +33,7 @@ from tessera.ir.ops import OPS
 from tessera.ir.types import Type, scalar_dtype, shape_of
 
 from . import simt_control, simt_memory, simt_mbarrier, simt_wgmma  # noqa: F401  (fill the SIMT semantics table)
+from . import simt_warp_specialization  # noqa: F401
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .interpreter import _normalize_grid, bind_arguments

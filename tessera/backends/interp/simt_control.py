@@ -5,7 +5,9 @@ and runs like the tile interpreter. Otherwise:
 
 * `if` runs the then region for the threads whose condition is true and the
   else region for the others, each under its mask, and merges what they
-  yield thread by thread;
+  yield thread by thread; when a region holds an op that waits for other
+  threads (mbarrier_wait, named_barrier), the two run as cooperatively
+  scheduled paths instead, one after the other (`simt_paths.py`);
 * `for` gives each thread its own induction variable and runs the body
   while any thread has iterations left, masking threads that are done (they
   keep their carried values);
@@ -25,6 +27,7 @@ from tessera.ir.types import scalar_dtype
 
 from .control_flow import KernelReturn
 from .simt_ops import merge, simt
+from .simt_paths import may_block, scheduler
 
 
 def _live(ctx, values: np.ndarray) -> np.ndarray:
@@ -49,8 +52,14 @@ def _if(ctx, op, cond):
     if not taken.any():
         return ctx.run_region(else_region, [], ctx.mask)
     active = _everyone(ctx)
-    then_values = ctx.run_region(then_region, [], active & cond)
-    else_values = ctx.run_region(else_region, [], active & ~cond)
+    then_mask, else_mask = active & cond, active & ~cond
+    if may_block(ctx, op):   # either side may wait for the other: run them as cooperatively scheduled paths
+        then_values, else_values = scheduler(ctx).fork([
+            (then_mask, lambda: ctx.run_region(then_region, [], then_mask)),
+            (else_mask, lambda: ctx.run_region(else_region, [], else_mask))])
+    else:
+        then_values = ctx.run_region(then_region, [], then_mask)
+        else_values = ctx.run_region(else_region, [], else_mask)
     return [merge(ctx, op, cond, a, b) for a, b in zip(then_values, else_values)]
 
 

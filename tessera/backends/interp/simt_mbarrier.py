@@ -19,12 +19,14 @@ of the phase that counted them, and any access to them before that is
 reported, as are copies never waited for when the block ends.
 
 `mbarrier_wait` for parity p returns when the current phase's parity is not
-p (the phase with parity p completed). In lockstep, a wait whose phase is
-incomplete can never complete: copies have already landed, and every
-thread that could still arrive is either waiting here or, when the wait
-is in a branch or loop only some threads run, not running until the waiters
-go on. Both are reported as a DEADLOCK naming the barrier, the phase, the
-arrivals seen and expected and the transaction bytes outstanding. Waits
+p (the phase with parity p completed). A wait whose phase is incomplete
+lets the other paths of a warp-specialized block run (`simt_paths.py`:
+the producer and consumer sides of a divergent `if` are scheduled
+cooperatively; an arriving path also gives way, so that waiters run as
+early as they could) until the phase completes; when no path can run, or the
+waiting threads are all there is (copies have already landed), it is a
+DEADLOCK naming the barrier, the phase, the arrivals seen and expected and
+the transaction bytes outstanding, for every blocked path. Waits
 that return at once for the wrong reason are reported as phase errors:
 waiting for parity 1 before any phase completed (the wait does not wait),
 or for a phase this thread has already seen complete (the parity was not
@@ -38,15 +40,21 @@ fenced for the async proxy; more arrivals than a phase expects; tx-count
 out of PTX's range; misaligned destinations; destinations of another
 element size than the map's.
 
-Limits of the model: threads run in lockstep, so a producer/consumer split
-in which one group waits (divergently) for another group's arrivals --
-warp specialization -- is reported as a deadlock; it would need a simulator
-that interleaves thread groups. Ordering by mbarriers is not fed into the
-race check, so a TMA destination may be reused only after a `barrier` (all
-threads), not after a consumer-release mbarrier. Visibility of landed
-bytes to threads that did not wait themselves is not checked. Waits that
-differ in barrier or parity between threads of one lockstep wait are
-rejected. Multicast, clusters, im2col and TMA stores are not modelled.
+A wait that observes a phase orders what the threads that arrived in
+that phase did before (their shared-memory accesses) before what the
+waiting threads do next (`SharedMemory.order_after`): that is how a
+consumer's release lets the producer refill a stage. The ordering is
+approximate: bytes whose accessors since the last `barrier` all arrived
+are forgotten by the race check, including accesses an arriving thread
+made after it arrived.
+
+Limits of the model: threads of one loop run in lockstep, so a wait in a
+loop only some threads still run cannot be helped by the threads that
+left it (a divergent `if` is what splits a block into paths). Visibility
+of landed bytes to threads that did not wait themselves is not checked.
+Waits that differ in barrier or parity between threads of one lockstep
+wait are rejected. Multicast, clusters, im2col and TMA stores are not
+modelled.
 """
 
 from __future__ import annotations
@@ -60,6 +68,7 @@ from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
 
 from . import simt_wgmma
 from .simt_ops import simt
+from .simt_paths import let_others_run, span, wait_until
 from .simt_shared import SharedRegion
 from .storage import Memory
 from .values import Pointers
@@ -105,6 +114,8 @@ class MBarrier:
     phase: int = 0
     fenced: bool = False
     seen: dict[int, int] = field(default_factory=dict)   # thread -> newest phase it saw complete
+    arriving: list[int] = field(default_factory=list)    # threads that arrived in the current phase
+    arrivers: dict[int, np.ndarray] = field(default_factory=dict)   # completed phase -> who arrived in it
 
     def __post_init__(self):
         self.pending = self.expected
@@ -115,6 +126,9 @@ class MBarrier:
     def complete_if_done(self) -> None:
         """End the phase once every arrival and every transaction byte is in; re-arm for the next."""
         if self.pending == 0 and self.tx == 0:
+            self.arrivers[self.phase] = np.unique(np.asarray(self.arriving, np.int64))
+            self.arrivers.pop(self.phase - 2, None)
+            self.arriving = []
             self.phase += 1
             self.pending = self.expected
 
@@ -256,8 +270,10 @@ def _arrivals(ctx, op, bar, tx_bytes) -> None:
                                 "bytes): more arrivals than mbarrier_init's count is undefined behaviour")
         if tx_bytes is not None:
             _add_tx(ctx, op, b, int(tx_bytes[t]))
+        b.arriving.append(t)
         b.pending -= 1
         b.complete_if_done()
+    let_others_run(ctx, op)
 
 
 def _add_tx(ctx, op, b: MBarrier, delta: int) -> None:
@@ -282,9 +298,15 @@ def _wait(ctx, op, bar, parity):
     p = int(parities[0])
     for t in threads.tolist():
         _check_phase(ctx, op, b, t, p)
-    if (b.phase & 1) == p:
-        raise ctx.error(op, _deadlock(ctx, b, p, threads))
+    if (b.phase & 1) == p:   # not complete yet: other paths may arrive meanwhile (simt_paths)
+        wait_until(ctx, op, lambda: (b.phase & 1) != p, lambda: _waiting_for(b, p),
+                   lambda: _deadlock(ctx, b, p, threads))
+        for t in threads.tolist():
+            _check_phase(ctx, op, b, t, p)
     _proxy(ctx).observe(b, threads)
+    released = b.arrivers.get(b.phase - 1)
+    if released is not None:     # what the arriving threads did before arriving is ordered before what we do next
+        ctx.shared.order_after(released)
 
 
 def _check_phase(ctx, op, b: MBarrier, t: int, p: int) -> None:
@@ -302,30 +324,24 @@ def _check_phase(ctx, op, b: MBarrier, t: int, p: int) -> None:
                             f"them apart (on the GPU it would wait for phase {n + 2}): wait for every phase")
 
 
-def _deadlock(ctx, b: MBarrier, parity: int, threads: np.ndarray) -> str:
-    arrived = b.expected - b.pending
-    others = np.setdiff1d(np.arange(ctx.num_threads), threads)
-    if others.size:
-        who = (f"threads {_span(threads)} wait, and threads {_span(others)} are not executing this code (a branch "
-               "or loop only some threads take); the lockstep simulator cannot run them while the others wait, so "
-               "their arrivals could never come here (producer/consumer warp specialization needs an "
-               "interleaving simulator)")
-    else:
-        who = "every thread of the block is waiting here, so no arrival can come"
+def _waiting_for(b: MBarrier, parity: int) -> str:
     tx = (f"{b.tx} transaction bytes outstanding" if b.tx > 0 else
           f"{-b.tx} more transaction bytes delivered than announced by arrive_expect_tx" if b.tx < 0 else
           "no transaction bytes outstanding")
-    return (f"DEADLOCK: mbarrier_wait on {b.describe()} for phase {b.phase} (parity {parity}), which cannot "
-            f"complete: {arrived} of {b.expected} arrivals seen, {tx}, and {who}")
+    return (f"mbarrier_wait on {b.describe()} for phase {b.phase} (parity {parity}), which cannot complete: "
+            f"{b.expected - b.pending} of {b.expected} arrivals seen, {tx}")
 
 
-def _span(threads: np.ndarray) -> str:
-    threads = np.asarray(threads)
-    if threads.size == 1:
-        return str(int(threads[0]))
-    if threads[-1] - threads[0] + 1 == threads.size:
-        return f"{int(threads[0])}..{int(threads[-1])}"
-    return ", ".join(map(str, threads[:4].tolist())) + (", ..." if threads.size > 4 else "")
+def _deadlock(ctx, b: MBarrier, parity: int, threads: np.ndarray) -> str:
+    """The DEADLOCK message of a wait that no other path can help (`simt_paths.wait_until`)."""
+    others = np.setdiff1d(np.arange(ctx.num_threads), threads)
+    if others.size:
+        who = (f"threads {span(threads)} wait, and threads {span(others)} are not executing this code (they left "
+               "a loop the waiting threads are still in); threads of one loop run in lockstep in the simulator, so "
+               "their arrivals cannot come while the others wait")
+    else:
+        who = "every thread of the block is waiting here, so no arrival can come"
+    return f"DEADLOCK: {_waiting_for(b, parity)}, and {who}"
 
 
 @simt("tma_load")
@@ -407,6 +423,7 @@ def _land(ctx, op, region: SharedRegion, proxy: AsyncProxy, b: MBarrier, thread:
     if race:
         raise ctx.error(op, f"shared-memory race: the tma_load overwrites bytes in use: {race}")
     shared.bytes[addrs] = data
+    simt_wgmma.async_proxy_wrote(ctx, addrs)
     proxy.in_flight_bytes[addrs] += 1
     proxy.copies.append(BoxCopy(b.address, b.phase, addrs, thread))
 

@@ -328,7 +328,8 @@ def _barrier(ctx, op):
         raise ctx.error(op, f"barrier in divergent code: {idle.size} of {ctx.num_threads} threads (thread "
                             f"{int(idle[0])} first) do not reach it, so the block would hang; every thread must "
                             "execute the same barriers, so move it out of the branch or loop whose condition "
-                            "differs between threads")
+                            "differs between threads (to synchronize only some threads, such as the consumer "
+                            "warpgroups of a warp-specialized kernel, use named_barrier {id, count})")
     ctx.shared.barrier()
 
 

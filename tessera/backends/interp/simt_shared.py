@@ -39,7 +39,9 @@ from .storage import Memory
 
 POISON = 0xFF
 _NONE = -1  # no thread
-_ADVICE = " (missing barrier?); add a `barrier` between the two accesses"
+_ADVICE = (" (missing barrier?); add a `barrier` between the two accesses (between threads of different paths "
+           "of a warp-specialized kernel: an mbarrier the first arrives on and the second waits on, or a "
+           "named_barrier)")
 _ASYNC_ADVICE = "read of shared memory before cp.async.wait_group: add async_wait"
 
 
@@ -91,6 +93,25 @@ class SharedMemory:
             for track in (self._writer_lo, self._writer_hi, self._reader_lo, self._reader_hi):
                 track.fill(_NONE)
             self._dirty = False
+
+    def order_after(self, threads: np.ndarray) -> None:
+        """Accesses so far by `threads` (ids) are ordered before the accesses of whoever synchronized with them
+        (an observed mbarrier phase they arrived on, a named barrier): forget the bytes only they touched."""
+        if not self._dirty or threads.size == 0:
+            return
+        touched = np.flatnonzero((self._writer_lo != _NONE) | (self._reader_lo != _NONE))
+        member = np.zeros(max(int(threads.max()), int(self._writer_hi[touched].max(initial=0)),
+                              int(self._reader_hi[touched].max(initial=0))) + 1, np.int64)
+        member[threads] = 1
+        count = np.concatenate([[0], np.cumsum(member)])
+
+        def only_them(lo, hi):   # every thread of lo..hi is one of `threads` (or nobody)
+            return (lo == _NONE) | (count[hi + 1] - count[np.maximum(lo, 0)] == hi - lo + 1)
+
+        forget = touched[only_them(self._writer_lo[touched], self._writer_hi[touched])
+                         & only_them(self._reader_lo[touched], self._reader_hi[touched])]
+        for track in (self._writer_lo, self._writer_hi, self._reader_lo, self._reader_hi):
+            track[forget] = _NONE
 
     # -- recording accesses ---------------------------------------------------
 

@@ -119,6 +119,14 @@ def snapshot_async_view(ctx) -> None:
     _state(ctx).async_view = ctx.shared.bytes.copy()
 
 
+def async_proxy_wrote(ctx, addresses: np.ndarray) -> None:
+    """Bytes the async proxy itself wrote (a TMA box landing, `simt_mbarrier`) are visible to wgmma without a
+    fence_proxy_async: both go through the async proxy."""
+    state = ctx.state.get("wgmma")
+    if state is not None and state.async_view is not None:
+        state.async_view[addresses] = ctx.shared.bytes[addresses]
+
+
 @simt("wgmma_commit")
 def _wgmma_commit(ctx, op):
     _warpgroups(ctx, op)

@@ -29,7 +29,7 @@ from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import bulk_async  # noqa: F401  (registers the mbarrier and TMA lowerings)
 from . import math as nvptx_math
-from . import warpgroup
+from . import warp_specialization, warpgroup
 from .bulk_async import REQUIRED_FEATURES
 from .intrinsics import NVPTX_INTRINSICS
 from .lowerings import LOWERINGS
@@ -59,6 +59,8 @@ class NvptxDialect(TargetDialect):
     def configure_kernel(self, function: ir.Function, fn: Function) -> None:
         function.calling_convention = "ptx_kernel"
         add_string_attribute(function, f'"nvvm.maxntid"="{int(fn.attrs["num_threads"])}"')
+        if warp_specialization.uses_setmaxnreg(fn):   # ptxas ignores setmaxnreg unless the entry count is fixed
+            add_string_attribute(function, '"nvvm.minctasm"="1"')
 
     def declare_shared_memory(self, module: ir.Module, fn: Function) -> ir.GlobalVariable:
         smem = ir.GlobalVariable(module, ir.ArrayType(I8, 0), SHARED_MEMORY_SYMBOL, addrspace=SHARED_ADDRSPACE)
@@ -104,6 +106,8 @@ class NvptxDialect(TargetDialect):
         target = self.target
         if op.name in warpgroup.WARPGROUP_OPS:
             return warpgroup.check_op(op, target)
+        if op.name in warp_specialization.NEEDS:
+            return warp_specialization.check_op(op, target)
         if op.name == "mma" and not target.has("mma.sync"):
             return (f"mma needs mma.sync, which {target.name} lacks; lower the kernel for this target "
                     "(dot then uses FMA)")
