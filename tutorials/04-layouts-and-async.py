@@ -1,12 +1,12 @@
 """Tutorial 04: one GEMM, step by step, and what each step changes in the code.
 
-C = A @ B, taken through the steps Tessera supports today:
+C = A @ B, taken from a naive loop to the tensor cores and asynchronous copies:
 
   1. naive       one output element per lane, a scalar K loop of pointer loads;
   2. tiled f32   BM x BN blocks with `tessera.dot` on f32 tiles: FMA-style
                  lowering (mul.rn + add.rn, rounded like the interpreter);
   3. tiled f16   the same kernel with f16 inputs and an f32 accumulator:
-                 on sm_80+ `dot` becomes tensor cores, `mma.sync` m16n8k16 fed
+                 on sm_80 `dot` becomes tensor cores, `mma.sync` m16n8k16 fed
                  by `ldmatrix` from swizzled shared memory;
   4. pinned      `tessera.convert_layout` pins the accumulator's register layout
                  (built from `tessera.layouts.mma_m16n8k16_c()`). Pinning the
@@ -18,18 +18,29 @@ C = A @ B, taken through the steps Tessera supports today:
                  blocks of the next two K steps are copied into shared-memory
                  ring buffers with cp.async while the tensor cores work on
                  this one, and ldmatrix reads them from there -- no register
-                 round trip, one barrier per K step instead of four.
+                 round trip, one barrier per K step instead of four;
+  6. by hand     the same double buffering written out with the explicit
+                 primitives (`tessera.shared`, `async_copy`, `async_commit`,
+                 `async_wait`, `barrier`): the schedule is the author's, and the
+                 CPU interpreter still catches a missing wait;
+  7. Hopper      step 5's kernel compiled for sm_90a: the ring slots are filled
+                 by TMA (`cp.async.bulk.tensor`, from tensor maps the launcher
+                 builds on the host and passes as grid constants, with one
+                 mbarrier per slot) and read by `wgmma.mma_async` straight from
+                 shared memory, one group of wgmmas in flight.
 
-Each step runs on the CPU interpreter at a small size and is checked against
-numpy, then compiled for sm_90a; the table lists facts about the PTX (static
-instruction counts), registers and spills (from ptxas, when it is installed)
-and shared memory. With a CUDA GPU and torch each step is also timed at
-4096^3; without one the table says so.
+Steps 1-6 compile for sm_80 and step 7 for sm_90a. Each step runs on the CPU
+interpreter at a small size and is checked against numpy; the table lists
+facts about the PTX (static instruction counts), registers and spills (from
+ptxas, when it is installed) and shared memory. With a CUDA GPU and torch each
+step is also timed at 4096^3 (step 7 only on Hopper); without one the table
+says so.
 
-Not there yet, so not in this table: wgmma and TMA on sm_90a (Hopper runs the
-sm_80 mma.sync path), and warp specialization.
+Not in this table yet: warp specialization (a producer warpgroup feeding
+consumer warpgroups); its building blocks are in the simulator and the NVPTX
+backend (tests/backends/ws_gemm_programs.py), not yet in the compiler.
 
-    python tutorials/04-layouts-and-tensor-cores.py
+    python tutorials/04-layouts-and-async.py
 """
 
 import re
@@ -71,6 +82,33 @@ def matmul_tiled(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tesser
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
+
+@tessera.kernel
+def matmul_by_hand(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
+                   BK: tessera.constexpr):
+    """Step 5's double buffering, written out: copy K block k+1 while the tensor cores work on block k."""
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K))
+    b = tessera.view(b_ptr, (K, N))
+    c = tessera.view(c_ptr, (M, N))
+    a_smem = tessera.shared((2, BM, BK), a_ptr.dtype)              # two slots per operand
+    b_smem = tessera.shared((2, BK, BN), b_ptr.dtype)
+    tessera.async_copy(a_smem[0], a.block((BM, BK), (pid_m, 0)))   # block 0 in flight
+    tessera.async_copy(b_smem[0], b.block((BK, BN), (0, pid_n)))
+    tessera.async_commit()
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in range(0, tessera.cdiv(K, BK)):
+        slot = k % 2
+        tessera.async_copy(a_smem[1 - slot], a.block((BM, BK), (pid_m, k + 1)))   # past the end: zeros
+        tessera.async_copy(b_smem[1 - slot], b.block((BK, BN), (k + 1, pid_n)))
+        tessera.async_commit()
+        tessera.async_wait(1)              # block k has landed (block k+1 may still be in flight) ...
+        tessera.barrier()                  # ... for every thread's copies
+        acc = tessera.dot(a_smem[slot].load(), b_smem[slot].load(), acc)
+        tessera.barrier()                  # everyone is done with this slot before it is refilled
+    tessera.async_wait(0)
+    c.block((BM, BN), (pid_m, pid_n)).store(acc)
+
 BM, BN, BK, NUM_WARPS, BLOCK = 64, 64, 32, 4, 128
 TILED = dict(BM=BM, BN=BN, BK=BK, STAGES=1)
 MMA_C = L.mma_m16n8k16_c()                          # one warp's 16x8 accumulator fragment
@@ -78,14 +116,16 @@ MMA_C = L.mma_m16n8k16_c()                          # one warp's 16x8 accumulato
 INFERRED = L.local(2, 4) * L.spatial(2, 2) * MMA_C
 WARPS_ALONG_N = L.local(4, 2) * L.spatial(1, 4) * MMA_C   # same shape, warps side by side in N
 
-# (name, kernel, input dtype, constexprs)
+# (name, kernel, input dtype, target, constexprs)
 STEPS = [
-    ("1 naive (f32)", matmul_naive, "f32", dict(BLOCK=BLOCK)),
-    ("2 tiled dot (f32)", matmul_tiled, "f32", dict(TILED, ACC=None)),
-    ("3 tiled dot (f16)", matmul_tiled, "f16", dict(TILED, ACC=None)),
-    ("4a pin = inferred", matmul_tiled, "f16", dict(TILED, ACC=INFERRED)),
-    ("4b pin warps 1x4", matmul_tiled, "f16", dict(TILED, ACC=WARPS_ALONG_N)),
-    ("5 pipelined x3", matmul_tiled, "f16", dict(TILED, ACC=None, STAGES=3)),
+    ("1 naive (f32)", matmul_naive, "f32", "sm_80", dict(BLOCK=BLOCK)),
+    ("2 tiled dot (f32)", matmul_tiled, "f32", "sm_80", dict(TILED, ACC=None)),
+    ("3 tiled dot (f16)", matmul_tiled, "f16", "sm_80", dict(TILED, ACC=None)),
+    ("4a pin = inferred", matmul_tiled, "f16", "sm_80", dict(TILED, ACC=INFERRED)),
+    ("4b pin warps 1x4", matmul_tiled, "f16", "sm_80", dict(TILED, ACC=WARPS_ALONG_N)),
+    ("5 pipelined x3", matmul_tiled, "f16", "sm_80", dict(TILED, ACC=None, STAGES=3)),
+    ("6 by hand x2", matmul_by_hand, "f16", "sm_80", dict(BM=BM, BN=BN, BK=BK)),
+    ("7 Hopper x4", matmul_tiled, "f16", "sm_90a", dict(TILED, ACC=None, STAGES=4)),
 ]
 
 
@@ -108,9 +148,10 @@ def compiler_facts(compiled):
     ptx, meta = compiled.stages["ptx"], compiled.metadata
     count = lambda pattern: len(re.findall(pattern, ptx))   # noqa: E731
     spills = (f"{meta['spill_stores']}/{meta['spill_loads']}" if "spill_stores" in meta else "n/a")
-    return {"mma.sync": count(r"\bmma\.sync"), "ldmatrix": count(r"\bldmatrix"), "fma.rn": count(r"\bfma\.rn"),
-            "mul.rn.f32": count(r"\bmul\.rn\.f32"), "ld.v4": count(r"\bld\.global(?:\.nc)?\.v4"),
-            "cp.async": count(r"\bcp\.async\.c[ag]\.shared"), "bar.sync": count(r"\bbar(?:rier)?\.sync"),
+    return {"mma.sync": count(r"\bmma\.sync"), "wgmma": count(r"\bwgmma\.mma_async"),
+            "ldmatrix": count(r"\bldmatrix"), "mul.rn.f32": count(r"\bmul\.rn\.f32"),
+            "ld.v4": count(r"\bld\.global(?:\.nc)?\.v4"), "cp.async": count(r"\bcp\.async\.c[ag]\.shared"),
+            "TMA": count(r"\bcp\.async\.bulk\.tensor"), "bar.sync": count(r"\bbar(?:rier)?\.sync"),
             "regs": meta.get("registers", "n/a"), "spills st/ld": spills, "smem B": meta["shared_bytes"]}
 
 
@@ -119,13 +160,13 @@ def thread_ir_ops(compiled) -> Counter:
     return Counter(re.findall(r"^\s*(?:%[^=]*=\s*)?([a-z_][\w.]*)", compiled.stages["thread_ir"], re.M))
 
 
-def gpu_tflops(kernel, dtype, constexprs, size=4096):
-    """TFLOP/s at size^3 on the GPU, or None without torch and CUDA."""
+def gpu_tflops(kernel, dtype, target, constexprs, size=4096):
+    """TFLOP/s at size^3 on the GPU, or None without torch and CUDA (or, for sm_90a steps, without Hopper)."""
     try:
         import torch
     except ImportError:
         return None
-    if not torch.cuda.is_available():
+    if not torch.cuda.is_available() or (target == "sm_90a" and torch.cuda.get_device_capability() != (9, 0)):
         return None
     tdtype = torch.float16 if dtype == np.float16 else torch.float32
     a = torch.randn(size, size, device="cuda", dtype=tdtype)
@@ -147,19 +188,19 @@ def gpu_tflops(kernel, dtype, constexprs, size=4096):
 
 def main() -> None:
     rows, compiled_by_step = [], {}
-    for name, kernel, dt, constexprs in STEPS:
+    for name, kernel, dt, target, constexprs in STEPS:
         dtype = np.float16 if dt == "f16" else np.float32
         check_on_cpu(kernel, dtype, constexprs)
         compiled = kernel.compile(signature=f"*{dt}:16,*{dt}:16,*f32:16,i32:16,i32:16,i32:16",
-                                  target="sm_90a", num_warps=NUM_WARPS, **constexprs)
+                                  target=target, num_warps=NUM_WARPS, **constexprs)
         compiled_by_step[name[:2].strip()] = compiled
-        tflops = gpu_tflops(kernel, dtype, constexprs)
-        rows.append({"step": name, **compiler_facts(compiled),
+        tflops = gpu_tflops(kernel, dtype, target, constexprs)
+        rows.append({"step": name, "target": target, **compiler_facts(compiled),
                      "TFLOP/s": "n/a" if tflops is None else f"{tflops:.1f}"})
 
     columns = list(rows[0])
     widths = {col: max(len(col), *(len(str(r[col])) for r in rows)) for col in columns}
-    print(f"GEMM steps compiled for sm_90a, {NUM_WARPS} warps, blocks {BM}x{BN}x{BK} (PTX counts are static):")
+    print(f"GEMM steps, {NUM_WARPS} warps, blocks {BM}x{BN}x{BK} (PTX counts are static):")
     print("  ".join(col.ljust(widths[col]) for col in columns))
     for r in rows:
         print("  ".join(str(r[col]).ljust(widths[col]) for col in columns))
@@ -181,6 +222,10 @@ def main() -> None:
                and (op.startswith(("async", "barrier", "ldmatrix", "shared", "load", "store")))}
     print(f"5: pipelining swaps the per-step register round trip for cp.async ring buffers; thread-IR memory and "
           f"sync op counts change by {changed}")
+    before, after = thread_ir_ops(compiled_by_step["5"]), thread_ir_ops(compiled_by_step["6"])
+    print(f"6: by hand, the kernel issues the same kinds of copies and waits as step 5 "
+          f"({after['async_copy']} vs {before['async_copy']} async_copy ops, {after['async_wait']} vs "
+          f"{before['async_wait']} async_wait), with the schedule in its own source")
     print("every step, run on the CPU interpreter at 72x80x96 with f32 or f16 inputs -- matches numpy")
 
 
