@@ -19,21 +19,33 @@ buffer aligned to its swizzle pattern (1024 bytes for 128B). Then
     wgmma_commit; wgmma_wait {pending = 0}; barrier
 
 Descriptors start at the slice's first 16-byte chunk (`WgmmaSmemLayout.descriptor`),
-moved (row0 / 8) * SBO down for the slab. Every dot waits for its own wgmmas
-(no groups in flight across dots or loop iterations) and is not
-software-pipelined: a dot in a `for {stages >= 2}` loop keeps mma.sync and
-the cp.async pipeline (`mma.mma_plan`), and `pipeline_plan` leaves wgmma
-dots alone. Each wgmma
+moved (row0 / 8) * SBO down for the slab.
+
+Software-pipelined operands. An operand that is a cp.async ring slot
+(`async_pipeline.RingOperand` with a `WgmmaTileLayout` slot) is read where
+it lies: no store, and the loop already fenced and published the slot
+(K-major, or MN-major with the wgmma's trans_a / trans_b set). When both
+operands are ring slots and the plan allows it (`RingOperand.in_flight`),
+the accumulator stays in the wgmma registers and the dot ends with
+`wgmma_wait {pending = 1}` and no barrier: its group is still in flight
+when the loop yields the result, and the next iteration's wgmmas chain
+onto it (`async_pipeline` says why the rings are safe). Otherwise every dot
+waits for its own wgmmas (pending = 0) and the barrier after them lets its
+buffers be reused. Each wgmma
 rounds to f32 per K slice in the simulator, so results agree with the tile
 interpreter like the mma.sync path's do (to about K ulps of f32).
 """
 
 from __future__ import annotations
 
-from tessera.ir import dtypes as dt
-from tessera.ir.types import RegsType
-from tessera.ir.wgmma_layouts import WgmmaSmemLayout
+from dataclasses import dataclass
 
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Value
+from tessera.ir.types import RegsType
+from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaSmemLayout, WgmmaTileLayout
+
+from .async_pipeline import RingOperand
 from .context import Regs, row_major_strides
 
 
@@ -86,40 +98,80 @@ def _byte_offset(ctx, tile: WgmmaSmemLayout, row, col, count: int):
     return ctx.emit("xor", plain, moved)
 
 
+@dataclass(frozen=True)
+class SharedOperand:
+    """A wgmma operand tile in shared memory: `base` points at it, laid out as `tile` (a `WgmmaSmemLayout` the
+    dot stored, K-major, B transposed; or a ring slot's `WgmmaTileLayout`)."""
+
+    base: Value
+    tile: WgmmaSmemLayout | WgmmaTileLayout
+
+    @property
+    def mn_major(self) -> bool:
+        return isinstance(self.tile, WgmmaTileLayout) and self.tile.major == "MN"
+
+    def descriptor(self, ctx, k_slice: int, mn_first: int, group=None):
+        """wgmma_desc of K slice `k_slice`, M/N from `mn_first` (+ 64 x `group`, a thread digit, for A)."""
+        e = self.tile.element_bytes
+        if isinstance(self.tile, WgmmaSmemLayout):
+            return _desc(ctx, _slab_start(ctx, self.base, self.tile, group, WGMMA_M, mn_first), self.tile, k_slice)
+        d = self.tile.descriptor(0, k_slice, mn_first)
+        ptr = ctx.emit("addptr", self.base, ctx.const(d.start // e)) if d.start else self.base
+        if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
+            step = self.tile.descriptor(0, 0, WGMMA_M).start // e
+            ptr = ctx.emit("addptr", ptr, ctx.emit("mul", group, ctx.const(step)))
+        return ctx.emit("wgmma_desc", ptr, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
+
+
 def wgmma_dot(ctx, op, plan):
     """Lower `op` (a dot) on wgmma as `plan` (from `mma_plan`) says; see the module docstring."""
     inst = plan.instruction
     (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
-    a, b = ctx.operand(op, 0), ctx.operand(op, 1)
-    e = a.element.dtype.bits // 8
-    swizzle = wgmma_swizzle(k, e)
-    a_tile, b_tile = WgmmaSmemLayout(m, k, e, swizzle), WgmmaSmemLayout(n, k, e, swizzle)
-    a_buf, b_buf = store_k_major(ctx, a, a_tile, False), store_k_major(ctx, b, b_tile, True)
-    ctx.create("fence_proxy_async")
-    ctx.barrier()
+    lowered = [ctx.operand(op, 0), ctx.operand(op, 1)]
+    rings = [x for x in lowered if isinstance(x, RingOperand)]
+    if len(rings) < 2:
+        e = next(x for x in lowered if isinstance(x, Regs)).element.dtype.bits // 8
+        swizzle = wgmma_swizzle(k, e)
+        tiles = (WgmmaSmemLayout(m, k, e, swizzle), WgmmaSmemLayout(n, k, e, swizzle))
+    operands = []
+    for i, x in enumerate(lowered):
+        if isinstance(x, RingOperand):      # a pipelined slot, fenced and published by the loop
+            operands.append(SharedOperand(x.slot(ctx), x.load.slot_layout))
+        else:
+            operands.append(SharedOperand(store_k_major(ctx, x, tiles[i], i == 1), tiles[i]))
+    if len(rings) < 2:
+        ctx.create("fence_proxy_async")
+        ctx.barrier()
+    in_flight = min((r.in_flight for r in rings), default=0) if len(rings) == 2 else 0
+    a, b = operands
     acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
     ctx.create("wgmma_fence")
-    c_regs = list(ctx.unpack(acc.value))
     nc = inst.c.local_size
     fragment = RegsType(acc.element, nc)
+    attrs = dict(inst.attrs) | ({"trans_a": True} if a.mn_major else {}) | ({"trans_b": True} if b.mn_major else {})
     group = ctx.thread_digit(inst.lanes, plan.wm) if plan.wm > 1 else None     # this warpgroup's slab block
+    single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
+    c_regs = None if single else list(ctx.unpack(acc.value))
     results = []                    # (first register, fragment): read only after the wait
     for rm in range(plan.rm):
-        a_start = _slab_start(ctx, a_buf, a_tile, group, inst.m, rm * plan.wm * inst.m)
         for rn in range(plan.rn):
-            b_start = _slab_start(ctx, b_buf, b_tile, None, 0, rn * inst.n)
             c0 = (rm * plan.rn + rn) * nc
-            d = ctx.pack(c_regs[c0:c0 + nc])
+            d = acc.value if single else ctx.pack(c_regs[c0:c0 + nc])
             for s in range(plan.rk):
-                d = ctx.emit("wgmma", _desc(ctx, a_start, a_tile, s), _desc(ctx, b_start, b_tile, s), d,
-                             attrs=dict(inst.attrs), type=fragment)
+                d = ctx.emit("wgmma", a.descriptor(ctx, s, rm * plan.wm * inst.m, group),
+                             b.descriptor(ctx, s, rn * inst.n), d, attrs=attrs, type=fragment)
             results.append((c0, d))
     ctx.create("wgmma_commit")
-    ctx.create("wgmma_wait", attrs={"pending": 0})
-    for c0, d in results:
-        c_regs[c0:c0 + nc] = ctx.unpack(d)
-    ctx.barrier()
-    ctx.define(op.result, Regs(ctx.pack(c_regs), plan.c), op)
+    ctx.create("wgmma_wait", attrs={"pending": in_flight})
+    if single:
+        result = results[0][1]
+    else:
+        for c0, d in results:
+            c_regs[c0:c0 + nc] = ctx.unpack(d)
+        result = ctx.pack(c_regs)
+    if len(rings) < 2:
+        ctx.barrier()               # before the dot's own buffers are written again
+    ctx.define(op.result, Regs(result, plan.c), op)
 
 
 def _slab_start(ctx, buf, tile: WgmmaSmemLayout, group, group_rows: int, rows: int):
