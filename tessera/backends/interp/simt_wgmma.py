@@ -20,8 +20,10 @@ the sequence a kernel follows):
   its group: until then it holds NaN, and an op that reads it is an error,
   except another wgmma taking it as its accumulator (chaining in flight is
   what the hardware allows; the chain continues from the true value).
-* when a wait retires a wgmma, the shared bytes it read must be unchanged:
-  writing operands of a wgmma in flight is an error. Results never waited for
+* when a wait retires a wgmma, the shared bytes it read must be unchanged
+  and no async_copy may still be on its way to them: writing operands of a
+  wgmma in flight (st.shared, or a cp.async that may land any time after
+  its issue) is an error. Results never waited for
   are an error at the end of the kernel.
 * a result in flight may be carried around a `for` loop: the `yield` that
   hands it on is not a read, and the loop's block argument and result stand
@@ -68,7 +70,8 @@ class WarpgroupState:
     def __init__(self, num_threads: int):
         self.committed = np.zeros(num_threads, np.int64)
         self.fenced = np.zeros(num_threads, bool)
-        self.in_flight: dict[Value, _Issued] = {}
+        self.in_flight: dict[Value, _Issued] = {}  # the newest wgmma in flight whose result each value holds
+        self.issued: list[_Issued] = []             # every wgmma in flight (a loop re-issues the same op)
         self.async_view: np.ndarray | None = None   # shared bytes as of the last fence_proxy_async
 
 
@@ -137,10 +140,16 @@ def _wgmma_wait(ctx, op):
     _warpgroups(ctx, op)
     state, live = _state(ctx), _live(ctx)
     limit = state.committed - op.attrs["pending"]
-    for issued in {id(i): i for i in state.in_flight.values()}.values():
+    for issued in list(state.issued):
         retire = issued.waiting & live & (issued.group < limit)
         if not retire.any():
             continue
+        copying = ctx.shared.async_pending(issued.addresses)    # issued while the wgmma was in flight
+        if copying.any():
+            raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(copying)])}, which the wgmma at "
+                                f"{issued.op.loc or 'an unknown location'} reads, is the target of an async_copy "
+                                "issued while the wgmma was in flight (written while it was in flight); wait for "
+                                "the wgmma (wgmma_wait) before refilling its operands")
         changed = ctx.shared.bytes[issued.addresses] != issued.data
         if changed.any():
             raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(changed)])}, which the wgmma at "
@@ -152,6 +161,7 @@ def _wgmma_wait(ctx, op):
                 ctx.env[value] = np.where(retire[:, None], issued.result, ctx.env[value])
         issued.waiting &= ~retire
         if not issued.waiting.any():
+            state.issued.remove(issued)
             for value in names:
                 del state.in_flight[value]
                 del ctx.unready[value]
@@ -194,6 +204,7 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
     addresses = np.unique(np.concatenate([r.ravel() for r in read])) if read else np.zeros(0, np.int64)
     issued = _Issued(op, result, state.committed.copy(), live.copy(), addresses, ctx.shared.bytes[addresses].copy(),
                      [])
+    state.issued.append(issued)
     _hold(ctx, issued, op.result)
     return np.full((ctx.num_threads, n // 2), np.nan, np.float32)
 
