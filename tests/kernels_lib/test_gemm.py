@@ -213,7 +213,8 @@ def gemm_on_the_simulator(M, N, K, trans_a, trans_b, config, seed=0):
     module = gemm_kernel.kernel.specialize(*args, **kwargs).module
     fn = lower(module, "sm_90a", config.num_warps).functions[0]
     assert any(op.name == "wgmma" for op in fn.walk()) and any(op.name == "async_copy" for op in fn.walk())
-    grid = (tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"]),)
+    tiles = tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"])
+    grid = (1,) if config.kwargs["PERSISTENT"] else (tiles,)     # persistent: one program walks every tile
     run_threads(fn, args, grid)
     return args[5], a.astype(np.float32) @ b.astype(np.float32)
 
@@ -222,7 +223,7 @@ SIMULATED = {   # M, N, K (odd where no row stride needs 16-byte alignment), tra
     "odd-M-K-one-warpgroup": (77, 48, 144, False, False, CONFIGS[3]),
     "transposed-A-odd-N-two-warpgroups": (128, 61, 96, True, False, CONFIGS[1]),
     "transposed-B-odd-M": (69, 64, 112, False, True, CONFIGS[2]),
-    "transposed-A-and-B-odd-N-two-warpgroups": (128, 45, 112, True, True, CONFIGS[0]),
+    "transposed-A-and-B-odd-N-persistent": (128, 173, 112, True, True, CONFIGS[5]),
 }
 
 
