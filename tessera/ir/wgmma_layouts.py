@@ -50,11 +50,23 @@ encode(x) = (x & 0x3FFFF) >> 4:
     bits 49-51  matrix base offset
     bits 62-63  swizzle mode: 0 none, 1 128B, 2 64B, 3 32B
 
+MN-major operands (imm-trans-a/b = 1, f16/bf16 only: a row-major B, a
+column-major A) are stored with M (or N) contiguous: an atom is 8 K-rows x W
+bytes of M/N (W = 128/64/32; 16 without swizzle), and LBO / SBO swap roles
+with the swizzle (CUTLASS `make_gmma_desc<Major::MN>`: INTERLEAVE
+((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), SWx ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO))
+for T = 16 bytes of elements). For element (mn, k), with A = W / e:
+
+    swizzled:  swizzle(start + (mn // A) * LBO + (k // 8) * SBO + (k % 8) * W + (mn % A) * e)
+    none:      start + (mn // A) * SBO + (k // 8) * LBO + (k % 8) * 16 + (mn % A) * e
+
 `WgmmaSmemLayout(rows, k, element_bytes, swizzle)` places a rows x k tile in
-this form (swizzle atoms stacked along rows, then along K) and gives the
-descriptor of each 16-wide K slice; `operand_addresses` is the hardware's
-side (descriptor -> byte address of every element), which the SIMT simulator
-uses and which the tests check against the layout.
+the K-major form (swizzle atoms stacked along rows, then along K) and gives the
+descriptor of each 16-wide K slice; `WgmmaTileLayout` places a tile of either
+major (the pipelined loops' ring slots) and gives the descriptor of each K
+slice and M/N offset. `operand_addresses` is the hardware's side (descriptor
+-> byte address of every element, either major), which the SIMT simulator
+uses and which the tests check against the layouts and CuTe's canonical forms.
 """
 
 from __future__ import annotations

@@ -71,9 +71,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera.ir.core import Operation, Value
-from tessera.ir.types import TileType
-
 from tessera.ir.smem_layouts import swizzle_bytes
+from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from . import lower_op
@@ -98,8 +97,7 @@ class RingOperand:
 
     def read(self, ctx) -> Regs:
         """The block in the dot's fragment layout, read from the slot with ldmatrix (mma.sync)."""
-        slot = ctx.emit("addptr", self.ring, self.offset)
-        regs = read_fragment(ctx, slot, self.load.fragment, self.load.dtype)
+        regs = read_fragment(ctx, self.slot(ctx), self.load.fragment, self.load.dtype)
         return Regs(regs.value, self.load.want)
 
 
@@ -198,7 +196,6 @@ def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Valu
     for j in range(count):
         ctx.create("async_copy", [ctx.extract(dst, j), ctx.extract(src, j), ctx.extract(pred, j)],
                    {"bytes": load.copy_bytes})
-
 
 
 def _slot_index(ctx, load: PipelinedLoad) -> Value:
