@@ -106,13 +106,12 @@ MFMA_16X16X16 = mfma(16, 16, 16)
 
 
 def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
-                    acc: dt.DType = dt.f32, tf32: bool = False, num_warps: int = 1,
-                    warpgroup: bool = True) -> MatrixInstruction | None:
+                    acc: dt.DType = dt.f32, tf32: bool = False, num_warps: int = 1) -> MatrixInstruction | None:
     """The matrix instruction an m x n x k dot of `a` x `b` (default: `a`) inputs into an `acc` accumulator uses on
     `target` with `num_warps` warps, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for
-    input_precision = "tf32"); wgmma needs whole warpgroups (and `warpgroup`)."""
+    input_precision = "tf32"); wgmma needs whole warpgroups."""
     b = a if b is None else b
-    if (warpgroup and target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
+    if (target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
             and a in (dt.f16, dt.bf16) and acc == dt.f32 and m % WGMMA_M == 0 and k % WGMMA_K == 0 and n % 8 == 0):
         return wgmma(next(w for w in range(min(n, 256), 7, -8) if n % w == 0), a)
     if target.has("mma.sync") and target.warp_size == 32:

@@ -86,6 +86,8 @@ CASES = {   # M, N, K, BM, BN, BK, stages, dtype, trans_a, trans_b, num_warps
     "f16-3stages-B-32-byte-swizzle": (64, 16, 64, 64, 16, 32, 3, tessera.f16, False, False, 4),
     "f16-3stages-B-64-byte-swizzle": (64, 32, 96, 64, 32, 16, 3, tessera.f16, False, False, 4),
     "bf16-3stages-B-no-swizzle": (64, 32, 64, 64, 8, 32, 3, tessera.bf16, False, False, 4),
+    "bf16-3stages-K-major-A-two-column-blocks": (64, 64, 256, 64, 64, 128, 3, tessera.bf16, False, True, 4),
+    "f16-3stages-transposed-A-two-slabs-per-warpgroup": (128, 64, 64, 128, 64, 32, 3, tessera.f16, True, False, 4),
     # B's rows (37 elements) are not 4-byte aligned: B is not pipelined, the dot stores it itself
     "f16-3stages-only-A-pipelined": (64, 37, 96, 64, 64, 32, 3, tessera.f16, False, False, 4),
 }

@@ -44,6 +44,9 @@ warpgroup carried straight from the body's block argument to its `yield`,
 the dot leaves its group in flight (`wgmma_wait {pending = 1}`) and the
 prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
 `async_pipeline` for why no slot is refilled while a wgmma may read it.
+(Several fragments would be unpacked and repacked around the wgmmas, and
+anything else reading the accumulator in the body would read it in flight;
+those dots wait for their group, pending = 0, and keep S - 1.)
 
 Shared memory: the ring of a load is S slots of its tile (wgmma slots start
 on their swizzle pattern: 1024 bytes for 128B). S is lowered
