@@ -71,14 +71,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera.ir.core import Operation, Value
-from tessera.ir.smem_layouts import swizzle_bytes
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from . import lower_op
 from .context import I32, Regs
 from .memory import view_lanes
-from .mma_operands import read_fragment, swizzle_offsets
+from .mma_operands import read_fragment, swizzle_offsets, wgmma_tile_offsets
 from .pipeline_plan import PipelinedLoad, PipelinePlan
 
 
@@ -201,21 +200,11 @@ def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Valu
 def _slot_index(ctx, load: PipelinedLoad) -> Value:
     """Element offset in the slot (`load.slot_layout`) of each copy chunk this thread owns."""
     copies, dim, layout = load.copies, load.contiguous_dim, load.slot_layout
-    if not isinstance(layout, WgmmaTileLayout):     # row-major along `dim`, swizzled for ldmatrix
-        weights = [0, 0]
-        weights[dim] = load.width
-        weights[1 - dim] = load.load.result.type.shape[dim]
-        return swizzle_offsets(ctx, ctx.index_regs(copies, weights), layout.swizzle)
-    # a chunk stays inside one atom row: column block col // atom, then row-major (rows x atom) inside
-    row_weights, col_weights = [0, 0], [0, 0]
-    row_weights[1 - dim], col_weights[dim] = layout.atom, load.width
-    index = ctx.index_regs(copies, row_weights)
-    col = ctx.index_regs(copies, col_weights)
-    if layout.cols > layout.atom:
-        count = copies.local_size
-        c = lambda v: ctx.const_regs([v] * count, I32.dtype)       # noqa: E731
-        block = ctx.emit("shr", col, c(layout.atom.bit_length() - 1))
-        col = ctx.emit("add", ctx.emit("mul", block, c(layout.rows * layout.atom)),
-                       ctx.emit("and", col, c(layout.atom - 1)))
-    index = ctx.emit("add", index, col)
-    return swizzle_offsets(ctx, index, swizzle_bytes(layout.swizzle, load.dtype.bits // 8) if layout.swizzle else None)
+    rows, cols = [0, 0], [0, 0]                     # slot row and column of a chunk, from its copy coordinates
+    rows[1 - dim], cols[dim] = 1, load.width
+    if isinstance(layout, WgmmaTileLayout):
+        return wgmma_tile_offsets(ctx, layout, copies, rows, cols)
+    weights = [0, 0]                                # row-major along `dim`, swizzled for ldmatrix
+    weights[dim] = load.width
+    weights[1 - dim] = load.load.result.type.shape[dim]
+    return swizzle_offsets(ctx, ctx.index_regs(copies, weights), layout.swizzle)
