@@ -176,6 +176,9 @@ class WgmmaSmemLayout:
     Swizzled (32/64/128): swizzle atoms of 8 rows x `swizzle` bytes, row-major inside, stacked down the
     rows (SBO = 8 rows apart), then along K (a tile's worth apart). None (0): 8 x 16-byte core matrices
     of 128 bytes, K-adjacent ones LBO = 128 bytes apart, 8-row groups SBO = k * element_bytes * 8 apart.
+    A k narrower than the swizzle width leaves the rest of each atom row unused. The compiler lays its
+    tiles out with `WgmmaTileLayout` (either major; its swizzled K-major form is this one); this class
+    serves hand-written kernels (the tests' `wgmma_programs`).
     """
 
     rows: int

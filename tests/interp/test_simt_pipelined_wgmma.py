@@ -10,8 +10,8 @@ Specification:
   chunks; odd where the dim is no row stride, since copies need 4-byte aligned rows), loops shorter
   than the pipeline and loops that never run;
 * the simulator's checks run all along (async-proxy visibility, races, operands of wgmmas in flight):
-  leaving out the proxy fence, waiting for too few wgmma groups, or refilling the slot the wgmma
-  still in flight reads is reported.
+  leaving out the proxy fence, waiting for too few wgmma groups, refilling the slot the wgmma
+  still in flight reads, or reading the accumulator after the loop without the final wait is reported.
 """
 
 from __future__ import annotations
@@ -152,4 +152,12 @@ def test_prefetching_s_minus_1_ahead_with_a_group_in_flight_refills_its_slot(mon
     fn = case.lowered(4)
     assert next(op for op in loop_body(fn).ops if op.name == "wgmma_wait").attrs["pending"] == 1
     with pytest.raises(InterpreterError, match="written while it was in flight"):
+        run_threads(fn, case.make_args(), case.grid)
+
+
+def test_the_accumulator_in_flight_after_the_loop_must_be_waited_for():
+    case = Case(64, 64, 256, 64, 64, 32, 4)
+    fn = case.lowered(4)
+    fn.body.ops.remove(next(op for op in fn.body.ops if op.name == "wgmma_wait"))    # the one after the loop
+    with pytest.raises(InterpreterError, match="reads the result of the wgmma .* before a wgmma_wait retired it"):
         run_threads(fn, case.make_args(), case.grid)

@@ -147,9 +147,10 @@ def _wgmma_wait(ctx, op):
         copying = ctx.shared.async_pending(issued.addresses)    # issued while the wgmma was in flight
         if copying.any():
             raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(copying)])}, which the wgmma at "
-                                f"{issued.op.loc or 'an unknown location'} reads, is the target of an async_copy "
-                                "issued while the wgmma was in flight (written while it was in flight); wait for "
-                                "the wgmma (wgmma_wait) before refilling its operands")
+                                f"{issued.op.loc or 'an unknown location'} reads, was written while it was in "
+                                "flight: an async_copy to it was issued before a wgmma_wait retired the wgmma; "
+                                "wait for the wgmma before refilling its operands (a pipelined loop that keeps "
+                                "a wgmma group in flight copies one iteration less far ahead)")
         changed = ctx.shared.bytes[issued.addresses] != issued.data
         if changed.any():
             raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(changed)])}, which the wgmma at "
