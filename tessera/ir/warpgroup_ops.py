@@ -79,8 +79,8 @@ _define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the tile at shared 
         attrs={"swizzle": "int", "lbo": "int", "sbo": "int"}, infer=_infer_desc)
 _define("wgmma", "D = A @ B + C for a 64x16 A and 16xN B (in shared memory, read through the i64 descriptors; "
         "K-major, or MN-major where `trans_a` / `trans_b` is set) and the 64xN f32 C held in "
-        "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}); every thread of the warpgroup issues it together. Asynchronous: the "
-        "result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
+        "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}); every "
+        "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
         attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
         optional_attrs={"trans_a": "bool", "trans_b": "bool"}, infer=_infer_wgmma)
 _define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "
