@@ -3,7 +3,8 @@
 A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
 `wgmma` multiplies a 64x16 A by a 16xN B, both read from shared memory through
 64-bit matrix descriptors (`wgmma_layouts.MatrixDescriptor`, built by
-`wgmma_desc`), and adds the product to an f32 accumulator held in the
+`wgmma_desc`; K-major, or MN-major with `trans_a` / `trans_b`: PTX
+imm-trans-a / imm-trans-b = 1, which f16/bf16 allow), and adds the product to an f32 accumulator held in the
 `wgmma_layouts.wgmma_accumulator(N)` fragment. It is asynchronous:
 
     fence_proxy_async      generic-proxy writes (st.shared, cp.async) to the operands -> visible to wgmma
@@ -72,14 +73,14 @@ def _define(name, doc, operands, **kw):
     return define(name, doc, operands, level="thread", pure=False, **kw)
 
 
-_define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the K-major tile at shared pointer %p: start address "
+_define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the tile at shared pointer %p: start address "
         "from %p, leading / stride byte offsets `lbo` / `sbo` and the `swizzle` mode (0, 32, 64 or 128 bytes); "
-        "see `wgmma_layouts.WgmmaSmemLayout.descriptor`.", 1,
+        "see `wgmma_layouts.WgmmaSmemLayout.descriptor` and `WgmmaTileLayout.descriptor`.", 1,
         attrs={"swizzle": "int", "lbo": "int", "sbo": "int"}, infer=_infer_desc)
-_define("wgmma", "D = A @ B + C for a 64x16 A and 16xN B (K-major in shared memory, read through the i64 "
-        "descriptors) and the 64xN f32 C held in `wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned."
-        "m64n{n}k16.f32.{dtype}.{dtype}); every thread of the warpgroup issues it together. Asynchronous: the "
-        "result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
+_define("wgmma", "D = A @ B + C for a 64x16 A and 16xN B (in shared memory, read through the i64 descriptors; "
+        "K-major, or MN-major where `trans_a` / `trans_b` is set) and the 64xN f32 C held in "
+        "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}); every "
+        "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
         attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
         optional_attrs={"trans_a": "bool", "trans_b": "bool"}, infer=_infer_wgmma)
 _define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "

@@ -50,11 +50,23 @@ encode(x) = (x & 0x3FFFF) >> 4:
     bits 49-51  matrix base offset
     bits 62-63  swizzle mode: 0 none, 1 128B, 2 64B, 3 32B
 
+MN-major operands (imm-trans-a/b = 1, f16/bf16 only: a row-major B, a
+column-major A) are stored with M (or N) contiguous: an atom is 8 K-rows x W
+bytes of M/N (W = 128/64/32; 16 without swizzle), and LBO / SBO swap roles
+with the swizzle (CUTLASS `make_gmma_desc<Major::MN>`: INTERLEAVE
+((T,1,m),(8,k)):((1,T,SBO),(1T,LBO)), SWx ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO))
+for T = 16 bytes of elements). For element (mn, k), with A = W / e:
+
+    swizzled:  swizzle(start + (mn // A) * LBO + (k // 8) * SBO + (k % 8) * W + (mn % A) * e)
+    none:      start + (mn // A) * SBO + (k // 8) * LBO + (k % 8) * 16 + (mn % A) * e
+
 `WgmmaSmemLayout(rows, k, element_bytes, swizzle)` places a rows x k tile in
-this form (swizzle atoms stacked along rows, then along K) and gives the
-descriptor of each 16-wide K slice; `operand_addresses` is the hardware's
-side (descriptor -> byte address of every element), which the SIMT simulator
-uses and which the tests check against the layout.
+the K-major form (swizzle atoms stacked along rows, then along K) and gives the
+descriptor of each 16-wide K slice; `WgmmaTileLayout` places a tile of either
+major (the pipelined loops' ring slots) and gives the descriptor of each K
+slice and M/N offset. `operand_addresses` is the hardware's side (descriptor
+-> byte address of every element, either major), which the SIMT simulator
+uses and which the tests check against the layouts and CuTe's canonical forms.
 """
 
 from __future__ import annotations
@@ -125,12 +137,22 @@ class MatrixDescriptor:
         return MatrixDescriptor(field(0) << 4, field(16) << 4, field(32) << 4, swizzle, (bits >> 49) & 7)
 
 
-def operand_addresses(desc: MatrixDescriptor, rows: int, element_bytes: int) -> np.ndarray:
-    """Byte address of every element of the rows x 16 K-major operand `desc` describes: (rows, 16) ints."""
+def operand_addresses(desc: MatrixDescriptor, rows: int, element_bytes: int, mn_major: bool = False) -> np.ndarray:
+    """Byte address of every element of the rows x 16 operand `desc` describes (rows along M or N, columns
+    along K): (rows, 16) ints. K-major unless `mn_major` (imm-trans-a/b = 1); see the module docstring."""
     if desc.base_offset:
         raise LayoutError("matrix descriptors with a non-zero base offset are not modelled; start swizzled "
                           "tiles on a swizzle-pattern boundary (1024 bytes for 128B)")
     r = np.arange(rows)[:, None]
+    if mn_major:
+        k = np.arange(WGMMA_K)[None, :]
+        width = desc.swizzle or 16                  # bytes of M/N per atom row
+        per_row = width // element_bytes            # M/N elements per atom row
+        b = (r % per_row) * element_bytes
+        if desc.swizzle == 0:                       # core matrices: M/N-adjacent SBO apart, K-adjacent LBO
+            return desc.start + (r // per_row) * desc.sbo + (k // 8) * desc.lbo + (k % 8) * 16 + b
+        address = desc.start + (r // per_row) * desc.lbo + (k // 8) * desc.sbo + (k % 8) * width + b
+        return swizzle_address(address, desc.swizzle)
     b = (np.arange(WGMMA_K) * element_bytes)[None, :]
     if desc.swizzle == 0:
         return desc.start + (r // 8) * desc.sbo + (b // 16) * desc.lbo + (r % 8) * 16 + b % 16
@@ -154,6 +176,9 @@ class WgmmaSmemLayout:
     Swizzled (32/64/128): swizzle atoms of 8 rows x `swizzle` bytes, row-major inside, stacked down the
     rows (SBO = 8 rows apart), then along K (a tile's worth apart). None (0): 8 x 16-byte core matrices
     of 128 bytes, K-adjacent ones LBO = 128 bytes apart, 8-row groups SBO = k * element_bytes * 8 apart.
+    A k narrower than the swizzle width leaves the rest of each atom row unused. The compiler lays its
+    tiles out with `WgmmaTileLayout` (either major; its swizzled K-major form is this one); this class
+    serves hand-written kernels (the tests' `wgmma_programs`).
     """
 
     rows: int
@@ -243,6 +268,100 @@ class WgmmaSmemLayout:
         else:
             offset = (col * self.element_bytes // 16) * self.lbo
         return MatrixDescriptor(start + offset, self.lbo, self.sbo, self.swizzle)
+
+
+@dataclass(frozen=True)
+class WgmmaTileLayout:
+    """A `rows` x `cols` operand tile in shared memory, `cols` its contiguous dim, in a form wgmma reads.
+
+    K-major (`major = "K"`): rows run along M (A) or N (B), cols along K. MN-major (`major = "MN"`, read
+    with imm-trans = 1): rows run along K, cols along M or N. Either way the cols are cut into column blocks
+    one atom row wide (`row_bytes` = the swizzle width, 16 bytes without swizzle), and each block is a
+    rows x atom row-major array with rows `row_bytes` apart, the blocks one after the other:
+
+        byte(row, col) = swizzle((col // atom) * rows * row_bytes + row * row_bytes + (col % atom) * e)
+
+    Read as 8-row x `row_bytes` atoms, that is the PTX canonical layout of both majors (CuTe's
+    `Layout_{K,MN}_SW{32,64,128}_Atom` and INTERLEAVE tiled over the tile): a descriptor's strides are
+    8 rows = 8 * row_bytes apart, and the next column block rows * row_bytes apart. Which of LBO / SBO
+    holds which depends on the major and the swizzle (`descriptor`). Every 16-byte chunk of a row stays
+    whole (the swizzle permutes whole chunks), so one 16-byte copy fills one chunk.
+    """
+
+    rows: int
+    cols: int
+    element_bytes: int = 2
+    swizzle: int = 128
+    major: str = "K"
+
+    def __post_init__(self) -> None:
+        if self.swizzle not in SWIZZLE_MODES:
+            raise LayoutError(f"wgmma swizzle must be one of {sorted(SWIZZLE_MODES)} bytes, got {self.swizzle}")
+        if self.major not in ("K", "MN"):
+            raise LayoutError(f"a wgmma operand is K-major or MN-major, got major = {self.major!r}")
+        if self.rows % 8 or self.rows <= 0 or self.cols <= 0 or self.cols % self.atom:
+            raise LayoutError(f"a wgmma tile of {self.rows} x {self.cols} does not fill whole {self.row_bytes}-"
+                              f"byte atoms of 8 rows ({self.atom} elements per atom row)")
+
+    @property
+    def row_bytes(self) -> int:
+        return self.swizzle or 16
+
+    @property
+    def atom(self) -> int:
+        """Elements of the contiguous dim per atom row."""
+        return self.row_bytes // self.element_bytes
+
+    @property
+    def block_bytes(self) -> int:
+        """Bytes of one column block (rows x one atom row)."""
+        return self.rows * self.row_bytes
+
+    @property
+    def nbytes(self) -> int:
+        return self.rows * self.cols * self.element_bytes
+
+    @property
+    def alignment(self) -> int:
+        """Byte boundary the tile starts on: the swizzle pattern's period (8 atom rows), 16 without swizzle."""
+        return 8 * self.row_bytes if self.swizzle else 16
+
+    def plain_offset(self, row, col):
+        """Byte offset of element (row, col) before the swizzle (what a descriptor's start holds)."""
+        return (col // self.atom) * self.block_bytes + row * self.row_bytes + (col % self.atom) * self.element_bytes
+
+    def byte_offset(self, row, col):
+        """Byte offset of element (row, col) from the tile start (on a pattern boundary); ints or arrays."""
+        plain = self.plain_offset(row, col)
+        return swizzle_address(plain, self.swizzle) if self.swizzle else plain
+
+    def descriptor(self, start: int, k_slice: int, mn_first: int) -> MatrixDescriptor:
+        """The descriptor of K elements [16 k_slice, 16 k_slice + 16) and M/N elements from `mn_first` on, of
+        the tile at byte `start`. `mn_first` must start an 8-row group (K-major) or a column block (MN)."""
+        if start % self.alignment:
+            raise LayoutError(f"this wgmma tile must start on a {self.alignment}-byte boundary, got byte {start}")
+        k_first = k_slice * WGMMA_K
+        if self.major == "K":
+            if mn_first % 8:
+                raise LayoutError(f"a K-major wgmma operand starts on an 8-row group, not row {mn_first}")
+            begin = start + self.plain_offset(mn_first, k_first)
+            if self.swizzle:        # K-adjacent chunks within the atom row (LBO unused); 8-row groups SBO apart
+                return MatrixDescriptor(begin, 16, 8 * self.row_bytes, self.swizzle)
+            return MatrixDescriptor(begin, self.block_bytes, 8 * self.row_bytes, 0)
+        if mn_first % self.atom:
+            raise LayoutError(f"an MN-major wgmma operand starts on a column block of {self.atom}, not {mn_first}")
+        begin = start + self.plain_offset(k_first, mn_first)
+        if self.swizzle:            # M/N-adjacent atoms LBO apart, 8-row K groups SBO apart
+            return MatrixDescriptor(begin, self.block_bytes, 8 * self.row_bytes, self.swizzle)
+        return MatrixDescriptor(begin, 8 * self.row_bytes, self.block_bytes, 0)     # SBO along M/N, LBO along K
+
+
+def wgmma_tile_swizzle(cols: int, element_bytes: int, granule: int) -> int:
+    """The widest swizzle (bytes) whose atom row divides the contiguous extent `cols` and `granule` (a
+    descriptor starts every `granule` elements along it: 64 or N for MN-major; `cols` for K-major, whose
+    16-wide K slices always lie inside an atom row); 0: none."""
+    return next((w for w in (128, 64, 32)
+                 if (cols * element_bytes) % w == 0 and (granule * element_bytes) % w == 0), 0)
 
 
 for _constructor in (wgmma_accumulator,):

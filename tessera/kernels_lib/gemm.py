@@ -5,7 +5,8 @@ multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
 float32 accumulator, then applies alpha, the bias and the activation and
 stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
 on GPUs with cp.async the blocks of the next STAGES - 1 steps are in flight
-while the tensor cores work on this one. Transposed operands are views with
+while the tensor cores work on this one (STAGES - 2 on sm_90a, where the
+wgmma of the step before is still in flight too). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
@@ -40,9 +41,10 @@ ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
 # Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
 # software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
-# memory, 64-96 KB here). Each compiles for sm_80 and sm_90a without register spills (bf16, mma.sync +
-# ldmatrix path), and for sm_90a with fp8 inputs too (mma.sync m16n8k32 .e4m3/.e5m2, operands through shared
-# memory, not yet pipelined); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
+# memory, 64-96 KB here). Each compiles without register spills for sm_80 (bf16: mma.sync + ldmatrix from the
+# rings) and sm_90a (f16/bf16: wgmma reading the rings through descriptors, one group in flight), and for
+# sm_90a with fp8 inputs too (mma.sync m16n8k32 .e4m3/.e5m2, operands through shared memory, not yet
+# pipelined); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
     # large square
     tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),
@@ -81,7 +83,7 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
               HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):    # blocks copied STAGES - 1 ahead
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):    # blocks copied ahead (see above)
         a_block = a.block((BM, BK), (pid_m, k)).load()
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)

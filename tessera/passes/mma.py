@@ -15,9 +15,9 @@ m x n x k (`instruction_for`):
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
 
 (MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16; wgmma first
-where it fits, else mma.sync on sm_90a too. A dot in the body of a
-`for {stages >= 2}` loop keeps mma.sync on sm_90a: the cp.async software
-pipeline feeds ldmatrix, and wgmma dots are not pipelined yet.) f32 inputs
+where it fits, else mma.sync on sm_90a too. A wgmma dot in the body of a
+`for {stages >= 2}` loop reads its operands straight from the cp.async ring
+slots: `lowering/pipeline_plan.py`.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
 with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
 (other dtypes, fp8 without "mma.fp8", shapes that do not divide, other
@@ -106,13 +106,12 @@ MFMA_16X16X16 = mfma(16, 16, 16)
 
 
 def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
-                    acc: dt.DType = dt.f32, tf32: bool = False, num_warps: int = 1,
-                    warpgroup: bool = True) -> MatrixInstruction | None:
+                    acc: dt.DType = dt.f32, tf32: bool = False, num_warps: int = 1) -> MatrixInstruction | None:
     """The matrix instruction an m x n x k dot of `a` x `b` (default: `a`) inputs into an `acc` accumulator uses on
     `target` with `num_warps` warps, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for
-    input_precision = "tf32"); wgmma needs whole warpgroups (and `warpgroup`)."""
+    input_precision = "tf32"); wgmma needs whole warpgroups."""
     b = a if b is None else b
-    if (warpgroup and target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
+    if (target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
             and a in (dt.f16, dt.bf16) and acc == dt.f32 and m % WGMMA_M == 0 and k % WGMMA_K == 0 and n % 8 == 0):
         return wgmma(next(w for w in range(min(n, 256), 7, -8) if n % w == 0), a)
     if target.has("mma.sync") and target.warp_size == 32:
@@ -150,8 +149,7 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     a, b, acc = (v.type for v in op.operands)
     (m, k), (_, n) = a.shape, b.shape
     tf32 = op.attrs.get("input_precision") == "tf32"
-    inst = instruction_for(target, m, n, k, scalar_dtype(a), scalar_dtype(b), scalar_dtype(acc), tf32, num_warps,
-                           warpgroup=not _in_pipelined_loop(op, target))
+    inst = instruction_for(target, m, n, k, scalar_dtype(a), scalar_dtype(b), scalar_dtype(acc), tf32, num_warps)
     if inst is None:
         return None
     rm, rn, rk = m // inst.m, n // inst.n, k // inst.k
@@ -174,11 +172,3 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     b_layout = local(rk, rn) * replicated(wr * wm) * spatial(1, wn) * inst.b
     return MmaPlan(inst, a_layout, b_layout, c, rm, rn, rk, wm)
 
-
-def _in_pipelined_loop(op: Operation, target: Target) -> bool:
-    """`op` sits in the body of a `for {stages >= 2}` the cp.async pipeline serves (`pipeline_plan`): that dot
-    keeps mma.sync + ldmatrix, since wgmma dots are not software-pipelined yet."""
-    block = op.parent
-    loop = getattr(block, "parent", None)
-    return (target.has("cp.async") and getattr(loop, "name", None) == "for"
-            and loop.attrs.get("stages", 1) >= 2)

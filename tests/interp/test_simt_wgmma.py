@@ -85,9 +85,3 @@ def test_descriptors_must_be_aligned_and_uniform_across_the_warpgroup():
              "  %ap0 = addptr %sa, %hoff")
     with pytest.raises(InterpreterError, match="the A descriptor differs between threads of a warpgroup .thread 64."):
         simulate(text.replace("  %ap0 = addptr %sa, %c0", split), 64, 16)
-
-
-def test_mn_major_operands_are_not_modelled_yet():
-    text = wgmma_kernel(64, 16).replace('{dtype = "bf16", k = 16', '{dtype = "bf16", trans_b = true, k = 16')
-    with pytest.raises(InterpreterError, match="MN-major wgmma operands"):
-        simulate(text, 64, 16)

@@ -1,13 +1,14 @@
 """wgmma layouts as specifications: the accumulator fragment, the K-major shared-memory tiles in every
-swizzle mode, and the 64-bit matrix descriptors, each against an independently written definition."""
+swizzle mode, the MN-major ones, and the 64-bit matrix descriptors, each against an independently written
+definition (the PTX table, CuTe's canonical GMMA layouts written as shape:stride)."""
 
 import numpy as np
 import pytest
 
 from tessera.ir.layouts import LayoutError, mma_m16n8k16_c, spatial
 from tessera.ir.smem_layouts import swizzle_bytes
-from tessera.ir.wgmma_layouts import (WGMMA_NS, MatrixDescriptor, WgmmaSmemLayout, operand_addresses,
-                                      wgmma_accumulator)
+from tessera.ir.wgmma_layouts import (WGMMA_NS, MatrixDescriptor, WgmmaSmemLayout, WgmmaTileLayout,
+                                      operand_addresses, wgmma_accumulator, wgmma_tile_swizzle)
 
 
 def ptx_accumulator_table(n):
@@ -140,3 +141,139 @@ def test_sw128_descriptor_k_slices_advance_the_start_by_32_bytes():
 def test_misaligned_swizzled_tile_is_an_error():
     with pytest.raises(LayoutError, match="1024-byte boundary"):
         WgmmaSmemLayout(64, 64).descriptor(512)
+
+
+# -- MN-major operands and the tiles of both majors (`WgmmaTileLayout`) -------------------------------------
+
+
+def cute_offset(coord, shape, stride):
+    """A CuTe layout shape:stride (nested tuples) at a 1-D coordinate per mode: colexicographic digits."""
+    if isinstance(shape, int):
+        return coord * stride
+    total = 0
+    for s, d in zip(shape, stride):
+        size = int(np.prod(_flat(s)))
+        total += cute_offset(coord % size, s, d)
+        coord //= size
+    return total
+
+
+def _flat(shape):
+    return [shape] if isinstance(shape, int) else [x for s in shape for x in _flat(s)]
+
+
+def ptx_mn_major_address(desc, mn, k, element_bytes=2):
+    """CUTLASS `make_gmma_desc<Major::MN>` canonical layouts, in elements (T = 16 bytes of them), LBO/SBO
+    in elements too, then the swizzle on byte addresses:
+        INTERLEAVE: Swizzle<0,4,3> o ((T,1,m),(8,k)):((1,T,SBO),(1T,LBO))
+        B32/64/128: Swizzle<x',4,3> o ((T,x,m),(8,k)):((1,T,LBO),(xT,SBO))   x = swizzle / 16
+    """
+    t = 16 // element_bytes
+    lbo, sbo = desc.lbo // element_bytes, desc.sbo // element_bytes
+    if desc.swizzle == 0:
+        offset = cute_offset(mn, (t, 1, 64), (1, t, sbo)) + cute_offset(k, (8, 2), (t, lbo))
+    else:
+        x = desc.swizzle // 16
+        offset = cute_offset(mn, (t, x, 64), (1, t, lbo)) + cute_offset(k, (8, 2), (x * t, sbo))
+    address = desc.start + offset * element_bytes
+    bits = {0: 0, 32: 1, 64: 2, 128: 3}[desc.swizzle]
+    return address ^ (((address >> 7) & ((1 << bits) - 1)) << 4)
+
+
+def ptx_k_major_address(desc, mn, k, element_bytes=2):
+    """CUTLASS `make_gmma_desc<Major::K>`: INTERLEAVE ((8,m),(T,2)):((1T,SBO),(1,LBO)); B32/64/128
+    ((8,m),(T,2)):((xT,SBO),(1,T)), in elements, then the byte swizzle."""
+    t = 16 // element_bytes
+    lbo, sbo = desc.lbo // element_bytes, desc.sbo // element_bytes
+    if desc.swizzle == 0:
+        offset = cute_offset(mn, (8, 64), (t, sbo)) + cute_offset(k, (t, 2), (1, lbo))
+    else:
+        x = desc.swizzle // 16
+        offset = cute_offset(mn, (8, 64), (x * t, sbo)) + cute_offset(k, (t, 2), (1, t))
+    address = desc.start + offset * element_bytes
+    bits = {0: 0, 32: 1, 64: 2, 128: 3}[desc.swizzle]
+    return address ^ (((address >> 7) & ((1 << bits) - 1)) << 4)
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+@pytest.mark.parametrize("rows", [64, 128, 256])
+@pytest.mark.parametrize("lbo, sbo", [(2048, 1024), (4096, 128), (256, 8192)])
+def test_mn_major_addresses_are_the_ptx_canonical_layout(swizzle, rows, lbo, sbo):
+    """Element (mn, k) of an MN-major operand, for any LBO / SBO, where the canonical layout puts it."""
+    desc = MatrixDescriptor(8192, lbo, sbo, swizzle)
+    at = operand_addresses(desc, rows, 2, mn_major=True)
+    for mn in range(rows):
+        for k in range(16):
+            assert at[mn, k] == ptx_mn_major_address(desc, mn, k), (mn, k)
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+def test_k_major_addresses_are_the_ptx_canonical_layout(swizzle):
+    desc = MatrixDescriptor(4096, 512 if swizzle == 0 else 16, 1024 if swizzle else 256, swizzle)
+    at = operand_addresses(desc, 64, 2)
+    expected = [[ptx_k_major_address(desc, mn, k) for k in range(16)] for mn in range(64)]
+    np.testing.assert_array_equal(at, expected)
+
+
+TILES = [(rows, cols, swizzle, major) for swizzle in (0, 32, 64, 128) for major in ("K", "MN")
+         for rows, cols in ((64, 128), (32, 256), (128, 64)) if cols * 2 % (swizzle or 16) == 0]
+
+
+@pytest.mark.parametrize("rows, cols, swizzle, major", TILES, ids=str)
+def test_wgmma_tile_descriptors_read_the_tile_element_by_element(rows, cols, swizzle, major):
+    """Every descriptor of a tile (each K slice; each 8-row group or column block where an operand may
+    start) reads exactly the elements the layout put there; the layout is a bijection onto its bytes."""
+    tile = WgmmaTileLayout(rows, cols, 2, swizzle, major)
+    start = 3 * 1024
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    every = start + np.asarray(tile.byte_offset(r, c))
+    assert np.unique(every).size == rows * cols and every.min() == start and every.max() < start + tile.nbytes
+    k_extent, mn_extent = (cols, rows) if major == "K" else (rows, cols)
+    for s in range(k_extent // 16):
+        for mn_first in range(0, mn_extent - 63, 64):
+            desc = tile.descriptor(start, s, mn_first)
+            at = operand_addresses(desc, 64, 2, mn_major=major == "MN")
+            mn, k = np.arange(64)[:, None] + mn_first, np.arange(16)[None, :] + 16 * s
+            expected = every[mn, k] if major == "K" else every[k, mn]
+            np.testing.assert_array_equal(at, expected)
+
+
+def test_mn_major_sw128_tile_spelled_out():
+    """A 16 x 128 (K x N) MN-major tile, 128-byte swizzle: N in two 64-wide column blocks of 16 x 128 bytes;
+    16-byte chunk c of K row k moves to chunk c ^ (k % 8); LBO = a block (2048), SBO = 8 rows (1024)."""
+    tile = WgmmaTileLayout(16, 128, 2, 128, "MN")
+    for k in range(16):
+        for n in range(128):
+            block, inner = divmod(n, 64)
+            chunk, within = divmod(inner, 8)
+            assert tile.byte_offset(k, n) == block * 2048 + k * 128 + (chunk ^ (k % 8)) * 16 + within * 2
+    d = tile.descriptor(0, 1, 64)
+    assert (d.start, d.lbo, d.sbo, d.swizzle) == (2048 + 16 * 128, 2048, 1024, 128)
+
+
+@pytest.mark.parametrize("swizzle", [0, 32, 64, 128])
+def test_a_16_byte_chunk_of_a_tile_row_stays_one_chunk(swizzle):
+    """What lets one 16-byte cp.async fill a swizzled tile: 8 contiguous elements stay contiguous."""
+    tile = WgmmaTileLayout(16, 128, 2, swizzle, "MN")
+    for row in range(16):
+        for col in range(0, 128, 8):
+            chunk = [tile.byte_offset(row, col + i) for i in range(8)]
+            assert chunk == list(range(chunk[0], chunk[0] + 16, 2)) and chunk[0] % 16 == 0
+
+
+def test_tile_swizzle_is_the_widest_dividing_the_block_and_the_descriptor_starts():
+    assert wgmma_tile_swizzle(64, 2, 64) == 128        # K-major 64-wide K, or an MN-major 64-row slab
+    assert wgmma_tile_swizzle(128, 2, 64) == 128
+    assert wgmma_tile_swizzle(32, 2, 32) == 64
+    assert wgmma_tile_swizzle(48, 2, 48) == 32         # 96 bytes: 32-byte atoms
+    assert wgmma_tile_swizzle(8, 2, 8) == 0            # 16 bytes: core matrices
+    assert wgmma_tile_swizzle(128, 2, 16) == 32        # B with N = 16 per wgmma
+
+
+def test_a_misplaced_tile_descriptor_is_an_error():
+    with pytest.raises(LayoutError, match="1024-byte boundary"):
+        WgmmaTileLayout(16, 128, 2, 128, "MN").descriptor(512, 0, 0)
+    with pytest.raises(LayoutError, match="column block of 64"):
+        WgmmaTileLayout(16, 128, 2, 128, "MN").descriptor(0, 0, 32)
+    with pytest.raises(LayoutError, match="whole 128-byte atoms"):
+        WgmmaTileLayout(16, 96, 2, 128, "MN")

@@ -226,6 +226,10 @@ class SharedMemory:
         unique, lo, hi, vlo, _ = _group(addrs, owners, data.astype(np.int64))
         return self._write_grouped(unique, lo, hi, vlo, lambda a: f"shared byte {int(a)}")
 
+    def async_pending(self, addrs: np.ndarray) -> np.ndarray:
+        """Which of the byte addresses `addrs` an async_copy not yet retired is writing."""
+        return self._pending[addrs] > 0
+
     def async_outstanding(self) -> int:
         """How many async copies are still in flight."""
         return len(self._copies)

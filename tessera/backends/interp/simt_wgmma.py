@@ -20,11 +20,19 @@ the sequence a kernel follows):
   its group: until then it holds NaN, and an op that reads it is an error,
   except another wgmma taking it as its accumulator (chaining in flight is
   what the hardware allows; the chain continues from the true value).
-* when a wait retires a wgmma, the shared bytes it read must be unchanged:
-  writing operands of a wgmma in flight is an error. Results never waited for
+* when a wait retires a wgmma, the shared bytes it read must be unchanged
+  and no async_copy may still be on its way to them: writing operands of a
+  wgmma in flight (st.shared, or a cp.async that may land any time after
+  its issue) is an error. Results never waited for
   are an error at the end of the kernel.
+* a result in flight may be carried around a `for` loop: the `yield` that
+  hands it on is not a read, and the loop's block argument and result stand
+  for the same in-flight wgmma (a software-pipelined K loop keeps one group
+  in flight across iterations and chains the next one onto it).
 
-MN-major operands (`trans_a` / `trans_b`) are not modelled yet: they are an error here.
+Operands are K-major, or MN-major with `trans_a` / `trans_b` (imm-trans = 1):
+`wgmma_layouts.operand_addresses` gives the hardware's address of every
+element for both, so each layout is read exactly as the PTX ISA defines it.
 """
 
 from __future__ import annotations
@@ -53,6 +61,7 @@ class _Issued:
     waiting: np.ndarray       # (T,) bool
     addresses: np.ndarray     # shared byte addresses it read
     data: np.ndarray          # their bytes when it read them
+    names: list               # the values that hold its result (its own, and where loops carry it)
 
 
 class WarpgroupState:
@@ -61,7 +70,8 @@ class WarpgroupState:
     def __init__(self, num_threads: int):
         self.committed = np.zeros(num_threads, np.int64)
         self.fenced = np.zeros(num_threads, bool)
-        self.in_flight: dict[Value, _Issued] = {}
+        self.in_flight: dict[Value, _Issued] = {}  # the newest wgmma in flight whose result each value holds
+        self.issued: list[_Issued] = []             # every wgmma in flight (a loop re-issues the same op)
         self.async_view: np.ndarray | None = None   # shared bytes as of the last fence_proxy_async
 
 
@@ -138,29 +148,46 @@ def _wgmma_wait(ctx, op):
     _warpgroups(ctx, op)
     state, live = _state(ctx), _live(ctx)
     limit = state.committed - op.attrs["pending"]
-    for value, issued in list(state.in_flight.items()):
+    for issued in list(state.issued):
         retire = issued.waiting & live & (issued.group < limit)
         if not retire.any():
             continue
+        copying = ctx.shared.async_pending(issued.addresses)    # issued while the wgmma was in flight
+        if copying.any():
+            raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(copying)])}, which the wgmma at "
+                                f"{issued.op.loc or 'an unknown location'} reads, was written while it was in "
+                                "flight: an async_copy to it was issued before a wgmma_wait retired the wgmma; "
+                                "wait for the wgmma before refilling its operands (a pipelined loop that keeps "
+                                "a wgmma group in flight copies one iteration less far ahead)")
         changed = ctx.shared.bytes[issued.addresses] != issued.data
         if changed.any():
             raise ctx.error(op, f"shared byte {int(issued.addresses[np.argmax(changed)])}, which the wgmma at "
                                 f"{issued.op.loc or 'an unknown location'} reads, was written while it was in "
                                 "flight; wait for the wgmma (wgmma_wait) before overwriting its operands")
-        ctx.env[value] = np.where(retire[:, None], issued.result, ctx.env[value])
+        names = [v for v in dict.fromkeys(issued.names) if state.in_flight.get(v) is issued]
+        for value in names:
+            if value in ctx.env:
+                ctx.env[value] = np.where(retire[:, None], issued.result, ctx.env[value])
         issued.waiting &= ~retire
         if not issued.waiting.any():
-            del state.in_flight[value]
-            del ctx.unready[value]
+            state.issued.remove(issued)
+            for value in names:
+                del state.in_flight[value]
+                del ctx.unready[value]
     state.fenced[live] = False
+
+
+def _hold(ctx, issued: _Issued, value: Value) -> None:
+    """`value` now holds `issued`'s result, still in flight."""
+    _state(ctx).in_flight[value] = issued
+    issued.names.append(value)
+    ctx.unready[value] = (issued.op, lambda reader: _early_read(ctx, reader, value))
 
 
 @simt("wgmma")
 def _wgmma(ctx, op, a_desc, b_desc, acc):
     groups = _warpgroups(ctx, op)
     state, live = _state(ctx), _live(ctx)
-    if op.attrs.get("trans_a") or op.attrs.get("trans_b"):
-        raise ctx.error(op, "MN-major wgmma operands (trans_a / trans_b) are not modelled by the SIMT simulator")
     if not state.fenced[live].all():
         t = int(np.argmax(live & ~state.fenced))
         raise ctx.error(op, f"wgmma without a wgmma_fence (thread {t}) since the kernel start or the last "
@@ -174,8 +201,8 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
     read = []
     for g in groups:
         threads = slice(g * WARPGROUP, (g + 1) * WARPGROUP)
-        a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype)
-        b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype)   # B as its n x 16 transpose
+        a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype, op.attrs.get("trans_a", False))
+        b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype, op.attrs.get("trans_b", False))  # as n x 16
         read += [a_at, b_at]
         d = np.zeros((WGMMA_M, n), np.float32)
         d[rows, cols] = result[threads]
@@ -184,21 +211,23 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
         result[threads] = d[rows, cols]
         _check_reads(ctx, op, state, np.concatenate([a_at.ravel(), b_at.ravel()]), g)
     addresses = np.unique(np.concatenate([r.ravel() for r in read])) if read else np.zeros(0, np.int64)
-    state.in_flight[op.result] = _Issued(op, result, state.committed.copy(), live.copy(), addresses,
-                                         ctx.shared.bytes[addresses].copy())
-    ctx.unready[op.result] = (op, lambda reader, value=op.result: _early_read(ctx, reader, value))
+    issued = _Issued(op, result, state.committed.copy(), live.copy(), addresses, ctx.shared.bytes[addresses].copy(),
+                     [])
+    state.issued.append(issued)
+    _hold(ctx, issued, op.result)
     return np.full((ctx.num_threads, n // 2), np.nan, np.float32)
 
 
-def _operand(ctx, op, name: str, descs: np.ndarray, rows: int, dtype: dt.DType):
-    """The rows x 16 K-major operand a warpgroup's descriptor points at, as f32, and its byte addresses."""
+def _operand(ctx, op, name: str, descs: np.ndarray, rows: int, dtype: dt.DType, mn_major: bool):
+    """The rows x 16 operand (K-major, or MN-major) a warpgroup's descriptor points at, as f32, and its byte
+    addresses."""
     if (descs != descs[0]).any():
         t = int(np.argmax(descs != descs[0]))
         raise ctx.error(op, f"the {name} descriptor differs between threads of a warpgroup (thread {t}); "
                             "wgmma needs one descriptor per warpgroup")
     desc = MatrixDescriptor.decode(int(descs[0]))
     try:
-        at = operand_addresses(desc, rows, 2)
+        at = operand_addresses(desc, rows, 2, mn_major)
     except ValueError as e:
         raise ctx.error(op, f"{name} descriptor {desc}: {e}") from None
     if at.min() < 0 or at.max() + 1 >= ctx.shared.size:
@@ -232,6 +261,14 @@ def _early_read(ctx, reader: Operation, value: Value) -> str | None:
     if not early.any():
         return None
     if reader.name == "wgmma" and reader.operands[2] is value and value not in reader.operands[:2]:
+        return None
+    loop = getattr(reader.parent, "parent", None)
+    if reader.name == "yield" and getattr(loop, "name", None) == "for":     # carried around the loop
+        body = loop.regions[0]
+        for i, operand in enumerate(reader.operands):
+            if operand is value:
+                _hold(ctx, issued, body.args[i + 1])
+                _hold(ctx, issued, loop.results[i])
         return None
     return (f"{reader.name} reads the result of the wgmma at {issued.op.loc or 'an unknown location'} (thread "
             f"{int(np.argmax(early))}) before a wgmma_wait retired it; add wgmma_commit and wgmma_wait "

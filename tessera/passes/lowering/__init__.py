@@ -10,10 +10,10 @@ are (`copy_scalar_op`).
     shape.py          broadcast, expand_dims, reshape, permute, convert_layout
     memory.py         pointer loads/stores/atomics, tensor views
     reductions.py     reduce, arg_reduce, scan
-    dot.py            dot (mma.sync tensor cores, else FMA through shared memory)
+    dot.py            dot (mma.sync tensor cores, else FMA through shared memory; wgmma: wgmma_dot.py)
     control_flow.py   for, if, while and their terminators
     async_pipeline.py a `for {stages}` whose dot operands are copied ahead with cp.async
-                      (which loads: pipeline_plan.py)
+                      (which loads, in which slot layout: pipeline_plan.py)
     debug.py          print, breakpoint (dropped), assert
     shared_buffers.py explicit shared buffers (tessera.shared): smem_alloc/slot/load/store, async copies
 """

@@ -1,4 +1,4 @@
-"""Software-pipelined loops: `for {stages = S}` with cp.async ring buffers feeding ldmatrix (sm_80+).
+"""Software-pipelined loops: `for {stages = S}` with cp.async ring buffers feeding ldmatrix (sm_80+) or wgmma (sm_90a).
 
 A loop the author wrote as `for k in tessera.pipeline(lo, hi, stages=S)`
 carries `stages = S` in the tile IR. When lowering it to threads,
@@ -38,6 +38,32 @@ One barrier per iteration replaces the two per operand of the plain path:
 the barrier after the wait both publishes the landed slot and orders the
 previous iteration's ldmatrix reads of the slot about to be refilled
 before the copies into it (the SIMT simulator checks both).
+
+wgmma (sm_90a; `PipelinePlan.on_wgmma`). The slots hold the blocks in a
+wgmma layout (`PipelinedLoad.slot_layout`: K- or MN-major, swizzled in
+16-byte chunks, so the chunk-per-copy fill is unchanged) and the dot reads
+them through matrix descriptors (`wgmma_dot`), with no register round trip.
+cp.async writes through the generic proxy and wgmma reads through the async
+proxy, so every thread fences its landed copies before the barrier that
+publishes them:
+
+        async_wait {pending = D-1}; fence_proxy_async; barrier; refill; ...
+        wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
+    (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0}; barrier
+
+F = `plan.in_flight` (1 when the plan allows it, else 0) groups stay in flight
+across the back edge, the accumulator carried in the wgmma registers, and
+the copies run D = `plan.prefetch` = S - 1 - F iterations ahead (the
+prologue fills slots 0 .. D-1; iteration i refills slot (i + D) mod S).
+Why no slot is refilled while a wgmma may read it: the refill in iteration
+i comes after iteration i's barrier, which every thread reaches only after
+its warpgroup's `wgmma_wait {pending = F}` of iteration i-1; so every group
+up to i-1-F has retired, and only groups i-F .. i-1 may still read their
+slots (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
+That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
+left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
+F = 1 needs S >= 3.) The SIMT simulator checks the argument: refilling a
+slot an in-flight wgmma reads is reported when that wgmma retires.
 """
 
 from __future__ import annotations
@@ -46,11 +72,12 @@ from dataclasses import dataclass
 
 from tessera.ir.core import Operation, Value
 from tessera.ir.types import TileType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from . import lower_op
 from .context import I32, Regs
 from .memory import view_lanes
-from .mma_operands import read_fragment, swizzle_offsets
+from .mma_operands import read_fragment, swizzle_offsets, wgmma_tile_offsets
 from .pipeline_plan import PipelinedLoad, PipelinePlan
 
 
@@ -61,37 +88,43 @@ class RingOperand:
     ring: Value
     offset: Value
     load: PipelinedLoad
+    in_flight: int = 0              # wgmma groups the dot may leave in flight (`PipelinePlan.in_flight`)
+
+    def slot(self, ctx) -> Value:
+        """Pointer to the slot's first element (laid out as `load.slot_layout`)."""
+        return ctx.emit("addptr", self.ring, self.offset)
 
     def read(self, ctx) -> Regs:
-        """The block in the dot's fragment layout, read from the slot with ldmatrix."""
-        slot = ctx.emit("addptr", self.ring, self.offset)
-        regs = read_fragment(ctx, slot, self.load.fragment, self.load.dtype)
+        """The block in the dot's fragment layout, read from the slot with ldmatrix (mma.sync)."""
+        regs = read_fragment(ctx, self.slot(ctx), self.load.fragment, self.load.dtype)
         return Regs(regs.value, self.load.want)
 
 
 def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     """Lower the tile-IR `for` `op` as the pipelined loop of the module docstring."""
     lb, ub, step, *inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
-    stages, region = plan.stages, op.regions[0]
+    stages, region, ahead_by = plan.stages, op.regions[0], plan.prefetch
     index_dtype = lb.type.dtype
-    rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements) for load in plan.loads]
-    for stage in range(stages - 1):
+    rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements,
+                              align=load.slot_alignment if load.on_wgmma else None) for load in plan.loads]
+    for stage in range(ahead_by):
         iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
         _issue(ctx, plan, rings, iv, ub, [ctx.const(stage * load.slot_elements) for load in plan.loads])
 
     body = ctx.new_block(region)
     slot = body.add_arg(I32, "slot")
     with ctx.b.at(body):
-        ctx.create("async_wait", attrs={"pending": stages - 2})
+        ctx.create("async_wait", attrs={"pending": ahead_by - 1})
+        if plan.on_wgmma:
+            ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
         ctx.barrier()
-        ahead = ctx.emit("add", body.args[0], ctx.const((stages - 1) * plan.step, index_dtype))
+        ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
         last = ctx.const(stages - 1)
-        at_first = ctx.emit("cmp", slot, ctx.const(0), attrs={"pred": "eq"})
-        refill = ctx.emit("select", at_first, last, ctx.emit("sub", slot, ctx.const(1)))
+        refill = _slot_ahead(ctx, slot, ahead_by, stages)
         _issue(ctx, plan, rings, ahead, ub, [_times(ctx, refill, load.slot_elements) for load in plan.loads])
         at_last = ctx.emit("cmp", slot, last, attrs={"pred": "eq"})
         next_slot = ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1)))
-        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load)
+        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
                  for load, ring in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
@@ -101,6 +134,8 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
 
     result_types = [ctx.thread_type(r) for r in op.results] + [I32]
     new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0)], {"stages": stages}, result_types, [body])
+    if plan.in_flight:
+        ctx.create("wgmma_wait", attrs={"pending": 0})
     ctx.create("async_wait", attrs={"pending": 0})
     ctx.barrier()
     for old, result in zip(op.results, new.results):
@@ -120,6 +155,16 @@ def _lower_body_op(ctx, op: Operation, reads: dict) -> None:
 
 def _times(ctx, value: Value, n: int) -> Value:
     return ctx.emit("mul", value, ctx.const(n))
+
+
+def _slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
+    """(slot + ahead_by) mod stages, for 0 <= slot < stages."""
+    if ahead_by == stages - 1:                  # slot - 1, wrapping
+        at_first = ctx.emit("cmp", slot, ctx.const(0), attrs={"pred": "eq"})
+        return ctx.emit("select", at_first, ctx.const(stages - 1), ctx.emit("sub", slot, ctx.const(1)))
+    wraps = ctx.emit("cmp", slot, ctx.const(stages - ahead_by), attrs={"pred": "ge"})
+    return ctx.emit("select", wraps, ctx.emit("add", slot, ctx.const(ahead_by - stages)),
+                    ctx.emit("add", slot, ctx.const(ahead_by)))
 
 
 def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, offsets) -> None:
@@ -145,13 +190,21 @@ def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Valu
     src, inside = view_lanes(ctx, tile_op, copies, view, starts, steps)
     count = copies.local_size
     pred = ctx.emit("and", inside, ctx.splat(live, count))
-    weights = [0, 0]                               # slot element of a chunk: row-major along `dim`
-    weights[dim] = load.width
-    weights[1 - dim] = tile_op.result.type.shape[dim]
-    index = swizzle_offsets(ctx, ctx.index_regs(copies, weights), load.fragment.smem.swizzle)
-    index = ctx.emit("add", index, ctx.splat(offset, count))
+    index = ctx.emit("add", _slot_index(ctx, load), ctx.splat(offset, count))
     dst = ctx.emit("addptr", ctx.splat(ring, count), index)
     for j in range(count):
         ctx.create("async_copy", [ctx.extract(dst, j), ctx.extract(src, j), ctx.extract(pred, j)],
                    {"bytes": load.copy_bytes})
 
+
+def _slot_index(ctx, load: PipelinedLoad) -> Value:
+    """Element offset in the slot (`load.slot_layout`) of each copy chunk this thread owns."""
+    copies, dim, layout = load.copies, load.contiguous_dim, load.slot_layout
+    rows, cols = [0, 0], [0, 0]                     # slot row and column of a chunk, from its copy coordinates
+    rows[1 - dim], cols[dim] = 1, load.width
+    if isinstance(layout, WgmmaTileLayout):
+        return wgmma_tile_offsets(ctx, layout, copies, rows, cols)
+    weights = [0, 0]                                # row-major along `dim`, swizzled for ldmatrix
+    weights[dim] = load.width
+    weights[1 - dim] = load.load.result.type.shape[dim]
+    return swizzle_offsets(ctx, ctx.index_regs(copies, weights), layout.swizzle)

@@ -1,4 +1,4 @@
-"""mma operands into their fragments: global -> shared (swizzled) -> registers with ldmatrix.
+"""mma operands into their fragments: global -> shared (swizzled) -> registers with ldmatrix; wgmma tile offsets.
 
 A dot's A or B tile that is not already in its mma fragment layout is
 stored (by the owners of its elements) into a row-major shared-memory
@@ -15,6 +15,10 @@ the whole plan is checked against the `layouts.ldmatrix()` semantics for
 every thread before anything is emitted; a layout it does not reproduce
 (or a row too narrow to swizzle) returns None and the caller keeps the
 generic conversion through shared memory.
+
+`wgmma_tile_offsets` is the register-level `WgmmaTileLayout.byte_offset`: where
+the owners of a tile's elements (or the copy chunks of a pipelined load) put
+them so that wgmma reads them through descriptors.
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.layouts import RegisterLayout
 from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, row_major, swizzle_bytes
 from tessera.ir.types import PointerType, ScalarType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from .context import Regs, register_map, row_major_strides
 
@@ -218,6 +223,22 @@ def swizzle_offsets(ctx, index, swizzle: Swizzle | None):
     moved = ctx.emit("and", ctx.emit("shr", index, ctx.const_regs([swizzle.shift] * count, dt.i32)),
                      ctx.const_regs([((1 << swizzle.bits) - 1) << swizzle.base] * count, dt.i32))
     return ctx.emit("xor", index, moved)
+
+
+def wgmma_tile_offsets(ctx, tile: WgmmaTileLayout, layout: RegisterLayout, row_weights, col_weights):
+    """Element offsets in `tile` (`WgmmaTileLayout.byte_offset`, in elements) of the registers of `layout`
+    whose tile row is `sum_d row_weights[d] * coord_d` and column `sum_d col_weights[d] * coord_d`: the
+    column block, then row-major (rows x atom) inside it, swizzled in 16-byte chunks."""
+    atom = tile.atom
+    index = ctx.index_regs(layout, [w * atom for w in row_weights])
+    col = ctx.index_regs(layout, col_weights)
+    if tile.cols > atom:
+        count = layout.local_size
+        c = lambda v: ctx.const_regs([v] * count, dt.i32)       # noqa: E731
+        block = ctx.emit("shr", col, c(atom.bit_length() - 1))
+        col = ctx.emit("add", ctx.emit("mul", block, c(tile.rows * atom)), ctx.emit("and", col, c(atom - 1)))
+    index = ctx.emit("add", index, col)
+    return swizzle_offsets(ctx, index, swizzle_bytes(tile.swizzle, tile.element_bytes) if tile.swizzle else None)
 
 
 def _store_swizzled(ctx, regs: Regs, smem: SmemLayout):

@@ -7,11 +7,9 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
 * the target has cp.async and ldmatrix, S >= 2 and the loop step is a
   positive compile-time constant (so iteration i + S - 1 is known);
 * its only consumer is operand A or B of one tensor-core `dot` of the body
-  (`mma.mma_plan` says yes, on mma.sync: a wgmma dot stores its operands
-  into its own swizzled tiles and is not pipelined in this version; not
-  inside a region nested in the body),
-  directly or through `convert_layout`s, and its dtype is f16/bf16 (ldmatrix
-  reads 16-bit elements);
+  (`mma.mma_plan` says yes: mma.sync, or wgmma on sm_90a; not inside a
+  region nested in the body), directly or through `convert_layout`s, and its
+  dtype is f16/bf16 (ldmatrix and the pipelined wgmma read 16-bit elements);
 * its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
   ordinary path);
 * its view and offsets are computed in the body from the induction variable
@@ -20,12 +18,38 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
 * one dim of the view has the constant stride 1 and the alignment analysis
   proves copies of at least 4 bytes along it (`alignment.access_width`):
   16 bytes where contiguity, alignment and bounds allow, else 8 or 4;
-* ldmatrix can read the fragment from a row-major buffer whose rows run
-  along that contiguous dim (`mma_operands.ldmatrix_plan`; for a dim-0
-  contiguous operand the buffer holds the transposed tile and the ldmatrix
-  `.trans` flips), and the block's chunks divide evenly among the threads.
+* its slot can be read by the dot (`slot_layout`), and the block's chunks
+  divide evenly among the threads.
 
-Shared memory: the ring of a load is S slots of its tile. S is lowered
+The slot layout (`PipelinedLoad.slot_layout`, chosen by `_slot_layout`) is the
+one place that says where each element of a block lives in its slot; the
+fill (`async_pipeline._copy_block`) and the reads follow it. Slots are
+described in *slot orientation*: rows x the contiguous dim.
+
+* mma.sync: a row-major buffer whose rows run along the contiguous dim,
+  16-byte chunks XOR-swizzled so that the ldmatrix row reads are conflict
+  free (`mma_operands.ldmatrix_plan`; for a dim-0 contiguous operand the
+  buffer holds the transposed tile and the ldmatrix `.trans` flips). The
+  layout is an `SmemLayout`; `fragment` holds the ldmatrix plan.
+* wgmma: a `WgmmaTileLayout`, K-major when the contiguous dim is K (A: dim 1,
+  B: dim 0), MN-major otherwise (a row-major B, a column-major A: read with
+  imm-trans = 1), with the widest swizzle whose atom row divides the block
+  and where descriptors start (`wgmma_tile_swizzle`). wgmma reads the slot
+  through descriptors; `fragment` is None.
+
+Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop
+has 3 or more stages and its one pipelined dot is a wgmma with both
+operands pipelined, whose accumulator is a single wgmma fragment per
+warpgroup carried straight from the body's block argument to its `yield`,
+the dot leaves its group in flight (`wgmma_wait {pending = 1}`) and the
+prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
+`async_pipeline` for why no slot is refilled while a wgmma may read it.
+(Several fragments would be unpacked and repacked around the wgmmas, and
+anything else reading the accumulator in the body would read it in flight;
+those dots wait for their group, pending = 0, and keep S - 1.)
+
+Shared memory: the ring of a load is S slots of its tile (wgmma slots start
+on their swizzle pattern: 1024 bytes for 128B). S is lowered
 until S x (sum of the slots) fits the target's shared memory per block
 (other buffers live during the loop are not counted: should they not fit,
 the allocator reports it); below 2 stages nothing is pipelined.
@@ -39,11 +63,13 @@ from dataclasses import dataclass
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout, local, spatial
 from tessera.ir.ops import OPS
+from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.target import Target
 from tessera.ir.types import TileType
+from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
 
 from .. import alignment
-from ..mma import mma_plan
+from ..mma import MmaPlan, mma_plan
 from .mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
 
 MIN_COPY_BYTES = 4
@@ -59,11 +85,20 @@ class PipelinedLoad:
     slice: tuple[Operation, ...]        # body ops computing its view and offsets, in body order
     dot: Operation                      # the dot it feeds
     operand: int                        # 0 (A) or 1 (B)
-    want: RegisterLayout                # the fragment layout the dot takes it in (tile orientation)
+    want: RegisterLayout | None         # the fragment layout the dot takes it in (None: wgmma reads shared)
     contiguous_dim: int                 # the tile dim with unit stride: slot rows run along it
     width: int                          # elements per async_copy
     copies: RegisterLayout              # tile-orientation layout of the copy chunks (contiguous dim / width)
-    fragment: LdmatrixPlan              # ldmatrix reads of a slot (in slot orientation)
+    slot_layout: SmemLayout | WgmmaTileLayout   # where each element lives in a slot (slot orientation)
+    fragment: LdmatrixPlan | None       # ldmatrix reads of a slot (mma.sync); None: wgmma descriptors
+
+    @property
+    def on_wgmma(self) -> bool:
+        return isinstance(self.slot_layout, WgmmaTileLayout)
+
+    @property
+    def slot_alignment(self) -> int:
+        return self.slot_layout.alignment if self.on_wgmma else SHARED_ALIGNMENT
 
     @property
     def dtype(self):
@@ -89,10 +124,20 @@ class PipelinePlan:
     requested_stages: int
     step: int
     loads: tuple[PipelinedLoad, ...]
+    in_flight: int = 0                  # wgmma groups left in flight at the end of an iteration (0 or 1)
+
+    @property
+    def prefetch(self) -> int:
+        """How many iterations ahead the copies run: S - 1, one less while a wgmma group stays in flight."""
+        return self.stages - 1 - self.in_flight
+
+    @property
+    def on_wgmma(self) -> bool:
+        return any(load.on_wgmma for load in self.loads)
 
     @property
     def shared_bytes(self) -> int:
-        return self.stages * sum(_align(load.slot_bytes) for load in self.loads)
+        return self.stages * sum(_align(load.slot_bytes, load.slot_alignment) for load in self.loads)
 
 
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) -> PipelinePlan | None:
@@ -113,11 +158,29 @@ def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) 
                 loads.append(planned)
     if not loads:
         return None
-    per_stage = sum(_align(load.slot_bytes) for load in loads)
+    per_stage = sum(_align(load.slot_bytes, load.slot_alignment) for load in loads)
     stages = min(requested, target.shared_memory_bytes // per_stage)
     if stages < 2:
         return None
-    return PipelinePlan(loop, stages, requested, step, tuple(loads))
+    in_flight = int(stages >= 3 and _keeps_group_in_flight(loads, body, target, num_warps))
+    return PipelinePlan(loop, stages, requested, step, tuple(loads), in_flight)
+
+
+def _keeps_group_in_flight(loads: list[PipelinedLoad], body: Block, target: Target, num_warps: int) -> bool:
+    """Whether the loop's one dot, a wgmma reading both operands from the rings, may leave its group in
+    flight: its accumulator is one wgmma fragment per warpgroup, taken from a block argument and handed
+    straight to the yield that carries it (nothing else reads it before the wait after the loop)."""
+    dots = {load.dot for load in loads}
+    if len(dots) != 1 or not all(load.on_wgmma for load in loads) or len(loads) != 2:
+        return False
+    (dot,) = dots
+    plan = mma_plan(dot, target, num_warps)
+    if plan.rm * plan.rn != 1 or dot.operands[2] not in body.args[1:]:
+        return False
+    carried = body.args.index(dot.operands[2]) - 1
+    terminator = body.ops[-1]
+    users = _users(body).get(dot.result, [])
+    return users == [(terminator, carried)] and terminator.name == "yield"
 
 
 def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: int,
@@ -131,7 +194,7 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         return None
     dot, operand = consumer
     mma = mma_plan(dot, target, num_warps)
-    if mma is None or mma.a is None:    # wgmma reads its own shared tiles; not pipelined (yet)
+    if mma is None:
         return None
     slice_ops = _address_slice(load, body)
     if slice_ops is None:
@@ -141,21 +204,40 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         return None
     dim = 1 if view_facts.unit_stride[1] else 0
     width = alignment.access_width(facts, load, MAX_COPY_BYTES * 8, dim=dim)
-    want = mma.a if operand == 0 else mma.b
-    trans = operand == 1
-    slot_want = want if dim == 1 else want.permute((1, 0))
-    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, target.warp_size)
-    if fragment is None:
+    slot_shape = tile.shape if dim == 1 else tile.shape[::-1]
+    slot = _slot_layout(mma, operand, dim, slot_shape, dtype.bits // 8, target.warp_size)
+    if slot is None:
         return None
+    want, slot_layout, fragment = slot
     num_threads = num_warps * target.warp_size
     while width * dtype.bits >= MIN_COPY_BYTES * 8:
-        copies = _copy_layout(slot_want.shape, width, num_threads)
+        copies = _copy_layout(slot_shape, width, num_threads)
         if copies is not None:
             if dim == 0:
                 copies = copies.permute((1, 0))
-            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, fragment)
+            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment)
         width //= 2
     return None
+
+
+def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, int], element_bytes: int,
+                 warp_size: int):
+    """(fragment layout, slot layout, ldmatrix plan) of operand `operand` of a dot planned as `mma` whose
+    block is contiguous along tile dim `dim`, its slot `slot_shape` (rows, contiguous dim); None: no slot
+    the dot can read. See the module docstring."""
+    if mma.a is None:                               # wgmma: descriptors read the slot
+        k_major = dim == 1 - operand                # A (M x K) K-contiguous along dim 1; B (K x N) along dim 0
+        rows, cols = slot_shape
+        granule = cols if k_major else (WGMMA_M if operand == 0 else mma.instruction.n)
+        swizzle = wgmma_tile_swizzle(cols, element_bytes, granule)
+        return None, WgmmaTileLayout(rows, cols, element_bytes, swizzle, "K" if k_major else "MN"), None
+    want = mma.a if operand == 0 else mma.b
+    trans = operand == 1
+    slot_want = want if dim == 1 else want.permute((1, 0))
+    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, warp_size)
+    if fragment is None:
+        return None
+    return want, fragment.smem, fragment
 
 
 def _copy_layout(shape: tuple[int, int], width: int, num_threads: int) -> RegisterLayout | None:
@@ -222,5 +304,5 @@ def _users(body: Block) -> dict[Value, list[tuple[Operation, int]]]:
     return users
 
 
-def _align(n: int) -> int:
-    return (n + SHARED_ALIGNMENT - 1) // SHARED_ALIGNMENT * SHARED_ALIGNMENT
+def _align(n: int, alignment: int = SHARED_ALIGNMENT) -> int:
+    return (n + alignment - 1) // alignment * alignment
