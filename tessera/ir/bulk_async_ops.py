@@ -11,7 +11,8 @@ the phase with parity p has completed. A ring of stages therefore waits on
 parity 0, 1, 0, 1, ... as it reuses each stage's barrier.
 
 A *TMA load* (`cp.async.bulk.tensor`) copies one box of a global tensor,
-described by a 128-byte `CUtensorMap` in global memory, into shared memory
+described by a 128-byte `CUtensorMap` passed by value as a `tensormap`
+kernel parameter (a grid constant in parameter space), into shared memory
 and reports its bytes to an mbarrier (`complete_tx`); the box shape, dtype,
 strides and swizzle live in the map, so the op carries only coordinates.
 Out-of-bounds elements of the box are written as zeros.
@@ -35,10 +36,10 @@ from __future__ import annotations
 from . import dtypes as dt
 from .ops import require
 from .thread_ops import define_thread_op
-from .types import PointerType, ScalarType
+from .types import PointerType, ScalarType, TensorMapType
 
 MBARRIER = PointerType(dt.i64, "shared")
-TENSOR_MAP = PointerType(dt.i8)          # the CUtensorMap's 128 bytes in global memory
+TENSOR_MAP = TensorMapType()              # the CUtensorMap's 128 bytes, a by-value kernel parameter
 TMA_MAX_RANK = 5
 _I32 = ScalarType(dt.i32)
 
@@ -82,8 +83,8 @@ def _infer_tma_load(ts, a):
     require(isinstance(dst, PointerType) and dst.address_space == "shared" and dst.pointee.bits >= 8,
             f"tma_load writes a box into shared memory: its first operand is a ptr<T, shared> of a type of at "
             f"least one byte, got {dst}")
-    require(tensor_map == TENSOR_MAP, f"tma_load's second operand is the tensor map, a {TENSOR_MAP} (the 128-byte "
-                                      f"CUtensorMap in global memory), got {tensor_map}")
+    require(tensor_map == TENSOR_MAP, f"tma_load's second operand is the tensor map, a {TENSOR_MAP} kernel "
+                                      f"parameter (the 128-byte CUtensorMap, passed by value), got {tensor_map}")
     require(1 <= len(coords) <= TMA_MAX_RANK, f"tma_load takes 1 to {TMA_MAX_RANK} coordinates (one per tensor "
                                               f"dimension), got {len(coords)}")
     for i, c in enumerate(coords):

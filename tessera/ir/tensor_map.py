@@ -165,3 +165,84 @@ def _contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
         strides.append(step)
         step *= extent
     return tuple(reversed(strides))
+
+
+# ---------------------------------------------------------------------------
+# Recipes: how a launcher builds the map of a compiler-added `tensormap` parameter
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A size or stride the launch decides: `scale * args[param]`, or the constant `scale` when `param` is None."""
+
+    param: int | None
+    scale: int = 1
+
+    def value(self, args) -> int:
+        return self.scale if self.param is None else self.scale * int(args[self.param])
+
+    def text(self, names) -> str:
+        if self.param is None:
+            return str(self.scale)
+        return names[self.param] if self.scale == 1 else f"{self.scale}*{names[self.param]}"
+
+
+@dataclass(frozen=True)
+class TensorMapRecipe:
+    """The tensor map of hidden parameter `param`: the tensor at pointer parameter `pointer` with `shape` and
+    element `strides` (outermost first, the innermost stride 1) taken from the launch arguments, the box one
+    `tma_load` copies, and the swizzle it lands with. Out-of-bounds elements are filled with zeros.
+
+    The compiler records one per hidden parameter (`KERNEL_ATTR` of the thread-IR function, and the compiled
+    kernel's metadata); the GPU launcher and the SIMT simulator both build their maps with `describe`."""
+
+    param: int
+    pointer: int
+    dtype: dt.DType
+    shape: tuple[Extent, ...]
+    strides: tuple[Extent, ...]
+    box_shape: tuple[int, ...]
+    swizzle: str = "none"
+
+    def describe(self, args, address: int, source: Any = None) -> TensorMapDescription:
+        """The description for launch arguments `args` (indexed like the kernel's parameters), with the
+        pointer argument at `address`; raises TensorMapError when the driver could not encode it."""
+        size = self.dtype.bits // 8
+        return TensorMapDescription(address, self.dtype, tuple(e.value(args) for e in self.shape),
+                                    tuple(e.value(args) * size for e in self.strides), self.box_shape,
+                                    self.swizzle, source=source)
+
+    def cache_key(self, args, address: int) -> tuple:
+        """What the encoded map depends on: (pointer, dims, strides, box, swizzle)."""
+        return (address, tuple(e.value(args) for e in self.shape), tuple(e.value(args) for e in self.strides),
+                self.box_shape, self.swizzle, self.dtype.name)
+
+    def to_attr(self) -> tuple:
+        """The recipe as an IR attribute value (nested lists of ints and strings; -1 marks a constant)."""
+        def extents(es):
+            return tuple((-1 if e.param is None else e.param, e.scale) for e in es)
+        return (self.param, self.pointer, self.dtype.name, extents(self.shape), extents(self.strides),
+                self.box_shape, self.swizzle)
+
+    @classmethod
+    def from_attr(cls, attr) -> "TensorMapRecipe":
+        param, pointer, dtype, shape, strides, box, swizzle = attr
+
+        def extents(es):
+            return tuple(Extent(None if p == -1 else int(p), int(s)) for p, s in es)
+        return cls(int(param), int(pointer), dt.dtype_from_name(dtype), extents(shape), extents(strides),
+                   tuple(int(b) for b in box), str(swizzle))
+
+    def to_json(self, names) -> dict:
+        """For manifests: parameters by name (`names[i]` is parameter i), sizes as text like "2*K"."""
+        return {"param": names[self.param], "pointer": names[self.pointer], "dtype": self.dtype.name,
+                "shape": [e.text(names) for e in self.shape], "strides": [e.text(names) for e in self.strides],
+                "box": list(self.box_shape), "swizzle": self.swizzle, "oob_fill": "zero"}
+
+
+KERNEL_ATTR = "tensor_maps"     # the thread-IR function attribute holding the recipes (`to_attr` form)
+
+
+def kernel_recipes(attrs: dict) -> tuple[TensorMapRecipe, ...]:
+    """The tensor-map recipes of a kernel with function attributes `attrs` (none: an empty tuple)."""
+    return tuple(TensorMapRecipe.from_attr(a) for a in attrs.get(KERNEL_ATTR, ()))

@@ -56,11 +56,13 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera.ir import dtypes as dt
-from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
+from tessera.ir.core import Function
+from tessera.ir.tensor_map import TensorMapDescription, TensorMapError, kernel_recipes, swizzle_offsets
 
 from . import simt_wgmma
 from .simt_ops import simt
 from .simt_shared import SharedRegion
+from .errors import InterpreterError
 from .storage import Memory
 from .values import Pointers
 
@@ -83,6 +85,42 @@ class TensorMapMemory(Memory):
 def as_argument(value):
     """A kernel argument for the simulator: a TensorMapDescription becomes its TensorMapMemory."""
     return TensorMapMemory(value) if isinstance(value, TensorMapDescription) else value
+
+
+def with_tensor_maps(fn: Function, args: list) -> list:
+    """`args`, completed with the maps of the compiler-added `tensormap` parameters when the caller passed only
+    the kernel's own arguments: each built from its recipe (`tessera.ir.tensor_map.TensorMapRecipe`, as a GPU
+    launch builds it) over the pointer argument's array."""
+    recipes = kernel_recipes(fn.attrs)
+    if not recipes or len(args) != len(fn.args) - len(recipes):
+        return list(args)
+    args = list(args)
+    for recipe in sorted(recipes, key=lambda r: r.param):
+        args.insert(recipe.param, _describe(fn, recipe, args))
+    return args
+
+
+def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
+    name = fn.args[recipe.pointer].name_hint
+    array = args[recipe.pointer]
+    array = array.array if isinstance(array, Memory) else array
+    if not isinstance(array, np.ndarray):
+        raise InterpreterError(f"argument '{name}' must be a numpy array (a tensor map describes it)", kernel=fn.name)
+    flat = array.reshape(-1).view(np.uint8)
+    try:
+        desc = recipe.describe(args, array.ctypes.data)
+    except TensorMapError as e:
+        raise InterpreterError(f"the tensor map of argument '{name}': {e}", kernel=fn.name) from None
+    reach = sum((n - 1) * s for n, s in zip(desc.shape, desc.strides)) + desc.element_bytes
+    if reach > flat.size:
+        raise InterpreterError(f"the tensor map of argument '{name}' spans {reach} bytes, but the array holds "
+                               f"{flat.size}", kernel=fn.name)
+    if array.dtype.itemsize != desc.element_bytes:
+        raise InterpreterError(f"argument '{name}' holds {array.dtype.itemsize}-byte elements, its tensor map "
+                               f"{desc.dtype.name}", kernel=fn.name)
+    source = np.lib.stride_tricks.as_strided(flat.view(array.dtype), desc.shape, desc.strides, writeable=False)
+    return TensorMapDescription(desc.global_address, desc.dtype, desc.shape, desc.strides, desc.box_shape,
+                                desc.swizzle, source=source)
 
 
 @dataclass(eq=False)   # compared by identity: it holds arrays
