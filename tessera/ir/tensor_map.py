@@ -204,13 +204,26 @@ class TensorMapRecipe:
     box_shape: tuple[int, ...]
     swizzle: str = "none"
 
+    def is_empty(self, args) -> bool:
+        """Whether the tensor has no elements for these arguments (a map cannot say so: see `describe`)."""
+        return any(e.value(args) <= 0 for e in self.shape)
+
     def describe(self, args, address: int, source: Any = None) -> TensorMapDescription:
         """The description for launch arguments `args` (indexed like the kernel's parameters), with the
-        pointer argument at `address`; raises TensorMapError when the driver could not encode it."""
+        pointer argument at `address`; raises TensorMapError when the driver could not encode it.
+
+        A map's extents are at least 1, so an empty tensor (`is_empty`) is described with its zero extents
+        raised to 1 (and zero outer strides to 16 bytes): the map stays encodable for launches that never
+        load from it (an empty loop, an empty grid). A kernel that did load a box of it would read that one
+        element instead of zeros."""
         size = self.dtype.bits // 8
-        return TensorMapDescription(address, self.dtype, tuple(e.value(args) for e in self.shape),
-                                    tuple(e.value(args) * size for e in self.strides), self.box_shape,
-                                    self.swizzle, source=source)
+        shape = tuple(e.value(args) for e in self.shape)
+        strides = tuple(e.value(args) * size for e in self.strides)
+        if self.is_empty(args):
+            shape = tuple(max(1, n) for n in shape)
+            strides = tuple(max(GLOBAL_ALIGN, st) for st in strides[:-1]) + strides[-1:]
+        return TensorMapDescription(address, self.dtype, shape, strides, self.box_shape, self.swizzle,
+                                    source=source)
 
     def cache_key(self, args, address: int) -> tuple:
         """What the encoded map depends on: (pointer, dims, strides, box, swizzle)."""

@@ -25,6 +25,10 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
   contiguous operand the buffer holds the transposed tile and the ldmatrix
   `.trans` flips), and the block's chunks divide evenly among the threads.
 
+On a target with TMA, a load whose tensor map the host can build from the
+kernel's specialization fills its slots with TMA instead of cp.async
+(`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`).
+
 Shared memory: the ring of a load is S slots of its tile. S is lowered
 until S x (sum of the slots) fits the target's shared memory per block
 (other buffers live during the loop are not counted: should they not fit,
@@ -45,6 +49,7 @@ from tessera.ir.types import TileType
 from .. import alignment
 from ..mma import mma_plan
 from .mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
+from .tma_fill import TmaBox, tma_plan
 
 MIN_COPY_BYTES = 4
 MAX_COPY_BYTES = 16
@@ -64,6 +69,7 @@ class PipelinedLoad:
     width: int                          # elements per async_copy
     copies: RegisterLayout              # tile-orientation layout of the copy chunks (contiguous dim / width)
     fragment: LdmatrixPlan              # ldmatrix reads of a slot (in slot orientation)
+    tma: TmaBox | None = None           # the slots are filled by TMA (else by cp.async with `copies`)
 
     @property
     def dtype(self):
@@ -76,6 +82,11 @@ class PipelinedLoad:
     @property
     def slot_bytes(self) -> int:
         return self.slot_elements * self.dtype.bits // 8
+
+    @property
+    def slot_align(self) -> int | None:
+        """The ring's alignment in bytes when TMA fills it (the swizzle's period); None: the allocator's."""
+        return self.tma.slot_align if self.tma is not None else None
 
     @property
     def copy_bytes(self) -> int:
@@ -93,6 +104,15 @@ class PipelinePlan:
     @property
     def shared_bytes(self) -> int:
         return self.stages * sum(_align(load.slot_bytes) for load in self.loads)
+
+    @property
+    def tma_loads(self) -> tuple[PipelinedLoad, ...]:
+        return tuple(load for load in self.loads if load.tma is not None)
+
+    @property
+    def copy_loads(self) -> tuple[PipelinedLoad, ...]:
+        """The loads filled by cp.async."""
+        return tuple(load for load in self.loads if load.tma is None)
 
 
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) -> PipelinePlan | None:
@@ -153,7 +173,8 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         if copies is not None:
             if dim == 0:
                 copies = copies.permute((1, 0))
-            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, fragment)
+            tma = tma_plan(load, dim, fragment.smem, target, facts)
+            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, fragment, tma)
         width //= 2
     return None
 
