@@ -247,10 +247,26 @@ class TensorMapRecipe:
                    tuple(int(b) for b in box), str(swizzle))
 
     def to_json(self, names) -> dict:
-        """For manifests: parameters by name (`names[i]` is parameter i), sizes as text like "2*K"."""
-        return {"param": names[self.param], "pointer": names[self.pointer], "dtype": self.dtype.name,
-                "shape": [e.text(names) for e in self.shape], "strides": [e.text(names) for e in self.strides],
-                "box": list(self.box_shape), "swizzle": self.swizzle, "oob_fill": "zero"}
+        """For metadata and manifests: parameters by position and name (`names[i]` is parameter i), sizes
+        and strides (in elements) as text: a parameter name, a number, or "<number>*<name>"."""
+        return {"param": self.param, "name": names[self.param], "pointer": names[self.pointer],
+                "dtype": self.dtype.name, "shape": [e.text(names) for e in self.shape],
+                "strides": [e.text(names) for e in self.strides], "box": list(self.box_shape),
+                "swizzle": self.swizzle, "oob_fill": "zero"}
+
+    @classmethod
+    def from_json(cls, d: dict, names) -> "TensorMapRecipe":
+        """The recipe `to_json` wrote, for a kernel whose parameter i is `names[i]`."""
+        index = {name: i for i, name in enumerate(names)}
+
+        def extent(text: str) -> Extent:
+            scale, _, name = str(text).rpartition("*")
+            if name.lstrip("-").isdigit():
+                return Extent(None, int(name))
+            return Extent(index[name], int(scale) if scale else 1)
+        return cls(int(d["param"]), index[d["pointer"]], dt.dtype_from_name(d["dtype"]),
+                   tuple(extent(t) for t in d["shape"]), tuple(extent(t) for t in d["strides"]),
+                   tuple(int(b) for b in d["box"]), d["swizzle"])
 
 
 KERNEL_ATTR = "tensor_maps"     # the thread-IR function attribute holding the recipes (`to_attr` form)
