@@ -129,8 +129,7 @@ NO_DRIVER_SCRIPT = textwrap.dedent("""
     assert cuda.driver_available() is False and cuda.device_count() == 0
     assert time.perf_counter() - start < 1.0
     from tessera.ir import dtypes as dt
-    from tessera.ir.tensor_map import SWIZZLES, Extent, TensorMapRecipe
-from tessera.ir.types import PointerType, ScalarType, TensorMapType
+    from tessera.ir.types import PointerType, ScalarType
     from tessera.runtime.errors import LaunchError
     from tessera.runtime.launcher import KernelBinary, Launcher
 
