@@ -59,6 +59,11 @@ def _infer_init(ts, a):
     return []
 
 
+def _infer_inval(ts, a):
+    _require_bar(ts[0], "mbarrier_inval")
+    return []
+
+
 def _infer_arrive(ts, a):
     _require_bar(ts[0], "mbarrier_arrive")
     return []
@@ -96,6 +101,9 @@ def _infer_tma_load(ts, a):
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
                  "no transaction bytes (mbarrier.init.shared.b64). One thread initializes; the others may use it "
                  "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False)
+define_thread_op("mbarrier_inval", "End the mbarrier at `bar` (mbarrier.inval.shared.b64): required before its "
+                 "bytes are initialized again or reused for anything else; no copy may still count on it.", 1,
+                 infer=_infer_inval, pure=False)
 define_thread_op("mbarrier_arrive", "This thread arrives on `bar`'s current phase (mbarrier.arrive.shared.b64, "
                  "release at CTA scope).", 1, infer=_infer_arrive, pure=False)
 define_thread_op("mbarrier_arrive_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes`, then arrive "

@@ -20,7 +20,7 @@ def kernel(*body: str) -> str:
 def test_well_typed_ops_verify():
     verify_module(parse_module(kernel("mbarrier_init %bar, %i", "fence_mbarrier_init", "fence_proxy_async",
                                       "mbarrier_arrive_expect_tx %bar, %i", "tma_load %box, %map, %i, %bar",
-                                      "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar",
+                                      "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar", "mbarrier_inval %bar",
                                       "mbarrier_wait %bar, %i")))
 
 

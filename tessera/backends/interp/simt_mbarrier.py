@@ -248,8 +248,26 @@ def _init(ctx, op, bar, count):
         expected = int(count[t])
         if not 1 <= expected <= TX_LIMIT:
             raise ctx.error(op, f"mbarrier_init count must be in [1, {TX_LIMIT}], got {expected} (thread {t})")
+        if address in _proxy(ctx).barriers:
+            raise ctx.error(op, f"mbarrier_init on the mbarrier at shared byte {address}, which is still valid: "
+                                "end it with mbarrier_inval first (PTX: initializing a valid mbarrier is undefined)")
         _proxy(ctx).barriers[address] = MBarrier(address, expected, t)
     _touch(ctx, op, bar, threads, np.asarray(count, np.int64)[threads])
+
+
+@simt("mbarrier_inval")
+def _inval(ctx, op, bar):
+    threads = _active(ctx)
+    if threads.size == 0:
+        return
+    proxy = _proxy(ctx)
+    for address in _addresses(ctx, op, bar, threads).tolist():
+        _barrier_at(ctx, op, address)
+        if any(c.barrier == address for c in proxy.copies):
+            raise ctx.error(op, f"mbarrier_inval on the mbarrier at shared byte {address} while a tma_load it counts "
+                                "is in flight: wait for its phase first")
+        proxy.barriers.pop(address, None)
+    _touch(ctx, op, bar, threads, np.zeros(threads.size, np.int64))
 
 
 @simt("fence_mbarrier_init")

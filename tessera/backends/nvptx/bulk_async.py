@@ -3,6 +3,7 @@
 | op                          | PTX (intrinsic in `intrinsics.SM90_FIXED`)                                |
 | --------------------------- | ------------------------------------------------------------------------- |
 | mbarrier_init               | mbarrier.init.shared.b64 [bar], count                                     |
+| mbarrier_inval              | mbarrier.inval.shared.b64 [bar]                                           |
 | mbarrier_arrive             | mbarrier.arrive.shared.b64 _, [bar], 1 (release, CTA scope)               |
 | mbarrier_arrive_expect_tx   | mbarrier.arrive.expect_tx.shared.b64 _, [bar], tx                         |
 | mbarrier_wait               | a loop around mbarrier.try_wait.parity.shared.b64 p, [bar], parity        |
@@ -47,7 +48,7 @@ _CLUSTER_SMEM = ir.PointerType(addrspace=7)
 # op -> (target feature, what to tell the user it is)
 REQUIRED_FEATURES = {
     **{name: ("mbarrier", "mbarriers (sm_90+)") for name in (
-        "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_mbarrier_init")},
+        "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_mbarrier_init")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
 }
@@ -70,6 +71,11 @@ def tensor_map_parameter(param: ir.Argument) -> None:
 @lowering("mbarrier_init")
 def _init(lw, op, bar, count):
     lw.intrinsic("llvm.nvvm.mbarrier.init.shared", [bar, count])
+
+
+@lowering("mbarrier_inval")
+def _inval(lw, op, bar):
+    lw.intrinsic("llvm.nvvm.mbarrier.inval.shared", [bar])
 
 
 @lowering("mbarrier_arrive")

@@ -120,6 +120,8 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     new = ctx.create("for", [lb, ub, step, *inits, *starts], {"stages": stages}, result_types, [body])
     if plan.copy_loads:
         ctx.create("async_wait", attrs={"pending": 0})
+    if tma:
+        tma.release(ctx)                           # the slots' mbarriers end before the bytes are reused
     ctx.barrier()
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint

@@ -17,6 +17,8 @@ Accelerator instead (`tma_plan` says which; `TmaRing` emits the fill):
         tma_load ring[s], map, <block offsets, innermost dim last>, bars[s]   (one per TMA load)
     ... before the body reads slot s:
     mbarrier_wait bars[s], phase                          phase flips each time the ring wraps
+    ... after the loop:
+    if thread 0: mbarrier_inval bars[s] (each s)          before the bytes are reused (or the loop re-entered)
 
 A box past the tensor's edge lands zero-filled, so the view's bounds mask
 holds by construction. Blocks past the loop end are not issued at all: no
@@ -154,6 +156,7 @@ class TmaRing:
         self.loads = [load for load in loads if load.tma is not None]
         self.maps = {load.load: _map_parameter(ctx, load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.box_bytes for load in self.loads)
+        self.stages = stages
         self.bars = ctx.shared_alloc(dt.i64, stages, align=8)
         then = Block()
         with ctx.b.at(then):
@@ -181,6 +184,17 @@ class TmaRing:
                 ctx.create("tma_load", [dst, self.maps[load.load], *coords, bar])
             ctx.create("yield")
         _if(ctx, ctx.emit("and", ctx.first_thread(), live), then)
+
+    def release(self, ctx) -> None:
+        """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
+        the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
+        barrier orders this before any reuse."""
+        then = Block()
+        with ctx.b.at(then):
+            for s in range(self.stages):
+                ctx.create("mbarrier_inval", [self._bar(ctx, ctx.const(s))])
+            ctx.create("yield")
+        _if(ctx, ctx.first_thread(), then)
 
     def wait(self, ctx, slot: Value, phase: Value) -> None:
         """Every thread waits until the boxes of `slot`'s current fill (phase parity `phase`) have landed."""
