@@ -20,7 +20,8 @@ def kernel(*body: str) -> str:
 def test_well_typed_ops_verify():
     verify_module(parse_module(kernel("mbarrier_init %bar, %i", "fence_mbarrier_init", "fence_proxy_async",
                                       "mbarrier_arrive_expect_tx %bar, %i", "tma_load %box, %map, %i, %bar",
-                                      "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar", "mbarrier_inval %bar",
+                                      "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar",
+                                      "mbarrier_inval %bar",
                                       "mbarrier_wait %bar, %i")))
 
 
@@ -31,7 +32,8 @@ def test_well_typed_ops_verify():
     ("mbarrier_arrive_expect_tx %bar, %j", "transaction byte count must be i32"),
     ("mbarrier_wait %bar, %j", "mbarrier_wait phase parity must be i32"),
     ("tma_load %g, %map, %i, %bar", "tma_load writes a box into shared memory"),
-    ("tma_load %box, %g, %i, %bar", r"tensor map, a tensormap kernel parameter \(the 128-byte CUtensorMap, passed by value\)"),
+    ("tma_load %box, %g, %i, %bar",
+     r"tensor map, a tensormap kernel parameter \(the 128-byte CUtensorMap, passed by value\)"),
     ("tma_load %box, %map, %j, %bar", "tma_load coordinate 0 must be i32"),
     ("tma_load %box, %map, %i, %i, %i", r"tma_load \(last operand\) takes an mbarrier"),
     ("tma_load %box, %map, %i, %i, %i, %i, %i, %i, %bar", "tma_load takes 4 to 8 operands"),

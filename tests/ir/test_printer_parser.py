@@ -245,6 +245,7 @@ func @bulk_async(%map: tensormap) {
   tma_load %box, %map, %row, %one, %bar
   mbarrier_arrive %bar
   mbarrier_wait %bar, %one
+  mbarrier_inval %bar
   return
 }
 """,

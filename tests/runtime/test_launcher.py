@@ -522,6 +522,6 @@ def test_a_launch_builds_each_tensor_map_from_its_recipe_packs_it_by_value_and_c
 def test_a_map_the_driver_cannot_encode_names_the_kernel_and_the_argument():
     launcher = map_launcher(FakeBackend(), [])
     with pytest.raises(LaunchError, match=r"kernel 'gemm': argument 0 \(a_ptr\): the TMA tensor map the kernel "
-                                          r"reads it through cannot be encoded: .*stride of dimension 0 is 1099511627776 "
-                                          r"bytes"):
+                                          r"reads it through cannot be encoded: .*stride of dimension 0 is "
+                                          r"1099511627776 bytes"):
         launcher((1,), [0x10000, 100, 72, 2 ** 39])

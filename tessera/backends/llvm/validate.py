@@ -125,8 +125,8 @@ class _Validator:
                 raise self.fail(f"a tensormap parameter needs the Tensor Memory Accelerator (sm_90+), which "
                                 f"{self.target.name} lacks; compile for sm_90 or sm_90a")
         else:
-            raise self.fail(f"kernel parameter of type {t}: parameters must be scalars, global pointers or "
-                            "tensor maps")
+            raise self.fail(f"kernel parameter of type {t}: parameters must be scalars or global pointers (or "
+                            "tensor maps, on targets with TMA)")
 
     # -- ops --------------------------------------------------------------------------
 

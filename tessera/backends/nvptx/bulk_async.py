@@ -48,7 +48,8 @@ _CLUSTER_SMEM = ir.PointerType(addrspace=7)
 # op -> (target feature, what to tell the user it is)
 REQUIRED_FEATURES = {
     **{name: ("mbarrier", "mbarriers (sm_90+)") for name in (
-        "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_mbarrier_init")},
+        "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+        "fence_mbarrier_init")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
 }

@@ -171,7 +171,8 @@ class TmaRing:
         return ctx.emit("addptr", self.bars, slot)
 
     def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
-        """(`rings`, `offsets`: per tile-IR load op.) Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`."""
+        """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
+        (`rings`, `offsets`: per tile-IR load op)."""
         then = Block()
         with ctx.b.at(then):
             bar = self._bar(ctx, slot)
