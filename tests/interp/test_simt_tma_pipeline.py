@@ -168,3 +168,36 @@ def test_a_pipeline_entered_again_ends_its_mbarriers_before_initializing_them_ag
     run_threads(fn, args, (1,))
     np.testing.assert_allclose(args[2].astype(np.float32), (a @ b).astype(np.float16).astype(np.float32),
                                **F16_RESULT)
+
+
+@tessera.kernel
+def strided_a_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, BM: tessera.constexpr,
+                     BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+    pid_m = tessera.program_id(0)
+    pid_n = tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
+    b = tessera.view(b_ptr, (K, N))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
+
+
+def test_a_transposed_a_is_a_map_over_k_by_m_boxes():
+    """A stored as A^T (K x M): its map runs along M, the contiguous dim, with BK x BM boxes."""
+    M, N, K = 80, 48, 200
+    rng = np.random.default_rng(3)
+    a, b = _exact(rng.standard_normal((M, K)), tessera.bf16), _exact(rng.standard_normal((K, N)), tessera.bf16)
+    args = [np.ascontiguousarray(_host(a, tessera.bf16).T), _host(b, tessera.bf16), np.zeros((M, N), np.float16),
+            M, N, K, 1, M]
+    typed = [tessera.reinterpret(x, tessera.bf16) if i < 2 else x for i, x in enumerate(args)]
+    module = strided_a_matmul.specialize(*typed, BM=64, BN=64, BK=64, STAGES=3).module
+    fn = lower(module, "sm_90", 4).functions[0]
+    names = [arg.name_hint for arg in fn.args]
+    a_map = kernel_recipes(fn.attrs)[0].to_json(names)
+    assert (a_map["pointer"], a_map["shape"], a_map["strides"], a_map["box"]) == ("a_ptr", ["K", "M"],
+                                                                                 ["stride_ak", "1"], [64, 64])
+    assert fills(fn) == (6, 0)
+    run_threads(fn, args, (2, 1))
+    np.testing.assert_allclose(args[2].astype(np.float32), (a @ b).astype(np.float16).astype(np.float32),
+                               **F16_RESULT)
