@@ -225,11 +225,6 @@ class TensorMapRecipe:
         return TensorMapDescription(address, self.dtype, shape, strides, self.box_shape, self.swizzle,
                                     source=source)
 
-    def cache_key(self, args, address: int) -> tuple:
-        """What the encoded map depends on: (pointer, dims, strides, box, swizzle)."""
-        return (address, tuple(e.value(args) for e in self.shape), tuple(e.value(args) for e in self.strides),
-                self.box_shape, self.swizzle, self.dtype.name)
-
     def to_attr(self) -> tuple:
         """The recipe as an IR attribute value (nested lists of ints and strings; -1 marks a constant)."""
         def extents(es):

@@ -20,6 +20,7 @@ a dict lookup per map.
 from __future__ import annotations
 
 from tessera.ir import dtypes as dt
+import operator
 from typing import Callable, Sequence
 
 from tessera.ir.tensor_map import SWIZZLES, TensorMapDescription, TensorMapError, TensorMapRecipe, validate
@@ -89,40 +90,45 @@ class KernelTensorMaps:
 
     `names[i]` names parameter i (for errors); `complete(values)` takes the kernel's own arguments (device
     addresses for pointers, numbers for scalars) and returns the full argument list, each map's 128 bytes at
-    its parameter's position. `encode` is the encoder (the driver's, by default)."""
+    its parameter's position. `encode` is the encoder (the driver's, by default). A recipe's map depends only
+    on the pointer and the arguments its sizes and strides name (its box and swizzle are fixed), so those
+    values are the cache key: a warm launch pays one tuple and one dict lookup per map."""
 
-    CAPACITY = 1024                     # encoded maps kept; the cache starts over when full
+    CAPACITY = 1024                     # encoded maps kept per recipe; the cache starts over when full
 
     def __init__(self, recipes: Sequence[TensorMapRecipe], names: Sequence[str],
                  encode: Callable[[TensorMapDescription], bytes] = encode_tensor_map):
         self.recipes = tuple(sorted(recipes, key=lambda r: r.param))
         self.names = list(names)
         self.encode = encode
-        self._cache: dict[tuple, bytes] = {}
+        self._plans = []
+        for recipe in self.recipes:
+            used = sorted({e.param for e in (*recipe.shape, *recipe.strides) if e.param is not None})
+            self._plans.append((recipe, operator.itemgetter(recipe.pointer, *used), {}))
 
     def __len__(self) -> int:
         return len(self.recipes)
 
     def complete(self, values: Sequence) -> list:
         values = list(values)
-        for recipe in self.recipes:
-            values.insert(recipe.param, self._map(recipe, values))
+        for recipe, key_of, cache in self._plans:
+            key = key_of(values)
+            blob = cache.get(key)
+            if blob is None:
+                blob = self._encode(recipe, values, key, cache)
+            values.insert(recipe.param, blob)
         return values
 
-    def _map(self, recipe: TensorMapRecipe, values: list) -> bytes:
-        address = values[recipe.pointer] or 0
-        key = recipe.cache_key(values, address)
-        blob = self._cache.get(key)
-        if blob is None:
-            try:
-                blob = self.encode(recipe.describe(values, address))
-            except (TensorMapError, LaunchError) as exc:
-                name = self.names[recipe.pointer] if recipe.pointer < len(self.names) else ""
-                raise LaunchError(f"argument {recipe.pointer} ({name}): the TMA tensor map the kernel reads it "
-                                  f"through cannot be encoded: {getattr(exc, 'message', exc)}; pass a tensor whose "
-                                  f"base is 16-byte aligned and whose row strides are multiples of 16 bytes below "
-                                  f"2**40, or compile for a target without TMA") from None
-            if len(self._cache) >= self.CAPACITY:
-                self._cache.clear()
-            self._cache[key] = blob
+    def _encode(self, recipe: TensorMapRecipe, values: list, key: tuple, cache: dict) -> bytes:
+        try:
+            blob = self.encode(recipe.describe(values, values[recipe.pointer] or 0))
+        except (TensorMapError, LaunchError) as exc:
+            name = self.names[recipe.pointer] if recipe.pointer < len(self.names) else ""
+            raise LaunchError(f"argument {recipe.pointer} ({name}): the TMA tensor map the kernel reads it through "
+                              f"cannot be encoded: {getattr(exc, 'message', exc)}; pass a tensor whose base is "
+                              f"16-byte aligned and whose row strides are multiples of 16 bytes below 2**40, or "
+                              f"compile for a target without TMA") from None
+        if len(cache) >= self.CAPACITY:
+            cache.clear()
+        cache[key] = blob
         return blob
