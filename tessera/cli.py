@@ -168,6 +168,8 @@ def _compile(args) -> int:
             "spill_bytes": compiled.metadata.get("spill_stores"),
             "ptx": written[0].name,
             "cubin": binary_name,
+            # hidden by-value CUtensorMap parameters after the signature's (TMA loads): how to build each
+            "tensor_maps": compiled.metadata.get("tensor_maps", []),
         })
     written.append(out / f"{kernel.name}.json")
     written[-1].write_text(json.dumps(manifest, indent=2) + "\n")

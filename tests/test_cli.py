@@ -80,3 +80,41 @@ def test_cache_commands_report_and_clear(tmp_path, monkeypatch, capsys):
     assert main(["cache", "clear"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert BinaryCache().entries() == []
+
+
+PIPELINED_MATMUL = """
+import tessera
+
+@tessera.kernel
+def pipelined_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_bk, stride_bn, BM: tessera.constexpr,
+                     BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K))
+    b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
+"""
+
+
+@pytest.mark.skipif(__import__("tessera.backends.nvptx", fromlist=["find_ptxas"]).find_ptxas() is None,
+                    reason="ptxas not installed")
+def test_compile_manifest_lists_the_tensor_maps_a_launcher_must_build(tmp_path, capsys):
+    """A pipelined matmul for sm_90 reads A and B through TMA: the manifest says how to build each hidden
+    by-value map (which pointer, sizes and strides in elements from the arguments, box, swizzle)."""
+    import json
+
+    kernels = tmp_path / "matmul.py"
+    kernels.write_text(PIPELINED_MATMUL)
+    assert main(["compile", f"{kernels}:pipelined_matmul", "-s", "*bf16:16,*bf16:16,*f16:16,i32:16,i32:16,i32:16,"
+                 "i32:16,i32:1", "-c", "BM=64", "-c", "BN=64", "-c", "BK=64", "-c", "STAGES=3", "--target", "sm_90",
+                 "-o", str(tmp_path)]) == 0
+    manifest = json.loads((tmp_path / "pipelined_matmul.json").read_text())
+    assert manifest["tensor_maps"] == [
+        {"param": 8, "name": "a_ptr_tma0", "pointer": "a_ptr", "dtype": "bf16", "shape": ["M", "K"],
+         "strides": ["K", "1"], "box": [64, 64], "swizzle": "128B", "oob_fill": "zero"},
+        {"param": 9, "name": "b_ptr_tma1", "pointer": "b_ptr", "dtype": "bf16", "shape": ["K", "N"],
+         "strides": ["stride_bk", "1"], "box": [64, 64], "swizzle": "128B", "oob_fill": "zero"}]
+    assert ".param .align 64 .b8 pipelined_matmul_param_8[128]" in (tmp_path / "pipelined_matmul.ptx").read_text()
+    capsys.readouterr()

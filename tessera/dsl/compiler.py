@@ -12,7 +12,9 @@ NVPTX (LLVM IR -> PTX stage -> cubin when ptxas is available) or AMDGPU
 its metadata adds the code object's register counts and kernarg layout,
 `kernel_args`). `metadata["dynamic_shared_bytes"]` is what a launch passes
 as dynamic shared memory: the shared bytes on NVIDIA, 0 on AMD (its LDS is
-static, in the code object). With `TESSERA_DUMP=DIR` in the environment every
+static, in the code object). `metadata["tensor_maps"]` lists the recipes of
+the hidden `tensormap` parameters the compiler added for TMA loads
+(`TensorMapRecipe.to_json`), from which a launcher builds them. With `TESSERA_DUMP=DIR` in the environment every
 stage is also written to `DIR/<kernel>.<stage>.<ext>`. A kernel that is
 valid but cannot be lowered as configured (a pinned layout for the wrong
 number of threads, more shared memory than the block has) is a
@@ -30,6 +32,7 @@ from typing import Any
 from ..ir.core import Function, Module
 from ..ir.printer import print_module
 from ..ir.target import get_target
+from ..ir.tensor_map import kernel_recipes
 from ..passes.errors import LoweringError
 from ..passes.manager import PassManager
 from ..passes.pipeline import default_tile_passes
@@ -112,6 +115,10 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
         "shared_bytes": thread_fn.attrs.get("shared_bytes", 0),
         "stage_seconds": seconds,
     }
+    recipes = kernel_recipes(thread_fn.attrs)
+    if recipes:     # hidden tensormap parameters (TMA loads): what a launcher builds them from
+        names = [a.name_hint for a in thread_fn.args]
+        metadata["tensor_maps"] = [r.to_json(names) for r in recipes]
     if description.vendor == "amd":
         binary = _amdgpu(thread_fn, description, stages, metadata)
         lap("llvm_amdgcn_lld")

@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ..ir import dtypes as dt
+from ..ir.tensor_map import TensorMapRecipe
+from ..ir.types import TensorMapType
 from ..runtime.cache import BinaryCache, CacheEntry
 from ..runtime.cache_key import cache_key
 from ..runtime.errors import LaunchError
@@ -94,8 +96,8 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         binary = KernelBinary(entry.name, entry.target, entry.binary, entry.ptx or None,
                               int(metadata["num_threads"]), int(dynamic_shared or 0))
         params = [p for p in bound.params if not p.constexpr]
-        launcher = Launcher(binary, [p.type for p in params], backend=device.backend,
-                            names=[p.name for p in params])
+        types, names, recipes = launch_parameters([p.type for p in params], [p.name for p in params], metadata)
+        launcher = Launcher(binary, types, backend=device.backend, names=names, tensor_maps=recipes)
         if "kernel_args" in metadata:  # AMD: the code object says where it reads each argument
             check_kernarg_layout(launcher.packer, metadata["kernel_args"])
         kernel.launchers[key] = launcher
@@ -104,6 +106,16 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
     except LaunchError as exc:
         raise exc.with_kernel(kernel.name) from None
     return launcher
+
+
+def launch_parameters(types: list, names: list[str], metadata: dict) -> tuple[list, list[str], list]:
+    """The kernel's parameter types and names with the hidden tensor maps of `metadata` appended, and their
+    recipes (`Launcher(..., tensor_maps=)`)."""
+    maps = sorted(metadata.get("tensor_maps", ()), key=lambda m: m["param"])
+    if not maps:
+        return types, names, []
+    names = [*names, *(m["name"] for m in maps)]
+    return [*types, *(TensorMapType() for _ in maps)], names, [TensorMapRecipe.from_json(m, names) for m in maps]
 
 
 def interpret_device_arrays(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]) -> None:

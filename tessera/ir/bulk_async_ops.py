@@ -11,7 +11,8 @@ the phase with parity p has completed. A ring of stages therefore waits on
 parity 0, 1, 0, 1, ... as it reuses each stage's barrier.
 
 A *TMA load* (`cp.async.bulk.tensor`) copies one box of a global tensor,
-described by a 128-byte `CUtensorMap` in global memory, into shared memory
+described by a 128-byte `CUtensorMap` passed by value as a `tensormap`
+kernel parameter (a grid constant in parameter space), into shared memory
 and reports its bytes to an mbarrier (`complete_tx`); the box shape, dtype,
 strides and swizzle live in the map, so the op carries only coordinates.
 Out-of-bounds elements of the box are written as zeros.
@@ -35,10 +36,10 @@ from __future__ import annotations
 from . import dtypes as dt
 from .ops import require
 from .thread_ops import define_thread_op
-from .types import PointerType, ScalarType
+from .types import PointerType, ScalarType, TensorMapType
 
 MBARRIER = PointerType(dt.i64, "shared")
-TENSOR_MAP = PointerType(dt.i8)          # the CUtensorMap's 128 bytes in global memory
+TENSOR_MAP = TensorMapType()              # the CUtensorMap's 128 bytes, a by-value kernel parameter
 TMA_MAX_RANK = 5
 _I32 = ScalarType(dt.i32)
 
@@ -55,6 +56,11 @@ def _infer_init(ts, a):
     bar, count = ts
     _require_bar(bar, "mbarrier_init")
     _require_i32(count, "mbarrier_init", "arrival count")
+    return []
+
+
+def _infer_inval(ts, a):
+    _require_bar(ts[0], "mbarrier_inval")
     return []
 
 
@@ -82,8 +88,8 @@ def _infer_tma_load(ts, a):
     require(isinstance(dst, PointerType) and dst.address_space == "shared" and dst.pointee.bits >= 8,
             f"tma_load writes a box into shared memory: its first operand is a ptr<T, shared> of a type of at "
             f"least one byte, got {dst}")
-    require(tensor_map == TENSOR_MAP, f"tma_load's second operand is the tensor map, a {TENSOR_MAP} (the 128-byte "
-                                      f"CUtensorMap in global memory), got {tensor_map}")
+    require(tensor_map == TENSOR_MAP, f"tma_load's second operand is the tensor map, a {TENSOR_MAP} kernel "
+                                      f"parameter (the 128-byte CUtensorMap, passed by value), got {tensor_map}")
     require(1 <= len(coords) <= TMA_MAX_RANK, f"tma_load takes 1 to {TMA_MAX_RANK} coordinates (one per tensor "
                                               f"dimension), got {len(coords)}")
     for i, c in enumerate(coords):
@@ -95,6 +101,9 @@ def _infer_tma_load(ts, a):
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
                  "no transaction bytes (mbarrier.init.shared.b64). One thread initializes; the others may use it "
                  "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False)
+define_thread_op("mbarrier_inval", "End the mbarrier at `bar` (mbarrier.inval.shared.b64): required before its "
+                 "bytes are initialized again or reused for anything else; no copy may still count on it.", 1,
+                 infer=_infer_inval, pure=False)
 define_thread_op("mbarrier_arrive", "This thread arrives on `bar`'s current phase (mbarrier.arrive.shared.b64, "
                  "release at CTA scope).", 1, infer=_infer_arrive, pure=False)
 define_thread_op("mbarrier_arrive_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes`, then arrive "

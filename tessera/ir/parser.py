@@ -26,7 +26,7 @@ from .core import Block, Function, Location, Module, Operation, Value
 from .dtypes import DType, dtype_from_name
 from .errors import ParseError
 from .ops import OPS
-from .types import PointerType, RegsType, ScalarType, SharedType, TileType, Type, ViewType
+from .types import PointerType, RegsType, ScalarType, SharedType, TensorMapType, TileType, Type, ViewType
 
 
 def parse_module(text: str) -> Module:
@@ -161,6 +161,8 @@ class _FunctionReader:
     def type(self, node: Tree) -> Type:
         kind, parts = node.data, node.children
         if kind == "scalar_type":
+            if str(parts[0]) == "tensormap":
+                return TensorMapType()
             return ScalarType(self.dtype(parts[0]))
         if kind == "pointer_type":
             pointee, space = parts

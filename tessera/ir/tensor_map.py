@@ -165,3 +165,108 @@ def _contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
         strides.append(step)
         step *= extent
     return tuple(reversed(strides))
+
+
+# ---------------------------------------------------------------------------
+# Recipes: how a launcher builds the map of a compiler-added `tensormap` parameter
+
+
+@dataclass(frozen=True)
+class Extent:
+    """A size or stride the launch decides: `scale * args[param]`, or the constant `scale` when `param` is None."""
+
+    param: int | None
+    scale: int = 1
+
+    def value(self, args) -> int:
+        return self.scale if self.param is None else self.scale * int(args[self.param])
+
+    def text(self, names) -> str:
+        if self.param is None:
+            return str(self.scale)
+        return names[self.param] if self.scale == 1 else f"{self.scale}*{names[self.param]}"
+
+
+@dataclass(frozen=True)
+class TensorMapRecipe:
+    """The tensor map of hidden parameter `param`: the tensor at pointer parameter `pointer` with `shape` and
+    element `strides` (outermost first, the innermost stride 1) taken from the launch arguments, the box one
+    `tma_load` copies, and the swizzle it lands with. Out-of-bounds elements are filled with zeros.
+
+    The compiler records one per hidden parameter (`KERNEL_ATTR` of the thread-IR function, and the compiled
+    kernel's metadata); the GPU launcher and the SIMT simulator both build their maps with `describe`."""
+
+    param: int
+    pointer: int
+    dtype: dt.DType
+    shape: tuple[Extent, ...]
+    strides: tuple[Extent, ...]
+    box_shape: tuple[int, ...]
+    swizzle: str = "none"
+
+    def is_empty(self, args) -> bool:
+        """Whether the tensor has no elements for these arguments (a map cannot say so: see `describe`)."""
+        return any(e.value(args) <= 0 for e in self.shape)
+
+    def describe(self, args, address: int, source: Any = None) -> TensorMapDescription:
+        """The description for launch arguments `args` (indexed like the kernel's parameters), with the
+        pointer argument at `address`; raises TensorMapError when the driver could not encode it.
+
+        A map's extents are at least 1, so an empty tensor (`is_empty`) is described with its zero extents
+        raised to 1 (and zero outer strides to 16 bytes): the map stays encodable for launches that never
+        load from it (an empty loop, an empty grid). A kernel that did load a box of it would read that one
+        element instead of zeros."""
+        size = self.dtype.bits // 8
+        shape = tuple(e.value(args) for e in self.shape)
+        strides = tuple(e.value(args) * size for e in self.strides)
+        if self.is_empty(args):
+            shape = tuple(max(1, n) for n in shape)
+            strides = tuple(max(GLOBAL_ALIGN, st) for st in strides[:-1]) + strides[-1:]
+        return TensorMapDescription(address, self.dtype, shape, strides, self.box_shape, self.swizzle,
+                                    source=source)
+
+    def to_attr(self) -> tuple:
+        """The recipe as an IR attribute value (nested lists of ints and strings; -1 marks a constant)."""
+        def extents(es):
+            return tuple((-1 if e.param is None else e.param, e.scale) for e in es)
+        return (self.param, self.pointer, self.dtype.name, extents(self.shape), extents(self.strides),
+                self.box_shape, self.swizzle)
+
+    @classmethod
+    def from_attr(cls, attr) -> "TensorMapRecipe":
+        param, pointer, dtype, shape, strides, box, swizzle = attr
+
+        def extents(es):
+            return tuple(Extent(None if p == -1 else int(p), int(s)) for p, s in es)
+        return cls(int(param), int(pointer), dt.dtype_from_name(dtype), extents(shape), extents(strides),
+                   tuple(int(b) for b in box), str(swizzle))
+
+    def to_json(self, names) -> dict:
+        """For metadata and manifests: parameters by position and name (`names[i]` is parameter i), sizes
+        and strides (in elements) as text: a parameter name, a number, or "<number>*<name>"."""
+        return {"param": self.param, "name": names[self.param], "pointer": names[self.pointer],
+                "dtype": self.dtype.name, "shape": [e.text(names) for e in self.shape],
+                "strides": [e.text(names) for e in self.strides], "box": list(self.box_shape),
+                "swizzle": self.swizzle, "oob_fill": "zero"}
+
+    @classmethod
+    def from_json(cls, d: dict, names) -> "TensorMapRecipe":
+        """The recipe `to_json` wrote, for a kernel whose parameter i is `names[i]`."""
+        index = {name: i for i, name in enumerate(names)}
+
+        def extent(text: str) -> Extent:
+            scale, _, name = str(text).rpartition("*")
+            if name.lstrip("-").isdigit():
+                return Extent(None, int(name))
+            return Extent(index[name], int(scale) if scale else 1)
+        return cls(int(d["param"]), index[d["pointer"]], dt.dtype_from_name(d["dtype"]),
+                   tuple(extent(t) for t in d["shape"]), tuple(extent(t) for t in d["strides"]),
+                   tuple(int(b) for b in d["box"]), d["swizzle"])
+
+
+KERNEL_ATTR = "tensor_maps"     # the thread-IR function attribute holding the recipes (`to_attr` form)
+
+
+def kernel_recipes(attrs: dict) -> tuple[TensorMapRecipe, ...]:
+    """The tensor-map recipes of a kernel with function attributes `attrs` (none: an empty tuple)."""
+    return tuple(TensorMapRecipe.from_attr(a) for a in attrs.get(KERNEL_ATTR, ()))

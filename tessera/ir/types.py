@@ -11,6 +11,7 @@ hashable, compare by value, and print in the IR's textual form:
     view<f32, 2>        a rank-2 tensor view: base pointer, shape and strides
     smem<2x64x32xf16>   a shared-memory buffer of one program (`tessera.shared`)
     regs<8xf32>         thread IR: the 8 registers one thread holds of a tile
+    tensormap           a TMA tensor map passed by value (kernel parameters only)
 
 Tile shapes are static; the element of a tile is a scalar dtype or a pointer.
 In thread IR (after lowering), every value is per thread: a scalar is one
@@ -130,6 +131,18 @@ class RegsType(Type):
     @property
     def numel(self) -> int:
         return self.count
+
+
+@dataclass(frozen=True)
+class TensorMapType(Type):
+    """A TMA tensor map (the driver's 128-byte CUtensorMap) passed *by value* as a kernel parameter.
+
+    Only kernel parameters have this type (the verifier rejects it anywhere else): the map lives in the
+    kernel's parameter space as a grid constant, and `tma_load` names it directly, so no thread copies it.
+    """
+
+    def __str__(self) -> str:
+        return "tensormap"
 
 
 # ---------------------------------------------------------------------------

@@ -24,7 +24,7 @@ from .core import Block, Function, Module, Operation, Value
 from .errors import TypeRuleError, VerifyError
 from .ops import OPS
 from .printer import print_op, print_value
-from .types import TileType, Type
+from .types import TensorMapType, TileType, Type
 
 # What each region of a region-holding op is called in messages.
 _REGION_NAMES = {
@@ -59,6 +59,13 @@ def tile_shape_problem(t: Type) -> str | None:
         if d < 1 or d & (d - 1):
             fix = f"pad it to {1 << (d - 1).bit_length()} and mask the extra lanes" if d > 0 else "drop it"
             return f"{t} has dimension {d}, which is not a power of two: {fix}"
+    return None
+
+
+def parameter_only_problem(t: Type) -> str | None:
+    """Why a value of type `t` that is not a kernel parameter is malformed (a tensor map), or None."""
+    if isinstance(t, TensorMapType):
+        return "a tensormap is passed by value as a kernel parameter; no op or region may define one"
     return None
 
 
@@ -102,7 +109,7 @@ class _FunctionVerifier:
         except TypeRuleError as e:
             self.fail(op, str(e))
         for result in op.results:
-            problem = tile_shape_problem(result.type)
+            problem = tile_shape_problem(result.type) or parameter_only_problem(result.type)
             if problem:
                 self.fail(op, f"result {print_value(result)}: {problem}")
 
@@ -111,7 +118,7 @@ class _FunctionVerifier:
         what = f"the {names[index]} of `{op.name}`" if index < len(names) else f"region {index} of `{op.name}`"
         terminator = "condition" if (op.name, index) == ("while", 0) else "yield"
         for arg in region.args:
-            problem = tile_shape_problem(arg.type)
+            problem = tile_shape_problem(arg.type) or parameter_only_problem(arg.type)
             if problem:
                 self.fail(op, f"argument {print_value(arg)} of {what}: {problem}")
         if not region.ops:

@@ -17,6 +17,11 @@ device when any argument is a torch tensor (so `torch.cuda.graph` captures
 the launch and it orders with torch's own kernels), else the legacy default
 stream 0.
 
+Kernels the compiler gave hidden tensor-map parameters (TMA loads on
+sm_90+) take `tensor_maps=`, their recipes: a launch passes only the
+kernel's own arguments, and the maps are built from them
+(`tensor_map.KernelTensorMaps`) and packed by value.
+
 An empty grid (a 0 in any dimension) launches nothing, as on the
 interpreter. A launch holds a lock while it packs and launches, so threads
 sharing a launcher cannot interleave their arguments.
@@ -30,11 +35,13 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from tessera.ir.types import PointerType, ScalarType
+from tessera.ir.tensor_map import TensorMapRecipe
+from tessera.ir.types import PointerType, ScalarType, Type
 
 from .errors import LaunchError
 from .limits import as_dim3
 from .packing import ArgumentPacker, pointer_and_device
+from .tensor_map import KernelTensorMaps
 
 BACKENDS = {"cuda": "tessera.runtime.cuda", "hip": "tessera.runtime.hip"}
 
@@ -68,10 +75,12 @@ class KernelBinary:
 class Launcher:
     """A kernel specialization bound to a backend; call it with a grid and the runtime arguments."""
 
-    def __init__(self, binary: Any, param_types: Sequence[PointerType | ScalarType], backend: Any = "cuda",
-                 *, names: Sequence[str] | None = None):
+    def __init__(self, binary: Any, param_types: Sequence[PointerType | ScalarType | Type], backend: Any = "cuda",
+                 *, names: Sequence[str] | None = None, tensor_maps: Sequence[TensorMapRecipe] = ()):
         self.binary = KernelBinary.of(binary)
         self.packer = ArgumentPacker(param_types, names)
+        self.tensor_maps = KernelTensorMaps(tensor_maps, [s.name for s in self.packer.slots]) if tensor_maps \
+            else None
         self.block = (self.binary.num_threads, 1, 1)
         if isinstance(backend, str):
             if backend not in BACKENDS:
@@ -91,6 +100,8 @@ class Launcher:
             if 0 in grid:
                 return
             values, ordinal, torch_args = self._arguments(args)
+            if self.tensor_maps is not None:
+                values = self.tensor_maps.complete(values)
             function = self._functions.get(ordinal) or self._load(ordinal)
             handle = stream_handle(stream) if stream is not None else (
                 torch_current_stream(ordinal) if torch_args else 0)
@@ -102,7 +113,7 @@ class Launcher:
 
     def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool]:
         """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor."""
-        slots = self.packer.slots
+        slots = [s for s in self.packer.slots if not s.is_tensor_map]     # the maps are built, not passed
         if len(args) != len(slots):
             names = ", ".join(s.name or str(s.type) for s in slots)
             raise LaunchError(f"the kernel takes {len(slots)} runtime arguments ({names}), got {len(args)}")

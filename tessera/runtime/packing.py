@@ -16,6 +16,7 @@ at the next multiple of its own size.
 | f16 / bf16            | 2                 | IEEE half / the top half of an f32               |
 | f32 / f64             | 4 / 8             | IEEE single / double                             |
 | f8e4m3, f8e5m2, e8m0  | 1                 | the format's bit pattern                         |
+| tensormap             | 128, aligned 64   | the encoded CUtensorMap's bytes, by value        |
 
 Scalars become the value `DType.quantize` gives (ints wrap, floats round to
 nearest even once, from the exact value; overflow is +-inf where the format
@@ -49,11 +50,14 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from tessera.ir import dtypes as dt
-from tessera.ir.types import PointerType, ScalarType
+from tessera.ir.types import PointerType, ScalarType, TensorMapType
 
 from .errors import LaunchError
 
 POINTER_BYTES = 8
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN = 64
+_MAP_FORMAT = f"{TENSOR_MAP_BYTES}s"
 
 # struct formats that store a value of the dtype exactly as the ABI wants it.
 _NATIVE_FORMATS = {
@@ -70,8 +74,8 @@ class ParamSlot:
 
     index: int
     name: str
-    type: PointerType | ScalarType
-    size: int       # bytes; also the alignment
+    type: PointerType | ScalarType | TensorMapType
+    size: int       # bytes; also the alignment, except for tensor maps (TENSOR_MAP_ALIGN)
     offset: int
 
     @property
@@ -79,8 +83,12 @@ class ParamSlot:
         return isinstance(self.type, PointerType)
 
     @property
+    def is_tensor_map(self) -> bool:
+        return isinstance(self.type, TensorMapType)
+
+    @property
     def dtype(self) -> dt.DType | None:
-        return None if self.is_pointer else self.type.dtype
+        return self.type.dtype if isinstance(self.type, ScalarType) else None
 
     def describe(self) -> str:
         return f"argument {self.index} ({self.name})" if self.name else f"argument {self.index}"
@@ -92,7 +100,8 @@ def param_layout(param_types: Sequence[PointerType | ScalarType],
     slots, end = [], 0
     for i, t in enumerate(param_types):
         size = _param_size(t, i)
-        offset = -(-end // size) * size
+        align = TENSOR_MAP_ALIGN if isinstance(t, TensorMapType) else size
+        offset = -(-end // align) * align
         slots.append(ParamSlot(i, names[i] if names else "", t, size, offset))
         end = offset + size
     return slots, end
@@ -109,8 +118,10 @@ def _param_size(t, index: int) -> int:
             raise LaunchError(f"parameter {index} has sub-byte type {t.dtype.name}, which has no kernel ABI; "
                               f"pass it as i8/u8 and cast inside the kernel")
         return t.dtype.bits // 8
-    raise LaunchError(f"parameter {index} has type {t}; kernels take only pointers and scalars (the compiler "
-                      f"lowers tiles and views before codegen)")
+    if isinstance(t, TensorMapType):
+        return TENSOR_MAP_BYTES
+    raise LaunchError(f"parameter {index} has type {t}; kernels take only pointers, scalars and tensor maps (the "
+                      f"compiler lowers tiles and views before codegen)")
 
 
 class _Inexact(Exception):
@@ -129,12 +140,13 @@ class ArgumentPacker:
     def __init__(self, param_types: Sequence[PointerType | ScalarType], names: Sequence[str] | None = None):
         self.slots, self.size = param_layout(list(param_types), names)
         self._count = len(self.slots)
-        words = max(1, -(-self.size // 8))
-        self._buffer = (ctypes.c_uint64 * words)()      # 8-byte aligned, fixed address
-        self.address = ctypes.addressof(self._buffer)
+        words = max(1, -(-self.size // 8)) + TENSOR_MAP_ALIGN // 8
+        self._buffer = (ctypes.c_uint64 * words)()      # fixed address; the parameters start 64-byte aligned
+        self._start = -ctypes.addressof(self._buffer) % TENSOR_MAP_ALIGN
+        self.address = ctypes.addressof(self._buffer) + self._start
         self._pointers = (ctypes.c_void_p * max(1, self._count))(*[self.address + s.offset for s in self.slots])
         self._native = struct.Struct(_struct_format(self.slots, lambda s: _native_format(s)))
-        self._bits = struct.Struct(_struct_format(self.slots, lambda s: _BITS_FORMATS[s.size]))
+        self._bits = struct.Struct(_struct_format(self.slots, _bits_format))
         # Fast-path guards: parameters whose native format would accept a value
         # without converting it as `quantize` does (see `_fast_kind`).
         self._checks = tuple((s.index, kind) for s in self.slots if (kind := _fast_kind(s)) is not None)
@@ -152,13 +164,13 @@ class ArgumentPacker:
         """The `pack` function of this packer: a closure over the prepared structs, so that a
         launch pays for one Python call and one `pack_into`, not for attribute lookups."""
         pack_into, buffer, exactly = self._native.pack_into, self._buffer, self._pack_exactly
-        checks, converters = self._checks, self._fast_converters
+        checks, converters, start = self._checks, self._fast_converters, self._start
         fallback = (_Inexact, LaunchError, struct.error, OverflowError, TypeError, ValueError, IndexError)
 
         if not checks and not converters:       # pointers and ints: one struct call
             def pack(values):
                 try:
-                    pack_into(buffer, 0, *values)
+                    pack_into(buffer, start, *values)
                 except fallback:
                     exactly(values)
             return pack
@@ -172,7 +184,7 @@ class ArgumentPacker:
                     values = list(values)
                     for i, convert in converters:
                         values[i] = convert(values[i])
-                pack_into(buffer, 0, *values)
+                pack_into(buffer, start, *values)
             except fallback:
                 exactly(values)
         return pack
@@ -187,12 +199,12 @@ class ArgumentPacker:
                 patterns.append(convert(value))
             except LaunchError as exc:
                 raise LaunchError(f"{slot.describe()}: {exc.message}") from None
-        self._bits.pack_into(self._buffer, 0, *patterns)
+        self._bits.pack_into(self._buffer, self._start, *patterns)
 
     def decode(self) -> list[Any]:
         """The values the buffer holds now, as the kernel will read them (for tests and debugging)."""
-        patterns = self._bits.unpack_from(self._buffer, 0)
-        return [bits if slot.is_pointer else slot.dtype.decode(bits).item()
+        patterns = self._bits.unpack_from(self._buffer, self._start)
+        return [bits if slot.dtype is None else slot.dtype.decode(bits).item()
                 for slot, bits in zip(self.slots, patterns)]
 
     def raw_bytes(self) -> bytes:
@@ -208,7 +220,13 @@ def _struct_format(slots: list[ParamSlot], char: Callable[[ParamSlot], str]) -> 
     return "".join(fmt)
 
 
+def _bits_format(slot: ParamSlot) -> str:
+    return _MAP_FORMAT if slot.is_tensor_map else _BITS_FORMATS[slot.size]
+
+
 def _native_format(slot: ParamSlot) -> str:
+    if slot.is_tensor_map:
+        return _MAP_FORMAT
     if slot.is_pointer:
         return "Q"
     return _NATIVE_FORMATS.get(slot.dtype, _BITS_FORMATS[slot.size])
@@ -222,7 +240,7 @@ def _fast_kind(slot: ParamSlot) -> type | None:
     (struct rejects out-of-range ints, and every int that fits a double's
     53 bits is exact where f16 has not overflowed already).
     """
-    if slot.is_pointer:
+    if slot.dtype is None:
         return None
     d = slot.dtype
     if d == dt.bool_:
@@ -234,6 +252,8 @@ def _fast_kind(slot: ParamSlot) -> type | None:
 
 def _fast_converter(slot: ParamSlot) -> Callable[[Any], int] | None:
     """Formats struct lacks: bit patterns computed in the fast path."""
+    if slot.is_tensor_map:
+        return _map_bytes_fast
     if slot.is_pointer or slot.dtype in _NATIVE_FORMATS:
         return None
     if slot.dtype == dt.bf16:
@@ -242,6 +262,8 @@ def _fast_converter(slot: ParamSlot) -> Callable[[Any], int] | None:
 
 
 def _exact_converter(slot: ParamSlot) -> Callable[[Any], int]:
+    if slot.is_tensor_map:
+        return _map_bytes
     if slot.is_pointer:
         return _address_bits
     d = slot.dtype
@@ -279,6 +301,20 @@ def _address_bits(value) -> int:
     if not 0 <= address < 1 << 64:
         raise LaunchError(f"device address {address:#x} is outside [0, 2**64)")
     return address
+
+
+def _map_bytes_fast(value) -> bytes:
+    if type(value) is not bytes or len(value) != TENSOR_MAP_BYTES:
+        raise _Inexact                  # struct would pad or cut it: let the exact path say what is wrong
+    return value
+
+
+def _map_bytes(value) -> bytes:
+    if not isinstance(value, (bytes, bytearray, memoryview)) or len(bytes(value)) != TENSOR_MAP_BYTES:
+        raise LaunchError(f"a tensor-map parameter takes the {TENSOR_MAP_BYTES} bytes of an encoded CUtensorMap "
+                          f"(tessera.runtime.tensor_map.encode_tensor_map), got {type(value).__name__}"
+                          + (f" of {len(bytes(value))} bytes" if isinstance(value, (bytes, bytearray)) else ""))
+    return bytes(value)
 
 
 _F32 = struct.Struct("<f")

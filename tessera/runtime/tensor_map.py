@@ -7,19 +7,28 @@
 The description and its checks live in `tessera.ir.tensor_map` (the
 compiler, simulator and runtime share them); this module adds the driver
 call. `encode_tensor_map` imports the driver lazily and raises LaunchError
-without one. The kernel reads the map from global memory (a `ptr<i8>`
-parameter), so the caller copies the 128 bytes to a 64-byte-aligned device
-buffer before the launch.
+without one. A kernel takes each map by value (a `tensormap` parameter:
+the 128 bytes go into the launch's parameter buffer, `packing.py`).
+
+Kernels whose pipelined loads the compiler turned into TMA loads carry one
+`TensorMapRecipe` per hidden map parameter; `KernelTensorMaps` builds those
+maps from a launch's arguments, caching the encoded bytes per (pointer,
+dims, strides, box, swizzle), so a warm launch with the same tensors pays
+a dict lookup per map.
 """
 
 from __future__ import annotations
 
 from tessera.ir import dtypes as dt
-from tessera.ir.tensor_map import SWIZZLES, TensorMapDescription, TensorMapError, validate
+import operator
+from typing import Callable, Sequence
+
+from tessera.ir.tensor_map import SWIZZLES, TensorMapDescription, TensorMapError, TensorMapRecipe, validate
 
 from .errors import LaunchError
 
-__all__ = ["TensorMapDescription", "TensorMapError", "encode_tensor_map", "driver_data_type", "TENSOR_MAP_BYTES"]
+__all__ = ["TensorMapDescription", "TensorMapError", "encode_tensor_map", "driver_data_type", "TENSOR_MAP_BYTES",
+           "KernelTensorMaps"]
 
 TENSOR_MAP_BYTES = 128
 TENSOR_MAP_ALIGN = 64
@@ -74,3 +83,52 @@ def _map_bytes(tensor_map) -> bytes:
     """The raw bytes of a cuda-python `CUtensorMap` (its `opaque` field: 16 x uint64)."""
     words = tensor_map.opaque
     return b"".join(int(w).to_bytes(8, "little") for w in words)
+
+
+class KernelTensorMaps:
+    """The hidden tensor-map arguments of one kernel, built from its recipes and each launch's arguments.
+
+    `names[i]` names parameter i (for errors); `complete(values)` takes the kernel's own arguments (device
+    addresses for pointers, numbers for scalars) and returns the full argument list, each map's 128 bytes at
+    its parameter's position. `encode` is the encoder (the driver's, by default). A recipe's map depends only
+    on the pointer and the arguments its sizes and strides name (its box and swizzle are fixed), so those
+    values are the cache key: a warm launch pays one tuple and one dict lookup per map."""
+
+    CAPACITY = 1024                     # encoded maps kept per recipe; the cache starts over when full
+
+    def __init__(self, recipes: Sequence[TensorMapRecipe], names: Sequence[str],
+                 encode: Callable[[TensorMapDescription], bytes] = encode_tensor_map):
+        self.recipes = tuple(sorted(recipes, key=lambda r: r.param))
+        self.names = list(names)
+        self.encode = encode
+        self._plans = []
+        for recipe in self.recipes:
+            used = sorted({e.param for e in (*recipe.shape, *recipe.strides) if e.param is not None})
+            self._plans.append((recipe, operator.itemgetter(recipe.pointer, *used), {}))
+
+    def __len__(self) -> int:
+        return len(self.recipes)
+
+    def complete(self, values: Sequence) -> list:
+        values = list(values)
+        for recipe, key_of, cache in self._plans:
+            key = key_of(values)
+            blob = cache.get(key)
+            if blob is None:
+                blob = self._encode(recipe, values, key, cache)
+            values.insert(recipe.param, blob)
+        return values
+
+    def _encode(self, recipe: TensorMapRecipe, values: list, key: tuple, cache: dict) -> bytes:
+        try:
+            blob = self.encode(recipe.describe(values, values[recipe.pointer] or 0))
+        except (TensorMapError, LaunchError) as exc:
+            name = self.names[recipe.pointer] if recipe.pointer < len(self.names) else ""
+            raise LaunchError(f"argument {recipe.pointer} ({name}): the TMA tensor map the kernel reads it through "
+                              f"cannot be encoded: {getattr(exc, 'message', exc)}; pass a tensor whose base is "
+                              f"16-byte aligned and whose row strides are multiples of 16 bytes below 2**40, or "
+                              f"compile for a target without TMA") from None
+        if len(cache) >= self.CAPACITY:
+            cache.clear()
+        cache[key] = blob
+        return blob

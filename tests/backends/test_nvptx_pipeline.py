@@ -21,6 +21,24 @@ needs_ptxas = pytest.mark.skipif(find_ptxas() is None,
 
 
 @needs_ptxas
+@pytest.mark.parametrize("target", ["sm_90"])      # sm_90a's wgmma slots are filled by cp.async (below)
+@pytest.mark.parametrize("dtype,trans_b,stages", [(tessera.f16, False, 3), (tessera.bf16, True, 4)], ids=str)
+def test_pipelined_matmul_on_tma_targets_assembles_with_tma_fills_and_no_spills(target, dtype, trans_b, stages):
+    """On sm_90 the ring slots are filled by TMA from the two by-value tensor maps (read in place, no local
+    copy), announced on one mbarrier per slot and waited for with try_wait loops; no cp.async remains."""
+    case = matmul_case(256, 256, 256, 128, 128, 32, stages, dtype, trans_b)
+    fn = lower(case.module, target, num_warps=4).functions[0]
+    artifacts = compile_thread_ir(fn, target, isolate=False)
+    ptx = artifacts.ptx
+    assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes") == 2 * stages
+    assert "cp.async.cg" not in ptx and "cp.async.wait_group" not in ptx
+    assert len(re.findall(r"\.param \.align 64 \.b8 pipelined_matmul_param_\d+\[128\]", ptx)) == 2
+    assert "st.local" not in ptx and "mbarrier.try_wait.parity.shared.b64" in ptx
+    assert ptx.count("mbarrier.init.shared.b64") == ptx.count("mbarrier.inval.shared.b64") == stages
+    assert artifacts.ptxas_info["spill_stores"] == artifacts.ptxas_info["spill_loads"] == 0
+
+
+@needs_ptxas
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("dtype,trans_b,stages", [(tessera.f16, False, 3), (tessera.bf16, True, 4)], ids=str)
 def test_pipelined_matmul_assembles_with_cp_async_and_no_spills(target, dtype, trans_b, stages):

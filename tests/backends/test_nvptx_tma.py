@@ -58,7 +58,7 @@ def test_ring_kernel_assembles_for_sm_90a():
         assert artifacts.cubin
 
 
-@pytest.mark.parametrize("missing, op", [("tma", "tma_load"), ("mbarrier", "mbarrier_init")])
+@pytest.mark.parametrize("missing, op", [("tma", "a tensormap parameter"), ("mbarrier", "mbarrier_init")])
 def test_targets_without_the_feature_are_refused_before_llvm(missing, op):
     sm90 = get_target("sm_90a")
     without = dataclasses.replace(sm90, features=sm90.features - {missing})
@@ -66,8 +66,9 @@ def test_targets_without_the_feature_are_refused_before_llvm(missing, op):
         compile_thread_ir(kernel(tile_copy()), without, assemble=False)
 
 
-def test_sm_80_refuses_mbarrier_ops():
-    with pytest.raises(LoweringError, match="mbarrier_init needs mbarriers \\(sm_90\\+\\), which sm_80 lacks"):
+def test_sm_80_refuses_tensor_map_parameters():
+    with pytest.raises(LoweringError, match="a tensormap parameter needs the Tensor Memory Accelerator \\(sm_90\\+\\), "
+                                            "which sm_80 lacks"):
         compile_thread_ir(kernel(tile_copy()), "sm_80", assemble=False)
 
 
@@ -110,3 +111,19 @@ def test_every_sm90_table_entry_compiles_and_assembles_for_sm_90a():
     if HAS_PTXAS:
         cubin, _ = assemble(ptx, "sm_90a", find_ptxas())
         assert cubin
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_tensor_map_is_a_grid_constant_parameter_read_in_place(target):
+    """A `tensormap` parameter is the 128-byte CUtensorMap by value, 64-byte aligned, and the TMA
+    instruction reads it where it is: no copy to local memory (what a byval parameter without the
+    "nvvm.grid_constant" mark would get)."""
+    artifacts = compile_thread_ir(kernel(tile_copy()), target, assemble=HAS_PTXAS)
+    assert 'ptr byval([128 x i8]) align 64 "nvvm.grid_constant" %"tm"' in artifacts.llvm_ir
+    ptx = artifacts.ptx
+    assert ".param .align 64 .b8 tma_tile_param_0[128]" in ptx
+    assert "__local_depot" not in ptx and "st.local" not in ptx
+    assert re.search(r"mov\.b64\s+(%rd\d+), tma_tile_param_0;", ptx)
+    assert re.search(r"cvta\.param\.u64", ptx)
+    if HAS_PTXAS:
+        assert artifacts.cubin

@@ -34,7 +34,7 @@ def ws_gemm(stages: int = 2, bn: int = 64, *, empty_wait: bool = True, producer_
     a_tile, b_tile = WgmmaSmemLayout(BLOCK_M, BLOCK_K), WgmmaSmemLayout(bn, BLOCK_K)
     a_bytes, stage_bytes = a_tile.nbytes, a_tile.nbytes + b_tile.nbytes
     bars = stages * stage_bytes
-    lines = [f"func @ws_gemm(%ta: ptr<i8>, %tb: ptr<i8>, %c: ptr<f32>, %m: i32, %n: i32, %k: i32) attributes "
+    lines = [f"func @ws_gemm(%ta: tensormap, %tb: tensormap, %c: ptr<f32>, %m: i32, %n: i32, %k: i32) attributes "
              f"{{num_threads = {THREADS}, shared_bytes = {bars + 16 * stages}}} {{",
              "  %tid = thread_id : i32",
              "  %pm = program_id {axis = 0} : i32",

@@ -61,7 +61,7 @@ def tile_copy(*, swizzled=False, init=True, fence=True, sync_after_init=True, ar
               wait=True, parity=0, read_before_wait=False, second_box=False) -> str:
     """`second_box`: also load the box at (%col, %row) into a second buffer on the same barrier (announce
     16384 bytes then) and copy it to out[4096:]."""
-    head = (f"func @tma_tile(%tm: ptr<i8>, %out: ptr<bf16>, %row: i32, %col: i32) attributes "
+    head = (f"func @tma_tile(%tm: tensormap, %out: ptr<bf16>, %row: i32, %col: i32) attributes "
             f"{{num_threads = {THREADS}, shared_bytes = 17408}} {{\n")
     body = PROLOGUE.replace("8192", str(expect_bytes)) + (
         "  %tile = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>\n"
@@ -89,7 +89,7 @@ def tile_copy(*, swizzled=False, init=True, fence=True, sync_after_init=True, ar
 
 def ring(num_tiles: int, *, flip_parity=True) -> str:
     """Copy `num_tiles` 64x64 boxes (box k at rows 64k..) through a 2-stage TMA ring into `out`."""
-    head = (f"func @tma_ring(%tm: ptr<i8>, %out: ptr<bf16>) attributes "
+    head = (f"func @tma_ring(%tm: tensormap, %out: ptr<bf16>) attributes "
             f"{{num_threads = {THREADS}, shared_bytes = 16400}} {{\n")
     body = PROLOGUE + (
         "  %c2 = constant {value = 2} : i32\n"

@@ -7,7 +7,7 @@ from tessera.ir.errors import VerifyError
 from tessera.ir.parser import parse_module
 from tessera.ir.verifier import verify_module
 
-ARGS = "%map: ptr<i8>, %g: ptr<bf16>, %i: i32, %j: i64"
+ARGS = "%map: tensormap, %g: ptr<bf16>, %i: i32, %j: i64"
 SETUP = ["%bar = shared_alloc {bytes = 8, offset = 0} : ptr<i64, shared>",
          "%box = shared_alloc {bytes = 8192, offset = 1024} : ptr<bf16, shared>",
          "%words = shared_alloc {bytes = 64, offset = 64} : ptr<i32, shared>"]
@@ -21,6 +21,7 @@ def test_well_typed_ops_verify():
     verify_module(parse_module(kernel("mbarrier_init %bar, %i", "fence_mbarrier_init", "fence_proxy_async",
                                       "mbarrier_arrive_expect_tx %bar, %i", "tma_load %box, %map, %i, %bar",
                                       "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar",
+                                      "mbarrier_inval %bar",
                                       "mbarrier_wait %bar, %i")))
 
 
@@ -31,7 +32,8 @@ def test_well_typed_ops_verify():
     ("mbarrier_arrive_expect_tx %bar, %j", "transaction byte count must be i32"),
     ("mbarrier_wait %bar, %j", "mbarrier_wait phase parity must be i32"),
     ("tma_load %g, %map, %i, %bar", "tma_load writes a box into shared memory"),
-    ("tma_load %box, %g, %i, %bar", r"tensor map, a ptr<i8> \(the 128-byte CUtensorMap in global memory\)"),
+    ("tma_load %box, %g, %i, %bar",
+     r"tensor map, a tensormap kernel parameter \(the 128-byte CUtensorMap, passed by value\)"),
     ("tma_load %box, %map, %j, %bar", "tma_load coordinate 0 must be i32"),
     ("tma_load %box, %map, %i, %i, %i", r"tma_load \(last operand\) takes an mbarrier"),
     ("tma_load %box, %map, %i, %i, %i, %i, %i, %i, %bar", "tma_load takes 4 to 8 operands"),
@@ -39,3 +41,10 @@ def test_well_typed_ops_verify():
 def test_wrong_operands_are_rejected(line, message):
     with pytest.raises(VerifyError, match=message):
         verify_module(parse_module(kernel(line)))
+
+
+def test_a_tensormap_is_only_a_kernel_parameter():
+    carried = kernel("%c0 = constant {value = 0} : i32", "%c1 = constant {value = 1} : i32",
+                     "%m2 = for %c0, %c1, %c1, %map : tensormap {", "^(%k: i32, %m: tensormap):", "  yield %m", "}")
+    with pytest.raises(VerifyError, match="a tensormap is passed by value as a kernel parameter"):
+        verify_module(parse_module(carried))

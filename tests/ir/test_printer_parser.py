@@ -232,7 +232,7 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
 }
 """,
     "bulk_async": """\
-func @bulk_async(%map: ptr<i8>) {
+func @bulk_async(%map: tensormap) {
   %bar = shared_alloc {bytes = 8, offset = 8192} : ptr<i64, shared>
   %box = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>
   %one = constant {value = 1} : i32
@@ -245,6 +245,7 @@ func @bulk_async(%map: ptr<i8>) {
   tma_load %box, %map, %row, %one, %bar
   mbarrier_arrive %bar
   mbarrier_wait %bar, %one
+  mbarrier_inval %bar
   return
 }
 """,

@@ -162,12 +162,13 @@ B_STRIDES = {"b-row-major": "i32:16,i32:1", "b-transposed": "i32:1,i32:16"}
 
 
 @pytest.mark.parametrize("b_layout", list(B_STRIDES))
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("target", ["sm_80", "sm_90", "sm_90a"])
 def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout):
-    """Each config's K loop becomes a cp.async pipeline of its STAGES, fits the target's shared memory
-    and assembles with no register spills. On sm_90a the dot runs on wgmma, reading the ring slots
-    (B row-major: MN-major, imm-trans-b = 1), with one group left in flight across iterations, so the
-    copies run STAGES - 2 ahead; ptxas does not have to serialize the wgmmas. On sm_80: mma.sync, STAGES - 1."""
+    """Each config's K loop becomes a pipeline of its STAGES, fits the target's shared memory and assembles
+    with no register spills. sm_80: cp.async feeding mma.sync, STAGES - 1 ahead. sm_90: TMA loads from two
+    by-value tensor-map parameters (A's and B's, read in place) feeding mma.sync. sm_90a: the dot runs on
+    wgmma, reading the cp.async-filled ring slots (B row-major: MN-major, imm-trans-b = 1), with one group
+    left in flight across iterations, so the copies run STAGES - 2 ahead; ptxas does not serialize the wgmmas."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.ir.target import get_target
     if find_ptxas() is None:
@@ -180,6 +181,13 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
         stages = config.kwargs["STAGES"]
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{config} spills"
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
+        if target == "sm_90":
+            assert "cp.async.cg" not in ptx and ptx.count("cp.async.bulk.tensor.2d") == 2 * stages, config
+            assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 2
+            assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
+            assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr"]
+            assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
+            continue
         ahead = stages - 2 if target == "sm_90a" else stages - 1
         assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{ahead - 1};", ptx), \
             f"{config}: not pipelined {stages} deep"
@@ -238,6 +246,47 @@ def test_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator(name):
     small = tessera.Config(dict(config.kwargs, BK=32), num_warps=config.num_warps)
     out, expected = gemm_on_the_simulator(M, N, K, trans_a, trans_b, small)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+GEMM_ARGS = ["a_ptr", "b_ptr", "bias_ptr", "scale_a_ptr", "scale_b_ptr", "c_ptr", "M", "N", "K", "alpha",
+             "stride_am", "stride_ak", "stride_bk", "stride_bn"]
+
+
+@pytest.mark.parametrize("b_layout", list(B_STRIDES))
+def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
+    """The recipes a launcher builds the two hidden maps from: A (M x K, rows stride_am apart) in BM x BK boxes,
+    B in BK x BN boxes, or B^T (N x K, stride_bn apart) in BN x BK boxes; the slot swizzle is 128B where a
+    box row is 128 bytes, none for BN = 128 rows of B (the unswizzled slot the ldmatrix reads use)."""
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.dsl.gpu_launch import launch_parameters
+    from tessera.ir.parser import parse_module
+    from tessera.ir.tensor_map import kernel_recipes
+    from tessera.ir.types import TensorMapType
+
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    config = CONFIGS[0]     # BM = BN = 128, BK = 64
+    compiled = gemm_kernel.kernel.compile(
+        signature=GEMM_SIGNATURE.format(b=B_STRIDES[b_layout]), target="sm_90", num_warps=config.num_warps,
+        HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+    fn = parse_module(compiled.stages["thread_ir"]).functions[0]        # the printed recipes read back
+    names = [a.name_hint for a in fn.args]
+    assert names[:len(GEMM_ARGS)] == GEMM_ARGS and names[len(GEMM_ARGS):] == ["a_ptr_tma0", "b_ptr_tma1"]
+    a_map, b_map = compiled.metadata["tensor_maps"]
+    assert [r.to_json(names) for r in kernel_recipes(fn.attrs)] == [a_map, b_map]
+    assert a_map == {"param": 14, "name": "a_ptr_tma0", "pointer": "a_ptr", "dtype": "bf16", "shape": ["M", "K"],
+                     "strides": ["stride_am", "1"], "box": [128, 64], "swizzle": "128B", "oob_fill": "zero"}
+    if b_layout == "b-row-major":
+        expected_b = dict(shape=["K", "N"], strides=["stride_bk", "1"], box=[64, 128], swizzle="none")
+    else:
+        expected_b = dict(shape=["N", "K"], strides=["stride_bn", "1"], box=[128, 64], swizzle="128B")
+    assert b_map == {"param": 15, "name": "b_ptr_tma1", "pointer": "b_ptr", "dtype": "bf16", "oob_fill": "zero",
+                     **expected_b}
+    # a launcher appends the maps to the kernel's own parameters and rebuilds the recipes from the metadata
+    own_types = [a.type for a in fn.args[:len(GEMM_ARGS)]]
+    types, launch_names, recipes = launch_parameters(own_types, GEMM_ARGS, compiled.metadata)
+    assert types == [*own_types, TensorMapType(), TensorMapType()] and launch_names == names
+    assert recipes == list(kernel_recipes(fn.attrs))
 
 
 @pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950"])

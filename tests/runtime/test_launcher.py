@@ -11,7 +11,8 @@ import types
 import pytest
 
 from tessera.ir import dtypes as dt
-from tessera.ir.types import PointerType, ScalarType
+from tessera.ir.tensor_map import SWIZZLES, Extent, TensorMapRecipe
+from tessera.ir.types import PointerType, ScalarType, TensorMapType
 from tessera.runtime import cuda, hip
 from tessera.runtime.errors import LaunchError
 from tessera.runtime.launcher import KernelBinary, Launcher, stream_handle
@@ -479,3 +480,48 @@ def test_hip_extra_array_hands_over_the_packed_buffer():
                                                             hip.HIP_LAUNCH_PARAM_BUFFER_SIZE, hip.HIP_LAUNCH_PARAM_END]
     assert ctypes.c_size_t.from_address(config[3]).value == packer.size == 24
     assert device.extra_array(packer) == address          # prepared once per packer
+
+
+# -- hidden tensor-map parameters ------------------------------------------------------------------
+
+MAP_NAMES = ["a_ptr", "M", "K", "stride_am", "a_ptr_tma0"]
+MAP_TYPES = [PointerType(dt.bf16), ScalarType(dt.i32), ScalarType(dt.i32), ScalarType(dt.i32), TensorMapType()]
+A_MAP = TensorMapRecipe(4, 0, dt.bf16, (Extent(1), Extent(2)), (Extent(3), Extent(None, 1)), (64, 64), "128B")
+
+
+def encode_on_host(desc):
+    """What the driver's encoder depends on, as 128 bytes (the driver itself needs a GPU)."""
+    fields = (desc.global_address, *desc.shape, *desc.strides, *desc.box_shape, SWIZZLES[desc.swizzle])
+    return b"".join(int(f).to_bytes(8, "little") for f in fields).ljust(128, b"\0")
+
+
+def map_launcher(backend, encoded):
+    launcher = Launcher(KernelBinary("gemm", "sm_90", b"cubin", num_threads=128), MAP_TYPES, backend=backend,
+                        names=MAP_NAMES, tensor_maps=[A_MAP])
+
+    def encode(desc):
+        encoded.append(desc)
+        return encode_on_host(desc)
+    launcher.tensor_maps.encode = encode
+    return launcher
+
+
+def test_a_launch_builds_each_tensor_map_from_its_recipe_packs_it_by_value_and_caches_it():
+    backend, encoded = FakeBackend(), []
+    launcher = map_launcher(backend, encoded)
+    for _ in range(2):
+        launcher((1,), [0x10000, 100, 72, 80])              # the map is built from the kernel's own arguments
+    launcher((1,), [0x20000, 100, 72, 80])                  # another tensor: another map
+    assert [(d.global_address, d.shape, d.strides, d.box_shape, d.swizzle) for d in encoded] == [
+        (0x10000, (100, 72), (160, 2), (64, 64), "128B"), (0x20000, (100, 72), (160, 2), (64, 64), "128B")]
+    first, _, last = backend.devices[0].launches
+    assert first[-1] == [0x10000, 100, 72, 80, encode_on_host(encoded[0])]
+    assert last[-1][-1] == encode_on_host(encoded[1])
+
+
+def test_a_map_the_driver_cannot_encode_names_the_kernel_and_the_argument():
+    launcher = map_launcher(FakeBackend(), [])
+    with pytest.raises(LaunchError, match=r"kernel 'gemm': argument 0 \(a_ptr\): the TMA tensor map the kernel "
+                                          r"reads it through cannot be encoded: .*stride of dimension 0 is "
+                                          r"1099511627776 bytes"):
+        launcher((1,), [0x10000, 100, 72, 2 ** 39])

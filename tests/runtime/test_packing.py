@@ -10,7 +10,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from tessera.ir import dtypes as dt
-from tessera.ir.types import PointerType, ScalarType, ViewType
+from tessera.ir.types import PointerType, ScalarType, TensorMapType, ViewType
 from tessera.runtime.errors import LaunchError
 from tessera.runtime.packing import ArgumentPacker, _bf16_bits, _dlpack_address, device_pointer, param_layout
 
@@ -63,6 +63,25 @@ def test_kernel_params_point_at_each_parameter_offset():
     assert ctypes.c_int64.from_address(pointers[3]).value == 7
 
 
+def test_a_tensor_map_is_128_bytes_by_value_at_a_64_byte_aligned_offset():
+    packer = ArgumentPacker([PointerType(dt.bf16), ScalarType(dt.i32), TensorMapType(), ScalarType(dt.i32),
+                             TensorMapType()])
+    assert [(s.offset, s.size) for s in packer.slots] == [(0, 8), (8, 4), (64, 128), (192, 4), (256, 128)]
+    assert packer.size == 384 and packer.address % 64 == 0
+    maps = [bytes(range(128)), bytes(range(128, 256))]
+    packer.pack([0x1000, 7, maps[0], -1, maps[1]])
+    pointers = (ctypes.c_void_p * 5).from_address(packer.kernel_params)
+    assert ctypes.string_at(pointers[2], 128) == maps[0] and ctypes.string_at(pointers[4], 128) == maps[1]
+    assert packer.decode() == [0x1000, 7, maps[0], -1, maps[1]]
+
+
+@pytest.mark.parametrize("value", [bytes(64), bytes(129), 12345], ids=["short", "long", "int"])
+def test_a_tensor_map_must_be_its_128_bytes(value):
+    packer = ArgumentPacker([ScalarType(dt.i32), TensorMapType()], names=["n", "a_ptr_tma0"])
+    with pytest.raises(LaunchError, match=r"argument 1 \(a_ptr_tma0\): a tensor-map parameter takes the 128 bytes"):
+        packer.pack([1, value])
+
+
 def test_addresses_never_move_between_launches():
     packer = ArgumentPacker([PointerType(dt.f32), ScalarType(dt.i32)])
     before = (packer.address, packer.kernel_params)
@@ -81,7 +100,7 @@ def test_a_kernel_without_parameters_still_has_valid_arrays():
 @pytest.mark.parametrize("bad, message", [
     (PointerType(dt.f32, "shared"), "global-memory pointers"),
     (ScalarType(dt.i4), "sub-byte"),
-    (ViewType(dt.f32, 2), "only pointers and scalars"),
+    (ViewType(dt.f32, 2), "only pointers, scalars and tensor maps"),
 ])
 def test_parameters_without_an_abi_are_rejected(bad, message):
     with pytest.raises(LaunchError, match=message):

@@ -27,7 +27,7 @@ import numpy as np
 
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, SharedType, Type, ViewType, scalar_dtype, shape_of
+from tessera.ir.types import PointerType, SharedType, TensorMapType, Type, ViewType, scalar_dtype, shape_of
 
 # Importing the family modules fills the semantics table.
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
@@ -169,6 +169,10 @@ def _bind_argument(fn: Function, index: int, param: Value, arg: Any) -> Any:
                        f"wrap it as Memory(array, {t.pointee.name})")
         named = arg if arg.name is not None else arg.named(name)
         return Pointers(named, np.zeros((), dtype=np.int64))
+    if isinstance(t, TensorMapType):     # the SIMT simulator's TensorMapMemory (from a TensorMapDescription)
+        if not (isinstance(arg, Memory) and hasattr(arg, "description")):
+            raise fail(f"pass a tessera.ir.tensor_map.TensorMapDescription, got {type(arg).__name__}")
+        return Pointers(arg if arg.name is not None else arg.named(name), np.zeros((), dtype=np.int64))
     if isinstance(t, ViewType):
         if not isinstance(arg, View) or arg.memory.dtype != t.dtype or len(arg.sizes) != t.rank:
             raise fail(f"pass a View of {t.dtype.name} elements with {t.rank} dimensions")

@@ -62,7 +62,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
         max_steps=max_steps,
     )
     grid3 = _normalize_grid(grid, minimum=0)
-    bound = bind_arguments(fn, [simt_mbarrier.as_argument(a) for a in args])
+    bound = bind_arguments(fn, [simt_mbarrier.as_argument(a) for a in simt_mbarrier.with_tensor_maps(fn, args)])
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
         ThreadBlock(fn, (x, y, z), grid3, launch).run(bound)
 

@@ -64,12 +64,14 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from tessera.ir import dtypes as dt
-from tessera.ir.tensor_map import TensorMapDescription, swizzle_offsets
+from tessera.ir.core import Function
+from tessera.ir.tensor_map import TensorMapDescription, TensorMapError, kernel_recipes, swizzle_offsets
 
 from . import simt_wgmma
 from .simt_ops import simt
 from .simt_paths import let_others_run, span, wait_until
 from .simt_shared import SharedRegion
+from .errors import InterpreterError
 from .storage import Memory
 from .values import Pointers
 
@@ -92,6 +94,44 @@ class TensorMapMemory(Memory):
 def as_argument(value):
     """A kernel argument for the simulator: a TensorMapDescription becomes its TensorMapMemory."""
     return TensorMapMemory(value) if isinstance(value, TensorMapDescription) else value
+
+
+def with_tensor_maps(fn: Function, args: list) -> list:
+    """`args`, completed with the maps of the compiler-added `tensormap` parameters when the caller passed only
+    the kernel's own arguments: each built from its recipe (`tessera.ir.tensor_map.TensorMapRecipe`, as a GPU
+    launch builds it) over the pointer argument's array."""
+    recipes = kernel_recipes(fn.attrs)
+    if not recipes or len(args) != len(fn.args) - len(recipes):
+        return list(args)
+    args = list(args)
+    for recipe in sorted(recipes, key=lambda r: r.param):
+        args.insert(recipe.param, _describe(fn, recipe, args))
+    return args
+
+
+def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
+    name = fn.args[recipe.pointer].name_hint
+    array = args[recipe.pointer]
+    array = array.array if isinstance(array, Memory) else array
+    if not isinstance(array, np.ndarray):
+        raise InterpreterError(f"argument '{name}' must be a numpy array (a tensor map describes it)", kernel=fn.name)
+    flat = array.reshape(-1).view(np.uint8)
+    try:
+        desc = recipe.describe(args, array.ctypes.data)
+    except TensorMapError as e:
+        raise InterpreterError(f"the tensor map of argument '{name}': {e}", kernel=fn.name) from None
+    reach = sum((n - 1) * s for n, s in zip(desc.shape, desc.strides)) + desc.element_bytes
+    if recipe.is_empty(args):           # nothing to read: its boxes land as zeros, as the view's mask says
+        flat = np.zeros(reach, np.uint8)
+    if reach > flat.size:
+        raise InterpreterError(f"the tensor map of argument '{name}' spans {reach} bytes, but the array holds "
+                               f"{flat.size}", kernel=fn.name)
+    if array.dtype.itemsize != desc.element_bytes:
+        raise InterpreterError(f"argument '{name}' holds {array.dtype.itemsize}-byte elements, its tensor map "
+                               f"{desc.dtype.name}", kernel=fn.name)
+    source = np.lib.stride_tricks.as_strided(flat.view(array.dtype), desc.shape, desc.strides, writeable=False)
+    return TensorMapDescription(desc.global_address, desc.dtype, desc.shape, desc.strides, desc.box_shape,
+                                desc.swizzle, source=source)
 
 
 @dataclass(eq=False)   # compared by identity: it holds arrays
@@ -222,8 +262,26 @@ def _init(ctx, op, bar, count):
         expected = int(count[t])
         if not 1 <= expected <= TX_LIMIT:
             raise ctx.error(op, f"mbarrier_init count must be in [1, {TX_LIMIT}], got {expected} (thread {t})")
+        if address in _proxy(ctx).barriers:
+            raise ctx.error(op, f"mbarrier_init on the mbarrier at shared byte {address}, which is still valid: "
+                                "end it with mbarrier_inval first (PTX: initializing a valid mbarrier is undefined)")
         _proxy(ctx).barriers[address] = MBarrier(address, expected, t)
     _touch(ctx, op, bar, threads, np.asarray(count, np.int64)[threads])
+
+
+@simt("mbarrier_inval")
+def _inval(ctx, op, bar):
+    threads = _active(ctx)
+    if threads.size == 0:
+        return
+    proxy = _proxy(ctx)
+    for address in _addresses(ctx, op, bar, threads).tolist():
+        _barrier_at(ctx, op, address)
+        if any(c.barrier == address for c in proxy.copies):
+            raise ctx.error(op, f"mbarrier_inval on the mbarrier at shared byte {address} while a tma_load it counts "
+                                "is in flight: wait for its phase first")
+        proxy.barriers.pop(address, None)
+    _touch(ctx, op, bar, threads, np.zeros(threads.size, np.int64))
 
 
 @simt("fence_mbarrier_init")

@@ -10,7 +10,9 @@ The kernel becomes one function, which the dialect makes a kernel
   function's `noalias` attribute lists them (the launch found their memory
   disjoint from every other pointer argument's; it lets read-only inputs use
   non-coherent loads); scalars keep their type, except `bool`, which is
-  passed as one byte (i8, 0 or 1) like numpy and torch store it;
+  passed as one byte (i8, 0 or 1) like numpy and torch store it; a
+  `tensormap` is the address of a by-value parameter, in the form the dialect
+  gives it (`TargetDialect.tensor_map_parameter`);
 * shared memory is one byte buffer in addrspace(3) that the dialect
   declares on first use (`shared_memory`); `shared_alloc` is a byte offset
   into it.
@@ -34,7 +36,7 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
-from tessera.ir.types import PointerType, ScalarType, scalar_dtype
+from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
 from . import memory, ops, thread  # noqa: F401  (register the common lowerings)
 from .dialect import TargetDialect
@@ -86,6 +88,8 @@ class Lowering:
             param.name = _llvm_name(arg.name_hint) or "arg"
             if isinstance(arg.type, PointerType) and index in noalias:
                 param.add_attribute("noalias")
+            if isinstance(arg.type, TensorMapType):
+                self.dialect.tensor_map_parameter(param)
         return function
 
     def lower(self) -> None:

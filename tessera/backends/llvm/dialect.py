@@ -56,6 +56,11 @@ class TargetDialect:
         """The kernel's shared-memory buffer (`shared_alloc` offsets index it as bytes)."""
         raise NotImplementedError
 
+    def tensor_map_parameter(self, param: ir.Argument) -> None:
+        """Make `param` (an opaque pointer) a by-value tensor-map parameter; only targets with TMA have one
+        (the validator refuses `tensormap` parameters elsewhere)."""
+        raise NotImplementedError
+
     # -- thread ops ------------------------------------------------------------------------
 
     def thread_id(self, lw) -> ir.Value:

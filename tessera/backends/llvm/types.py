@@ -25,7 +25,7 @@ import struct
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
-from tessera.ir.types import PointerType, RegsType, ScalarType, Type
+from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type
 
 GLOBAL_ADDRSPACE = 1
 SHARED_ADDRSPACE = 3
@@ -108,6 +108,8 @@ def register_type(t: Type) -> ir.Type:
         return ir.VectorType(element_type(t.element), t.count)
     if isinstance(t, (ScalarType, PointerType)):
         return element_type(t)
+    if isinstance(t, TensorMapType):
+        return ir.PointerType()     # the address of the by-value map in parameter space
     raise TypeError(f"{t} has no register form")  # the validator rejects tiles and views first
 
 

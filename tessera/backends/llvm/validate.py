@@ -25,7 +25,7 @@ from tessera.ir.errors import VerifyError
 from tessera.ir.ops import MATH_FUNCTIONS, OPS
 from tessera.ir.printer import print_op
 from tessera.ir.target import TARGETS, Target, get_target
-from tessera.ir.types import PointerType, RegsType, ScalarType, Type, element_of, scalar_dtype
+from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
 from tessera.ir.verifier import verify_function
 
 from .dialect import TargetDialect
@@ -120,8 +120,13 @@ class _Validator:
             self.dtype(t.pointee)
         elif isinstance(t, ScalarType):
             self.dtype(t.dtype)
+        elif isinstance(t, TensorMapType):
+            if not self.target.has("tma"):
+                raise self.fail(f"a tensormap parameter needs the Tensor Memory Accelerator (sm_90+), which "
+                                f"{self.target.name} lacks; compile for sm_90 or sm_90a")
         else:
-            raise self.fail(f"kernel parameter of type {t}: parameters must be scalars or global pointers")
+            raise self.fail(f"kernel parameter of type {t}: parameters must be scalars or global pointers (or "
+                            "tensor maps, on targets with TMA)")
 
     # -- ops --------------------------------------------------------------------------
 
@@ -150,6 +155,8 @@ class _Validator:
                 raise self.fail(reason, op)
 
     def value_type(self, t: Type, op: Operation) -> None:
+        if isinstance(t, TensorMapType):
+            return                      # a parameter (the verifier allows no other); argument_type checked it
         elem = element_of(t)
         if not isinstance(t, (ScalarType, PointerType, RegsType)):
             raise self.fail(f"value of type {t} in thread IR: tiles and views must be lowered to registers first", op)

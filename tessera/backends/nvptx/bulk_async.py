@@ -3,6 +3,7 @@
 | op                          | PTX (intrinsic in `intrinsics.SM90_FIXED`)                                |
 | --------------------------- | ------------------------------------------------------------------------- |
 | mbarrier_init               | mbarrier.init.shared.b64 [bar], count                                     |
+| mbarrier_inval              | mbarrier.inval.shared.b64 [bar]                                           |
 | mbarrier_arrive             | mbarrier.arrive.shared.b64 _, [bar], 1 (release, CTA scope)               |
 | mbarrier_arrive_expect_tx   | mbarrier.arrive.expect_tx.shared.b64 _, [bar], tx                         |
 | mbarrier_wait               | a loop around mbarrier.try_wait.parity.shared.b64 p, [bar], parity        |
@@ -14,12 +15,19 @@
 hardware-chosen time; the loop is the blocking wait CUTLASS and Triton emit.
 `tma_load` passes the destination as a shared::cluster address (the
 intrinsic's addrspace(7), which for a CTA's own shared memory is the same
-location), the tensor map by its generic address (the 128-byte CUtensorMap
-in global memory; PTX accepts a generic address of a global, const or
-param tensor map), and the coordinates innermost first, the reverse of the
+location), the tensor map by the address of its kernel parameter, and the
+coordinates innermost first, the reverse of the
 IR's numpy order; multicast and cache hints are off. A kernel using TMA
 aligns its dynamic shared memory to 1024 bytes, so that 128B-swizzled
 boxes at 1024-byte offsets are 1024-byte aligned.
+
+A `tensormap` parameter is `ptr byval([128 x i8]) align 64 "nvvm.grid_constant"`
+(`tensor_map_parameter`): LLVM 22 takes the grid-constant mark as this
+parameter attribute (the older `!nvvm.annotations` "grid_constant" entry is
+upgraded to it). Without the mark, taking the byval parameter's address
+makes LLVM copy the 128 bytes to local memory; with it, the PTX parameter
+is `.param .align 64 .b8 <name>[128]` and the TMA instruction reads it in
+place through `cvta.param` (PTX allows a generic address of a param map).
 
 The ops need the target features in `REQUIRED_FEATURES`; `NvptxDialect.check_op`
 rejects them elsewhere, before LLVM (which would abort on "Cannot select").
@@ -33,21 +41,42 @@ from ..llvm.types import I1, I16, I32, I64
 from .lowerings import lowering
 
 TMA_SHARED_ALIGN = 1024
+TENSOR_MAP_BYTES = 128
+TENSOR_MAP_ALIGN = 64
 _CLUSTER_SMEM = ir.PointerType(addrspace=7)
-_GENERIC = ir.PointerType()
 
 # op -> (target feature, what to tell the user it is)
 REQUIRED_FEATURES = {
     **{name: ("mbarrier", "mbarriers (sm_90+)") for name in (
-        "mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait", "fence_mbarrier_init")},
+        "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
+        "fence_mbarrier_init")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
 }
 
 
+class _GridConstantMap(ir.values.ArgumentAttributes):
+    """The parameter attributes of a by-value tensor map (llvmlite's fixed list has no typed byval for opaque
+    pointers, nor string attributes)."""
+
+    def _to_list(self, typ):
+        return [f"byval([{TENSOR_MAP_BYTES} x i8])", f"align {TENSOR_MAP_ALIGN}", '"nvvm.grid_constant"',
+                *super()._to_list(typ)]
+
+
+def tensor_map_parameter(param: ir.Argument) -> None:
+    """Make `param` the 128-byte CUtensorMap passed by value as a grid constant (see the module docstring)."""
+    param.attributes = _GridConstantMap()
+
+
 @lowering("mbarrier_init")
 def _init(lw, op, bar, count):
     lw.intrinsic("llvm.nvvm.mbarrier.init.shared", [bar, count])
+
+
+@lowering("mbarrier_inval")
+def _inval(lw, op, bar):
+    lw.intrinsic("llvm.nvvm.mbarrier.inval.shared", [bar])
 
 
 @lowering("mbarrier_arrive")
@@ -87,6 +116,6 @@ def _tma_load(lw, op, dst, tensor_map, *rest):
     smem = lw.shared_memory
     smem.align = max(smem.align or 0, TMA_SHARED_ALIGN)
     b = lw.builder
-    args = [b.addrspacecast(dst, _CLUSTER_SMEM), bar, b.addrspacecast(tensor_map, _GENERIC), *reversed(coords),
+    args = [b.addrspacecast(dst, _CLUSTER_SMEM), bar, tensor_map, *reversed(coords),
             ir.Constant(I16, 0), ir.Constant(I64, 0), ir.Constant(I1, 0), ir.Constant(I1, 0), ir.Constant(I32, 0)]
     lw.intrinsic(f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{len(coords)}d", args)

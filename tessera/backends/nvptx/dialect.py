@@ -27,7 +27,7 @@ from tessera.ir.target import Target
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
-from . import bulk_async  # noqa: F401  (registers the mbarrier and TMA lowerings)
+from . import bulk_async  # (also registers the mbarrier and TMA lowerings)
 from . import math as nvptx_math
 from . import warp_specialization, warpgroup
 from .bulk_async import REQUIRED_FEATURES
@@ -70,6 +70,9 @@ class NvptxDialect(TargetDialect):
         smem.align = warpgroup.SHARED_MEMORY_ALIGN if uses_wgmma else SHARED_MEMORY_ALIGN
         smem.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
         return smem
+
+    def tensor_map_parameter(self, param: ir.Argument) -> None:
+        bulk_async.tensor_map_parameter(param)
 
     def thread_id(self, lw) -> ir.Value:
         return lw.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", [])

@@ -100,6 +100,7 @@ _SMEM = ir.PointerType(addrspace=3)
 _CLUSTER_SMEM = ir.PointerType(addrspace=7)     # shared::cluster, where a TMA load writes
 SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mbarrier.init.shared": (VOID, (_SMEM, I32)),                          # mbarrier.init.shared.b64
+    "llvm.nvvm.mbarrier.inval.shared": (VOID, (_SMEM,)),                             # mbarrier.inval.shared.b64
     "llvm.nvvm.mbarrier.arrive.scope.cta.space.cta": (I64, (_SMEM, I32)),            # mbarrier.arrive (count)
     "llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta": (I64, (_SMEM, I32)),  # mbarrier.arrive.expect_tx
     "llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta": (I1, (_SMEM, I32)),    # mbarrier.try_wait.parity

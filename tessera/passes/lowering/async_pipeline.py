@@ -34,6 +34,13 @@ elements, so the swizzle never splits it. The view and offsets of
 iteration iv + (S-1)*step come from re-lowering the body's scalar address
 ops (the plan's `slice`) with the induction variable replaced.
 
+On targets with TMA, loads whose view qualifies are filled by TMA instead
+(one thread issues a box per slot and signals the slot's mbarrier; every
+thread waits on it before reading the slot): see `tma_fill.py`. The group
+bookkeeping above then covers only the cp.async loads, and the loop also
+carries the mbarriers' phase parity. (TMA fills mma.sync slots today; wgmma
+slots are filled by cp.async.)
+
 One barrier per iteration replaces the two per operand of the plain path:
 the barrier after the wait both publishes the landed slot and orders the
 previous iteration's ldmatrix reads of the slot about to be refilled
@@ -79,6 +86,7 @@ from .context import I32, Regs
 from .memory import view_lanes
 from .mma_operands import read_fragment, swizzle_offsets, wgmma_tile_offsets
 from .pipeline_plan import PipelinedLoad, PipelinePlan
+from .tma_fill import TmaRing
 
 
 @dataclass(frozen=True)
@@ -106,37 +114,51 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     stages, region, ahead_by = plan.stages, op.regions[0], plan.prefetch
     index_dtype = lb.type.dtype
     rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements,
-                              align=load.slot_alignment if load.on_wgmma else None) for load in plan.loads]
+                              align=load.slot_alignment if load.on_wgmma or load.tma else None)
+             for load in plan.loads]
+    tma = TmaRing(ctx, plan.loads, stages) if plan.tma_loads else None
     for stage in range(ahead_by):
         iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
-        _issue(ctx, plan, rings, iv, ub, [ctx.const(stage * load.slot_elements) for load in plan.loads])
+        _issue(ctx, plan, rings, iv, ub, ctx.const(stage), tma)
 
     body = ctx.new_block(region)
     slot = body.add_arg(I32, "slot")
+    phase = body.add_arg(I32, "phase") if tma else None
     with ctx.b.at(body):
-        ctx.create("async_wait", attrs={"pending": ahead_by - 1})
+        if plan.copy_loads:
+            ctx.create("async_wait", attrs={"pending": ahead_by - 1})
+        if tma:
+            tma.wait(ctx, slot, phase)
         if plan.on_wgmma:
             ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
         ctx.barrier()
         ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
         last = ctx.const(stages - 1)
         refill = _slot_ahead(ctx, slot, ahead_by, stages)
-        _issue(ctx, plan, rings, ahead, ub, [_times(ctx, refill, load.slot_elements) for load in plan.loads])
+        _issue(ctx, plan, rings, ahead, ub, refill, tma)
         at_last = ctx.emit("cmp", slot, last, attrs={"pred": "eq"})
         next_slot = ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1)))
+        carried = [next_slot]
+        if tma:                                    # the parity flips when the ring wraps
+            carried.append(ctx.emit("select", at_last, ctx.emit("sub", ctx.const(1), phase), phase))
         reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
                  for load, ring in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops:
             _lower_body_op(ctx, body_op, reads)
-    body.ops[-1].operands.append(next_slot)       # the yield carries the slot too
+    body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
 
-    result_types = [ctx.thread_type(r) for r in op.results] + [I32]
-    new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0)], {"stages": stages}, result_types, [body])
+    extra = [I32] + ([I32] if tma else [])
+    result_types = [ctx.thread_type(r) for r in op.results] + extra
+    starts = [ctx.const(0)] + ([ctx.const(0)] if tma else [])
+    new = ctx.create("for", [lb, ub, step, *inits, *starts], {"stages": stages}, result_types, [body])
     if plan.in_flight:
         ctx.create("wgmma_wait", attrs={"pending": 0})
-    ctx.create("async_wait", attrs={"pending": 0})
+    if plan.copy_loads:
+        ctx.create("async_wait", attrs={"pending": 0})
+    if tma:
+        tma.release(ctx)                           # the slots' mbarriers end before the bytes are reused
     ctx.barrier()
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint
@@ -167,17 +189,23 @@ def _slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
                     ctx.emit("add", slot, ctx.const(ahead_by)))
 
 
-def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, offsets) -> None:
-    """Copy every pipelined block of iteration `iv` into its ring at element `offsets`, as one group."""
+def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None) -> None:
+    """Copy every pipelined block of iteration `iv` into ring slot `slot`: the cp.async ones as one group, the
+    TMA ones on the slot's mbarrier."""
     live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
     body = plan.loop.regions[0]
     ctx.env[body.args[0]] = iv
     order = {op: i for i, op in enumerate(body.ops)}
     for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
         lower_op(ctx, slice_op)
-    for load, ring, offset in zip(plan.loads, rings, offsets):
-        _copy_block(ctx, load, ring, offset, live)
-    ctx.create("async_commit")
+    offsets = {load.load: _times(ctx, slot, load.slot_elements) for load in plan.loads}
+    for load, ring in zip(plan.loads, rings):
+        if load.tma is None:
+            _copy_block(ctx, load, ring, offsets[load.load], live)
+    if plan.copy_loads:
+        ctx.create("async_commit")
+    if tma:
+        tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live)
 
 
 def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Value) -> None:

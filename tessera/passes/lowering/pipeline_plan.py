@@ -48,6 +48,12 @@ prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
 anything else reading the accumulator in the body would read it in flight;
 those dots wait for their group, pending = 0, and keep S - 1.)
 
+On a target with TMA, a load whose tensor map the host can build from the
+kernel's specialization fills its slots with TMA instead of cp.async
+(`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`). Today that
+needs an mma.sync slot (an `SmemLayout` TMA can write); wgmma slots are
+filled by cp.async.
+
 Shared memory: the ring of a load is S slots of its tile (wgmma slots start
 on their swizzle pattern: 1024 bytes for 128B). S is lowered
 until S x (sum of the slots) fits the target's shared memory per block
@@ -71,6 +77,7 @@ from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzl
 from .. import alignment
 from ..mma import MmaPlan, mma_plan
 from .mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
+from .tma_fill import TmaBox, tma_plan
 
 MIN_COPY_BYTES = 4
 MAX_COPY_BYTES = 16
@@ -91,6 +98,7 @@ class PipelinedLoad:
     copies: RegisterLayout              # tile-orientation layout of the copy chunks (contiguous dim / width)
     slot_layout: SmemLayout | WgmmaTileLayout   # where each element lives in a slot (slot orientation)
     fragment: LdmatrixPlan | None       # ldmatrix reads of a slot (mma.sync); None: wgmma descriptors
+    tma: TmaBox | None = None           # the slots are filled by TMA (else by cp.async with `copies`)
 
     @property
     def on_wgmma(self) -> bool:
@@ -98,7 +106,10 @@ class PipelinedLoad:
 
     @property
     def slot_alignment(self) -> int:
-        return self.slot_layout.alignment if self.on_wgmma else SHARED_ALIGNMENT
+        """The ring's alignment in bytes: a wgmma slot's or a TMA-filled slot's swizzle period, else 16."""
+        if self.on_wgmma:
+            return self.slot_layout.alignment
+        return self.tma.slot_align if self.tma is not None else SHARED_ALIGNMENT
 
     @property
     def dtype(self):
@@ -138,6 +149,15 @@ class PipelinePlan:
     @property
     def shared_bytes(self) -> int:
         return self.stages * sum(_align(load.slot_bytes, load.slot_alignment) for load in self.loads)
+
+    @property
+    def tma_loads(self) -> tuple[PipelinedLoad, ...]:
+        return tuple(load for load in self.loads if load.tma is not None)
+
+    @property
+    def copy_loads(self) -> tuple[PipelinedLoad, ...]:
+        """The loads filled by cp.async."""
+        return tuple(load for load in self.loads if load.tma is None)
 
 
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) -> PipelinePlan | None:
@@ -215,7 +235,8 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         if copies is not None:
             if dim == 0:
                 copies = copies.permute((1, 0))
-            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment)
+            tma = None if isinstance(slot_layout, WgmmaTileLayout) else tma_plan(load, dim, slot_layout, target, facts)
+            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma)
         width //= 2
     return None
 
