@@ -21,6 +21,7 @@ under the tile's layout.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from .dtypes import DType
@@ -72,10 +73,7 @@ class TileType(Type):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
@@ -108,10 +106,7 @@ class SharedType(Type):
 
     @property
     def numel(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
 
 @dataclass(frozen=True)
