@@ -51,7 +51,7 @@ from __future__ import annotations
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, TileType
+from tessera.ir.types import TileType
 
 from .async_pipeline import RingOperand, _lower_body_op
 from .context import I32, Regs
@@ -142,8 +142,7 @@ def _check_prologue(ctx, loop: Operation) -> None:
     for top in body.ops[:body.ops.index(loop)]:
         for op in top.walk():
             tiles = any(isinstance(v.type, TileType) for v in (*op.operands, *op.results))
-            scalar_ok = not op.regions and OPS[op.name].pure and not any(
-                isinstance(v.type, PointerType) and v.type.space == "shared" for v in op.results)
+            scalar_ok = not op.regions and OPS[op.name].pure
             tile_ok = op.name in register_only and not _converts(ctx, op)
             if not (tile_ok if tiles else scalar_ok):
                 raise ctx.error(op, f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, "
