@@ -206,6 +206,28 @@ def test_a_loop_nested_in_another_loop_is_refused():
     assert "persistent kernels are not supported" in message
 
 
+@tessera.kernel
+def two_ws_loops(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    pid_m = tessera.program_id(0)
+    pid_n = tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K))
+    b = tessera.view(b_ptr, (K, N))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2, warp_specialize=True):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=3, warp_specialize=True):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
+
+
+def test_a_second_warp_specialized_loop_is_refused():
+    module = two_ws_loops.specialize(bf16(64, 64), bf16(64, 64), np.zeros((64, 64), np.float16), 64, 64, 64,
+                                     BM=64, BN=64, BK=64).module
+    message = compile_error(module)
+    assert "only one tessera.pipeline(warp_specialize=True) loop per kernel" in message
+    assert "stages=3, warp_specialize=True" in message and "stages=2" not in message     # the second loop's line
+
+
 def test_memory_accesses_before_the_loop_are_refused():
     module = bias_first_ws.specialize(bf16(64, 64), bf16(64, 64), np.zeros((64, 64), np.float16),
                                       np.zeros((64, 64), np.float32), 64, 64, 64, BM=64, BN=64, BK=64).module

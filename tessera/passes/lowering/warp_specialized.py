@@ -43,7 +43,14 @@ code, so that code may only compute (scalar ops, views, register-only tile
 ops such as `zeros`): no memory access, no shared-memory exchange, no
 nested region (`_check_prologue`). The loop must be an op of the kernel's
 body itself (not nested in a loop or an `if`: persistent kernels are not
-supported), one per kernel, and every pipelined load must be TMA-filled.
+supported), one per kernel, and every pipelined load must be TMA-filled
+(a view load `pipeline_plan` does not pipeline at all stays an ordinary
+load of the consumers' body).
+
+The two branches meet again only at the named barrier 2 after the loop:
+the consumers' waits on full[] say that every fill has been issued and has
+landed, and the barrier orders the producer's last mbarrier accesses before
+thread 0 invalidates them (the SIMT simulator checks both).
 """
 
 from __future__ import annotations
@@ -136,7 +143,7 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
 def _check_prologue(ctx, loop: Operation) -> None:
     """The producer runs what precedes the loop too: refuse anything there but pure computation."""
     body = ctx.src.body
-    from . import LOWERINGS
+    from . import LOWERINGS                         # filled once every op family is imported
     register_only = REGISTER_ONLY_TILE_OPS | {name for name, fn in LOWERINGS.items()
                                               if fn.__module__.endswith(".elementwise")}
     for top in body.ops[:body.ops.index(loop)]:
