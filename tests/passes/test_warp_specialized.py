@@ -32,6 +32,7 @@ from tessera.backends.interp import run_function
 from tessera.dsl.compiler import compile_tile_module
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
+from tessera.ir.verifier import verify_module
 from tessera.passes.pipeline_threads import lower
 
 from pipeline_kernels import F16_RESULT
@@ -126,6 +127,14 @@ def test_a_producer_warpgroup_beside_the_consumer_warps(num_warps):
 
 def names(ops):
     return [op.name for op in ops]
+
+
+def test_the_thread_ir_verifies_prints_and_parses_back():
+    module = lower(ws_matmul_case(61, 200, 272, 32, 128, 64, 3, trans_b=True).module, "sm_90a", 8)
+    verify_module(module)
+    text = print_module(module)
+    assert "named_barrier {count = 256, id = 1}" in text and "named_barrier {count = 384, id = 2}" in text
+    assert print_module(parse_module(text)) == text
 
 
 @pytest.mark.parametrize("target, num_warps, block, regs", [
