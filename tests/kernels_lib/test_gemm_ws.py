@@ -2,7 +2,7 @@
 
 Specification: no shipped config sets WS, and their tile IR carries no `warp_specialize`; with WS = True
 the K loop is `tessera.pipeline(..., warp_specialize=True)`: on sm_90 the kernel launches num_warps * 32
-+ 128 threads, assembles without spills, and on the SIMT simulator equals numpy (odd sizes, B transposed,
++ 128 threads, assembles without spills, needs no more shared memory than without WS but its mbarriers, and on the SIMT simulator equals numpy (odd sizes, B transposed,
 bias and activation in the consumers' epilogue); with PERSISTENT the nested K loop is a CompileError.
 """
 
@@ -47,6 +47,10 @@ def test_ws_config_on_sm_90_assembles_without_spills():
     assert meta["num_threads"] == 384 and re.search(r"\.maxntid 384\b", ptx)
     assert ptx.count("cp.async.bulk.tensor.2d") == 2 and "mma.sync.aligned.m16n8k16" in ptx
     assert meta["spill_stores"] == meta["spill_loads"] == 0, meta["log"]
+    # the epilogue's buffers reuse the rings' bytes as without WS: only the 2 x 3 mbarriers are extra
+    plain = gemm_kernel.kernel.compile(signature=SIGNATURE, target="sm_90", num_warps=config.num_warps, **EPILOGUE,
+                                       **config.kwargs).metadata
+    assert plain["shared_bytes"] < meta["shared_bytes"] <= plain["shared_bytes"] + 64
 
 
 @pytest.mark.parametrize("trans_b", [False, True])

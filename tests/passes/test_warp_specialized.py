@@ -95,9 +95,17 @@ def test_a_producer_warpgroup_beside_the_consumer_warps(num_warps):
     fn = lower(ws_matmul_case(64, 64, 256, 64, 64, 64, stages).module, "sm_90", num_warps).functions[0]
     assert fn.attrs["num_threads"] == consumers + 128
     before, producer, consumer, after = split_of(fn)
-    assert names(after) == ["return"] and consumer.ops[-1].name == "yield"
-    cond = next(op for op in fn.body.ops if op.name == "if" and op.regions[0] is producer).operands[0].owner
-    assert (cond.name, cond.attrs["pred"], cond.operands[1].owner.attrs["value"]) == ("cmp", "ge", consumers)
+    split = next(op for op in fn.body.ops if op.name == "if" and op.regions[0] is producer)
+    assert condition(split) == ("ge", consumers)
+    # the loop's result (the accumulator) leaves the split; the producer's branch yields a placeholder
+    assert [r.type for r in split.results] == [op.type for op in consumer.ops[-1].operands]
+    assert [v.owner.name for v in producer.ops[-1].operands] == ["constant"]
+    # the rest of the kernel: the consumers' own `if`, then the kernel's return
+    assert names(after) == ["cmp", "if", "return"] and condition(after[1]) == ("lt", consumers)
+    rest = after[1].regions[0]
+    assert "tma_load" not in walk_names(rest) and "barrier" not in walk_names(rest)
+    assert {str(op.attrs) for top in rest.ops for op in top.walk() if op.name == "named_barrier"} == {
+        str({"id": 1, "count": consumers})}
 
     # before the split: both mbarrier rings initialized (full: count 1, empty: count C), then CTA-wide barriers
     inits = [op for top in before for op in top.walk() if op.name == "mbarrier_init"]
@@ -120,13 +128,18 @@ def test_a_producer_warpgroup_beside_the_consumer_warps(num_warps):
     consumed = walk_names(consumer)
     assert "barrier" not in consumed and "tma_load" not in consumed
     named = [op.attrs for top in consumer.ops for op in top.walk() if op.name == "named_barrier"]
-    assert named[0] == {"id": 2, "count": consumers + 128}
-    assert named[1:] and all(attrs == {"id": 1, "count": consumers} for attrs in named[1:])
+    assert named == [{"id": 2, "count": consumers + 128}, {"id": 1, "count": consumers}]
     assert consumed.count("mbarrier_inval") == 2 * stages
 
 
 def names(ops):
     return [op.name for op in ops]
+
+
+def condition(if_op):
+    """(predicate, constant) of an `if` whose condition is `cmp thread_id, constant`."""
+    cmp = if_op.operands[0].owner
+    return cmp.attrs["pred"], cmp.operands[1].owner.attrs["value"]
 
 
 def test_the_thread_ir_verifies_prints_and_parses_back():

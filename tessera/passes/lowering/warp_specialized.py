@@ -11,7 +11,7 @@ and the producer is threads C .. C+127:
 
     rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
     empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
-    if thread_id >= C {                                      the producer
+    %acc... = if thread_id >= C {                            the producer
         [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
                                                              every thread has 255 registers at entry)
         if thread_id == C {                                  one thread issues
@@ -22,16 +22,26 @@ and the producer is threads C .. C+127:
                 tma_load ring[slot], map, <block offsets>, full[slot]        (one per pipelined load)
         }
         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
-    } else {                                                 the consumers: the rest of the kernel
+        yield <zeros>                                        placeholders for the loop's results
+    } else {                                                 the consumers
         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
-        for iv = lo .. hi, carried..., slot, phase:
+        %acc... = for iv = lo .. hi, carried..., slot, phase:
             mbarrier_wait full[slot], phase
             ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
             mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
         named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]; named_barrier
-        ... the rest of the kernel; each barrier is a `named_barrier {id = 1, count = C}` ...
+        yield %acc...
+    }
+    if thread_id < C {                                       the rest of the kernel, consumers only; each
+        ...                                                  barrier is a `named_barrier {id = 1, count = C}`
     }
     return
+
+The rest of the kernel has an `if` of its own rather than following the
+loop in the consumers' branch so that the rings' and mbarriers' uses end
+with the first `if`: the shared-memory allocator then gives their bytes to
+the buffers after the loop (such as the epilogue's layout change), as it
+does for the plain pipeline.
 
 The producer runs ahead on its own, at most S fills ahead of the slowest
 consumer, limited only by the empty barriers: no prefetch distance. A wgmma
@@ -58,7 +68,7 @@ from __future__ import annotations
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import TileType
+from tessera.ir.types import PointerType, TileType
 
 from .async_pipeline import RingOperand, _lower_body_op
 from .context import I32, Regs
@@ -86,20 +96,30 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     empty = _empty_barriers(ctx, stages, consumers)
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
-    producer, rest = Block(), Block()
+    producer, consumer = Block(), Block()
+    result_types = [ctx.thread_type(r) for r in op.results]
     with ctx.b.at(producer):
         _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
         _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
-        ctx.create("yield")
-    is_producer = ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
-    ctx.create("if", [is_producer], None, [], [producer, rest])
-    # the rest of the kernel is lowered into the consumers' branch; `end_consumer_branch` closes it
-    ctx.b.block = rest
+        ctx.create("yield", [_placeholder(ctx, op, t) for t in result_types])
     ctx.consumer_threads = consumers
-    inc = _consumer_registers(ctx, consumers)
-    if inc:
-        ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
-    _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
+    with ctx.b.at(consumer):
+        inc = _consumer_registers(ctx, consumers)
+        if inc:
+            ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
+        loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
+        ctx.create("yield", loop.results[:len(result_types)])
+    is_producer = ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
+    split = ctx.create("if", [is_producer], None, result_types, [producer, consumer])
+    # The rest of the kernel runs in the consumers' own `if`, which `end_consumer_branch` closes: the rings'
+    # uses end with the first `if`, so that the shared-memory allocator may give their bytes to later buffers.
+    rest = Block()
+    ctx.create("if", [ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "lt"})], None, [],
+               [rest, _yield_block(ctx)])
+    ctx.b.block = rest
+    for old, result in zip(op.results, split.results):
+        result.name_hint = old.name_hint
+        ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
 
 
 def end_consumer_branch(ctx) -> None:
@@ -221,8 +241,9 @@ def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value
         ctx.create("tma_load", [dst, full.maps[load.load], *coords, bar])
 
 
-def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step) -> None:
-    """The loop the consumer warps run: wait for the slot, compute on it, release it."""
+def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub,
+                   step) -> Operation:
+    """The loop the consumer warps run (returned): wait for the slot, compute on it, release it."""
     inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(3, len(op.operands))]
     region = op.regions[0]
     body = ctx.new_block(region)
@@ -253,9 +274,7 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
         ctx.create("yield")
     _if(ctx, ctx.first_thread(), then)
     ctx.barrier()                                   # before later buffers reuse the rings' bytes
-    for old, result in zip(op.results, new.results):
-        result.name_hint = old.name_hint
-        ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+    return new
 
 
 def _all_threads_barrier(ctx, consumers: int) -> None:
@@ -289,7 +308,24 @@ def _bar(ctx, bars: Value, slot: Value) -> Value:
 
 
 def _if(ctx, cond: Value, then: Block) -> None:
-    otherwise = Block()
-    with ctx.b.at(otherwise):
+    ctx.create("if", [cond], None, [], [then, _yield_block(ctx)])
+
+
+def _yield_block(ctx) -> Block:
+    block = Block()
+    with ctx.b.at(block):
         ctx.create("yield")
-    ctx.create("if", [cond], None, [], [then, otherwise])
+    return block
+
+
+def _placeholder(ctx, op: Operation, t) -> Value:
+    """What the producer's branch yields for a value the loop carries (the consumers' is the one used)."""
+    element = getattr(t, "element", t)
+    if isinstance(element, PointerType):
+        raise ctx.error(op, "a tessera.pipeline(warp_specialize=True) loop cannot carry pointers yet; carry "
+                            "offsets and build the pointers after the loop")
+    return ctx.hoist("constant", attrs={"value": _zero(element.dtype)}, type=t)
+
+
+def _zero(dtype):
+    return False if dtype.is_bool else 0 if dtype.is_int else 0.0
