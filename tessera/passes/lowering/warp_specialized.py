@@ -157,6 +157,8 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
                    "unit-stride dim (see passes/lowering/tma_fill.py); fix the view or drop warp_specialize=True")
         raise ctx.error(op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at "
                             f"{where} cannot be: {why}")
+    if plan.stages < plan.requested_stages:
+        ctx.notes.append(f"for at {op.loc}: {plan.stages} of the {plan.requested_stages} stages fit in shared memory")
     return plan
 
 
