@@ -10,7 +10,9 @@
   `break` becomes an IR `while` instead (see `loop_exits.py`).
 * `for i in tessera.pipeline(a, b, c, stages=S)` is the same loop with
   `stages = S` on the IR `for` (S a compile-time int >= 1; a pipelined loop
-  cannot `break`): the lowering may software-pipeline its copies S deep.
+  cannot `break`): the lowering may software-pipeline its copies S deep;
+  `warp_specialize=True` adds `warp_specialize = true` (a producer
+  warpgroup fills the ring on sm_90/sm_90a).
 * `while C:` emits an IR `while` whose condition region evaluates C again
   with the carried values. A compile-time false C emits nothing.
 """
@@ -91,7 +93,7 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
     iterable = node.iter
     func = gen.visit(iterable.func) if isinstance(iterable, ast.Call) else None
     if func is range or func is pipeline:
-        stages = pipeline_stages(gen, iterable) if func is pipeline else 1
+        stages, specialize = pipeline_options(gen, iterable) if func is pipeline else (1, False)
         bounds = range_bounds(gen, iterable, "tessera.pipeline" if func is pipeline else "range")
         if not isinstance(node.target, ast.Name):
             gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
@@ -102,7 +104,7 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
                           "loop over range(...) instead", UnsupportedSyntaxError)
             loop_exits.lower_for_with_break(gen, node, *bounds)
         else:
-            runtime_for(gen, node, *bounds, stages=stages)
+            runtime_for(gen, node, *bounds, stages=stages, warp_specialize=specialize)
         return
     values = gen.visit(iterable)
     if isinstance(values, static_range):
@@ -113,29 +115,37 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
     unroll(gen, node, values)
 
 
-def pipeline_stages(gen: "CodeGenerator", call: ast.Call) -> int:
-    """The `stages=` of `tessera.pipeline(...)`: a compile-time int >= 1 (default 2)."""
-    stages = 2
+def pipeline_options(gen: "CodeGenerator", call: ast.Call) -> tuple[int, bool]:
+    """The `stages=` (a compile-time int >= 1, default 2) and `warp_specialize=` (a compile-time bool, default
+    False; it needs stages >= 2) of `tessera.pipeline(...)`."""
+    options = {"stages": 2, "warp_specialize": False}
     for keyword in call.keywords:
-        if keyword.arg != "stages":
+        if keyword.arg not in options:
             gen.at(keyword.value if keyword.arg is None else keyword).error(
-                "tessera.pipeline() takes start/stop/step positionally and only the keyword `stages`: "
-                "tessera.pipeline(start, stop, step, stages=3)")
+                "tessera.pipeline() takes start/stop/step positionally and only the keywords `stages` and "
+                "`warp_specialize`: tessera.pipeline(start, stop, step, stages=3, warp_specialize=True)")
         value = gen.visit(keyword.value)
+        name = f"tessera.pipeline({keyword.arg}=...)"
         if isinstance(value, Tensor):
-            gen.at(keyword.value).error("tessera.pipeline(stages=...) must be a compile-time int; make it a "
-                                        "tessera.constexpr parameter or a literal", ConstexprError)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            gen.at(keyword.value).error(f"tessera.pipeline(stages=...) must be an int >= 1 (1: no pipelining), "
-                                        f"got {value!r}")
-        stages = value
-    return stages
+            kind = "int" if keyword.arg == "stages" else "bool"
+            gen.at(keyword.value).error(f"{name} must be a compile-time {kind}; make it a tessera.constexpr "
+                                        "parameter or a literal", ConstexprError)
+        if keyword.arg == "stages" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
+            gen.at(keyword.value).error(f"{name} must be an int >= 1 (1: no pipelining), got {value!r}")
+        if keyword.arg == "warp_specialize" and not isinstance(value, bool):
+            gen.at(keyword.value).error(f"{name} must be True or False, got {value!r}")
+        options[keyword.arg] = value
+    if options["warp_specialize"] and options["stages"] < 2:
+        gen.at(call).error("tessera.pipeline(warp_specialize=True) needs a ring of stages >= 2 slots; "
+                           "pass stages=2 or more")
+    return options["stages"], options["warp_specialize"]
 
 
 def range_bounds(gen: "CodeGenerator", call: ast.Call, name: str = "range") -> tuple[Tensor, Tensor, Tensor]:
     """range(...)'s (start, stop, step) as integer scalars of one type: i32, or i64 if a traced bound is 64-bit
     (or u32), or a compile-time bound does not fit in i32."""
-    keywords = [k for k in call.keywords if not (name == "tessera.pipeline" and k.arg == "stages")]
+    keywords = [k for k in call.keywords
+                if not (name == "tessera.pipeline" and k.arg in ("stages", "warp_specialize"))]
     if keywords or not 1 <= len(call.args) <= 3 or any(isinstance(a, ast.Starred) for a in call.args):
         gen.at(call).error(f"{name}() takes 1 to 3 positional arguments: {name}(stop), {name}(start, stop) "
                            f"or {name}(start, stop, step)")
@@ -168,7 +178,7 @@ def as_index(gen: "CodeGenerator", value: Any, index: ScalarType) -> Tensor:
 
 
 def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
-                stages: int = 1) -> None:
+                stages: int = 1, warp_specialize: bool = False) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
@@ -185,11 +195,17 @@ def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor
         with gen.builder.at(body):
             gen.builder.create("yield", [v.value for v in yields])
         op = gen.builder.create("for", [start.value, stop.value, step.value, *(t.value for t in carried.inits)],
-                                attrs={"stages": stages} if stages > 1 else None,
+                                attrs=_loop_attrs(stages, warp_specialize),
                                 result_types=carried.types, regions=[body], result_names=carried.hints)
         gen.frame.rebind(carried.leave(before, variables, op.results, line, loop_only=(target,)))
         return
     unsettled(gen, carried)
+
+
+def _loop_attrs(stages: int, warp_specialize: bool) -> dict | None:
+    """The IR `for`'s attributes: `stages` when pipelined, `warp_specialize = true` when asked for."""
+    attrs = ({"stages": stages} if stages > 1 else {}) | ({"warp_specialize": True} if warp_specialize else {})
+    return attrs or None
 
 
 def unsettled(gen: "CodeGenerator", carried: Carried) -> None:

@@ -144,14 +144,17 @@ class pipeline:
     """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
     for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
     `passes/lowering/async_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
-    int >= 1; 1 means no pipelining) is recorded on the IR `for`.
+    int >= 1; 1 means no pipelining) is recorded on the IR `for`. `warp_specialize=True` (sm_90/sm_90a, TMA
+    loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
+    (`passes/lowering/warp_specialized.py`); it is recorded on the IR `for` as `warp_specialize = true`.
 
     Outside kernels it behaves like `range`.
     """
 
-    def __init__(self, *args: int, stages: int = 2):
+    def __init__(self, *args: int, stages: int = 2, warp_specialize: bool = False):
         self.range = range(*args)
         self.stages = stages
+        self.warp_specialize = warp_specialize
 
     def __iter__(self):
         return iter(self.range)

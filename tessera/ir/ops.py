@@ -599,8 +599,9 @@ def _check_condition(op):
 
 
 define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1, "
-       "default 1): how deep the lowering may software-pipeline the body's global -> shared copies.", (3, -1),
-       optional_attrs={"stages": "int"}, regions=1, check=_check_for, pure=False)
+       "default 1): how deep the lowering may software-pipeline the body's global -> shared copies; "
+       "`warp_specialize`: a producer warpgroup makes those copies (TMA targets).", (3, -1),
+       optional_attrs={"stages": "int", "warp_specialize": "bool"}, regions=1, check=_check_for, pure=False)
 define("if", "Run the then or else region; results are what the taken region yields.", 1,
        regions=2, check=_check_if, pure=False)
 define("while", "Loop while the condition region's `condition` is true.", (0, -1),

@@ -14,6 +14,10 @@ Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
 PERSISTENT one program per SM that loops over tiles num_programs apart.
+A config with WS = True (sm_90, TMA-filled mma.sync K loop; not with
+PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
+num_warps issues the TMA loads (`passes/lowering/warp_specialized.py`).
+No shipped config sets it; it defaults to False.
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
@@ -80,10 +84,11 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
 
 @tessera.func
 def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES):
+              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):    # blocks copied ahead (see above)
+    # blocks copied ahead (see above); WS: by a producer warpgroup of their own
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):
         a_block = a.block((BM, BK), (pid_m, k)).load()
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)
@@ -112,7 +117,8 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
                 ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
-                GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr):
+                GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
+                WS: tessera.constexpr = False):
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -122,11 +128,11 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
         for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES)
+                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
     else:               # one program per tile
         pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES)
+                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
 
 
 # ---------------------------------------------------------------------------

@@ -27,6 +27,7 @@ docstrings give the rules):
 | dot                                   | mma.sync (ldmatrix for 16-bit inputs) or MFMA; else FMA over k |
 | for, if, while                        | the same, carrying registers                                   |
 | for {stages = S} (tessera.pipeline)   | dot operands copied S-1 iterations ahead into cp.async rings   |
+| for {warp_specialize} (sm_90+)        | + a producer warpgroup issuing the TMA fills; consumers behind mbarriers |
 | smem_* (tessera.shared, async_copy)   | swizzled shared_alloc; cp.async chunks (else load + st.shared); ld.shared or ldmatrix |
 | assert / print, breakpoint            | kept per thread / dropped with a note (`lowering_notes`)       |
 | scalar ops                            | unchanged; scalar stores and atomics by thread 0 only          |

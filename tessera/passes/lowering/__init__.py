@@ -14,6 +14,7 @@ are (`copy_scalar_op`).
     control_flow.py   for, if, while and their terminators
     async_pipeline.py a `for {stages}` whose dot operands are copied ahead with cp.async
                       (which loads, in which slot layout: pipeline_plan.py)
+    warp_specialized.py a `for {stages, warp_specialize}`: a producer warpgroup fills the TMA ring
     debug.py          print, breakpoint (dropped), assert
     shared_buffers.py explicit shared buffers (tessera.shared): smem_alloc/slot/load/store, async copies
 """

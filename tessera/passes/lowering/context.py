@@ -47,6 +47,7 @@ from ..layout_assignment import LayoutAssignment
 from .vector_facts import VectorFacts
 
 I32 = ScalarType(dt.i32)
+CONSUMER_BARRIER_ID = 1        # the named barrier of a warp-specialized kernel's consumers (0 is bar.sync 0)
 BOOL = ScalarType(dt.bool_)
 
 
@@ -199,6 +200,9 @@ class Lowering:
         self._materialized: dict[tuple[Value, RegisterLayout, int], Regs] = {}
         self._memo: dict[tuple, Value] = {}       # extracts and splats, per block
         self.notes: list[str] = []
+        # set by a warp-specialized loop (`warp_specialized.py`): the threads left after its producer
+        # warpgroup exited, which every later barrier waits for
+        self.consumer_threads: int | None = None
         self.used: set[Value] = {v for op in fn.walk() for v in op.operands}
 
     # -- types and values -------------------------------------------------------
@@ -406,7 +410,12 @@ class Lowering:
                          type=PointerType(dtype, "shared"))
 
     def barrier(self) -> None:
-        self.create("barrier")
+        """Every thread of the block waits; after a warp-specialized loop, every consumer thread (the producer
+        warpgroup has exited, so a CTA-wide barrier would never complete)."""
+        if self.consumer_threads is None:
+            self.create("barrier")
+        else:
+            self.create("named_barrier", attrs={"id": CONSUMER_BARRIER_ID, "count": self.consumer_threads})
 
     def shared_vector(self, layout: RegisterLayout, weights: Sequence[int], dtype: dt.DType) -> int:
         """Registers one shared-memory access may move when register j goes to element sum_d w_d * coord_d."""

@@ -9,7 +9,9 @@ safe.
 
 A `for {stages = S}` whose dot operands can be copied ahead with cp.async
 becomes the software-pipelined loop of `async_pipeline.py`; otherwise the
-attribute is dropped and the loop lowers as any other.
+attribute is dropped and the loop lowers as any other. A `for {stages = S,
+warp_specialize = true}` becomes the producer / consumer warpgroups of
+`warp_specialized.py`.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from . import lowering
 from .async_pipeline import lower_pipelined_for
 from .context import Regs
 from .pipeline_plan import pipeline_plan
+from .warp_specialized import end_consumer_branch, lower_warp_specialized_for
 
 
 def _results(ctx, op, new_op) -> None:
@@ -42,12 +45,17 @@ def _terminator(ctx, op):
 
 @lowering("return")
 def _return(ctx, op):
+    if ctx.consumer_threads is not None:
+        end_consumer_branch(ctx)
     ctx.create("return")
 
 
 @lowering("for")
 def _for(ctx, op):
     stages = op.attrs.get("stages", 1)
+    if op.attrs.get("warp_specialize"):
+        lower_warp_specialized_for(ctx, op)
+        return
     if stages > 1:
         plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
         where = f" at {op.loc}" if op.loc else ""
