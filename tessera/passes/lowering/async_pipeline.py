@@ -38,8 +38,12 @@ On targets with TMA, loads whose view qualifies are filled by TMA instead
 (one thread issues a box per slot and signals the slot's mbarrier; every
 thread waits on it before reading the slot): see `tma_fill.py`. The group
 bookkeeping above then covers only the cp.async loads, and the loop also
-carries the mbarriers' phase parity. (TMA fills mma.sync slots today; wgmma
-slots are filled by cp.async.)
+carries the mbarriers' phase parity: slot s's k-th fill is iteration
+s + k*S's blocks, so the wait of iteration i is for parity (i // S) mod 2,
+flipped each time the slot index wraps, whatever the prefetch distance (a
+prologue of fewer than S - 1 fills leaves the later slots' first phases to
+the loop's refills, which come before their waits). Both slot kinds take
+TMA: an mma.sync slot as one box, a wgmma slot as one box per column block.
 
 One barrier per iteration replaces the two per operand of the plain path:
 the barrier after the wait both publishes the landed slot and orders the
@@ -55,6 +59,12 @@ proxy, so every thread fences its landed copies before the barrier that
 publishes them:
 
         async_wait {pending = D-1}; fence_proxy_async; barrier; refill; ...
+
+With TMA fills (sm_90a's usual case) the slots are written and read by the
+async proxy alone, so no fence is needed on either side (neither after the
+landing nor before a refill); the wait is the slot's mbarrier:
+
+        mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D; ...
         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
     (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0}; barrier
 
@@ -63,10 +73,15 @@ across the back edge, the accumulator carried in the wgmma registers, and
 the copies run D = `plan.prefetch` = S - 1 - F iterations ahead (the
 prologue fills slots 0 .. D-1; iteration i refills slot (i + D) mod S).
 Why no slot is refilled while a wgmma may read it: the refill in iteration
-i comes after iteration i's barrier, which every thread reaches only after
-its warpgroup's `wgmma_wait {pending = F}` of iteration i-1; so every group
-up to i-1-F has retired, and only groups i-F .. i-1 may still read their
-slots (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
+i (cp.async by every thread, or TMA by thread 0) comes after iteration i's
+barrier, which every thread reaches only after its warpgroup's
+`wgmma_wait {pending = F}` of iteration i-1; so every group up to i-1-F has
+retired, and only groups i-F .. i-1 may still read their slots
+(i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
+(With TMA the barrier also follows every thread's mbarrier wait of
+iteration i, and each earlier fill of the refilled slot was waited for in
+its own iteration, so the refill's arrive_expect_tx starts a new phase of
+an mbarrier whose previous phase has completed and been observed.)
 That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
 left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
 F = 1 needs S >= 3.) The SIMT simulator checks the argument: refilling a
@@ -129,7 +144,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             ctx.create("async_wait", attrs={"pending": ahead_by - 1})
         if tma:
             tma.wait(ctx, slot, phase)
-        if plan.on_wgmma:
+        if any(load.on_wgmma for load in plan.copy_loads):
             ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
         ctx.barrier()
         ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
