@@ -87,7 +87,7 @@ SHARED_ALIGNMENT = 16
 
 @dataclass(frozen=True)
 class PipelinedLoad:
-    """One view_load turned into a ring of shared-memory slots filled by cp.async."""
+    """One view_load turned into a ring of shared-memory slots filled by cp.async or (`tma`) by TMA."""
 
     load: Operation                     # the tile-IR view_load
     slice: tuple[Operation, ...]        # body ops computing its view and offsets, in body order
