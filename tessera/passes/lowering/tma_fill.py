@@ -147,6 +147,8 @@ def slot_boxes(slot: SmemLayout | WgmmaTileLayout, rows: int, cols: int, size: i
     (swizzle mode, box width in elements, boxes per slot), or None when no TMA box lands that way (see the
     module docstring)."""
     if isinstance(slot, WgmmaTileLayout):       # column blocks of one atom row each: a box per block
+        if (slot.rows, slot.cols, slot.element_bytes) != (rows, cols, size):
+            return None
         mode = f"{slot.swizzle}B" if slot.swizzle else "none"
         return mode, slot.atom, cols // slot.atom
     if slot.strides != (cols, 1) or slot.shape != (rows, cols):
