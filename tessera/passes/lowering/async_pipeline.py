@@ -1,4 +1,4 @@
-"""Software-pipelined loops: `for {stages = S}` with cp.async ring buffers feeding ldmatrix (sm_80+) or wgmma (sm_90a).
+"""Software-pipelined loops: `for {stages = S}` with cp.async or TMA ring buffers feeding ldmatrix (sm_80+) or wgmma.
 
 A loop the author wrote as `for k in tessera.pipeline(lo, hi, stages=S)`
 carries `stages = S` in the tile IR. When lowering it to threads,
@@ -56,17 +56,15 @@ wgmma layout (`PipelinedLoad.slot_layout`: K- or MN-major, swizzled in
 them through matrix descriptors (`wgmma_dot`), with no register round trip.
 cp.async writes through the generic proxy and wgmma reads through the async
 proxy, so every thread fences its landed copies before the barrier that
-publishes them:
+publishes them. TMA (sm_90a's usual fill) writes through the async proxy
+itself, so its slots need no fence on either side (neither after the
+landing nor before a refill, since wgmma's reads are async-proxy reads too);
+their wait is the slot's mbarrier:
 
-        async_wait {pending = D-1}; fence_proxy_async; barrier; refill; ...
-
-With TMA fills (sm_90a's usual case) the slots are written and read by the
-async proxy alone, so no fence is needed on either side (neither after the
-landing nor before a refill); the wait is the slot's mbarrier:
-
-        mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D; ...
+        cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier; refill slot+D
+        TMA:       mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D
         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
-    (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0}; barrier
+    (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0} or mbarrier_inval; barrier
 
 F = `plan.in_flight` (1 when the plan allows it, else 0) groups stay in flight
 across the back edge, the accumulator carried in the wgmma registers, and
@@ -78,14 +76,15 @@ barrier, which every thread reaches only after its warpgroup's
 `wgmma_wait {pending = F}` of iteration i-1; so every group up to i-1-F has
 retired, and only groups i-F .. i-1 may still read their slots
 (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
-(With TMA the barrier also follows every thread's mbarrier wait of
-iteration i, and each earlier fill of the refilled slot was waited for in
-its own iteration, so the refill's arrive_expect_tx starts a new phase of
-an mbarrier whose previous phase has completed and been observed.)
 That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
 left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
-F = 1 needs S >= 3.) The SIMT simulator checks the argument: refilling a
-slot an in-flight wgmma reads is reported when that wgmma retires.
+F = 1 needs S >= 3.) With TMA the same barrier also follows every
+thread's mbarrier wait of iteration i, and the refilled slot's previous
+fill (iteration i+D-S < i) was waited for in its own iteration, so the
+refill's arrive_expect_tx opens the next phase of an mbarrier whose last
+phase has completed and been observed by every thread. The SIMT simulator
+checks the argument for both fills: refilling a slot an in-flight wgmma
+reads is reported when that wgmma retires.
 """
 
 from __future__ import annotations
