@@ -166,9 +166,10 @@ B_STRIDES = {"b-row-major": "i32:16,i32:1", "b-transposed": "i32:1,i32:16"}
 def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout):
     """Each config's K loop becomes a pipeline of its STAGES, fits the target's shared memory and assembles
     with no register spills. sm_80: cp.async feeding mma.sync, STAGES - 1 ahead. sm_90: TMA loads from two
-    by-value tensor-map parameters (A's and B's, read in place) feeding mma.sync. sm_90a: the dot runs on
-    wgmma, reading the cp.async-filled ring slots (B row-major: MN-major, imm-trans-b = 1), with one group
-    left in flight across iterations, so the copies run STAGES - 2 ahead; ptxas does not serialize the wgmmas."""
+    by-value tensor-map parameters (A's and B's, read in place) feeding mma.sync. sm_90a: the same TMA fills
+    (one box per 128-byte column block of a wgmma slot) feeding wgmma (B row-major: MN-major,
+    imm-trans-b = 1), with one group left in flight across iterations, so the fills run STAGES - 2 ahead;
+    ptxas does not serialize the wgmmas."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.ir.target import get_target
     if find_ptxas() is None:
@@ -181,29 +182,36 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
         stages = config.kwargs["STAGES"]
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{config} spills"
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
-        if target == "sm_90":
-            assert "cp.async.cg" not in ptx and ptx.count("cp.async.bulk.tensor.2d") == 2 * stages, config
+        if target in ("sm_90", "sm_90a"):
+            assert "cp.async.cg" not in ptx and "cp.async.wait_group" not in ptx and "cp.async.bulk.tensor.2d" in ptx
             assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 2
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
             assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr"]
+        if target == "sm_90":
+            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * stages, config
             assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
-            continue
-        ahead = stages - 2 if target == "sm_90a" else stages - 1
-        assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{ahead - 1};", ptx), \
-            f"{config}: not pipelined {stages} deep"
-        if target == "sm_90a":
+        elif target == "sm_90a":
+            # STAGES - 2 prologue fills and one per iteration; a slot row of BK (A, B^T) or BN (B) bf16 elements
+            # is one box per 128-byte column block (one 64B box for BK = 32)
+            k_boxes = max(1, config.kwargs["BK"] // 64)
+            n_boxes = k_boxes if b_layout == "b-transposed" else config.kwargs["BN"] // 64
+            assert ptx.count("cp.async.bulk.tensor.2d") == (stages - 1) * (k_boxes + n_boxes), config
+            assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"]}
             trans_b = int(b_layout == "b-row-major")
             mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 .*, p, 1, 1, 0, (\d);", ptx)
             assert len(mma) == config.kwargs["BK"] // 16 and {int(t) for _, t in mma} == {trans_b}, config
             assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx), f"{config}: no group in flight"
-            assert "mma.sync" not in ptx and "ldmatrix" not in ptx
+            assert "mma.sync" not in ptx and "ldmatrix" not in ptx and "fence.proxy.async" not in ptx
             assert "serialized" not in metadata["log"], metadata["log"]
         else:
+            assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx), \
+                f"{config}: not pipelined {stages} deep"
             assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
 
 
 def gemm_on_the_simulator(M, N, K, trans_a, trans_b, config, seed=0):
-    """The library kernel lowered for sm_90a and run on the SIMT simulator: (its C, numpy's), float32."""
+    """The library kernel lowered for sm_90a and run on the SIMT simulator: (its C, numpy's), float32. Its ring
+    slots are filled by TMA (the simulator builds the two maps from the kernel's recipes and the arguments)."""
     import numpy as np
 
     import tessera
@@ -220,7 +228,8 @@ def gemm_on_the_simulator(M, N, K, trans_a, trans_b, config, seed=0):
     kwargs = dict(config.kwargs, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
     module = gemm_kernel.kernel.specialize(*args, **kwargs).module
     fn = lower(module, "sm_90a", config.num_warps).functions[0]
-    assert any(op.name == "wgmma" for op in fn.walk()) and any(op.name == "async_copy" for op in fn.walk())
+    names = [op.name for op in fn.walk()]
+    assert "wgmma" in names and "tma_load" in names and "async_copy" not in names
     tiles = tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"])
     grid = (1,) if config.kwargs["PERSISTENT"] else (tiles,)     # persistent: one program walks every tile
     run_threads(fn, args, grid)
@@ -238,7 +247,8 @@ SIMULATED = {   # M, N, K (odd where no row stride needs 16-byte alignment), tra
 @pytest.mark.parametrize("name", list(SIMULATED))
 def test_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator(name):
     """A shipped config (BK cut to 32 to keep the simulation short) on the simulator, which checks the
-    whole asynchronous protocol (copies, proxy fence, barriers, wgmma groups in flight) as it runs."""
+    whole asynchronous protocol (TMA boxes, mbarrier phases, barriers, async-proxy visibility, wgmma
+    groups in flight) as it runs."""
     import numpy as np
 
     import tessera

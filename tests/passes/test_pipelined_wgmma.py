@@ -1,4 +1,4 @@
-"""A dot in a software-pipelined loop on sm_90a: wgmma reading the cp.async ring slots (the plan and the IR).
+"""A dot in a software-pipelined loop on sm_90a: wgmma reading the ring slots (the plan and the IR).
 
 Specification (the numbers are in the simulator tests, `tests/interp/test_simt_pipelined_wgmma.py`):
 
@@ -8,9 +8,13 @@ Specification (the numbers are in the simulator tests, `tests/interp/test_simt_p
 * with S >= 3 stages and a single-fragment accumulator carried from block argument to yield, one wgmma
   group stays in flight and the copies run S - 2 iterations ahead; otherwise (S = 2, several fragments
   per warpgroup) every iteration waits for its wgmmas and the copies run S - 1 ahead;
-* the loop reads as: prologue of `prefetch` copy groups; in the body async_wait, fence_proxy_async,
-  barrier, the refill, wgmma_fence, the wgmmas (no ldmatrix, no stores to shared memory), commit,
-  wgmma_wait {pending = in_flight}; after the loop wgmma_wait {pending = 0}, async_wait 0, barrier.
+* filled by cp.async (here: sm_90a with TMA taken away), the loop reads as: prologue of `prefetch` copy
+  groups; in the body async_wait, fence_proxy_async, barrier, the refill, wgmma_fence, the wgmmas (no
+  ldmatrix, no stores to shared memory), commit, wgmma_wait {pending = in_flight}; after the loop
+  wgmma_wait {pending = 0}, async_wait 0, barrier;
+* filled by TMA (sm_90a), the same with mbarrier_wait in place of async_wait, no proxy fence (TMA and
+  wgmma both go through the async proxy), the prologue and the refill thread-0 TMA issues, and after the
+  loop the mbarriers invalidated before the barrier.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.pipeline_threads import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
-from test_simt_pipelined_wgmma import Case  # noqa: E402
+from test_simt_pipelined_wgmma import FILLS, Case  # noqa: E402
 
 
 def plan_of(case: Case, num_warps: int = 4):
@@ -38,7 +42,7 @@ def plan_of(case: Case, num_warps: int = 4):
 
 
 SYNC_OPS = {"async_wait", "fence_proxy_async", "barrier", "async_commit", "wgmma_fence", "wgmma_commit",
-            "wgmma_wait", "wgmma", "ldmatrix", "store", "for"}
+            "wgmma_wait", "wgmma", "ldmatrix", "store", "for", "mbarrier_wait", "if"}
 
 
 def skeleton(ops) -> list[str]:
@@ -88,7 +92,7 @@ def loop_and_after(fn):
 
 
 def test_the_lowered_loop_reads_the_slots_through_descriptors_with_a_group_in_flight():
-    body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 4).module, "sm_90a", 8).functions[0])
+    body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 4).module, FILLS["cp.async"], 8).functions[0])
     assert top == ["async_commit", "async_commit",          # prologue: iterations 0 and 1 (S - 2 ahead)
                    "for", "wgmma_wait 0", "async_wait 0", "barrier"]
     assert body == [
@@ -99,7 +103,19 @@ def test_the_lowered_loop_reads_the_slots_through_descriptors_with_a_group_in_fl
 
 
 def test_two_stages_wait_for_every_group():
-    body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 2).module, "sm_90a", 8).functions[0])
+    body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 2).module, FILLS["cp.async"], 8).functions[0])
     assert top[:4] == ["async_commit", "for", "async_wait 0", "barrier"]
     assert body == ["async_wait 0", "fence_proxy_async", "barrier", "async_commit",
                     "wgmma_fence", "wgmma", "wgmma", "wgmma_commit", "wgmma_wait 0"]
+
+
+def test_tma_filled_slots_are_waited_for_on_their_mbarriers_without_proxy_fences():
+    body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 4).module, "sm_90a", 8).functions[0])
+    assert top == ["if", "barrier",                         # thread 0 initializes the slots' mbarriers
+                   "if", "if",                              # prologue: TMA issues of iterations 0 and 1
+                   "for", "wgmma_wait 0", "if", "barrier"]  # after the loop: invalidate the mbarriers
+    assert body == [
+        "mbarrier_wait", "barrier",                         # iteration i landed (async proxy), published
+        "if",                                               # thread 0 refills: iteration i + 2, into slot i - 2
+        "wgmma_fence", "wgmma", "wgmma", "wgmma_commit",
+        "wgmma_wait 1"]

@@ -6,6 +6,15 @@ Specification:
   kernel pointer parameters with 16-byte aligned rows get a `TmaBox`: a recipe
   naming the parameters (sizes, strides), the box, and the TMA swizzle equal
   to the slot's; sm_80 (no TMA) keeps cp.async;
+* the boxes land exactly where the slot layout puts each element: an mma.sync
+  slot is one box; a wgmma slot (K- or MN-major, 128B / 64B / 32B / no
+  swizzle) is one box per column block, rows x (swizzle span, 16 bytes
+  unswizzled), stacked at the block offsets, each landing as TMA's
+  `Swizzle<b, 4, 3>` on bytes (checked element by element against
+  `WgmmaTileLayout.byte_offset`, with the simulator's TMA swizzle);
+* on sm_90a (wgmma, a group in flight) the prologue issues `plan.prefetch`
+  = S - 2 fills, every issue has one tma_load per box and no proxy fence, and
+  the loop body neither fences nor waits for cp.async groups;
 * the thread IR: the hidden `tensormap` parameters come last; before the
   prologue thread 0 initializes one mbarrier per slot (count 1) and fences
   them for the async proxy, then a barrier; each issue is thread 0 only, for
@@ -18,15 +27,18 @@ Specification:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 import tessera
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
 from tessera.ir.target import get_target
-from tessera.ir.tensor_map import kernel_recipes
+from tessera.ir.tensor_map import kernel_recipes, swizzle_offsets
 from tessera.ir.types import TensorMapType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
 from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.lowering.tma_fill import SLOT_ALIGN, slot_boxes
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.pipeline_threads import lower
 
@@ -48,15 +60,59 @@ def effects(ops):
     return [name for name in names(ops) if name not in ("addptr", "constant", "mul", "add", "cast")]
 
 
-@pytest.mark.parametrize("target", ["sm_90"])      # sm_90a: wgmma slots, filled by cp.async for now
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
 def test_both_operands_get_a_tma_box_with_the_slot_swizzle(target):
     plan = plan_for(matmul_case(128, 128, 256, 64, 64, 32, 3, tessera.bf16), target)
     boxes = [load.tma for load in plan.loads]
     assert all(boxes) and [b.recipe.box_shape for b in boxes] == [(64, 32), (32, 64)]
-    # A's slot rows are 64 bytes (64B swizzle), B's 128 bytes (128B): the swizzle the ldmatrix reads expect
-    assert [(b.recipe.swizzle, b.slot_align, b.box_bytes) for b in boxes] == [("64B", 512, 4096),
-                                                                               ("128B", 1024, 4096)]
-    assert [load.fragment.smem.swizzle.bits for load in plan.loads] == [2, 3]
+    # A's slot rows are 64 bytes (64B swizzle), B's 128 bytes (128B): the swizzle the ldmatrix / wgmma reads expect
+    assert [(b.recipe.swizzle, b.slot_align, b.box_bytes, b.boxes) for b in boxes] == [("64B", 512, 4096, 1),
+                                                                                        ("128B", 1024, 4096, 1)]
+    if target == "sm_90":
+        assert [load.fragment.smem.swizzle.bits for load in plan.loads] == [2, 3]
+    else:                   # A K-major, B (row-major) MN-major
+        assert [(load.slot_layout.swizzle, load.slot_layout.major) for load in plan.loads] == [(64, "K"),
+                                                                                              (128, "MN")]
+
+
+def test_wide_wgmma_slots_take_one_box_per_column_block():
+    """BK = 128: A's K-major slot rows are 256 bytes, two 128B column blocks; so are B^T's."""
+    plan = plan_for(matmul_case(128, 128, 256, 64, 64, 128, 3, tessera.bf16, trans_b=True), "sm_90a")
+    assert [(load.tma.recipe.box_shape, load.tma.recipe.swizzle, load.tma.boxes, load.tma.slot_bytes)
+            for load in plan.loads] == [((64, 64), "128B", 2, 16384)] * 2
+
+
+def tma_landing(layout, boxes):
+    """Byte offset in the slot where TMA puts each element (row, col) of the block: box j holds columns
+    [j w, (j + 1) w), lands at j * (box bytes), row-major inside, then swizzled as its mode says."""
+    mode, width, count = boxes
+    e = layout.element_bytes
+    rows, cols = np.meshgrid(np.arange(layout.rows), np.arange(layout.cols), indexing="ij")
+    box, inner = cols // width, cols % width
+    in_box = (rows * width + inner) * e
+    return box * (layout.rows * width * e) + swizzle_offsets(in_box, mode)
+
+
+@pytest.mark.parametrize("major", ["K", "MN"])
+@pytest.mark.parametrize("swizzle", [128, 64, 32, 0])
+@pytest.mark.parametrize("element_bytes", [2, 1])
+def test_tma_boxes_land_where_the_wgmma_layout_puts_every_element(major, swizzle, element_bytes):
+    rows, cols = 64, 3 * 128 // element_bytes               # three column blocks at 128B, more at narrower spans
+    layout = WgmmaTileLayout(rows, cols, element_bytes, swizzle, major)
+    boxes = slot_boxes(layout, rows, cols, element_bytes)
+    mode, width, count = boxes
+    assert mode == (f"{swizzle}B" if swizzle else "none") and width * element_bytes == (swizzle or 16)
+    assert count * width == cols and rows * width * element_bytes % SLOT_ALIGN[mode] == 0
+    r, c = np.meshgrid(np.arange(rows), np.arange(cols), indexing="ij")
+    np.testing.assert_array_equal(tma_landing(layout, boxes), layout.byte_offset(r, c))
+
+
+def test_a_wgmma_layout_is_not_one_wide_swizzled_box():
+    """The counter-check: one box as wide as the slot (were TMA's rows allowed past the span) would put
+    columns of the second block in the first block's rows."""
+    layout = WgmmaTileLayout(64, 128, 2, 128, "K")
+    r, c = np.meshgrid(np.arange(64), np.arange(128), indexing="ij")
+    assert (tma_landing(layout, ("128B", 128, 1)) != layout.byte_offset(r, c)).any()
 
 
 def test_without_tma_the_slots_are_filled_by_cp_async():
@@ -96,6 +152,25 @@ def test_thread_ir_of_a_tma_filled_pipeline():
     release = next(op for op in after if op.name == "if")
     assert effects(release.regions[0].ops) == ["mbarrier_inval"] * stages + ["yield"]
     assert names(after).index("if") < names(after).index("barrier")
+
+
+def test_thread_ir_of_a_tma_filled_wgmma_pipeline():
+    stages = 4      # A 64 x 128 (K-major, two 128B boxes), B 128 x 64 (MN-major, one 128B box)
+    fn = lower(matmul_case(128, 128, 512, 64, 64, 128, stages, tessera.bf16).module, "sm_90a", 4).functions[0]
+    top = fn.body.ops
+    loop = next(op for op in top if op.name == "for" and op.attrs.get("stages"))
+    before = top[:top.index(loop)]
+    issues = [op for op in before if op.name == "if"][1:]
+    assert len(issues) == stages - 2                                 # prefetch S - 2: one wgmma group in flight
+    for issue in issues:
+        assert effects(issue.regions[0].ops) == ["mbarrier_arrive_expect_tx"] + ["tma_load"] * 3 + ["yield"]
+        expect = next(op for op in issue.regions[0].ops if op.name == "mbarrier_arrive_expect_tx")
+        assert expect.operands[1].owner.attrs["value"] == (64 * 128 + 128 * 64) * 2
+    body = loop.regions[0]
+    assert effects(body.ops)[:2] == ["mbarrier_wait", "barrier"]
+    assert "fence_proxy_async" not in names(fn.walk()) and "async_wait" not in names(fn.walk())
+    wait = next(op for op in body.ops if op.name == "wgmma_wait")
+    assert wait.attrs["pending"] == 1
 
 
 def test_thread_ir_with_tensor_maps_prints_and_parses_back():

@@ -131,10 +131,12 @@ def snapshot_async_view(ctx) -> None:
 
 def async_proxy_wrote(ctx, addresses: np.ndarray) -> None:
     """Bytes the async proxy itself wrote (a TMA box landing, `simt_mbarrier`) are visible to wgmma without a
-    fence_proxy_async: both go through the async proxy."""
-    state = ctx.state.get("wgmma")
-    if state is not None and state.async_view is not None:
-        state.async_view[addresses] = ctx.shared.bytes[addresses]
+    fence_proxy_async: both go through the async proxy. Before any fence, the view starts out with every
+    other byte stale (its bitwise complement), so generic writes still need a fence."""
+    state = _state(ctx)
+    if state.async_view is None:
+        state.async_view = ~ctx.shared.bytes
+    state.async_view[addresses] = ctx.shared.bytes[addresses]
 
 
 @simt("wgmma_commit")

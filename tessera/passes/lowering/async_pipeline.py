@@ -1,4 +1,4 @@
-"""Software-pipelined loops: `for {stages = S}` with cp.async ring buffers feeding ldmatrix (sm_80+) or wgmma (sm_90a).
+"""Software-pipelined loops: `for {stages = S}` with cp.async or TMA ring buffers feeding ldmatrix (sm_80+) or wgmma.
 
 A loop the author wrote as `for k in tessera.pipeline(lo, hi, stages=S)`
 carries `stages = S` in the tile IR. When lowering it to threads,
@@ -38,8 +38,12 @@ On targets with TMA, loads whose view qualifies are filled by TMA instead
 (one thread issues a box per slot and signals the slot's mbarrier; every
 thread waits on it before reading the slot): see `tma_fill.py`. The group
 bookkeeping above then covers only the cp.async loads, and the loop also
-carries the mbarriers' phase parity. (TMA fills mma.sync slots today; wgmma
-slots are filled by cp.async.)
+carries the mbarriers' phase parity: slot s's k-th fill is iteration
+s + k*S's blocks, so the wait of iteration i is for parity (i // S) mod 2,
+flipped each time the slot index wraps, whatever the prefetch distance (a
+prologue of fewer than S - 1 fills leaves the later slots' first phases to
+the loop's refills, which come before their waits). Both slot kinds take
+TMA: an mma.sync slot as one box, a wgmma slot as one box per column block.
 
 One barrier per iteration replaces the two per operand of the plain path:
 the barrier after the wait both publishes the landed slot and orders the
@@ -52,25 +56,35 @@ wgmma layout (`PipelinedLoad.slot_layout`: K- or MN-major, swizzled in
 them through matrix descriptors (`wgmma_dot`), with no register round trip.
 cp.async writes through the generic proxy and wgmma reads through the async
 proxy, so every thread fences its landed copies before the barrier that
-publishes them:
+publishes them. TMA (sm_90a's usual fill) writes through the async proxy
+itself, so its slots need no fence on either side (neither after the
+landing nor before a refill, since wgmma's reads are async-proxy reads too);
+their wait is the slot's mbarrier:
 
-        async_wait {pending = D-1}; fence_proxy_async; barrier; refill; ...
+        cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier; refill slot+D
+        TMA:       mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D
         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
-    (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0}; barrier
+    (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0} or mbarrier_inval; barrier
 
 F = `plan.in_flight` (1 when the plan allows it, else 0) groups stay in flight
 across the back edge, the accumulator carried in the wgmma registers, and
 the copies run D = `plan.prefetch` = S - 1 - F iterations ahead (the
 prologue fills slots 0 .. D-1; iteration i refills slot (i + D) mod S).
 Why no slot is refilled while a wgmma may read it: the refill in iteration
-i comes after iteration i's barrier, which every thread reaches only after
-its warpgroup's `wgmma_wait {pending = F}` of iteration i-1; so every group
-up to i-1-F has retired, and only groups i-F .. i-1 may still read their
-slots (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
+i (cp.async by every thread, or TMA by thread 0) comes after iteration i's
+barrier, which every thread reaches only after its warpgroup's
+`wgmma_wait {pending = F}` of iteration i-1; so every group up to i-1-F has
+retired, and only groups i-F .. i-1 may still read their slots
+(i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
 That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
 left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
-F = 1 needs S >= 3.) The SIMT simulator checks the argument: refilling a
-slot an in-flight wgmma reads is reported when that wgmma retires.
+F = 1 needs S >= 3.) With TMA the same barrier also follows every
+thread's mbarrier wait of iteration i, and the refilled slot's previous
+fill (iteration i+D-S < i) was waited for in its own iteration, so the
+refill's arrive_expect_tx opens the next phase of an mbarrier whose last
+phase has completed and been observed by every thread. The SIMT simulator
+checks the argument for both fills: refilling a slot an in-flight wgmma
+reads is reported when that wgmma retires.
 """
 
 from __future__ import annotations
@@ -129,7 +143,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             ctx.create("async_wait", attrs={"pending": ahead_by - 1})
         if tma:
             tma.wait(ctx, slot, phase)
-        if plan.on_wgmma:
+        if any(load.on_wgmma for load in plan.copy_loads):
             ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
         ctx.barrier()
         ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))

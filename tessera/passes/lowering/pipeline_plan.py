@@ -50,9 +50,10 @@ those dots wait for their group, pending = 0, and keep S - 1.)
 
 On a target with TMA, a load whose tensor map the host can build from the
 kernel's specialization fills its slots with TMA instead of cp.async
-(`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`). Today that
-needs an mma.sync slot (an `SmemLayout` TMA can write); wgmma slots are
-filled by cp.async.
+(`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`): an mma.sync
+slot as one box, a wgmma slot as one box per column block, so on sm_90a
+the ring runs TMA -> wgmma. The slot layout is chosen first and the fill
+follows it, never the other way round.
 
 Shared memory: the ring of a load is S slots of its tile (wgmma slots start
 on their swizzle pattern: 1024 bytes for 128B). S is lowered
@@ -86,7 +87,7 @@ SHARED_ALIGNMENT = 16
 
 @dataclass(frozen=True)
 class PipelinedLoad:
-    """One view_load turned into a ring of shared-memory slots filled by cp.async."""
+    """One view_load turned into a ring of shared-memory slots filled by cp.async or (`tma`) by TMA."""
 
     load: Operation                     # the tile-IR view_load
     slice: tuple[Operation, ...]        # body ops computing its view and offsets, in body order
@@ -106,10 +107,10 @@ class PipelinedLoad:
 
     @property
     def slot_alignment(self) -> int:
-        """The ring's alignment in bytes: a wgmma slot's or a TMA-filled slot's swizzle period, else 16."""
-        if self.on_wgmma:
-            return self.slot_layout.alignment
-        return self.tma.slot_align if self.tma is not None else SHARED_ALIGNMENT
+        """The ring's alignment in bytes: the swizzle period of a wgmma slot or of a TMA-filled slot's boxes
+        (128 for unswizzled boxes), else 16."""
+        wgmma = self.slot_layout.alignment if self.on_wgmma else SHARED_ALIGNMENT
+        return max(wgmma, self.tma.slot_align if self.tma is not None else SHARED_ALIGNMENT)
 
     @property
     def dtype(self):
@@ -235,7 +236,7 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         if copies is not None:
             if dim == 0:
                 copies = copies.permute((1, 0))
-            tma = None if isinstance(slot_layout, WgmmaTileLayout) else tma_plan(load, dim, slot_layout, target, facts)
+            tma = tma_plan(load, dim, slot_layout, target, facts)
             return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma)
         width //= 2
     return None

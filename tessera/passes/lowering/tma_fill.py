@@ -12,9 +12,11 @@ Accelerator instead (`tma_plan` says which; `TmaRing` emits the fill):
     barrier
     ... issuing the blocks of iteration iv into slot s (prologue, then one refill per iteration):
     if thread 0 and iv < ub:
-        fence_proxy_async                                 the slot's earlier generic reads come first
+        fence_proxy_async                                 the slot's earlier generic (ldmatrix) reads come
+                                                          first; not for wgmma slots, read by the async proxy
         mbarrier_arrive_expect_tx bars[s], <bytes of the TMA boxes of one slot>
-        tma_load ring[s], map, <block offsets, innermost dim last>, bars[s]   (one per TMA load)
+        tma_load ring[s] + j * <box>, map, <block offsets + (0, j * box width)>, bars[s]
+                                                          (one per box j of each TMA load's slot)
     ... before the body reads slot s:
     mbarrier_wait bars[s], phase                          phase flips each time the ring wraps
     ... after the loop:
@@ -33,12 +35,27 @@ A view load qualifies when (everything else as for cp.async, `pipeline_plan`):
   (the host evaluates them from the launch arguments);
 * the view is 2-D, its contiguous dim has stride 1 and the other stride is a
   multiple of 16 bytes (`divisible_by_16` of the parameter, or a constant);
-* the element size is 1, 2 or 4 bytes, the box (the block, with the
-  contiguous dim innermost) has dims <= 256 and rows of a multiple of 16 bytes;
-* the slot's layout is one TMA writes: the slot is the block row-major along
-  the contiguous dim, XOR-swizzled in 16-byte chunks by `Swizzle<b, 4, 3>`
-  on bytes, which is TMA's 32B/64B/128B swizzle (b = 1, 2, 3) when a slot row
-  spans exactly that many bytes (unswizzled slots: TMA's "none").
+* the element size is 1, 2 or 4 bytes, the box has dims <= 256 and rows of a
+  multiple of 16 bytes;
+* the slot's layout is one TMA writes (`slot_boxes`). A TMA box lands
+  row-major, its rows (the contiguous dim innermost) packed one after the
+  other, and with a 32B/64B/128B swizzle its 16-byte chunks XORed by
+  `Swizzle<b, 4, 3>` on byte addresses (b = 1, 2, 3) while a box row is at
+  most the swizzle span. So TMA writes
+  - an mma.sync slot (`SmemLayout`): the whole block as one box, when the
+    slot is plain row-major and its rows span exactly the swizzle's bytes
+    (or it is unswizzled: TMA's "none");
+  - a wgmma slot (`WgmmaTileLayout`, either major): the slot is a sequence
+    of column blocks, each rows x (one atom row = the swizzle span, 16 bytes
+    without swizzle) laid out row-major and swizzled by the same
+    `Swizzle<b, 4, 3>` (a block is a whole number of swizzle periods, so the
+    absolute-address swizzle wgmma reads is the box's own). Each column block
+    is one box of rows x (span / element size) elements, written with the
+    slot's swizzle mode ("none" for the interleaved 8 x 16-byte core
+    matrices: a box of 16-byte rows lands exactly as one column of them), the
+    boxes stacked at their block offsets, coordinates advanced along the
+    contiguous dim by the box width. All boxes of a slot share one shape,
+    so one map per load serves them; they all count on the slot's mbarrier.
 """
 
 from __future__ import annotations
@@ -52,6 +69,7 @@ from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
 from tessera.ir.target import Target
 from tessera.ir.tensor_map import KERNEL_ATTR, MAX_BOX_DIM, Extent, TensorMapRecipe, kernel_recipes
 from tessera.ir.types import ScalarType, TensorMapType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from .context import I32
 
@@ -61,22 +79,34 @@ SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}
 
 @dataclass(frozen=True)
 class TmaBox:
-    """How one pipelined load's slot is filled by TMA: the map's recipe (its `param` not yet assigned), and which
-    view dims give the box coordinates, outermost first."""
+    """How one pipelined load's slot is filled by TMA: the map's recipe (its `param` not yet assigned), which
+    view dims give the box coordinates, outermost first, and how many boxes fill a slot (stacked one after
+    the other, each `box_shape[1]` elements further along the contiguous dim)."""
 
     recipe: TensorMapRecipe
     dims: tuple[int, int]               # (outer view dim, contiguous view dim)
+    boxes: int = 1                      # boxes per slot
+
+    @property
+    def box_elements(self) -> int:
+        return math.prod(self.recipe.box_shape)
 
     @property
     def box_bytes(self) -> int:
-        return math.prod(self.recipe.box_shape) * self.recipe.dtype.bits // 8
+        return self.box_elements * self.recipe.dtype.bits // 8
+
+    @property
+    def slot_bytes(self) -> int:
+        """The transaction bytes of one slot's fill (every box, out-of-bounds zeros included)."""
+        return self.boxes * self.box_bytes
 
     @property
     def slot_align(self) -> int:
         return SLOT_ALIGN[self.recipe.swizzle]
 
 
-def tma_plan(load: Operation, dim: int, slot: SmemLayout, target: Target, facts: dict) -> TmaBox | None:
+def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
+             facts: dict) -> TmaBox | None:
     """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None."""
     if not target.has("tma"):
         return None
@@ -100,28 +130,34 @@ def tma_plan(load: Operation, dim: int, slot: SmemLayout, target: Target, facts:
     extents = [_extent(v, fn, facts) for v in (sizes[outer], sizes[dim], strides[outer])]
     if None in extents:
         return None
-    box = (tile.shape[outer], tile.shape[dim])
-    row_bytes = box[1] * size
-    if max(box) > MAX_BOX_DIM or row_bytes % 16:
+    boxes = slot_boxes(slot, tile.shape[outer], tile.shape[dim], size)
+    if boxes is None:
         return None
-    swizzle = _tma_swizzle(slot, row_bytes, size)
-    if swizzle is None or math.prod(box) * size % SLOT_ALIGN[swizzle]:
+    swizzle, width, count = boxes
+    box = (tile.shape[outer], width)
+    if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
         return None
     recipe = TensorMapRecipe(-1, fn.args.index(base), dtype, (extents[0], extents[1]), (extents[2], Extent(None, 1)),
                              box, swizzle)
-    return TmaBox(recipe, (outer, dim))
+    return TmaBox(recipe, (outer, dim), count)
 
 
-def _tma_swizzle(slot: SmemLayout, row_bytes: int, size: int) -> str | None:
-    """TMA's swizzle mode that writes a slot with rows of `row_bytes` exactly as `slot` lays it out, or None."""
-    rows, cols = slot.shape
-    if slot.strides != (cols, 1) or cols * size != row_bytes:
-        return None                     # not plain row-major rows of the box
+def slot_boxes(slot: SmemLayout | WgmmaTileLayout, rows: int, cols: int, size: int) -> tuple[str, int, int] | None:
+    """How TMA writes a `rows` x `cols` slot (cols: the contiguous dim, `size`-byte elements) laid out as `slot`:
+    (swizzle mode, box width in elements, boxes per slot), or None when no TMA box lands that way (see the
+    module docstring)."""
+    if isinstance(slot, WgmmaTileLayout):       # column blocks of one atom row each: a box per block
+        if (slot.rows, slot.cols, slot.element_bytes) != (rows, cols, size):
+            return None
+        mode = f"{slot.swizzle}B" if slot.swizzle else "none"
+        return mode, slot.atom, cols // slot.atom
+    if slot.strides != (cols, 1) or slot.shape != (rows, cols):
+        return None                             # not plain row-major rows of the block
     if slot.swizzle is None:
-        return "none"
+        return "none", cols, 1
     for nbytes in (128, 64, 32):
-        if slot.swizzle == swizzle_bytes(nbytes, size) and row_bytes == nbytes:
-            return f"{nbytes}B"
+        if slot.swizzle == swizzle_bytes(nbytes, size) and cols * size == nbytes:
+            return f"{nbytes}B", cols, 1
     return None
 
 
@@ -155,7 +191,10 @@ class TmaRing:
     def __init__(self, ctx, loads, stages: int):
         self.loads = [load for load in loads if load.tma is not None]
         self.maps = {load.load: _map_parameter(ctx, load.tma.recipe) for load in self.loads}
-        self.tx_bytes = sum(load.tma.box_bytes for load in self.loads)
+        self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
+        # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
+        # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
+        self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
         self.stages = stages
         self.bars = ctx.shared_alloc(dt.i64, stages, align=8)
         then = Block()
@@ -176,13 +215,19 @@ class TmaRing:
         then = Block()
         with ctx.b.at(then):
             bar = self._bar(ctx, slot)
-            ctx.create("fence_proxy_async")
+            if self.fence_before_fill:
+                ctx.create("fence_proxy_async")
             ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
             for load in self.loads:
                 starts = [ctx.lookup(v) for v in load.load.operands[1:]]
-                coords = [_i32(ctx, starts[d]) for d in load.tma.dims]
-                dst = ctx.emit("addptr", rings[load.load], offsets[load.load])
-                ctx.create("tma_load", [dst, self.maps[load.load], *coords, bar])
+                outer, inner = (_i32(ctx, starts[d]) for d in load.tma.dims)
+                box = load.tma
+                for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
+                    offset = offsets[load.load] if j == 0 else \
+                        ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
+                    column = inner if j == 0 else ctx.emit("add", inner, ctx.const(j * box.recipe.box_shape[1]))
+                    dst = ctx.emit("addptr", rings[load.load], offset)
+                    ctx.create("tma_load", [dst, self.maps[load.load], outer, column, bar])
             ctx.create("yield")
         _if(ctx, ctx.emit("and", ctx.first_thread(), live), then)
 
