@@ -3,7 +3,8 @@
 Specification:
 
 * lowered for sm_90 (mma.sync consumers) with 4 or 8 consumer warps, and for
-  sm_90a with mma.sync consumers (setmaxnreg dec / inc), the kernel computes
+  sm_90a with mma.sync consumers (setmaxnreg dec / inc) or wgmma consumers
+  (64-row slabs; the TMA boxes land in wgmma's layouts), the kernel computes
   numpy's product: odd M, N, K (boxes past the edges zero-filled by TMA),
   B transposed through its strides, 2 to 4 stages, rings that wrap, loops
   shorter than the ring or empty; the simulator schedules the producer and
@@ -46,6 +47,8 @@ CASES = {   # M, N, K, BM, BN, BK, stages, trans_b, target, num_warps
     "3-stages-no-iterations": (64, 64, 0, 64, 64, 64, 3, False, "sm_90", 4),
     "sm_90a-setmaxnreg-odd-MNK": (61, 200, 272, 32, 128, 64, 3, True, "sm_90a", 8),
     "sm_90a-2-stages-2-warps": (61, 37, 208, 32, 64, 64, 2, True, "sm_90a", 2),
+    "sm_90a-wgmma-odd-MNK": (61, 37, 208, 64, 64, 64, 3, False, "sm_90a", 4),
+    "sm_90a-wgmma-transposed-B-8-warps": (130, 128, 256, 128, 128, 64, 2, True, "sm_90a", 8),
 }
 
 
@@ -55,6 +58,7 @@ def test_warp_specialized_pipeline_matches_numpy(name):
     case = ws_matmul_case(M, N, K, BM, BN, BK, stages, trans_b)
     fn = lower(case.module, target, num_warps).functions[0]
     assert fn.attrs["num_threads"] == 32 * num_warps + 128
+    assert any(op.name == "wgmma" for op in fn.walk()) == ("wgmma" in name)
     np.testing.assert_allclose(simulate(case, fn), case.expected().astype(np.float32), **F16_RESULT)
 
 

@@ -184,9 +184,15 @@ def test_a_target_without_tma_is_refused():
         in message and "drop warp_specialize=True" in message
 
 
-def test_wgmma_consumers_are_refused_until_tma_fills_their_slots():
-    message = compile_error(ws_matmul_case(64, 64, 64, 64, 64, 64, 2).module, "sm_90a")
-    assert "on sm_90a the dot runs on wgmma, whose ring slots are not filled by TMA yet" in message
+def test_wgmma_consumers_read_tma_filled_slots_and_retire_before_releasing():
+    """On sm_90a a 64-row dot runs on wgmma from the TMA-filled slots; each iteration waits for its own
+    wgmma group (no group in flight) before the consumers arrive on the slot's empty barrier."""
+    fn = lower(ws_matmul_case(64, 64, 64, 64, 64, 64, 2).module, "sm_90a", 4).functions[0]
+    body = next(op for op in fn.walk() if op.name == "for" and any(o.name == "wgmma" for o in op.walk())).regions[0]
+    order = [op.name for op in body.ops if op.name in ("mbarrier_wait", "wgmma_wait", "mbarrier_arrive")]
+    assert order == ["mbarrier_wait", "wgmma_wait", "mbarrier_arrive"]
+    assert all(op.attrs["pending"] == 0 for op in body.ops if op.name == "wgmma_wait")
+    assert not any(op.name in ("async_copy", "fence_proxy_async") for op in fn.walk())
 
 
 @tessera.kernel

@@ -214,22 +214,27 @@ class TmaRing:
         (`rings`, `offsets`: per tile-IR load op)."""
         then = Block()
         with ctx.b.at(then):
-            bar = self._bar(ctx, slot)
-            if self.fence_before_fill:
-                ctx.create("fence_proxy_async")
-            ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
-            for load in self.loads:
-                starts = [ctx.lookup(v) for v in load.load.operands[1:]]
-                outer, inner = (_i32(ctx, starts[d]) for d in load.tma.dims)
-                box = load.tma
-                for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
-                    offset = offsets[load.load] if j == 0 else \
-                        ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
-                    column = inner if j == 0 else ctx.emit("add", inner, ctx.const(j * box.recipe.box_shape[1]))
-                    dst = ctx.emit("addptr", rings[load.load], offset)
-                    ctx.create("tma_load", [dst, self.maps[load.load], outer, column, bar])
+            self.start(ctx, self._bar(ctx, slot), rings, offsets)
             ctx.create("yield")
         _if(ctx, ctx.emit("and", ctx.first_thread(), live), then)
+
+    def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
+        """Announce a slot's bytes on `bar` and start every load's boxes into it at `offsets` (the calling
+        thread only; the loads' slices must be lowered for the iteration). A refill of slots the generic
+        proxy read (ldmatrix) is fenced first (`fence_before_fill`)."""
+        if self.fence_before_fill:
+            ctx.create("fence_proxy_async")
+        ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
+        for load in self.loads:
+            starts = [ctx.lookup(v) for v in load.load.operands[1:]]
+            outer, inner = (_i32(ctx, starts[d]) for d in load.tma.dims)
+            box = load.tma
+            for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
+                offset = offsets[load.load] if j == 0 else \
+                    ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
+                column = inner if j == 0 else ctx.emit("add", inner, ctx.const(j * box.recipe.box_shape[1]))
+                dst = ctx.emit("addptr", rings[load.load], offset)
+                ctx.create("tma_load", [dst, self.maps[load.load], outer, column, bar])
 
     def release(self, ctx) -> None:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed

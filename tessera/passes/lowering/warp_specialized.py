@@ -18,8 +18,10 @@ and the producer is threads C .. C+127:
             for iv = lo .. hi, slot, phase:
                 if iv >= lo + S*step: mbarrier_wait empty[slot], 1 - phase   (the previous use's release;
                                                              skipped on the first round through the ring)
-                fence_proxy_async; arrive_expect_tx full[slot], <bytes of a slot's boxes>
-                tma_load ring[slot], map, <block offsets>, full[slot]        (one per pipelined load)
+                [fence_proxy_async]; arrive_expect_tx full[slot], <bytes of a slot's boxes>
+                tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
+                                                             `TmaRing.start`; the fence only when ldmatrix
+                                                             read the slot through the generic proxy)
         }
         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
         yield <zeros>                                        placeholders for the loop's results
@@ -149,12 +151,8 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
                             "warp_specialize=True")
     if plan.copy_loads:
         where = ", ".join(str(load.load.loc) if load.load.loc else "a block load" for load in plan.copy_loads)
-        if any(load.on_wgmma for load in plan.copy_loads):
-            why = (f"on {target.name} the dot runs on wgmma, whose ring slots are not filled by TMA yet; compile "
-                   "for sm_90 (mma.sync consumers) or drop warp_specialize=True")
-        else:
-            why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
-                   "unit-stride dim (see passes/lowering/tma_fill.py); fix the view or drop warp_specialize=True")
+        why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
+               "unit-stride dim (see passes/lowering/tma_fill.py); fix the view or drop warp_specialize=True")
         raise ctx.error(op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at "
                             f"{where} cannot be: {why}")
     if plan.stages < plan.requested_stages:
@@ -233,14 +231,8 @@ def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value
     order = {op: i for i, op in enumerate(region.ops)}
     for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
         _lower_body_op(ctx, slice_op, {})
-    bar = _bar(ctx, full.bars, slot)
-    ctx.create("fence_proxy_async")                 # the slot's earlier generic-proxy reads come first
-    ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(full.tx_bytes)])
-    for load, ring in zip(plan.loads, rings):
-        starts = [ctx.lookup(v) for v in load.load.operands[1:]]
-        coords = [starts[d] if starts[d].type == I32 else ctx.cast(starts[d], dt.i32) for d in load.tma.dims]
-        dst = ctx.emit("addptr", ring, ctx.emit("mul", slot, ctx.const(load.slot_elements)))
-        ctx.create("tma_load", [dst, full.maps[load.load], *coords, bar])
+    offsets = {load.load: ctx.emit("mul", slot, ctx.const(load.slot_elements)) for load in plan.loads}
+    full.start(ctx, _bar(ctx, full.bars, slot), {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets)
 
 
 def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub,
