@@ -122,7 +122,8 @@ define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C
 define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared memory into the `mma_layouts."
                  "ldmatrix_layout(num, trans, bits)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes "
                  "8j..8j+7 each give the address of one 16-byte-aligned row of matrix j (8 16-bit, 16 8-bit or 4 "
-                 "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1, attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
+                 "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1,
+                 attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "

@@ -5,7 +5,8 @@ A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
 64-bit matrix descriptors (`wgmma_layouts.MatrixDescriptor`, built by
 `wgmma_desc`; K-major, or MN-major with `trans_a` / `trans_b`: PTX
 imm-trans-a / imm-trans-b = 1, which f16/bf16 allow), and adds the product to an f32 accumulator held in the
-`wgmma_layouts.wgmma_accumulator(N)` fragment. e4m3 / e5m2 inputs (either mix) run at k = 32, K-major only. It is asynchronous:
+`wgmma_layouts.wgmma_accumulator(N)` fragment. e4m3 / e5m2 inputs (either mix) run at k = 32,
+K-major only. It is asynchronous:
 
     fence_proxy_async      generic-proxy writes (st.shared, cp.async) to the operands -> visible to wgmma
                            (defined with the other async-proxy ops in `bulk_async_ops`)
@@ -48,7 +49,8 @@ def _infer_wgmma(ts, a):
             f"wgmma multiplies f16 x f16, bf16 x bf16 or e4m3/e5m2 x e4m3/e5m2, got dtype = {x!r}, dtype_b = {y!r}")
     want_k = wgmma_k(1 if fp8 else 2)
     require((m, k) == (WGMMA_M, want_k) and n in WGMMA_NS,
-            f"wgmma {x} shape is m64nNk{want_k} with N in 8, 16, ..., 256; got m = {m}, n = {n}, k = {k}")
+            f"wgmma shape is m64nNk{want_k} with N in 8, 16, ..., 256; got m = {m}, n = {n}, k = {k} "
+            "(f16/bf16 run at k = 16, e4m3/e5m2 at k = 32)")
     require(not (fp8 and (a.get("trans_a") or a.get("trans_b"))),
             "wgmma transposes only 16-bit operands: e4m3/e5m2 A and B must be K-major (no trans_a / trans_b)")
     require(a_desc == I64 and b_desc == I64,

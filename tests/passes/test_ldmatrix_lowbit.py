@@ -22,7 +22,6 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import tessera
 from tessera.backends.interp import run_function, run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir import dtypes as dt
