@@ -5,9 +5,14 @@ stored (by the owners of its elements) into a row-major shared-memory
 buffer whose 16-byte chunks are XOR-swizzled, then read back with
 `ldmatrix` x4 (x2 / x1 for the last matrices): A (M x K, row-major) plain,
 B (K x N, row-major) with `.trans`. Each lane gives the address of one
-8-element row, swizzled the same way, so the eight 16-byte rows one phase
+16-byte row, swizzled the same way, so the eight 16-byte rows one phase
 of ldmatrix reads fall in eight different 16-byte bank groups: no bank
 conflicts (`smem_layouts.bank_conflicts` checks the choice at compile time).
+A row is 8 16-bit, 16 8-bit or 4 32-bit elements (`LDMATRIX_DTYPES`): the
+plain read gives the m16n8k32 8-bit and m16n8k8 tf32 fragments of a
+K-contiguous tile (`mma_layouts` docstring), but `.trans` swaps 16-bit
+halves, so a 8-bit / tf32 B is read only from its N x K transpose (a
+software-pipelined B^T slot), never from a K x N buffer.
 
 Every 8x8 matrix of the fragment layout is found from the layout itself
 (register pairs 2j, 2j+1 of a group of eight registers are matrix j), and
