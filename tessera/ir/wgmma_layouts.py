@@ -265,7 +265,8 @@ class WgmmaSmemLayout:
         return SmemLayout(layout.shape, layout.strides, swizzle_bytes(self.swizzle, self.element_bytes))
 
     def descriptor(self, start: int, k_slice: int = 0) -> MatrixDescriptor:
-        """The descriptor of K elements [16 k_slice, 16 k_slice + 16) of the tile placed at byte `start`."""
+        """The descriptor of K elements [k k_slice, k k_slice + k) (k = `k_step`: 16, or 32 for 8-bit elements)
+        of the tile placed at byte `start`."""
         align = 8 * self.row_bytes if self.swizzle else 16
         if start % align:
             raise LayoutError(f"a {self.swizzle or 'non'}-swizzled wgmma tile must start on a {align}-byte "
