@@ -24,12 +24,29 @@ local(1, w)`, B `local(2, 1).column_spatial(4, 8).local(w, 1)` — which is
 why the thread op's type rule and the simulator handle them all alike.
 
 `mma_fragments(m, n, k)` gives the (A, B, C) layouts of one shape.
+
+ldmatrix (`ldmatrix_layout`) moves 8x8 matrices of 16-bit words: row r of
+matrix j is 16 bytes at the address lane 8j + r gives, and lane l receives
+the 32-bit word (l // 4, l % 4) of it. Read as elements of `bits` bits, a
+row holds 128 / bits of them and the word w = 32 / bits consecutive ones:
+lane l holds row l // 4, columns w * (l % 4) .. + w - 1, in registers
+w*j .. w*j + w - 1 (`local(num, 1) . spatial(8, 4) . local(1, w)`). That is
+exactly the A fragment above for a 16 x k tile stored row-major (K
+contiguous): matrices 0..3 of m16n8k32 A are (rows 0-7 | 8-15) x (cols
+0-15 | 16-31) in register order a0-3, a4-7, a8-11, a12-15, and of m16n8k8
+.tf32 A (rows 0-7 | 8-15) x (cols 0-3 | 4-7) for a0..a3; and the B fragment
+for an 8 x k tile stored N-major (B^T row-major, K contiguous): m16n8k32 B
+b0-3 / b4-7 are k 0-15 / 16-31 of rows n = groupID, m16n8k8 B b0 / b1 are
+k 0-3 / 4-7. `.trans` swaps 16-bit elements, so it only serves 16-bit
+fragments; an 8-bit or tf32 operand contiguous along M or N has no ldmatrix
+read.
 """
 
 from __future__ import annotations
 
 from . import dtypes as dt
-from .layouts import LayoutError, RegisterLayout, column_local, local, mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c
+from .layouts import (LayoutError, RegisterLayout, column_local, ldmatrix, local, mma_m16n8k16_a, mma_m16n8k16_b,
+                      mma_m16n8k16_c, spatial)
 
 WARP = 32
 
@@ -42,6 +59,20 @@ MMA_SHAPES: dict[tuple[int, int, int], tuple[tuple[tuple[dt.DType, dt.DType], ..
     (16, 8, 32): (((dt.i8, dt.i8), (dt.u8, dt.u8)), dt.i32),
 }
 MMA_FP8_INPUTS = tuple((x, y) for x in FP8 for y in FP8)     # m16n8k32 with an f32 accumulator, sm_89+
+# Elements ldmatrix rows may hold: 16-bit ones (plain or .trans), 8-bit and 32-bit ones (plain only).
+LDMATRIX_ELEMENTS = (dt.f16, dt.bf16, dt.i8, dt.u8, *FP8, dt.f32)
+
+
+def ldmatrix_layout(num: int = 4, trans: bool = False, bits: int = 16) -> RegisterLayout:
+    """Registers of ldmatrix.sync.m8n8.x{num}[.trans].b16 read as `bits`-bit elements, matrices stacked by rows:
+    (8 * num, 128 / bits); see the module docstring. 16-bit: `layouts.ldmatrix(num, trans)`."""
+    if bits == 16:
+        return ldmatrix(num, trans)
+    if trans or bits not in (8, 32):
+        raise LayoutError(f"ldmatrix reads {bits}-bit elements only without .trans, as 8- or 32-bit elements")
+    if num not in (1, 2, 4):
+        raise LayoutError(f"ldmatrix: num must be 1, 2 or 4, got {num}")
+    return local(num, 1) * spatial(8, 4).local(1, 32 // bits)
 
 
 def mma_accepts(shape: tuple[int, int, int], a: dt.DType, b: dt.DType, acc: dt.DType) -> bool:
@@ -91,5 +122,5 @@ def mma_fragments(m: int, n: int, k: int) -> tuple[RegisterLayout, RegisterLayou
     return a(), b(), mma_m16n8k16_c()
 
 
-for _constructor in (mma_m16n8k8_a, mma_m16n8k8_b, mma_m16n8k32_a, mma_m16n8k32_b, mma_fragments):
+for _constructor in (mma_m16n8k8_a, mma_m16n8k8_b, mma_m16n8k32_a, mma_m16n8k32_b, mma_fragments, ldmatrix_layout):
     _constructor.__tessera_constexpr__ = True

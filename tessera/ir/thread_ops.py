@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from . import dtypes as dt
 from .mfma_layouts import MFMA_INPUTS, MFMA_SHAPES, WAVE
-from .mma_layouts import MMA_SHAPES, WARP as MMA_WARP, mma_accepts
+from .mma_layouts import LDMATRIX_ELEMENTS, MMA_SHAPES, WARP as MMA_WARP, mma_accepts
 from .ops import define, require
 from .types import PointerType, RegsType, ScalarType
 
@@ -80,9 +80,12 @@ def _infer_mfma(ts, a):
 def _infer_ldmatrix(ts, a):
     (row,) = ts
     require(a["num"] in (1, 2, 4), f"ldmatrix loads 1, 2 or 4 matrices, got num = {a['num']}")
-    require(isinstance(row, PointerType) and row.address_space == "shared" and row.pointee in (dt.f16, dt.bf16),
-            f"ldmatrix reads 16-bit rows of shared memory: its operand is a ptr<f16|bf16, shared>, got {row}")
-    return [RegsType(ScalarType(row.pointee), 2 * a["num"])]
+    require(isinstance(row, PointerType) and row.address_space == "shared" and row.pointee in LDMATRIX_ELEMENTS,
+            "ldmatrix reads 16-byte rows of shared memory: its operand is a ptr<T, shared> with T one of "
+            f"{', '.join(d.name for d in LDMATRIX_ELEMENTS)}, got {row}")
+    require(not a["trans"] or row.pointee.bits == 16,
+            f"ldmatrix .trans transposes 16-bit elements; {row.pointee.name} rows can only be read plain")
+    return [RegsType(ScalarType(row.pointee), a["num"] * 32 // row.pointee.bits)]
 
 
 def _check_shared_alloc(op):
@@ -116,10 +119,11 @@ define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C
                  "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
                  "the wave must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)
-define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit elements from shared memory into the `layouts.ldmatrix(num, "
-                 "trans)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes 8j..8j+7 each give the "
-                 "address of one 16-byte-aligned 8-element row of matrix j; every lane of the warp must execute it "
-                 "together.", 1, attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
+define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared memory into the `mma_layouts."
+                 "ldmatrix_layout(num, trans, bits)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes "
+                 "8j..8j+7 each give the address of one 16-byte-aligned row of matrix j (8 16-bit, 16 8-bit or 4 "
+                 "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1,
+                 attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "

@@ -5,7 +5,8 @@ A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
 64-bit matrix descriptors (`wgmma_layouts.MatrixDescriptor`, built by
 `wgmma_desc`; K-major, or MN-major with `trans_a` / `trans_b`: PTX
 imm-trans-a / imm-trans-b = 1, which f16/bf16 allow), and adds the product to an f32 accumulator held in the
-`wgmma_layouts.wgmma_accumulator(N)` fragment. It is asynchronous:
+`wgmma_layouts.wgmma_accumulator(N)` fragment. e4m3 / e5m2 inputs (either mix) run at k = 32,
+K-major only. It is asynchronous:
 
     fence_proxy_async      generic-proxy writes (st.shared, cp.async) to the operands -> visible to wgmma
                            (defined with the other async-proxy ops in `bulk_async_ops`)
@@ -32,22 +33,30 @@ from . import dtypes as dt
 from .layouts import LayoutError
 from .ops import define, require
 from .types import PointerType, RegsType, ScalarType
-from .wgmma_layouts import SWIZZLE_MODES, WGMMA_K, WGMMA_M, WGMMA_NS, MatrixDescriptor
+from .wgmma_layouts import SWIZZLE_MODES, WGMMA_M, WGMMA_NS, MatrixDescriptor, wgmma_k
 
-WGMMA_DTYPES = ("f16", "bf16")
+WGMMA_DTYPES = ("f16", "bf16")              # A and B alike; k16; K- or MN-major
+WGMMA_FP8_DTYPES = ("f8e4m3", "f8e5m2")     # A and B in any mix; k32; K-major only
 I64 = ScalarType(dt.i64)
 
 
 def _infer_wgmma(ts, a):
     a_desc, b_desc, acc = ts
     m, n, k = a["m"], a["n"], a["k"]
-    require((m, k) == (WGMMA_M, WGMMA_K) and n in WGMMA_NS,
-            f"wgmma shape is m64nNk16 with N in 8, 16, ..., 256; got m = {m}, n = {n}, k = {k}")
-    require(a["dtype"] in WGMMA_DTYPES, f"wgmma multiplies f16 or bf16, got dtype = {a['dtype']!r}")
+    x, y = a["dtype"], a.get("dtype_b", a["dtype"])
+    fp8 = x in WGMMA_FP8_DTYPES
+    require((x in WGMMA_DTYPES and y == x) or (fp8 and y in WGMMA_FP8_DTYPES),
+            f"wgmma multiplies f16 x f16, bf16 x bf16 or e4m3/e5m2 x e4m3/e5m2, got dtype = {x!r}, dtype_b = {y!r}")
+    want_k = wgmma_k(1 if fp8 else 2)
+    require((m, k) == (WGMMA_M, want_k) and n in WGMMA_NS,
+            f"wgmma shape is m64nNk{want_k} with N in 8, 16, ..., 256; got m = {m}, n = {n}, k = {k} "
+            "(f16/bf16 run at k = 16, e4m3/e5m2 at k = 32)")
+    require(not (fp8 and (a.get("trans_a") or a.get("trans_b"))),
+            "wgmma transposes only 16-bit operands: e4m3/e5m2 A and B must be K-major (no trans_a / trans_b)")
     require(a_desc == I64 and b_desc == I64,
             f"wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got {a_desc} and {b_desc}")
     require(acc == RegsType(ScalarType(dt.f32), n // 2),
-            f"wgmma m64n{n}k16 accumulates into regs<{n // 2}xf32> (the wgmma_accumulator({n}) fragment), got {acc}")
+            f"wgmma m64n{n}k{k} accumulates into regs<{n // 2}xf32> (the wgmma_accumulator({n}) fragment), got {acc}")
     return [acc]
 
 
@@ -77,12 +86,14 @@ _define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the tile at shared 
         "from %p, leading / stride byte offsets `lbo` / `sbo` and the `swizzle` mode (0, 32, 64 or 128 bytes); "
         "see `wgmma_layouts.WgmmaSmemLayout.descriptor` and `WgmmaTileLayout.descriptor`.", 1,
         attrs={"swizzle": "int", "lbo": "int", "sbo": "int"}, infer=_infer_desc)
-_define("wgmma", "D = A @ B + C for a 64x16 A and 16xN B (in shared memory, read through the i64 descriptors; "
+_define("wgmma", "D = A @ B + C for a 64xk A and kxN B (in shared memory, read through the i64 descriptors; "
         "K-major, or MN-major where `trans_a` / `trans_b` is set) and the 64xN f32 C held in "
-        "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype}); every "
-        "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` and a `wgmma_wait` that retires its group.", 3,
+        "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{dtype}.{dtype_b}): "
+        "f16 or bf16 at k = 16; e4m3/e5m2 (`dtype_b` for B when it differs, K-major only) at k = 32; every "
+        "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` "
+        "and a `wgmma_wait` that retires its group.", 3,
         attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
-        optional_attrs={"trans_a": "bool", "trans_b": "bool"}, infer=_infer_wgmma)
+        optional_attrs={"trans_a": "bool", "trans_b": "bool", "dtype_b": "str"}, infer=_infer_wgmma)
 _define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "
         "follow (wgmma.fence.sync.aligned); needed before the first wgmma after the start or a wgmma_wait.", 0,
         infer=lambda ts, a: [])

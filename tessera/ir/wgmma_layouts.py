@@ -50,6 +50,10 @@ encode(x) = (x & 0x3FFFF) >> 4:
     bits 49-51  matrix base offset
     bits 62-63  swizzle mode: 0 none, 1 128B, 2 64B, 3 32B
 
+8-bit operands (e4m3 / e5m2, wgmma m64nNk32) are K-major only: a K slice
+is still 32 bytes of each row (32 elements), so every K-major form, its
+swizzle and its descriptors are the same bytes as for 16-bit elements.
+
 MN-major operands (imm-trans-a/b = 1, f16/bf16 only: a row-major B, a
 column-major A) are stored with M (or N) contiguous: an atom is 8 K-rows x W
 bytes of M/N (W = 128/64/32; 16 without swizzle), and LBO / SBO swap roles
@@ -80,10 +84,16 @@ from .smem_layouts import SmemLayout, row_major, swizzle_bytes
 
 WARPGROUP = 128
 WGMMA_M = 64
-WGMMA_K = 16
+WGMMA_K = 16                # K of one wgmma for 16-bit inputs; a K slice is always 32 bytes of K (`wgmma_k`)
 WGMMA_NS = tuple(range(8, 257, 8))
 SWIZZLE_MODES = {0: 0, 128: 1, 64: 2, 32: 3}   # swizzle bytes -> descriptor bits 62-63
 _ADDRESS_LIMIT = 1 << 18                         # encode() keeps bits 4..17
+
+
+def wgmma_k(element_bytes: int) -> int:
+    """K of one wgmma (and of one descriptor's K slice) for inputs of `element_bytes` bytes: 32 bytes of K,
+    so k16 for f16/bf16 and k32 for e4m3/e5m2 (PTX: wgmma.mma_async.m64nNk32.f32.e4m3.e5m2 ...)."""
+    return 32 // element_bytes
 
 
 def wgmma_accumulator(n: int) -> RegisterLayout:
@@ -138,8 +148,9 @@ class MatrixDescriptor:
 
 
 def operand_addresses(desc: MatrixDescriptor, rows: int, element_bytes: int, mn_major: bool = False) -> np.ndarray:
-    """Byte address of every element of the rows x 16 operand `desc` describes (rows along M or N, columns
-    along K): (rows, 16) ints. K-major unless `mn_major` (imm-trans-a/b = 1); see the module docstring."""
+    """Byte address of every element of the rows x k operand `desc` describes (rows along M or N, columns
+    along K; k = `wgmma_k(element_bytes)`: 16, or 32 for 8-bit): (rows, k) ints. K-major unless `mn_major`
+    (imm-trans-a/b = 1, 16-bit only); see the module docstring."""
     if desc.base_offset:
         raise LayoutError("matrix descriptors with a non-zero base offset are not modelled; start swizzled "
                           "tiles on a swizzle-pattern boundary (1024 bytes for 128B)")
@@ -153,7 +164,7 @@ def operand_addresses(desc: MatrixDescriptor, rows: int, element_bytes: int, mn_
             return desc.start + (r // per_row) * desc.sbo + (k // 8) * desc.lbo + (k % 8) * 16 + b
         address = desc.start + (r // per_row) * desc.lbo + (k // 8) * desc.sbo + (k % 8) * width + b
         return swizzle_address(address, desc.swizzle)
-    b = (np.arange(WGMMA_K) * element_bytes)[None, :]
+    b = (np.arange(wgmma_k(element_bytes)) * element_bytes)[None, :]
     if desc.swizzle == 0:
         return desc.start + (r // 8) * desc.sbo + (b // 16) * desc.lbo + (r % 8) * 16 + b % 16
     address = desc.start + (r // 8) * desc.sbo + (r % 8) * desc.swizzle + b
@@ -254,7 +265,8 @@ class WgmmaSmemLayout:
         return SmemLayout(layout.shape, layout.strides, swizzle_bytes(self.swizzle, self.element_bytes))
 
     def descriptor(self, start: int, k_slice: int = 0) -> MatrixDescriptor:
-        """The descriptor of K elements [16 k_slice, 16 k_slice + 16) of the tile placed at byte `start`."""
+        """The descriptor of K elements [k k_slice, k k_slice + k) (k = `k_step`: 16, or 32 for 8-bit elements)
+        of the tile placed at byte `start`."""
         align = 8 * self.row_bytes if self.swizzle else 16
         if start % align:
             raise LayoutError(f"a {self.swizzle or 'non'}-swizzled wgmma tile must start on a {align}-byte "
@@ -336,11 +348,12 @@ class WgmmaTileLayout:
         return swizzle_address(plain, self.swizzle) if self.swizzle else plain
 
     def descriptor(self, start: int, k_slice: int, mn_first: int) -> MatrixDescriptor:
-        """The descriptor of K elements [16 k_slice, 16 k_slice + 16) and M/N elements from `mn_first` on, of
-        the tile at byte `start`. `mn_first` must start an 8-row group (K-major) or a column block (MN)."""
+        """The descriptor of K elements [k k_slice, k k_slice + k) (k = `wgmma_k`: 16 for 16-bit elements, 32
+        for 8-bit ones) and M/N elements from `mn_first` on, of the tile at byte `start`. `mn_first` must start
+        an 8-row group (K-major) or a column block (MN)."""
         if start % self.alignment:
             raise LayoutError(f"this wgmma tile must start on a {self.alignment}-byte boundary, got byte {start}")
-        k_first = k_slice * WGMMA_K
+        k_first = k_slice * wgmma_k(self.element_bytes)
         if self.major == "K":
             if mn_first % 8:
                 raise LayoutError(f"a K-major wgmma operand starts on an 8-row group, not row {mn_first}")

@@ -47,8 +47,9 @@ ACTIVATIONS = ("none", "relu", "gelu", "silu")
 # software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
 # memory, 64-96 KB here). Each compiles without register spills for sm_80 (bf16: mma.sync + ldmatrix from the
 # rings) and sm_90a (f16/bf16: wgmma reading the rings through descriptors, one group in flight), and for
-# sm_90a with fp8 inputs too (mma.sync m16n8k32 .e4m3/.e5m2, operands through shared memory, not yet
-# pipelined); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
+# fp8 inputs: sm_89 (mma.sync m16n8k32 .e4m3/.e5m2, K-contiguous operands pipelined and read with ldmatrix)
+# and sm_90a (wgmma m64nNk32 .e4m3/.e5m2 on K-major ring slots; a B contiguous along N is stored K-major
+# each iteration); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
 CONFIGS = [
     # large square
     tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),

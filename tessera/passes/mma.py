@@ -6,7 +6,8 @@ m x n x k (`instruction_for`):
 
     target                    inputs -> acc              instruction                thread op
     "wgmma" (sm_90a),         f16, bf16 -> f32           wgmma m64nNk16             wgmma {m = 64, n = N, k = 16}
-      num_warps % 4 == 0      (M % 64, K % 16, N % 8; N <= 256 per instruction, else the largest such divisor)
+      num_warps % 4 == 0      e4m3/e5m2 -> f32 (any mix) wgmma m64nNk32             wgmma {m = 64, n = N, k = 32}
+                              (M % 64, K % k, N % 8; N <= 256 per instruction, else the largest such divisor)
     "mma.sync", 32 lanes      f16, bf16 -> f32           mma.sync m16n8k16          mma {m = 16, n = 8, k = 16}
                               f32 -> f32, tf32 asked     mma.sync m16n8k8 .tf32     mma {m = 16, n = 8, k = 8}
                               i8, u8 -> i32              mma.sync m16n8k32 .s8/.u8  mma {m = 16, n = 8, k = 32}
@@ -15,7 +16,12 @@ m x n x k (`instruction_for`):
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
 
 (MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16; wgmma first
-where it fits, else mma.sync on sm_90a too. A wgmma dot in the body of a
+where it fits, else mma.sync on sm_90a too. fp8 wgmma reads only K-major
+operands: a register operand is stored K-major by its owners whatever its
+layout, but a pipelined fp8 load contiguous along M/N cannot fill a K-major
+slot by whole chunks, so it stays an ordinary load (`pipeline_plan`).
+sm_90 has no native fp8 mma.sync (ptxas emulates it), which is why fp8
+takes wgmma wherever the shape allows. A wgmma dot in the body of a
 `for {stages >= 2}` loop reads its operands straight from the cp.async ring
 slots: `lowering/pipeline_plan.py`.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
@@ -62,7 +68,7 @@ from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
-from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_K, WGMMA_M, wgmma_accumulator
+from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, wgmma_accumulator, wgmma_k
 
 @dataclass(frozen=True)
 class MatrixInstruction:
@@ -87,9 +93,13 @@ def mma(m: int, n: int, k: int) -> MatrixInstruction:
     return MatrixInstruction("mma", m, n, k, 32, *mma_fragments(m, n, k), attrs={"m": m, "n": n, "k": k})
 
 
-def wgmma(n: int, dtype: dt.DType) -> MatrixInstruction:
-    return MatrixInstruction("wgmma", WGMMA_M, n, WGMMA_K, WARPGROUP, None, None, wgmma_accumulator(n),
-                             attrs={"m": WGMMA_M, "n": n, "k": WGMMA_K, "dtype": dtype.name})
+def wgmma(n: int, dtype: dt.DType, dtype_b: dt.DType | None = None) -> MatrixInstruction:
+    """wgmma m64nNk16 (f16/bf16) or m64nNk32 (e4m3/e5m2, B of `dtype_b` when it differs)."""
+    k = wgmma_k(dtype.bits // 8)
+    attrs = {"m": WGMMA_M, "n": n, "k": k, "dtype": dtype.name}
+    if dtype_b is not None and dtype_b != dtype:
+        attrs["dtype_b"] = dtype_b.name
+    return MatrixInstruction("wgmma", WGMMA_M, n, k, WARPGROUP, None, None, wgmma_accumulator(n), attrs=attrs)
 
 
 MMA_M16N8K16 = mma(16, 8, 16)
@@ -111,9 +121,10 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
     `target` with `num_warps` warps, or None (FMA). f32 inputs qualify only with `tf32` (the dot asked for
     input_precision = "tf32"); wgmma needs whole warpgroups."""
     b = a if b is None else b
-    if (target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and a == b
-            and a in (dt.f16, dt.bf16) and acc == dt.f32 and m % WGMMA_M == 0 and k % WGMMA_K == 0 and n % 8 == 0):
-        return wgmma(next(w for w in range(min(n, 256), 7, -8) if n % w == 0), a)
+    wgmma_inputs = (a == b and a in (dt.f16, dt.bf16)) or (a in FP8 and b in FP8)
+    if (target.has("wgmma") and num_warps % (WARPGROUP // target.warp_size) == 0 and wgmma_inputs
+            and acc == dt.f32 and m % WGMMA_M == 0 and k % wgmma_k(a.bits // 8) == 0 and n % 8 == 0):
+        return wgmma(next(w for w in range(min(n, 256), 7, -8) if n % w == 0), a, b)
     if target.has("mma.sync") and target.warp_size == 32:
         if a == dt.f32 and not tf32:
             return None

@@ -28,7 +28,7 @@ def test_well_typed_ops():
      "wgmma shape is m64nNk16 with N in 8, 16, ..., 256; got m = 64, n = 264, k = 16"),
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 8, m = 64, n = 64} : regs<32xf32>', "wgmma shape is m64nNk16"),
     ('%e = wgmma %d, %d, %c {dtype = "f32", k = 16, m = 64, n = 64} : regs<32xf32>',
-     "wgmma multiplies f16 or bf16, got dtype = 'f32'"),
+     "wgmma multiplies f16 x f16, bf16 x bf16 or e4m3/e5m2 x e4m3/e5m2, got dtype = 'f32'"),
     ('%e = wgmma %i, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
      "wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got i32 and i64"),
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, n = 64} : regs<32xf32>', "wgmma needs attribute 'm'"),

@@ -121,8 +121,27 @@ FP8_SIGNATURE = "*f8e4m3:16,*f8e4m3:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16
 
 
 @pytest.mark.parametrize("b_strides", ["i32:16,i32:1", "i32:1,i32:16"], ids=["b-row-major", "b-transposed"])
-def test_every_shipped_config_runs_fp8_tensor_cores_on_hopper_without_spills(b_strides):
-    """On sm_90a (which has fp8 mma.sync) an e4m3 GEMM multiplies on m16n8k32 .e4m3 tensor cores, not FMA."""
+def test_every_shipped_config_runs_fp8_mma_sync_on_sm89_without_spills(b_strides):
+    """On sm_89 (fp8 mma.sync, no wgmma) an e4m3 GEMM multiplies on m16n8k32 .e4m3 tensor cores, not FMA."""
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    for config in CONFIGS:
+        compiled = gemm_kernel.kernel.compile(
+            signature=FP8_SIGNATURE.format(b=b_strides), target="sm_89", num_warps=config.num_warps,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
+        fragments = (bm // 16) * (bn // 8) * (bk // 32) // config.num_warps     # per warp, per K step
+        assert compiled.stages["ptx"].count("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32") == fragments
+        assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
+
+
+@pytest.mark.parametrize("b_strides", ["i32:16,i32:1", "i32:1,i32:16"], ids=["b-row-major", "b-transposed"])
+def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_strides):
+    """On sm_90a an e4m3 GEMM's main loop runs on wgmma m64nNk32 (N = BN: one instruction spans the block's
+    columns), BK / 32 per warpgroup slab and K step, A pipelined through cp.async rings (and B too when it
+    is K-contiguous, the torch._scaled_mm layout); no mma.sync is left."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
     if find_ptxas() is None:
@@ -132,6 +151,39 @@ def test_every_shipped_config_runs_fp8_tensor_cores_on_hopper_without_spills(b_s
             signature=FP8_SIGNATURE.format(b=b_strides), target="sm_90a", num_warps=config.num_warps,
             HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
         bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
-        fragments = (bm // 16) * (bn // 8) * (bk // 32) // config.num_warps     # per warp, per K step
-        assert compiled.stages["ptx"].count("mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32") == fragments
+        ptx = compiled.stages["ptx"]
+        slabs = bm // 64 // max(1, config.num_warps // 4)             # 64-row slabs per warpgroup
+        assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k32.f32.e4m3.e4m3") == slabs * (bk // 32), config
+        assert "mma.sync" not in ptx and "cp.async.cg.shared.global" in ptx
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
+
+
+def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
+    """The library kernel itself, lowered for sm_90a (wgmma, both operands from the rings: B given transposed
+    like torch._scaled_mm's column-major B), per-row scales, odd M and N, on the SIMT simulator."""
+    import numpy as np
+
+    import tessera
+    from tessera.backends.interp import run_threads
+    from tessera.ir import dtypes as dt
+    from tessera.kernels_lib.gemm import gemm_kernel
+    from tessera.passes.pipeline_threads import lower
+
+    M, N, K, BM, BN, BK = 70, 45, 160, 64, 64, 32
+    rng = np.random.default_rng(5)
+    a = dt.f8e4m3.encode(rng.standard_normal((M, K)))
+    bt = dt.f8e4m3.encode(rng.standard_normal((N, K)))         # B^T: K-contiguous
+    scale_a, scale_b = (rng.random(n).astype(np.float32) + 0.5 for n in (M, N))
+    c = np.zeros((M, N), np.float32)
+    args = [a, bt, c, scale_a, scale_b, c, M, N, K, 0.5, K, 1, 1, K]
+    traced = [tessera.reinterpret(x, dt.f8e4m3) if i < 2 else x for i, x in enumerate(args)]
+    module = gemm_kernel.kernel.specialize(
+        *traced, HAS_BIAS=False, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="none", BM=BM, BN=BN, BK=BK,
+        GROUP_M=2, PERSISTENT=False, STAGES=3).module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    assert [op for op in fn.walk() if op.name == "wgmma"] and not [op for op in fn.walk() if op.name == "mma"]
+    assert not [op for op in fn.walk() if op.name == "store" and op.operands[1].type.element.dtype == dt.f8e4m3]
+    run_threads(fn, args, (-(-M // BM) * -(-N // BN),))         # (no fp8 tile goes through registers)
+    x = np.asarray(dt.f8e4m3.decode(a), np.float64) @ np.asarray(dt.f8e4m3.decode(bt), np.float64).T
+    expected = 0.5 * x * scale_a[:, None] * scale_b[None, :]
+    np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-4)

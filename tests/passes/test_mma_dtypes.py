@@ -9,7 +9,8 @@ Specification:
 * i8 x i8 and u8 x u8 -> i32 run on mma.sync m16n8k32 .s8/.u8 on sm_80+
   and agree with the interpreter exactly (wrapping like it);
 * e4m3 / e5m2 -> f32 run on mma.sync m16n8k32 .e4m3/.e5m2 where the target
-  has "mma.fp8" (sm_89, sm_90, sm_90a); sm_80 keeps the FMA loop;
+  has "mma.fp8" (sm_89, sm_90, and sm_90a where wgmma does not fit); sm_80
+  keeps the FMA loop;
 * every one of them, with 1 or 4 warps, whole or masked (odd-sized) tiles,
   computes on the SIMT simulator what the tile interpreter computes;
 * the PTX holds the instruction and ptxas assembles it without spills.
@@ -96,7 +97,7 @@ SHAPE_IDS = ["32x32x32-1w", "64x64x64-4w", "masked-1w", "masked-4w"]
 
 @pytest.mark.parametrize("shape, blocks, num_warps", SHAPES, ids=SHAPE_IDS)
 @pytest.mark.parametrize("case, target, k", [("tf32", "sm_80", 8), ("i8", "sm_80", 32), ("u8", "sm_80", 32),
-                                             ("e4m3", "sm_90a", 32), ("e5m2", "sm_89", 32)], ids=str)
+                                             ("e4m3", "sm_90", 32), ("e5m2", "sm_89", 32)], ids=str)
 def test_tensor_core_dot_on_the_simt_simulator_matches_the_tile_interpreter(case, target, k, shape, blocks,
                                                                              num_warps):
     actual, expected, fn = simulate(case, target, shape, blocks, num_warps)
@@ -157,7 +158,7 @@ def test_integer_mma_wraps_its_i32_accumulator():
     ("tf32", "sm_90a", "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32"),
     ("i8", "sm_80", "mma.sync.aligned.m16n8k32.row.col.s32.s8.s8.s32"),
     ("u8", "sm_90a", "mma.sync.aligned.m16n8k32.row.col.s32.u8.u8.s32"),
-    ("e4m3", "sm_90a", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),
+    ("e4m3", "sm_90", "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32"),     # sm_90a: wgmma (test_simt_wgmma_fp8)
     ("e5m2", "sm_89", "mma.sync.aligned.m16n8k32.row.col.f32.e5m2.e5m2.f32"),
 ], ids=str)
 def test_ptx_holds_the_instruction_and_assembles_without_spills(case, target, instruction):

@@ -255,18 +255,20 @@ def _warp_matmul(ctx, op, name: str, lanes: int, fragments, a, b, c):
 def _ldmatrix(ctx, op, rows):
     """ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16 per warp (PTX ISA 9.7.9.x, the ldmatrix fragments).
 
-    Lane 8j + r gives the address of row r of matrix j (8 contiguous 16-bit
-    elements, 16-byte aligned). Lane l receives, in registers 2j and 2j + 1,
-    elements (l // 4, 2 * (l % 4) + {0, 1}) of matrix j; with .trans the
-    transposed ones, (2 * (l % 4) + {0, 1}, l // 4): the `layouts.ldmatrix()`
-    registers. The reads count as reads of every lane that receives the bytes,
-    so the race check sees them as the warp-wide access they are.
+    Lane 8j + r gives the address of row r of matrix j (16 contiguous bytes,
+    16-byte aligned: w = 32 / bits elements per 32-bit word). Lane l receives,
+    in registers w*j .. w*j + w - 1, elements (l // 4, w * (l % 4) + e) of
+    matrix j; with .trans (16-bit only) the transposed ones, (2 * (l % 4) + e,
+    l // 4): the `mma_layouts.ldmatrix_layout()` registers. The reads count as
+    reads of every lane that receives the bytes, so the race check sees them as
+    the warp-wide access they are.
     """
     warp, num, trans = ctx.warp_size, op.attrs["num"], op.attrs["trans"]
     _require_whole_warps(ctx, op, "ldmatrix")
     region = rows.memory
     if not isinstance(region, SharedRegion):
         raise ctx.error(op, "ldmatrix reads shared memory, but its operand points into global memory")
+    per_word = 32 // region.dtype.bits
     warps = ctx.num_threads // warp
     live = np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
     starts = np.where(live, rows.offsets, 0).reshape(warps, warp)[:, :8 * num].reshape(warps, num, 8)
@@ -275,17 +277,17 @@ def _ldmatrix(ctx, op, rows):
         raise ctx.error(op, f"ldmatrix row address of lane {8 * j + r} of warp {w} (element {int(starts[w, j, r])}) "
                             "is not 16-byte aligned")
     lane = np.arange(warp)
-    row, col = lane // 4, 2 * (lane % 4)
-    element = np.arange(2)
+    row, col = lane // 4, per_word * (lane % 4)
+    element = np.arange(per_word)
     if trans:   # lane l, element e: stored row 2 * (l % 4) + e, column l // 4
-        src_row, src_col = col[:, None] + element, np.broadcast_to(row[:, None], (warp, 2))
+        src_row, src_col = col[:, None] + element, np.broadcast_to(row[:, None], (warp, per_word))
     else:
-        src_row, src_col = np.broadcast_to(row[:, None], (warp, 2)), col[:, None] + element
+        src_row, src_col = np.broadcast_to(row[:, None], (warp, per_word)), col[:, None] + element
     # offsets[w, l, j, e] = starts[w, j, src_row[l, e]] + src_col[l, e]
-    offsets = np.empty((warps, warp, num, 2), np.int64)
+    offsets = np.empty((warps, warp, num, per_word), np.int64)
     for j in range(num):
         offsets[:, :, j, :] = starts[:, j, :][:, src_row] + src_col
-    offsets = offsets.reshape(ctx.num_threads, 2 * num)
+    offsets = offsets.reshape(ctx.num_threads, per_word * num)
     outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
     if outside.any():
         raise ctx.error(op, f"ldmatrix reads outside {region.name} (elements {int(offsets.min())}.."

@@ -30,6 +30,9 @@ the sequence a kernel follows):
   for the same in-flight wgmma (a software-pipelined K loop keeps one group
   in flight across iterations and chains the next one onto it).
 
+e4m3 / e5m2 wgmmas (k = 32, `dtype_b` for a B of the other type) read
+K-major operands of 32 one-byte elements per row and K slice; their
+products are exact in f32 and are summed one k at a time like the others.
 Operands are K-major, or MN-major with `trans_a` / `trans_b` (imm-trans = 1):
 `wgmma_layouts.operand_addresses` gives the hardware's address of every
 element for both, so each layout is read exactly as the PTX ISA defines it.
@@ -198,13 +201,14 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
     if chained is not None:   # accumulating in flight: continue from the true value
         acc = np.where(chained.waiting[:, None], chained.result, acc)
     n, dtype = op.attrs["n"], dt.dtype_from_name(op.attrs["dtype"])
+    dtype_b = dt.dtype_from_name(op.attrs.get("dtype_b", op.attrs["dtype"]))
     rows, cols = wgmma_accumulator(n).table().transpose(2, 0, 1)
     result = np.array(acc, np.float32)
     read = []
     for g in groups:
         threads = slice(g * WARPGROUP, (g + 1) * WARPGROUP)
         a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype, op.attrs.get("trans_a", False))
-        b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype, op.attrs.get("trans_b", False))  # as n x 16
+        b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype_b, op.attrs.get("trans_b", False))  # n x k
         read += [a_at, b_at]
         d = np.zeros((WGMMA_M, n), np.float32)
         d[rows, cols] = result[threads]
@@ -221,21 +225,24 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
 
 
 def _operand(ctx, op, name: str, descs: np.ndarray, rows: int, dtype: dt.DType, mn_major: bool):
-    """The rows x 16 operand (K-major, or MN-major) a warpgroup's descriptor points at, as f32, and its byte
-    addresses."""
+    """The rows x k operand (K-major, or MN-major; k = 16 for 16-bit elements, 32 for 8-bit ones) a
+    warpgroup's descriptor points at, as f32, and its byte addresses."""
     if (descs != descs[0]).any():
         t = int(np.argmax(descs != descs[0]))
         raise ctx.error(op, f"the {name} descriptor differs between threads of a warpgroup (thread {t}); "
                             "wgmma needs one descriptor per warpgroup")
     desc = MatrixDescriptor.decode(int(descs[0]))
     try:
-        at = operand_addresses(desc, rows, 2, mn_major)
+        at = operand_addresses(desc, rows, dtype.bits // 8, mn_major)
     except ValueError as e:
         raise ctx.error(op, f"{name} descriptor {desc}: {e}") from None
-    if at.min() < 0 or at.max() + 1 >= ctx.shared.size:
+    width = dtype.bits // 8
+    if at.min() < 0 or at.max() + width > ctx.shared.size:
         raise ctx.error(op, f"wgmma {name} operand ({desc}) reads shared bytes {int(at.min())}.."
-                            f"{int(at.max()) + 1}, outside the block's {ctx.shared.size} bytes")
+                            f"{int(at.max()) + width - 1}, outside the block's {ctx.shared.size} bytes")
     raw = ctx.shared.bytes
+    if dtype.bits == 8:
+        return dtype.decode(raw[at]).astype(np.float32), at[..., None]
     bits = raw[at].astype(np.uint16) | (raw[at + 1].astype(np.uint16) << 8)
     values = dtype.decode(bits).astype(np.float32)
     return values, np.stack([at, at + 1], axis=-1)

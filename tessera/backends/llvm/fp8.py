@@ -32,10 +32,10 @@ from tessera.ir import float_formats
 
 from .types import F32, F64, int_constant, splat_constant, with_element
 
-# Ops that may hold fp8 values (as i8 bit patterns); computing needs a cast to f32 first, except in `mma`,
-# whose fp8 tensor-core instruction takes the bit patterns (the NVPTX dialect checks the target has it).
+# Ops that may hold fp8 values (as i8 bit patterns; ldmatrix moves them); computing needs a cast to f32 first,
+# except in `mma`, whose fp8 tensor-core instruction takes the bit patterns (the NVPTX dialect checks the target).
 FP8_OPS = frozenset({"constant", "load", "store", "cast", "bitcast", "select", "pack", "extract", "splat",
-                     "shuffle", "for", "if", "while", "breakpoint", "mma"})
+                     "shuffle", "for", "if", "while", "breakpoint", "mma", "ldmatrix"})
 
 _SOURCE = {32: (F32, 8, 23), 64: (F64, 11, 52)}  # float width -> (type, exponent bits, mantissa bits)
 

@@ -8,7 +8,8 @@
   (`llvm.nvvm.f2tf32.rna`), the rounding the `mma` op specifies. C and D are
   four f32 or four s32 registers.
 * `ldmatrix` is `ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16`: one 32-bit
-  register per matrix, split into registers 2j (low half) and 2j+1.
+  register per matrix, split into registers w*j (low bits) .. w*j + w - 1
+  for w = 32 / bits elements per word (2 16-bit, 4 8-bit, 1 tf32).
 * `async_copy` is `cp.async.cg.shared.global` for 16 bytes (`.ca` for 4 and
   8: `.cg` only exists for 16) through the `.s` intrinsics, whose src-size
   operand is `bytes` when the predicate holds and 0 (zero fill) when not;
@@ -81,13 +82,16 @@ def _ldmatrix(lw, op, row):
     loaded = lw.intrinsic(f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16", [row])
     words = [loaded] if num == 1 else [bld.extract_value(loaded, j) for j in range(num)]
     result_type = register_type(op.result.type)
-    pair = ir.VectorType(result_type.element, 2)       # <2 x half> / <2 x bfloat>, element 2j in the low half
+    per_word = op.result.type.count // num
+    if per_word == 1:                                   # 32-bit elements: the word is the element
+        parts = [[bld.bitcast(word, result_type.element)] for word in words]
+    else:   # <2 x half> / <4 x i8> ..., element w*j in the low bits
+        split = ir.VectorType(result_type.element, per_word)
+        parts = [[bld.extract_element(bld.bitcast(word, split), ir.Constant(I32, e)) for e in range(per_word)]
+                 for word in words]
     result = ir.Constant(result_type, ir.Undefined)
-    for j, word in enumerate(words):
-        halves = bld.bitcast(word, pair)
-        for e in range(2):
-            result = bld.insert_element(result, bld.extract_element(halves, ir.Constant(I32, e)),
-                                        ir.Constant(I32, 2 * j + e))
+    for i, element in enumerate(e for part in parts for e in part):
+        result = bld.insert_element(result, element, ir.Constant(I32, i))
     return result
 
 

@@ -15,6 +15,9 @@
       wgmma.mma_async.sync.aligned.m64n<N>k16.f32.<t>.<t> {$0, ..., $N/2-1}, $N/2, $N/2+1, p, 1, 1, <ta>, <tb>;
       }
 
+  (e4m3/e5m2: `m64n<N>k32.f32.<a>.<b>` with A and B types in any mix, and no
+  imm-trans operands: 8-bit operands are K-major only)
+
   with N/2 "=f" outputs tied to the accumulator inputs ("0", "1", ...: the
   "+f" of CUDA C), the two descriptors as "l" (64-bit) operands, scale-d as an
   "r" operand (1: D = A*B + D), imm-scale-a/b = 1 and imm-trans-a/b from the
@@ -74,15 +77,22 @@ def _wgmma_desc(lw, op, ptr):
     return bld.or_(start, ir.Constant(I64, fields))
 
 
-def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool) -> str:
-    """The inline PTX of one wgmma m64n{n}k16 (operand numbering: see the module docstring)."""
+PTX_TYPES = {"f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2"}
+
+
+def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | None = None) -> str:
+    """The inline PTX of one wgmma m64n{n}k16 (f16/bf16) or m64n{n}k32 (e4m3/e5m2, no imm-trans operands)
+    (operand numbering: see the module docstring)."""
     count = n // 2
     d = ", ".join(f"${i}" for i in range(count))
+    a, b = PTX_TYPES[dtype], PTX_TYPES[dtype_b or dtype]
+    fp8 = a in ("e4m3", "e5m2")
+    trans = "" if fp8 else f", {int(trans_a)}, {int(trans_b)}"
     return ("{\n"
             ".reg .pred p;\n"
             f"setp.ne.b32 p, ${count + 2}, 0;\n"
-            f"wgmma.mma_async.sync.aligned.m64n{n}k16.f32.{dtype}.{dtype} {{{d}}}, ${count}, ${count + 1}, p, "
-            f"1, 1, {int(trans_a)}, {int(trans_b)};\n"
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{32 if fp8 else 16}.f32.{a}.{b} {{{d}}}, ${count}, "
+            f"${count + 1}, p, 1, 1{trans};\n"
             "}")
 
 
@@ -93,7 +103,8 @@ def _wgmma(lw, op, a_desc, b_desc, acc):
     accumulators = [bld.extract_element(acc, ir.Constant(I32, i)) for i in range(count)]
     ftype = ir.FunctionType(ir.LiteralStructType([F32] * count), [I64, I64, I32] + [F32] * count)
     constraints = ",".join(["=f"] * count + ["l", "l", "r"] + [str(i) for i in range(count)])
-    asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False))
+    asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False),
+                    op.attrs.get("dtype_b"))
     d = bld.asm(ftype, asm, constraints, [a_desc, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
     result = ir.Constant(acc.type, ir.Undefined)
     for i in range(count):

@@ -9,9 +9,10 @@ thread holds, for each of its warp's fragments, exactly the registers the
 instruction takes. For every (m-fragment, n-fragment) the warp runs one
 instruction (`mma` or `mfma`, with its shape) per k-fragment, in k
 order, accumulating into that C fragment. An operand that has to move into
-its fragment layout goes, on NVIDIA, for 16-bit dtypes through XOR-swizzled
-shared memory and `ldmatrix` (`mma_operands.py`: A plain, B with .trans),
-bank-conflict free; tf32 and 8-bit operands through the generic conversion;
+its fragment layout goes, on NVIDIA, through XOR-swizzled shared memory and
+`ldmatrix` (`mma_operands.py`: 16-bit A plain, B with .trans; 8-bit and tf32
+fragments only plain, i.e. A, and a B read from its N x K transpose),
+bank-conflict free; what ldmatrix cannot read through the generic conversion;
 on AMD through LDS in the padded row- or column-major layout with the
 fewest modelled bank conflicts, read with plain vector loads
 (`mfma_operands.py`); the generic conversion is the fallback. In a

@@ -5,9 +5,14 @@ stored (by the owners of its elements) into a row-major shared-memory
 buffer whose 16-byte chunks are XOR-swizzled, then read back with
 `ldmatrix` x4 (x2 / x1 for the last matrices): A (M x K, row-major) plain,
 B (K x N, row-major) with `.trans`. Each lane gives the address of one
-8-element row, swizzled the same way, so the eight 16-byte rows one phase
+16-byte row, swizzled the same way, so the eight 16-byte rows one phase
 of ldmatrix reads fall in eight different 16-byte bank groups: no bank
 conflicts (`smem_layouts.bank_conflicts` checks the choice at compile time).
+A row is 8 16-bit, 16 8-bit or 4 32-bit elements (`LDMATRIX_DTYPES`): the
+plain read gives the m16n8k32 8-bit and m16n8k8 tf32 fragments of a
+K-contiguous tile (`mma_layouts` docstring), but `.trans` swaps 16-bit
+halves, so a 8-bit / tf32 B is read only from its N x K transpose (a
+software-pipelined B^T slot), never from a K x N buffer.
 
 Every 8x8 matrix of the fragment layout is found from the layout itself
 (register pairs 2j, 2j+1 of a group of eight registers are matrix j), and
@@ -29,13 +34,14 @@ import numpy as np
 
 from tessera.ir import dtypes as dt
 from tessera.ir.layouts import RegisterLayout
+from tessera.ir.mma_layouts import LDMATRIX_ELEMENTS
 from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, row_major, swizzle_bytes
 from tessera.ir.types import PointerType, ScalarType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from .context import Regs, register_map, row_major_strides
 
-LDMATRIX_DTYPES = (dt.f16, dt.bf16)
+LDMATRIX_DTYPES = LDMATRIX_ELEMENTS        # 16-bit ones plain or .trans; 8-bit and tf32 (f32) ones plain only
 
 
 def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs | None:
@@ -44,7 +50,7 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
             or regs.element.dtype not in LDMATRIX_DTYPES or regs.layout == want
             or register_map(regs.layout, want, row_major_strides(want.shape)) is not None):
         return None
-    plan = ldmatrix_plan(want, trans, ctx.warp_size)
+    plan = ldmatrix_plan(want, trans, ctx.warp_size, regs.element.dtype.bits // 8)
     if plan is None:
         return None
     buf = _store_swizzled(ctx, regs, plan.smem)
@@ -64,14 +70,15 @@ class LdmatrixPlan:
     thread_bits: tuple                  # row address = base[g] + sum_b bit_b(thread) * weight[b]
 
 
-def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32) -> LdmatrixPlan | None:
+def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2) -> LdmatrixPlan | None:
     """The ldmatrix reads (and the conflict-free swizzle of the buffer) that give exactly the registers of
-    `want` from a row-major buffer of its shape (.trans when `trans`); None when ldmatrix cannot."""
-    rows = ldmatrix_rows(want, trans, warp)
+    `want` (of `element_bytes`-byte elements) from a row-major buffer of its shape (.trans when `trans`); None
+    when ldmatrix cannot."""
+    rows = ldmatrix_rows(want, trans, warp, element_bytes)
     if rows is None:
         return None
     cols = want.shape[1]
-    smem = swizzled_row_major(*want.shape, rows.starts)
+    smem = swizzled_row_major(*want.shape, rows.starts, element_bytes)
     thread_bits = _thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
     if thread_bits is None:
         return None
@@ -98,13 +105,16 @@ class RowPlan:
         self.nums = nums            # matrices per ldmatrix, in register order
 
 
-def ldmatrix_rows(want: RegisterLayout, trans: bool, warp: int = 32) -> RowPlan | None:
-    """The ldmatrix row addresses that produce exactly the registers of `want`, or None."""
-    if warp != 32 or want.rank != 2 or want.num_threads % warp or want.local_size % 2:
+def ldmatrix_rows(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2) -> RowPlan | None:
+    """The ldmatrix row addresses that produce exactly the registers of `want` (`element_bytes`-byte elements,
+    w = 4 / element_bytes of them per 32-bit word), or None."""
+    per_word = 4 // element_bytes
+    if (warp != 32 or want.rank != 2 or want.num_threads % warp or want.local_size % per_word
+            or element_bytes not in (1, 2, 4) or (trans and element_bytes != 2)):
         return None
     table = want.table()                                    # (threads, registers, 2)
     threads, count = table.shape[:2]
-    nums, left = [], count // 2                             # matrices still to load
+    nums, left = [], count // per_word                      # matrices still to load
     while left:
         nums.append(4 if left >= 4 else left)
         left -= nums[-1]
@@ -114,57 +124,58 @@ def ldmatrix_rows(want: RegisterLayout, trans: bool, warp: int = 32) -> RowPlan 
     for g, num in enumerate(nums):
         j, r = (lane // 8) % num, lane % 8                  # lane 8j + r addresses row r of matrix j
         # (x1 / x2 ignore lanes 8 * num and up; they repeat the rows so that addresses stay linear in the lane)
-        first = 8 * g + 2 * j                               # register of matrix j's first element
+        first = per_word * (4 * g + j)                      # register of matrix j's first element
         if trans:   # stored row r of the matrix is what lane r // 2 holds in element r % 2, at column 0
             starts[:, g] = table[warp_first + r // 2, first + r % 2]
         else:       # row r is what lane 4r holds first
             starts[:, g] = table[warp_first + 4 * r, first]
-    if not (_reproduces(table, starts, nums, trans, warp)):
+    if not (_reproduces(table, starts, nums, trans, warp, per_word)):
         return None
     return RowPlan(starts, tuple(nums))
 
 
-def _reproduces(table, starts, nums, trans, warp) -> bool:
-    """Whether ldmatrix from these row starts yields `table` (lane l: matrix j, element e -> register 2j + e)."""
+def _reproduces(table, starts, nums, trans, warp, per_word=2) -> bool:
+    """Whether ldmatrix from these row starts yields `table` (lane l: matrix j, element e -> register w*j + e)."""
     threads = table.shape[0]
     lane = np.arange(threads) % warp
     warp_first = (np.arange(threads) // warp) * warp
     for g, num in enumerate(nums):
         for j in range(num):
-            for e in range(2):
-                r, c = ((2 * (lane % 4) + e, lane // 4) if trans else (lane // 4, 2 * (lane % 4) + e))
+            for e in range(per_word):
+                r, c = ((2 * (lane % 4) + e, lane // 4) if trans else (lane // 4, per_word * (lane % 4) + e))
                 start = starts[warp_first + 8 * j + r, g]
                 got = start + np.stack([np.zeros_like(c), c], axis=-1)
-                if not np.array_equal(got, table[:, 8 * g + 2 * j + e]):
+                if not np.array_equal(got, table[:, per_word * (4 * g + j) + e]):
                     return False
-        if (starts[:, g, 1] % 8).any():
+        if (starts[:, g, 1] % (4 * per_word)).any():            # rows start on 16 bytes
             return False
     return True
 
 
-def swizzled_row_major(rows: int, cols: int, starts: np.ndarray) -> SmemLayout:
-    """Row-major rows x cols (16-bit elements) with the widest 128/64/32-byte swizzle whose row reads are
-    conflict-free; plain row-major if none is."""
+def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2) -> SmemLayout:
+    """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle whose row
+    reads are conflict-free; plain row-major if none is."""
     plain = row_major(rows, cols)
     for nbytes in (128, 64, 32):
-        swizzle = swizzle_bytes(nbytes, 2)
-        if cols * 2 < nbytes or (rows * cols) % swizzle.block:
+        swizzle = swizzle_bytes(nbytes, element_bytes)
+        if cols * element_bytes < nbytes or (rows * cols) % swizzle.block:
             continue
         layout = SmemLayout(plain.shape, plain.strides, swizzle)
-        if row_conflicts(layout, starts) == 1:
+        if row_conflicts(layout, starts, element_bytes) == 1:
             return layout
     return plain
 
 
-def row_conflicts(layout: SmemLayout, starts: np.ndarray) -> int:
+def row_conflicts(layout: SmemLayout, starts: np.ndarray, element_bytes: int = 2) -> int:
     """Worst bank-conflict degree of the ldmatrix row reads: `starts` is (threads, groups, 2), each lane
-    reading 8 contiguous 16-bit elements (16 bytes: 8 lanes per phase) per warp-wide ldmatrix."""
-    row = np.stack([np.zeros(8, np.int64), np.arange(8)], axis=-1)
+    reading 16 contiguous bytes (8 lanes per phase) per warp-wide ldmatrix."""
+    per_row = 16 // element_bytes
+    row = np.stack([np.zeros(per_row, np.int64), np.arange(per_row)], axis=-1)
     worst = 1
     for g in range(starts.shape[1]):
         for warp in range(0, starts.shape[0], 32):
             access = starts[warp:warp + 32, g, None, :] + row[None]
-            worst = max(worst, bank_conflicts(layout, access, 2))
+            worst = max(worst, bank_conflicts(layout, access, element_bytes))
     return worst
 
 

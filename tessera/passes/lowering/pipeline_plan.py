@@ -9,7 +9,12 @@ pipelined when all of these hold (otherwise it stays an ordinary load):
 * its only consumer is operand A or B of one tensor-core `dot` of the body
   (`mma.mma_plan` says yes: mma.sync, or wgmma on sm_90a; not inside a
   region nested in the body), directly or through `convert_layout`s, and its
-  dtype is f16/bf16 (ldmatrix and the pipelined wgmma read 16-bit elements);
+  dtype is one the instruction reads from its slot: f16/bf16 along either
+  dim; i8/u8, e4m3/e5m2 and f32 (a tf32 dot) only when the contiguous dim
+  is K (A row-major, B column-major). ldmatrix moves 16-bit words, so its
+  `.trans` cannot transpose 8- or 32-bit elements, and wgmma transposes
+  16-bit operands only: an 8-bit / tf32 operand contiguous along M or N keeps
+  the ordinary load (global -> registers in every iteration);
 * its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
   ordinary path);
 * its view and offsets are computed in the body from the induction variable
@@ -30,7 +35,10 @@ described in *slot orientation*: rows x the contiguous dim.
   16-byte chunks XOR-swizzled so that the ldmatrix row reads are conflict
   free (`mma_operands.ldmatrix_plan`; for a dim-0 contiguous operand the
   buffer holds the transposed tile and the ldmatrix `.trans` flips). The
-  layout is an `SmemLayout`; `fragment` holds the ldmatrix plan.
+  layout is an `SmemLayout`; `fragment` holds the ldmatrix plan. A 16-byte
+  row is 8 16-bit, 16 8-bit or 4 tf32 elements; for K-contiguous 8-bit and
+  tf32 blocks the plain ldmatrix x4 gives the m16n8k32 / m16n8k8 fragments
+  (`mma_layouts` docstring).
 * wgmma: a `WgmmaTileLayout`, K-major when the contiguous dim is K (A: dim 1,
   B: dim 0), MN-major otherwise (a row-major B, a column-major A: read with
   imm-trans = 1), with the widest swizzle whose atom row divides the block
@@ -80,6 +88,8 @@ from ..mma import MmaPlan, mma_plan
 from .mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
 from .tma_fill import TmaBox, tma_plan
 
+# ldmatrix reads 16-bit elements plain or transposed, 8-bit and tf32 (f32) ones plain only (`_slot_layout`).
+PIPELINED_DTYPES = LDMATRIX_DTYPES
 MIN_COPY_BYTES = 4
 MAX_COPY_BYTES = 16
 SHARED_ALIGNMENT = 16
@@ -208,7 +218,7 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
                facts: dict) -> PipelinedLoad | None:
     tile = load.result.type
     dtype = tile.element.dtype
-    if len(tile.shape) != 2 or dtype not in LDMATRIX_DTYPES or load.attrs.get("fill", 0) != 0:
+    if len(tile.shape) != 2 or dtype not in PIPELINED_DTYPES or load.attrs.get("fill", 0) != 0:
         return None
     consumer = _dot_consumer(load.result, users, body)
     if consumer is None:
@@ -249,6 +259,8 @@ def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, in
     the dot can read. See the module docstring."""
     if mma.a is None:                               # wgmma: descriptors read the slot
         k_major = dim == 1 - operand                # A (M x K) K-contiguous along dim 1; B (K x N) along dim 0
+        if element_bytes != 2 and not k_major:      # wgmma transposes 16-bit operands only
+            return None
         rows, cols = slot_shape
         granule = cols if k_major else (WGMMA_M if operand == 0 else mma.instruction.n)
         swizzle = wgmma_tile_swizzle(cols, element_bytes, granule)
@@ -256,7 +268,7 @@ def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, in
     want = mma.a if operand == 0 else mma.b
     trans = operand == 1
     slot_want = want if dim == 1 else want.permute((1, 0))
-    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, warp_size)
+    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, warp_size, element_bytes)
     if fragment is None:
         return None
     return want, fragment.smem, fragment

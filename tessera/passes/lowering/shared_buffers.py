@@ -218,7 +218,7 @@ def _ldmatrix(ctx, layout: RegisterLayout, dtype: dt.DType):
     if not ctx.target.has("ldmatrix") or dtype not in LDMATRIX_DTYPES or layout.rank != 2:
         return None
     for trans in (False, True):
-        plan = ldmatrix_plan(layout, trans, ctx.warp_size)
+        plan = ldmatrix_plan(layout, trans, ctx.warp_size, dtype.bits // 8)
         if plan is not None:
             return plan
     return None

@@ -26,7 +26,12 @@ Then
 
 with descriptors from `WgmmaTileLayout.descriptor` (slab g of A a constant
 step further on). F is 0, except when both operands are ring slots and the
-plan allows it (`RingOperand.in_flight`): then the accumulator stays in the
+plan allows it (`RingOperand.in_flight`) and the loop carries the
+accumulator in the wgmma fragment layout itself (layout assignment may have
+given the carried value another layout, e.g. the one of the store after the
+loop: then it is converted around the dot every iteration, which reads the
+result at once, so F = 0; waiting for more groups than the plan's prefetch
+distance assumed is always safe): then the accumulator stays in the
 wgmma registers, F = 1 and there is no barrier: the group is still in flight
 when the loop yields the result, and the next iteration's wgmmas chain onto
 it (`async_pipeline` says why the rings are safe). The barrier after a
@@ -108,6 +113,8 @@ def wgmma_dot(ctx, op, plan):
         ctx.create("fence_proxy_async")
         ctx.barrier()
     in_flight = min((r.in_flight for r in rings), default=0) if len(rings) == 2 else 0
+    if in_flight and ctx.assignment.layout(op.operands[2]) != plan.c:
+        in_flight = 0       # the carried accumulator is converted around the dot, which reads the result at once
     a, b = operands
     acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
     ctx.create("wgmma_fence")
