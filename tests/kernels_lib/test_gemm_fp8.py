@@ -140,7 +140,7 @@ def test_every_shipped_config_runs_fp8_mma_sync_on_sm89_without_spills(b_strides
 @pytest.mark.parametrize("b_strides", ["i32:16,i32:1", "i32:1,i32:16"], ids=["b-row-major", "b-transposed"])
 def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_strides):
     """On sm_90a an e4m3 GEMM's main loop runs on wgmma m64nNk32 (N = BN: one instruction spans the block's
-    columns), BK / 32 per warpgroup slab and K step, A pipelined through cp.async rings (and B too when it
+    columns), BK / 32 per warpgroup slab and K step, A pipelined through TMA-filled rings (and B too when it
     is K-contiguous, the torch._scaled_mm layout); no mma.sync is left."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
@@ -154,7 +154,10 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
         ptx = compiled.stages["ptx"]
         slabs = bm // 64 // max(1, config.num_warps // 4)             # 64-row slabs per warpgroup
         assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k32.f32.e4m3.e4m3") == slabs * (bk // 32), config
-        assert "mma.sync" not in ptx and "cp.async.cg.shared.global" in ptx
+        assert "mma.sync" not in ptx
+        tma_filled = [m["pointer"] for m in compiled.metadata["tensor_maps"]]
+        assert tma_filled == (["a_ptr", "b_ptr"] if b_strides == "i32:1,i32:16" else ["a_ptr"]), config
+        assert "cp.async.bulk.tensor" in ptx
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
 
 
