@@ -27,18 +27,20 @@ C = A @ B, taken from a naive loop to the tensor cores and asynchronous copies:
                  by TMA (`cp.async.bulk.tensor`, from tensor maps the launcher
                  builds on the host and passes as grid constants, with one
                  mbarrier per slot) and read by `wgmma.mma_async` straight from
-                 shared memory, one group of wgmmas in flight.
+                 shared memory, one group of wgmmas in flight;
+  8. specialized `tessera.pipeline(..., warp_specialize=True)`: an extra
+                 warpgroup, the producer, only issues the TMA copies, running
+                 ahead of the consumer warps as far as the ring allows (a
+                 "full" and an "empty" mbarrier per slot); the consumers only
+                 wait, compute and release. With 8+ consumer warps the
+                 producer also hands its registers over (`setmaxnreg`).
 
-Steps 1-6 compile for sm_80 and step 7 for sm_90a. Each step runs on the CPU
+Steps 1-6 compile for sm_80 and steps 7-8 for sm_90a. Each step runs on the CPU
 interpreter at a small size and is checked against numpy; the table lists
 facts about the PTX (static instruction counts), registers and spills (from
 ptxas, when it is installed) and shared memory. With a CUDA GPU and torch each
-step is also timed at 4096^3 (step 7 only on Hopper); without one the table
-says so.
-
-Not in this table yet: warp specialization (a producer warpgroup feeding
-consumer warpgroups); its building blocks are in the simulator and the NVPTX
-backend (tests/backends/ws_gemm_programs.py), not yet in the compiler.
+step is also timed at 4096^3 (steps 7-8 only on Hopper); without one the
+table says so.
 
     python tutorials/04-layouts-and-async.py
 """
@@ -69,13 +71,14 @@ def matmul_naive(a_ptr, b_ptr, c_ptr, M, N, K, BLOCK: tessera.constexpr):
 
 @tessera.kernel
 def matmul_tiled(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
-                 BK: tessera.constexpr, ACC: tessera.constexpr, STAGES: tessera.constexpr):
+                 BK: tessera.constexpr, ACC: tessera.constexpr, STAGES: tessera.constexpr,
+                 WS: tessera.constexpr = False):
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     a = tessera.view(a_ptr, (M, K))
     b = tessera.view(b_ptr, (K, N))
     c = tessera.view(c_ptr, (M, N))
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):   # stages=1: a plain range loop
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):  # stages=1: a range
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
         if ACC is not None:                        # a constexpr: the pin is there or not at trace time
             acc = tessera.convert_layout(acc, ACC)
@@ -126,6 +129,7 @@ STEPS = [
     ("5 pipelined x3", matmul_tiled, "f16", "sm_80", dict(TILED, ACC=None, STAGES=3)),
     ("6 by hand x2", matmul_by_hand, "f16", "sm_80", dict(BM=BM, BN=BN, BK=BK)),
     ("7 Hopper x4", matmul_tiled, "f16", "sm_90a", dict(TILED, ACC=None, STAGES=4)),
+    ("8 specialized x4", matmul_tiled, "f16", "sm_90a", dict(TILED, ACC=None, STAGES=4, WS=True)),
 ]
 
 
@@ -152,7 +156,7 @@ def compiler_facts(compiled):
             "ldmatrix": count(r"\bldmatrix"), "mul.rn.f32": count(r"\bmul\.rn\.f32"),
             "ld.v4": count(r"\bld\.global(?:\.nc)?\.v4"), "cp.async": count(r"\bcp\.async\.c[ag]\.shared"),
             "TMA": count(r"\bcp\.async\.bulk\.tensor"), "bar.sync": count(r"\bbar(?:rier)?\.sync"),
-            "regs": meta.get("registers", "n/a"), "spills st/ld": spills, "smem B": meta["shared_bytes"]}
+            "threads": meta["num_threads"], "regs": meta.get("registers", "n/a"), "spills st/ld": spills, "smem B": meta["shared_bytes"]}
 
 
 def thread_ir_ops(compiled) -> Counter:
@@ -226,6 +230,9 @@ def main() -> None:
     print(f"6: by hand, the kernel issues the same kinds of copies and waits as step 5 "
           f"({after['async_copy']} vs {before['async_copy']} async_copy ops, {after['async_wait']} vs "
           f"{before['async_wait']} async_wait), with the schedule in its own source")
+    print(f"8: warp specialization adds a producer warpgroup ({compiled_by_step['8'].metadata['num_threads']} "
+          f"threads instead of {compiled_by_step['7'].metadata['num_threads']}); only it issues TMA copies, and "
+          f"the consumers wait on mbarriers instead of a block-wide barrier per K step")
     print("every step, run on the CPU interpreter at 72x80x96 with f32 or f16 inputs -- matches numpy")
 
 
