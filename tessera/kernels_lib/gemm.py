@@ -4,9 +4,10 @@ C is cut into BM x BN tiles. Computing a tile walks K in steps of BK,
 multiplying a BM x BK block of op(A) by a BK x BN block of op(B) into a
 float32 accumulator, then applies alpha, the bias and the activation and
 stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
-on GPUs with cp.async the blocks of the next STAGES - 1 steps are in flight
-while the tensor cores work on this one (STAGES - 2 on sm_90a, where the
-wgmma of the step before is still in flight too). Transposed operands are views with
+the blocks of the next STAGES - 1 steps stream into shared memory (cp.async
+on sm_80/sm_89, TMA on sm_90/sm_90a) while the tensor cores work on this one
+(STAGES - 2 on sm_90a, where the wgmma of the step before is still in flight
+too). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
@@ -14,7 +15,7 @@ Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
 PERSISTENT one program per SM that loops over tiles num_programs apart.
-A config with WS = True (sm_90, TMA-filled mma.sync K loop; not with
+A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/lowering/warp_specialized.py`).
 No shipped config sets it; it defaults to False.
@@ -44,9 +45,10 @@ import tessera
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
 # Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
-# software-pipelined STAGES deep (cp.async ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared
-# memory, 64-96 KB here). Each compiles without register spills for sm_80 (bf16: mma.sync + ldmatrix from the
-# rings) and sm_90a (f16/bf16: wgmma reading the rings through descriptors, one group in flight), and for
+# software-pipelined STAGES deep (ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared memory, 64-96 KB
+# here, filled by cp.async on sm_80 and by TMA on sm_90/sm_90a). Each compiles without register spills for sm_80
+# (bf16: mma.sync + ldmatrix from the rings), sm_90 (the same, TMA-filled) and sm_90a (f16/bf16: wgmma reading
+# the TMA-filled rings through descriptors, one group in flight), and for
 # fp8 inputs: sm_89 (mma.sync m16n8k32 .e4m3/.e5m2, K-contiguous operands pipelined and read with ldmatrix)
 # and sm_90a (wgmma m64nNk32 .e4m3/.e5m2 on K-major ring slots; a B contiguous along N is stored K-major
 # each iteration); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.

@@ -24,9 +24,9 @@ docstrings give the rules):
 | make_view, view_load, view_store      | per-register offsets and bounds masks; vectorized where proven |
 | reduce, arg_reduce                    | registers, then shuffles (bfly), then shared memory across warps |
 | scan                                  | through shared memory, a sequential fold per register          |
-| dot                                   | mma.sync (ldmatrix for 16-bit inputs) or MFMA; else FMA over k |
+| dot                                   | mma.sync (ldmatrix), wgmma (sm_90a) or MFMA; else FMA over k  |
 | for, if, while                        | the same, carrying registers                                   |
-| for {stages = S} (tessera.pipeline)   | dot operands copied S-1 iterations ahead into cp.async rings   |
+| for {stages = S} (tessera.pipeline)   | dot operands copied ahead into rings: cp.async, or TMA (sm_90+) |
 | for {warp_specialize} (sm_90+)        | + a producer warpgroup issuing the TMA fills; consumers behind mbarriers |
 | smem_* (tessera.shared, async_copy)   | swizzled shared_alloc; cp.async chunks (else load + st.shared); ld.shared or ldmatrix |
 | assert / print, breakpoint            | kept per thread / dropped with a note (`lowering_notes`)       |
