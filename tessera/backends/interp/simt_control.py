@@ -26,7 +26,7 @@ import numpy as np
 from tessera.ir.types import scalar_dtype
 
 from .control_flow import KernelReturn
-from .simt_ops import merge, simt
+from .simt_ops import live_mask, merge, simt
 from .simt_paths import may_block, scheduler
 
 
@@ -39,10 +39,6 @@ def _uniform(ctx, *values: np.ndarray) -> bool:
     return all(live.size == 0 or (live == live[0]).all() for live in (_live(ctx, v) for v in values))
 
 
-def _everyone(ctx) -> np.ndarray:
-    return np.ones(ctx.num_threads, dtype=bool) if ctx.mask is None else ctx.mask
-
-
 @simt("if", multi=True)
 def _if(ctx, op, cond):
     then_region, else_region = op.regions
@@ -51,7 +47,7 @@ def _if(ctx, op, cond):
         return ctx.run_region(then_region, [], ctx.mask)
     if not taken.any():
         return ctx.run_region(else_region, [], ctx.mask)
-    active = _everyone(ctx)
+    active = live_mask(ctx)
     then_mask, else_mask = active & cond, active & ~cond
     if may_block(ctx, op):   # either side may wait for the other: run them as cooperatively scheduled paths
         then_values, else_values = scheduler(ctx).fork([
@@ -70,13 +66,13 @@ def _for(ctx, op, lb, ub, step, *carried):
     if (_live(ctx, step) == 0).any():
         raise ctx.error(op, "for loop step is 0, so it would never end; use a positive or negative step")
     if _uniform(ctx, lb, ub, step):
-        first = int(np.argmax(_everyone(ctx)))
+        first = int(np.argmax(live_mask(ctx)))
         for i in range(int(lb[first]), int(ub[first]), int(step[first])):
             iv = np.full(ctx.num_threads, i, dtype=iv_dtype)
             carried = ctx.run_region(body, [iv, *carried], ctx.mask)
         return list(carried)
     iv, stop, stride = (x.astype(np.int64) for x in (lb, ub, step))
-    active = _everyone(ctx)
+    active = live_mask(ctx)
     running = active & np.where(stride > 0, iv < stop, iv > stop)
     carried = list(carried)
     while running.any():
@@ -90,7 +86,7 @@ def _for(ctx, op, lb, ub, step, *carried):
 @simt("while", multi=True)
 def _while(ctx, op, *carried):
     before, after = op.regions
-    running = _everyone(ctx)
+    running = live_mask(ctx)
     results: list | None = None
     while True:
         keep_going, *passed = ctx.run_region(before, list(carried), running)

@@ -229,7 +229,7 @@ def _warp_matmul(ctx, op, name: str, lanes: int, fragments, a, b, c):
     warp = ctx.warp_size
     if warp != lanes:
         raise ctx.error(op, f"{name} needs {lanes}-lane warps, but this block's warps have {warp} lanes")
-    _require_whole_warps(ctx, op, name)
+    _require_whole_warps(ctx, op)
     a_at, b_at, c_at = (_fragment_coords(layout) for layout in fragments)
     (m, k), (_, n) = fragments[0].shape, fragments[1].shape
     warps = ctx.num_threads // warp
@@ -264,13 +264,13 @@ def _ldmatrix(ctx, op, rows):
     the warp-wide access they are.
     """
     warp, num, trans = ctx.warp_size, op.attrs["num"], op.attrs["trans"]
-    _require_whole_warps(ctx, op, "ldmatrix")
+    _require_whole_warps(ctx, op)
     region = rows.memory
     if not isinstance(region, SharedRegion):
         raise ctx.error(op, "ldmatrix reads shared memory, but its operand points into global memory")
     per_word = 32 // region.dtype.bits
     warps = ctx.num_threads // warp
-    live = np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
+    live = live_mask(ctx)
     starts = np.where(live, rows.offsets, 0).reshape(warps, warp)[:, :8 * num].reshape(warps, num, 8)
     if ((starts * region.dtype.bits) % 128).any():
         w, j, r = (int(i) for i in np.argwhere((starts * region.dtype.bits) % 128)[0])
@@ -301,18 +301,30 @@ def _ldmatrix(ctx, op, rows):
     return result
 
 
-def _require_whole_warps(ctx, op, name: str) -> None:
-    warp = ctx.warp_size
-    if ctx.num_threads % warp:
-        raise ctx.error(op, f"{name} needs whole warps, but the block has {ctx.num_threads} threads in warps of "
-                            f"{warp}")
-    if ctx.mask is not None:
-        per_warp = ctx.mask.reshape(-1, warp)
-        partial = per_warp.any(axis=1) & ~per_warp.all(axis=1)
-        if partial.any():
-            w = int(np.argmax(partial))
-            raise ctx.error(op, f"{name} in divergent code: only {int(per_warp[w].sum())} of the {warp} lanes "
-                                f"of warp {w} execute it; every lane of a warp must reach it together")
+def live_mask(ctx) -> np.ndarray:
+    """Which threads execute the current op: all of them outside divergent code."""
+    return np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
+
+
+def whole_units(ctx, op, size: int, unit: str, rule: str, member: str = "threads") -> np.ndarray:
+    """The indices of the `unit`s (runs of `size` consecutive threads: warps, warpgroups) executing `op`.
+
+    An error if the block is not made of whole units, or if a unit is only partly active (`rule` says
+    why that matters for this op); `member` names a unit's threads in the message ("lanes" of a warp)."""
+    if ctx.num_threads % size:
+        raise ctx.error(op, f"{op.name} runs on whole {unit}s of {size} threads, but the block has "
+                            f"{ctx.num_threads}; use a multiple of {size}")
+    per_unit = live_mask(ctx).reshape(-1, size)
+    partial = per_unit.any(axis=1) & ~per_unit.all(axis=1)
+    if partial.any():
+        u = int(np.argmax(partial))
+        raise ctx.error(op, f"{op.name} in divergent code: only {int(per_unit[u].sum())} of the {size} {member} "
+                            f"of {unit} {u} execute it; {rule}")
+    return np.flatnonzero(per_unit.all(axis=1))
+
+
+def _require_whole_warps(ctx, op) -> None:
+    whole_units(ctx, op, ctx.warp_size, "warp", "every lane of a warp must reach it together", member="lanes")
 
 
 def _fragment_coords(layout):

@@ -22,28 +22,11 @@ import numpy as np
 
 from tessera.ir.wgmma_layouts import WARPGROUP
 
-from .simt_ops import simt
+from .simt_ops import live_mask, simt, whole_units
 from .simt_paths import span, wait_until
 
 REGISTERS_PER_SM = 65536
 MAX_REGISTERS = 255
-
-
-def _live(ctx) -> np.ndarray:
-    return np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
-
-
-def _whole(ctx, op, size: int, unit: str, rule: str) -> np.ndarray:
-    """Indices of the `unit`s (`size` consecutive threads) executing `op`; an error if one is partly active."""
-    if ctx.num_threads % size:
-        raise ctx.error(op, f"{op.name} runs on whole {unit}s of {size} threads, but the block has {ctx.num_threads}")
-    per = _live(ctx).reshape(-1, size)
-    partial = per.any(axis=1) & ~per.all(axis=1)
-    if partial.any():
-        g = int(np.argmax(partial))
-        raise ctx.error(op, f"{op.name} in divergent code: only {int(per[g].sum())} of the {size} threads of {unit} "
-                            f"{g} execute it; {rule}")
-    return np.flatnonzero(per.all(axis=1))
 
 
 def entry_registers(num_threads: int) -> int:
@@ -56,7 +39,7 @@ def entry_registers(num_threads: int) -> int:
 def _setmaxnreg(ctx, op):
     if ctx.warp_size != 32:
         raise ctx.error(op, f"setmaxnreg needs 32-lane warps, but this block's warps have {ctx.warp_size} lanes")
-    groups = _whole(ctx, op, WARPGROUP, "warpgroup",
+    groups = whole_units(ctx, op, WARPGROUP, "warpgroup",
                     "all 128 threads of a warpgroup must execute setmaxnreg together (it is .sync.aligned)")
     budget = ctx.state.setdefault("setmaxnreg", {})
     action, count = op.attrs["action"], op.attrs["count"]
@@ -78,7 +61,7 @@ def _setmaxnreg(ctx, op):
 
 @simt("elect_sync")
 def _elect_sync(ctx, op):
-    warps = _whole(ctx, op, ctx.warp_size, "warp", "elect.sync is lowered with the full-warp member mask, so every "
+    warps = whole_units(ctx, op, ctx.warp_size, "warp", "elect.sync is lowered with the full-warp member mask, so every "
                    "lane of the warp must execute it; elect before the branch, or in code the whole warp runs")
     elected = np.zeros(ctx.num_threads, bool)
     elected[warps * ctx.warp_size] = True
@@ -97,8 +80,8 @@ class _NamedBarrier:
 @simt("named_barrier")
 def _named_barrier(ctx, op):
     barrier_id, count = op.attrs["id"], op.attrs["count"]
-    _whole(ctx, op, ctx.warp_size, "warp", "bar.sync counts whole warps, so all lanes of a warp must reach it")
-    live = _live(ctx)
+    whole_units(ctx, op, ctx.warp_size, "warp", "bar.sync counts whole warps, so all lanes of a warp must reach it")
+    live = live_mask(ctx)
     bars = ctx.state.setdefault("named_barriers", {})
     bar = bars.get(barrier_id)
     if bar is None:

@@ -48,7 +48,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, Value
 from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, MatrixDescriptor, operand_addresses, wgmma_accumulator
 
-from .simt_ops import simt
+from .simt_ops import live_mask, simt, whole_units
 from .simt_shared import SharedRegion
 
 _FENCE_ADVICE = "add fence_proxy_async after the shared-memory writes (then a barrier) before the wgmma"
@@ -85,24 +85,12 @@ def _state(ctx) -> WarpgroupState:
     return state
 
 
-def _live(ctx) -> np.ndarray:
-    return np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask
-
-
 def _warpgroups(ctx, op) -> list[int]:
     """The warpgroups executing `op`; an error unless each has all 128 threads or none active."""
     if ctx.warp_size != 32:
         raise ctx.error(op, f"{op.name} needs 32-lane warps, but this block's warps have {ctx.warp_size} lanes")
-    if ctx.num_threads % WARPGROUP:
-        raise ctx.error(op, f"{op.name} runs on warpgroups of {WARPGROUP} threads, but the block has "
-                            f"{ctx.num_threads}; use a multiple of {WARPGROUP}")
-    per_group = _live(ctx).reshape(-1, WARPGROUP)
-    partial = per_group.any(axis=1) & ~per_group.all(axis=1)
-    if partial.any():
-        g = int(np.argmax(partial))
-        raise ctx.error(op, f"{op.name} in divergent code: only {int(per_group[g].sum())} of the {WARPGROUP} "
-                            f"threads of warpgroup {g} execute it; all 4 warps of a warpgroup must reach it together")
-    return [int(g) for g in np.flatnonzero(per_group.all(axis=1))]
+    groups = whole_units(ctx, op, WARPGROUP, "warpgroup", "all 4 warps of a warpgroup must reach it together")
+    return [int(g) for g in groups]
 
 
 @simt("wgmma_desc")
@@ -111,7 +99,7 @@ def _wgmma_desc(ctx, op, ptr):
     if not isinstance(region, SharedRegion) or region.dtype.bits < 8:
         raise ctx.error(op, "wgmma_desc describes a tile in shared memory of whole-byte elements")
     address = region.byte_offset + ptr.offsets.astype(np.int64) * (region.dtype.bits // 8)
-    live = _live(ctx)
+    live = live_mask(ctx)
     bad = live & (address % 16 != 0)
     if bad.any():
         t = int(np.argmax(bad))
@@ -123,7 +111,7 @@ def _wgmma_desc(ctx, op, ptr):
 @simt("wgmma_fence")
 def _wgmma_fence(ctx, op):
     _warpgroups(ctx, op)
-    _state(ctx).fenced[_live(ctx)] = True
+    _state(ctx).fenced[live_mask(ctx)] = True
 
 
 def snapshot_async_view(ctx) -> None:
@@ -145,13 +133,13 @@ def async_proxy_wrote(ctx, addresses: np.ndarray) -> None:
 @simt("wgmma_commit")
 def _wgmma_commit(ctx, op):
     _warpgroups(ctx, op)
-    _state(ctx).committed[_live(ctx)] += 1
+    _state(ctx).committed[live_mask(ctx)] += 1
 
 
 @simt("wgmma_wait")
 def _wgmma_wait(ctx, op):
     _warpgroups(ctx, op)
-    state, live = _state(ctx), _live(ctx)
+    state, live = _state(ctx), live_mask(ctx)
     limit = state.committed - op.attrs["pending"]
     for issued in list(state.issued):
         retire = issued.waiting & live & (issued.group < limit)
@@ -192,7 +180,7 @@ def _hold(ctx, issued: _Issued, value: Value) -> None:
 @simt("wgmma")
 def _wgmma(ctx, op, a_desc, b_desc, acc):
     groups = _warpgroups(ctx, op)
-    state, live = _state(ctx), _live(ctx)
+    state, live = _state(ctx), live_mask(ctx)
     if not state.fenced[live].all():
         t = int(np.argmax(live & ~state.fenced))
         raise ctx.error(op, f"wgmma without a wgmma_fence (thread {t}) since the kernel start or the last "
@@ -266,7 +254,7 @@ def _check_reads(ctx, op, state: WarpgroupState, addresses: np.ndarray, group: i
 
 def _early_read(ctx, reader: Operation, value: Value) -> str | None:
     issued = _state(ctx).in_flight[value]
-    early = issued.waiting & _live(ctx)
+    early = issued.waiting & live_mask(ctx)
     if not early.any():
         return None
     if reader.name == "wgmma" and reader.operands[2] is value and value not in reader.operands[:2]:
