@@ -52,6 +52,15 @@ layout yet, so the first layout to reach a value wins):
      the replicated operand then broadcasts without moving data);
    * convert_layout: the same layout (both directions; the pin usually
      decides the result).
+   Loops first: propagation runs once to a fixpoint with each `for`/`while`
+   tying only its carried slots inside the loop (region arguments and
+   yielded values), then again with the loop's initial values and results
+   tied in. So a carried value takes the layout its in-loop producer's
+   anchor reaches (a K loop's accumulator: the dot's accumulator layout)
+   rather than the layout of a use after the loop (the store of `acc`):
+   a conversion inside the body costs once per iteration, one at the
+   loop's boundary costs once. Only what the body leaves open is decided
+   from outside (e.g. by a store of the result).
 4. defaults: while some tile has no layout, the first one in program
    order gets `blocked_layout(shape, 128 bits / element bits)` and rule 3
    runs again.
@@ -61,7 +70,9 @@ needs (two anchors that disagree, a pinned layout, a carried value whose
 initial and yielded layouts differ), the assignment records a conversion
 for that operand in `conversions`: the lowering moves it through shared
 memory (or, when each thread already holds what it needs, by renaming
-registers). Shape ops (broadcast, expand_dims, reshape, permute,
+registers). A view store whose anchor set its value's layout, overruled
+when the value is a loop's result tied to the body's layout, converts the
+value back to its anchor layout (after the loop, once). Shape ops (broadcast, expand_dims, reshape, permute,
 convert_layout), reduce operands and FMA dot operands accept any layout: the
 lowering re-indexes or goes through shared memory as needed, so they never
 need a conversion; tensor-core dot operands are converted to their
@@ -91,6 +102,7 @@ ELEMENTWISE = frozenset([
     "select", "cast", "bitcast", "addptr",
 ])
 MEMORY_TIED = frozenset(["load", "store", "atomic_rmw", "atomic_cas"])
+LOOPS = frozenset(["for", "while"])
 
 
 def element_bits(t: Type) -> int:
@@ -222,6 +234,8 @@ class _Assigner:
         self.target = target
         self.facts = facts
         self.layouts = out.layouts
+        # (view_store, value index) -> the layout the store's anchor gave its value
+        self.store_anchors: dict[tuple[Operation, int], RegisterLayout] = {}
         for value, layout in overrides.items():
             self._check_pinned(value, layout)
         out.overrides = overrides
@@ -232,6 +246,7 @@ class _Assigner:
         self.pin_sole_operands()
         for op in fn.walk():
             self.anchor(op)
+        self.propagate(loop_bodies_first=True)
         self.propagate()
         for value in _tile_values(fn):
             if value not in self.layouts:
@@ -316,21 +331,24 @@ class _Assigner:
                                                                                     self.target.max_vector_bits)))
         elif name == "view_store":
             value = op.operands[-1]
-            self.set(value, self.blocked(value.type.shape, self.facts.view_layout_width(
-                op, element_bits(value.type), self.target.max_vector_bits)))
+            layout = self.blocked(value.type.shape, self.facts.view_layout_width(
+                op, element_bits(value.type), self.target.max_vector_bits))
+            if self.set(value, layout):
+                self.store_anchors[(op, len(op.operands) - 1)] = layout
 
     # -- rule 3: propagation ----------------------------------------------------
 
-    def propagate(self) -> None:
+    def propagate(self, loop_bodies_first: bool = False) -> None:
+        """Rule 3 to a fixpoint; with `loop_bodies_first`, loops tie only their in-body carried slots."""
         changed = True
         while changed:
             changed = False
             for op in self.out.function.walk():
-                changed |= self.step(op)
+                changed |= self.step(op, loop_bodies_first)
 
-    def step(self, op: Operation) -> bool:
+    def step(self, op: Operation, loop_bodies_first: bool = False) -> bool:
         changed = False
-        for group in tied_groups(op):
+        for group in tied_groups(op, loop_bodies_first):
             known = next((self.layouts[v] for v in group if v in self.layouts), None)
             if known is not None:
                 for v in group:
@@ -359,6 +377,10 @@ class _Assigner:
             for v, site, index in slots:
                 if site is not None and self.layouts[v] != want:
                     self.out.conversions[(site, index)] = want
+        # A view store whose anchor a loop-carried group overruled converts its value back (once, after the loop).
+        for (op, index), want in self.store_anchors.items():
+            if self.layouts[op.operands[index]] != want:
+                self.out.conversions[(op, index)] = want
 
     def _tile_groups(self):
         """(the group's layout, its slots) for every layout group of tiles, read as the walk goes."""
@@ -374,10 +396,16 @@ class _Assigner:
                         self.out.conversions[(op, index)] = want
 
 
-def tied_groups(op: Operation) -> list[list[Value]]:
-    """Groups of tile values `op` requires to share one layout (see the module docstring)."""
+def tied_groups(op: Operation, loop_bodies_only: bool = False) -> list[list[Value]]:
+    """Groups of tile values `op` requires to share one layout (see the module docstring).
+
+    `loop_bodies_only`: a `for`/`while` ties only the carried slots inside its
+    regions (region arguments, yielded values), not its initial values and results.
+    """
     out = []
     for slots in _groups(op):
+        if loop_bodies_only and op.name in LOOPS:
+            slots = [s for s in slots if _inside(s, op)]
         tiles = [v for v, _, _ in slots if isinstance(v.type, TileType)]
         if len(tiles) > 1:
             out.append(tiles)
@@ -417,6 +445,14 @@ def _groups(op: Operation):
             yield [(arg, None, 0), (op.operands[i], op, i), (term.operands[i], term, i)]
         for i, arg in enumerate(after.args):
             yield [(arg, None, 0), (op.results[i], None, 0), (cond.operands[i + 1], cond, i + 1)]
+
+
+def _inside(slot, loop: Operation) -> bool:
+    """Whether a carried slot of `loop` lives in its regions (a region argument or a terminator's operand)."""
+    value, site, _ = slot
+    if site is None:
+        return value not in loop.results
+    return site is not loop
 
 
 def derived(op: Operation):
