@@ -52,6 +52,19 @@ layout yet, so the first layout to reach a value wins):
      the replicated operand then broadcasts without moving data);
    * convert_layout: the same layout (both directions; the pin usually
      decides the result).
+   Loops first: a loop's carried group (rule 3's `for`/`while` slots)
+   takes the layout of its slots inside the loop -- the region argument
+   and the yielded value -- whenever one has a layout, even when the loop's
+   result already has another (a store after the loop anchored it). The
+   first propagation runs to a fixpoint with that preference only (a group
+   whose in-loop slots are all open waits), the next lets the initial
+   value and the result decide what the body leaves open. The walk ties a
+   loop's groups when it enters the loop and again when it leaves it, so
+   what the body decided reaches the result before the code after the loop
+   is visited. So a K loop's accumulator keeps the dot's accumulator
+   layout rather than that of the store of `acc` after the loop: a
+   conversion inside the body costs once per iteration, one at the loop's
+   boundary once.
 4. defaults: while some tile has no layout, the first one in program
    order gets `blocked_layout(shape, 128 bits / element bits)` and rule 3
    runs again.
@@ -61,8 +74,10 @@ needs (two anchors that disagree, a pinned layout, a carried value whose
 initial and yielded layouts differ), the assignment records a conversion
 for that operand in `conversions`: the lowering moves it through shared
 memory (or, when each thread already holds what it needs, by renaming
-registers). Shape ops (broadcast, expand_dims, reshape, permute,
-convert_layout), reduce operands and FMA dot operands accept any layout: the
+registers). A view store whose anchor gave its value a layout that the
+loops-first rule then overruled (the value is a loop's result) converts
+the value back to the anchor's layout, once, after the loop. Shape ops
+(broadcast, expand_dims, reshape, permute, convert_layout), reduce operands and FMA dot operands accept any layout: the
 lowering re-indexes or goes through shared memory as needed, so they never
 need a conversion; tensor-core dot operands are converted to their
 fragment layouts.
@@ -91,6 +106,7 @@ ELEMENTWISE = frozenset([
     "select", "cast", "bitcast", "addptr",
 ])
 MEMORY_TIED = frozenset(["load", "store", "atomic_rmw", "atomic_cas"])
+LOOPS = frozenset(["for", "while"])
 
 
 def element_bits(t: Type) -> int:
@@ -222,6 +238,8 @@ class _Assigner:
         self.target = target
         self.facts = facts
         self.layouts = out.layouts
+        # (view_store, value index) -> the layout the store's anchor gave its value
+        self.store_anchors: dict[tuple[Operation, int], RegisterLayout] = {}
         for value, layout in overrides.items():
             self._check_pinned(value, layout)
         out.overrides = overrides
@@ -232,6 +250,7 @@ class _Assigner:
         self.pin_sole_operands()
         for op in fn.walk():
             self.anchor(op)
+        self.propagate(loop_bodies_first=True)
         self.propagate()
         for value in _tile_values(fn):
             if value not in self.layouts:
@@ -316,22 +335,34 @@ class _Assigner:
                                                                                     self.target.max_vector_bits)))
         elif name == "view_store":
             value = op.operands[-1]
-            self.set(value, self.blocked(value.type.shape, self.facts.view_layout_width(
-                op, element_bits(value.type), self.target.max_vector_bits)))
+            layout = self.blocked(value.type.shape, self.facts.view_layout_width(
+                op, element_bits(value.type), self.target.max_vector_bits))
+            if self.set(value, layout):
+                self.store_anchors[(op, len(op.operands) - 1)] = layout
 
     # -- rule 3: propagation ----------------------------------------------------
 
-    def propagate(self) -> None:
+    def propagate(self, loop_bodies_first: bool = False) -> None:
+        """Rule 3 to a fixpoint, loops first (see the module docstring) when `loop_bodies_first`.
+
+        A loop's carried groups are tied when the walk enters the loop and again
+        when it leaves it, so what its body decided reaches the loop's results
+        before the code after the loop is visited.
+        """
         changed = True
         while changed:
             changed = False
-            for op in self.out.function.walk():
-                changed |= self.step(op)
+            for op in _enter_and_leave_loops(self.out.function.body):
+                changed |= self.step(op, loop_bodies_first)
 
-    def step(self, op: Operation) -> bool:
+    def step(self, op: Operation, loop_bodies_first: bool = False) -> bool:
         changed = False
-        for group in tied_groups(op):
-            known = next((self.layouts[v] for v in group if v in self.layouts), None)
+        for group, inside in tied_groups(op):
+            # a loop's carried value takes what its body decided; the initial value and result only
+            # decide what the body leaves open, and not before the body had its say
+            known = next((self.layouts[v] for v, _in in zip(group, inside) if _in and v in self.layouts), None)
+            if known is None and not (loop_bodies_first and any(inside)):
+                known = next((self.layouts[v] for v in group if v in self.layouts), None)
             if known is not None:
                 for v in group:
                     changed |= self.set(v, known)
@@ -359,6 +390,10 @@ class _Assigner:
             for v, site, index in slots:
                 if site is not None and self.layouts[v] != want:
                     self.out.conversions[(site, index)] = want
+        # A view store whose anchor a loop-carried group overruled converts its value back (once, after the loop).
+        for (op, index), want in self.store_anchors.items():
+            if self.layouts[op.operands[index]] != want:
+                self.out.conversions[(op, index)] = want
 
     def _tile_groups(self):
         """(the group's layout, its slots) for every layout group of tiles, read as the walk goes."""
@@ -374,13 +409,18 @@ class _Assigner:
                         self.out.conversions[(op, index)] = want
 
 
-def tied_groups(op: Operation) -> list[list[Value]]:
-    """Groups of tile values `op` requires to share one layout (see the module docstring)."""
+def tied_groups(op: Operation) -> list[tuple[list[Value], list[bool]]]:
+    """Groups of tile values `op` requires to share one layout (see the module docstring).
+
+    Each group comes with, per value, whether it is a loop's carried slot
+    inside the loop (a region argument or a yielded value), which the
+    loops-first rule prefers.
+    """
     out = []
     for slots in _groups(op):
-        tiles = [v for v, _, _ in slots if isinstance(v.type, TileType)]
-        if len(tiles) > 1:
-            out.append(tiles)
+        slots = [s for s in slots if isinstance(s[0].type, TileType)]
+        if len(slots) > 1:
+            out.append(([v for v, _, _ in slots], [op.name in LOOPS and _inside(s, op) for s in slots]))
     return out
 
 
@@ -417,6 +457,24 @@ def _groups(op: Operation):
             yield [(arg, None, 0), (op.operands[i], op, i), (term.operands[i], term, i)]
         for i, arg in enumerate(after.args):
             yield [(arg, None, 0), (op.results[i], None, 0), (cond.operands[i + 1], cond, i + 1)]
+
+
+def _enter_and_leave_loops(block: Block):
+    """The ops of `block` in program order (pre-order), each loop once more after its regions."""
+    for op in block.ops:
+        yield op
+        for region in op.regions:
+            yield from _enter_and_leave_loops(region)
+        if op.name in LOOPS and op.regions:
+            yield op
+
+
+def _inside(slot, loop: Operation) -> bool:
+    """Whether a carried slot of `loop` lives in its regions (a region argument or a terminator's operand)."""
+    value, site, _ = slot
+    if site is None:
+        return value not in loop.results
+    return site is not loop
 
 
 def derived(op: Operation):

@@ -232,6 +232,58 @@ def test_loop_carried_conflict_converts_the_initial_value():
     _run_both(fn, a, [x.copy(), np.zeros(128, np.float32), 3])
 
 
+@tessera.kernel
+def store_carried(x_ptr, c_ptr, steps, DOT: tessera.constexpr, EPILOGUE: tessera.constexpr = False):
+    """A value carried around a loop and stored as it leaves it (or scaled and cast first, EPILOGUE);
+    the body makes it with a dot, or not."""
+    c = tessera.view(c_ptr, (64, 64))
+    acc = tessera.zeros((64, 64), dtype=tessera.f32)
+    for i in range(steps):
+        if DOT:
+            x = tessera.view(x_ptr, (64, 64)).block((64, 64), (0, 0)).load()
+            acc = tessera.dot(x, x, acc)
+        else:
+            acc = acc + 1.0
+    if EPILOGUE:
+        c.block((64, 64), (0, 0)).store((acc * 2.0).to(tessera.f16))
+    else:
+        c.block((64, 64), (0, 0)).store(acc)
+
+
+def _store_carried(dot, epilogue=False):
+    c = np.zeros((64, 64), np.float16 if epilogue else np.float32)
+    fn = store_carried.specialize(np.zeros((64, 64), np.float16), c, 2, DOT=dot,
+                                  EPILOGUE=epilogue).module.functions[0]
+    a = assign_layouts(fn, SM80, 4)
+    loop = next(op for op in fn.walk() if op.name == "for")
+    store = next(op for op in fn.walk() if op.name == "view_store")
+    return fn, a, loop, store
+
+
+def test_a_loop_carried_value_takes_its_in_loop_producers_layout_not_the_stores():
+    fn, a, loop, store = _store_carried(dot=True)
+    dot = next(op for op in fn.walk() if op.name == "dot")
+    carried = a.layout(loop.regions[0].args[1])
+    assert carried == a.layout(dot.result) == a.layout(loop.results[0])      # the mma C layout throughout
+    # inside the loop only the dot's operands convert; the store converts the result once, after the loop
+    assert {(op.name, i) for op, i in a.conversions} == {("dot", 0), ("dot", 1), ("view_store", 3)}
+    assert a.conversions[(store, 3)] != carried
+    assert a.conversions[(store, 3)] == blocked_layout((64, 64), 4, 4, 32)   # 128-bit rows of f32
+
+
+def test_an_epilogue_after_the_loop_runs_in_the_dots_layout_up_to_the_op_the_store_anchors():
+    fn, a, loop, store = _store_carried(dot=True, epilogue=True)
+    mul = next(op for op in fn.walk() if op.name == "mul" and isinstance(op.result.type, TileType))
+    assert a.layout(mul.result) == a.layout(loop.results[0]) == a.layout(loop.regions[0].args[1])
+    assert {(op.name, i) for op, i in a.conversions} == {("dot", 0), ("dot", 1), ("cast", 0)}
+
+
+def test_a_loop_body_that_leaves_the_layout_open_takes_the_stores():
+    fn, a, loop, store = _store_carried(dot=False)
+    assert a.layout(loop.regions[0].args[1]) == a.layout(loop.results[0]) == blocked_layout((64, 64), 4, 4, 32)
+    assert not a.conversions
+
+
 def test_bad_pins_and_configurations_are_lowering_errors():
     x = np.zeros(64, np.float32)
     fn = ADD.specialize(x, x, x, 64, BLOCK=64).module.functions[0]
