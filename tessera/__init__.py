@@ -49,6 +49,6 @@ from .dsl.language.reductions import (
 from .dsl.language.linalg import dot
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
-from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, shared
+from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
 from .ir import layouts
 from .dsl.autotune import Config, autotune

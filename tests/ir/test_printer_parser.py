@@ -278,6 +278,19 @@ func @k(%a: ptr<f16>, %n: i32, %i: i32) {
   return
 }
 """,
+    "mbarriers": """\
+func @k(%a: ptr<f16>, %n: i32, %i: i32) {
+  %bars = smem_mbarriers : smem<2x1xi64>
+  %buf = smem_alloc : smem<2x16x32xf16>
+  %one = constant {value = 1} : i32
+  %v = make_view %a, %n, %n, %n, %one : view<f16, 2>
+  %s = smem_slot %buf, %i : smem<16x32xf16>
+  %b = smem_slot %bars, %i : smem<1xi64>
+  smem_async_copy %s, %v, %i, %i, %b
+  smem_mbarrier_wait %b, %i
+  return
+}
+""",
     "warp_specialization": """\
 func @warp_specialization() attributes {num_threads = 384} {
   setmaxnreg {action = "dec", count = 40}
