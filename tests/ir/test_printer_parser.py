@@ -242,6 +242,7 @@ func @bulk_async(%map: tensormap) {
   fence_mbarrier_init
   fence_proxy_async
   mbarrier_arrive_expect_tx %bar, %bytes
+  mbarrier_expect_tx %bar, %bytes
   tma_load %box, %map, %row, %one, %bar
   mbarrier_arrive %bar
   mbarrier_wait %bar, %one
