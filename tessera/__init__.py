@@ -7,7 +7,8 @@ The public API, in one place:
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
 * explicit shared memory and async copies (`shared`, `async_copy`,
-  `async_commit`, `async_wait`, `barrier`; `tessera/dsl/language/shared.py`);
+  `async_commit`, `async_wait`, `barrier`, `mbarriers` and `bars[s].wait`;
+  `tessera/dsl/language/shared.py`);
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
 * `CompileError` and friends, which every user mistake raises;

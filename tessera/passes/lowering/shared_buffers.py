@@ -28,6 +28,11 @@
   copy is a synchronous global load (0 where masked) and shared store, and
   `smem_async_commit` / `smem_async_wait` become nothing; a wait still
   needs the barrier after it, which the author writes anyway.
+* a buffer that a copy with an mbarrier (`barrier=`) fills from a view on a
+  TMA target gets a swizzle TMA writes (`tma_swizzles`: none, or the
+  32/64/128B one its rows span) and 1024-byte alignment, so that the
+  mbarrier lowering (`smem_mbarriers.py`) can fill its slots by TMA; the
+  threads' copy here (`thread_copy`) serves every other copy.
 * `smem_async_commit` / `smem_async_wait` -> `async_commit` /
   `async_wait {pending}`; `smem_barrier` -> `barrier`.
 """
@@ -145,8 +150,8 @@ def choose_swizzle(accesses: list[Access], dtype: dt.DType, banks: int, warp: in
     """The XOR swizzle of 16-byte chunks with the fewest bank conflicts over `accesses` (None: none better).
 
     ldmatrix reads win: when they agree on the swizzle they need (and it repeats within every accessed
-    sub-buffer, so that slots can share it), that is the buffer's swizzle. `allowed` (if given) limits the
-    choice: the swizzles TMA writes, for a buffer TMA fills.
+    sub-buffer, so that slots can share it), that is the buffer's swizzle. `allowed` (the swizzles TMA writes,
+    for a buffer TMA fills) limits the choice to the one ldmatrix needs if allowed, else the last allowed.
     """
     if allowed is not None:
         needed = {swizzle for a in accesses for swizzle in a.needs}
