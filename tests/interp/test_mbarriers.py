@@ -23,7 +23,7 @@ import tessera
 from tessera.backends.interp import InterpreterError, run_function
 from tessera.dsl.errors import CompileError
 
-from shared_kernels import F16_RESULT, MatmulCase, line_of, mbarrier_matmul
+from shared_kernels import F16_RESULT, MatmulCase, mbarrier_matmul
 
 
 @tessera.kernel

@@ -66,7 +66,8 @@ class Mbarriers:
 
     def name(self, i: int) -> str:
         hint = self.op.result.name_hint
-        return f"{hint}[{i}]" if hint else f"mbarrier {i} of the mbarriers allocated at {self.op.loc or 'unknown location'}"
+        where = self.op.loc or "unknown location"
+        return f"{hint}[{i}]" if hint else f"mbarrier {i} of the mbarriers allocated at {where}"
 
 
 @dataclass(frozen=True, eq=False)

@@ -181,9 +181,9 @@ def _barrier_operand(ctx: Context, barrier: Any) -> list:
         return []
     if not (isinstance(barrier, Tensor) and barrier.is_shared and is_mbarriers(barrier)
             and barrier.type.shape == (1,)):
+        whole = isinstance(barrier, Tensor) and barrier.is_shared and is_mbarriers(barrier)
         ctx.error(f"async_copy's barrier= is one mbarrier (bars[s] of bars = tessera.mbarriers(n)), got "
-                  f"{'the whole array; index it' if isinstance(barrier, Tensor) and is_mbarriers(barrier) else describe(barrier)}",
-                  TypeMismatchError)
+                  f"{'the whole array; index it' if whole else describe(barrier)}", TypeMismatchError)
     return [barrier]
 
 
