@@ -2,7 +2,8 @@
 
 Specification:
 
-* a copy issued onto bars[s] lands when bars[s].wait(p) completes its phase;
+* a copy issued onto bars[s] lands when bars[s].wait(p) completes its phase
+  (not at an async_wait: groups and phases are separate);
   the phase then advances and its parity flips, so a slot reused every
   other iteration waits on (k // 2) % 2;
 * the mbarrier-based double-buffered matmul matches numpy;
@@ -75,6 +76,29 @@ def test_misuse_is_reported_at_its_line_with_the_fix(mode, line_text, message):
         run_phases(mode)
     lines = [i for i, text in enumerate(open(__file__).read().splitlines(), 1) if line_text in text]
     assert any(f":{line}" in str(info.value) for line in lines), str(info.value)
+
+
+@tessera.kernel
+def groups_and_phases(x_ptr, out_ptr, WAIT_PHASE: tessera.constexpr):
+    offs = tessera.arange(0, 16)
+    buf = tessera.shared((2, 16), tessera.f32)
+    bars = tessera.mbarriers(1)
+    tessera.async_copy(buf[0], x_ptr + offs)                     # a group copy
+    tessera.async_copy(buf[1], x_ptr + 16 + offs, barrier=bars[0])
+    tessera.async_commit()
+    tessera.async_wait(0)                                        # lands the group, not the phase
+    if WAIT_PHASE:
+        bars[0].wait(0)
+    tessera.store(out_ptr + offs, buf[0].load() + buf[1].load())
+
+
+def test_a_group_wait_does_not_land_a_phase_and_the_phase_wait_does():
+    x = np.arange(32, dtype=np.float32)
+    out = np.zeros(16, np.float32)
+    groups_and_phases.interpret(x, out, grid=(1,), WAIT_PHASE=True)
+    np.testing.assert_array_equal(out, x[:16] + x[16:])
+    with pytest.raises(InterpreterError, match=r"add bars\[0\]\.wait\(0\)"):
+        groups_and_phases.interpret(x, out, grid=(1,), WAIT_PHASE=False)
 
 
 @pytest.mark.parametrize("M,N,K", [(128, 64, 96), (61, 37, 80), (100, 130, 47), (64, 64, 32)], ids=str)
