@@ -7,7 +7,8 @@ The public API, in one place:
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
 * explicit shared memory and async copies (`shared`, `async_copy`,
-  `async_commit`, `async_wait`, `barrier`; `tessera/dsl/language/shared.py`);
+  `async_commit`, `async_wait`, `barrier`, `mbarriers` and `bars[s].wait`;
+  `tessera/dsl/language/shared.py`);
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
 * `CompileError` and friends, which every user mistake raises;
@@ -49,6 +50,6 @@ from .dsl.language.reductions import (
 from .dsl.language.linalg import dot
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
-from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, shared
+from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
 from .ir import layouts
 from .dsl.autotune import Config, autotune

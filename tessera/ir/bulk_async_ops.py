@@ -76,6 +76,13 @@ def _infer_arrive_expect_tx(ts, a):
     return []
 
 
+def _infer_expect_tx(ts, a):
+    bar, tx = ts
+    _require_bar(bar, "mbarrier_expect_tx")
+    _require_i32(tx, "mbarrier_expect_tx", "transaction byte count")
+    return []
+
+
 def _infer_wait(ts, a):
     bar, parity = ts
     _require_bar(bar, "mbarrier_wait")
@@ -109,6 +116,9 @@ define_thread_op("mbarrier_arrive", "This thread arrives on `bar`'s current phas
 define_thread_op("mbarrier_arrive_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes`, then arrive "
                  "(mbarrier.arrive.expect_tx.shared.b64): the phase completes only when those bytes have also "
                  "landed (see tma_load).", 2, infer=_infer_arrive_expect_tx, pure=False)
+define_thread_op("mbarrier_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes` without arriving "
+                 "(mbarrier.expect_tx.relaxed.cta.shared.b64): copies announced one at a time before the phase's "
+                 "arrival (a later mbarrier_arrive).", 2, infer=_infer_expect_tx, pure=False)
 define_thread_op("mbarrier_wait", "Block until the phase of `bar` with parity `phase` (0 or 1) has completed "
                  "(a mbarrier.try_wait.parity.shared.b64 loop, acquire at CTA scope); afterwards this thread sees "
                  "every write the phase's arrivals and transactions released.", 2, infer=_infer_wait, pure=False)

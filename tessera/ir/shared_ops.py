@@ -12,6 +12,10 @@ A kernel author who wants to stage data through shared memory herself
     smem_barrier                                     every thread of the program
     %x = smem_load %s1 : tile<64x32xf16>              shared -> registers
     smem_store %s1, %x                               registers -> shared
+    %bars = smem_mbarriers : smem<2x1xi64>           2 mbarriers (one per slot), at the kernel's top level
+    %b1  = smem_slot %bars, %i                       smem<1xi64>: mbarrier %i
+    smem_async_copy %s1, %view, %m0, %k0, %b1        a copy that completes on mbarrier %b1 (not in a group)
+    smem_mbarrier_wait %b1, %parity                  until %b1's phase of parity %parity completes
 
 Async semantics (the tile interpreter enforces them exactly; the lowering
 maps them onto cp.async groups, or onto synchronous copies where the target
@@ -24,6 +28,15 @@ has no cp.async):
   never retired by a wait (as cp.async.wait_group in PTX);
 * `smem_async_wait {pending = n}` retires committed groups oldest first
   until at most n are left in flight;
+* mbarriers (`smem_mbarriers`) count phases. A copy whose last operand
+  is an mbarrier joins that mbarrier's *current phase* instead of the open
+  group (issuing it is the arrival). `smem_mbarrier_wait %b, %p` waits for
+  the current phase, whose parity (phase number % 2) must be %p: it
+  completes when every copy of the phase has landed; then the phase number
+  goes up by one (parity flips). A wait on a phase with no copies never
+  returns (a deadlock), and a wait whose parity is the previous phase's
+  (already completed: PTX would return at once) is a wrong-phase error;
+  the tile interpreter reports both;
 * `smem_barrier` orders the accesses of different threads; the tile
   interpreter runs a program as one, so for it the barrier orders nothing
   (the SIMT simulator checks cross-thread races after lowering).
@@ -34,6 +47,7 @@ Registered into `ops.OPS` like `thread_ops`; the interpreter semantics are
 
 from __future__ import annotations
 
+from . import dtypes as dt
 from .ops import _check_int_scalar, _check_mask, define, require
 from .types import PointerType, ScalarType, SharedType, TileType, ViewType
 
@@ -73,8 +87,38 @@ def _infer_store(ts, a):
     return []
 
 
+MBARRIER = SharedType(dt.i64, (1,))        # one mbarrier: a slot of a smem_mbarriers array
+
+
+def is_mbarrier_array(t) -> bool:
+    """`t` is the type `smem_mbarriers` produces: smem<N x 1 x i64>."""
+    return isinstance(t, SharedType) and t.dtype == dt.i64 and len(t.shape) == 2 and t.shape[1] == 1
+
+
+def copy_barrier(op):
+    """The mbarrier operand of `smem_async_copy` `op` (its trailing smem<1xi64> operand), or None."""
+    last = op.operands[-1]
+    return last if len(op.operands) > 2 and isinstance(last.type, SharedType) else None
+
+
+def _check_mbarriers(op) -> None:
+    require(len(op.results) == 1 and is_mbarrier_array(op.results[0].type),
+            f"smem_mbarriers produces an array of mbarriers, smem<N x 1 x i64>, got "
+            f"{[str(r.type) for r in op.results]}")
+
+
+def _infer_mbarrier_wait(ts, a):
+    require(ts[0] == MBARRIER, f"smem_mbarrier_wait waits on one mbarrier ({MBARRIER}, a slot of smem_mbarriers), "
+                               f"got {ts[0]}")
+    _check_int_scalar(ts[1], "smem_mbarrier_wait parity")
+    return []
+
+
 def _infer_async_copy(ts, a):
     buf = _buffer(ts[0], "smem_async_copy")
+    if len(ts) > 2 and isinstance(ts[-1], SharedType):
+        require(ts[-1] == MBARRIER, f"smem_async_copy completes on one mbarrier ({MBARRIER}), got {ts[-1]}")
+        ts = ts[:-1]
     src = ts[1]
     if isinstance(src, ViewType):
         require(src.dtype == buf.dtype, f"smem_async_copy from {src} into {buf}: the element types differ")
@@ -106,7 +150,8 @@ define("smem_store", "Write a tile into the buffer (no async copy into it may be
        infer=_infer_store, pure=False)
 define("smem_async_copy", "Copy global memory into the buffer asynchronously: the view's block at element offsets "
        "(lanes outside the view write 0), or the elements a tile of pointers addresses (masked-off lanes write 0). "
-       "The copy joins the open group; its bytes land when a smem_async_wait retires that group.", (2, -1),
+       "The copy joins the open group (its bytes land when a smem_async_wait retires that group), or, with a trailing "
+       "mbarrier operand, that mbarrier's current phase.", (2, -1),
        infer=_infer_async_copy, pure=False)
 define("smem_async_commit", "Close the open group of smem_async_copy ops (later waits count it).", 0,
        infer=lambda ts, a: [], pure=False)
@@ -114,7 +159,13 @@ define("smem_async_wait", "Retire committed copy groups, oldest first, until at 
        attrs={"pending": "int"}, infer=_infer_wait, pure=False)
 define("smem_barrier", "Wait for every thread of the program; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False)
+define("smem_mbarriers", "An array of mbarriers (smem<N x 1 x i64>) for this program, each in phase 0 with no "
+       "copies.", 0, check=_check_mbarriers, pure=False)
+define("smem_mbarrier_wait", "Wait until the current phase of the mbarrier, whose parity must be `parity`, completes "
+       "(every copy issued onto it in that phase has landed); the phase then advances.", 2,
+       infer=_infer_mbarrier_wait, pure=False)
 
 # A whole program's buffers: no per-thread meaning (the lowering turns them into shared_alloc and friends).
 SHARED_TILE_OPS = frozenset(("smem_alloc", "smem_slot", "smem_load", "smem_store", "smem_async_copy",
-                             "smem_async_commit", "smem_async_wait", "smem_barrier"))
+                             "smem_async_commit", "smem_async_wait", "smem_barrier", "smem_mbarriers",
+                             "smem_mbarrier_wait"))

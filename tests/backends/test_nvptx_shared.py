@@ -30,3 +30,16 @@ def test_the_double_buffered_matmul_assembles_for_sm_80_without_spills(M, N, K):
     assert re.search(r"cp\.async\.wait_group\s+1;", ptx) and re.search(r"cp\.async\.wait_group\s+0;", ptx)
     assert "cp.async.commit_group" in ptx and "ldmatrix.sync.aligned.m8n8.x4" in ptx
     assert artifacts.ptxas_info["spill_stores"] == artifacts.ptxas_info["spill_loads"] == 0
+
+
+@needs_ptxas
+def test_the_mbarrier_matmul_assembles_for_sm_90_with_tma_and_without_spills():
+    from shared_kernels import mbarrier_matmul
+    case = MatmulCase(256, 256, 256)
+    fn = lower(case.module(mbarrier_matmul), "sm_90", num_warps=4).functions[0]
+    artifacts = compile_thread_ir(fn, "sm_90", isolate=False)
+    ptx = artifacts.ptx
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.2d\.shared::cluster\.global", ptx)) == 4
+    assert "mbarrier.expect_tx" in ptx and "mbarrier.try_wait.parity" in ptx and "mbarrier.init" in ptx
+    assert "cp.async.cg" not in ptx
+    assert artifacts.ptxas_info["spill_stores"] == artifacts.ptxas_info["spill_loads"] == 0

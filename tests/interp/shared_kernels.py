@@ -107,3 +107,29 @@ def line_of(kernel, text: str) -> int:
     """The source line of `kernel` that contains `text`."""
     lines, first = inspect.getsourcelines(kernel.source.fn if hasattr(kernel, "source") else kernel)
     return first + next(i for i, line in enumerate(lines) if text in line)
+
+
+@tessera.kernel
+def mbarrier_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
+                    BK: tessera.constexpr):
+    """The double-buffered matmul with one mbarrier per slot instead of copy groups."""
+    pid_m = tessera.program_id(0)
+    pid_n = tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K))
+    b = tessera.view(b_ptr, (K, N))
+    a_smem = tessera.shared((2, BM, BK), tessera.f16)
+    b_smem = tessera.shared((2, BK, BN), tessera.f16)
+    bars = tessera.mbarriers(2)
+    tessera.async_copy(a_smem[0], a.block((BM, BK), (pid_m, 0)), barrier=bars[0])
+    tessera.async_copy(b_smem[0], b.block((BK, BN), (0, pid_n)), barrier=bars[0])
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    steps = tessera.cdiv(K, BK)
+    for k in range(0, steps):
+        s = k % 2
+        if k + 1 < steps:           # prefetch block k + 1 into the other slot
+            tessera.async_copy(a_smem[1 - s], a.block((BM, BK), (pid_m, k + 1)), barrier=bars[1 - s])
+            tessera.async_copy(b_smem[1 - s], b.block((BK, BN), (k + 1, pid_n)), barrier=bars[1 - s])
+        bars[s].wait((k // 2) % 2)  # block k has landed, for every thread
+        acc = tessera.dot(a_smem[s].load(), b_smem[s].load(), acc)
+        tessera.barrier()           # everyone is done with slot s before it is refilled
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))

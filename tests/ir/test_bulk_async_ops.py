@@ -19,7 +19,8 @@ def kernel(*body: str) -> str:
 
 def test_well_typed_ops_verify():
     verify_module(parse_module(kernel("mbarrier_init %bar, %i", "fence_mbarrier_init", "fence_proxy_async",
-                                      "mbarrier_arrive_expect_tx %bar, %i", "tma_load %box, %map, %i, %bar",
+                                      "mbarrier_arrive_expect_tx %bar, %i", "mbarrier_expect_tx %bar, %i",
+                                      "tma_load %box, %map, %i, %bar",
                                       "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar",
                                       "mbarrier_inval %bar",
                                       "mbarrier_wait %bar, %i")))
@@ -30,6 +31,7 @@ def test_well_typed_ops_verify():
     ("mbarrier_init %bar, %j", "mbarrier_init arrival count must be i32, got i64"),
     ("mbarrier_arrive %g", "mbarrier_arrive takes an mbarrier"),
     ("mbarrier_arrive_expect_tx %bar, %j", "transaction byte count must be i32"),
+    ("mbarrier_expect_tx %words, %i", "mbarrier_expect_tx takes an mbarrier"),
     ("mbarrier_wait %bar, %j", "mbarrier_wait phase parity must be i32"),
     ("tma_load %g, %map, %i, %bar", "tma_load writes a box into shared memory"),
     ("tma_load %box, %g, %i, %bar",

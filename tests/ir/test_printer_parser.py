@@ -242,6 +242,7 @@ func @bulk_async(%map: tensormap) {
   fence_mbarrier_init
   fence_proxy_async
   mbarrier_arrive_expect_tx %bar, %bytes
+  mbarrier_expect_tx %bar, %bytes
   tma_load %box, %map, %row, %one, %bar
   mbarrier_arrive %bar
   mbarrier_wait %bar, %one
@@ -275,6 +276,19 @@ func @k(%a: ptr<f16>, %n: i32, %i: i32) {
   smem_barrier
   %x = smem_load %s : tile<16x32xf16>
   smem_store %s, %x
+  return
+}
+""",
+    "mbarriers": """\
+func @k(%a: ptr<f16>, %n: i32, %i: i32) {
+  %bars = smem_mbarriers : smem<2x1xi64>
+  %buf = smem_alloc : smem<2x16x32xf16>
+  %one = constant {value = 1} : i32
+  %v = make_view %a, %n, %n, %n, %one : view<f16, 2>
+  %s = smem_slot %buf, %i : smem<16x32xf16>
+  %b = smem_slot %bars, %i : smem<1xi64>
+  smem_async_copy %s, %v, %i, %i, %b
+  smem_mbarrier_wait %b, %i
   return
 }
 """,

@@ -15,7 +15,9 @@ SETUP = ["%buf = smem_alloc : smem<2x16x32xf16>",
          "%s = smem_slot %buf, %i : smem<16x32xf16>",
          "%p = splat %a : tile<16x32xptr<f16>>",
          "%m = constant {value = true} : tile<16x32xbool>",
-         "%t = constant {value = 0.0} : tile<16x32xf16>"]
+         "%t = constant {value = 0.0} : tile<16x32xf16>",
+         "%bars = smem_mbarriers : smem<2x1xi64>",
+         "%bar = smem_slot %bars, %i : smem<1xi64>"]
 
 
 def kernel(*body: str) -> str:
@@ -25,7 +27,9 @@ def kernel(*body: str) -> str:
 WELL_TYPED = kernel("smem_async_copy %s, %v, %i, %i", "smem_async_copy %s, %p, %m", "smem_async_copy %s, %p",
                     "smem_async_commit", "smem_async_wait {pending = 1}", "smem_barrier",
                     "%x1 = smem_load %s : tile<16x32xf16>", "smem_store %s, %x1",
-                    "%whole = smem_load %buf : tile<2x16x32xf16>")
+                    "%whole = smem_load %buf : tile<2x16x32xf16>",
+                    "smem_async_copy %s, %v, %i, %i, %bar", "smem_async_copy %s, %p, %m, %bar",
+                    "smem_async_copy %s, %p, %bar", "smem_mbarrier_wait %bar, %i")
 
 
 def test_the_ops_verify_and_print_parse_print_is_the_identity():
@@ -47,6 +51,10 @@ def test_the_ops_verify_and_print_parse_print_is_the_identity():
     ("smem_async_copy %s, %t", r"copies from a view \(and offsets\) or from a tile<16x32xptr<f16>>, got tile"),
     ("smem_async_copy %s, %p, %t", "mask must be bool"),
     ("smem_async_wait {pending = -1}", "pending must be >= 0"),
+    ("%bad = smem_mbarriers : smem<2xi64>", r"an array of mbarriers, smem<N x 1 x i64>"),
+    ("smem_async_copy %s, %v, %i, %i, %bars", r"completes on one mbarrier \(smem<1xi64>\), got smem<2x1xi64>"),
+    ("smem_mbarrier_wait %s, %i", r"waits on one mbarrier \(smem<1xi64>.*got smem<16x32xf16>"),
+    ("smem_mbarrier_wait %bar, %x", "parity must be an integer scalar, got f32"),
 ])
 def test_wrong_operands_are_rejected(line, message):
     with pytest.raises(VerifyError, match=message):

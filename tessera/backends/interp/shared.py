@@ -15,6 +15,15 @@ race on a GPU fails here with the fix spelled out:
   copy), and reading bytes never written raise `InterpreterError` naming
   the op, its line and the `tessera.async_wait(...)` that would fix it; so
   does ending the kernel with copies in flight;
+* mbarriers (`smem_mbarriers`, `Mbarriers`) count phases: a copy with an
+  mbarrier operand joins that mbarrier's current phase (not a group);
+  `smem_mbarrier_wait` lands every copy of the current phase and advances
+  it. A wait whose parity is not the current phase's (the previous phase,
+  already complete: on a GPU it would return at once and the data would
+  not be there) and a wait on a phase with no copies (it could never
+  complete: the program would hang) raise `InterpreterError`, as do reads
+  and overwrites of a phase's bytes before its wait, naming
+  `bars[s].wait(parity)` to add;
 * `smem_barrier` orders nothing here: the whole program runs as one (the
   SIMT simulator checks cross-thread races after lowering).
 """
@@ -46,6 +55,21 @@ class SharedBuffer:
         return f"'{hint}'" if hint else f"the buffer allocated at {self.op.loc or 'unknown location'}"
 
 
+class Mbarriers:
+    """The mbarriers of one `smem_mbarriers` of one program instance: each one's phase and pending copies."""
+
+    def __init__(self, op, count: int):
+        self.op = op
+        self.phase = [0] * count
+        self.pending: list[list[int]] = [[] for _ in range(count)]
+        self.completed_at: list[object] = [None] * count       # the wait that completed each one's last phase
+
+    def name(self, i: int) -> str:
+        hint = self.op.result.name_hint
+        where = self.op.loc or "unknown location"
+        return f"{hint}[{i}]" if hint else f"mbarrier {i} of the mbarriers allocated at {where}"
+
+
 @dataclass(frozen=True, eq=False)
 class SharedRef:
     """A (sub-)buffer: `shape` elements of `buffer` starting at element `offset`."""
@@ -66,6 +90,7 @@ class Copy:
     elements: np.ndarray
     values: np.ndarray
     group: int | None = None        # serial number of its committed group; None while open
+    barrier: tuple | None = None    # (Mbarriers, index) whose current phase it joined, if any
 
 
 @dataclass
@@ -79,6 +104,9 @@ class AsyncCopies:
 
     def wait_advice(self, copy: Copy) -> str:
         """The smallest change that makes `copy`'s bytes land."""
+        if copy.barrier is not None:
+            bars, i = copy.barrier
+            return f"add {bars.name(i)}.wait({bars.phase[i] % 2}) (its phase {bars.phase[i]})"
         if copy.group is None:
             return (f"add tessera.async_commit() after the copy at {copy.op.loc or 'unknown location'}, then "
                     f"tessera.async_wait(0)")
@@ -88,12 +116,16 @@ class AsyncCopies:
     def retire(self, pending: int) -> None:
         while len(self.groups) > pending:
             _, ids = self.groups.popleft()
-            for i in ids:
-                copy = self.copies.pop(i)
-                buf = copy.buffer
-                buf.data[copy.elements] = copy.values
-                buf.written[copy.elements] = True
-                buf.writer[copy.elements] = -1
+            self.land(ids)
+
+    def land(self, ids) -> None:
+        """The bytes of copies `ids` arrive in their buffers."""
+        for i in ids:
+            copy = self.copies.pop(i)
+            buf = copy.buffer
+            buf.data[copy.elements] = copy.values
+            buf.written[copy.elements] = True
+            buf.writer[copy.elements] = -1
 
 
 def state(ctx) -> AsyncCopies:
@@ -133,6 +165,12 @@ def _alloc(ctx, op):
     return SharedRef(SharedBuffer(op, t.dtype, t.numel), 0, t.shape)
 
 
+@semantics("smem_mbarriers")
+def _mbarriers(ctx, op):
+    t = op.result.type
+    return SharedRef(Mbarriers(op, t.shape[0]), 0, t.shape)
+
+
 @semantics("smem_slot")
 def _slot(ctx, op, ref, index):
     i, n = int(index), ref.shape[0]
@@ -164,6 +202,9 @@ def _store(ctx, op, ref, value):
 
 @semantics("smem_async_copy")
 def _async_copy(ctx, op, ref, source, *rest):
+    barrier = None
+    if rest and isinstance(rest[-1], SharedRef):
+        barrier, rest = (rest[-1].buffer, rest[-1].offset), rest[:-1]
     elements = ref.elements()
     _in_flight(ctx, op, ref, elements, "overwrites")
     values = np.zeros(ref.shape, dtype=ref.buffer.dtype.compute_dtype)
@@ -178,8 +219,11 @@ def _async_copy(ctx, op, ref, source, *rest):
     queue = state(ctx)
     copy_id = queue.serial
     queue.serial += 1
-    queue.copies[copy_id] = Copy(op, ref.buffer, elements, values)
-    queue.open.append(copy_id)
+    queue.copies[copy_id] = Copy(op, ref.buffer, elements, values, barrier=barrier)
+    if barrier is None:
+        queue.open.append(copy_id)
+    else:
+        barrier[0].pending[barrier[1]].append(copy_id)
     ref.buffer.writer[elements] = copy_id
 
 
@@ -202,3 +246,29 @@ def _wait(ctx, op):
 @semantics("smem_barrier")
 def _barrier(ctx, op):
     """A whole program runs at once in the tile interpreter: nothing to order."""
+
+
+@semantics("smem_mbarrier_wait")
+def _mbarrier_wait(ctx, op, ref, parity):
+    bars, i = ref.buffer, ref.offset
+    parity, phase = int(parity), bars.phase[i]
+    name = bars.name(i)
+    if parity not in (0, 1):
+        raise ctx.error(op, f"{name}.wait({parity}): the argument is the parity of a phase, 0 or 1")
+    if parity != phase % 2:
+        before = (f"phase {phase - 1} (parity {parity}) of {name} already completed at "
+                  f"{bars.completed_at[i].loc or 'unknown location'}, so on the GPU this wait returns at once"
+                  if phase else f"no phase of parity 1 precedes phase 0 of {name}, so on the GPU this wait returns "
+                                f"at once")
+        raise ctx.error(op, f"waits for the wrong phase: {before}, before the copies of its current phase {phase} "
+                            f"land; wait for parity {phase % 2} ({name}.wait({phase % 2}); a ring of n slots waits "
+                            f"on (k // n) % 2 in iteration k)")
+    pending = bars.pending[i]
+    if not pending:
+        raise ctx.error(op, f"deadlock: waits for phase {phase} of {name}, but no copy was issued onto it in that "
+                            f"phase, so the phase can never complete and the program would hang here; issue "
+                            f"tessera.async_copy(..., barrier={name}) before this wait, or remove the wait")
+    state(ctx).land(pending)
+    bars.pending[i] = []
+    bars.phase[i] += 1
+    bars.completed_at[i] = op

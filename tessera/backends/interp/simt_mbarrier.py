@@ -314,6 +314,19 @@ def _arrive_expect_tx(ctx, op, bar, tx_bytes):
     _arrivals(ctx, op, bar, tx_bytes)
 
 
+@simt("mbarrier_expect_tx")
+def _expect_tx(ctx, op, bar, tx_bytes):
+    """Each active thread raises its mbarrier's tx-count, without arriving (the phase cannot complete meanwhile)."""
+    threads = _active(ctx)
+    if threads.size == 0:
+        return
+    addrs = _addresses(ctx, op, bar, threads)
+    _touch(ctx, op, bar, threads)
+    for t, address in zip(threads.tolist(), addrs.tolist()):
+        _add_tx(ctx, op, _barrier_at(ctx, op, address), int(tx_bytes[t]))
+    let_others_run(ctx, op)
+
+
 def _arrivals(ctx, op, bar, tx_bytes) -> None:
     threads = _active(ctx)
     if threads.size == 0:

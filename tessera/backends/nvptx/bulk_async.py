@@ -6,6 +6,7 @@
 | mbarrier_inval              | mbarrier.inval.shared.b64 [bar]                                           |
 | mbarrier_arrive             | mbarrier.arrive.shared.b64 _, [bar], 1 (release, CTA scope)               |
 | mbarrier_arrive_expect_tx   | mbarrier.arrive.expect_tx.shared.b64 _, [bar], tx                         |
+| mbarrier_expect_tx          | mbarrier.expect_tx.relaxed.cta.shared.b64 [bar], tx                       |
 | mbarrier_wait               | a loop around mbarrier.try_wait.parity.shared.b64 p, [bar], parity        |
 | fence_mbarrier_init         | fence.mbarrier_init.release.cluster                                       |
 | fence_proxy_async           | fence.proxy.async.shared::cta                                             |
@@ -49,7 +50,7 @@ _CLUSTER_SMEM = ir.PointerType(addrspace=7)
 REQUIRED_FEATURES = {
     **{name: ("mbarrier", "mbarriers (sm_90+)") for name in (
         "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-        "fence_mbarrier_init")},
+        "fence_mbarrier_init", "mbarrier_expect_tx")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
 }
@@ -87,6 +88,11 @@ def _arrive(lw, op, bar):
 @lowering("mbarrier_arrive_expect_tx")
 def _arrive_expect_tx(lw, op, bar, tx_bytes):
     lw.intrinsic("llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta", [bar, tx_bytes])
+
+
+@lowering("mbarrier_expect_tx")
+def _expect_tx(lw, op, bar, tx_bytes):
+    lw.intrinsic("llvm.nvvm.mbarrier.expect.tx.scope.cta.space.cta", [bar, tx_bytes])
 
 
 @lowering("mbarrier_wait")

@@ -103,6 +103,7 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mbarrier.inval.shared": (VOID, (_SMEM,)),                             # mbarrier.inval.shared.b64
     "llvm.nvvm.mbarrier.arrive.scope.cta.space.cta": (I64, (_SMEM, I32)),            # mbarrier.arrive (count)
     "llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta": (I64, (_SMEM, I32)),  # mbarrier.arrive.expect_tx
+    "llvm.nvvm.mbarrier.expect.tx.scope.cta.space.cta": (VOID, (_SMEM, I32)),          # mbarrier.expect_tx
     "llvm.nvvm.mbarrier.try.wait.parity.scope.cta.space.cta": (I1, (_SMEM, I32)),    # mbarrier.try_wait.parity
     "llvm.nvvm.fence.mbarrier_init.release.cluster": (VOID, ()),
     # cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes: (dst, mbarrier, tensor

@@ -11,7 +11,8 @@ Importing this package registers every builtin in `values.BUILTINS`:
     linalg       dot
     debug        static_assert, static_print, device_print, device_assert
     layouts      convert_layout (and the `layout=` keyword of zeros, full, load)
-    shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier
+    shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier,
+                 mbarriers (and bars[s].wait)
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in

@@ -8,13 +8,21 @@
     tessera.barrier()                                           # every thread of the program
     x = smem[s].load()                                          # shared -> registers (layout= optional)
     smem[s].store(tile)                                         # registers -> shared
+    bars = tessera.mbarriers(2)                                 # 2 mbarriers (one per slot), at the top level
+    tessera.async_copy(smem[s], a.block(...), barrier=bars[s])  # the copy completes on bars[s], not in a group
+    bars[s].wait(phase)                                         # until bars[s]'s phase of parity `phase` lands
 
 `smem[s]` (s an int or an integer scalar) is slot s of the leading dim, a
 buffer of the remaining shape; `.load()` / `.store()` / `async_copy` move a
 whole (sub-)buffer. A copy's bytes are in flight until a wait retires its
 group: reading or overwriting them earlier is a race (the CPU interpreter
 reports it with the wait to add). Other threads' bytes are visible after
-`tessera.barrier()`. `tessera.pipeline` builds all of this for `dot`
+`tessera.barrier()`. Mbarriers count *phases* instead of groups: every
+copy issued onto `bars[s]` since its previous phase belongs to its current
+phase; `bars[s].wait(p)` returns when all of them have landed (for every
+thread of the program: no barrier is needed after it), and the phase
+number goes up by one, so its parity p (0 or 1) alternates: a 2-slot ring
+waits on parity (k // 2) % 2 in iteration k. `tessera.pipeline` builds all of this for `dot`
 operands automatically; these primitives are for kernels that want the
 schedule in their own hands. Semantics: `tessera/ir/shared_ops.py`.
 """
@@ -23,6 +31,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from ...ir import dtypes as dt
 from ...ir.core import Function
 from ...ir.target import TARGETS
 from ...ir.types import PointerType, SharedType, element_of
@@ -35,6 +44,7 @@ from .memory import BlockRef, _fit, _mask
 
 LARGEST_SHARED_MEMORY = max(t.shared_memory_bytes for t in TARGETS.values())
 SHARED_ATTRIBUTES = ("dtype", "shape", "load", "store")
+MBARRIER_ATTRIBUTES = ("wait",)
 
 
 @builtin
@@ -80,8 +90,10 @@ def slot(ctx: Context, buf: Tensor, index: Any) -> Tensor:
 
 
 def attribute(ctx: Context, buf: Tensor, name: str) -> Any:
-    """`buf.dtype`, `buf.shape`, `buf.load(layout=None)`, `buf.store(tile)`."""
+    """`buf.dtype`, `buf.shape`, `buf.load(layout=None)`, `buf.store(tile)`; `bars[s].wait(phase)`."""
     t = buf.type
+    if is_mbarriers(buf):
+        return _mbarrier_attribute(ctx, buf, name)
     if name == "dtype":
         return t.dtype
     if name == "shape":
@@ -100,15 +112,84 @@ def attribute(ctx: Context, buf: Tensor, name: str) -> Any:
 
 
 def _shared_buffer(ctx: Context, value: Any, what: str) -> Tensor:
-    if not (isinstance(value, Tensor) and value.is_shared):
+    if not (isinstance(value, Tensor) and value.is_shared) or is_mbarriers(value):
         ctx.error(f"{what} must be a shared buffer (tessera.shared(...), or a slot of one: buf[s]), got "
-                  f"{describe(value)}", TypeMismatchError)
+                  f"{'mbarriers' if isinstance(value, Tensor) and is_mbarriers(value) else describe(value)}",
+                  TypeMismatchError)
     return value
 
 
+# -- mbarriers -----------------------------------------------------------------------------------
+
+
+def is_mbarriers(value: Tensor) -> bool:
+    """`value` is `tessera.mbarriers(...)` or one of its mbarriers (`bars[s]`)."""
+    v = value.value
+    while v.owner is not None and getattr(v.owner, "name", None) == "smem_slot":
+        v = v.owner.operands[0]
+    return getattr(v.owner, "name", None) == "smem_mbarriers"
+
+
 @builtin
-def async_copy(ctx: Context, dst, src, mask=None) -> None:
-    """async_copy(dst, src, mask=None): copy global memory into the shared buffer `dst`, asynchronously.
+def mbarriers(ctx: Context, count) -> Tensor:
+    """mbarriers(count) -> `count` mbarriers for this program, each in phase 0; `bars[s]` is mbarrier s.
+
+    A copy issued with `async_copy(..., barrier=bars[s])` joins the current
+    phase of bars[s]; `bars[s].wait(p)` returns once every copy of that phase
+    has landed (visible to every thread), and the phase number goes up by
+    one. `p` is the parity (phase number % 2) of the phase waited for: it
+    must be the current phase's (waiting for the previous phase, already
+    complete, is reported), and the phase must have copies (else the wait
+    never returns: a deadlock). Allocate at the top level of the kernel.
+
+    PTX: on sm_90 an mbarrier (mbarrier.init count 1, by one thread, then
+    fence.mbarrier_init and bar.sync; mbarrier.inval at the end), TMA copies
+    (cp.async.bulk.tensor ... mbarrier::complete_tx) of view blocks that
+    qualify, and `wait` = mbarrier.try_wait.parity by every thread.
+    Elsewhere the copies are cp.async groups (sm_80) or synchronous (AMD)
+    and `wait` waits for all of this thread's copies, then bar.sync.
+    """
+    count = static_int(ctx, count, "the number of mbarriers")
+    if count < 1:
+        ctx.error(f"tessera.mbarriers needs at least one mbarrier, got {count}")
+    if not isinstance(ctx.builder.block.parent, Function):
+        ctx.error("tessera.mbarriers inside a loop or branch: mbarriers live for the whole program; allocate them "
+                  "once at the top level of the kernel, before the loop")
+    return semantics.emit(ctx, "smem_mbarriers", result_type=SharedType(dt.i64, (count, 1)))
+
+
+def _mbarrier_attribute(ctx: Context, bar: Tensor, name: str) -> Any:
+    if name != "wait" or bar.type.shape != (1,):
+        what = "an array of mbarriers (index one: bars[s])" if bar.type.shape != (1,) else "an mbarrier"
+        ctx.error(f"{what} has no attribute {name!r}; an mbarrier bars[s] has: {', '.join(MBARRIER_ATTRIBUTES)}")
+
+    def wait(phase) -> None:
+        """Wait until this mbarrier's current phase, of parity `phase` (0 or 1), completes."""
+        if isinstance(phase, int) and not isinstance(phase, bool) and phase not in (0, 1):
+            ctx.error(f"an mbarrier's wait takes the parity of the phase (0 or 1), got {phase}")
+        if not (isinstance(phase, int) and not isinstance(phase, bool)
+                or isinstance(phase, Tensor) and not phase.is_tile and phase.dtype is not None
+                and phase.dtype.is_int):
+            ctx.error(f"an mbarrier's wait takes the phase's parity as an int or an integer scalar, got "
+                      f"{describe(phase)}", TypeMismatchError)
+        semantics.emit(ctx, "smem_mbarrier_wait", bar, semantics.to_tensor(ctx, phase))
+    return wait
+
+
+def _barrier_operand(ctx: Context, barrier: Any) -> list:
+    if barrier is None:
+        return []
+    if not (isinstance(barrier, Tensor) and barrier.is_shared and is_mbarriers(barrier)
+            and barrier.type.shape == (1,)):
+        whole = isinstance(barrier, Tensor) and barrier.is_shared and is_mbarriers(barrier)
+        ctx.error(f"async_copy's barrier= is one mbarrier (bars[s] of bars = tessera.mbarriers(n)), got "
+                  f"{'the whole array; index it' if whole else describe(barrier)}", TypeMismatchError)
+    return [barrier]
+
+
+@builtin
+def async_copy(ctx: Context, dst, src, mask=None, barrier=None) -> None:
+    """async_copy(dst, src, mask=None, barrier=None): copy global memory into the shared buffer `dst`, asynchronously.
 
     `src` is a view block (`v.block(shape, index)`, lanes outside the view
     write 0) or a tile of pointers (lanes where the bool `mask` is false
@@ -117,6 +198,12 @@ def async_copy(ctx: Context, dst, src, mask=None) -> None:
     `async_wait(n)` waits for it. Until then its bytes may be neither read
     nor written. Lowered to cp.async (16-byte chunks where alignment allows)
     on sm_80+, to a plain load and shared store where the GPU has no cp.async.
+
+    With `barrier=bars[s]` (an mbarrier of `tessera.mbarriers`) the copy
+    joins bars[s]'s current phase instead of the group, and `bars[s].wait(p)`
+    waits for it. On sm_90 a view block whose view TMA can address (a 2-D
+    `tessera.view` of a 16-byte aligned pointer argument, unit stride inner
+    dim) is one TMA copy issued by one thread.
     """
     dst = _shared_buffer(ctx, dst, "async_copy's destination")
     t = dst.type
@@ -125,7 +212,7 @@ def async_copy(ctx: Context, dst, src, mask=None) -> None:
             ctx.error("async_copy from a view block takes no mask: lanes outside the view are zero-filled; "
                       "to mask lanes, copy from a tile of pointers")
         _same_block(ctx, t, src.dtype, src.shape, f"the view block {src.shape} of {src.dtype.name}")
-        semantics.emit(ctx, "smem_async_copy", dst, src.view, *src.offsets)
+        semantics.emit(ctx, "smem_async_copy", dst, src.view, *src.offsets, *_barrier_operand(ctx, barrier))
         return
     if not (semantics.is_pointer(src) and src.is_tile):
         hint = "; name a block of the view: v.block(shape, index)" if isinstance(src, Tensor) and src.is_view else ""
@@ -137,7 +224,8 @@ def async_copy(ctx: Context, dst, src, mask=None) -> None:
         ctx.error(f"async_copy reads global memory, but {src.type} points to {pointee.address_space} memory",
                   TypeMismatchError)
     _same_block(ctx, t, pointee.pointee, src.shape, f"the pointer tile {src.type}")
-    operands = [dst, src] + ([_mask(ctx, mask, src.shape, "async_copy")] if mask is not None else [])
+    operands = [dst, src] + ([_mask(ctx, mask, src.shape, "async_copy")] if mask is not None else []) \
+        + _barrier_operand(ctx, barrier)
     semantics.emit(ctx, "smem_async_copy", *operands)
 
 

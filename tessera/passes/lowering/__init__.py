@@ -17,6 +17,7 @@ are (`copy_scalar_op`).
     warp_specialized.py a `for {stages, warp_specialize}`: a producer warpgroup fills the TMA ring
     debug.py          print, breakpoint (dropped), assert
     shared_buffers.py explicit shared buffers (tessera.shared): smem_alloc/slot/load/store, async copies
+    smem_mbarriers.py the language's mbarriers: copies with barrier= (TMA on sm_90), bars[s].wait(parity)
 """
 
 from __future__ import annotations
@@ -68,6 +69,6 @@ def copy_scalar_op(ctx: Lowering, op: Operation) -> None:
 
 # Importing the families fills LOWERINGS.
 from . import control_flow, debug, dot, elementwise, memory, reductions, shape  # noqa: E402,F401
-from . import shared_buffers  # noqa: E402,F401
+from . import shared_buffers, smem_mbarriers  # noqa: E402,F401
 
 __all__ = ["LOWERINGS", "Lowering", "Regs", "lower_op", "lowering"]

@@ -28,6 +28,11 @@
   copy is a synchronous global load (0 where masked) and shared store, and
   `smem_async_commit` / `smem_async_wait` become nothing; a wait still
   needs the barrier after it, which the author writes anyway.
+* a buffer that a copy with an mbarrier (`barrier=`) fills from a view on a
+  TMA target gets a swizzle TMA writes (`tma_swizzles`: none, or the
+  32/64/128B one its rows span) and 1024-byte alignment, so that the
+  mbarrier lowering (`smem_mbarriers.py`) can fill its slots by TMA; the
+  threads' copy here (`thread_copy`) serves every other copy.
 * `smem_async_commit` / `smem_async_wait` -> `async_commit` /
   `async_wait {pending}`; `smem_barrier` -> `barrier`.
 """
@@ -42,7 +47,8 @@ import numpy as np
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout, local
-from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts
+from tessera.ir.shared_ops import copy_barrier
+from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, swizzle_bytes
 from tessera.ir.types import PointerType, RegsType, ScalarType, SharedType, ViewType
 
 from .. import alignment
@@ -54,6 +60,7 @@ from .mma_operands import LDMATRIX_DTYPES, ldmatrix_plan, read_fragment, swizzle
 
 MAX_COPY_BYTES = 16
 MIN_ASYNC_COPY_BYTES = 4
+TMA_BUFFER_ALIGN = 1024     # a TMA-filled buffer: every swizzle mode's slot alignment (tma_fill.SLOT_ALIGN)
 SAMPLED_GROUPS = 8          # register groups per access scored for bank conflicts (they repeat; keeps it fast)
 
 
@@ -138,12 +145,19 @@ def _pattern(layout: RegisterLayout, shape, vector: int) -> np.ndarray:
     return groups.transpose(1, 0, 2).reshape(-1, vector)[..., None]   # group-major, then threads
 
 
-def choose_swizzle(accesses: list[Access], dtype: dt.DType, banks: int, warp: int, threads: int) -> Swizzle | None:
+def choose_swizzle(accesses: list[Access], dtype: dt.DType, banks: int, warp: int, threads: int,
+                   allowed: tuple[Swizzle | None, ...] | None = None) -> Swizzle | None:
     """The XOR swizzle of 16-byte chunks with the fewest bank conflicts over `accesses` (None: none better).
 
     ldmatrix reads win: when they agree on the swizzle they need (and it repeats within every accessed
-    sub-buffer, so that slots can share it), that is the buffer's swizzle.
+    sub-buffer, so that slots can share it), that is the buffer's swizzle. `allowed` (the swizzles TMA writes,
+    for a buffer TMA fills) limits the choice to the one ldmatrix needs if allowed, else the last allowed.
     """
+    if allowed is not None:
+        needed = {swizzle for a in accesses for swizzle in a.needs}
+        if len(needed) == 1 and next(iter(needed)) in allowed:
+            return next(iter(needed))
+        return allowed[-1]
     if not accesses:
         return None
     smallest = min(a.numel for a in accesses)
@@ -189,12 +203,40 @@ def _alloc(ctx, op):
         raise ctx.error(op, f"the shared buffer {t} needs {nbytes} bytes, more than the "
                             f"{ctx.target.shared_memory_bytes} bytes of shared memory a block has on "
                             f"{ctx.target.name}; use smaller tiles or fewer slots")
-    swizzle = choose_swizzle(buffer_accesses(ctx, op), t.dtype, ctx.target.shared_memory_banks, ctx.warp_size,
-                             ctx.num_threads)
-    base = ctx.emit("shared_alloc", attrs={"bytes": nbytes, "offset": -1, "whole_kernel": True},
+    swizzle = buffer_swizzle(ctx, op)
+    align = {"align": TMA_BUFFER_ALIGN} if tma_swizzles(ctx, op) is not None else {}
+    base = ctx.emit("shared_alloc", attrs={"bytes": nbytes, "offset": -1, "whole_kernel": True} | align,
                     type=PointerType(t.dtype, "shared"))
     base.name_hint = op.result.name_hint
     ctx.env[op.result] = SharedParts(base, None, t.shape, swizzle)
+
+
+def buffer_swizzle(ctx, alloc: Operation) -> Swizzle | None:
+    """The swizzle of the buffer `alloc` (see `choose_swizzle`); the same answer every time it is asked."""
+    t: SharedType = alloc.result.type
+    return choose_swizzle(buffer_accesses(ctx, alloc), t.dtype, ctx.target.shared_memory_banks, ctx.warp_size,
+                          ctx.num_threads, tma_swizzles(ctx, alloc))
+
+
+def tma_swizzles(ctx, alloc: Operation) -> tuple[Swizzle | None, ...] | None:
+    """The swizzles TMA can write a slot of `alloc` with (unswizzled first), when the target has TMA and an
+    mbarrier copy of a 2-D view block fills it; else None (the buffer's swizzle is free)."""
+    t: SharedType = alloc.result.type
+    if not ctx.target.has("tma") or len(t.shape) < 2:
+        return None
+    if not any(op.name == "smem_async_copy" and copy_barrier(op) is not None and root(op.operands[0]) is alloc
+               and isinstance(op.operands[1].type, ViewType) for op in ctx.src.walk()):
+        return None
+    row_bytes = t.shape[-1] * t.dtype.bits // 8
+    fits = row_bytes in (32, 64, 128) and t.dtype.bits in (8, 16, 32)
+    return (None, swizzle_bytes(row_bytes, t.dtype.bits // 8)) if fits else (None,)
+
+
+def root(value: Value) -> Operation:
+    """The smem_alloc (or smem_mbarriers) a (sub-)buffer value is a slot of."""
+    while value.owner.name == "smem_slot":
+        value = value.owner.operands[0]
+    return value.owner
 
 
 @lowering("smem_slot")
@@ -286,11 +328,12 @@ def copy_plan(ctx, op: Operation) -> CopyPlan:
     """The chunking of `smem_async_copy` `op` (see the module docstring)."""
     t: SharedType = op.operands[0].type
     source = op.operands[1]
+    operands = copy_operands(op)
     facts = ctx.facts.facts
     bits = t.dtype.bits
     max_bits = MAX_COPY_BYTES * 8
     if isinstance(source.type, ViewType):
-        offsets = [facts.get(v) for v in op.operands[2:]]
+        offsets = [facts.get(v) for v in operands[2:]]
         view = facts.get(source)
         width = 1 if view is None or None in offsets else alignment.view_vector_width(
             view, offsets, t.shape, bits, max_bits)
@@ -303,29 +346,36 @@ def copy_plan(ctx, op: Operation) -> CopyPlan:
         layout = ctx.assignment.layout(source)
         info = facts.get(source)
         width = 1 if info is None else alignment.vector_width(info, bits, max_bits)
-        if len(op.operands) > 2 and facts.get(op.operands[2]) is not None:
-            width = min(width, alignment.mask_constancy(facts[op.operands[2]]))
+        if len(operands) > 2 and facts.get(operands[2]) is not None:
+            width = min(width, alignment.mask_constancy(facts[operands[2]]))
         width = _pow2_floor(min(width, layout.local_contiguity(-1)))
     asynchronous = ctx.target.has("cp.async") and width * bits >= MIN_ASYNC_COPY_BYTES * 8
     return CopyPlan(layout, width, asynchronous)
+
+
+def copy_operands(op: Operation) -> list[Value]:
+    """`smem_async_copy`'s operands without its mbarrier (if any): buffer, source, offsets or mask."""
+    return op.operands[:-1] if copy_barrier(op) is not None else list(op.operands)
 
 
 def _pow2_floor(n: int) -> int:
     return 1 << (max(n, 1).bit_length() - 1)
 
 
-@lowering("smem_async_copy")
-def _async_copy(ctx, op):
+def thread_copy(ctx, op):
+    """`smem_async_copy` `op` by every thread (cp.async chunks or load and store; see the module docstring).
+    Registered by `smem_mbarriers.py`, which sends mbarrier copies that TMA can do elsewhere."""
     parts: SharedParts = ctx.lookup(op.operands[0])
     plan = copy_plan(ctx, op)
     layout = plan.layout
+    count = len(copy_operands(op))
     if isinstance(op.operands[1].type, ViewType):
         view = ctx.lookup(op.operands[1])
-        starts = [ctx.operand(op, i) for i in range(2, len(op.operands))]
+        starts = [ctx.operand(op, i) for i in range(2, count)]
         src, ok = view_lanes(ctx, op, layout, view, starts)
     else:
         src = ctx.operand(op, 1).value
-        ok = ctx.operand(op, 2).value if len(op.operands) > 2 else None
+        ok = ctx.operand(op, 2).value if count > 2 else None
     dst = parts.addresses(ctx, ctx.index_regs(layout, row_major_strides(parts.shape)))
     owner = ctx.owner_predicate(layout)
     if owner is None:

@@ -108,17 +108,23 @@ class TmaBox:
 def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
              facts: dict) -> TmaBox | None:
     """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None."""
+    tile = load.result.type
+    return view_block_box(load.operands[0], tile.shape, tile.element.dtype, dim, slot, target, facts)
+
+
+def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: int,
+                   slot: SmemLayout | WgmmaTileLayout, target: Target, facts: dict) -> TmaBox | None:
+    """The TMA fill of a `shape` block of `view` (elements `dtype`, contiguous view dim `dim`) into a slot laid
+    out as `slot`, or None when it does not qualify (the rules of the module docstring). Shared by pipelined
+    loads (`tma_plan`) and the language's mbarrier copies (`shared_buffers.py`)."""
     if not target.has("tma"):
         return None
-    view = load.operands[0]
     make_view = view.owner
-    fn = _function_of(load)
-    if not isinstance(make_view, Operation) or make_view.name != "make_view" or fn is None:
+    if not isinstance(make_view, Operation) or make_view.name != "make_view":
         return None
-    tile = load.result.type
-    dtype = tile.element.dtype
+    fn = _function_of(make_view)
     size = dtype.bits // 8
-    if len(tile.shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
+    if fn is None or len(shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
         return None
     base, sizes, strides = make_view.operands[0], make_view.operands[1:3], make_view.operands[3:5]
     if base not in fn.args or fn.args.index(base) not in fn.attrs.get("divisible_by_16", ()):
@@ -130,11 +136,11 @@ def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, targ
     extents = [_extent(v, fn, facts) for v in (sizes[outer], sizes[dim], strides[outer])]
     if None in extents:
         return None
-    boxes = slot_boxes(slot, tile.shape[outer], tile.shape[dim], size)
+    boxes = slot_boxes(slot, shape[outer], shape[dim], size)
     if boxes is None:
         return None
     swizzle, width, count = boxes
-    box = (tile.shape[outer], width)
+    box = (shape[outer], width)
     if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
         return None
     recipe = TensorMapRecipe(-1, fn.args.index(base), dtype, (extents[0], extents[1]), (extents[2], Extent(None, 1)),
@@ -190,7 +196,7 @@ class TmaRing:
 
     def __init__(self, ctx, loads, stages: int):
         self.loads = [load for load in loads if load.tma is not None]
-        self.maps = {load.load: _map_parameter(ctx, load.tma.recipe) for load in self.loads}
+        self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
         # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
@@ -252,7 +258,7 @@ class TmaRing:
         ctx.create("mbarrier_wait", [self._bar(ctx, slot), phase])
 
 
-def _map_parameter(ctx, recipe: TensorMapRecipe) -> Value:
+def map_parameter(ctx, recipe: TensorMapRecipe) -> Value:
     """The hidden tensormap parameter of `recipe`, appended to the kernel (one per distinct map)."""
     fn = ctx.fn
     known = kernel_recipes(fn.attrs)
