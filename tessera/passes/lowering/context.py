@@ -203,6 +203,9 @@ class Lowering:
         # set by a warp-specialized loop (`warp_specialized.py`): the threads left after its producer
         # warpgroup exited, which every later barrier waits for
         self.consumer_threads: int | None = None
+        # per-analysis memos of the lowering modules, keyed by a name of their choosing (e.g. the TMA plan of
+        # each language mbarrier array, `smem_mbarriers.tma_boxes`, asked by its alloc, copies and waits)
+        self.plans: dict[str, dict] = {}
         self.used: set[Value] = {v for op in fn.walk() for v in op.operands}
 
     # -- types and values -------------------------------------------------------

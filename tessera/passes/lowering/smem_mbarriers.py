@@ -49,7 +49,7 @@ MBARRIER_BYTES = 8
 
 def tma_boxes(ctx, bars: Operation) -> dict[Operation, TmaBox] | None:
     """The TMA box of every copy onto the mbarrier array `bars`, or None when it is not TMA-backed."""
-    cache = ctx.__dict__.setdefault("_mbarrier_tma_boxes", {})      # asked by alloc, copies and waits alike
+    cache = ctx.plans.setdefault("mbarrier_tma_boxes", {})           # asked by alloc, copies and waits alike
     if bars not in cache:
         cache[bars] = _plan(ctx, bars)
     return cache[bars]
