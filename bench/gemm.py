@@ -6,7 +6,10 @@ Shapes: square 1024..8192, and LLM projections with M in {1, 16, 64, 128, 256,
 1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}; bf16
 in, bf16 out. Then the same shapes in fp8: float8_e4m3fn inputs with float32
 per-tensor scales, bf16 out, against torch._scaled_mm (skipped where this torch
-lacks it or the GPU has no fp8 GEMM), recorded under "fp8_rows". Writes
+lacks it or the GPU has no fp8 GEMM), recorded under "fp8_rows". Then every
+shipped config pinned in turn at 4096^3 and 8192^3 (bf16), plus, on Hopper,
+each non-persistent one warp-specialized (WS=True), under "config_rows": the
+data to tune the shipped configs from. Writes
 bench/results/gemm.json and, with matplotlib, gemm.png (the bf16 rows).
 Goal (issue 5, H200): >= 95% of cuBLAS at 8192^3, >= cuBLAS for M <= 256.
 """
@@ -51,6 +54,37 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
     return rows
 
 
+def config_rows(torch, sizes) -> list[dict]:
+    """TFLOP/s of every shipped config pinned, and on sm_90 of its warp-specialized variant, per size."""
+    import tessera
+    from tessera.kernels_lib.gemm import CONFIGS, gemm, gemm_kernel
+
+    variants = list(CONFIGS)
+    if torch.cuda.get_device_capability() == (9, 0):
+        variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
+                     for c in CONFIGS if not c.kwargs["PERSISTENT"]]
+    rows = []
+    for size in sizes:
+        a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
+        cublas = gpu_common.device_ms(lambda: a @ b, torch)
+        for config in variants:
+            row = {"size": size, "config": config.kwargs, "num_warps": config.num_warps}
+            gemm_kernel.pin(config)
+            try:
+                torch.testing.assert_close(gemm(a, b), a @ b, rtol=2e-2, atol=2e-1)
+                ms = gpu_common.device_ms(lambda: gemm(a, b), torch)
+                row.update(tessera_tflops=tflops(size, size, size, ms), ratio=cublas / ms)
+            except Exception as error:          # a config this GPU cannot compile or run: recorded, not fatal
+                row["error"] = f"{type(error).__name__}: {error}"[:300]
+            finally:
+                gemm_kernel.pin(None)
+            rows.append(row)
+            print(f"{size}^3 {config}: " + (f"{row['tessera_tflops']:7.1f} TFLOP/s ({row['ratio']:.0%} of cuBLAS)"
+                                             if "error" not in row else row["error"]))
+    return rows
+
+
 def main() -> None:
     torch = gpu_common.require_gpu()
     from tessera.kernels_lib import gemm
@@ -68,8 +102,10 @@ def main() -> None:
         print(f"{m:>5} x {n:>5} x {k:>5}: tessera {rows[-1]['tessera_tflops']:7.1f}  "
               f"cuBLAS {rows[-1]['cublas_tflops']:7.1f} TFLOP/s  ({rows[-1]['ratio']:.0%})")
     fp8 = fp8_rows(torch, gemm, [(m, n, k) for m, n, k in shapes if m >= 16])   # _scaled_mm needs M % 16 == 0
+    configs = config_rows(torch, [4096, 8192])
     gpu_common.write("gemm", {"environment": gpu_common.environment(torch), "dtype": "bf16", "rows": rows,
-                              "fp8_dtype": "e4m3 in, per-tensor f32 scales, bf16 out", "fp8_rows": fp8})
+                              "fp8_dtype": "e4m3 in, per-tensor f32 scales, bf16 out", "fp8_rows": fp8,
+                              "config_rows": configs})
     try:
         import matplotlib
         matplotlib.use("Agg")
