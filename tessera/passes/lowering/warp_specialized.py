@@ -45,6 +45,15 @@ with the first `if`: the shared-memory allocator then gives their bytes to
 the buffers after the loop (such as the epilogue's layout change), as it
 does for the plain pipeline.
 
+Known gap: the consumers' `setmaxnreg inc` covers their loop but not the
+rest of the kernel, which the second `if` holds, so ptxas gives that part
+only the registers every thread has at entry (168 with 384 threads): the
+8-warp 128 x 128 GEMM configs spill in their epilogue on sm_90a. Running
+the rest inside the consumers' branch fixes the registers but, as the
+allocator lifts the rings' uses to the whole first `if`, keeps the rings'
+bytes from the epilogue; the producer branch ending in an exit, or liveness
+that knows the two branches meet at the named barrier, would fix both.
+
 The producer runs ahead on its own, at most S fills ahead of the slowest
 consumer, limited only by the empty barriers: no prefetch distance. A wgmma
 dot waits for its group in the iteration that issued it (no group in
