@@ -602,8 +602,10 @@ define("for", "for iv in range(lb, ub, step), threading carried values through t
        "default 1): how deep the lowering may software-pipeline the body's global -> shared copies; "
        "`warp_specialize`: a producer warpgroup makes those copies (TMA targets).", (3, -1),
        optional_attrs={"stages": "int", "warp_specialize": "bool"}, regions=1, check=_check_for, pure=False)
-define("if", "Run the then or else region; results are what the taken region yields.", 1,
-       regions=2, check=_check_if, pure=False)
+define("if", "Run the then or else region; results are what the taken region yields. `producer_joins_at` "
+       "(thread IR, warp-specialized kernels): the then region is a producer warpgroup running beside the "
+       "else region, and its shared-memory accesses are over once the else region's op of that index is.", 1,
+       optional_attrs={"producer_joins_at": "int"}, regions=2, check=_check_if, pure=False)
 define("while", "Loop while the condition region's `condition` is true.", (0, -1),
        regions=2, check=_check_while, pure=False)
 define("yield", "End a region, passing values to the parent op.", (0, -1), infer=lambda ts, a: [], terminator=True,

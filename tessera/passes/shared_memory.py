@@ -3,7 +3,9 @@
 Each allocation is live from its `shared_alloc` to the last use of any
 pointer derived from it (addptr, splat, pack, ...). A use inside a region
 counts as a use of the whole op that holds the region at the allocation's
-level, so a buffer read in a loop stays live for the whole loop. Two
+level, so a buffer read in a loop stays live for the whole loop. (Except
+a warp-specialized split, `if {producer_joins_at = k}`: its branches are
+looked into, see `_lifted_end`.) Two
 allocations whose live ranges do not overlap may share bytes: the
 lowering ends every use of a buffer with a barrier, so the next buffer's
 writes cannot race with the last reads of the one before. Explicit buffers
@@ -111,15 +113,31 @@ def _live_end(alloc: Operation, positions: dict, ends: dict) -> int:
     while work:
         value = work.pop()
         for user in users.get(value, ()):
-            lifted = user
-            while lifted.parent is not home and isinstance(lifted.parent.parent, Operation):
-                lifted = lifted.parent.parent
-            last = max(last, ends[lifted])
+            last = max(last, _lifted_end(user, home, ends))
             for result in user.results:
                 if _is_shared_pointer(result) and result not in derived:
                     derived.add(result)
                     work.append(result)
     return last
+
+
+def _lifted_end(user: Operation, home: Block, ends: dict) -> int:
+    """The last position `user` keeps a buffer of block `home` live: the end of the op of `home` holding it.
+
+    A warp-specialized split (`if {producer_joins_at = k}`) is looked into rather than held whole: a use
+    in its else region (the consumers) counts where the op of that region holding it ends, and a use in
+    its then region (the producer, running beside them) counts until the consumers' op k, where both
+    branches have met and the producer touches shared memory no more."""
+    lifted = user
+    while lifted.parent is not home and isinstance(lifted.parent.parent, Operation):
+        holder = lifted.parent.parent
+        if holder.name == "if" and "producer_joins_at" in holder.attrs and holder.parent is home:
+            then, consumers = holder.regions
+            if lifted.parent is then:
+                return ends[consumers.ops[holder.attrs["producer_joins_at"]]]
+            return ends[lifted]
+        lifted = holder
+    return ends[lifted]
 
 
 def _users(alloc: Operation) -> dict[Value, list[Operation]]:

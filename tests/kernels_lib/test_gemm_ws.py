@@ -56,23 +56,21 @@ def test_ws_config_on_sm_90_assembles_without_spills():
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
-def test_non_persistent_configs_warp_specialized_assemble_without_spills(target):
-    """WS = True on the shipped non-persistent configs: mma.sync consumers on sm_90 (every config), wgmma
-    consumers on sm_90a, one producer warpgroup more, no spills. On sm_90a only the 4-warp configs so far:
-    with 8 consumer warps the epilogue, which runs in an `if` of its own after the producer/consumer split,
-    is outside the consumers' setmaxnreg region, so ptxas caps it at the 168 registers 384 threads get at
-    entry and the 128 x 128 configs spill there (a known gap, see warp_specialized.py)."""
+def test_every_non_persistent_config_warp_specialized_assembles_without_spills(target):
+    """WS = True on every shipped non-persistent config: mma.sync consumers on sm_90, wgmma consumers on
+    sm_90a (with setmaxnreg where 8 warps make it pay: the epilogue runs in the consumers' branch, under
+    it), one producer warpgroup more, no spills."""
     from tessera.backends.nvptx import find_ptxas
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
-    configs = [c for c in CONFIGS if not c.kwargs["PERSISTENT"] and (target == "sm_90" or c.num_warps == 4)]
-    for config in configs:
+    for config in (c for c in CONFIGS if not c.kwargs["PERSISTENT"]):
         compiled = gemm_kernel.kernel.compile(signature=SIGNATURE, target=target, num_warps=config.num_warps,
                                               **EPILOGUE, **dict(config.kwargs, WS=True))
         ptx, meta = compiled.stages["ptx"], compiled.metadata
         assert meta["num_threads"] == config.num_warps * 32 + 128, config
         assert meta["spill_stores"] == meta["spill_loads"] == 0, (config, meta["log"])
         assert ("wgmma.mma_async" in ptx) == (target == "sm_90a") and "cp.async.bulk.tensor" in ptx, config
+        assert ("setmaxnreg.inc" in ptx) == (target == "sm_90a" and config.num_warps == 8), config
 
 
 @pytest.mark.parametrize("target", ["sm_90", "sm_90a"])

@@ -13,13 +13,13 @@ Specification:
   second round through the ring on) and ends in a named barrier of every
   thread; the consumer branch runs the loop (wait full, body, arrive empty)
   and the rest of the kernel, where every barrier is `named_barrier {id = 1,
-  count = C}`; the kernel's `return` follows the split;
+  count = C}`; the split says where the branches meet (`producer_joins_at`,
+  for the shared-memory allocator); the kernel's `return` follows it;
 * setmaxnreg only on sm_90a, and only when it raises the consumers' budget
   (whole consumer warpgroups, at least two);
 * CompileErrors naming the kernel, the line and the fix: no TMA on the
   target, the loop nested in another loop, memory accesses before the loop
-  (the producer would run them), a load TMA cannot fill, wgmma consumers
-  (their slots are not TMA-filled yet).
+  (the producer would run them), a load TMA cannot fill.
 """
 
 from __future__ import annotations
@@ -97,14 +97,16 @@ def test_a_producer_warpgroup_beside_the_consumer_warps(num_warps):
     before, producer, consumer, after = split_of(fn)
     split = next(op for op in fn.body.ops if op.name == "if" and op.regions[0] is producer)
     assert condition(split) == ("ge", consumers)
-    # the loop's result (the accumulator) leaves the split; the producer's branch yields a placeholder
-    assert [r.type for r in split.results] == [op.type for op in consumer.ops[-1].operands]
-    assert [v.owner.name for v in producer.ops[-1].operands] == ["constant"]
-    # the rest of the kernel: the consumers' own `if`, then the kernel's return
-    assert names(after) == ["cmp", "if", "return"] and condition(after[1]) == ("lt", consumers)
-    rest = after[1].regions[0]
-    assert "tma_load" not in walk_names(rest) and "barrier" not in walk_names(rest)
-    assert {str(op.attrs) for top in rest.ops for op in top.walk() if op.name == "named_barrier"} == {
+    # the split yields nothing: the consumers' branch goes on with the rest of the kernel after the loop, from
+    # the op where the branches have met on (the consumers' named barrier after invalidating the mbarriers)
+    joined = split.attrs["producer_joins_at"]
+    assert split.results == [] and names(after) == ["return"]
+    assert consumer.ops[joined].name == "named_barrier" and consumer.ops[joined].attrs == {"id": 1, "count": consumers}
+    protocol, rest = consumer.ops[:joined + 1], consumer.ops[joined + 1:]
+    rest_names = [op.name for top in rest for op in top.walk()]
+    assert "tma_load" not in rest_names and "barrier" not in rest_names and "view_store" not in rest_names
+    assert any(name == "store" for name in rest_names)
+    assert {str(op.attrs) for top in rest for op in top.walk() if op.name == "named_barrier"} <= {
         str({"id": 1, "count": consumers})}
 
     # before the split: both mbarrier rings initialized (full: count 1, empty: count C), then CTA-wide barriers
@@ -127,7 +129,7 @@ def test_a_producer_warpgroup_beside_the_consumer_warps(num_warps):
     assert "barrier" not in body and "tma_load" not in body
     consumed = walk_names(consumer)
     assert "barrier" not in consumed and "tma_load" not in consumed
-    named = [op.attrs for top in consumer.ops for op in top.walk() if op.name == "named_barrier"]
+    named = [op.attrs for top in protocol for op in top.walk() if op.name == "named_barrier"]
     assert named == [{"id": 2, "count": consumers + 128}, {"id": 1, "count": consumers}]
     assert consumed.count("mbarrier_inval") == 2 * stages
 

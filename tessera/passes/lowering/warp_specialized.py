@@ -11,7 +11,7 @@ and the producer is threads C .. C+127:
 
     rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
     empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
-    %acc... = if thread_id >= C {                            the producer
+    if thread_id >= C {producer_joins_at = k}                the producer
         [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
                                                              every thread has 255 registers at entry)
         if thread_id == C {                                  one thread issues
@@ -24,35 +24,26 @@ and the producer is threads C .. C+127:
                                                              read the slot through the generic proxy)
         }
         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
-        yield <zeros>                                        placeholders for the loop's results
     } else {                                                 the consumers
         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
         %acc... = for iv = lo .. hi, carried..., slot, phase:
             mbarrier_wait full[slot], phase
             ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
             mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
-        named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]; named_barrier
-        yield %acc...
-    }
-    if thread_id < C {                                       the rest of the kernel, consumers only; each
-        ...                                                  barrier is a `named_barrier {id = 1, count = C}`
+        named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]
+        named_barrier {id = 1, count = C}                    op k: the branches have met
+        ...                                                  the rest of the kernel, consumers only; each
+                                                             barrier is a `named_barrier {id = 1, count = C}`
     }
     return
 
-The rest of the kernel has an `if` of its own rather than following the
-loop in the consumers' branch so that the rings' and mbarriers' uses end
-with the first `if`: the shared-memory allocator then gives their bytes to
-the buffers after the loop (such as the epilogue's layout change), as it
-does for the plain pipeline.
-
-Known gap: the consumers' `setmaxnreg inc` covers their loop but not the
-rest of the kernel, which the second `if` holds, so ptxas gives that part
-only the registers every thread has at entry (168 with 384 threads): the
-8-warp 128 x 128 GEMM configs spill in their epilogue on sm_90a. Running
-the rest inside the consumers' branch fixes the registers but, as the
-allocator lifts the rings' uses to the whole first `if`, keeps the rings'
-bytes from the epilogue; the producer branch ending in an exit, or liveness
-that knows the two branches meet at the named barrier, would fix both.
+The rest of the kernel runs in the consumers' branch, so that their
+`setmaxnreg inc` covers it too (ptxas gives code outside it only what every
+thread has at entry: 168 registers with 384 threads, too few for a 128 x
+128 epilogue). `producer_joins_at = k` tells the shared-memory allocator
+that the producer's accesses are over at the consumers' op k, so the rings'
+bytes go to the buffers after the loop (such as the epilogue's layout
+change), as they do after a plain pipeline.
 
 The producer runs ahead on its own, at most S fills ahead of the slowest
 consumer, limited only by the empty barriers: no prefetch distance. A wgmma
@@ -79,7 +70,7 @@ from __future__ import annotations
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, TileType
+from tessera.ir.types import TileType
 
 from .async_pipeline import RingOperand, _lower_body_op
 from .context import I32, Regs
@@ -108,27 +99,24 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
     producer, consumer = Block(), Block()
-    result_types = [ctx.thread_type(r) for r in op.results]
     with ctx.b.at(producer):
         _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
         _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
-        ctx.create("yield", [_placeholder(ctx, op, t) for t in result_types])
+        ctx.create("yield")
     ctx.consumer_threads = consumers
     with ctx.b.at(consumer):
         inc = _consumer_registers(ctx, consumers)
         if inc:
             ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
         loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
-        ctx.create("yield", loop.results[:len(result_types)])
     is_producer = ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
-    split = ctx.create("if", [is_producer], None, result_types, [producer, consumer])
-    # The rest of the kernel runs in the consumers' own `if`, which `end_consumer_branch` closes: the rings'
-    # uses end with the first `if`, so that the shared-memory allocator may give their bytes to later buffers.
-    rest = Block()
-    ctx.create("if", [ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "lt"})], None, [],
-               [rest, _yield_block(ctx)])
-    ctx.b.block = rest
-    for old, result in zip(op.results, split.results):
+    # The producer's shared-memory accesses are over once the consumers are past the named barrier both
+    # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
+    ctx.create("if", [is_producer], {"producer_joins_at": len(consumer.ops) - 1}, [], [producer, consumer])
+    # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; `end_consumer_branch`
+    # closes it at the kernel's return.
+    ctx.b.block = consumer
+    for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
 
@@ -319,16 +307,3 @@ def _yield_block(ctx) -> Block:
     with ctx.b.at(block):
         ctx.create("yield")
     return block
-
-
-def _placeholder(ctx, op: Operation, t) -> Value:
-    """What the producer's branch yields for a value the loop carries (the consumers' is the one used)."""
-    element = getattr(t, "element", t)
-    if isinstance(element, PointerType):
-        raise ctx.error(op, "a tessera.pipeline(warp_specialize=True) loop cannot carry pointers yet; carry "
-                            "offsets and build the pointers after the loop")
-    return ctx.hoist("constant", attrs={"value": _zero(element.dtype)}, type=t)
-
-
-def _zero(dtype):
-    return False if dtype.is_bool else 0 if dtype.is_int else 0.0
