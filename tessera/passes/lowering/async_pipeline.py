@@ -147,14 +147,9 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
         ctx.barrier()
         ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
-        last = ctx.const(stages - 1)
         refill = _slot_ahead(ctx, slot, ahead_by, stages)
         _issue(ctx, plan, rings, ahead, ub, refill, tma)
-        at_last = ctx.emit("cmp", slot, last, attrs={"pred": "eq"})
-        next_slot = ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1)))
-        carried = [next_slot]
-        if tma:                                    # the parity flips when the ring wraps
-            carried.append(ctx.emit("select", at_last, ctx.emit("sub", ctx.const(1), phase), phase))
+        carried = next_slot_and_phase(ctx, slot, phase, stages)
         reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
                  for load, ring in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
@@ -187,6 +182,15 @@ def _lower_body_op(ctx, op: Operation, reads: dict) -> None:
         ctx.env[op.result] = ctx.env[op.operands[0]]
     else:
         lower_op(ctx, op)
+
+
+def next_slot_and_phase(ctx, slot: Value, phase: Value | None, stages: int) -> list[Value]:
+    """(slot + 1) mod S, and, for a ring with mbarriers, their phase parity, flipped when the ring wraps."""
+    at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
+    carried = [ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1)))]
+    if phase is not None:
+        carried.append(ctx.emit("select", at_last, ctx.emit("sub", ctx.const(1), phase), phase))
+    return carried
 
 
 def _times(ctx, value: Value, n: int) -> Value:

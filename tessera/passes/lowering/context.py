@@ -29,9 +29,10 @@ needed in another cannot be, and is a LoweringError.
 from __future__ import annotations
 
 import math
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -404,6 +405,17 @@ class Lowering:
     def first_thread(self) -> Value:
         return self.hoist("cmp", [self.thread_id, self.const(0)], {"pred": "eq"})
 
+    @contextmanager
+    def when(self, cond: Value) -> Iterator[None]:
+        """Ops emitted in the `with` block run only where `cond` holds: `if cond { ... }`, no else, no results."""
+        then, otherwise = Block(), Block()
+        with self.b.at(then):
+            yield
+            self.create("yield")
+        with self.b.at(otherwise):
+            self.create("yield")
+        self.create("if", [cond], None, [], [then, otherwise])
+
     # -- shared memory -------------------------------------------------------------
 
     def shared_alloc(self, dtype: dt.DType, count: int, align: int | None = None) -> Value:
@@ -411,6 +423,20 @@ class Lowering:
         attrs = {"bytes": nbytes, "offset": -1} | ({"align": align} if align else {})
         return self.emit("shared_alloc", attrs=attrs,
                          type=PointerType(dtype, "shared"))
+
+    def mbarriers(self, count: int, arrivals: int) -> Value:
+        """`count` mbarriers in shared memory, each expecting `arrivals` arrivals a phase, initialized by
+        thread 0 and made visible to every thread and to the async proxy (TMA) before anyone uses them."""
+        bars = self.shared_alloc(dt.i64, count, align=8)
+        self.init_mbarriers(bars, count, arrivals)
+        return bars
+
+    def init_mbarriers(self, bars: Value, count: int, arrivals: int) -> None:
+        with self.when(self.first_thread()):
+            for s in range(count):
+                self.create("mbarrier_init", [self.emit("addptr", bars, self.const(s)), self.const(arrivals)])
+            self.create("fence_mbarrier_init")
+        self.barrier()
 
     def barrier(self) -> None:
         """Every thread of the block waits; after a warp-specialized loop, every consumer thread (the producer

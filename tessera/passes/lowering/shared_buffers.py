@@ -45,7 +45,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Block, Operation, Value
+from tessera.ir.core import Operation, Value
 from tessera.ir.layouts import RegisterLayout, local
 from tessera.ir.shared_ops import copy_barrier
 from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, swizzle_bytes
@@ -381,13 +381,8 @@ def thread_copy(ctx, op):
     if owner is None:
         _issue(ctx, plan, parts.dtype, src, ok, dst)
         return
-    then, otherwise = Block(), Block()
-    with ctx.b.at(then):
+    with ctx.when(owner):
         _issue(ctx, plan, parts.dtype, src, ok, dst)
-        ctx.create("yield")
-    with ctx.b.at(otherwise):
-        ctx.create("yield")
-    ctx.create("if", [owner], None, [], [then, otherwise])
 
 
 def _issue(ctx, plan: CopyPlan, dtype: dt.DType, src: Value, ok: Value | None, dst: Value) -> None:

@@ -35,7 +35,7 @@ cp.async (AMD) copies are synchronous and the wait is the barrier.
 from __future__ import annotations
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Block, Operation
+from tessera.ir.core import Operation
 from tessera.ir.shared_ops import copy_barrier
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import PointerType, SharedType, ViewType
@@ -74,16 +74,6 @@ def _plan(ctx, bars: Operation) -> dict[Operation, TmaBox] | None:
     return boxes or None
 
 
-def _if_first_thread(ctx, emit) -> None:
-    then, otherwise = Block(), Block()
-    with ctx.b.at(then):
-        emit()
-        ctx.create("yield")
-    with ctx.b.at(otherwise):
-        ctx.create("yield")
-    ctx.create("if", [ctx.first_thread()], None, [], [then, otherwise])
-
-
 @lowering("smem_mbarriers")
 def _mbarriers(ctx, op):
     t: SharedType = op.result.type
@@ -92,15 +82,8 @@ def _mbarriers(ctx, op):
                                            "align": MBARRIER_BYTES}, type=PointerType(dt.i64, "shared"))
     base.name_hint = op.result.name_hint
     ctx.env[op.result] = SharedParts(base, None, t.shape, None)
-    if tma_boxes(ctx, op) is None:
-        return
-
-    def init():
-        for s in range(count):
-            ctx.create("mbarrier_init", [ctx.emit("addptr", base, ctx.const(s)), ctx.const(1)])
-        ctx.create("fence_mbarrier_init")
-    _if_first_thread(ctx, init)
-    ctx.barrier()
+    if tma_boxes(ctx, op) is not None:
+        ctx.init_mbarriers(base, count, 1)
 
 
 @lowering("smem_async_copy")
@@ -119,11 +102,10 @@ def _async_copy(ctx, op):
     outer, inner = (ctx.cast(ctx.lookup(op.operands[2 + d]), dt.i32) for d in box.dims)
     dst = parts.slot_base(ctx)
 
-    def issue():
+    with ctx.when(ctx.first_thread()):
         ctx.create("fence_proxy_async")
         ctx.create("mbarrier_expect_tx", [bar_ptr, ctx.const(box.slot_bytes)])
         ctx.create("tma_load", [dst, tensor_map, outer, inner, bar_ptr])
-    _if_first_thread(ctx, issue)
 
 
 @lowering("smem_mbarrier_wait")
@@ -135,7 +117,8 @@ def _wait(ctx, op):
         ctx.barrier()
         return
     bar_ptr = ctx.lookup(bar).slot_base(ctx)
-    _if_first_thread(ctx, lambda: ctx.create("mbarrier_arrive", [bar_ptr]))
+    with ctx.when(ctx.first_thread()):
+        ctx.create("mbarrier_arrive", [bar_ptr])
     parity = ctx.emit("and", ctx.cast(ctx.lookup(op.operands[1]), dt.i32), ctx.const(1))
     ctx.create("mbarrier_wait", [bar_ptr, parity])
 

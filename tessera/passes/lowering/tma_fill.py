@@ -64,7 +64,7 @@ import math
 from dataclasses import dataclass
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.core import Function, Operation, Value
 from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
 from tessera.ir.target import Target
 from tessera.ir.tensor_map import KERNEL_ATTR, MAX_BOX_DIM, Extent, TensorMapRecipe, kernel_recipes
@@ -202,15 +202,7 @@ class TmaRing:
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
         self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
         self.stages = stages
-        self.bars = ctx.shared_alloc(dt.i64, stages, align=8)
-        then = Block()
-        with ctx.b.at(then):
-            for s in range(stages):
-                ctx.create("mbarrier_init", [self._bar(ctx, ctx.const(s)), ctx.const(1)])
-            ctx.create("fence_mbarrier_init")
-            ctx.create("yield")
-        _if(ctx, ctx.first_thread(), then)
-        ctx.barrier()
+        self.bars = ctx.mbarriers(stages, 1)
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
@@ -218,11 +210,8 @@ class TmaRing:
     def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
         (`rings`, `offsets`: per tile-IR load op)."""
-        then = Block()
-        with ctx.b.at(then):
+        with ctx.when(ctx.emit("and", ctx.first_thread(), live)):
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
-            ctx.create("yield")
-        _if(ctx, ctx.emit("and", ctx.first_thread(), live), then)
 
     def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
         """Announce a slot's bytes on `bar` and start every load's boxes into it at `offsets` (the calling
@@ -246,12 +235,9 @@ class TmaRing:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
         barrier orders this before any reuse."""
-        then = Block()
-        with ctx.b.at(then):
+        with ctx.when(ctx.first_thread()):
             for s in range(self.stages):
                 ctx.create("mbarrier_inval", [self._bar(ctx, ctx.const(s))])
-            ctx.create("yield")
-        _if(ctx, ctx.first_thread(), then)
 
     def wait(self, ctx, slot: Value, phase: Value) -> None:
         """Every thread waits until the boxes of `slot`'s current fill (phase parity `phase`) have landed."""
@@ -271,13 +257,6 @@ def map_parameter(ctx, recipe: TensorMapRecipe) -> Value:
                              recipe.box_shape, recipe.swizzle)
     fn.attrs[KERNEL_ATTR] = (*fn.attrs.get(KERNEL_ATTR, ()), placed.to_attr())
     return arg
-
-
-def _if(ctx, cond: Value, then: Block) -> None:
-    otherwise = Block()
-    with ctx.b.at(otherwise):
-        ctx.create("yield")
-    ctx.create("if", [cond], None, [], [then, otherwise])
 
 
 def _i32(ctx, value: Value) -> Value:

@@ -67,12 +67,11 @@ thread 0 invalidates them (the SIMT simulator checks both).
 
 from __future__ import annotations
 
-from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
 
-from .async_pipeline import RingOperand, _lower_body_op
+from .async_pipeline import RingOperand, _lower_body_op, next_slot_and_phase
 from .context import I32, Regs
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .tma_fill import TmaRing
@@ -95,7 +94,7 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
     full = TmaRing(ctx, plan.loads, stages)
-    empty = _empty_barriers(ctx, stages, consumers)
+    empty = ctx.mbarriers(stages, consumers)      # a phase completes when every consumer released the slot
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
     producer, consumer = Block(), Block()
@@ -184,41 +183,21 @@ def _converts(ctx, op: Operation) -> bool:
     return False
 
 
-def _empty_barriers(ctx, stages: int, consumers: int) -> Value:
-    """S mbarriers that complete a phase when every consumer thread has released the slot."""
-    bars = ctx.shared_alloc(dt.i64, stages, align=8)
-    then = Block()
-    with ctx.b.at(then):
-        for s in range(stages):
-            ctx.create("mbarrier_init", [ctx.emit("addptr", bars, ctx.const(s)), ctx.const(consumers)])
-        ctx.create("fence_mbarrier_init")
-        ctx.create("yield")
-    _if(ctx, ctx.first_thread(), then)
-    ctx.barrier()
-    return bars
-
-
 def _producer(ctx, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step, consumers: int) -> None:
     """The producer warpgroup's branch: one thread walks the iterations and fills slot after slot."""
     if _consumer_registers(ctx, consumers):
         ctx.create("setmaxnreg", attrs={"action": "dec", "count": PRODUCER_REGISTERS})
     index = lb.type
-    lead = Block()
-    with ctx.b.at(lead):
+    with ctx.when(ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
         first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(plan.stages, index.dtype)))
         body = Block([index, I32, I32], ["iv", "slot", "phase"])
         iv, slot, phase = body.args
         with ctx.b.at(body):
-            reuse = Block()
-            with ctx.b.at(reuse):
+            with ctx.when(ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})):
                 ctx.create("mbarrier_wait", [_bar(ctx, empty, slot), ctx.emit("sub", ctx.const(1), phase)])
-                ctx.create("yield")
-            _if(ctx, ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"}), reuse)
             _issue(ctx, plan, rings, full, iv, slot)
-            ctx.create("yield", _next_slot(ctx, slot, phase, plan.stages))
+            ctx.create("yield", next_slot_and_phase(ctx, slot, phase, plan.stages))
         ctx.create("for", [lb, ub, step, ctx.const(0), ctx.const(0)], None, [I32, I32], [body])
-        ctx.create("yield")
-    _if(ctx, ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "eq"}), lead)
 
 
 def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value) -> None:
@@ -249,7 +228,7 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
         for body_op in region.ops[:-1]:
             _lower_body_op(ctx, body_op, reads)
         ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
-        carried = _next_slot(ctx, slot, phase, plan.stages)
+        carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
         _lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
 
@@ -258,12 +237,9 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
                      result_types, [body])
     _all_threads_barrier(ctx, ctx.consumer_threads)   # every thread is past its last use of full[] and empty[]
     full.release(ctx)
-    then = Block()
-    with ctx.b.at(then):
+    with ctx.when(ctx.first_thread()):
         for s in range(plan.stages):
             ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
-        ctx.create("yield")
-    _if(ctx, ctx.first_thread(), then)
     ctx.barrier()                                   # before later buffers reuse the rings' bytes
     return new
 
@@ -287,23 +263,5 @@ def _consumer_registers(ctx, consumers: int) -> int | None:
     return inc if inc > at_entry else None
 
 
-def _next_slot(ctx, slot: Value, phase: Value, stages: int) -> list[Value]:
-    """(slot + 1) mod S, and the phase parity, flipped when the ring wraps."""
-    at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
-    return [ctx.emit("select", at_last, ctx.const(0), ctx.emit("add", slot, ctx.const(1))),
-            ctx.emit("select", at_last, ctx.emit("sub", ctx.const(1), phase), phase)]
-
-
 def _bar(ctx, bars: Value, slot: Value) -> Value:
     return ctx.emit("addptr", bars, slot)
-
-
-def _if(ctx, cond: Value, then: Block) -> None:
-    ctx.create("if", [cond], None, [], [then, _yield_block(ctx)])
-
-
-def _yield_block(ctx) -> Block:
-    block = Block()
-    with ctx.b.at(block):
-        ctx.create("yield")
-    return block
