@@ -17,6 +17,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -87,15 +88,22 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target", default="sm_90a")
     parser.add_argument("--repeat", type=int, default=5)
-    parser.add_argument("--json", default=str(ROOT / "bench" / "results" / "compile_time.json"))
+    parser.add_argument("--json", help="where to write the results (default: compile_time.json in "
+                                         "$TESSERA_BENCH_RESULTS, else bench/results)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     args = parser.parse_args()
+    if args.dry_run:
+        print(f"compile_time: {', '.join(KERNELS)} for {args.target}, cold and warm (x{args.repeat}), Triton beside")
+        return
+    folder = os.environ.get("TESSERA_BENCH_RESULTS", str(ROOT / "bench" / "results"))
+    args.json = args.json or str(Path(folder) / "compile_time.json")
 
     import llvmlite
     import tessera
 
     results = {"target": args.target, "tessera": tessera.__version__, "llvmlite": llvmlite.__version__,
                "python": platform.python_version(), "machine": platform.machine(),
-               "cpus": __import__("os").cpu_count(), "date": time.strftime("%Y-%m-%d"), "kernels": {}}
+               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"), "kernels": {}}
     print(f"{'kernel':<12} {'cold s':>8} {'warm s':>8}   warm stages (ms)")
     for key in KERNELS:
         c, w = cold(key, args.target), warm(key, args.target, args.repeat)

@@ -1,30 +1,81 @@
 """GEMM throughput of tessera.kernels_lib.gemm against torch.matmul (cuBLAS), in one run.
 
-    python bench/gemm.py                   # needs an NVIDIA GPU and torch
+    python bench/gemm.py                         # everything: needs an NVIDIA GPU and torch
+    python bench/gemm.py --part bf16 --shapes tier1 --pin 0     # the GPU session's tier 1
+    python bench/gemm.py --dry-run               # the plan, without a GPU
 
-Shapes: square 1024..8192, and LLM projections with M in {1, 16, 64, 128, 256,
-1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}; bf16
-in, bf16 out. Then the same shapes in fp8: float8_e4m3fn inputs with float32
-per-tensor scales, bf16 out, against torch._scaled_mm (skipped where this torch
-lacks it or the GPU has no fp8 GEMM), recorded under "fp8_rows". Then every
-shipped config pinned in turn at 4096^3 and 8192^3 (bf16), plus, on Hopper,
-each non-persistent one warp-specialized (WS=True), under "config_rows": the
-data to tune the shipped configs from. Writes
-bench/results/gemm.json and, with matplotlib, gemm.png (the bf16 rows).
+Parts (`--part`, repeatable; default all):
+* bf16: square 1024..8192 and LLM projections with M in {1, 16, 64, 128, 256,
+  1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}
+  (`--shapes all`), or 4096^3, 8192^3 and four LLM shapes (`--shapes tier1`);
+  bf16 in, bf16 out, against cuBLAS. Autotuned unless `--pin I` launches
+  CONFIGS[I] without tuning.
+* fp8: the same shapes with float8_e4m3fn inputs and float32 per-tensor
+  scales, bf16 out, against torch._scaled_mm (skipped where this torch lacks
+  it or the GPU has no fp8 GEMM).
+* configs: every shipped config pinned in turn at 4096^3 and 8192^3 (bf16),
+  plus, on Hopper, each non-persistent one warp-specialized (WS=True): the data
+  to tune the shipped configs from.
+
+Every row is checked against the reference before it is timed (a wrong result
+is recorded with `tessera.testing.diagnose`'s description, not timed), and is
+appended to $TESSERA_RESULTS_JSONL as soon as it is measured. Writes
+gemm.json (gemm_<parts>.json for a subset) and, with matplotlib, gemm.png.
 Goal (issue 5, H200): >= 95% of cuBLAS at 8192^3, >= cuBLAS for M <= 256.
 """
 
 from __future__ import annotations
+
+import argparse
 
 import gpu_common
 
 SQUARE = [1024, 2048, 4096, 8192]
 LLM_M = [1, 16, 64, 128, 256, 1024, 4096]
 LLM_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
+SHAPES = {
+    "all": [(s, s, s) for s in SQUARE] + [(m, n, k) for n, k in LLM_NK for m in LLM_M],
+    "tier1": [(4096, 4096, 4096), (8192, 8192, 8192),
+              (16, 4096, 4096), (128, 14336, 4096), (256, 4096, 14336), (4096, 14336, 4096)],
+}
+PARTS = ("bf16", "fp8", "configs")
 
 
 def tflops(m: int, n: int, k: int, ms: float) -> float:
     return 2 * m * n * k / (ms * 1e-3) / 1e12
+
+
+def checked_ms(torch, ours, expected, rtol=2e-2, atol=2e-1, matmul=None) -> tuple[float | None, str | None]:
+    """(median ms of `ours`, None) when its result matches `expected`, else (None, where it is wrong)."""
+    from tessera.testing import diagnose
+
+    got = ours()
+    torch.cuda.synchronize()
+    if not torch.allclose(got.float(), expected.float(), rtol=rtol, atol=atol):
+        return None, diagnose(got, expected, rtol=rtol, atol=atol, name="gemm", matmul=matmul)
+    return gpu_common.device_ms(ours, torch), None
+
+
+def bf16_rows(torch, gemm, shapes) -> list[dict]:
+    rows = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        row = {"m": m, "n": n, "k": k}
+        try:
+            ms, wrong = checked_ms(torch, lambda: gemm(a, b), a @ b)
+            cublas = gpu_common.device_ms(lambda: a @ b, torch)
+            row["cublas_tflops"] = tflops(m, n, k, cublas)
+            if wrong:
+                row["wrong"] = wrong
+            else:
+                row.update(tessera_tflops=tflops(m, n, k, ms), ratio=cublas / ms)
+        except Exception as error:          # recorded, not fatal: the next shapes still run
+            row["error"] = f"{type(error).__name__}: {error}"[:2000]
+        rows.append(row)
+        gpu_common.record("gemm_bf16", row)
+        print(f"bf16 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "cublas_tflops", "cuBLAS"), flush=True)
+    return rows
 
 
 def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
@@ -32,6 +83,8 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
     fp8 = torch.float8_e4m3fn
     rows = []
     for m, n, k in shapes:
+        if m % 16:
+            continue                        # _scaled_mm needs M % 16 == 0
         a = (torch.randn(m, k, device="cuda") / 4).to(fp8)
         b_t = (torch.randn(n, k, device="cuda") / 4).to(fp8)   # _scaled_mm wants op(b) column-major
         scale_a = torch.tensor(0.5, device="cuda")
@@ -43,69 +96,72 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
         except (AttributeError, RuntimeError) as error:     # no _scaled_mm, or no fp8 GEMM on this GPU
             print(f"fp8: torch._scaled_mm unavailable ({error}); skipping the fp8 rows")
             return None
-        ours = lambda: gemm(a, b_t, None, scale_a, scale_b, trans_b=True)  # noqa: E731
-        torch.testing.assert_close(ours().float(), expected.float(), rtol=2e-2, atol=2e-1)
-        ours_ms = gpu_common.device_ms(ours, torch)
-        theirs_ms = gpu_common.device_ms(theirs, torch)
-        rows.append({"m": m, "n": n, "k": k, "tessera_tflops": tflops(m, n, k, ours_ms),
-                     "scaled_mm_tflops": tflops(m, n, k, theirs_ms), "ratio": theirs_ms / ours_ms})
-        print(f"fp8 {m:>5} x {n:>5} x {k:>5}: tessera {rows[-1]['tessera_tflops']:7.1f}  "
-              f"_scaled_mm {rows[-1]['scaled_mm_tflops']:7.1f} TFLOP/s  ({rows[-1]['ratio']:.0%})")
+        row = {"m": m, "n": n, "k": k}
+        try:
+            ms, wrong = checked_ms(torch, lambda: gemm(a, b_t, None, scale_a, scale_b, trans_b=True), expected)
+            row["scaled_mm_tflops"] = tflops(m, n, k, gpu_common.device_ms(theirs, torch))
+            if wrong:
+                row["wrong"] = wrong
+            else:
+                row.update(tessera_tflops=tflops(m, n, k, ms), ratio=tflops(m, n, k, ms) / row["scaled_mm_tflops"])
+        except Exception as error:
+            row["error"] = f"{type(error).__name__}: {error}"[:2000]
+        rows.append(row)
+        gpu_common.record("gemm_fp8", row)
+        print(f"fp8 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "scaled_mm_tflops", "_scaled_mm"), flush=True)
     return rows
 
 
-def config_rows(torch, sizes) -> list[dict]:
-    """TFLOP/s of every shipped config pinned, and on sm_90 of its warp-specialized variant, per size."""
+def config_variants(torch):
+    """Every shipped config, and on sm_90 each non-persistent one warp-specialized."""
     import tessera
-    from tessera.kernels_lib.gemm import CONFIGS, gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import CONFIGS
 
     variants = list(CONFIGS)
-    if torch.cuda.get_device_capability() == (9, 0):
+    if torch is None or torch.cuda.get_device_capability() == (9, 0):
         variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
                      for c in CONFIGS if not c.kwargs["PERSISTENT"]]
+    return variants
+
+
+def config_rows(torch, sizes) -> list[dict]:
+    """TFLOP/s of every config variant pinned, per size."""
+    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+
     rows = []
     for size in sizes:
         a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         cublas = gpu_common.device_ms(lambda: a @ b, torch)
-        for config in variants:
+        for config in config_variants(torch):
             row = {"size": size, "config": config.kwargs, "num_warps": config.num_warps}
             gemm_kernel.pin(config)
             try:
-                torch.testing.assert_close(gemm(a, b), a @ b, rtol=2e-2, atol=2e-1)
-                ms = gpu_common.device_ms(lambda: gemm(a, b), torch)
-                row.update(tessera_tflops=tflops(size, size, size, ms), ratio=cublas / ms)
+                ms, wrong = checked_ms(torch, lambda: gemm(a, b), a @ b)
+                if wrong:
+                    row["wrong"] = wrong
+                else:
+                    row.update(tessera_tflops=tflops(size, size, size, ms), ratio=cublas / ms)
             except Exception as error:          # a config this GPU cannot compile or run: recorded, not fatal
-                row["error"] = f"{type(error).__name__}: {error}"[:300]
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
             finally:
                 gemm_kernel.pin(None)
             rows.append(row)
-            print(f"{size}^3 {config}: " + (f"{row['tessera_tflops']:7.1f} TFLOP/s ({row['ratio']:.0%} of cuBLAS)"
-                                             if "error" not in row else row["error"]))
+            gpu_common.record("gemm_configs", row)
+            print(f"{size}^3 {config}: " + _describe(row, None, "cuBLAS"), flush=True)
     return rows
 
 
-def main() -> None:
-    torch = gpu_common.require_gpu()
-    from tessera.kernels_lib import gemm
+def _describe(row: dict, theirs_key: str | None, theirs: str) -> str:
+    if "error" in row or "wrong" in row:
+        return ("ERROR " + row["error"]) if "error" in row else ("WRONG " + row["wrong"])
+    text = f"tessera {row['tessera_tflops']:7.1f}"
+    if theirs_key:
+        text += f"  {theirs} {row[theirs_key]:7.1f}"
+    return text + f" TFLOP/s ({row['ratio']:.0%} of {theirs})"
 
-    shapes = [(s, s, s) for s in SQUARE] + [(m, n, k) for n, k in LLM_NK for m in LLM_M]
-    rows = []
-    for m, n, k in shapes:
-        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
-        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
-        torch.testing.assert_close(gemm(a, b), a @ b, rtol=2e-2, atol=2e-1)
-        ours = gpu_common.device_ms(lambda: gemm(a, b), torch)
-        cublas = gpu_common.device_ms(lambda: a @ b, torch)
-        rows.append({"m": m, "n": n, "k": k, "tessera_tflops": tflops(m, n, k, ours),
-                     "cublas_tflops": tflops(m, n, k, cublas), "ratio": cublas / ours})
-        print(f"{m:>5} x {n:>5} x {k:>5}: tessera {rows[-1]['tessera_tflops']:7.1f}  "
-              f"cuBLAS {rows[-1]['cublas_tflops']:7.1f} TFLOP/s  ({rows[-1]['ratio']:.0%})")
-    fp8 = fp8_rows(torch, gemm, [(m, n, k) for m, n, k in shapes if m >= 16])   # _scaled_mm needs M % 16 == 0
-    configs = config_rows(torch, [4096, 8192])
-    gpu_common.write("gemm", {"environment": gpu_common.environment(torch), "dtype": "bf16", "rows": rows,
-                              "fp8_dtype": "e4m3 in, per-tensor f32 scales, bf16 out", "fp8_rows": fp8,
-                              "config_rows": configs})
+
+def plot(rows: list[dict], path) -> None:
     try:
         import matplotlib
         matplotlib.use("Agg")
@@ -114,12 +170,47 @@ def main() -> None:
         return
     labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
     fig, ax = plt.subplots(figsize=(12, 4))
-    ax.bar(range(len(rows)), [r["ratio"] for r in rows])
+    ax.bar(range(len(rows)), [r.get("ratio", 0.0) for r in rows])
     ax.axhline(1.0, color="black", linewidth=0.8)
     ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("tessera / cuBLAS")
+    ax.set_ylabel("tessera / cuBLAS (bf16)")
     fig.tight_layout()
-    fig.savefig(gpu_common.RESULTS / "gemm.png", dpi=120)
+    fig.savefig(path, dpi=120)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--part", action="append", choices=PARTS, help="what to measure (default: all)")
+    parser.add_argument("--shapes", choices=sorted(SHAPES), default="all")
+    parser.add_argument("--pin", type=int, help="launch CONFIGS[PIN] without autotuning (bf16 and fp8 parts)")
+    parser.add_argument("--dry-run", action="store_true", help="print the plan and exit (no GPU needed)")
+    args = parser.parse_args()
+    parts = args.part or list(PARTS)
+    shapes = SHAPES[args.shapes]
+    from tessera.kernels_lib.gemm import CONFIGS
+
+    pinned = CONFIGS[args.pin] if args.pin is not None else None
+    if args.dry_run:
+        print(f"gemm: parts {parts}, {len(shapes)} shapes ({args.shapes}), "
+              f"{'config ' + str(pinned) if pinned else 'autotuned'}, {len(config_variants(None))} config variants")
+        return
+    torch = gpu_common.require_gpu()
+    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+
+    result = {"environment": gpu_common.environment(torch), "shapes": args.shapes,
+              "pinned": None if pinned is None else {"config": pinned.kwargs, "num_warps": pinned.num_warps}}
+    gemm_kernel.pin(pinned)
+    if "bf16" in parts:
+        result.update(dtype="bf16", rows=bf16_rows(torch, gemm, shapes))
+    if "fp8" in parts:
+        result.update(fp8_dtype="e4m3 in, per-tensor f32 scales, bf16 out", fp8_rows=fp8_rows(torch, gemm, shapes))
+    gemm_kernel.pin(None)
+    if "configs" in parts:
+        result["config_rows"] = config_rows(torch, [4096, 8192])
+    name = "gemm" if parts == list(PARTS) and args.shapes == "all" else "gemm_" + "_".join(parts)
+    gpu_common.write(name, result)
+    if "rows" in result:
+        plot(result["rows"], gpu_common.results_dir() / f"{name}.png")
 
 
 if __name__ == "__main__":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import statistics
 import subprocess
@@ -11,6 +12,23 @@ import time
 from pathlib import Path
 
 RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def results_dir() -> Path:
+    """Where a benchmark writes its JSON and plot: $TESSERA_BENCH_RESULTS (set by bench/gpu_session.py) or
+    bench/results."""
+    return Path(os.environ.get("TESSERA_BENCH_RESULTS", RESULTS))
+
+
+def record(bench: str, row: dict) -> None:
+    """Append one finished result row to $TESSERA_RESULTS_JSONL at once (flushed), so that a session cut off
+    at its time limit keeps every row measured before the cut. A no-op when the variable is unset."""
+    path = os.environ.get("TESSERA_RESULTS_JSONL")
+    if not path:
+        return
+    with open(path, "a") as f:
+        f.write(json.dumps({"bench": bench, **row}, default=str) + "\n")
+        f.flush()
 
 
 def require_gpu():
@@ -74,8 +92,10 @@ def device_ms(fn, torch, warmup: int = 10, iters: int = 50) -> float:
 
 
 def write(name: str, payload: dict) -> Path:
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    path = RESULTS / f"{name}.json"
+    """The benchmark's whole result as `<results_dir>/<name>.json`."""
+    folder = results_dir()
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return path

@@ -1,39 +1,28 @@
 #!/usr/bin/env bash
-# Everything a lent GPU machine should do, in one command (GPU time is scarce):
-# record the machine, run the GPU-marked tests, then every benchmark.
+# A GPU session in one command, in tiers that fit a short GPU window (see bench/gpu_session.py):
 #
-#     bash bench/gpu_session.sh            # on a machine with an NVIDIA GPU
+#     bash bench/gpu_session.sh                     # tier 1, 240 s budget
+#     bash bench/gpu_session.sh --tier 2            # tiers 1 and 2, 480 s
+#     bash bench/gpu_session.sh --dry-run           # on the CPU: everything but the GPU work
 #
-# The device machine has no network: wheels it lacks (lark, hypothesis, ...)
-# are installed from ./.wheels when that folder was carried along, e.g.
-#     pip download lark hypothesis sortedcontainers attrs -d .wheels
-# Logs and JSON go to bench/results/ and, when $OUT is set (the device tool's
-# output folder), are copied there too.
+# The GPU machine has no network: the wheels it lacks are installed from
+# ./.wheels when bench/gpu_prepare.sh put them there (carry `.wheels` along),
+# into /tmp/site, ahead of the machine's own packages. Results go to $OUT when
+# set (the device tool's output folder), else bench/results/session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-LOGS="${OUT:-bench/results}"
-mkdir -p "$LOGS" bench/results
-
-if [ -d .wheels ]; then
-  python3 -m pip install -q --no-index --find-links .wheels lark hypothesis pytest 2>&1 | tail -2
+# A carried wheel is installed only where the machine's own version differs.
+wheels=()
+for wheel in .wheels/*.whl; do
+  [ -e "$wheel" ] || continue
+  IFS=- read -r name version _ <<<"$(basename "$wheel")"
+  have=$(python3 -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || echo none)
+  [ "$have" = "$version" ] || { echo "installing $name $version (machine has $have)"; wheels+=("$wheel"); }
+done
+if [ ${#wheels[@]} -gt 0 ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site "${wheels[@]}" 2>&1 | tail -2
+  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
-
-{
-  nvidia-smi
-  python3 -c 'import sys, torch, llvmlite; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda); print("llvmlite", llvmlite.__version__)'
-  python3 -c 'import triton; print("triton", triton.__version__)' || true
-} 2>&1 | tee "$LOGS/machine.txt"
-
-python3 -m pytest -m gpu -q -rs -p no:cacheprovider 2>&1 | tee "$LOGS/pytest-gpu.txt"
-
-for bench in launch_overhead bandwidth gemm compile_time; do
-  echo "== bench/$bench.py"
-  timeout 900 python3 "bench/$bench.py" 2>&1 | tee "$LOGS/bench-$bench.txt"
-done
-
-if [ -n "${OUT:-}" ]; then
-  cp bench/results/*.json "$OUT"/ 2>/dev/null
-  cp bench/results/*.png "$OUT"/ 2>/dev/null
-fi
-exit 0
+exec python3 bench/gpu_session.py "$@"

@@ -6,6 +6,7 @@ from pathlib import Path
 import pytest
 
 import tessera
+from tessera.testing import assert_close
 
 pytestmark = pytest.mark.gpu
 torch = pytest.importorskip("torch")
@@ -25,7 +26,7 @@ def test_vector_add_on_the_gpu():
     x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
     out = torch.empty_like(x)
     add[(tessera.cdiv(n, 1024),)](x, y, out, n, BLOCK=1024)
-    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert_close(out, x + y, rtol=0, atol=0)
 
 
 def test_softmax_on_the_gpu():
@@ -33,7 +34,7 @@ def test_softmax_on_the_gpu():
     x = torch.randn(64, 781, device="cuda")
     out = torch.empty_like(x)
     softmax[(64,)](x, out, 64, 781, BLOCK=1024)
-    torch.testing.assert_close(out, torch.softmax(x, dim=1))
+    assert_close(out, torch.softmax(x, dim=1), rtol=1.3e-6, atol=1e-5)
 
 
 def test_matmul_on_the_gpu():
@@ -43,7 +44,7 @@ def test_matmul_on_the_gpu():
     b = torch.randn(K, N, device="cuda", dtype=torch.float16)
     c = torch.empty(M, N, device="cuda", dtype=torch.float16)
     matmul[(tessera.cdiv(M, 64), tessera.cdiv(N, 64))](a, b, c, M, N, K, BM=64, BN=64, BK=32)
-    torch.testing.assert_close(c, (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2)
+    assert_close(c, (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2, matmul=(a, b, 32))
 
 
 def test_a_launch_replays_inside_a_cuda_graph():
@@ -57,7 +58,7 @@ def test_a_launch_replays_inside_a_cuda_graph():
     x.add_(1.0)
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert_close(out, x + y, rtol=0, atol=0)
 
 
 def test_interpret_mode_runs_cuda_tensors_on_the_cpu(monkeypatch):
@@ -65,4 +66,4 @@ def test_interpret_mode_runs_cuda_tensors_on_the_cpu(monkeypatch):
     add = tutorial("01-vector-add.py", "add")
     x, y, out = torch.randn(300, device="cuda"), torch.randn(300, device="cuda"), torch.zeros(300, device="cuda")
     add[(1,)](x, y, out, 300, BLOCK=512)
-    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert_close(out, x + y, rtol=0, atol=0)

@@ -5,6 +5,7 @@ import numpy as np
 import pytest
 
 from tessera.backends.interp import run_function
+from tessera.testing import assert_close
 
 from test_lower_to_threads import CASES
 
@@ -27,10 +28,8 @@ def test_kernel_on_the_gpu_matches_the_interpreter(name, num_warps):
     on_device = [_to_device(a) for a in case.make_args(np.random.default_rng(0))]
     case.kernel[case.grid](*on_device, **case.constexprs, num_warps=num_warps)
     torch.cuda.synchronize()
-    for want, got in zip(expected, on_device):
+    for index, (want, got) in enumerate(zip(expected, on_device)):
         if isinstance(want, np.ndarray):
-            got = got.cpu().numpy()
-            if want.dtype.kind == "f":   # device math (libdevice, fused reductions) may differ in the last bits
-                np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, equal_nan=True)
-            else:
-                np.testing.assert_array_equal(got, want)
+            exact = want.dtype.kind != "f"   # device math (libdevice, fused reductions) may differ in the last bits
+            assert_close(got.cpu().numpy(), want, rtol=0 if exact else 1e-5, atol=0 if exact else 1e-6,
+                         name=f"argument {index}")

@@ -15,6 +15,7 @@ from tessera.ir.target import TARGETS
 from tessera.runtime import cuda
 from tessera.runtime.errors import LaunchError
 from tessera.runtime.launcher import KernelBinary, Launcher
+from tessera.testing import assert_close
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU and its driver")]
@@ -101,7 +102,7 @@ def test_vector_add_on_driver_memory(add_kernel, form):
         launcher = Launcher(binary, param_types, names=names)
         launcher(((N + BLOCK - 1) // BLOCK,), [*arrays, N])
         device.synchronize()
-        np.testing.assert_array_equal(arrays[2].numpy(), x + y)
+        assert_close(arrays[2].numpy(), x + y, rtol=0, atol=0)
     finally:
         for a in arrays:
             a.free()
@@ -114,7 +115,7 @@ def test_vector_add_on_torch_tensors(add_kernel):
     out = torch.zeros_like(x)
     Launcher(compiled, param_types, names=names)(((N + BLOCK - 1) // BLOCK,), [x, y, out, N])
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert_close(out, x + y, rtol=0, atol=0)
 
 
 def test_vector_add_is_captured_in_a_cuda_graph(add_kernel):
@@ -136,7 +137,7 @@ def test_vector_add_is_captured_in_a_cuda_graph(add_kernel):
     x.add_(1.0)
     graph.replay()
     torch.cuda.synchronize()
-    torch.testing.assert_close(out, x + y, rtol=0, atol=0)
+    assert_close(out, x + y, rtol=0, atol=0)
 
 
 def test_cpu_tensors_and_wrong_devices_are_refused(add_kernel):

@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Run on the CPU before a GPU session: put into ./.wheels (git-ignored; carry it
+# with the device tool) the wheels the GPU machine lacks for its Python 3.12:
+# lark always, llvmlite at the version installed here (the one the project
+# was tested with) unless --no-llvmlite says the machine's own matches.
+#
+#     bash bench/gpu_prepare.sh [--no-llvmlite]
+#
+# Everything that travels (tree + .wheels) must stay under 64 MiB; the
+# llvmlite wheel alone is about 57 MiB, so the size is checked here.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+mkdir -p .wheels
+rm -f .wheels/*.whl
+want() { python3 -c "import importlib.metadata as m; print(m.version('$1'))"; }
+packages=("lark==$(want lark)")
+[ "${1:-}" = "--no-llvmlite" ] || packages+=("llvmlite==$(want llvmlite)")
+python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+  --platform manylinux_2_28_x86_64 --platform manylinux_2_27_x86_64 --platform manylinux_2_17_x86_64 \
+  --platform manylinux2014_x86_64 -d .wheels "${packages[@]}"
+ls -l .wheels
+tree_kib=$(git ls-files -z --cached --others --exclude-standard | du -ck --files0-from=- | tail -1 | cut -f1)
+wheels_kib=$(du -sk .wheels | cut -f1)
+total_mib=$(( (tree_kib + wheels_kib) / 1024 ))
+echo "travels: tree ${tree_kib} KiB + wheels ${wheels_kib} KiB = ${total_mib} MiB (limit 64)"
+[ "$total_mib" -lt 64 ] || { echo "over the 64 MiB limit: try --no-llvmlite if the machine's llvmlite matches"; exit 1; }
+python3 bench/gpu_session.py --dry-run --out "${TMPDIR:-/tmp}/tessera-dry-run" --tier 2 >/dev/null \
+  && echo "dry run of both tiers: ok (${TMPDIR:-/tmp}/tessera-dry-run)"
