@@ -184,8 +184,9 @@ def machine_facts() -> str:
         [sys.executable, "-c", "import sys, platform; print('python', sys.version); print(platform.platform())"],
         [sys.executable, "-c", "import torch; print('torch', torch.__version__, 'cuda', torch.version.cuda);"
          "print('device', torch.cuda.get_device_name() if torch.cuda.is_available() else None)"],
-        [sys.executable, "-c", "import llvmlite, numpy, lark; print('llvmlite', llvmlite.__version__,"
-         "'numpy', numpy.__version__, 'lark', lark.__version__)"],
+        [sys.executable, "-c", "import llvmlite, numpy, lark, importlib.metadata as m; print('llvmlite',"
+         "llvmlite.__version__, 'numpy', numpy.__version__, 'lark', lark.__version__, 'cuda-bindings',"
+         "m.version('cuda-bindings'))"],
         [sys.executable, "-c", "import triton; print('triton', triton.__version__)"],
         [sys.executable, "-c", "from tessera.backends.nvptx import find_ptxas, find_libdevice;"
          "print('ptxas', find_ptxas()); print('libdevice', find_libdevice())"],

@@ -61,12 +61,15 @@ def encode_tensor_map(desc: TensorMapDescription) -> bytes:
     swizzle = getattr(driver.CUtensorMapSwizzle,
                       "CU_TENSOR_MAP_SWIZZLE_NONE" if SWIZZLES[desc.swizzle] == 0
                       else f"CU_TENSOR_MAP_SWIZZLE_{desc.swizzle}")
+    # cuda-bindings 13.0 takes only its own integer types here (13.4 also takes ints): wrap them all
+    u32 = lambda values: [driver.cuuint32_t(int(v)) for v in values]   # noqa: E731
+    u64 = lambda values: [driver.cuuint64_t(int(v)) for v in values]   # noqa: E731
     result = driver.cuTensorMapEncodeTiled(
-        data_type, desc.rank, desc.global_address,
-        inner_first(desc.shape),
-        inner_first(desc.strides[:-1]),            # rank - 1 strides, dimension 0's is the element size
-        inner_first(desc.box_shape),
-        [1] * desc.rank,                           # element strides
+        data_type, driver.cuuint32_t(desc.rank), desc.global_address,
+        u64(inner_first(desc.shape)),
+        u64(inner_first(desc.strides[:-1])),       # rank - 1 strides, dimension 0's is the element size
+        u32(inner_first(desc.box_shape)),
+        u32([1] * desc.rank),                      # element strides
         driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
         swizzle,
         driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,

@@ -80,6 +80,19 @@ def test_encoding_without_a_driver_is_a_launch_error(monkeypatch):
         encode_tensor_map(describe())
 
 
+def test_the_encode_call_passes_the_bindings_own_argument_types(monkeypatch):
+    """cuda-bindings refuses plain ints for cuTensorMapEncodeTiled's cuuint32_t / cuuint64_t arguments (seen on
+    an H200 with 13.0 and here with 13.4); with no driver, a call whose arguments convert fails only at loading
+    libcuda, after the conversion."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    if cuda.driver_available():
+        pytest.skip("with a driver the call succeeds; test_encode_a_real_tensor_map covers it")
+    monkeypatch.setattr(cuda, "_driver", lambda: driver)
+    with pytest.raises(Exception) as info:
+        encode_tensor_map(describe())
+    assert not isinstance(info.value, TypeError), info.value
+
+
 @pytest.mark.gpu
 def test_encode_a_real_tensor_map():
     torch = pytest.importorskip("torch")
