@@ -77,7 +77,6 @@ def main() -> None:
     add_ms = gpu_common.device_ms(launch_add, torch)
     copy_ms = gpu_common.device_ms(lambda: copy_dst.copy_(copy_src), torch)
     results["cases"]["vector_add"] = case("vector_add", torch, add_ms, copy_ms, 12 * n, 12 * n, wrong)
-    del x, y, out, copy_src, copy_dst
 
     rows, cols = 32768, 4096
     m = torch.randn(rows, cols, device="cuda")

@@ -19,7 +19,10 @@ Parts (`--part`, repeatable; default all):
 
 Every row is checked against the reference before it is timed (a wrong result
 is recorded with `tessera.testing.diagnose`'s description, not timed), and is
-appended to $TESSERA_RESULTS_JSONL as soon as it is measured. Writes
+appended to $TESSERA_RESULTS_JSONL as soon as it is measured. Each side is
+timed twice: per eager call, as a user calling the op sees it (`ratio`; host
+overhead included, which dominates small shapes), and per call inside a CUDA
+graph, the kernels alone (`graph_ratio`). Writes
 gemm.json (gemm_<parts>.json for a subset) and, with matplotlib, gemm.png.
 Goal (issue 5, H200): >= 95% of cuBLAS at 8192^3, >= cuBLAS for M <= 256.
 """
@@ -41,19 +44,31 @@ SHAPES = {
 PARTS = ("bf16", "fp8", "configs")
 
 
-def tflops(m: int, n: int, k: int, ms: float) -> float:
-    return 2 * m * n * k / (ms * 1e-3) / 1e12
+def timed(torch, row: dict, who: str, fn, flops: float) -> None:
+    """Add `who`'s TFLOP/s to `row` twice: per eager call as a user sees it (host overhead included), and per
+    call inside a CUDA graph (the kernels alone; `<who>_graph_error` if the call cannot be captured)."""
+    row[f"{who}_tflops"] = flops / (gpu_common.device_ms(fn, torch) * 1e-3) / 1e12
+    try:
+        row[f"{who}_graph_tflops"] = flops / (gpu_common.graph_ms(fn, torch) * 1e-3) / 1e12
+    except Exception as error:
+        row[f"{who}_graph_error"] = f"{type(error).__name__}: {error}"[:500]
 
 
-def checked_ms(torch, ours, expected, rtol=2e-2, atol=2e-1, matmul=None) -> tuple[float | None, str | None]:
-    """(median ms of `ours`, None) when its result matches `expected`, else (None, where it is wrong)."""
+def compare(torch, row: dict, ours, theirs, theirs_name: str, expected, m: int, n: int, k: int) -> None:
+    """Check `ours` against `expected`, then time both (eager and in a graph) into `row` with their ratios."""
     from tessera.testing import diagnose
 
     got = ours()
     torch.cuda.synchronize()
-    if not torch.allclose(got.float(), expected.float(), rtol=rtol, atol=atol):
-        return None, diagnose(got, expected, rtol=rtol, atol=atol, name="gemm", matmul=matmul)
-    return gpu_common.device_ms(ours, torch), None
+    flops = 2 * m * n * k
+    timed(torch, row, theirs_name, theirs, flops)
+    if not torch.allclose(got.float(), expected.float(), rtol=2e-2, atol=2e-1):
+        row["wrong"] = diagnose(got, expected, rtol=2e-2, atol=2e-1, name="gemm")
+        return
+    timed(torch, row, "tessera", ours, flops)
+    row["ratio"] = row["tessera_tflops"] / row[f"{theirs_name}_tflops"]
+    if "tessera_graph_tflops" in row and f"{theirs_name}_graph_tflops" in row:
+        row["graph_ratio"] = row["tessera_graph_tflops"] / row[f"{theirs_name}_graph_tflops"]
 
 
 def bf16_rows(torch, gemm, shapes) -> list[dict]:
@@ -63,18 +78,12 @@ def bf16_rows(torch, gemm, shapes) -> list[dict]:
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k}
         try:
-            ms, wrong = checked_ms(torch, lambda: gemm(a, b), a @ b)
-            cublas = gpu_common.device_ms(lambda: a @ b, torch)
-            row["cublas_tflops"] = tflops(m, n, k, cublas)
-            if wrong:
-                row["wrong"] = wrong
-            else:
-                row.update(tessera_tflops=tflops(m, n, k, ms), ratio=cublas / ms)
+            compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, m, n, k)
         except Exception as error:          # recorded, not fatal: the next shapes still run
             row["error"] = f"{type(error).__name__}: {error}"[:2000]
         rows.append(row)
         gpu_common.record("gemm_bf16", row)
-        print(f"bf16 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "cublas_tflops", "cuBLAS"), flush=True)
+        print(f"bf16 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
     return rows
 
 
@@ -98,17 +107,13 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
             return None
         row = {"m": m, "n": n, "k": k}
         try:
-            ms, wrong = checked_ms(torch, lambda: gemm(a, b_t, None, scale_a, scale_b, trans_b=True), expected)
-            row["scaled_mm_tflops"] = tflops(m, n, k, gpu_common.device_ms(theirs, torch))
-            if wrong:
-                row["wrong"] = wrong
-            else:
-                row.update(tessera_tflops=tflops(m, n, k, ms), ratio=tflops(m, n, k, ms) / row["scaled_mm_tflops"])
+            compare(torch, row, lambda: gemm(a, b_t, None, scale_a, scale_b, trans_b=True), theirs, "scaled_mm",
+                    expected, m, n, k)
         except Exception as error:
             row["error"] = f"{type(error).__name__}: {error}"[:2000]
         rows.append(row)
         gpu_common.record("gemm_fp8", row)
-        print(f"fp8 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "scaled_mm_tflops", "_scaled_mm"), flush=True)
+        print(f"fp8 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "scaled_mm", "_scaled_mm"), flush=True)
     return rows
 
 
@@ -132,33 +137,30 @@ def config_rows(torch, sizes) -> list[dict]:
     for size in sizes:
         a = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
-        cublas = gpu_common.device_ms(lambda: a @ b, torch)
         for config in config_variants(torch):
             row = {"size": size, "config": config.kwargs, "num_warps": config.num_warps}
             gemm_kernel.pin(config)
             try:
-                ms, wrong = checked_ms(torch, lambda: gemm(a, b), a @ b)
-                if wrong:
-                    row["wrong"] = wrong
-                else:
-                    row.update(tessera_tflops=tflops(size, size, size, ms), ratio=cublas / ms)
+                compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, size, size, size)
             except Exception as error:          # a config this GPU cannot compile or run: recorded, not fatal
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
             finally:
                 gemm_kernel.pin(None)
             rows.append(row)
             gpu_common.record("gemm_configs", row)
-            print(f"{size}^3 {config}: " + _describe(row, None, "cuBLAS"), flush=True)
+            print(f"{size}^3 {config}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
     return rows
 
 
-def _describe(row: dict, theirs_key: str | None, theirs: str) -> str:
+def _describe(row: dict, theirs_key: str, theirs: str) -> str:
     if "error" in row or "wrong" in row:
         return ("ERROR " + row["error"]) if "error" in row else ("WRONG " + row["wrong"])
-    text = f"tessera {row['tessera_tflops']:7.1f}"
-    if theirs_key:
-        text += f"  {theirs} {row[theirs_key]:7.1f}"
-    return text + f" TFLOP/s ({row['ratio']:.0%} of {theirs})"
+    text = (f"tessera {row['tessera_tflops']:6.1f}  {theirs} {row[theirs_key + '_tflops']:6.1f} TFLOP/s "
+            f"({row['ratio']:.0%})")
+    if "graph_ratio" in row:
+        text += (f"; in a graph {row['tessera_graph_tflops']:6.1f} vs {row[theirs_key + '_graph_tflops']:6.1f} "
+                 f"({row['graph_ratio']:.0%})")
+    return text
 
 
 def plot(rows: list[dict], path) -> None:
@@ -170,8 +172,11 @@ def plot(rows: list[dict], path) -> None:
         return
     labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
     fig, ax = plt.subplots(figsize=(12, 4))
-    ax.bar(range(len(rows)), [r.get("ratio", 0.0) for r in rows])
+    x = range(len(rows))
+    ax.bar([i - 0.2 for i in x], [r.get("ratio", 0.0) for r in rows], width=0.4, label="per eager call")
+    ax.bar([i + 0.2 for i in x], [r.get("graph_ratio", 0.0) for r in rows], width=0.4, label="in a CUDA graph")
     ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.legend()
     ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
     ax.set_ylabel("tessera / cuBLAS (bf16)")
     fig.tight_layout()

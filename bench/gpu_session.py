@@ -13,7 +13,7 @@ steps, each with an estimate and a hard bound, run in order:
   bandwidth; bf16 GEMM at 4096^3, 8192^3 and four LLM shapes on one pinned
   config.
 * tier 2 (the next 4 minutes): fp8 GEMM, the config sweep, the autotuned
-  shapes, compile time.
+  shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step).
 
 A step starts only if its estimate fits in what is left of `--budget`, and is
 killed when the budget runs out. Whatever happens, the output folder
@@ -85,7 +85,9 @@ def steps(dry_run: bool) -> list[Step]:
         Step("gemm-fp8", 2, 60, 100, b("gemm.py", "--part", "fp8", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-configs", 2, 90, 150, b("gemm.py", "--part", "configs")),
         Step("gemm-autotuned", 2, 120, 200, b("gemm.py", "--part", "bf16", "--shapes", "all")),
-        Step("compile_time", 2, 60, 90, b("compile_time.py", "--repeat", "3")),
+        Step("compile_time", 2, 40, 90, b("compile_time.py", "--repeat", "3")),
+        Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
+             + (("--dry-run",) if dry_run else ())),
     ]
 
 
@@ -242,7 +244,9 @@ def report_text(folder: Path) -> str:
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
             value = (f"{r['tessera_tflops']:.0f} TFLOP/s ({r['ratio']:.0%})" if "tessera_tflops" in r
                      else "ERROR" if "error" in r else "WRONG")
-            lines.append(f"- {r['bench']} {shape}: {value}" + (f", reference {theirs:.0f}" if theirs else ""))
+            graph = (f"; in a graph {r['tessera_graph_tflops']:.0f} ({r['graph_ratio']:.0%})"
+                     if "graph_ratio" in r else "")
+            lines.append(f"- {r['bench']} {shape}: {value}" + (f", reference {theirs:.0f}" if theirs else "") + graph)
     return "\n".join(lines)
 
 
