@@ -180,15 +180,16 @@ def gpu_tflops(kernel, dtype, target, constexprs, size=4096):
     launch = lambda: kernel[grid_for(kernel, size, size)](a, b, c, size, size, size, **constexprs)  # noqa: E731
     launch()
     torch.testing.assert_close(c, (a.float() @ b.float()), rtol=1e-2, atol=1e-1)
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
+    for _ in range(3):
         launch()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return 2 * size ** 3 / (sorted(times)[len(times) // 2] * 1e-3) / 1e12
+    # 20 launches queued back to back between two events: the GPU's time per launch, not the host's
+    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    start.record()
+    for _ in range(20):
+        launch()
+    end.record()
+    end.synchronize()
+    return 2 * size ** 3 / (start.elapsed_time(end) / 20 * 1e-3) / 1e12
 
 
 def main() -> None:
