@@ -33,12 +33,13 @@ def pytest_configure(config) -> None:
 
 
 def _is_final(report) -> bool:
-    """One row per test: its call phase, or the setup / teardown phase that failed or skipped it."""
-    return report.when == "call" or (report.when in ("setup", "teardown") and not report.passed)
+    """One row per test: its call phase, the setup / teardown phase that failed or skipped it, or the report
+    xdist makes up (phase '???') for a test whose worker died, e.g. ended by the per-test timeout."""
+    return report.when not in ("setup", "teardown") or not report.passed
 
 
 def _outcome(report) -> str:
-    if report.when != "call" and report.failed:
+    if report.when in ("setup", "teardown") and report.failed:
         return "error"
     return report.outcome
 
