@@ -15,6 +15,10 @@ steps, each with an estimate and a hard bound, run in order:
 * tier 2 (the next 4 minutes): fp8 GEMM, the config sweep, the autotuned
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step).
 
+Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
+quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
+`gpu_common.record`, and a `--dry-run` flag.
+
 A step starts only if its estimate fits in what is left of `--budget`, and is
 killed when the budget runs out. Whatever happens, the output folder
 ($OUT when set, else `--out`) holds at most these files, each written as the
