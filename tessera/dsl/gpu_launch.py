@@ -76,8 +76,9 @@ def gpu_runtime(kernel_name: str):
 
 
 def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...], *, stream: Any,
-                  num_warps: int):
-    """Launch; returns the prepared `Launcher` so the warm path (`fast_launch.py`) can reuse it."""
+                  num_warps: int) -> tuple[Any, int | None]:
+    """Launch; returns the `Launcher` and the device it ran on (None when the arrays do not say and there
+    are several GPUs), so the warm path (`fast_launch.py`) can reuse it."""
     from ..runtime.launcher import KernelBinary, Launcher
     from ..runtime.packing import check_kernarg_layout
 
@@ -87,6 +88,8 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
     runtime = gpu_runtime(kernel.name)
     ordinal = next(a.device for a in bound.runtime_args if isinstance(a, DeviceArray))
     device = runtime.get_device(ordinal or 0)
+    if ordinal is None and getattr(device, "only_device", False):
+        ordinal = device.ordinal
     key = (bound.key, device.target, num_warps)
     launcher = kernel.launchers.get(key)
     if launcher is None:
@@ -105,7 +108,7 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
     except LaunchError as exc:
         raise exc.with_kernel(kernel.name) from None
-    return launcher
+    return launcher, ordinal
 
 
 def launch_parameters(types: list, names: list[str], metadata: dict) -> tuple[list, list[str], list]:

@@ -31,7 +31,7 @@ import re
 import sys
 import threading
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from .errors import LaunchError
 from .native import any_library_loads
@@ -95,6 +95,10 @@ def device_count() -> int:
 # What cuLaunchKernel answers when the thread's current context is not the function's (none yet, or another
 # library's): then the launch makes ours current and tries again.
 _NOT_OUR_CONTEXT = (201, 400)     # CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE
+
+def _no_lock() -> None:
+    pass
+
 
 _HINTS = {
     "CUDA_ERROR_NO_DEVICE": "no CUDA-capable GPU is visible; check CUDA_VISIBLE_DEVICES and nvidia-smi",
@@ -304,13 +308,15 @@ class CudaDevice:
 
     def launch(self, function: CudaFunction, grid: tuple[int, int, int], block: tuple[int, int, int],
                shared_bytes: int, packer: ArgumentPacker, stream: int = 0) -> None:
-        """cuLaunchKernel with the packer's prepared `void**` (grid and block are (x, y, z))."""
-        self.prepare_launch(function, block, shared_bytes, packer)(*grid, stream)
+        """cuLaunchKernel with the arguments already in the packer's buffer (grid and block are (x, y, z))."""
+        self.prepare_launch(function, block, shared_bytes, packer, pack=None)(*grid, (), stream)
 
     def prepare_launch(self, function: CudaFunction, block: tuple[int, int, int], shared_bytes: int,
-                       packer: ArgumentPacker) -> Callable[[int, int, int, int], None]:
-        """`launch(gx, gy, gz, stream)`: cuLaunchKernel with the block, shared memory and argument buffer fixed,
-        checked against the device's limits once here; per launch only the grid is checked."""
+                       packer: ArgumentPacker, *, pack: Callable[[Sequence[Any]], None] | None = None,
+                       lock: Any = None) -> Callable[[int, int, int, Sequence[Any], int], None]:
+        """`launch(gx, gy, gz, values, stream)`: `pack(values)` into the packer's buffer (None: it is packed
+        already) and cuLaunchKernel, holding `lock`, with the block and shared memory fixed and checked
+        against the device's limits once here; per launch only the grid is checked."""
         if (block, shared_bytes) not in function.validated:
             validate_launch((1, 1, 1), block, shared_bytes + function.static_shared_bytes, self.limits,
                             function.max_threads)
@@ -320,21 +326,28 @@ class CudaDevice:
         launch_kernel, handle, params = self._driver.cuLaunchKernel, function.handle, packer.kernel_params
         (bx, by, bz), (most_x, most_y, most_z) = block, self.limits.max_grid
         success, optimistic = self._driver.CUresult.CUDA_SUCCESS, self.only_device
+        pack = pack or (lambda values: None)
+        acquire, release = (lock.acquire, lock.release) if lock is not None else (_no_lock, _no_lock)
 
-        def launch(gx: int, gy: int, gz: int, stream: int) -> None:
+        def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
             if gx > most_x or gy > most_y or gz > most_z:
                 validate_launch((gx, gy, gz), block, shared_bytes + function.static_shared_bytes, self.limits)
-            if optimistic:
-                (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
-                if err is success:
-                    return
-                if int(err) not in _NOT_OUR_CONTEXT:
-                    raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
-            pushed = self._enter()
+            acquire()       # threads sharing the buffer must not interleave pack and launch
             try:
-                (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
+                pack(values)
+                if optimistic:
+                    (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
+                    if err is success:
+                        return
+                    if int(err) not in _NOT_OUR_CONTEXT:
+                        raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
+                pushed = self._enter()
+                try:
+                    (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
+                finally:
+                    self._exit(pushed)
             finally:
-                self._exit(pushed)
+                release()
             if int(err) != 0:
                 raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
         return launch

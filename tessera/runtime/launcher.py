@@ -119,23 +119,19 @@ class Launcher:
         if launch is not None:
             return launch
         function = self._functions.get(ordinal) or self._load(ordinal)
-        device = function.device
+        device, block, shared, packer = function.device, self.block, self.binary.shared_bytes, self.packer
+        complete = self.tensor_maps.complete if self.tensor_maps is not None else None
+        pack = packer.pack if complete is None else (lambda values: packer.pack(complete(values)))
         prepare = getattr(device, "prepare_launch", None)
         if prepare is not None:
-            call_driver = prepare(function, self.block, self.binary.shared_bytes, self.packer)
+            launch = prepare(function, block, shared, packer, pack=pack, lock=self._lock)
         else:       # a backend without prepared launches (HIP): the general call
-            block, shared, packer = self.block, self.binary.shared_bytes, self.packer
-            call_driver = lambda gx, gy, gz, stream: device.launch(  # noqa: E731
-                function, (gx, gy, gz), block, shared, packer, stream)
-        pack, lock = self.packer.pack, self._lock
-        complete = self.tensor_maps.complete if self.tensor_maps is not None else None
+            lock = self._lock
 
-        def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
-            if complete is not None:
-                values = complete(values)
-            with lock:
-                pack(values)
-                call_driver(gx, gy, gz, stream)
+            def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
+                with lock:
+                    pack(values)
+                    device.launch(function, (gx, gy, gz), block, shared, packer, stream)
         self._prepared[ordinal] = launch
         return launch
 

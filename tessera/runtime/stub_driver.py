@@ -112,10 +112,14 @@ class StubDriver:
         return (self.ok,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self._called("cuLaunchKernel", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra, self.current)
-        if self.current == 0:
+        self.counts["cuLaunchKernel"] += 1
+        current = self.current
+        if self.record:
+            self.calls.append(("cuLaunchKernel", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra,
+                               current))
+        if current == 0:
             return (self.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
-        if self.current != f[2][1]:             # the context the function's module was loaded in
+        if current != f[2][1]:             # the context the function's module was loaded in
             return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
         return (self.launch_result,)
 
