@@ -28,7 +28,6 @@ count launches.
 
 from __future__ import annotations
 
-import functools
 import inspect
 import os
 from typing import Any, Callable, Iterable
@@ -94,7 +93,7 @@ class AutotunedKernel:
 
     @dynamo_opaque
     def __getitem__(self, grid: Grid) -> Callable[..., None]:
-        return functools.partial(self.fast_launches.entry, grid)
+        return self.fast_launches.with_grid(grid)
 
     @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:

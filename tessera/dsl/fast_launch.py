@@ -31,6 +31,7 @@ that is when a specialization is first launched: set them before.
 
 from __future__ import annotations
 
+import functools
 import sys
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -121,6 +122,18 @@ class FastLaunches:
         self.dims: dict[Any, tuple[int, int, int]] = {}
         self.entries: dict[tuple, Callable] = {}
         self.entry = self.miss
+        self.grids: dict[tuple, Callable] = {}       # grid -> the entry with it bound (`with_grid`)
+
+    def with_grid(self, grid: Any) -> Callable[..., None]:
+        """`kernel[grid]`: the entry with the grid bound (kept per grid tuple, so a repeated grid costs a lookup)."""
+        if type(grid) is tuple:
+            launch = self.grids.get(grid)
+            if launch is None:
+                if len(self.grids) >= _DIMS_CAPACITY:
+                    self.grids.clear()
+                launch = self.grids[grid] = functools.partial(self.entry, grid)
+            return launch
+        return functools.partial(self.entry, grid)
 
     def clear(self) -> None:
         """Forget every prepared launch (autotune's `pin` changes which config a key launches)."""
@@ -138,7 +151,9 @@ class FastLaunches:
         entry = self.entries.get(kinds)
         if entry is None:
             entry = self.entries[kinds] = dynamo_opaque(generate_entry(self, kinds))
-        self.entry = entry
+        if entry is not self.entry:
+            self.entry = entry
+            self.grids.clear()
 
     def miss_key(self, key: tuple, grid: Any, args: tuple, kwargs: dict) -> None:
         """A launch of the entry's kinds whose key is new: launch it the slow way and remember it."""

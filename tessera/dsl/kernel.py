@@ -158,7 +158,7 @@ class Kernel:
     @dynamo_opaque
     def __getitem__(self, grid: Grid) -> Callable[..., None]:
         """`kernel[grid](*args, **kwargs)`: launch over `grid` program instances."""
-        return functools.partial(self.fast_launches.entry, grid)
+        return self.fast_launches.with_grid(grid)
 
     @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:

@@ -37,7 +37,8 @@ class StubDriver:
         self.CUfunction_attribute = driver.CUfunction_attribute
         self.CUpointer_attribute = driver.CUpointer_attribute
         self.ok = driver.CUresult.CUDA_SUCCESS
-        self.record = record            # keep every call's arguments in `calls` (tests), or only count (benchmarks)
+        self.record = record            # count and keep every call in `counts` and `calls` (tests); benchmarks
+                                        # turn it off, so a launch costs the stub as little as it can
         self.calls: list[tuple] = []
         self.counts: Counter[str] = Counter()
         self.current = 0                # the thread's current context
@@ -112,16 +113,16 @@ class StubDriver:
         return (self.ok,)
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self.counts["cuLaunchKernel"] += 1
         current = self.current
         if self.record:
+            self.counts["cuLaunchKernel"] += 1
             self.calls.append(("cuLaunchKernel", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra,
                                current))
+        if current == f[2][1]:             # the context the function's module was loaded in
+            return (self.launch_result,)
         if current == 0:
             return (self.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
-        if current != f[2][1]:             # the context the function's module was loaded in
-            return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
-        return (self.launch_result,)
+        return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
 
     def cuPointerGetAttribute(self, attribute, address):
         self._called("cuPointerGetAttribute", address)
