@@ -36,14 +36,13 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from .launch_codegen import ARRAY_INTERFACE, TORCH, generate_entry
 
-_DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
+
 _DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, z); the table starts over when full
 DYNAMO_MESSAGE = ("a tessera kernel launch runs outside the graph: make the function that launches it a PyTorch op "
                   "with @tessera.torch.op(...) to keep it inside torch.compile(fullgraph=True)")
 
-# What the first GPU launch passed at a position, and how the generated code reads its facts.
-TORCH, ARRAY_INTERFACE, INT, FLOAT, BOOL = "torch", "array_interface", "int", "float", "bool"
 
 
 def dynamo_opaque(fn: Callable) -> Callable:
@@ -142,8 +141,6 @@ class FastLaunches:
     @dynamo_opaque
     def miss(self, grid: Any, *args: Any, **kwargs: Any) -> None:
         """A launch the entry cannot take: launch it the slow way, and generate an entry for its kinds."""
-        from .launch_codegen import generate_entry
-
         done = self.slow(grid, args, kwargs)
         kinds = argument_kinds(self.signature, done.by_name) if done is not None else None
         if kinds is None:
@@ -170,15 +167,3 @@ class FastLaunches:
             self.dims.clear()
         dims = self.dims[grid] = (*dims, *(1,) * (3 - len(dims)))
         return dims
-
-
-def stated_device(obj: Any) -> int | None:
-    """The GPU a `__dlpack_device__` object says it is on; None when it does not say, -1 when not a GPU."""
-    query = getattr(obj, "__dlpack_device__", None)
-    if query is None:
-        return None
-    try:
-        kind, index = query()
-        return int(index) if int(kind) in _DLPACK_GPU_TYPES else -1
-    except Exception:        # the slow path reports what is wrong with it
-        return -1

@@ -37,11 +37,13 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..runtime.errors import LaunchError
 from ..runtime.launcher import stream_handle, torch_current_stream
 from .arguments import itemsize
-from .fast_launch import ARRAY_INTERFACE, TORCH, stated_device
 
 if TYPE_CHECKING:
     from .fast_launch import FastLaunches
 
+# What the first GPU launch passed at a position (besides "int", "float", "bool"): how its facts are read.
+TORCH, ARRAY_INTERFACE = "torch", "array_interface"
+_DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
 _REQUIRED = object()     # a constexpr without a default that the launch did not pass
 _I32 = "-2147483648 <= {v} <= 2147483647"
 _I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
@@ -200,3 +202,15 @@ def _compile(name: str, source: str, names: dict[str, Any]) -> Callable:
     entry = namespace["entry"]
     entry.__name__ = entry.__qualname__ = name
     return entry
+
+
+def stated_device(obj: Any) -> int | None:
+    """The GPU a `__dlpack_device__` object says it is on; None when it does not say, -1 when not a GPU."""
+    query = getattr(obj, "__dlpack_device__", None)
+    if query is None:
+        return None
+    try:
+        kind, index = query()
+        return int(index) if int(kind) in _DLPACK_GPU_TYPES else -1
+    except Exception:        # the slow path reports what is wrong with it
+        return -1
