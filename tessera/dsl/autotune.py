@@ -36,7 +36,8 @@ from ..ir.target import DEFAULT_TARGET, get_target
 from ..runtime.autotune import CPU_DEVICE, AutotuneError, Autotuner, Config, Timer, cuda_event_timer, perf_counter_timer
 from .arguments import DeviceArray
 from .errors import KernelArgumentError
-from .fast_launch import FastLaunches, SlowLaunch, dynamo_opaque
+from .fast_launch import FastLaunches, SlowLaunch
+from .torch_compile import dynamo_opaque
 from .kernel import LAUNCH_OPTIONS, Grid, Kernel
 
 __all__ = ["AutotuneError", "AutotunedKernel", "Config", "autotune"]

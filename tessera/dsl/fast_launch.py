@@ -31,26 +31,31 @@ that is when a specialization is first launched: set them before.
 
 from __future__ import annotations
 
+import contextlib
+import contextvars
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from .launch_codegen import ARRAY_INTERFACE, TORCH, generate_entry
+from .torch_compile import dynamo_opaque
 
 
 _DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, z); the table starts over when full
-DYNAMO_MESSAGE = ("a tessera kernel launch runs outside the graph: make the function that launches it a PyTorch op "
-                  "with @tessera.torch.op(...) to keep it inside torch.compile(fullgraph=True)")
+_skip_launches: contextvars.ContextVar[bool] = contextvars.ContextVar("tessera_skip_launches", default=False)
 
 
-
-def dynamo_opaque(fn: Callable) -> Callable:
-    """Mark `fn` so torch.compile does not trace into it but calls it outside the graph (a clean graph break,
-    saying how to keep it in the graph), without importing torch."""
-    fn._torchdynamo_disable = True
-    fn._torchdynamo_disable_msg = DYNAMO_MESSAGE
-    return fn
+@contextlib.contextmanager
+def launches_skipped() -> Iterator[None]:
+    """Launches do nothing inside (the fake implementation of `tessera.torch.op`: the function runs on fake
+    tensors for the shapes of what it returns). They are skipped on the slow path, which every launch with
+    fake or meta tensors takes: their type or device never matches a prepared launch's."""
+    token = _skip_launches.set(True)
+    try:
+        yield
+    finally:
+        _skip_launches.reset(token)
 
 
 @dataclass(frozen=True)
@@ -126,7 +131,10 @@ class FastLaunches:
     def with_grid(self, grid: Any) -> Callable[..., None]:
         """`kernel[grid]`: the entry with the grid bound (kept per grid tuple, so a repeated grid costs a lookup)."""
         if type(grid) is tuple:
-            launch = self.grids.get(grid)
+            try:
+                launch = self.grids.get(grid)
+            except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
+                return functools.partial(self.entry, grid)
             if launch is None:
                 if len(self.grids) >= _DIMS_CAPACITY:
                     self.grids.clear()
@@ -141,6 +149,8 @@ class FastLaunches:
     @dynamo_opaque
     def miss(self, grid: Any, *args: Any, **kwargs: Any) -> None:
         """A launch the entry cannot take: launch it the slow way, and generate an entry for its kinds."""
+        if _skip_launches.get():
+            return
         done = self.slow(grid, args, kwargs)
         kinds = argument_kinds(self.signature, done.by_name) if done is not None else None
         if kinds is None:
@@ -154,6 +164,8 @@ class FastLaunches:
 
     def miss_key(self, key: tuple, grid: Any, args: tuple, kwargs: dict) -> None:
         """A launch of the entry's kinds whose key is new: launch it the slow way and remember it."""
+        if _skip_launches.get():
+            return
         done = self.slow(grid, args, kwargs)
         if done is not None and done.ordinal is not None:
             self.launches[key] = (done.launcher.prepared(done.ordinal), done.ordinal, done.meta)

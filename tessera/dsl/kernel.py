@@ -35,7 +35,8 @@ from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
 from .dependencies import kernel_dependencies
-from .fast_launch import FastLaunches, Signature, SlowLaunch, dynamo_opaque
+from .fast_launch import FastLaunches, Signature, SlowLaunch
+from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
@@ -43,6 +44,8 @@ from .source import KernelSource
 
 if TYPE_CHECKING:
     from .compiler import CompiledKernel
+
+install_torch_compile_rules()         # torch.compile calls launches, never traces them (see torch_compile.py)
 
 Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 LAUNCH_OPTIONS = ("num_warps", "stream")   # launch keywords that are not kernel arguments
