@@ -106,20 +106,36 @@ def _tuning_value(sig, kinds, param: str, keyword_values: dict[str, str]) -> str
 
 def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
     """Emit the reads of the parameters passed by keyword (or defaulted) and of the launch options;
-    returns {parameter: local} for the parameters."""
-    keyword_values = {}
+    returns {parameter: local} for the parameters. A launch without keywords skips the lookups."""
+    keyword_values, required, reads, defaults = {}, [], [], []
     for i, param in enumerate(sig.params[sig.leading:], start=sig.leading):
         if param in sig.tuned:
             continue
-        names[f"D{i}"] = sig.defaults.get(param, _REQUIRED)
-        emit(f"    c{i} = kwargs.get({param!r}, D{i})")
-        emit(f"    if c{i} is REQUIRED:")
-        emit(f"        {miss}")
         keyword_values[param] = f"c{i}"
-    if "num_warps" in sig.options:
-        emit("    num_warps = kwargs.get('num_warps', 4)")
-    if "stream" in sig.options:
-        emit("    stream = kwargs.get('stream')")
+        if param in sig.defaults:
+            names[f"D{i}"] = sig.defaults[param]
+            reads.append(f"c{i} = kwargs.get({param!r}, D{i})")
+            defaults.append(f"c{i} = D{i}")
+        else:
+            required.append(f"c{i}")
+            reads.append(f"c{i} = kwargs.get({param!r}, REQUIRED)")
+    options = [("num_warps", "4"), ("stream", "None")]
+    reads += [f"{o} = kwargs.get({o!r}, {default})" for o, default in options if o in sig.options]
+    defaults += [f"{o} = {default}" for o, default in options if o in sig.options]
+    if required:            # a constexpr without a default must come as a keyword
+        emit("    if not kwargs:")
+        emit(f"        {miss}")
+    else:
+        emit("    if not kwargs:")
+        for line in defaults or ["pass"]:
+            emit(f"        {line}")
+        emit("    else:")
+    indent = "    " if required else "        "
+    for line in reads:
+        emit(indent + line)
+    if required:
+        emit(f"    if {' or '.join(f'{c} is REQUIRED' for c in required)}:")
+        emit(f"        {miss}")
     return keyword_values
 
 
