@@ -193,3 +193,39 @@ def test_pinning_an_autotuned_kernel_changes_what_warm_launches_run(driver):
         assert ran(driver) == expected(tuned_copy.kernel, (X, OUT, 64, 1, 2.0), {"BLOCK": 32}, 8)
     finally:
         tuned_copy.pin(None)
+
+
+# -- torch tensors: the key the generated code computes (CPU tensors never launch warm, so it is read directly) --
+
+def torch_entry_keys(launches_):
+    """The warm-path key of each launch (args, kwargs), from an entry generated for torch tensors."""
+    from tessera.dsl.fast_launch import argument_kinds
+    from tessera.dsl.launch_codegen import generate_entry
+
+    fast = FastLaunches(scaled_copy.launch_signature(), slow=lambda *a: None)
+    keys = []
+    fast.miss_key = lambda key, *rest: keys.append(key)      # no launch is prepared: every launch reports its key
+    (x, out, *_), _ = launches_[0]
+    kinds = argument_kinds(fast.signature, {"x_ptr": x, "out_ptr": out, "n": 1, "m": 1, "scale": 1.0})
+    assert [kind for kind, _ in kinds] == ["torch", "torch", "int", "int", "float"]
+    entry = generate_entry(fast, kinds)
+    for args, kwargs in launches_:
+        entry((1,), *args, **kwargs)
+    assert len(keys) == len(launches_)
+    return keys
+
+
+def test_torch_launches_sharing_a_key_share_their_specialization():
+    import itertools
+
+    torch = pytest.importorskip("torch")
+    f32, f16 = torch.zeros(4096), torch.zeros(4096, dtype=torch.float16)
+    views = [buffer[start:start + n] for buffer in (f32, f16) for start in (0, 1, 4, 8) for n in (16, 256)]
+    launches_ = [((x, out, n, m, 0.5), {"BLOCK": block})
+                 for x, out, n, m, block in itertools.product(views[::3], views[1::3], [1, 16, 17, 2**31],
+                                                              [1, 16], [16, True])]
+    groups: dict = {}
+    for key, launch in zip(torch_entry_keys(launches_), launches_):
+        groups.setdefault(key, set()).add(scaled_copy._bind(*launch).key)
+    assert len(groups) < len(launches_) / 2, "the grid must contain launches that share a key"
+    assert all(len(specializations) == 1 for specializations in groups.values())
