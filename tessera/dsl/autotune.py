@@ -36,7 +36,7 @@ from ..ir.target import DEFAULT_TARGET, get_target
 from ..runtime.autotune import CPU_DEVICE, AutotuneError, Autotuner, Config, Timer, cuda_event_timer, perf_counter_timer
 from .arguments import DeviceArray
 from .errors import KernelArgumentError
-from .fast_launch import FastLaunches, SlowLaunch
+from .fast_launch import FastLaunches, SlowLaunch, with_grid
 from .torch_compile import dynamo_opaque
 from .kernel import LAUNCH_OPTIONS, Grid, Kernel
 
@@ -92,9 +92,7 @@ class AutotunedKernel:
 
     # -- launching --------------------------------------------------------
 
-    @dynamo_opaque
-    def __getitem__(self, grid: Grid) -> Callable[..., None]:
-        return self.fast_launches.with_grid(grid)
+    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
 
     @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:

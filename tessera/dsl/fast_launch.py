@@ -77,6 +77,24 @@ class Signature:
         return next((i for i, p in enumerate(self.params) if p in self.constexprs), len(self.params))
 
 
+@dynamo_opaque
+def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
+    """`kernel[grid]` (the `__getitem__` of kernels and autotuned kernels): the warm entry with the grid bound,
+    kept per grid tuple, so a repeated grid costs a lookup."""
+    fast = kernel.fast_launches
+    if type(grid) is tuple:
+        try:
+            launch = fast.grids.get(grid)
+        except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
+            return functools.partial(fast.entry, grid)
+        if launch is None:
+            if len(fast.grids) >= _DIMS_CAPACITY:
+                fast.grids.clear()
+            launch = fast.grids[grid] = functools.partial(fast.entry, grid)
+        return launch
+    return functools.partial(fast.entry, grid)
+
+
 @dataclass(frozen=True)
 class SlowLaunch:
     """What the slow path launched: the launcher, on which device (None: not known without asking the
@@ -127,20 +145,6 @@ class FastLaunches:
         self.entries: dict[tuple, Callable] = {}
         self.entry = self.miss
         self.grids: dict[tuple, Callable] = {}       # grid -> the entry with it bound (`with_grid`)
-
-    def with_grid(self, grid: Any) -> Callable[..., None]:
-        """`kernel[grid]`: the entry with the grid bound (kept per grid tuple, so a repeated grid costs a lookup)."""
-        if type(grid) is tuple:
-            try:
-                launch = self.grids.get(grid)
-            except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
-                return functools.partial(self.entry, grid)
-            if launch is None:
-                if len(self.grids) >= _DIMS_CAPACITY:
-                    self.grids.clear()
-                launch = self.grids[grid] = functools.partial(self.entry, grid)
-            return launch
-        return functools.partial(self.entry, grid)
 
     def clear(self) -> None:
         """Forget every prepared launch (autotune's `pin` changes which config a key launches)."""

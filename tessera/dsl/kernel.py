@@ -35,7 +35,7 @@ from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
 from .dependencies import kernel_dependencies
-from .fast_launch import FastLaunches, Signature, SlowLaunch
+from .fast_launch import FastLaunches, Signature, SlowLaunch, with_grid
 from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
@@ -158,10 +158,7 @@ class Kernel:
 
     # -- launching --------------------------------------------------------
 
-    @dynamo_opaque
-    def __getitem__(self, grid: Grid) -> Callable[..., None]:
-        """`kernel[grid](*args, **kwargs)`: launch over `grid` program instances."""
-        return self.fast_launches.with_grid(grid)
+    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
 
     @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:

@@ -339,6 +339,8 @@ class CudaDevice:
                     (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
                     if err is success:
                         return
+                    if int(err) == 0:       # a result object other than the CUDA_SUCCESS member
+                        return
                     if int(err) not in _NOT_OUR_CONTEXT:
                         raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
                 pushed = self._enter()
