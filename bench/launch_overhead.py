@@ -66,8 +66,9 @@ class StubArray:
                                          "version": 3, "strides": None}
 
 
-def per_launch_us(fn, batches: int = 7, calls: int = 5000) -> float:
-    """Median over batches of the mean µs per call (no GPU to synchronize: the stub returns at once)."""
+def best_launch_us(fn, batches: int = 15, calls: int = 2000) -> float:
+    """The best over batches of the mean µs per call (no GPU to synchronize: the stub returns at once). The
+    best, not the median: on a shared CPU other work only ever adds time, and CI machines are shared."""
     for _ in range(200):
         fn()
     means = []
@@ -76,7 +77,7 @@ def per_launch_us(fn, batches: int = 7, calls: int = 5000) -> float:
         for _ in range(calls):
             fn()
         means.append((time.perf_counter_ns() - start) / calls / 1e3)
-    return statistics.median(means)
+    return min(means)
 
 
 def tessera_cases(x, y, out, stream) -> dict:
@@ -134,13 +135,13 @@ class Timings(dict):
     """Case -> µs per launch, each row recorded (`gpu_common.record`) and printed as soon as it is measured,
     so a session cut off at its time limit keeps what it reached."""
 
-    def __init__(self, mode: str, timer):
+    def __init__(self, mode: str, timer, statistic: str):
         super().__init__()
-        self.mode, self.timer = mode, timer
+        self.mode, self.timer, self.statistic = mode, timer, statistic
 
     def measure(self, name: str, fn) -> None:
         us = self[name] = self.timer(fn)
-        gpu_common.record("launch_overhead", {"case": name, "median_us": us, "mode": self.mode})
+        gpu_common.record("launch_overhead", {"case": name, f"{self.statistic}_us": us, "mode": self.mode})
         print(f"{name:<42} {us:7.2f} µs", flush=True)
 
 
@@ -151,7 +152,7 @@ def run_stubbed() -> dict:
 
     import torch
 
-    timings = Timings("stub-driver", per_launch_us)
+    timings = Timings("stub-driver", best_launch_us, "best")
     with stubbed_driver(StubDriver(record=False)):
         x, y, out = (StubArray(N, 0x7F0000000000 + i * 0x100000) for i in range(3))
         add_tuned.pin(tessera.Config({"BLOCK": 1024}))        # no GPU to time configs on: as if tuned
@@ -164,7 +165,7 @@ def run_stubbed() -> dict:
     ta, tb = (torch.randn(GEMM_SIZE, GEMM_SIZE) for _ in range(2))
     timings.measure("torch_add_cpu", lambda: torch.add(tx, ty, out=tout))
     timings.measure("torch_matmul_cpu", lambda: torch.matmul(ta, tb))
-    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "median_us": dict(timings)}
+    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings)}
 
 
 def run_on_gpu() -> dict:
@@ -172,7 +173,7 @@ def run_on_gpu() -> dict:
     from tessera.kernels_lib import gemm
     from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
 
-    timings = Timings("gpu", lambda fn: gpu_common.median_us(fn, torch))
+    timings = Timings("gpu", lambda fn: gpu_common.median_us(fn, torch), "median")
     x, y, out = (torch.randn(N, device="cuda") for _ in range(3))
     a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     timings.measure("torch_add", lambda: torch.add(x, y, out=out))
