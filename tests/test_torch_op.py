@@ -101,3 +101,12 @@ def test_a_raw_launch_inside_torch_compile_breaks_the_graph_cleanly():
 def test_a_name_without_a_namespace_is_refused():
     with pytest.raises(ValueError, match="mylib::scaled"):
         tessera.torch.op("scaled")
+
+
+@pytest.mark.gpu
+def test_the_op_on_cuda_tensors_under_inductor():
+    if not torch.cuda.is_available():
+        pytest.skip("needs torch with CUDA")
+    x, y = (t.cuda() for t in inputs(10_000))
+    compiled = torch.compile(lambda x, y: scaled_add(x, y, 3.0) * 2, fullgraph=True)
+    np.testing.assert_allclose(compiled(x, y).cpu().numpy(), 2 * (3 * x.cpu().numpy() + y.cpu().numpy()), rtol=1e-5)
