@@ -229,3 +229,13 @@ def test_torch_launches_sharing_a_key_share_their_specialization():
         groups.setdefault(key, set()).add(scaled_copy._bind(*launch).key)
     assert len(groups) < len(launches_) / 2, "the grid must contain launches that share a key"
     assert all(len(specializations) == 1 for specializations in groups.values())
+
+
+def test_warm_launches_pass_the_stream_and_grid_they_are_given(driver):
+    for _ in range(2):
+        scaled_copy[(1,)](X, OUT, 64, 1, 2.0, BLOCK=64)
+    for stream, handle in ((None, 0), (7, 7), (types.SimpleNamespace(cuda_stream=9), 9)):
+        scaled_copy[(3, 2)](X, OUT, 64, 1, 2.0, BLOCK=64, stream=stream)
+        assert driver.launches()[-1][2] == (3, 2, 1) and driver.launches()[-1][5] == handle
+    scaled_copy[(0,)](X, OUT, 64, 1, 2.0, BLOCK=64)          # an empty grid launches nothing
+    assert driver.launches()[-1][2] == (3, 2, 1)
