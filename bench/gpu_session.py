@@ -238,7 +238,9 @@ def report_text(folder: Path) -> str:
         lines.append("pytest -m gpu: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
         lines += [f"- {r['outcome'].upper()} {r['test']}" for r in tests if r["outcome"] in ("failed", "error")]
     for r in rows:
-        if r["bench"] == "launch_overhead":
+        if r["bench"] == "launch_overhead" and "ms" in r:
+            lines.append(f"- {r['case']}: {r['ms']:.2f} ms")
+        elif r["bench"] == "launch_overhead":
             lines.append(f"- launch {r['case']}: {r['median_us']:.2f} µs")
         elif r["bench"] == "bandwidth":
             lines.append(f"- {r['case']}: " + (f"{r['tessera_gbps']:.0f} GB/s (torch copy {r['torch_copy_gbps']:.0f})"

@@ -147,12 +147,13 @@ def _memory_range(value: Any) -> tuple[int, int] | None:
     interface = getattr(value, "__cuda_array_interface__", None)
     if interface is not None:
         start = interface["data"][0]
-        return start, start + math.prod(interface["shape"]) * _itemsize(interface["typestr"])
+        return start, start + math.prod(interface["shape"]) * itemsize(interface["typestr"])
     return None
 
 
 @functools.lru_cache(maxsize=64)
-def _itemsize(typestr: str) -> int:
+def itemsize(typestr: str) -> int:
+    """Bytes per element of a numpy type string ('<f4': 4)."""
     return np.dtype(typestr).itemsize
 
 

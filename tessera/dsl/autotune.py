@@ -36,6 +36,8 @@ from ..ir.target import DEFAULT_TARGET, get_target
 from ..runtime.autotune import CPU_DEVICE, AutotuneError, Autotuner, Config, Timer, cuda_event_timer, perf_counter_timer
 from .arguments import DeviceArray
 from .errors import KernelArgumentError
+from .fast_launch import FastLaunches, SlowLaunch, with_grid
+from .torch_compile import dynamo_opaque
 from .kernel import LAUNCH_OPTIONS, Grid, Kernel
 
 __all__ = ["AutotuneError", "AutotunedKernel", "Config", "autotune"]
@@ -66,6 +68,7 @@ class AutotunedKernel:
         self.tuner = Autotuner(kernel.name, kernel.source.source_hash, list(configs), list(key), prune,
                                list(reset_to_zero), list(restore_value), timer)
         self.tuned_names = {name for config in configs for name in config.kwargs}
+        self.fast_launches = FastLaunches(kernel.launch_signature(self.tuned_names, key), self._launch_slowly)
         self.__name__, self.__doc__ = kernel.__name__, kernel.__doc__
 
     @property
@@ -78,6 +81,7 @@ class AutotunedKernel:
     def pin(self, config: Config | None) -> None:
         """Launch with `config` from now on, without tuning; `pin(None)` tunes again."""
         self.tuner.pin(config)
+        self.fast_launches.clear()
 
     def best_config(self, *args, grid: Grid | None = None, **kwargs) -> Config | None:
         """The config these arguments launch with: pinned or already tuned; with `grid=`, tuned if need be."""
@@ -88,19 +92,25 @@ class AutotunedKernel:
 
     # -- launching --------------------------------------------------------
 
-    def __getitem__(self, grid: Grid) -> Callable[..., None]:
-        return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
+    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
 
+    @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:
         if grid is None:
             raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...)",
                                       kernel=self.name)
-        self.run(*args, grid=grid, **kwargs)
+        self.fast_launches.entry(grid, *args, **kwargs)
 
+    @dynamo_opaque
     def run(self, *args, grid: Grid, **kwargs) -> None:
+        self.fast_launches.entry(grid, *args, **kwargs)
+
+    def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:
+        """Choose the config (tuning if need be) and launch it the slow way; what ran, for the warm path."""
         named, device = self._named_arguments(args, kwargs)
         config = self._choose(args, kwargs, named, device, grid)
-        self._launch(config, args, kwargs, grid)
+        done = self.kernel._launch_slowly(grid, args, {**kwargs, **config.as_dict()})
+        return None if done is None else SlowLaunch(done.launcher, done.ordinal, done.by_name, dict(config.kwargs))
 
     def _launch(self, config: Config, args: tuple, kwargs: dict, grid: Grid) -> None:
         self.kernel.run(*args, grid=grid, **kwargs, **config.as_dict())

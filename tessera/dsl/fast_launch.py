@@ -1,85 +1,185 @@
-"""The warm GPU launch path: a fingerprint of the arguments -> the prepared launcher.
+"""The warm GPU launch path: generated code from a launch's arguments to `cuLaunchKernel`.
 
-`bind_arguments` classifies every argument the general way (Python-level
-work: tens of µs). A launch that repeats an earlier specialization needs much
-less. This module computes a fingerprint that is at least as fine as the
-specialization key — per positional argument its type and exactly the facts
-the key records (integer width bucket, divisibility by 16, == 1; tensor dtype,
-16-byte alignment and device; which tensors overlap) plus the constexpr
-values with their types — and maps it to the `Launcher` the first (slow)
-launch prepared. Anything unusual (runtime arguments given by keyword,
-defaults, numpy scalars, host arrays) returns no fingerprint and takes the
-slow path, which is always correct.
+`bind_arguments` classifies every argument the general way (tens of µs of
+Python). A launch that repeats an earlier one needs far less, so each kernel
+gets a small function generated for the kinds of arguments its last GPU
+launch passed (which positions held torch tensors, CUDA-array-interface
+objects, ints, floats, bools). Called as `entry(grid, *args, **kwargs)`, it
+
+1. unpacks the arguments without `inspect` (runtime arguments by position,
+   constexprs and launch options by keyword or default),
+2. checks each argument's type is the kind it was generated for,
+3. builds a flat key holding exactly the facts the specialization key
+   records, or finer ones -- per tensor its dtype, device and 16-byte
+   alignment; per int its width bucket, divisibility by 16 and == 1; which
+   pairs of arrays overlap; each constexpr's type and value; num_warps --
+   plus, for `@tessera.autotune`, the values that choose the config,
+4. finds the prepared launch (`Launcher.prepared`) under that key and calls
+   it with the device addresses, the grid (a tuple or a callable of the
+   arguments) and the stream.
+
+Anything else -- an argument of another kind, a missing or unknown keyword,
+an unhashable constexpr, a key not seen yet, an empty grid -- goes to the
+slow path (`Kernel._launch_slowly`), which binds fully, reports errors, and
+hands back the launcher to remember under the key. So a warm launch can only
+select the binary the slow path would have: `tests/dsl/test_fast_launch.py`
+checks that for random launches on every path.
+
+`TESSERA_INTERPRET` and `TESSERA_AUTOTUNE_PIN` are read on the slow path,
+that is when a specialization is first launched: set them before.
 """
 
 from __future__ import annotations
 
-from typing import Any
+import contextlib
+import contextvars
+import functools
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Iterator
 
-from .source import KernelSource
+from .launch_codegen import ARRAY_INTERFACE, TORCH, generate_entry
+from .torch_compile import dynamo_opaque
 
-_I32 = (-(2**31), 2**31 - 1)
-_I64 = (-(2**63), 2**63 - 1)
+
+_DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, z); the table starts over when full
+_skip_launches: contextvars.ContextVar[bool] = contextvars.ContextVar("tessera_skip_launches", default=False)
+
+
+@contextlib.contextmanager
+def launches_skipped() -> Iterator[None]:
+    """Launches do nothing inside (the fake implementation of `tessera.torch.op`: the function runs on fake
+    tensors for the shapes of what it returns). They are skipped on the slow path, which every launch with
+    fake or meta tensors takes: their type or device never matches a prepared launch's."""
+    token = _skip_launches.set(True)
+    try:
+        yield
+    finally:
+        _skip_launches.reset(token)
+
+
+@dataclass(frozen=True)
+class Signature:
+    """The parameters a generated entry unpacks: the kernel's, less those an autotuner chooses."""
+
+    name: str
+    params: tuple[str, ...]
+    constexprs: frozenset[str]
+    defaults: dict[str, Any]
+    generic: frozenset[str]              # do_not_specialize: no alignment or divisibility facts
+    options: tuple[str, ...]             # launch keywords that are not parameters (num_warps, stream)
+    tuned: frozenset[str] = frozenset()  # chosen by @tessera.autotune: never passed, set by the config
+    tuning_key: tuple[str, ...] = ()     # autotune's key: their values join the launch key
+
+    @property
+    def leading(self) -> int:
+        """How many parameters a warm launch passes by position: those before the first constexpr."""
+        return next((i for i, p in enumerate(self.params) if p in self.constexprs), len(self.params))
+
+
+@dynamo_opaque
+def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
+    """`kernel[grid]` (the `__getitem__` of kernels and autotuned kernels): the warm entry with the grid bound,
+    kept per grid tuple, so a repeated grid costs a lookup."""
+    fast = kernel.fast_launches
+    if type(grid) is tuple:
+        try:
+            launch = fast.grids.get(grid)
+        except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
+            return functools.partial(fast.entry, grid)
+        if launch is None:
+            if len(fast.grids) >= _DIMS_CAPACITY:
+                fast.grids.clear()
+            launch = fast.grids[grid] = functools.partial(fast.entry, grid)
+        return launch
+    return functools.partial(fast.entry, grid)
+
+
+@dataclass(frozen=True)
+class SlowLaunch:
+    """What the slow path launched: the launcher, on which device (None: not known without asking the
+    driver, so not remembered), every argument by name, and the config's constexprs (autotune) that a
+    callable grid also sees."""
+
+    launcher: Any
+    ordinal: int | None
+    by_name: dict[str, Any]
+    meta: dict[str, Any] | None = None
+
+
+def argument_kinds(signature: Signature, by_name: dict[str, Any]) -> tuple[tuple[str, type], ...] | None:
+    """(kind, exact type) of each argument passed by position in a bound launch; None when one has no warm
+    path, or no array says which device the launch runs on."""
+    if any(p not in signature.constexprs for p in signature.params[signature.leading:]):
+        return None                      # a runtime parameter after a constexpr: not worth a second layout
+    torch = sys.modules.get("torch")
+    kinds = []
+    for name in signature.params[:signature.leading]:
+        value = by_name[name]
+        kind = type(value)
+        if kind is int or kind is float or kind is bool:
+            kinds.append((kind.__name__, kind))
+        elif torch is not None and isinstance(value, torch.Tensor):
+            kinds.append((TORCH, kind))
+        elif hasattr(value, "__cuda_array_interface__"):
+            kinds.append((ARRAY_INTERFACE, kind))
+        else:
+            return None
+    if not any(k in (TORCH, ARRAY_INTERFACE) for k, _ in kinds):
+        return None
+    return tuple(kinds)
 
 
 class FastLaunches:
-    """Per-kernel table of prepared launches, keyed by argument fingerprints."""
+    """One kernel's warm path: an entry generated per argument kinds, and the prepared launches by key.
 
-    def __init__(self, source: KernelSource, do_not_specialize: frozenset[str]):
-        names = source.param_names
-        self.num_params = len(names)
-        self.constexpr_names = source.constexpr_params
-        self.constexpr_positions = frozenset(i for i, n in enumerate(names) if n in source.constexpr_params)
-        self.runtime_positions = tuple(i for i, n in enumerate(names) if n not in source.constexpr_params)
-        self.generic = frozenset(i for i, n in enumerate(names) if n in do_not_specialize)
-        self.launchers: dict[tuple, Any] = {}
+    `entry(grid, *args, **kwargs)` launches; it starts as the slow path and becomes the generated code
+    for the kinds of the last GPU launch that had a warm path.
+    """
 
-    def fingerprint(self, args: tuple, kwargs: dict, num_warps: int) -> tuple | None:
-        """A key at least as fine as the specialization key, or None to take the slow path."""
-        if len(args) + len(kwargs) != self.num_params or any(k not in self.constexpr_names for k in kwargs):
-            return None
-        parts: list = []
-        ranges: list[tuple[int, int, int]] = []
-        for i, value in enumerate(args):
-            kind = type(value)
-            if i in self.constexpr_positions:
-                parts.append((kind, value))
-            elif kind is int:
-                bucket = 32 if _I32[0] <= value <= _I32[1] else 64 if _I64[0] <= value <= _I64[1] else None
-                if bucket is None:
-                    return None
-                parts.append((bucket,) if i in self.generic else (bucket, value % 16 == 0, value == 1))
-            elif kind is float or kind is bool:
-                parts.append(kind)
-            else:
-                described = _device_array_facts(value)
-                if described is None:
-                    return None
-                dtype, address, size, device = described
-                parts.append((dtype, i in self.generic or address % 16 == 0, device))
-                ranges.append((i, address, address + size))
-        overlapping = frozenset(i for i, a0, a1 in ranges for j, b0, b1 in ranges if i != j and a0 < b1 and b0 < a1)
-        constexprs = tuple(sorted((k, type(v), v) for k, v in kwargs.items()))
-        try:
-            key = (tuple(parts), overlapping, constexprs, num_warps)
-            hash(key)
-        except TypeError:        # an unhashable constexpr: the slow path reports it
-            return None
-        return key
+    def __init__(self, signature: Signature, slow: Callable[[Any, tuple, dict], SlowLaunch | None]):
+        self.signature = signature
+        self.slow = slow
+        self.launches: dict[tuple, tuple] = {}       # key -> (prepared launch, ordinal, meta)
+        self.dims: dict[Any, tuple[int, int, int]] = {}
+        self.entries: dict[tuple, Callable] = {}
+        self.entry = self.miss
+        self.grids: dict[tuple, Callable] = {}       # grid -> the entry with it bound (`with_grid`)
 
-    def runtime_args(self, args: tuple) -> list:
-        return [args[i] for i in self.runtime_positions]
+    def clear(self) -> None:
+        """Forget every prepared launch (autotune's `pin` changes which config a key launches)."""
+        self.launches.clear()
 
+    @dynamo_opaque
+    def miss(self, grid: Any, *args: Any, **kwargs: Any) -> None:
+        """A launch the entry cannot take: launch it the slow way, and generate an entry for its kinds."""
+        if _skip_launches.get():
+            return
+        done = self.slow(grid, args, kwargs)
+        kinds = argument_kinds(self.signature, done.by_name) if done is not None else None
+        if kinds is None:
+            return
+        entry = self.entries.get(kinds)
+        if entry is None:
+            entry = self.entries[kinds] = dynamo_opaque(generate_entry(self, kinds))
+        if entry is not self.entry:
+            self.entry = entry
+            self.grids.clear()
 
-def _device_array_facts(value: Any) -> tuple[Any, int, int, Any] | None:
-    """(dtype, address, size in bytes, device) of a GPU tensor, or None for anything else."""
-    if getattr(value, "is_cuda", False) and type(value).__module__.startswith("torch"):
-        return value.dtype, value.data_ptr(), value.numel() * value.element_size(), value.device.index
-    interface = getattr(value, "__cuda_array_interface__", None)
-    if interface is not None and interface.get("strides") is None:
-        size = 1
-        for extent in interface["shape"]:
-            size *= extent
-        typestr = interface["typestr"]
-        return typestr, interface["data"][0], size * int(typestr[2:]), None
-    return None
+    def miss_key(self, key: tuple, grid: Any, args: tuple, kwargs: dict) -> None:
+        """A launch of the entry's kinds whose key is new: launch it the slow way and remember it."""
+        if _skip_launches.get():
+            return
+        done = self.slow(grid, args, kwargs)
+        if done is not None and done.ordinal is not None:
+            self.launches[key] = (done.launcher.prepared(done.ordinal), done.ordinal, done.meta)
+
+    def grid_dims(self, grid: Any) -> tuple[int, int, int] | None:
+        """A grid tuple as validated (x, y, z), remembered; None for anything the slow path must judge."""
+        dims = (grid,) if type(grid) is int else grid
+        if not (type(dims) is tuple and 1 <= len(dims) <= 3 and all(type(g) is int and g > 0 for g in dims)):
+            return None                  # malformed or empty: the slow path raises or launches nothing
+        if len(self.dims) >= _DIMS_CAPACITY:
+            self.dims.clear()
+        dims = self.dims[grid] = (*dims, *(1,) * (3 - len(dims)))
+        return dims

@@ -33,15 +33,20 @@ if TYPE_CHECKING:
 
 
 def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: int) -> CacheEntry:
-    """The compiled binary of this specialization, from the disk cache or freshly compiled (and stored)."""
+    """The compiled binary of this specialization, from the disk cache or freshly compiled (and stored).
+
+    A hit neither traces the kernel nor imports the compiler: the key is made of the kernel's source,
+    helpers and globals, the bound arguments, the options, and identities computed without running a tool.
+    """
     from ..ir.target import get_target  # imported on first use: `import tessera` stays light
-    from .compiler import compile_tile_module
 
     callees, constants = kernel.dependencies
     options = {"num_warps": num_warps, "globals": constants, **_tool_identity(get_target(target).vendor)}
     key = cache_key(kernel.source.source_hash, callees, bound.key, options, target)
 
     def compile_now() -> CacheEntry:
+        from .compiler import compile_tile_module
+
         module = kernel._specialization(bound).module
         return CacheEntry.from_compiled(compile_tile_module(module, target=target, num_warps=num_warps))
 
@@ -49,16 +54,20 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
 
 
 def _tool_identity(vendor: str) -> dict:
-    """The tool that makes the binary, part of the cache key (a new ptxas / ld.lld gives a new binary)."""
+    """The tool that makes the binary, part of the cache key (a new ptxas / ld.lld gives a new binary): where
+    it is, its size and modification time (not its `--version`: no subprocess per process)."""
     if vendor == "amd":
         from ..backends.amdgpu import find_linker
 
         linker = find_linker()
         return {"ld.lld": str(linker) if linker else None}
-    from ..backends.nvptx import find_ptxas
+    from ..backends.nvptx.toolkit import find_ptxas_path
 
-    ptxas = find_ptxas()
-    return {"ptxas": str(ptxas) if ptxas else None}
+    path = find_ptxas_path()
+    if path is None:
+        return {"ptxas": None}
+    stat = path.stat()
+    return {"ptxas": f"{path}:{stat.st_size}:{stat.st_mtime_ns}"}
 
 
 def gpu_runtime(kernel_name: str):
@@ -76,8 +85,9 @@ def gpu_runtime(kernel_name: str):
 
 
 def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...], *, stream: Any,
-                  num_warps: int):
-    """Launch; returns the prepared `Launcher` so the warm path (`fast_launch.py`) can reuse it."""
+                  num_warps: int) -> tuple[Any, int | None]:
+    """Launch; returns the `Launcher` and the device it ran on (None when the arrays do not say and there
+    are several GPUs), so the warm path (`fast_launch.py`) can reuse it."""
     from ..runtime.launcher import KernelBinary, Launcher
     from ..runtime.packing import check_kernarg_layout
 
@@ -87,6 +97,8 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
     runtime = gpu_runtime(kernel.name)
     ordinal = next(a.device for a in bound.runtime_args if isinstance(a, DeviceArray))
     device = runtime.get_device(ordinal or 0)
+    if ordinal is None and getattr(device, "only_device", False):
+        ordinal = device.ordinal
     key = (bound.key, device.target, num_warps)
     launcher = kernel.launchers.get(key)
     if launcher is None:
@@ -105,7 +117,7 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
     except LaunchError as exc:
         raise exc.with_kernel(kernel.name) from None
-    return launcher
+    return launcher, ordinal
 
 
 def launch_parameters(types: list, names: list[str], metadata: dict) -> tuple[list, list[str], list]:

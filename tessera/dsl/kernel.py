@@ -13,7 +13,11 @@ with numpy arrays (or with `TESSERA_INTERPRET=1`) run on the CPU tile
 interpreter, one program instance at a time, so `print(...)` and
 `breakpoint()` inside the kernel work. Launches with GPU tensors compile
 (through the disk cache) and run on the GPU (`gpu_launch.py`); the launch
-options `num_warps=` and `stream=` go with the arguments.
+options `num_warps=` and `stream=` go with the arguments. A launch that
+repeats an earlier GPU launch's kinds of arguments takes the warm path
+(`fast_launch.py`): generated code, no binding, one driver call.
+torch.compile does not trace a launch: it calls it outside the graph
+(`tessera.torch.op` makes a launching function a PyTorch op instead).
 """
 
 from __future__ import annotations
@@ -31,7 +35,8 @@ from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .codegen import build_kernel_ir
 from .dependencies import kernel_dependencies
-from .fast_launch import FastLaunches
+from .fast_launch import FastLaunches, Signature, SlowLaunch, with_grid
+from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
@@ -39,6 +44,8 @@ from .source import KernelSource
 
 if TYPE_CHECKING:
     from .compiler import CompiledKernel
+
+install_torch_compile_rules()         # torch.compile calls launches, never traces them (see torch_compile.py)
 
 Grid = tuple[int, ...] | Callable[[dict[str, Any]], tuple[int, ...]]
 LAUNCH_OPTIONS = ("num_warps", "stream")   # launch keywords that are not kernel arguments
@@ -70,7 +77,7 @@ class Kernel:
                                       f"the kernel's parameters are {names}", kernel=self.name)
         self.specializations: dict[tuple, Specialization] = {}
         self.launchers: dict[tuple, Any] = {}      # (specialization, target, num_warps) -> runtime Launcher
-        self.fast_launches = FastLaunches(self.source, self.do_not_specialize)
+        self.fast_launches = FastLaunches(self.launch_signature(), self._launch_slowly)
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 
@@ -85,6 +92,14 @@ class Kernel:
 
     def __repr__(self) -> str:
         return f"<tessera.kernel {self.name}>"
+
+    def launch_signature(self, tuned: Iterable[str] = (), tuning_key: Iterable[str] = ()) -> Signature:
+        """What the warm launch path unpacks (`fast_launch.Signature`); autotune passes what it chooses."""
+        names = self.source.param_names
+        tuned = frozenset(tuned)
+        options = tuple(o for o in LAUNCH_OPTIONS if o not in names and not (tuned and o == "num_warps"))
+        return Signature(self.name, tuple(names), self.source.constexpr_params, dict(self.source.defaults),
+                         self.do_not_specialize, options, tuned, tuple(tuning_key))
 
     # -- tracing ----------------------------------------------------------
 
@@ -143,39 +158,34 @@ class Kernel:
 
     # -- launching --------------------------------------------------------
 
-    def __getitem__(self, grid: Grid) -> Callable[..., None]:
-        """`kernel[grid](*args, **kwargs)`: launch over `grid` program instances."""
-        return lambda *args, **kwargs: self.run(*args, grid=grid, **kwargs)
+    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
 
+    @dynamo_opaque
     def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:
         if grid is None:
             raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...) or "
                                       f"{self.name}(..., grid=(n,))", kernel=self.name)
-        self.run(*args, grid=grid, **kwargs)
+        self.fast_launches.entry(grid, *args, **kwargs)
 
+    @dynamo_opaque
     def run(self, *args, grid: Grid, **kwargs) -> None:
         """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
+        self.fast_launches.entry(grid, *args, **kwargs)
+
+    def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:
+        """Bind every argument and launch; what ran on a GPU, for the warm path to remember (None on the CPU)."""
         options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in self.source.param_names}
-        num_warps, stream = options.get("num_warps", 4), options.get("stream")
-        interpret = os.environ.get("TESSERA_INTERPRET", "0") == "1"
-        fingerprint = None if interpret or not isinstance(grid, tuple) else \
-            self.fast_launches.fingerprint(args, kwargs, num_warps)
-        launcher = self.fast_launches.launchers.get(fingerprint) if fingerprint is not None else None
-        if launcher is not None:             # the warm path: no binding, no classification
-            try:
-                return launcher(grid, self.fast_launches.runtime_args(args), stream=stream)
-            except LaunchError as exc:
-                raise exc.with_kernel(self.name) from None
         bound = self._bind(args, kwargs)
         grid = self._resolve_grid(grid, bound)
         if not bound.on_device:
             self.interpret_bound(self._specialization(bound), bound, grid)
-        elif interpret:
+        elif os.environ.get("TESSERA_INTERPRET", "0") == "1":
             interpret_device_arrays(self, bound, grid)
         else:
-            launcher = launch_on_gpu(self, bound, grid, stream=stream, num_warps=num_warps)
-            if fingerprint is not None:
-                self.fast_launches.launchers[fingerprint] = launcher
+            launcher, ordinal = launch_on_gpu(self, bound, grid, stream=options.get("stream"),
+                                              num_warps=options.get("num_warps", 4))
+            return SlowLaunch(launcher, ordinal, bound.by_name)
+        return None
 
     def binary(self, *args, target: str = "sm_80", num_warps: int = 4, **kwargs):
         """The compiled binary (a cache entry: PTX, cubin, metadata) these arguments select, via the disk cache."""

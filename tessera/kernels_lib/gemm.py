@@ -25,15 +25,17 @@ float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
-`gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (with a fake
-implementation, so `torch.compile` traces it, and autograd for float
-inputs, whose backward is two more `gemm` calls). CUDA tensors launch the
+`gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
+fake implementation, so `torch.compile` traces it, and autograd for float
+inputs, whose backward is two more `gemm` calls); where nothing observes the
+dispatch it calls the implementation directly (see `gemm`). CUDA tensors launch the
 autotuned kernel; CPU tensors run on the tile interpreter with one small
 pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from typing import Optional
@@ -143,6 +145,7 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
 
 TORCH_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)
+_INPUT_DTYPES = frozenset(TORCH_DTYPES + FP8_DTYPES)
 # numpy has neither bfloat16 nor fp8: the interpreter gets their bits, reinterpreted.
 _HOST_BITS = {torch.bfloat16: (torch.uint16, tessera.bf16), torch.float8_e4m3fn: (torch.uint8, tessera.f8e4m3),
               torch.float8_e5m2: (torch.uint8, tessera.f8e5m2)}
@@ -168,12 +171,13 @@ def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activ
            scale_a: Optional[torch.Tensor] = None,
            scale_b: Optional[torch.Tensor] = None) -> tuple[int, int, int, torch.dtype]:
     """Validate the arguments; return M, N, K and the output dtype."""
-    for name, x in (("a", a), ("b", b)):
-        if x.dim() != 2:
-            raise ValueError(f"tessera::gemm: {name} must be a 2-D matrix, got shape {tuple(x.shape)}")
-        if x.dtype not in TORCH_DTYPES + FP8_DTYPES:
-            raise ValueError(f"tessera::gemm: {name} has dtype {x.dtype}; supported are float16, bfloat16, "
-                             f"float32, float8_e4m3fn and float8_e5m2")
+    if a.dim() != 2 or b.dim() != 2 or a.dtype not in _INPUT_DTYPES or b.dtype not in _INPUT_DTYPES:
+        for name, x in (("a", a), ("b", b)):
+            if x.dim() != 2:
+                raise ValueError(f"tessera::gemm: {name} must be a 2-D matrix, got shape {tuple(x.shape)}")
+            if x.dtype not in _INPUT_DTYPES:
+                raise ValueError(f"tessera::gemm: {name} has dtype {x.dtype}; supported are float16, bfloat16, "
+                                 f"float32, float8_e4m3fn and float8_e5m2")
     fp8 = a.dtype in FP8_DTYPES
     if a.dtype != b.dtype and not (fp8 and b.dtype in FP8_DTYPES):    # e4m3 x e5m2 is fine (dot promotes to f16)
         raise ValueError(f"tessera::gemm: a and b must have the same dtype (or both be fp8), "
@@ -206,10 +210,12 @@ def _check(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activ
 
 def _strided(x: torch.Tensor) -> tuple[torch.Tensor, int, int]:
     """A logical matrix -> (its dense storage, row stride, column stride); only non-dense layouts are copied."""
-    if not x.is_contiguous() and x.t().is_contiguous():
-        return x.t(), x.stride(0), x.stride(1)     # column-major: the transpose is the dense tensor
-    x = x.contiguous()
-    return x, x.stride(0), x.stride(1)
+    if not x.is_contiguous():
+        if x.t().is_contiguous():
+            return x.t(), x.stride(0), x.stride(1)     # column-major: the transpose is the dense tensor
+        x = x.contiguous()
+    row, column = x.stride()
+    return x, row, column
 
 
 def _host(x: torch.Tensor):
@@ -234,6 +240,14 @@ def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
 
 
 @torch.library.custom_op("tessera::gemm", mutates_args=())
+def gemm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
+            scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None, *,
+            activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
+            trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0) -> torch.Tensor:
+    """`torch.ops.tessera.gemm`: see `gemm`."""
+    return _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha)
+
+
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
          scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None, *,
          activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
@@ -248,7 +262,44 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     the output dtype, activation is None, "relu", "gelu" (tanh
     approximation) or "silu"; the result is [M, N] in out_dtype (default:
     the inputs' dtype, bfloat16 for fp8 inputs).
+
+    This is the op `torch.ops.tessera.gemm`. Where nothing would see the op
+    being dispatched (`_unobserved`: plain CUDA tensors, no gradient to
+    record, no torch.compile, tracing, vmap or torch function/dispatch mode)
+    it runs the CUDA implementation directly, as the dispatcher would, but
+    without its ~9 µs of Python; otherwise it dispatches.
     """
+    if _unobserved(a, b, bias, scale_a, scale_b):
+        return _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha)
+    return gemm_op(a, b, bias, scale_a, scale_b, activation=activation, out_dtype=out_dtype, trans_a=trans_a,
+                   trans_b=trans_b, alpha=alpha)
+
+
+def _unobserved(*tensors: Optional[torch.Tensor]) -> bool:
+    """Whether dispatching `tessera::gemm` on these tensors would only call its CUDA implementation."""
+    if not _nothing_watches():
+        return False
+    grad = torch.is_grad_enabled()
+    for t in tensors:
+        if t is not None and (type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad)):
+            return False
+    return True
+
+
+def _nothing_watches() -> bool:
+    """No torch.compile, JIT tracing, vmap/grad transform, or torch function / dispatch mode is active."""
+    C = torch._C
+    return not (torch.compiler.is_compiling() or C._is_torch_function_mode_enabled()
+                or C._len_torch_dispatch_stack() or C._are_functorch_transforms_active() or C._get_tracing_state())
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha) -> torch.Tensor:
+    """The implementation: check, allocate the output, launch (the interpreter for CPU tensors)."""
     M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if M == 0 or N == 0:
@@ -260,19 +311,21 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     args = (a_mem, b_mem, bias_mem, c if scale_a_mem is None else scale_a_mem,
             c if scale_b_mem is None else scale_b_mem, c,
             M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
-    constants = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
-                     ACTIVATION=activation or "none")
+    activation = activation or "none"
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        gemm_kernel.kernel[grid](*host_args, **constants, **CPU_CONFIG.as_dict())
+        gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
+                                 HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
-        num_sms = torch.cuda.get_device_properties(a.device).multi_processor_count
-        gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constants)
+        num_sms = _num_sms(a.get_device())
+        gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](
+            *args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
+            ACTIVATION=activation)
     return c
 
 
-@gemm.register_fake
+@gemm_op.register_fake
 def _gemm_fake(a, b, bias=None, scale_a=None, scale_b=None, *, activation=None, out_dtype=None,
                trans_a=False, trans_b=False, alpha=1.0):
     M, N, _, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
@@ -333,4 +386,4 @@ def _backward(ctx, grad):
     return grad_a, grad_b, grad_bias, None, None
 
 
-gemm.register_autograd(_backward, setup_context=_setup_context)
+gemm_op.register_autograd(_backward, setup_context=_setup_context)

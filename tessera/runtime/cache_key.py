@@ -10,10 +10,10 @@ The key is the sha256 of one canonical JSON document holding
 * the specialization (constexpr values, argument dtypes and alignments);
 * the compile options (a dict: its insertion order does not matter);
 * the target arch;
-* the compiler's own identity (`compiler_identity`): tessera's version, a
-  hash of its own .py and .lark files, and the LLVM and llvmlite versions, so
-  editing the compiler (even without bumping the version) never serves a
-  binary it would no longer produce.
+* the compiler's own identity (`identity.compiler_identity`): tessera's
+  version, a hash of its own .py and .lark files, and the LLVM and llvmlite
+  versions, so editing the compiler (even without bumping the version) never
+  serves a binary it would no longer produce.
 
 Values are serialized explicitly, each tagged with its type, so `1`, `True`
 and `1.0` (or `0.0` and `-0.0`) give different keys; a value of a type this
@@ -26,17 +26,14 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-import functools
 import hashlib
 import json
-from pathlib import Path
 from typing import Any, Iterable
+
+from .identity import compiler_identity, package_source_hash  # noqa: F401  (package_source_hash: re-exported)
 
 # Bump when the key document's layout changes, so old keys can never collide with new ones.
 KEY_FORMAT = 1
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the `tessera` package directory
-SOURCE_SUFFIXES = (".py", ".lark")
 
 
 def cache_key(kernel_source_hash: str, callee_hashes: Iterable[str], specialization: tuple,
@@ -61,36 +58,6 @@ def cache_key(kernel_source_hash: str, callee_hashes: Iterable[str], specializat
         "target": target,
     }
     return hashlib.sha256(_dump(document).encode("ascii")).hexdigest()
-
-
-@functools.cache
-def compiler_identity() -> dict[str, str]:
-    """What identifies this compiler build; computed once per process."""
-    from .. import __version__   # at call time: `tessera/__init__` has finished importing by then
-
-    try:
-        import llvmlite
-        import llvmlite.binding as llvm
-        llvm_version = ".".join(map(str, llvm.llvm_version_info))
-        llvmlite_version = llvmlite.__version__
-    except ImportError:   # the key must still be computable (e.g. `tessera cache list` without llvmlite)
-        llvm_version = llvmlite_version = "unavailable"
-    return {"tessera": __version__, "source": package_source_hash(), "llvm": llvm_version,
-            "llvmlite": llvmlite_version}
-
-
-def package_source_hash(root: Path = PACKAGE_ROOT) -> str:
-    """sha256 over every .py and .lark file under `root`: relative path, length and bytes, in sorted order."""
-    digest = hashlib.sha256()
-    paths = sorted((p for p in root.rglob("*") if p.suffix in SOURCE_SUFFIXES and p.is_file()
-                    and "__pycache__" not in p.parts),
-                   key=lambda p: p.relative_to(root).as_posix())
-    for path in paths:
-        data = path.read_bytes()
-        name = path.relative_to(root).as_posix().encode()
-        # Length-prefix both fields so no two different file sets hash the same stream.
-        digest.update(len(name).to_bytes(8, "little") + name + len(data).to_bytes(8, "little") + data)
-    return digest.hexdigest()
 
 
 def canonical(value: Any) -> Any:

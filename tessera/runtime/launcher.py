@@ -8,7 +8,9 @@ The module is loaded on the first launch on each device and kept: the cubin
 when it runs there, else the PTX, which the driver compiles for GPUs newer
 than the target (an sm_80 kernel on an H100). A launch then does only:
 device addresses of the pointer arguments -> one `pack_into` into the
-prepared buffer -> `cuLaunchKernel`.
+prepared buffer -> `cuLaunchKernel`. `prepared(ordinal)` hands out that last
+part alone, `launch(gx, gy, gz, values, stream)` for values already
+converted, which the warm path of `tessera/dsl/fast_launch.py` calls.
 
 Which device: the one the tensor arguments live on (they must agree); with
 no tensor that says, torch's current device, else the current context's.
@@ -33,7 +35,7 @@ import importlib
 import sys
 import threading
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from tessera.ir.tensor_map import TensorMapRecipe
 from tessera.ir.types import PointerType, ScalarType, Type
@@ -44,6 +46,7 @@ from .packing import ArgumentPacker, pointer_and_device
 from .tensor_map import KernelTensorMaps
 
 BACKENDS = {"cuda": "tessera.runtime.cuda", "hip": "tessera.runtime.hip"}
+PreparedLaunch = Callable[[int, int, int, Sequence[Any], int], None]
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,7 @@ class Launcher:
         self._backend = backend
         self._pointers = tuple(s.index for s in self.packer.slots if s.is_pointer)
         self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
+        self._prepared: dict[int, PreparedLaunch] = {}
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -100,16 +104,36 @@ class Launcher:
             if 0 in grid:
                 return
             values, ordinal, torch_args = self._arguments(args)
-            if self.tensor_maps is not None:
-                values = self.tensor_maps.complete(values)
-            function = self._functions.get(ordinal) or self._load(ordinal)
+            launch = self._prepared.get(ordinal) or self.prepared(ordinal)
             handle = stream_handle(stream) if stream is not None else (
                 torch_current_stream(ordinal) if torch_args else 0)
-            with self._lock:
-                self.packer.pack(values)
-                function.device.launch(function, grid, self.block, self.binary.shared_bytes, self.packer, handle)
+            launch(*grid, values, handle)
         except LaunchError as exc:
             raise exc.with_kernel(self.binary.name) from None
+
+    def prepared(self, ordinal: int) -> PreparedLaunch:
+        """`launch(gx, gy, gz, values, stream)` on device `ordinal` (loading the module there if need be):
+        `values` are the runtime arguments already converted (device addresses for pointers), `stream` a raw
+        handle and the grid non-empty. It builds the tensor maps, packs and calls the driver; nothing else."""
+        launch = self._prepared.get(ordinal)
+        if launch is not None:
+            return launch
+        function = self._functions.get(ordinal) or self._load(ordinal)
+        device, block, shared, packer = function.device, self.block, self.binary.shared_bytes, self.packer
+        complete = self.tensor_maps.complete if self.tensor_maps is not None else None
+        pack = packer.pack if complete is None else (lambda values: packer.pack(complete(values)))
+        prepare = getattr(device, "prepare_launch", None)
+        if prepare is not None:
+            launch = prepare(function, block, shared, packer, pack=pack, lock=self._lock)
+        else:       # a backend without prepared launches (HIP): the general call
+            lock = self._lock
+
+            def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
+                with lock:
+                    pack(values)
+                    device.launch(function, (gx, gy, gz), block, shared, packer, stream)
+        self._prepared[ordinal] = launch
+        return launch
 
     def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool]:
         """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor."""

@@ -360,3 +360,30 @@ def test_the_cache_never_unpickles_or_evaluates():
         assert not called & {"eval", "exec"}, name
         modules = {node.module for node in ast.walk(tree) if isinstance(node, ast.ImportFrom) and node.module}
         assert not any(m.startswith(("dsl", "tessera.dsl")) for m in modules), name   # runtime sits below dsl
+
+
+def test_the_compiler_identity_is_stored_once_per_installation(tmp_path, monkeypatch):
+    from tessera.runtime import identity as identity_module
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    compiler_identity.cache_clear()
+    try:
+        first = compiler_identity()
+        assert list((tmp_path / "identity").glob("*.json")), "the identity is written to the cache directory"
+        compiler_identity.cache_clear()
+        monkeypatch.setattr(identity_module, "_compute_identity", lambda: pytest.fail("computed again"))
+        assert compiler_identity() == first           # a new process reads it: no hashing, no LLVM
+    finally:
+        compiler_identity.cache_clear()
+
+
+def test_the_installation_stamp_changes_when_a_source_file_changes(tmp_path):
+    from tessera.runtime.identity import installation_stamp
+
+    (tmp_path / "a.py").write_text("x = 1\n")
+    before = installation_stamp(tmp_path)
+    assert installation_stamp(tmp_path) == before
+    (tmp_path / "a.py").write_text("x = 22\n")
+    assert installation_stamp(tmp_path) != before
+    (tmp_path / "b.lark").write_text("start: NAME\n")
+    assert installation_stamp(tmp_path) != before

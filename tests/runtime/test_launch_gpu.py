@@ -165,3 +165,39 @@ def test_grid_limits_are_checked_before_the_driver(add_kernel):
     compiled, param_types, _ = add_kernel
     with pytest.raises(LaunchError, match="grid dimension 1 is 65536"):
         Launcher(compiled, param_types)((1, 65536), [0, 0, 0, 0])
+
+
+class CountingDriver:
+    """The real driver bindings, counting each `cu*` call."""
+
+    def __init__(self, real):
+        self.real, self.counts = real, __import__("collections").Counter()
+
+    def __getattr__(self, name):
+        value = getattr(self.real, name)
+        if not (name.startswith("cu") and callable(value)):
+            return value
+
+        def counted(*args, **kwargs):
+            self.counts[name] += 1
+            return value(*args, **kwargs)
+        return counted
+
+
+def test_a_warm_launch_on_the_gpu_is_one_driver_call(monkeypatch):
+    torch = pytest.importorskip("torch")
+    driver = CountingDriver(cuda._driver())
+    monkeypatch.setattr(cuda, "_driver", lambda: driver)
+    monkeypatch.setattr(cuda, "_devices", {})
+    add = tutorial_add()                      # a fresh kernel: nothing prepared on the uncounted driver
+    x, y = torch.randn(N, device="cuda"), torch.randn(N, device="cuda")
+    out = torch.empty_like(x)
+    grid = (-(-N // BLOCK),)
+    for _ in range(3):
+        add[grid](x, y, out, N, BLOCK=BLOCK)
+    before = driver.counts.copy()
+    add[grid](x, y, out, N, BLOCK=BLOCK)
+    several = cuda.device_count() > 1         # then each launch checks which context is current
+    assert driver.counts - before == ({"cuCtxGetCurrent": 1} if several else {}) | {"cuLaunchKernel": 1}
+    torch.cuda.synchronize()
+    assert_close(out, x + y, rtol=0, atol=0)

@@ -7,6 +7,7 @@ import sys
 import textwrap
 import time
 import types
+from collections import Counter
 
 import pytest
 
@@ -16,6 +17,7 @@ from tessera.ir.types import PointerType, ScalarType, TensorMapType
 from tessera.runtime import cuda, hip
 from tessera.runtime.errors import LaunchError
 from tessera.runtime.launcher import KernelBinary, Launcher, stream_handle
+from tessera.runtime.stub_driver import PRIMARY_CONTEXT, StubDriver, stubbed_driver
 from tessera.runtime.limits import DeviceLimits, as_dim3, validate_launch
 
 ADD_TYPES = [PointerType(dt.f32), PointerType(dt.f32), PointerType(dt.f32), ScalarType(dt.i32)]
@@ -28,6 +30,13 @@ class DeviceArray:
     def __init__(self, address, device=0):
         self.__cuda_array_interface__ = {"data": (address, False), "shape": (4,), "typestr": "<f4", "version": 3}
         self.__dlpack_device__ = lambda: (2, device)
+
+
+class NumbaArray:
+    """A GPU array as Numba presents it: __cuda_array_interface__ alone, which does not say which device."""
+
+    def __init__(self, address):
+        self.__cuda_array_interface__ = {"data": (address, False), "shape": (4,), "typestr": "<f4", "version": 3}
 
 
 # -- limits ---------------------------------------------------------------------------------
@@ -168,97 +177,20 @@ def test_driver_available_answers_quickly():
 # -- the CUDA loader on a fake driver ----------------------------------------------------------------
 
 
-class FakeDriver:
-    """Answers the cuda.bindings.driver calls CudaDevice makes, like an sm_80 GPU would."""
-
-    def __init__(self):
-        from cuda.bindings import driver
-
-        self.real = driver
-        self.CUdevice_attribute = driver.CUdevice_attribute
-        self.CUfunction_attribute = driver.CUfunction_attribute
-        self.CUpointer_attribute = driver.CUpointer_attribute
-        self.ok = driver.CUresult.CUDA_SUCCESS
-        self.current = 0            # the thread's current context
-        self.stack = []
-        self.calls = []
-        self.launch_result = self.ok
-        A = driver.CUdevice_attribute
-        self.attributes = {
-            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 8, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
-            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: 2**31 - 1, A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: 65535,
-            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: 65535, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: 1024,
-            A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: 1024, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: 64,
-            A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
-            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 163 * 1024,
-        }
-
-    def cuDeviceGetCount(self):
-        return self.ok, 1
-
-    def cuDeviceGet(self, ordinal):
-        return self.ok, self.real.CUdevice(ordinal)
-
-    def cuDeviceGetName(self, length, device):
-        return self.ok, b"Fake A100\0\0\0"
-
-    def cuDeviceGetAttribute(self, attribute, device):
-        return self.ok, self.attributes[attribute]
-
-    def cuDevicePrimaryCtxRetain(self, device):
-        return self.ok, self.real.CUcontext(0xC0)
-
-    def cuCtxGetCurrent(self):
-        return self.ok, self.real.CUcontext(self.current)
-
-    def cuCtxSetCurrent(self, context):
-        self.current = int(context)
-        return (self.ok,)
-
-    def cuCtxPushCurrent(self, context):
-        self.stack.append(self.current)
-        self.current = int(context)
-        return (self.ok,)
-
-    def cuCtxPopCurrent(self):
-        popped, self.current = self.current, self.stack.pop()
-        return self.ok, self.real.CUcontext(popped)
-
-    def cuModuleLoadData(self, image):
-        self.calls.append(("load", bytes(image), self.current))
-        return self.ok, "module"
-
-    def cuModuleGetFunction(self, module, name):
-        return self.ok, f"function {name.decode()}"
-
-    def cuFuncGetAttribute(self, attribute, function):
-        F = self.CUfunction_attribute
-        return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 128, F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 0,
-                         F.CU_FUNC_ATTRIBUTE_NUM_REGS: 20}[attribute]
-
-    def cuFuncSetAttribute(self, function, attribute, value):
-        self.calls.append(("set", attribute.name, value))
-        return (self.ok,)
-
-    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
-        self.calls.append(("launch", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra, self.current))
-        return (self.launch_result,)
-
-    def cuPointerGetAttribute(self, attribute, address):
-        return self.ok, 0
-
-
 @pytest.fixture
-def fake_driver(monkeypatch):
-    driver = FakeDriver()
-    monkeypatch.setattr(cuda, "_driver", lambda: driver)
-    monkeypatch.setattr(cuda, "_devices", {})
-    return driver
+def fake_driver():
+    with stubbed_driver() as driver:
+        driver.function_max_threads = 128
+        yield driver
+
+
+def calls_to(driver, name):
+    return [c for c in driver.calls if c[0] == name]
 
 
 def test_cuda_device_reads_its_identity_and_limits(fake_driver):
     device = cuda.get_device(0)
-    assert (device.name, device.capability, device.target) == ("Fake A100", (8, 0), "sm_80")
+    assert (device.name, device.capability, device.target) == ("Stub A100", (8, 0), "sm_80")
     assert device.limits.max_shared_bytes == 163 * 1024 and device.limits.max_grid[1] == 65535
     assert cuda.get_device(0) is device
 
@@ -266,11 +198,11 @@ def test_cuda_device_reads_its_identity_and_limits(fake_driver):
 def test_cuda_launch_passes_the_prepared_parameters(fake_driver):
     launcher = Launcher(ADD, ADD_TYPES, names=["x", "y", "out", "n"])
     launcher((4,), [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000), 500], stream=7)
-    load, launch = fake_driver.calls
-    assert load == ("load", b"cubin", 0xC0)
+    assert calls_to(fake_driver, "cuModuleLoadData") == [("cuModuleLoadData", b"cubin", PRIMARY_CONTEXT)]
+    [launch] = fake_driver.launches()
     _, function, grid, block, shared, stream, params, extra, context = launch
-    assert (function, grid, block, shared, stream, extra) == ("function add", (4, 1, 1), (128, 1, 1), 0, 7, 0)
-    assert params == launcher.packer.kernel_params and context == 0xC0
+    assert (function[1], grid, block, shared, stream, extra) == ("add", (4, 1, 1), (128, 1, 1), 0, 7, 0)
+    assert params == launcher.packer.kernel_params and context == PRIMARY_CONTEXT
     assert launcher.packer.decode() == [0x1000, 0x2000, 0x3000, 500]
 
 
@@ -279,7 +211,7 @@ def test_cuda_launch_restores_another_current_context(fake_driver):
     device = cuda.get_device(0)
     function = device.get_function(device.load_module(cubin=b"cubin"), "add")
     device.launch(function, (1, 1, 1), (128, 1, 1), 0, Launcher(ADD, ADD_TYPES).packer, 0)
-    assert fake_driver.calls[-1][-1] == 0xC0 and fake_driver.current == 0xAA
+    assert fake_driver.launches()[-1][-1] == PRIMARY_CONTEXT and fake_driver.current == 0xAA
 
 
 def test_dynamic_shared_memory_above_48_kib_is_opted_in_once(fake_driver):
@@ -288,8 +220,8 @@ def test_dynamic_shared_memory_above_48_kib_is_opted_in_once(fake_driver):
     packer = Launcher(ADD, ADD_TYPES).packer
     for _ in range(2):
         device.launch(function, (1, 1, 1), (128, 1, 1), 100_000, packer, 0)
-    opt_ins = [c for c in fake_driver.calls if c[0] == "set"]
-    assert opt_ins == [("set", "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 100_000)]
+    opt_ins = calls_to(fake_driver, "cuFuncSetAttribute")
+    assert opt_ins == [("cuFuncSetAttribute", "CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES", 100_000)]
     with pytest.raises(LaunchError, match="needs 200000 bytes of shared memory"):
         device.launch(function, (1, 1, 1), (128, 1, 1), 200_000, packer, 0)
 
@@ -297,7 +229,7 @@ def test_dynamic_shared_memory_above_48_kib_is_opted_in_once(fake_driver):
 def test_ptx_is_loaded_when_there_is_no_cubin(fake_driver):
     launcher = Launcher(KernelBinary("add", "sm_80", None, ptx=".version 8.0", num_threads=128), ADD_TYPES)
     launcher((1,), [DeviceArray(1), DeviceArray(2), DeviceArray(3), 4])
-    assert fake_driver.calls[0][:2] == ("load", b".version 8.0\0")
+    assert calls_to(fake_driver, "cuModuleLoadData")[0][1] == b".version 8.0\0"
 
 
 def test_driver_failures_become_launch_errors_with_the_kernel_name(fake_driver):
@@ -311,7 +243,7 @@ def test_architecture_mismatch_is_caught_before_loading(fake_driver):
     launcher = Launcher(KernelBinary("add", "sm_90a", b"cubin", num_threads=128), ADD_TYPES)
     with pytest.raises(LaunchError, match=r"kernel 'add': the kernel was compiled for sm_90a .* is sm_80"):
         launcher((1,), [1, 2, 3, 4])
-    assert fake_driver.calls == []
+    assert calls_to(fake_driver, "cuModuleLoadData") == []
 
 
 def test_a_cubin_for_an_older_major_version_falls_back_to_its_ptx(fake_driver):
@@ -319,7 +251,44 @@ def test_a_cubin_for_an_older_major_version_falls_back_to_its_ptx(fake_driver):
     fake_driver.attributes[A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR] = 9    # an H100: sm_90a
     launcher = Launcher(KernelBinary("add", "sm_80", b"cubin", ptx=".target sm_80", num_threads=128), ADD_TYPES)
     launcher((1,), [1, 2, 3, 4])
-    assert fake_driver.calls[0][:2] == ("load", b".target sm_80\0")
+    assert calls_to(fake_driver, "cuModuleLoadData")[0][1] == b".target sm_80\0"
+
+
+def warm_launch_calls(driver, launch):
+    """The driver calls one more launch makes, after a first one has loaded the module."""
+    launch()
+    before = Counter(driver.counts)
+    launch()
+    return driver.counts - before
+
+
+def test_a_warm_launch_is_one_driver_call(fake_driver):
+    launcher = Launcher(ADD, ADD_TYPES)
+    arrays = [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000)]
+    assert warm_launch_calls(fake_driver, lambda: launcher((2,), [*arrays, 4])) == Counter(cuLaunchKernel=1)
+
+
+def test_arrays_that_do_not_state_their_device_cost_no_query_on_a_single_gpu(fake_driver):
+    launcher = Launcher(ADD, ADD_TYPES)
+    arrays = [NumbaArray(0x1000 * (i + 1)) for i in range(3)]
+    assert warm_launch_calls(fake_driver, lambda: launcher((2,), [*arrays, 4])) == Counter(cuLaunchKernel=1)
+
+
+def test_with_several_gpus_each_launch_checks_the_current_context():
+    with stubbed_driver(StubDriver(device_count=2)) as driver:
+        launcher = Launcher(ADD, ADD_TYPES)
+        arrays = [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000)]
+        calls = warm_launch_calls(driver, lambda: launcher((2,), [*arrays, 4]))
+    assert calls == Counter(cuCtxGetCurrent=1, cuLaunchKernel=1)
+
+
+def test_a_thread_without_a_current_context_gets_ours(fake_driver):
+    launcher = Launcher(ADD, ADD_TYPES)
+    launcher((1,), [1, 2, 3, 4])
+    fake_driver.current = 0                     # a new thread: nothing current yet
+    launcher((1,), [1, 2, 3, 4])
+    assert [c[-1] for c in fake_driver.launches()] == [PRIMARY_CONTEXT] * 2
+    assert fake_driver.current == PRIMARY_CONTEXT
 
 
 def test_kernel_launch_bound_is_enforced(fake_driver):

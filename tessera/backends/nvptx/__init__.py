@@ -19,12 +19,21 @@ this package supplies what is NVIDIA's. Files, in pipeline order:
     compile.py        compile_thread_ir, NvptxArtifacts
 """
 
-from .compile import NvptxArtifacts, compile_thread_ir
-from .errors import BackendError, LoweringError, PtxasError
-from .ptxas import Ptxas, find_ptxas
-from .toolkit import find_libdevice
+import importlib
 
-__all__ = [
-    "BackendError", "LoweringError", "NvptxArtifacts", "Ptxas", "PtxasError",
-    "compile_thread_ir", "find_libdevice", "find_ptxas",
-]
+# Each public name and the module defining it. They are imported on first use (PEP 562), so that asking
+# where ptxas is (`toolkit`) does not load LLVM: a process launching a cached binary needs only that.
+_EXPORTS = {
+    "NvptxArtifacts": "compile", "compile_thread_ir": "compile", "BackendError": "errors",
+    "LoweringError": "errors", "PtxasError": "errors", "Ptxas": "ptxas", "find_ptxas": "ptxas",
+    "find_libdevice": "toolkit",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name not in _EXPORTS:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(importlib.import_module(f".{_EXPORTS[name]}", __name__), name)
+    globals()[name] = value
+    return value

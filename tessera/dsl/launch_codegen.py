@@ -1,0 +1,232 @@
+"""The source of a kernel's warm launch entry (see `fast_launch.py`), generated for its argument kinds.
+
+For `add(x_ptr, y_ptr, out_ptr, n, BLOCK: constexpr = 1024)` launched with
+torch tensors and an int, the entry reads (abridged):
+
+    def add(grid, *args, **kwargs):
+        if len(args) != 4 or not kwargs.keys() <= KNOWN:
+            return miss(grid, *args, **kwargs)
+        a0, a1, a2, a3 = args
+        c4 = kwargs.get("BLOCK", D4)
+        num_warps = kwargs.get("num_warps", 4)
+        if type(a0) is not T0 or ... or type(a3) is not int:
+            return miss(grid, *args, **kwargs)
+        s0 = a0.data_ptr(); e0 = s0 + a0.nbytes          # likewise a1, a2
+        if -2147483648 <= a3 <= 2147483647: w3 = 32 ...
+        key = (a0.dtype, a0.device, not s0 & 15, ..., w3, not a3 & 15, a3 == 1,
+               s0 < e1 and s1 < e0, ..., type(c4), c4, num_warps)
+        found = launches.get(key)
+        if found is None:
+            return miss_key(key, grid, args, kwargs)
+        ... grid -> dims, stream -> handle ...
+        found[0](dims[0], dims[1], dims[2], (s0, s1, s2, a3), stream)
+
+Locals are numbered (a0, c4, ...), so a parameter may have any name. The
+source is registered with `linecache` under a file name inside this package,
+so tracebacks show it and torch.compile treats it as tessera's own code.
+"""
+
+from __future__ import annotations
+
+import linecache
+import math
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..runtime.errors import LaunchError
+from ..runtime.launcher import stream_handle, torch_current_stream
+from .arguments import itemsize
+
+if TYPE_CHECKING:
+    from .fast_launch import FastLaunches
+
+# What the first GPU launch passed at a position (besides "int", "float", "bool"): how its facts are read.
+TORCH, ARRAY_INTERFACE = "torch", "array_interface"
+_DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
+_REQUIRED = object()     # a constexpr without a default that the launch did not pass
+_I32 = "-2147483648 <= {v} <= 2147483647"
+_I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
+
+
+def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) -> Callable:
+    """The entry function for launches whose leading arguments have `kinds` ((kind, exact type) each)."""
+    sig = fast.signature
+    lines: list[str] = []
+    emit = lines.append
+    names = {"miss": fast.miss, "miss_key": fast.miss_key, "launches": fast.launches, "dims_of": fast.dims,
+             "grid_dims": fast.grid_dims, "LaunchError": LaunchError, "stream_handle": stream_handle,
+             "current_stream": _current_stream_function(kinds), "prod": math.prod, "itemsize": itemsize,
+             "stated_device": stated_device, "REQUIRED": _REQUIRED, "kernel_name": sig.name,
+             "KNOWN": frozenset(p for p in sig.params[sig.leading:] if p not in sig.tuned) | set(sig.options)}
+    miss = "return miss(grid, *args, **kwargs)"
+    emit("def entry(grid, *args, **kwargs):")
+    emit(f"    if len(args) != {sig.leading} or kwargs and not kwargs.keys() <= KNOWN:")
+    emit(f"        {miss}")
+    values = [f"a{i}" for i in range(sig.leading)]
+    if values:
+        emit(f"    {', '.join(values)}{',' if len(values) == 1 else ''} = args")
+    keyword_values = _unpack_keywords(sig, names, emit, miss)
+    guards = [f"type(a{i}) is not T{i}" for i in range(len(kinds))]
+    names.update({f"T{i}": t for i, (_, t) in enumerate(kinds)})
+    emit(f"    if {' or '.join(guards)}:")
+    emit(f"        {miss}")
+    key, ranges, launch_values = _argument_facts(sig, kinds, emit, miss)
+    key += [f"{s} < {e2} and {s2} < {e}" for n, (s, e) in enumerate(ranges) for s2, e2 in ranges[n + 1:]]
+    key += [f"type({v}), {v}" for v in keyword_values.values()]
+    key += [_tuning_value(sig, kinds, p, keyword_values) for p in sig.tuning_key]
+    key += ["num_warps"] if "num_warps" in sig.options else []
+    emit(f"    key = ({', '.join(key)},)")
+    emit("    try:")
+    emit("        found = launches.get(key)")
+    emit("    except TypeError:                  # an unhashable constexpr: the slow path says what is wrong")
+    emit(f"        {miss}")
+    emit("    if found is None:")
+    emit("        return miss_key(key, grid, args, kwargs)")
+    _launch(sig, kinds, values, keyword_values, launch_values, emit, miss)
+    return _compile(sig.name, "\n".join(lines) + "\n", names)
+
+
+def _current_stream_function(kinds) -> Callable[[int], int]:
+    """torch's raw current-stream query when the launch has torch tensors (no Stream object: what Triton
+    calls), else the general one."""
+    torch = sys.modules.get("torch") if any(kind == TORCH for kind, _ in kinds) else None
+    raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
+    return raw or torch_current_stream
+
+
+def _tuning_value(sig, kinds, param: str, keyword_values: dict[str, str]) -> str:
+    """The key part of one of autotune's key parameters: its value, or an array's shape (as `tuning_key`)."""
+    i = sig.params.index(param)
+    if i >= sig.leading:
+        return keyword_values[param]
+    kind = kinds[i][0]
+    return f"a{i}.shape" if kind == TORCH else f"tuple(q{i}['shape'])" if kind == ARRAY_INTERFACE else f"a{i}"
+
+
+def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
+    """Emit the reads of the parameters passed by keyword (or defaulted) and of the launch options;
+    returns {parameter: local} for the parameters. A launch without keywords skips the lookups."""
+    keyword_values, required, reads, defaults = {}, [], [], []
+    for i, param in enumerate(sig.params[sig.leading:], start=sig.leading):
+        if param in sig.tuned:
+            continue
+        keyword_values[param] = f"c{i}"
+        if param in sig.defaults:
+            names[f"D{i}"] = sig.defaults[param]
+            reads.append(f"c{i} = kwargs.get({param!r}, D{i})")
+            defaults.append(f"c{i} = D{i}")
+        else:
+            required.append(f"c{i}")
+            reads.append(f"c{i} = kwargs.get({param!r}, REQUIRED)")
+    options = [("num_warps", "4"), ("stream", "None")]
+    reads += [f"{o} = kwargs.get({o!r}, {default})" for o, default in options if o in sig.options]
+    defaults += [f"{o} = {default}" for o, default in options if o in sig.options]
+    if required:            # a constexpr without a default must come as a keyword
+        emit("    if not kwargs:")
+        emit(f"        {miss}")
+    else:
+        emit("    if not kwargs:")
+        for line in defaults or ["pass"]:
+            emit(f"        {line}")
+        emit("    else:")
+    indent = "    " if required else "        "
+    for line in reads:
+        emit(indent + line)
+    if required:
+        emit(f"    if {' or '.join(f'{c} is REQUIRED' for c in required)}:")
+        emit(f"        {miss}")
+    return keyword_values
+
+
+def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[str, str]], list[str]]:
+    """Emit the reads of each positional argument's facts; returns the key's parts, the arrays' [start, end)
+    locals and what each argument passes to the kernel."""
+    key, ranges, launch_values = [], [], []
+    for i, (kind, cls) in enumerate(kinds):
+        generic = sig.params[i] in sig.generic
+        value = f"a{i}"
+        if kind == TORCH:
+            emit(f"    s{i} = {value}.data_ptr()")
+            emit(f"    e{i} = s{i} + {value}.nbytes")
+            key += [f"{value}.dtype", f"{value}.device"]
+        elif kind == ARRAY_INTERFACE:
+            emit(f"    q{i} = {value}.__cuda_array_interface__")
+            emit(f"    s{i} = q{i}['data'][0]")
+            emit(f"    t{i} = q{i}['typestr']")
+            emit(f"    e{i} = s{i} + prod(q{i}['shape'], start=itemsize(t{i}))     # as the slow path's aliasing check")
+            states_device = hasattr(cls, "__dlpack_device__")     # else it never says: no call
+            key += [f"t{i}"] + ([f"stated_device({value})"] if states_device else [])
+        elif kind == "int":
+            emit(f"    if {_I32.format(v=value)}:")
+            emit(f"        w{i} = 32")
+            emit(f"    elif {_I64.format(v=value)}:")
+            emit(f"        w{i} = 64")
+            emit("    else:                              # u64: the slow path picks the type")
+            emit(f"        {miss}")
+            key += [f"w{i}"] + ([] if generic else [f"not {value} & 15", f"{value} == 1"])
+        if kind in (TORCH, ARRAY_INTERFACE):
+            key += [] if generic else [f"not s{i} & 15"]
+            ranges.append((f"s{i}", f"e{i}"))
+            launch_values.append(f"s{i}")
+        else:
+            launch_values.append(value)
+    return key, ranges, launch_values
+
+
+def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str) -> None:
+    """Emit the grid, the stream and the call of the prepared launch."""
+    meta = ", ".join([f"{p!r}: {v}" for p, v in zip(sig.params, values)] +
+                     [f"{p!r}: {v}" for p, v in keyword_values.items()])
+    emit("    launch, ordinal, tuned = found")
+    emit("    if type(grid) is not tuple and type(grid) is not int:")
+    emit(f"        meta = {{{meta}}}")
+    emit("        if tuned is not None:")
+    emit("            meta.update(tuned)")
+    emit("        grid = grid(meta)")
+    emit("    try:")
+    emit("        dims = dims_of.get(grid) or grid_dims(grid)")
+    emit("    except TypeError:                  # an unhashable grid (a list): the slow path judges it")
+    emit("        dims = None")
+    emit("    if dims is None:")
+    emit(f"        {miss}")
+    torch_args = any(kind == TORCH for kind, _ in kinds)
+    if "stream" in sig.options:
+        emit("    if stream is None:")
+        emit(f"        stream = {'current_stream(ordinal)' if torch_args else '0'}")
+        emit("    elif type(stream) is not int:")
+        emit("        stream = stream_handle(stream)")
+    else:
+        emit(f"    stream = {'current_stream(ordinal)' if torch_args else '0'}")
+    emit("    try:")
+    emit(f"        launch(dims[0], dims[1], dims[2], ({', '.join(launch_values)},), stream)")
+    emit("    except LaunchError as exc:")
+    emit("        raise exc.with_kernel(kernel_name) from None")
+
+
+_serial = 0
+
+
+def _compile(name: str, source: str, names: dict[str, Any]) -> Callable:
+    """Execute the generated source; its 'file' is registered with linecache for tracebacks."""
+    global _serial
+    _serial += 1
+    filename = str(Path(__file__).with_name(f"<launch {name} {_serial}>"))
+    linecache.cache[filename] = (len(source), None, source.splitlines(True), filename)
+    namespace = dict(names)
+    exec(compile(source, filename, "exec"), namespace)
+    entry = namespace["entry"]
+    entry.__name__ = entry.__qualname__ = name
+    return entry
+
+
+def stated_device(obj: Any) -> int | None:
+    """The GPU a `__dlpack_device__` object says it is on; None when it does not say, -1 when not a GPU."""
+    query = getattr(obj, "__dlpack_device__", None)
+    if query is None:
+        return None
+    try:
+        kind, index = query()
+        return int(index) if int(kind) in _DLPACK_GPU_TYPES else -1
+    except Exception:        # the slow path reports what is wrong with it
+        return -1

@@ -1,0 +1,150 @@
+"""`StubDriver`: cuda-python's driver module as one GPU would answer it, without a GPU.
+
+    with stubbed_driver() as driver:          # tessera.runtime.cuda now talks to the stub
+        kernel[grid](x, y, out, n)            # CUDA-array-interface objects stand in for tensors
+        driver.counts["cuLaunchKernel"]       # how many times each driver function was called
+
+Tests use it to check what the runtime asks of the driver (which context a
+launch runs in, how many driver calls a warm launch makes), and
+`bench/launch_overhead.py --stub-driver` to measure the host's launch path on
+a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
+like an sm_80 GPU (`attributes` can be changed), and it models the one driver
+rule the launch path relies on: `cuLaunchKernel` fails with
+CUDA_ERROR_INVALID_CONTEXT when no context is current and with
+CUDA_ERROR_INVALID_HANDLE when another context than the function's is.
+Handles, enums and results are cuda-python's own types, so what the runtime
+converts is what it converts on a real driver.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections import Counter
+from typing import Any, Iterator
+
+PRIMARY_CONTEXT = 0xC0
+
+
+class StubDriver:
+    """Answers the `cuda.bindings.driver` calls `CudaDevice` makes; see the module docstring."""
+
+    def __init__(self, *, record: bool = True, device_count: int = 1):
+        from cuda.bindings import driver
+
+        self.real = driver
+        self.CUresult = driver.CUresult
+        self.CUdevice_attribute = driver.CUdevice_attribute
+        self.CUfunction_attribute = driver.CUfunction_attribute
+        self.CUpointer_attribute = driver.CUpointer_attribute
+        self.ok = driver.CUresult.CUDA_SUCCESS
+        self.record = record            # count and keep every call in `counts` and `calls` (tests); benchmarks
+                                        # turn it off, so a launch costs the stub as little as it can
+        self.calls: list[tuple] = []
+        self.counts: Counter[str] = Counter()
+        self.current = 0                # the thread's current context
+        self.stack: list[int] = []
+        self.device_count = device_count
+        self.launch_result = self.ok
+        self.function_max_threads = 1024    # what cuFuncGetAttribute says of every kernel
+        A = driver.CUdevice_attribute
+        self.attributes = {
+            A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 8, A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_X: 2**31 - 1, A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Y: 65535,
+            A.CU_DEVICE_ATTRIBUTE_MAX_GRID_DIM_Z: 65535, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_X: 1024,
+            A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: 1024, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: 64,
+            A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 163 * 1024,
+        }
+
+    def _called(self, name: str, *args: Any) -> None:
+        self.counts[name] += 1
+        if self.record:
+            self.calls.append((name, *args))
+
+    def cuDeviceGetCount(self):
+        return self.ok, self.device_count
+
+    def cuDeviceGet(self, ordinal):
+        return self.ok, self.real.CUdevice(ordinal)
+
+    def cuDeviceGetName(self, length, device):
+        return self.ok, b"Stub A100\0\0\0"
+
+    def cuDeviceGetAttribute(self, attribute, device):
+        return self.ok, self.attributes[attribute]
+
+    def cuDevicePrimaryCtxRetain(self, device):
+        return self.ok, self.real.CUcontext(PRIMARY_CONTEXT + int(device))
+
+    def cuCtxGetCurrent(self):
+        self._called("cuCtxGetCurrent")
+        return self.ok, self.real.CUcontext(self.current)
+
+    def cuCtxSetCurrent(self, context):
+        self._called("cuCtxSetCurrent", int(context))
+        self.current = int(context)
+        return (self.ok,)
+
+    def cuCtxPushCurrent(self, context):
+        self._called("cuCtxPushCurrent", int(context))
+        self.stack.append(self.current)
+        self.current = int(context)
+        return (self.ok,)
+
+    def cuCtxPopCurrent(self):
+        self._called("cuCtxPopCurrent")
+        popped, self.current = self.current, self.stack.pop()
+        return self.ok, self.real.CUcontext(popped)
+
+    def cuModuleLoadData(self, image):
+        self._called("cuModuleLoadData", bytes(image), self.current)
+        return self.ok, ("module", self.current, bytes(image))
+
+    def cuModuleGetFunction(self, module, name):
+        return self.ok, ("function", name.decode(), module)
+
+    def cuFuncGetAttribute(self, attribute, function):
+        F = self.CUfunction_attribute
+        return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: self.function_max_threads, F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 0,
+                         F.CU_FUNC_ATTRIBUTE_NUM_REGS: 20}[attribute]
+
+    def cuFuncSetAttribute(self, function, attribute, value):
+        self._called("cuFuncSetAttribute", attribute.name, value)
+        return (self.ok,)
+
+    def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
+        current = self.current
+        if self.record:
+            self.counts["cuLaunchKernel"] += 1
+            self.calls.append(("cuLaunchKernel", f, (gx, gy, gz), (bx, by, bz), shared, stream, params, extra,
+                               current))
+        if current == f[2][1]:             # the context the function's module was loaded in
+            return (self.launch_result,)
+        if current == 0:
+            return (self.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
+
+    def cuPointerGetAttribute(self, attribute, address):
+        self._called("cuPointerGetAttribute", address)
+        return self.ok, 0
+
+    def cuCtxSynchronize(self):
+        return (self.ok,)
+
+    def launches(self) -> list[tuple]:
+        """The recorded cuLaunchKernel calls that ran (in the function's own context)."""
+        return [c for c in self.calls if c[0] == "cuLaunchKernel" and c[-1] == c[1][2][1]]
+
+
+@contextlib.contextmanager
+def stubbed_driver(driver: StubDriver | None = None) -> Iterator[StubDriver]:
+    """Point `tessera.runtime.cuda` at a `StubDriver` (a fresh one by default) for the duration."""
+    from . import cuda
+
+    driver = driver or StubDriver()
+    saved = cuda._driver, cuda.driver_available, cuda._devices
+    cuda._driver, cuda.driver_available, cuda._devices = (lambda: driver), (lambda: True), {}
+    try:
+        yield driver
+    finally:
+        cuda._driver, cuda.driver_available, cuda._devices = saved
