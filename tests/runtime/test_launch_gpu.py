@@ -195,9 +195,9 @@ def test_a_warm_launch_on_the_gpu_is_one_driver_call(monkeypatch):
     grid = (-(-N // BLOCK),)
     for _ in range(3):
         add[grid](x, y, out, N, BLOCK=BLOCK)
-    before = driver.counts.copy()
-    add[grid](x, y, out, N, BLOCK=BLOCK)
     several = cuda.device_count() > 1         # then each launch checks which context is current
+    before = driver.counts.copy()             # (counted from here: device_count() asks the driver too)
+    add[grid](x, y, out, N, BLOCK=BLOCK)
     assert driver.counts - before == ({"cuCtxGetCurrent": 1} if several else {}) | {"cuLaunchKernel": 1}
     torch.cuda.synchronize()
     assert_close(out, x + y, rtol=0, atol=0)
