@@ -35,7 +35,7 @@ import numpy as np
 from tessera.ir.mfma_layouts import mfma_fragments
 from tessera.ir.mma_layouts import mma_fragments
 from tessera.ir.numerics import round_to_tf32
-from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.ops import op_names
 from tessera.ir.types import shape_of, scalar_dtype
 
 # Importing these fills the tile interpreter's table, whose lane-wise entries we reuse.
@@ -60,11 +60,11 @@ def simt(*names: str, multi: bool = False) -> Callable[[Callable], Callable]:
     return register
 
 
-# Ops whose tile semantics are lane by lane: the same function serves arrays over threads.
-LANEWISE = (*BINARY_ARITH, "and", "or", "xor", "shl", "shr", "cmp", "neg", "abs", "not",
-            *MATH_FUNCTIONS, "cast", "bitcast", "addptr", "breakpoint")
-for _name in LANEWISE:
-    SIMT_SEMANTICS[_name] = SEMANTICS[_name]
+# Elementwise ops' tile semantics compute lane by lane, so the same functions serve arrays over threads
+# (all but `select`, whose condition may be one value per thread: defined below); so does `breakpoint`.
+for _name in (*op_names(elementwise=True), "breakpoint"):
+    if _name != "select":
+        SIMT_SEMANTICS[_name] = SEMANTICS[_name]
 
 
 def thread_index(mask: np.ndarray) -> tuple[int, ...]:

@@ -24,6 +24,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.ops import op_names
 from tessera.ir.types import scalar_dtype
 
 from . import fp8
@@ -156,7 +157,7 @@ def _select(lw, op, cond, a, b):
 # -- math ---------------------------------------------------------------------------------
 
 
-@lowering("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid", "floor", "ceil")
+@lowering(*op_names(numerics="math"))
 def _math(lw, op, x):
     return _in_float_math_type(lw, _dtype(op), lambda v: _math_in(lw, op.name, v), x)
 

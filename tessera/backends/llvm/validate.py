@@ -22,7 +22,7 @@ import re
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
 from tessera.ir.errors import VerifyError
-from tessera.ir.ops import MATH_FUNCTIONS, OPS
+from tessera.ir.ops import OPS
 from tessera.ir.printer import print_op
 from tessera.ir.target import TARGETS, Target, get_target
 from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
@@ -149,7 +149,7 @@ class _Validator:
         reason = dialect.check_op(op)
         if reason:
             raise self.fail(reason, op)
-        if op.name in MATH_FUNCTIONS or op.name == "rem" and scalar_dtype(op.results[0].type).is_float:
+        if op.name in OPS and OPS[op.name].numerics == "math" or op.name == "rem" and scalar_dtype(op.results[0].type).is_float:
             reason = dialect.math_support(op.name, scalar_dtype(op.results[0].type))
             if reason:
                 raise self.fail(reason, op)

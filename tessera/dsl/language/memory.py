@@ -16,6 +16,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.dtypes import DType, bool_
+from ...ir.ops import BITWISE_KINDS
 from ...ir.types import element_of
 from .. import semantics
 from ..constexpr_args import describe, require_constexpr, static_shape
@@ -226,7 +227,6 @@ def view_block(ctx: Context, view: Tensor, shape, index=None, *, offsets=None) -
 # Atomics
 
 _NUMERIC_KINDS = ("add", "max", "min")
-_BITWISE_KINDS = ("and", "or", "xor")
 
 
 def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Tensor:
@@ -235,7 +235,7 @@ def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Ten
     pointee = _pointee(pointer)
     if kind in _NUMERIC_KINDS and pointee.is_bool:
         ctx.error(f"{name} needs numbers, but {pointer.type} points to bool", TypeMismatchError)
-    if kind in _BITWISE_KINDS and pointee.is_float:
+    if kind in BITWISE_KINDS and pointee.is_float:
         ctx.error(f"{name} needs integers or bool, but {pointer.type} points to {pointee.name}", TypeMismatchError)
     operands = [pointer, _fit(ctx, value, pointee, pointer.shape, f"{name}'s value")]
     if mask is not None:

@@ -13,7 +13,8 @@ from __future__ import annotations
 
 from tessera.ir.types import RegsType, TileType
 
-from ..layout_assignment import ELEMENTWISE
+from tessera.ir.ops import op_names
+
 from . import copy_scalar_op, lowering
 from .context import Regs
 
@@ -42,7 +43,7 @@ def _arange(ctx, op):
     ctx.define(op.result, Regs(ctx.index_regs(layout, [1], bias=op.attrs["start"]), layout), op)
 
 
-@lowering(*sorted(ELEMENTWISE))
+@lowering(*op_names(elementwise=True))
 def _elementwise(ctx, op):
     result = op.results[0]
     if not isinstance(result.type, TileType):

@@ -48,15 +48,13 @@ from typing import Callable, Sequence
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout
-from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.ops import is_lanewise_region
 from tessera.ir.types import RegsType, ScalarType, TileType
 
 from . import lowering
 from .context import Digit, Regs, layout_digits, row_major_strides, shared_dtype
 
 BUILTIN_COMBINES = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and", "or": "or", "xor": "xor"}
-_LANEWISE = frozenset(["constant", "select", "cast", "bitcast", "cmp", "neg", "abs", "not", "yield",
-                       *BINARY_ARITH, "and", "or", "xor", "shl", "shr", *MATH_FUNCTIONS])
 
 Items = tuple  # the values one register carries through a reduction: (value,) or (value, index)
 Combine = Callable[[Items, Items], Items]
@@ -98,9 +96,7 @@ def arg_combine(ctx, kind: str, dtype: dt.DType) -> Combine:
 def clone_combine(ctx, region: Block, a: Value, b: Value) -> Value:
     """The combine region applied to `a` and `b` (scalars, or registers lane by lane)."""
     count = a.type.count if isinstance(a.type, RegsType) else None
-    lanewise = all(op.name in _LANEWISE and all(isinstance(r.type, ScalarType) for r in op.results)
-                   for top in region.ops for op in top.walk())
-    if count is not None and not lanewise:
+    if count is not None and not is_lanewise_region(region):
         parts = [clone_combine(ctx, region, x, y) for x, y in zip(ctx.unpack(a), ctx.unpack(b))]
         return ctx.pack(parts)
     mapping = {region.args[0]: a, region.args[1]: b}

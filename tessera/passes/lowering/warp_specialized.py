@@ -82,7 +82,7 @@ MAX_CONSUMER_REGISTERS = 240
 MAX_REGISTERS = 255                     # per thread
 REGISTER_FILE = 65536
 EXIT_BARRIER_ID = 2                     # producer and consumers, once, after the loop (1: the consumers')
-REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops
+REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops (a trait)
 
 
 def lower_warp_specialized_for(ctx, op: Operation) -> None:
@@ -159,14 +159,12 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
 def _check_prologue(ctx, loop: Operation) -> None:
     """The producer runs what precedes the loop too: refuse anything there but pure computation."""
     body = ctx.src.body
-    from . import LOWERINGS                         # filled once every op family is imported
-    register_only = REGISTER_ONLY_TILE_OPS | {name for name, fn in LOWERINGS.items()
-                                              if fn.__module__.endswith(".elementwise")}
     for top in body.ops[:body.ops.index(loop)]:
         for op in top.walk():
             tiles = any(isinstance(v.type, TileType) for v in (*op.operands, *op.results))
             scalar_ok = not op.regions and OPS[op.name].pure
-            tile_ok = op.name in register_only and not _converts(ctx, op)
+            register_only = op.name in REGISTER_ONLY_TILE_OPS or OPS[op.name].elementwise
+            tile_ok = register_only and not _converts(ctx, op)
             if not (tile_ok if tiles else scalar_ok):
                 raise ctx.error(op, f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, "
                                     "where the producer warpgroup runs it too; only scalar arithmetic, views and "
