@@ -17,7 +17,7 @@ The public API, in one place:
 """
 # ruff: noqa: F401  (this module re-exports)
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .ir.dtypes import (
     DType, bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64,

@@ -15,7 +15,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:

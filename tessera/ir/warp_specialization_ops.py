@@ -16,7 +16,7 @@ execute it together, and the kernel needs a known block size (NVPTX always
 emits `"nvvm.maxntid"`). `named_barrier` waits until `count` threads (whole
 warps) have arrived at barrier `id` (1..15; 0 is the block-wide `barrier`).
 
-The SIMT semantics are `backends/interp/simt_warp_specialization.py`, the
+The SIMT semantics are `backends/simt/warp_specialization.py`, the
 PTX `backends/nvptx/warp_specialization.py`. Registered into `ops.OPS` like
 `thread_ops`.
 """

@@ -23,7 +23,7 @@ required before the first wgmma of a warpgroup and between other accesses of
 its accumulator / A registers and a wgmma using them (chains of same-shape
 wgmmas on one accumulator excepted).
 
-The type rules are here; the SIMT semantics are `backends/interp/simt_wgmma.py`
+The type rules are here; the SIMT semantics are `backends/simt/wgmma.py`
 and the PTX `backends/nvptx/warpgroup.py`.
 """
 

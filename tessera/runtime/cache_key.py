@@ -32,6 +32,8 @@ import json
 from pathlib import Path
 from typing import Any, Iterable
 
+from ..version import __version__
+
 # Bump when the key document's layout changes, so old keys can never collide with new ones.
 KEY_FORMAT = 1
 
@@ -66,8 +68,6 @@ def cache_key(kernel_source_hash: str, callee_hashes: Iterable[str], specializat
 @functools.cache
 def compiler_identity() -> dict[str, str]:
     """What identifies this compiler build; computed once per process."""
-    from .. import __version__   # at call time: `tessera/__init__` has finished importing by then
-
     try:
         import llvmlite
         import llvmlite.binding as llvm

@@ -19,7 +19,7 @@ from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
 from tessera.ir.verifier import verify_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interp"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simt"))
 from tma_kernels import ring, tile_copy  # noqa: E402
 
 HAS_PTXAS = find_ptxas() is not None

@@ -1,5 +1,5 @@
 """wgmma to PTX: the hand-built warpgroup kernel (`wgmma_programs.py`, also run by the SIMT simulator in
-`tests/interp/test_simt_wgmma.py`) compiles for sm_90a to wgmma.mma_async / fence / commit / wait, assembles
+`tests/simt/test_simt_wgmma.py`) compiles for sm_90a to wgmma.mma_async / fence / commit / wait, assembles
 with ptxas without spilling, and is rejected before LLVM for targets without wgmma."""
 
 import re

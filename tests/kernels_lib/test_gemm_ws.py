@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 import tessera  # noqa: E402
-from tessera.backends.interp import run_threads  # noqa: E402
+from tessera.backends.simt import run_threads  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
 from tessera.passes.pipeline_threads import lower  # noqa: E402
 

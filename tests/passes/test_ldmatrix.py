@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import ldmatrix
 from tessera.ir.parser import parse_module

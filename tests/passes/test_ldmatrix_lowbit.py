@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir import dtypes as dt
 from tessera.ir.errors import IRError

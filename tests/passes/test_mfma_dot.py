@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import Memory, run_function, run_threads
+from tessera.backends.interp import Memory, run_function
+from tessera.backends.simt import run_threads
 from tessera.ir.layouts import local, replicated, spatial
 from tessera.ir.mfma_layouts import mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c
 from tessera.ir.smem_layouts import bank_conflicts, row_major

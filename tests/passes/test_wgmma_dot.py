@@ -26,7 +26,8 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import local, replicated, spatial
 from tessera.ir.target import get_target

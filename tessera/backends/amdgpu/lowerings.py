@@ -19,13 +19,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
 from ..llvm.codegen import COMMON_LOWERINGS
-from ..llvm.lowerings import LoweringTable
 from ..llvm.types import I16, I32
 
-LOWERINGS = LoweringTable("AMDGPU", base=COMMON_LOWERINGS)
+LOWERINGS = OpTable("AMDGPU lowering", base=COMMON_LOWERINGS)
 lowering = LOWERINGS.register
 
 _SOURCE_SUFFIX = {dt.f16: "f16", dt.bf16: "bf16.1k"}   # the .1k forms are the bf16 ones gfx90a+ have

@@ -8,6 +8,9 @@
 uint16 array as bf16, a uint8 array as packed u4). Everything the kernel
 does wrong (out-of-bounds access, integer division by zero, a failed
 assert) raises `InterpreterError` with the op's source location.
+
+Imports `tessera.ir` only. The SIMT simulator (`tessera.backends.simt`),
+which runs thread IR, builds on this package's values and semantics.
 """
 
 from .errors import InterpreterError
@@ -15,11 +18,8 @@ from .interpreter import ProgramInstance, bind_arguments, run_function, run_prog
 from .registry import SEMANTICS, semantics
 from .storage import Memory
 from .values import Pointers, View
-from .simt import run_threads
-from .thread_checks import verify_thread_ir
 
 __all__ = [
     "InterpreterError", "Memory", "Pointers", "ProgramInstance", "SEMANTICS", "View",
     "bind_arguments", "run_function", "run_program", "semantics",
-    "run_threads", "verify_thread_ir",
 ]

@@ -6,7 +6,7 @@ whose differences a `TargetDialect` describes. Files, in pipeline order:
     dialect.py     TargetDialect: the hooks a target supplies (kernel, ids, barrier, shuffle, smem, math, scopes)
     validate.py    checks common to every target that keep LLVM from aborting; resolve_target
     codegen.py     the kernel, regions and structured control flow; `Lowering`, `lower_function`
-    lowerings.py   LoweringTable: op -> lowering, COMMON plus a table per target layered over it
+    lowerings.py   COMMON: op -> lowering (an ir OpTable); each target layers its own table over it
     ops.py         elementwise ops, math, casts      types.py    types, constants
     memory.py      addptr, loads/stores, atomics     thread.py   ids, registers, shuffles, barrier, smem
     fp8.py         fp8 <-> f32 in integer IR         intrinsics.py  IntrinsicTable, common families

@@ -25,10 +25,10 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
+from tessera.ir.op_table import OpTable
 from tessera.ir.target import Target
 
 from .intrinsics import IntrinsicTable
-from .lowerings import LoweringTable
 from .types import BFloatType
 
 _BF16 = BFloatType()
@@ -38,7 +38,7 @@ class TargetDialect:
     """Base class of the per-target hooks; subclasses implement every method that raises here."""
 
     name: str = "?"                     # "NVPTX", "AMDGPU": how messages name the backend
-    lowerings: LoweringTable
+    lowerings: OpTable
     intrinsics: IntrinsicTable
     device_syncscope: str = ""          # LLVM syncscope of device-wide atomics and fences
     unsupported_ops: dict[str, str] = {}  # op name -> why this target has no lowering and what to do

@@ -24,13 +24,13 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
 from ..llvm.codegen import COMMON_LOWERINGS
-from ..llvm.lowerings import LoweringTable
 from ..llvm.types import I32, register_type
 
-LOWERINGS = LoweringTable("NVPTX", base=COMMON_LOWERINGS)
+LOWERINGS = OpTable("NVPTX lowering", base=COMMON_LOWERINGS)
 lowering = LOWERINGS.register
 
 _FP8_NAMES = {dt.f8e4m3: "e4m3", dt.f8e5m2: "e5m2"}

@@ -22,25 +22,14 @@ are (`copy_scalar_op`).
 
 from __future__ import annotations
 
-from typing import Callable
-
 from tessera.ir.core import Operation
+from tessera.ir.op_table import OpTable
 from tessera.ir.types import TileType, ViewType
 
 from .context import Lowering, Regs
 
-LOWERINGS: dict[str, Callable[[Lowering, Operation], None]] = {}
-
-
-def lowering(*names: str):
-    """Register the decorated function as the lowering of ops `names`."""
-    def register(fn):
-        for name in names:
-            if name in LOWERINGS:
-                raise RuntimeError(f"lowering for op {name!r} defined twice")
-            LOWERINGS[name] = fn
-        return fn
-    return register
+LOWERINGS = OpTable("tile -> thread lowering")
+lowering = LOWERINGS.register       # @lowering("add", "sub"): fn(ctx, op)
 
 
 def lower_op(ctx: Lowering, op: Operation) -> None:
