@@ -48,12 +48,23 @@ def module_name(path: Path) -> str:
     return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
 
 
-def imported_modules(path: Path) -> set[str]:
+def runtime_nodes(tree: ast.AST):
+    """Every node of `tree` except those under `if TYPE_CHECKING:` (imports for annotations only)."""
+    for node in ast.iter_child_nodes(tree):
+        if isinstance(node, ast.If) and isinstance(node.test, ast.Name) and node.test.id == "TYPE_CHECKING":
+            yield from (n for child in node.orelse for n in [child, *runtime_nodes(child)])
+            continue
+        yield node
+        yield from runtime_nodes(node)
+
+
+def imported_modules(path: Path, runtime_only: bool = False) -> set[str]:
     """Absolute names of the tessera modules (or names inside them) that `path` imports."""
     here = module_name(path).split(".")
     package = here if path.name == "__init__.py" else here[:-1]
     out = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    tree = ast.parse(path.read_text())
+    for node in (runtime_nodes(tree) if runtime_only else ast.walk(tree)):
         if isinstance(node, ast.Import):
             out |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom):
@@ -80,3 +91,11 @@ def test_imports_point_down(path):
         return
     wrong = {m: layer(m) for m in imported_modules(path) if layer(m) != own and layer(m) not in ALLOWED[own]}
     assert not wrong, f"{path.relative_to(PACKAGE)} ({own}) imports {wrong}, above it or beside it"
+
+
+def test_per_op_lowering_does_not_run_the_schedule():
+    """passes/schedule builds on passes/lowering (and registers into its table); the reverse is only for types."""
+    lowering = PACKAGE / "passes" / "lowering"
+    for path in sorted(lowering.rglob("*.py")):
+        upward = {m for m in imported_modules(path, runtime_only=True) if m.startswith("tessera.passes.schedule")}
+        assert not upward, f"{path.relative_to(PACKAGE)} imports {sorted(upward)}"

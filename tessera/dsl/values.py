@@ -143,10 +143,10 @@ class static_range:
 class pipeline:
     """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
     for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
-    `passes/lowering/async_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
+    `passes/schedule/software_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
     int >= 1; 1 means no pipelining) is recorded on the IR `for`. `warp_specialize=True` (sm_90/sm_90a, TMA
     loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
-    (`passes/lowering/warp_specialized.py`); it is recorded on the IR `for` as `warp_specialize = true`.
+    (`passes/schedule/warp_specialization.py`); it is recorded on the IR `for` as `warp_specialize = true`.
 
     Outside kernels it behaves like `range`.
     """

@@ -42,7 +42,7 @@ has no cp.async):
   (the SIMT simulator checks cross-thread races after lowering).
 
 Registered into `ops.OPS` like `thread_ops`; the interpreter semantics are
-`backends/interp/shared.py`, the lowering `passes/lowering/shared_buffers.py`.
+`backends/interp/shared.py`, the lowering `passes/schedule/shared_buffers.py`.
 """
 
 from __future__ import annotations

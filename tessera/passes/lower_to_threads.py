@@ -13,7 +13,8 @@ as `divisible_by_16`). Shared-memory buffers come out unplaced
 next. `pipeline_threads.lower` runs the whole sequence.
 
 What each op becomes is in `lowering/` (one module per op family; their
-docstrings give the rules):
+docstrings give the rules), and for loops and explicit shared memory in
+`schedule/` (software pipelining, TMA fills, warp specialization):
 
 | ops                                   | per thread                                                    |
 | ------------------------------------- | ------------------------------------------------------------- |
@@ -38,6 +39,7 @@ from __future__ import annotations
 from tessera.ir.core import Function, Module
 from tessera.ir.target import Target
 
+from . import schedule  # noqa: F401  (registers the scheduled ops' lowerings: loops, explicit shared memory)
 from .errors import LoweringError
 from .layout_assignment import LayoutAssignment
 from .lowering import Lowering

@@ -32,7 +32,7 @@ from tessera.ir.mfma_layouts import mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8
 from tessera.ir.smem_layouts import bank_conflicts, row_major
 from tessera.ir.target import get_target
 from tessera.passes.layout_assignment import assign_layouts
-from tessera.passes.lowering.context import shared_vector_width
+from tessera.passes.lowering.layout_math import shared_vector_width
 from tessera.passes.lowering.mfma_operands import lds_cycles, plan_lds
 from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MMA_M16N8K16, instruction_for, mma_plan
 from tessera.passes.pipeline_threads import lower

@@ -34,7 +34,7 @@ from tessera.ir.printer import print_module
 from tessera.ir.target import get_target
 from tessera.ir.types import ScalarType
 from tessera.ir.verifier import verify_module
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.pipeline_threads import lower
 

@@ -27,7 +27,7 @@ import pytest
 import tessera
 from tessera.ir.target import get_target
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.pipeline_threads import lower
 

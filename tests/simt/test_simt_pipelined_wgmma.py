@@ -30,7 +30,7 @@ import tessera
 from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
 from tessera.ir.target import get_target
-from tessera.passes.lowering.pipeline_plan import PipelinePlan
+from tessera.passes.schedule.pipeline_plan import PipelinePlan
 from tessera.passes.pipeline_threads import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))

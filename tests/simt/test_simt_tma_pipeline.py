@@ -37,7 +37,7 @@ from tessera.backends.simt import run_threads
 from tessera.ir.target import get_target
 from tessera.ir.tensor_map import kernel_recipes
 from tessera.ir.types import TensorMapType
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.pipeline_threads import lower
 

@@ -1,68 +1,16 @@
 """Warp-specialized pipelined loops: `for {stages = S, warp_specialize = true}` on TMA targets (sm_90, sm_90a).
 
-`tessera.pipeline(lo, hi, stages=S, warp_specialize=True)` asks for the
-ring of `async_pipeline.py` (S slots per pipelined A / B load, chosen by
-`pipeline_plan`) to be filled by a warpgroup of its own, the *producer*,
-while the kernel's `num_warps` warps, the *consumers*, run the loop body.
-The kernel gets 128 threads more than `num_warps * 32` (its `num_threads`
-attribute, hence `.maxntid`, the metadata and the launch block size);
-layouts and everything tile-level still use the consumer threads 0 .. C-1,
-and the producer is threads C .. C+127:
-
-    rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
-    empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
-    if thread_id >= C {producer_joins_at = k}                the producer
-        [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
-                                                             every thread has 255 registers at entry)
-        if thread_id == C {                                  one thread issues
-            for iv = lo .. hi, slot, phase:
-                if iv >= lo + S*step: mbarrier_wait empty[slot], 1 - phase   (the previous use's release;
-                                                             skipped on the first round through the ring)
-                [fence_proxy_async]; arrive_expect_tx full[slot], <bytes of a slot's boxes>
-                tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
-                                                             `TmaRing.start`; the fence only when ldmatrix
-                                                             read the slot through the generic proxy)
-        }
-        named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
-    } else {                                                 the consumers
-        [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
-        %acc... = for iv = lo .. hi, carried..., slot, phase:
-            mbarrier_wait full[slot], phase
-            ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
-            mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
-        named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]
-        named_barrier {id = 1, count = C}                    op k: the branches have met
-        ...                                                  the rest of the kernel, consumers only; each
-                                                             barrier is a `named_barrier {id = 1, count = C}`
-    }
-    return
-
-The rest of the kernel runs in the consumers' branch, so that their
-`setmaxnreg inc` covers it too (ptxas gives code outside it only what every
-thread has at entry: 168 registers with 384 threads, too few for a 128 x
-128 epilogue). `producer_joins_at = k` tells the shared-memory allocator
-that the producer's accesses are over at the consumers' op k, so the rings'
-bytes go to the buffers after the loop (such as the epilogue's layout
-change), as they do after a plain pipeline.
-
-The producer runs ahead on its own, at most S fills ahead of the slowest
-consumer, limited only by the empty barriers: no prefetch distance. A wgmma
-dot waits for its group in the iteration that issued it (no group in
-flight), so that the slot is free when its threads arrive on empty.
-
-Before the loop every thread, the producer included, runs the kernel's
-code, so that code may only compute (scalar ops, views, register-only tile
-ops such as `zeros`): no memory access, no shared-memory exchange, no
-nested region (`_check_prologue`). The loop must be an op of the kernel's
-body itself (not nested in a loop or an `if`: persistent kernels are not
-supported), one per kernel, and every pipelined load must be TMA-filled
-(a view load `pipeline_plan` does not pipeline at all stays an ordinary
-load of the consumers' body).
-
-The two branches meet again only at the named barrier 2 after the loop:
-the consumers' waits on full[] say that every fill has been issued and has
-landed, and the barrier orders the producer's last mbarrier accesses before
-thread 0 invalidates them (the SIMT simulator checks both).
+Input: a tile-IR `for` from `tessera.pipeline(..., warp_specialize=True)`
+whose pipelined loads can all be filled by TMA. Job: add a producer
+warpgroup (128 threads beyond `num_warps * 32`) that only issues the TMA
+fills of the ring, while the kernel's warps, the consumers, run the body
+behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
+where it pays; the rest of the kernel runs in the consumers' branch.
+Guarantees: the producer runs at most S fills ahead of the slowest
+consumer; the two branches meet only at one named barrier after the loop;
+what cannot be warp-specialized (no TMA, nested loop, memory access before
+the loop, ...) is a LoweringError saying what to change. The emitted code
+is the comment above `lower_warp_specialized_for`.
 """
 
 from __future__ import annotations
@@ -71,9 +19,9 @@ from tessera.ir.core import Block, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
 
-from .async_pipeline import RingOperand, _lower_body_op, next_slot_and_phase
-from .context import I32, Regs
+from ..lowering.values import I32, Regs, RingOperand
 from .pipeline_plan import PipelinePlan, pipeline_plan
+from .software_pipeline import lower_body_op, next_slot_and_phase
 from .tma_fill import TmaRing
 
 PRODUCER_THREADS = 128                  # one warpgroup
@@ -85,16 +33,79 @@ EXIT_BARRIER_ID = 2                     # producer and consumers, once, after th
 REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops (a trait)
 
 
+# `tessera.pipeline(lo, hi, stages=S, warp_specialize=True)` asks for the
+# ring of `software_pipeline.py` (S slots per pipelined A / B load, chosen by
+# `pipeline_plan`) to be filled by a warpgroup of its own, the *producer*,
+# while the kernel's `num_warps` warps, the *consumers*, run the loop body.
+# The kernel gets 128 threads more than `num_warps * 32` (its `num_threads`
+# attribute, hence `.maxntid`, the metadata and the launch block size);
+# layouts and everything tile-level still use the consumer threads 0 .. C-1,
+# and the producer is threads C .. C+127:
+#
+#     rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
+#     empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
+#     if thread_id >= C {producer_joins_at = k}                the producer
+#         [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
+#                                                              every thread has 255 registers at entry)
+#         if thread_id == C {                                  one thread issues
+#             for iv = lo .. hi, slot, phase:
+#                 if iv >= lo + S*step: mbarrier_wait empty[slot], 1 - phase   (the previous use's release;
+#                                                              skipped on the first round through the ring)
+#                 [fence_proxy_async]; arrive_expect_tx full[slot], <bytes of a slot's boxes>
+#                 tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
+#                                                              `TmaRing.start`; the fence only when ldmatrix
+#                                                              read the slot through the generic proxy)
+#         }
+#         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
+#     } else {                                                 the consumers
+#         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
+#         %acc... = for iv = lo .. hi, carried..., slot, phase:
+#             mbarrier_wait full[slot], phase
+#             ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
+#             mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
+#         named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]
+#         named_barrier {id = 1, count = C}                    op k: the branches have met
+#         ...                                                  the rest of the kernel, consumers only; each
+#                                                              barrier is a `named_barrier {id = 1, count = C}`
+#     }
+#     return
+#
+# The rest of the kernel runs in the consumers' branch, so that their
+# `setmaxnreg inc` covers it too (ptxas gives code outside it only what every
+# thread has at entry: 168 registers with 384 threads, too few for a 128 x
+# 128 epilogue). `producer_joins_at = k` tells the shared-memory allocator
+# that the producer's accesses are over at the consumers' op k, so the rings'
+# bytes go to the buffers after the loop (such as the epilogue's layout
+# change), as they do after a plain pipeline.
+#
+# The producer runs ahead on its own, at most S fills ahead of the slowest
+# consumer, limited only by the empty barriers: no prefetch distance. A wgmma
+# dot waits for its group in the iteration that issued it (no group in
+# flight), so that the slot is free when its threads arrive on empty.
+#
+# Before the loop every thread, the producer included, runs the kernel's
+# code, so that code may only compute (scalar ops, views, register-only tile
+# ops such as `zeros`): no memory access, no shared-memory exchange, no
+# nested region (`_check_prologue`). The loop must be an op of the kernel's
+# body itself (not nested in a loop or an `if`: persistent kernels are not
+# supported), one per kernel, and every pipelined load must be TMA-filled
+# (a view load `pipeline_plan` does not pipeline at all stays an ordinary
+# load of the consumers' body).
+#
+# The two branches meet again only at the named barrier 2 after the loop:
+# the consumers' waits on full[] say that every fill has been issued and has
+# landed, and the barrier orders the producer's last mbarrier accesses before
+# thread 0 invalidates them (the SIMT simulator checks both).
 def lower_warp_specialized_for(ctx, op: Operation) -> None:
-    """Lower `op` (a `for {warp_specialize = true}`) as the module docstring says."""
+    """Lower `op` (a `for {warp_specialize = true}`) as the comment above says."""
     plan = _checked_plan(ctx, op)
     consumers = ctx.num_threads
     ctx.fn.attrs["num_threads"] = consumers + PRODUCER_THREADS
     stages = plan.stages
-    rings = [ctx.shared_alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
+    rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
     full = TmaRing(ctx, plan.loads, stages)
-    empty = ctx.mbarriers(stages, consumers)      # a phase completes when every consumer released the slot
+    empty = ctx.smem.mbarriers(stages, consumers)      # a phase completes when every consumer released the slot
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
     producer, consumer = Block(), Block()
@@ -102,28 +113,22 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
         _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
         _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
         ctx.create("yield")
-    ctx.consumer_threads = consumers
+    ctx.threads.keep_only_consumers(consumers)
     with ctx.b.at(consumer):
         inc = _consumer_registers(ctx, consumers)
         if inc:
             ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
         loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
-    is_producer = ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
+    is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
     # The producer's shared-memory accesses are over once the consumers are past the named barrier both
     # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
     ctx.create("if", [is_producer], {"producer_joins_at": len(consumer.ops) - 1}, [], [producer, consumer])
-    # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; `end_consumer_branch`
-    # closes it at the kernel's return.
+    # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; the kernel's return closes
+    # it (`ThreadGroups.end_kernel`).
     ctx.b.block = consumer
     for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
-
-
-def end_consumer_branch(ctx) -> None:
-    """At the kernel's `return`: end the consumers' branch; the `return` follows the `if` in the kernel body."""
-    ctx.create("yield")
-    ctx.b.block = ctx.fn.body
 
 
 def _checked_plan(ctx, op: Operation) -> PipelinePlan:
@@ -132,7 +137,7 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
     if not target.has("tma"):
         raise ctx.error(op, f"warp_specialize=True needs TMA (sm_90, sm_90a), which {target.name} lacks; drop "
                             f"warp_specialize=True (the pipeline stays cp.async) or compile for sm_90")
-    if ctx.consumer_threads is not None:
+    if ctx.threads.consumers is not None:
         raise ctx.error(op, "only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its "
                             "producer warpgroup has exited after the first); drop warp_specialize=True here")
     if op.parent is not ctx.src.body:
@@ -148,7 +153,7 @@ def _checked_plan(ctx, op: Operation) -> PipelinePlan:
     if plan.copy_loads:
         where = ", ".join(str(load.load.loc) if load.load.loc else "a block load" for load in plan.copy_loads)
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
-               "unit-stride dim (see passes/lowering/tma_fill.py); fix the view or drop warp_specialize=True")
+               "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
         raise ctx.error(op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at "
                             f"{where} cannot be: {why}")
     if plan.stages < plan.requested_stages:
@@ -186,7 +191,7 @@ def _producer(ctx, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, u
     if _consumer_registers(ctx, consumers):
         ctx.create("setmaxnreg", attrs={"action": "dec", "count": PRODUCER_REGISTERS})
     index = lb.type
-    with ctx.when(ctx.emit("cmp", ctx.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
+    with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
         first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(plan.stages, index.dtype)))
         body = Block([index, I32, I32], ["iv", "slot", "phase"])
         iv, slot, phase = body.args
@@ -204,7 +209,7 @@ def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value
     ctx.env[region.args[0]] = iv
     order = {op: i for i, op in enumerate(region.ops)}
     for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
-        _lower_body_op(ctx, slice_op, {})
+        lower_body_op(ctx, slice_op, {})
     offsets = {load.load: ctx.emit("mul", slot, ctx.const(load.slot_elements)) for load in plan.loads}
     full.start(ctx, _bar(ctx, full.bars, slot), {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets)
 
@@ -224,21 +229,21 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops[:-1]:
-            _lower_body_op(ctx, body_op, reads)
+            lower_body_op(ctx, body_op, reads)
         ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
         carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
-        _lower_body_op(ctx, region.ops[-1], reads)
+        lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
 
     result_types = [ctx.thread_type(r) for r in op.results] + [I32, I32]
     new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
                      result_types, [body])
-    _all_threads_barrier(ctx, ctx.consumer_threads)   # every thread is past its last use of full[] and empty[]
+    _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
     full.release(ctx)
-    with ctx.when(ctx.first_thread()):
+    with ctx.when(ctx.index.first_thread()):
         for s in range(plan.stages):
             ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
-    ctx.barrier()                                   # before later buffers reuse the rings' bytes
+    ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
     return new
 
 

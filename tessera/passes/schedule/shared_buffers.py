@@ -1,5 +1,14 @@
 """Explicit shared buffers and async copies (`smem_*` ops, `tessera.shared`) lowered to threads.
 
+Input: a kernel's explicit shared buffers (`smem_alloc`, from
+`tessera.shared`) and every load, store and async copy of them. Job: give
+each buffer one shared allocation for the whole kernel with the XOR
+swizzle that minimizes bank conflicts for its accesses (or the one ldmatrix
+or TMA needs), and lower each access per thread: vectorized loads and
+stores, ldmatrix into mma fragments, cp.async chunks. Guarantees: 16-byte
+chunks stay whole under the swizzle, so vector accesses never split; the
+schedule (commits, waits, barriers) is the author's, unchanged. Per op:
+
 * `smem_alloc` -> one `shared_alloc {whole_kernel}` of the buffer's bytes
   (live for the whole kernel: see `shared_memory.py`; a buffer larger
   than the target's shared memory per block is a LoweringError at its
@@ -31,7 +40,7 @@
 * a buffer that a copy with an mbarrier (`barrier=`) fills from a view on a
   TMA target gets a swizzle TMA writes (`tma_swizzles`: none, or the
   32/64/128B one its rows span) and 1024-byte alignment, so that the
-  mbarrier lowering (`smem_mbarriers.py`) can fill its slots by TMA; the
+  mbarrier lowering (`mbarriers.py`) can fill its slots by TMA; the
   threads' copy here (`thread_copy`) serves every other copy.
 * `smem_async_commit` / `smem_async_wait` -> `async_commit` /
   `async_wait {pending}`; `smem_barrier` -> `barrier`.
@@ -53,10 +62,11 @@ from tessera.ir.types import PointerType, RegsType, ScalarType, SharedType, View
 
 from .. import alignment
 from ..layout_assignment import blocked_layout
-from . import lowering
-from .context import Regs, row_major_strides
-from .memory import view_lanes
-from .mma_operands import LDMATRIX_DTYPES, ldmatrix_plan, read_fragment, swizzle_offsets
+from ..lowering import lowering
+from ..lowering.layout_math import row_major_strides
+from ..lowering.memory import view_lanes
+from ..lowering.mma_operands import LDMATRIX_DTYPES, ldmatrix_plan, read_fragment, swizzle_offsets
+from ..lowering.values import Regs
 
 MAX_COPY_BYTES = 16
 MIN_ASYNC_COPY_BYTES = 4
@@ -252,7 +262,7 @@ def _slot(ctx, op):
 
 def _vector(ctx, layout: RegisterLayout, t: SharedType) -> int:
     """Registers one ld/st.shared of `layout` moves (as `_load` and `_store` emit them)."""
-    return ctx.shared_vector(layout, row_major_strides(t.shape), t.dtype)
+    return ctx.smem.vector_width(layout, row_major_strides(t.shape), t.dtype)
 
 
 def _ldmatrix(ctx, layout: RegisterLayout, dtype: dt.DType):
@@ -275,8 +285,8 @@ def _load(ctx, op):
         ctx.define(op.result, read_fragment(ctx, parts.slot_base(ctx), plan, parts.dtype), op)
         return
     weights = row_major_strides(parts.shape)
-    ptrs = parts.addresses(ctx, ctx.index_regs(layout, weights))
-    k = ctx.shared_vector(layout, weights, parts.dtype)
+    ptrs = parts.addresses(ctx, ctx.index.regs(layout, weights))
+    k = ctx.smem.vector_width(layout, weights, parts.dtype)
     t = RegsType(ScalarType(parts.dtype), layout.local_size)
     value = ctx.create("load", [ptrs], {"vector": k} if k > 1 else None, [t]).result
     ctx.define(op.result, Regs(value, layout), op)
@@ -288,9 +298,9 @@ def _store(ctx, op):
     value: Regs = ctx.operand(op, 1)
     layout = value.layout
     weights = row_major_strides(parts.shape)
-    ptrs = parts.addresses(ctx, ctx.index_regs(layout, weights))
-    k = ctx.shared_vector(layout, weights, parts.dtype)
-    owner = ctx.owner_predicate(layout)
+    ptrs = parts.addresses(ctx, ctx.index.regs(layout, weights))
+    k = ctx.smem.vector_width(layout, weights, parts.dtype)
+    owner = ctx.index.owner_predicate(layout)
     operands = [ptrs, value.value] + ([ctx.splat(owner, layout.local_size)] if owner is not None else [])
     ctx.create("store", operands, {"vector": k} if k > 1 else None)
 
@@ -309,7 +319,7 @@ def _wait(ctx, op):
 
 @lowering("smem_barrier")
 def _barrier(ctx, op):
-    ctx.barrier()
+    ctx.threads.barrier()
 
 
 # -- async copies ------------------------------------------------------------------------------
@@ -364,7 +374,7 @@ def _pow2_floor(n: int) -> int:
 
 def thread_copy(ctx, op):
     """`smem_async_copy` `op` by every thread (cp.async chunks or load and store; see the module docstring).
-    Registered by `smem_mbarriers.py`, which sends mbarrier copies that TMA can do elsewhere."""
+    Registered by `mbarriers.py`, which sends mbarrier copies that TMA can do elsewhere."""
     parts: SharedParts = ctx.lookup(op.operands[0])
     plan = copy_plan(ctx, op)
     layout = plan.layout
@@ -376,8 +386,8 @@ def thread_copy(ctx, op):
     else:
         src = ctx.operand(op, 1).value
         ok = ctx.operand(op, 2).value if count > 2 else None
-    dst = parts.addresses(ctx, ctx.index_regs(layout, row_major_strides(parts.shape)))
-    owner = ctx.owner_predicate(layout)
+    dst = parts.addresses(ctx, ctx.index.regs(layout, row_major_strides(parts.shape)))
+    owner = ctx.index.owner_predicate(layout)
     if owner is None:
         _issue(ctx, plan, parts.dtype, src, ok, dst)
         return

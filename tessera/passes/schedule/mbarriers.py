@@ -1,5 +1,12 @@
 """The language's mbarriers (`tessera.mbarriers`, `smem_mbarriers` / `smem_mbarrier_wait`, copies with `barrier=`).
 
+Input: the tile-IR mbarrier arrays, the copies issued onto them and their
+waits. Job: back each array by TMA and real mbarriers where the target has
+TMA and every copy onto it is a view block TMA can fill (`tma_boxes`), and
+otherwise by the threads' copies and a wait for all of them. Guarantee: a
+wait returns only once every copy of its phase has landed, for every
+thread (conservatively more on the fallback); the rules follow.
+
 An mbarrier array is *TMA-backed* when the target has TMA (sm_90, sm_90a)
 and every copy issued onto it is a view block that TMA can fill
 (`tma_fill.view_block_box`: a 2-D view of a 16-byte aligned pointer
@@ -40,7 +47,7 @@ from tessera.ir.shared_ops import copy_barrier
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import PointerType, SharedType, ViewType
 
-from . import lowering
+from ..lowering import lowering
 from .shared_buffers import SharedParts, buffer_swizzle, root, thread_copy
 from .tma_fill import TmaBox, map_parameter, view_block_box
 
@@ -49,10 +56,9 @@ MBARRIER_BYTES = 8
 
 def tma_boxes(ctx, bars: Operation) -> dict[Operation, TmaBox] | None:
     """The TMA box of every copy onto the mbarrier array `bars`, or None when it is not TMA-backed."""
-    cache = ctx.plans.setdefault("mbarrier_tma_boxes", {})           # asked by alloc, copies and waits alike
-    if bars not in cache:
-        cache[bars] = _plan(ctx, bars)
-    return cache[bars]
+    if bars not in ctx.mbarrier_boxes:                                # asked by alloc, copies and waits alike
+        ctx.mbarrier_boxes[bars] = _plan(ctx, bars)
+    return ctx.mbarrier_boxes[bars]
 
 
 def _plan(ctx, bars: Operation) -> dict[Operation, TmaBox] | None:
@@ -83,7 +89,7 @@ def _mbarriers(ctx, op):
     base.name_hint = op.result.name_hint
     ctx.env[op.result] = SharedParts(base, None, t.shape, None)
     if tma_boxes(ctx, op) is not None:
-        ctx.init_mbarriers(base, count, 1)
+        ctx.smem.init_mbarriers(base, count, 1)
 
 
 @lowering("smem_async_copy")
@@ -102,7 +108,7 @@ def _async_copy(ctx, op):
     outer, inner = (ctx.cast(ctx.lookup(op.operands[2 + d]), dt.i32) for d in box.dims)
     dst = parts.slot_base(ctx)
 
-    with ctx.when(ctx.first_thread()):
+    with ctx.when(ctx.index.first_thread()):
         ctx.create("fence_proxy_async")
         ctx.create("mbarrier_expect_tx", [bar_ptr, ctx.const(box.slot_bytes)])
         ctx.create("tma_load", [dst, tensor_map, outer, inner, bar_ptr])
@@ -114,10 +120,10 @@ def _wait(ctx, op):
     if tma_boxes(ctx, root(bar)) is None:
         if ctx.target.has("cp.async"):
             ctx.create("async_wait", attrs={"pending": 0})
-        ctx.barrier()
+        ctx.threads.barrier()
         return
     bar_ptr = ctx.lookup(bar).slot_base(ctx)
-    with ctx.when(ctx.first_thread()):
+    with ctx.when(ctx.index.first_thread()):
         ctx.create("mbarrier_arrive", [bar_ptr])
     parity = ctx.emit("and", ctx.cast(ctx.lookup(op.operands[1]), dt.i32), ctx.const(1))
     ctx.create("mbarrier_wait", [bar_ptr, parity])

@@ -1,73 +1,14 @@
-"""Which loads of a `for {stages = S}` loop are software-pipelined, and how (analysis only, on tile IR).
+"""Which loads of a `for {stages = S}` loop are software-pipelined, and in which slot layout (analysis only).
 
-`pipeline_plan(loop, target, num_warps, facts)` answers for one loop; the
-emission is `async_pipeline.py`. A `view_load` in the loop body is
-pipelined when all of these hold (otherwise it stays an ordinary load):
-
-* the target has cp.async and ldmatrix, S >= 2 and the loop step is a
-  positive compile-time constant (so iteration i + S - 1 is known);
-* its only consumer is operand A or B of one tensor-core `dot` of the body
-  (`mma.mma_plan` says yes: mma.sync, or wgmma on sm_90a; not inside a
-  region nested in the body), directly or through `convert_layout`s, and its
-  dtype is one the instruction reads from its slot: f16/bf16 along either
-  dim; i8/u8, e4m3/e5m2 and f32 (a tf32 dot) only when the contiguous dim
-  is K (A row-major, B column-major). ldmatrix moves 16-bit words, so its
-  `.trans` cannot transpose 8- or 32-bit elements, and wgmma transposes
-  16-bit operands only: an 8-bit / tf32 operand contiguous along M or N keeps
-  the ordinary load (global -> registers in every iteration);
-* its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
-  ordinary path);
-* its view and offsets are computed in the body from the induction variable
-  and loop-invariant values by pure scalar ops (the `slice`, re-evaluated
-  for iterations ahead), and they do depend on the induction variable;
-* one dim of the view has the constant stride 1 and the alignment analysis
-  proves copies of at least 4 bytes along it (`alignment.access_width`):
-  16 bytes where contiguity, alignment and bounds allow, else 8 or 4;
-* its slot can be read by the dot (`slot_layout`), and the block's chunks
-  divide evenly among the threads.
-
-The slot layout (`PipelinedLoad.slot_layout`, chosen by `_slot_layout`) is the
-one place that says where each element of a block lives in its slot; the
-fill (`async_pipeline._copy_block`) and the reads follow it. Slots are
-described in *slot orientation*: rows x the contiguous dim.
-
-* mma.sync: a row-major buffer whose rows run along the contiguous dim,
-  16-byte chunks XOR-swizzled so that the ldmatrix row reads are conflict
-  free (`mma_operands.ldmatrix_plan`; for a dim-0 contiguous operand the
-  buffer holds the transposed tile and the ldmatrix `.trans` flips). The
-  layout is an `SmemLayout`; `fragment` holds the ldmatrix plan. A 16-byte
-  row is 8 16-bit, 16 8-bit or 4 tf32 elements; for K-contiguous 8-bit and
-  tf32 blocks the plain ldmatrix x4 gives the m16n8k32 / m16n8k8 fragments
-  (`mma_layouts` docstring).
-* wgmma: a `WgmmaTileLayout`, K-major when the contiguous dim is K (A: dim 1,
-  B: dim 0), MN-major otherwise (a row-major B, a column-major A: read with
-  imm-trans = 1), with the widest swizzle whose atom row divides the block
-  and where descriptors start (`wgmma_tile_swizzle`). wgmma reads the slot
-  through descriptors; `fragment` is None.
-
-Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop
-has 3 or more stages and its one pipelined dot is a wgmma with both
-operands pipelined, whose accumulator is a single wgmma fragment per
-warpgroup carried straight from the body's block argument to its `yield`,
-the dot leaves its group in flight (`wgmma_wait {pending = 1}`) and the
-prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
-`async_pipeline` for why no slot is refilled while a wgmma may read it.
-(Several fragments would be unpacked and repacked around the wgmmas, and
-anything else reading the accumulator in the body would read it in flight;
-those dots wait for their group, pending = 0, and keep S - 1.)
-
-On a target with TMA, a load whose tensor map the host can build from the
-kernel's specialization fills its slots with TMA instead of cp.async
-(`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`): an mma.sync
-slot as one box, a wgmma slot as one box per column block, so on sm_90a
-the ring runs TMA -> wgmma. The slot layout is chosen first and the fill
-follows it, never the other way round.
-
-Shared memory: the ring of a load is S slots of its tile (wgmma slots start
-on their swizzle pattern: 1024 bytes for 128B). S is lowered
-until S x (sum of the slots) fits the target's shared memory per block
-(other buffers live during the loop are not counted: should they not fit,
-the allocator reports it); below 2 stages nothing is pipelined.
+Input: a tile-IR `for` with `stages = S`, the target, the warp count and
+the alignment facts. Job: find the view loads that feed a tensor-core dot
+and can be copied ahead (cp.async, or TMA where `tma_fill.tma_plan`
+allows), choose the layout of their ring slots (the one place that says
+where each element of a block lives in its slot: the fill and the reads
+follow it), and lower S until the rings fit in shared memory. Guarantee: a
+returned `PipelinePlan` is one `software_pipeline.py` can emit and the dot
+can read; None means the loop stays plain. The conditions are the
+comment above `pipeline_plan`.
 """
 
 from __future__ import annotations
@@ -85,7 +26,7 @@ from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzl
 
 from .. import alignment
 from ..mma import MmaPlan, mma_plan
-from .mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
+from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
 from .tma_fill import TmaBox, tma_plan
 
 # ldmatrix reads 16-bit elements plain or transposed, 8-bit and tf32 (f32) ones plain only (`_slot_layout`).
@@ -171,8 +112,76 @@ class PipelinePlan:
         return tuple(load for load in self.loads if load.tma is None)
 
 
+# `pipeline_plan(loop, target, num_warps, facts)` answers for one loop; the
+# emission is `software_pipeline.py`. A `view_load` in the loop body is
+# pipelined when all of these hold (otherwise it stays an ordinary load):
+#
+# * the target has cp.async and ldmatrix, S >= 2 and the loop step is a
+#   positive compile-time constant (so iteration i + S - 1 is known);
+# * its only consumer is operand A or B of one tensor-core `dot` of the body
+#   (`mma.mma_plan` says yes: mma.sync, or wgmma on sm_90a; not inside a
+#   region nested in the body), directly or through `convert_layout`s, and its
+#   dtype is one the instruction reads from its slot: f16/bf16 along either
+#   dim; i8/u8, e4m3/e5m2 and f32 (a tf32 dot) only when the contiguous dim
+#   is K (A row-major, B column-major). ldmatrix moves 16-bit words, so its
+#   `.trans` cannot transpose 8- or 32-bit elements, and wgmma transposes
+#   16-bit operands only: an 8-bit / tf32 operand contiguous along M or N keeps
+#   the ordinary load (global -> registers in every iteration);
+# * its fill is 0 (cp.async zero-fills masked chunks; another fill keeps the
+#   ordinary path);
+# * its view and offsets are computed in the body from the induction variable
+#   and loop-invariant values by pure scalar ops (the `slice`, re-evaluated
+#   for iterations ahead), and they do depend on the induction variable;
+# * one dim of the view has the constant stride 1 and the alignment analysis
+#   proves copies of at least 4 bytes along it (`alignment.access_width`):
+#   16 bytes where contiguity, alignment and bounds allow, else 8 or 4;
+# * its slot can be read by the dot (`slot_layout`), and the block's chunks
+#   divide evenly among the threads.
+#
+# The slot layout (`PipelinedLoad.slot_layout`, chosen by `_slot_layout`) is the
+# one place that says where each element of a block lives in its slot; the
+# fill (`software_pipeline._copy_block`) and the reads follow it. Slots are
+# described in *slot orientation*: rows x the contiguous dim.
+#
+# * mma.sync: a row-major buffer whose rows run along the contiguous dim,
+#   16-byte chunks XOR-swizzled so that the ldmatrix row reads are conflict
+#   free (`mma_operands.ldmatrix_plan`; for a dim-0 contiguous operand the
+#   buffer holds the transposed tile and the ldmatrix `.trans` flips). The
+#   layout is an `SmemLayout`; `fragment` holds the ldmatrix plan. A 16-byte
+#   row is 8 16-bit, 16 8-bit or 4 tf32 elements; for K-contiguous 8-bit and
+#   tf32 blocks the plain ldmatrix x4 gives the m16n8k32 / m16n8k8 fragments
+#   (`mma_layouts` docstring).
+# * wgmma: a `WgmmaTileLayout`, K-major when the contiguous dim is K (A: dim 1,
+#   B: dim 0), MN-major otherwise (a row-major B, a column-major A: read with
+#   imm-trans = 1), with the widest swizzle whose atom row divides the block
+#   and where descriptors start (`wgmma_tile_swizzle`). wgmma reads the slot
+#   through descriptors; `fragment` is None.
+#
+# Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop
+# has 3 or more stages and its one pipelined dot is a wgmma with both
+# operands pipelined, whose accumulator is a single wgmma fragment per
+# warpgroup carried straight from the body's block argument to its `yield`,
+# the dot leaves its group in flight (`wgmma_wait {pending = 1}`) and the
+# prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
+# `software_pipeline.lower_pipelined_for` for why no slot is refilled while a wgmma may read it.
+# (Several fragments would be unpacked and repacked around the wgmmas, and
+# anything else reading the accumulator in the body would read it in flight;
+# those dots wait for their group, pending = 0, and keep S - 1.)
+#
+# On a target with TMA, a load whose tensor map the host can build from the
+# kernel's specialization fills its slots with TMA instead of cp.async
+# (`tma_fill.tma_plan` has the conditions; `PipelinedLoad.tma`): an mma.sync
+# slot as one box, a wgmma slot as one box per column block, so on sm_90a
+# the ring runs TMA -> wgmma. The slot layout is chosen first and the fill
+# follows it, never the other way round.
+#
+# Shared memory: the ring of a load is S slots of its tile (wgmma slots start
+# on their swizzle pattern: 1024 bytes for 128B). S is lowered
+# until S x (sum of the slots) fits the target's shared memory per block
+# (other buffers live during the loop are not counted: should they not fit,
+# the allocator reports it); below 2 stages nothing is pipelined.
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) -> PipelinePlan | None:
-    """How `loop` is pipelined on `target`; None: it is lowered as a plain loop."""
+    """How `loop` is pipelined on `target` (the conditions are in the comment above); None: a plain loop."""
     requested = loop.attrs.get("stages", 1)
     if requested < 2 or not (target.has("cp.async") and target.has("ldmatrix")):
         return None
@@ -256,7 +265,7 @@ def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, in
                  warp_size: int):
     """(fragment layout, slot layout, ldmatrix plan) of operand `operand` of a dot planned as `mma` whose
     block is contiguous along tile dim `dim`, its slot `slot_shape` (rows, contiguous dim); None: no slot
-    the dot can read. See the module docstring."""
+    the dot can read. See `pipeline_plan`."""
     if mma.a is None:                               # wgmma: descriptors read the slot
         k_major = dim == 1 - operand                # A (M x K) K-contiguous along dim 1; B (K x N) along dim 0
         if element_bytes != 2 and not k_major:      # wgmma transposes 16-bit operands only

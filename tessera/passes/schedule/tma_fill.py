@@ -1,61 +1,14 @@
-"""Pipelined ring slots filled by TMA (sm_90+): which view loads qualify, and the fill they get.
+"""Ring slots filled by TMA (sm_90+): which pipelined view loads qualify, and the fill they get.
 
-`async_pipeline.py` fills the ring slots of a pipelined view load with
-cp.async; on a target with TMA a load whose map is decidable at compile
-time from the kernel's specialization is filled by the Tensor Memory
-Accelerator instead (`tma_plan` says which; `TmaRing` emits the fill):
-
-    maps: one hidden `tensormap` parameter per (view, box) with its recipe
-          (`tessera.ir.tensor_map.TensorMapRecipe`) in the kernel's `tensor_maps` attribute
-    bars = shared_alloc (S mbarriers)                     one per slot, shared by the TMA loads
-    if thread 0: mbarrier_init bars[s], 1 (each s); fence_mbarrier_init
-    barrier
-    ... issuing the blocks of iteration iv into slot s (prologue, then one refill per iteration):
-    if thread 0 and iv < ub:
-        fence_proxy_async                                 the slot's earlier generic (ldmatrix) reads come
-                                                          first; not for wgmma slots, read by the async proxy
-        mbarrier_arrive_expect_tx bars[s], <bytes of the TMA boxes of one slot>
-        tma_load ring[s] + j * <box>, map, <block offsets + (0, j * box width)>, bars[s]
-                                                          (one per box j of each TMA load's slot)
-    ... before the body reads slot s:
-    mbarrier_wait bars[s], phase                          phase flips each time the ring wraps
-    ... after the loop:
-    if thread 0: mbarrier_inval bars[s] (each s)          before the bytes are reused (or the loop re-entered)
-
-A box past the tensor's edge lands zero-filled, so the view's bounds mask
-holds by construction. Blocks past the loop end are not issued at all: no
-arrival and no bytes, so no phase is left half-counted and no copy is left
-in flight; nobody waits for those phases.
-
-A view load qualifies when (everything else as for cp.async, `pipeline_plan`):
-
-* the target has TMA, the view is a `make_view` of a pointer *parameter* of
-  the kernel that the specialization knows is 16-byte aligned, and its sizes
-  and strides are parameters, constants or products of them with constants
-  (the host evaluates them from the launch arguments);
-* the view is 2-D, its contiguous dim has stride 1 and the other stride is a
-  multiple of 16 bytes (`divisible_by_16` of the parameter, or a constant);
-* the element size is 1, 2 or 4 bytes, the box has dims <= 256 and rows of a
-  multiple of 16 bytes;
-* the slot's layout is one TMA writes (`slot_boxes`). A TMA box lands
-  row-major, its rows (the contiguous dim innermost) packed one after the
-  other, and with a 32B/64B/128B swizzle its 16-byte chunks XORed by
-  `Swizzle<b, 4, 3>` on byte addresses (b = 1, 2, 3) while a box row is at
-  most the swizzle span. So TMA writes
-  - an mma.sync slot (`SmemLayout`): the whole block as one box, when the
-    slot is plain row-major and its rows span exactly the swizzle's bytes
-    (or it is unswizzled: TMA's "none");
-  - a wgmma slot (`WgmmaTileLayout`, either major): the slot is a sequence
-    of column blocks, each rows x (one atom row = the swizzle span, 16 bytes
-    without swizzle) laid out row-major and swizzled by the same
-    `Swizzle<b, 4, 3>` (a block is a whole number of swizzle periods, so the
-    absolute-address swizzle wgmma reads is the box's own). Each column block
-    is one box of rows x (span / element size) elements, written with the
-    slot's swizzle mode ("none" for the interleaved 8 x 16-byte core
-    matrices: a box of 16-byte rows lands exactly as one column of them), the
-    boxes stacked at their block offsets, coordinates advanced along the
-    contiguous dim by the box width. All boxes of a slot share one shape,
-    so one map per load serves them; they all count on the slot's mbarrier.
+Input: a pipelined view load and its slot layout (from `pipeline_plan.py`)
+on a target with TMA. Job: decide whether the host can build the load's
+tensor map from the kernel's specialization and TMA can write the slot's
+layout (`tma_plan`, `view_block_box`, `slot_boxes`); if so, add the hidden
+`tensormap` parameters with their recipes and emit the fill (`TmaRing`:
+one mbarrier per slot, one thread issuing the boxes). Guarantees: a box
+past the tensor's edge lands zero-filled, so the view's bounds hold by
+construction; blocks past the loop end are not issued, so no phase is left
+half-counted and no copy is left in flight.
 """
 
 from __future__ import annotations
@@ -71,7 +24,7 @@ from tessera.ir.tensor_map import KERNEL_ATTR, MAX_BOX_DIM, Extent, TensorMapRec
 from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
-from .context import I32
+from ..lowering.values import I32
 
 TMA_ELEMENT_BYTES = (1, 2, 4)
 SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}
@@ -115,8 +68,8 @@ def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, targ
 def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: int,
                    slot: SmemLayout | WgmmaTileLayout, target: Target, facts: dict) -> TmaBox | None:
     """The TMA fill of a `shape` block of `view` (elements `dtype`, contiguous view dim `dim`) into a slot laid
-    out as `slot`, or None when it does not qualify (the rules of the module docstring). Shared by pipelined
-    loads (`tma_plan`) and the language's mbarrier copies (`shared_buffers.py`)."""
+    out as `slot`, or None when it does not qualify (the rules are in the comment above `TmaRing`). Shared by
+    pipelined loads (`tma_plan`) and the language's mbarrier copies (`shared_buffers.py`)."""
     if not target.has("tma"):
         return None
     make_view = view.owner
@@ -151,7 +104,7 @@ def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: in
 def slot_boxes(slot: SmemLayout | WgmmaTileLayout, rows: int, cols: int, size: int) -> tuple[str, int, int] | None:
     """How TMA writes a `rows` x `cols` slot (cols: the contiguous dim, `size`-byte elements) laid out as `slot`:
     (swizzle mode, box width in elements, boxes per slot), or None when no TMA box lands that way (see the
-    module docstring)."""
+    `TmaRing`)."""
     if isinstance(slot, WgmmaTileLayout):       # column blocks of one atom row each: a box per block
         if (slot.rows, slot.cols, slot.element_bytes) != (rows, cols, size):
             return None
@@ -191,8 +144,64 @@ def _function_of(op: Operation) -> Function | None:
     return item
 
 
+# `software_pipeline.py` fills the ring slots of a pipelined view load with
+# cp.async; on a target with TMA a load whose map is decidable at compile
+# time from the kernel's specialization is filled by the Tensor Memory
+# Accelerator instead (`tma_plan` says which; `TmaRing` emits the fill):
+#
+#     maps: one hidden `tensormap` parameter per (view, box) with its recipe
+#           (`tessera.ir.tensor_map.TensorMapRecipe`) in the kernel's `tensor_maps` attribute
+#     bars = shared_alloc (S mbarriers)                     one per slot, shared by the TMA loads
+#     if thread 0: mbarrier_init bars[s], 1 (each s); fence_mbarrier_init
+#     barrier
+#     ... issuing the blocks of iteration iv into slot s (prologue, then one refill per iteration):
+#     if thread 0 and iv < ub:
+#         fence_proxy_async                                 the slot's earlier generic (ldmatrix) reads come
+#                                                           first; not for wgmma slots, read by the async proxy
+#         mbarrier_arrive_expect_tx bars[s], <bytes of the TMA boxes of one slot>
+#         tma_load ring[s] + j * <box>, map, <block offsets + (0, j * box width)>, bars[s]
+#                                                           (one per box j of each TMA load's slot)
+#     ... before the body reads slot s:
+#     mbarrier_wait bars[s], phase                          phase flips each time the ring wraps
+#     ... after the loop:
+#     if thread 0: mbarrier_inval bars[s] (each s)          before the bytes are reused (or the loop re-entered)
+#
+# A box past the tensor's edge lands zero-filled, so the view's bounds mask
+# holds by construction. Blocks past the loop end are not issued at all: no
+# arrival and no bytes, so no phase is left half-counted and no copy is left
+# in flight; nobody waits for those phases.
+#
+# A view load qualifies when (everything else as for cp.async, `pipeline_plan`):
+#
+# * the target has TMA, the view is a `make_view` of a pointer *parameter* of
+#   the kernel that the specialization knows is 16-byte aligned, and its sizes
+#   and strides are parameters, constants or products of them with constants
+#   (the host evaluates them from the launch arguments);
+# * the view is 2-D, its contiguous dim has stride 1 and the other stride is a
+#   multiple of 16 bytes (`divisible_by_16` of the parameter, or a constant);
+# * the element size is 1, 2 or 4 bytes, the box has dims <= 256 and rows of a
+#   multiple of 16 bytes;
+# * the slot's layout is one TMA writes (`slot_boxes`). A TMA box lands
+#   row-major, its rows (the contiguous dim innermost) packed one after the
+#   other, and with a 32B/64B/128B swizzle its 16-byte chunks XORed by
+#   `Swizzle<b, 4, 3>` on byte addresses (b = 1, 2, 3) while a box row is at
+#   most the swizzle span. So TMA writes
+#   - an mma.sync slot (`SmemLayout`): the whole block as one box, when the
+#     slot is plain row-major and its rows span exactly the swizzle's bytes
+#     (or it is unswizzled: TMA's "none");
+#   - a wgmma slot (`WgmmaTileLayout`, either major): the slot is a sequence
+#     of column blocks, each rows x (one atom row = the swizzle span, 16 bytes
+#     without swizzle) laid out row-major and swizzled by the same
+#     `Swizzle<b, 4, 3>` (a block is a whole number of swizzle periods, so the
+#     absolute-address swizzle wgmma reads is the box's own). Each column block
+#     is one box of rows x (span / element size) elements, written with the
+#     slot's swizzle mode ("none" for the interleaved 8 x 16-byte core
+#     matrices: a box of 16-byte rows lands exactly as one column of them), the
+#     boxes stacked at their block offsets, coordinates advanced along the
+#     contiguous dim by the box width. All boxes of a slot share one shape,
+#     so one map per load serves them; they all count on the slot's mbarrier.
 class TmaRing:
-    """The TMA side of one pipelined loop: the map parameters, the slots' mbarriers and the fill."""
+    """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
 
     def __init__(self, ctx, loads, stages: int):
         self.loads = [load for load in loads if load.tma is not None]
@@ -202,7 +211,7 @@ class TmaRing:
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
         self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
         self.stages = stages
-        self.bars = ctx.mbarriers(stages, 1)
+        self.bars = ctx.smem.mbarriers(stages, 1)
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
@@ -210,7 +219,7 @@ class TmaRing:
     def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
         (`rings`, `offsets`: per tile-IR load op)."""
-        with ctx.when(ctx.emit("and", ctx.first_thread(), live)):
+        with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
 
     def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
@@ -235,7 +244,7 @@ class TmaRing:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
         barrier orders this before any reuse."""
-        with ctx.when(ctx.first_thread()):
+        with ctx.when(ctx.index.first_thread()):
             for s in range(self.stages):
                 ctx.create("mbarrier_inval", [self._bar(ctx, ctx.const(s))])
 
