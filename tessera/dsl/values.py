@@ -26,7 +26,7 @@ from .errors import CompileError
 
 
 class Tensor:
-    """A traced IR value with Python operators handled by the code generator."""
+    """A traced IR value with Python operators handled by the tracer."""
 
     __slots__ = ("value",)
 
@@ -76,7 +76,7 @@ class Context:
     kernel_name: str = ""
     file: str | None = None
     source_lines: list[str] = field(default_factory=list)
-    # Set by the code generator: inline a @tessera.func at the insertion point,
+    # Set by the tracer: inline a @tessera.func at the insertion point,
     # `call_function(func, args) -> result`. Builtins with function arguments
     # (custom reduce/scan combine functions) use it to fill their regions.
     call_function: Callable[[Any, list[Any]], Any] | None = None

@@ -19,7 +19,7 @@ layout yet, so the first layout to reach a value wins):
 
 1. pinned: `overrides` (value -> layout) are set first and never change
    (`pinned_layouts(fn)` gives the pins of the IR's `convert_layout` ops,
-   which `pipeline_threads.lower` passes). The operand of a pinned
+   which `thread_passes.lower` passes). The operand of a pinned
    `convert_layout` that nothing else uses takes the pinned layout too, so
    that `load(..., layout=L)` loads straight into L.
 2. anchors: a dot that runs on a matrix instruction (`mma.mma_plan`:

@@ -37,7 +37,7 @@ from tessera.ir.verifier import verify_module
 from tessera.passes.errors import LoweringError
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.lower_to_threads import lower_to_threads
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 simt = pytest.importorskip("tessera.backends.simt")
 

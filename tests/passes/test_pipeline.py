@@ -36,7 +36,7 @@ from tessera.ir.types import ScalarType
 from tessera.ir.verifier import verify_module
 from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from pipeline_kernels import F16_RESULT, matmul_case
 

@@ -25,7 +25,7 @@ from tessera.ir.parser import parse_module
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
 from tessera.ir.target import get_target
 from tessera.ir.types import PointerType
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 from tessera.passes.schedule.shared_buffers import Access, choose_swizzle
 from tessera.passes.shared_memory import allocate_shared_memory
 

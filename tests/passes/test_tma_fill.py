@@ -40,7 +40,7 @@ from tessera.ir.wgmma_layouts import WgmmaTileLayout
 from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.schedule.tma_fill import SLOT_ALIGN, slot_boxes
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from pipeline_kernels import matmul_case
 

@@ -34,7 +34,7 @@ from tessera.ir.target import get_target
 from tessera.ir.wgmma_layouts import wgmma_accumulator
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.mma import MMA_M16N8K16, mma_plan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 

@@ -27,7 +27,7 @@ import tessera
 from tessera.backends.simt import run_threads
 from tessera.ir.core import Function
 from tessera.ir.types import PointerType
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import _exact, _host  # noqa: E402

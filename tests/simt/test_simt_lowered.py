@@ -18,7 +18,7 @@ from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
 from tessera.ir.target import get_target
 
-pipeline_threads = pytest.importorskip("tessera.passes.pipeline_threads")
+thread_passes = pytest.importorskip("tessera.passes.thread_passes")
 lower_to_threads = pytest.importorskip("tessera.passes.lower_to_threads")
 layout_assignment = pytest.importorskip("tessera.passes.layout_assignment")
 
@@ -63,7 +63,7 @@ def test_lowered_tutorial_matches_the_tile_interpreter(name, target, num_warps):
     expected, actual = make_args(), make_args()
     module = kernel.specialize(*expected, **constexprs).module
     run_function(module.functions[0], expected, grid)
-    fn = pipeline_threads.lower(module, target, num_warps=num_warps).functions[0]
+    fn = thread_passes.lower(module, target, num_warps=num_warps).functions[0]
     matrix_op = "mfma" if target.startswith("gfx") else "mma"
     assert any(op.name == matrix_op for op in fn.walk()) == (name == "matmul")
     run_threads(fn, actual, grid)
@@ -79,7 +79,7 @@ def test_lowered_tutorial_matches_the_tile_interpreter(name, target, num_warps):
 def test_a_vector_promise_made_for_one_specialization_fails_on_other_arguments():
     kernel = tutorial_kernel("01-vector-add.py", "add")
     module = kernel.specialize(*vector_add_args(1024), BLOCK=256).module  # n % 16 == 0: whole groups masked
-    fn = pipeline_threads.lower(module, "sm_80", num_warps=2).functions[0]
+    fn = thread_passes.lower(module, "sm_80", num_warps=2).functions[0]
     assert sum(op.attrs.get("vector") == 4 for op in fn.walk()) == 3
     run_threads(fn, vector_add_args(1024), grid=4)
     with pytest.raises(InterpreterError, match=r"op 'load': vector = 4 promise broken: thread 58 has a mask that "
@@ -90,7 +90,7 @@ def test_a_vector_promise_made_for_one_specialization_fails_on_other_arguments()
 def lowered_softmax(num_warps=4):
     kernel = tutorial_kernel("02-fused-softmax.py", "softmax")
     module = kernel.specialize(*softmax_args(), BLOCK=128).module
-    return module, pipeline_threads.lower(module, "sm_80", num_warps).functions[0]
+    return module, thread_passes.lower(module, "sm_80", num_warps).functions[0]
 
 
 def drop_barriers(fn, which):

@@ -26,7 +26,7 @@ from tessera.backends.interp import InterpreterError, run_function
 
 from tessera.backends.simt import run_threads
 from tessera.ir.tensor_map import kernel_recipes
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from shared_kernels import F16_RESULT, MatmulCase, mbarrier_matmul
 

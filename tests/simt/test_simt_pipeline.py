@@ -27,7 +27,7 @@ import pytest
 import tessera
 from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import F16_RESULT, matmul_case  # noqa: E402

@@ -29,7 +29,7 @@ from tessera.backends.interp import run_function
 
 from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from lowbit_pipeline_kernels import lowbit_case  # noqa: E402

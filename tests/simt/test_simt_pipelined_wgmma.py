@@ -31,7 +31,7 @@ from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
 from tessera.ir.target import get_target
 from tessera.passes.schedule.pipeline_plan import PipelinePlan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import F16_RESULT, _exact, _host  # noqa: E402

@@ -20,7 +20,7 @@ import pytest
 import tessera
 from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from shared_kernels import F16_RESULT, MatmulCase
 

@@ -39,7 +39,7 @@ from tessera.ir.tensor_map import kernel_recipes
 from tessera.ir.types import TensorMapType
 from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import F16_RESULT, _exact, _host, matmul_case  # noqa: E402

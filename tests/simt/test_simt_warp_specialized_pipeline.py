@@ -27,7 +27,7 @@ import pytest
 from tessera.backends.interp import InterpreterError
 
 from tessera.backends.simt import run_threads
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import F16_RESULT  # noqa: E402

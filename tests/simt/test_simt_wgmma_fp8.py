@@ -40,7 +40,7 @@ from tessera.ir.target import get_target
 from tessera.ir.verifier import verify_function
 from tessera.ir.wgmma_layouts import WgmmaTileLayout, operand_addresses, wgmma_tile_swizzle
 from tessera.passes.mma import instruction_for
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from lowbit_pipeline_kernels import lowbit_case  # noqa: E402

@@ -5,12 +5,12 @@
     artifacts.ptx, artifacts.cubin, artifacts.ptxas_info
 
 The target-neutral work (values, control flow, elementwise ops, casts,
-memory, the LLVM pipeline) is the LLVM core's (`tessera.backends.llvm`);
-this package supplies what is NVIDIA's. Files, in pipeline order:
+memory, LLVM's optimization) is the LLVM core's (`tessera.backends.llvm`);
+this package supplies what is NVIDIA's. Files, in the order they run:
 
     validate.py       NVIDIA targets (triple, CPU, PTX features)
     dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
-    lowerings.py      the NVPTX lowering table: common ops + mma.sync, ldmatrix, cp.async
+    codegen_table.py  the NVPTX codegen table: common ops + mma.sync, ldmatrix, cp.async
     bulk_async.py     mbarriers and TMA box copies (sm_90+)
     math.py           libdevice calls, or MUFU approximations without it
     intrinsics.py     every llvm.nvvm.* intrinsic and libdevice name
@@ -20,11 +20,11 @@ this package supplies what is NVIDIA's. Files, in pipeline order:
 """
 
 from .compile import NvptxArtifacts, compile_thread_ir
-from .errors import BackendError, LoweringError, PtxasError
+from .errors import BackendError, CodegenError, PtxasError
 from .ptxas import Ptxas, find_ptxas
 from .toolkit import find_libdevice
 
 __all__ = [
-    "BackendError", "LoweringError", "NvptxArtifacts", "Ptxas", "PtxasError",
+    "BackendError", "CodegenError", "NvptxArtifacts", "Ptxas", "PtxasError",
     "compile_thread_ir", "find_libdevice", "find_ptxas",
 ]

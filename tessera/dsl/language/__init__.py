@@ -16,7 +16,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
-`tessera/dsl/semantics.py`.
+`tessera/dsl/operators.py`.
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401

@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import tessera.dsl.language  # noqa: F401  (registers the builtins)
-from tessera.dsl.codegen import build_kernel_ir
+from tessera.dsl.tracer import build_kernel_ir
 from tessera.dsl.function import func
 from tessera.dsl.source import KernelSource
 from tessera.dsl.specialization import ParamSpec

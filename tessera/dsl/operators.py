@@ -1,6 +1,6 @@
 """How the kernel language's operators and conversions become IR.
 
-The code generator calls these whenever an operand is a traced value:
+The tracer calls these whenever an operand is a traced value:
 
     binary(ctx, '+', a, b)      a + b, a - b, a * b, a / b, a // b, a % b,
                                 a & b, a | b, a ^ b, a << b, a >> b

@@ -1,4 +1,4 @@
-"""The tile -> thread pipeline: layouts, lowering, shared memory, verification.
+"""The tile -> thread passes, in order: layouts, lowering, shared memory, verification.
 
     module = lower(tile_module, "sm_90", num_warps=4)
 

@@ -1,4 +1,4 @@
-"""The NVPTX lowering table: the LLVM core's common ops plus NVIDIA's warp-level matrix and async-copy ops.
+"""The NVPTX codegen table: the LLVM core's common ops plus NVIDIA's warp-level matrix and async-copy ops.
 
 * `mma` is `mma.sync.aligned.m16n8k{k}.row.col` through `MMA_INTRINSICS`
   (needs sm_80+; fp8 needs sm_89+ and PTX 8.4): the A and B fragments go in
@@ -27,11 +27,11 @@ from tessera.ir import dtypes as dt
 from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
-from ..llvm.codegen import COMMON_LOWERINGS
+from ..llvm.codegen import COMMON_CODEGEN
 from ..llvm.types import I32, register_type
 
-LOWERINGS = OpTable("NVPTX lowering", base=COMMON_LOWERINGS)
-lowering = LOWERINGS.register
+CODEGEN = OpTable("NVPTX codegen", base=COMMON_CODEGEN)
+codegen_for = CODEGEN.register
 
 _FP8_NAMES = {dt.f8e4m3: "e4m3", dt.f8e5m2: "e5m2"}
 
@@ -45,7 +45,7 @@ def mma_intrinsic(a: dt.DType, b: dt.DType) -> str:
             dt.u8: "llvm.nvvm.mma.m16n8k32.row.col.u8"}[a]
 
 
-@lowering("mma")
+@codegen_for("mma")
 def _mma(lw, op, a, b, c):
     a_dtype, b_dtype = (scalar_dtype(v.type) for v in op.operands[:2])
     bld = lw.builder
@@ -75,7 +75,7 @@ def _words(bld, regs, dtype):
     return [bld.extract_element(words, ir.Constant(I32, i)) for i in range(count)]
 
 
-@lowering("ldmatrix")
+@codegen_for("ldmatrix")
 def _ldmatrix(lw, op, row):
     num, trans = op.attrs["num"], ".trans" if op.attrs["trans"] else ""
     bld = lw.builder
@@ -95,7 +95,7 @@ def _ldmatrix(lw, op, row):
     return result
 
 
-@lowering("async_copy")
+@codegen_for("async_copy")
 def _async_copy(lw, op, dst, src, pred):
     size = op.attrs["bytes"]
     cache = "cg" if size == 16 else "ca"
@@ -103,15 +103,15 @@ def _async_copy(lw, op, dst, src, pred):
     lw.intrinsic(f"llvm.nvvm.cp.async.{cache}.shared.global.{size}.s", [dst, src, src_size])
 
 
-@lowering("async_commit")
+@codegen_for("async_commit")
 def _async_commit(lw, op):
     lw.intrinsic("llvm.nvvm.cp.async.commit.group", [])
 
 
-@lowering("async_wait")
+@codegen_for("async_wait")
 def _async_wait(lw, op):
     lw.intrinsic("llvm.nvvm.cp.async.wait.group", [ir.Constant(I32, op.attrs["pending"])])
 
 
-# Hopper's warpgroup ops (wgmma) register themselves into LOWERINGS from their own file.
+# Hopper's warpgroup ops (wgmma) register themselves into CODEGEN from their own file.
 from . import warpgroup  # noqa: E402,F401

@@ -6,7 +6,7 @@ This file imports nothing but llvmlite and the standard library, so it also
 runs on its own as a child process, where an LLVM abort cannot take the
 caller down (`run.py`, `compile_thread_ir(..., isolate=True)`):
 
-    python -P pipeline.py  < request.json  > reply.json
+    python -P optimize.py  < request.json  > reply.json
 
 The request holds `compile_llvm`'s keyword arguments; the reply is
 `{"ok": true, "assembly": ..., "optimized_ir": ..., "object": base64 or null}`

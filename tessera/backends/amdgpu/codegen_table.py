@@ -1,6 +1,6 @@
-"""The AMDGPU lowering table: the LLVM core's common ops plus AMD's own.
+"""The AMDGPU codegen table: the LLVM core's common ops plus AMD's own.
 
-Every target-neutral op comes from `tessera.backends.llvm.lowerings.COMMON`
+Every target-neutral op comes from `tessera.backends.llvm.codegen_table.COMMON`
 (with `AmdgpuDialect` supplying ids, barrier, shuffles, LDS and math).
 NVIDIA's warp-level ops (mma, ldmatrix, cp.async) have no entry:
 `AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
@@ -22,16 +22,16 @@ from tessera.ir import dtypes as dt
 from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
-from ..llvm.codegen import COMMON_LOWERINGS
+from ..llvm.codegen import COMMON_CODEGEN
 from ..llvm.types import I16, I32
 
-LOWERINGS = OpTable("AMDGPU lowering", base=COMMON_LOWERINGS)
-lowering = LOWERINGS.register
+CODEGEN = OpTable("AMDGPU codegen", base=COMMON_CODEGEN)
+codegen_for = CODEGEN.register
 
 _SOURCE_SUFFIX = {dt.f16: "f16", dt.bf16: "bf16.1k"}   # the .1k forms are the bf16 ones gfx90a+ have
 
 
-@lowering("mfma")
+@codegen_for("mfma")
 def _mfma(lw, op, a, b, c):
     dtype = scalar_dtype(op.operands[0].type)
     name = f"llvm.amdgcn.mfma.f32.{op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']}{_SOURCE_SUFFIX[dtype]}"

@@ -1,16 +1,16 @@
-"""LLVM lowering tables (`OpTable`s): thread-IR op name -> the function that emits its LLVM IR.
+"""LLVM codegen tables (`OpTable`s): thread-IR op name -> the function that emits its LLVM IR.
 
 `COMMON` holds every target-neutral op (elementwise, casts, memory,
 registers, control flow, and the thread ops whose LLVM differs per target
 but whose shape does not: they ask the `TargetDialect` for the details).
 Each target layers its own table over it for the ops only it has:
 
-    NVPTX = OpTable("NVPTX lowering", base=COMMON)
+    NVPTX = OpTable("NVPTX codegen", base=COMMON)
 
     @NVPTX.register("ldmatrix")
     def _ldmatrix(lw, op, row): ...
 
-A lowering function receives the function-wide `codegen.Lowering`
+A codegen function receives the function-wide `codegen.Codegen`
 (builder, module, target, dialect, helpers), the `Operation` and the LLVM
 values of its operands, and returns the LLVM value of its result, a list
 (one per result) for multi-result ops, or None. The validator rejects any
@@ -21,5 +21,5 @@ from __future__ import annotations
 
 from tessera.ir.op_table import OpTable
 
-COMMON = OpTable("common LLVM lowering")
-lowering = COMMON.register  # `@lowering("add", "sub")` registers a target-neutral lowering
+COMMON = OpTable("common LLVM codegen")
+codegen_for = COMMON.register  # `@codegen_for("add", "sub")` registers a target-neutral codegen function

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import tessera.dsl.language  # noqa: F401  (registers the builtins)
-from tessera.dsl.codegen import build_kernel_ir
+from tessera.dsl.tracer import build_kernel_ir
 from tessera.dsl.errors import (
     CompileError, ConstexprError, LoopCarriedTypeError, StaticAssertionError, TypeMismatchError, UnknownNameError,
     UnsupportedSyntaxError,

@@ -1,4 +1,4 @@
-"""The pass pipelines the compiler runs, in order.
+"""The tile-IR pass list: the passes the compiler runs on tile IR, in order.
 
 `default_tile_passes()` cleans up tile IR straight from the frontend:
 canonicalize (fold constants, apply identities, resolve known control flow),

@@ -3,7 +3,7 @@
 `build_kernel_ir(source, params)` walks the kernel's AST once for one
 specialization. Every expression evaluates either to a compile-time Python
 value, folded right here, or to a `Tensor` (a traced IR value), in which
-case the operation is delegated to `semantics` (operators, attributes,
+case the operation is delegated to `operators` (operators, attributes,
 subscripts) or to a builtin from `tessera.dsl.language`. Statements update
 the current `Frame`'s variables; control flow lives in `control_flow.py`
 (if/for/while), `loop_exits.py` (break/continue/return) and calls in
@@ -25,7 +25,7 @@ from ..ir.builder import Builder
 from ..ir.types import PointerType
 from ..ir.core import Location, Module
 from ..ir.errors import TypeRuleError
-from . import calls, control_flow, loop_exits, semantics
+from . import calls, control_flow, loop_exits, operators
 from .errors import CompileError, ConstexprError, StaticAssertionError, TypeMismatchError, UnknownNameError, \
     UnsupportedSyntaxError
 from .scope import RETURNED, Frame, Unbound, admit_global, describe, hint_of, known_names, lookup_global, suggest
@@ -46,7 +46,7 @@ def build_kernel_ir(source: KernelSource, params: list[ParamSpec]) -> Module:
     bound to the Python int 1 (their IR argument stays, unused).
     """
     try:
-        return CodeGenerator(source).build(params)
+        return Tracer(source).build(params)
     except CompileError as exc:
         raise exc.with_kernel(source.name)
     except Exception as exc:  # outside any node (setting up the function): still a CompileError
@@ -54,7 +54,7 @@ def build_kernel_ir(source: KernelSource, params: list[ParamSpec]) -> Module:
                            f"kernel", kernel=source.name, file=source.file, line=source.tree.lineno) from exc
 
 
-class CodeGenerator(ast.NodeVisitor):
+class Tracer(ast.NodeVisitor):
     """Traces one kernel (and the helpers it calls) into tile IR."""
 
     def __init__(self, source: KernelSource):
@@ -267,7 +267,7 @@ class CodeGenerator(ast.NodeVisitor):
                 self.error(f"static assertion failed: {message}", StaticAssertionError)
             return
         if condition.dtype is None or not condition.dtype.is_bool:
-            condition = semantics.compare(self.ctx, "!=", condition, 0)
+            condition = operators.compare(self.ctx, "!=", condition, 0)
         self.builder.create("assert", [condition.value], {"message": message})
 
     # -- expressions -------------------------------------------------------------
@@ -316,7 +316,7 @@ class CodeGenerator(ast.NodeVisitor):
     def visit_Subscript(self, node: ast.Subscript) -> Any:
         value, index = self.visit(node.value), self.visit(node.slice)
         if isinstance(value, Tensor):
-            return semantics.subscript(self.ctx, value, index)
+            return operators.subscript(self.ctx, value, index)
         if isinstance(index, Tensor) or (isinstance(index, slice) and any(
                 isinstance(p, Tensor) for p in (index.start, index.stop, index.step))):
             self.error(f"cannot index {describe(value)} with a traced value; indices of compile-time tuples "
@@ -358,7 +358,7 @@ class CodeGenerator(ast.NodeVisitor):
                            UnsupportedSyntaxError)
             if op == "@":
                 self.error("`@` is not supported; use tessera.dot(a, b)", UnsupportedSyntaxError)
-            return semantics.binary(self.ctx, op, a, b)
+            return operators.binary(self.ctx, op, a, b)
         return self.fold(PYTHON_BINARY[op], op, a, b)
 
     def fold(self, fn: Any, op: str, *operands: Any) -> Any:
@@ -374,7 +374,7 @@ class CodeGenerator(ast.NodeVisitor):
     def visit_UnaryOp(self, node: ast.UnaryOp) -> Any:
         op, operand = UNARY_OPERATORS[type(node.op)], self.visit(node.operand)
         if isinstance(operand, Tensor):
-            return semantics.unary(self.ctx, op, operand)
+            return operators.unary(self.ctx, op, operand)
         return self.fold(PYTHON_UNARY[op], op, operand)
 
     def visit_Compare(self, node: ast.Compare) -> Any:
@@ -400,12 +400,12 @@ class CodeGenerator(ast.NodeVisitor):
             return self.fold(PYTHON_COMPARE[op], op, a, b)
         op = COMPARE_OPERATORS[type(op_node)]
         if isinstance(a, Tensor) or isinstance(b, Tensor):
-            return semantics.compare(self.ctx, op, a, b)
+            return operators.compare(self.ctx, op, a, b)
         return self.fold(PYTHON_COMPARE[op], op, a, b)
 
     def logical(self, op: str, a: Any, b: Any) -> Any:
         if isinstance(a, Tensor) or isinstance(b, Tensor):
-            return semantics.logical(self.ctx, op, a, b)
+            return operators.logical(self.ctx, op, a, b)
         return (a and b) if op == "and" else (a or b)
 
     def visit_BoolOp(self, node: ast.BoolOp) -> Any:
@@ -434,7 +434,7 @@ class CodeGenerator(ast.NodeVisitor):
 class _ErrorAt:
     """`gen.at(node).error(...)`: an error pointing at `node` rather than the statement."""
 
-    def __init__(self, gen: CodeGenerator, node: ast.AST):
+    def __init__(self, gen: Tracer, node: ast.AST):
         self.gen, self.node = gen, node
 
     def error(self, message: str, cls: type[CompileError] = CompileError) -> NoReturn:
