@@ -99,3 +99,12 @@ def test_per_op_lowering_does_not_run_the_schedule():
     for path in sorted(lowering.rglob("*.py")):
         upward = {m for m in imported_modules(path, runtime_only=True) if m.startswith("tessera.passes.schedule")}
         assert not upward, f"{path.relative_to(PACKAGE)} imports {sorted(upward)}"
+
+
+@pytest.mark.parametrize("init", sorted(PACKAGE.rglob("__init__.py")), ids=lambda p: str(p.relative_to(PACKAGE)))
+def test_every_package_says_what_it_does_and_what_it_may_import(init):
+    """The opening paragraph of each package's docstring: its job and its imports, in a sentence or two."""
+    doc = ast.get_docstring(ast.parse(init.read_text()))
+    assert doc, f"{init.relative_to(PACKAGE)} has no docstring"
+    opening = doc.split("\n\n")[0]
+    assert "import" in opening and opening.count(". ") <= 2, opening

@@ -1,4 +1,5 @@
-"""The AMDGPU backend: thread IR -> LLVM IR (llvmlite) -> AMDGCN -> code object (hsaco, via ld.lld).
+"""The AMDGPU backend: thread IR -> LLVM IR (llvmlite) -> AMDGCN -> code object (hsaco, via ld.lld). It
+may import `tessera.ir` and the LLVM core (`tessera.backends.llvm`) only.
 
     from tessera.backends.amdgpu import compile_thread_ir
     artifacts = compile_thread_ir(fn, "gfx942")      # fn: a thread-IR Function

@@ -1,4 +1,5 @@
-"""The tile interpreter: execute tile IR on the CPU with numpy (the author's debug mode).
+"""The tile interpreter: execute tile IR on the CPU with numpy (the author's debug mode). It may import
+`tessera.ir` only; the SIMT simulator (`tessera.backends.simt`) builds on its values and semantics.
 
     from tessera.backends.interp import Memory, run_function
     run_function(fn, [x, y, out, n], grid=(4,))        # numpy arrays written in place
@@ -8,9 +9,6 @@
 uint16 array as bf16, a uint8 array as packed u4). Everything the kernel
 does wrong (out-of-bounds access, integer division by zero, a failed
 assert) raises `InterpreterError` with the op's source location.
-
-Imports `tessera.ir` only. The SIMT simulator (`tessera.backends.simt`),
-which runs thread IR, builds on this package's values and semantics.
 """
 
 from .errors import InterpreterError

@@ -1,4 +1,6 @@
-"""The target-neutral LLVM core that the NVPTX and AMDGPU backends share.
+"""The target-neutral LLVM core that the NVPTX and AMDGPU backends share: thread IR -> LLVM IR -> assembly or
+object for any GPU target a `TargetDialect` describes. It may import `tessera.ir` only (`optimize.py`
+nothing of tessera, so that it also runs alone in a child process).
 
 Thread IR -> LLVM IR (llvmlite.ir) -> assembly / object, for any GPU target
 whose differences a `TargetDialect` describes. Files, in the order they run:

@@ -10,6 +10,8 @@
 
 from __future__ import annotations
 
+from tessera.ir.errors import located
+
 
 class BackendError(RuntimeError):
     """Compiling thread IR to GPU code failed."""
@@ -28,6 +30,4 @@ class CodegenError(BackendError):
             where.append(f"kernel '{kernel}'")
         if op is not None:
             where.append(f"op `{op}`")
-        prefix = f"{loc}: " if loc is not None else ""
-        context = f"in {', '.join(where)}: " if where else ""
-        super().__init__(f"{prefix}{context}{message}")
+        super().__init__(located(message, loc, where))

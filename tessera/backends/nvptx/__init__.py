@@ -1,4 +1,5 @@
-"""The NVPTX backend: thread IR -> LLVM IR (llvmlite) -> PTX -> cubin (ptxas).
+"""The NVPTX backend: thread IR -> LLVM IR (llvmlite) -> PTX -> cubin (ptxas). It may import
+`tessera.ir` and the LLVM core (`tessera.backends.llvm`) only.
 
     from tessera.backends.nvptx import compile_thread_ir
     artifacts = compile_thread_ir(fn, "sm_90a")      # fn: a thread-IR Function

@@ -1,4 +1,6 @@
-"""The SIMT simulator: run thread IR on the CPU, every thread of a block in lockstep (numpy arrays over threads).
+"""The SIMT simulator: run thread IR on the CPU, every thread of a block in lockstep (numpy arrays over
+threads). It may import `tessera.ir` and the tile interpreter (`tessera.backends.interp`), whose values,
+errors and lane-wise semantics it shares.
 
     from tessera.backends.simt import run_threads
     run_threads(thread_fn, [x, y, out, n], grid=(4,))     # numpy arrays written in place, as run_function does
@@ -18,9 +20,6 @@ and deadlocks are `InterpreterError`s. Files:
     mbarrier.py      mbarriers and TMA box copies
     wgmma.py         warpgroup MMA reading shared memory through descriptors
     warp_specialization.py  setmaxnreg, elect_sync, named_barrier
-
-Imports `tessera.ir` and the tile interpreter (`tessera.backends.interp`),
-whose values, errors and lane-wise semantics it shares.
 """
 
 from .simulator import run_threads

@@ -1,4 +1,5 @@
-"""The kernel language's builtins (`tessera.load`, `tessera.dot`, ...), one module per family.
+"""The kernel language's builtins (`tessera.load`, `tessera.dot`, ...), one module per family. They may
+import `tessera.ir` and the rest of `tessera.dsl`.
 
 Importing this package registers every builtin in `values.BUILTINS`:
 

@@ -1,4 +1,5 @@
-"""Per-op lowering from tile IR to thread IR, one module per op family, and the context they share.
+"""Per-op lowering from tile IR to thread IR, one module per op family, and the context they share. It may
+import `tessera.ir` and the rest of `tessera.passes` (`passes/schedule/` only for type annotations).
 
 `LOWERINGS` maps an op name to `fn(ctx, op)`, which reads the op's lowered
 operands from the `Lowering` context (`context.py`), emits thread IR at

@@ -1,4 +1,5 @@
 """Scheduling transforms: how loops and explicit shared memory are laid out in time, beside per-op lowering.
+They may import `tessera.ir` and the rest of `tessera.passes`, building on `passes/lowering/`.
 
 Where `passes/lowering/` says what each op computes per thread, these
 modules decide when data moves and who moves it: software pipelining of
@@ -9,8 +10,6 @@ emits, `tma_fill.py` fills ring slots by TMA), warp specialization
 `loops.py` picks each `for`'s schedule. They run inside the tile -> thread
 lowering, registering into its op table, and build on its context
 (`passes/lowering/`), which refers to them only in type annotations.
-
-Imports `tessera.ir` and the rest of `tessera.passes` only.
 """
 
 # Importing the modules registers the lowerings of `for` and of the smem_* ops.
