@@ -1,4 +1,6 @@
-"""Tessera: a Python DSL and compiler for tile-based GPU kernels.
+"""Tessera: a Python DSL and compiler for tile-based GPU kernels; this module is its public API. It may
+import every package below it (dsl, ir, backends.interp, runtime, version), and nothing imports it but
+kernels_lib, users and the tests.
 
 The public API, in one place:
 
@@ -11,13 +13,16 @@ The public API, in one place:
   `tessera/dsl/language/shared.py`);
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
+* `Kernel.compile(...)`, which runs the compile driver (`tessera/dsl/compiler.py`:
+  tile passes -> thread passes -> a backend; README's architecture paragraph
+  maps the packages);
 * `CompileError` and friends, which every user mistake raises;
   `InterpreterError`, raised by the CPU interpreter for bad memory accesses
   and failed device asserts; `LaunchError`, for GPU launches that cannot run.
 """
 # ruff: noqa: F401  (this module re-exports)
 
-__version__ = "0.1.0"
+from .version import __version__
 
 from .ir.dtypes import (
     DType, bool_, i8, i16, i32, i64, u8, u16, u32, u64, f16, bf16, f32, f64,

@@ -15,7 +15,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
-from . import __version__
+from .version import __version__
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -96,7 +96,7 @@ def _constexprs(items: list[str]) -> dict:
 
 
 def _print_ir(args) -> int:
-    from .dsl.codegen import build_kernel_ir
+    from .dsl.tracer import build_kernel_ir
     from .dsl.errors import CompileError
     from .dsl.signature import SignatureError, parse_signature
     from .ir.printer import print_module

@@ -8,10 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import find_ptxas
 from tessera.ir.target import get_target
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 ROOT = Path(__file__).resolve().parents[1]
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")

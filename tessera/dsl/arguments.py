@@ -97,7 +97,7 @@ def _device_array(value: Any) -> DeviceArray | None:
 class BoundArguments:
     """A launch's arguments, split into the specialization and what runs."""
 
-    params: tuple[ParamSpec, ...]    # what the code generator traces
+    params: tuple[ParamSpec, ...]    # what the tracer traces
     key: tuple                       # the in-memory cache key (hashable)
     runtime_args: tuple[Any, ...]    # one per non-constexpr parameter: TypedArray/DeviceArray and scalars
     by_name: dict[str, Any]          # every bound argument, for grid callables

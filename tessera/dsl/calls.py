@@ -4,7 +4,7 @@ What a call means depends on what the callee evaluated to:
 
 * a `Builtin` (`tessera.load`, ...): `impl(ctx, *args, **kwargs)` emits IR;
 * a `DeviceFunction` (`@tessera.func`): its body is inlined in a new frame;
-* a method of a traced value (`x.to(...)`, from `semantics.attribute`);
+* a method of a traced value (`x.to(...)`, from `operators.attribute`);
 * a Python builtin kernels understand: `min`/`max`/`abs` (traced values go
   to `tessera.minimum`/`maximum`/`abs`), `int`/`float`/`bool`/`len` on
   compile-time values, `print` (an IR `print`), `breakpoint` (an IR
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..ir.dtypes import DType
 from ..ir.errors import TypeRuleError
-from . import semantics
+from . import operators
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnknownNameError, UnsupportedSyntaxError
 from .function import DeviceFunction
 from .scope import (
@@ -38,7 +38,7 @@ from .scope import (
 from .values import BUILTINS, Builtin, Tensor, constexpr, pipeline, static_range
 
 if TYPE_CHECKING:
-    from .codegen import CodeGenerator
+    from .tracer import Tracer
 
 
 class TensorMethod:
@@ -53,7 +53,7 @@ def builtin_named(name: str) -> Builtin:
     return BUILTINS[name]
 
 
-def visit_call(gen: "CodeGenerator", node: ast.Call) -> Any:
+def visit_call(gen: "Tracer", node: ast.Call) -> Any:
     func = gen.visit(node.func)
     args = []
     for arg in node.args:
@@ -70,7 +70,7 @@ def visit_call(gen: "CodeGenerator", node: ast.Call) -> Any:
     return call_value(gen, func, args, kwargs, callee_text=ast.unparse(node.func))
 
 
-def call_value(gen: "CodeGenerator", func: Any, args: list[Any], kwargs: dict[str, Any],
+def call_value(gen: "Tracer", func: Any, args: list[Any], kwargs: dict[str, Any],
                callee_text: str | None = None) -> Any:
     shown = callee_text or getattr(func, "__name__", None) or getattr(func, "name", None) or repr(func)
     if isinstance(func, Builtin):
@@ -119,7 +119,7 @@ def signature_of(fn: Any) -> inspect.Signature | None:
         return None
 
 
-def call_checked(gen: "CodeGenerator", fn: Any, shown: str, args: list[Any], kwargs: dict[str, Any],
+def call_checked(gen: "Tracer", fn: Any, shown: str, args: list[Any], kwargs: dict[str, Any],
                  skip: int = 0) -> Any:
     """`fn(*args, **kwargs)`, reporting a bad argument list as the user's mistake."""
     signature = signature_of(fn)
@@ -137,7 +137,7 @@ def call_checked(gen: "CodeGenerator", fn: Any, shown: str, args: list[Any], kwa
         gen.error(f"{shown}: {exc}", TypeMismatchError)
 
 
-def call_python(gen: "CodeGenerator", fn: Any, shown: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
+def call_python(gen: "Tracer", fn: Any, shown: str, args: list[Any], kwargs: dict[str, Any]) -> Any:
     """A Python function on compile-time values; its exceptions become CompileErrors."""
     try:
         return fn(*args, **kwargs)
@@ -145,7 +145,7 @@ def call_python(gen: "CodeGenerator", fn: Any, shown: str, args: list[Any], kwar
         gen.error(f"compile-time {shown}(...) failed: {exc}", ConstexprError)
 
 
-def compile_time_args(gen: "CodeGenerator", shown: str, args: list[Any], kwargs: dict[str, Any],
+def compile_time_args(gen: "Tracer", shown: str, args: list[Any], kwargs: dict[str, Any],
                       what: str = "arguments", hint: str = "") -> None:
     for value in [*args, *kwargs.values()]:
         if isinstance(value, Tensor):
@@ -157,7 +157,7 @@ def compile_time_args(gen: "CodeGenerator", shown: str, args: list[Any], kwargs:
 # @tessera.func helpers
 
 
-def inline(gen: "CodeGenerator", func: DeviceFunction, args: list[Any], kwargs: dict[str, Any]) -> Any:
+def inline(gen: "Tracer", func: DeviceFunction, args: list[Any], kwargs: dict[str, Any]) -> Any:
     """Trace `func`'s body at the insertion point with its parameters bound to `args`; return its value."""
     if func in gen.inlining:
         chain = " -> ".join(f.__name__ for f in [*gen.inlining, func])
@@ -204,9 +204,9 @@ def contains_tensor(value: Any) -> bool:
 # Attributes
 
 
-def attribute(gen: "CodeGenerator", value: Any, name: str, node: ast.Attribute) -> Any:
+def attribute(gen: "Tracer", value: Any, name: str, node: ast.Attribute) -> Any:
     if isinstance(value, Tensor):
-        result = semantics.attribute(gen.ctx, value, name)
+        result = operators.attribute(gen.ctx, value, name)
         if callable(result) and not isinstance(result, (Tensor, DType, type)):
             return TensorMethod(name, result)
         return result
@@ -234,7 +234,7 @@ def is_language_object(value: Any) -> bool:
             and not isinstance(value, (types.ModuleType, type, DType, Tensor)))
 
 
-def module_attribute(gen: "CodeGenerator", module: types.ModuleType, name: str, node: ast.Attribute) -> Any:
+def module_attribute(gen: "Tracer", module: types.ModuleType, name: str, node: ast.Attribute) -> Any:
     alias = ast.unparse(node.value)
     if not hasattr(module, name):
         public = [n for n in dir(module) if not n.startswith("_")]
@@ -250,11 +250,11 @@ def module_attribute(gen: "CodeGenerator", module: types.ModuleType, name: str, 
 # Python builtins
 
 
-def where(gen: "CodeGenerator", condition: Tensor, a: Any, b: Any) -> Any:
+def where(gen: "Tracer", condition: Tensor, a: Any, b: Any) -> Any:
     return call_value(gen, builtin_named("where"), [condition, a, b], {})
 
 
-def _no_keywords(gen: "CodeGenerator", name: str, kwargs: dict[str, Any]) -> None:
+def _no_keywords(gen: "Tracer", name: str, kwargs: dict[str, Any]) -> None:
     if kwargs:
         gen.error(f"keyword arguments to {name}() are not supported in kernels ({', '.join(kwargs)})",
                   UnsupportedSyntaxError)
@@ -336,7 +336,7 @@ PYTHON_BUILTIN_CALLS = {
 }
 
 
-def check_signature(gen: "CodeGenerator", tree: ast.FunctionDef) -> None:
+def check_signature(gen: "Tracer", tree: ast.FunctionDef) -> None:
     """Kernels and helpers take plain parameters: no *args or **kwargs."""
     args = tree.args
     for extra, kind in ((args.vararg, "*"), (args.kwarg, "**")):

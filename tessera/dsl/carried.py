@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING, Any, Callable
 
 from ..ir.core import Block
 from ..ir.types import TileType, Type, scalar_dtype, shape_of
-from . import semantics
+from . import operators
 from .errors import ConstexprError, LoopCarriedTypeError
 from .scope import Unbound, describe, hint_of
 from .values import Tensor
 
 if TYPE_CHECKING:
-    from .codegen import CodeGenerator
+    from .tracer import Tracer
 
 MISSING = Unbound("is not defined")
 
@@ -58,7 +58,7 @@ def assigned_names(stmts: list[ast.stmt]) -> list[str]:
     return list(names)
 
 
-def trace_region(gen: "CodeGenerator", block: Block, variables: dict[str, Any], body: Callable[[], Any]) -> Any:
+def trace_region(gen: "Tracer", block: Block, variables: dict[str, Any], body: Callable[[], Any]) -> Any:
     """Run `body` with the insertion point in `block` and the frame's variables set to `variables`.
 
     Returns what `body` returns; `variables` (mutated) holds the variables after it.
@@ -79,7 +79,7 @@ def trace_region(gen: "CodeGenerator", block: Block, variables: dict[str, Any], 
 # Python numbers as IR values
 
 
-def constant_of_type(gen: "CodeGenerator", value: Any, type: Type) -> Tensor | None:
+def constant_of_type(gen: "Tracer", value: Any, type: Type) -> Tensor | None:
     """`value` as a constant of `type` (scalar or tile) at the insertion point, or None if it does not fit exactly."""
     dtype = scalar_dtype(type)
     if dtype is None or not is_number(value):
@@ -96,13 +96,13 @@ def constant_of_type(gen: "CodeGenerator", value: Any, type: Type) -> Tensor | N
     return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[type]).result)
 
 
-def default_type(gen: "CodeGenerator", value: Any) -> Type:
-    """The type `semantics.to_tensor` gives a Python number (traced into a scratch block)."""
+def default_type(gen: "Tracer", value: Any) -> Type:
+    """The type `operators.to_tensor` gives a Python number (traced into a scratch block)."""
     with gen.builder.at(Block()):
-        return semantics.to_tensor(gen.ctx, value).type
+        return operators.to_tensor(gen.ctx, value).type
 
 
-def common_number_type(gen: "CodeGenerator", a: Any, b: Any) -> Type | None:
+def common_number_type(gen: "Tracer", a: Any, b: Any) -> Type | None:
     """A type holding both Python numbers exactly: the default type of the float one, else of either."""
     candidates = [default_type(gen, v) for v in sorted((a, b), key=lambda v: isinstance(v, float), reverse=True)]
     for candidate in candidates:
@@ -130,7 +130,7 @@ def shown(value: Any) -> str:
 # if/else merges
 
 
-def unify_branches(gen: "CodeGenerator", name: str, a: Any, b: Any, blocks: tuple[Block, Block],
+def unify_branches(gen: "Tracer", name: str, a: Any, b: Any, blocks: tuple[Block, Block],
                    line: int | None) -> tuple[Tensor, Tensor]:
     """Traced values of one type for a variable that differs between the branches of a runtime `if`."""
     where = f"the `if` at line {line}" if line else "this `if`"
@@ -172,7 +172,7 @@ def widest(types: list[Type]) -> Type:
     return tiles[0] if tiles and all(t == tiles[0] or t == tiles[0].element for t in types) else types[0]
 
 
-def fit(gen: "CodeGenerator", value: Tensor, type: Type) -> Tensor | None:
+def fit(gen: "Tracer", value: Tensor, type: Type) -> Tensor | None:
     """`value` as `type`: itself, or a scalar splat to a tile of its type; None if it does not fit."""
     if value.type == type:
         return value
@@ -220,7 +220,7 @@ class Carried:
       error, and it is not defined after the loop.
     """
 
-    def __init__(self, gen: "CodeGenerator", body: list[ast.stmt], exclude: tuple[str, ...] = ()):
+    def __init__(self, gen: "Tracer", body: list[ast.stmt], exclude: tuple[str, ...] = ()):
         self.gen = gen
         self.parent = gen.builder.block
         variables = gen.frame.variables
@@ -242,7 +242,7 @@ class Carried:
                 self.start.append(value)
             else:
                 self.frozen[name] = value
-        self.inits = [v if isinstance(v, Tensor) else semantics.to_tensor(gen.ctx, v) for v in self.start]
+        self.inits = [v if isinstance(v, Tensor) else operators.to_tensor(gen.ctx, v) for v in self.start]
 
     @property
     def types(self) -> list[Type]:

@@ -5,7 +5,7 @@
     compiled.metadata                      # threads, shared memory, registers, spills (ptxas -v)
     compiled.binary                        # the cubin (NVIDIA, with ptxas) or hsaco (AMD, with ld.lld)
 
-The stages are the pipeline of DESIGN.md section 2, one function each:
+The stages are the compile path of DESIGN.md section 2, one function each:
 tile-IR passes -> lowering to thread IR -> the target vendor's backend:
 NVPTX (LLVM IR -> PTX stage -> cubin when ptxas is available) or AMDGPU
 (LLVM IR -> `amdgcn` assembly stage -> hsaco when ld.lld is available;
@@ -35,8 +35,8 @@ from ..ir.target import get_target
 from ..ir.tensor_map import kernel_recipes
 from ..passes.errors import LoweringError
 from ..passes.manager import PassManager
-from ..passes.pipeline import default_tile_passes
-from ..passes.pipeline_threads import lower
+from ..passes.tile_passes import default_tile_passes
+from ..passes.thread_passes import lower
 from ..passes.rewrite import clone_function
 from .errors import CompileError
 
@@ -82,7 +82,7 @@ class CompiledKernel:
 
 
 def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4) -> CompiledKernel:
-    """Run a traced tile-IR module through the whole pipeline for `target` (NVIDIA or AMD)."""
+    """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD)."""
     description = get_target(target)
     if description.vendor not in BINARY_EXTENSIONS:
         raise ValueError(f"target {target} is not supported: no backend for {description.vendor} GPUs")

@@ -25,14 +25,14 @@ from typing import TYPE_CHECKING, Any, Callable
 from ..ir import dtypes as dt
 from ..ir.core import Block
 from ..ir.types import ScalarType
-from . import loop_exits, semantics
+from . import loop_exits, operators
 from .carried import MISSING, Carried, same_value, trace_region, unify_branches
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnsupportedSyntaxError
 from .scope import Unbound, describe, hint_of
 from .values import Tensor, pipeline, static_range
 
 if TYPE_CHECKING:
-    from .codegen import CodeGenerator
+    from .tracer import Tracer
 
 MAX_LOOP_TRACES = 8     # attempts at tracing a loop while its carried variables settle (see Carried)
 
@@ -41,16 +41,16 @@ MAX_LOOP_TRACES = 8     # attempts at tracing a loop while its carried variables
 # if
 
 
-def lower_if(gen: "CodeGenerator", node: ast.If) -> None:
+def lower_if(gen: "Tracer", node: ast.If) -> None:
     condition = gen.visit(node.test)
     if not isinstance(condition, Tensor):
         gen.visit_block(node.body if condition else node.orelse)
         return
-    predicate = semantics.truth(gen.ctx, condition)
+    predicate = operators.truth(gen.ctx, condition)
     runtime_if(gen, predicate, lambda: gen.visit_block(node.body), lambda: gen.visit_block(node.orelse))
 
 
-def runtime_if(gen: "CodeGenerator", predicate: Tensor, then: Callable[[], None], orelse: Callable[[], None]) -> None:
+def runtime_if(gen: "Tracer", predicate: Tensor, then: Callable[[], None], orelse: Callable[[], None]) -> None:
     """Emit an IR `if` on the bool scalar `predicate`; variables the branches change become its results."""
     line = gen.line()
     before = gen.frame.variables
@@ -87,7 +87,7 @@ def runtime_if(gen: "CodeGenerator", predicate: Tensor, then: Callable[[], None]
 # for
 
 
-def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
+def lower_for(gen: "Tracer", node: ast.For) -> None:
     if node.orelse:
         gen.error("`for ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
     iterable = node.iter
@@ -115,7 +115,7 @@ def lower_for(gen: "CodeGenerator", node: ast.For) -> None:
     unroll(gen, node, values)
 
 
-def pipeline_options(gen: "CodeGenerator", call: ast.Call) -> tuple[int, bool]:
+def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool]:
     """The `stages=` (a compile-time int >= 1, default 2) and `warp_specialize=` (a compile-time bool, default
     False; it needs stages >= 2) of `tessera.pipeline(...)`."""
     options = {"stages": 2, "warp_specialize": False}
@@ -141,7 +141,7 @@ def pipeline_options(gen: "CodeGenerator", call: ast.Call) -> tuple[int, bool]:
     return options["stages"], options["warp_specialize"]
 
 
-def range_bounds(gen: "CodeGenerator", call: ast.Call, name: str = "range") -> tuple[Tensor, Tensor, Tensor]:
+def range_bounds(gen: "Tracer", call: ast.Call, name: str = "range") -> tuple[Tensor, Tensor, Tensor]:
     """range(...)'s (start, stop, step) as integer scalars of one type: i32, or i64 if a traced bound is 64-bit
     (or u32), or a compile-time bound does not fit in i32."""
     keywords = [k for k in call.keywords
@@ -171,13 +171,13 @@ def needs_i64(dtype: dt.DType) -> bool:
     return dtype.bits == 64 or (not dtype.is_signed and dtype.bits == 32)
 
 
-def as_index(gen: "CodeGenerator", value: Any, index: ScalarType) -> Tensor:
+def as_index(gen: "Tracer", value: Any, index: ScalarType) -> Tensor:
     if isinstance(value, Tensor):
-        return value if value.type == index else semantics.cast(gen.ctx, value, index.dtype)
+        return value if value.type == index else operators.cast(gen.ctx, value, index.dtype)
     return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[index]).result)
 
 
-def runtime_for(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
+def runtime_for(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
                 stages: int = 1, warp_specialize: bool = False) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
@@ -208,12 +208,12 @@ def _loop_attrs(stages: int, warp_specialize: bool) -> dict | None:
     return attrs or None
 
 
-def unsettled(gen: "CodeGenerator", carried: Carried) -> None:
+def unsettled(gen: "Tracer", carried: Carried) -> None:
     gen.error(f"the types of the loop-carried variables ({', '.join(carried.hints)}) keep changing from one "
               f"iteration to the next; give them their final types before the loop", CompileError)
 
 
-def unroll(gen: "CodeGenerator", node: ast.For, values: tuple) -> None:
+def unroll(gen: "Tracer", node: ast.For, values: tuple) -> None:
     """Trace the body once per compile-time value; break/continue follow Python (see loop_exits)."""
     with loop_exits.unrolled_loop(gen):
         for value in values:
@@ -227,7 +227,7 @@ def unroll(gen: "CodeGenerator", node: ast.For, values: tuple) -> None:
 # while
 
 
-def lower_while(gen: "CodeGenerator", node: ast.While) -> None:
+def lower_while(gen: "Tracer", node: ast.While) -> None:
     if node.orelse:
         gen.error("`while ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
     has_break = loop_exits.has_exit(node.body, ast.Break)
@@ -266,13 +266,13 @@ def lower_while(gen: "CodeGenerator", node: ast.While) -> None:
     unsettled(gen, carried)
 
 
-def while_condition(gen: "CodeGenerator", node: ast.While, lead: list) -> Tensor | None:
+def while_condition(gen: "Tracer", node: ast.While, lead: list) -> Tensor | None:
     """The condition region's `keep going` flag; None when the condition is compile-time false."""
     has_break = bool(lead)
     if not has_break:
         condition = gen.visit(node.test)
         if isinstance(condition, Tensor):
-            return semantics.truth(gen.ctx, condition)
+            return operators.truth(gen.ctx, condition)
         if condition:
             with gen.located(node.test):
                 gen.error("this `while` loop never ends: its condition is always true at compile time and "
@@ -286,7 +286,7 @@ def while_condition(gen: "CodeGenerator", node: ast.While, lead: list) -> Tensor
     if not isinstance(condition, Tensor):
         return not_broke if condition else None
     with gen.builder.at(then):
-        truth = semantics.truth(gen.ctx, condition)
+        truth = operators.truth(gen.ctx, condition)
         gen.builder.create("yield", [truth.value])
     otherwise = Block()
     with gen.builder.at(otherwise):

@@ -33,7 +33,7 @@ from ..runtime.errors import LaunchError
 from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
-from .codegen import build_kernel_ir
+from .tracer import build_kernel_ir
 from .dependencies import kernel_dependencies
 from .fast_launch import FastLaunches, Signature, SlowLaunch, with_grid
 from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
@@ -144,7 +144,7 @@ class Kernel:
         Pass the launch's arguments (arrays and scalars, or just constexprs
         with `signature="*f32:16,*f32:16,i32"`) to pick the specialization.
         """
-        from .compiler import compile_tile_module  # imports the GPU pipeline only when asked for
+        from .compiler import compile_tile_module  # imports the GPU compile path only when asked for
 
         if signature is not None:
             try:

@@ -46,7 +46,7 @@ from .scope import BROKE, CONTINUED, EXIT_FLAGS
 from .values import Tensor
 
 if TYPE_CHECKING:
-    from .codegen import CodeGenerator
+    from .tracer import Tracer
 
 BOOL = ScalarType(dt.bool_)
 
@@ -68,7 +68,7 @@ def has_exit(stmts: list[ast.stmt], kind: type[ast.stmt]) -> bool:
     return False
 
 
-def trace_statements(gen: "CodeGenerator", stmts: list[ast.stmt]) -> None:
+def trace_statements(gen: "Tracer", stmts: list[ast.stmt]) -> None:
     """Trace `stmts`, stopping at a compile-time exit and guarding what follows a runtime one."""
     for index, stmt in enumerate(stmts):
         variables = gen.frame.variables
@@ -81,7 +81,7 @@ def trace_statements(gen: "CodeGenerator", stmts: list[ast.stmt]) -> None:
         gen.visit(stmt)
 
 
-def runtime_exit(gen: "CodeGenerator") -> Tensor | None:
+def runtime_exit(gen: "Tracer") -> Tensor | None:
     """`broke or continued` when either is a traced bool, else None."""
     flags = [gen.frame.variables.get(f) for f in (BROKE, CONTINUED)]
     flags = [f for f in flags if isinstance(f, Tensor)]
@@ -93,7 +93,7 @@ def runtime_exit(gen: "CodeGenerator") -> Tensor | None:
     return result
 
 
-def guard(gen: "CodeGenerator", exiting: Tensor, rest: list[ast.stmt]) -> None:
+def guard(gen: "Tracer", exiting: Tensor, rest: list[ast.stmt]) -> None:
     """`if not exiting: rest` (the else branch keeps every variable as it is)."""
     with gen.located(rest[0]):
         keep_going = Tensor(gen.builder.create("not", [exiting.value]).result)
@@ -107,11 +107,11 @@ def guard(gen: "CodeGenerator", exiting: Tensor, rest: list[ast.stmt]) -> None:
         control_flow.runtime_if(gen, keep_going, then, lambda: None)
 
 
-def visit_break(gen: "CodeGenerator") -> None:
+def visit_break(gen: "Tracer") -> None:
     gen.frame.variables[BROKE] = True
 
 
-def visit_continue(gen: "CodeGenerator") -> None:
+def visit_continue(gen: "Tracer") -> None:
     gen.frame.variables[CONTINUED] = True
 
 
@@ -122,11 +122,11 @@ def start_iteration(variables: dict[str, Any]) -> dict[str, Any]:
     return variables
 
 
-def constant_flag(gen: "CodeGenerator", value: bool) -> Tensor:
+def constant_flag(gen: "Tracer", value: bool) -> Tensor:
     return Tensor(gen.builder.create("constant", attrs={"value": value}, result_types=[BOOL]).result)
 
 
-def flag_tensor(gen: "CodeGenerator", flag: Any) -> Tensor:
+def flag_tensor(gen: "Tracer", flag: Any) -> Tensor:
     """A flag (Python bool or traced bool) as a traced bool."""
     return flag if isinstance(flag, Tensor) else constant_flag(gen, bool(flag))
 
@@ -136,7 +136,7 @@ def flag_tensor(gen: "CodeGenerator", flag: Any) -> Tensor:
 
 
 @contextmanager
-def unrolled_loop(gen: "CodeGenerator") -> Iterator[None]:
+def unrolled_loop(gen: "Tracer") -> Iterator[None]:
     """Give an unrolled loop its own break/continue flags, restoring the enclosing loop's afterwards."""
     saved = {f: gen.frame.variables[f] for f in (BROKE, CONTINUED) if f in gen.frame.variables}
     gen.frame.variables[BROKE] = False
@@ -148,7 +148,7 @@ def unrolled_loop(gen: "CodeGenerator") -> Iterator[None]:
         gen.frame.variables.update(saved)
 
 
-def begin_unrolled_iteration(gen: "CodeGenerator") -> bool:
+def begin_unrolled_iteration(gen: "Tracer") -> bool:
     """Reset `continued`; False when a compile-time break or return ended the loop."""
     variables = gen.frame.variables
     variables[CONTINUED] = False
@@ -159,7 +159,7 @@ def begin_unrolled_iteration(gen: "CodeGenerator") -> bool:
 # for with break -> while
 
 
-def lower_for_with_break(gen: "CodeGenerator", node: ast.For, start: Tensor, stop: Tensor, step: Tensor) -> None:
+def lower_for_with_break(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step: Tensor) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
@@ -193,7 +193,7 @@ def lower_for_with_break(gen: "CodeGenerator", node: ast.For, start: Tensor, sto
     control_flow.unsettled(gen, carried)
 
 
-def in_range_condition(gen: "CodeGenerator", iv: Any, stop: Tensor, step: Tensor) -> Any:
+def in_range_condition(gen: "Tracer", iv: Any, stop: Tensor, step: Tensor) -> Any:
     """`iv < stop` for a positive step, `iv > stop` for a negative one (chosen at run time if step is traced)."""
     b = gen.builder
     step_op = step.value.owner

@@ -1,6 +1,6 @@
 """The Python source of a kernel or helper function, parsed once.
 
-`KernelSource` holds what the code generator needs to trace a function: its
+`KernelSource` holds what the tracer needs to trace a function: its
 AST, where it lives (file and line offset, for error messages), its globals
 (to resolve names like `tessera`, `BLOCK` or a helper function), and the
 names and annotations of its parameters. It also hashes the source, so the

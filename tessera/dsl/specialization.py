@@ -20,7 +20,7 @@ from ..ir.types import Type
 
 @dataclass(frozen=True)
 class ParamSpec:
-    """One kernel parameter as the code generator sees it.
+    """One kernel parameter as the tracer sees it.
 
     constexpr parameters carry `value` and do not appear in the IR signature;
     runtime parameters carry their IR `type`. An integer parameter with

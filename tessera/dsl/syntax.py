@@ -1,9 +1,9 @@
 """The Python syntax kernels use, as tables: operators, and the constructs kernels reject.
 
-Operators map AST nodes to the operator strings `semantics` takes (and to
+Operators map AST nodes to the operator strings `operators` takes (and to
 the Python functions that fold them on compile-time values). UNSUPPORTED
 names, for each construct a kernel cannot contain, what to write instead;
-the code generator raises it as an UnsupportedSyntaxError at the construct.
+the tracer raises it as an UnsupportedSyntaxError at the construct.
 """
 
 from __future__ import annotations

@@ -26,7 +26,7 @@ from .errors import CompileError
 
 
 class Tensor:
-    """A traced IR value with Python operators handled by the code generator."""
+    """A traced IR value with Python operators handled by the tracer."""
 
     __slots__ = ("value",)
 
@@ -76,7 +76,7 @@ class Context:
     kernel_name: str = ""
     file: str | None = None
     source_lines: list[str] = field(default_factory=list)
-    # Set by the code generator: inline a @tessera.func at the insertion point,
+    # Set by the tracer: inline a @tessera.func at the insertion point,
     # `call_function(func, args) -> result`. Builtins with function arguments
     # (custom reduce/scan combine functions) use it to fill their regions.
     call_function: Callable[[Any, list[Any]], Any] | None = None
@@ -143,10 +143,10 @@ class static_range:
 class pipeline:
     """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
     for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
-    `passes/lowering/async_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
+    `passes/schedule/software_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
     int >= 1; 1 means no pipelining) is recorded on the IR `for`. `warp_specialize=True` (sm_90/sm_90a, TMA
     loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
-    (`passes/lowering/warp_specialized.py`); it is recorded on the IR `for` as `warp_specialize = true`.
+    (`passes/schedule/warp_specialization.py`); it is recorded on the IR `for` as `warp_specialize = true`.
 
     Outside kernels it behaves like `range`.
     """

@@ -34,7 +34,7 @@ PTX's innermost-first order. Registered into `ops.OPS` like `thread_ops`.
 from __future__ import annotations
 
 from . import dtypes as dt
-from .ops import require
+from .ops import SYNCHRONIZES, require
 from .thread_ops import define_thread_op
 from .types import PointerType, ScalarType, TensorMapType
 
@@ -107,28 +107,28 @@ def _infer_tma_load(ts, a):
 
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
                  "no transaction bytes (mbarrier.init.shared.b64). One thread initializes; the others may use it "
-                 "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False)
+                 "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_inval", "End the mbarrier at `bar` (mbarrier.inval.shared.b64): required before its "
                  "bytes are initialized again or reused for anything else; no copy may still count on it.", 1,
-                 infer=_infer_inval, pure=False)
+                 infer=_infer_inval, pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_arrive", "This thread arrives on `bar`'s current phase (mbarrier.arrive.shared.b64, "
-                 "release at CTA scope).", 1, infer=_infer_arrive, pure=False)
+                 "release at CTA scope).", 1, infer=_infer_arrive, pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_arrive_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes`, then arrive "
                  "(mbarrier.arrive.expect_tx.shared.b64): the phase completes only when those bytes have also "
-                 "landed (see tma_load).", 2, infer=_infer_arrive_expect_tx, pure=False)
+                 "landed (see tma_load).", 2, infer=_infer_arrive_expect_tx, pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_expect_tx", "Raise `bar`'s expected transaction bytes by `tx_bytes` without arriving "
                  "(mbarrier.expect_tx.relaxed.cta.shared.b64): copies announced one at a time before the phase's "
-                 "arrival (a later mbarrier_arrive).", 2, infer=_infer_expect_tx, pure=False)
+                 "arrival (a later mbarrier_arrive).", 2, infer=_infer_expect_tx, pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_wait", "Block until the phase of `bar` with parity `phase` (0 or 1) has completed "
                  "(a mbarrier.try_wait.parity.shared.b64 loop, acquire at CTA scope); afterwards this thread sees "
-                 "every write the phase's arrivals and transactions released.", 2, infer=_infer_wait, pure=False)
+                 "every write the phase's arrivals and transactions released.", 2, infer=_infer_wait, pure=False, **SYNCHRONIZES)
 define_thread_op("fence_mbarrier_init", "Make this thread's prior mbarrier_init visible to the async proxy (TMA) "
-                 "and the cluster (fence.mbarrier_init.release.cluster).", 0, infer=lambda ts, a: [], pure=False)
+                 "and the cluster (fence.mbarrier_init.release.cluster).", 0, infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("fence_proxy_async", "Order this thread's prior shared-memory accesses (mbarrier inits included) "
                  "before later async-proxy operations such as tma_load (fence.proxy.async.shared::cta).", 0,
-                 infer=lambda ts, a: [], pure=False)
+                 infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("tma_load", "Copy the box at element `coords` (outermost first) of the tensor that `tensor_map` "
                  "describes into shared memory at `dst` (cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile."
                  "mbarrier::complete_tx::bytes), out-of-bounds elements zero-filled, and count its bytes as "
                  "transactions of `bar`'s current phase. Issued by one thread; `dst` must be 128-byte aligned "
-                 "(1024 with a 128B swizzle).", (4, 3 + TMA_MAX_RANK), infer=_infer_tma_load, pure=False)
+                 "(1024 with a 128B swizzle).", (4, 3 + TMA_MAX_RANK), infer=_infer_tma_load, pure=False, **SYNCHRONIZES)

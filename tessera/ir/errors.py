@@ -1,8 +1,16 @@
-"""Exceptions raised by the IR layer.
+"""Exceptions raised by the IR layer, and the form every layer's errors give their location in.
 
 The frontend turns these into user-facing `CompileError`s with the kernel's
 source line; inside the IR they carry the operation's location when known.
 """
+
+
+def located(message: str, loc, where: list[str]) -> str:
+    """`<loc>: in <where, ...>: <message>` (the parts that are missing left out), e.g.
+    "k.py:7:5: in kernel 'add', op 'load': ..." -- the interpreter's, the passes' and the backends' errors."""
+    prefix = f"{loc}: " if loc is not None else ""
+    context = f"in {', '.join(where)}: " if where else ""
+    return f"{prefix}{context}{message}"
 
 
 class IRError(Exception):

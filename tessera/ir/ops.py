@@ -1,13 +1,21 @@
 """Every op of the tile IR, defined once: name, operands, attributes, type rule.
 
 An `OpDef` says how many operands an op takes, which attributes it requires
-(and of what kind), how many regions it owns, and its type rule:
+(and of what kind), how many regions it owns, its traits, and its type rule:
 
 * `infer(operand_types, attrs) -> result types` for ops whose result type
   follows from their inputs (the builder calls it; the verifier compares);
 * `check(op)` for ops whose result type is chosen by the producer (`cast`,
   `splat`, `constant`, ...) and for region structure. It raises
   `TypeRuleError` with a message that says what is wrong.
+
+Traits say what passes may assume of an op, so that they ask the op instead
+of keeping lists of names (`op_names(elementwise=True)`, `OPS[name].shape_op`):
+`elementwise`, `numerics` (which `ir/numerics.py` family computes its lanes),
+`shape_op`, `commutative`, `pointer_lanes`, `reads_memory`, `writes_memory`,
+and `has_regions`. Adding a lane-wise op is one `define(...)` here, its
+numerics, and its LLVM lowering; tests/ir/test_op_traits.py checks the traits
+against what the interpreter computes.
 
 Ops are grouped below by family. Interpreter semantics live in
 `tessera/backends/interp/`, keyed by the same names.
@@ -58,6 +66,23 @@ class OpDef:
     terminator: bool = False
     pure: bool = True                    # no side effects: may be CSE'd or removed when unused
     level: str = "tile"                  # "tile": tile IR (also valid per thread); "thread": thread IR only
+    # Traits (see the module docstring); passes ask them instead of listing op names.
+    elementwise: bool = False            # pure; lane i of the result is computed from lane i of each operand
+    numerics: str | None = None          # elementwise ops `ir/numerics.py` computes: one of NUMERICS_FAMILIES
+    shape_op: bool = False               # moves or repeats its operand's lanes without computing on them
+    commutative: bool = False            # f(a, b) == f(b, a)
+    pointer_lanes: bool = False          # accesses memory lane by lane: pointer, mask, value and result lanes match
+    reads_memory: bool = False           # reads global or shared memory (a synchronization op counts as both,
+    writes_memory: bool = False          # so that no access moves across it)
+
+    @property
+    def has_regions(self) -> bool:
+        return self.regions[1] > 0
+
+
+NUMERICS_FAMILIES = ("binary", "unary", "math", "compare")      # numerics.binary / unary / math_function / COMPARE
+READS, WRITES = dict(reads_memory=True), dict(writes_memory=True)
+SYNCHRONIZES = dict(reads_memory=True, writes_memory=True)      # barriers, waits, fences, mbarrier updates
 
 
 OPS: dict[str, OpDef] = {}
@@ -91,6 +116,20 @@ def define(name: str, doc: str, operands: int | tuple[int, int], **kw) -> OpDef:
     opdef = OpDef(name, doc, operands, **kw)
     OPS[name] = opdef
     return opdef
+
+
+def op_names(**traits) -> tuple[str, ...]:
+    """Names of the ops whose traits have the given values, in definition order: `op_names(numerics="math")`."""
+    return tuple(name for name, opdef in OPS.items()
+                 if all(getattr(opdef, trait) == value for trait, value in traits.items()))
+
+
+def is_lanewise_region(block: Block) -> bool:
+    """Whether every op of `block` (nested ones included) is a constant, an elementwise op on scalars or the
+    closing `yield`: the region computes each lane on its own, so it may run on whole register arrays."""
+    return all((op.name in ("constant", "yield") or OPS[op.name].elementwise)
+               and all(isinstance(r.type, ScalarType) for r in op.results)
+               for top in block.ops for op in top.walk())
 
 
 def require(condition: bool, message: str) -> None:
@@ -240,12 +279,14 @@ def _infer_permute(ts, a):
     return [TileType(element_of(t), tuple(shape[i] for i in order))]
 
 
-define("splat", "A tile whose every lane holds the scalar operand.", 1, check=_check_splat)
-define("broadcast", "Repeat size-1 dimensions of a tile to the result shape.", 1, check=_check_broadcast)
-define("expand_dims", "Insert a size-1 dimension at `axis`.", 1, attrs={"axis": "int"}, infer=_infer_expand_dims)
-define("reshape", "Same elements in row-major order, new shape.", 1, check=_check_reshape)
+define("splat", "A tile whose every lane holds the scalar operand.", 1, check=_check_splat, shape_op=True)
+define("broadcast", "Repeat size-1 dimensions of a tile to the result shape.", 1, check=_check_broadcast,
+       shape_op=True)
+define("expand_dims", "Insert a size-1 dimension at `axis`.", 1, attrs={"axis": "int"}, infer=_infer_expand_dims,
+       shape_op=True)
+define("reshape", "Same elements in row-major order, new shape.", 1, check=_check_reshape, shape_op=True)
 define("permute", "Transpose dimensions: result dim i is operand dim order[i].", 1,
-       attrs={"order": "ints"}, infer=_infer_permute)
+       attrs={"order": "ints"}, infer=_infer_permute, shape_op=True)
 
 # ---------------------------------------------------------------------------
 # Layouts
@@ -312,12 +353,15 @@ BINARY_ARITH = {
     "min": "smaller of a and b (a NaN operand yields the other)",
     "max": "larger of a and b (a NaN operand yields the other)",
 }
+COMMUTATIVE = ("add", "mul", "min", "max", "and", "or", "xor")
+LANEWISE = dict(elementwise=True)       # the traits every lane-by-lane op below has
 for _name, _doc in BINARY_ARITH.items():
-    define(_name, _doc, 2, infer=_arith)
+    define(_name, _doc, 2, infer=_arith, numerics="binary", commutative=_name in COMMUTATIVE, **LANEWISE)
 for _name, _doc in {"and": "bitwise/logical and", "or": "bitwise/logical or", "xor": "bitwise/logical xor"}.items():
-    define(_name, _doc, 2, infer=_bitwise)
-define("shl", "a << b (b >= bits gives 0)", 2, infer=_shift)
-define("shr", "a >> b: arithmetic for signed, logical for unsigned integers", 2, infer=_shift)
+    define(_name, _doc, 2, infer=_bitwise, numerics="binary", commutative=True, **LANEWISE)
+define("shl", "a << b (b >= bits gives 0)", 2, infer=_shift, numerics="binary", **LANEWISE)
+define("shr", "a >> b: arithmetic for signed, logical for unsigned integers", 2, infer=_shift, numerics="binary",
+       **LANEWISE)
 
 COMPARE_PREDICATES = ("eq", "ne", "lt", "le", "gt", "ge")
 
@@ -329,11 +373,12 @@ def _infer_cmp(ts, a):
     return [_bool_like(t)]
 
 
-define("cmp", "Elementwise comparison; result is bool.", 2, attrs={"pred": "str"}, infer=_infer_cmp)
+define("cmp", "Elementwise comparison; result is bool.", 2, attrs={"pred": "str"}, infer=_infer_cmp,
+       numerics="compare", **LANEWISE)
 
-define("neg", "-a", 1, infer=_numeric_unary)
-define("abs", "|a|", 1, infer=_numeric_unary)
-define("not", "bitwise not (logical not for bool)", 1, infer=_infer_not)
+define("neg", "-a", 1, infer=_numeric_unary, numerics="unary", **LANEWISE)
+define("abs", "|a|", 1, infer=_numeric_unary, numerics="unary", **LANEWISE)
+define("not", "bitwise not (logical not for bool)", 1, infer=_infer_not, numerics="unary", **LANEWISE)
 
 MATH_FUNCTIONS = {
     "exp": "e**a", "exp2": "2**a", "log": "natural logarithm", "log2": "base-2 logarithm",
@@ -342,7 +387,7 @@ MATH_FUNCTIONS = {
     "floor": "round toward -inf", "ceil": "round toward +inf",
 }
 for _name, _doc in MATH_FUNCTIONS.items():
-    define(_name, _doc, 1, infer=_float_unary)
+    define(_name, _doc, 1, infer=_float_unary, numerics="math", **LANEWISE)
 
 
 def _infer_select(ts, a):
@@ -353,7 +398,7 @@ def _infer_select(ts, a):
     return [x]
 
 
-define("select", "cond ? a : b, lane by lane.", 3, infer=_infer_select)
+define("select", "cond ? a : b, lane by lane.", 3, infer=_infer_select, **LANEWISE)
 
 
 def _check_cast(op):
@@ -372,8 +417,8 @@ def _check_bitcast(op):
 
 
 define("cast", "Convert values to the result dtype (round-to-nearest-even, saturating float->int).", 1,
-       check=_check_cast)
-define("bitcast", "Reinterpret the bits of each lane as the result dtype.", 1, check=_check_bitcast)
+       check=_check_cast, **LANEWISE)
+define("bitcast", "Reinterpret the bits of each lane as the result dtype.", 1, check=_check_bitcast, **LANEWISE)
 
 # ---------------------------------------------------------------------------
 # Pointers and memory
@@ -427,17 +472,19 @@ def _infer_atomic_cas(ts, a):
     return [val]
 
 
-define("addptr", "Pointer plus element offset, lane by lane.", 2, infer=_infer_addptr)
+define("addptr", "Pointer plus element offset, lane by lane.", 2, infer=_infer_addptr, **LANEWISE)
 # `vector` (thread IR): registers go in groups of `vector` whose addresses are
 # consecutive and aligned to the group's size, with one mask value per group,
 # so each group is one wide access.
 define("load", "Read through pointers; masked-off lanes yield `other` (zero if absent).", (1, 3),
-       optional_attrs={"vector": "int"}, infer=_infer_load, pure=False)
+       optional_attrs={"vector": "int"}, infer=_infer_load, pure=False, pointer_lanes=True, reads_memory=True)
 define("store", "Write through pointers; masked-off lanes are not written.", (2, 3),
-       optional_attrs={"vector": "int"}, infer=_infer_store, pure=False)
+       optional_attrs={"vector": "int"}, infer=_infer_store, pure=False, pointer_lanes=True, writes_memory=True)
+READ_MODIFY_WRITE = dict(pure=False, pointer_lanes=True, reads_memory=True, writes_memory=True)
 define("atomic_rmw", "Atomically combine `value` into memory; returns the old values.", (2, 3),
-       attrs={"kind": "str"}, infer=_infer_atomic_rmw, pure=False)
-define("atomic_cas", "Atomic compare-and-swap; returns the old values.", 3, infer=_infer_atomic_cas, pure=False)
+       attrs={"kind": "str"}, infer=_infer_atomic_rmw, **READ_MODIFY_WRITE)
+define("atomic_cas", "Atomic compare-and-swap; returns the old values.", 3, infer=_infer_atomic_cas,
+       **READ_MODIFY_WRITE)
 
 
 def _infer_make_view(ts, a):
@@ -478,9 +525,10 @@ def _infer_view_store(ts, a):
 define("make_view", "A strided tensor view: base pointer, sizes..., strides... (in elements).", (3, -1),
        infer=_infer_make_view)
 define("view_load", "Load the block at element offsets; lanes outside the view read `fill` (default 0).", (2, -1),
-       attrs={"shape": "ints"}, optional_attrs={"fill": "number"}, infer=_infer_view_load, pure=False)
+       attrs={"shape": "ints"}, optional_attrs={"fill": "number"}, infer=_infer_view_load, pure=False,
+       reads_memory=True)
 define("view_store", "Store a block at element offsets; lanes outside the view are not written.", (3, -1),
-       infer=_infer_view_store, pure=False)
+       infer=_infer_view_store, pure=False, writes_memory=True)
 
 # ---------------------------------------------------------------------------
 # Reductions, scans and dot

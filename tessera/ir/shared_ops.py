@@ -42,13 +42,13 @@ has no cp.async):
   (the SIMT simulator checks cross-thread races after lowering).
 
 Registered into `ops.OPS` like `thread_ops`; the interpreter semantics are
-`backends/interp/shared.py`, the lowering `passes/lowering/shared_buffers.py`.
+`backends/interp/shared.py`, the lowering `passes/schedule/shared_buffers.py`.
 """
 
 from __future__ import annotations
 
 from . import dtypes as dt
-from .ops import _check_int_scalar, _check_mask, define, require
+from .ops import READS, SYNCHRONIZES, WRITES, _check_int_scalar, _check_mask, define, require
 from .types import PointerType, ScalarType, SharedType, TileType, ViewType
 
 # Elements narrower than a byte would let two threads share a byte of shared memory.
@@ -145,25 +145,25 @@ define("smem_alloc", "A shared-memory buffer of the result's shape and dtype for
        "until written).", 0, check=_check_alloc, pure=False)
 define("smem_slot", "The sub-buffer at `index` of the buffer's leading dim (no data moves).", 2, infer=_infer_slot)
 define("smem_load", "The buffer's elements as a tile (every element must have been written, and no async copy into "
-       "it may be in flight).", 1, infer=_infer_load, pure=False)
+       "it may be in flight).", 1, infer=_infer_load, pure=False, **READS)
 define("smem_store", "Write a tile into the buffer (no async copy into it may be in flight).", 2,
-       infer=_infer_store, pure=False)
+       infer=_infer_store, pure=False, **WRITES)
 define("smem_async_copy", "Copy global memory into the buffer asynchronously: the view's block at element offsets "
        "(lanes outside the view write 0), or the elements a tile of pointers addresses (masked-off lanes write 0). "
        "The copy joins the open group (its bytes land when a smem_async_wait retires that group), or, with a trailing "
        "mbarrier operand, that mbarrier's current phase.", (2, -1),
-       infer=_infer_async_copy, pure=False)
+       infer=_infer_async_copy, pure=False, **READS, **WRITES)
 define("smem_async_commit", "Close the open group of smem_async_copy ops (later waits count it).", 0,
-       infer=lambda ts, a: [], pure=False)
+       infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define("smem_async_wait", "Retire committed copy groups, oldest first, until at most `pending` are in flight.", 0,
-       attrs={"pending": "int"}, infer=_infer_wait, pure=False)
+       attrs={"pending": "int"}, infer=_infer_wait, pure=False, **SYNCHRONIZES)
 define("smem_barrier", "Wait for every thread of the program; orders shared-memory accesses around it.", 0,
-       infer=lambda ts, a: [], pure=False)
+       infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define("smem_mbarriers", "An array of mbarriers (smem<N x 1 x i64>) for this program, each in phase 0 with no "
        "copies.", 0, check=_check_mbarriers, pure=False)
 define("smem_mbarrier_wait", "Wait until the current phase of the mbarrier, whose parity must be `parity`, completes "
        "(every copy issued onto it in that phase has landed); the phase then advances.", 2,
-       infer=_infer_mbarrier_wait, pure=False)
+       infer=_infer_mbarrier_wait, pure=False, **SYNCHRONIZES)
 
 # A whole program's buffers: no per-thread meaning (the lowering turns them into shared_alloc and friends).
 SHARED_TILE_OPS = frozenset(("smem_alloc", "smem_slot", "smem_load", "smem_store", "smem_async_copy",

@@ -2,7 +2,7 @@
 
 Passes never ask "is this NVIDIA?": they read the warp size, shared-memory
 capacity, register budget and the set of hardware features from a `Target`,
-so one pipeline serves every GPU. Backends add what only they need (the
+so one compiler serves every GPU. Backends add what only they need (the
 LLVM triple and CPU name, PTX features) through the fields below.
 
 | target  | vendor | warp | shared memory / block | features                                   |

@@ -16,7 +16,7 @@ from __future__ import annotations
 from . import dtypes as dt
 from .mfma_layouts import MFMA_INPUTS, MFMA_SHAPES, WAVE
 from .mma_layouts import LDMATRIX_ELEMENTS, MMA_SHAPES, WARP as MMA_WARP, mma_accepts
-from .ops import define, require
+from .ops import READS, SYNCHRONIZES, WRITES, define, require
 from .types import PointerType, RegsType, ScalarType
 
 SHUFFLE_MODES = ("bfly", "idx", "up", "down")
@@ -123,9 +123,9 @@ define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared mem
                  "ldmatrix_layout(num, trans, bits)` registers (ldmatrix.sync.aligned.m8n8.x{num}[.trans].b16): lanes "
                  "8j..8j+7 each give the address of one 16-byte-aligned row of matrix j (8 16-bit, 16 8-bit or 4 "
                  "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1,
-                 attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False)
+                 attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False, **READS)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
-       infer=lambda ts, a: [], pure=False)
+       infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "
                  "a multiple of `align` (default 16; 1024 for a 128B-swizzled wgmma tile); `whole_kernel`: live "
                  "for the whole kernel, sharing bytes with no other buffer (explicit `tessera.shared` buffers).", 0,
@@ -163,10 +163,10 @@ define_thread_op("async_copy", "Copy `bytes` (4, 8 or 16) bytes from global `src
                  "(cp.async): when `pred` is false the bytes are zero-filled instead (src-size 0). The copy joins "
                  "this thread's open group; its bytes may be neither read nor written until an `async_wait` "
                  "retires that group. Both addresses must be aligned to `bytes`.", 3,
-                 attrs={"bytes": "int"}, infer=_infer_async_copy, pure=False)
+                 attrs={"bytes": "int"}, infer=_infer_async_copy, pure=False, **READS, **WRITES)
 define_thread_op("async_commit", "Close this thread's open group of async_copy ops (cp.async.commit_group).", 0,
-                 infer=lambda ts, a: [], pure=False)
+                 infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("async_wait", "Wait until at most `pending` of this thread's committed async_copy groups are "
                  "still in flight (cp.async.wait_group); the others' bytes are then in shared memory, visible to "
                  "this thread (other threads need a barrier after the wait).", 0,
-                 attrs={"pending": "int"}, infer=_infer_async_wait, pure=False)
+                 attrs={"pending": "int"}, infer=_infer_async_wait, pure=False, **SYNCHRONIZES)

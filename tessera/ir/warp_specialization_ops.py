@@ -16,7 +16,7 @@ execute it together, and the kernel needs a known block size (NVPTX always
 emits `"nvvm.maxntid"`). `named_barrier` waits until `count` threads (whole
 warps) have arrived at barrier `id` (1..15; 0 is the block-wide `barrier`).
 
-The SIMT semantics are `backends/interp/simt_warp_specialization.py`, the
+The SIMT semantics are `backends/simt/warp_specialization.py`, the
 PTX `backends/nvptx/warp_specialization.py`. Registered into `ops.OPS` like
 `thread_ops`.
 """
@@ -24,7 +24,7 @@ PTX `backends/nvptx/warp_specialization.py`. Registered into `ops.OPS` like
 from __future__ import annotations
 
 from . import dtypes as dt
-from .ops import require
+from .ops import SYNCHRONIZES, require
 from .thread_ops import define_thread_op
 from .types import ScalarType
 
@@ -63,4 +63,4 @@ define_thread_op("elect_sync", "True in exactly one lane of each warp (the lowes
 define_thread_op("named_barrier", "Wait until `count` threads (whole warps) have arrived at barrier `id` (1..15), "
                  "ordering their shared-memory accesses (bar.sync id, count): a barrier for a subset of the "
                  "block, such as the consumer warpgroups of a warp-specialized kernel.", 0,
-                 attrs={"id": "int", "count": "int"}, infer=_infer_named_barrier, pure=False)
+                 attrs={"id": "int", "count": "int"}, infer=_infer_named_barrier, pure=False, **SYNCHRONIZES)

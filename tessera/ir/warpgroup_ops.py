@@ -23,7 +23,7 @@ required before the first wgmma of a warpgroup and between other accesses of
 its accumulator / A registers and a wgmma using them (chains of same-shape
 wgmmas on one accumulator excepted).
 
-The type rules are here; the SIMT semantics are `backends/interp/simt_wgmma.py`
+The type rules are here; the SIMT semantics are `backends/simt/wgmma.py`
 and the PTX `backends/nvptx/warpgroup.py`.
 """
 
@@ -31,7 +31,7 @@ from __future__ import annotations
 
 from . import dtypes as dt
 from .layouts import LayoutError
-from .ops import define, require
+from .ops import READS, SYNCHRONIZES, define, require
 from .types import PointerType, RegsType, ScalarType
 from .wgmma_layouts import SWIZZLE_MODES, WGMMA_M, WGMMA_NS, MatrixDescriptor, wgmma_k
 
@@ -93,12 +93,12 @@ _define("wgmma", "D = A @ B + C for a 64xk A and kxN B (in shared memory, read t
         "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` "
         "and a `wgmma_wait` that retires its group.", 3,
         attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
-        optional_attrs={"trans_a": "bool", "trans_b": "bool", "dtype_b": "str"}, infer=_infer_wgmma)
+        optional_attrs={"trans_a": "bool", "trans_b": "bool", "dtype_b": "str"}, infer=_infer_wgmma, **READS)
 _define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "
         "follow (wgmma.fence.sync.aligned); needed before the first wgmma after the start or a wgmma_wait.", 0,
-        infer=lambda ts, a: [])
+        infer=lambda ts, a: [], **SYNCHRONIZES)
 _define("wgmma_commit", "Close the open group of this warpgroup's wgmmas (wgmma.commit_group.sync.aligned).", 0,
-        infer=lambda ts, a: [])
+        infer=lambda ts, a: [], **SYNCHRONIZES)
 _define("wgmma_wait", "Wait until at most `pending` committed wgmma groups of this warpgroup are in flight "
         "(wgmma.wait_group.sync.aligned); the others' results are then ready.", 0,
-        attrs={"pending": "int"}, infer=_infer_wait)
+        attrs={"pending": "int"}, infer=_infer_wait, **SYNCHRONIZES)

@@ -1,4 +1,6 @@
-"""Library kernels written in Tessera, exposed as torch custom ops (`torch.ops.tessera.*`)."""
+"""Library kernels written in Tessera, exposed as torch custom ops (`torch.ops.tessera.*`). They may import
+only the public API (`import tessera`), like any user's code.
+"""
 
 from .gemm import gemm
 

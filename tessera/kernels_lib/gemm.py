@@ -17,7 +17,7 @@ and columns of B in L2. The grid is 1-D: one program per tile, or with
 PERSISTENT one program per SM that loops over tiles num_programs apart.
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
-num_warps issues the TMA loads (`passes/lowering/warp_specialized.py`).
+num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
 No shipped config sets it; it defaults to False.
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional

@@ -26,7 +26,7 @@ import numpy as np
 from tessera.ir import numerics
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.dtypes import DType
-from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.ops import OPS
 from tessera.ir.types import scalar_dtype
 
 from .manager import FunctionPass
@@ -35,9 +35,6 @@ from .rewrite import inline_region, remap_operands, splice
 # A rewrite: the ops that take the old op's place, and the values that replace its results.
 Rewrite = tuple[list[Operation], list[Value]]
 
-_BINARY = (*BINARY_ARITH, "and", "or", "xor", "shl", "shr")
-_UNARY = ("neg", "abs", "not")
-_SHAPE = ("splat", "broadcast", "expand_dims", "reshape", "permute")
 _SELF_COMPARISON = {"eq": True, "le": True, "ge": True, "ne": False, "lt": False, "gt": False}  # cmp(x, x), no NaN
 
 
@@ -142,24 +139,25 @@ def _fold(op: Operation) -> np.ndarray | None:
     name, dtype = op.name, scalar_dtype(op.result.type)
     if dtype is None:
         return None
+    family = OPS[name].numerics
     with np.errstate(all="ignore"):
-        if name in _BINARY:
+        if family == "binary":
             a, b = inputs
             if name in ("div", "rem") and dtype.is_int and b == 0:
                 return None  # undefined on GPUs: keep the op so the program behaves as written
             return numerics.binary(name, a, b, dtype)
-        if name == "cmp":
+        if family == "compare":
             return numerics.COMPARE[op.attrs["pred"]](*inputs)
-        if name in _UNARY:
+        if family == "unary":
             return numerics.unary(name, inputs[0], dtype)
-        if name in MATH_FUNCTIONS:
+        if family == "math":
             return numerics.math_function(name, inputs[0], dtype)
         if name == "cast":
             return dtype.quantize(inputs[0])
         if name == "bitcast":
             source = scalar_dtype(op.operands[0].type)
             return dtype.decode(source.encode(inputs[0]))
-        if name in _SHAPE:
+        if OPS[name].shape_op:
             return inputs[0]  # a constant is the same in every lane
     return None  # select folds as a simplification; other ops are not folded
 
@@ -170,7 +168,7 @@ def _fold(op: Operation) -> np.ndarray | None:
 
 def _simplify(op: Operation) -> Rewrite | None:
     name = op.name
-    if name in _BINARY:
+    if OPS[name].numerics == "binary":
         return _simplify_binary(op)
     x = op.operands[0] if op.operands else None
     same_type = x is not None and x.type == op.result.type
@@ -186,7 +184,7 @@ def _simplify(op: Operation) -> Rewrite | None:
         return None if c is None else ([], [a if bool(c) else b])
     if name == "cmp":
         return _simplify_compare(op)
-    if name in _UNARY:
+    if OPS[name].numerics == "unary":
         return _simplify_unary(op)
     if name == "addptr" and _is(constant_value(op.operands[1]), 0):
         return [], [x]

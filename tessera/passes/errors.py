@@ -11,7 +11,7 @@ frontend turns it into a `CompileError` like the IR's own errors.
 from __future__ import annotations
 
 from tessera.ir.core import Operation
-from tessera.ir.errors import IRError
+from tessera.ir.errors import IRError, located
 
 
 class LoweringError(IRError):
@@ -30,6 +30,4 @@ class LoweringError(IRError):
             where.append(f"kernel '{self.kernel}'")
         if self.op is not None:
             where.append(f"op '{self.op.name}'")
-        prefix = f"{self.loc}: " if self.loc is not None else ""
-        context = f"in {', '.join(where)}: " if where else ""
-        return f"{prefix}{context}{self.message}"
+        return located(self.message, self.loc, where)

@@ -19,7 +19,7 @@ layout yet, so the first layout to reach a value wins):
 
 1. pinned: `overrides` (value -> layout) are set first and never change
    (`pinned_layouts(fn)` gives the pins of the IR's `convert_layout` ops,
-   which `pipeline_threads.lower` passes). The operand of a pinned
+   which `thread_passes.lower` passes). The operand of a pinned
    `convert_layout` that nothing else uses takes the pinned layout too, so
    that `load(..., layout=L)` loads straight into L.
 2. anchors: a dot that runs on a matrix instruction (`mma.mma_plan`:
@@ -94,18 +94,13 @@ from typing import Iterable, Mapping
 
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.layouts import LayoutError, RegisterLayout, local, parse_layout, replicated, spatial
-from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.ops import OPS
 from tessera.ir.target import Target
 from tessera.ir.types import PointerType, TileType, Type, element_of
 
 from .errors import LoweringError
 from .mma import mma_plan
 
-ELEMENTWISE = frozenset([
-    *BINARY_ARITH, "and", "or", "xor", "shl", "shr", "cmp", "neg", "abs", "not", *MATH_FUNCTIONS,
-    "select", "cast", "bitcast", "addptr",
-])
-MEMORY_TIED = frozenset(["load", "store", "atomic_rmw", "atomic_cas"])
 LOOPS = frozenset(["for", "while"])
 
 
@@ -321,7 +316,7 @@ class _Assigner:
             ptr = op.operands[1]        # a copy from a tile of pointers anchors it like a load
             vector = self.facts.pointer_layout_width(ptr, element_bits(ptr.type), self.target.max_vector_bits)
             self.set(ptr, self.blocked(ptr.type.shape, vector))
-        elif name in MEMORY_TIED:
+        elif OPS[name].pointer_lanes:
             tiles = [v for v in [*op.operands, *op.results] if isinstance(v.type, TileType)]
             if not tiles:
                 return
@@ -427,7 +422,7 @@ def tied_groups(op: Operation) -> list[tuple[list[Value], list[bool]]]:
 def _groups(op: Operation):
     """Tied groups as slots; the first definition slot is the representative whose layout wins."""
     name = op.name
-    if name in ELEMENTWISE or name in MEMORY_TIED:
+    if OPS[name].elementwise or OPS[name].pointer_lanes:      # operand and result lanes correspond
         defs = [(r, None, 0) for r in op.results]
         uses = [(v, op, i) for i, v in enumerate(op.operands)]
         if defs:

@@ -10,10 +10,11 @@ function of the same name and parameters, with the attributes
 `num_threads`, `warp_size` and `target` (plus the tile function's own, such
 as `divisible_by_16`). Shared-memory buffers come out unplaced
 (`shared_alloc {offset = -1}`): run `shared_memory.allocate_shared_memory`
-next. `pipeline_threads.lower` runs the whole sequence.
+next. `thread_passes.lower` runs the whole sequence.
 
 What each op becomes is in `lowering/` (one module per op family; their
-docstrings give the rules):
+docstrings give the rules), and for loops and explicit shared memory in
+`schedule/` (software pipelining, TMA fills, warp specialization):
 
 | ops                                   | per thread                                                    |
 | ------------------------------------- | ------------------------------------------------------------- |
@@ -38,6 +39,7 @@ from __future__ import annotations
 from tessera.ir.core import Function, Module
 from tessera.ir.target import Target
 
+from . import schedule  # noqa: F401  (registers the scheduled ops' lowerings: loops, explicit shared memory)
 from .errors import LoweringError
 from .layout_assignment import LayoutAssignment
 from .lowering import Lowering

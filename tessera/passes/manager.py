@@ -1,6 +1,6 @@
 """Run passes over a module in order, verifying and recording the IR between them.
 
-    pm = PassManager([Canonicalize(), Pipeline(stages=3)], dump=True)
+    pm = PassManager([Canonicalize(), CSE(), DCE()], dump=True)     # or default_tile_passes() (tile_passes.py)
     module = pm.run(module)
     for name, text in pm.dumps: ...     # ("input", ...), then one entry per pass
 

@@ -23,7 +23,7 @@ slot by whole chunks, so it stays an ordinary load (`pipeline_plan`).
 sm_90 has no native fp8 mma.sync (ptxas emulates it), which is why fp8
 takes wgmma wherever the shape allows. A wgmma dot in the body of a
 `for {stages >= 2}` loop reads its operands straight from the cp.async ring
-slots: `lowering/pipeline_plan.py`.) f32 inputs
+slots: `schedule/pipeline_plan.py`.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
 with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
 (other dtypes, fp8 without "mma.fp8", shapes that do not divide, other

@@ -24,6 +24,8 @@ import os
 import secrets
 from pathlib import Path
 
+from ..version import __version__
+
 PACKAGE_ROOT = Path(__file__).resolve().parents[1]   # the `tessera` package directory
 SOURCE_SUFFIXES = (".py", ".lark")
 
@@ -45,8 +47,6 @@ def compiler_identity() -> dict[str, str]:
 
 
 def _compute_identity() -> dict[str, str]:
-    from .. import __version__   # at call time: `tessera/__init__` has finished importing by then
-
     try:
         import llvmlite
         import llvmlite.binding as llvm

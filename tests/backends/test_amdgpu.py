@@ -15,14 +15,14 @@ import re
 
 import pytest
 
-from tessera.backends.amdgpu import CodeObject, LinkerError, LoweringError, compile_thread_ir, find_linker
+from tessera.backends.amdgpu import CodeObject, LinkerError, CodegenError, compile_thread_ir, find_linker
 from tessera.backends.amdgpu import linker as amdgpu_linker
 from tessera.backends.amdgpu.msgpack import decode
 from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
 from tessera.passes.manager import PassManager
-from tessera.passes.pipeline import default_tile_passes
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.tile_passes import default_tile_passes
+from tessera.passes.thread_passes import lower
 from tessera.runtime.packing import ArgumentPacker, check_kernarg_layout
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,7 +43,7 @@ def thread_function(tile_module, target: str, num_warps: int = 4):
 def tutorial_thread_function(spec: str, target: str):
     signature, constexprs = TUTORIALS[spec]
     kernel = tutorial_kernel(spec)
-    from tessera.dsl.codegen import build_kernel_ir
+    from tessera.dsl.tracer import build_kernel_ir
     from tessera.dsl.signature import parse_signature
 
     return thread_function(build_kernel_ir(kernel.source, parse_signature(kernel.source, signature, constexprs)),
@@ -124,7 +124,7 @@ NVIDIA_ONLY = {
 @pytest.mark.parametrize("op", NVIDIA_ONLY)
 def test_nvidia_only_ops_are_rejected_before_llvm_with_the_reason(op):
     fn = parse_module(KERNEL_WITH.format(body=NVIDIA_ONLY[op])).functions[0]
-    with pytest.raises(LoweringError, match=f"{op}.*NVIDIA instruction that AMD GPUs lack.*gfx942"):
+    with pytest.raises(CodegenError, match=f"{op}.*NVIDIA instruction that AMD GPUs lack.*gfx942"):
         compile_thread_ir(fn, "gfx942")
 
 
@@ -137,9 +137,9 @@ func @k(%p: ptr<f64>) attributes {num_threads = 64, shared_bytes = 0, warp_size 
   return
 }
 """
-    with pytest.raises(LoweringError, match="`exp` on f64 needs a device math library"):
+    with pytest.raises(CodegenError, match="`exp` on f64 needs a device math library"):
         compile_thread_ir(parse_module(text).functions[0], "gfx942")
-    with pytest.raises(LoweringError, match="sm_90a is an NVIDIA GPU; the AMDGPU backend compiles for AMD targets"):
+    with pytest.raises(CodegenError, match="sm_90a is an NVIDIA GPU; the AMDGPU backend compiles for AMD targets"):
         compile_thread_ir(parse_module(text).functions[0], "sm_90a")
 
 

@@ -15,14 +15,14 @@ from llvmlite import ir
 
 from tessera.backends.amdgpu import math as amdgpu_math
 from tessera.backends.amdgpu.intrinsics import AMDGPU_INTRINSICS
-from tessera.backends.llvm.codegen import Lowering
+from tessera.backends.llvm.codegen import Codegen
 from tessera.backends.llvm.types import F32
 
 
-class _HostLowering:
-    """What the math lowerings use of `Lowering`, for a plain CPU function."""
+class _HostCodegen:
+    """What the math codegen uses of `Codegen`, for a plain CPU function."""
 
-    map_lanes = Lowering.map_lanes
+    map_lanes = Codegen.map_lanes
 
     def __init__(self, builder):
         self.builder = builder
@@ -47,7 +47,7 @@ def _run_on_host(name: str, x: np.ndarray) -> np.ndarray:
     b.cbranch(b.icmp_signed("<", i, n), body, done)
     b.position_at_end(body)
     value = b.load(b.gep(src, [i], source_etype=F32), typ=F32)
-    b.store(amdgpu_math.math_function(_HostLowering(b), name, value), b.gep(dst, [i], source_etype=F32))
+    b.store(amdgpu_math.math_function(_HostCodegen(b), name, value), b.gep(dst, [i], source_etype=F32))
     i.add_incoming(b.add(i, ir.Constant(ir.IntType(64), 1)), b.block)
     b.branch(loop)
     b.position_at_end(done)

@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from tessera.backends.amdgpu import compile_thread_ir
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
 from shared_kernels import MatmulCase  # noqa: E402

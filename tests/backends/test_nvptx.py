@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from tessera.backends.nvptx import BackendError, LoweringError, compile_thread_ir, find_libdevice, find_ptxas
+from tessera.backends.nvptx import BackendError, CodegenError, compile_thread_ir, find_libdevice, find_ptxas
 from tessera.ir.parser import parse_module
 
 TARGETS = ("sm_80", "sm_90a")
@@ -326,9 +326,9 @@ def test_math_without_libdevice_uses_hardware_approximations(target):
 
 
 def test_math_that_needs_libdevice_is_a_clean_error_without_it():
-    with pytest.raises(LoweringError, match=r"`erf` on f32 needs CUDA's libdevice"):
+    with pytest.raises(CodegenError, match=r"`erf` on f32 needs CUDA's libdevice"):
         compile_ir(math_kernel("f32", ["erf"]), "sm_80", libdevice=False)
-    with pytest.raises(LoweringError, match=r"`exp` on f64 needs CUDA's libdevice"):
+    with pytest.raises(CodegenError, match=r"`exp` on f64 needs CUDA's libdevice"):
         compile_ir(math_kernel("f64", ["exp"]), "sm_80", libdevice=False)
     a = compile_ir(math_kernel("f64", ["sqrt", "rsqrt", "floor"]), "sm_80", libdevice=False)
     assert "sqrt.rn.f64" in a.ptx and ("rcp.rn.f64" in a.ptx or "div.rn.f64" in a.ptx)  # exact 1 / sqrt
@@ -437,7 +437,7 @@ def test_isolated_compile_gives_the_same_ptx():
 def test_target_from_the_function_attribute():
     text = vector_add("f32", 4).replace("warp_size = 32", 'target = "sm_90a", warp_size = 32')
     assert compile_ir(text, None).target == "sm_90a"
-    with pytest.raises(LoweringError, match="lowered for target 'sm_90a' but is being compiled for sm_80"):
+    with pytest.raises(CodegenError, match="lowered for target 'sm_90a' but is being compiled for sm_80"):
         compile_ir(text, "sm_80")
 
 
@@ -450,7 +450,7 @@ def test_target_from_the_function_attribute():
     (None, "no target given"),
 ])
 def test_unsupported_targets_are_lowering_errors(target, message):
-    with pytest.raises(LoweringError, match=message):
+    with pytest.raises(CodegenError, match=message):
         compile_ir(vector_add("f32", 4), target)
 
 
@@ -459,10 +459,10 @@ def test_a_target_llvm_does_not_know_is_rejected_before_llvm():
 
     from tessera.ir.target import get_target
     bad_cpu = replace(get_target("sm_80"), llvm_cpu="sm_99x")
-    with pytest.raises(LoweringError, match="LLVM CPU 'sm_99x'"):
+    with pytest.raises(CodegenError, match="LLVM CPU 'sm_99x'"):
         compile_ir(vector_add("f32", 4), bad_cpu)
     bad_feature = replace(get_target("sm_80"), llvm_features="+ptx99")
-    with pytest.raises(LoweringError, match=r"'\+ptx99' is not a PTX ISA version"):
+    with pytest.raises(CodegenError, match=r"'\+ptx99' is not a PTX ISA version"):
         compile_ir(vector_add("f32", 4), bad_feature)
 
 
@@ -475,7 +475,7 @@ func @k(%x: ptr<{dtype}>) {ATTRS} {{
   return
 }}
 """
-    with pytest.raises(LoweringError, match=f"dtype {dtype} is not supported by the NVPTX backend yet"):
+    with pytest.raises(CodegenError, match=f"dtype {dtype} is not supported by the NVPTX backend yet"):
         compile_ir(text, "sm_90a")
 
 
@@ -491,7 +491,7 @@ func @k(%x: ptr<{dtype}>) {ATTRS} {{
 ])
 def test_unsupported_ops_and_attributes_are_lowering_errors(body, message):
     text = f"func @k(%x: ptr<f32>) {ATTRS} {{\n  {body}\n  return\n}}\n"
-    with pytest.raises(LoweringError, match=message) as info:
+    with pytest.raises(CodegenError, match=message) as info:
         compile_ir(text, "sm_80")
     assert "kernel 'k'" in str(info.value)
 
@@ -503,16 +503,16 @@ def test_unsupported_ops_and_attributes_are_lowering_errors(body, message):
     ("{num_threads = 128, shared_bytes = 1000000}", "shared_bytes must be an int in"),
 ])
 def test_function_attributes_are_checked(attrs, message):
-    with pytest.raises(LoweringError, match=message):
+    with pytest.raises(CodegenError, match=message):
         compile_ir(f"func @k() attributes {attrs} {{\n  return\n}}\n", "sm_80")
 
 
 def test_malformed_ir_and_bad_parameters_are_lowering_errors():
     malformed = f"func @k(%x: f32) {ATTRS} {{\n  %y = add %x, %x : f16\n  return\n}}\n"
-    with pytest.raises(LoweringError, match="malformed"):
+    with pytest.raises(CodegenError, match="malformed"):
         compile_ir(malformed, "sm_80")
     regs_param = f"func @k(%x: regs<4xf32>) {ATTRS} {{\n  return\n}}\n"
-    with pytest.raises(LoweringError, match="parameters must be scalars or global pointers"):
+    with pytest.raises(CodegenError, match="parameters must be scalars or global pointers"):
         compile_ir(regs_param, "sm_80")
 
 

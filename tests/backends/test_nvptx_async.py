@@ -6,7 +6,7 @@ import re
 import pytest
 
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
-from tessera.backends.nvptx.errors import LoweringError
+from tessera.backends.nvptx.errors import CodegenError
 from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
 from tessera.ir.verifier import verify_module
@@ -63,5 +63,5 @@ def test_cp_async_in_ptx_and_assembles(target):
 
 def test_cp_async_needs_the_cp_async_feature():
     without = dataclasses.replace(get_target("sm_80"), features=frozenset({"shfl", "mma.sync", "ldmatrix"}))
-    with pytest.raises(LoweringError, match="needs cp.async"):
+    with pytest.raises(CodegenError, match="needs cp.async"):
         compile_thread_ir(kernel(), without, assemble=False)

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tessera.backends.nvptx import LoweringError
+from tessera.backends.nvptx import CodegenError
 from tessera.ir import dtypes as dt
 
 from test_nvptx import compile_ir
@@ -167,7 +167,7 @@ func @k(%x: ptr<f8e5m2>) attributes {num_threads = 32, shared_bytes = 0, warp_si
   return
 }
 """
-    with pytest.raises(LoweringError, match=r"`add` on f8e5m2: .* cast to f32"):
+    with pytest.raises(CodegenError, match=r"`add` on f8e5m2: .* cast to f32"):
         compile_ir(text, "sm_90a")
 
 

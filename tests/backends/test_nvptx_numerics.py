@@ -19,7 +19,7 @@ from llvmlite import ir
 from tessera.backends.llvm import codegen as llvm_codegen
 from tessera.backends.nvptx import intrinsics
 from tessera.backends.llvm.types import memory_type
-from tessera.backends.nvptx.lowerings import LOWERINGS
+from tessera.backends.nvptx.codegen_table import CODEGEN
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, Value
 from tessera.ir.target import get_target
@@ -29,10 +29,10 @@ INTS = (dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64)
 CAST_TYPES = (dt.bool_, *INTS, dt.f32, dt.f64)
 
 
-class _HostLowering:
-    """What lowering functions use of `llvm_codegen.Lowering`, for a plain CPU function."""
+class _HostCodegen:
+    """What codegen functions use of `llvm_codegen.Codegen`, for a plain CPU function."""
 
-    map_lanes = llvm_codegen.Lowering.map_lanes
+    map_lanes = llvm_codegen.Codegen.map_lanes
 
     def __init__(self, builder):
         self.builder = builder
@@ -63,7 +63,7 @@ def _elementwise(module: ir.Module, name: str, op: Operation) -> None:
         d = value.type.dtype
         x = b.load(b.gep(base, [i], source_etype=memory_type(d)), typ=memory_type(d))
         values.append(b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)) if d.is_bool else x)
-    result = LOWERINGS[op.name](_HostLowering(b), op, *values)
+    result = CODEGEN[op.name](_HostCodegen(b), op, *values)
     d = op.result.type.dtype
     if d.is_bool:
         result = b.zext(result, ir.IntType(8))

@@ -14,7 +14,7 @@ import pytest
 import tessera
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.target import get_target
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
 from pipeline_kernels import matmul_case  # noqa: E402

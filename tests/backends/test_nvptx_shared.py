@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
 from shared_kernels import MatmulCase  # noqa: E402

@@ -12,14 +12,14 @@ from llvmlite import ir
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.backends.nvptx import intrinsics as nv
 from tessera.backends.nvptx.compile import _run_llvm_isolated
-from tessera.backends.nvptx.errors import LoweringError
+from tessera.backends.nvptx.errors import CodegenError
 from tessera.backends.llvm.types import I32
 from tessera.backends.nvptx.ptxas import assemble
 from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
 from tessera.ir.verifier import verify_module
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "interp"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simt"))
 from tma_kernels import ring, tile_copy  # noqa: E402
 
 HAS_PTXAS = find_ptxas() is not None
@@ -62,12 +62,12 @@ def test_ring_kernel_assembles_for_sm_90a():
 def test_targets_without_the_feature_are_refused_before_llvm(missing, op):
     sm90 = get_target("sm_90a")
     without = dataclasses.replace(sm90, features=sm90.features - {missing})
-    with pytest.raises(LoweringError, match=f"{op} needs .*which sm_90a lacks"):
+    with pytest.raises(CodegenError, match=f"{op} needs .*which sm_90a lacks"):
         compile_thread_ir(kernel(tile_copy()), without, assemble=False)
 
 
 def test_sm_80_refuses_tensor_map_parameters():
-    with pytest.raises(LoweringError, match="a tensormap parameter needs the Tensor Memory Accelerator \\(sm_90\\+\\), "
+    with pytest.raises(CodegenError, match="a tensormap parameter needs the Tensor Memory Accelerator \\(sm_90\\+\\), "
                                             "which sm_80 lacks"):
         compile_thread_ir(kernel(tile_copy()), "sm_80", assemble=False)
 

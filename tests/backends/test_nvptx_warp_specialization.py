@@ -10,7 +10,7 @@ from ws_gemm_programs import ws_gemm
 
 from tessera.backends.amdgpu import compile_thread_ir as compile_for_amd
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
-from tessera.backends.nvptx.errors import LoweringError
+from tessera.backends.nvptx.errors import CodegenError
 from tessera.ir.parser import parse_module
 from tessera.ir.verifier import verify_module
 
@@ -67,7 +67,7 @@ def test_warp_specialized_gemm_assembles_for_sm_90a_without_spills(stages):
     ("sm_80", "%e = elect_sync : bool", r"elect_sync needs sm_90\+, which sm_80 is not"),
 ])
 def test_targets_without_the_instruction_refuse_it_before_llvm(target, line, message):
-    with pytest.raises(LoweringError, match=message):
+    with pytest.raises(CodegenError, match=message):
         compile_thread_ir(kernel(ops_kernel(line)), target, assemble=False)
 
 
@@ -80,5 +80,5 @@ def test_named_barriers_are_plain_bar_sync_on_every_nvidia_target():
                                   "named_barrier {count = 64, id = 1}"])
 def test_amd_targets_refuse_the_ops_by_name(line):
     op = line.split()[0] if not line.startswith("%") else line.split()[2]
-    with pytest.raises(LoweringError, match=f"{op}.*NVIDIA instruction that AMD GPUs lack.*gfx942"):
+    with pytest.raises(CodegenError, match=f"{op}.*NVIDIA instruction that AMD GPUs lack.*gfx942"):
         compile_for_amd(kernel(ops_kernel(line, threads=128)), "gfx942")

@@ -1,5 +1,5 @@
 """wgmma to PTX: the hand-built warpgroup kernel (`wgmma_programs.py`, also run by the SIMT simulator in
-`tests/interp/test_simt_wgmma.py`) compiles for sm_90a to wgmma.mma_async / fence / commit / wait, assembles
+`tests/simt/test_simt_wgmma.py`) compiles for sm_90a to wgmma.mma_async / fence / commit / wait, assembles
 with ptxas without spilling, and is rejected before LLVM for targets without wgmma."""
 
 import re
@@ -8,7 +8,7 @@ import pytest
 from wgmma_programs import wgmma_kernel
 
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
-from tessera.backends.nvptx.errors import LoweringError
+from tessera.backends.nvptx.errors import CodegenError
 from tessera.backends.nvptx.warpgroup import wgmma_asm
 from tessera.ir.parser import parse_module
 from tessera.ir.verifier import verify_module
@@ -45,7 +45,7 @@ def test_f16_and_n256_compile_for_sm_90a():
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90"])
 def test_targets_without_wgmma_reject_the_kernel_before_llvm(target):
-    with pytest.raises(LoweringError, match=rf"{target} lacks.*compile for sm_90a"):
+    with pytest.raises(CodegenError, match=rf"{target} lacks.*compile for sm_90a"):
         compile_thread_ir(kernel(64), target)
 
 

@@ -110,10 +110,12 @@ def test_malformed_source_never_escapes_as_another_exception(program: Program, g
 
 # --- the same random programs through the GPU pipeline -------------------------
 
-from tessera.backends.interp import run_function, run_threads  # noqa: E402
+from tessera.backends.interp import run_function  # noqa: E402
+
+from tessera.backends.simt import run_threads  # noqa: E402
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas  # noqa: E402
 from tessera.ir.target import get_target  # noqa: E402
-from tessera.passes.pipeline_threads import lower  # noqa: E402
+from tessera.passes.thread_passes import lower  # noqa: E402
 
 HAVE_PTXAS = find_ptxas() is not None
 

@@ -3,7 +3,7 @@
 import pytest
 
 import tessera
-from tessera.dsl import semantics
+from tessera.dsl import operators
 from tessera.dsl.errors import CompileError, ConstexprError, StaticAssertionError, TypeMismatchError
 from tessera.dsl.function import func
 from tessera.ir.dtypes import f16, f32, i8, u8
@@ -190,7 +190,7 @@ def test_view_shape_and_strides_must_match(t):
 
 def test_block_index_counts_blocks(t):
     v, i = t.arg("view<f16, 2>", "v"), t.arg("i32", "i")
-    block = semantics.attribute(t.ctx, v, "block")((16, 32), (i, 2))
+    block = operators.attribute(t.ctx, v, "block")((16, 32), (i, 2))
     tile = block.load()
     assert str(tile.type) == "tile<16x32xf16>"
     assert t.ir() == ir_text("""
@@ -203,7 +203,7 @@ def test_block_index_counts_blocks(t):
 
 def test_block_offsets_count_elements_and_fill_pads(t):
     v = t.arg("view<f32, 1>", "v")
-    semantics.attribute(t.ctx, v, "block")(64, offsets=10).load(fill=float("-inf"))
+    operators.attribute(t.ctx, v, "block")(64, offsets=10).load(fill=float("-inf"))
     assert t.ir() == ir_text("""
         %0 = constant {value = 10} : i32
         %1 = view_load %v, %0 {fill = -inf, shape = [64]} : tile<64xf32>
@@ -212,7 +212,7 @@ def test_block_offsets_count_elements_and_fill_pads(t):
 
 def test_block_store_casts_and_broadcasts(t):
     v, x = t.arg("view<bf16, 2>", "v"), t.arg("tile<32xf32>", "x")
-    semantics.attribute(t.ctx, v, "block")((2, 32)).store(x)
+    operators.attribute(t.ctx, v, "block")((2, 32)).store(x)
     assert t.ir() == ir_text("""
         %0 = constant {value = 0} : i32
         %1 = constant {value = 0} : i32
@@ -225,7 +225,7 @@ def test_block_store_casts_and_broadcasts(t):
 
 def test_block_shape_must_match_the_view_rank(t):
     v = t.arg("view<f32, 2>", "v")
-    block = semantics.attribute(t.ctx, v, "block")
+    block = operators.attribute(t.ctx, v, "block")
     with raises(CompileError, "a block of the rank-2 view view<f32, 2> needs 2 dimensions, got shape (64,)"):
         block(64)
     with raises(CompileError, "the block index has 1 entries, but the view has rank 2"):
@@ -439,7 +439,7 @@ def _inline_for_tests(t):
     """Stands in for the code generator's inliner: `add_then_double` traced by hand."""
     def call_function(fn, args):
         assert fn is add_then_double
-        return semantics.binary(t.ctx, "*", semantics.binary(t.ctx, "+", *args), 2)
+        return operators.binary(t.ctx, "*", operators.binary(t.ctx, "+", *args), 2)
     t.ctx.call_function = call_function
 
 

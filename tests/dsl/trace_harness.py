@@ -3,7 +3,7 @@ whose operators and builtins it calls directly, and whose IR it reads.
 
     t = Trace()
     x = t.arg("tile<64xi8>", "x")
-    semantics.binary(t.ctx, "+", x, 1)
+    operators.binary(t.ctx, "+", x, 1)
     assert t.ir() == '''
         %0 = constant {value = 1} : tile<64xi8>
         %1 = add %x, %0 : tile<64xi8>

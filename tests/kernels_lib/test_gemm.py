@@ -215,8 +215,8 @@ def gemm_on_the_simulator(M, N, K, trans_a, trans_b, config, seed=0):
     import numpy as np
 
     import tessera
-    from tessera.backends.interp import run_threads
-    from tessera.passes.pipeline_threads import lower
+    from tessera.backends.simt import run_threads
+    from tessera.passes.thread_passes import lower
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)
     b = rng.standard_normal((K, N)).astype(np.float16)

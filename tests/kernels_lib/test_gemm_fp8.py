@@ -167,10 +167,10 @@ def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     import numpy as np
 
     import tessera
-    from tessera.backends.interp import run_threads
+    from tessera.backends.simt import run_threads
     from tessera.ir import dtypes as dt
     from tessera.kernels_lib.gemm import gemm_kernel
-    from tessera.passes.pipeline_threads import lower
+    from tessera.passes.thread_passes import lower
 
     M, N, K, BM, BN, BK = 70, 45, 160, 64, 64, 32
     rng = np.random.default_rng(5)

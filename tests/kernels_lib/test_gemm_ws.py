@@ -16,9 +16,9 @@ import pytest
 pytest.importorskip("torch")
 
 import tessera  # noqa: E402
-from tessera.backends.interp import run_threads  # noqa: E402
+from tessera.backends.simt import run_threads  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
-from tessera.passes.pipeline_threads import lower  # noqa: E402
+from tessera.passes.thread_passes import lower  # noqa: E402
 
 SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
 EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")

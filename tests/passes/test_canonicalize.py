@@ -18,7 +18,7 @@ from tessera.ir.printer import print_module
 from tessera.ir.types import PointerType, ScalarType, TileType
 from tessera.ir.verifier import verify_module
 from tessera.passes.canonicalize import Canonicalize
-from tessera.passes.pipeline import default_tile_passes
+from tessera.passes.tile_passes import default_tile_passes
 
 
 def canonicalize(text: str) -> str:

@@ -29,10 +29,10 @@ from tessera.ir.target import get_target
 from tessera.ir.verifier import verify_module
 from tessera.passes.layout_assignment import assign_layouts, pinned_layouts
 from tessera.passes.manager import PassManager
-from tessera.passes.pipeline import default_tile_passes
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.tile_passes import default_tile_passes
+from tessera.passes.thread_passes import lower
 
-simt = pytest.importorskip("tessera.backends.interp.simt")
+simt = pytest.importorskip("tessera.backends.simt")
 
 SM80 = get_target("sm_80")
 MMA_C = tessera.layouts.local(2, 1).spatial(8, 4).local(1, 2)     # mma.sync m16n8 accumulator, 32 threads

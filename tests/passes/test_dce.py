@@ -8,7 +8,7 @@ from tessera.ir.printer import print_module
 from tessera.ir.verifier import verify_module
 from tessera.passes.canonicalize import Canonicalize
 from tessera.passes.dce import DCE
-from tessera.passes.pipeline import default_tile_passes
+from tessera.passes.tile_passes import default_tile_passes
 
 
 def dce(text: str) -> str:

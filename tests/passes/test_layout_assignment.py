@@ -186,7 +186,7 @@ def test_disagreeing_anchors_record_a_conversion_that_lowering_honours():
 
 
 def _run_both(fn, assignment, args, grid=(1,)):
-    simt = pytest.importorskip("tessera.backends.interp.simt")
+    simt = pytest.importorskip("tessera.backends.simt")
     expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     run_function(fn, expected, grid)
     lowered = lower_to_threads(fn, assignment, SM80).functions[0]

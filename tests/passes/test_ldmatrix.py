@@ -25,7 +25,8 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import ldmatrix
 from tessera.ir.parser import parse_module
@@ -34,7 +35,7 @@ from tessera.ir.smem_layouts import bank_conflicts, row_major
 from tessera.ir.target import get_target
 from tessera.passes.lowering.mma_operands import ldmatrix_rows, row_conflicts, swizzled_row_major
 from tessera.passes.mma import mma_plan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 from test_mma_dot import dot_args, dot_module
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"

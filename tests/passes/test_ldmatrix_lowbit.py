@@ -22,7 +22,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir import dtypes as dt
 from tessera.ir.errors import IRError
@@ -31,7 +33,7 @@ from tessera.ir.mma_layouts import ldmatrix_layout, mma_fragments
 from tessera.ir.parser import parse_module
 from tessera.ir.verifier import verify_function
 from tessera.passes.lowering.mma_operands import ldmatrix_plan, ldmatrix_rows, row_conflicts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 from test_mma_dtypes import args as dtype_args, specialize
 
 LDMATRIX = """\

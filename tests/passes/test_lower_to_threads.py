@@ -37,9 +37,9 @@ from tessera.ir.verifier import verify_module
 from tessera.passes.errors import LoweringError
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.lower_to_threads import lower_to_threads
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
-simt = pytest.importorskip("tessera.backends.interp.simt")
+simt = pytest.importorskip("tessera.backends.simt")
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 FLOAT_REDUCTION = dict(rtol=1e-5, atol=1e-6)   # f32 sums regrouped

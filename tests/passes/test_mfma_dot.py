@@ -25,16 +25,17 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import Memory, run_function, run_threads
+from tessera.backends.interp import Memory, run_function
+from tessera.backends.simt import run_threads
 from tessera.ir.layouts import local, replicated, spatial
 from tessera.ir.mfma_layouts import mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c
 from tessera.ir.smem_layouts import bank_conflicts, row_major
 from tessera.ir.target import get_target
 from tessera.passes.layout_assignment import assign_layouts
-from tessera.passes.lowering.context import shared_vector_width
+from tessera.passes.lowering.layout_math import shared_vector_width
 from tessera.passes.lowering.mfma_operands import lds_cycles, plan_lds
 from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MMA_M16N8K16, instruction_for, mma_plan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"

@@ -25,13 +25,14 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import local, mma_m16n8k16_a, mma_m16n8k16_b, mma_m16n8k16_c, replicated, spatial
 from tessera.ir.target import get_target
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.mma import mma_plan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 TUTORIALS = Path(__file__).resolve().parents[2] / "tutorials"
 F32_ACC = dict(rtol=1e-5, atol=1e-5)     # f32 results: per-k rounding vs one rounding of the exact sum

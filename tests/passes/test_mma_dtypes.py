@@ -22,10 +22,11 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
-from tessera.backends.nvptx import LoweringError, compile_thread_ir, find_ptxas
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
+from tessera.backends.nvptx import CodegenError, compile_thread_ir, find_ptxas
 from tessera.ir.parser import parse_module
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 F32_ACC = dict(rtol=1e-5, atol=1e-4)
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not found (PATH, CUDA_HOME, nvidia wheel)")
@@ -191,7 +192,7 @@ def test_mixed_fp8_mma_computes_and_is_rejected_before_llvm_on_sm_80():
     out = np.zeros(32, np.float32)
     run_threads(parse_module(MIXED_FP8).functions[0], [out], (1,))
     np.testing.assert_array_equal(out, [1.0 + 32 * 1.5 * 0.25] * 32)
-    with pytest.raises(LoweringError, match=r"mma on fp8 \(e4m3/e5m2\) fragments needs sm_89\+, which sm_80 is not"):
+    with pytest.raises(CodegenError, match=r"mma on fp8 \(e4m3/e5m2\) fragments needs sm_89\+, which sm_80 is not"):
         compile_thread_ir(parse_module(MIXED_FP8).functions[0], "sm_80", isolate=False)
     if find_ptxas() is not None:
         artifacts = compile_thread_ir(parse_module(MIXED_FP8).functions[0], "sm_90a", isolate=False)

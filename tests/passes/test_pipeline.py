@@ -34,9 +34,9 @@ from tessera.ir.printer import print_module
 from tessera.ir.target import get_target
 from tessera.ir.types import ScalarType
 from tessera.ir.verifier import verify_module
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from pipeline_kernels import F16_RESULT, matmul_case
 

@@ -27,9 +27,9 @@ import pytest
 import tessera
 from tessera.ir.target import get_target
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
 from test_simt_pipelined_wgmma import FILLS, Case  # noqa: E402

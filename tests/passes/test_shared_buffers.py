@@ -1,4 +1,4 @@
-"""Lowering explicit shared buffers (`passes/lowering/shared_buffers.py`): IR text in, thread IR out.
+"""Lowering explicit shared buffers (`passes/schedule/shared_buffers.py`): IR text in, thread IR out.
 
 Specification:
 
@@ -25,8 +25,8 @@ from tessera.ir.parser import parse_module
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
 from tessera.ir.target import get_target
 from tessera.ir.types import PointerType
-from tessera.passes.pipeline_threads import lower
-from tessera.passes.lowering.shared_buffers import Access, choose_swizzle
+from tessera.passes.thread_passes import lower
+from tessera.passes.schedule.shared_buffers import Access, choose_swizzle
 from tessera.passes.shared_memory import allocate_shared_memory
 
 COPY = """\

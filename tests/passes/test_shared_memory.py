@@ -132,7 +132,7 @@ def test_no_buffers_is_zero_bytes_and_the_pass_object_works():
 
 
 def test_allocated_kernels_run_race_free_on_the_simulator():
-    simt = pytest.importorskip("tessera.backends.interp.simt")
+    simt = pytest.importorskip("tessera.backends.simt")
     module = parse_module(LOOP)
     fn = module.functions[0]
     allocate_shared_memory(fn)

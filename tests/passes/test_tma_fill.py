@@ -1,4 +1,4 @@
-"""The TMA fill of pipelined loads (`passes/lowering/tma_fill.py`): which loads qualify, and the thread IR.
+"""The TMA fill of pipelined loads (`passes/schedule/tma_fill.py`): which loads qualify, and the thread IR.
 
 Specification:
 
@@ -37,10 +37,10 @@ from tessera.ir.target import get_target
 from tessera.ir.tensor_map import kernel_recipes, swizzle_offsets
 from tessera.ir.types import TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
-from tessera.passes.lowering.pipeline_plan import pipeline_plan
-from tessera.passes.lowering.tma_fill import SLOT_ALIGN, slot_boxes
+from tessera.passes.schedule.pipeline_plan import pipeline_plan
+from tessera.passes.schedule.tma_fill import SLOT_ALIGN, slot_boxes
 from tessera.passes.lowering.vector_facts import VectorFacts
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from pipeline_kernels import matmul_case
 

@@ -33,7 +33,7 @@ from tessera.dsl.compiler import compile_tile_module
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
 from tessera.ir.verifier import verify_module
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from pipeline_kernels import F16_RESULT
 from ws_pipeline_kernels import ws_matmul_case

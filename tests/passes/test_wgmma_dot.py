@@ -26,14 +26,15 @@ import numpy as np
 import pytest
 
 import tessera
-from tessera.backends.interp import run_function, run_threads
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import local, replicated, spatial
 from tessera.ir.target import get_target
 from tessera.ir.wgmma_layouts import wgmma_accumulator
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.mma import MMA_M16N8K16, mma_plan
-from tessera.passes.pipeline_threads import lower
+from tessera.passes.thread_passes import lower
 
 from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from tessera.ir.core import Function
 from tessera.ir.target import Target
 
-from ..llvm.codegen import lower_function
+from ..llvm.codegen import codegen_function
 from ..llvm.run import run_llvm
 from .dialect import DYNAMIC_SHARED_BYTES, AmdgpuDialect
 from .elf import CodeObject, kernel_summary
@@ -67,7 +67,7 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
     target = resolve_target(target if target is not None else fn.attrs.get("target"))
     dialect = AmdgpuDialect(target)
     validate_function(fn, dialect)
-    lowered = lower_function(fn, dialect, fp_fusion=fp_fusion)
+    lowered = codegen_function(fn, dialect, fp_fusion=fp_fusion)
     llvm_ir = str(lowered.module)
     request = {
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,

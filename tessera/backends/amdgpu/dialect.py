@@ -31,7 +31,7 @@ from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
 from . import math as amdgpu_math
 from .intrinsics import AMDGPU_INTRINSICS
-from .lowerings import LOWERINGS
+from .codegen_table import CODEGEN
 
 CODE_OBJECT_VERSION = 500
 LDS_SYMBOL = "tessera_lds"
@@ -63,7 +63,7 @@ UNSUPPORTED_OPS = {
 
 class AmdgpuDialect(TargetDialect):
     name = "AMDGPU"
-    lowerings = LOWERINGS
+    codegen_table = CODEGEN
     intrinsics = AMDGPU_INTRINSICS
     device_syncscope = "agent"
 

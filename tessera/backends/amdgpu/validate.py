@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from tessera.ir.target import Target
 
-from ..llvm.errors import LoweringError
+from ..llvm.errors import CodegenError
 from ..llvm.validate import resolve_target as resolve_vendor_target
 from ..llvm.validate import validate_function
 
@@ -23,9 +23,9 @@ SUPPORTED_CPUS = frozenset({"gfx90a", "gfx942", "gfx950"})
 
 
 def resolve_target(target: Target | str | None) -> Target:
-    """The AMD `Target` to compile for; LoweringError for anything else."""
+    """The AMD `Target` to compile for; CodegenError for anything else."""
     target = resolve_vendor_target(target, "amd", "AMDGPU", "gfx942", triple=AMDGPU_TRIPLE, cpus=SUPPORTED_CPUS)
     if target.llvm_features:
-        raise LoweringError(f"target {target.name}: the AMDGPU backend takes no LLVM features, got "
+        raise CodegenError(f"target {target.name}: the AMDGPU backend takes no LLVM features, got "
                             f"{target.llvm_features!r}")
     return target

@@ -1,4 +1,5 @@
-"""The tile interpreter: execute tile IR on the CPU with numpy (the author's debug mode).
+"""The tile interpreter: execute tile IR on the CPU with numpy (the author's debug mode). It may import
+`tessera.ir` only; the SIMT simulator (`tessera.backends.simt`) builds on its values and semantics.
 
     from tessera.backends.interp import Memory, run_function
     run_function(fn, [x, y, out, n], grid=(4,))        # numpy arrays written in place
@@ -15,11 +16,8 @@ from .interpreter import ProgramInstance, bind_arguments, run_function, run_prog
 from .registry import SEMANTICS, semantics
 from .storage import Memory
 from .values import Pointers, View
-from .simt import run_threads
-from .thread_checks import verify_thread_ir
 
 __all__ = [
     "InterpreterError", "Memory", "Pointers", "ProgramInstance", "SEMANTICS", "View",
     "bind_arguments", "run_function", "run_program", "semantics",
-    "run_threads", "verify_thread_ir",
 ]

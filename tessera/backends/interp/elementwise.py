@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from tessera.ir.ops import BINARY_ARITH, COMPARE_PREDICATES, MATH_FUNCTIONS
+from tessera.ir.ops import COMPARE_PREDICATES, op_names
 from tessera.ir.types import scalar_dtype
 
 from tessera.ir import numerics
@@ -29,23 +29,23 @@ def _dtype(op):
     return scalar_dtype(op.result.type)
 
 
-@semantics(*BINARY_ARITH, "and", "or", "xor", "shl", "shr")
+@semantics(*op_names(numerics="binary"))
 def _binary(ctx, op, a, b):
     return numerics.binary(op.name, a, b, _dtype(op))
 
 
-@semantics("cmp")
+@semantics(*op_names(numerics="compare"))
 def _cmp(ctx, op, a, b):
     assert op.attrs["pred"] in COMPARE_PREDICATES
     return numerics.COMPARE[op.attrs["pred"]](a, b)
 
 
-@semantics("neg", "abs", "not")
+@semantics(*op_names(numerics="unary"))
 def _unary(ctx, op, x):
     return numerics.unary(op.name, x, _dtype(op))
 
 
-@semantics(*MATH_FUNCTIONS)
+@semantics(*op_names(numerics="math"))
 def _math(ctx, op, x):
     return numerics.math_function(op.name, x, _dtype(op))
 

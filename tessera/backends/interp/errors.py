@@ -7,6 +7,8 @@ to change ("mask off out-of-range lanes", "pass np.ascontiguousarray(x)").
 
 from __future__ import annotations
 
+from tessera.ir.errors import located
+
 
 class InterpreterError(RuntimeError):
     """A kernel run on the CPU did something the hardware would not survive or define."""
@@ -28,6 +30,4 @@ class InterpreterError(RuntimeError):
             where.append(f"program {self.program_id}")
         if self.op is not None:
             where.append(f"op '{self.op}'")
-        prefix = f"{self.loc}: " if self.loc is not None else ""
-        context = f"in {', '.join(where)}: " if where else ""
-        return f"{prefix}{context}{self.message}"
+        return located(self.message, self.loc, where)

@@ -48,7 +48,7 @@ def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...])
     parameter (an array is wrapped as `Memory(array, pointee dtype)`), a
     Python or numpy number for each scalar parameter (rounded to its dtype).
     """
-    grid3 = _normalize_grid(grid, minimum=0)
+    grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, args)
     cache: dict[Operation, Any] = {}
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
@@ -59,8 +59,8 @@ def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, 
                 grid: int | tuple[int, ...] | None = None) -> None:
     """Run the single instance `program_id` of a launch over `grid` (default: the
     smallest grid containing it), e.g. to reproduce one failing block."""
-    pid = _normalize_grid(program_id, what="program_id", minimum=0, pad=0)
-    grid3 = _normalize_grid(grid) if grid is not None else tuple(p + 1 for p in pid)
+    pid = normalize_grid(program_id, what="program_id", minimum=0, pad=0)
+    grid3 = normalize_grid(grid) if grid is not None else tuple(p + 1 for p in pid)
     if any(p >= g for p, g in zip(pid, grid3)):
         raise InterpreterError(f"program id {pid} lies outside grid {grid3}", kernel=fn.name)
     ProgramInstance(fn, pid, grid3, {}).run(bind_arguments(fn, args))
@@ -186,7 +186,7 @@ def _bind_argument(fn: Function, index: int, param: Value, arg: Any) -> Any:
     return np.asarray(dtype.quantize(value))
 
 
-def _normalize_grid(grid, what: str = "grid", minimum: int = 1, pad: int = 1) -> tuple[int, int, int]:
+def normalize_grid(grid, what: str = "grid", minimum: int = 1, pad: int = 1) -> tuple[int, int, int]:
     """An int or 1 to 3 ints -> three ints, missing axes filled with `pad`."""
     dims = (grid,) if isinstance(grid, (int, np.integer)) else tuple(grid)
     if not 1 <= len(dims) <= 3 or any(not isinstance(d, (int, np.integer)) or d < minimum for d in dims):

@@ -76,13 +76,14 @@ def _store(ctx, op, ptr, value, mask=None):
 
 # -- atomics ---------------------------------------------------------------
 
-def _combine(kind: str, old, value, dtype):
+def combine_atomic(kind: str, old, value, dtype):
+    """What atomic `kind` writes over `old` (xchg: `value` itself)."""
     if kind == "xchg":
         return value
     return numerics.binary(kind, old, value, dtype)
 
 
-def _apply_in_lane_order(memory, offsets, update):
+def apply_in_lane_order(memory, offsets, update):
     """Read-modify-write each (flat) lane in order; returns the old values.
 
     With distinct offsets every lane sees memory as it was, so the whole
@@ -108,8 +109,8 @@ def _atomic_rmw(ctx, op, ptr, value, mask=None):
     offsets = ptr.offsets[active]
     values = np.broadcast_to(value, ptr.shape)[active]
     result = _zeros(op)
-    result[active] = _apply_in_lane_order(
-        ptr.memory, offsets, lambda old, lane: _combine(kind, old, values[lane], dtype))
+    result[active] = apply_in_lane_order(
+        ptr.memory, offsets, lambda old, lane: combine_atomic(kind, old, values[lane], dtype))
     return result
 
 
@@ -125,7 +126,7 @@ def _atomic_cas(ctx, op, ptr, compare, value):
     def swap(old, lane):
         return np.where(dtype.encode(old) == expected[lane], values[lane], old)
 
-    return _apply_in_lane_order(ptr.memory, offsets, swap).reshape(ptr.shape)
+    return apply_in_lane_order(ptr.memory, offsets, swap).reshape(ptr.shape)
 
 
 # -- tensor views ----------------------------------------------------------

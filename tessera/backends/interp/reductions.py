@@ -32,7 +32,8 @@ from __future__ import annotations
 import numpy as np
 
 from tessera.ir.dtypes import DType
-from tessera.ir.types import ScalarType, scalar_dtype
+from tessera.ir.ops import is_lanewise_region
+from tessera.ir.types import scalar_dtype
 
 from tessera.ir import numerics
 from .registry import semantics
@@ -51,7 +52,7 @@ def _combiner(ctx, op, dtype: DType):
 
 
 def _region_combiner(ctx, region, dtype: DType):
-    if _is_lanewise(region):
+    if is_lanewise_region(region):
         def combine(a, b):
             with ctx.lanewise():
                 (out,) = ctx.run_region(region, [a, b])
@@ -65,16 +66,6 @@ def _region_combiner(ctx, region, dtype: DType):
             (out[index],) = ctx.run_region(region, [np.asarray(a[index]), np.asarray(b[index])])
         return out
     return combine_each
-
-
-_LANEWISE_OPS = frozenset(
-    ["constant", "select", "cast", "bitcast", "cmp", "neg", "abs", "not", "yield", *numerics.BINARY, *numerics.MATH])
-
-
-def _is_lanewise(region) -> bool:
-    """Whether every op in the region computes each lane on its own from scalars."""
-    return all(op.name in _LANEWISE_OPS and all(isinstance(r.type, ScalarType) for r in op.results)
-               for top in region.ops for op in top.walk())
 
 
 @semantics("reduce")

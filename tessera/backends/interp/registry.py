@@ -1,6 +1,7 @@
 """The semantics table: op name -> the Python function that executes it.
 
-Each family module (`elementwise.py`, `memory.py`, ...) registers its ops:
+Each family module (`elementwise.py`, `memory.py`, ...) registers its ops
+in the `OpTable` (`ir/op_table.py`):
 
     @semantics("add", "sub", "mul")
     def _arith(ctx, op, a, b): ...
@@ -17,27 +18,17 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
+from tessera.ir.op_table import OpTable
+
 
 @dataclass(frozen=True)
 class Semantics:
     fn: Callable
-    multi: bool  # returns a sequence of results rather than one value
+    multi: bool = False  # returns a sequence of results rather than one value
 
 
-SEMANTICS: dict[str, Semantics] = {}
-
-
-def semantics(*names: str, multi: bool = False) -> Callable[[Callable], Callable]:
-    """Register the decorated function as the meaning of ops `names`."""
-
-    def register(fn: Callable) -> Callable:
-        for name in names:
-            if name in SEMANTICS:
-                raise RuntimeError(f"interpreter semantics for op {name!r} defined twice")
-            SEMANTICS[name] = Semantics(fn, multi)
-        return fn
-
-    return register
+SEMANTICS = OpTable("interpreter semantics", entry=Semantics)
+semantics = SEMANTICS.register      # @semantics("add", "sub"), or @semantics("for", multi=True)
 
 
 def apply_semantics(ctx, sem: Semantics, op, values: list, where: str):

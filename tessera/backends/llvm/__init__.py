@@ -1,16 +1,18 @@
-"""The target-neutral LLVM core that the NVPTX and AMDGPU backends share.
+"""The target-neutral LLVM core that the NVPTX and AMDGPU backends share: thread IR -> LLVM IR -> assembly or
+object for any GPU target a `TargetDialect` describes. It may import `tessera.ir` only (`optimize.py`
+nothing of tessera, so that it also runs alone in a child process).
 
 Thread IR -> LLVM IR (llvmlite.ir) -> assembly / object, for any GPU target
-whose differences a `TargetDialect` describes. Files, in pipeline order:
+whose differences a `TargetDialect` describes. Files, in the order they run:
 
     dialect.py     TargetDialect: the hooks a target supplies (kernel, ids, barrier, shuffle, smem, math, scopes)
     validate.py    checks common to every target that keep LLVM from aborting; resolve_target
-    codegen.py     the kernel, regions and structured control flow; `Lowering`, `lower_function`
-    lowerings.py   LoweringTable: op -> lowering, COMMON plus a table per target layered over it
+    codegen.py     the kernel, regions and structured control flow; `Codegen`, `codegen_function`
+    codegen_table.py COMMON: op -> codegen function (an ir OpTable); each target layers its own over it
     ops.py         elementwise ops, math, casts      types.py    types, constants
     memory.py      addptr, loads/stores, atomics     thread.py   ids, registers, shuffles, barrier, smem
     fp8.py         fp8 <-> f32 in integer IR         intrinsics.py  IntrinsicTable, common families
-    pipeline.py    parse, link a bitcode library, O3, emit (also runs as an isolated child)
-    run.py         run the pipeline here or in a child process
-    errors.py      BackendError, LoweringError
+    optimize.py    parse, link a bitcode library, O3, emit (also runs as an isolated child)
+    run.py         run optimize.py here or in a child process
+    errors.py      BackendError, CodegenError
 """

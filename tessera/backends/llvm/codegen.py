@@ -1,6 +1,6 @@
 """Thread IR function -> an LLVM module (llvmlite.ir), for any target through its dialect.
 
-    lowered = lower_function(fn, NvptxDialect(target, use_libdevice=True))
+    lowered = codegen_function(fn, NvptxDialect(target, use_libdevice=True))
     text = str(lowered.module)
 
 The kernel becomes one function, which the dialect makes a kernel
@@ -22,7 +22,7 @@ ops apply to them unchanged). Structured control flow becomes basic blocks:
 `for`/`while` a header with one phi per carried value, `if` a diamond with
 one phi per result.
 
-`lower_function` expects a function that `validate.validate_function` has
+`codegen_function` expects a function that `validate.validate_function` has
 accepted; it does not re-check what the validator checks.
 """
 
@@ -38,35 +38,35 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
-from . import memory, ops, thread  # noqa: F401  (register the common lowerings)
+from . import memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
-from .lowerings import COMMON as COMMON_LOWERINGS
-from .lowerings import lowering
+from .codegen_table import COMMON as COMMON_CODEGEN
+from .codegen_table import codegen_for
 from .types import I8, int_constant, register_type
 
 
 @dataclass
-class LoweredModule:
+class GeneratedModule:
     module: ir.Module
     kernel: str
     library_functions: frozenset[str]   # bitcode-library functions the module calls (libdevice's __nv_*)
 
 
-def lower_function(fn: Function, dialect: TargetDialect, *, fp_fusion: bool = False) -> LoweredModule:
+def codegen_function(fn: Function, dialect: TargetDialect, *, fp_fusion: bool = False) -> GeneratedModule:
     """The LLVM module of thread-IR kernel `fn` for the dialect's target (validated beforehand)."""
-    lw = Lowering(fn, dialect, fp_fusion=fp_fusion)
+    lw = Codegen(fn, dialect, fp_fusion=fp_fusion)
     lw.lower()
-    return LoweredModule(lw.module, fn.name, frozenset(lw.library_functions))
+    return GeneratedModule(lw.module, fn.name, frozenset(lw.library_functions))
 
 
-class Lowering:
-    """The state of lowering one function: module, builder, value map and helpers for lowerings."""
+class Codegen:
+    """The state of generating one function's LLVM IR: module, builder, value map and helpers for codegen."""
 
     def __init__(self, fn: Function, dialect: TargetDialect, *, fp_fusion: bool = False):
         self.fn = fn
         self.dialect = dialect
         self.target = dialect.target
-        self.lowerings = dialect.lowerings
+        self.codegen_table = dialect.codegen_table
         # `contract` lets LLVM fuse a*b+c into one fma (one rounding instead of two).
         self.float_flags = ("contract",) if fp_fusion else ()
         self.library_functions: set[str] = set()
@@ -124,7 +124,7 @@ class Lowering:
         return []
 
     def emit(self, op: Operation) -> None:
-        result = self.lowerings[op.name](self, op, *[self.values[v] for v in op.operands])
+        result = self.codegen_table[op.name](self, op, *[self.values[v] for v in op.operands])
         results = result if isinstance(result, list) else [] if result is None else [result]
         for value, llvm_value in zip(op.results, results):
             name = _llvm_name(value.name_hint)
@@ -132,7 +132,7 @@ class Lowering:
                 llvm_value.name = name
             self.values[value] = llvm_value
 
-    # -- helpers for lowerings -----------------------------------------------------------
+    # -- helpers for codegen --------------------------------------------------------------
 
     def new_block(self, name: str) -> ir.Block:
         return self.function.append_basic_block(name)
@@ -161,7 +161,7 @@ class Lowering:
         return self.dialect.intrinsics.call(self.builder, name, args, overloads)
 
     def call_library(self, function: ir.Function, args) -> ir.Value:
-        """Call `function` of a bitcode library that the LLVM pipeline links in (libdevice)."""
+        """Call `function` of a bitcode library that the LLVM optimizer links in (libdevice)."""
         self.library_functions.add(function.name)
         return self.builder.call(function, list(args))
 
@@ -184,8 +184,8 @@ class Lowering:
 # -- structured control flow --------------------------------------------------------------
 
 
-@lowering("for")
-def _for(lw: Lowering, op: Operation, lb, ub, step, *inits):
+@codegen_for("for")
+def _for(lw: Codegen, op: Operation, lb, ub, step, *inits):
     b = lw.builder
     signed = scalar_dtype(op.operands[0].type).kind == "int"
     preheader = b.block
@@ -215,8 +215,8 @@ def _for(lw: Lowering, op: Operation, lb, ub, step, *inits):
     return list(carried)
 
 
-@lowering("if")
-def _if(lw: Lowering, op: Operation, cond):
+@codegen_for("if")
+def _if(lw: Codegen, op: Operation, cond):
     b = lw.builder
     then_bb, else_bb, merge = lw.new_block("if.then"), lw.new_block("if.else"), lw.new_block("if.end")
     b.cbranch(cond, then_bb, else_bb)
@@ -236,8 +236,8 @@ def _if(lw: Lowering, op: Operation, cond):
     return results
 
 
-@lowering("while")
-def _while(lw: Lowering, op: Operation, *inits):
+@codegen_for("while")
+def _while(lw: Codegen, op: Operation, *inits):
     b = lw.builder
     before, after = op.regions
     preheader = b.block

@@ -1,6 +1,6 @@
-"""`TargetDialect`: what one GPU target's LLVM IR differs in, as hooks the common lowerings call.
+"""`TargetDialect`: what one GPU target's LLVM IR differs in, as hooks the common codegen calls.
 
-The LLVM core lowers every target-neutral op itself (`lowerings.COMMON`);
+The LLVM core lowers every target-neutral op itself (`codegen_table.COMMON`);
 where the instruction depends on the GPU it asks the function's dialect:
 
 | hook                      | NVPTX                                  | AMDGPU                                        |
@@ -13,7 +13,7 @@ where the instruction depends on the GPU it asks the function's dialect:
 | `math`, `float_rem`       | libdevice or MUFU approximations       | LLVM intrinsics and expansions                |
 | `device_syncscope`        | `"device"`                             | `"agent"`                                     |
 
-A dialect also names its `lowerings` (the common table plus its own ops),
+A dialect also names its `codegen_table` (the common table plus its own ops),
 its `intrinsics` table, and the checks the validator runs for it
 (`math_support`, `check_op`, `unsupported_ops`). One instance serves one
 compile: it may carry options (NVPTX: whether libdevice is linked).
@@ -25,10 +25,10 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
+from tessera.ir.op_table import OpTable
 from tessera.ir.target import Target
 
 from .intrinsics import IntrinsicTable
-from .lowerings import LoweringTable
 from .types import BFloatType
 
 _BF16 = BFloatType()
@@ -38,10 +38,10 @@ class TargetDialect:
     """Base class of the per-target hooks; subclasses implement every method that raises here."""
 
     name: str = "?"                     # "NVPTX", "AMDGPU": how messages name the backend
-    lowerings: LoweringTable
+    codegen_table: OpTable
     intrinsics: IntrinsicTable
     device_syncscope: str = ""          # LLVM syncscope of device-wide atomics and fences
-    unsupported_ops: dict[str, str] = {}  # op name -> why this target has no lowering and what to do
+    unsupported_ops: dict[str, str] = {}  # op name -> why this target has no codegen for it and what to do
 
     def __init__(self, target: Target):
         self.target = target

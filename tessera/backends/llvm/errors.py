@@ -1,6 +1,6 @@
 """The exceptions every LLVM backend raises; every failure is one of these, never a crash.
 
-* `LoweringError`: the thread IR asks for something the backend does not
+* `CodegenError`: the thread IR asks for something the backend does not
   support (a dtype, an op, a target, a missing attribute). It names the
   kernel, the op and its source line, and what to change.
 * `BackendError`: the base class, also raised when LLVM itself fails (its
@@ -10,12 +10,14 @@
 
 from __future__ import annotations
 
+from tessera.ir.errors import located
+
 
 class BackendError(RuntimeError):
     """Compiling thread IR to GPU code failed."""
 
 
-class LoweringError(BackendError):
+class CodegenError(BackendError):
     """The thread IR uses something the backend cannot lower."""
 
     def __init__(self, message: str, *, kernel: str | None = None, op: str | None = None, loc=None):
@@ -28,6 +30,4 @@ class LoweringError(BackendError):
             where.append(f"kernel '{kernel}'")
         if op is not None:
             where.append(f"op `{op}`")
-        prefix = f"{loc}: " if loc is not None else ""
-        context = f"in {', '.join(where)}: " if where else ""
-        super().__init__(f"{prefix}{context}{message}")
+        super().__init__(located(message, loc, where))

@@ -26,7 +26,7 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir.types import RegsType, element_of, scalar_dtype
 
-from .lowerings import lowering
+from .codegen_table import codegen_for
 from .types import I8, I32, memory_type, register_type, scalar_type, with_element
 
 CAS_FAILURE_ORDERING = "acquire"
@@ -41,7 +41,7 @@ def _index(i: int) -> ir.Constant:
     return ir.Constant(I32, i)
 
 
-@lowering("addptr")
+@codegen_for("addptr")
 def _addptr(lw, op, ptr, offset):
     bld = lw.builder
     off_dtype = scalar_dtype(op.operands[1].type)
@@ -95,7 +95,7 @@ def _alignment(dtype: dt.DType, k: int) -> int:
     return max(1, dtype.bits // 8) * k
 
 
-@lowering("load")
+@codegen_for("load")
 def _load(lw, op, ptr, mask=None, other=None):
     dtype = element_of(op.operands[0].type).pointee
     result_type = register_type(op.result.type)
@@ -133,7 +133,7 @@ def _load_group(lw, address, mask, other, dtype: dt.DType, k: int):
     return lw.guarded(mask, load, other, name="load")
 
 
-@lowering("store")
+@codegen_for("store")
 def _store(lw, op, ptr, value, mask=None):
     dtype = element_of(op.operands[0].type).pointee
     groups, k = _groups(op)
@@ -169,7 +169,7 @@ def _rmw_operation(kind: str, dtype: dt.DType) -> str:
     return kind
 
 
-@lowering("atomic_rmw")
+@codegen_for("atomic_rmw")
 def _atomic_rmw(lw, op, ptr, value, mask=None):
     dtype = scalar_dtype(op.result.type)
     operation = _rmw_operation(op.attrs["kind"], dtype)
@@ -190,7 +190,7 @@ def _atomic_rmw(lw, op, ptr, value, mask=None):
     return result
 
 
-@lowering("atomic_cas")
+@codegen_for("atomic_cas")
 def _atomic_cas(lw, op, ptr, compare, value):
     dtype = scalar_dtype(op.result.type)
     bld = lw.builder

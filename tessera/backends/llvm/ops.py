@@ -24,10 +24,11 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.ops import op_names
 from tessera.ir.types import scalar_dtype
 
 from . import fp8
-from .lowerings import lowering
+from .codegen_table import codegen_for
 from .types import F32, F64, FP8, constant, int_constant, scalar_type, splat_constant, with_element
 
 # Math the core lowers the same way on every target; the dialect supplies the rest.
@@ -37,7 +38,7 @@ EXACT_MATH = ("sqrt", "floor", "ceil")
 # -- constants --------------------------------------------------------------------------
 
 
-@lowering("constant")
+@codegen_for("constant")
 def _constant(lw, op):
     return constant(op.result.type, op.attrs["value"])
 
@@ -58,7 +59,7 @@ def float_constant(t: ir.Type, value: float) -> ir.Constant:
 # -- arithmetic -------------------------------------------------------------------------
 
 
-@lowering("add", "sub", "mul", "div", "rem", "min", "max")
+@codegen_for("add", "sub", "mul", "div", "rem", "min", "max")
 def _arith(lw, op, a, b):
     d, bld = _dtype(op), lw.builder
     if d.is_float:
@@ -96,12 +97,12 @@ def _int_divide(lw, name: str, a, b, d: dt.DType):
     return bld.select(by_zero, zero, q)
 
 
-@lowering("and", "or", "xor")
+@codegen_for("and", "or", "xor")
 def _bitwise(lw, op, a, b):
     return {"and": lw.builder.and_, "or": lw.builder.or_, "xor": lw.builder.xor}[op.name](a, b)
 
 
-@lowering("shl", "shr")
+@codegen_for("shl", "shr")
 def _shift(lw, op, a, b):
     d, bld = _dtype(op), lw.builder
     out_of_range = bld.icmp_unsigned(">=", b, int_constant(b.type, d.bits))  # negative amounts too
@@ -116,7 +117,7 @@ def _shift(lw, op, a, b):
 _PREDICATES = {"eq": "==", "ne": "!=", "lt": "<", "le": "<=", "gt": ">", "ge": ">="}
 
 
-@lowering("cmp")
+@codegen_for("cmp")
 def _cmp(lw, op, a, b):
     d, pred, bld = scalar_dtype(op.operands[0].type), _PREDICATES[op.attrs["pred"]], lw.builder
     if d.is_float:
@@ -126,14 +127,14 @@ def _cmp(lw, op, a, b):
     return bld.icmp_unsigned(pred, a, b)  # unsigned integers and bool (false < true)
 
 
-@lowering("neg")
+@codegen_for("neg")
 def _neg(lw, op, x):
     if _dtype(op).is_float:
         return lw.builder.fneg(x)
     return lw.builder.sub(_zero(x.type), x)
 
 
-@lowering("abs")
+@codegen_for("abs")
 def _abs(lw, op, x):
     d = _dtype(op)
     if d.is_float:
@@ -143,12 +144,12 @@ def _abs(lw, op, x):
     return lw.intrinsic("llvm.abs", [x, ir.Constant(ir.IntType(1), 0)], (x.type,))
 
 
-@lowering("not")
+@codegen_for("not")
 def _not(lw, op, x):
     return lw.builder.not_(x)  # xor with all ones: logical not for i1
 
 
-@lowering("select")
+@codegen_for("select")
 def _select(lw, op, cond, a, b):
     return lw.builder.select(cond, a, b)
 
@@ -156,7 +157,7 @@ def _select(lw, op, cond, a, b):
 # -- math ---------------------------------------------------------------------------------
 
 
-@lowering("exp", "exp2", "log", "log2", "sqrt", "rsqrt", "sin", "cos", "tanh", "erf", "sigmoid", "floor", "ceil")
+@codegen_for(*op_names(numerics="math"))
 def _math(lw, op, x):
     return _in_float_math_type(lw, _dtype(op), lambda v: _math_in(lw, op.name, v), x)
 
@@ -185,7 +186,7 @@ def _math_in(lw, name: str, x):
 # -- conversions ------------------------------------------------------------------------------
 
 
-@lowering("cast")
+@codegen_for("cast")
 def _cast(lw, op, x):
     return convert(lw, x, scalar_dtype(op.operands[0].type), _dtype(op))
 
@@ -246,7 +247,7 @@ def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):
     return lw.builder.sitofp(x, to) if src.kind == "int" else lw.builder.uitofp(x, to)
 
 
-@lowering("bitcast")
+@codegen_for("bitcast")
 def _bitcast(lw, op, x):
     src, dst = scalar_dtype(op.operands[0].type), _dtype(op)
     bld = lw.builder

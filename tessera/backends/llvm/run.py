@@ -1,12 +1,12 @@
-"""Running the LLVM pipeline (`pipeline.py`) in this process or in an isolated child.
+"""Running LLVM (`optimize.py`: parse, link, O3, emit) in this process or in an isolated child.
 
     result = run_llvm(request, isolate=False, backend="NVPTX")
     result["assembly"], result["optimized_ir"], result["object"]  # object: bytes or None
 
 LLVM runs in this process by default: each backend's validator admits only
 targets, dtypes and ops whose LLVM patterns its test matrix compiles, so
-nothing that reaches LLVM should abort. `isolate=True` runs the pipeline in
-a child process instead (`python -P pipeline.py`, ~0.2 s more per kernel):
+nothing that reaches LLVM should abort. `isolate=True` runs LLVM in
+a child process instead (`python -P optimize.py`, ~0.2 s more per kernel):
 a crash there becomes a `BackendError` carrying LLVM's message. A child
 started with `subprocess` rather than `multiprocessing`'s spawn does not
 re-import the caller's `__main__`, and its stderr (where LLVM writes before
@@ -25,21 +25,21 @@ from pathlib import Path
 
 import llvmlite
 
-from . import pipeline
+from . import optimize
 from .errors import BackendError
 
 CHILD_TIMEOUT_S = 600
 
 
 def run_llvm(request: dict, *, isolate: bool, backend: str) -> dict:
-    """`pipeline.compile_llvm(**request)`, here or in a child process; BackendError when LLVM fails."""
+    """`optimize.compile_llvm(**request)`, here or in a child process; BackendError when LLVM fails."""
     return run_llvm_isolated(request, backend) if isolate else run_llvm_here(request, backend)
 
 
 def run_llvm_here(request: dict, backend: str = "LLVM") -> dict:
     try:
-        return pipeline.compile_llvm(**request)
-    except pipeline.LLVMError as e:
+        return optimize.compile_llvm(**request)
+    except optimize.LLVMError as e:
         raise BackendError(_internal_error(request, str(e), backend)) from None
 
 
@@ -47,7 +47,7 @@ def run_llvm_isolated(request: dict, backend: str = "LLVM") -> dict:
     env = dict(os.environ)
     llvmlite_home = str(Path(llvmlite.__file__).resolve().parent.parent)
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [llvmlite_home, env.get("PYTHONPATH")]))
-    command = [sys.executable, "-P", pipeline.__file__]
+    command = [sys.executable, "-P", optimize.__file__]
     try:
         child = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True,
                                timeout=CHILD_TIMEOUT_S, env=env)

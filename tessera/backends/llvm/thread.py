@@ -21,26 +21,26 @@ from llvmlite import ir
 
 from tessera.ir.types import scalar_dtype
 
-from .lowerings import lowering
+from .codegen_table import codegen_for
 from .types import I32, I64, register_type, scalar_type
 
 
-@lowering("thread_id")
+@codegen_for("thread_id")
 def _thread_id(lw, op):
     return lw.dialect.thread_id(lw)
 
 
-@lowering("program_id")
+@codegen_for("program_id")
 def _program_id(lw, op):
     return lw.dialect.program_id(lw, op.attrs["axis"])
 
 
-@lowering("num_programs")
+@codegen_for("num_programs")
 def _num_programs(lw, op):
     return lw.dialect.num_programs(lw, op.attrs["axis"])
 
 
-@lowering("pack")
+@codegen_for("pack")
 def _pack(lw, op, *scalars):
     result = ir.Constant(register_type(op.result.type), ir.Undefined)
     for i, value in enumerate(scalars):
@@ -48,12 +48,12 @@ def _pack(lw, op, *scalars):
     return result
 
 
-@lowering("extract")
+@codegen_for("extract")
 def _extract(lw, op, registers):
     return lw.builder.extract_element(registers, ir.Constant(I32, op.attrs["index"]))
 
 
-@lowering("splat")
+@codegen_for("splat")
 def _splat(lw, op, scalar):
     t = register_type(op.result.type)
     one = lw.builder.insert_element(ir.Constant(ir.VectorType(t.element, 1), ir.Undefined), scalar, ir.Constant(I32, 0))
@@ -61,17 +61,17 @@ def _splat(lw, op, scalar):
     return lw.builder.shuffle_vector(one, ir.Constant(one.type, ir.Undefined), zeros)
 
 
-@lowering("barrier")
+@codegen_for("barrier")
 def _barrier(lw, op):
     lw.dialect.barrier(lw)
 
 
-@lowering("shared_alloc")
+@codegen_for("shared_alloc")
 def _shared_alloc(lw, op):
     return lw.builder.gep(lw.shared_memory, [ir.Constant(I32, op.attrs["offset"])], source_etype=ir.IntType(8))
 
 
-@lowering("shuffle")
+@codegen_for("shuffle")
 def _shuffle(lw, op, value, lane):
     mode = op.attrs["mode"]
     width = op.attrs.get("width", 0) or lw.target.warp_size
@@ -96,6 +96,6 @@ def _shuffle(lw, op, value, lane):
     return bld.bitcast(moved, scalar_type(dtype))
 
 
-@lowering("breakpoint")
+@codegen_for("breakpoint")
 def _breakpoint(lw, op, *values):
     return None  # stops only the CPU interpreter

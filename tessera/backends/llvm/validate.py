@@ -3,14 +3,14 @@
 LLVM aborts the whole process on some bad input (an unknown CPU or feature
 string, an instruction the GPU cannot select), so a backend hands it only
 modules it knows to be fine: a known target of its vendor, supported
-dtypes, ops that have a lowering in the target's table, and op attributes
-in range. Every problem raises a `LoweringError` naming the kernel, the op,
+dtypes, ops that have codegen in the target's table, and op attributes
+in range. Every problem raises a `CodegenError` naming the kernel, the op,
 its source line and the fix.
 
 The checks common to every target live here; the dialect adds its own
 (`TargetDialect.unsupported_ops`, `check_op`, `math_support`), and each
 backend resolves its targets (`resolve_target` with its vendor). What stays
-for LLVM is the fixed set of instruction patterns the lowerings produce;
+for LLVM is the fixed set of instruction patterns the codegen produces;
 the backends' matrix tests compile every op for every dtype in a child
 process to keep that set crash-free.
 """
@@ -22,18 +22,18 @@ import re
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
 from tessera.ir.errors import VerifyError
-from tessera.ir.ops import MATH_FUNCTIONS, OPS
+from tessera.ir.ops import OPS
 from tessera.ir.printer import print_op
 from tessera.ir.target import TARGETS, Target, get_target
 from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
 from tessera.ir.verifier import verify_function
 
 from .dialect import TargetDialect
-from .errors import LoweringError
+from .errors import CodegenError
 from .fp8 import FP8_OPS
 from .types import FP8, unsupported_dtype_reason
 
-TERMINATORS = ("yield", "condition", "return")  # Lowering.region handles these itself
+TERMINATORS = ("yield", "condition", "return")  # Codegen.region handles these itself
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _VENDOR_NAMES = {"nvidia": ("an NVIDIA", "NVIDIA"), "amd": ("an AMD", "AMD")}
 
@@ -41,32 +41,32 @@ _VENDOR_NAMES = {"nvidia": ("an NVIDIA", "NVIDIA"), "amd": ("an AMD", "AMD")}
 def resolve_target(target: Target | str | None, vendor: str, backend: str, example: str, *, triple: str,
                    cpus: frozenset[str]) -> Target:
     """The `Target` called `target` (or `target` itself), which must be a `vendor` GPU with LLVM `triple` and a
-    CPU in `cpus` (the ones the backend has been tested with); LoweringError otherwise."""
+    CPU in `cpus` (the ones the backend has been tested with); CodegenError otherwise."""
     if target is None:
-        raise LoweringError(f"no target given: pass target='{example}' (or a Target), or set the function's "
+        raise CodegenError(f"no target given: pass target='{example}' (or a Target), or set the function's "
                             "`target` attribute")
     if isinstance(target, str):
         try:
             target = get_target(target)
         except ValueError as e:
-            raise LoweringError(str(e)) from None
+            raise CodegenError(str(e)) from None
     if not isinstance(target, Target):
-        raise LoweringError(f"target must be a tessera.ir.target.Target or its name, got {target!r}")
+        raise CodegenError(f"target must be a tessera.ir.target.Target or its name, got {target!r}")
     if target.vendor != vendor:
         ours = ", ".join(t for t, d in TARGETS.items() if d.vendor == vendor)
         theirs = _VENDOR_NAMES.get(target.vendor, (f"a {target.vendor}",))[0]
-        raise LoweringError(f"target {target.name} is {theirs} GPU; the {backend} backend compiles for "
+        raise CodegenError(f"target {target.name} is {theirs} GPU; the {backend} backend compiles for "
                             f"{_VENDOR_NAMES[vendor][1]} targets ({ours})")
     if target.llvm_triple != triple:
-        raise LoweringError(f"target {target.name} has LLVM triple {target.llvm_triple!r}; expected {triple!r}")
+        raise CodegenError(f"target {target.name} has LLVM triple {target.llvm_triple!r}; expected {triple!r}")
     if target.llvm_cpu not in cpus:
-        raise LoweringError(f"target {target.name}: LLVM CPU {target.llvm_cpu!r} is not one the {backend} backend "
+        raise CodegenError(f"target {target.name}: LLVM CPU {target.llvm_cpu!r} is not one the {backend} backend "
                             f"supports ({', '.join(sorted(cpus))})")
     return target
 
 
 def validate_function(fn: Function, dialect: TargetDialect) -> None:
-    """Raise LoweringError unless thread-IR kernel `fn` can be lowered for the dialect's target."""
+    """Raise CodegenError unless thread-IR kernel `fn` can be lowered for the dialect's target."""
     _Validator(fn, dialect).run()
 
 
@@ -76,10 +76,10 @@ class _Validator:
         self.dialect = dialect
         self.target = dialect.target
 
-    def fail(self, message: str, op: Operation | None = None) -> LoweringError:
+    def fail(self, message: str, op: Operation | None = None) -> CodegenError:
         if op is None:
-            return LoweringError(message, kernel=self.fn.name, loc=self.fn.loc)
-        return LoweringError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc)
+            return CodegenError(message, kernel=self.fn.name, loc=self.fn.loc)
+        return CodegenError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc)
 
     def run(self) -> None:
         try:
@@ -136,7 +136,7 @@ class _Validator:
         dialect = self.dialect
         if op.name in dialect.unsupported_ops:
             raise self.fail(dialect.unsupported_ops[op.name], op)
-        if op.name not in dialect.lowerings:
+        if op.name not in dialect.codegen_table:
             level = OPS[op.name].level if op.name in OPS else None
             if level == "tile" and op.name not in ("print", "assert"):
                 raise self.fail("this is a tile-level op: lower the function to thread IR before the backend", op)
@@ -149,7 +149,7 @@ class _Validator:
         reason = dialect.check_op(op)
         if reason:
             raise self.fail(reason, op)
-        if op.name in MATH_FUNCTIONS or op.name == "rem" and scalar_dtype(op.results[0].type).is_float:
+        if op.name in OPS and OPS[op.name].numerics == "math" or op.name == "rem" and scalar_dtype(op.results[0].type).is_float:
             reason = dialect.math_support(op.name, scalar_dtype(op.results[0].type))
             if reason:
                 raise self.fail(reason, op)

@@ -1,16 +1,17 @@
-"""The NVPTX backend: thread IR -> LLVM IR (llvmlite) -> PTX -> cubin (ptxas).
+"""The NVPTX backend: thread IR -> LLVM IR (llvmlite) -> PTX -> cubin (ptxas). It may import
+`tessera.ir` and the LLVM core (`tessera.backends.llvm`) only.
 
     from tessera.backends.nvptx import compile_thread_ir
     artifacts = compile_thread_ir(fn, "sm_90a")      # fn: a thread-IR Function
     artifacts.ptx, artifacts.cubin, artifacts.ptxas_info
 
 The target-neutral work (values, control flow, elementwise ops, casts,
-memory, the LLVM pipeline) is the LLVM core's (`tessera.backends.llvm`);
-this package supplies what is NVIDIA's. Files, in pipeline order:
+memory, LLVM's optimization) is the LLVM core's (`tessera.backends.llvm`);
+this package supplies what is NVIDIA's. Files, in the order they run:
 
     validate.py       NVIDIA targets (triple, CPU, PTX features)
     dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
-    lowerings.py      the NVPTX lowering table: common ops + mma.sync, ldmatrix, cp.async
+    codegen_table.py  the NVPTX codegen table: common ops + mma.sync, ldmatrix, cp.async
     bulk_async.py     mbarriers and TMA box copies (sm_90+)
     math.py           libdevice calls, or MUFU approximations without it
     intrinsics.py     every llvm.nvvm.* intrinsic and libdevice name
@@ -25,7 +26,7 @@ import importlib
 # where ptxas is (`toolkit`) does not load LLVM: a process launching a cached binary needs only that.
 _EXPORTS = {
     "NvptxArtifacts": "compile", "compile_thread_ir": "compile", "BackendError": "errors",
-    "LoweringError": "errors", "PtxasError": "errors", "Ptxas": "ptxas", "find_ptxas": "ptxas",
+    "CodegenError": "errors", "PtxasError": "errors", "Ptxas": "ptxas", "find_ptxas": "ptxas",
     "find_libdevice": "toolkit",
 }
 __all__ = sorted(_EXPORTS)

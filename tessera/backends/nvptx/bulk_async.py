@@ -39,7 +39,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..llvm.types import I1, I16, I32, I64
-from .lowerings import lowering
+from .codegen_table import codegen_for
 
 TMA_SHARED_ALIGN = 1024
 TENSOR_MAP_BYTES = 128
@@ -70,32 +70,32 @@ def tensor_map_parameter(param: ir.Argument) -> None:
     param.attributes = _GridConstantMap()
 
 
-@lowering("mbarrier_init")
+@codegen_for("mbarrier_init")
 def _init(lw, op, bar, count):
     lw.intrinsic("llvm.nvvm.mbarrier.init.shared", [bar, count])
 
 
-@lowering("mbarrier_inval")
+@codegen_for("mbarrier_inval")
 def _inval(lw, op, bar):
     lw.intrinsic("llvm.nvvm.mbarrier.inval.shared", [bar])
 
 
-@lowering("mbarrier_arrive")
+@codegen_for("mbarrier_arrive")
 def _arrive(lw, op, bar):
     lw.intrinsic("llvm.nvvm.mbarrier.arrive.scope.cta.space.cta", [bar, ir.Constant(I32, 1)])
 
 
-@lowering("mbarrier_arrive_expect_tx")
+@codegen_for("mbarrier_arrive_expect_tx")
 def _arrive_expect_tx(lw, op, bar, tx_bytes):
     lw.intrinsic("llvm.nvvm.mbarrier.arrive.expect.tx.scope.cta.space.cta", [bar, tx_bytes])
 
 
-@lowering("mbarrier_expect_tx")
+@codegen_for("mbarrier_expect_tx")
 def _expect_tx(lw, op, bar, tx_bytes):
     lw.intrinsic("llvm.nvvm.mbarrier.expect.tx.scope.cta.space.cta", [bar, tx_bytes])
 
 
-@lowering("mbarrier_wait")
+@codegen_for("mbarrier_wait")
 def _wait(lw, op, bar, parity):
     b = lw.builder
     loop, done = lw.new_block("mbarrier.wait"), lw.new_block("mbarrier.ready")
@@ -106,17 +106,17 @@ def _wait(lw, op, bar, parity):
     b.position_at_end(done)
 
 
-@lowering("fence_mbarrier_init")
+@codegen_for("fence_mbarrier_init")
 def _fence_mbarrier_init(lw, op):
     lw.intrinsic("llvm.nvvm.fence.mbarrier_init.release.cluster", [])
 
 
-@lowering("fence_proxy_async")
+@codegen_for("fence_proxy_async")
 def _fence_proxy_async(lw, op):
     lw.intrinsic("llvm.nvvm.fence.proxy.async.shared_cta", [])
 
 
-@lowering("tma_load")
+@codegen_for("tma_load")
 def _tma_load(lw, op, dst, tensor_map, *rest):
     *coords, bar = rest
     smem = lw.shared_memory

@@ -6,7 +6,7 @@
 Steps: resolve the target and libdevice, validate the function
 (`validate.py` and the LLVM core's checks with `NvptxDialect`), build the
 LLVM module (`tessera.backends.llvm.codegen`), run LLVM (the core's
-`pipeline.py`: parse, link libdevice, verify, O3, emit PTX), and assemble
+`optimize.py`: parse, link libdevice, verify, O3, emit PTX), and assemble
 with ptxas when one is found (`ptxas.py`).
 
 LLVM runs in this process by default; `isolate=True` (or
@@ -24,10 +24,10 @@ from pathlib import Path
 from tessera.ir.core import Function
 from tessera.ir.target import Target
 
-from ..llvm.codegen import lower_function
+from ..llvm.codegen import codegen_function
 from ..llvm.run import run_llvm, run_llvm_isolated
 from .dialect import NvptxDialect
-from .errors import LoweringError, PtxasError
+from .errors import CodegenError, PtxasError
 from .ptxas import assemble as run_ptxas
 from .ptxas import find_ptxas
 from .toolkit import find_libdevice
@@ -67,7 +67,7 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
     libdevice_path = _resolve_libdevice(libdevice)
     dialect = NvptxDialect(target, use_libdevice=libdevice_path is not None)
     validate_function(fn, dialect)
-    lowered = lower_function(fn, dialect, fp_fusion=fp_fusion)
+    lowered = codegen_function(fn, dialect, fp_fusion=fp_fusion)
     llvm_ir = str(lowered.module)
     request = {
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,
@@ -92,12 +92,12 @@ def _resolve_libdevice(libdevice) -> Path | None:
     if libdevice is None or libdevice is True:
         found = find_libdevice()
         if found is None and libdevice is True:
-            raise LoweringError("libdevice=True but no libdevice.10.bc was found; set TESSERA_LIBDEVICE or "
+            raise CodegenError("libdevice=True but no libdevice.10.bc was found; set TESSERA_LIBDEVICE or "
                                 "install the CUDA toolkit / `pip install nvidia-nvvm`")
         return found
     path = Path(libdevice)
     if not path.is_file():
-        raise LoweringError(f"libdevice {str(path)!r} is not a file")
+        raise CodegenError(f"libdevice {str(path)!r} is not a file")
     return path
 
 

@@ -27,12 +27,12 @@ from tessera.ir.target import Target
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
-from . import bulk_async  # (also registers the mbarrier and TMA lowerings)
+from . import bulk_async  # (also registers the mbarrier and TMA codegen)
 from . import math as nvptx_math
 from . import warp_specialization, warpgroup
 from .bulk_async import REQUIRED_FEATURES
 from .intrinsics import NVPTX_INTRINSICS
-from .lowerings import LOWERINGS
+from .codegen_table import CODEGEN
 
 SHARED_MEMORY_SYMBOL = "global_smem"
 SHARED_MEMORY_ALIGN = 16
@@ -44,7 +44,7 @@ _TO_F32_TOWARD_ZERO = {("int", 32): "llvm.nvvm.i2f.rz", ("uint", 32): "llvm.nvvm
 
 class NvptxDialect(TargetDialect):
     name = "NVPTX"
-    lowerings = LOWERINGS
+    codegen_table = CODEGEN
     intrinsics = NVPTX_INTRINSICS
     device_syncscope = "device"
     unsupported_ops = {

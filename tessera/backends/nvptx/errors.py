@@ -1,15 +1,15 @@
 """The exceptions the NVPTX backend raises: the LLVM core's, plus `PtxasError`.
 
-* `LoweringError`, `BackendError`: see `tessera.backends.llvm.errors`.
+* `CodegenError`, `BackendError`: see `tessera.backends.llvm.errors`.
 * `PtxasError`: ptxas rejected the PTX or is missing/too old; the message
   carries ptxas's own stderr.
 """
 
 from __future__ import annotations
 
-from ..llvm.errors import BackendError, LoweringError
+from ..llvm.errors import BackendError, CodegenError
 
-__all__ = ["BackendError", "LoweringError", "PtxasError"]
+__all__ = ["BackendError", "CodegenError", "PtxasError"]
 
 
 class PtxasError(BackendError):

@@ -2,7 +2,7 @@
 
 With libdevice, exp/exp2/log/log2/rsqrt/sin/cos/tanh/erf and float `rem`
 (fmod) call `__nv_*` (IEEE-accurate to a few ulp), lane by lane, and the
-LLVM pipeline links the functions in. Without it, f32 uses the hardware
+LLVM optimizer (`llvm/optimize.py`) links the functions in. Without it, f32 uses the hardware
 approximations in `intrinsics.APPROX` (exp and log go through base 2), f64
 rsqrt is 1 / sqrt (both correctly rounded), and f64 transcendental
 functions, `erf` and float `rem` are rejected by the validator
@@ -41,7 +41,7 @@ def math_support(name: str, dtype: dt.DType, has_libdevice: bool) -> str | None:
 
 
 def libdevice_call(lw, op_name: str, args) -> ir.Value:
-    """`__nv_<op>` of scalar `args`, recorded so the pipeline links it in."""
+    """`__nv_<op>` of scalar `args`, recorded so the optimizer links it in."""
     return lw.call_library(intrinsics.declare_libdevice(lw.module, op_name, args[0].type), args)
 
 

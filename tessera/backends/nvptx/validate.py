@@ -13,7 +13,7 @@ import re
 
 from tessera.ir.target import Target
 
-from ..llvm.errors import LoweringError
+from ..llvm.errors import CodegenError
 from ..llvm.validate import resolve_target as resolve_vendor_target
 from ..llvm.validate import validate_function
 
@@ -28,11 +28,11 @@ PTX_VERSIONS = range(70, 91)  # +ptx70 .. +ptx90
 
 
 def resolve_target(target: Target | str | None) -> Target:
-    """The NVIDIA `Target` to compile for; LoweringError for anything else."""
+    """The NVIDIA `Target` to compile for; CodegenError for anything else."""
     target = resolve_vendor_target(target, "nvidia", "NVPTX", "sm_90a", triple=NVPTX_TRIPLE, cpus=SUPPORTED_CPUS)
     for feature in filter(None, target.llvm_features.split(",")):
         match = _PTX_FEATURE.fullmatch(feature)
         if not match or int(match.group(1)) not in PTX_VERSIONS:
-            raise LoweringError(f"target {target.name}: LLVM feature {feature!r} is not a PTX ISA version the "
+            raise CodegenError(f"target {target.name}: LLVM feature {feature!r} is not a PTX ISA version the "
                                 f"backend supports (+ptx{PTX_VERSIONS[0]} .. +ptx{PTX_VERSIONS[-1]})")
     return target

@@ -1,4 +1,4 @@
-"""NVPTX lowering of the warp-specialization ops (`ir/warp_specialization_ops.py`).
+"""NVPTX codegen of the warp-specialization ops (`ir/warp_specialization_ops.py`).
 
 * `setmaxnreg {action, count}` is `setmaxnreg.{inc,dec}.sync.aligned.u32 count`
   (`llvm.nvvm.setmaxnreg.*`, sm_90a only). ptxas honours it only when it
@@ -26,7 +26,7 @@ from tessera.ir.core import Function, Operation
 from tessera.ir.target import Target
 
 from ..llvm.types import I32
-from .lowerings import lowering
+from .codegen_table import codegen_for
 
 FULL_WARP = -1   # 0xffffffff
 NEEDS = {"setmaxnreg": ("setmaxnreg", "sm_90a"), "elect_sync": ("mbarrier", "sm_90+")}
@@ -45,18 +45,18 @@ def uses_setmaxnreg(fn: Function) -> bool:
     return any(op.name == "setmaxnreg" for op in fn.walk())
 
 
-@lowering("setmaxnreg")
+@codegen_for("setmaxnreg")
 def _setmaxnreg(lw, op):
     lw.intrinsic(f"llvm.nvvm.setmaxnreg.{op.attrs['action']}.sync.aligned.u32", [ir.Constant(I32, op.attrs["count"])])
 
 
-@lowering("elect_sync")
+@codegen_for("elect_sync")
 def _elect_sync(lw, op):
     elected = lw.intrinsic("llvm.nvvm.elect.sync", [ir.Constant(I32, FULL_WARP)])
     return lw.builder.extract_value(elected, 1)
 
 
-@lowering("named_barrier")
+@codegen_for("named_barrier")
 def _named_barrier(lw, op):
     lw.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.count",
                  [ir.Constant(I32, op.attrs["id"]), ir.Constant(I32, op.attrs["count"])])

@@ -1,4 +1,4 @@
-"""NVPTX lowering of the warpgroup ops (`ir/warpgroup_ops.py`): Hopper wgmma, sm_90a only.
+"""NVPTX codegen of the warpgroup ops (`ir/warpgroup_ops.py`): Hopper wgmma, sm_90a only.
 
 * `wgmma_fence` / `wgmma_commit` / `wgmma_wait N` are `wgmma.fence.sync.aligned`,
   `wgmma.commit_group.sync.aligned` and `wgmma.wait_group.sync.aligned N`
@@ -38,7 +38,7 @@ from tessera.ir.target import Target
 from tessera.ir.wgmma_layouts import MatrixDescriptor
 
 from ..llvm.types import F32, I32, I64
-from .lowerings import lowering
+from .codegen_table import codegen_for
 
 # Swizzled wgmma tiles at shared offset 0 must sit on a 1024-byte boundary (the 128B pattern's period).
 SHARED_MEMORY_ALIGN = 1024
@@ -53,22 +53,22 @@ def check_op(op: Operation, target: Target) -> str | None:
     return None
 
 
-@lowering("wgmma_fence")
+@codegen_for("wgmma_fence")
 def _wgmma_fence(lw, op):
     lw.intrinsic("llvm.nvvm.wgmma.fence.sync.aligned", [])
 
 
-@lowering("wgmma_commit")
+@codegen_for("wgmma_commit")
 def _wgmma_commit(lw, op):
     lw.intrinsic("llvm.nvvm.wgmma.commit_group.sync.aligned", [])
 
 
-@lowering("wgmma_wait")
+@codegen_for("wgmma_wait")
 def _wgmma_wait(lw, op):
     lw.intrinsic("llvm.nvvm.wgmma.wait_group.sync.aligned", [ir.Constant(I64, op.attrs["pending"])])
 
 
-@lowering("wgmma_desc")
+@codegen_for("wgmma_desc")
 def _wgmma_desc(lw, op, ptr):
     bld = lw.builder
     fields = MatrixDescriptor(0, op.attrs["lbo"], op.attrs["sbo"], op.attrs["swizzle"]).signed()
@@ -96,7 +96,7 @@ def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | N
             "}")
 
 
-@lowering("wgmma")
+@codegen_for("wgmma")
 def _wgmma(lw, op, a_desc, b_desc, acc):
     bld, n = lw.builder, op.attrs["n"]
     count = n // 2

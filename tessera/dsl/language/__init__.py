@@ -1,4 +1,5 @@
-"""The kernel language's builtins (`tessera.load`, `tessera.dot`, ...), one module per family.
+"""The kernel language's builtins (`tessera.load`, `tessera.dot`, ...), one module per family. They may
+import `tessera.ir` and the rest of `tessera.dsl`.
 
 Importing this package registers every builtin in `values.BUILTINS`:
 
@@ -16,7 +17,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
-`tessera/dsl/semantics.py`.
+`tessera/dsl/operators.py`.
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401

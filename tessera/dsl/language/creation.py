@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from ...ir.dtypes import f32, i32
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, is_power_of_two, static_dtype, static_int, static_shape
 from ..values import Context, Tensor, builtin
 from .layouts import pin_layout
@@ -15,7 +15,7 @@ def program_id(ctx: Context, axis=0) -> Tensor:
     axis = static_int(ctx, axis, "program_id's axis")
     if axis not in (0, 1, 2):
         ctx.error(f"program_id's axis must be 0, 1 or 2, got {axis}")
-    return semantics.emit(ctx, "program_id", axis=axis)
+    return operators.emit(ctx, "program_id", axis=axis)
 
 
 @builtin
@@ -24,7 +24,7 @@ def num_programs(ctx: Context, axis=0) -> Tensor:
     axis = static_int(ctx, axis, "num_programs's axis")
     if axis not in (0, 1, 2):
         ctx.error(f"num_programs's axis must be 0, 1 or 2, got {axis}")
-    return semantics.emit(ctx, "num_programs", axis=axis)
+    return operators.emit(ctx, "num_programs", axis=axis)
 
 
 @builtin
@@ -46,7 +46,7 @@ def arange(ctx: Context, start, end) -> Tensor:
                   f"use arange({start}, {start + padded}) and mask the lanes >= {end}")
     if not (i32.min_value <= start and end - 1 <= i32.max_value):
         ctx.error(f"arange({start}, {end}) does not fit in i32")
-    return semantics.emit(ctx, "arange", start=start, end=end)
+    return operators.emit(ctx, "arange", start=start, end=end)
 
 
 @builtin
@@ -58,7 +58,7 @@ def zeros(ctx: Context, shape, dtype=f32, layout=None) -> Tensor:
     """
     shape = static_shape(ctx, shape, "zeros' shape")
     dtype = static_dtype(ctx, dtype, "zeros' dtype")
-    return pin_layout(ctx, semantics.constant(ctx, 0, dtype, shape), layout, "zeros' layout")
+    return pin_layout(ctx, operators.constant(ctx, 0, dtype, shape), layout, "zeros' layout")
 
 
 @builtin
@@ -77,11 +77,11 @@ def full(ctx: Context, shape, value, dtype=None, layout=None) -> Tensor:
         if value.is_tile or value.dtype is None:
             ctx.error(f"full's value must be a scalar number, got {value.type}; "
                       f"to stretch a tile use tessera.broadcast_to(x, shape)")
-        tile = semantics.broadcast_to_shape(ctx, semantics.cast(ctx, value, dtype or value.dtype), shape)
+        tile = operators.broadcast_to_shape(ctx, operators.cast(ctx, value, dtype or value.dtype), shape)
     else:
-        if not semantics.is_python_number(value):
+        if not operators.is_python_number(value):
             ctx.error(f"full's value must be a number, got {describe(value)}")
-        tile = semantics.constant(ctx, value, dtype or semantics.python_number_dtype(ctx, value), shape)
+        tile = operators.constant(ctx, value, dtype or operators.python_number_dtype(ctx, value), shape)
     return pin_layout(ctx, tile, layout, "full's layout")
 
 
@@ -93,4 +93,4 @@ def cast(ctx: Context, x, dtype, bitcast=False) -> Tensor:
     and saturates (NaN -> 0); int -> int wraps. With `bitcast=True` the bits
     are reinterpreted instead, which needs equal widths (f32 <-> i32).
     """
-    return semantics.cast(ctx, x, dtype, bitcast)
+    return operators.cast(ctx, x, dtype, bitcast)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..constexpr_args import describe, require_constexpr, static_str
 from ..errors import StaticAssertionError
-from .. import semantics
+from .. import operators
 from ..values import Context, Tensor, builtin
 
 
@@ -38,14 +38,14 @@ def device_print(ctx: Context, prefix, *args) -> None:
     prefix = static_str(ctx, prefix, "device_print's prefix")
     values = []
     for a in args:
-        if not isinstance(a, Tensor) and not semantics.is_python_number(a):
+        if not isinstance(a, Tensor) and not operators.is_python_number(a):
             ctx.error(f"device_print prints numbers and tensors, got {describe(a)}; use static_print for "
                       f"compile-time values")
-        value = semantics.to_tensor(ctx, a)
+        value = operators.to_tensor(ctx, a)
         if value.is_view:
             ctx.error(f"device_print cannot print the view {value.type}; print a block of it")
         values.append(value)
-    semantics.emit(ctx, "print", *values, prefix=prefix)
+    operators.emit(ctx, "print", *values, prefix=prefix)
 
 
 @builtin
@@ -60,4 +60,4 @@ def device_assert(ctx: Context, cond, msg="") -> None:
         if not cond:
             ctx.error(msg or "device_assert failed (its condition is false at compile time)", StaticAssertionError)
         return
-    semantics.emit(ctx, "assert", semantics.as_bool(ctx, cond, "device_assert's condition"), message=msg)
+    operators.emit(ctx, "assert", operators.as_bool(ctx, cond, "device_assert's condition"), message=msg)

@@ -23,7 +23,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...ir.layouts import LayoutError, RegisterLayout, parse_layout
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, require_constexpr
 from ..errors import TypeMismatchError
 from ..values import Context, Tensor, builtin
@@ -53,7 +53,7 @@ def pin_layout(ctx: Context, x: Tensor, layout: Any, what: str) -> Tensor:
     if layout.shape != x.shape:
         ctx.error(f"{what} {layout} covers shape {layout.shape}, but the tile is {x.type}; pin a layout of "
                   f"shape {x.shape}", TypeMismatchError)
-    return semantics.emit(ctx, "convert_layout", x, layout=str(layout))
+    return operators.emit(ctx, "convert_layout", x, layout=str(layout))
 
 
 @builtin

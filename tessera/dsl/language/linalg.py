@@ -6,7 +6,7 @@ from typing import Any
 
 from ...ir.dtypes import DType, f32, f64, i32, i64
 from ...ir.ops import DOT_INPUT_PRECISIONS
-from .. import promotion, semantics
+from .. import operators, promotion
 from ..constexpr_args import describe, static_dtype, static_str
 from ..errors import TypeMismatchError
 from ..promotion import PromotionError
@@ -54,10 +54,10 @@ def dot(ctx: Context, a, b, acc=None, input_precision=None, out_dtype=None) -> T
         inputs = promotion.promote(a.dtype, b.dtype)
     except PromotionError as exc:
         ctx.error(f"cannot dot {a.type} and {b.type}: {exc}", TypeMismatchError)
-    a, b = semantics.cast(ctx, a, inputs), semantics.cast(ctx, b, inputs)
+    a, b = operators.cast(ctx, a, inputs), operators.cast(ctx, b, inputs)
     out_dtype = None if out_dtype is None else static_dtype(ctx, out_dtype, "dot's out_dtype")
     if acc is None:
-        acc = semantics.constant(ctx, 0, out_dtype or default_accumulator_dtype(inputs), (m, n))
+        acc = operators.constant(ctx, 0, out_dtype or default_accumulator_dtype(inputs), (m, n))
     else:
         if not isinstance(acc, Tensor) or acc.dtype is None or acc.shape != (m, n):
             ctx.error(f"dot's acc must be a {m}x{n} tile (a is {a.shape}, b is {b.shape}), got {describe(acc)}",
@@ -71,4 +71,4 @@ def dot(ctx: Context, a, b, acc=None, input_precision=None, out_dtype=None) -> T
         if precision not in DOT_INPUT_PRECISIONS:
             ctx.error(f"dot's input_precision must be one of {', '.join(DOT_INPUT_PRECISIONS)}, got {precision!r}")
         attrs["input_precision"] = precision
-    return semantics.emit(ctx, "dot", a, b, acc, **attrs)
+    return operators.emit(ctx, "dot", a, b, acc, **attrs)

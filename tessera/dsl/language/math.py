@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from ...ir.types import element_of
-from .. import promotion, semantics
+from .. import operators, promotion
 from ..constexpr_args import describe
 from ..errors import TypeMismatchError
 from ..promotion import PromotionError
@@ -19,9 +19,9 @@ from ..values import Context, Tensor, builtin
 
 def _number(ctx: Context, x: Any, what: str) -> Tensor:
     """`x` as a traced number (Python numbers become constants); pointers and views are errors."""
-    if not isinstance(x, Tensor) and not semantics.is_python_number(x):
+    if not isinstance(x, Tensor) and not operators.is_python_number(x):
         ctx.error(f"{what} needs a number or a tensor, got {describe(x)}", TypeMismatchError)
-    x = semantics.to_tensor(ctx, x)
+    x = operators.to_tensor(ctx, x)
     if x.dtype is None:
         ctx.error(f"{what} needs numbers, got {x.type}", TypeMismatchError)
     return x
@@ -29,7 +29,7 @@ def _number(ctx: Context, x: Any, what: str) -> Tensor:
 
 def _float_math(ctx: Context, name: str, x: Any) -> Tensor:
     x = _number(ctx, x, name)
-    return semantics.emit(ctx, name, semantics.to_tensor(ctx, x, promotion.math_dtype(x.dtype)))
+    return operators.emit(ctx, name, operators.to_tensor(ctx, x, promotion.math_dtype(x.dtype)))
 
 
 @builtin
@@ -117,23 +117,23 @@ def abs(ctx: Context, x) -> Tensor:
     x = _number(ctx, x, "abs")
     if x.dtype.is_bool or x.dtype.kind == "uint":
         return x
-    return semantics.emit(ctx, "abs", semantics.to_tensor(ctx, x, promotion.arithmetic_dtype(x.dtype)))
+    return operators.emit(ctx, "abs", operators.to_tensor(ctx, x, promotion.arithmetic_dtype(x.dtype)))
 
 
 def _min_max(ctx: Context, name: str, a: Any, b: Any) -> Tensor:
     verb = f"take the {name} of"
     for x in (a, b):
-        if not semantics.is_number_operand(x):
+        if not operators.is_number_operand(x):
             ctx.error(f"cannot {verb} {describe(a)} and {describe(b)}: {name} needs numbers", TypeMismatchError)
-    shape = semantics.common_shape(ctx, verb, a, b)
+    shape = operators.common_shape(ctx, verb, a, b)
     try:
-        dtype = semantics.common_dtype(a, b)
+        dtype = operators.common_dtype(a, b)
     except PromotionError as exc:
         ctx.error(f"cannot {verb} {describe(a)} and {describe(b)}: {exc}", TypeMismatchError)
-    x, y = (semantics.fit(ctx, v, dtype, shape) for v in (a, b))
+    x, y = (operators.fit(ctx, v, dtype, shape) for v in (a, b))
     if dtype.is_bool:  # for bools, min is `and` and max is `or`
-        return semantics.emit(ctx, "and" if name == "minimum" else "or", x, y)
-    return semantics.emit(ctx, "min" if name == "minimum" else "max", x, y)
+        return operators.emit(ctx, "and" if name == "minimum" else "or", x, y)
+    return operators.emit(ctx, "min" if name == "minimum" else "max", x, y)
 
 
 @builtin
@@ -165,25 +165,25 @@ def where(ctx: Context, condition, x, y) -> Tensor:
     `condition != 0`. Both x and y are computed: `where` selects, it does
     not branch.
     """
-    cond = semantics.as_bool(ctx, condition, "where's condition")
-    shape = semantics.broadcast_shape(cond.shape, semantics.shape_of_operand(x), semantics.shape_of_operand(y))
+    cond = operators.as_bool(ctx, condition, "where's condition")
+    shape = operators.broadcast_shape(cond.shape, operators.shape_of_operand(x), operators.shape_of_operand(y))
     if shape is None:
         ctx.error(f"where's operands do not broadcast: condition {cond.type}, x {describe(x)}, y {describe(y)}",
                   TypeMismatchError)
-    if semantics.is_pointer(x) and semantics.is_pointer(y):
+    if operators.is_pointer(x) and operators.is_pointer(y):
         if element_of(x.type) != element_of(y.type):
             ctx.error(f"where cannot choose between {x.type} and {y.type}: they point to different types",
                       TypeMismatchError)
-        px, py = (semantics.broadcast_to_shape(ctx, v, shape) for v in (x, y))
-        return semantics.emit(ctx, "select", semantics.broadcast_to_shape(ctx, cond, shape), px, py)
+        px, py = (operators.broadcast_to_shape(ctx, v, shape) for v in (x, y))
+        return operators.emit(ctx, "select", operators.broadcast_to_shape(ctx, cond, shape), px, py)
     for v in (x, y):
-        if not semantics.is_number_operand(v):
+        if not operators.is_number_operand(v):
             ctx.error(f"where cannot choose between {describe(x)} and {describe(y)}: both must be numbers "
                       f"(or both pointers to one type)", TypeMismatchError)
     try:
-        dtype = semantics.common_dtype(x, y)
+        dtype = operators.common_dtype(x, y)
     except PromotionError as exc:
         ctx.error(f"where cannot choose between {describe(x)} and {describe(y)}: {exc}", TypeMismatchError)
-    tx, ty = (semantics.fit(ctx, v, dtype, shape) for v in (x, y))
-    return semantics.emit(ctx, "select", semantics.broadcast_to_shape(ctx, cond, shape), tx, ty)
+    tx, ty = (operators.fit(ctx, v, dtype, shape) for v in (x, y))
+    return operators.emit(ctx, "select", operators.broadcast_to_shape(ctx, cond, shape), tx, ty)
 

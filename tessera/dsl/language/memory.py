@@ -16,8 +16,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.dtypes import DType, bool_
+from ...ir.ops import BITWISE_KINDS
 from ...ir.types import element_of
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, require_constexpr, static_shape
 from ..errors import TypeMismatchError
 from ..values import Context, Tensor, builtin
@@ -28,7 +29,7 @@ from .layouts import pin_layout
 
 
 def _pointer(ctx: Context, pointer: Any, what: str) -> Tensor:
-    if not semantics.is_pointer(pointer):
+    if not operators.is_pointer(pointer):
         hint = ""
         if isinstance(pointer, Tensor) and pointer.is_view:
             hint = "; a view is read and written by blocks: v.block(shape, index).load() / .store(tile)"
@@ -44,11 +45,11 @@ def _fit(ctx: Context, value: Any, dtype: DType, shape: tuple[int, ...], what: s
     """`value` converted to `dtype` and broadcast to `shape` (a store's value, a load's `other`, ...)."""
     if isinstance(value, Tensor) and value.dtype is None:
         ctx.error(f"{what} must be numbers, got {value.type}", TypeMismatchError)
-    source = semantics.shape_of_operand(value)
-    if semantics.broadcast_shape(source, shape) != tuple(shape):
+    source = operators.shape_of_operand(value)
+    if operators.broadcast_shape(source, shape) != tuple(shape):
         ctx.error(f"{what} has shape {source}, which does not broadcast to the shape {tuple(shape)} "
                   f"it is used with", TypeMismatchError)
-    return semantics.fit(ctx, value, dtype, shape)
+    return operators.fit(ctx, value, dtype, shape)
 
 
 def _mask(ctx: Context, mask: Any, shape: tuple[int, ...], what: str) -> Tensor:
@@ -85,7 +86,7 @@ def load(ctx: Context, pointer, mask=None, other=None, layout=None) -> Tensor:
         operands.append(_mask(ctx, mask, shape, "load"))
         if other is not None:
             operands.append(_fit(ctx, other, _pointee(pointer), shape, "load's `other`"))
-    return pin_layout(ctx, semantics.emit(ctx, "load", *operands), layout, "load's layout")
+    return pin_layout(ctx, operators.emit(ctx, "load", *operands), layout, "load's layout")
 
 
 @builtin
@@ -101,7 +102,7 @@ def store(ctx: Context, pointer, value, mask=None) -> None:
     operands = [pointer, _fit(ctx, value, _pointee(pointer), shape, "store's value")]
     if mask is not None:
         operands.append(_mask(ctx, mask, shape, "store"))
-    semantics.emit(ctx, "store", *operands)
+    operators.emit(ctx, "store", *operands)
 
 
 # ---------------------------------------------------------------------------
@@ -122,7 +123,7 @@ def _extents(ctx: Context, values: Any, what: str) -> list:
 
 def _multiply(ctx: Context, a: Any, b: Any) -> Any:
     if isinstance(a, Tensor) or isinstance(b, Tensor):
-        return semantics.binary(ctx, "*", a, b)
+        return operators.binary(ctx, "*", a, b)
     return a * b
 
 
@@ -136,7 +137,7 @@ def view(ctx: Context, pointer, shape, strides=None) -> Tensor:
     blocks: `v.block((BM, BN), (i, j)).load()`; lanes outside `shape` read
     the fill value and are never written.
     """
-    if not semantics.is_pointer(pointer) or pointer.is_tile:
+    if not operators.is_pointer(pointer) or pointer.is_tile:
         ctx.error(f"view needs a scalar pointer (the address of the first element), got {describe(pointer)}",
                   TypeMismatchError)
     sizes = _extents(ctx, shape, "view's shape")
@@ -148,8 +149,8 @@ def view(ctx: Context, pointer, shape, strides=None) -> Tensor:
         strides = _extents(ctx, strides, "view's strides")
         if len(strides) != len(sizes):
             ctx.error(f"view's shape has {len(sizes)} dimensions but its strides have {len(strides)}")
-    operands = [semantics.to_tensor(ctx, v) for v in sizes + strides]
-    return semantics.emit(ctx, "make_view", pointer, *operands)
+    operands = [operators.to_tensor(ctx, v) for v in sizes + strides]
+    return operators.emit(ctx, "make_view", pointer, *operands)
 
 
 @dataclass(frozen=True, eq=False)
@@ -176,13 +177,13 @@ class BlockRef:
         """
         ctx = self.ctx
         require_constexpr(ctx, fill, "load's fill")
-        if not semantics.is_python_number(fill):
+        if not operators.is_python_number(fill):
             ctx.error(f"load's fill must be a number, got {describe(fill)}")
         value = self.dtype.quantize(fill).item()
         attrs = {"shape": self.shape}
         if value != 0:
             attrs["fill"] = int(value) if isinstance(value, bool) else value
-        tile = semantics.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
+        tile = operators.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
         return pin_layout(ctx, tile, layout, "load's layout")
 
     def store(self, value) -> None:
@@ -191,7 +192,7 @@ class BlockRef:
         Lanes outside the view are not written.
         """
         tile = _fit(self.ctx, value, self.dtype, self.shape, "the stored block")
-        semantics.emit(self.ctx, "view_store", self.view, *self.offsets, tile)
+        operators.emit(self.ctx, "view_store", self.view, *self.offsets, tile)
 
     def __repr__(self) -> str:
         return f"BlockRef({self.view.type}, shape={self.shape})"
@@ -219,14 +220,13 @@ def view_block(ctx: Context, view: Tensor, shape, index=None, *, offsets=None) -
             ctx.error(f"{what} has {len(starts)} entries, but the view has rank {rank}")
         if index is not None:
             starts = [_multiply(ctx, i, size) for i, size in zip(starts, shape)]
-    return BlockRef(ctx, view, shape, tuple(semantics.to_tensor(ctx, s) for s in starts))
+    return BlockRef(ctx, view, shape, tuple(operators.to_tensor(ctx, s) for s in starts))
 
 
 # ---------------------------------------------------------------------------
 # Atomics
 
 _NUMERIC_KINDS = ("add", "max", "min")
-_BITWISE_KINDS = ("and", "or", "xor")
 
 
 def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Tensor:
@@ -235,12 +235,12 @@ def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Ten
     pointee = _pointee(pointer)
     if kind in _NUMERIC_KINDS and pointee.is_bool:
         ctx.error(f"{name} needs numbers, but {pointer.type} points to bool", TypeMismatchError)
-    if kind in _BITWISE_KINDS and pointee.is_float:
+    if kind in BITWISE_KINDS and pointee.is_float:
         ctx.error(f"{name} needs integers or bool, but {pointer.type} points to {pointee.name}", TypeMismatchError)
     operands = [pointer, _fit(ctx, value, pointee, pointer.shape, f"{name}'s value")]
     if mask is not None:
         operands.append(_mask(ctx, mask, pointer.shape, name))
-    return semantics.emit(ctx, "atomic_rmw", *operands, kind=kind)
+    return operators.emit(ctx, "atomic_rmw", *operands, kind=kind)
 
 
 @builtin
@@ -301,4 +301,4 @@ def atomic_cas(ctx: Context, pointer, compare, value) -> Tensor:
     pointee, shape = _pointee(pointer), pointer.shape
     expected = _fit(ctx, compare, pointee, shape, "atomic_cas's compare")
     desired = _fit(ctx, value, pointee, shape, "atomic_cas's value")
-    return semantics.emit(ctx, "atomic_cas", pointer, expected, desired)
+    return operators.emit(ctx, "atomic_cas", pointer, expected, desired)

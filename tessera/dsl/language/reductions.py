@@ -22,7 +22,7 @@ from typing import Any, Callable
 from ...ir.core import Block
 from ...ir.dtypes import DType, f32, i32, u32
 from ...ir.types import ScalarType, TileType, element_of, with_shape
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, static_axis, static_bool, static_dtype
 from ..errors import TypeMismatchError
 from ..function import DeviceFunction
@@ -30,9 +30,9 @@ from ..values import Builtin, Context, Tensor, builtin
 
 
 def _numbers(ctx: Context, x: Any, what: str) -> Tensor:
-    if not semantics.is_number_operand(x):
+    if not operators.is_number_operand(x):
         ctx.error(f"{what} needs numbers, got {describe(x)}", TypeMismatchError)
-    return semantics.to_tensor(ctx, x)
+    return operators.to_tensor(ctx, x)
 
 
 def accumulation_dtype(dtype: DType) -> DType:
@@ -57,19 +57,19 @@ def _reduce_along(ctx: Context, x: Tensor, axis: Any, keep_dims: Any, what: str,
         if rank == 0:
             return x
         flat_type = TileType(element_of(x.type), (pymath.prod(x.shape),))
-        flat = x if rank == 1 else semantics.emit(ctx, "reshape", x, result_type=flat_type)
+        flat = x if rank == 1 else operators.emit(ctx, "reshape", x, result_type=flat_type)
         result = emit_one(flat, 0)
-        return semantics.broadcast_to_shape(ctx, result, (1,) * rank) if keep_dims else result
+        return operators.broadcast_to_shape(ctx, result, (1,) * rank) if keep_dims else result
     if rank == 0:
         ctx.error(f"{what} along axis {axis} needs a tile, got the scalar {x.type}; use axis=None")
     axis = static_axis(ctx, axis, rank, f"{what}'s axis")
     result = emit_one(x, axis)
-    return semantics.emit(ctx, "expand_dims", result, axis=axis) if keep_dims else result
+    return operators.emit(ctx, "expand_dims", result, axis=axis) if keep_dims else result
 
 
 def _reduce_kind(ctx: Context, x: Tensor, axis: Any, keep_dims: Any, kind: str, what: str) -> Tensor:
     def emit_one(t: Tensor, a: int) -> Tensor:
-        return semantics.emit(ctx, "reduce", t, result_type=_reduced_type(t, a), axis=a, kind=kind)
+        return operators.emit(ctx, "reduce", t, result_type=_reduced_type(t, a), axis=a, kind=kind)
     return _reduce_along(ctx, x, axis, keep_dims, what, emit_one)
 
 
@@ -89,8 +89,8 @@ def sum(ctx: Context, x, axis=None, keep_dims=False, dtype=None) -> Tensor:
     if dtype is not None:
         dtype = static_dtype(ctx, dtype, "sum's dtype")
     accumulate = dtype or accumulation_dtype(x.dtype)
-    result = _reduce_kind(ctx, semantics.cast(ctx, x, accumulate), axis, keep_dims, "sum", "sum")
-    return semantics.cast(ctx, result, dtype or _sum_result_dtype(x.dtype))
+    result = _reduce_kind(ctx, operators.cast(ctx, x, accumulate), axis, keep_dims, "sum", "sum")
+    return operators.cast(ctx, result, dtype or _sum_result_dtype(x.dtype))
 
 
 @builtin
@@ -118,7 +118,7 @@ def _arg_reduce(ctx: Context, x: Any, axis: Any, keep_dims: Any, kind: str) -> T
     if not x.is_tile:
         ctx.error(f"{kind} needs a tile, got the scalar {x.type}")
     return _reduce_along(ctx, x, axis, keep_dims, kind,
-                         lambda t, a: semantics.emit(ctx, "arg_reduce", t, axis=a, kind=kind))
+                         lambda t, a: operators.emit(ctx, "arg_reduce", t, axis=a, kind=kind))
 
 
 @builtin
@@ -157,12 +157,12 @@ def combine_region(ctx: Context, combine_fn: Any, element: ScalarType, what: str
             result = combine_fn.impl(ctx, a, b)
         else:
             if ctx.call_function is None:
-                raise RuntimeError("custom reductions need the code generator's call_function")
+                raise RuntimeError("custom reductions need the tracer's call_function")
             result = ctx.call_function(combine_fn, [a, b])
-        if not semantics.is_number_operand(result) or semantics.shape_of_operand(result):
+        if not operators.is_number_operand(result) or operators.shape_of_operand(result):
             ctx.error(f"{what}'s combine function must return one scalar number, got {describe(result)}")
-        result = semantics.to_tensor(ctx, result, element.dtype)
-        semantics.emit(ctx, "yield", result)
+        result = operators.to_tensor(ctx, result, element.dtype)
+        operators.emit(ctx, "yield", result)
     return block
 
 
@@ -194,7 +194,7 @@ def _scan(ctx: Context, x: Any, axis: Any, reverse: Any, kind: str, what: str, c
     if not x.is_tile:
         ctx.error(f"{what} needs a tile, got the scalar {x.type}")
     if dtype is not None:
-        x = semantics.cast(ctx, x, dtype)
+        x = operators.cast(ctx, x, dtype)
     axis = static_axis(ctx, axis, len(x.shape), f"{what}'s axis")
     attrs = {"axis": axis, "kind": kind}
     if static_bool(ctx, reverse, f"{what}'s reverse"):
@@ -208,7 +208,7 @@ def _arithmetic_scan(ctx: Context, x: Any, axis: Any, reverse: Any, dtype: Any, 
     if dtype is not None:
         dtype = static_dtype(ctx, dtype, f"{what}'s dtype")
     result = _scan(ctx, x, axis, reverse, kind, what, dtype=dtype or accumulation_dtype(x.dtype))
-    return semantics.cast(ctx, result, dtype or _sum_result_dtype(x.dtype))
+    return operators.cast(ctx, result, dtype or _sum_result_dtype(x.dtype))
 
 
 @builtin

@@ -11,7 +11,7 @@ import math as pymath
 from typing import Any
 
 from ...ir.types import element_of, with_shape
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, require_constexpr, static_axis, static_int, static_shape
 from ..errors import TypeMismatchError
 from ..values import Context, Tensor, builtin
@@ -19,7 +19,7 @@ from ..values import Context, Tensor, builtin
 
 def _tile(ctx: Context, x: Any, what: str) -> Tensor:
     """`x` as a traced scalar or tile (numbers or pointers); views are errors."""
-    x = semantics.to_tensor(ctx, x) if not isinstance(x, Tensor) else x
+    x = operators.to_tensor(ctx, x) if not isinstance(x, Tensor) else x
     if x.is_view:
         ctx.error(f"{what} works on tiles, got the view {x.type}; load a block first: v.block(shape, index).load()",
                   TypeMismatchError)
@@ -57,8 +57,8 @@ def reshape(ctx: Context, x, shape) -> Tensor:
         return x
     result_type = with_shape(element_of(x.type), dims)
     if not x.shape:  # a scalar becomes a one-element tile
-        return semantics.emit(ctx, "splat", x, result_type=result_type)
-    return semantics.emit(ctx, "reshape", x, result_type=result_type)
+        return operators.emit(ctx, "splat", x, result_type=result_type)
+    return operators.emit(ctx, "reshape", x, result_type=result_type)
 
 
 @builtin
@@ -71,7 +71,7 @@ def permute(ctx: Context, x, dims) -> Tensor:
         ctx.error(f"permute's dims {order} must be a permutation of 0..{rank - 1} for {x.type}")
     if order == tuple(range(rank)):
         return x
-    return semantics.emit(ctx, "permute", x, order=order)
+    return operators.emit(ctx, "permute", x, order=order)
 
 
 @builtin
@@ -80,7 +80,7 @@ def trans(ctx: Context, x) -> Tensor:
     x = _tile(ctx, x, "trans")
     if len(x.shape) != 2:
         ctx.error(f"trans transposes 2-D tiles, got {x.type}; use tessera.permute(x, dims) for other ranks")
-    return semantics.emit(ctx, "permute", x, order=(1, 0))
+    return operators.emit(ctx, "permute", x, order=(1, 0))
 
 
 @builtin
@@ -97,7 +97,7 @@ def expand_dims(ctx: Context, x, axis) -> Tensor:
     if len(set(positions)) != len(positions):
         ctx.error(f"expand_dims's axes {axes} repeat a position")
     for position in positions:
-        x = semantics.emit(ctx, "expand_dims", x, axis=position)
+        x = operators.emit(ctx, "expand_dims", x, axis=position)
     return x
 
 
@@ -106,7 +106,7 @@ def broadcast_to(ctx: Context, x, shape) -> Tensor:
     """broadcast_to(x, shape): x stretched to `shape` by numpy's rules (scalars fill it; size-1 dims repeat)."""
     x = _tile(ctx, x, "broadcast_to")
     shape = static_shape(ctx, shape, "broadcast_to's shape")
-    if semantics.broadcast_shape(x.shape, shape) != shape:
+    if operators.broadcast_shape(x.shape, shape) != shape:
         ctx.error(f"cannot broadcast {describe(x)} to {shape}: each dimension must match or be 1, "
                   f"aligned at the right", TypeMismatchError)
-    return semantics.broadcast_to_shape(ctx, x, shape)
+    return operators.broadcast_to_shape(ctx, x, shape)

@@ -35,7 +35,7 @@ from ...ir import dtypes as dt
 from ...ir.core import Function
 from ...ir.target import TARGETS
 from ...ir.types import PointerType, SharedType, element_of
-from .. import semantics
+from .. import operators
 from ..constexpr_args import describe, static_dtype, static_int, static_shape
 from ..errors import TypeMismatchError
 from ..values import Context, Tensor, builtin
@@ -69,7 +69,7 @@ def shared(ctx: Context, shape, dtype) -> Tensor:
     if nbytes > LARGEST_SHARED_MEMORY:
         ctx.error(f"the shared buffer {shape} of {dtype.name} needs {nbytes} bytes, more than any GPU's "
                   f"{LARGEST_SHARED_MEMORY} bytes of shared memory per block; use smaller tiles or fewer slots")
-    return semantics.emit(ctx, "smem_alloc", result_type=SharedType(dtype, shape))
+    return operators.emit(ctx, "smem_alloc", result_type=SharedType(dtype, shape))
 
 
 def slot(ctx: Context, buf: Tensor, index: Any) -> Tensor:
@@ -86,7 +86,7 @@ def slot(ctx: Context, buf: Tensor, index: Any) -> Tensor:
         index = static_int(ctx, index, "the slot")
         if not 0 <= index < shape[0]:
             ctx.error(f"slot {index} of {buf.type}, which has {shape[0]} slots (0 to {shape[0] - 1})")
-    return semantics.emit(ctx, "smem_slot", buf, semantics.to_tensor(ctx, index))
+    return operators.emit(ctx, "smem_slot", buf, operators.to_tensor(ctx, index))
 
 
 def attribute(ctx: Context, buf: Tensor, name: str) -> Any:
@@ -101,12 +101,12 @@ def attribute(ctx: Context, buf: Tensor, name: str) -> Any:
     if name == "load":
         def load(layout=None) -> Tensor:
             """The buffer as a tile; `layout` pins its register layout."""
-            return pin_layout(ctx, semantics.emit(ctx, "smem_load", buf), layout, "load's layout")
+            return pin_layout(ctx, operators.emit(ctx, "smem_load", buf), layout, "load's layout")
         return load
     if name == "store":
         def store(value) -> None:
             """Write `value`, converted to the buffer's dtype and broadcast to its shape."""
-            semantics.emit(ctx, "smem_store", buf, _fit(ctx, value, t.dtype, t.shape, "the stored tile"))
+            operators.emit(ctx, "smem_store", buf, _fit(ctx, value, t.dtype, t.shape, "the stored tile"))
         return store
     ctx.error(f"{t} has no attribute {name!r}; shared buffers have: {', '.join(SHARED_ATTRIBUTES)}")
 
@@ -155,7 +155,7 @@ def mbarriers(ctx: Context, count) -> Tensor:
     if not isinstance(ctx.builder.block.parent, Function):
         ctx.error("tessera.mbarriers inside a loop or branch: mbarriers live for the whole program; allocate them "
                   "once at the top level of the kernel, before the loop")
-    return semantics.emit(ctx, "smem_mbarriers", result_type=SharedType(dt.i64, (count, 1)))
+    return operators.emit(ctx, "smem_mbarriers", result_type=SharedType(dt.i64, (count, 1)))
 
 
 def _mbarrier_attribute(ctx: Context, bar: Tensor, name: str) -> Any:
@@ -172,7 +172,7 @@ def _mbarrier_attribute(ctx: Context, bar: Tensor, name: str) -> Any:
                 and phase.dtype.is_int):
             ctx.error(f"an mbarrier's wait takes the phase's parity as an int or an integer scalar, got "
                       f"{describe(phase)}", TypeMismatchError)
-        semantics.emit(ctx, "smem_mbarrier_wait", bar, semantics.to_tensor(ctx, phase))
+        operators.emit(ctx, "smem_mbarrier_wait", bar, operators.to_tensor(ctx, phase))
     return wait
 
 
@@ -212,9 +212,9 @@ def async_copy(ctx: Context, dst, src, mask=None, barrier=None) -> None:
             ctx.error("async_copy from a view block takes no mask: lanes outside the view are zero-filled; "
                       "to mask lanes, copy from a tile of pointers")
         _same_block(ctx, t, src.dtype, src.shape, f"the view block {src.shape} of {src.dtype.name}")
-        semantics.emit(ctx, "smem_async_copy", dst, src.view, *src.offsets, *_barrier_operand(ctx, barrier))
+        operators.emit(ctx, "smem_async_copy", dst, src.view, *src.offsets, *_barrier_operand(ctx, barrier))
         return
-    if not (semantics.is_pointer(src) and src.is_tile):
+    if not (operators.is_pointer(src) and src.is_tile):
         hint = "; name a block of the view: v.block(shape, index)" if isinstance(src, Tensor) and src.is_view else ""
         ctx.error(f"async_copy copies from a view block (v.block(shape, index)) or a tile of pointers, got "
                   f"{describe(src)}{hint}", TypeMismatchError)
@@ -226,7 +226,7 @@ def async_copy(ctx: Context, dst, src, mask=None, barrier=None) -> None:
     _same_block(ctx, t, pointee.pointee, src.shape, f"the pointer tile {src.type}")
     operands = [dst, src] + ([_mask(ctx, mask, src.shape, "async_copy")] if mask is not None else []) \
         + _barrier_operand(ctx, barrier)
-    semantics.emit(ctx, "smem_async_copy", *operands)
+    operators.emit(ctx, "smem_async_copy", *operands)
 
 
 def _same_block(ctx: Context, t: SharedType, dtype, shape, what: str) -> None:
@@ -247,7 +247,7 @@ def async_commit(ctx: Context) -> None:
     Waits count groups, so commit once per stage of a pipeline, even when
     the stage copied nothing. Copies never committed are never waited for.
     """
-    semantics.emit(ctx, "smem_async_commit")
+    operators.emit(ctx, "smem_async_commit")
 
 
 @builtin
@@ -262,7 +262,7 @@ def async_wait(ctx: Context, pending=0) -> None:
     pending = static_int(ctx, pending, "async_wait's pending")
     if pending < 0:
         ctx.error(f"async_wait's pending counts groups still allowed in flight, so it is >= 0, got {pending}")
-    semantics.emit(ctx, "smem_async_wait", pending=pending)
+    operators.emit(ctx, "smem_async_wait", pending=pending)
 
 
 @builtin
@@ -273,4 +273,4 @@ def barrier(ctx: Context) -> None:
     visible to the others after it; place one between the last write of a
     slot and its reads, and between its last reads and the next write.
     """
-    semantics.emit(ctx, "smem_barrier")
+    operators.emit(ctx, "smem_barrier")

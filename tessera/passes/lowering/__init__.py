@@ -1,46 +1,45 @@
-"""Per-op lowering from tile IR to thread IR, one module per op family.
+"""Per-op lowering from tile IR to thread IR, one module per op family, and the context they share. It may
+import `tessera.ir` and the rest of `tessera.passes` (`passes/schedule/` only for type annotations).
 
 `LOWERINGS` maps an op name to `fn(ctx, op)`, which reads the op's lowered
 operands from the `Lowering` context (`context.py`), emits thread IR at
 the context's insertion point and binds the op's results. Ops that only
 touch scalars and have no regions need no entry: they are copied as they
-are (`copy_scalar_op`).
+are (`copy_scalar_op`). The scheduling transforms (software pipelining,
+TMA fills, warp specialization, explicit shared buffers) are
+`passes/schedule/`, which registers the lowerings of `for` and the smem_*
+ops here; this package imports it only for type annotations.
 
+    context.py        Lowering: tile values -> lowered forms, regions; its helpers:
+    emitter.py          the op-creating verbs (emit, const, hoist, splat, when, ...)
+    thread_index.py     index math from thread_id (hoisted)
+    thread_groups.py    who still runs, and what a barrier is
+    shared_exchange.py  values exchanged through shared memory, mbarriers
+    relayout.py         moving a tile to another register layout
+    values.py         Regs, ViewParts, RingOperand: what a lowered value is
+    layout_math.py    digits, register maps, strides of register layouts (pure)
+    vector_facts.py   what the alignment analysis proves about widths
     elementwise.py    constants, splat, arange, arithmetic/math/cmp/select/cast
     shape.py          broadcast, expand_dims, reshape, permute, convert_layout
     memory.py         pointer loads/stores/atomics, tensor views
     reductions.py     reduce, arg_reduce, scan
-    dot.py            dot (mma.sync tensor cores, else FMA through shared memory; wgmma: wgmma_dot.py)
-    control_flow.py   for, if, while and their terminators
-    async_pipeline.py a `for {stages}` whose dot operands are copied ahead with cp.async
-                      (which loads, in which slot layout: pipeline_plan.py)
-    warp_specialized.py a `for {stages, warp_specialize}`: a producer warpgroup fills the TMA ring
+    dot.py            dot (mma.sync / MFMA tensor cores, else FMA through shared memory; wgmma: wgmma_dot.py)
+    mma_operands.py, mfma_operands.py   tensor-core operand fragments (ldmatrix, LDS)
+    control_flow.py   if, while, plain for loops, and the terminators
     debug.py          print, breakpoint (dropped), assert
-    shared_buffers.py explicit shared buffers (tessera.shared): smem_alloc/slot/load/store, async copies
-    smem_mbarriers.py the language's mbarriers: copies with barrier= (TMA on sm_90), bars[s].wait(parity)
 """
 
 from __future__ import annotations
 
-from typing import Callable
-
 from tessera.ir.core import Operation
+from tessera.ir.op_table import OpTable
 from tessera.ir.types import TileType, ViewType
 
-from .context import Lowering, Regs
+from .context import Lowering
+from .values import Regs
 
-LOWERINGS: dict[str, Callable[[Lowering, Operation], None]] = {}
-
-
-def lowering(*names: str):
-    """Register the decorated function as the lowering of ops `names`."""
-    def register(fn):
-        for name in names:
-            if name in LOWERINGS:
-                raise RuntimeError(f"lowering for op {name!r} defined twice")
-            LOWERINGS[name] = fn
-        return fn
-    return register
+LOWERINGS = OpTable("tile -> thread lowering")
+lowering = LOWERINGS.register       # @lowering("add", "sub"): fn(ctx, op)
 
 
 def lower_op(ctx: Lowering, op: Operation) -> None:
@@ -69,6 +68,5 @@ def copy_scalar_op(ctx: Lowering, op: Operation) -> None:
 
 # Importing the families fills LOWERINGS.
 from . import control_flow, debug, dot, elementwise, memory, reductions, shape  # noqa: E402,F401
-from . import shared_buffers, smem_mbarriers  # noqa: E402,F401
 
 __all__ = ["LOWERINGS", "Lowering", "Regs", "lower_op", "lowering"]

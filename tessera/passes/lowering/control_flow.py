@@ -1,4 +1,4 @@
-"""Structured control flow: for, if, while, and the terminators.
+"""Structured control flow: if, while, plain for loops, and the terminators.
 
 The ops keep their structure; a carried or yielded tile becomes its
 registers (`regs<N x T>`) in the layout layout assignment gave the region
@@ -7,11 +7,8 @@ where they differ. Conditions and bounds are scalars, the same in every
 thread, so all threads take the same path and barriers inside regions are
 safe.
 
-A `for {stages = S}` whose dot operands can be copied ahead with cp.async
-becomes the software-pipelined loop of `async_pipeline.py`; otherwise the
-attribute is dropped and the loop lowers as any other. A `for {stages = S,
-warp_specialize = true}` becomes the producer / consumer warpgroups of
-`warp_specialized.py`.
+A `for` is scheduled by `passes/schedule/loops.py`: software-pipelined,
+warp-specialized, or, as here, a plain loop (`lower_plain_for`).
 """
 
 from __future__ import annotations
@@ -19,13 +16,11 @@ from __future__ import annotations
 from tessera.ir.types import TileType
 
 from . import lowering
-from .async_pipeline import lower_pipelined_for
-from .context import Regs
-from .pipeline_plan import pipeline_plan
-from .warp_specialized import end_consumer_branch, lower_warp_specialized_for
+from .values import Regs
 
 
-def _results(ctx, op, new_op) -> None:
+def define_results(ctx, op, new_op) -> None:
+    """Bind the results of tile-IR region op `op` to those of its thread-IR form `new_op`."""
     for old, new in zip(op.results, new_op.results):
         new.name_hint = old.name_hint
         if isinstance(old.type, TileType):
@@ -45,34 +40,18 @@ def _terminator(ctx, op):
 
 @lowering("return")
 def _return(ctx, op):
-    if ctx.consumer_threads is not None:
-        end_consumer_branch(ctx)
+    ctx.threads.end_kernel()
     ctx.create("return")
 
 
-@lowering("for")
-def _for(ctx, op):
-    stages = op.attrs.get("stages", 1)
-    if op.attrs.get("warp_specialize"):
-        lower_warp_specialized_for(ctx, op)
-        return
-    if stages > 1:
-        plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
-        where = f" at {op.loc}" if op.loc else ""
-        if plan is None:
-            ctx.notes.append(f"for{where}: stages = {stages}, but no load qualifies for cp.async pipelining on "
-                             f"{ctx.target.name}; lowered as a plain loop")
-        else:
-            if plan.stages < stages:
-                ctx.notes.append(f"for{where}: {plan.stages} of the {stages} stages fit in shared memory")
-            lower_pipelined_for(ctx, op, plan)
-            return
+def lower_plain_for(ctx, op) -> None:
+    """A `for` as the same loop over threads' registers (its `stages`, if any, dropped)."""
     operands = _terminator_values(ctx, op)
     (region,) = op.regions
     body = ctx.new_block(region)
     ctx.lower_block(region, body, ctx.region_args(region, body))
     new = ctx.create("for", operands, None, [ctx.thread_type(r) for r in op.results], [body])
-    _results(ctx, op, new)
+    define_results(ctx, op, new)
 
 
 @lowering("if")
@@ -84,7 +63,7 @@ def _if(ctx, op):
         ctx.lower_block(region, block, [])
         regions.append(block)
     new = ctx.create("if", [cond], None, [ctx.thread_type(r) for r in op.results], regions)
-    _results(ctx, op, new)
+    define_results(ctx, op, new)
 
 
 @lowering("while")
@@ -96,4 +75,4 @@ def _while(ctx, op):
         ctx.lower_block(region, block, ctx.region_args(region, block))
         blocks.append(block)
     new = ctx.create("while", operands, None, [ctx.thread_type(r) for r in op.results], blocks)
-    _results(ctx, op, new)
+    define_results(ctx, op, new)

@@ -16,7 +16,7 @@ bank-conflict free; what ldmatrix cannot read through the generic conversion;
 on AMD through LDS in the padded row- or column-major layout with the
 fewest modelled bank conflicts, read with plain vector loads
 (`mfma_operands.py`); the generic conversion is the fallback. In a
-software-pipelined loop (`async_pipeline.py`) an operand already sits in a
+software-pipelined loop (`schedule/software_pipeline.py`) an operand already sits in a
 swizzled ring slot that cp.async filled, and is read from there with the
 same ldmatrix plan. Each float instruction rounds to f32 (the SIMT simulator
 accumulates each fragment's products in f32, in k order), so results agree with the tile interpreter's
@@ -47,10 +47,10 @@ from tessera.ir.types import RegsType, ScalarType
 
 from ..mma import mma_plan
 from . import lowering
-from .async_pipeline import RingOperand
-from .context import Regs
 from .mfma_operands import lds_operand
-from .mma_operands import ldmatrix_operand
+from .mma_operands import ldmatrix_operand, read_fragment
+from .relayout import convert
+from .values import Regs, RingOperand
 from .wgmma_dot import wgmma_dot
 
 
@@ -63,13 +63,13 @@ def _dot(ctx, op):
     k, n = op.operands[0].type.shape[1], op.operands[1].type.shape[1]
     layout = ctx.assignment.layout(op.result)
     if acc.layout != layout:
-        acc = ctx.convert(acc, layout, op)
+        acc = convert(ctx, acc, layout, op)
     acc_dtype = acc.element.dtype
     tf32 = op.attrs.get("input_precision") == "tf32" and op.operands[0].type.element.dtype == dt.f32
-    a_buf, b_buf = ctx.to_shared(a), ctx.to_shared(b)
+    a_buf, b_buf = ctx.smem.to_shared(a), ctx.smem.to_shared(b)
     count = layout.local_size
-    a_rows = ctx.index_regs(layout, [k, 0])     # m * K: where row m of A starts
-    b_cols = ctx.index_regs(layout, [0, 1])     # n: column n of B
+    a_rows = ctx.index.regs(layout, [k, 0])     # m * K: where row m of A starts
+    b_cols = ctx.index.regs(layout, [0, 1])     # n: column n of B
     body = Block([ScalarType(dt.i32), acc.value.type], ["kk", "acc"])
     with ctx.b.at(body):
         kk, total = body.args
@@ -82,14 +82,14 @@ def _dot(ctx, op):
         x, y = ctx.cast(x, acc_dtype), ctx.cast(y, acc_dtype)
         ctx.create("yield", [ctx.emit("add", total, ctx.emit("mul", x, y))])
     loop = ctx.create("for", [ctx.const(0), ctx.const(k), ctx.const(1), acc.value], None, [acc.value.type], [body])
-    ctx.barrier()
+    ctx.threads.barrier()
     ctx.define(op.result, Regs(loop.result, layout), op)
 
 
 def _mma_dot(ctx, op, plan):
     inst = plan.instruction
     a, b = (_fragment(ctx, op, i, want, trans, inst) for i, want, trans in ((0, plan.a, False), (1, plan.b, True)))
-    acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
+    acc = convert(ctx, ctx.operand(op, 2), plan.c, op)
     a_regs, b_regs = ctx.unpack(a.value), ctx.unpack(b.value)
     c_regs = list(ctx.unpack(acc.value))
     na, nb, nc = inst.a.local_size, inst.b.local_size, inst.c.local_size    # registers per fragment
@@ -112,7 +112,8 @@ def _fragment(ctx, op, index, want, trans, inst):
     conversion (free renaming, or scalar shared-memory loads)."""
     lowered = ctx.lookup(op.operands[index])
     if isinstance(lowered, RingOperand):        # a software-pipelined load: its slot of the ring buffer
-        return lowered.read(ctx)
+        regs = read_fragment(ctx, lowered.slot(ctx), lowered.load.fragment, lowered.load.dtype)
+        return Regs(regs.value, lowered.load.want)
     if isinstance(lowered, Regs):
         if inst.op == "mfma":
             loaded = lds_operand(ctx, lowered, want)
@@ -120,7 +121,7 @@ def _fragment(ctx, op, index, want, trans, inst):
             loaded = ldmatrix_operand(ctx, lowered, want, trans)
         if loaded is not None:
             return loaded
-    return ctx.convert(ctx.operand(op, index), want, op)
+    return convert(ctx, ctx.operand(op, index), want, op)
 
 
 def _round_to_tf32(ctx, x):

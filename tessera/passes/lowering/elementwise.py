@@ -3,7 +3,7 @@
 A tile constant becomes a register array of that constant, a splat copies
 the scalar into every register, and `arange(start, end)` is the
 coordinate itself: thread part (from `thread_id`) plus a constant per
-register (see `context.index_regs`). Lane-wise ops (arithmetic, math,
+register (see `thread_index.ThreadIndex.regs`). Lane-wise ops (arithmetic, math,
 comparisons, select, casts, addptr) keep their names and apply register by
 register to operands that layout assignment gave one layout (converted
 first where it recorded a conversion).
@@ -13,9 +13,10 @@ from __future__ import annotations
 
 from tessera.ir.types import RegsType, TileType
 
-from ..layout_assignment import ELEMENTWISE
+from tessera.ir.ops import op_names
+
 from . import copy_scalar_op, lowering
-from .context import Regs
+from .values import Regs
 
 
 @lowering("constant")
@@ -39,10 +40,10 @@ def _splat(ctx, op):
 @lowering("arange")
 def _arange(ctx, op):
     layout = ctx.assignment.layout(op.result)
-    ctx.define(op.result, Regs(ctx.index_regs(layout, [1], bias=op.attrs["start"]), layout), op)
+    ctx.define(op.result, Regs(ctx.index.regs(layout, [1], bias=op.attrs["start"]), layout), op)
 
 
-@lowering(*sorted(ELEMENTWISE))
+@lowering(*op_names(elementwise=True))
 def _elementwise(ctx, op):
     result = op.results[0]
     if not isinstance(result.type, TileType):

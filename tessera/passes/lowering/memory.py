@@ -29,7 +29,7 @@ from tessera.ir.core import Block
 from tessera.ir.types import RegsType, ScalarType, TileType
 
 from . import copy_scalar_op, lowering
-from .context import Regs, ViewParts
+from .values import Regs, ViewParts
 
 
 def _vector(ctx, op, layout) -> dict | None:
@@ -40,7 +40,7 @@ def _vector(ctx, op, layout) -> dict | None:
 
 def _and_owner(ctx, layout, mask):
     """`mask` (registers or None) restricted to replica 0 of each element."""
-    owner = ctx.owner_predicate(layout)
+    owner = ctx.index.owner_predicate(layout)
     if owner is None:
         return mask
     owner = ctx.splat(owner, layout.local_size)
@@ -48,7 +48,7 @@ def _and_owner(ctx, layout, mask):
 
 
 def _and_first_thread(ctx, mask):
-    first = ctx.first_thread()
+    first = ctx.index.first_thread()
     return first if mask is None else ctx.emit("and", mask, first)
 
 
@@ -84,7 +84,7 @@ def _atomic_rmw(ctx, op):
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
         mask = _and_first_thread(ctx, mask[0] if mask else None)
         old = ctx.create("atomic_rmw", [ptr, value, mask], attrs, [op.result.type]).result
-        ctx.define(op.result, ctx.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
+        ctx.define(op.result, ctx.smem.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
         return
     ptr, value, *mask = ctx.operands(op)
     layout = ctx.assignment.layout(op.result)
@@ -92,7 +92,7 @@ def _atomic_rmw(ctx, op):
     operands = [ptr.value, value.value] + ([mask] if mask is not None else [])
     t = RegsType(op.result.type.element, layout.local_size)
     old = Regs(ctx.create("atomic_rmw", operands, attrs, [t]).result, layout)
-    ctx.define(op.result, ctx.broadcast_from_owners(old) if op.result in ctx.used else old, op)
+    ctx.define(op.result, ctx.smem.broadcast_from_owners(old) if op.result in ctx.used else old, op)
 
 
 @lowering("atomic_cas")
@@ -102,7 +102,7 @@ def _atomic_cas(ctx, op):
     lowered = ctx.operands(op)
     operands = [ctx.thread_value(x) for x in lowered]
     layout = ctx.assignment.layout(op.result) if tile else None
-    pred = ctx.owner_predicate(layout) if tile else ctx.first_thread()
+    pred = ctx.index.owner_predicate(layout) if tile else ctx.index.first_thread()
     t = RegsType(op.result.type.element, layout.local_size) if tile else op.result.type
     if pred is None:
         old = ctx.create("atomic_cas", operands, None, [t]).result
@@ -117,10 +117,10 @@ def _atomic_cas(ctx, op):
             ctx.create("yield", [zero])
         old = ctx.create("if", [pred], None, [t], [then_block, else_block]).result
     if not tile:
-        ctx.define(op.result, ctx.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
+        ctx.define(op.result, ctx.smem.broadcast_scalar_from_first(old) if op.result in ctx.used else old, op)
         return
     regs = Regs(old, layout)
-    ctx.define(op.result, ctx.broadcast_from_owners(regs) if op.result in ctx.used else regs, op)
+    ctx.define(op.result, ctx.smem.broadcast_from_owners(regs) if op.result in ctx.used else regs, op)
 
 
 # -- tensor views ------------------------------------------------------------------
@@ -145,7 +145,7 @@ def view_lanes(ctx, op, layout, view: ViewParts, starts, steps=None):
         wide = any(v.type.dtype.bits > 32 for v in (start, size))
         idx_dtype = dt.i64 if wide else dt.i32
         weights = [steps[d] if e == d else 0 for e in range(rank)]
-        index = ctx.index_regs(layout, weights, offset=start, dtype=idx_dtype)
+        index = ctx.index.regs(layout, weights, offset=start, dtype=idx_dtype)
         zero = ctx.const_regs([0] * count, idx_dtype)
         above = ctx.emit("cmp", index, zero, attrs={"pred": "ge"})
         below = ctx.emit("cmp", index, ctx.splat(ctx.cast(size, idx_dtype), count), attrs={"pred": "lt"})

@@ -32,7 +32,8 @@ from tessera.ir.layouts import RegisterLayout
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
 from tessera.ir.types import PointerType
 
-from .context import Regs, layout_digits, register_map, row_major_strides, shared_vector_width
+from .layout_math import layout_digits, register_map, row_major_strides, shared_vector_width
+from .values import Regs
 
 PADS = (0, 1, 2, 4, 8)                      # elements added to the contiguous dim
 ORDERS = ((0, 1), (1, 0))                   # storage dims, major first: row-major, column-major
@@ -70,13 +71,13 @@ def lds_operand(ctx, regs: Regs, want: RegisterLayout) -> Regs | None:
     plan = plan_lds(layout, want, dtype.bits, ctx.target.shared_memory_banks, ctx.target.max_vector_bits,
                     ctx.warp_size)
     smem = plan.storage(layout.shape)
-    buf = ctx.shared_alloc(dtype, smem.cosize)
-    owner = ctx.owner_predicate(layout)
+    buf = ctx.smem.alloc(dtype, smem.cosize)
+    owner = ctx.index.owner_predicate(layout)
     mask = ctx.splat(owner, regs.count) if owner is not None else None
-    ctx.shared_access("store", buf, layout.permute(plan.order), smem.strides, regs.value, mask)
-    ctx.barrier()
-    loaded = ctx.shared_access("load", buf, want.permute(plan.order), smem.strides)
-    ctx.barrier()
+    ctx.smem.access("store", buf, layout.permute(plan.order), smem.strides, regs.value, mask)
+    ctx.threads.barrier()
+    loaded = ctx.smem.access("load", buf, want.permute(plan.order), smem.strides)
+    ctx.threads.barrier()
     return Regs(loaded, want)
 
 

@@ -39,7 +39,8 @@ from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, row_maj
 from tessera.ir.types import PointerType, ScalarType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
-from .context import Regs, register_map, row_major_strides
+from .layout_math import register_map, row_major_strides
+from .values import Regs
 
 LDMATRIX_DTYPES = LDMATRIX_ELEMENTS        # 16-bit ones plain or .trans; 8-bit and tf32 (f32) ones plain only
 
@@ -55,7 +56,7 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
         return None
     buf = _store_swizzled(ctx, regs, plan.smem)
     loaded = read_fragment(ctx, buf, plan, regs.element.dtype)
-    ctx.barrier()
+    ctx.threads.barrier()
     return loaded
 
 
@@ -204,7 +205,7 @@ def _thread_offset(ctx, weights: list[int]):
         end = b + 1
         while end < len(weights) and weights[end] == 2 * weights[end - 1]:
             end += 1
-        term = ctx.hoisted_affine(ctx.thread_digit(1 << b, 1 << (end - b)), weights[b])
+        term = ctx.index.affine(ctx.index.digit(1 << b, 1 << (end - b)), weights[b])
         total = term if total is None else ctx.hoist("add", [total, term])
         b = end
     return total
@@ -241,8 +242,8 @@ def wgmma_tile_offsets(ctx, tile: WgmmaTileLayout, layout: RegisterLayout, row_w
     whose tile row is `sum_d row_weights[d] * coord_d` and column `sum_d col_weights[d] * coord_d`: the
     column block, then row-major (rows x atom) inside it, swizzled in 16-byte chunks."""
     atom = tile.atom
-    index = ctx.index_regs(layout, [w * atom for w in row_weights])
-    col = ctx.index_regs(layout, col_weights)
+    index = ctx.index.regs(layout, [w * atom for w in row_weights])
+    col = ctx.index.regs(layout, col_weights)
     if tile.cols > atom:
         count = layout.local_size
         c = lambda v: ctx.const_regs([v] * count, dt.i32)       # noqa: E731
@@ -256,14 +257,14 @@ def _store_swizzled(ctx, regs: Regs, smem: SmemLayout):
     """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
     then a barrier; the buffer."""
     layout, dtype = regs.layout, regs.element.dtype
-    buf = ctx.shared_alloc(dtype, smem.cosize)
+    buf = ctx.smem.alloc(dtype, smem.cosize)
     count = regs.count
-    index = swizzle_offsets(ctx, ctx.index_regs(layout, row_major_strides(layout.shape)), smem.swizzle)
+    index = swizzle_offsets(ctx, ctx.index.regs(layout, row_major_strides(layout.shape)), smem.swizzle)
     ptrs = ctx.emit("addptr", ctx.splat(buf, count), index)
-    owner = ctx.owner_predicate(layout)
+    owner = ctx.index.owner_predicate(layout)
     mask = [ctx.splat(owner, count)] if owner is not None else []
-    k = min(ctx.shared_vector(layout, row_major_strides(layout.shape), dtype), 16 // (dtype.bits // 8))
+    k = min(ctx.smem.vector_width(layout, row_major_strides(layout.shape), dtype), 16 // (dtype.bits // 8))
     ctx.create("store", [ptrs, regs.value, *mask], {"vector": k} if k > 1 else None)
-    ctx.barrier()
+    ctx.threads.barrier()
     return buf
 

@@ -48,15 +48,14 @@ from typing import Callable, Sequence
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout
-from tessera.ir.ops import BINARY_ARITH, MATH_FUNCTIONS
+from tessera.ir.ops import is_lanewise_region
 from tessera.ir.types import RegsType, ScalarType, TileType
 
 from . import lowering
-from .context import Digit, Regs, layout_digits, row_major_strides, shared_dtype
+from .layout_math import Digit, layout_digits, row_major_strides, shared_dtype
+from .values import Regs
 
 BUILTIN_COMBINES = {"sum": "add", "prod": "mul", "max": "max", "min": "min", "and": "and", "or": "or", "xor": "xor"}
-_LANEWISE = frozenset(["constant", "select", "cast", "bitcast", "cmp", "neg", "abs", "not", "yield",
-                       *BINARY_ARITH, "and", "or", "xor", "shl", "shr", *MATH_FUNCTIONS])
 
 Items = tuple  # the values one register carries through a reduction: (value,) or (value, index)
 Combine = Callable[[Items, Items], Items]
@@ -98,9 +97,7 @@ def arg_combine(ctx, kind: str, dtype: dt.DType) -> Combine:
 def clone_combine(ctx, region: Block, a: Value, b: Value) -> Value:
     """The combine region applied to `a` and `b` (scalars, or registers lane by lane)."""
     count = a.type.count if isinstance(a.type, RegsType) else None
-    lanewise = all(op.name in _LANEWISE and all(isinstance(r.type, ScalarType) for r in op.results)
-                   for top in region.ops for op in top.walk())
-    if count is not None and not lanewise:
+    if count is not None and not is_lanewise_region(region):
         parts = [clone_combine(ctx, region, x, y) for x, y in zip(ctx.unpack(a), ctx.unpack(b))]
         return ctx.pack(parts)
     mapping = {region.args[0]: a, region.args[1]: b}
@@ -197,7 +194,7 @@ def _fold_lanes(ctx, live: dict, d: Digit, combine: Combine, ordered: bool) -> d
         lane = ctx.const(distance)
         upper = None
         if ordered:   # this thread holds the higher coordinate of the pair
-            upper = ctx.hoist("cmp", [ctx.hoist("and", [ctx.thread_id, lane]), ctx.const(0)], {"pred": "ne"})
+            upper = ctx.hoist("cmp", [ctx.hoist("and", [ctx.index.thread_id, lane]), ctx.const(0)], {"pred": "ne"})
         out = {}
         for i, mine in live.items():
             other = tuple(ctx.emit("shuffle", x, lane, attrs={"mode": "bfly"}) for x in mine)
@@ -217,27 +214,27 @@ def _fold_through_shared(ctx, live: dict, d: Digit, combine: Combine) -> dict:
     n = len(keys)
     width = len(live[keys[0]])
     threads = ctx.num_threads
-    row_of_thread = ctx.hoisted_affine(ctx.thread_id, n)
+    row_of_thread = ctx.index.affine(ctx.index.thread_id, n)
     buffers = []
     for c in range(width):
         dtype = live[keys[0]][c].type.dtype
         sdtype = shared_dtype(dtype)
-        buf = ctx.shared_alloc(sdtype, threads * n)
+        buf = ctx.smem.alloc(sdtype, threads * n)
         registers = ctx.cast(ctx.pack([live[i][c] for i in keys]), sdtype)
         ctx.create("store", [_row_pointers(ctx, buf, row_of_thread, n), registers], _row_vector(ctx, n, sdtype))
         buffers.append((buf, dtype, sdtype))
-    ctx.barrier()
-    mine = ctx.thread_digit(d.stride, d.size)
-    first = ctx.hoist("sub", [ctx.thread_id, ctx.hoisted_affine(mine, d.stride)])
+    ctx.threads.barrier()
+    mine = ctx.index.digit(d.stride, d.size)
+    first = ctx.hoist("sub", [ctx.index.thread_id, ctx.index.affine(mine, d.stride)])
     partials = []           # partials[j][r]: register r of the thread with digit j
     for j in range(d.size):
-        row = ctx.hoisted_affine(ctx.hoisted_affine(first, 1, j * d.stride), n)
+        row = ctx.index.affine(ctx.index.affine(first, 1, j * d.stride), n)
         columns = []
         for buf, dtype, sdtype in buffers:
             loaded = ctx.emit("load", _row_pointers(ctx, buf, row, n), attrs=_row_vector(ctx, n, sdtype))
             columns.append(ctx.unpack(ctx.cast(loaded, dtype)))
         partials.append([tuple(col[r] for col in columns) for r in range(n)])
-    ctx.barrier()
+    ctx.threads.barrier()
     return {key: tree([partials[j][r] for j in range(d.size)], combine) for r, key in enumerate(keys)}
 
 
@@ -282,7 +279,7 @@ def _arg_reduce(ctx, op):
 
     def items(src: Regs) -> list[Items]:
         rank = src.layout.rank
-        index = ctx.index_regs(src.layout, [1 if d == axis else 0 for d in range(rank)])
+        index = ctx.index.regs(src.layout, [1 if d == axis else 0 for d in range(rank)])
         return list(zip(ctx.unpack(src.value), ctx.unpack(index)))
     _reduce_common(ctx, op, items, arg_combine(ctx, op.attrs["kind"], dtype), True, 1)
 
@@ -303,10 +300,10 @@ def _scan(ctx, op):
     dtype = src.element.dtype
     count = layout.local_size
     strides = row_major_strides(shape)
-    buf = ctx.to_shared(src)
+    buf = ctx.smem.to_shared(src)
     row_weights = [0 if d == axis else s for d, s in enumerate(strides)]
-    row_start = ctx.index_regs(layout, row_weights)
-    coord = ctx.index_regs(layout, [1 if d == axis else 0 for d in range(len(shape))])
+    row_start = ctx.index.regs(layout, row_weights)
+    coord = ctx.index.regs(layout, [1 if d == axis else 0 for d in range(len(shape))])
 
     def element(k: Value | int) -> Value:
         step = ctx.const(k * strides[axis]) if isinstance(k, int) else ctx.emit("mul", k, ctx.const(strides[axis]))
@@ -330,5 +327,5 @@ def _scan(ctx, op):
         keep = ctx.emit("cmp", ctx.splat(k, count), coord, attrs={"pred": "ge" if reverse else "le"})
         ctx.create("yield", [ctx.emit("select", keep, folded, acc)])
     loop = ctx.create("for", [ctx.const(1), ctx.const(n), ctx.const(1), first], None, [t], [body])
-    ctx.barrier()
+    ctx.threads.barrier()
     ctx.define(op.result, Regs(loop.result, layout), op)

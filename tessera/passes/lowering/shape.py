@@ -11,7 +11,7 @@ already holds what it needs and this is a renaming of registers; otherwise
 the tile goes through shared memory.
 
 convert_layout is the same move with the identity map, to the layout it
-pins (`Lowering.materialize`: tiles of pointers are rebuilt there instead).
+pins (`relayout.materialize`: tiles of pointers are rebuilt there instead).
 """
 
 from __future__ import annotations
@@ -19,7 +19,8 @@ from __future__ import annotations
 from tessera.ir.types import PointerType, TileType
 
 from . import lowering
-from .context import row_major_strides
+from .layout_math import row_major_strides
+from .relayout import materialize, relayout
 
 
 def source_weights(op) -> list[int]:
@@ -44,11 +45,11 @@ def _shape_op(ctx, op):
         return
     layout = ctx.assignment.layout(op.result)
     if isinstance(op.result.type.element, PointerType):
-        ctx.define(op.result, ctx.materialize(op.result, layout), op)
+        ctx.define(op.result, materialize(ctx, op.result, layout), op)
         return
-    ctx.define(op.result, ctx.relayout(ctx.operand(op, 0), layout, source_weights(op), op), op)
+    ctx.define(op.result, relayout(ctx, ctx.operand(op, 0), layout, source_weights(op), op), op)
 
 
 @lowering("convert_layout")
 def _convert_layout(ctx, op):
-    ctx.define(op.result, ctx.materialize(op.operands[0], ctx.assignment.layout(op.result)), op)
+    ctx.define(op.result, materialize(ctx, op.operands[0], ctx.assignment.layout(op.result)), op)

@@ -14,7 +14,7 @@ Each operand is a tile in shared memory laid out as a `WgmmaTileLayout`
   swizzled by the widest of 128/64/32 bytes that divides a row's K bytes,
   the buffer aligned to its swizzle pattern (1024 bytes for 128B); then
   fence_proxy_async and a barrier;
-* a software-pipelined load: its cp.async ring slot (`async_pipeline.RingOperand`),
+* a software-pipelined load: its cp.async ring slot (`values.RingOperand`),
   K-major, or MN-major with the wgmma's trans_a / trans_b set; no store, and
   the loop already fenced and published the slot.
 
@@ -34,7 +34,7 @@ result at once, so F = 0; waiting for more groups than the plan's prefetch
 distance assumed is always safe): then the accumulator stays in the
 wgmma registers, F = 1 and there is no barrier: the group is still in flight
 when the loop yields the result, and the next iteration's wgmmas chain onto
-it (`async_pipeline` says why the rings are safe). The barrier after a
+it (`schedule/software_pipeline.py` says why the rings are safe). The barrier after a
 stored tile's wgmmas lets its buffer be written again. Each wgmma rounds to
 f32 per K slice in the simulator, so results agree with the tile
 interpreter like the mma.sync path's do (to about K ulps of f32).
@@ -48,25 +48,26 @@ from tessera.ir.core import Value
 from tessera.ir.types import RegsType
 from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
 
-from .async_pipeline import RingOperand
-from .context import Regs, row_major_strides
+from .layout_math import row_major_strides
 from .mma_operands import wgmma_tile_offsets
+from .relayout import convert
+from .values import Regs, RingOperand
 
 
 def store_k_major(ctx, regs: Regs, tile: WgmmaTileLayout, transpose: bool):
     """Store a 2-D tile (its transpose when `transpose`) into a fresh buffer laid out as the K-major `tile`, by
     the owners of its elements; no barrier. The buffer."""
     layout, dtype = regs.layout, regs.element.dtype
-    buf = ctx.shared_alloc(dtype, tile.nbytes // tile.element_bytes, align=tile.alignment)
+    buf = ctx.smem.alloc(dtype, tile.nbytes // tile.element_bytes, align=tile.alignment)
     rows_w, cols_w = ((0, 1), (1, 0)) if transpose else ((1, 0), (0, 1))
     index = wgmma_tile_offsets(ctx, tile, layout, rows_w, cols_w)
     ptrs = ctx.emit("addptr", ctx.splat(buf, regs.count), index)
-    owner = ctx.owner_predicate(layout)
+    owner = ctx.index.owner_predicate(layout)
     mask = [ctx.splat(owner, regs.count)] if owner is not None else []
     # registers contiguous along K stay in one 16-byte chunk, which every K-major form keeps whole
     shape = layout.shape
     weights = (1, shape[0]) if transpose else row_major_strides(shape)
-    k = min(ctx.shared_vector(layout, weights, dtype), 16 // tile.element_bytes)
+    k = min(ctx.smem.vector_width(layout, weights, dtype), 16 // tile.element_bytes)
     ctx.create("store", [ptrs, regs.value, *mask], {"vector": k} if k > 1 else None)
     return buf
 
@@ -111,17 +112,17 @@ def wgmma_dot(ctx, op, plan):
             operands.append(SharedOperand(store_k_major(ctx, x, tiles[i], i == 1), tiles[i]))
     if len(rings) < 2:
         ctx.create("fence_proxy_async")
-        ctx.barrier()
+        ctx.threads.barrier()
     in_flight = min((r.in_flight for r in rings), default=0) if len(rings) == 2 else 0
     if in_flight and ctx.assignment.layout(op.operands[2]) != plan.c:
         in_flight = 0       # the carried accumulator is converted around the dot, which reads the result at once
     a, b = operands
-    acc = ctx.convert(ctx.operand(op, 2), plan.c, op)
+    acc = convert(ctx, ctx.operand(op, 2), plan.c, op)
     ctx.create("wgmma_fence")
     nc = inst.c.local_size
     fragment = RegsType(acc.element, nc)
     attrs = dict(inst.attrs) | ({"trans_a": True} if a.mn_major else {}) | ({"trans_b": True} if b.mn_major else {})
-    group = ctx.thread_digit(inst.lanes, plan.wm) if plan.wm > 1 else None     # this warpgroup's slab block
+    group = ctx.index.digit(inst.lanes, plan.wm) if plan.wm > 1 else None     # this warpgroup's slab block
     single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
     c_regs = None if single else list(ctx.unpack(acc.value))
     results = []                    # (first register, fragment): read only after the wait
@@ -142,6 +143,6 @@ def wgmma_dot(ctx, op, plan):
             c_regs[c0:c0 + nc] = ctx.unpack(d)
         result = ctx.pack(c_regs)
     if len(rings) < 2:
-        ctx.barrier()               # before the dot's own buffers are written again
+        ctx.threads.barrier()               # before the dot's own buffers are written again
     ctx.define(op.result, Regs(result, plan.c), op)
 

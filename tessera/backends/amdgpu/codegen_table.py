@@ -1,0 +1,41 @@
+"""The AMDGPU codegen table: the LLVM core's common ops plus AMD's own.
+
+Every target-neutral op comes from `tessera.backends.llvm.codegen_table.COMMON`
+(with `AmdgpuDialect` supplying ids, barrier, shuffles, LDS and math).
+NVIDIA's warp-level ops (mma, ldmatrix, cp.async) have no entry:
+`AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
+sees anything.
+
+`mfma` (the matrix cores, `v_mfma_f32_<m>x<n>x<k>_{f16,bf16}`) is
+lowered here: register i of the thread op's A, B and C operands is element
+i of the intrinsic's vectors (the fragment layouts in
+`tessera.ir.mfma_layouts` are written in the instruction's own register
+order), bf16 fragments travel as <4 x i16>, and the broadcast controls
+(cbsz, abid, blgp) are 0.
+"""
+
+from __future__ import annotations
+
+from llvmlite import ir
+
+from tessera.ir import dtypes as dt
+from tessera.ir.op_table import OpTable
+from tessera.ir.types import scalar_dtype
+
+from ..llvm.codegen import COMMON_CODEGEN
+from ..llvm.types import I16, I32
+
+CODEGEN = OpTable("AMDGPU codegen", base=COMMON_CODEGEN)
+codegen_for = CODEGEN.register
+
+_SOURCE_SUFFIX = {dt.f16: "f16", dt.bf16: "bf16.1k"}   # the .1k forms are the bf16 ones gfx90a+ have
+
+
+@codegen_for("mfma")
+def _mfma(lw, op, a, b, c):
+    dtype = scalar_dtype(op.operands[0].type)
+    name = f"llvm.amdgcn.mfma.f32.{op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']}{_SOURCE_SUFFIX[dtype]}"
+    if dtype == dt.bf16:
+        a, b = (lw.builder.bitcast(x, ir.VectorType(I16, 4)) for x in (a, b))
+    no_broadcast = ir.Constant(I32, 0)
+    return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])

@@ -1,0 +1,155 @@
+"""LLVM IR text -> assembly (PTX, AMDGCN) and, on request, an object file: parse,
+link a bitcode library, verify, optimize at O3, emit. Target-neutral: the
+triple, CPU and features say what to emit.
+
+This file imports nothing but llvmlite and the standard library, so it also
+runs on its own as a child process, where an LLVM abort cannot take the
+caller down (`run.py`, `compile_thread_ir(..., isolate=True)`):
+
+    python -P optimize.py  < request.json  > reply.json
+
+The request holds `compile_llvm`'s keyword arguments; the reply is
+`{"ok": true, "assembly": ..., "optimized_ir": ..., "object": base64 or null}`
+or `{"ok": false, "error": ...}`.
+
+Details that matter:
+* the module's data layout comes from the target machine (llvmlite prints
+  an empty one);
+* O3 is the new pass manager's default pipeline (`create_pass_builder`),
+  which for NVPTX includes NVVMReflect, so libdevice's `__nvvm_reflect`
+  checks fold (no flush-to-zero: the module sets no `nvvm-reflect-ftz`);
+* a bitcode library (CUDA's libdevice) is large (~500 functions, ~70 ms to
+  parse): the first time a function is needed, the parsed library is cut
+  down to the requested functions and what they call, and that bitcode is
+  cached for the process. The cut-down functions are `linkonce_odr`, so two
+  cached pieces that both hold a helper link without clashing; after
+  linking, everything but the kernel becomes internal and O3 drops what is
+  unused;
+* `emit_object` also returns the relocatable object (`emit_object`, ET_REL
+  for AMDGPU, which `ld.lld` links into a code object).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import sys
+import threading
+from pathlib import Path
+
+import llvmlite.binding as llvm
+
+
+class LLVMError(RuntimeError):
+    """LLVM rejected the module (parse or verification error, missing library function)."""
+
+
+_LOCK = threading.Lock()  # one LLVM context for the process: compile one module at a time
+_INITIALIZED = False
+_TARGET_MACHINES: dict[tuple, llvm.TargetMachine] = {}
+_LIBRARY_PIECES: dict[tuple[str, str], bytes] = {}  # (library path, function) -> bitcode holding it
+
+
+def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: str, opt_level: int = 3,
+                 bitcode_library: str | None = None, library_functions: list[str] = (),
+                 emit_object: bool = False) -> dict:
+    """Assembly, optimized IR and (with `emit_object`) the object bytes of module `llvm_ir`; raises LLVMError."""
+    with _LOCK:
+        tm = _target_machine(triple, cpu, features, opt_level)
+        try:
+            module = llvm.parse_assembly(llvm_ir)
+        except RuntimeError as e:
+            raise LLVMError(f"LLVM could not parse the module: {e}") from None
+        module.triple = triple
+        module.data_layout = str(tm.target_data)
+        if library_functions:
+            _link_library(module, kernel, bitcode_library, list(library_functions), tm)
+        try:
+            module.verify()
+        except RuntimeError as e:
+            raise LLVMError(f"LLVM's verifier rejected the module: {e}") from None
+        pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=opt_level))
+        pass_builder.getModulePassManager().run(module, pass_builder)
+        optimized_ir = str(module)
+        # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
+        # intrinsics it cannot select a second time), so each emission gets its own copy.
+        assembly = tm.emit_assembly(module.clone() if emit_object else module)
+        return {"assembly": assembly, "optimized_ir": optimized_ir,
+                "object": tm.emit_object(module) if emit_object else None}
+
+
+def _target_machine(triple: str, cpu: str, features: str, opt_level: int) -> llvm.TargetMachine:
+    global _INITIALIZED
+    if not _INITIALIZED:
+        llvm.initialize_all_targets()
+        llvm.initialize_all_asmprinters()
+        _INITIALIZED = True
+    key = (triple, cpu, features, opt_level)
+    if key not in _TARGET_MACHINES:
+        target = llvm.Target.from_triple(triple)
+        _TARGET_MACHINES[key] = target.create_target_machine(cpu=cpu, features=features, opt=opt_level)
+    return _TARGET_MACHINES[key]
+
+
+# -- bitcode libraries (libdevice) ---------------------------------------------------
+
+
+def _link_library(module, kernel: str, path: str | None, names: list[str], tm) -> None:
+    if path is None:
+        raise LLVMError(f"the module calls {', '.join(names)} but no bitcode library was given")
+    missing = [n for n in names if (path, n) not in _LIBRARY_PIECES]
+    if missing:
+        piece = _cut_library(path, missing, module.triple, module.data_layout, tm)
+        for name in missing:
+            _LIBRARY_PIECES[(path, name)] = piece
+    pieces = {id(p): p for p in (_LIBRARY_PIECES[(path, n)] for n in names)}
+    for piece in pieces.values():
+        module.link_in(llvm.parse_bitcode(piece))
+    for fn in module.functions:
+        if not fn.is_declaration and fn.name != kernel:
+            fn.linkage = "internal"
+
+
+def _cut_library(path: str, names: list[str], triple: str, data_layout: str, tm) -> bytes:
+    """Bitcode of the library at `path` reduced to `names` (kept external) and what they use."""
+    try:
+        lib = llvm.parse_bitcode(Path(path).read_bytes())
+    except (OSError, RuntimeError) as e:
+        raise LLVMError(f"cannot read the bitcode library {path}: {e}") from None
+    lib.triple, lib.data_layout = triple, data_layout
+    defined = {fn.name for fn in lib.functions if not fn.is_declaration}
+    absent = [n for n in names if n not in defined]
+    if absent:
+        raise LLVMError(f"the bitcode library {path} has no function {', '.join(absent)}")
+    for fn in lib.functions:
+        if not fn.is_declaration:
+            fn.linkage = "external" if fn.name in names else "internal"
+    for var in lib.global_variables:
+        if not var.is_declaration:
+            var.linkage = "internal"
+    pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=0))
+    passes = llvm.create_new_module_pass_manager()
+    passes.add_global_dead_code_eliminate_pass()
+    passes.run(lib, pass_builder)
+    for fn in lib.functions:
+        if fn.name in names:
+            fn.linkage = "linkonce_odr"
+    return lib.as_bitcode()
+
+
+# -- child process ---------------------------------------------------------------------
+
+
+def _worker_main() -> None:
+    request = json.load(sys.stdin)
+    try:
+        reply = {"ok": True, **compile_llvm(**request)}
+        if reply["object"] is not None:
+            reply["object"] = base64.b64encode(reply["object"]).decode("ascii")
+    except LLVMError as e:
+        reply = {"ok": False, "error": str(e)}
+    json.dump(reply, sys.stdout)
+
+
+if __name__ == "__main__":
+    _worker_main()

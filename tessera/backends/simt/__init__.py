@@ -1,0 +1,28 @@
+"""The SIMT simulator: run thread IR on the CPU, every thread of a block in lockstep (numpy arrays over
+threads). It may import `tessera.ir` and the tile interpreter (`tessera.backends.interp`), whose values,
+errors and lane-wise semantics it shares.
+
+    from tessera.backends.simt import run_threads
+    run_threads(thread_fn, [x, y, out, n], grid=(4,))     # numpy arrays written in place, as run_function does
+
+It proves that layouts, lowering, swizzles and pipelining compute what the
+tile interpreter computes: shuffles, mma/mfma/wgmma fragments, shared memory,
+cp.async, mbarriers and TMA are emulated exactly, and races, missing waits
+and deadlocks are `InterpreterError`s. Files:
+
+    simulator.py     run_threads: blocks, the walk over regions, the active mask
+    thread_checks.py verify_thread_ir: what the simulator (and a backend) can run
+    ops.py           the SIMT semantics table, thread ids, registers, shuffles, mma/mfma, barriers, cp.async
+    control_flow.py  for / if / while under a mask of active threads
+    paths.py         cooperative scheduling of divergent paths that wait for each other (warp specialization)
+    memory.py        loads, stores and atomics, checked for bounds, races and vector alignment
+    shared.py        shared memory and its race detection
+    mbarrier.py      mbarriers and TMA box copies
+    wgmma.py         warpgroup MMA reading shared memory through descriptors
+    warp_specialization.py  setmaxnreg, elect_sync, named_barrier
+"""
+
+from .simulator import run_threads
+from .thread_checks import verify_thread_ir
+
+__all__ = ["run_threads", "verify_thread_ir"]

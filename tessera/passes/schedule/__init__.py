@@ -1,0 +1,16 @@
+"""Scheduling transforms: how loops and explicit shared memory are laid out in time, beside per-op lowering.
+They may import `tessera.ir` and the rest of `tessera.passes`, building on `passes/lowering/`.
+
+Where `passes/lowering/` says what each op computes per thread, these
+modules decide when data moves and who moves it: software pipelining of
+`tessera.pipeline` loops (`pipeline_plan.py` plans, `software_pipeline.py`
+emits, `tma_fill.py` fills ring slots by TMA), warp specialization
+(`warp_specialization.py`), the explicit shared buffers and their copies
+(`shared_buffers.py`) and the language's mbarriers (`mbarriers.py`);
+`loops.py` picks each `for`'s schedule. They run inside the tile -> thread
+lowering, registering into its op table, and build on its context
+(`passes/lowering/`), which refers to them only in type annotations.
+"""
+
+# Importing the modules registers the lowerings of `for` and of the smem_* ops.
+from . import loops, mbarriers, shared_buffers  # noqa: F401

@@ -1,0 +1,273 @@
+"""Ring slots filled by TMA (sm_90+): which pipelined view loads qualify, and the fill they get.
+
+Input: a pipelined view load and its slot layout (from `pipeline_plan.py`)
+on a target with TMA. Job: decide whether the host can build the load's
+tensor map from the kernel's specialization and TMA can write the slot's
+layout (`tma_plan`, `view_block_box`, `slot_boxes`); if so, add the hidden
+`tensormap` parameters with their recipes and emit the fill (`TmaRing`:
+one mbarrier per slot, one thread issuing the boxes). Guarantees: a box
+past the tensor's edge lands zero-filled, so the view's bounds hold by
+construction; blocks past the loop end are not issued, so no phase is left
+half-counted and no copy is left in flight.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from tessera.ir import dtypes as dt
+from tessera.ir.core import Function, Operation, Value
+from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
+from tessera.ir.target import Target
+from tessera.ir.tensor_map import KERNEL_ATTR, MAX_BOX_DIM, Extent, TensorMapRecipe, kernel_recipes
+from tessera.ir.types import ScalarType, TensorMapType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
+
+from ..lowering.values import I32
+
+TMA_ELEMENT_BYTES = (1, 2, 4)
+SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}
+
+
+@dataclass(frozen=True)
+class TmaBox:
+    """How one pipelined load's slot is filled by TMA: the map's recipe (its `param` not yet assigned), which
+    view dims give the box coordinates, outermost first, and how many boxes fill a slot (stacked one after
+    the other, each `box_shape[1]` elements further along the contiguous dim)."""
+
+    recipe: TensorMapRecipe
+    dims: tuple[int, int]               # (outer view dim, contiguous view dim)
+    boxes: int = 1                      # boxes per slot
+
+    @property
+    def box_elements(self) -> int:
+        return math.prod(self.recipe.box_shape)
+
+    @property
+    def box_bytes(self) -> int:
+        return self.box_elements * self.recipe.dtype.bits // 8
+
+    @property
+    def slot_bytes(self) -> int:
+        """The transaction bytes of one slot's fill (every box, out-of-bounds zeros included)."""
+        return self.boxes * self.box_bytes
+
+    @property
+    def slot_align(self) -> int:
+        return SLOT_ALIGN[self.recipe.swizzle]
+
+
+def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
+             facts: dict) -> TmaBox | None:
+    """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None."""
+    tile = load.result.type
+    return view_block_box(load.operands[0], tile.shape, tile.element.dtype, dim, slot, target, facts)
+
+
+def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: int,
+                   slot: SmemLayout | WgmmaTileLayout, target: Target, facts: dict) -> TmaBox | None:
+    """The TMA fill of a `shape` block of `view` (elements `dtype`, contiguous view dim `dim`) into a slot laid
+    out as `slot`, or None when it does not qualify (the rules are in the comment above `TmaRing`). Shared by
+    pipelined loads (`tma_plan`) and the language's mbarrier copies (`shared_buffers.py`)."""
+    if not target.has("tma"):
+        return None
+    make_view = view.owner
+    if not isinstance(make_view, Operation) or make_view.name != "make_view":
+        return None
+    fn = _function_of(make_view)
+    size = dtype.bits // 8
+    if fn is None or len(shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
+        return None
+    base, sizes, strides = make_view.operands[0], make_view.operands[1:3], make_view.operands[3:5]
+    if base not in fn.args or fn.args.index(base) not in fn.attrs.get("divisible_by_16", ()):
+        return None
+    info = facts.get(view)
+    outer = 1 - dim
+    if info is None or not info.unit_stride[dim] or info.stride_divisibility[outer] * size % 16:
+        return None
+    extents = [_extent(v, fn, facts) for v in (sizes[outer], sizes[dim], strides[outer])]
+    if None in extents:
+        return None
+    boxes = slot_boxes(slot, shape[outer], shape[dim], size)
+    if boxes is None:
+        return None
+    swizzle, width, count = boxes
+    box = (shape[outer], width)
+    if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
+        return None
+    recipe = TensorMapRecipe(-1, fn.args.index(base), dtype, (extents[0], extents[1]), (extents[2], Extent(None, 1)),
+                             box, swizzle)
+    return TmaBox(recipe, (outer, dim), count)
+
+
+def slot_boxes(slot: SmemLayout | WgmmaTileLayout, rows: int, cols: int, size: int) -> tuple[str, int, int] | None:
+    """How TMA writes a `rows` x `cols` slot (cols: the contiguous dim, `size`-byte elements) laid out as `slot`:
+    (swizzle mode, box width in elements, boxes per slot), or None when no TMA box lands that way (see the
+    `TmaRing`)."""
+    if isinstance(slot, WgmmaTileLayout):       # column blocks of one atom row each: a box per block
+        if (slot.rows, slot.cols, slot.element_bytes) != (rows, cols, size):
+            return None
+        mode = f"{slot.swizzle}B" if slot.swizzle else "none"
+        return mode, slot.atom, cols // slot.atom
+    if slot.strides != (cols, 1) or slot.shape != (rows, cols):
+        return None                             # not plain row-major rows of the block
+    if slot.swizzle is None:
+        return "none", cols, 1
+    for nbytes in (128, 64, 32):
+        if slot.swizzle == swizzle_bytes(nbytes, size) and cols * size == nbytes:
+            return f"{nbytes}B", cols, 1
+    return None
+
+
+def _extent(value: Value, fn: Function, facts: dict) -> Extent | None:
+    """`value` as scale * (an integer parameter) or a constant, from the IR that computes it."""
+    constant = getattr(facts.get(value), "constant", None)
+    if constant is not None:
+        return Extent(None, int(constant))
+    if value in fn.args:
+        t = value.type
+        return Extent(fn.args.index(value)) if isinstance(t, ScalarType) and t.dtype.is_int else None
+    op = value.owner
+    if isinstance(op, Operation) and op.name == "mul":
+        a, b = (_extent(v, fn, facts) for v in op.operands)
+        if a is not None and b is not None and (a.param is None or b.param is None):
+            param = a.param if a.param is not None else b.param
+            return Extent(param, a.scale * b.scale)
+    return None
+
+
+def _function_of(op: Operation) -> Function | None:
+    item = op.parent
+    while item is not None and not isinstance(item, Function):
+        item = item.parent
+    return item
+
+
+# `software_pipeline.py` fills the ring slots of a pipelined view load with
+# cp.async; on a target with TMA a load whose map is decidable at compile
+# time from the kernel's specialization is filled by the Tensor Memory
+# Accelerator instead (`tma_plan` says which; `TmaRing` emits the fill):
+#
+#     maps: one hidden `tensormap` parameter per (view, box) with its recipe
+#           (`tessera.ir.tensor_map.TensorMapRecipe`) in the kernel's `tensor_maps` attribute
+#     bars = shared_alloc (S mbarriers)                     one per slot, shared by the TMA loads
+#     if thread 0: mbarrier_init bars[s], 1 (each s); fence_mbarrier_init
+#     barrier
+#     ... issuing the blocks of iteration iv into slot s (prologue, then one refill per iteration):
+#     if thread 0 and iv < ub:
+#         fence_proxy_async                                 the slot's earlier generic (ldmatrix) reads come
+#                                                           first; not for wgmma slots, read by the async proxy
+#         mbarrier_arrive_expect_tx bars[s], <bytes of the TMA boxes of one slot>
+#         tma_load ring[s] + j * <box>, map, <block offsets + (0, j * box width)>, bars[s]
+#                                                           (one per box j of each TMA load's slot)
+#     ... before the body reads slot s:
+#     mbarrier_wait bars[s], phase                          phase flips each time the ring wraps
+#     ... after the loop:
+#     if thread 0: mbarrier_inval bars[s] (each s)          before the bytes are reused (or the loop re-entered)
+#
+# A box past the tensor's edge lands zero-filled, so the view's bounds mask
+# holds by construction. Blocks past the loop end are not issued at all: no
+# arrival and no bytes, so no phase is left half-counted and no copy is left
+# in flight; nobody waits for those phases.
+#
+# A view load qualifies when (everything else as for cp.async, `pipeline_plan`):
+#
+# * the target has TMA, the view is a `make_view` of a pointer *parameter* of
+#   the kernel that the specialization knows is 16-byte aligned, and its sizes
+#   and strides are parameters, constants or products of them with constants
+#   (the host evaluates them from the launch arguments);
+# * the view is 2-D, its contiguous dim has stride 1 and the other stride is a
+#   multiple of 16 bytes (`divisible_by_16` of the parameter, or a constant);
+# * the element size is 1, 2 or 4 bytes, the box has dims <= 256 and rows of a
+#   multiple of 16 bytes;
+# * the slot's layout is one TMA writes (`slot_boxes`). A TMA box lands
+#   row-major, its rows (the contiguous dim innermost) packed one after the
+#   other, and with a 32B/64B/128B swizzle its 16-byte chunks XORed by
+#   `Swizzle<b, 4, 3>` on byte addresses (b = 1, 2, 3) while a box row is at
+#   most the swizzle span. So TMA writes
+#   - an mma.sync slot (`SmemLayout`): the whole block as one box, when the
+#     slot is plain row-major and its rows span exactly the swizzle's bytes
+#     (or it is unswizzled: TMA's "none");
+#   - a wgmma slot (`WgmmaTileLayout`, either major): the slot is a sequence
+#     of column blocks, each rows x (one atom row = the swizzle span, 16 bytes
+#     without swizzle) laid out row-major and swizzled by the same
+#     `Swizzle<b, 4, 3>` (a block is a whole number of swizzle periods, so the
+#     absolute-address swizzle wgmma reads is the box's own). Each column block
+#     is one box of rows x (span / element size) elements, written with the
+#     slot's swizzle mode ("none" for the interleaved 8 x 16-byte core
+#     matrices: a box of 16-byte rows lands exactly as one column of them), the
+#     boxes stacked at their block offsets, coordinates advanced along the
+#     contiguous dim by the box width. All boxes of a slot share one shape,
+#     so one map per load serves them; they all count on the slot's mbarrier.
+class TmaRing:
+    """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
+
+    def __init__(self, ctx, loads, stages: int):
+        self.loads = [load for load in loads if load.tma is not None]
+        self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
+        self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
+        # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
+        # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
+        self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
+        self.stages = stages
+        self.bars = ctx.smem.mbarriers(stages, 1)
+
+    def _bar(self, ctx, slot: Value) -> Value:
+        return ctx.emit("addptr", self.bars, slot)
+
+    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
+        """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
+        (`rings`, `offsets`: per tile-IR load op)."""
+        with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
+            self.start(ctx, self._bar(ctx, slot), rings, offsets)
+
+    def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
+        """Announce a slot's bytes on `bar` and start every load's boxes into it at `offsets` (the calling
+        thread only; the loads' slices must be lowered for the iteration). A refill of slots the generic
+        proxy read (ldmatrix) is fenced first (`fence_before_fill`)."""
+        if self.fence_before_fill:
+            ctx.create("fence_proxy_async")
+        ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
+        for load in self.loads:
+            starts = [ctx.lookup(v) for v in load.load.operands[1:]]
+            outer, inner = (_i32(ctx, starts[d]) for d in load.tma.dims)
+            box = load.tma
+            for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
+                offset = offsets[load.load] if j == 0 else \
+                    ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
+                column = inner if j == 0 else ctx.emit("add", inner, ctx.const(j * box.recipe.box_shape[1]))
+                dst = ctx.emit("addptr", rings[load.load], offset)
+                ctx.create("tma_load", [dst, self.maps[load.load], outer, column, bar])
+
+    def release(self, ctx) -> None:
+        """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
+        the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
+        barrier orders this before any reuse."""
+        with ctx.when(ctx.index.first_thread()):
+            for s in range(self.stages):
+                ctx.create("mbarrier_inval", [self._bar(ctx, ctx.const(s))])
+
+    def wait(self, ctx, slot: Value, phase: Value) -> None:
+        """Every thread waits until the boxes of `slot`'s current fill (phase parity `phase`) have landed."""
+        ctx.create("mbarrier_wait", [self._bar(ctx, slot), phase])
+
+
+def map_parameter(ctx, recipe: TensorMapRecipe) -> Value:
+    """The hidden tensormap parameter of `recipe`, appended to the kernel (one per distinct map)."""
+    fn = ctx.fn
+    known = kernel_recipes(fn.attrs)
+    for other in known:
+        if other.to_attr()[1:] == recipe.to_attr()[1:]:
+            return fn.args[other.param]
+    pointer = fn.args[recipe.pointer].name_hint or f"arg{recipe.pointer}"
+    arg = fn.body.add_arg(TensorMapType(), f"{pointer}_tma{len(known)}")
+    placed = TensorMapRecipe(len(fn.args) - 1, recipe.pointer, recipe.dtype, recipe.shape, recipe.strides,
+                             recipe.box_shape, recipe.swizzle)
+    fn.attrs[KERNEL_ATTR] = (*fn.attrs.get(KERNEL_ATTR, ()), placed.to_attr())
+    return arg
+
+
+def _i32(ctx, value: Value) -> Value:
+    return value if value.type == I32 else ctx.cast(value, dt.i32)
+

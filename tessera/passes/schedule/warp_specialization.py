@@ -1,0 +1,270 @@
+"""Warp-specialized pipelined loops: `for {stages = S, warp_specialize = true}` on TMA targets (sm_90, sm_90a).
+
+Input: a tile-IR `for` from `tessera.pipeline(..., warp_specialize=True)`
+whose pipelined loads can all be filled by TMA. Job: add a producer
+warpgroup (128 threads beyond `num_warps * 32`) that only issues the TMA
+fills of the ring, while the kernel's warps, the consumers, run the body
+behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
+where it pays; the rest of the kernel runs in the consumers' branch.
+Guarantees: the producer runs at most S fills ahead of the slowest
+consumer; the two branches meet only at one named barrier after the loop;
+what cannot be warp-specialized (no TMA, nested loop, memory access before
+the loop, ...) is a LoweringError saying what to change. The emitted code
+is the comment above `lower_warp_specialized_for`.
+"""
+
+from __future__ import annotations
+
+from tessera.ir.core import Block, Operation, Value
+from tessera.ir.ops import OPS
+from tessera.ir.types import TileType
+
+from ..lowering.values import I32, Regs, RingOperand
+from .pipeline_plan import PipelinePlan, pipeline_plan
+from .software_pipeline import lower_body_op, next_slot_and_phase
+from .tma_fill import TmaRing
+
+PRODUCER_THREADS = 128                  # one warpgroup
+PRODUCER_REGISTERS = 40                 # setmaxnreg dec: a loop issuing TMA needs few
+MAX_CONSUMER_REGISTERS = 240
+MAX_REGISTERS = 255                     # per thread
+REGISTER_FILE = 65536
+EXIT_BARRIER_ID = 2                     # producer and consumers, once, after the loop (1: the consumers')
+REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops (a trait)
+
+
+# `tessera.pipeline(lo, hi, stages=S, warp_specialize=True)` asks for the
+# ring of `software_pipeline.py` (S slots per pipelined A / B load, chosen by
+# `pipeline_plan`) to be filled by a warpgroup of its own, the *producer*,
+# while the kernel's `num_warps` warps, the *consumers*, run the loop body.
+# The kernel gets 128 threads more than `num_warps * 32` (its `num_threads`
+# attribute, hence `.maxntid`, the metadata and the launch block size);
+# layouts and everything tile-level still use the consumer threads 0 .. C-1,
+# and the producer is threads C .. C+127:
+#
+#     rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
+#     empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
+#     if thread_id >= C {producer_joins_at = k}                the producer
+#         [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
+#                                                              every thread has 255 registers at entry)
+#         if thread_id == C {                                  one thread issues
+#             for iv = lo .. hi, slot, phase:
+#                 if iv >= lo + S*step: mbarrier_wait empty[slot], 1 - phase   (the previous use's release;
+#                                                              skipped on the first round through the ring)
+#                 [fence_proxy_async]; arrive_expect_tx full[slot], <bytes of a slot's boxes>
+#                 tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
+#                                                              `TmaRing.start`; the fence only when ldmatrix
+#                                                              read the slot through the generic proxy)
+#         }
+#         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
+#     } else {                                                 the consumers
+#         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
+#         %acc... = for iv = lo .. hi, carried..., slot, phase:
+#             mbarrier_wait full[slot], phase
+#             ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
+#             mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
+#         named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]
+#         named_barrier {id = 1, count = C}                    op k: the branches have met
+#         ...                                                  the rest of the kernel, consumers only; each
+#                                                              barrier is a `named_barrier {id = 1, count = C}`
+#     }
+#     return
+#
+# The rest of the kernel runs in the consumers' branch, so that their
+# `setmaxnreg inc` covers it too (ptxas gives code outside it only what every
+# thread has at entry: 168 registers with 384 threads, too few for a 128 x
+# 128 epilogue). `producer_joins_at = k` tells the shared-memory allocator
+# that the producer's accesses are over at the consumers' op k, so the rings'
+# bytes go to the buffers after the loop (such as the epilogue's layout
+# change), as they do after a plain pipeline.
+#
+# The producer runs ahead on its own, at most S fills ahead of the slowest
+# consumer, limited only by the empty barriers: no prefetch distance. A wgmma
+# dot waits for its group in the iteration that issued it (no group in
+# flight), so that the slot is free when its threads arrive on empty.
+#
+# Before the loop every thread, the producer included, runs the kernel's
+# code, so that code may only compute (scalar ops, views, register-only tile
+# ops such as `zeros`): no memory access, no shared-memory exchange, no
+# nested region (`_check_prologue`). The loop must be an op of the kernel's
+# body itself (not nested in a loop or an `if`: persistent kernels are not
+# supported), one per kernel, and every pipelined load must be TMA-filled
+# (a view load `pipeline_plan` does not pipeline at all stays an ordinary
+# load of the consumers' body).
+#
+# The two branches meet again only at the named barrier 2 after the loop:
+# the consumers' waits on full[] say that every fill has been issued and has
+# landed, and the barrier orders the producer's last mbarrier accesses before
+# thread 0 invalidates them (the SIMT simulator checks both).
+def lower_warp_specialized_for(ctx, op: Operation) -> None:
+    """Lower `op` (a `for {warp_specialize = true}`) as the comment above says."""
+    plan = _checked_plan(ctx, op)
+    consumers = ctx.num_threads
+    ctx.fn.attrs["num_threads"] = consumers + PRODUCER_THREADS
+    stages = plan.stages
+    rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
+             for load in plan.loads]
+    full = TmaRing(ctx, plan.loads, stages)
+    empty = ctx.smem.mbarriers(stages, consumers)      # a phase completes when every consumer released the slot
+    lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
+
+    producer, consumer = Block(), Block()
+    with ctx.b.at(producer):
+        _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
+        _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
+        ctx.create("yield")
+    ctx.threads.keep_only_consumers(consumers)
+    with ctx.b.at(consumer):
+        inc = _consumer_registers(ctx, consumers)
+        if inc:
+            ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
+        loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
+    is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
+    # The producer's shared-memory accesses are over once the consumers are past the named barrier both
+    # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
+    ctx.create("if", [is_producer], {"producer_joins_at": len(consumer.ops) - 1}, [], [producer, consumer])
+    # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; the kernel's return closes
+    # it (`ThreadGroups.end_kernel`).
+    ctx.b.block = consumer
+    for old, result in zip(op.results, loop.results):
+        result.name_hint = old.name_hint
+        ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+
+
+def _checked_plan(ctx, op: Operation) -> PipelinePlan:
+    """The loop's pipeline plan, or a LoweringError saying why it cannot be warp-specialized and what to do."""
+    target = ctx.target
+    if not target.has("tma"):
+        raise ctx.error(op, f"warp_specialize=True needs TMA (sm_90, sm_90a), which {target.name} lacks; drop "
+                            f"warp_specialize=True (the pipeline stays cp.async) or compile for sm_90")
+    if ctx.threads.consumers is not None:
+        raise ctx.error(op, "only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its "
+                            "producer warpgroup has exited after the first); drop warp_specialize=True here")
+    if op.parent is not ctx.src.body:
+        raise ctx.error(op, "a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel "
+                            "itself, not nested in a loop or an `if` (persistent kernels are not supported); "
+                            "drop warp_specialize=True or move the loop out")
+    _check_prologue(ctx, op)
+    plan = pipeline_plan(op, target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
+    if plan is None:
+        raise ctx.error(op, "warp_specialize=True: no load of this loop qualifies for pipelining (A and B "
+                            "blocks of a tensor-core dot, see passes/lowering/pipeline_plan.py); drop "
+                            "warp_specialize=True")
+    if plan.copy_loads:
+        where = ", ".join(str(load.load.loc) if load.load.loc else "a block load" for load in plan.copy_loads)
+        why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
+               "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
+        raise ctx.error(op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at "
+                            f"{where} cannot be: {why}")
+    if plan.stages < plan.requested_stages:
+        ctx.notes.append(f"for at {op.loc}: {plan.stages} of the {plan.requested_stages} stages fit in shared memory")
+    return plan
+
+
+def _check_prologue(ctx, loop: Operation) -> None:
+    """The producer runs what precedes the loop too: refuse anything there but pure computation."""
+    body = ctx.src.body
+    for top in body.ops[:body.ops.index(loop)]:
+        for op in top.walk():
+            tiles = any(isinstance(v.type, TileType) for v in (*op.operands, *op.results))
+            scalar_ok = not op.regions and OPS[op.name].pure
+            register_only = op.name in REGISTER_ONLY_TILE_OPS or OPS[op.name].elementwise
+            tile_ok = register_only and not _converts(ctx, op)
+            if not (tile_ok if tiles else scalar_ok):
+                raise ctx.error(op, f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, "
+                                    "where the producer warpgroup runs it too; only scalar arithmetic, views and "
+                                    "register-only tile ops (zeros, arange, elementwise) may: move it after the "
+                                    "loop or into its body, or drop warp_specialize=True")
+
+
+def _converts(ctx, op: Operation) -> bool:
+    """Whether an operand of `op` changes layout on the way in (possibly through shared memory)."""
+    for i, value in enumerate(op.operands):
+        want = ctx.assignment.conversions.get((op, i))
+        if want is not None and isinstance(value.type, TileType) and ctx.assignment.layout(value) != want:
+            return True
+    return False
+
+
+def _producer(ctx, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step, consumers: int) -> None:
+    """The producer warpgroup's branch: one thread walks the iterations and fills slot after slot."""
+    if _consumer_registers(ctx, consumers):
+        ctx.create("setmaxnreg", attrs={"action": "dec", "count": PRODUCER_REGISTERS})
+    index = lb.type
+    with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
+        first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(plan.stages, index.dtype)))
+        body = Block([index, I32, I32], ["iv", "slot", "phase"])
+        iv, slot, phase = body.args
+        with ctx.b.at(body):
+            with ctx.when(ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})):
+                ctx.create("mbarrier_wait", [_bar(ctx, empty, slot), ctx.emit("sub", ctx.const(1), phase)])
+            _issue(ctx, plan, rings, full, iv, slot)
+            ctx.create("yield", next_slot_and_phase(ctx, slot, phase, plan.stages))
+        ctx.create("for", [lb, ub, step, ctx.const(0), ctx.const(0)], None, [I32, I32], [body])
+
+
+def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value) -> None:
+    """Start the TMA boxes of iteration `iv` into `slot`, counted on full[slot] (the calling thread only)."""
+    region = plan.loop.regions[0]
+    ctx.env[region.args[0]] = iv
+    order = {op: i for i, op in enumerate(region.ops)}
+    for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
+        lower_body_op(ctx, slice_op, {})
+    offsets = {load.load: ctx.emit("mul", slot, ctx.const(load.slot_elements)) for load in plan.loads}
+    full.start(ctx, _bar(ctx, full.bars, slot), {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets)
+
+
+def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub,
+                   step) -> Operation:
+    """The loop the consumer warps run (returned): wait for the slot, compute on it, release it."""
+    inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(3, len(op.operands))]
+    region = op.regions[0]
+    body = ctx.new_block(region)
+    slot, phase = body.add_arg(I32, "slot"), body.add_arg(I32, "phase")
+    with ctx.b.at(body):
+        full.wait(ctx, slot, phase)
+        # in_flight = 0: a wgmma dot retires its group before the slot is released below
+        reads = {load.load: RingOperand(ring, ctx.emit("mul", slot, ctx.const(load.slot_elements)), load, 0)
+                 for load, ring in zip(plan.loads, rings)}
+        for old, new in zip(region.args, ctx.region_args(region, body)):
+            ctx.env[old] = new
+        for body_op in region.ops[:-1]:
+            lower_body_op(ctx, body_op, reads)
+        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
+        carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
+        lower_body_op(ctx, region.ops[-1], reads)
+    body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
+
+    result_types = [ctx.thread_type(r) for r in op.results] + [I32, I32]
+    new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
+                     result_types, [body])
+    _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
+    full.release(ctx)
+    with ctx.when(ctx.index.first_thread()):
+        for s in range(plan.stages):
+            ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
+    ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
+    return new
+
+
+def _all_threads_barrier(ctx, consumers: int) -> None:
+    """The producer's last act and the consumers' first after their loop: a named barrier of all threads (a
+    plain `barrier` would be executed on two paths of a divergent `if`)."""
+    ctx.create("named_barrier", attrs={"id": EXIT_BARRIER_ID, "count": consumers + PRODUCER_THREADS})
+
+
+def _consumer_registers(ctx, consumers: int) -> int | None:
+    """setmaxnreg inc count for the consumers: what the register file leaves them beside the producer's 40
+    (at most 240); None where setmaxnreg is not used: without it (before sm_90a), when the consumers are not
+    whole warpgroups (it applies to warpgroups), or when it would not raise the consumers' budget above the
+    one ptxas gives every thread at entry (.maxntid threads, .minnctapersm 1)."""
+    if not ctx.target.has("setmaxnreg") or consumers % PRODUCER_THREADS:
+        return None
+    spare = (REGISTER_FILE - PRODUCER_THREADS * PRODUCER_REGISTERS) // consumers
+    inc = min(MAX_CONSUMER_REGISTERS, spare // 8 * 8)
+    at_entry = min(MAX_REGISTERS, REGISTER_FILE // (consumers + PRODUCER_THREADS) // 8 * 8)
+    return inc if inc > at_entry else None
+
+
+def _bar(ctx, bars: Value, slot: Value) -> Value:
+    return ctx.emit("addptr", bars, slot)

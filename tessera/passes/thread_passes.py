@@ -1,0 +1,42 @@
+"""The tile -> thread passes, in order: layouts, lowering, shared memory, verification.
+
+    module = lower(tile_module, "sm_90", num_warps=4)
+
+For each function: the alignment analysis, `layout_assignment` (with the
+layouts its `convert_layout` ops pin, plus any `overrides`, which win),
+`lower_to_threads`, `shared_memory` allocation, and the verifier on the
+result. Returns a new module of thread-IR functions; the input is not
+changed.
+"""
+
+from __future__ import annotations
+
+from typing import Mapping
+
+from tessera.ir.core import Function, Module, Value
+from tessera.ir.layouts import RegisterLayout
+from tessera.ir.target import Target, get_target
+from tessera.ir.verifier import verify_function
+
+from .layout_assignment import assign_layouts, pinned_layouts
+from .lower_to_threads import lower_to_threads
+from .lowering.vector_facts import VectorFacts
+from .shared_memory import allocate_shared_memory
+
+
+def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int = 4,
+          overrides: Mapping[Value, RegisterLayout] | None = None) -> Module:
+    """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block."""
+    if isinstance(target, str):
+        target = get_target(target)
+    functions = module_or_fn.functions if isinstance(module_or_fn, Module) else [module_or_fn]
+    out = Module()
+    for fn in functions:
+        facts = VectorFacts(fn)
+        pins = {**pinned_layouts(fn), **(overrides or {})}
+        assignment = assign_layouts(fn, target, num_warps, pins, facts)
+        lowered = lower_to_threads(fn, assignment, target, num_warps, facts).functions[0]
+        allocate_shared_memory(lowered, target.shared_memory_bytes)
+        verify_function(lowered)
+        out.functions.append(lowered)
+    return out
