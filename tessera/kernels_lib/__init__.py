@@ -2,6 +2,12 @@
 only the public API (`import tessera`), like any user's code.
 """
 
-from .gemm import gemm
+try:
+    import torch  # noqa: F401
+except ImportError:
+    raise ImportError("tessera.kernels_lib needs PyTorch: pip install 'tessera[torch]' (or any torch >= 2.4); "
+                      "the rest of tessera works without it") from None
+
+from .gemm import gemm  # noqa: E402
 
 __all__ = ["gemm"]
