@@ -11,6 +11,7 @@ Bad arguments print one line and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import sys
 from pathlib import Path
@@ -18,18 +19,32 @@ from pathlib import Path
 from .version import __version__
 
 
+SIGNATURE_HELP = """\
+signatures (--signature/-s) list the kernel's runtime parameters in order, comma-separated;
+constexpr parameters are not listed, they come from --const NAME=VALUE:
+  *DTYPE      a pointer to DTYPE elements (*f32, *bf16, *u4, ...)
+  *DTYPE:16   ... whose address is a multiple of 16 bytes (allows 128-bit accesses, TMA)
+  DTYPE       a scalar (i32, i64, f32, bool, ...)
+  INT:16      an integer known to be a multiple of 16
+  INT:1       an integer known to equal 1
+example: tessera ir tutorials/01-vector-add.py:add -s '*f32:16,*f32:16,*f32:16,i32' -c BLOCK=1024"""
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="tessera", description="Tessera tile-kernel compiler")
+    parser = argparse.ArgumentParser(prog="tessera", description="Tessera tile-kernel compiler",
+                                     epilog=SIGNATURE_HELP, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"tessera {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
-    ir = commands.add_parser("ir", help="print a kernel's tile IR for a signature")
+    ir = commands.add_parser("ir", help="print a kernel's tile IR for a signature", epilog=SIGNATURE_HELP,
+                             formatter_class=argparse.RawDescriptionHelpFormatter)
     ir.add_argument("target", help="FILE.py:KERNEL")
     ir.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
     ir.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
 
     compile_ = commands.add_parser("compile", help="compile a kernel ahead of time to PTX (and cubin with ptxas) "
-                                       "or AMDGCN (and hsaco with ld.lld)")
+                                       "or AMDGCN (and hsaco with ld.lld)", epilog=SIGNATURE_HELP,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
     compile_.add_argument("target_kernel", metavar="FILE.py:KERNEL")
     compile_.add_argument("--signature", "-s", default="", help="runtime parameters, e.g. '*f32:16,*f32,i32'")
     compile_.add_argument("--const", "-c", action="append", default=[], metavar="NAME=VALUE", help="a constexpr value")
@@ -79,7 +94,11 @@ def load_kernel(target: str):
         sys.path.pop(0)
     kernel = getattr(module, name, None)
     if not isinstance(kernel, Kernel):
-        raise _UsageError(f"{file} has no @tessera.kernel named {name!r}")
+        kernels = sorted(n for n, v in vars(module).items() if isinstance(v, Kernel))
+        close = difflib.get_close_matches(name, kernels, n=1)
+        hint = (f"; did you mean {close[0]!r}?" if close else
+                f"; its kernels are: {', '.join(kernels)}" if kernels else "; it defines no kernels")
+        raise _UsageError(f"{file} has no @tessera.kernel named {name!r}{hint}")
     return kernel
 
 
@@ -187,7 +206,10 @@ def _cache(action: str) -> int:
     if action == "clear":
         print(f"removed {cache.clear()} entries from {cache.directory}")
     elif action == "list":
-        for entry in cache.entries():
+        entries = list(cache.entries())
+        if not entries:
+            print(f"the cache at {cache.directory} is empty")
+        for entry in entries:
             when = datetime.datetime.fromtimestamp(entry.mtime).strftime("%Y-%m-%d %H:%M")
             state = "" if entry.valid else "  (damaged: will be recompiled)"
             print(f"{entry.key[:16]}  {entry.kernel or '?':<24} {entry.target or '?':<8} {entry.size:>9} B  {when}{state}")
@@ -199,23 +221,58 @@ def _cache(action: str) -> int:
 
 
 def _doctor() -> int:
+    """What this installation can do: versions, tools, GPUs and their drivers, the cache."""
     import llvmlite
     import numpy
 
     print(f"tessera {__version__} (python {sys.version.split()[0]}, numpy {numpy.__version__}, "
           f"llvmlite {llvmlite.__version__})")
+    print(f"torch: {_torch_version() or 'not installed (pip install torch: needed by tessera.kernels_lib)'}")
     from .backends.nvptx import find_ptxas
 
     print(f"ptxas: {find_ptxas() or 'not found (pip install nvidia-cuda-nvcc-cu12 for cubins)'}")
     from .backends.amdgpu import find_linker
 
     print(f"ld.lld: {find_linker() or 'not found (pip install ziglang for hsaco code objects)'}")
-    from .runtime.cache import BinaryCache
-
+    for line in _gpu_lines():
+        print(line)
     print("backends: CPU tile interpreter, SIMT simulator, NVPTX (PTX; cubin with ptxas), "
           "AMDGPU (AMDGCN; hsaco with ld.lld)")
-    print(f"binary cache: {BinaryCache().directory}")
+    from .runtime.cache import BinaryCache
+
+    info = BinaryCache().info()
+    print(f"binary cache: {info['directory']} ({info['entries']} entries, {info['total_bytes']} bytes"
+          f"{'' if info['enabled'] else '; disabled: TESSERA_CACHE_DIR is empty'})")
     return 0
+
+
+def _torch_version() -> str | None:
+    try:
+        import torch
+    except ImportError:
+        return None
+    return f"{torch.__version__} (CUDA {torch.version.cuda}, HIP {torch.version.hip})"
+
+
+def _gpu_lines() -> list[str]:
+    """One line per GPU runtime: its driver and devices, or why there are none (never initializes a GPU
+    that is not there)."""
+    from .runtime import cuda, hip
+    from .runtime.errors import LaunchError
+
+    lines = []
+    for name, runtime in (("NVIDIA", cuda), ("AMD", hip)):
+        if not runtime.driver_available():
+            lines.append(f"{name} GPUs: no driver found")
+            continue
+        try:
+            devices = [runtime.get_device(i) for i in range(runtime.device_count())]
+            described = ", ".join(f"{i}: {d.name} ({d.target})" for i, d in enumerate(devices)) or "none"
+            driver = f" (driver for CUDA {cuda.driver_version()})" if runtime is cuda else ""
+            lines.append(f"{name} GPUs{driver}: {described}")
+        except LaunchError as exc:
+            lines.append(f"{name} GPUs: the driver is there but failed: {str(exc).splitlines()[0]}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -22,7 +22,8 @@ def test_ir_prints_the_tile_ir_for_a_signature(capsys):
 @pytest.mark.parametrize("args, message", [
     (["ir", "nowhere.py:add"], "no such file: nowhere.py"),
     (["ir", f"{TUTORIAL}"], "expected FILE.py:KERNEL"),
-    (["ir", f"{TUTORIAL}:main"], "has no @tessera.kernel named 'main'"),
+    (["ir", f"{TUTORIAL}:main"], "has no @tessera.kernel named 'main'; its kernels are: add"),
+    (["ir", f"{TUTORIAL}:ad"], "has no @tessera.kernel named 'ad'; did you mean 'add'?"),
     (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,i32"], "has 4 runtime parameters"),
     (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i33", "--const", "BLOCK=64"], "unknown"),
     (["ir", f"{TUTORIAL}:add", "--signature", "*f32,*f32,*f32,i32"], "constexpr 'BLOCK' needs a value"),
@@ -42,6 +43,27 @@ def test_compile_errors_exit_1_with_the_message(capsys):
 def test_console_script_entry_point_runs():
     result = subprocess.run([sys.executable, "-m", "tessera.cli", "doctor"], capture_output=True, text=True, check=True)
     assert result.stdout.startswith("tessera 0.1.0")
+
+
+def test_doctor_reports_torch_tools_gpus_and_the_cache(tmp_path, monkeypatch, capsys):
+    from tessera.runtime import cuda, hip
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    monkeypatch.setattr(cuda, "driver_available", lambda: False)
+    monkeypatch.setattr(hip, "driver_available", lambda: False)
+    assert main(["doctor"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split(":")[0] for line in lines] == [
+        lines[0].split(":")[0], "torch", "ptxas", "ld.lld", "NVIDIA GPUs", "AMD GPUs", "backends", "binary cache"]
+    assert "NVIDIA GPUs: no driver found" in lines and "AMD GPUs: no driver found" in lines
+    assert lines[-1] == f"binary cache: {tmp_path} (0 entries, 0 bytes)"
+
+
+def test_help_explains_the_signature_syntax(capsys):
+    with pytest.raises(SystemExit):
+        main(["ir", "--help"])
+    out = capsys.readouterr().out
+    assert "*DTYPE:16   ... whose address is a multiple of 16 bytes" in out and "INT:1       an integer" in out
 
 
 @pytest.mark.skipif(__import__("tessera.backends.nvptx", fromlist=["find_ptxas"]).find_ptxas() is None,
@@ -80,6 +102,8 @@ def test_cache_commands_report_and_clear(tmp_path, monkeypatch, capsys):
     assert main(["cache", "clear"]) == 0
     assert "removed 1 entries" in capsys.readouterr().out
     assert BinaryCache().entries() == []
+    assert main(["cache", "list"]) == 0
+    assert capsys.readouterr().out == f"the cache at {tmp_path} is empty\n"
 
 
 PIPELINED_MATMUL = """

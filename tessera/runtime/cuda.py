@@ -80,6 +80,12 @@ def _driver():
     return driver
 
 
+def driver_version() -> str:
+    """The CUDA version the installed driver supports, e.g. "13.0" (cuDriverGetVersion)."""
+    version = int(_check(_driver().cuDriverGetVersion(), "cuDriverGetVersion"))
+    return f"{version // 1000}.{version % 1000 // 10}"
+
+
 def device_count() -> int:
     """How many CUDA devices the driver sees; 0 without a driver (or when it fails to start)."""
     if not driver_available():
