@@ -2,6 +2,7 @@
 
     tessera ir FILE.py:KERNEL --signature '*f32,*f32,*f32,i32' --const BLOCK=1024
     tessera compile FILE.py:KERNEL -s '*f32:16,*f32:16,*f32:16,i32' -c BLOCK=1024 --target sm_90a -o out/
+    tessera link out16/KERNEL.json out/KERNEL.json -o linked/
     tessera cache info | list | clear
     tessera doctor
 
@@ -52,6 +53,12 @@ def main(argv: list[str] | None = None) -> int:
     compile_.add_argument("--num-warps", "-w", type=int, default=4, help="warps per block (default 4)")
     compile_.add_argument("--output", "-o", default=".", help="directory to write into (default: .)")
 
+    link = commands.add_parser("link", help="one C launch function over several compiled specializations of a "
+                                            "kernel, picking the most specialized one the arguments allow")
+    link.add_argument("manifests", nargs="+", metavar="KERNEL.json", help="manifests written by tessera compile")
+    link.add_argument("--name", "-n", help="the C name of the dispatcher (default: the kernel's)")
+    link.add_argument("--output", "-o", default=".", help="directory to write into (default: .)")
+
     cache = commands.add_parser("cache", help="inspect or empty the binary cache ($TESSERA_CACHE_DIR)")
     cache.add_argument("action", choices=["info", "list", "clear"])
 
@@ -65,6 +72,8 @@ def main(argv: list[str] | None = None) -> int:
             return _compile(args)
         if args.command == "cache":
             return _cache(args.action)
+        if args.command == "link":
+            return _link(args)
         return _doctor()
     except _UsageError as exc:
         print(f"tessera: error: {exc}", file=sys.stderr)
@@ -92,9 +101,14 @@ def load_kernel(target: str):
         spec.loader.exec_module(module)
     finally:
         sys.path.pop(0)
-    kernel = getattr(module, name, None)
-    if not isinstance(kernel, Kernel):
-        kernels = sorted(n for n, v in vars(module).items() if isinstance(v, Kernel))
+    def as_kernel(value):
+        """The @tessera.kernel itself, also under @tessera.autotune (compiled with the configs given here)."""
+        inner = getattr(value, "kernel", None)
+        return value if isinstance(value, Kernel) else inner if isinstance(inner, Kernel) else None
+
+    kernel = as_kernel(getattr(module, name, None))
+    if kernel is None:
+        kernels = sorted(n for n, v in vars(module).items() if as_kernel(v) is not None)
         close = difflib.get_close_matches(name, kernels, n=1)
         hint = (f"; did you mean {close[0]!r}?" if close else
                 f"; its kernels are: {', '.join(kernels)}" if kernels else "; it defines no kernels")
@@ -161,19 +175,27 @@ def _compile(args) -> int:
         written.append(out / f"{kernel.name}.{compiled.binary_extension}")
         written[-1].write_bytes(compiled.binary)
     binary_name = written[1].name if len(written) > 1 else None
+    signature = [s.strip() for s in args.signature.split(",") if s.strip()]
+    runtime_names = [n for n in kernel.source.param_names if n not in kernel.source.constexpr_params]
     manifest = {
         "kernel": kernel.name,
-        "signature": [s.strip() for s in args.signature.split(",") if s.strip()],
+        "entry": compiled.name,
+        "signature": signature,
+        # what an AOT launcher passes, in order: name, type and the fact the specialization assumed
+        "parameters": [{"name": n, "type": e.partition(":")[0], "hint": e.partition(":")[2]}
+                       for n, e in zip(runtime_names, signature)],
         "constexprs": {k: getattr(v, "name", v) for k, v in constexprs.items()},
         "target": args.target,
         "num_warps": args.num_warps,
         "threads_per_block": compiled.metadata.get("num_threads"),
         "shared_memory_bytes": compiled.metadata.get("shared_bytes", 0),
+        # what a launch passes as dynamic shared memory (AMD kernels use a static LDS: 0)
+        "dynamic_shared_memory_bytes": compiled.metadata.get("dynamic_shared_bytes",
+                                                             compiled.metadata.get("shared_bytes", 0)),
         "compiler_version": __version__,
     }
     if amd:
         manifest.update({
-            "dynamic_shared_memory_bytes": compiled.metadata.get("dynamic_shared_bytes", 0),
             "sgprs": compiled.metadata.get("sgpr_count"),
             "vgprs": compiled.metadata.get("vgpr_count"),
             "wavefront_size": compiled.metadata.get("wavefront_size"),
@@ -192,7 +214,41 @@ def _compile(args) -> int:
         })
     written.append(out / f"{kernel.name}.json")
     written[-1].write_text(json.dumps(manifest, indent=2) + "\n")
+    written += _write_c_launcher(out, written[-1])
     for path in written:
+        print(f"wrote {path}")
+    return 0
+
+
+def _write_c_launcher(out: Path, manifest: Path) -> list[Path]:
+    """KERNEL.h and KERNEL.c: the binary embedded, loaded and launched from C (tessera.aot)."""
+    from .aot import AotError, Specialization, c_launcher
+
+    spec = Specialization.load(manifest)
+    try:
+        sources = c_launcher(spec)
+    except AotError as exc:
+        print(f"tessera: no C launcher for {spec.kernel}: {exc}", file=sys.stderr)
+        return []
+    header, source = out / f"{spec.symbol}.h", out / f"{spec.symbol}.c"
+    header.write_text(sources.header)
+    source.write_text(sources.source)
+    return [header, source]
+
+
+def _link(args) -> int:
+    from .aot import AotError, Specialization, c_dispatcher
+
+    try:
+        specs = [Specialization.load(m) for m in args.manifests]
+        sources = c_dispatcher(specs, args.name)
+    except AotError as exc:
+        raise _UsageError(str(exc)) from None
+    out = Path(args.output)
+    out.mkdir(parents=True, exist_ok=True)
+    name = args.name or specs[0].symbol
+    for path, text in ((out / f"{name}.h", sources.header), (out / f"{name}.c", sources.source)):
+        path.write_text(text)
         print(f"wrote {path}")
     return 0
 

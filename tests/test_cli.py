@@ -73,11 +73,11 @@ def test_compile_writes_ptx_cubin_and_manifest(tmp_path, capsys):
 
     assert main(["compile", f"{TUTORIAL}:add", "-s", "*f32:16,*f32:16,*f32:16,i32", "-c", "BLOCK=1024",
                  "--target", "sm_90a", "--num-warps", "4", "-o", str(tmp_path)]) == 0
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["add.cubin", "add.json", "add.ptx"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["add.c", "add.cubin", "add.h", "add.json", "add.ptx"]
     manifest = json.loads((tmp_path / "add.json").read_text())
     assert manifest["target"] == "sm_90a" and manifest["threads_per_block"] == 128
     assert manifest["constexprs"] == {"BLOCK": 1024} and manifest["spill_bytes"] == 0
-    assert capsys.readouterr().out.count("wrote ") == 3
+    assert capsys.readouterr().out.count("wrote ") == 5
 
 
 @pytest.mark.parametrize("args, message", [

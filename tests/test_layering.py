@@ -30,7 +30,8 @@ ALLOWED = {
     "dsl": {"ir", "passes", "backends.interp", "backends.llvm", "backends.nvptx", "backends.amdgpu", "runtime",
             "version"},
     "kernels_lib": {"tessera"},
-    "torch": {"tessera", "dsl"},        # tessera/torch.py: kernels as PyTorch ops (skips launches when faking)
+    "torch": {"tessera", "dsl"},
+    "aot": {"ir", "runtime", "version"},  # C launchers from compile manifests        # tessera/torch.py: kernels as PyTorch ops (skips launches when faking)
 }
 TOP_LEVEL = {"tessera", "cli", "testing"}      # tessera/__init__.py, cli.py, testing.py: above everything
 
