@@ -15,6 +15,8 @@ location being traced, so builtins never need to know about line numbers.
 
 from __future__ import annotations
 
+import inspect
+
 from dataclasses import dataclass, field
 from typing import Any, Callable, NoReturn
 
@@ -107,6 +109,17 @@ class Builtin:
     name: str
     impl: Callable[..., Any]
     doc: str = ""
+
+    def __post_init__(self):
+        # what help(), IDEs and inspect.signature read: the language function's own text and parameters
+        # (the implementation's, without its leading `ctx`)
+        params = list(inspect.signature(self.impl).parameters.values())[1:]
+        for attr, value in (("__doc__", self.doc), ("__name__", self.name), ("__qualname__", self.name),
+                            ("__module__", "tessera"), ("__signature__", inspect.Signature(params))):
+            object.__setattr__(self, attr, value)
+
+    def __repr__(self) -> str:
+        return f"<tessera.{self.name}>"
 
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"tessera.{self.name} can only be called inside a @tessera.kernel or @tessera.func")

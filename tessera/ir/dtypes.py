@@ -72,6 +72,9 @@ class DType:
             if fields != self.bits:
                 raise ValueError(f"{self.name}: sign+exponent+mantissa = {fields} bits, not {self.bits}")
 
+    def __repr__(self) -> str:      # how a user writes it (and how help() shows a default)
+        return f"tessera.{'bool_' if self.name == 'bool' else self.name}"
+
     def __str__(self) -> str:
         return self.name
 
