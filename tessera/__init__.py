@@ -58,3 +58,6 @@ from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
 from .ir import layouts
 from .dsl.autotune import Config, autotune
+from .dsl import tracebacks as _tracebacks
+
+_tracebacks.install()
