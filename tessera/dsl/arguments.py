@@ -5,15 +5,19 @@ like a Python call, then classifies each runtime argument:
 
 | argument                                   | IR type            | specialized on            |
 | ------------------------------------------ | ------------------ | ------------------------- |
-| numpy array (contiguous)                   | ptr<dtype>         | dtype, 16-byte alignment  |
+| numpy array (any non-negative strides)     | ptr<dtype>         | dtype, 16-byte alignment  |
+| ml_dtypes array (bfloat16, float8_*)       | ptr<bf16 / f8...>  | dtype, 16-byte alignment  |
 | `tessera.reinterpret(array, dtype)`        | ptr<dtype>         | dtype, 16-byte alignment  |
-| torch CPU tensor                           | ptr<dtype>         | dtype, 16-byte alignment  |
+| torch CPU tensor (every dtype)             | ptr<dtype>         | dtype, 16-byte alignment  |
+| CPU `__dlpack__` object                    | ptr<dtype>         | dtype, 16-byte alignment  |
 | torch CUDA tensor, `__cuda_array_interface__` object | ptr<dtype> (on the GPU) | dtype, 16-byte alignment |
 | Python bool                                | bool               | -                         |
 | Python int                                 | i32 (i64/u64 when it does not fit) | %16 == 0, == 1 |
 | Python float                               | f32                | -                         |
 | numpy scalar                               | its dtype          | ints: %16 == 0, == 1      |
 
+A strided host array is passed as the run of memory from its first element
+to its last (the kernel indexes it with the strides it is given, as on a GPU).
 constexpr parameters are specialized on their value. `do_not_specialize`
 parameters keep only their dtype in the key.
 """
@@ -136,12 +140,13 @@ def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_speci
 
 def _memory_range(value: Any) -> tuple[int, int] | None:
     """[start, end) byte addresses of an array argument, or None for scalars."""
-    if isinstance(value, TypedArray):
-        value = value.array
-    array = _as_numpy(value) if not isinstance(value, np.ndarray) else value
-    if array is not None:
-        start = array.__array_interface__["data"][0]
-        return start, start + array.nbytes
+    try:
+        typed = value if isinstance(value, TypedArray) else host_array(value)
+    except ValueError:                          # refused when the argument is classified
+        typed = None
+    if typed is not None:
+        start = typed.array.__array_interface__["data"][0]
+        return start, start + typed.array.nbytes
     if type(value).__module__.startswith("torch") and hasattr(value, "data_ptr"):
         return value.data_ptr(), value.data_ptr() + value.numel() * value.element_size()
     interface = getattr(value, "__cuda_array_interface__", None)
@@ -194,6 +199,57 @@ def _as_numpy(value: Any) -> np.ndarray | None:
     return None
 
 
+# element types numpy itself lacks, by the name their providers (ml_dtypes, JAX) give them
+_EXTENSION_DTYPES = {"bfloat16": dt.bf16, "float8_e4m3fn": dt.f8e4m3, "float8_e5m2": dt.f8e5m2}
+# torch dtypes numpy lacks, viewed as the unsigned ints of their bits (what the interpreter stores them as)
+_TORCH_BITS_VIEW = {dt.bf16: "uint16", dt.f8e4m3: "uint8", dt.f8e5m2: "uint8"}
+
+
+def host_array(value: Any) -> TypedArray | None:
+    """A host array argument as a contiguous run of elements the interpreter reads and writes in place: numpy
+    arrays of any non-negative strides, torch CPU tensors of every dtype (bf16 and fp8 through their bits),
+    ml_dtypes arrays, and objects with a CPU `__dlpack__`; None for anything else."""
+    if type(value).__module__.startswith("torch") and hasattr(value, "numpy"):
+        if getattr(value, "device", None) is not None and value.device.type != "cpu":
+            return None
+        dtype = TORCH_DTYPES.get(str(value.dtype))
+        if dtype is None:
+            raise ValueError(f"torch dtype {value.dtype} has no tessera equivalent")
+        tensor = value.detach()
+        if dtype in _TORCH_BITS_VIEW:
+            tensor = tensor.view(getattr(__import__("torch"), _TORCH_BITS_VIEW[dtype]))
+        return TypedArray(_contiguous_span(tensor.numpy()), dtype)
+    if not isinstance(value, np.ndarray) and hasattr(value, "__dlpack__"):
+        device = getattr(value, "__dlpack_device__", lambda: (1, 0))()
+        if int(device[0]) != 1:                    # kDLCPU
+            return None
+        value = np.from_dlpack(value)
+    if not isinstance(value, np.ndarray):
+        return None
+    extension = _EXTENSION_DTYPES.get(value.dtype.name)
+    if extension is not None:
+        return TypedArray(_contiguous_span(value.view(extension.storage_dtype)), extension)
+    try:
+        dtype = dt.dtype_from_numpy(value.dtype)
+    except ValueError:
+        return None
+    return TypedArray(_contiguous_span(value), dtype)
+
+
+def _contiguous_span(array: np.ndarray) -> np.ndarray:
+    """`array` itself when it is C-contiguous; else a flat view of every element from its first to its last
+    (a kernel addresses a strided array through the strides it is given, like a GPU does)."""
+    if array.flags.c_contiguous:
+        return array
+    if any(s < 0 for s in array.strides):
+        raise ValueError(f"an array with negative strides {array.strides} has no first element to point at; "
+                         f"pass np.ascontiguousarray(x) (and copy results back if the kernel writes to it)")
+    if any(s % array.itemsize for s in array.strides):
+        raise ValueError(f"strides {array.strides} are not whole elements of {array.itemsize} bytes")
+    span = 0 if array.size == 0 else 1 + sum((n - 1) * s // array.itemsize for n, s in zip(array.shape, array.strides))
+    return np.lib.stride_tricks.as_strided(array, shape=(span,), strides=(array.itemsize,))
+
+
 def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> tuple[ParamSpec, Any]:
     if isinstance(value, TypedArray):
         return _pointer_spec(name, value, specialize), value
@@ -204,17 +260,17 @@ def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> 
     if device_array is not None:
         aligned = specialize and device_array.address % 16 == 0
         return ParamSpec(name, False, type=PointerType(device_array.dtype), divisible_by_16=aligned), device_array
-    array = _as_numpy(value)
-    if array is not None:
-        try:
-            dtype = dt.dtype_from_numpy(array.dtype)
-        except ValueError:
-            raise KernelArgumentError(
-                f"argument '{name}' has numpy dtype {array.dtype}, which kernels cannot use; pass one of "
-                f"bool/int8..int64/uint8..uint64/float16/float32/float64, or tessera.reinterpret(array, dtype)",
-                kernel=source.name) from None
-        typed = TypedArray(array, dtype)
+    try:
+        typed = host_array(value)
+    except ValueError as exc:
+        raise KernelArgumentError(f"argument '{name}': {exc}", kernel=source.name) from None
+    if typed is not None:
         return _pointer_spec(name, typed, specialize), typed
+    if isinstance(value, np.ndarray):
+        raise KernelArgumentError(
+            f"argument '{name}' has numpy dtype {value.dtype}, which kernels cannot use; pass one of "
+            f"bool/int8..int64/uint8..uint64/float16/float32/float64, bfloat16/float8 (ml_dtypes), or "
+            f"tessera.reinterpret(array, dtype)", kernel=source.name)
     if isinstance(value, (bool, np.bool_)):
         return ParamSpec(name, False, type=ScalarType(dt.bool_)), bool(value)
     if isinstance(value, (int, np.integer)):
