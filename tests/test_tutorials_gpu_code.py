@@ -54,7 +54,24 @@ def test_every_stage_is_kept_and_dumped(tmp_path, monkeypatch):
         signature="*f32:16,*f32:16,*f32:16,i32", target="sm_80", BLOCK=256)
     assert list(compiled.stages) == ["tile_ir", "optimized_tile_ir", "thread_ir", "llvm_ir", "ptx"]
     assert compiled.stages["thread_ir"].count("thread_id") >= 1
-    assert {p.name for p in tmp_path.iterdir()} >= {"add.tile.ir", "add.opt.tile.ir", "add.thread.ir", "add.ll", "add.ptx"}
+    [folder] = tmp_path.iterdir()                       # one folder per specialization
+    assert folder.name.startswith("add-sm_80-128t-")   # 4 warps
+    assert {p.name for p in folder.iterdir()} >= {"add.tile.ir", "add.opt.tile.ir", "add.thread.ir", "add.ll", "add.ptx"}
+
+
+def test_each_specialization_and_interpreter_run_dumps_to_its_own_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_DUMP", str(tmp_path))
+    add = tutorial_kernel("01-vector-add.py:add")
+    for block in (256, 512):
+        add.compile(signature="*f32:16,*f32:16,*f32:16,i32", target="sm_80", BLOCK=block)
+    x = np.ones(100, np.float32)
+    for _ in range(2):                                   # a second run of one specialization writes nothing new
+        add[(1,)](x, x, np.empty_like(x), 100, BLOCK=128)
+    names = sorted(p.name.rsplit("-", 1)[0] for p in tmp_path.iterdir())
+    assert names == ["add-interpreter", "add-sm_80-128t", "add-sm_80-128t"]      # BLOCK changes the tile IR
+    interpreted = next(p for p in tmp_path.iterdir() if p.name.startswith("add-interpreter"))
+    assert [p.name for p in interpreted.iterdir()] == ["add.tile.ir"]
+    assert "tile<128xf32>" in (interpreted / "add.tile.ir").read_text()
 
 
 @pytest.mark.parametrize("num_warps", [1, 4])

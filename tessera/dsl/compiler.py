@@ -15,7 +15,8 @@ as dynamic shared memory: the shared bytes on NVIDIA, 0 on AMD (its LDS is
 static, in the code object). `metadata["tensor_maps"]` lists the recipes of
 the hidden `tensormap` parameters the compiler added for TMA loads
 (`TensorMapRecipe.to_json`), from which a launcher builds them. With `TESSERA_DUMP=DIR` in the environment every
-stage is also written to `DIR/<kernel>.<stage>.<ext>`. A kernel that is
+stage is also written to one folder per specialization, `DIR/<kernel>-<target>-<threads>t-<hash of the tile
+IR>/<kernel>.<stage>.<ext>` (`DIR/<kernel>-interpreter-<hash>/` holds the tile IR of interpreter runs). A kernel that is
 valid but cannot be lowered as configured (a pinned layout for the wrong
 number of threads, more shared memory than the block has) is a
 `CompileError` at the offending op's source line.
@@ -23,6 +24,7 @@ number of threads, more shared memory than the block has) is a
 
 from __future__ import annotations
 
+import hashlib
 import os
 import time
 from dataclasses import dataclass, field
@@ -128,8 +130,26 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     compiled = CompiledKernel(fn.name, target, stages, binary, metadata)
     dump_dir = os.environ.get("TESSERA_DUMP")
     if dump_dir:
-        compiled.dump(dump_dir)
+        compiled.dump(dump_folder(dump_dir, fn.name, f"{target}-{metadata.get('num_threads')}t", stages["tile_ir"]))
     return compiled
+
+
+def dump_folder(root: str | os.PathLike, kernel: str, variant: str, tile_ir: str) -> Path:
+    """`root/<kernel>-<variant>-<8 hex digits of the tile IR's sha256>`: one folder per specialization, so a
+    second specialization of a kernel never overwrites the first's files."""
+    digest = hashlib.sha256(tile_ir.encode()).hexdigest()[:8]
+    return Path(root) / f"{kernel}-{variant}-{digest}"
+
+
+def dump_interpreted(module: Module) -> None:
+    """With TESSERA_DUMP set, write the tile IR a CPU-interpreter run executes."""
+    root = os.environ.get("TESSERA_DUMP")
+    if root:
+        text = print_module(module)
+        name = module.functions[0].name
+        folder = dump_folder(root, name, "interpreter", text)
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / f"{name}.{STAGE_EXTENSIONS['tile_ir']}").write_text(text)
 
 
 def _nvptx(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes | None:

@@ -57,6 +57,7 @@ class Specialization:
 
     key: tuple
     module: Module
+    dumped: bool = False        # its tile IR was written for TESSERA_DUMP by an interpreter run
 
     @property
     def function(self):
@@ -199,6 +200,11 @@ class Kernel:
     def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...],
                         runtime_args: list | None = None) -> None:
         args = bound.runtime_args if runtime_args is None else runtime_args
+        if not spec.dumped and os.environ.get("TESSERA_DUMP"):
+            from .compiler import dump_interpreted
+
+            dump_interpreted(spec.module)
+            spec.dumped = True
         run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid)
 
     def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
