@@ -167,3 +167,20 @@ def test_link_refuses_specializations_of_different_kernels_or_the_same_facts_twi
         c_dispatcher([Specialization.load(add), Specialization.load(again)])
     assert main(["link", str(add), str(tmp_path / "missing.json"), "-o", str(tmp_path)]) == 2
     assert "cannot read the manifest" in capsys.readouterr().err
+
+
+def hip_include() -> Path | None:
+    """A folder with hip/hip_runtime.h: $ROCM_PATH/include or /opt/rocm/include."""
+    for root in (os.environ.get("ROCM_PATH"), "/opt/rocm"):
+        if root and (Path(root) / "include" / "hip" / "hip_runtime.h").is_file():
+            return Path(root) / "include"
+    return None
+
+
+@pytest.mark.skipif(hip_include() is None, reason="needs HIP's headers (ROCm)")
+def test_an_amd_launcher_compiles_against_hip(tmp_path):
+    pytest.importorskip("ziglang")
+    compile_kernel(tmp_path, ADD, "*f32:16,*f32:16,*f32:16,i32", ["BLOCK=1024"], target="gfx942")
+    done = subprocess.run([CC, "-std=c11", "-c", "-Wall", "-Werror", "-D__HIP_PLATFORM_AMD__", f"-I{hip_include()}",
+                           "add.c"], cwd=tmp_path, capture_output=True, text=True)
+    assert done.returncode == 0, done.stderr
