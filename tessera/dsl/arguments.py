@@ -77,7 +77,8 @@ class DeviceArray:
 TORCH_DTYPES = {
     "torch.float32": dt.f32, "torch.float16": dt.f16, "torch.bfloat16": dt.bf16, "torch.float64": dt.f64,
     "torch.int8": dt.i8, "torch.int16": dt.i16, "torch.int32": dt.i32, "torch.int64": dt.i64,
-    "torch.uint8": dt.u8, "torch.bool": dt.bool_, "torch.float8_e4m3fn": dt.f8e4m3, "torch.float8_e5m2": dt.f8e5m2,
+    "torch.uint8": dt.u8, "torch.uint16": dt.u16, "torch.uint32": dt.u32, "torch.uint64": dt.u64,
+    "torch.bool": dt.bool_, "torch.float8_e4m3fn": dt.f8e4m3, "torch.float8_e5m2": dt.f8e5m2,
 }
 
 
