@@ -20,10 +20,13 @@ One entry is one file, `<key>.tsr`:
                   ("ptx" always, "binary" (cubin or hsaco) when there is one, "stage:<name>" for
                   any other stage text kept)
 
-A reader checks the magic, the version, that the file is exactly as long as
-the header says, the checksum, and that the manifest names the key it was
+A reader opens only regular files (never following a symlink, never blocking
+on a FIFO or device) of at most MAX_ENTRY_BYTES, then checks the magic, the
+version, that the file is exactly as long as the header says, the checksum, and that the manifest names the key it was
 looked up under; an entry failing any check is a miss, is counted, and is
-removed (unless another process has already replaced it). Nothing is
+removed (unless another process has already replaced it); an entry that
+cannot be read or removed (a read-only cache, a foreign file in its place)
+is a CacheWarning and the kernel is compiled again. Nothing is
 unpickled or evaluated: the manifest is JSON and the payload is text plus the
 GPU binary.
 
@@ -38,11 +41,13 @@ it: without the lock every process compiles and the last rename wins.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import json
 import os
 import re
 import secrets
+import stat as statmod
 import struct
 import time
 import warnings
@@ -61,6 +66,7 @@ FIELDS = struct.Struct("<8sHHIQ")   # magic, version, flags, manifest length, pa
 HEADER_SIZE = FIELDS.size + 32       # ... then the sha256
 SUFFIX = ".tsr"
 KEY_PATTERN = re.compile(r"[0-9a-f]{64}")
+MAX_ENTRY_BYTES = 1 << 30   # no compiled kernel comes near; a larger "entry" is not one of ours
 STALE_TEMP_SECONDS = 600   # `clear` leaves younger temp files alone: a writer may be about to rename them
 LOCK_POLL_SECONDS = 0.01
 
@@ -220,12 +226,15 @@ class BinaryCache:
         """Every entry on disk, sorted by key; damaged ones are listed with valid=False (and left alone)."""
         infos = []
         for path in self._entry_paths():
+            key = path.name[:-len(SUFFIX)]
             try:
-                stat = path.stat()
-                data = path.read_bytes()
+                data, stat = read_entry_file(path)
             except FileNotFoundError:   # removed by another process since we listed the directory
                 continue
-            key = path.name[:-len(SUFFIX)]
+            except (OSError, CorruptEntry):
+                stat = path.lstat()
+                infos.append(EntryInfo(key, None, None, stat.st_size, stat.st_mtime, False))
+                continue
             try:
                 entry = decode_entry(key, data)
                 infos.append(EntryInfo(key, entry.name, entry.target, stat.st_size, stat.st_mtime, True))
@@ -265,20 +274,23 @@ class BinaryCache:
             return None
         path = self.path(key)
         try:
-            with open(path, "rb") as f:
-                stat = os.fstat(f.fileno())
-                data = f.read()
-        except (FileNotFoundError, NotADirectoryError):
+            data, stat = read_entry_file(path)
+        except (FileNotFoundError, NotADirectoryError):   # no entry (or no cache directory) yet
             return None
-        except OSError as exc:
-            raise CacheError(f"cannot read the tessera binary cache entry {path}: {exc.strerror or exc}; "
-                             f"set TESSERA_CACHE_DIR to a usable directory, or to an empty string to disable "
-                             f"the disk cache") from exc
+        except (OSError, CorruptEntry) as exc:      # unreadable, or not a regular file of ours
+            self.stats.corrupt += 1
+            warnings.warn(f"tessera binary cache: cannot use {path} ({_reason(exc)}); compiling the kernel again",
+                          CacheWarning, stacklevel=3)
+            return None
         try:
             return decode_entry(key, data)
         except CorruptEntry:
             self.stats.corrupt += 1
-            _remove_if_unchanged(path, stat)
+            try:
+                _remove_if_unchanged(path, stat)
+            except OSError as exc:                   # e.g. a read-only cache directory
+                warnings.warn(f"tessera binary cache: {path} is damaged and cannot be removed ({_reason(exc)}); "
+                              f"compiling the kernel again", CacheWarning, stacklevel=3)
             return None
 
     def _compile(self, compile_fn: Callable[[], CacheEntry]) -> CacheEntry:
@@ -339,6 +351,29 @@ def _acquire(fd: int, timeout: float) -> bool:
             time.sleep(LOCK_POLL_SECONDS)
         except OSError:   # e.g. a filesystem without flock support
             return False
+
+
+def read_entry_file(path: Path) -> tuple[bytes, os.stat_result]:
+    """The bytes and stat of the entry file at `path`: raises CorruptEntry for anything but a regular file of
+    at most MAX_ENTRY_BYTES, without following a symlink or waiting on a FIFO or a device."""
+    flags = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0)
+    try:
+        fd = os.open(path, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise CorruptEntry("a symbolic link, not an entry") from None
+        raise
+    with open(fd, "rb") as f:
+        stat = os.fstat(fd)
+        if not statmod.S_ISREG(stat.st_mode):
+            raise CorruptEntry("not a regular file")
+        if stat.st_size > MAX_ENTRY_BYTES:
+            raise CorruptEntry(f"{stat.st_size} bytes, more than any entry")
+        return f.read(MAX_ENTRY_BYTES + 1), stat
+
+
+def _reason(exc: BaseException) -> str:
+    return getattr(exc, "strerror", None) or str(exc) or type(exc).__name__
 
 
 def _remove_if_unchanged(path: Path, stat: os.stat_result) -> None:
