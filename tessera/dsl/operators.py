@@ -34,13 +34,15 @@ short circuit over traced values) and combine them lane by lane as bools.
 
 from __future__ import annotations
 
+import math
+
 from typing import Any
 
 import numpy as np
 
 from ..ir.dtypes import DType, bool_, i64
 from ..ir.errors import TypeRuleError
-from ..ir.types import PointerType, ScalarType, TileType, element_of, with_shape
+from ..ir.types import PointerType, ScalarType, SharedType, TileType, element_of, with_shape
 from . import promotion
 from .constexpr_args import describe, static_bool, static_dtype
 from .errors import TypeMismatchError
@@ -62,7 +64,22 @@ def emit(ctx: Context, op: str, *operands: Tensor, result_type=None, **attrs: An
                                      result_types=None if result_type is None else [result_type])
     except TypeRuleError as exc:
         ctx.error(f"invalid {op}: {exc}", TypeMismatchError)
+    for result in created.results:
+        check_tile_size(ctx, result.type)
     return Tensor(created.results[0]) if created.results else None
+
+
+MAX_TILE_ELEMENTS = 1 << 20     # 4 MiB of f32: more than any GPU block holds in registers and shared memory
+
+
+def check_tile_size(ctx: Context, t: Any) -> None:
+    """A CompileError at the current line for a tile larger than MAX_TILE_ELEMENTS, before the interpreter or
+    the layout pass allocates anything for it."""
+    numel = math.prod(t.shape) if isinstance(t, (TileType, SharedType)) else 0
+    if numel > MAX_TILE_ELEMENTS:
+        ctx.error(f"{t} has {numel:,} elements, more than tessera's limit of {MAX_TILE_ELEMENTS:,} (2**20) "
+                  f"per tile: no GPU block holds that much in its registers and shared memory. Split the work: "
+                  f"smaller blocks over more programs (a bigger grid), or a loop over blocks inside the kernel")
 
 
 def is_python_number(x: Any) -> bool:
