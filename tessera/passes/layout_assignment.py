@@ -98,6 +98,7 @@ from tessera.ir.ops import OPS
 from tessera.ir.target import Target
 from tessera.ir.types import PointerType, TileType, Type, element_of
 
+from .alignment_lattice import pow2_at_most
 from .errors import LoweringError
 from .mma import mma_plan
 
@@ -105,15 +106,10 @@ LOOPS = frozenset(["for", "while"])
 
 
 def element_bits(t: Type) -> int:
-    """Bits of one element in registers/memory: the pointee for pointers, at least a byte."""
+    """Bits of one element in memory: the pointee for pointers; bool takes a byte, and sub-byte types their
+    packed width (so 128 bits' worth of u4 is 32 elements, one wide load of packed bytes)."""
     elem = element_of(t)
-    if isinstance(elem, PointerType):
-        return max(elem.pointee.bits, 8)
-    return max(elem.dtype.bits, 8)
-
-
-def _pow2_at_most(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
+    return elem.pointee.bits if isinstance(elem, PointerType) else elem.dtype.bits
 
 
 def _split(available: int, extent: int) -> int:
@@ -154,7 +150,7 @@ def blocked_layout(shape: tuple[int, ...], vector: int, num_warps: int, warp_siz
 def default_vector(t: Type, max_bits: int = 128) -> int:
     """128 bits' worth of elements (a power of two), capped by the last dim."""
     shape = t.shape
-    return math.gcd(_pow2_at_most(max_bits // element_bits(t)), shape[-1])
+    return math.gcd(pow2_at_most(max_bits // element_bits(t)), shape[-1])
 
 
 @dataclass
