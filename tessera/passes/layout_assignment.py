@@ -45,8 +45,10 @@ layout yet, so the first layout to reach a value wins):
      value, result) share one layout;
    * reduce / arg_reduce: result = `operand.reduce(axis, keepdims=False)`
      (the reduced dim's threads become replication);
-   * expand_dims, and reshapes that only add or drop size-1 dims: the same
-     layout with the size-1 dim inserted or removed (both directions);
+   * expand_dims and reshape: the same layout with a size-1 dim inserted,
+     or its modes regrouped into the new dims (`RegisterLayout.reshape`;
+     both directions), so that splitting K into groups of a block scale
+     and merging them back moves no data;
    * permute: `operand.permute(order)` (both directions);
    * broadcast: operand = `result.reduce(broadcast dims)` (backward only:
      the replicated operand then broadcasts without moving data);
@@ -90,7 +92,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.layouts import LayoutError, RegisterLayout, local, parse_layout, replicated, spatial
@@ -480,9 +482,8 @@ def derived(op: Operation):
         yield op.result, op.operands[0], lambda l: drop_unit_dim(l, axis)
     elif name == "reshape" and isinstance(op.result.type, TileType):
         src, res = op.operands[0].type.shape, op.result.type.shape
-        if _squeeze(src) == _squeeze(res):
-            yield op.operands[0], op.result, lambda l: reshape_unit_dims(l, res)
-            yield op.result, op.operands[0], lambda l: reshape_unit_dims(l, src)
+        yield op.operands[0], op.result, lambda l: l.reshape(res)
+        yield op.result, op.operands[0], lambda l: l.reshape(src)
     elif name == "permute":
         order = list(op.attrs["order"])
         inverse = [order.index(d) for d in range(len(order))]
@@ -495,10 +496,6 @@ def derived(op: Operation):
     elif name == "convert_layout":
         yield op.operands[0], op.result, lambda l: l
         yield op.result, op.operands[0], lambda l: l
-
-
-def _squeeze(shape: Iterable[int]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
 
 
 def insert_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
@@ -514,13 +511,6 @@ def drop_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
     return RegisterLayout(layout.shape[:axis] + layout.shape[axis + 1:],
                           layout.modes[:axis] + layout.modes[axis + 1:],
                           layout.spatial_modes, layout.local_modes)
-
-
-def reshape_unit_dims(layout: RegisterLayout, shape: tuple[int, ...]) -> RegisterLayout:
-    """The layout of the same elements viewed with size-1 dims added or removed to give `shape`."""
-    modes = iter([ms for n, ms in zip(layout.shape, layout.modes) if n != 1])
-    new_modes = tuple(() if n == 1 else next(modes) for n in shape)
-    return RegisterLayout(tuple(shape), new_modes, layout.spatial_modes, layout.local_modes)
 
 
 def _tile_values(fn: Function) -> list[Value]:
