@@ -2,6 +2,8 @@
 only the public API (`import tessera`), like any user's code.
 """
 
+from . import quant
 from .gemm import gemm
+from .quant_gemm import quant_gemm
 
-__all__ = ["gemm"]
+__all__ = ["gemm", "quant", "quant_gemm"]
