@@ -54,7 +54,7 @@ def reinterpret(array: Any, dtype: dt.DType) -> TypedArray | DeviceArray:
     if device_array is not None:
         _check_reinterpretable(device_array.dtype.bits, "uint8" if device_array.dtype == dt.u8 else
                                device_array.dtype.name, dtype)
-        return DeviceArray(device_array.obj, dtype, device_array.address, device_array.device)
+        return DeviceArray(device_array.obj, dtype, device_array.address, device_array.device, device_array.nbytes)
     array = _as_numpy(array)
     if array is None:
         raise TypeError("tessera.reinterpret takes a numpy array, a CPU torch tensor or a GPU tensor")
@@ -73,12 +73,13 @@ def _check_reinterpretable(bits: int, name: str, dtype: dt.DType) -> None:
 
 @dataclass(frozen=True)
 class DeviceArray:
-    """An argument living in GPU memory: the caller's object, its element type, address and device."""
+    """An argument living in GPU memory: the caller's object, its element type, address, device and size."""
 
     obj: Any
     dtype: dt.DType
     address: int
     device: int | None
+    nbytes: int = 0
 
 
 TORCH_DTYPES = {
@@ -101,7 +102,8 @@ def _device_array(value: Any) -> DeviceArray | None:
     else:
         return None
     address, device = pointer_and_device(value)
-    return DeviceArray(value, dtype, address, device)
+    start, end = _memory_range(value)
+    return DeviceArray(value, dtype, address, device, end - start)
 
 
 @dataclass(frozen=True)
