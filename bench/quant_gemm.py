@@ -149,22 +149,9 @@ def describe(row: dict) -> str:
 
 
 def plot(rows: list[dict], path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    fig, ax = plt.subplots(figsize=(13, 4))
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r.get("speedup", 0.0) for r in rows], width=0.4, label="per eager call")
-    ax.bar([i + 0.2 for i in x], [r.get("graph_speedup", 0.0) for r in rows], width=0.4, label="in a CUDA graph")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.legend()
-    ax.set_xticks(list(x), [f"{r['part']} {r['m']}x{r['n']}x{r['k']}" for r in rows], rotation=90, fontsize=7)
-    ax.set_ylabel("tessera / cuBLAS fp16")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    gpu_common.ratio_plot(path, [f"{r['part']} {r['m']}x{r['n']}x{r['k']}" for r in rows],
+                          {"per eager call": [r.get("speedup", 0.0) for r in rows],
+                           "in a CUDA graph": [r.get("graph_speedup", 0.0) for r in rows]}, "tessera / cuBLAS fp16")
 
 
 def dry_run(parts: list[str]) -> None:

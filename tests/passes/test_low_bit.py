@@ -20,6 +20,9 @@ Specification:
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -39,6 +42,9 @@ from tessera.passes.lower_to_threads import lower_to_threads
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.shared_memory import allocate_shared_memory
 from tessera.passes.thread_passes import lower
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
+from low_bit_programs import roundtrip  # noqa: E402  (loads a packed tile, stores it as f32 and packed)
 
 SUB_BYTE = [d for d in dt.ALL_DTYPES if d.is_subbyte]
 
@@ -260,14 +266,6 @@ func @k(%p: ptr<u8>, %w: ptr<u4>) {{
 
 
 # -- every sub-byte type through the SIMT simulator ----------------------------------------------
-
-
-@tessera.kernel
-def roundtrip(w_ptr, out_ptr, copy_ptr, K, N, BK: tessera.constexpr, BN: tessera.constexpr):
-    pk, pn = tessera.program_id(0), tessera.program_id(1)
-    w = tessera.view(w_ptr, (K, N)).block((BK, BN), (pk, pn)).load()
-    tessera.view(out_ptr, (K, N)).block((BK, BN), (pk, pn)).store(w.to(tessera.f32))
-    tessera.view(copy_ptr, (K, N)).block((BK, BN), (pk, pn)).store(w)
 
 
 def _lower_without_the_pass(module, target="sm_80", num_warps=4):

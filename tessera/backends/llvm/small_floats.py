@@ -82,14 +82,8 @@ def encode(bld: ir.IRBuilder, x, fmt: dt.DType):
     if not fmt.has_subnormals:
         return _encode_e8m0(bld, x, fmt)
     E, M, bias = fmt.exponent_bits, fmt.mantissa_bits, fmt.bias
-    width = _width(x)
-    _, src_e, src_m = _SOURCE[width]
-    src_bias = (1 << (src_e - 1)) - 1
+    width, src_e, src_m, src_bias, c = _source(x)
     tw = _ints(x.type, width)
-
-    def c(v):
-        return int_constant(tw, v)
-
     bits = bld.bitcast(x, tw)
     sign = bld.lshr(bits, c(width - 1))
     mag = bld.and_(bits, c((1 << (width - 1)) - 1))
@@ -119,21 +113,20 @@ def encode(bld: ir.IRBuilder, x, fmt: dt.DType):
     return bld.trunc(result, with_element(x.type, ir.IntType(8)))
 
 
-def _width(x) -> int:
-    return 64 if (x.type.element if isinstance(x.type, ir.VectorType) else x.type) == F64 else 32
+def _source(x):
+    """(width, exponent bits, mantissa bits, bias, constant maker) of the f32 or f64 values `x`, the constants
+    being integers of x's width and shape."""
+    width = 64 if (x.type.element if isinstance(x.type, ir.VectorType) else x.type) == F64 else 32
+    _, src_e, src_m = _SOURCE[width]
+    tw = _ints(x.type, width)
+    return width, src_e, src_m, (1 << (src_e - 1)) - 1, lambda v: int_constant(tw, v)
 
 
 def _encode_e8m0(bld: ir.IRBuilder, x, fmt: dt.DType):
     """f32/f64 -> e8m0 (2^(e - 127)): the nearest power of two, a tie 1.5 * 2^k going up; x <= 0 (and -inf)
     and anything below 2^-127 -> 0 (2^-127: there is no zero), beyond 2^127 -> 254, NaN -> 255."""
-    width = _width(x)
-    _, src_e, src_m = _SOURCE[width]
-    src_bias = (1 << (src_e - 1)) - 1
+    width, src_e, src_m, src_bias, c = _source(x)
     tw = _ints(x.type, width)
-
-    def c(v):
-        return int_constant(tw, v)
-
     bits = bld.bitcast(x, tw)
     mag = bld.and_(bits, c((1 << (width - 1)) - 1))
     e_src = bld.lshr(mag, c(src_m))
