@@ -154,6 +154,26 @@ def test_the_split_k_decode_kernel_on_the_simt_simulator():
     _close(torch.from_numpy(got[4]), x.float() @ w.dequantize().t())
 
 
+@pytest.mark.parametrize("target, pipelined_by", [("sm_80", "async_copy"), ("sm_90a", "mbarrier_wait")])
+def test_the_pipelined_tensor_core_kernel_on_the_simt_simulator(target, pipelined_by):
+    """x's blocks stream through the ring (cp.async; TMA on sm_90a, where wgmma reads them) while W's codes
+    are loaded as bytes and unpacked in registers each step."""
+    M = 64
+    w = quant.quantize(_weight(), bits=4, group_size=64, symmetric=False)
+    x = torch.randn(M, K, dtype=torch.float16)
+    args = [x.numpy(), tessera.reinterpret(w.qweight.numpy(), tessera.u4), w.scales.numpy(), w.zeros.numpy(),
+            np.zeros((M, N), np.float16), M, N, K]
+    constexprs = dict(G=64, ZEROS=True, HALF=8.0, BM=64, BN=64, BK=64, SPLIT_K=1, STAGES=3)
+    fn = lower(quant_gemm_kernel.specialize(*args, **constexprs).module, target).functions[0]
+    assert {"unpack_bits", pipelined_by} <= {op.name for op in fn.walk()}
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    quant_gemm_kernel[(1, 1, 1)](*expected, **constexprs)
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    got[1] = Memory(w.qweight.numpy().copy(), tessera.u4)
+    run_threads(fn, got, (1, 1, 1))
+    np.testing.assert_allclose(got[4].astype(np.float32), expected[4].astype(np.float32), rtol=2e-3, atol=2e-2)
+
+
 def _signature(kernel, plan_, fmt):
     out = "f32" if plan_.split_k > 1 else "f16"
     if kernel is quant_gemm_kernel:
