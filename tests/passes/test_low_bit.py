@@ -305,3 +305,31 @@ def test_every_sub_byte_type_loads_and_stores_as_the_interpreter_does(dtype, sha
     whole_bytes = shape[1] % 32 == 0
     assert any(op.name == "unpack_bits" for op in after.walk()) == whole_bytes
     assert any(op.name == "atomic_rmw" for op in after.walk()) != whole_bytes
+
+
+# -- on a GPU: the byte loads, unpacks, packs and atomics on real hardware -----------------------------
+
+LOW_BIT = SUB_BYTE + [dt.f8e4m3, dt.f8e5m2, dt.e8m0]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("shape", [(64, 256, 32, 128), (19, 45, 16, 32)], ids=["aligned", "ragged"])
+@pytest.mark.parametrize("dtype", LOW_BIT, ids=str)
+def test_on_the_gpu_every_low_bit_type_loads_and_stores_what_numpy_says(dtype, shape):
+    torch = pytest.importorskip("torch")
+    K, N, BK, BN = shape
+    patterns = np.random.default_rng(dtype.bits).integers(0, 1 << dtype.bits, K * N)
+    packed = dt.pack(patterns, dtype) if dtype.is_subbyte else patterns.astype(np.uint8)
+    source, copy = torch.from_numpy(packed).cuda(), torch.zeros(packed.size, dtype=torch.uint8, device="cuda")
+    out = torch.zeros((K, N), dtype=torch.float32, device="cuda")
+    roundtrip[(tessera.cdiv(K, BK), tessera.cdiv(N, BN))](tessera.reinterpret(source, dtype), out,
+                                                          tessera.reinterpret(copy, dtype), K, N, BK=BK, BN=BN)
+    values = dtype.decode(patterns).reshape(K, N)
+    got = out.cpu().numpy()
+    assert ((got == values) | (np.isnan(got) & np.isnan(values))).all()
+    stored = copy.cpu().numpy()
+    if not dtype.is_subbyte:
+        stored, packed = dtype.decode(stored), dtype.decode(packed)         # a NaN may come back canonical
+        assert ((stored == packed) | (np.isnan(stored) & np.isnan(packed))).all()
+    else:
+        np.testing.assert_array_equal(stored, packed)
