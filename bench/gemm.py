@@ -164,23 +164,9 @@ def _describe(row: dict, theirs_key: str, theirs: str) -> str:
 
 
 def plot(rows: list[dict], path) -> None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return
-    labels = [f"{r['m']}x{r['n']}x{r['k']}" for r in rows]
-    fig, ax = plt.subplots(figsize=(12, 4))
-    x = range(len(rows))
-    ax.bar([i - 0.2 for i in x], [r.get("ratio", 0.0) for r in rows], width=0.4, label="per eager call")
-    ax.bar([i + 0.2 for i in x], [r.get("graph_ratio", 0.0) for r in rows], width=0.4, label="in a CUDA graph")
-    ax.axhline(1.0, color="black", linewidth=0.8)
-    ax.legend()
-    ax.set_xticks(range(len(rows)), labels, rotation=90, fontsize=7)
-    ax.set_ylabel("tessera / cuBLAS (bf16)")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    gpu_common.ratio_plot(path, [f"{r['m']}x{r['n']}x{r['k']}" for r in rows],
+                          {"per eager call": [r.get("ratio", 0.0) for r in rows],
+                           "in a CUDA graph": [r.get("graph_ratio", 0.0) for r in rows]}, "tessera / cuBLAS (bf16)")
 
 
 def main() -> None:

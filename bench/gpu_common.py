@@ -124,3 +124,24 @@ def write(name: str, payload: dict) -> Path:
     path.write_text(json.dumps(payload, indent=2) + "\n")
     print(f"wrote {path}")
     return path
+
+
+def ratio_plot(path, labels: list[str], bars: dict[str, list[float]], ylabel: str) -> None:
+    """Side-by-side bars of ratios per labelled row (one series per entry of `bars`) with a line at 1.0, to
+    `path`; nothing without matplotlib."""
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(max(12, len(labels) * 0.25), 4))
+    width = 0.8 / len(bars)
+    for j, (name, values) in enumerate(bars.items()):
+        ax.bar([i + (j - (len(bars) - 1) / 2) * width for i in range(len(labels))], values, width=width, label=name)
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.legend()
+    ax.set_xticks(range(len(labels)), labels, rotation=90, fontsize=7)
+    ax.set_ylabel(ylabel)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)

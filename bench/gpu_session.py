@@ -12,8 +12,9 @@ steps, each with an estimate and a hard bound, run in order:
   kernel's worker without losing the other results; launch overhead;
   bandwidth; bf16 GEMM at 4096^3, 8192^3 and four LLM shapes on one pinned
   config.
-* tier 2 (the next 4 minutes): fp8 GEMM, the config sweep, the autotuned
-  shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step).
+* tier 2 (the next 6 minutes): fp8 GEMM, the config sweep, the autotuned
+  shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
+  quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -24,8 +25,8 @@ killed when the budget runs out. Whatever happens, the output folder
 ($OUT when set, else `--out`) holds at most these files, each written as the
 session goes: machine.txt, pytest.txt, log.txt, results.jsonl (one JSON line
 per test outcome and per benchmark row, appended as each finishes),
-summary.json (each finished benchmark's whole JSON plus the step timings) and
-gemm_bf16.png.
+summary.json (each finished benchmark's whole JSON plus the step timings),
+gemm_bf16.png and quant_gemm.png.
 
 `--dry-run` runs everything that needs no GPU (imports, test collection with
 the same pytest arguments, each benchmark's plan, the output files) so that a
@@ -49,7 +50,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PER_TEST_TIMEOUT_S = 120
-OUTPUT_FILES = ("machine.txt", "pytest.txt", "log.txt", "results.jsonl", "summary.json", "gemm_bf16.png")
+PLOTS = ("gemm_bf16.png", "quant_gemm.png")
+OUTPUT_FILES = ("machine.txt", "pytest.txt", "log.txt", "results.jsonl", "summary.json", *PLOTS)
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,7 @@ def steps(dry_run: bool) -> list[Step]:
         Step("compile_time", 2, 40, 90, b("compile_time.py", "--repeat", "3")),
         Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
              + (("--dry-run",) if dry_run else ())),
+        Step("quant-gemm", 2, 120, 240, b("quant_gemm.py")),
     ]
 
 
@@ -148,13 +151,14 @@ class Session:
         return "ok" if process.returncode == 0 else f"exit code {process.returncode}"
 
     def _collect_benchmarks(self) -> None:
-        """Fold every benchmark JSON written so far into summary.json; bring back the bf16 GEMM plot."""
+        """Fold every benchmark JSON written so far into summary.json; bring back the plots (`PLOTS`)."""
         for path in sorted(self.bench_results.glob("*.json")):
             self.summary["benchmarks"][path.stem] = json.loads(path.read_text())
         (self.out / "summary.json").write_text(json.dumps(self.summary, indent=1, default=str) + "\n")
-        plot = self.bench_results / "gemm_bf16.png"
-        if plot.exists():
-            shutil.copy(plot, self.out / "gemm_bf16.png")
+        for name in PLOTS:
+            plot = self.bench_results / name
+            if plot.exists():
+                shutil.copy(plot, self.out / name)
 
 
 def _pump(process: subprocess.Popen, log, deadline: float) -> bool:
@@ -245,6 +249,12 @@ def report_text(folder: Path) -> str:
         elif r["bench"] == "bandwidth":
             lines.append(f"- {r['case']}: " + (f"{r['tessera_gbps']:.0f} GB/s (torch copy {r['torch_copy_gbps']:.0f})"
                                                if "tessera_gbps" in r else "WRONG"))
+        elif r["bench"] == "quant_gemm":
+            lines.append(f"- quant_gemm {r['part']} {r['m']}x{r['n']}x{r['k']}: " + (
+                f"{r['speedup']:.2f}x cuBLAS fp16" + (f", in a graph {r['graph_speedup']:.2f}x" if "graph_speedup"
+                                                      in r else "")
+                + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
+                if "speedup" in r else "ERROR" if "error" in r else "WRONG"))
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")

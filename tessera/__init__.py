@@ -53,6 +53,7 @@ from .dsl.language.reductions import (
     argmax, argmin, cumprod, cumsum, max, min, reduce, scan, sum,
 )
 from .dsl.language.linalg import dot
+from .dsl.language.scaled import dot_scaled
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared

@@ -46,32 +46,44 @@ class TypedArray:
     dtype: dt.DType
 
 
-def reinterpret(array: Any, dtype: dt.DType) -> TypedArray:
+def reinterpret(array: Any, dtype: dt.DType) -> TypedArray | DeviceArray:
     """View `array`'s storage as elements of `dtype`: a uint16 array as bf16, a uint8 array as fp8 or packed u4.
 
     Sub-byte dtypes are stored packed (element k at bit k*bits, little-endian
-    within bytes); `tessera.ir.dtypes.pack` builds such arrays.
+    within bytes); `tessera.ir.dtypes.pack` builds such arrays. GPU tensors
+    (torch CUDA tensors, `__cuda_array_interface__` objects) are viewed the
+    same way, for launches on the GPU.
     """
+    device_array = _device_array(array)
+    if device_array is not None:
+        _check_reinterpretable(device_array.dtype.bits, "uint8" if device_array.dtype == dt.u8 else
+                               device_array.dtype.name, dtype)
+        return DeviceArray(device_array.obj, dtype, device_array.address, device_array.device, device_array.nbytes)
     array = _as_numpy(array)
     if array is None:
-        raise TypeError("tessera.reinterpret takes a numpy array (or a CPU torch tensor)")
-    if dtype.is_subbyte:
-        if array.dtype != np.uint8:
-            raise TypeError(f"packed {dtype.name} data must be a uint8 array, got {array.dtype}")
-    elif array.dtype.itemsize * 8 != dtype.bits:
-        raise TypeError(f"cannot view {array.dtype} elements ({array.dtype.itemsize * 8} bits) as "
-                        f"{dtype.name} ({dtype.bits} bits); use a {dtype.storage_dtype} array")
+        raise TypeError("tessera.reinterpret takes a numpy array, a CPU torch tensor or a GPU tensor")
+    _check_reinterpretable(array.dtype.itemsize * 8, str(array.dtype), dtype)
     return TypedArray(array, dtype)
+
+
+def _check_reinterpretable(bits: int, name: str, dtype: dt.DType) -> None:
+    if dtype.is_subbyte:
+        if name != "uint8":
+            raise TypeError(f"packed {dtype.name} data must be a uint8 array, got {name}")
+    elif bits != dtype.bits:
+        raise TypeError(f"cannot view {name} elements ({bits} bits) as {dtype.name} ({dtype.bits} bits); use a "
+                        f"{dtype.storage_dtype} array")
 
 
 @dataclass(frozen=True)
 class DeviceArray:
-    """An argument living in GPU memory: the caller's object, its element type, address and device."""
+    """An argument living in GPU memory: the caller's object, its element type, address, device and size."""
 
     obj: Any
     dtype: dt.DType
     address: int
     device: int | None
+    nbytes: int = 0
 
 
 TORCH_DTYPES = {
@@ -95,7 +107,8 @@ def _device_array(value: Any) -> DeviceArray | None:
     else:
         return None
     address, device = pointer_and_device(value)
-    return DeviceArray(value, dtype, address, device)
+    start, end = _memory_range(value)
+    return DeviceArray(value, dtype, address, device, end - start)
 
 
 @dataclass(frozen=True)
@@ -141,6 +154,8 @@ def bind_arguments(source: KernelSource, args: tuple, kwargs: dict, do_not_speci
 
 def _memory_range(value: Any) -> tuple[int, int] | None:
     """[start, end) byte addresses of an array argument, or None for scalars."""
+    if isinstance(value, DeviceArray):            # a reinterpret()ed GPU tensor: the tensor's own range
+        value = value.obj
     try:
         typed = value if isinstance(value, TypedArray) else host_array(value)
     except ValueError:                          # refused when the argument is classified
@@ -255,7 +270,7 @@ def _classify(source: KernelSource, name: str, value: Any, specialize: bool) -> 
     if isinstance(value, TypedArray):
         return _pointer_spec(name, value, specialize), value
     try:
-        device_array = _device_array(value)
+        device_array = value if isinstance(value, DeviceArray) else _device_array(value)
     except (TypeError, ValueError) as exc:
         raise KernelArgumentError(f"argument '{name}': {exc}", kernel=source.name) from None
     if device_array is not None:

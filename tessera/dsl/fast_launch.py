@@ -38,7 +38,8 @@ import sys
 from dataclasses import dataclass
 from typing import Any, Callable, Iterator
 
-from .launch_codegen import ARRAY_INTERFACE, TORCH, generate_entry
+from .arguments import DeviceArray
+from .launch_codegen import ARRAY_INTERFACE, DEVICE_ARRAY, GPU_ARRAYS, TORCH, TORCH_DEVICE_ARRAY, generate_entry
 from .torch_compile import dynamo_opaque
 
 
@@ -123,9 +124,12 @@ def argument_kinds(signature: Signature, by_name: dict[str, Any]) -> tuple[tuple
             kinds.append((TORCH, kind))
         elif hasattr(value, "__cuda_array_interface__"):
             kinds.append((ARRAY_INTERFACE, kind))
+        elif isinstance(value, DeviceArray):        # tessera.reinterpret of a GPU tensor
+            wraps_torch = type(value.obj).__module__.startswith("torch")
+            kinds.append((TORCH_DEVICE_ARRAY if wraps_torch else DEVICE_ARRAY, kind))
         else:
             return None
-    if not any(k in (TORCH, ARRAY_INTERFACE) for k, _ in kinds):
+    if not any(k in GPU_ARRAYS for k, _ in kinds):
         return None
     return tuple(kinds)
 

@@ -42,7 +42,11 @@ if TYPE_CHECKING:
     from .fast_launch import FastLaunches
 
 # What the first GPU launch passed at a position (besides "int", "float", "bool"): how its facts are read.
+# A device array is a GPU tensor seen as another dtype (`tessera.reinterpret`), which carries its facts; the
+# first launch's says whether it holds a torch tensor (then launches default to torch's current stream).
 TORCH, ARRAY_INTERFACE = "torch", "array_interface"
+DEVICE_ARRAY, TORCH_DEVICE_ARRAY = "device_array", "torch_device_array"
+GPU_ARRAYS = (TORCH, ARRAY_INTERFACE, DEVICE_ARRAY, TORCH_DEVICE_ARRAY)
 _DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
 _REQUIRED = object()     # a constexpr without a default that the launch did not pass
 _I32 = "-2147483648 <= {v} <= 2147483647"
@@ -90,9 +94,14 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) ->
 def _current_stream_function(kinds) -> Callable[[int], int]:
     """torch's raw current-stream query when the launch has torch tensors (no Stream object: what Triton
     calls), else the general one."""
-    torch = sys.modules.get("torch") if any(kind == TORCH for kind, _ in kinds) else None
+    torch = sys.modules.get("torch") if _on_torch_streams(kinds) else None
     raw = getattr(getattr(torch, "_C", None), "_cuda_getCurrentRawStream", None)
     return raw or torch_current_stream
+
+
+def _on_torch_streams(kinds) -> bool:
+    """Whether launches default to torch's current stream: torch tensors among the arguments."""
+    return any(kind in (TORCH, TORCH_DEVICE_ARRAY) for kind, _ in kinds)
 
 
 def _tuning_value(sig, kinds, param: str, keyword_values: dict[str, str]) -> str:
@@ -157,6 +166,10 @@ def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[
             emit(f"    e{i} = s{i} + prod(q{i}['shape'], start=itemsize(t{i}))     # as the slow path's aliasing check")
             states_device = hasattr(cls, "__dlpack_device__")     # else it never says: no call
             key += [f"t{i}"] + ([f"stated_device({value})"] if states_device else [])
+        elif kind in (DEVICE_ARRAY, TORCH_DEVICE_ARRAY):
+            emit(f"    s{i} = {value}.address")
+            emit(f"    e{i} = s{i} + {value}.nbytes")
+            key += [f"{value}.dtype", f"{value}.device"]
         elif kind == "int":
             emit(f"    if {_I32.format(v=value)}:")
             emit(f"        w{i} = 32")
@@ -165,7 +178,7 @@ def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[
             emit("    else:                              # u64: the slow path picks the type")
             emit(f"        {miss}")
             key += [f"w{i}"] + ([] if generic else [f"not {value} & 15", f"{value} == 1"])
-        if kind in (TORCH, ARRAY_INTERFACE):
+        if kind in GPU_ARRAYS:
             key += [] if generic else [f"not s{i} & 15"]
             ranges.append((f"s{i}", f"e{i}"))
             launch_values.append(f"s{i}")
@@ -190,7 +203,7 @@ def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str) 
     emit("        dims = None")
     emit("    if dims is None:")
     emit(f"        {miss}")
-    torch_args = any(kind == TORCH for kind, _ in kinds)
+    torch_args = _on_torch_streams(kinds)
     if "stream" in sig.options:
         emit("    if stream is None:")
         emit(f"        stream = {'current_stream(ordinal)' if torch_args else '0'}")

@@ -243,6 +243,40 @@ class RegisterLayout:
             self.sizes, self.spatial_modes, self.local_modes,
         )  # fmt: skip
 
+    def reshape(self, shape: Sequence[int]) -> RegisterLayout:
+        """The layout of the same elements viewed in `shape` (same row-major order): the modes, all dims'
+        together in order, regrouped into the new dims, a mode split in two where a new dim ends inside it
+        (its digit becomes two adjacent digits). LayoutError when a dim ends inside a mode it does not
+        divide."""
+        shape = tuple(int(n) for n in shape)
+        if math.prod(shape) != math.prod(self.shape):
+            raise LayoutError(f"{self}: cannot view {self.shape} as {shape}, a different number of elements")
+        size: dict[Any, int] = dict(enumerate(self.sizes))
+        keys = [e for ids in self.dim_mode_ids for e in ids]
+        digits = [list(self.spatial_modes), list(self.local_modes)]
+        dims: list[list[Any]] = []
+        for n in shape:
+            dim, acc = [], 1
+            while acc < n:
+                key = keys.pop(0)
+                if acc * size[key] > n:         # the dim ends inside this mode: split it, major part here
+                    outer = n // acc
+                    if n % acc or size[key] % outer:
+                        raise LayoutError(f"{self}: cannot view {self.shape} as {shape}: a mode of size "
+                                          f"{size[key]} does not split at {outer}")
+                    major, minor = (key, "o"), (key, "i")
+                    size[major], size[minor] = outer, size[key] // outer
+                    for lst in digits:
+                        if key in lst:
+                            k = lst.index(key)
+                            lst[k:k + 1] = [major, minor]
+                    keys.insert(0, minor)
+                    key = major
+                dim.append(key)
+                acc *= size[key]
+            dims.append(dim)
+        return _assemble(shape, dims, size, *digits)
+
     # -- text -----------------------------------------------------------------
 
     def __str__(self) -> str:

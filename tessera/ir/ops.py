@@ -680,3 +680,4 @@ from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
+from . import low_bit_ops  # noqa: E402,F401

@@ -42,7 +42,7 @@ from tessera.ir.types import PointerType, ScalarType, TileType, Type, ViewType, 
 from . import alignment_arith, alignment_rules
 from .alignment_lattice import (  # noqa: F401  (re-exported: the analysis' public API)
     MAX_DIVISIBILITY, AxisInfo, Facts, ViewInfo, constant_info, group_cap, is_pow2, join, make_info,
-    pow2_divisor, unknown,
+    pow2_at_most, pow2_divisor, unknown,
 )
 from .alignment_rules import Rule  # noqa: F401  (re-exported)
 
@@ -210,10 +210,25 @@ def vector_width(info: AxisInfo, element_bits: int, max_bits: int = 128, dim: in
     """How many consecutive elements along `dim` one access through the pointer tile `info` may cover:
     min(contiguity, alignment in elements, max_bits / element_bits), a power of two >= 1. (For a tile of
     integer offsets from a suitably aligned base, the alignment is the offsets' divisibility.)"""
-    if info.rank == 0 or not is_pow2(element_bits):
+    if info.rank == 0 or not _vectorizable(element_bits):
         return 1
-    aligned = info.divisibility[dim] * 8 // element_bits if info.pointee_bits else info.divisibility[dim]
-    return max(1, min(info.contiguity[dim], aligned, max_bits // element_bits))
+    aligned = elements_aligned(info.divisibility[dim], element_bits) if info.pointee_bits else info.divisibility[dim]
+    return max(1, min(info.contiguity[dim], aligned, pow2_at_most(max_bits // element_bits)))
+
+
+def elements_aligned(byte_divisibility: int, element_bits: int) -> int:
+    """How many elements of `element_bits` bits an address divisible by `byte_divisibility` bytes is aligned
+    to. A sub-byte pointer's byte divisibility is elements * lowbit(bits) / 8, floored at one byte, so one
+    byte says nothing about where in the byte the element starts."""
+    if element_bits >= 8:
+        return byte_divisibility * 8 // element_bits
+    return 1 if byte_divisibility == 1 else byte_divisibility * 8 // (element_bits & -element_bits)
+
+
+def _vectorizable(element_bits: int) -> bool:
+    """Whole groups of elements make whole accesses: powers of two, and any sub-byte width (a group of a
+    multiple of 8 elements ends on a byte; the low-bit pass splits it into aligned byte accesses)."""
+    return is_pow2(element_bits) or element_bits < 8
 
 
 def mask_constancy(info: AxisInfo, dim: int = -1) -> int:
@@ -227,11 +242,11 @@ def view_vector_width(view: ViewInfo, offsets: list[AxisInfo], shape: tuple[int,
     `dim` must be 1, the block's first lanes aligned, and the bounds check the same for all of them."""
     rank = len(shape)
     dim %= rank
-    if not view.unit_stride[dim] or not is_pow2(element_bits):
+    if not view.unit_stride[dim] or not _vectorizable(element_bits):
         return 1
-    width = min(group_cap(shape[dim]), max(1, max_bits // element_bits))
+    width = min(group_cap(shape[dim]), pow2_at_most(max_bits // element_bits))
     # Element (i_0, ...) lives at base + bytes(sum_e (offset_e + i_e) * stride_e).
-    aligned = view.base_divisibility * 8 // element_bits
+    aligned = elements_aligned(view.base_divisibility, element_bits)
     for e in range(rank):
         if e != dim:
             rows = offsets[e].element_divisibility if shape[e] == 1 else 1

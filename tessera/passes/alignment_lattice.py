@@ -57,6 +57,11 @@ def is_pow2(n: int) -> bool:
     return n > 0 and n & (n - 1) == 0
 
 
+def pow2_at_most(n: int) -> int:
+    """The largest power of two <= n (1 for n < 1); 128 bits of a 3-bit type: 128 // 3 = 42 -> 32 elements."""
+    return 1 << (max(n, 1).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class AxisInfo:
     """What holds for every lane of an integer, bool or pointer value (see the module docstring)."""

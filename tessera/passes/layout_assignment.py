@@ -45,8 +45,10 @@ layout yet, so the first layout to reach a value wins):
      value, result) share one layout;
    * reduce / arg_reduce: result = `operand.reduce(axis, keepdims=False)`
      (the reduced dim's threads become replication);
-   * expand_dims, and reshapes that only add or drop size-1 dims: the same
-     layout with the size-1 dim inserted or removed (both directions);
+   * expand_dims and reshape: the same layout with a size-1 dim inserted,
+     or its modes regrouped into the new dims (`RegisterLayout.reshape`;
+     both directions), so that splitting K into groups of a block scale
+     and merging them back moves no data;
    * permute: `operand.permute(order)` (both directions);
    * broadcast: operand = `result.reduce(broadcast dims)` (backward only:
      the replicated operand then broadcasts without moving data);
@@ -90,7 +92,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterable, Mapping
+from typing import Mapping
 
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.layouts import LayoutError, RegisterLayout, local, parse_layout, replicated, spatial
@@ -98,6 +100,7 @@ from tessera.ir.ops import OPS
 from tessera.ir.target import Target
 from tessera.ir.types import PointerType, TileType, Type, element_of
 
+from .alignment_lattice import pow2_at_most
 from .errors import LoweringError
 from .mma import mma_plan
 
@@ -105,15 +108,10 @@ LOOPS = frozenset(["for", "while"])
 
 
 def element_bits(t: Type) -> int:
-    """Bits of one element in registers/memory: the pointee for pointers, at least a byte."""
+    """Bits of one element in memory: the pointee for pointers; bool takes a byte, and sub-byte types their
+    packed width (so 128 bits' worth of u4 is 32 elements, one wide load of packed bytes)."""
     elem = element_of(t)
-    if isinstance(elem, PointerType):
-        return max(elem.pointee.bits, 8)
-    return max(elem.dtype.bits, 8)
-
-
-def _pow2_at_most(n: int) -> int:
-    return 1 << (max(n, 1).bit_length() - 1)
+    return elem.pointee.bits if isinstance(elem, PointerType) else elem.dtype.bits
 
 
 def _split(available: int, extent: int) -> int:
@@ -154,7 +152,7 @@ def blocked_layout(shape: tuple[int, ...], vector: int, num_warps: int, warp_siz
 def default_vector(t: Type, max_bits: int = 128) -> int:
     """128 bits' worth of elements (a power of two), capped by the last dim."""
     shape = t.shape
-    return math.gcd(_pow2_at_most(max_bits // element_bits(t)), shape[-1])
+    return math.gcd(pow2_at_most(max_bits // element_bits(t)), shape[-1])
 
 
 @dataclass
@@ -484,9 +482,8 @@ def derived(op: Operation):
         yield op.result, op.operands[0], lambda l: drop_unit_dim(l, axis)
     elif name == "reshape" and isinstance(op.result.type, TileType):
         src, res = op.operands[0].type.shape, op.result.type.shape
-        if _squeeze(src) == _squeeze(res):
-            yield op.operands[0], op.result, lambda l: reshape_unit_dims(l, res)
-            yield op.result, op.operands[0], lambda l: reshape_unit_dims(l, src)
+        yield op.operands[0], op.result, lambda l: l.reshape(res)
+        yield op.result, op.operands[0], lambda l: l.reshape(src)
     elif name == "permute":
         order = list(op.attrs["order"])
         inverse = [order.index(d) for d in range(len(order))]
@@ -499,10 +496,6 @@ def derived(op: Operation):
     elif name == "convert_layout":
         yield op.operands[0], op.result, lambda l: l
         yield op.result, op.operands[0], lambda l: l
-
-
-def _squeeze(shape: Iterable[int]) -> tuple[int, ...]:
-    return tuple(d for d in shape if d != 1)
 
 
 def insert_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
@@ -518,13 +511,6 @@ def drop_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
     return RegisterLayout(layout.shape[:axis] + layout.shape[axis + 1:],
                           layout.modes[:axis] + layout.modes[axis + 1:],
                           layout.spatial_modes, layout.local_modes)
-
-
-def reshape_unit_dims(layout: RegisterLayout, shape: tuple[int, ...]) -> RegisterLayout:
-    """The layout of the same elements viewed with size-1 dims added or removed to give `shape`."""
-    modes = iter([ms for n, ms in zip(layout.shape, layout.modes) if n != 1])
-    new_modes = tuple(() if n == 1 else next(modes) for n in shape)
-    return RegisterLayout(tuple(shape), new_modes, layout.spatial_modes, layout.local_modes)
 
 
 def _tile_values(fn: Function) -> list[Value]:

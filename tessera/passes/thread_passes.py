@@ -1,10 +1,11 @@
-"""The tile -> thread passes, in order: layouts, lowering, shared memory, verification.
+"""The tile -> thread passes, in order: layouts, lowering, low-bit unpacking, shared memory, verification.
 
     module = lower(tile_module, "sm_90", num_warps=4)
 
 For each function: the alignment analysis, `layout_assignment` (with the
 layouts its `convert_layout` ops pin, plus any `overrides`, which win),
-`lower_to_threads`, `shared_memory` allocation, and the verifier on the
+`lower_to_threads`, `low_bit` (sub-byte loads and stores become byte
+accesses), `shared_memory` allocation, and the verifier on the
 result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
@@ -19,6 +20,7 @@ from tessera.ir.target import Target, get_target
 from tessera.ir.verifier import verify_function
 
 from .layout_assignment import assign_layouts, pinned_layouts
+from .low_bit import unpack_low_bit
 from .lower_to_threads import lower_to_threads
 from .lowering.vector_facts import VectorFacts
 from .shared_memory import allocate_shared_memory
@@ -36,6 +38,7 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         pins = {**pinned_layouts(fn), **(overrides or {})}
         assignment = assign_layouts(fn, target, num_warps, pins, facts)
         lowered = lower_to_threads(fn, assignment, target, num_warps, facts).functions[0]
+        unpack_low_bit(lowered, target.max_vector_bits)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)
         out.functions.append(lowered)

@@ -466,8 +466,8 @@ def test_a_target_llvm_does_not_know_is_rejected_before_llvm():
         compile_ir(vector_add("f32", 4), bad_feature)
 
 
-@pytest.mark.parametrize("dtype", ["i4", "u2", "e8m0", "f4e2m1"])
-def test_unsupported_dtypes_are_lowering_errors(dtype):
+@pytest.mark.parametrize("dtype", ["i4", "u2", "f4e2m1"])
+def test_packed_accesses_left_for_the_backend_are_lowering_errors(dtype):
     text = f"""\
 func @k(%x: ptr<{dtype}>) {ATTRS} {{
   %v = load %x : {dtype}
@@ -475,8 +475,17 @@ func @k(%x: ptr<{dtype}>) {ATTRS} {{
   return
 }}
 """
-    with pytest.raises(CodegenError, match=f"dtype {dtype} is not supported by the NVPTX backend yet"):
+    with pytest.raises(CodegenError, match=f"`load` through a pointer to packed {dtype} elements: the low-bit pass"):
         compile_ir(text, "sm_90a")
+
+
+def test_small_floats_only_move_and_convert():
+    moved = (f"func @k(%x: ptr<e8m0>, %y: ptr<f32>) {ATTRS} {{\n  %v = load %x : e8m0\n  %f = cast %v : f32\n"
+             f"  store %y, %f\n  return\n}}\n")
+    assert "ld.global.b8" in compile_ir(moved, "sm_90a").ptx
+    added = moved.replace("%f = cast %v : f32", "%w = add %v, %v : e8m0\n  %f = cast %w : f32")
+    with pytest.raises(CodegenError, match="`add` on e8m0: e8m0 values can only be loaded, stored, moved and cast"):
+        compile_ir(added, "sm_90a")
 
 
 @pytest.mark.parametrize("body, message", [

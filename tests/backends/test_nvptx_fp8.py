@@ -1,6 +1,6 @@
 """fp8 in the NVPTX backend: i8 bit patterns in registers, conversions that match `tessera.ir.dtypes` bit for bit.
 
-The conversion IR (`tessera.backends.llvm.fp8`) is target-independent integer arithmetic, so
+The conversion IR (`tessera.backends.llvm.small_floats`) is target-independent integer arithmetic, so
 the very lowering the GPU gets is JIT-compiled for this CPU (the harness of
 `test_nvptx_numerics.py`) and checked against `DType.quantize`/`encode`: all
 256 patterns of each format decode exactly, and encoding rounds to nearest

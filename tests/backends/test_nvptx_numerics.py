@@ -34,6 +34,8 @@ class _HostCodegen:
 
     map_lanes = llvm_codegen.Codegen.map_lanes
 
+    codegen_table = CODEGEN
+
     def __init__(self, builder):
         self.builder = builder
         self.target = get_target("sm_90a")
@@ -63,7 +65,7 @@ def _elementwise(module: ir.Module, name: str, op: Operation) -> None:
         d = value.type.dtype
         x = b.load(b.gep(base, [i], source_etype=memory_type(d)), typ=memory_type(d))
         values.append(b.icmp_unsigned("!=", x, ir.Constant(x.type, 0)) if d.is_bool else x)
-    result = CODEGEN[op.name](_HostCodegen(b), op, *values)
+    result = llvm_codegen.generate_op(_HostCodegen(b), op, values)
     d = op.result.type.dtype
     if d.is_bool:
         result = b.zext(result, ir.IntType(8))

@@ -152,6 +152,17 @@ def test_a_warm_launch_is_one_driver_call_and_no_binding(driver, monkeypatch, ho
     assert bound == [], "a warm launch neither binds nor classifies its arguments"
 
 
+def test_reinterpreted_device_arrays_take_the_warm_path_to_their_own_specialization(driver, monkeypatch):
+    """tessera.reinterpret(gpu_tensor, u4): the launch keys on the dtype it gives, not the tensor's."""
+    packed = tessera.reinterpret(FakeDeviceArray(32, typestr="|u1"), tessera.u4)
+    as_u8 = FakeDeviceArray(32, typestr="|u1", address=BASE + 4096)
+    out = tessera.reinterpret(FakeDeviceArray(32, typestr="|u1", address=BASE + 8192), tessera.u4)
+    for x, y in ((packed, out), (as_u8, FakeDeviceArray(32, typestr="|u1", address=BASE + 8192)), (packed, out)):
+        assert warm_calls(driver, lambda: scaled_copy[(1,)](x, y, 64, 1, 1, BLOCK=64)) == Counter(cuLaunchKernel=1)
+        assert ran(driver) == expected(scaled_copy, (x, y, 64, 1, 1), {"BLOCK": 64})
+    assert "ptr<u4>" in ran(driver)
+
+
 def test_unusual_calls_take_the_slow_path_and_still_launch_right(driver):
     for kwargs in ({"scale": 1.0, "BLOCK": 64},):                    # a runtime argument by keyword
         scaled_copy[(1,)](X, OUT, 64, 1, **kwargs)

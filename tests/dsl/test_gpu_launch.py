@@ -34,6 +34,17 @@ def test_device_arrays_specialize_like_host_arrays():
     assert fn.attrs["divisible_by_16"] == (0, 1, 2)
 
 
+def test_device_arrays_can_be_reinterpreted_as_packed_low_bit_types():
+    packed = tessera.reinterpret(FakeDeviceArray(32, typestr="|u1"), tessera.u4)
+    fn = copy.specialize(packed, tessera.reinterpret(FakeDeviceArray(32, "|u1", 0x7F0000000100), tessera.u4),
+                         64, BLOCK=64).function
+    assert [str(a.type) for a in fn.args] == ["ptr<u4>", "ptr<u4>", "i32"]
+    with pytest.raises(TypeError, match="packed u4 data must be a uint8 array, got f32"):
+        tessera.reinterpret(FakeDeviceArray(32), tessera.u4)
+    with pytest.raises(TypeError, match=r"cannot view uint8 elements \(8 bits\) as bf16"):
+        tessera.reinterpret(FakeDeviceArray(32, typestr="|u1"), tessera.bf16)
+
+
 @pytest.mark.skipif(cuda.driver_available(), reason="checks the no-driver path")
 def test_launching_device_arrays_without_a_driver_is_a_clear_error():
     with pytest.raises(tessera.LaunchError, match="no NVIDIA driver"):

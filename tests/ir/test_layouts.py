@@ -271,6 +271,35 @@ def test_permute_transposes_the_coordinates(layout, data):
     assert np.array_equal(permuted.table(), layout.table()[..., list(order)])
 
 
+def _row_major_index(layout: RegisterLayout) -> np.ndarray:
+    """The row-major index, in the layout's tile, of the element each (thread, local) holds."""
+    return np.ravel_multi_index(tuple(np.moveaxis(layout.table(), -1, 0)), layout.shape)
+
+
+@FAST
+@given(chains(ranks=(1, 2, 3)), st.data())
+def test_reshape_keeps_every_register_on_its_element(layout, data):
+    """A reshape regroups the same elements (row-major order kept): each (thread, local) holds the element
+    of the same row-major index, and reshaping back gives the layout back."""
+    numel = int(np.prod(layout.shape))
+    sizes = [1 << data.draw(st.integers(0, numel.bit_length() - 1)) for _ in range(data.draw(st.integers(1, 3)))]
+    shape = tuple(sizes) + (numel // int(np.prod(sizes)),) if numel % int(np.prod(sizes)) == 0 else (numel,)
+    reshaped = layout.reshape(shape)
+    assert reshaped.shape == shape
+    assert np.array_equal(_row_major_index(reshaped), _row_major_index(layout))
+    assert reshaped.reshape(layout.shape) == layout
+
+
+def test_reshape_splits_a_mode_where_a_dim_ends_inside_it():
+    # 16 contiguous elements per thread along K = 128: groups of 32 keep (lanes 2, registers 16) inside a group
+    assert spatial(16, 8).local(1, 16).reshape((16, 4, 32)) == spatial(16, 4, 2).local(1, 1, 16)
+    assert local(1, 6).reshape((2, 3)) == local(2, 3)
+    with pytest.raises(LayoutError, match="a mode of size 3 does not split at 2"):
+        local(3, 4).reshape((2, 6))
+    with pytest.raises(LayoutError, match="a different number of elements"):
+        local(2, 2).reshape((8,))
+
+
 def test_transposed_mma_b_operand_is_row_major_in_n():
     assert mma_m16n8k16_b().permute((1, 0)) == local(1, 2).spatial(8, 4).local(1, 2)
 

@@ -231,6 +231,20 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   return
 }
 """,
+    "low_bit": """\
+func @low_bit(%w: ptr<u4>) {
+  %offsets = constant {value = 3} : regs<8xi32>
+  %ws = splat %w : regs<8xptr<u4>>
+  %wp = addptr %ws, %offsets : regs<8xptr<u4>>
+  %bytes_at = byte_address %wp : regs<8xptr<u8>>
+  %bits_at = bit_offset %wp : regs<8xi32>
+  %bytes = load %bytes_at : regs<8xu8>
+  %x = unpack_bits %bytes {packed = "u4"} : regs<16xf16>
+  %q = unpack_bits %bytes {packed = "u4"} : regs<16xu4>
+  %packed = pack_bits %q : regs<8xu8>
+  return
+}
+""",
     "bulk_async": """\
 func @bulk_async(%map: tensormap) {
   %bar = shared_alloc {bytes = 8, offset = 8192} : ptr<i64, shared>

@@ -111,6 +111,33 @@ def test_addptr_measures_pointer_divisibility_in_bytes():
     assert vector_width(f["yp"], 16) == 1
 
 
+PACKED = """\
+func @k(%w: ptr<u4>, %v: ptr<u3>, %one: i32) attributes {divisible_by_16 = [0, 1]} {
+  %pid = program_id {axis = 0} : i32
+  %block = constant {value = 128} : i32
+  %start = mul %pid, %block : i32
+  %lanes = arange {end = 128, start = 0} : tile<128xi32>
+  %starts = splat %start : tile<128xi32>
+  %offs = add %starts, %lanes : tile<128xi32>
+  %ws = splat %w : tile<128xptr<u4>>
+  %wp = addptr %ws, %offs : tile<128xptr<u4>>
+  %vs = splat %v : tile<128xptr<u3>>
+  %vp = addptr %vs, %offs : tile<128xptr<u3>>
+  %shifts = splat %one : tile<128xi32>
+  %shifted = add %offs, %shifts : tile<128xi32>
+  %wq = addptr %ws, %shifted : tile<128xptr<u4>>
+  return
+}
+"""
+
+
+def test_sub_byte_pointers_align_in_elements_of_their_width():
+    f = facts_of(PACKED)
+    assert vector_width(f["wp"], 4) == 32            # 128 bits of u4: 16 bytes, aligned
+    assert vector_width(f["vp"], 3) == 32            # 3-bit groups of 32 (12 bytes) start on 4 bytes
+    assert vector_width(f["wq"], 4) == 1             # one byte of divisibility says nothing about the nibble
+
+
 def test_a_mask_against_a_divisible_bound_is_constant_in_aligned_groups():
     f = facts_of(OFFSETS)
     assert mask_constancy(f["mask"]) == 16           # offs < n flips only at a multiple of 16

@@ -10,6 +10,7 @@ import pytest
 
 import tessera
 from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
 from tessera.ir.layouts import local, parse_layout, replicated, spatial
 from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
@@ -158,6 +159,32 @@ def test_shape_ops_derive_their_layouts():
     assert names["u"] == names["t"].permute([1, 0])
     assert names["w"] == v                       # only size-1 dims came and went
     assert "%v: " in a.describe()
+
+
+@tessera.kernel
+def scale_groups(x_ptr, s_ptr, out_ptr, G: tessera.constexpr):
+    x = tessera.view(x_ptr, (16, 128)).block((16, 128), (0, 0)).load()
+    s = tessera.view(s_ptr, (16, 128 // G)).block((16, 128 // G), (0, 0)).load()
+    groups = tessera.reshape(x, (16, 128 // G, G)) * tessera.expand_dims(s, 2)
+    tessera.view(out_ptr, (16, 128)).block((16, 128), (0, 0)).store(tessera.reshape(groups, (16, 128)))
+
+
+def test_reshapes_that_split_and_merge_dims_regroup_modes_and_move_no_data():
+    """A block scale's groups along K: x's layout split into groups, and merged back, is a renaming."""
+    x, s = np.arange(16 * 128, dtype=np.float32).reshape(16, 128), np.arange(64, dtype=np.float32)
+    module = scale_groups.specialize(x, s.reshape(16, 4), np.zeros_like(x), G=32).module
+    fn = module.functions[0]
+    a = assign_layouts(fn, SM80, 4)
+    (split, merge) = [op for op in fn.walk() if op.name == "reshape"]
+    assert a.layout(split.result) == a.layout(split.operands[0]).reshape((16, 4, 32))
+    assert a.layout(merge.result) == a.layout(split.operands[0])
+    thread_fn = lower_to_threads(fn, a, SM80, 4).functions[0]
+    buffers = [op for op in thread_fn.walk() if op.name == "shared_alloc"]
+    assert len(buffers) == 1 and buffers[0].attrs["bytes"] == 16 * 4 * 4     # the scales' own layout change
+    allocate_shared_memory(thread_fn)
+    out = np.zeros_like(x)
+    run_threads(thread_fn, [x, s.reshape(16, 4), out], (1,))
+    np.testing.assert_array_equal(out, x * np.repeat(s.reshape(16, 4), 32, axis=1))
 
 
 # ---------------------------------------------------------------------------

@@ -57,6 +57,16 @@ class Memory:
         self.size = numel
         self.name = name
         self._flat = array.reshape(-1)  # a view: the array is contiguous
+        self._bytes: Memory | None = None
+
+    def as_bytes(self) -> "Memory":
+        """The same array as u8 elements, one Memory per array (the SIMT simulator addresses the bytes of a
+        packed sub-byte tensor through it; pointers compare memories by identity)."""
+        if self.dtype == dt.u8:
+            return self
+        if self._bytes is None:
+            self._bytes = Memory(self.array, dt.u8, name=f"{self.name or 'memory'} (bytes)")
+        return self._bytes
 
     def named(self, name: str) -> "Memory":
         """The same memory (same array, in place) under another name for errors."""

@@ -11,7 +11,8 @@ whose differences a `TargetDialect` describes. Files, in the order they run:
     codegen_table.py COMMON: op -> codegen function (an ir OpTable); each target layers its own over it
     ops.py         elementwise ops, math, casts      types.py    types, constants
     memory.py      addptr, loads/stores, atomics     thread.py   ids, registers, shuffles, barrier, smem
-    fp8.py         fp8 <-> f32 in integer IR         intrinsics.py  IntrinsicTable, common families
+    small_floats.py fp8/fp6/fp4/e8m0 <-> f32 in integer IR  intrinsics.py  IntrinsicTable, common families
+    low_bit.py     byte_address, bit_offset, unpack_bits (fast conversions), pack_bits
     optimize.py    parse, link a bitcode library, O3, emit (also runs as an isolated child)
     run.py         run optimize.py here or in a child process
     errors.py      BackendError, CodegenError

@@ -9,7 +9,8 @@ The kernel becomes one function, which the dialect makes a kernel
 * parameters: pointers are `ptr addrspace(1)`, and `noalias` where the
   function's `noalias` attribute lists them (the launch found their memory
   disjoint from every other pointer argument's; it lets read-only inputs use
-  non-coherent loads); scalars keep their type, except `bool`, which is
+  non-coherent loads), and a pointer to a sub-byte type becomes its bit
+  address (i64) on entry; scalars keep their type, except `bool`, which is
   passed as one byte (i8, 0 or 1) like numpy and torch store it; a
   `tensormap` is the address of a by-value parameter, in the form the dialect
   gives it (`TargetDialect.tensor_map_parameter`);
@@ -18,9 +19,10 @@ The kernel becomes one function, which the dialect makes a kernel
   into it.
 
 Values: see `types.py` (regs<N x T> are LLVM vectors, so elementwise
-ops apply to them unchanged). Structured control flow becomes basic blocks:
-`for`/`while` a header with one phi per carried value, `if` a diamond with
-one phi per result.
+ops apply to them unchanged; a sub-byte integer lives in an i8, and
+`emit` wraps the result of every elementwise op that produces one).
+Structured control flow becomes basic blocks: `for`/`while` a header with
+one phi per carried value, `if` a diamond with one phi per result.
 
 `codegen_function` expects a function that `validate.validate_function` has
 accepted; it does not re-check what the validator checks.
@@ -36,13 +38,14 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.ops import OPS
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
-from . import memory, ops, thread  # noqa: F401  (register the common codegen)
+from . import low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
 from .codegen_table import COMMON as COMMON_CODEGEN
 from .codegen_table import codegen_for
-from .types import I8, int_constant, register_type
+from .types import I8, I64, int_constant, is_bit_address, parameter_type, register_type, wrap_sub_byte
 
 
 @dataclass
@@ -80,7 +83,7 @@ class Codegen:
     # -- the kernel ------------------------------------------------------------------
 
     def _declare_kernel(self) -> ir.Function:
-        params = [I8 if _is_bool(a.type) else register_type(a.type) for a in self.fn.args]
+        params = [parameter_type(a.type) for a in self.fn.args]
         function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name=self.fn.name)
         self.dialect.configure_kernel(function, self.fn)
         noalias = set(self.fn.attrs.get("noalias", ()))
@@ -97,6 +100,8 @@ class Codegen:
         for arg, param in zip(self.fn.args, self.function.args):
             if _is_bool(arg.type):  # bools arrive as a byte
                 param = self.builder.icmp_unsigned("!=", param, ir.Constant(I8, 0), name=param.name)
+            elif is_bit_address(arg.type):  # a pointer to packed sub-byte elements: its bit address
+                param = self.builder.shl(self.builder.ptrtoint(param, I64), ir.Constant(I64, 3), name=param.name)
             entry_values.append(param)
         self.region(self.fn.body, entry_values)
 
@@ -124,7 +129,7 @@ class Codegen:
         return []
 
     def emit(self, op: Operation) -> None:
-        result = self.codegen_table[op.name](self, op, *[self.values[v] for v in op.operands])
+        result = generate_op(self, op, [self.values[v] for v in op.operands])
         results = result if isinstance(result, list) else [] if result is None else [result]
         for value, llvm_value in zip(op.results, results):
             name = _llvm_name(value.name_hint)
@@ -260,6 +265,22 @@ def _while(lw: Codegen, op: Operation, *inits):
 
 
 # -- small helpers --------------------------------------------------------------------------
+
+
+def generate_op(lw, op: Operation, operands: list[ir.Value]):
+    """The LLVM value(s) of `op` on `operands`: its entry of the target's codegen table, and for an
+    elementwise op with a sub-byte integer result (computed on the i8 that holds it) the wrap to its bits."""
+    result = lw.codegen_table[op.name](lw, op, *operands)
+    wrap = _sub_byte_result(op)
+    return result if wrap is None else wrap_sub_byte(lw.builder, result, wrap)
+
+
+def _sub_byte_result(op: Operation) -> dt.DType | None:
+    """The sub-byte integer type of an elementwise op's result (held in an i8 that may need wrapping), else None."""
+    if not OPS[op.name].elementwise:
+        return None
+    d = scalar_dtype(op.results[0].type)
+    return d if d is not None and d.is_int and d.is_subbyte else None
 
 
 def _is_bool(t) -> bool:

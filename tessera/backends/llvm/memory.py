@@ -1,7 +1,8 @@
 """Memory ops -> LLVM: addptr, masked and vectorized loads/stores, atomics.
 
 * `addptr` is a GEP over the pointee's in-memory type (unsigned offsets are
-  zero-extended first, so a u32 offset >= 2^31 stays positive).
+  zero-extended first, so a u32 offset >= 2^31 stays positive); on a bit
+  address (a pointer to a sub-byte type) it adds offset * bits.
 * `load`/`store` of registers go in groups: with `vector = k`, each group of
   k registers is one `<k x T>` access aligned to k * sizeof(T) through the
   group's first pointer, guarded by the group's first mask value; without
@@ -27,7 +28,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.types import RegsType, element_of, scalar_dtype
 
 from .codegen_table import codegen_for
-from .types import I8, I32, memory_type, register_type, scalar_type, with_element
+from .types import I8, I32, int_constant, memory_type, register_type, scalar_type, with_element
 
 CAS_FAILURE_ORDERING = "acquire"
 
@@ -48,6 +49,9 @@ def _addptr(lw, op, ptr, offset):
     if off_dtype.kind == "uint" and off_dtype.bits < 64:
         offset = bld.zext(offset, with_element(offset.type, ir.IntType(64)))
     pointee = element_of(op.operands[0].type).pointee
+    if pointee.is_subbyte:      # a bit address: offset * bits more
+        wide = offset if offset.type == ptr.type else bld.sext(offset, ptr.type)   # unsigned ones are i64 now
+        return bld.add(ptr, bld.mul(wide, int_constant(ptr.type, pointee.bits)))
     return bld.gep(ptr, [offset], source_etype=memory_type(pointee))
 
 

@@ -11,7 +11,10 @@ the ones `tessera.ir.dtypes` and the interpreter define:
 * float `ne` is unordered (NaN != x), the other comparisons ordered;
 * float -> int casts saturate with NaN -> 0 (`llvm.fptosi.sat`), float ->
   float rounds to nearest even, f16 <-> bf16 goes through f32 (exact);
-  fp8 (i8 bit patterns) converts through f32 with `fp8.py` (exact, one rounding);
+  small floats (fp8, fp6, fp4, e8m0: i8 bit patterns) convert through f32 with
+  `small_floats.py` (exact, one rounding), fp8 and e8m0 to wider floats
+  with `fast_dequant.py`'s bit tricks; sub-byte integers live in an i8,
+  and every conversion to one wraps to its bits;
 * math functions compute in f32 (f64 for f64) and round to the result type.
   sqrt is `llvm.sqrt` (correctly rounded), floor/ceil are exact and sigmoid
   is 1 / (1 + exp(-x)); the transcendental functions and float `rem` come
@@ -27,9 +30,11 @@ from tessera.ir import dtypes as dt
 from tessera.ir.ops import op_names
 from tessera.ir.types import scalar_dtype
 
-from . import fp8
+from . import small_floats
+from .fast_dequant import BF16, fast_half
 from .codegen_table import codegen_for
-from .types import F32, F64, FP8, constant, int_constant, scalar_type, splat_constant, with_element
+from .types import (F32, F64, I32, SMALL_FLOATS, constant, int_constant, scalar_type, splat_constant, with_element,
+                    wrap_sub_byte)
 
 # Math the core lowers the same way on every target; the dialect supplies the rest.
 EXACT_MATH = ("sqrt", "floor", "ceil")
@@ -195,8 +200,15 @@ def convert(lw, x, src: dt.DType, dst: dt.DType):
     """`x` of dtype `src` as dtype `dst`, with the rules of `DType.quantize`."""
     if src == dst:
         return x
-    if src in FP8 or dst in FP8:
-        return _convert_fp8(lw, x, src, dst)
+    if src in SMALL_FLOATS or dst in SMALL_FLOATS:
+        return _convert_small_float(lw, x, src, dst)
+    result = _convert(lw, x, src, dst)
+    if dst.is_int and dst.is_subbyte:   # computed in the i8 that holds it: keep the type's bits
+        result = wrap_sub_byte(lw.builder, result, dst)
+    return result
+
+
+def _convert(lw, x, src: dt.DType, dst: dt.DType):
     bld = lw.builder
     to = with_element(x.type, scalar_type(dst))
     if dst.is_bool:  # x != 0 (NaN counts as nonzero)
@@ -205,30 +217,44 @@ def convert(lw, x, src: dt.DType, dst: dt.DType):
         return bld.icmp_unsigned("!=", x, _zero(x.type))
     if src.is_bool:
         return bld.uitofp(x, to) if dst.is_float else bld.zext(x, to)
-    if src.is_int and dst.is_int:
-        if dst.bits < src.bits:
+    if src.is_int and dst.is_int:   # by register width: sub-byte integers are held in an i8
+        have, want = _int_width(x.type), _int_width(to)
+        if want < have:
             return bld.trunc(x, to)
-        if dst.bits > src.bits:
+        if want > have:
             return bld.sext(x, to) if src.kind == "int" else bld.zext(x, to)
-        return x  # same bits: the LLVM type is the same
+        return x
     if src.is_float and dst.is_float:
         if dst.bits == src.bits:  # f16 <-> bf16: f32 holds both exactly
             return bld.fptrunc(bld.fpext(x, with_element(x.type, F32)), to)
         return bld.fpext(x, to) if dst.bits > src.bits else bld.fptrunc(x, to)
     if src.is_float:
-        family = "llvm.fptosi.sat" if dst.kind == "int" else "llvm.fptoui.sat"
-        return lw.intrinsic(family, [x], (to, x.type))
+        signed = dst.kind == "int"
+        result = lw.intrinsic("llvm.fptosi.sat" if signed else "llvm.fptoui.sat", [x], (to, x.type))
+        if dst.is_subbyte:      # saturated to the i8's range: narrow it to the type's
+            prefix = "s" if signed else "u"
+            low, high = (int_constant(to, v) for v in (dst.min_value, dst.max_value))
+            result = lw.intrinsic(f"llvm.{prefix}min", [result, high], (to,))
+            if signed:
+                result = lw.intrinsic("llvm.smax", [result, low], (to,))
+        return result
     return _int_to_float(lw, x, src, dst, to)
 
 
-def _convert_fp8(lw, x, src: dt.DType, dst: dt.DType):
-    """Casts from and to fp8 go through f32, which holds every fp8 value, so only the last step rounds."""
+def _convert_small_float(lw, x, src: dt.DType, dst: dt.DType):
+    """Casts from and to small floats go through f32, which holds every value of theirs, so only the last step
+    rounds."""
     bld = lw.builder
-    if src in FP8:
-        return convert(lw, fp8.decode(bld, x, src), dt.f32, dst)
+    if src in SMALL_FLOATS:
+        fast = _fast_byte_float(lw, x, src, dst)
+        if fast is not None:
+            return fast
+        return convert(lw, small_floats.decode(bld, x, src), dt.f32, dst)
     if src == dt.f64:
-        return fp8.encode(bld, x, dst)  # f64 -> f32 would round twice
-    if src.is_int and src.bits >= 32:  # beyond +-2^20 every int overflows fp8; within it f32 is exact
+        return small_floats.encode(bld, x, dst)  # f64 -> f32 would round twice
+    if dst == dt.e8m0 and src.is_int:  # powers of two up to 2^127: through f64, exact for |x| < 2^53
+        return small_floats.encode(bld, convert(lw, x, src, dt.f64), dst)
+    if src.is_int and src.bits >= 32:  # beyond +-2^20 every int overflows fp8, fp6 and fp4; within it f32 is exact
         limit = 1 << 20
         if src.kind == "int":
             low = int_constant(x.type, -limit)
@@ -238,7 +264,23 @@ def _convert_fp8(lw, x, src: dt.DType, dst: dt.DType):
         else:
             high = int_constant(x.type, limit)
             x = bld.select(bld.icmp_unsigned(">", x, high), high, x)
-    return fp8.encode(bld, convert(lw, x, src, dt.f32), dst)
+    return small_floats.encode(bld, convert(lw, x, src, dt.f32), dst)
+
+
+def _fast_byte_float(lw, x, src: dt.DType, dst: dt.DType):
+    """fp8 / e8m0 -> a wider float by `fast_dequant`'s bit tricks (None where it has none for the pair)."""
+    if src.bits != 8 or not dst.is_float:
+        return None
+    bld = lw.builder
+    scalar = not isinstance(x.type, ir.VectorType)
+    vector = bld.insert_element(ir.Constant(ir.VectorType(x.type, 1), None), x, int_constant(I32, 0)) if scalar else x
+    fast = fast_half(bld, vector, src, dst, vector.type.count)
+    if fast is None:
+        return None
+    have = dt.bf16 if fast.type.element == BF16 else dt.f16
+    if have != dst:
+        fast = convert(lw, fast, have, dst)
+    return bld.extract_element(fast, int_constant(I32, 0)) if scalar else fast
 
 
 def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):
@@ -256,4 +298,11 @@ def _bitcast(lw, op, x):
         return bld.zext(x, to)
     if dst.is_bool:
         return bld.icmp_unsigned("!=", x, _zero(x.type))
-    return x if x.type == to else bld.bitcast(x, to)
+    if src.is_int and src.is_subbyte and dst in SMALL_FLOATS:   # a pattern keeps only the type's bits
+        return bld.and_(x, int_constant(x.type, (1 << src.bits) - 1))
+    return x if x.type == to else bld.bitcast(x, to)   # (an i8 read as a sub-byte integer is wrapped by `emit`)
+
+
+def _int_width(t: ir.Type) -> int:
+    elem = t.element if isinstance(t, ir.VectorType) else t
+    return elem.width if isinstance(elem, ir.IntType) else 0

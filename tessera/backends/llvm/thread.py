@@ -81,17 +81,17 @@ def _shuffle(lw, op, value, lane):
     def shfl(word):
         return lw.dialect.shuffle_word(lw, mode, word, lane, width)
 
-    bits_type = ir.IntType(dtype.bits)
-    bits = value if dtype.is_int or dtype.is_bool else bld.bitcast(value, bits_type)
+    as_int = isinstance(value.type, ir.IntType)     # integers, bool, and small floats' i8 bit patterns
+    bits = value if as_int else bld.bitcast(value, ir.IntType(dtype.bits))
     if dtype.bits == 64:
         low = shfl(bld.trunc(bits, I32))
         high = shfl(bld.trunc(bld.lshr(bits, ir.Constant(I64, 32)), I32))
         moved = bld.or_(bld.shl(bld.zext(high, I64), ir.Constant(I64, 32)), bld.zext(low, I64))
     elif dtype.bits == 32:
         moved = shfl(bits)
-    else:  # bool (i1), 8- and 16-bit values ride in the low bits
+    else:  # bool (i1), sub-byte, 8- and 16-bit values ride in the low bits
         moved = bld.trunc(shfl(bld.zext(bits, I32)), bits.type)
-    if dtype.is_int or dtype.is_bool:
+    if as_int:
         return moved
     return bld.bitcast(moved, scalar_type(dtype))
 

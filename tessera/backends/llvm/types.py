@@ -4,13 +4,19 @@
 | -------------------- | ----------------------------- | --------- |
 | bool                 | i1                            | i8 (0/1)  |
 | i8..i64, u8..u64     | i8..i64 (sign lives in ops)   | same      |
+| i1..i7, u1..u7       | i8 holding the value (sign- / zero-extended; elementwise ops wrap after) | packed bits |
 | f16 / bf16 / f32 / f64 | half / bfloat / float / double | same    |
-| f8e4m3 / f8e5m2      | i8 (the bit pattern)          | same      |
+| fp8, fp6, fp4, e8m0  | i8 (the bit pattern)          | fp8/e8m0 same; fp6/fp4 packed bits |
 | ptr<T> / ptr<T, shared> | ptr addrspace(1) / addrspace(3) | -    |
+| ptr<T> of a sub-byte T | i64 bit address (byte address * 8 + bit) | - |
 | regs<N x T>          | <N x T> (a vector: elementwise ops apply as is) | - |
 
-fp8 values only move and convert (`fp8.py`). Sub-byte integers,
-fp6/fp4 and e8m0 are not lowered yet: the validator rejects them (`unsupported_dtype_reason`) before any LLVM is built.
+Small floats only move and convert (`small_floats.py`). Packed sub-byte
+memory is never loaded or stored as such: the low-bit pass
+(`tessera.passes.low_bit`) turns those accesses into byte accesses
+(`byte_address`, `unpack_bits`, ...), and the validator rejects any left.
+A kernel parameter pointing to a sub-byte type is an ordinary pointer in
+the ABI; the kernel turns it into a bit address on entry.
 
 llvmlite.ir has no `bfloat`; `BFloatType` adds it (constants print as
 `0xRXXXX`). Float constants are formatted here for every width, from the
@@ -55,36 +61,29 @@ I64 = ir.IntType(64)
 F32 = ir.FloatType()
 F64 = ir.DoubleType()
 
-SUPPORTED_DTYPES: frozenset[dt.DType] = frozenset({
-    dt.bool_, dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64,
-    dt.f16, dt.bf16, dt.f32, dt.f64, dt.f8e4m3, dt.f8e5m2,
-})
-
-FP8 = (dt.f8e4m3, dt.f8e5m2)  # held as i8 bit patterns: LLVM has no fp8 type
-_FLOATS = {dt.f16: ir.HalfType(), dt.bf16: BFloatType(), dt.f32: F32, dt.f64: F64, dt.f8e4m3: I8, dt.f8e5m2: I8}
-
-
-def unsupported_dtype_reason(dtype: dt.DType, backend: str) -> str | None:
-    """Why `backend` (NVPTX, AMDGPU) cannot hold `dtype` in a register yet, or None if it can."""
-    if dtype in SUPPORTED_DTYPES:
-        return None
-    kind = "sub-byte" if dtype.is_subbyte else "8-bit float" if dtype.bits == 8 else "this"
-    return (f"{kind} dtype {dtype.name} is not supported by the {backend} backend yet; "
-            f"supported: {', '.join(d.name for d in sorted(SUPPORTED_DTYPES, key=_dtype_order))}. "
-            f"Cast to a supported type (f16/bf16/f32 or an 8-bit integer) before this op")
-
-
-def _dtype_order(d: dt.DType) -> int:
-    return dt.ALL_DTYPES.index(d)
+# Floats LLVM has no type for, held as i8 bit patterns (`small_floats.py`).
+SMALL_FLOATS = (dt.f8e4m3, dt.f8e5m2, dt.f6e2m3, dt.f6e3m2, dt.f4e2m1, dt.e8m0)
+FP8 = (dt.f8e4m3, dt.f8e5m2)
+_FLOATS = {dt.f16: ir.HalfType(), dt.bf16: BFloatType(), dt.f32: F32, dt.f64: F64, **{d: I8 for d in SMALL_FLOATS}}
 
 
 def scalar_type(dtype: dt.DType) -> ir.Type:
-    """The register type of one value of `dtype` (bool -> i1)."""
+    """The register type of one value of `dtype` (bool -> i1, sub-byte integers -> i8)."""
     if dtype.is_bool:
         return I1
     if dtype.is_float:
         return _FLOATS[dtype]
-    return ir.IntType(dtype.bits)
+    return I8 if dtype.is_subbyte else ir.IntType(dtype.bits)
+
+
+def wrap_sub_byte(bld: ir.IRBuilder, x, dtype: dt.DType):
+    """i8 registers `x` reduced to the value they hold as `dtype`, a sub-byte integer: the low `bits` bits,
+    sign-extended (i1..i7) or zero-extended (u1..u7). Elementwise ops compute on the i8 and wrap after."""
+    shift = 8 - dtype.bits
+    amount = splat_constant(x.type, ir.Constant(I8, shift))
+    if dtype.kind == "int":
+        return bld.ashr(bld.shl(x, amount), amount)
+    return bld.and_(x, splat_constant(x.type, ir.Constant(I8, (1 << dtype.bits) - 1)))
 
 
 def memory_type(dtype: dt.DType) -> ir.Type:
@@ -96,10 +95,26 @@ def pointer_type(address_space: str) -> ir.PointerType:
     return ir.PointerType(addrspace=ADDRSPACES[address_space])
 
 
+def is_bit_address(t: Type) -> bool:
+    """Whether values of IR type `t` (a pointer or registers of them) are bit addresses: a sub-byte pointee."""
+    elem = t.element if isinstance(t, RegsType) else t
+    return isinstance(elem, PointerType) and elem.pointee.is_subbyte
+
+
 def element_type(t: ScalarType | PointerType) -> ir.Type:
     if isinstance(t, PointerType):
-        return pointer_type(t.address_space)
+        return I64 if t.pointee.is_subbyte else pointer_type(t.address_space)
     return scalar_type(t.dtype)
+
+
+def parameter_type(t: Type) -> ir.Type:
+    """The LLVM type of a kernel parameter of IR type `t`: a pointer (to any pointee), a tensor map's
+    address, or a scalar (bool travels as one byte)."""
+    if isinstance(t, PointerType):
+        return pointer_type(t.address_space)
+    if isinstance(t, ScalarType) and t.dtype.is_bool:
+        return I8
+    return register_type(t)
 
 
 def register_type(t: Type) -> ir.Type:
@@ -150,12 +165,14 @@ def scalar_constant(dtype: dt.DType, value) -> ir.Constant:
     """`value` as a constant of `dtype` (rounded/wrapped as a cast to `dtype` would)."""
     if dtype.is_bool:
         return ir.Constant(I1, int(bool(value)))
-    if dtype in FP8:
+    if dtype in SMALL_FLOATS:
         bits = int(dtype.encode(value))
         return ir.Constant(I8, bits - 256 if bits >= 128 else bits)
     if dtype.is_float:
         return ir.FormattedConstant(scalar_type(dtype), _float_literal(dtype, value))
     wrapped = int(dtype.quantize(value))
+    if dtype.is_subbyte:  # the value itself, in an i8
+        return ir.Constant(I8, wrapped)
     if wrapped >= 1 << (dtype.bits - 1):  # print unsigned values two's complement
         wrapped -= 1 << dtype.bits
     return ir.Constant(ir.IntType(dtype.bits), wrapped)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import re
 
-from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
 from tessera.ir.errors import VerifyError
 from tessera.ir.ops import OPS
@@ -30,8 +29,8 @@ from tessera.ir.verifier import verify_function
 
 from .dialect import TargetDialect
 from .errors import CodegenError
-from .fp8 import FP8_OPS
-from .types import FP8, unsupported_dtype_reason
+from .small_floats import SMALL_FLOAT_OPS
+from .types import SMALL_FLOATS
 
 TERMINATORS = ("yield", "condition", "return")  # Codegen.region handles these itself
 _KERNEL_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -117,9 +116,11 @@ class _Validator:
 
     def argument_type(self, t: Type) -> None:
         if isinstance(t, PointerType) and t.address_space == "global":
-            self.dtype(t.pointee)
+            pass
         elif isinstance(t, ScalarType):
-            self.dtype(t.dtype)
+            if t.dtype.is_subbyte:
+                raise self.fail(f"kernel parameter of sub-byte type {t}: scalars of fewer than 8 bits have no "
+                                f"kernel ABI; pass it as an 8-bit integer and cast it inside the kernel")
         elif isinstance(t, TensorMapType):
             if not self.target.has("tma"):
                 raise self.fail(f"a tensormap parameter needs the Tensor Memory Accelerator (sm_90+), which "
@@ -160,24 +161,30 @@ class _Validator:
         elem = element_of(t)
         if not isinstance(t, (ScalarType, PointerType, RegsType)):
             raise self.fail(f"value of type {t} in thread IR: tiles and views must be lowered to registers first", op)
-        if isinstance(elem, PointerType):
-            self.dtype(elem.pointee, op)
-        else:
-            self.dtype(elem.dtype, op)
-            if elem.dtype in FP8 and op.name not in FP8_OPS:
-                raise self.fail(f"`{op.name}` on {elem.dtype.name}: fp8 values can only be loaded, stored, moved "
-                                f"and cast on the GPU; cast to f32 (or f16/bf16) first", op)
-
-    def dtype(self, d: dt.DType, op: Operation | None = None) -> None:
-        reason = unsupported_dtype_reason(d, self.dialect.name)
-        if reason:
-            raise self.fail(reason, op)
+        if isinstance(elem, ScalarType) and elem.dtype in SMALL_FLOATS and op.name not in SMALL_FLOAT_OPS:
+            raise self.fail(f"`{op.name}` on {elem.dtype.name}: {elem.dtype.name} values can only be loaded, "
+                            f"stored, moved and cast on the GPU; cast to f32 (or f16/bf16) first", op)
 
     def op_load(self, op: Operation) -> None:
+        self.packed_access(op)
         self.vector_access(op)
 
     def op_store(self, op: Operation) -> None:
+        self.packed_access(op)
         self.vector_access(op)
+
+    def op_atomic_rmw(self, op: Operation) -> None:
+        self.packed_access(op)
+
+    def op_atomic_cas(self, op: Operation) -> None:
+        self.packed_access(op)
+
+    def packed_access(self, op: Operation) -> None:
+        pointee = element_of(op.operands[0].type).pointee
+        if pointee.is_subbyte:
+            raise self.fail(f"`{op.name}` through a pointer to packed {pointee.name} elements: the low-bit pass "
+                            f"(tessera.passes.low_bit.unpack_low_bit, part of thread_passes.lower) turns these "
+                            f"into byte accesses; run it before the backend", op)
 
     def vector_access(self, op: Operation) -> None:
         k = op.attrs.get("vector", 1)

@@ -16,6 +16,7 @@ and deadlocks are `InterpreterError`s. Files:
     control_flow.py  for / if / while under a mask of active threads
     paths.py         cooperative scheduling of divergent paths that wait for each other (warp specialization)
     memory.py        loads, stores and atomics, checked for bounds, races and vector alignment
+    low_bit.py       sub-byte addresses, unpack_bits / pack_bits (the low-bit pass's ops)
     shared.py        shared memory and its race detection
     mbarrier.py      mbarriers and TMA box copies
     wgmma.py         warpgroup MMA reading shared memory through descriptors

@@ -10,6 +10,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
     shape        reshape, permute, trans, expand_dims, broadcast_to
     reductions   sum, max, min, argmax, argmin, reduce, cumsum, cumprod, scan
     linalg       dot
+    scaled       dot_scaled (block-scaled: MXFP8/6/4, NVFP4)
     debug        static_assert, static_print, device_print, device_assert
     layouts      convert_layout (and the `layout=` keyword of zeros, full, load)
     shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier,
@@ -22,3 +23,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
 from . import shared  # noqa: F401
+from . import scaled  # noqa: F401

@@ -20,6 +20,7 @@ from tessera.ir.core import Function, Operation, Value
 from tessera.ir.types import TileType
 
 from .. import alignment
+from ..alignment_lattice import pow2_at_most
 
 
 class VectorFacts:
@@ -33,14 +34,14 @@ class VectorFacts:
         info = self.facts.get(ptr)
         if not isinstance(ptr.type, TileType) or info is None or not info.rank:
             return 1
-        return max(1, min(info.contiguity[-1], max_bits // element_bits))
+        return max(1, min(info.contiguity[-1], pow2_at_most(max_bits // element_bits)))
 
     def view_layout_width(self, op: Operation, element_bits: int, max_bits: int) -> int:
         """Elements per thread for a view load/store (bounds ignored)."""
         view = self.facts.get(op.operands[0])
         if view is None or not view.unit_stride[-1]:
             return 1
-        return max(1, max_bits // element_bits)
+        return pow2_at_most(max_bits // element_bits)
 
     def access_width(self, op: Operation, max_bits: int) -> int:
         """Registers one access of `op` may move (alignment, contiguity, mask/bounds constancy)."""

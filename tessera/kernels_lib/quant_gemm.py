@@ -1,0 +1,264 @@
+"""Weight-quantized GEMM: y = x @ W^T with W stored in 1-8 bit integer codes (GPTQ/AWQ-style groups), MXFP4 or
+NVFP4, and activations in float16/bfloat16 (or fp8 e4m3 for W4A8).
+
+Each program computes a BM x BN tile of y. Walking K in steps of BK, it
+loads a BM x BK block of x and the BN x BK block of W's codes (each row of
+W is a bit stream along K, so a thread's 128 bits are one load that the
+compiler unpacks in registers), dequantizes it, `(q - zero) * scale` per
+group of G along K, in x's dtype, and multiplies it into a float32
+accumulator on the tensor cores. MXFP4/NVFP4 weights go through
+`tessera.dot_scaled`; W4A8 multiplies fp8 activations by the weights'
+exact fp8 codes and scales each group's partial product.
+
+Two launch shapes (`plan`): for decode (M <= 16) one 16-row tile and the
+K range split over SPLIT_K programs, which add their partial products into
+a float32 output with atomics (every weight byte is read once, by enough
+programs to keep the memory system busy); for larger M, 64- or 128-row
+tiles over all of K, the x blocks software-pipelined.
+
+`quant_gemm(x, w)` is the op `torch.ops.tessera.quant_gemm` (a fake
+implementation for torch.compile, opcheck-tested); `w` is a
+`quant.QuantizedWeight` (`quant.pack`, `quant.from_gptq`, `quant.from_awq`,
+`quant.quantize`). CPU tensors run on the tile interpreter.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+
+import tessera
+
+from .quant import FORMATS, QuantizedWeight
+
+
+@tessera.func
+def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE):
+    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own."""
+    GB = max(BK // G, 1)                        # groups in the block
+    groups = (pid_n, step * BK // G // GB)
+    values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
+    if ZEROS:
+        values = values - tessera.expand_dims(z.block((BN, GB), groups).load().to(DTYPE), 2)
+    else:
+        values = values - HALF
+    scale = tessera.expand_dims(s.block((BN, GB), groups).load().to(DTYPE), 2)
+    return tessera.reshape(values * scale, (BN, BK))
+
+
+@tessera.func
+def write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K):
+    """The finished tile into y, or (split K) added into the float32 y that the splits share."""
+    if SPLIT_K == 1:
+        tessera.view(out_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
+    else:
+        rows = pid_m * BM + tessera.arange(0, BM)
+        cols = pid_n * BN + tessera.arange(0, BN)
+        inside = (rows[:, None] < M) & (cols[None, :] < N)
+        tessera.atomic_add(out_ptr + rows[:, None] * N + cols[None, :], acc, mask=inside)
+
+
+@tessera.kernel
+def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.constexpr,
+                      ZEROS: tessera.constexpr, HALF: tessera.constexpr, BM: tessera.constexpr,
+                      BN: tessera.constexpr, BK: tessera.constexpr, SPLIT_K: tessera.constexpr,
+                      STAGES: tessera.constexpr):
+    pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
+    x, w = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K))
+    s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
+    steps = tessera.cdiv(K, BK * SPLIT_K)
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
+        wt = dequantize(w.block((BN, BK), (pid_n, step)).load(), s, z, pid_n, step, BN, BK, G, ZEROS, HALF,
+                        x.dtype)
+        acc = tessera.dot(x.block((BM, BK), (pid_m, step)).load(), wt.T, acc)
+    write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
+
+
+@tessera.kernel
+def fp4_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, global_scale, M, N, K, G: tessera.constexpr,
+                    BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
+                    SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr):
+    pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
+    x, w, s = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K)), tessera.view(s_ptr, (N, K // G))
+    steps = tessera.cdiv(K, BK * SPLIT_K)
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
+        codes, scales = w.block((BN, BK), (pid_n, step)).load(), s.block((BN, BK // G), (pid_n, step)).load()
+        acc = tessera.dot_scaled(x.block((BM, BK), (pid_m, step)).load(), None, codes.T, scales.T, acc)
+    write(out_ptr, acc * global_scale, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
+
+
+@tessera.kernel
+def w4a8_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.constexpr,
+                ZEROS: tessera.constexpr, HALF: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
+                SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr):
+    """fp8 activations times the weights' exact fp8 codes q - zero, one group (BK = G) per step, each group's
+    product scaled by its column scales; the rows scaled by x's scales at the end."""
+    pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
+    x, w = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K))
+    s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
+    steps = tessera.cdiv(K, G * SPLIT_K)
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
+        codes = w.block((BN, G), (pid_n, step)).load().to(tessera.f16)
+        zero = z.block((BN, 1), (pid_n, step)).load().to(tessera.f16) if ZEROS else HALF
+        exact = (codes - zero).to(tessera.f8e4m3)                   # |q - zero| <= 15: exact in e4m3
+        partial = tessera.dot(x.block((BM, G), (pid_m, step)).load(), exact.T)
+        acc = acc + partial * s.block((BN, 1), (pid_n, step)).load().to(tessera.f32).T
+    row_scale = tessera.view(xs_ptr, (M, 1)).block((BM, 1), (pid_m, 0)).load()
+    write(out_ptr, acc * row_scale, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
+
+
+# ---------------------------------------------------------------------------
+# Launch plans
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tile sizes, pipelining depth, warps and how many programs split K."""
+
+    BM: int
+    BN: int
+    BK: int
+    split_k: int
+    stages: int
+    num_warps: int
+
+
+# The interpreter's plan: small tiles (and two K splits, so the CPU tests run the atomic path).
+CPU_PLAN = Plan(BM=16, BN=16, BK=32, split_k=2, stages=1, num_warps=4)
+
+
+def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = False) -> Plan:
+    """Decode (M <= 16): one 16-row tile, K split so that about two programs per SM stream the weights;
+    otherwise 64- or 128-row tiles over all of K. BK is a whole number of groups, or divides one (W4A8: one
+    group)."""
+    bk = group_size if w4a8 else 128 if M <= 16 else 64
+    if bk % group_size and group_size % bk:
+        bk = group_size
+    if M <= 16:
+        tiles = tessera.cdiv(N, 64)
+        split = max(1, min(K // bk, 2 * num_sms // max(tiles, 1)))
+        while K % (split * bk):     # whole steps per split
+            split -= 1
+        return Plan(16, 64, bk, split, 1, 4)
+    if w4a8:        # two float32 tiles (the sum, and each group's product) and a whole group of K per step
+        return Plan(64, 64, bk, 1, 3, 4)
+    bm = 128 if M >= 1024 else 64
+    return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
+
+
+# ---------------------------------------------------------------------------
+# The torch op
+
+ACTIVATION_DTYPES = (torch.float16, torch.bfloat16)
+_TESSERA_DTYPES = {torch.float16: tessera.f16, torch.bfloat16: tessera.bf16, torch.float8_e4m3fn: tessera.f8e4m3}
+
+
+def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+           perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
+           format: str, out_dtype: Optional[torch.dtype]) -> tuple[int, int, int, torch.dtype]:
+    """Validate; return M (rows of x), N, K and the output dtype."""
+    if format not in FORMATS:
+        raise ValueError(f"tessera::quant_gemm: format must be one of {FORMATS}, got {format!r}")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 2:
+        raise ValueError(f"tessera::quant_gemm: qweight must be uint8 [N, K * bits / 8] (quant.pack), got "
+                         f"{qweight.dtype} {tuple(qweight.shape)}")
+    N, K = qweight.shape[0], qweight.shape[1] * 8 // bits
+    if x.shape[-1] != K:
+        raise ValueError(f"tessera::quant_gemm: x has {x.shape[-1]} columns but the weight has K = {K}")
+    fp8 = x.dtype == torch.float8_e4m3fn
+    if x.dtype not in ACTIVATION_DTYPES and not (fp8 and format == "int" and bits <= 4):
+        raise ValueError(f"tessera::quant_gemm: x must be float16 or bfloat16 (float8_e4m3fn with x_scale for "
+                         f"W4A8: int weights of at most 4 bits), got {x.dtype}")
+    if fp8 != (x_scale is not None):
+        raise ValueError("tessera::quant_gemm: x_scale (float32, one per row of x) goes with float8_e4m3fn x only")
+    if tuple(scales.shape) != (N, K // group_size):
+        raise ValueError(f"tessera::quant_gemm: scales must be [N, K // group_size] = [{N}, {K // group_size}], "
+                         f"got {tuple(scales.shape)}")
+    if perm is not None and tuple(perm.shape) != (K,):
+        raise ValueError(f"tessera::quant_gemm: perm must be [K] = [{K}], got {tuple(perm.shape)}")
+    if fp8 and group_size % 16:
+        raise ValueError(f"tessera::quant_gemm: W4A8 needs groups of a multiple of 16, got {group_size}")
+    out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
+    if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise ValueError(f"tessera::quant_gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
+    return x.numel() // K, N, K, out_dtype
+
+
+@torch.library.custom_op("tessera::quant_gemm", mutates_args=())
+def quant_gemm_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                  perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
+                  format: str, global_scale: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """`torch.ops.tessera.quant_gemm`: see `quant_gemm`."""
+    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype)
+    x2 = x.reshape(M, K)
+    if perm is not None:
+        x2 = x2.index_select(1, perm)
+    cpu = x.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
+    out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
+    grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)
+    as_arg = _host if cpu else _device
+    codes = tessera.f4e2m1 if format != "int" else getattr(tessera, f"u{bits}")
+    w = as_arg(qweight, codes)
+    launch = dict(BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps)
+    if format != "int":
+        scale_type = tessera.e8m0 if format == "mxfp4" else tessera.f8e4m3
+        fp4_gemm_kernel[grid](as_arg(x2.contiguous()), w, as_arg(scales.contiguous(), scale_type), as_arg(out),
+                              float(global_scale), M, N, K, G=group_size, BK=p.BK, **launch)
+    else:
+        zeros_arg = as_arg((zeros if zeros is not None else scales).contiguous())
+        common = dict(G=group_size, ZEROS=zeros is not None, HALF=float(2 ** (bits - 1)), **launch)
+        if x_scale is None:
+            quant_gemm_kernel[grid](as_arg(x2.contiguous()), w, as_arg(scales.contiguous()), zeros_arg, as_arg(out),
+                                    M, N, K, BK=p.BK, **common)
+        else:
+            w4a8_kernel[grid](as_arg(x2.contiguous()), as_arg(x_scale.reshape(M, 1).float().contiguous()), w,
+                              as_arg(scales.contiguous()), zeros_arg, as_arg(out), M, N, K, **common)
+    return out.to(out_dtype).reshape(*x.shape[:-1], N)
+
+
+@quant_gemm_op.register_fake
+def _quant_gemm_fake(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, global_scale,
+                     out_dtype=None):
+    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype)
+    return x.new_empty((*x.shape[:-1], N), dtype=out_dtype)
+
+
+def quant_gemm(x: torch.Tensor, w: QuantizedWeight, x_scale: Optional[torch.Tensor] = None, *,
+               out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """y = x @ W^T for a quantized W (`quant.QuantizedWeight`), accumulated in float32.
+
+    x is [..., K] float16 or bfloat16; for W4A8 (int weights of at most 4
+    bits) float8_e4m3fn with `x_scale`, float32 [...] (one scale per row).
+    The result is [..., N] in `out_dtype` (default: x's dtype; bfloat16 for
+    fp8 x). This is the op `torch.ops.tessera.quant_gemm`.
+    """
+    return quant_gemm_op(x, w.qweight, w.scales, w.zeros, w.perm, x_scale, w.bits, w.group_size, w.format,
+                         w.global_scale, out_dtype)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def _host(t: torch.Tensor, dtype: Optional[tessera.DType] = None):
+    """A CPU tensor as an interpreter argument: its bytes as `dtype` (or its own type; bf16 and fp8 as bits)."""
+    dtype = dtype or _TESSERA_DTYPES.get(t.dtype)
+    if dtype is None:
+        return t
+    bits = torch.uint16 if dtype.bits == 16 and dtype != tessera.f16 else torch.uint8 if dtype.bits <= 8 else None
+    array = t.view(bits).numpy() if bits is not None else t.numpy()
+    return tessera.reinterpret(array, dtype)
+
+
+def _device(t: torch.Tensor, dtype: Optional[tessera.DType] = None):
+    """A CUDA tensor as a kernel argument: viewed as `dtype` when its torch dtype does not say it."""
+    return tessera.reinterpret(t, dtype) if dtype is not None else t

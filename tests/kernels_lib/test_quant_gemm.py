@@ -1,0 +1,274 @@
+"""tessera.kernels_lib.quant_gemm and quant: weight-quantized GEMM, and weights laid out for it.
+
+Specification:
+
+* `quant.quantize` / `quant.pack` give a QuantizedWeight whose
+  `dequantize()` is the weight the format means: integer codes of 1..8
+  bits, symmetric or asymmetric, groups of 32/64/128, act order (K
+  permuted so groups are contiguous); MXFP4 and NVFP4;
+* `from_gptq` and `from_awq` read those checkpoints' int32 tensors (GPTQ:
+  packed along K, zeros stored minus one, g_idx; AWQ: packed along N in
+  nibble order 0,2,4,6,1,3,5,7) into the weight their formulas define;
+* `quant_gemm(x, w)` is x @ w.dequantize().T for every format (W4A8: fp8
+  x times its row scales), to the precision of the output dtype, on the CPU
+  interpreter (which runs the split-K atomic path) and, marked `gpu`, on a
+  GPU for decode and tensor-core shapes;
+* lowered for sm_80, the decode kernel computes on the SIMT simulator what
+  the interpreter computes, and every kernel compiles for sm_80, sm_90a and
+  gfx942 without spills;
+* `torch.library.opcheck` passes on the CPU; bad arguments name the fix.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+import tessera
+from tessera.backends.interp.storage import Memory
+from tessera.backends.simt import run_threads
+from tessera.kernels_lib import quant
+from tessera.kernels_lib.quant_gemm import fp4_gemm_kernel, plan, quant_gemm, quant_gemm_kernel, quant_gemm_op, \
+    w4a8_kernel
+from tessera.passes.thread_passes import lower
+
+N, K = 64, 256
+
+
+def _weight(seed=0):
+    return torch.randn(N, K, generator=torch.Generator().manual_seed(seed))
+
+
+def _close(y: torch.Tensor, expected: torch.Tensor, dtype: torch.dtype = torch.float16):
+    tolerance = {torch.float16: 2e-3, torch.bfloat16: 1e-2, torch.float32: 1e-4}[dtype]
+    err = (y.float() - expected).abs().max().item()
+    assert err <= tolerance * expected.abs().max().item(), f"max error {err} vs max |y| {expected.abs().max()}"
+
+
+@pytest.mark.parametrize("bits, group, symmetric", [(4, 128, True), (4, 64, False), (8, 128, True), (3, 64, True),
+                                                     (2, 32, False), (5, 32, True), (1, 128, False)])
+def test_integer_weights_on_the_interpreter(bits, group, symmetric):
+    w = quant.quantize(_weight(), bits=bits, group_size=group, symmetric=symmetric)
+    assert (w.dequantize() - _weight()).abs().max() <= w.scales.float().max() * (1.0 if bits > 1 else 2.0)
+    x = torch.randn(3, K, dtype=torch.float16)
+    _close(quant_gemm(x, w), x.float() @ w.dequantize().t())
+
+
+def test_bfloat16_activations_and_leading_dims():
+    w = quant.quantize(_weight(), bits=4, group_size=128, scale_dtype=torch.bfloat16)
+    x = torch.randn(2, 2, K, dtype=torch.bfloat16)
+    y = quant_gemm(x, w)
+    assert y.shape == (2, 2, N) and y.dtype == torch.bfloat16
+    _close(y, x.float() @ w.dequantize().t(), torch.bfloat16)
+
+
+def test_act_order_permutes_k_so_that_groups_are_contiguous():
+    g_idx = torch.randperm(K, generator=torch.Generator().manual_seed(1)) % (K // 64)
+    codes = torch.randint(0, 16, (N, K))
+    scales = (torch.rand(N, K // 64) * 0.1).half()
+    w = quant.pack(codes, scales, bits=4, group_size=64, g_idx=g_idx)
+    exact = (codes.float() - 8) * scales.float()[:, g_idx]
+    assert torch.equal(w.dequantize(), exact) and w.perm is not None
+    x = torch.randn(5, K, dtype=torch.float16)
+    _close(quant_gemm(x, w), x.float() @ exact.t())
+
+
+@pytest.mark.parametrize("format", ["mxfp4", "nvfp4"])
+def test_fp4_weights(format):
+    w = quant.quantize(_weight(), format=format)
+    assert (w.dequantize() - _weight()).abs().max() < 1.5
+    x = torch.randn(3, K, dtype=torch.bfloat16)
+    _close(quant_gemm(x, w), x.float() @ w.dequantize().t(), torch.bfloat16)
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_w4a8_scales_fp8_activations_by_row(symmetric):
+    w = quant.quantize(_weight(), bits=4, group_size=128, symmetric=symmetric)
+    x = torch.randn(3, K)
+    x_scale = x.abs().amax(1) / 448
+    x8 = (x / x_scale[:, None]).to(torch.float8_e4m3fn)
+    y = quant_gemm(x8, w, x_scale)
+    _close(y, (x8.float() * x_scale[:, None]) @ w.dequantize().t(), torch.bfloat16)
+
+
+# -- checkpoint importers ---------------------------------------------------------------------------
+
+
+def _pack_int32(codes: torch.Tensor, bits: int, axis: int, order=None) -> torch.Tensor:
+    """Codes packed 32/bits to an int32 along `axis` (code j of a word at bits j*bits), as GPTQ/AWQ do."""
+    per_word = 32 // bits
+    c = codes.movedim(axis, -1)
+    c = c.reshape(*c.shape[:-1], c.shape[-1] // per_word, per_word).to(torch.int64)
+    if order is not None:       # slot j holds column order[j]
+        c = c[..., list(order)]
+    words = sum(c[..., j] << (j * bits) for j in range(per_word))
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.movedim(-1, axis)
+
+
+@pytest.mark.parametrize("bits, act_order", [(4, False), (4, True), (8, False), (2, True)])
+def test_gptq_checkpoints(bits, act_order):
+    group = 64
+    q = torch.randint(0, 2 ** bits, (K, N))
+    zeros = torch.randint(1, 2 ** bits, (K // group, N))
+    scales = (torch.rand(K // group, N) * 0.1).half()
+    g_idx = (torch.randperm(K) % (K // group)) if act_order else torch.arange(K) // group
+    w = quant.from_gptq(_pack_int32(q, bits, 0), _pack_int32(zeros - 1, bits, 1), scales,
+                        g_idx if act_order else None, bits=bits, group_size=group)
+    expected = (scales.float()[g_idx] * (q.float() - zeros.float()[g_idx])).t()       # GPTQ's own formula
+    assert torch.allclose(w.dequantize(), expected)
+    x = torch.randn(2, K, dtype=torch.float16)
+    _close(quant_gemm(x, w), x.float() @ expected.t())
+
+
+def test_awq_checkpoints():
+    group = 64
+    q, zeros = torch.randint(0, 16, (K, N)), torch.randint(0, 16, (K // group, N))
+    scales = (torch.rand(K // group, N) * 0.1).half()
+    w = quant.from_awq(_pack_int32(q, 4, 1, quant.AWQ_ORDER), _pack_int32(zeros, 4, 1, quant.AWQ_ORDER), scales,
+                       group_size=group)
+    expected = ((q.float() - zeros.float().repeat_interleave(group, 0)) * scales.float().repeat_interleave(group, 0))
+    assert torch.allclose(w.dequantize(), expected.t())
+
+
+# -- the kernels as the GPU gets them -----------------------------------------------------------------
+
+
+def test_the_split_k_decode_kernel_on_the_simt_simulator():
+    w = quant.quantize(_weight(), bits=4, group_size=64, symmetric=False)
+    x = torch.randn(3, K, dtype=torch.float16)
+    codes = tessera.reinterpret(w.qweight.numpy(), tessera.u4)
+    args = [x.numpy(), codes, w.scales.numpy(), w.zeros.numpy(), np.zeros((3, N), np.float32), 3, N, K]
+    constexprs = dict(G=64, ZEROS=True, HALF=8.0, BM=16, BN=32, BK=64, SPLIT_K=2, STAGES=1)
+    spec = quant_gemm_kernel.specialize(*args, **constexprs)
+    fn = lower(spec.module, "sm_80").functions[0]
+    assert {"unpack_bits", "mma", "atomic_rmw"} <= {op.name for op in fn.walk()}
+    grid = (1, N // 32, 2)
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    quant_gemm_kernel[grid](*expected, **constexprs)
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    got[1] = Memory(w.qweight.numpy().copy(), tessera.u4)
+    run_threads(fn, got, grid)
+    np.testing.assert_allclose(got[4], expected[4], rtol=1e-5, atol=1e-3)
+    _close(torch.from_numpy(got[4]), x.float() @ w.dequantize().t())
+
+
+@pytest.mark.parametrize("target, pipelined_by", [("sm_80", "async_copy"), ("sm_90a", "mbarrier_wait")])
+def test_the_pipelined_tensor_core_kernel_on_the_simt_simulator(target, pipelined_by):
+    """x's blocks stream through the ring (cp.async; TMA on sm_90a, where wgmma reads them) while W's codes
+    are loaded as bytes and unpacked in registers each step."""
+    M = 64
+    w = quant.quantize(_weight(), bits=4, group_size=64, symmetric=False)
+    x = torch.randn(M, K, dtype=torch.float16)
+    args = [x.numpy(), tessera.reinterpret(w.qweight.numpy(), tessera.u4), w.scales.numpy(), w.zeros.numpy(),
+            np.zeros((M, N), np.float16), M, N, K]
+    constexprs = dict(G=64, ZEROS=True, HALF=8.0, BM=64, BN=64, BK=64, SPLIT_K=1, STAGES=3)
+    fn = lower(quant_gemm_kernel.specialize(*args, **constexprs).module, target).functions[0]
+    assert {"unpack_bits", pipelined_by} <= {op.name for op in fn.walk()}
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    quant_gemm_kernel[(1, 1, 1)](*expected, **constexprs)
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    got[1] = Memory(w.qweight.numpy().copy(), tessera.u4)
+    run_threads(fn, got, (1, 1, 1))
+    np.testing.assert_allclose(got[4].astype(np.float32), expected[4].astype(np.float32), rtol=2e-3, atol=2e-2)
+
+
+def _signature(kernel, plan_, fmt):
+    out = "f32" if plan_.split_k > 1 else "f16"
+    if kernel is quant_gemm_kernel:
+        return f"*f16:16,*u4:16,*f16:16,*f16:16,*{out}:16,i32,i32:16,i32:16", dict(ZEROS=True, HALF=8.0,
+                                                                                   BK=plan_.BK)
+    if kernel is fp4_gemm_kernel:
+        return (f"*bf16:16,*f4e2m1:16,*{fmt}:16,*{out.replace('f16', 'bf16')}:16,f32,i32,i32:16,i32:16",
+                dict(BK=plan_.BK))
+    return (f"*f8e4m3:16,*f32:16,*u4:16,*f16:16,*f16:16,*{out.replace('f16', 'bf16')}:16,i32,i32:16,i32:16",
+            dict(ZEROS=False, HALF=8.0))
+
+
+KERNELS = {"w4a16-decode": (quant_gemm_kernel, 1), "w4a16-large": (quant_gemm_kernel, 4096),
+           "mxfp4": (fp4_gemm_kernel, 16), "w4a8": (w4a8_kernel, 256)}
+
+
+@pytest.mark.parametrize("target, case", [("sm_90a", case) for case in KERNELS] + [
+    ("sm_80", "w4a16-decode"), ("sm_80", "w4a8"), ("gfx942", "w4a16-decode"), ("gfx942", "mxfp4")])
+def test_the_kernels_compile_without_spills(target, case):
+    kernel, M = KERNELS[case]
+    group = 32 if kernel is fp4_gemm_kernel else 128
+    p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel)
+    signature, extra = _signature(kernel, p, "e8m0")
+    compiled = kernel.compile(signature=signature, target=target, G=group, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k,
+                              STAGES=p.stages, num_warps=p.num_warps, **extra)
+    assert compiled.metadata.get("spill_stores", 0) == 0 and compiled.metadata.get("vgpr_spill_count", 0) == 0
+
+
+# -- the op ---------------------------------------------------------------------------------------
+
+
+def _op_args(w: quant.QuantizedWeight, x: torch.Tensor, x_scale=None):
+    return (x, w.qweight, w.scales, w.zeros, w.perm, x_scale, w.bits, w.group_size, w.format, w.global_scale)
+
+
+@pytest.mark.parametrize("case", ["w4-asymmetric", "w3-act-order", "nvfp4"])
+def test_opcheck(case):
+    if case == "w4-asymmetric":
+        w, x = quant.quantize(_weight(), bits=4, group_size=64, symmetric=False), torch.randn(2, K).half()
+    elif case == "w3-act-order":
+        w = quant.pack(torch.randint(0, 8, (N, K)), (torch.rand(N, K // 64) * 0.1).half(), bits=3, group_size=64,
+                       g_idx=torch.arange(K) % (K // 64))
+        x = torch.randn(2, K).half()
+    else:
+        w, x = quant.quantize(_weight(), format="nvfp4"), torch.randn(2, K).bfloat16()
+    torch.library.opcheck(quant_gemm_op, _op_args(w, x))
+
+
+@pytest.mark.parametrize("change, message", [
+    (dict(x=torch.randn(2, 128).half()), "x has 128 columns but the weight has K = 256"),
+    (dict(x=torch.randn(2, K)), "x must be float16 or bfloat16"),
+    (dict(scales=torch.ones(N, 3).half()), r"scales must be \[N, K // group_size\] = \[64, 4\]"),
+    (dict(x_scale=torch.ones(2)), "x_scale .* goes with float8_e4m3fn x only"),
+])
+def test_bad_arguments_name_the_fix(change, message):
+    w = quant.quantize(_weight(), bits=4, group_size=64)
+    args = dict(zip(("x", "qweight", "scales", "zeros", "perm", "x_scale", "bits", "group_size", "format",
+                     "global_scale"), _op_args(w, torch.randn(2, K).half())))
+    args.update(change)
+    with pytest.raises(ValueError, match=message):
+        quant_gemm_op(**args)
+
+
+# -- on a GPU -----------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M", [1, 16, 256])
+@pytest.mark.parametrize("case", ["w4-g128", "w4-g32-asym", "w8-g128", "w3-g64", "w2-g32", "act-order", "mxfp4",
+                                  "nvfp4", "w4a8"])
+def test_on_the_gpu_every_format_matches_the_dequantized_product(case, M):
+    n, k = 512, 1024
+    w0 = torch.randn(n, k)
+    bits, group, symmetric = {"w4-g128": (4, 128, True), "w4-g32-asym": (4, 32, False), "w8-g128": (8, 128, True),
+                              "w3-g64": (3, 64, True), "w2-g32": (2, 32, False), "act-order": (4, 128, True),
+                              "mxfp4": (4, 32, True), "nvfp4": (4, 16, True), "w4a8": (4, 128, False)}[case]
+    if case in ("mxfp4", "nvfp4"):
+        w = quant.quantize(w0, format=case)
+    elif case == "act-order":
+        w = quant.pack(torch.randint(0, 16, (n, k)), (torch.rand(n, k // group) * 0.02).half(), bits=4,
+                       group_size=group, g_idx=torch.randperm(k) % (k // group))
+    else:
+        w = quant.quantize(w0, bits=bits, group_size=group, symmetric=symmetric)
+    cuda = quant.QuantizedWeight(*(t.cuda() if isinstance(t, torch.Tensor) else t for t in (
+        w.qweight, w.scales, w.zeros, w.perm)), w.bits, w.group_size, w.format, w.global_scale)
+    dtype = torch.bfloat16 if case in ("mxfp4", "nvfp4") else torch.float16
+    x = torch.randn(M, k, device="cuda", dtype=torch.float32)
+    if case == "w4a8":
+        x_scale = x.abs().amax(1) / 448
+        x8 = (x / x_scale[:, None]).to(torch.float8_e4m3fn)
+        y = quant_gemm(x8, cuda, x_scale)
+        expected = (x8.float() * x_scale[:, None]) @ w.dequantize().cuda().t()
+        dtype = torch.bfloat16
+    else:
+        x = x.to(dtype)
+        y = quant_gemm(x, cuda)
+        expected = x.float() @ w.dequantize().cuda().t()
+    _close(y.cpu(), expected.cpu(), dtype)
