@@ -427,8 +427,11 @@ def _groups(op: Operation):
             yield defs + uses
         elif uses:  # store: the pointer operand leads
             yield [(uses[0][0], None, 0)] + uses[1:]
-    elif name == "smem_async_copy" and len(op.operands) == 3 and isinstance(op.operands[1].type, TileType):
-        yield [(op.operands[1], None, 0), (op.operands[2], op, 2)]      # pointers and mask
+    elif name == "smem_async_copy" and isinstance(op.operands[1].type, TileType):
+        # pointers and their mask; an mbarrier operand (a shared buffer, not a tile) has no layout
+        masks = [(v, op, i) for i, v in enumerate(op.operands) if i >= 2 and isinstance(v.type, TileType)]
+        if masks:
+            yield [(op.operands[1], None, 0)] + masks
     elif name == "scan":
         yield [(op.result, None, 0), (op.operands[0], op, 0)]
     elif name == "dot":

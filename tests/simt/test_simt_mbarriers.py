@@ -79,3 +79,56 @@ def test_without_the_arrival_the_tma_wait_deadlocks():
     arrivals[0].parent.ops.remove(arrivals[0])
     with pytest.raises(InterpreterError, match="(?i)deadlock"):
         run_threads(fn, case.args(), case.grid)
+
+
+# ---------------------------------------------------------------------------
+# Copies through a tile of pointers that complete on an mbarrier (issue 21: layout assignment took the
+# mbarrier operand for the copy's mask and failed with a KeyError on every target)
+
+import tessera  # noqa: E402
+
+import test_mbarriers as interp_cases  # noqa: E402
+
+
+@tessera.kernel
+def pointer_copy_on_a_barrier(x_ptr, out_ptr, n, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    buf = tessera.shared((1, BLOCK), tessera.f32)
+    bars = tessera.mbarriers(1)
+    tessera.async_copy(buf[0], x_ptr + offs, mask=offs < n, barrier=bars[0])
+    bars[0].wait(0)
+    tessera.store(out_ptr + offs, buf[0].load(), mask=offs < n)
+
+
+def simulate(kernel, args, target, grid=(1,), **constexprs):
+    module = kernel.specialize(*args, **constexprs).module
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_function(module.functions[0], expected, grid)
+    actual = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
+    run_threads(lower(module, target, 4).functions[0], actual, grid)
+    return expected, actual
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_a_masked_pointer_copy_on_an_mbarrier_compiles_and_computes_what_the_interpreter_does(target):
+    x = np.arange(64, dtype=np.float32) + 1
+    expected, actual = simulate(pointer_copy_on_a_barrier, [x, np.zeros(64, np.float32), 50], target, BLOCK=64)
+    np.testing.assert_array_equal(expected[1][:50], x[:50])
+    np.testing.assert_array_equal(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_the_interpreter_mbarrier_kernels_compile_and_agree(target):
+    x = np.arange(32, dtype=np.float32) + 1
+    expected, actual = simulate(interp_cases.groups_and_phases, [x, np.zeros(16, np.float32)], target,
+                                WAIT_PHASE=True)
+    np.testing.assert_array_equal(actual[1], expected[1])
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_a_copy_into_a_buffer_the_threads_just_read_needs_the_authors_barrier(target):
+    """`phases` reuses its buffer right after reading it: fine in the tile interpreter (a program runs as one),
+    a race between threads on a GPU. It compiles; the SIMT simulator names the missing barrier."""
+    x = np.arange(32, dtype=np.float32) + 1
+    with pytest.raises(InterpreterError, match=r"shared-memory race.*add a `barrier`"):
+        simulate(interp_cases.phases, [x, np.zeros(32, np.float32)], target, MODE="ok")
