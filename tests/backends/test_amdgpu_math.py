@@ -92,3 +92,62 @@ def test_expansion_accuracy(name):
 def test_special_values(name):
     got = _run_on_host(name, np.float32([np.inf, -np.inf, np.nan, -0.0]))
     assert got[0] == 1 and got[1] == -1 and np.isnan(got[2]) and got[3] == 0 and np.signbit(got[3])
+
+
+REM_KERNEL = """
+import sys, tessera
+@tessera.kernel
+def rem(x_ptr, y_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    tessera.store(out_ptr + offs, tessera.load(x_ptr + offs) % tessera.load(y_ptr + offs))
+dtype, target = sys.argv[1:]
+rem.compile(signature=f"*{dtype},*{dtype},*{dtype}", target=target, BLOCK=16)
+print("compiled")
+"""
+
+
+@pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950"])
+@pytest.mark.parametrize("dtype", ["bf16", "f16", "f32", "f64"])
+def test_float_remainder_compiles_for_every_amd_target_and_dtype(dtype, target, tmp_path):
+    """`%` on bf16 used to end the process inside LLVM ("no libcall available for frem"): InstCombine shrank the
+    f32 frem of the widened operands back to a bfloat one. Compiled in a child process, so a regression fails
+    this test instead of killing the test run."""
+    import subprocess
+    import sys
+    script = tmp_path / "rem.py"                       # kernels live in files: tessera reads their source
+    script.write_text(REM_KERNEL)
+    done = subprocess.run([sys.executable, str(script), dtype, target], capture_output=True, text=True, timeout=120)
+    assert done.stdout.strip() == "compiled", done.stderr[-2000:]
+
+
+def test_bf16_remainder_widened_through_its_bits_is_exact():
+    """math.fmod widens bf16 operands by shifting their bits (so InstCombine cannot shrink the frem): on the host,
+    4-lane bf16 vectors give numpy's fmod of the same values, which bf16 represents exactly."""
+    from tessera.backends.llvm.intrinsics import BF16
+
+    lanes = 4
+    module = ir.Module("host")
+    module.triple = llvm.get_process_triple()
+    ptr, vec16 = ir.PointerType(), ir.VectorType(ir.IntType(16), lanes)
+    fn = ir.Function(module, ir.FunctionType(ir.VoidType(), [ptr, ptr, ptr]), "f")
+    b = ir.IRBuilder(fn.append_basic_block("entry"))
+    x, y = (b.bitcast(b.load(p, typ=vec16), ir.VectorType(BF16, lanes)) for p in fn.args[:2])
+    wide = ir.VectorType(F32, lanes)
+    result = amdgpu_math.fmod(_HostCodegen(b), b.fpext(x, wide), b.fpext(y, wide))
+    b.store(result, fn.args[2])                 # f32: fmod of bf16 values is exact in f32 (and in bf16)
+    b.ret_void()
+    llvm.initialize_native_target()
+    llvm.initialize_native_asmprinter()
+    engine = llvm.create_mcjit_compiler(llvm.parse_assembly(str(module)),
+                                        llvm.Target.from_default_triple().create_target_machine())
+    engine.finalize_object()
+    run = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_void_p)(engine.get_function_address("f"))
+    rng = np.random.default_rng(3)
+    to_bf16 = lambda v: (np.asarray(v, np.float32).view(np.uint32) >> 16).astype(np.uint16)      # noqa: E731
+    from_bf16 = lambda bits: (bits.astype(np.uint32) << 16).view(np.float32)                    # noqa: E731
+    for _ in range(50):
+        xs, ys = to_bf16(rng.standard_normal(lanes) * 100), to_bf16(rng.standard_normal(lanes) * 3)
+        out = np.zeros(lanes, np.float32)
+        run(xs.ctypes.data, ys.ctypes.data, out.ctypes.data)
+        np.testing.assert_array_equal(out, np.fmod(from_bf16(xs), from_bf16(ys)))
+        np.testing.assert_array_equal(from_bf16(to_bf16(out)), out)          # representable in bf16

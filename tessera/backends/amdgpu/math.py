@@ -62,8 +62,22 @@ def math_function(lw, name: str, x: ir.Value) -> ir.Value:
 
 def fmod(lw, a: ir.Value, b: ir.Value) -> ir.Value:
     """`frem` lane by lane: LLVM's exact AMDGPU expansion handles scalars only (a vector frem, as
-    from bf16 registers, would reach instruction selection as a libcall and abort)."""
-    return lw.map_lanes(lambda p, q: lw.builder.frem(p, q), a, b)
+    from bf16 registers, would reach instruction selection as a libcall and abort), and f32 ones whose
+    operands are bf16 values widened by `fpext` would be shrunk back to a bfloat frem by InstCombine,
+    which has no expansion either (the same abort: "no libcall available for frem"). Those operands are
+    widened through their bits instead (a bf16 is the top half of an f32), which InstCombine leaves alone."""
+    bld = lw.builder
+
+    def operand(v):
+        source = v.operands[0] if getattr(v, "opname", None) == "fpext" else None
+        if source is None or "bfloat" not in str(source.type):
+            return v
+        count = source.type.count if isinstance(source.type, ir.VectorType) else None
+        typed = (lambda t: ir.VectorType(t, count)) if count else (lambda t: t)   # noqa: E731
+        bits = bld.zext(bld.bitcast(source, typed(ir.IntType(16))), typed(ir.IntType(32)))
+        shift = ir.Constant(typed(ir.IntType(32)), [16] * count if count else 16)
+        return bld.bitcast(bld.shl(bits, shift), typed(ir.FloatType()))
+    return lw.map_lanes(lambda p, q: bld.frem(p, q), operand(a), operand(b))
 
 
 def _polynomial(bld, x, coefficients):
