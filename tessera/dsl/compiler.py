@@ -18,7 +18,10 @@ the hidden `tensormap` parameters the compiler added for TMA loads
 stage is also written to `DIR/<kernel>.<stage>.<ext>`. A kernel that is
 valid but cannot be lowered as configured (a pinned layout for the wrong
 number of threads, more shared memory than the block has) is a
-`CompileError` at the offending op's source line.
+`CompileError` at the offending op's source line, and so is every refusal
+of a backend (a dtype, an op or a math function the target lacks): the
+backends' `CodegenError`s never leave `compile_tile_module`. A failure of
+LLVM or ptxas itself is a compiler bug: a `CompileError` that says so.
 """
 
 from __future__ import annotations
@@ -33,6 +36,7 @@ from ..ir.core import Function, Module
 from ..ir.printer import print_module
 from ..ir.target import get_target
 from ..ir.tensor_map import kernel_recipes
+from ..backends.llvm.errors import BackendError, CodegenError
 from ..passes.errors import LoweringError
 from ..passes.manager import PassManager
 from ..passes.tile_passes import default_tile_passes
@@ -119,12 +123,12 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if recipes:     # hidden tensormap parameters (TMA loads): what a launcher builds them from
         names = [a.name_hint for a in thread_fn.args]
         metadata["tensor_maps"] = [r.to_json(names) for r in recipes]
-    if description.vendor == "amd":
-        binary = _amdgpu(thread_fn, description, stages, metadata)
-        lap("llvm_amdgcn_lld")
-    else:
-        binary = _nvptx(thread_fn, description, stages, metadata)
-        lap("llvm_ptx_ptxas")
+    backend = _amdgpu if description.vendor == "amd" else _nvptx
+    try:
+        binary = backend(thread_fn, description, stages, metadata)
+    except BackendError as exc:
+        raise _backend_compile_error(exc, fn, description.name) from exc
+    lap("llvm_amdgcn_lld" if description.vendor == "amd" else "llvm_ptx_ptxas")
     compiled = CompiledKernel(fn.name, target, stages, binary, metadata)
     dump_dir = os.environ.get("TESSERA_DUMP")
     if dump_dir:
@@ -158,7 +162,21 @@ def _amdgpu(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes 
 
 def _compile_error(exc: LoweringError, fn: Function) -> CompileError:
     """A LoweringError as the user sees it: at the op's source line (else the kernel's), naming the kernel."""
-    loc = exc.loc or fn.loc
     what = f"cannot lower '{exc.op.name}': " if exc.op is not None else ""
-    return CompileError(what + exc.message, kernel=exc.kernel or fn.name, file=loc.file if loc else None,
+    return _located(what + exc.message, exc.loc, fn)
+
+
+def _backend_compile_error(exc: BackendError, fn: Function, target: str) -> CompileError:
+    """A backend's refusal (CodegenError) at the op's source line, or LLVM's / a tool's failure as the internal
+    error it is, naming the kernel either way."""
+    if isinstance(exc, CodegenError):
+        what = f"`{exc.op_name}` " if exc.op_name else ""
+        return _located(f"cannot compile {what}for {target}: {exc.message}", exc.loc, fn)
+    return _located(f"internal compiler error while generating code for {target}: {exc}; please report it with "
+                    f"the kernel", None, fn)
+
+
+def _located(message: str, loc, fn: Function) -> CompileError:
+    loc = loc or fn.loc
+    return CompileError(message, kernel=fn.name, file=loc.file if loc else None,
                         line=loc.line if loc else None, column=loc.column if loc else None)

@@ -79,7 +79,17 @@ class _Validator:
     def fail(self, message: str, op: Operation | None = None) -> CodegenError:
         if op is None:
             return CodegenError(message, kernel=self.fn.name, loc=self.fn.loc)
-        return CodegenError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc)
+        return CodegenError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc, op_name=op.name)
+
+    def first_use(self, value) -> Operation | None:
+        """The first op reading `value` (a kernel argument): where a refusal of its type is reported, since
+        the user can change that line and not the signature's."""
+        return next((op for op in self.fn.walk() if any(v is value for v in op.operands)), None)
+
+    def fail_argument(self, message: str, arg) -> CodegenError:
+        """A refusal of kernel argument `arg`, located at its first use."""
+        use = self.first_use(arg)
+        return CodegenError(message, kernel=self.fn.name, loc=use.loc if use is not None else self.fn.loc)
 
     def run(self) -> None:
         try:
@@ -88,7 +98,7 @@ class _Validator:
             raise self.fail(f"the thread IR is malformed: {e}") from None
         self.function_attributes()
         for arg in self.fn.args:
-            self.argument_type(arg.type)
+            self.argument_type(arg)
         for op in self.fn.walk():
             self.op(op)
 
@@ -115,11 +125,19 @@ class _Validator:
             raise self.fail(f"the function was lowered for target {named!r} but is being compiled for "
                             f"{target.name}; lower it again for {target.name}")
 
-    def argument_type(self, t: Type) -> None:
+    def argument_type(self, arg) -> None:
+        t = arg.type
         if isinstance(t, PointerType) and t.address_space == "global":
-            self.dtype(t.pointee)
+            reason = unsupported_dtype_reason(t.pointee, self.dialect.name)
+            if reason:
+                name = arg.name_hint or "a pointer argument"
+                raise self.fail_argument(f"'{name}' points to {t.pointee.name} elements: {reason.split(';')[0]}; "
+                                         f"pass the packed bytes instead (tessera.reinterpret(x, tessera.u8), or "
+                                         f"x.view(torch.uint8)) and unpack them with shifts and masks", arg)
         elif isinstance(t, ScalarType):
-            self.dtype(t.dtype)
+            reason = unsupported_dtype_reason(t.dtype, self.dialect.name)
+            if reason:
+                raise self.fail_argument(reason, arg)
         elif isinstance(t, TensorMapType):
             if not self.target.has("tma"):
                 raise self.fail(f"a tensormap parameter needs the Tensor Memory Accelerator (sm_90+), which "
