@@ -8,6 +8,8 @@ The public API, in one place:
 * the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
+* random numbers (`rand`, `randn`, `randint`, `randint4x`, ...: Philox4x32-10, Triton's
+  stream) and `umulhi` (`tessera/dsl/language/random.py`);
 * explicit shared memory and async copies (`shared`, `async_copy`,
   `async_commit`, `async_wait`, `barrier`, `mbarriers` and `bars[s].wait`;
   `tessera/dsl/language/shared.py`);
@@ -56,5 +58,6 @@ from .dsl.language.linalg import dot
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
+from .dsl.language.random import rand, rand4x, randint, randint4x, randn, randn4x, umulhi
 from .ir import layouts
 from .dsl.autotune import Config, autotune

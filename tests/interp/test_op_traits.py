@@ -30,6 +30,8 @@ def random_operands(name: str) -> tuple[list[tuple[np.ndarray, dt.DType]], dict]
     ints = lambda lo=-50, hi=50: RNG.integers(lo, hi, SHAPE).astype(np.int32)  # noqa: E731
     if name in ("shl", "shr"):
         return [(ints(), dt.i32), (ints(0, 31), dt.i32)], {}
+    if name == "umulhi":     # high halves of products: operands over the whole i32 range
+        return [(ints(-2**31, 2**31 - 1), dt.i32), (ints(-2**31, 2**31 - 1), dt.i32)], {}
     if name in ("and", "or", "xor", "not"):
         return [(ints(), dt.i32)] * (2 if name != "not" else 1), {}
     if name in ("div", "rem"):

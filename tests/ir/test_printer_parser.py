@@ -300,6 +300,13 @@ func @warp_specialization() attributes {num_threads = 384} {
   return
 }
 """,
+    "language_ops": """\
+func @language_ops(%i: tile<128xu32>, %w: i64) {
+  %hi = umulhi %i, %i : tile<128xu32>
+  %wide = umulhi %w, %w : i64
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

@@ -14,6 +14,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
     layouts      convert_layout (and the `layout=` keyword of zeros, full, load)
     shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier,
                  mbarriers (and bars[s].wait)
+    random       rand, randn, randint, randint4x, rand4x, randn4x (Philox4x32-10), umulhi
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
@@ -21,4 +22,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
-from . import shared  # noqa: F401
+from . import random, shared  # noqa: F401

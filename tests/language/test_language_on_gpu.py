@@ -1,0 +1,60 @@
+"""On a machine with an NVIDIA GPU: the language features of tests/language/ run on the device and agree with
+their numpy references (and so with the CPU interpreter, which the other files check against the same
+references). Joined to tier 1 of the GPU session by the `gpu` mark."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import philox_reference as ref
+from test_random import OFFSETS, distributions, draw_words, dropout, dropout_args, high_product_reference, \
+    high_products
+
+pytestmark = pytest.mark.gpu
+torch = pytest.importorskip("torch")
+
+
+def on_device(args: list) -> list:
+    return [torch.from_numpy(a.copy()).cuda() if isinstance(a, np.ndarray) else a for a in args]
+
+
+def back(value) -> np.ndarray:
+    torch.cuda.synchronize()
+    return value.cpu().numpy()
+
+
+@pytest.mark.parametrize("offsets", sorted(OFFSETS))
+def test_randint4x_on_the_gpu_is_philox(offsets):
+    values = OFFSETS[offsets]
+    out, device_offsets, seed = on_device([np.zeros(4 * values.size, np.uint32), values, 0x123456789])
+    draw_words[(1,)](out, device_offsets, seed, BLOCK=values.size)
+    assert back(out).reshape(4, -1).tolist() == [w.tolist() for w in ref.randint4x(0x123456789, values)]
+
+
+def test_dropout_on_the_gpu_keeps_the_same_lanes_as_the_reference():
+    x, out, n, p, seed = on_device(dropout_args())
+    dropout[(4,)](x, out, n, p, seed, BLOCK=256)
+    uniform = ref.uniform(ref.randint4x(seed, np.arange(n, dtype=np.int32))[0])
+    expected = np.where(uniform > np.float32(p), back(x) / np.float32(1 - p), np.float32(0)).astype(np.float32)
+    assert back(out).tobytes() == expected.tobytes()
+
+
+def test_uniforms_on_the_gpu_are_bit_for_bit_and_normals_close():
+    (out,) = on_device([np.zeros(4 * 1024, np.float32)])
+    distributions[(1,)](out, 99, BLOCK=1024)
+    rand, randn, rand_word3, _ = back(out).reshape(4, 1024)
+    words = ref.randint4x(99, np.arange(1024, dtype=np.int32))
+    assert rand.tobytes() == ref.uniform(words[0]).tobytes()
+    assert rand_word3.tobytes() == ref.uniform(words[2]).tobytes()
+    np.testing.assert_allclose(randn, ref.normal(ref.uniform(words[0]), ref.uniform(words[1])), rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("dtype", [np.uint32, np.int64])
+def test_umulhi_on_the_gpu(dtype):
+    rng = np.random.default_rng(5)
+    info = np.iinfo(dtype)
+    a, b = (rng.integers(info.min, info.max, 128, dtype=dtype, endpoint=True) for _ in range(2))
+    da, db, out = on_device([a, b, np.zeros_like(a)])
+    high_products[(1,)](da, db, out, BLOCK=128)
+    assert back(out).tobytes() == high_product_reference(a, b).tobytes()
