@@ -58,3 +58,24 @@ def test_umulhi_on_the_gpu(dtype):
     da, db, out = on_device([a, b, np.zeros_like(a)])
     high_products[(1,)](da, db, out, BLOCK=128)
     assert back(out).tobytes() == high_product_reference(a, b).tobytes()
+
+
+def test_padding_blocks_leave_early_on_the_gpu():
+    from test_early_return import scale_real_blocks
+
+    x, out = on_device([np.arange(256, dtype=np.float32), np.full(256, -1, np.float32)])
+    scale_real_blocks[(8,)](x, out, 3, BLOCK=32)
+    result = back(out)
+    assert result[:96].tolist() == (2 * np.arange(96, dtype=np.float32)).tolist() and (result[96:] == -1).all()
+
+
+@pytest.mark.parametrize("where", [None, 5])
+def test_a_return_inside_nested_loops_on_the_gpu(where):
+    from test_early_return import first_negative
+
+    x = np.arange(1, 13, dtype=np.float32)
+    if where is not None:
+        x[where] = -x[where]
+    dx, out = on_device([x, np.zeros(1, np.int32)])
+    first_negative[(1,)](dx, out, 4, COLS=3)
+    assert back(out)[0] == (-1 if where is None else where)
