@@ -8,6 +8,8 @@ The public API, in one place:
 * the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
+* hints the compiler trusts and the interpreter checks (`multiple_of`,
+  `max_contiguous`, `assume`; `tessera/dsl/language/hints.py`);
 * random numbers (`rand`, `randn`, `randint`, `randint4x`, ...: Philox4x32-10, Triton's
   stream) and `umulhi` (`tessera/dsl/language/random.py`);
 * explicit shared memory and async copies (`shared`, `async_copy`,
@@ -37,6 +39,7 @@ from .dsl.errors import (
 )
 from .backends.interp import InterpreterError
 from .runtime.errors import LaunchError
+from .passes.errors import PipelineWarning
 from .dsl.values import constexpr, pipeline, static_range
 from .dsl.function import func
 from .dsl.kernel import Kernel, kernel
@@ -59,5 +62,6 @@ from .dsl.language.debug import device_assert, device_print, static_assert, stat
 from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
 from .dsl.language.random import rand, rand4x, randint, randint4x, randn, randn4x, umulhi
+from .dsl.language.hints import assume, max_contiguous, multiple_of
 from .ir import layouts
 from .dsl.autotune import Config, autotune

@@ -22,12 +22,17 @@ number of threads, more shared memory than the block has) is a
 of a backend (a dtype, an op or a math function the target lacks): the
 backends' `CodegenError`s never leave `compile_tile_module`. A failure of
 LLVM or ptxas itself is a compiler bug: a `CompileError` that says so.
+A `tessera.pipeline` loop that gets less than it asked for (fewer stages,
+no async copies, no TMA, no warp specialization) is a `PipelineWarning` at
+the loop's line, or a `CompileError` in strict mode (`TESSERA_STRICT=1` or
+`strict=True`).
 """
 
 from __future__ import annotations
 
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -37,7 +42,7 @@ from ..ir.printer import print_module
 from ..ir.target import get_target
 from ..ir.tensor_map import kernel_recipes
 from ..backends.llvm.errors import BackendError, CodegenError
-from ..passes.errors import LoweringError
+from ..passes.errors import LoweringError, PipelineWarning
 from ..passes.manager import PassManager
 from ..passes.tile_passes import default_tile_passes
 from ..passes.thread_passes import lower
@@ -47,6 +52,7 @@ from .errors import CompileError
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
                     "llvm_ir": "ll", "ptx": "ptx", "amdgcn": "s"}
 BINARY_EXTENSIONS = {"nvidia": "cubin", "amd": "hsaco"}
+STRICT_ENV = "TESSERA_STRICT"       # set: a pipeline that gets less than it asked for is a CompileError
 
 
 @dataclass
@@ -85,8 +91,10 @@ class CompiledKernel:
         return written
 
 
-def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4) -> CompiledKernel:
-    """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD)."""
+def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4,
+                        strict: bool | None = None) -> CompiledKernel:
+    """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD). `strict` (default:
+    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning."""
     description = get_target(target)
     if description.vendor not in BINARY_EXTENSIONS:
         raise ValueError(f"target {target} is not supported: no backend for {description.vendor} GPUs")
@@ -107,9 +115,12 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     stages["optimized_tile_ir"] = print_module(optimized)
     lap("tile_passes")
     try:
-        threads = lower(optimized, description, num_warps=num_warps)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PipelineWarning)
+            threads = lower(optimized, description, num_warps=num_warps)
     except LoweringError as exc:
         raise _compile_error(exc, fn) from None
+    _report_shortfalls(caught, fn, strict_mode(strict))
     stages["thread_ir"] = print_module(threads)
     lap("lower_to_threads")
     thread_fn = threads.functions[0]
@@ -134,6 +145,29 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if dump_dir:
         compiled.dump(dump_dir)
     return compiled
+
+
+def strict_mode(strict: bool | None = None) -> bool:
+    """`strict`, or when None whether $TESSERA_STRICT is set (to anything but "", "0" or "false")."""
+    if strict is not None:
+        return strict
+    return os.environ.get(STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:
+    """Each PipelineWarning of the lowering at the user's source line: shown as a warning, or raised as a
+    CompileError in strict mode. Other warnings pass on as they were."""
+    for record in caught:
+        warning = record.message
+        if not isinstance(warning, PipelineWarning):
+            warnings.warn_explicit(warning, record.category, record.filename, record.lineno)
+            continue
+        if strict:
+            raise _located(f"{warning.message} (an error in strict mode: ${STRICT_ENV} or strict=True)",
+                           warning.loc, fn)
+        loc = warning.loc or fn.loc
+        warnings.warn_explicit(PipelineWarning(f"kernel '{fn.name}': {warning.message}", loc), PipelineWarning,
+                               loc.file if loc else "<kernel>", loc.line if loc else 0)
 
 
 def _nvptx(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes | None:

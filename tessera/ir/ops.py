@@ -686,3 +686,4 @@ from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
+from . import hint_ops  # noqa: E402,F401

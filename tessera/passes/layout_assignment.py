@@ -431,7 +431,7 @@ def _groups(op: Operation):
             yield [(uses[0][0], None, 0)] + uses[1:]
     elif name == "smem_async_copy" and len(op.operands) == 3 and isinstance(op.operands[1].type, TileType):
         yield [(op.operands[1], None, 0), (op.operands[2], op, 2)]      # pointers and mask
-    elif name == "scan":
+    elif name in ("scan", "multiple_of", "max_contiguous"):     # the result's lanes are the operand's
         yield [(op.result, None, 0), (op.operands[0], op, 0)]
     elif name == "dot":
         yield [(op.result, None, 0), (op.operands[2], op, 2)]

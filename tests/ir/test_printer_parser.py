@@ -304,6 +304,12 @@ func @warp_specialization() attributes {num_threads = 384} {
 func @language_ops(%i: tile<128xu32>, %w: i64) {
   %hi = umulhi %i, %i : tile<128xu32>
   %wide = umulhi %w, %w : i64
+  %m = multiple_of %i {values = [16]} : tile<128xu32>
+  %c = max_contiguous %m {values = [128]} : tile<128xu32>
+  %k = multiple_of %w {values = [16]} : i64
+  %zero = constant {value = 0} : i64
+  %ok = cmp %k, %zero {pred = "ge"} : bool
+  assume %ok
   return
 }
 """,

@@ -79,3 +79,13 @@ def test_a_return_inside_nested_loops_on_the_gpu(where):
     dx, out = on_device([x, np.zeros(1, np.int32)])
     first_negative[(1,)](dx, out, 4, COLS=3)
     assert back(out)[0] == (-1 if where is None else where)
+
+
+@pytest.mark.parametrize("hint", ["multiple_of", "assume"])
+def test_a_gemm_sized_by_memory_pipelines_on_the_gpu_once_its_alignment_is_stated(hint):
+    from test_hints import BLOCKS, gemm_args, sized_by_memory
+
+    a, b, c, sizes = gemm_args()
+    da, db, dc, dsizes = on_device([a, b, c, sizes])
+    sized_by_memory[(1,)](da, db, dc, dsizes, HINT=hint, **BLOCKS)
+    np.testing.assert_allclose(back(dc), a.astype(np.float32) @ b.astype(np.float32), rtol=1e-3, atol=1e-3)

@@ -31,7 +31,7 @@ from tessera.ir.types import PointerType, SharedType, TensorMapType, Type, ViewT
 
 # Importing the family modules fills the semantics table.
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
-from . import shared  # noqa: F401
+from . import hints, shared  # noqa: F401
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .registry import SEMANTICS, apply_semantics

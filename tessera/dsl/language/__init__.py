@@ -15,6 +15,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
     shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier,
                  mbarriers (and bars[s].wait)
     random       rand, randn, randint, randint4x, rand4x, randn4x (Philox4x32-10), umulhi
+    hints        multiple_of, max_contiguous, assume
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
@@ -22,4 +23,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
-from . import random, shared  # noqa: F401
+from . import hints, random, shared  # noqa: F401
