@@ -8,6 +8,8 @@ The public API, in one place:
 * the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
+* pointers as values: `pointer_type(dtype)` for `addr.to(...)`, and the host helper
+  `addresses(arrays)` for arrays of pointers (`tessera/dsl/language/pointers.py`);
 * hints the compiler trusts and the interpreter checks (`multiple_of`,
   `max_contiguous`, `assume`; `tessera/dsl/language/hints.py`);
 * random numbers (`rand`, `randn`, `randint`, `randint4x`, ...: Philox4x32-10, Triton's
@@ -43,7 +45,8 @@ from .passes.errors import PipelineWarning
 from .dsl.values import constexpr, pipeline, static_range
 from .dsl.function import func
 from .dsl.kernel import Kernel, kernel
-from .dsl.arguments import reinterpret
+from .dsl.arguments import addresses, reinterpret
+from .dsl.language.pointers import pointer_type
 from .dsl.stdlib import cdiv, next_power_of_2
 from .dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
 from .dsl.language.memory import (

@@ -687,3 +687,4 @@ from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
 from . import hint_ops  # noqa: E402,F401
+from . import pointer_ops  # noqa: E402,F401

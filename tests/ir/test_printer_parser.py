@@ -301,7 +301,7 @@ func @warp_specialization() attributes {num_threads = 384} {
 }
 """,
     "language_ops": """\
-func @language_ops(%i: tile<128xu32>, %w: i64) {
+func @language_ops(%i: tile<128xu32>, %w: i64, %wides: tile<4xu64>) {
   %hi = umulhi %i, %i : tile<128xu32>
   %wide = umulhi %w, %w : i64
   %m = multiple_of %i {values = [16]} : tile<128xu32>
@@ -310,6 +310,9 @@ func @language_ops(%i: tile<128xu32>, %w: i64) {
   %zero = constant {value = 0} : i64
   %ok = cmp %k, %zero {pred = "ge"} : bool
   assume %ok
+  %p = int_to_ptr %w : ptr<f16>
+  %ps = int_to_ptr %wides : tile<4xptr<f32>>
+  %a = ptr_to_int %p : i64
   return
 }
 """,

@@ -89,3 +89,16 @@ def test_a_gemm_sized_by_memory_pipelines_on_the_gpu_once_its_alignment_is_state
     da, db, dc, dsizes = on_device([a, b, c, sizes])
     sized_by_memory[(1,)](da, db, dc, dsizes, HINT=hint, **BLOCKS)
     np.testing.assert_allclose(back(dc), a.astype(np.float32) @ b.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_a_grouped_gemm_over_separate_allocations_on_the_gpu():
+    import tessera
+    from test_pointer_values import SHAPES, grouped_gemm, grouped_problem
+
+    a, b, c = grouped_problem()
+    da, db, dc = (on_device(x) for x in (a, b, c))
+    sizes = on_device([np.array(SHAPES, np.int32).reshape(-1)])[0]
+    tiles = max(-(-m // 16) * -(-n // 16) for m, n, k in SHAPES)
+    grouped_gemm[(tiles, len(SHAPES))](*[tessera.addresses(x) for x in (da, db, dc)], sizes, BM=16, BN=16, BK=16)
+    for ai, bi, ci in zip(a, b, dc):
+        np.testing.assert_allclose(back(ci), ai.astype(np.float32) @ bi.astype(np.float32), rtol=1e-3, atol=1e-3)

@@ -1,7 +1,8 @@
 """Memory ops -> LLVM: addptr, masked and vectorized loads/stores, atomics.
 
 * `addptr` is a GEP over the pointee's in-memory type (unsigned offsets are
-  zero-extended first, so a u32 offset >= 2^31 stays positive).
+  zero-extended first, so a u32 offset >= 2^31 stays positive); `int_to_ptr`
+  and `ptr_to_int` are LLVM's inttoptr / ptrtoint.
 * `load`/`store` of registers go in groups: with `vector = k`, each group of
   k registers is one `<k x T>` access aligned to k * sizeof(T) through the
   group's first pointer, guarded by the group's first mask value; without
@@ -49,6 +50,16 @@ def _addptr(lw, op, ptr, offset):
         offset = bld.zext(offset, with_element(offset.type, ir.IntType(64)))
     pointee = element_of(op.operands[0].type).pointee
     return bld.gep(ptr, [offset], source_etype=memory_type(pointee))
+
+
+@codegen_for("int_to_ptr")
+def _int_to_ptr(lw, op, address):
+    return lw.builder.inttoptr(address, register_type(op.result.type))
+
+
+@codegen_for("ptr_to_int")
+def _ptr_to_int(lw, op, pointer):
+    return lw.builder.ptrtoint(pointer, register_type(op.result.type))
 
 
 # -- loads and stores ---------------------------------------------------------------
