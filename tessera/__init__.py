@@ -10,6 +10,8 @@ The public API, in one place:
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
 * pointers as values: `pointer_type(dtype)` for `addr.to(...)`, and the host helper
   `addresses(arrays)` for arrays of pointers (`tessera/dsl/language/pointers.py`);
+* tile algorithms: `sort`, `topk`, `gather`, `join`, `split`, `interleave`, `histogram`
+  (`tessera/dsl/language/algorithms.py`);
 * hints the compiler trusts and the interpreter checks (`multiple_of`,
   `max_contiguous`, `assume`; `tessera/dsl/language/hints.py`);
 * random numbers (`rand`, `randn`, `randint`, `randint4x`, ...: Philox4x32-10, Triton's
@@ -66,5 +68,6 @@ from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
 from .dsl.language.random import rand, rand4x, randint, randint4x, randn, randn4x, umulhi
 from .dsl.language.hints import assume, max_contiguous, multiple_of
+from .dsl.language.algorithms import gather, histogram, interleave, join, sort, split, topk
 from .ir import layouts
 from .dsl.autotune import Config, autotune

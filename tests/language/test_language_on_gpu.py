@@ -102,3 +102,14 @@ def test_a_grouped_gemm_over_separate_allocations_on_the_gpu():
     grouped_gemm[(tiles, len(SHAPES))](*[tessera.addresses(x) for x in (da, db, dc)], sizes, BM=16, BN=16, BK=16)
     for ai, bi, ci in zip(a, b, dc):
         np.testing.assert_allclose(back(ci), ai.astype(np.float32) @ bi.astype(np.float32), rtol=1e-3, atol=1e-3)
+
+
+def test_tile_algorithms_on_the_gpu_match_the_interpreter():
+    from test_tile_algorithms import K, N, R, algorithms, inputs
+
+    expected = inputs()
+    algorithms[(1,)](*expected, R=R, N=N, K=K)
+    got = on_device(inputs())
+    algorithms[(1,)](*got, R=R, N=N, K=K)
+    for want, have in zip(expected, got):
+        assert back(have).tobytes() == want.tobytes()

@@ -17,6 +17,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
     random       rand, randn, randint, randint4x, rand4x, randn4x (Philox4x32-10), umulhi
     hints        multiple_of, max_contiguous, assume
     pointers     pointer_type (for x.to(...): pointers read from memory as i64 addresses)
+    algorithms   sort, topk, gather, join, split, interleave, histogram
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
@@ -24,4 +25,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
-from . import hints, pointers, random, shared  # noqa: F401
+from . import algorithms, hints, pointers, random, shared  # noqa: F401
