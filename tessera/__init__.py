@@ -10,6 +10,8 @@ The public API, in one place:
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
 * pointers as values: `pointer_type(dtype)` for `addr.to(...)`, and the host helper
   `addresses(arrays)` for arrays of pointers (`tessera/dsl/language/pointers.py`);
+* `inline_asm_elementwise` (PTX / AMDGCN, validated before LLVM) and `asm_emulation`
+  (`tessera/dsl/language/asm.py`);
 * tile algorithms: `sort`, `topk`, `gather`, `join`, `split`, `interleave`, `histogram`
   (`tessera/dsl/language/algorithms.py`);
 * hints the compiler trusts and the interpreter checks (`multiple_of`,
@@ -69,5 +71,6 @@ from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, 
 from .dsl.language.random import rand, rand4x, randint, randint4x, randn, randn4x, umulhi
 from .dsl.language.hints import assume, max_contiguous, multiple_of
 from .dsl.language.algorithms import gather, histogram, interleave, join, sort, split, topk
+from .dsl.language.asm import asm_emulation, inline_asm_elementwise
 from .ir import layouts
 from .dsl.autotune import Config, autotune

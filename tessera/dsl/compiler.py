@@ -138,7 +138,7 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     try:
         binary = backend(thread_fn, description, stages, metadata)
     except BackendError as exc:
-        raise _backend_compile_error(exc, fn, description.name) from exc
+        raise _backend_compile_error(exc, fn, thread_fn, description.name) from exc
     lap("llvm_amdgcn_lld" if description.vendor == "amd" else "llvm_ptx_ptxas")
     compiled = CompiledKernel(fn.name, target, stages, binary, metadata)
     dump_dir = os.environ.get("TESSERA_DUMP")
@@ -200,12 +200,16 @@ def _compile_error(exc: LoweringError, fn: Function) -> CompileError:
     return _located(what + exc.message, exc.loc, fn)
 
 
-def _backend_compile_error(exc: BackendError, fn: Function, target: str) -> CompileError:
-    """A backend's refusal (CodegenError) at the op's source line, or LLVM's / a tool's failure as the internal
-    error it is, naming the kernel either way."""
+def _backend_compile_error(exc: BackendError, fn: Function, thread_fn: Function, target: str) -> CompileError:
+    """A backend's refusal (CodegenError) at the op's source line; LLVM's or the assembler's failure at the
+    kernel's inline assembly when it has some (its text is theirs to read), else as the internal error it is."""
     if isinstance(exc, CodegenError):
         what = f"`{exc.op_name}` " if exc.op_name else ""
         return _located(f"cannot compile {what}for {target}: {exc.message}", exc.loc, fn)
+    asm = next((op for op in thread_fn.walk() if op.name == "inline_asm"), None)
+    if asm is not None:
+        return _located(f"the {target} toolchain rejected the kernel, which has inline assembly (here, and "
+                        f"maybe elsewhere); check it is valid for {target}: {exc}", asm.loc, fn)
     return _located(f"internal compiler error while generating code for {target}: {exc}; please report it with "
                     f"the kernel", None, fn)
 

@@ -688,3 +688,4 @@ from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
 from . import hint_ops  # noqa: E402,F401
 from . import pointer_ops  # noqa: E402,F401
+from . import asm_ops  # noqa: E402,F401

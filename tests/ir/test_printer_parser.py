@@ -313,6 +313,7 @@ func @language_ops(%i: tile<128xu32>, %w: i64, %wides: tile<4xu64>) {
   %p = int_to_ptr %w : ptr<f16>
   %ps = int_to_ptr %wides : tile<4xptr<f32>>
   %a = ptr_to_int %p : i64
+  %swapped = inline_asm %i {asm = "prmt.b32 $0, $1, 0, 0x0123;", constraints = "=r,r", pack = 1} : tile<128xu32>
   return
 }
 """,

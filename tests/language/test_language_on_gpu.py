@@ -113,3 +113,13 @@ def test_tile_algorithms_on_the_gpu_match_the_interpreter():
     algorithms[(1,)](*got, R=R, N=N, K=K)
     for want, have in zip(expected, got):
         assert back(have).tobytes() == want.tobytes()
+
+
+def test_inline_ptx_on_the_gpu():
+    from test_inline_asm import args, asm_kernel
+
+    x, swapped, sums = on_device(args())
+    asm_kernel[(1,)](x, swapped, sums, VENDOR="nvidia", BLOCK=128)
+    host = back(x)
+    assert back(swapped).tolist() == host.byteswap().tolist()
+    assert back(sums).tolist() == (2 * host.astype(np.int8)).astype(np.int8).tolist()

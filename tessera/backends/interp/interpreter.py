@@ -31,7 +31,7 @@ from tessera.ir.types import PointerType, SharedType, TensorMapType, Type, ViewT
 
 # Importing the family modules fills the semantics table.
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
-from . import addresses, hints, shared  # noqa: F401
+from . import addresses, hints, inline_asm, shared  # noqa: F401
 from .addresses import AddressSpace
 from .control_flow import KernelReturn
 from .errors import InterpreterError

@@ -38,7 +38,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
-from . import memory, ops, thread  # noqa: F401  (register the common codegen)
+from . import inline_asm, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
 from .codegen_table import COMMON as COMMON_CODEGEN
 from .codegen_table import codegen_for

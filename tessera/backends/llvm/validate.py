@@ -28,6 +28,7 @@ from tessera.ir.target import TARGETS, Target, get_target
 from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
 from tessera.ir.verifier import verify_function
 
+from . import inline_asm
 from .dialect import TargetDialect
 from .errors import CodegenError
 from .fp8 import FP8_OPS
@@ -223,6 +224,11 @@ class _Validator:
         if offset + size > total:
             raise self.fail(f"bytes [{offset}, {offset + size}) lie outside the kernel's shared memory "
                             f"(shared_bytes = {total}); raise the function's shared_bytes", op)
+
+    def op_inline_asm(self, op: Operation) -> None:
+        reason = inline_asm.problem(op, self.dialect.name)
+        if reason:
+            raise self.fail(reason, op)
 
     def op_shuffle(self, op: Operation) -> None:
         width = op.attrs.get("width", 0)

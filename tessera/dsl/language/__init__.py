@@ -18,6 +18,7 @@ Importing this package registers every builtin in `values.BUILTINS`:
     hints        multiple_of, max_contiguous, assume
     pointers     pointer_type (for x.to(...): pointers read from memory as i64 addresses)
     algorithms   sort, topk, gather, join, split, interleave, histogram
+    asm          inline_asm_elementwise (and asm_emulation, its CPU stand-in)
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
@@ -25,4 +26,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
-from . import algorithms, hints, pointers, random, shared  # noqa: F401
+from . import algorithms, asm, hints, pointers, random, shared  # noqa: F401
