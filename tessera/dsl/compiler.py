@@ -25,7 +25,9 @@ LLVM or ptxas itself is a compiler bug: a `CompileError` that says so.
 A `tessera.pipeline` loop that gets less than it asked for (fewer stages,
 no async copies, no TMA, no warp specialization) is a `PipelineWarning` at
 the loop's line, or a `CompileError` in strict mode (`TESSERA_STRICT=1` or
-`strict=True`).
+`strict=True`). Device-side `print` and `assert` are compiled in debug
+builds only (`TESSERA_DEBUG=1` or `debug=True`; vprintf and a trap on
+NVIDIA, a trap for assert on AMD), and dropped otherwise.
 """
 
 from __future__ import annotations
@@ -48,11 +50,11 @@ from ..passes.tile_passes import default_tile_passes
 from ..passes.thread_passes import lower
 from ..passes.rewrite import clone_function
 from .errors import CompileError
+from .modes import STRICT_ENV, debug_mode, strict_mode
 
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
                     "llvm_ir": "ll", "ptx": "ptx", "amdgcn": "s"}
 BINARY_EXTENSIONS = {"nvidia": "cubin", "amd": "hsaco"}
-STRICT_ENV = "TESSERA_STRICT"       # set: a pipeline that gets less than it asked for is a CompileError
 
 
 @dataclass
@@ -92,9 +94,10 @@ class CompiledKernel:
 
 
 def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4,
-                        strict: bool | None = None) -> CompiledKernel:
+                        strict: bool | None = None, debug: bool | None = None) -> CompiledKernel:
     """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD). `strict` (default:
-    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning."""
+    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning;
+    `debug` (default: $TESSERA_DEBUG) keeps device-side print and assert."""
     description = get_target(target)
     if description.vendor not in BINARY_EXTENSIONS:
         raise ValueError(f"target {target} is not supported: no backend for {description.vendor} GPUs")
@@ -117,7 +120,7 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     try:
         with warnings.catch_warnings(record=True) as caught:
             warnings.simplefilter("always", PipelineWarning)
-            threads = lower(optimized, description, num_warps=num_warps)
+            threads = lower(optimized, description, num_warps=num_warps, debug=debug_mode(debug))
     except LoweringError as exc:
         raise _compile_error(exc, fn) from None
     _report_shortfalls(caught, fn, strict_mode(strict))
@@ -145,13 +148,6 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if dump_dir:
         compiled.dump(dump_dir)
     return compiled
-
-
-def strict_mode(strict: bool | None = None) -> bool:
-    """`strict`, or when None whether $TESSERA_STRICT is set (to anything but "", "0" or "false")."""
-    if strict is not None:
-        return strict
-    return os.environ.get(STRICT_ENV, "").strip().lower() not in ("", "0", "false", "no")
 
 
 def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:

@@ -123,3 +123,32 @@ def test_inline_ptx_on_the_gpu():
     host = back(x)
     assert back(swapped).tolist() == host.byteswap().tolist()
     assert back(sums).tolist() == (2 * host.astype(np.int8)).astype(np.int8).tolist()
+
+
+RUN_CHECKED = """
+import sys
+sys.path.insert(0, {here!r})
+import torch
+from test_device_print import checked
+x = torch.arange(16, dtype=torch.float32, device="cuda") - float(sys.argv[1])
+checked[(1,)](x, 16, BLOCK=16)
+torch.cuda.synchronize()
+"""
+
+
+def test_print_and_a_failed_assert_on_the_gpu(tmp_path):
+    """In child processes: a trap leaves the CUDA context unusable, and vprintf writes to the process' stdout."""
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = tmp_path / "run_checked.py"
+    script.write_text(RUN_CHECKED.format(here=str(Path(__file__).parent)))
+    env = {**os.environ, "TESSERA_DEBUG": "1"}
+    ok = subprocess.run([sys.executable, str(script), "0"], env=env, capture_output=True, text=True, timeout=300)
+    assert ok.returncode == 0, ok.stderr
+    assert "pid (0, 0, 0) thread 0 x is" in ok.stdout
+    failed = subprocess.run([sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=300)
+    assert failed.returncode != 0
+    assert "device assertion failed" in failed.stdout and "x must be non-negative" in failed.stdout
