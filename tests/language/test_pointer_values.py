@@ -12,6 +12,9 @@ separate allocations (Triton's tutorial 08) is the example.
 
 from __future__ import annotations
 
+import importlib.util
+from pathlib import Path
+
 import numpy as np
 import pytest
 
@@ -97,27 +100,18 @@ def test_a_tile_of_pointers_into_two_arrays_is_refused_by_the_interpreter_with_t
 # -- the grouped GEMM ----------------------------------------------------------------------------------------
 
 
-@tessera.kernel
-def grouped_gemm(a_ptrs, b_ptrs, c_ptrs, sizes_ptr, BM: tessera.constexpr, BN: tessera.constexpr,
-                 BK: tessera.constexpr):
-    """C_g = A_g @ B_g for groups of different sizes, each matrix its own allocation (Triton's tutorial 08).
-    Program (t, g) computes tile t of group g; tiles past the group's end leave at once."""
-    tile, g = tessera.program_id(0), tessera.program_id(1)
-    M = tessera.load(sizes_ptr + 3 * g)
-    N = tessera.multiple_of(tessera.load(sizes_ptr + 3 * g + 1), 16)     # row strides of B and C
-    K = tessera.multiple_of(tessera.load(sizes_ptr + 3 * g + 2), 16)     # ... and of A
-    tiles_n = tessera.cdiv(N, BN)
-    if tile >= tessera.cdiv(M, BM) * tiles_n:
-        return
-    pid_m, pid_n = tile // tiles_n, tile % tiles_n
-    f16 = tessera.pointer_type(tessera.f16)
-    a = tessera.view(tessera.multiple_of(tessera.load(a_ptrs + g), 16).to(f16), (M, K))
-    b = tessera.view(tessera.multiple_of(tessera.load(b_ptrs + g), 16).to(f16), (K, N))
-    c = tessera.view(tessera.load(c_ptrs + g).to(tessera.pointer_type(tessera.f32)), (M, N))
-    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2):
-        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
-    c.block((BM, BN), (pid_m, pid_n)).store(acc)
+def _tutorial_kernel(name: str):
+    """A kernel of tutorial 06 (its file name starts with a digit, so not by `import`)."""
+    path = Path(__file__).resolve().parents[2] / "tutorials" / "06-dropout-and-grouped-gemm.py"
+    spec = importlib.util.spec_from_file_location("tutorial_06", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return getattr(module, name)
+
+
+# C_g = A_g @ B_g for groups of different sizes, each matrix its own allocation (Triton's tutorial 08):
+# program (t, g) computes tile t of group g; tiles past the group's end leave at once.
+grouped_gemm = _tutorial_kernel("grouped_gemm")
 
 
 SHAPES = [(40, 32, 32), (16, 48, 16), (64, 16, 48)]       # (M, N, K) per group
