@@ -32,8 +32,8 @@ from . import operators
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnknownNameError, UnsupportedSyntaxError
 from .function import DeviceFunction
 from .scope import (
-    RETURN_VALUE, RETURNED, Frame, admit_global, describe, is_compile_time_function, is_constexpr_value, is_math_function,
-    python_builtin_name, suggest,
+    RETURN_VALUE, RETURNED, Frame, admit_global, describe, is_compile_time_function, is_constexpr_value,
+    is_math_function, python_builtin_name, suggest,
 )
 from .values import BUILTINS, Builtin, Tensor, constexpr, pipeline, static_range
 

@@ -85,8 +85,7 @@ def lane_pointers(ptrs, out_ptr, BLOCK: tessera.constexpr):
 def test_a_tile_of_pointers_into_one_array_runs_everywhere():
     data = np.arange(16, dtype=np.float32) * 3
     order = np.array([5, 0, 15, 2, 2, 9, 1, 7], np.int64)
-    ptrs = np.asarray(tessera.addresses([data]))[0] + 4 * order      # a gather by pointers
-    keep = tessera.addresses([data])                                  # noqa: F841  (data stays reachable)
+    ptrs = np.asarray(tessera.addresses([data]))[0] + 4 * order      # a gather by pointers (data stays alive)
     _, out = run_everywhere(lane_pointers, lambda: [ptrs.copy(), np.zeros(8, np.float32)], (1,), BLOCK=8)
     assert out.tolist() == data[order].tolist()
 

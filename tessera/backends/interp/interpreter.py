@@ -52,9 +52,9 @@ def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...])
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, args)
     cache: dict[Operation, Any] = {}
-    addresses = AddressSpace(bound)
+    reachable = AddressSpace(bound)
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
-        ProgramInstance(fn, (x, y, z), grid3, cache, addresses).run(bound)
+        ProgramInstance(fn, (x, y, z), grid3, cache, reachable).run(bound)
 
 
 def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, ...] = 0,
@@ -73,11 +73,11 @@ class ProgramInstance:
     """One program instance: its id, the environment, and the walk over regions."""
 
     def __init__(self, fn: Function, program_id: tuple[int, int, int], grid: tuple[int, int, int],
-                 cache: dict[Operation, Any], addresses: AddressSpace | None = None):
+                 cache: dict[Operation, Any], reachable: AddressSpace | None = None):
         self.fn = fn
         self.program_id = program_id
         self.grid = grid
-        self.addresses = addresses or AddressSpace([])   # the arrays the launch reaches by address (int_to_ptr)
+        self.addresses = reachable or AddressSpace([])   # the arrays the launch reaches by address (int_to_ptr)
         self.env: dict[Value, Any] = {}
         self._cache = cache          # shared by the instances of one launch
         self._lanewise = False       # a combine region runs on arrays of lanes at once
