@@ -68,6 +68,7 @@ class Lowering(Emitter):
         # asked by its alloc, copies and waits (`schedule/mbarriers.py`)
         self.mbarrier_boxes: dict[Operation, dict[Operation, TmaBox] | None] = {}
         self.notes: list[str] = []
+        self.debug = False          # keep print and assert (a debug build); set by lower_to_threads
         self.used: set[Value] = {v for op in fn.walk() for v in op.operands}
 
     # -- types and values -------------------------------------------------------
