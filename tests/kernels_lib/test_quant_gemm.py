@@ -15,7 +15,7 @@ Specification:
   GPU for decode and tensor-core shapes;
 * lowered for sm_80, the decode kernel computes on the SIMT simulator what
   the interpreter computes, and every kernel compiles for sm_80, sm_90a and
-  gfx942 without spills;
+  gfx942 without spills (W4A8 for sm_89 and sm_90a: fp8 tensor cores);
 * `torch.library.opcheck` passes on the CPU; bad arguments name the fix.
 """
 
@@ -191,7 +191,7 @@ KERNELS = {"w4a16-decode": (quant_gemm_kernel, 1), "w4a16-large": (quant_gemm_ke
 
 
 @pytest.mark.parametrize("target, case", [("sm_90a", case) for case in KERNELS] + [
-    ("sm_80", "w4a16-decode"), ("sm_80", "w4a8"), ("gfx942", "w4a16-decode"), ("gfx942", "mxfp4")])
+    ("sm_80", "w4a16-decode"), ("sm_80", "w4a16-large"), ("sm_89", "w4a8"), ("gfx942", "w4a16-decode"), ("gfx942", "mxfp4")])
 def test_the_kernels_compile_without_spills(target, case):
     kernel, M = KERNELS[case]
     group = 32 if kernel is fp4_gemm_kernel else 128

@@ -131,7 +131,8 @@ class _Validator:
             pass                                # every dtype, sub-byte included (passes/low_bit.py)
         elif isinstance(t, ScalarType):
             if t.dtype.is_subbyte:
-                raise self.fail_argument(f"kernel parameter of sub-byte type {t}: scalars of fewer than 8 bits "
+                named = f" '{arg.name_hint}'" if arg.name_hint else ""
+                raise self.fail_argument(f"kernel parameter{named} of sub-byte type {t}: scalars of fewer than 8 bits "
                                          f"have no kernel ABI; pass it as an 8-bit integer and cast it inside the "
                                          f"kernel", arg)
         elif isinstance(t, TensorMapType):
