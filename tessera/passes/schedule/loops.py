@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for
+from ..lowering.invariant_operands import stage_invariant_operands
 from .pipeline_plan import pipeline_plan
 from .software_pipeline import lower_pipelined_for
 from .warp_specialization import lower_warp_specialized_for
@@ -23,6 +24,7 @@ from .warp_specialization import lower_warp_specialized_for
 
 @lowering("for")
 def _for(ctx, op):
+    stage_invariant_operands(ctx, op)
     stages = op.attrs.get("stages", 1)
     if op.attrs.get("warp_specialize"):
         lower_warp_specialized_for(ctx, op)
