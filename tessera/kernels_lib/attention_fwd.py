@@ -68,19 +68,18 @@ def key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT):
 
 
 @tessera.func
-def visible(s, m0, n0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT):
-    """The BM x BN logits s with every score a query may not see set to -inf."""
-    rows = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]   # the key each row is aligned with
-    cols = n0 + tessera.arange(0, BN)[None, :]
-    seen = cols < Sk
+def visible(s, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT):
+    """Scores s with -inf where a query may not see a key: `queries` (each query's index + Sk - Sq, the key it
+    is aligned with) and `keys` are index tiles that broadcast to s's shape."""
+    seen = keys < Sk
     if HAS_LEFT:
-        seen = seen & (cols >= rows - left)
+        seen = seen & (keys >= queries - left)
     if HAS_RIGHT:
-        seen = seen & (cols <= rows + right)
+        seen = seen & (keys <= queries + right)
     return tessera.where(seen, s, -float("inf"))
 
 
-@tessera.kernel
+@tessera.kernel(fast_math=True)
 def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                          Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -113,7 +112,8 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
         else:               # qk_scale = scale * log2(e)
             s = s * qk_scale
         if (n < full_lo) | (n >= full_hi):
-            s = visible(s, m0, n * BN, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
+            queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
+            s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
         m_new = tessera.maximum(m, tessera.max(s, axis=1))
         p = tessera.exp2(s - m_new[:, None])
         alpha = tessera.exp2(m - m_new)

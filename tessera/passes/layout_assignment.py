@@ -301,13 +301,15 @@ class _Assigner:
     def hoist_invariant_operands(self) -> None:
         """Rule 2, first part: a tensor-core dot operand computed outside the loop the dot is in (and used
         nowhere else) takes its fragment layout where it is defined, so it is converted once rather than in
-        every iteration (attention's Q block). Where ldmatrix can read it again in every iteration, an
-        operand of more than `RESIDENT_OPERAND_REGISTERS` registers per thread is left out: the lowering keeps
-        it in shared memory (`lowering/invariant_operands.py`)."""
+        every iteration (attention's Q block). Where ldmatrix can read it again in every iteration, such
+        operands stay in registers only while they take at most `RESIDENT_OPERAND_REGISTERS` registers per
+        thread together (first come, first served); the others the lowering keeps in shared memory
+        (`lowering/invariant_operands.py`)."""
         uses: dict[Value, int] = {}
         for op in self.out.function.walk():
             for v in op.operands:
                 uses[v] = uses.get(v, 0) + 1
+        budget = RESIDENT_OPERAND_REGISTERS if self.target.has("ldmatrix") else None
         for op in self.out.function.walk():
             plan = mma_plan(op, self.target, self.out.num_warps) if op.name == "dot" else None
             if plan is None:
@@ -317,8 +319,9 @@ class _Assigner:
                 if want is None or uses[value] != 1 or not _outside_loop_of(value, op):
                     continue
                 registers = want.local_size * element_bits(value.type) // 32
-                if registers <= RESIDENT_OPERAND_REGISTERS or not self.target.has("ldmatrix"):
+                if budget is None or registers <= budget:
                     self.set(value, want)
+                    budget = None if budget is None else budget - registers
 
     # -- rule 2: anchors --------------------------------------------------------
 

@@ -79,10 +79,10 @@ from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
 from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, wgmma_accumulator, wgmma_k
 
-# A tensor-core operand computed before the loop its dot is in stays in its fragment registers for the whole loop
-# when it needs at most this many 32-bit registers per thread; a larger one (attention's Q for head dim 256) is
-# kept in shared memory and read with ldmatrix in every iteration where the target has ldmatrix
-# (`layout_assignment.hoist_invariant_operands`, `lowering/invariant_operands.py`).
+# Tensor-core operands computed before the loop their dots are in stay in their fragment registers for the whole
+# loop while together they need at most this many 32-bit registers per thread; the others (attention's Q for head
+# dim 256, the backward's V after K) are kept in shared memory and read with ldmatrix in every iteration where
+# the target has ldmatrix (`layout_assignment.hoist_invariant_operands`, `lowering/invariant_operands.py`).
 RESIDENT_OPERAND_REGISTERS = 32
 
 
@@ -209,8 +209,8 @@ _CHAIN_LIMIT = 256          # values visited per search: chains are short; this 
 
 def chained(op: Operation) -> bool:
     """Whether dot `op` is a link of a chain of dots: its A operand is computed lane by lane from another dot's
-    result, or its own result reaches another dot's A operand that way (through elementwise ops, shape ops,
-    convert_layout and `if` results, within the function)."""
+    result, or its own result reaches another dot's A operand that way (through elementwise ops, shape ops
+    other than transposes, convert_layout and `if` results, within the function)."""
     if _source_dots(op.operands[0]):
         return True
     fn = _function_of(op)
@@ -233,6 +233,8 @@ def _source_dots(value) -> set[Operation]:
             found.add(producer)
         elif producer.name == "if":
             work.extend(region.terminator.operands[v.index] for region in producer.regions)
+        elif producer.name == "permute":
+            continue                                    # a transpose moves lanes between threads anyway
         elif OPS[producer.name].elementwise or OPS[producer.name].shape_op or producer.name == "convert_layout":
             work.extend(producer.operands)
     return found

@@ -3,8 +3,9 @@
 Specification:
 
 * `mma.chained` says whether a dot's A operand is computed lane by lane
-  from another dot's result (through elementwise ops, shape ops and `if`
-  results), or its result feeds another dot's A operand that way; chained
+  from another dot's result (through elementwise ops, shape ops other than
+  transposes and `if` results), or its result feeds another dot's A operand
+  that way; chained
   dots split their warps along M only, so each warp holds whole rows: a row
   reduction of the scores stays in the warp and P's accumulator registers
   are already the next dot's A fragment (no shared memory between the two
@@ -50,6 +51,15 @@ def two_dots(q_ptr, k_ptr, v_ptr, o_ptr, M: tessera.constexpr, N: tessera.conste
     tessera.view(o_ptr, (M, D)).block((M, D), (0, 0)).store(acc)
 
 
+@tessera.kernel
+def transposed_chain(q_ptr, k_ptr, o_ptr, M: tessera.constexpr, D: tessera.constexpr):
+    """o = (q k^T)^T k: the second dot's A operand is a transpose, which moves lanes between threads anyway."""
+    q = tessera.view(q_ptr, (M, D)).block((M, D), (0, 0)).load()
+    k = tessera.view(k_ptr, (M, D)).block((M, D), (0, 0)).load()
+    s = tessera.dot(q, tessera.trans(k))
+    tessera.view(o_ptr, (M, D)).block((M, D), (0, 0)).store(tessera.dot(tessera.trans(s).to(tessera.f16), k))
+
+
 def args(M, N, D, steps, seed=0):
     rng = np.random.default_rng(seed)
     q = rng.standard_normal((M, D)).astype(np.float16)
@@ -73,6 +83,12 @@ def test_both_dots_of_the_chain_are_chained_and_split_along_m_only(masked):
     for dot in (first, second):
         plan = mma_plan(dot, get_target("sm_80"), num_warps=4)
         assert (plan.wm, plan.rm) == (4, 1), "each warp owns 16 whole rows"
+
+
+def test_a_transpose_breaks_the_chain():
+    zeros = np.zeros((64, 64), np.float16)
+    fn = transposed_chain.specialize(zeros, zeros, np.zeros((64, 64), np.float32), M=64, D=64).module.functions[0]
+    assert not any(chained(dot) for dot in dots(fn))
 
 
 def test_an_unchained_dot_of_the_same_shape_splits_both_ways():
