@@ -6,8 +6,8 @@ float32 accumulator, then applies alpha, the bias and the activation and
 stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
 the blocks of the next STAGES - 1 steps stream into shared memory (cp.async
 on sm_80/sm_89, TMA on sm_90/sm_90a) while the tensor cores work on this one
-(STAGES - 2 on sm_90a, where the wgmma of the step before is still in flight
-too). Transposed operands are views with
+(on sm_90a a slot is refilled once the wgmma group before this step's has
+retired). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 

@@ -114,7 +114,7 @@ def test_sm_90a_wgmma_slots_are_filled_by_tma_without_proxy_fences():
     case = matmul_case(61, 64, 96, 64, 64, 64, 3, tessera.bf16)
     actual, fn = simulate(case, "sm_90a")
     names = [op.name for op in fn.walk()]
-    assert fills(fn) == (4, 0)          # prefetch 1 (S - 2) + 1 refill, for A and for B
+    assert fills(fn) == (6, 0)          # prefetch 2 (S - 1) + 1 refill, for A and for B
     assert "fence_proxy_async" not in names and "async_wait" not in names and "wgmma" in names
     np.testing.assert_allclose(actual, case.expected().astype(np.float32), **F16_RESULT)
 

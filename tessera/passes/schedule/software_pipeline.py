@@ -85,32 +85,34 @@ from .tma_fill import TmaRing
 # publishes them. TMA (sm_90a's usual fill) writes through the async proxy
 # itself, so its slots need no fence on either side (neither after the
 # landing nor before a refill, since wgmma's reads are async-proxy reads too);
-# their wait is the slot's mbarrier:
+# their wait is the slot's mbarrier, which every thread waits on itself.
+# When the plan keeps a group in flight (F = `plan.in_flight` = 1) the refill
+# moves after the wgmmas' wait, as in Triton's and CUTLASS's mainloops:
 #
-#         cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier; refill slot+D
-#         TMA:       mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D
-#         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
+#         cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier
+#         TMA:       mbarrier_wait bars[slot], phase
+#         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = 1}
+#         barrier; refill slot+D (cp.async by every thread, TMA by thread 0)
 #     (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0} or mbarrier_inval; barrier
 #
-# F = `plan.in_flight` (1 when the plan allows it, else 0) groups stay in flight
+# (F = 0: the wgmma dot waits for its own group, and the refill stays at the
+# top, after the barrier, as in the mma.sync loop.) One group stays in flight
 # across the back edge, the accumulator carried in the wgmma registers, and
-# the copies run D = `plan.prefetch` = S - 1 - F iterations ahead (the
-# prologue fills slots 0 .. D-1; iteration i refills slot (i + D) mod S).
-# Why no slot is refilled while a wgmma may read it: the refill in iteration
-# i (cp.async by every thread, or TMA by thread 0) comes after iteration i's
-# barrier, which every thread reaches only after its warpgroup's
-# `wgmma_wait {pending = F}` of iteration i-1; so every group up to i-1-F has
-# retired, and only groups i-F .. i-1 may still read their slots
-# (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
-# That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
-# left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
-# F = 1 needs S >= 3.) With TMA the same barrier also follows every
-# thread's mbarrier wait of iteration i, and the refilled slot's previous
-# fill (iteration i+D-S < i) was waited for in its own iteration, so the
-# refill's arrive_expect_tx opens the next phase of an mbarrier whose last
-# phase has completed and been observed by every thread. The SIMT simulator
-# checks the argument for both fills: refilling a slot an in-flight wgmma
-# reads is reported when that wgmma retires.
+# the copies run D = `plan.prefetch` = S - 1 iterations ahead (the prologue
+# fills slots 0 .. D-1; iteration i refills slot (i + D) mod S = (i - 1) mod
+# S). Why no slot is refilled while a wgmma may read it: the refill in
+# iteration i comes after the barrier that every thread reaches only after
+# its warpgroup's `wgmma_wait {pending = 1}` of iteration i; so every group up
+# to i-1, in every warpgroup, has retired, and only group i reads its slot
+# i. Slots i+1 .. i+D-1 hold landed or pending copies, and the refilled slot
+# i+D = i-1 (mod S) is the one left, so S = 2 works too. With TMA the same
+# barrier follows every thread's mbarrier wait of iteration i-1 for that
+# slot's previous fill, so the refill's arrive_expect_tx opens the next phase
+# of an mbarrier whose last phase has completed and been observed by every
+# thread; and each thread waits on the mbarrier itself before reading a
+# slot, so the top of the loop needs no barrier. The SIMT simulator checks
+# the argument for both fills: refilling a slot an in-flight wgmma reads is
+# reported when that wgmma retires.
 def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     """Lower the tile-IR `for` `op` as the pipelined loop `plan` describes (see the comment above)."""
     lb, ub, step, *inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
@@ -134,17 +136,21 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             tma.wait(ctx, slot, phase)
         if any(load.on_wgmma for load in plan.copy_loads):
             ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
-        ctx.threads.barrier()
-        ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
-        refill = _slot_ahead(ctx, slot, ahead_by, stages)
-        _issue(ctx, plan, rings, ahead, ub, refill, tma)
+        if plan.copy_loads or not plan.in_flight:
+            ctx.threads.barrier()
+        if not plan.in_flight:
+            _refill(ctx, plan, rings, body, ub, slot, tma)
         carried = next_slot_and_phase(ctx, slot, phase, stages)
         reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
                  for load, ring in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
-        for body_op in region.ops:
+        for body_op in region.ops[:-1]:
             lower_body_op(ctx, body_op, reads)
+        if plan.in_flight:                      # after the dot's wgmma_wait {pending = 1}: see above
+            ctx.threads.barrier()
+            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma))
+        lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
 
     extra = [I32] + ([I32] if tma else [])
@@ -161,6 +167,22 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+
+
+def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None) -> None:
+    """Issue the copies of iteration iv + prefetch * step into the slot `prefetch` ahead of `slot`."""
+    ahead = ctx.emit("add", body.args[0], ctx.const(plan.prefetch * plan.step, body.args[0].type.dtype))
+    _issue(ctx, plan, rings, ahead, ub, _slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma)
+
+
+def _keeping_env(ctx, plan: PipelinePlan, emit) -> None:
+    """Run `emit` (a refill, which re-lowers the loads' address ops for an iteration ahead) and then bind the
+    induction variable and those ops' results back to this iteration's values, for the ops after it."""
+    region = plan.loop.regions[0]
+    values = [region.args[0]] + [r for load in plan.loads for op in load.slice for r in op.results]
+    saved = {v: ctx.env[v] for v in values if v in ctx.env}
+    emit()
+    ctx.env.update(saved)
 
 
 def lower_body_op(ctx, op: Operation, reads: dict) -> None:
