@@ -54,3 +54,32 @@ def first(code, prefix: str) -> int:
 
 def last(code, prefix: str) -> int:
     return max((i for i, inst in enumerate(code) if inst.opcode.startswith(prefix)), default=-1)
+
+
+def lowered_gemm(M, N, K, config, trans_a=False, trans_b=False, seed=0, target="sm_90a"):
+    """(thread-IR function of the library kernel for `target`, its arguments, numpy's C, the grid) for random
+    f16 operands; C is float32."""
+    import numpy as np
+
+    import tessera
+    from tessera.passes.thread_passes import lower
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    a_stored, (sam, sak) = (np.ascontiguousarray(a.T), (1, M)) if trans_a else (a, (K, 1))
+    b_stored, (sbk, sbn) = (np.ascontiguousarray(b.T), (1, K)) if trans_b else (b, (N, 1))
+    unused = np.zeros(1, np.float32)
+    args = [a_stored, b_stored, unused, unused, unused, np.zeros((M, N), np.float32), M, N, K, 1.0,
+            sam, sak, sbk, sbn]
+    module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
+    fn = lower(module, target, config.num_warps).functions[0]
+    tiles = tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"])
+    grid = (min(tiles, 2),) if config.kwargs.get("PERSISTENT") else (tiles,)
+    return fn, args, a.astype(np.float32) @ b.astype(np.float32), grid
+
+
+def simulate(fn, args, grid):
+    """Run `fn` on the SIMT simulator; the C it wrote."""
+    from tessera.backends.simt import run_threads
+    run_threads(fn, args, grid)
+    return args[5]

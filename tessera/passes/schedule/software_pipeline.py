@@ -172,7 +172,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
 def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None) -> None:
     """Issue the copies of iteration iv + prefetch * step into the slot `prefetch` ahead of `slot`."""
     ahead = ctx.emit("add", body.args[0], ctx.const(plan.prefetch * plan.step, body.args[0].type.dtype))
-    _issue(ctx, plan, rings, ahead, ub, _slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma)
+    _issue(ctx, plan, rings, ahead, ub, slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma)
 
 
 def _keeping_env(ctx, plan: PipelinePlan, emit) -> None:
@@ -208,7 +208,7 @@ def _times(ctx, value: Value, n: int) -> Value:
     return ctx.emit("mul", value, ctx.const(n))
 
 
-def _slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
+def slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
     """(slot + ahead_by) mod stages, for 0 <= slot < stages."""
     if ahead_by == stages - 1:                  # slot - 1, wrapping
         at_first = ctx.emit("cmp", slot, ctx.const(0), attrs={"pred": "eq"})
