@@ -25,6 +25,11 @@ float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
+On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
+fma contraction, approximate exp2 and division) wherever the output's
+precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
+stays exact.
+
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float
 inputs, whose backward is two more `gemm` calls); where nothing observes the
@@ -138,6 +143,21 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
         pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
+
+
+# The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of
+# float32 inputs and the alpha / bias epilogue), exp2 and division approximate (the gelu / silu
+# epilogues). `_fast_math_allows` says when the op runs it; `gemm_kernel` stays exact.
+gemm_kernel_fast = tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])(
+    tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
+
+
+def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
+    """Whether `gemm_kernel_fast` may compute this GEMM: its approximations (about 2^-22 relative) and
+    contractions (one rounding where there were two) stay far below a float16 / bfloat16 output's rounding
+    (2^-11 / 2^-8); a float32 output takes only the contractions (no gelu / silu, whose exp and division
+    would be approximate)."""
+    return out_dtype != torch.float32 or activation in ("none", "relu")
 
 
 # ---------------------------------------------------------------------------
@@ -319,7 +339,8 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
                                  HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
         num_sms = _num_sms(a.get_device())
-        gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](
+        kernel = gemm_kernel_fast if _fast_math_allows(out_dtype, activation) else gemm_kernel
+        kernel[lambda meta: _grid(M, N, meta, num_sms)](
             *args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
             ACTIVATION=activation)
     return c

@@ -83,3 +83,18 @@ def simulate(fn, args, grid):
     from tessera.backends.simt import run_threads
     run_threads(fn, args, grid)
     return args[5]
+
+
+def compile_signature(kernel, config, signature, target="sm_90a", **constexprs):
+    """`kernel` (a tessera.kernel) compiled for `signature` with `config`, no epilogue unless asked."""
+    return kernel.compile(signature=signature, target=target, num_warps=config.num_warps,
+                          **{**NO_EPILOGUE, **config.kwargs, **constexprs})
+
+
+def opcode_counts(code) -> dict[str, int]:
+    """SASS instruction count per opcode (without modifiers)."""
+    counts: dict[str, int] = {}
+    for inst in code:
+        op = inst.opcode.split(".")[0]
+        counts[op] = counts.get(op, 0) + 1
+    return counts

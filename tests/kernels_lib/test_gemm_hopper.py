@@ -5,11 +5,18 @@ run on the SIMT simulator in tests/simt and in test_gemm.py):
 
 * prefetch depth STAGES - 1 on sm_90a: the prologue issues STAGES - 1 slots' TMA boxes before the K loop, and
   in the loop the refill (UTMALDG) comes after `wgmma.wait_group 1` (WARPGROUP.DEPBAR.LE gsb0, 0x1) and the
-  barrier that follows it, with no barrier between the slot's mbarrier wait and the HGMMAs.
+  barrier that follows it, with no barrier between the slot's mbarrier wait and the HGMMAs;
+* warp specialization: the consumers wait with `wgmma.wait_group 1`, then one thread per consumer warpgroup
+  releases the previous slot (empty mbarriers count warpgroups); the producer's registers go to the
+  consumers (setmaxnreg, USETMAXREG in SASS); on the simulator the schedule equals numpy, and dropping the
+  wait is reported;
+* fast math: the op runs `gemm_kernel_fast` where the output's precision hides it; its FMA-path K loop is all
+  FFMA (the exact kernel's is FMUL + FADD), its silu epilogue divides approximately.
 """
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import numpy as np
@@ -17,12 +24,15 @@ import pytest
 
 import tessera
 from tessera.backends.interp import InterpreterError
-from tessera.kernels_lib.gemm import CONFIGS
+from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel, gemm_kernel_fast
 
-from tessera.backends.nvptx.sass import disassemble
+torch = pytest.importorskip("torch")
+gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
 
-from hopper_gemm import (compile_gemm, first, last, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop,
-                         simulate)
+from tessera.backends.nvptx.sass import disassemble, loop_containing
+
+from hopper_gemm import (compile_gemm, compile_signature, first, last, lowered_gemm, needs_ptxas, needs_sass,
+                         opcode_counts, ptx_lines, sass_k_loop, simulate)
 
 HOPPER_CONFIGS = {f"config{i}": c for i, c in enumerate(CONFIGS)}
 
@@ -117,3 +127,43 @@ def test_ws_releasing_slots_without_the_wgmma_wait_is_reported():
     body.remove(next(op for op in body if op.name == "wgmma_wait"))
     with pytest.raises(InterpreterError, match="written while it was in flight"):
         simulate(fn, args, grid)
+
+
+# -- fast math (fact 7) --------------------------------------------------------------------------------------
+
+F32 = "*f32:16,*f32:16,*f32:16,*f32:16,*f32:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
+BF16 = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_the_fast_kernel_contracts_the_fma_path_dot_into_ffma(target):
+    """float32 inputs run the dot on FMA (no tf32 asked): exact, its K loop multiplies and adds separately;
+    compiled with fast math, every product is fused into its sum (fma.rn.f32 in PTX, FFMA in SASS)."""
+    needs_sass()
+    config = CONFIGS[3]
+    # (strict=False: an FMA-path dot has no tensor-core operands to pipeline, which strict mode refuses)
+    exact = compile_signature(gemm_kernel.kernel, config, F32, target, HAS_BIAS=True, strict=False)
+    fast = compile_signature(gemm_kernel_fast.kernel, config, F32, target, HAS_BIAS=True, strict=False)
+    assert "fma.rn.f32" not in exact.stages["ptx"] and "fma.rn.f32" in fast.stages["ptx"]
+    exact_loop = opcode_counts(loop_containing(disassemble(exact.cubin), "FMUL"))
+    fast_loop = opcode_counts(loop_containing(disassemble(fast.cubin), "FFMA"))
+    assert exact_loop.get("FFMA", 0) == 0 and exact_loop["FMUL"] == exact_loop["FADD"] > 0, exact_loop
+    assert fast_loop["FFMA"] == exact_loop["FMUL"] and "FMUL" not in fast_loop and "FADD" not in fast_loop
+    assert fast.metadata["spill_stores"] == 0
+
+
+def test_the_fast_kernel_approximates_the_silu_epilogue():
+    needs_ptxas()
+    exact = compile_signature(gemm_kernel.kernel, CONFIGS[0], BF16, ACTIVATION="silu").stages["ptx"]
+    fast = compile_signature(gemm_kernel_fast.kernel, CONFIGS[0], BF16, ACTIVATION="silu").stages["ptx"]
+    assert "rcp.rn.f32" in exact and "rcp.rn.f32" not in fast and "__nv_expf" not in fast
+    assert re.search(r"(div\.approx|div\.full|rcp\.approx)[.\w]*\.f32", fast)
+
+
+@pytest.mark.parametrize("out_dtype, activation, fast", [
+    (torch.bfloat16, "gelu", True), (torch.float16, "silu", True), (torch.float32, "none", True),
+    (torch.float32, "relu", True), (torch.float32, "gelu", False), (torch.float32, "silu", False)])
+def test_the_op_uses_fast_math_only_where_the_output_hides_it(out_dtype, activation, fast):
+    assert gemm_module._fast_math_allows(out_dtype, activation) == fast
+    assert gemm_kernel_fast.kernel.fast_math and not gemm_kernel.kernel.fast_math
+    assert gemm_kernel_fast.tuner.configs == gemm_kernel.tuner.configs == CONFIGS
