@@ -49,30 +49,18 @@ import torch
 
 import tessera
 
+from . import gemm_configs
+
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
-# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
-# software-pipelined STAGES deep (ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared memory, 64-96 KB
-# here, filled by cp.async on sm_80 and by TMA on sm_90/sm_90a). Each compiles without register spills for sm_80
-# (bf16: mma.sync + ldmatrix from the rings), sm_90 (the same, TMA-filled) and sm_90a (f16/bf16: wgmma reading
-# the TMA-filled rings through descriptors, one group in flight), and for
-# fp8 inputs: sm_89 (mma.sync m16n8k32 .e4m3/.e5m2, K-contiguous operands pipelined and read with ldmatrix)
-# and sm_90a (wgmma m64nNk32 .e4m3/.e5m2 on K-major ring slots; a B contiguous along N is stored K-major
-# each iteration); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
-CONFIGS = [
-    # large square
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),
-    # tall: M >> N
-    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
-    # wide: N >> M
-    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
-    # small: fill SMs
-    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
-    # shallower K
-    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
-    # one program/SM
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),
-]
+# Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
+# 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
+# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a), and per GPU family its own
+# (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups); the autotuner gets all of them and keeps the
+# launching device's (`prune_for_device`), then prunes by what ptxas reports. Each compiles without register
+# spills; not yet timed on a GPU.
+CONFIGS = gemm_configs.COMMON
+HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
@@ -120,7 +108,7 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
-@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device)
 @tessera.kernel
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
@@ -148,7 +136,8 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
 # The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of
 # float32 inputs and the alpha / bias epilogue), exp2 and division approximate (the gelu / silu
 # epilogues). `_fast_math_allows` says when the op runs it; `gemm_kernel` stays exact.
-gemm_kernel_fast = tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])(
+gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
+                                    prune=gemm_configs.prune_for_device)(
     tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
 
 

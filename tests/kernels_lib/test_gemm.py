@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tessera.kernels_lib import gemm  # noqa: E402
-from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
+from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -128,10 +128,12 @@ def test_errors(call, message):
         call()
 
 
-def test_gpu_configs_are_tiles_of_64_and_128():
-    assert gemm_kernel.tuner.configs == CONFIGS
+def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256():
+    assert gemm_kernel.tuner.configs == CONFIGS + HOPPER_CONFIGS
     assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
                for c in CONFIGS)
+    assert HOPPER_CONFIGS and all((c.kwargs["BM"], c.kwargs["BN"], c.num_warps) == (128, 256, 8)
+                                  for c in HOPPER_CONFIGS)
 
 
 def test_kernel_compiles_for_hopper():

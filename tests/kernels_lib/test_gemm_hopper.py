@@ -10,6 +10,9 @@ run on the SIMT simulator in tests/simt and in test_gemm.py):
   releases the previous slot (empty mbarriers count warpgroups); the producer's registers go to the
   consumers (setmaxnreg, USETMAXREG in SASS); on the simulator the schedule equals numpy, and dropping the
   wait is reported;
+* 128 x 256 tiles (the sm_90 configs of gemm_configs.json, which the autotuner keeps only on sm_90 GPUs): one
+  HGMMA 64x256x16 per K slice and warpgroup, two consumer warpgroups, no spills, equal to numpy on the
+  simulator, with and without warp specialization;
 * fast math: the op runs `gemm_kernel_fast` where the output's precision hides it; its FMA-path K loop is all
   FFMA (the exact kernel's is FMUL + FADD), its silu epilogue divides approximately.
 """
@@ -24,7 +27,8 @@ import pytest
 
 import tessera
 from tessera.backends.interp import InterpreterError
-from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel, gemm_kernel_fast
+from tessera.kernels_lib import gemm_configs
+from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel, gemm_kernel_fast
 
 torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
@@ -34,7 +38,7 @@ from tessera.backends.nvptx.sass import disassemble, loop_containing
 from hopper_gemm import (compile_gemm, compile_signature, first, last, lowered_gemm, needs_ptxas, needs_sass,
                          opcode_counts, ptx_lines, sass_k_loop, simulate)
 
-HOPPER_CONFIGS = {f"config{i}": c for i, c in enumerate(CONFIGS)}
+SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)}, **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)}}
 
 
 def k_boxes(config, b_layout="b-row-major") -> int:
@@ -43,20 +47,20 @@ def k_boxes(config, b_layout="b-row-major") -> int:
     return max(1, bk // 64) + (max(1, bk // 64) if b_layout == "b-transposed" else bn // 64)
 
 
-@pytest.mark.parametrize("name", list(HOPPER_CONFIGS))
+@pytest.mark.parametrize("name", list(SHIPPED))
 def test_the_prologue_fills_stages_minus_one_slots(name):
     needs_ptxas()
-    config = HOPPER_CONFIGS[name]
+    config = SHIPPED[name]
     ptx = compile_gemm(config).stages["ptx"]
     loop_wait = ptx_lines(ptx, r"mbarrier\.try_wait")[0]
     prologue = [i for i in ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d") if i < loop_wait]
     assert len(prologue) == (config.kwargs["STAGES"] - 1) * k_boxes(config)
 
 
-@pytest.mark.parametrize("name", list(HOPPER_CONFIGS))
+@pytest.mark.parametrize("name", list(SHIPPED))
 def test_the_refill_follows_the_wait_for_the_previous_wgmma_group(name):
     needs_sass()
-    loop = sass_k_loop(compile_gemm(HOPPER_CONFIGS[name]))
+    loop = sass_k_loop(compile_gemm(SHIPPED[name]))
     depbar = next(i for i, inst in enumerate(loop) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b", inst.text))
     barrier, refill = first(loop, "BAR.SYNC"), first(loop, "UTMALDG")
     assert last(loop, "HGMMA") < depbar < barrier < refill, [i.text for i in loop]
@@ -65,7 +69,7 @@ def test_the_refill_follows_the_wait_for_the_previous_wgmma_group(name):
 
 # -- warp specialization (fact 5) ----------------------------------------------------------------------------
 
-WS_CONFIGS = {name: c for name, c in HOPPER_CONFIGS.items() if not c.kwargs["PERSISTENT"]}
+WS_CONFIGS = {name: c for name, c in SHIPPED.items() if not c.kwargs["PERSISTENT"]}
 
 
 @pytest.mark.parametrize("name", list(WS_CONFIGS))
@@ -109,8 +113,8 @@ def small(config, **changes):
     ("config2", 64, 96, 160, True),         # one consumer warpgroup, B transposed
 ])
 def test_ws_gemm_with_a_group_in_flight_matches_numpy_on_the_simt_simulator(name, M, N, K, trans_b):
-    fn, args, expected, grid = lowered_gemm(M, N, K, small(HOPPER_CONFIGS[name], WS=True), trans_b=trans_b)
-    assert fn.attrs["num_threads"] == HOPPER_CONFIGS[name].num_warps * 32 + 128
+    fn, args, expected, grid = lowered_gemm(M, N, K, small(SHIPPED[name], WS=True), trans_b=trans_b)
+    assert fn.attrs["num_threads"] == SHIPPED[name].num_warps * 32 + 128
     np.testing.assert_allclose(simulate(fn, args, grid), expected, rtol=1e-4, atol=1e-3)
 
 
@@ -166,4 +170,45 @@ def test_the_fast_kernel_approximates_the_silu_epilogue():
 def test_the_op_uses_fast_math_only_where_the_output_hides_it(out_dtype, activation, fast):
     assert gemm_module._fast_math_allows(out_dtype, activation) == fast
     assert gemm_kernel_fast.kernel.fast_math and not gemm_kernel.kernel.fast_math
-    assert gemm_kernel_fast.tuner.configs == gemm_kernel.tuner.configs == CONFIGS
+    assert gemm_kernel_fast.tuner.configs == gemm_kernel.tuner.configs == gemm_configs.ALL
+
+
+# -- 128 x 256 tiles, configs per GPU (facts 2 and 8) ---------------------------------------------------------
+
+@pytest.mark.parametrize("name", [f"hopper{i}" for i in range(len(HOPPER_CONFIGS))])
+def test_hopper_configs_run_128_by_256_tiles_on_two_consumer_warpgroups(name):
+    needs_sass()
+    config = SHIPPED[name]
+    compiled = compile_gemm(config)
+    meta = compiled.metadata
+    assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["registers"] <= 255
+    assert meta["shared_bytes"] <= 227 * 1024
+    loop = sass_k_loop(compiled)
+    hgmma = [i.opcode for i in loop if i.opcode.startswith("HGMMA")]
+    assert hgmma and all(op.startswith("HGMMA.64x256x16.F32.BF16") for op in hgmma)
+    assert len(hgmma) == config.kwargs["BK"] // 16      # one per K slice: each warpgroup its own 64 rows
+
+
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
+def test_a_128_by_256_tile_matches_numpy_on_the_simt_simulator(ws):
+    fn, args, expected, grid = lowered_gemm(131, 250, 96, small(HOPPER_CONFIGS[0], WS=ws))
+    assert {op.attrs["n"] for op in fn.walk() if op.name == "wgmma"} == {256}
+    np.testing.assert_allclose(simulate(fn, args, grid), expected, rtol=1e-4, atol=1e-3)
+
+
+class _Device:
+    type = "cuda"
+
+
+class _Tensor:
+    device = _Device()
+
+
+@pytest.mark.parametrize("capability, hopper", [((9, 0), True), ((8, 0), False), ((8, 9), False), (None, False)])
+def test_the_autotuner_keeps_the_configs_shipped_for_the_launching_gpu(monkeypatch, capability, hopper):
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: capability)
+    monkeypatch.setattr(torch.version, "cuda", "13.0")
+    args = {"a_ptr": _Tensor() if capability else np.zeros(1), "M": 64}
+    kept = gemm_configs.prune_for_device(list(gemm_configs.ALL), args)
+    assert kept == CONFIGS + (HOPPER_CONFIGS if hopper else [])
+    assert gemm_kernel.tuner.prune is gemm_kernel_fast.tuner.prune is gemm_configs.prune_for_device
