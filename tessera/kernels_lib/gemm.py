@@ -14,7 +14,9 @@ the sizes need not be multiples of the blocks.
 Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
-PERSISTENT one program per SM that loops over tiles num_programs apart.
+PERSISTENT one program per SM that loops over tiles num_programs apart (on
+TMA targets its tiles share the K loop's mbarriers, set up once:
+`passes/schedule/persistent.py`).
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).

@@ -212,3 +212,58 @@ def test_the_autotuner_keeps_the_configs_shipped_for_the_launching_gpu(monkeypat
     kept = gemm_configs.prune_for_device(list(gemm_configs.ALL), args)
     assert kept == CONFIGS + (HOPPER_CONFIGS if hopper else [])
     assert gemm_kernel.tuner.prune is gemm_kernel_fast.tuner.prune is gemm_configs.prune_for_device
+
+
+# -- the persistent kernel (fact 4) -------------------------------------------------------------------------
+
+PERSISTENT = CONFIGS[5]
+
+
+def outermost_loop_containing(code, prefix: str) -> list:
+    """The instructions of the largest loop (a backward BRA's range) holding an instruction `prefix`."""
+    best = []
+    for inst in code:
+        target = inst.branch_target()
+        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
+            continue
+        body = [i for i in code if target <= i.address <= inst.address]
+        if any(i.opcode.startswith(prefix) for i in body) and len(body) > len(best):
+            best = body
+    return best
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_the_persistent_kernel_initializes_its_mbarriers_once(target):
+    """The tile loop holds no mbarrier init (SYNCS.EXCH) and no invalidation: the slots' mbarriers are set up
+    once, before it, and their phases run on from tile to tile."""
+    needs_sass()
+    assert PERSISTENT.kwargs["PERSISTENT"]
+    compiled = compile_gemm(PERSISTENT, target=target)
+    ptx = compiled.stages["ptx"]
+    assert ptx.count("mbarrier.init") == PERSISTENT.kwargs["STAGES"] and "mbarrier.inval" not in ptx
+    code = disassemble(compiled.cubin)
+    tiles = outermost_loop_containing(code, "HGMMA" if target == "sm_90a" else "HMMA")
+    inits = [i.address for i in code if i.opcode.startswith("SYNCS.EXCH")]
+    assert len(inits) == PERSISTENT.kwargs["STAGES"] and max(inits) < tiles[0].address
+    assert not any(i.opcode.startswith("SYNCS.EXCH") for i in tiles)
+
+
+@pytest.mark.parametrize("name, M, N, K", [
+    ("three-tiles-per-program", 200, 256, 160),     # 5 K steps through 3 stages: tiles start mid-ring
+    ("one-k-step", 256, 384, 32),
+])
+def test_persistent_tiles_share_the_ring_on_the_simt_simulator(name, M, N, K):
+    fn, args, expected, grid = lowered_gemm(M, N, K, small(PERSISTENT))
+    np.testing.assert_allclose(simulate(fn, args, grid), expected, rtol=1e-4, atol=1e-3)
+
+
+def test_restarting_the_phases_each_tile_is_reported():
+    # the K loop's carried slot and phase start from 0 in every tile, as with per-tile mbarriers
+    fn, args, _, grid = lowered_gemm(200, 256, 160, small(PERSISTENT))
+    tiles = next(op for op in fn.body.ops if op.name == "for")
+    k_loop = next(op for op in tiles.regions[0].ops if op.name == "for" and op.attrs.get("stages"))
+    zero = next(op for op in fn.walk() if op.name == "constant" and op.attrs["value"] == 0 and
+                op.result.type == k_loop.operands[-1].type).result
+    k_loop.operands[-2] = k_loop.operands[-1] = zero
+    with pytest.raises(InterpreterError, match="phase error|DEADLOCK|shared-memory race"):
+        simulate(fn, args, grid)

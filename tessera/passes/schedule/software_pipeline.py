@@ -22,6 +22,7 @@ from ..lowering import lower_op
 from ..lowering.memory import view_lanes
 from ..lowering.mma_operands import swizzle_offsets, wgmma_tile_offsets
 from ..lowering.values import I32, Regs, RingOperand
+from .persistent import persistent_outer_loop, ring_start
 from .pipeline_plan import PipelinedLoad, PipelinePlan
 from .tma_fill import TmaRing
 
@@ -121,10 +122,12 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements,
                               align=load.slot_alignment if load.on_wgmma or load.tma else None)
              for load in plan.loads]
-    tma = TmaRing(ctx, plan.loads, stages) if plan.tma_loads else None
+    outer = persistent_outer_loop(op) if plan.tma_loads else None     # tiles share the mbarriers: persistent.py
+    tma = TmaRing(ctx, plan.loads, stages, once=outer is not None) if plan.tma_loads else None
+    start = ring_start(ctx, outer, op, stages) if outer is not None else None
     for stage in range(ahead_by):
         iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
-        _issue(ctx, plan, rings, iv, ub, ctx.const(stage), tma)
+        _issue(ctx, plan, rings, iv, ub, start.slot_after(ctx, stage, stages) if start else ctx.const(stage), tma)
 
     body = ctx.new_block(region)
     slot = body.add_arg(I32, "slot")
@@ -155,7 +158,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
 
     extra = [I32] + ([I32] if tma else [])
     result_types = [ctx.thread_type(r) for r in op.results] + extra
-    starts = [ctx.const(0)] + ([ctx.const(0)] if tma else [])
+    starts = [start.slot, start.phase] if start else [ctx.const(0)] + ([ctx.const(0)] if tma else [])
     new = ctx.create("for", [lb, ub, step, *inits, *starts], {"stages": stages}, result_types, [body])
     if plan.in_flight:
         ctx.create("wgmma_wait", attrs={"pending": 0})
