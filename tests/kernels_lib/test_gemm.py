@@ -189,15 +189,17 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
             assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 2
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
             assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr"]
+        # a persistent config also starts the next tile's first STAGES - 1 fills before its epilogue
+        fills = stages + (stages - 1 if config.kwargs["PERSISTENT"] else 0)
         if target == "sm_90":
-            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * stages, config
+            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * fills, config
             assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
         elif target == "sm_90a":
             # STAGES - 1 prologue fills and one per iteration; a slot row of BK (A, B^T) or BN (B) bf16 elements
             # is one box per 128-byte column block (one 64B box for BK = 32)
             k_boxes = max(1, config.kwargs["BK"] // 64)
             n_boxes = k_boxes if b_layout == "b-transposed" else config.kwargs["BN"] // 64
-            assert ptx.count("cp.async.bulk.tensor.2d") == stages * (k_boxes + n_boxes), config
+            assert ptx.count("cp.async.bulk.tensor.2d") == fills * (k_boxes + n_boxes), config
             assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"]}
             trans_b = int(b_layout == "b-row-major")
             mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 .*, p, 1, 1, 0, (\d);", ptx)

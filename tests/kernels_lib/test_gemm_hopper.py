@@ -13,6 +13,10 @@ run on the SIMT simulator in tests/simt and in test_gemm.py):
 * 128 x 256 tiles (the sm_90 configs of gemm_configs.json, which the autotuner keeps only on sm_90 GPUs): one
   HGMMA 64x256x16 per K slice and warpgroup, two consumer warpgroups, no spills, equal to numpy on the
   simulator, with and without warp specialization;
+* the persistent config: its tiles share the K loop's mbarriers, initialized once before the tile loop (no
+  SYNCS.EXCH in it), and the next tile's first fills (UTMALDG) are issued before the epilogue's stores; on
+  the simulator tiles that start mid-ring compute what numpy does, and restarting the phases per tile or
+  dropping the carried-over fills is reported;
 * fast math: the op runs `gemm_kernel_fast` where the output's precision hides it; its FMA-path K loop is all
   FFMA (the exact kernel's is FMUL + FADD), its silu epilogue divides approximately.
 """
@@ -266,4 +270,35 @@ def test_restarting_the_phases_each_tile_is_reported():
                 op.result.type == k_loop.operands[-1].type).result
     k_loop.operands[-2] = k_loop.operands[-1] = zero
     with pytest.raises(InterpreterError, match="phase error|DEADLOCK|shared-memory race"):
+        simulate(fn, args, grid)
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_the_next_tiles_loads_are_issued_before_the_epilogue(target):
+    """In the tile loop, after the K loop (the innermost loop with the matrix instructions) and before the
+    epilogue's global stores, thread 0 starts the next tile's first STAGES - 1 fills (UTMALDG), so they land
+    while the epilogue runs; the K loop's own prologue runs for the program's first tile only."""
+    needs_sass()
+    compiled = compile_gemm(PERSISTENT, target=target)
+    code = disassemble(compiled.cubin)
+    mma = "HGMMA" if target == "sm_90a" else "HMMA"
+    tiles, k_loop = outermost_loop_containing(code, mma), loop_containing(code, mma)
+    after_k = [i for i in tiles if i.address > k_loop[-1].address]
+    first_store = first(after_k, "STG")
+    assert first_store > 0 and first(after_k, "UTMALDG") < first_store
+    boxes = k_boxes(PERSISTENT) if target == "sm_90a" else 2     # mma.sync slots: one box per load
+    assert sum(i.opcode.startswith("UTMALDG") for i in after_k[:first_store]) == (PERSISTENT.kwargs["STAGES"] - 1) * boxes
+    assert compiled.metadata["shared_bytes"] <= 227 * 1024 and compiled.metadata["spill_stores"] == 0
+
+
+def test_a_persistent_tile_without_the_fills_its_predecessor_issued_deadlocks():
+    fn, args, _, grid = lowered_gemm(200, 256, 160, small(PERSISTENT))
+    tiles = next(op for op in fn.body.ops if op.name == "for")
+    ops = tiles.regions[0].ops
+    k_loop = next(i for i, op in enumerate(ops) if op.name == "for")
+    prefetch = [op for op in ops[k_loop + 1:] if op.name == "if" and any(o.name == "tma_load" for o in op.walk())]
+    assert len(prefetch) == PERSISTENT.kwargs["STAGES"] - 1
+    for op in prefetch:
+        ops.remove(op)
+    with pytest.raises(InterpreterError, match="DEADLOCK"):
         simulate(fn, args, grid)

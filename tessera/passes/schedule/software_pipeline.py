@@ -14,7 +14,7 @@ for its safety are the comment above `lower_pipelined_for`.
 
 from __future__ import annotations
 
-from tessera.ir.core import Operation, Value
+from tessera.ir.core import Block, Operation, Value
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
@@ -22,7 +22,7 @@ from ..lowering import lower_op
 from ..lowering.memory import view_lanes
 from ..lowering.mma_operands import swizzle_offsets, wgmma_tile_offsets
 from ..lowering.values import I32, Regs, RingOperand
-from .persistent import persistent_outer_loop, ring_start
+from .persistent import RingStart, for_next_tile, next_tile_slice, persistent_outer_loop, ring_start
 from .pipeline_plan import PipelinedLoad, PipelinePlan
 from .tma_fill import TmaRing
 
@@ -115,47 +115,26 @@ from .tma_fill import TmaRing
 # the argument for both fills: refilling a slot an in-flight wgmma reads is
 # reported when that wgmma retires.
 def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
-    """Lower the tile-IR `for` `op` as the pipelined loop `plan` describes (see the comment above)."""
+    """Lower the tile-IR `for` `op` as the pipelined loop `plan` describes (see the comment above; nested in a
+    persistent tile loop: `persistent.py`)."""
     lb, ub, step, *inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
-    stages, region, ahead_by = plan.stages, op.regions[0], plan.prefetch
-    index_dtype = lb.type.dtype
-    rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements,
-                              align=load.slot_alignment if load.on_wgmma or load.tma else None)
-             for load in plan.loads]
-    outer = persistent_outer_loop(op) if plan.tma_loads else None     # tiles share the mbarriers: persistent.py
+    stages = plan.stages
+    outer = persistent_outer_loop(op) if plan.tma_loads else None     # tiles share the mbarriers
+    ahead = next_tile_slice(outer, plan.loads) if outer is not None and not plan.copy_loads else None
+    if ahead is not None:                       # the rings outlive the tile: the next one's fills overlap its end
+        with ctx.in_prologue():
+            rings = _rings(ctx, plan, whole_kernel=True)
+    else:
+        rings = _rings(ctx, plan)
     tma = TmaRing(ctx, plan.loads, stages, once=outer is not None) if plan.tma_loads else None
     start = ring_start(ctx, outer, op, stages) if outer is not None else None
-    for stage in range(ahead_by):
-        iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
-        _issue(ctx, plan, rings, iv, ub, start.slot_after(ctx, stage, stages) if start else ctx.const(stage), tma)
+    if ahead is not None:
+        with ctx.when(start.first):             # later tiles' first fills came from the tile before
+            _prologue(ctx, plan, rings, lb, ub, start, tma)
+    else:
+        _prologue(ctx, plan, rings, lb, ub, start, tma)
 
-    body = ctx.new_block(region)
-    slot = body.add_arg(I32, "slot")
-    phase = body.add_arg(I32, "phase") if tma else None
-    with ctx.b.at(body):
-        if plan.copy_loads:
-            ctx.create("async_wait", attrs={"pending": ahead_by - 1})
-        if tma:
-            tma.wait(ctx, slot, phase)
-        if any(load.on_wgmma for load in plan.copy_loads):
-            ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
-        if plan.copy_loads or not plan.in_flight:
-            ctx.threads.barrier()
-        if not plan.in_flight:
-            _refill(ctx, plan, rings, body, ub, slot, tma)
-        carried = next_slot_and_phase(ctx, slot, phase, stages)
-        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
-                 for load, ring in zip(plan.loads, rings)}
-        for old, new in zip(region.args, ctx.region_args(region, body)):
-            ctx.env[old] = new
-        for body_op in region.ops[:-1]:
-            lower_body_op(ctx, body_op, reads)
-        if plan.in_flight:                      # after the dot's wgmma_wait {pending = 1}: see above
-            ctx.threads.barrier()
-            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma))
-        lower_body_op(ctx, region.ops[-1], reads)
-    body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
-
+    body = _body(ctx, op, plan, rings, ub, tma)
     extra = [I32] + ([I32] if tma else [])
     result_types = [ctx.thread_type(r) for r in op.results] + extra
     starts = [start.slot, start.phase] if start else [ctx.const(0)] + ([ctx.const(0)] if tma else [])
@@ -167,9 +146,61 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     if tma:
         tma.release(ctx)                           # the slots' mbarriers end before the bytes are reused
     ctx.threads.barrier()
+    if ahead is not None:
+        end = RingStart(new.results[len(op.results)], new.results[len(op.results) + 1], None)
+        for_next_tile(ctx, outer, ahead, lambda live: _prologue(ctx, plan, rings, lb, ub, end, tma, live))
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+
+
+def _rings(ctx, plan: PipelinePlan, whole_kernel: bool = False) -> list[Value]:
+    """One ring of `plan.stages` slots per pipelined load."""
+    return [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, whole_kernel=whole_kernel,
+                           align=load.slot_alignment if load.on_wgmma or load.tma else None)
+            for load in plan.loads]
+
+
+def _prologue(ctx, plan: PipelinePlan, rings, lb: Value, ub: Value, start, tma: TmaRing | None,
+              also: Value | None = None) -> None:
+    """The fills of the loop's first `plan.prefetch` iterations, into slots 0, 1, ... (or from `start.slot`
+    on); `also`: a further condition on them (the tile they are for exists)."""
+    for stage in range(plan.prefetch):
+        iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, lb.type.dtype))
+        slot = start.slot_after(ctx, stage, plan.stages) if start else ctx.const(stage)
+        _issue(ctx, plan, rings, iv, ub, slot, tma, also)
+
+
+def _body(ctx, op: Operation, plan: PipelinePlan, rings, ub: Value, tma: TmaRing | None) -> Block:
+    """The pipelined loop's body: wait for the slot, compute on it, refill (before or after the dot)."""
+    region = op.regions[0]
+    body = ctx.new_block(region)
+    slot = body.add_arg(I32, "slot")
+    phase = body.add_arg(I32, "phase") if tma else None
+    with ctx.b.at(body):
+        if plan.copy_loads:
+            ctx.create("async_wait", attrs={"pending": plan.prefetch - 1})
+        if tma:
+            tma.wait(ctx, slot, phase)
+        if any(load.on_wgmma for load in plan.copy_loads):
+            ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
+        if plan.copy_loads or not plan.in_flight:
+            ctx.threads.barrier()
+        if not plan.in_flight:
+            _refill(ctx, plan, rings, body, ub, slot, tma)
+        carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
+        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
+                 for load, ring in zip(plan.loads, rings)}
+        for old, new in zip(region.args, ctx.region_args(region, body)):
+            ctx.env[old] = new
+        for body_op in region.ops[:-1]:
+            lower_body_op(ctx, body_op, reads)
+        if plan.in_flight:                      # after the dot's wgmma_wait {pending = 1}: see above
+            ctx.threads.barrier()
+            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma))
+        lower_body_op(ctx, region.ops[-1], reads)
+    body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
+    return body
 
 
 def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None) -> None:
@@ -221,10 +252,13 @@ def slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
                     ctx.emit("add", slot, ctx.const(ahead_by)))
 
 
-def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None) -> None:
+def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None,
+           also: Value | None = None) -> None:
     """Copy every pipelined block of iteration `iv` into ring slot `slot`: the cp.async ones as one group, the
-    TMA ones on the slot's mbarrier."""
+    TMA ones on the slot's mbarrier; none past the loop's end, or where `also` is false."""
     live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
+    if also is not None:
+        live = ctx.emit("and", live, also)
     body = plan.loop.regions[0]
     ctx.env[body.args[0]] = iv
     order = {op: i for i, op in enumerate(body.ops)}
