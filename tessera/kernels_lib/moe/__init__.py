@@ -1,11 +1,14 @@
 """Mixture of experts, written in Tessera: routing, token alignment, grouped expert GEMMs, and the layer.
 
 The pipeline (DESIGN.md §11): `route` (router logits -> top-k experts, weights and tokens per expert) ->
-`align` (token order sorted by expert, padded to the GEMM tile) -> the grouped GEMMs -> combine. Each step
-is a `tessera::` torch op; like the rest of kernels_lib it uses only the public API (`import tessera`).
+`align` (token order sorted by expert, padded to the GEMM tile) -> `experts` (permute, gate+up with the
+activation, down with the routing weights, combine). Each step is a `tessera::` torch op with a fake
+implementation; like the rest of kernels_lib it uses only the public API (`import tessera`).
 """
 
+from . import plan
 from .align import align
+from .mlp import experts, interleave_gate_up
 from .routing import route
 
-__all__ = ["align", "route"]
+__all__ = ["align", "experts", "interleave_gate_up", "plan", "route"]
