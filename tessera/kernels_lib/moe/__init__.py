@@ -1,9 +1,10 @@
-"""Mixture of experts, written in Tessera: routing, token alignment, grouped expert GEMMs, and the layer.
+"""Mixture of experts, written in Tessera: routing, token alignment, grouped expert GEMMs, and the layer. It
+imports only the public API (`import tessera`) and torch, like the rest of kernels_lib.
 
 The pipeline (DESIGN.md §11): `route` (router logits -> top-k experts, weights and tokens per expert) ->
 `align` (token order sorted by expert, padded to the GEMM tile) -> `experts` (permute, gate+up with the
 activation, down with the routing weights, combine). Each step is a `tessera::` torch op with a fake
-implementation; like the rest of kernels_lib it uses only the public API (`import tessera`).
+implementation.
 """
 
 from . import plan
