@@ -198,3 +198,16 @@ def test_bad_arguments_name_the_fix(change, message):
     weights, ids, _, _ = route(torch.randn(5, 4, generator=g), 2)
     with pytest.raises(ValueError, match=message):
         experts(args["x"], args["w13"], args["w2"], weights, ids, activation=args["activation"])
+
+
+@pytest.mark.parametrize("target, registers", [("sm_90a", 128), ("sm_80", 168)])
+def test_a_vllm_style_port_fits_once_its_columns_are_known_contiguous(target, registers):
+    """The issue's spilling port (docs/moe.md): `pid_n` comes from a division by `min(num_pid_m - first_pid_m,
+    GROUP_M)`, which the alignment analysis cannot prove positive, so `(pid_n * BN + arange) % N` may be
+    negative and loses its contiguity; B is then read element by element with a live 64-bit address per
+    element. Stating `pid_n >= 0` gives back 128-bit loads and Triton's register budget (127 on sm_90a)."""
+    from moe_vllm_port import SIGNATURE, fused_moe_kernel
+    compiled = fused_moe_kernel.compile(signature=SIGNATURE, target=target, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64,
+                                        GROUP_M=8, top_k=2, PID_N_NONNEGATIVE=True, num_warps=4)
+    assert compiled.metadata["spill_stores"] == 0 and compiled.metadata["registers"] <= registers
+    assert "ld.global.b16" not in compiled.stages["ptx"]            # every operand load is 128 bits wide
