@@ -9,7 +9,9 @@ implementation.
 
 from . import plan
 from .align import align
+from .balance import load_balancing_loss
+from .layer import MoELayer, Routing
 from .mlp import experts, interleave_gate_up
 from .routing import route
 
-__all__ = ["align", "experts", "interleave_gate_up", "plan", "route"]
+__all__ = ["MoELayer", "Routing", "align", "experts", "interleave_gate_up", "load_balancing_loss", "plan", "route"]
