@@ -12,6 +12,8 @@ from .align import align
 from .balance import load_balancing_loss
 from .layer import MoELayer, Routing
 from .mlp import experts, interleave_gate_up
+from .parallel import expert_parallel
 from .routing import route
 
-__all__ = ["MoELayer", "Routing", "align", "experts", "interleave_gate_up", "load_balancing_loss", "plan", "route"]
+__all__ = ["MoELayer", "Routing", "align", "expert_parallel", "experts", "interleave_gate_up", "load_balancing_loss",
+           "plan", "route"]
