@@ -45,6 +45,8 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
     debug = debug_mode()
     options = {"num_warps": num_warps, "globals": constants, "debug": debug,
                **_tool_identity(get_target(target).vendor)}
+    if kernel.fast_math:
+        options["fast_math"] = True
     key = cache_key(kernel.source.source_hash, callees, bound.key, options, target)
 
     def compile_now() -> CacheEntry:

@@ -20,6 +20,7 @@ from tessera.ir.core import Operation
 
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for
+from ..lowering.invariant_operands import stage_invariant_operands
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
@@ -28,6 +29,7 @@ from .warp_specialization import lower_warp_specialized_for, warp_specialization
 
 @lowering("for")
 def _for(ctx, op):
+    stage_invariant_operands(ctx, op)
     stages = op.attrs.get("stages", 1)
     if op.attrs.get("warp_specialize"):
         refusal = warp_specialization_refusal(ctx, op)
