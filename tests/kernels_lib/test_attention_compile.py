@@ -13,6 +13,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
+from tessera import PipelineWarning  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention import GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
@@ -30,10 +31,21 @@ VARIANTS = {    # the plain kernel, and the one with every option compiled in (t
 }
 
 
+def compile_owing_tma(kernel, target, **options):
+    """`kernel.compile(target=target, **options)`; on sm_90a, where K and V (and Q, dO in the backward) are
+    streamed by cp.async rather than TMA, with that shortfall seen (strict mode would refuse it). TMA is owed
+    (issue 16): the blocks start at a per-(batch, head) offset of the kernel argument, which a tensor map built
+    from that argument does not express yet."""
+    if not target.startswith("sm_90"):
+        return kernel.compile(target=target, **options)
+    with pytest.warns(PipelineWarning, match="cp.async instead of TMA"):
+        return kernel.compile(target=target, strict=False, **options)
+
+
 def compile_forward(target, D, plan, variant, dtype="bf16"):
-    return attention_fwd_kernel.compile(signature=FORWARD_SIGNATURE.format(t=dtype), target=target,
-                                        num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
-                                        **VARIANTS[variant])
+    return compile_owing_tma(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
+                             num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
+                             **VARIANTS[variant])
 
 
 @needs_ptxas
@@ -129,8 +141,8 @@ def test_every_backward_plan_compiles_without_spills(name):
         pytest.skip("ptxas not installed")
     variants = ["window-softcap-varlen"] if target.startswith("gfx") else list(VARIANTS)
     for variant in variants:
-        compiled = kernel.compile(signature=signature.format(t="bf16"), target=target, num_warps=plan.num_warps,
-                                  D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
+        compiled = compile_owing_tma(kernel, target, signature=signature.format(t="bf16"), num_warps=plan.num_warps,
+                                     D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
         metadata = compiled.metadata
         if target.startswith("gfx"):
             assert metadata["vgpr_spill_count"] == 0, variant
