@@ -173,6 +173,8 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     check_experts(x, w13, w2, weights, ids, activation)
     from .autograd import experts_op
     T, K = ids.shape
+    if T == 0:
+        return x.new_zeros((0, w2.shape[1]))
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, w13.shape[0]).BM
     sorted_ids, block_expert, offsets = align(ids, w13.shape[0], block_m, counts, chunk_counts)
