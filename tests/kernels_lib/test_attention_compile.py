@@ -177,3 +177,65 @@ def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_wa
     (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(target, num_warps)
     for got, expected in ((dq_atomic, expected_dq), (dq, expected_dq), (dk, expected_dk), (dv, expected_dv)):
         torch.testing.assert_close(got.double(), expected, rtol=4e-3, atol=4e-3)
+
+
+# -- decode ----------------------------------------------------------------------------
+
+# q, k_cache, v_cache, block_table, cache_seqlens, o, lse, Sq, H, H_KV, P, pages, qk_scale, softcap, left, right,
+# splits, 3 x (4) strides of q and the caches, the table's, 4 of o (split, b, s, h), 3 of lse (split, b, h)
+DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16", "*f32:16"] + ["i32"] * 5
+                            + ["f32", "f32", "i32", "i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 3
+                            + ["i32"] + ["i32:16"] * 7)
+
+
+def decode_corners():
+    """(D, rows, keys, stages) of each plan's largest tile and of its smallest (one 16-token page)."""
+    from tessera.kernels_lib.attention_decode import DECODE_PLANS
+    for D, plan in DECODE_PLANS.items():
+        yield D, plan.rows, plan.keys, plan.stages
+        yield D, 16, 16, plan.stages
+
+
+@needs_ptxas
+@pytest.mark.parametrize("D, rows, keys, stages", list(decode_corners()))
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_every_decode_plan_compiles_pipelined_without_spills(target, D, rows, keys, stages):
+    """The K and V blocks stream through cp.async rings although their pages come from the block table."""
+    from tessera.kernels_lib.attention_decode import attention_decode_kernel
+    compiled = attention_decode_kernel.compile(
+        signature=DECODE_SIGNATURE, target=target, num_warps=4, D=D, BM=rows, BN=keys, STAGES=stages, SPLIT=True,
+        HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True)
+    metadata = compiled.metadata
+    assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["registers"]
+    assert "cp.async.cg.shared.global" in compiled.stages["ptx"] and "no load qualifies" not in metadata["log"]
+
+
+def decode_on_the_simulator(target, num_warps, seed=0):
+    """attention_decode's two kernels lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed,
+    2 new queries, pages of 16, sequences of 37 and 9 tokens): (O, LSE) and the float64 reference's."""
+    from tessera.backends.simt import run_threads
+    from tessera.kernels_lib.attention_decode import attention_decode_combine_kernel, attention_decode_kernel
+    from tessera.passes.thread_passes import lower
+    from test_attention_decode import expected, paged_case
+    q, k_cache, v_cache, table, seqlens = tensors = paged_case([37, 9], Sq=2, H=4, H_kv=1, D=32, seed=seed)
+    splits, (B, Sq, H, D) = 3, q.shape
+    o_part, lse_part = torch.zeros(splits, *q.shape), torch.zeros(splits, B, H, Sq)
+    o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
+    args = [x.numpy() for x in (q, k_cache, v_cache, table, seqlens, o_part, lse_part)]
+    args += [Sq, H, 1, 16, table.shape[1], LOG2E / math.sqrt(D), 0.0, 0, 0, splits, *q.stride(),
+             *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_part.stride()[:4], *lse_part.stride()[:3]]
+    options = dict(D=D, BM=16, BN=16, STAGES=2, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False)
+    module = attention_decode_kernel.specialize(*args, **options).module
+    run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
+    args = [o_part.numpy(), lse_part.numpy(), o.numpy(), lse.numpy(), Sq, H, splits, *o_part.stride()[:4],
+            *lse_part.stride()[:3], *o.stride()[:3]]
+    module = attention_decode_combine_kernel.specialize(*args, D=D, SPLITS=4).module
+    run_threads(lower(module, target, num_warps).functions[0], args, (Sq, B * H))
+    return o, lse, *expected(*tensors)
+
+
+@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2)])
+def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps):
+    o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
