@@ -1,6 +1,6 @@
 """tessera::attention_decode (tessera/kernels_lib/attention_decode.py): attention of new queries over a paged KV
-cache, split along the keys and combined, on the CPU interpreter against float64 attention over the gathered
-cache."""
+cache, split along the keys and combined, with the online softmax or FlashDecoding++'s unified max (and its
+fallback), on the CPU interpreter against float64 attention over the gathered cache."""
 
 from __future__ import annotations
 
@@ -47,6 +47,14 @@ CASES = {   # seqlens, case options, op options
     "sliding-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2}),
     "softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "num_splits": 2}),
     "bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"num_splits": 2}),
+    "pages-of-64-partly-filled": ([1, 65, 130], {"page": 64, "H": 2, "H_kv": 1}, {"num_splits": 2}),
+    "unified-max-gqa-split-in-3": ([37, 1, 70], {}, {"num_splits": 3, "unified_max": 2.0}),
+    "unified-max-lengths-0-and-1": ([0, 1, 16], {"Sq": 1, "H": 8, "H_kv": 2}, {"num_splits": 2, "unified_max": 1.0}),
+    "unified-max-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2, "unified_max": 2.0}),
+    "unified-max-is-the-softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "unified_max": 4.0}),
+    "unified-max-bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"unified_max": 0.0}),
+    "unified-max-far-too-low-falls-back": ([37, 50], {"H": 4}, {"num_splits": 2, "unified_max": -30.0}),
+    "unified-max-far-too-high-falls-back": ([37, 5], {"Sq": 2}, {"num_splits": 2, "unified_max": 40.0}),
 }
 
 
@@ -60,9 +68,37 @@ def test_matches_float64_attention_over_the_gathered_cache(name):
     check(out, lse, *expected(*tensors, options.get("causal", True), (window, window), options.get("softcap", 0.0)))
 
 
+def run_unified(tensors, unified_max, fallback, splits=2):
+    """attention_decode's kernels with the unified max, the fallback on or off."""
+    from tessera.kernels_lib.attention_decode import (CPU_DECODE_PLAN, Softmax, _check_decode, launch)
+    q = tensors[0]
+    shape = _check_decode(*tensors)
+    o, lse = torch.empty_like(q), torch.empty(shape.B, shape.H, shape.Sq)
+    softmax = Softmax.of(shape, q.dtype, True, -1, -1, 0.0, None, unified_max)
+    launch(*tensors, o, lse, shape, CPU_DECODE_PLAN, softmax, splits, fallback=fallback)
+    return o, lse
+
+
+def test_a_unified_max_in_range_needs_no_fallback():
+    """The asynchronous softmax alone (no recomputation) is exact where every row's max is near the estimate."""
+    tensors = paged_case([37, 70], H=4, H_kv=2)
+    check(*run_unified(tensors, 2.0, fallback=False), *expected(*tensors))
+
+
+@pytest.mark.parametrize("unified_max", [-30.0, 40.0])
+def test_a_unified_max_out_of_range_is_wrong_without_the_fallback_and_right_with_it(unified_max):
+    """-30: exp(s - phi) overflows float16; 40: every term underflows. The fallback recomputes those splits."""
+    tensors = paged_case([37, 70], H=4, H_kv=2)
+    reference_out, reference_lse = expected(*tensors)
+    out, _ = run_unified(tensors, unified_max, fallback=False)
+    assert not torch.allclose(out.double(), reference_out, atol=1e-2)
+    check(*run_unified(tensors, unified_max, fallback=True), reference_out, reference_lse)
+
+
 def test_opcheck():
     tensors = paged_case([20, 7], Sq=2)
     torch.library.opcheck(torch.ops.tessera.attention_decode.default, tensors, {"num_splits": 2})
+    torch.library.opcheck(torch.ops.tessera.attention_decode.default, tensors, {"unified_max": 1.5})
 
 
 def test_fake_tensor_shapes():
@@ -81,7 +117,13 @@ def test_fake_tensor_shapes():
     (lambda t: (t[0], t[1], t[2], t[3], t[4][:1]), "cache_seqlens"),
     (lambda t: (t[0][:, :, :3], t[1], t[2], t[3], t[4]), "multiple"),
     (lambda t: (t[0].float(), t[1], t[2], t[3], t[4]), "float16"),
+    (lambda t: (t[0], t[1], t[2], t[3], t[4] + 100), "must lie in 0"),
 ])
 def test_errors(change, message):
     with pytest.raises(ValueError, match=message):
         attention_decode(*change(paged_case([10, 3])))
+
+
+def test_a_unified_max_must_be_finite():
+    with pytest.raises(ValueError, match="finite"):
+        attention_decode(*paged_case([10, 3]), unified_max=float("inf"))
