@@ -142,11 +142,15 @@ class Kernel:
         return module
 
     def compile(self, *args, target: str = "sm_80", num_warps: int = 4, signature: str | None = None,
-                **kwargs) -> "CompiledKernel":
+                strict: bool | None = None, debug: bool | None = None, **kwargs) -> "CompiledKernel":
         """Compile to GPU code for `target`, keeping every stage (see `tessera/dsl/compiler.py`).
 
         Pass the launch's arguments (arrays and scalars, or just constexprs
         with `signature="*f32:16,*f32:16,i32"`) to pick the specialization.
+        `strict=True` (default: $TESSERA_STRICT) makes a `tessera.pipeline`
+        that gets less than it asked for an error instead of a warning;
+        `debug=True` (default: $TESSERA_DEBUG) compiles device-side print and
+        assert in.
         """
         from .compiler import compile_tile_module  # imports the GPU compile path only when asked for
 
@@ -158,7 +162,7 @@ class Kernel:
             module = self._trace(params)
         else:
             module = self.specialize(*args, **kwargs).module
-        return compile_tile_module(module, target=target, num_warps=num_warps)
+        return compile_tile_module(module, target=target, num_warps=num_warps, strict=strict, debug=debug)
 
     # -- launching --------------------------------------------------------
 

@@ -458,7 +458,7 @@ def _groups(op: Operation):
         masks = [(v, op, i) for i, v in enumerate(op.operands) if i >= 2 and isinstance(v.type, TileType)]
         if masks:
             yield [(op.operands[1], None, 0)] + masks
-    elif name == "scan":
+    elif name in ("scan", "multiple_of", "max_contiguous"):     # the result's lanes are the operand's
         yield [(op.result, None, 0), (op.operands[0], op, 0)]
     elif name == "dot":
         yield [(op.result, None, 0), (op.operands[2], op, 2)]

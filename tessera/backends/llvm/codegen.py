@@ -41,7 +41,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
-from . import low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
+from . import inline_asm, low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
 from .codegen_table import COMMON as COMMON_CODEGEN
 from .codegen_table import codegen_for

@@ -29,6 +29,8 @@ __all__ = ["APPROX", "BF16", "FAST_APPROX", "FIXED", "LIBDEVICE", "NVPTX_INTRINS
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.nvvm.read.ptx.sreg.{reg}.{axis}": (I32, ())
        for reg in ("tid", "ctaid", "nctaid", "ntid") for axis in "xyz"},
+    # trap: ends the launch with an error (a failed device_assert, after it printed why).
+    "llvm.trap": (VOID, ()),
     # bar.sync 0: every thread of the block waits here.
     "llvm.nvvm.barrier.cta.sync.aligned.all": (VOID, (I32,)),
     # shfl.sync.<mode>.b32 (membermask, value, lane/delta, clamp|segmask << 8)
