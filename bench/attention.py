@@ -4,7 +4,7 @@
     python bench/attention.py --part forward --budget 120
     python bench/attention.py --dry-run             # the plan, and each part once on the CPU interpreter
 
-Parts (`--part`, repeatable; default all, in this order):
+Parts (`--part`, repeatable; default all):
 * forward: TFLOP/s of `attention` (bf16, (B, S, H, D)) for S in 512 .. 16k
   and D in {128, 64, 256}, causal and not, with B * S = 16k tokens and
   H * D = 2048 (FlashAttention's benchmark shapes), against SDPA with its
@@ -18,9 +18,10 @@ Parts (`--part`, repeatable; default all, in this order):
   matmul-softmax-matmul: latency (per eager call and in a CUDA graph) and
   the cache's bytes per second, also as a share of HBM bandwidth.
 
-The order puts the goal's rows first (head dim 128), so a run cut short by
+The rows run in the order of `schedule`: forward and backward at head dim
+128 (the goal's), decode, then the other head dims, so a run cut short by
 `--budget` (no new row starts once it is spent) or by the GPU session still
-has them. Each row is checked against SDPA (or the reference) before it is
+has the rows that matter most. Each row is checked against SDPA (or the reference) before it is
 timed (a mismatch is recorded as `wrong`, not timed), appended to
 $TESSERA_RESULTS_JSONL as soon as it is measured, and attention.json is
 rewritten after every row; attention.png (with matplotlib) shows tessera's
@@ -52,6 +53,14 @@ def cases(part: str) -> list[dict]:
         return [dict(B=B, context=context, **DECODE) for B, context in DECODE_SHAPES]
     return [dict(B=TOKENS // S, S=S, H=HIDDEN // D, D=D, causal=causal)
             for D in HEAD_DIMS for causal in (False, True) for S in SEQLENS]
+
+
+def schedule(parts: list[str]) -> list[tuple[str, dict]]:
+    """(part, case) in the order they run: the goal's head dim (128) of forward and backward, then decode, then
+    the other head dims, so a run cut short by its budget has the rows that matter most."""
+    first = [(p, c) for p in parts if p != "decode" for c in cases(p) if c["D"] == HEAD_DIMS[0]]
+    rest = [(p, c) for p in parts if p != "decode" for c in cases(p) if c["D"] != HEAD_DIMS[0]]
+    return first + [("decode", c) for c in cases("decode") if "decode" in parts] + rest
 
 
 def forward_flops(case: dict) -> float:
@@ -226,20 +235,19 @@ def run(parts: list[str], budget_s: float | None) -> dict:
     peak = hbm_gbps(torch.cuda.get_device_name())
     result = {"environment": gpu_common.environment(torch), "hbm_gbps": peak, "rows": [], "not_run": 0}
     start = time.monotonic()
-    for part in parts:
-        for case in cases(part):
-            if budget_s is not None and time.monotonic() - start > budget_s:
-                result["not_run"] += 1
-                continue
-            try:
-                row = measure_decode(torch, case, peak) if part == "decode" else measure_dense(torch, part, case)
-            except Exception as error:      # recorded, not fatal: the next rows still run
-                row = {"part": part, **case, "error": f"{type(error).__name__}: {error}"[:2000]}
-            torch.cuda.empty_cache()
-            result["rows"].append(row)
-            gpu_common.record("attention", row)
-            gpu_common.write("attention", result)
-            print(describe(row), flush=True)
+    for part, case in schedule(parts):
+        if budget_s is not None and time.monotonic() - start > budget_s:
+            result["not_run"] += 1
+            continue
+        try:
+            row = measure_decode(torch, case, peak) if part == "decode" else measure_dense(torch, part, case)
+        except Exception as error:          # recorded, not fatal: the next rows still run
+            row = {"part": part, **case, "error": f"{type(error).__name__}: {error}"[:2000]}
+        torch.cuda.empty_cache()
+        result["rows"].append(row)
+        gpu_common.record("attention", row)
+        gpu_common.write("attention", result)
+        print(describe(row), flush=True)
     if result["not_run"]:
         print(f"budget of {budget_s:.0f} s spent: {result['not_run']} rows not run", flush=True)
     plot(result["rows"], gpu_common.results_dir() / "attention.png")

@@ -25,6 +25,14 @@ def test_the_dense_rows_cover_the_issue_shapes_with_head_dim_128_first():
     assert bench.cases("backward") == rows
 
 
+def test_the_goal_head_dim_runs_first_then_decode_then_the_rest():
+    order = bench.schedule(list(bench.PARTS))
+    parts = [(part, case.get("D")) for part, case in order]
+    assert parts[:24] == [("forward", 128)] * 12 + [("backward", 128)] * 12
+    assert parts[24:32] == [("decode", 128)] * 8 and len(order) == 80
+    assert [part for part, _ in bench.schedule(["decode"])] == ["decode"] * 8
+
+
 def test_flops_and_bytes():
     assert bench.forward_flops(dict(B=2, S=1024, H=16, D=128, causal=False)) == 4 * 2 * 16 * 1024 ** 2 * 128
     assert bench.forward_flops(dict(B=2, S=1024, H=16, D=128, causal=True)) == 2 * 2 * 16 * 1024 ** 2 * 128

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -21,6 +22,24 @@ from attention_reference import attention as reference  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
+# The pipeline shortfalls the attention kernels accept (strict mode would refuse them): on sm_90a K and V come by
+# cp.async, since TMA needs the view's base to be a pointer argument and attention offsets it per (batch, head)
+# (and decode per page); gfx942 has no asynchronous copies Tessera uses. Anything else, e.g. fewer stages than
+# asked, fails the compile tests.
+ACCEPTED_SHORTFALLS = {"sm_80": (), "sm_90a": ("cp.async instead of TMA",), "gfx942": ("runs as a plain loop",)}
+
+
+def compile_accepting_known_shortfalls(kernel, target, **options):
+    """kernel.compile(target=target, **options) in non-strict mode, failing on any shortfall but the accepted."""
+    from tessera import PipelineWarning
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = kernel.compile(target=target, strict=False, **options)
+    shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
+    unexpected = [m for m in shortfalls if not any(known in m for known in ACCEPTED_SHORTFALLS[target])]
+    assert not unexpected, unexpected
+    return compiled
+
 # q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's
 FORWARD_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16", "*i32:16", "*i32:16"] + ["i32"] * 4 + ["f32", "f32"]
                              + ["i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 4 + ["i32", "i32"])
@@ -31,9 +50,9 @@ VARIANTS = {    # the plain kernel, and the one with every option compiled in (t
 
 
 def compile_forward(target, D, plan, variant, dtype="bf16"):
-    return attention_fwd_kernel.compile(signature=FORWARD_SIGNATURE.format(t=dtype), target=target,
-                                        num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
-                                        **VARIANTS[variant])
+    return compile_accepting_known_shortfalls(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
+                                              num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN,
+                                              STAGES=plan.stages, **VARIANTS[variant])
 
 
 @needs_ptxas
@@ -129,8 +148,9 @@ def test_every_backward_plan_compiles_without_spills(name):
         pytest.skip("ptxas not installed")
     variants = ["window-softcap-varlen"] if target.startswith("gfx") else list(VARIANTS)
     for variant in variants:
-        compiled = kernel.compile(signature=signature.format(t="bf16"), target=target, num_warps=plan.num_warps,
-                                  D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
+        compiled = compile_accepting_known_shortfalls(kernel, target, signature=signature.format(t="bf16"),
+                                                      num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN,
+                                                      STAGES=plan.stages, **extra, **VARIANTS[variant])
         metadata = compiled.metadata
         if target.startswith("gfx"):
             assert metadata["vgpr_spill_count"] == 0, variant
@@ -202,9 +222,9 @@ def decode_tiles():
 def compile_decode(target, softmax, D, rows, keys, stages):
     """The split kernel with every option compiled in (the most registers)."""
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
-    return attention_decode_kernel.compile(
-        signature=DECODE_SIGNATURE, target=target, num_warps=4, D=D, BM=rows, BN=keys, STAGES=stages, SPLIT=True,
-        HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
+    return compile_accepting_known_shortfalls(
+        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=4, D=D, BM=rows, BN=keys,
+        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
 
 
 @needs_ptxas

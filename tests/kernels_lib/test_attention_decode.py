@@ -53,6 +53,8 @@ CASES = {   # seqlens, case options, op options
     "unified-max-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2, "unified_max": 2.0}),
     "unified-max-is-the-softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "unified_max": 4.0}),
     "unified-max-bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"unified_max": 0.0}),
+    "unified-max-24-packed-rows-not-causal": ([50, 3], {"Sq": 3, "H": 16, "H_kv": 2}, {"causal": False,
+                                                                                       "unified_max": 1.0}),
     "unified-max-far-too-low-falls-back": ([37, 50], {"H": 4}, {"num_splits": 2, "unified_max": -30.0}),
     "unified-max-far-too-high-falls-back": ([37, 5], {"Sq": 2}, {"num_splits": 2, "unified_max": 40.0}),
 }

@@ -19,6 +19,14 @@ from attention_reference import attention as reference  # noqa: E402
 from test_attention_decode import expected as decode_expected  # noqa: E402
 
 
+@pytest.fixture(autouse=True)
+def not_strict(monkeypatch):
+    """The launches compile as a user's do, not in the library tests' strict mode: on Hopper the attention
+    kernels take cp.async where TMA would need each (batch, head)'s base as a kernel argument, a shortfall
+    test_attention_compile.py accepts by name (and fails on any other)."""
+    monkeypatch.delenv("TESSERA_STRICT", raising=False)
+
+
 def randn(*shape, dtype=torch.bfloat16, grad=False):
     return torch.randn(*shape, device="cuda", dtype=dtype).requires_grad_(grad)
 
