@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional
 
 import torch
@@ -175,16 +175,22 @@ def on_interpreter(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
 
 
+def gpu_decode_plan(D: int, unified: bool, vendor: str) -> DecodePlan:
+    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with one stage, since Tessera has no
+    asynchronous copies into LDS there yet (a pipeline would be a plain loop: a shortfall)."""
+    plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
+    if D not in plans:
+        fix = "leave unified_max=None (the online softmax)" if D in DECODE_PLANS else "use another head dim"
+        raise ValueError(f"tessera::attention_decode: head dim {D} has no GPU plan"
+                         f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
+    return replace(plans[D], stages=1) if vendor == "amd" else plans[D]
+
+
 def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePlan:
-    """The interpreter's small plan for CPU tensors, else the GPU plan of the head dim and softmax."""
+    """The interpreter's small plan for CPU tensors, else the GPU plan of this machine's vendor."""
     if on_interpreter(q):
         return CPU_DECODE_PLAN
-    plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
-    if shape.D not in plans:
-        fix = "leave unified_max=None (the online softmax)" if shape.D in DECODE_PLANS else "use another head dim"
-        raise ValueError(f"tessera::attention_decode: head dim {shape.D} has no GPU plan"
-                         f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
-    return plans[shape.D]
+    return gpu_decode_plan(shape.D, unified, "amd" if torch.version.hip else "nvidia")
 
 
 @torch.library.custom_op("tessera::attention_decode", mutates_args=())
