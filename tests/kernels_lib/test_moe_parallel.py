@@ -20,4 +20,4 @@ WORKER = Path(__file__).with_name("moe_ep_worker.py")
 def test_expert_parallel_over_gloo(world):
     done = subprocess.run([sys.executable, str(WORKER), str(world)], capture_output=True, text=True, timeout=300)
     assert done.returncode == 0, done.stdout + done.stderr
-    assert sorted(done.stdout.split("\n"))[-world:] == [f"rank {r} ok" for r in range(world)]
+    assert all(f"rank {r} ok" in done.stdout for r in range(world)), done.stdout     # lines may interleave
