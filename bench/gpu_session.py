@@ -16,7 +16,10 @@ steps, each with an estimate and a hard bound, run in order:
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
   quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py), attention
   forward/backward against SDPA flash and cuDNN and paged decode
-  (bench/attention.py, which stops starting rows after its `--budget`).
+  (bench/attention.py, which stops starting rows after its `--budget`), the
+  MoE layer against torch reference layers and Triton's fused MoE
+  (bench/moe.py; its rows come back in results.jsonl and summary.json, its
+  plot stays behind: the eight files are taken).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -92,6 +95,7 @@ def steps(dry_run: bool) -> list[Step]:
         Step("gemm-bf16-pinned", 1, 45, 100, b("gemm.py", "--part", "bf16", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-fp8", 2, 60, 100, b("gemm.py", "--part", "fp8", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-configs", 2, 90, 150, b("gemm.py", "--part", "configs")),
+        Step("moe", 2, 150, 240, b("moe.py")),              # never timed yet: ahead of the re-measured GEMMs
         Step("gemm-autotuned", 2, 120, 200, b("gemm.py", "--part", "bf16", "--shapes", "all")),
         Step("compile_time", 2, 40, 90, b("compile_time.py", "--repeat", "3")),
         Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
@@ -260,6 +264,12 @@ def report_text(folder: Path) -> str:
                 if "speedup" in r else "ERROR" if "error" in r else "WRONG"))
         elif r["bench"] == "attention":
             lines.append(attention_line(r))
+        elif r["bench"] == "moe":
+            lines.append(f"- moe {r['model']} {r['tokens']} tokens: " + (
+                f"{r['speedup']:.2f}x {r['baseline']}" + (f", in a graph {r['graph_speedup']:.2f}x" if "graph_speedup"
+                                                          in r else "")
+                + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
+                if "speedup" in r else "ERROR" if any(k.endswith("error") for k in r) else "WRONG"))
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
