@@ -340,8 +340,9 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
-                                 HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
+        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
+            gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
+                                     HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
         num_sms = _num_sms(a.get_device())
         gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](

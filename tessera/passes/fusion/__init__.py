@@ -1,4 +1,6 @@
-"""Fusion across kernel launches, on tile IR: `fuse_launches(launches)` -> the launches to run instead, and why.
+"""Fusion across kernel launches, on tile IR; it may import `tessera.ir` and the rest of `tessera.passes`.
+
+`fuse_launches(launches)` -> the launches to run instead, and why.
 
 Input: the tile IR of kernels launched one after another (`Launch`: the
 function, its grid, and for each parameter the name of the buffer or scalar
@@ -11,7 +13,7 @@ when the consumer is a lane map over a buffer the producer writes whole,
 re-indexing it onto the producer's tile. Horizontal fusion (`horizontal.py`)
 merges adjacent independent launches into one whose program ids are
 partitioned between them. Every refusal keeps its reason. Built on the op
-traits (`ir/ops.py`); it may import `tessera.ir` and the rest of `passes`.
+traits (`ir/ops.py`).
 """
 
 from .launches import Launch, launches_from_module, module_from_launches

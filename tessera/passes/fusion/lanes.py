@@ -149,7 +149,7 @@ def _only_lane_ops(consumer: Launch, offs: Value, mask: Value, keys: Keys, index
         if op.name == "store":
             if keys(_offset_of(op.operands[0])) != keys(offs) or len(op.operands) < 3 or keys(op.operands[2]) != keys(mask):
                 return f"it stores other than at its index under its mask ({op.name})"
-        elif op.name == "load" or opdef.elementwise or op.name == "splat":
+        elif op.name in ("load", "splat", "constant") or opdef.elementwise:
             pass
         elif tiles or op.regions or not opdef.pure or op.name in ("program_id", "num_programs"):
             return f"`{op.name}` is not a lane-wise op"

@@ -31,6 +31,7 @@ class Launch:
     bind: tuple[str, ...]                    # one name per parameter of fn
     writes_all: frozenset[str] = field(default_factory=frozenset)
     sources: tuple[str, ...] = ()            # the launches fused into this one, by kernel name
+    origin: tuple[int, ...] = ()             # and by their positions in the caller's sequence
 
     def __post_init__(self):
         if len(self.bind) != len(self.fn.args):

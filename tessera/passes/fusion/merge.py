@@ -64,7 +64,7 @@ class Merged:
         self.builder.create("return")
         return Launch(self.fn, grid, tuple(self.names),
                       frozenset().union(*(l.writes_all for l in launches)),
-                      tuple(s for l in launches for s in l.sources))
+                      tuple(s for l in launches for s in l.sources), tuple(o for l in launches for o in l.origin))
 
 
 def body_ops(launch: Launch) -> list[Operation]:

@@ -54,7 +54,7 @@ def fuse_launches(launches: Sequence[Launch], live_out: frozenset[str] = frozens
     """The launches to run instead of `launches` (same effect on the buffers in `live_out` and on every buffer
     not written only as an intermediate), and every decision taken."""
     plan = FusionPlan([])
-    launches = [cleaned(launch) for launch in launches]
+    launches = [replace(cleaned(launch), origin=launch.origin or (i,)) for i, launch in enumerate(launches)]
     for index, launch in enumerate(launches):
         if not plan.launches:
             plan.launches.append(launch)
