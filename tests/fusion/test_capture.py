@@ -106,3 +106,14 @@ def test_a_library_gemm_takes_an_elementwise_consumer_as_its_epilogue():
     assert f.ran == ["gemm_kernel+bias_gelu"]
     assert "lane map gemm_kernel -> bias_gelu: fused (bias_gelu re-indexed onto gemm_kernel's output tile)" in f.report()
     torch.testing.assert_close(out, expected, rtol=1e-6, atol=1e-6)
+
+
+def test_q_k_and_v_projections_run_as_one_launch():
+    from tessera.kernels_lib import gemm
+    x, weights = torch.randn(20, 32), [torch.randn(32, 16) for _ in range(3)]
+    with tessera.fusion() as f:
+        q, k_, v = (gemm(x, w) for w in weights)
+    assert f.ran == ["gemm_kernel+gemm_kernel+gemm_kernel"]
+    assert "horizontal gemm_kernel | gemm_kernel | gemm_kernel: fused (3 launches -> 1, grid 12)" in f.report()
+    for out, w in zip((q, k_, v), weights):
+        torch.testing.assert_close(out, x @ w, rtol=1e-5, atol=1e-5)
