@@ -18,10 +18,11 @@ are garbage by then, or were passed to `f.intermediate(...)`; numpy arrays
 are kept alive by their views, so mark those. Library ops are recorded as
 the kernel launches they make; an autotuned launch runs unfused, in order.
 
-torch operations inside the block that touch the memory of a recorded
-launch first run what is recorded (a `TorchDispatchMode` watches), so
-eager torch code sees the results it would have without the capture; a
-numpy read of a result inside the block needs `f.flush()` first.
+torch operations inside the block that read memory a recorded launch
+writes, or write memory it touches, first run what is recorded (a
+`TorchDispatchMode` watches, by the ops' schemas), so eager torch code sees
+what it would without the capture; a numpy read of a result inside the
+block needs `f.flush()` first.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from dataclasses import dataclass, field
 from typing import Any, Optional
 
 from ..passes.fusion import Decision, Launch, fuse_launches
+from ..passes.fusion.accesses import Keys, accesses
 from .arguments import DeviceArray, TypedArray
 from .fast_launch import launches_recorded
 from .fused_kernel import FusedKernel
@@ -47,6 +49,7 @@ class Record:
     kwargs: dict
     fn: Any = None                       # tile IR (None: an autotuned launch, run as it is)
     bind: tuple[str, ...] = ()
+    writes: frozenset[str] = frozenset()  # the bound names it writes
     values: dict[str, Any] = field(default_factory=dict)     # bound name -> runtime value
     writes_all: frozenset[str] = frozenset()
 
@@ -123,8 +126,12 @@ class Fusion:
         for user in users:
             self._remember(user)
         written = frozenset(n for n in (self._name_of(obj) for obj in self.declared) if n is not None)
-        return Record(kernel, grid3, args, {**kwargs, **options}, fn, names, dict(zip(names, bound.runtime_args)),
-                      written & set(names))
+        launch = Launch(fn, grid3, names)
+        writes = frozenset(a.buffer or "" for a in accesses(launch, Keys().bind(launch)) if a.writes)
+        if "" in writes:                        # a write through an address the pass cannot trace: any array
+            writes = frozenset(n for n in names if not n.startswith("#"))
+        return Record(kernel, grid3, args, {**kwargs, **options}, fn, names, writes,
+                      dict(zip(names, bound.runtime_args)), written & set(names))
 
     def _bind_name(self, value: Any) -> str:
         span = _span(value)
@@ -202,12 +209,15 @@ class Fusion:
                 overlapping.update((name_a, name_b))
         return frozenset(overlapping)
 
-    def pending(self, tensor) -> bool:
-        """Whether a recorded launch touches `tensor`'s memory."""
+    def pending(self, tensor, writing: bool) -> bool:
+        """Whether a recorded launch writes `tensor`'s memory (or, when the torch op is `writing` it, touches it)."""
         span = _span_of_object(tensor)
         if span is None or not self.records:
             return False
-        names = {n for r in self.records for n in r.bind} if all(r.fn is not None for r in self.records) else None
+        if any(r.fn is None for r in self.records):         # an autotuned launch: any of its arrays
+            names = None
+        else:
+            names = {n for r in self.records for n in (r.bind if writing else r.writes)}
         spans = [s for s, n in self.ranges.items() if names is None or n in names]
         return any(s[0] == span[0] and s[1] < span[2] and span[1] < s[2] for s in spans)
 
@@ -280,6 +290,19 @@ def _span_of_object(obj: Any) -> Optional[tuple]:
     return None
 
 
+def _tensor_arguments(func, args, kwargs):
+    """(tensor, whether the op writes it) for each tensor argument of a torch op, by its schema."""
+    schema = getattr(func, "_schema", None)
+    params = list(schema.arguments) if schema is not None else []
+    by_name = {p.name: p for p in params}
+    bound = list(zip(params, args)) + [(by_name.get(k), v) for k, v in kwargs.items()]
+    for param, value in bound:
+        for t in (value if isinstance(value, (list, tuple)) else [value]):
+            if hasattr(t, "data_ptr"):
+                alias = getattr(param, "alias_info", None) if param is not None else None
+                yield t, param is None or (alias is not None and alias.is_write)
+
+
 def _describe_array(obj: Any) -> str:
     """'float32[33, 24]': an array's dtype and shape, as the report names buffers."""
     dtype = str(getattr(obj, "dtype", "?")).replace("torch.", "")
@@ -290,7 +313,6 @@ def _torch_guard(capture: Fusion):
     """A TorchDispatchMode that runs what is recorded before a torch op touches its memory (None without torch)."""
     try:
         from torch.utils._python_dispatch import TorchDispatchMode
-        from torch.utils._pytree import tree_flatten
     except ImportError:
         return None
 
@@ -299,8 +321,7 @@ def _torch_guard(capture: Fusion):
             kwargs = kwargs or {}
             if not capture.busy and capture.records and not getattr(func, "is_view", False) \
                     and "empty" not in func.__name__:
-                tensors = [t for t in tree_flatten((args, kwargs))[0] if hasattr(t, "data_ptr")]
-                if any(capture.pending(t) for t in tensors):
+                if any(capture.pending(t, writing) for t, writing in _tensor_arguments(func, args, kwargs)):
                     capture.notes.append(f"ran what was recorded before torch's {func.__name__}, which touches "
                                          f"its memory")
                     capture.flush()
