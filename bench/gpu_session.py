@@ -14,7 +14,8 @@ steps, each with an estimate and a hard bound, run in order:
   config.
 * tier 2 (the next 6 minutes): fp8 GEMM, the config sweep, the autotuned
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
-  quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py).
+  quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py), fusion against
+  the same work unfused, torch eager and torch.compile (bench/fusion.py).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -26,7 +27,7 @@ killed when the budget runs out. Whatever happens, the output folder
 session goes: machine.txt, pytest.txt, log.txt, results.jsonl (one JSON line
 per test outcome and per benchmark row, appended as each finishes),
 summary.json (each finished benchmark's whole JSON plus the step timings),
-gemm_bf16.png and quant_gemm.png.
+gemm_bf16.png, quant_gemm.png and fusion.png.
 
 `--dry-run` runs everything that needs no GPU (imports, test collection with
 the same pytest arguments, each benchmark's plan, the output files) so that a
@@ -50,7 +51,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PER_TEST_TIMEOUT_S = 120
-PLOTS = ("gemm_bf16.png", "quant_gemm.png")
+PLOTS = ("gemm_bf16.png", "quant_gemm.png", "fusion.png")
 OUTPUT_FILES = ("machine.txt", "pytest.txt", "log.txt", "results.jsonl", "summary.json", *PLOTS)
 
 
@@ -95,6 +96,7 @@ def steps(dry_run: bool) -> list[Step]:
         Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
              + (("--dry-run",) if dry_run else ())),
         Step("quant-gemm", 2, 120, 240, b("quant_gemm.py")),
+        Step("fusion", 2, 60, 150, b("fusion.py")),
     ]
 
 
@@ -255,6 +257,9 @@ def report_text(folder: Path) -> str:
                                                       in r else "")
                 + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
                 if "speedup" in r else "ERROR" if "error" in r else "WRONG"))
+        elif r["bench"] == "fusion":
+            from fusion import describe
+            lines.append(f"- fusion {describe(r)}")
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")

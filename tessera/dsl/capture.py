@@ -5,6 +5,7 @@
         relu[grid](t, out, n, BLOCK=1024)
         del t                                        # an intermediate: its store can be dropped
     print(f.report())                                # what was fused, and why the rest was not
+    f.replay()                                       # run the fused launches again (same memory)
 
 Launches inside the block are recorded with their arguments (tensors
 through aliases of their storage, so the caller's objects can die) and run
@@ -70,6 +71,8 @@ class Fusion:
         self.marked: set[str] = set()
         self.declared: frozenset = frozenset()   # objects the next launches write whole (`writes_whole`)
         self.busy = False                        # recording or replaying: the torch guard stands aside
+        self.program: list = []                  # what the last flush ran, as calls `replay()` repeats
+        self.traffic = {"recorded": 0, "ran": 0}  # bytes of the buffers each launch reads or writes
         self._stack = contextlib.ExitStack()
 
     # -- the block ----------------------------------------------------------
@@ -98,6 +101,9 @@ class Fusion:
         """What was recorded, what ran, and every fusion decision with its reason."""
         lines = [f"tessera.fusion: {self.recorded} launches recorded, {len(self.ran)} run: {', '.join(self.ran)}"]
         lines += [f"  {d}" for d in self.decisions] + [f"  {note}" for note in self.notes]
+        if self.traffic["recorded"]:
+            lines.append(f"  memory traffic: {self.traffic['ran']} bytes (the launches one by one: "
+                         f"{self.traffic['recorded']})")
         if self.shapes:
             lines.append("  buffers: " + ", ".join(f"{n} = {d}" for n, d in sorted(self.shapes.items(),
                                                                                   key=lambda i: int(i[0][3:]))))
@@ -159,6 +165,7 @@ class Fusion:
     def flush(self) -> None:
         """Fuse and run what has been recorded so far."""
         records, self.records = self.records, []
+        self.program = []
         self.busy = True
         try:
             with launches_recorded(None):
@@ -168,7 +175,9 @@ class Fusion:
                         self._run_segment(segment, records[i:] if record is not None else [])
                         segment = []
                         if record is not None:
-                            record.kernel[record.grid](*record.args, **record.kwargs)
+                            call = (lambda r=record: r.kernel[r.grid](*r.args, **r.kwargs))
+                            self.program.append(call)
+                            call()
                             self.ran.append(f"{record.kernel.name} (autotuned)")
                     else:
                         segment.append(record)
@@ -181,18 +190,42 @@ class Fusion:
         launches = [Launch(r.fn, r.grid, r.bind, r.writes_all) for r in segment]
         plan = fuse_launches(launches, self._live(after), self._aliased(), self.horizontal)
         self.decisions += plan.decisions
+        self.traffic["recorded"] += sum(self._bytes(launch) for launch in launches)
         for launch in plan.launches:
-            if len(launch.origin) == 1:
-                record = segment[launch.origin[0]]
-                record.kernel[record.grid](*record.args, **record.kwargs)
-            else:
-                values = {}
-                for i in launch.origin:
-                    values.update(segment[i].values)
-                options = segment[launch.origin[0]].kwargs
-                FusedKernel(launch.fn).run(launch.grid, [values[n] for n in launch.bind],
-                                           num_warps=options.get("num_warps", 4), stream=options.get("stream"))
+            call = self._call(segment, launch)
+            self.program.append(call)
+            call()
             self.ran.append("+".join(launch.sources))
+            self.traffic["ran"] += self._bytes(launch)
+
+    def _call(self, segment: list[Record], launch: Launch):
+        """A function that runs one launch of the plan: the recorded kernel, or the fused function."""
+        if len(launch.origin) == 1:
+            record = segment[launch.origin[0]]
+            return lambda: record.kernel[record.grid](*record.args, **record.kwargs)
+        values = {}
+        for i in launch.origin:
+            values.update(segment[i].values)
+        options, kernel = segment[launch.origin[0]].kwargs, FusedKernel(launch.fn)
+        args = [values[n] for n in launch.bind]
+        return lambda: kernel.run(launch.grid, args, num_warps=options.get("num_warps", 4),
+                                  stream=options.get("stream"))
+
+    def replay(self) -> None:
+        """Run again what the last flush ran, on the same memory, without recording or fusing anew."""
+        self.busy = True
+        try:
+            with launches_recorded(None):
+                for call in self.program:
+                    call()
+        finally:
+            self.busy = False
+
+    def _bytes(self, launch: Launch) -> int:
+        """The bytes of the buffers a launch reads or writes (each once): what it must move at least."""
+        spans = {n: s for s, n in self.ranges.items()}
+        touched = {a.buffer for a in accesses(launch, Keys().bind(launch))}
+        return sum(spans[n][2] - spans[n][1] for n in touched if n in spans)
 
     def _live(self, after: list[Record]) -> frozenset[str]:
         """Buffers needed after this segment: a later launch touches them, or the caller still holds them."""
