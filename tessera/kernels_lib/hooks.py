@@ -24,7 +24,7 @@ import torch
 
 import tessera
 
-TESSERA_DIR = os.path.dirname(os.path.abspath(tessera.__file__))
+LIBRARY_ROOT = os.path.dirname(os.path.abspath(tessera.__file__))
 
 
 def caller_line() -> tuple[Optional[str], Optional[int]]:
@@ -32,7 +32,7 @@ def caller_line() -> tuple[Optional[str], Optional[int]]:
     frame = inspect.currentframe()
     while frame is not None:
         file = os.path.abspath(frame.f_code.co_filename)
-        if not file.startswith(TESSERA_DIR + os.sep) and "torch" + os.sep not in file and not file.startswith("<"):
+        if not file.startswith(LIBRARY_ROOT + os.sep) and "torch" + os.sep not in file and not file.startswith("<"):
             return file, frame.f_lineno
         frame = frame.f_back
     return None, None
@@ -121,7 +121,7 @@ def blamed_on(op: str, hooks: dict[str, Any]):
         yield
     except tessera.CompileError as exc:
         file = os.path.abspath(exc.file) if exc.file else ""
-        if not file.startswith(TESSERA_DIR + os.sep) or not hooks:
+        if not file.startswith(LIBRARY_ROOT + os.sep) or not hooks:
             raise
         role, fn = next(iter(hooks.items())) if len(hooks) == 1 else _hook_named_in(exc, hooks)
         raise hook_error(op, role, fn, f"{exc.message} (while compiling it into the kernel)") from None
