@@ -27,7 +27,6 @@ matplotlib, fusion.png (speedup per row).
 from __future__ import annotations
 
 import argparse
-import math
 
 import gpu_common
 

@@ -4,7 +4,6 @@ on the CPU interpreter against torch, their mistakes as CompileErrors at the use
 as GPU code without spills."""
 
 import inspect
-import math
 
 import pytest
 

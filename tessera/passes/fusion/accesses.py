@@ -22,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Optional
 
-from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.core import Function, Operation, Value
 from tessera.ir.ops import OPS
 
 from .launches import Launch
@@ -150,7 +150,3 @@ def buffer_of(value: Value, params: dict[Value, str]) -> Optional[str]:
         if not isinstance(op, Operation) or op.name not in _POINTER_PATH or not op.operands:
             return None
         value = op.operands[0]
-
-
-def in_block(op: Operation, block: Block) -> bool:
-    return op.parent is block

@@ -107,12 +107,9 @@ def _vertical(plan: FusionPlan, producer: Launch, consumer: Launch, later: set[s
         return fused
     by_lanes = lanes.absorb(producer, consumer, later, aliased)
     if isinstance(by_lanes, Launch):
-        plan.decisions.append(Decision("lane map", names, True, by_lanes_note(producer, consumer, later)))
+        plan.decisions.append(Decision("lane map", names, True,
+                                       f"{consumer.name} re-indexed onto {producer.name}'s output tile"))
         return by_lanes
     reason = proof if by_lanes is None else f"{proof}; as a lane map: {by_lanes}"
     plan.decisions.append(Decision("vertical", names, False, reason))
     return None
-
-
-def by_lanes_note(producer: Launch, consumer: Launch, later: set[str]) -> str:
-    return f"{consumer.name} re-indexed onto {producer.name}'s output tile"
