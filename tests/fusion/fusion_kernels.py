@@ -101,3 +101,22 @@ def shifted_copy(x_ptr, y_ptr, n, BLOCK: tessera.constexpr):
     """y[i] = x[i + 1]: reads a neighbour program's elements, so it cannot take x from a producer's registers."""
     offs = tessera.program_id(0) * BLOCK + tessera.arange(0, BLOCK)
     tessera.store(y_ptr + offs, tessera.load(x_ptr + offs + 1, mask=offs + 1 < n), mask=offs < n)
+
+
+@tessera.func
+def bias_gelu_residual(acc, bias, residual):
+    """A GEMM epilogue: gelu(acc + bias) + residual (erf form)."""
+    x = acc + bias
+    return 0.5 * x * (1.0 + tessera.erf(x * 0.7071067811865476)) + residual
+
+
+@tessera.func
+def dequantize_int8(codes, scale):
+    """A GEMM prologue on op(b): int8 codes times a per-column scale, in float16."""
+    return (codes.to(tessera.f32) * scale).to(tessera.f16)
+
+
+@tessera.func
+def softcap(score, cap):
+    """An attention score_mod: cap * tanh(score / cap)."""
+    return cap * tessera.tanh(score / cap)
