@@ -18,8 +18,10 @@ steps, each with an estimate and a hard bound, run in order:
   forward/backward against SDPA flash and cuDNN and paged decode
   (bench/attention.py, which stops starting rows after its `--budget`), the
   MoE layer against torch reference layers and Triton's fused MoE
-  (bench/moe.py; its rows come back in results.jsonl and summary.json, its
-  plot stays behind: the eight files are taken).
+  (bench/moe.py), and fusion against the same work unfused, torch eager and
+  torch.compile (bench/fusion.py). MoE's and fusion's rows come back in
+  results.jsonl and summary.json; their plots stay behind (the eight files
+  are taken).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -102,6 +104,7 @@ def steps(dry_run: bool) -> list[Step]:
              + (("--dry-run",) if dry_run else ())),
         Step("quant-gemm", 2, 120, 240, b("quant_gemm.py")),
         Step("attention", 2, 150, 300, b("attention.py", "--budget", "240")),
+        Step("fusion", 2, 60, 150, b("fusion.py")),
     ]
 
 
@@ -270,6 +273,9 @@ def report_text(folder: Path) -> str:
                                                           in r else "")
                 + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
                 if "speedup" in r else "ERROR" if any(k.endswith("error") for k in r) else "WRONG"))
+        elif r["bench"] == "fusion":
+            from fusion import describe
+            lines.append(f"- fusion {describe(r)}")
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
