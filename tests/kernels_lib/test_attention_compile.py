@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import re
+import warnings
 
 import numpy as np
 import pytest
@@ -13,6 +14,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
+from tessera import PipelineWarning  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention import GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
@@ -21,19 +23,37 @@ from attention_reference import attention as reference  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
-# q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's
+# q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's,
+# then the fusion hooks' slots (unused here): score_mod's 2 pointers and 2 scalars, the epilogue's tensor, its
+# 4 strides and scalar
 FORWARD_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16", "*i32:16", "*i32:16"] + ["i32"] * 4 + ["f32", "f32"]
-                             + ["i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 4 + ["i32", "i32"])
+                             + ["i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 4 + ["i32", "i32"]
+                             + ["*{t}:16", "*{t}:16", "f32", "f32", "*{t}:16", "i32", "i32", "i32", "i32", "f32"])
 VARIANTS = {    # the plain kernel, and the one with every option compiled in (the most registers)
     "plain": dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, VARLEN=False),
     "window-softcap-varlen": dict(HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, VARLEN=True),
 }
 
 
+def compile_owing_tma(kernel, target, **options):
+    """`kernel.compile(target=target, **options)`; on sm_90a, where K and V (and Q, dO in the backward) are
+    streamed by cp.async rather than TMA, with that shortfall seen and no other (strict mode would refuse it).
+    TMA is owed (issue 16): the blocks start at a per-(batch, head) offset of the kernel argument (decode: per
+    page), which a tensor map built from that argument does not express yet."""
+    if not target.startswith("sm_90"):
+        return kernel.compile(target=target, **options)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        compiled = kernel.compile(target=target, strict=False, **options)
+    shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
+    assert shortfalls and all("cp.async instead of TMA" in m for m in shortfalls), shortfalls   # and no other
+    return compiled
+
+
 def compile_forward(target, D, plan, variant, dtype="bf16"):
-    return attention_fwd_kernel.compile(signature=FORWARD_SIGNATURE.format(t=dtype), target=target,
-                                        num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
-                                        **VARIANTS[variant])
+    return compile_owing_tma(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
+                             num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
+                             **VARIANTS[variant])
 
 
 @needs_ptxas
@@ -76,7 +96,8 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]
     args = [q.numpy(), k.numpy(), v.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
-            LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2]]
+            LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
+            o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0]      # the fusion hooks' slots, unused
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
     module = attention_fwd_kernel.specialize(*args, **options).module
     run_threads(lower(module, target, num_warps).functions[0], args, (tessera.cdiv(Sq, BM), B * H))
@@ -129,8 +150,8 @@ def test_every_backward_plan_compiles_without_spills(name):
         pytest.skip("ptxas not installed")
     variants = ["window-softcap-varlen"] if target.startswith("gfx") else list(VARIANTS)
     for variant in variants:
-        compiled = kernel.compile(signature=signature.format(t="bf16"), target=target, num_warps=plan.num_warps,
-                                  D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
+        compiled = compile_owing_tma(kernel, target, signature=signature.format(t="bf16"), num_warps=plan.num_warps,
+                                     D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
         metadata = compiled.metadata
         if target.startswith("gfx"):
             assert metadata["vgpr_spill_count"] == 0, variant
@@ -177,3 +198,84 @@ def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_wa
     (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(target, num_warps)
     for got, expected in ((dq_atomic, expected_dq), (dq, expected_dq), (dk, expected_dk), (dv, expected_dv)):
         torch.testing.assert_close(got.double(), expected, rtol=4e-3, atol=4e-3)
+
+
+# -- decode ----------------------------------------------------------------------------
+
+# q, k_cache, v_cache, block_table, cache_seqlens, o, lse, Sq, H, H_KV, P, qk_scale, softcap, unified_max, below,
+# above, left, right, splits, 3 x (4) strides of q and the caches, the table's, 4 of o (split, b, s, h), 3 of lse
+# (split, b, h: the head's is Sq, 1 when decoding one token)
+DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16", "*f32:16"] + ["i32"] * 4
+                            + ["f32"] * 5 + ["i32"] * 3 + ["i32:16", "i32:16", "i32:16", "i32:1"] * 3
+                            + ["i32"] + ["i32:16"] * 4 + ["i32"] * 3)
+
+
+def decode_tiles(vendor):
+    """(softmax, D, rows, keys, stages) of each of `vendor`'s plans at its largest tile and its narrowest ones
+    (16 rows: one query head group; 16 keys: pages of 16 tokens)."""
+    from tessera.kernels_lib.attention_decode import DECODE_PLANS, UNIFIED_DECODE_PLANS, gpu_decode_plan
+    for softmax, plans in (("online", DECODE_PLANS), ("unified", UNIFIED_DECODE_PLANS)):
+        for D in plans:
+            plan = gpu_decode_plan(D, softmax == "unified", vendor)
+            for rows, keys in sorted({(plan.rows, plan.keys), (16, plan.keys), (plan.rows, 16)}):
+                yield softmax, D, rows, keys, plan.stages
+
+
+def compile_decode(target, softmax, D, rows, keys, stages):
+    """The split kernel with every option compiled in (the most registers)."""
+    from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
+    return compile_owing_tma(
+        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=4, D=D, BM=rows, BN=keys,
+        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("nvidia")))
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D, rows, keys, stages):
+    """The K and V blocks stream through cp.async rings although their pages come from the block table."""
+    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+    metadata = compiled.metadata
+    assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["registers"]
+    assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
+
+
+@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("amd")))
+def test_every_decode_plan_compiles_for_gfx942_without_vector_spills(softmax, D, rows, keys, stages):
+    compiled = compile_decode("gfx942", softmax, D, rows, keys, stages)
+    assert re.search(r"\bv_mfma_f32_\w*bf16", compiled.stages["amdgcn"])
+    assert compiled.metadata["vgpr_spill_count"] == 0
+
+
+def decode_on_the_simulator(target, num_warps, unified_max=None):
+    """attention_decode's two kernels lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed,
+    2 new queries, pages of 16, sequences of 37 and 9 tokens): (O, LSE) and the float64 reference's."""
+    from tessera.backends.simt import run_threads
+    from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
+    from tessera.passes.thread_passes import lower
+    from test_attention_decode import expected, paged_case
+    q, k_cache, v_cache, table, seqlens = tensors = paged_case([37, 9], Sq=2, H=4, H_kv=1, D=32)
+    splits, (B, Sq, H, D) = 3, q.shape
+    o_part, lse_part = torch.zeros(splits, *q.shape), torch.zeros(splits, B, H, Sq)
+    o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
+    args = [x.numpy() for x in (q, k_cache, v_cache, table, seqlens, o_part, lse_part)]
+    args += [Sq, H, 1, 16, LOG2E / math.sqrt(D), 0.0, (unified_max or 0.0) * LOG2E, 8.0, 15.0, 0, 0, splits,
+             *q.stride(), *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_part.stride()[:4],
+             *lse_part.stride()[:3]]
+    options = dict(D=D, BM=16, BN=16, STAGES=2, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+                   UNIFIED=unified_max is not None, FALLBACK=True)
+    module = attention_decode_kernel.specialize(*args, **options).module
+    run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
+    args = [o_part.numpy(), lse_part.numpy(), o.numpy(), lse.numpy(), Sq, H, splits, *o_part.stride()[:4],
+            *lse_part.stride()[:3], *o.stride()[:3]]
+    module = attention_decode_combine_kernel.specialize(*args, D=D, SPLITS=4).module
+    run_threads(lower(module, target, num_warps).functions[0], args, (Sq, B * H))
+    return o, lse, *expected(*tensors)
+
+
+@pytest.mark.parametrize("unified_max", [None, 2.0, -30.0], ids=["online", "unified", "unified-falls-back"])
+@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2)])
+def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps, unified_max):
+    o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps, unified_max)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)

@@ -135,6 +135,9 @@ class PipelinePlan:
 # * its view and offsets are computed in the body from the induction variable
 #   and loop-invariant values by pure scalar ops (the `slice`, re-evaluated
 #   for iterations ahead), and they do depend on the induction variable;
+#   scalar loads count as pure when nothing in the body writes memory (a
+#   paged KV cache's block table: the page of a block ahead is read ahead;
+#   for an iteration past the end the read is masked off, `_issue`);
 # * one dim of the view has the constant stride 1 and the alignment analysis
 #   proves copies of at least 4 bytes along it (`alignment.access_width`):
 #   16 bytes where contiguity, alignment and bounds allow, else 8 or 4;
@@ -346,6 +349,7 @@ def _address_slice(load: Operation, body: Block) -> tuple[Operation, ...] | None
     variable and on no other block argument; None otherwise."""
     iv = body.args[0]
     in_body = {r: op for op in body.ops for r in op.results}
+    read_only = not any(OPS[op.name].writes_memory for top in body.ops for op in top.walk())
     needed: set[Operation] = set()
     uses_iv = False
     work = list(load.operands)
@@ -359,7 +363,9 @@ def _address_slice(load: Operation, body: Block) -> tuple[Operation, ...] | None
         op = in_body.get(value)
         if op is None or op in needed:
             continue                        # defined outside the loop (or already taken)
-        if op.regions or not OPS[op.name].pure or any(isinstance(r.type, TileType) for r in op.results):
+        scalar_load = op.name == "load" and read_only
+        if op.regions or not (OPS[op.name].pure or scalar_load) or any(isinstance(r.type, TileType)
+                                                                      for r in op.results):
             return None
         needed.add(op)
         work.extend(op.operands)
