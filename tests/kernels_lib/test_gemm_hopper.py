@@ -17,6 +17,8 @@ run on the SIMT simulator in tests/simt and in test_gemm.py):
   SYNCS.EXCH in it), and the next tile's first fills (UTMALDG) are issued before the epilogue's stores; on
   the simulator tiles that start mid-ring compute what numpy does, and restarting the phases per tile or
   dropping the carried-over fills is reported;
+* the K loop's descriptors: the slot's descriptor plus constants, no 64-bit shifts or wide multiplies in the
+  loop, whose SASS length stays within a recorded ceiling;
 * fast math: the op runs `gemm_kernel_fast` where the output's precision hides it; its FMA-path K loop is all
   FFMA (the exact kernel's is FMUL + FADD), its silu epilogue divides approximately.
 """
@@ -302,3 +304,23 @@ def test_a_persistent_tile_without_the_fills_its_predecessor_issued_deadlocks():
         ops.remove(op)
     with pytest.raises(InterpreterError, match="DEADLOCK"):
         simulate(fn, args, grid)
+
+
+# -- the K loop's own instructions (fact 8) -------------------------------------------------------------------
+
+# SASS instructions in the K loop (refill branch included) with ptxas 13.0, after descriptors moved to integer
+# adds on a descriptor of the ring (was 134 / 122 / 139 / 161 for config0 / config2 / config5 / hopper0);
+# the ceilings leave 5% for other ptxas versions.
+LOOP_INSTRUCTIONS = {"config0": 118, "config1": 108, "config2": 89, "config3": 75, "config4": 96, "config5": 120,
+                     "hopper0": 144, "hopper1": 144}
+
+
+@pytest.mark.parametrize("name", list(SHIPPED))
+def test_wgmma_descriptors_in_the_k_loop_take_no_64_bit_pointer_arithmetic(name):
+    """Each K slice's descriptor is the slot's descriptor plus a constant in its start-address field: no
+    64-bit shift (SHF/USHF .U64) or wide multiply is left in the loop, and the loop stays within its count."""
+    needs_sass()
+    loop = sass_k_loop(compile_gemm(SHIPPED[name]))
+    wide = [i.text for i in loop if ".U64" in i.opcode or ".WIDE" in i.opcode]
+    assert not wide, wide
+    assert len(loop) <= LOOP_INSTRUCTIONS[name] * 1.05, len(loop)
