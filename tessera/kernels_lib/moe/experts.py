@@ -103,6 +103,14 @@ def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_exper
     h = tessera.view(h_ptr, (rows, I))
     w2_t = tessera.view(w2_ptr, (I, h_e), (1, I))                 # [E * H, I] read as its transpose
     acc = expert_block_gemm(h, w2_t, pid_m, 0, expert * H + pid_n * BN, I, BM, BN, BK, STAGES)
+    weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM, BN)
+
+
+@tessera.func
+def weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM,
+                      BN):
+    """down's epilogue: acc's rows times their pairs' routing weights, into y[pair] or (ATOMIC) added into
+    out[token]; padding rows and columns past H are not written."""
     pairs = tessera.view(sorted_ids_ptr, (rows,)).block((BM,), (pid_m,)).load(fill=-1)
     real = (pairs >= 0) & (pairs < numel)
     acc = acc * tessera.load(weights_ptr + pairs, mask=real)[:, None]

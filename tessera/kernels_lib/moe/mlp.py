@@ -169,16 +169,27 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     deterministic (each pair's row, then a sum in slot order), or with
     `atomic` added with atomics into float32. Differentiable in x, w13, w2
     and weights (`autograd.py`). block_m: the row tile (default: `plan.plan`).
+
+    w13 and w2 may instead both be `quantized.QuantizedExperts` (int4 or
+    fp8, `quantize_experts`; w13 from `quantized.interleave`): the GEMMs
+    then dequantize the weights in registers (`quantized_mlp.py`); forward
+    only.
     """
-    check_experts(x, w13, w2, weights, ids, activation)
-    from .autograd import experts_op
+    from .quantized import QuantizedExperts
+    quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
+    if quantized:
+        from .quantized_mlp import check_quantized, forward_quantized as run
+        check_quantized(x, w13, w2)
+    else:
+        from .autograd import experts_op as run
+        check_experts(x, w13, w2, weights, ids, activation)
     T, K = ids.shape
     if T == 0:
         return x.new_zeros((0, w2.shape[1]))
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, w13.shape[0]).BM
     sorted_ids, block_expert, offsets = align(ids, w13.shape[0], block_m, counts, chunk_counts)
-    return experts_op(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m, activation, atomic)
+    return run(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m, activation, atomic)
 
 
 def forward(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m: int, activation: str,
