@@ -24,11 +24,12 @@ PERMUTE_COLUMNS = 128   # columns of x one permute program copies
 COMBINE_TOKENS = 16
 
 
-def tiles(block_m: int, t: torch.Tensor) -> plans.Plan:
-    """The plan for aligned blocks of `block_m` rows of tensors like `t` (see `plan.py`)."""
+def tiles(block_m: int, t: torch.Tensor, quantized: bool = False) -> plans.Plan:
+    """The plan for aligned blocks of `block_m` rows of tensors like `t` (see `plan.py`), with quantized
+    weights or not."""
     if t.device.type == "cpu":
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
-    for shipped in plans.SHIPPED.values():
+    for shipped in (plans.QUANTIZED if quantized else plans.SHIPPED).values():
         if shipped.BM == block_m:
             pipelined = t.dtype != torch.float32 and torch.version.hip is None
             return shipped if pipelined else shipped.without_pipelining()

@@ -37,8 +37,8 @@ def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
     a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G)."""
     codes = w.block((BN, BK), offsets=(n_offset, k * BK)).load()
     if FORMAT == "fp8":
-        scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load()
-        return (codes.to(tessera.f32) * scale).to(DTYPE)
+        scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load().to(DTYPE)
+        return codes.to(DTYPE) * scale                     # e4m3 values are exact in bf16 and float16
     GB = max(BK // G, 1)                                   # groups in the block
     groups = (n_offset, k * BK // G)
     values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
@@ -140,7 +140,7 @@ def gate_up_quant(xs: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     E, two_i, H = _check_weight("moe_gate_up_quant", qweight, scales, zeros, format, group_size)
     rows = xs.shape[0]
     h = torch.empty((rows, two_i // 2), dtype=xs.dtype, device=xs.device)
-    t = tiles(block_m, xs).gate_up
+    t = tiles(block_m, xs, quantized=True).gate_up
     _check_steps("moe_gate_up_quant", format, group_size, H, t.BK)
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(two_i // 2, t.BN))
     gate_up_quant_kernel[grid](kernel_arg(xs), *_weight_args(qweight, scales, zeros, format), kernel_arg(h),
@@ -167,7 +167,7 @@ def down_quant(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
     T, K = weights.shape
     out = torch.zeros((T, H), dtype=torch.float32, device=h.device) if atomic else \
         torch.empty((T * K, H), dtype=h.dtype, device=h.device)
-    t = tiles(block_m, h).down
+    t = tiles(block_m, h, quantized=True).down
     _check_steps("moe_down_quant", format, group_size, I, t.BK)
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(H, t.BN))
     down_quant_kernel[grid](kernel_arg(h), *_weight_args(qweight, scales, zeros, format), kernel_arg(out),
