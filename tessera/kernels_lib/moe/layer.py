@@ -22,6 +22,7 @@ import torch
 from torch import nn
 
 from .mlp import experts, interleave_gate_up
+from .quantized import QuantizedExperts, interleave, quantize_experts
 from .routing import route
 
 STYLES = {      # the routing each model family uses (its config's values for the flagship model)
@@ -50,6 +51,8 @@ class MoELayer(nn.Module):
     `correction_bias` the buffer `e_score_correction_bias` [E] (DeepSeek-V3;
     it steers the choice, not the weights). Routing options are `route`'s;
     `atomic` picks the atomic top-k sum over the deterministic one.
+    `quantize_experts("int4" | "fp8", ...)` swaps w13 and w2 for
+    quantized weights (inference).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
@@ -86,6 +89,31 @@ class MoELayer(nn.Module):
             out = out + self.shared_experts(x2)
         out = out.reshape(shape)
         return (out, Routing(probs, ids, counts)) if return_routing else out
+
+    def quantize_experts(self, format: str = "int4", **options) -> "MoELayer":
+        """Replace w13 and w2 by quantized copies, for inference: int4 (W4A16, group-wise) or fp8 (e4m3, per
+        tensor, channel or 128 x 128 block); `options` are `quantized.quantize_experts`'. Gate and up are
+        quantized separately (as checkpoints are) and then interleaved. Returns the layer."""
+        with torch.no_grad():
+            gate, up = self.w13[:, 0::2], self.w13[:, 1::2]
+            q13 = interleave(quantize_experts(gate, format, **options), quantize_experts(up, format, **options))
+            q2 = quantize_experts(self.w2, format, **options)
+        return self.load_quantized_experts(q13, q2)
+
+    def load_quantized_experts(self, w13: QuantizedExperts, w2: QuantizedExperts) -> "MoELayer":
+        """Use already quantized expert weights (e.g. a DeepSeek-V3 fp8 checkpoint's, through
+        `quantized.from_fp8_blocks` and `quantized.interleave`) in place of the w13 and w2 parameters. They are
+        plain attributes: `.to(device)` and `state_dict` do not see them."""
+        E, two_i, H = w13.shape
+        if E != self.num_experts or H != self.gate.in_features or w2.shape != (E, H, two_i // 2):
+            raise ValueError(f"MoELayer.load_quantized_experts: w13 must be [{self.num_experts}, 2I, "
+                             f"{self.gate.in_features}] and w2 [{self.num_experts}, {self.gate.in_features}, I], "
+                             f"got {w13.shape} and {w2.shape}")
+        for name in ("w13", "w2"):
+            if name in self._parameters:
+                del self._parameters[name]
+        self.w13, self.w2 = w13, w2
+        return self
 
     def _scores(self, logits: torch.Tensor) -> torch.Tensor:
         logits = logits.float()

@@ -180,7 +180,7 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
     if quantized:
         from .quantized_mlp import check_quantized, forward_quantized as run
-        check_quantized(x, w13, w2)
+        check_quantized(x, w13, w2, weights)
     else:
         from .autograd import experts_op as run
         check_experts(x, w13, w2, weights, ids, activation)

@@ -111,10 +111,9 @@ def _check_weight(name: str, qweight, scales, zeros, format: str, group_size: in
     """[E, N, K] of a quantized weight, or a ValueError naming the fix."""
     if format not in _CODE_TYPES:
         raise ValueError(f"tessera::{name}: format must be one of {tuple(_CODE_TYPES)}, got {format!r}")
-    code_dtype = torch.uint8 if format == "int4" else torch.float8_e4m3fn
-    if qweight.dtype != code_dtype or qweight.dim() != 3:
-        raise ValueError(f"tessera::{name}: {format} codes must be {code_dtype} [E, N, K{' / 2' * (format == 'int4')}]"
-                         f" (moe.quantize_experts), got {qweight.dtype} {tuple(qweight.shape)}")
+    if qweight.dtype != torch.uint8 or qweight.dim() != 3:
+        raise ValueError(f"tessera::{name}: codes must be uint8 [E, N, K{' / 2' * (format == 'int4')}] (fp8: "
+                         f"QuantizedExperts.qweight.view(torch.uint8)), got {qweight.dtype} {tuple(qweight.shape)}")
     E, N, k = qweight.shape
     K = 2 * k if format == "int4" else k
     columns = K // group_size if format == "int4" else -(-K // group_size)
@@ -136,7 +135,8 @@ def _check_steps(name: str, format: str, group_size: int, K: int, BK: int) -> No
 def gate_up_quant(xs: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
                   block_expert: torch.Tensor, offsets: torch.Tensor, activation: str, block_m: int, format: str,
                   group_size: int) -> torch.Tensor:
-    """`moe_gate_up` with a quantized w13 (`quantized.interleave` of the quantized gate and up weights)."""
+    """`moe_gate_up` with a quantized w13 (`quantized.interleave` of the quantized gate and up weights); the
+    codes as uint8 bits for both formats (torch's CPU kernels, which opcheck runs, lack float8 arithmetic)."""
     E, two_i, H = _check_weight("moe_gate_up_quant", qweight, scales, zeros, format, group_size)
     rows = xs.shape[0]
     h = torch.empty((rows, two_i // 2), dtype=xs.dtype, device=xs.device)
@@ -188,7 +188,7 @@ def _down_quant_fake(h, qweight, scales, zeros, weights, sorted_ids, block_exper
     return h.new_empty((T * K, qweight.shape[1]))
 
 
-def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts) -> None:
+def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights: torch.Tensor) -> None:
     """The shapes `experts` needs of quantized weights, or a ValueError naming the fix."""
     if not isinstance(w13, QuantizedExperts) or not isinstance(w2, QuantizedExperts):
         raise ValueError("tessera::moe: quantize both w13 and w2 (moe.quantize_experts), or neither")
@@ -198,7 +198,7 @@ def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts) -> None:
     if H != x.shape[1] or two_i % 2 or w2.shape != (E, H, two_i // 2):
         raise ValueError(f"tessera::moe: quantized w13 must be [E, 2I, {x.shape[1]}] and w2 [E, {x.shape[1]}, I], "
                          f"got {w13.shape} and {w2.shape}")
-    if x.requires_grad and torch.is_grad_enabled():
+    if torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad):
         raise ValueError("tessera::moe: quantized expert weights are for inference (the ops have no backward); "
                          "run under torch.no_grad(), or train with bf16 weights and quantize after")
     check_device("moe", x, w13=w13.qweight, w2=w2.qweight)
@@ -212,8 +212,8 @@ def forward_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights, s
     K = weights.shape[1]
     _check_rows("moe", sorted_ids, block_expert, offsets, block_m)
     xs = permute(x, sorted_ids, K, block_m)
-    h = gate_up_quant(xs, w13.qweight, w13.scales, w13.zeros, block_expert, offsets, activation, block_m,
+    h = gate_up_quant(xs, w13.qweight.view(torch.uint8), w13.scales, w13.zeros, block_expert, offsets, activation, block_m,
                       w13.format, w13.group_size)
-    y = down_quant(h, w2.qweight, w2.scales, w2.zeros, weights, sorted_ids, block_expert, offsets, block_m, atomic,
+    y = down_quant(h, w2.qweight.view(torch.uint8), w2.scales, w2.zeros, weights, sorted_ids, block_expert, offsets, block_m, atomic,
                    w2.format, w2.group_size)
     return y.to(x.dtype) if atomic else combine(y, K, x.dtype)
