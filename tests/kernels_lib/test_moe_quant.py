@@ -29,7 +29,8 @@ from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import MoELayer, align, experts, interleave_gate_up, quantize_experts, route
 from tessera.kernels_lib.moe import plan as plans
 from tessera.kernels_lib.moe.common import kernel_arg
-from tessera.kernels_lib.moe.quantized import from_fp8_blocks, interleave
+from tessera.kernels_lib import quant
+from tessera.kernels_lib.moe.quantized import from_fp8_blocks, interleave, stack_int4
 from tessera.kernels_lib.moe.quantized_mlp import down_quant, down_quant_kernel, gate_up_quant, gate_up_quant_kernel
 from tessera.passes.thread_passes import lower
 
@@ -67,6 +68,18 @@ def test_dequantized_weights_are_within_a_quantization_step(name):
         scale = q.scales.float().repeat_interleave(q.group_size, 2)[..., :64]
         assert (error <= w.abs() / 16 + scale * 2 ** -9 + 1e-7).all()
         assert q.scales.shape[2] == {"fp8-tensor": 1, "fp8-channel": 1, "fp8-block16": 4}[name]
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_int4_experts_are_quant_packs_layout(symmetric):
+    """quantize_experts's codes and scales are `quant.quantize`'s, expert by expert, so GPTQ/AWQ weights
+    (`quant.from_gptq`, `from_awq`) stack into the same layout (`stack_int4`)."""
+    w = torch.randn(3, 24, 64, generator=torch.Generator().manual_seed(4))
+    ours = quantize_experts(w, group_size=32, symmetric=symmetric)
+    theirs = stack_int4([quant.quantize(e, bits=4, group_size=32, symmetric=symmetric, scale_dtype=torch.bfloat16)
+                         for e in w])
+    assert torch.equal(ours.qweight, theirs.qweight) and torch.equal(ours.scales, theirs.scales)
+    assert torch.equal(ours.dequantize(), torch.stack([theirs.expert(e).dequantize() for e in range(3)]))
 
 
 def test_deepseek_block_scales_and_interleaving():

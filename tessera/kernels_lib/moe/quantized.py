@@ -62,16 +62,21 @@ class QuantizedExperts:
         move = (lambda t: None if t is None else t.to(device))
         return QuantizedExperts(move(self.qweight), move(self.scales), move(self.zeros), self.format, self.group_size)
 
-    def dequantize(self) -> torch.Tensor:
-        """W as float32 [E, N, K]: what the kernels multiply by (the tests' reference)."""
-        E, N, K = self.shape
+    def dequantize(self, expert: Optional[int] = None) -> torch.Tensor:
+        """W as float32 [E, N, K] (or expert `expert`'s [N, K]), on the weight's device: what the kernels
+        multiply by (the tests' and the benchmark's reference)."""
+        pick = (lambda t: t if expert is None or t is None else t[expert])
+        K = self.shape[2]
+        scale = pick(self.scales).float().repeat_interleave(self.group_size, -1)[..., :K]
         if self.format == "fp8":
-            scale = self.scales.float().repeat_interleave(self.group_size, 2)[..., :K]
-            return self.qweight.float() * scale
-        return torch.stack([self.expert(e).dequantize() for e in range(E)])
+            return pick(self.qweight).float() * scale
+        packed = pick(self.qweight)                 # code 2j in the low nibble of byte j, code 2j + 1 in the high
+        codes = torch.stack((packed & 15, packed >> 4), -1).reshape(*packed.shape[:-1], K).float()
+        zero = 8.0 if self.zeros is None else pick(self.zeros).float().repeat_interleave(self.group_size, -1)
+        return (codes - zero) * scale
 
     def expert(self, e: int) -> quant.QuantizedWeight:
-        """Expert e's int4 weight as a `quant.QuantizedWeight` (for `quant_gemm`, and for dequantizing)."""
+        """Expert e's int4 weight as a `quant.QuantizedWeight` (e.g. for `quant_gemm`)."""
         zeros = None if self.zeros is None else self.zeros[e]
         return quant.QuantizedWeight(self.qweight[e], self.scales[e], zeros, None, 4, self.group_size)
 
@@ -110,17 +115,13 @@ def quantize_experts(w: torch.Tensor, format: str = "int4", *, group_size: int =
     """Round-to-nearest quantization of expert weights w [E, N, K].
 
     int4: groups of `group_size` along K, `symmetric` or with zeros, scales
-    in `scale_dtype` (`quant.quantize` per expert). fp8: e4m3 codes with
+    in `scale_dtype` (`quant.quantize`'s rounding, in torch on w's device). fp8: e4m3 codes with
     `scales` "tensor" (one per expert), "channel" (one per row) or "block"
     (`block` x `block` tiles: DeepSeek-V3's 128; a multiple of the GEMMs' BK)."""
     if w.dim() != 3:
         raise ValueError(f"quantize_experts: w must be [experts, N, K], got {tuple(w.shape)}")
     if format == "int4":
-        if w.shape[2] % group_size:
-            raise ValueError(f"quantize_experts: K ({w.shape[2]}) must be a multiple of group_size ({group_size}); "
-                             f"pick a group size that divides it")
-        return stack_int4([quant.quantize(e.float().cpu(), bits=4, group_size=group_size, symmetric=symmetric,
-                                          scale_dtype=scale_dtype) for e in w]).to(w.device)
+        return _quantize_int4(w, group_size, symmetric, scale_dtype)
     if format != "fp8":
         raise ValueError(f"quantize_experts: format must be one of {FORMATS}, got {format!r}")
     if scales not in FP8_SCALES:
@@ -137,6 +138,27 @@ def quantize_experts(w: torch.Tensor, format: str = "int4", *, group_size: int =
     amax = w.abs().amax((1, 2), keepdim=True) if scales == "tensor" else w.abs().amax(2, keepdim=True)
     row_scales = (amax.clamp(min=1e-12) / FP8_MAX).expand(E, N, 1).contiguous()
     return QuantizedExperts((w / row_scales).to(torch.float8_e4m3fn), row_scales, None, "fp8", K)
+
+
+def _quantize_int4(w: torch.Tensor, group_size: int, symmetric: bool, scale_dtype: torch.dtype) -> QuantizedExperts:
+    """`quant.quantize`'s round to nearest (4 bits), in torch on w's device, packed as `quant.pack` packs."""
+    E, N, K = w.shape
+    if K % group_size or group_size % 2:
+        raise ValueError(f"quantize_experts: K ({K}) must be a multiple of group_size ({group_size}), and the group "
+                         f"size even; pick a group size that divides it")
+    groups = w.float().reshape(E, N, K // group_size, group_size)
+    if symmetric:
+        scale, zero = groups.abs().amax(-1).clamp(min=1e-8) / 7.5, None
+        codes = (groups / scale[..., None] + 8).round().clamp(0, 15)
+    else:
+        low, high = groups.amin(-1), groups.amax(-1)
+        scale = ((high - low) / 15).clamp(min=1e-8)
+        zero = (-low / scale).round().clamp(0, 15)
+        codes = (groups / scale[..., None] + zero[..., None]).round().clamp(0, 15)
+    codes = codes.reshape(E, N, K // 2, 2).to(torch.uint8)
+    packed = codes[..., 0] | (codes[..., 1] << 4)
+    return QuantizedExperts(packed, scale.to(scale_dtype), None if zero is None else zero.to(scale_dtype), "int4",
+                            group_size)
 
 
 def interleave(gate: QuantizedExperts, up: QuantizedExperts) -> QuantizedExperts:
