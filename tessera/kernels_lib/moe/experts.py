@@ -90,22 +90,6 @@ def gate_up_kernel(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, 
     h.store(activate(gate, ACTIVATION) * up)
 
 
-@tessera.kernel
-def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, offsets_ptr, rows, H, I,
-                E, h_e, numel, TOP_K: tessera.constexpr, ATOMIC: tessera.constexpr, BM: tessera.constexpr,
-                BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
-    """weight[pair] * (h[r] @ W2[e]^T) for one BM x BN tile: into y[pair] (its own row), or added into out[token]
-    (ATOMIC, float32)."""
-    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
-    if pid_m * BM >= tessera.load(offsets_ptr + E):
-        return
-    expert = tessera.load(block_expert_ptr + pid_m)
-    h = tessera.view(h_ptr, (rows, I))
-    w2_t = tessera.view(w2_ptr, (I, h_e), (1, I))                 # [E * H, I] read as its transpose
-    acc = expert_block_gemm(h, w2_t, pid_m, 0, expert * H + pid_n * BN, I, BM, BN, BK, STAGES)
-    weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM, BN)
-
-
 @tessera.func
 def weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM,
                       BN):
@@ -121,6 +105,22 @@ def weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, r
         tessera.atomic_add(out_ptr + tokens[:, None] * H + cols[None, :], acc, mask=inside)
     else:
         tessera.store(out_ptr + pairs.to(tessera.i64)[:, None] * H + cols[None, :], acc, mask=inside)
+
+
+@tessera.kernel
+def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, offsets_ptr, rows, H, I,
+                E, h_e, numel, TOP_K: tessera.constexpr, ATOMIC: tessera.constexpr, BM: tessera.constexpr,
+                BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+    """weight[pair] * (h[r] @ W2[e]^T) for one BM x BN tile: into y[pair] (its own row), or added into out[token]
+    (ATOMIC, float32)."""
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    if pid_m * BM >= tessera.load(offsets_ptr + E):
+        return
+    expert = tessera.load(block_expert_ptr + pid_m)
+    h = tessera.view(h_ptr, (rows, I))
+    w2_t = tessera.view(w2_ptr, (I, h_e), (1, I))                 # [E * H, I] read as its transpose
+    acc = expert_block_gemm(h, w2_t, pid_m, 0, expert * H + pid_n * BN, I, BM, BN, BK, STAGES)
+    weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM, BN)
 
 
 @tessera.kernel

@@ -34,7 +34,9 @@ _CODE_TYPES = {"int4": tessera.u4, "fp8": tessera.f8e4m3}
 @tessera.func
 def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
     """The BN x BK block of W [E * N, K] at rows n_offset.., K step k, as DTYPE: int4 (q - zero) * scale with
-    a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G)."""
+    a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G). Scales
+    are rounded to DTYPE: exact enough in bf16 (float32's range); in float16 a scale under 2^-14 is
+    subnormal and keeps fewer bits."""
     codes = w.block((BN, BK), offsets=(n_offset, k * BK)).load()
     if FORMAT == "fp8":
         scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load().to(DTYPE)
@@ -198,6 +200,9 @@ def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights: tor
     if H != x.shape[1] or two_i % 2 or w2.shape != (E, H, two_i // 2):
         raise ValueError(f"tessera::moe: quantized w13 must be [E, 2I, {x.shape[1]}] and w2 [E, {x.shape[1]}, I], "
                          f"got {w13.shape} and {w2.shape}")
+    if weights.dim() != 2 or weights.shape[0] != x.shape[0]:
+        raise ValueError(f"tessera::moe: weights and ids must both be [{x.shape[0]}, top_k] (route's), got "
+                         f"{tuple(weights.shape)}")
     if torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad):
         raise ValueError("tessera::moe: quantized expert weights are for inference (the ops have no backward); "
                          "run under torch.no_grad(), or train with bf16 weights and quantize after")
