@@ -135,3 +135,19 @@ def test_the_dry_run_of_both_tiers_passes_on_the_cpu_and_writes_at_most_eight_fi
     assert "python" in (tmp_path / "machine.txt").read_text()
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) <= 8 and set(files) <= set(gpu_session.OUTPUT_FILES)
+
+
+def test_steps_named_on_the_command_line_run_alone_whatever_their_tier(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(Session, "run", lambda self, step: ran.append(step.name))
+    monkeypatch.setattr(Session, "_collect_benchmarks", lambda self: None)
+    monkeypatch.setattr(gpu_session, "report_text", lambda folder: "")
+    gpu_session.run_session(1, 100, tmp_path, dry_run=True, only=("fusion", "pytest-gpu"))
+    assert ran == ["pytest-gpu", "fusion"]                 # in the session's order, tier 2 included
+
+
+def test_an_unknown_step_name_is_refused_with_the_names_there_are(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_session.py"), "--steps", "pytest-gpu,atention",
+                           "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "no step named atention" in done.stderr and "attention" in done.stderr
