@@ -89,8 +89,8 @@ def quantized_weights(torch, w: dict, chunk: int = 16, group: int = 128) -> dict
 
 class Dequantized:
     """Quantized experts as the loop reference reads them (`.shape`, `[e]`), each expert dequantized (to the
-    activations' dtype) when asked for (a whole dequantized copy of DeepSeek-V3's experts would not fit beside the others); w13's
-    interleaved rows are put back as gate; up."""
+    activations' dtype) when asked for (a whole dequantized copy of DeepSeek-V3's experts would not fit beside
+    the others); w13's interleaved rows are put back as gate; up."""
 
     def __init__(self, q, gate_up: bool, dtype):
         self.q, self.gate_up, self.shape, self.dtype = q, gate_up, q.shape, dtype

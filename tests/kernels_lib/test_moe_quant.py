@@ -134,6 +134,46 @@ def test_a_quantized_layer_is_the_layer_with_dequantized_weights():
         layer(x.requires_grad_())
 
 
+def _layer_from(state, E, **options):
+    state = {"gate.weight": torch.randn(E, 32, generator=torch.Generator().manual_seed(5)), **state}
+    return MoELayer.from_state_dict(state, "qwen3", 2, **options)
+
+
+@pytest.mark.parametrize("checkpoint", ["deepseek-fp8", "gptq", "awq"])
+def test_quantized_checkpoints_load_into_the_layer(checkpoint):
+    """A layer from a quantized checkpoint's expert tensors computes what the layer with the weights those
+    tensors mean (their own formulas, dequantized) computes."""
+    from test_quant_gemm import _pack_int32
+    E, H, I = 4, 32, 16
+    g = torch.Generator().manual_seed(6)
+    state, plain = {}, {}
+    for i in range(E):
+        for name, (n, k) in (("gate_proj", (I, H)), ("up_proj", (I, H)), ("down_proj", (H, I))):
+            prefix = f"experts.{i}.{name}"
+            if checkpoint == "deepseek-fp8":
+                codes, scale = torch.randn(n, k, generator=g).to(torch.float8_e4m3fn), torch.rand(1, 1, generator=g)
+                state |= {f"{prefix}.weight": codes, f"{prefix}.weight_scale_inv": scale}
+                plain[f"{prefix}.weight"] = codes.float() * scale
+                continue
+            q = torch.randint(0, 16, (k, n), generator=g)
+            zeros = torch.randint(1 if checkpoint == "gptq" else 0, 16, (k // 16, n), generator=g)   # GPTQ: 1..15
+            scales = (torch.rand(k // 16, n, generator=g) * 0.1).half()
+            if checkpoint == "gptq":        # packed along K, zeros stored minus one
+                state |= {f"{prefix}.qweight": _pack_int32(q, 4, 0), f"{prefix}.qzeros": _pack_int32(zeros - 1, 4, 1)}
+            else:                           # packed along N in AWQ's nibble order
+                state |= {f"{prefix}.qweight": _pack_int32(q, 4, 1, quant.AWQ_ORDER),
+                          f"{prefix}.qzeros": _pack_int32(zeros, 4, 1, quant.AWQ_ORDER)}
+            state[f"{prefix}.scales"] = scales
+            plain[f"{prefix}.weight"] = ((q - zeros.repeat_interleave(16, 0)) *
+                                         scales.float().repeat_interleave(16, 0)).t()
+    layer = _layer_from(state, E, quant_method="awq" if checkpoint == "awq" else "gptq")
+    assert "w13" not in dict(layer.named_parameters())
+    assert layer.w13.format == ("fp8" if checkpoint == "deepseek-fp8" else "int4")
+    x = torch.randn(5, H, generator=g)
+    with torch.no_grad():
+        torch.testing.assert_close(layer(x), _layer_from(plain, E)(x), rtol=1e-5, atol=1e-5)
+
+
 # -- the kernels as the GPU gets them ------------------------------------------------------------------
 
 

@@ -217,8 +217,8 @@ def forward_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights, s
     K = weights.shape[1]
     _check_rows("moe", sorted_ids, block_expert, offsets, block_m)
     xs = permute(x, sorted_ids, K, block_m)
-    h = gate_up_quant(xs, w13.qweight.view(torch.uint8), w13.scales, w13.zeros, block_expert, offsets, activation, block_m,
-                      w13.format, w13.group_size)
-    y = down_quant(h, w2.qweight.view(torch.uint8), w2.scales, w2.zeros, weights, sorted_ids, block_expert, offsets, block_m, atomic,
-                   w2.format, w2.group_size)
+    h = gate_up_quant(xs, w13.qweight.view(torch.uint8), w13.scales, w13.zeros, block_expert, offsets, activation,
+                      block_m, w13.format, w13.group_size)
+    y = down_quant(h, w2.qweight.view(torch.uint8), w2.scales, w2.zeros, weights, sorted_ids, block_expert, offsets,
+                   block_m, atomic, w2.format, w2.group_size)
     return y.to(x.dtype) if atomic else combine(y, K, x.dtype)
