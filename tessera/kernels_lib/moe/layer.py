@@ -65,6 +65,7 @@ class MoELayer(nn.Module):
         super().__init__()
         factory = dict(dtype=dtype, device=device)
         self.num_experts, self.top_k, self.activation, self.atomic = num_experts, top_k, activation, atomic
+        self.fp8_activations = False
         self.routing = dict(scoring=scoring, renormalize=renormalize, n_group=n_group, topk_group=topk_group,
                             scaling_factor=scaling_factor)
         self.gate = nn.Linear(hidden_size, num_experts, bias=False, **factory)
@@ -86,16 +87,18 @@ class MoELayer(nn.Module):
         if torch.is_grad_enabled() and logits.requires_grad:     # let gradients reach the router
             weights = self._weights(probs, ids)
         out = experts(x2, self.w13, self.w2, weights, ids, activation=self.activation, atomic=self.atomic,
-                      counts=counts, chunk_counts=chunk_counts)
+                      counts=counts, chunk_counts=chunk_counts, fp8_activations=self.fp8_activations)
         if self.shared_experts is not None:
             out = out + self.shared_experts(x2)
         out = out.reshape(shape)
         return (out, Routing(probs, ids, counts)) if return_routing else out
 
-    def quantize_experts(self, format: str = "int4", **options) -> "MoELayer":
+    def quantize_experts(self, format: str = "int4", *, fp8_activations: bool = False, **options) -> "MoELayer":
         """Replace w13 and w2 by quantized copies, for inference: int4 (W4A16, group-wise) or fp8 (e4m3, per
         tensor, channel or 128 x 128 block); `options` are `quantized.quantize_experts`'. Gate and up are
-        quantized separately (as checkpoints are) and then interleaved. Returns the layer."""
+        quantized separately (as checkpoints are) and then interleaved. `fp8_activations` (fp8 weights, sm_89+)
+        multiplies fp8 activations quantized per token group (`fp8_mlp.py`). Returns the layer."""
+        self.fp8_activations = fp8_activations
         with torch.no_grad():
             gate, up = self.w13[:, 0::2], self.w13[:, 1::2]
             q13 = interleave(quantize_experts(gate, format, **options), quantize_experts(up, format, **options))

@@ -59,6 +59,12 @@ QUANTIZED = {"decode": replace(DECODE, gate_up=GemmTiles(32, 128, 4, 4)),
              "middle": Plan(64, GemmTiles(32, 64, 3, 4), GemmTiles(64, 64, 3, 4)),
              "prefill": PREFILL}
 
+# fp8 activations times fp8 weights (`fp8_mlp.py`) step K by the activations' scale group (128): the B block is
+# held at <= 64 rows (gate_up's BN = 32, down's 64; 16 and 32 at decode), where sm_90a spilled at 128.
+FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
+       "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
+       "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
+
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
 CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))
 
