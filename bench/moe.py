@@ -19,7 +19,9 @@ router logits [T, E]) to the layer's output, routing included:
 * tessera: `route` + `experts` (routing, alignment, permute, gate_up, down, combine);
 * tessera-int4, tessera-fp8: the same with the experts quantized (int4 groups of 128; fp8 e4m3 with
   DeepSeek-V3's 128 x 128 block scales), each checked against the loop over its dequantized weights, with
-  the bytes of its codes and scales per second (`tessera-int4_graph_gbps`).
+  the bytes of its codes and scales per second (`tessera-int4_graph_gbps`); tessera-w8a8: the fp8 weights
+  times fp8 activations quantized per token group (sm_89 and newer), against the loop over the dequantized
+  weights in bf16 (the activations' quantization is inside the 3% tolerance).
 
 Every side is checked against torch-loop fed tessera's routing before it is
 timed (a mismatch is recorded with `tessera.testing.diagnose`'s description),
@@ -67,6 +69,7 @@ QUANTIZED = {      # name -> quantize_experts options, bytes read per weight (co
     "int4": (dict(format="int4", group_size=128), 0.5 + 2 / 128),
     "fp8": (dict(format="fp8", scales="block"), 1 + 4 / 128),
 }
+SIDE_BYTES = {"int4": QUANTIZED["int4"][1], "fp8": QUANTIZED["fp8"][1], "w8a8": QUANTIZED["fp8"][1]}
 
 
 def quantized_weights(torch, w: dict, chunk: int = 16, group: int = 128) -> dict:
@@ -108,13 +111,20 @@ def quantized_sides(torch, model: str, w: dict) -> dict:
 
     _, _, E, K, options = MODELS[model]
     found = {}
-    for name, (q13, q2) in w.get("quantized", {}).items():
-        def layer(x, logits, q13=q13, q2=q2):
-            weights, ids, counts, chunks = route(logits, K, bias=w["bias"], **options)
-            return experts(x, q13, q2, weights, ids, counts=counts, chunk_counts=chunks)
+    variants = [(name, name, False) for name in w.get("quantized", {})]
+    if "fp8" in w.get("quantized", {}) and w["w2"].is_cuda and torch.cuda.get_device_capability() >= (8, 9):
+        variants.append(("w8a8", "fp8", True))          # fp8 activations too (DeepSeek-V3's scheme)
+    for side, name, fp8_activations in variants:
+        q13, q2 = w["quantized"][name]
+        run = dict(fp8_activations=fp8_activations)
 
-        found[f"tessera-{name}"] = (lambda x, wt, ids, q13=q13, q2=q2: experts(x, q13, q2, wt, ids), layer,
-                                    (Dequantized(q13, True, w["w2"].dtype), Dequantized(q2, False, w["w2"].dtype)))
+        def layer(x, logits, q13=q13, q2=q2, run=run):
+            weights, ids, counts, chunks = route(logits, K, bias=w["bias"], **options)
+            return experts(x, q13, q2, weights, ids, counts=counts, chunk_counts=chunks, **run)
+
+        found[f"tessera-{side}"] = (lambda x, wt, ids, q13=q13, q2=q2, run=run: experts(x, q13, q2, wt, ids, **run),
+                                    layer, (Dequantized(q13, True, w["w2"].dtype), Dequantized(q2, False,
+                                                                                            w["w2"].dtype)))
     return found
 
 
@@ -175,7 +185,7 @@ def measure(torch, model: str, tokens: int, w: dict, peak_gbps) -> dict:
             row[f"{name}_error"] = f"{type(error).__name__}: {error}"[:500]
     summarize(row, flops, moved, peak_gbps)
     active = int(torch.unique(ids).numel())
-    for name, (_, per_weight) in QUANTIZED.items():
+    for name, per_weight in SIDE_BYTES.items():
         if f"tessera-{name}_graph_ms" in row:
             q_moved = active * 3 * H * I * per_weight + 2 * tokens * H * 2
             row[f"tessera-{name}_graph_gbps"] = q_moved / (row[f"tessera-{name}_graph_ms"] * 1e-3) / 1e9
@@ -209,7 +219,7 @@ def describe(row: dict) -> str:
         text += f"; in a graph {row['graph_speedup']:.2f}x"
     if "hbm_share" in row:
         text += f", {row['graph_gbps']:.0f} GB/s ({row['hbm_share']:.0%} of HBM)"
-    for name in QUANTIZED:
+    for name in SIDE_BYTES:
         if f"tessera-{name}_ms" in row:
             text += f"; {name} {row[f'tessera-{name}_ms']:.3f} ms"
             if f"tessera-{name}_graph_gbps" in row:

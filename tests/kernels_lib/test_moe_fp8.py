@@ -129,8 +129,8 @@ def test_both_gemms_on_the_simt_simulator(target, BM):
     h_codes = torch.randn(rows, I).to(torch.float8_e4m3fn)
     h_scale = torch.rand(rows, I // 32) + 0.5
     _simt_matches_interpreter(
-        gate_up_fp8_kernel, [kernel_arg(xs, tessera.f8e4m3), xs_scale.numpy(), kernel_arg(q13.qweight), q13.scales.numpy(),
-                             np.zeros((rows, I), np.float16), block_expert, offsets, rows, H, I,
+        gate_up_fp8_kernel, [kernel_arg(xs, tessera.f8e4m3), xs_scale.numpy(), kernel_arg(q13.qweight),
+                             q13.scales.numpy(), np.zeros((rows, I), np.float16), block_expert, offsets, rows, H, I,
                              E, 2 * I * E, 2, 2], (rows // BM, I // 16, 1), target, 4, ACTIVATION="silu", BN=16,
         **common)
     _simt_matches_interpreter(

@@ -115,8 +115,8 @@ def quantize_tokens(x: torch.Tensor, group: int) -> tuple[torch.Tensor, torch.Te
     q = torch.empty((T, H), dtype=torch.uint8, device=x.device)
     s = torch.empty((T, tessera.cdiv(H, group)), dtype=torch.float32, device=x.device)
     grid = (tessera.cdiv(T, QUANTIZE_TOKENS), s.shape[1])
-    quantize_tokens_kernel[grid](kernel_arg(x.contiguous()), kernel_arg(q, tessera.f8e4m3), kernel_arg(s), T, H, s.shape[1],
-                                 BT=QUANTIZE_TOKENS, G=group)
+    quantize_tokens_kernel[grid](kernel_arg(x.contiguous()), kernel_arg(q, tessera.f8e4m3), kernel_arg(s), T, H,
+                                 s.shape[1], BT=QUANTIZE_TOKENS, G=group)
     return q, s
 
 

@@ -17,11 +17,12 @@ its codes and scales:
   (`from_fp8_blocks` expands a checkpoint's [E, N/128, K/128] scales).
   So the kernels read a BN x 1 block of scales per K step, never gather.
 
-Activations stay bf16 (or float16/float32): the kernels dequantize the
-weight codes in registers and multiply on the bf16 tensor cores. That runs
-on every target (sm_80 included, which has no fp8 tensor cores), and the
-aligned rows need no per-token scales; fp8 activations with per-token-group
-scales (DeepSeek's fp8 GEMM) are not implemented.
+By default activations stay bf16 (or float16/float32): the kernels
+(`quantized_mlp.py`) dequantize the weight codes in registers and multiply
+on the bf16 tensor cores. That runs on every target (sm_80 included, which
+has no fp8 tensor cores) and needs no per-token scales in the aligned rows.
+fp8 weights can instead meet fp8 activations quantized per token and group
+of 128 (DeepSeek-V3's W8A8, `fp8_mlp.py`, sm_89 and newer).
 """
 
 from __future__ import annotations
