@@ -99,6 +99,9 @@ def down_fp8_kernel(h_ptr, h_s_ptr, w2_ptr, s_ptr, out_ptr, weights_ptr, sorted_
 def _check_target(t: torch.Tensor, name: str) -> None:
     """fp8 tensor cores are sm_89 and newer; say so, and name the path that runs on older GPUs."""
     interpreted = t.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    if not interpreted and torch.version.hip is not None:
+        raise ValueError(f"tessera::{name}: fp8 activations are built for NVIDIA's e4m3 tensor cores (sm_89+), not "
+                         f"AMD's fnuz fp8: use bf16 activations with the fp8 weights (fp8_activations=False)")
     if not interpreted and t.is_cuda and torch.cuda.get_device_capability(t.device) < (8, 9):
         major, minor = torch.cuda.get_device_capability(t.device)
         raise ValueError(f"tessera::{name}: fp8 activations need fp8 tensor cores (sm_89 or newer); this GPU is "
