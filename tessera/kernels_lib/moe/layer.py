@@ -84,7 +84,8 @@ class MoELayer(nn.Module):
         weights, ids, counts, chunk_counts = route(logits.detach(), self.top_k,
                                                    bias=self.e_score_correction_bias, **self.routing)
         probs = self._scores(logits)
-        if torch.is_grad_enabled() and logits.requires_grad:     # let gradients reach the router
+        trainable = not isinstance(self.w13, QuantizedExperts)      # quantized experts: inference only
+        if torch.is_grad_enabled() and logits.requires_grad and trainable:     # let gradients reach the router
             weights = self._weights(probs, ids)
         out = experts(x2, self.w13, self.w2, weights, ids, activation=self.activation, atomic=self.atomic,
                       counts=counts, chunk_counts=chunk_counts, fp8_activations=self.fp8_activations)
