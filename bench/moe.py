@@ -16,7 +16,12 @@ router logits [T, E]) to the layer's output, routing included:
 * torch-grouped-mm: torch top-k, tokens sorted by expert, `torch._grouped_mm`
   for gate/up and down (where this torch and GPU have it);
 * triton: vLLM's (or SGLang's) Triton `fused_experts`, if importable;
-* tessera: `route` + `experts` (routing, alignment, permute, gate_up, down, combine).
+* tessera: `route` + `experts` (routing, alignment, permute, gate_up, down, combine);
+* tessera-int4, tessera-fp8: the same with the experts quantized (int4 groups of 128; fp8 e4m3 with
+  DeepSeek-V3's 128 x 128 block scales), each checked against the loop over its dequantized weights, with
+  the bytes of its codes and scales per second (`tessera-int4_graph_gbps`); tessera-w8a8: the fp8 weights
+  times fp8 activations quantized per token group (sm_89 and newer), against the loop over the dequantized
+  weights in bf16 (the activations' quantization is inside the 3% tolerance).
 
 Every side is checked against torch-loop fed tessera's routing before it is
 timed (a mismatch is recorded with `tessera.testing.diagnose`'s description),
@@ -60,6 +65,69 @@ def weights_of(torch, model: str, device: str = "cuda", dtype=None) -> dict:
     return w
 
 
+QUANTIZED = {      # name -> quantize_experts options, bytes read per weight (codes and scales)
+    "int4": (dict(format="int4", group_size=128), 0.5 + 2 / 128),
+    "fp8": (dict(format="fp8", scales="block"), 1 + 4 / 128),
+}
+SIDE_BYTES = {"int4": QUANTIZED["int4"][1], "fp8": QUANTIZED["fp8"][1], "w8a8": QUANTIZED["fp8"][1]}
+
+
+def quantized_weights(torch, w: dict, chunk: int = 16, group: int = 128) -> dict:
+    """name -> (w13, w2) as QuantizedExperts, quantized on the GPU from w's bf16 weights `chunk` experts at a
+    time (float32 copies of all of DeepSeek-V3's experts at once would not fit); `group`: the int4 group and
+    fp8 block size (smaller for the dry run's tiny layers)."""
+    from tessera.kernels_lib.moe import quantize_experts
+    from tessera.kernels_lib.moe.quantized import QuantizedExperts, interleave
+
+    def quantized(t, options):
+        sized = {**options, "group_size" if options["format"] == "int4" else "block": group}
+        parts = [quantize_experts(t[i:i + chunk], **sized) for i in range(0, t.shape[0], chunk)]
+        cat = (lambda name: None if getattr(parts[0], name) is None else torch.cat([getattr(p, name) for p in parts]))
+        return QuantizedExperts(cat("qweight"), cat("scales"), cat("zeros"), parts[0].format, parts[0].group_size)
+
+    I = w["w13_cat"].shape[1] // 2
+    return {name: (interleave(quantized(w["w13_cat"][:, :I], options), quantized(w["w13_cat"][:, I:], options)),
+                   quantized(w["w2"], options)) for name, (options, _) in QUANTIZED.items()}
+
+
+class Dequantized:
+    """Quantized experts as the loop reference reads them (`.shape`, `[e]`), each expert dequantized (to the
+    activations' dtype) when asked for (a whole dequantized copy of DeepSeek-V3's experts would not fit beside
+    the others); w13's interleaved rows are put back as gate; up."""
+
+    def __init__(self, q, gate_up: bool, dtype):
+        self.q, self.gate_up, self.shape, self.dtype = q, gate_up, q.shape, dtype
+
+    def __getitem__(self, e):
+        import torch
+        w = self.q.dequantize(int(e)).to(self.dtype)
+        return torch.cat([w[0::2], w[1::2]]) if self.gate_up else w
+
+
+def quantized_sides(torch, model: str, w: dict) -> dict:
+    """name -> (experts(x, weights, ids), layer(x, logits), the weights its reference loop reads) for the
+    tessera layer on w["quantized"]'s int4 (group 128) and fp8 (128 x 128 block) experts, where present."""
+    from tessera.kernels_lib.moe import experts, route
+
+    _, _, E, K, options = MODELS[model]
+    found = {}
+    variants = [(name, name, False) for name in w.get("quantized", {})]
+    if "fp8" in w.get("quantized", {}) and w["w2"].is_cuda and torch.cuda.get_device_capability() >= (8, 9):
+        variants.append(("w8a8", "fp8", True))          # fp8 activations too (DeepSeek-V3's scheme)
+    for side, name, fp8_activations in variants:
+        q13, q2 = w["quantized"][name]
+        run = dict(fp8_activations=fp8_activations)
+
+        def layer(x, logits, q13=q13, q2=q2, run=run):
+            weights, ids, counts, chunks = route(logits, K, bias=w["bias"], **options)
+            return experts(x, q13, q2, weights, ids, counts=counts, chunk_counts=chunks, **run)
+
+        found[f"tessera-{side}"] = (lambda x, wt, ids, q13=q13, q2=q2, run=run: experts(x, q13, q2, wt, ids, **run),
+                                    layer, (Dequantized(q13, True, w["w2"].dtype), Dequantized(q2, False,
+                                                                                            w["w2"].dtype)))
+    return found
+
+
 def sides(torch, model: str, w: dict) -> dict:
     """name -> (experts(x, weights, ids), layer(x, logits): routing included), for every side this machine can
     run; tessera's layer passes route's counts on to the alignment."""
@@ -86,7 +154,8 @@ def sides(torch, model: str, w: dict) -> dict:
 
 
 def measure(torch, model: str, tokens: int, w: dict, peak_gbps) -> dict:
-    """One row: check every side against the loop fed tessera's routing, then time them."""
+    """One row: check every side against the loop fed tessera's routing, then time them (the int4 and fp8
+    tessera sides against the loop over their weights, dequantized)."""
     from tessera.kernels_lib.moe import route
     from tessera.testing import diagnose
 
@@ -94,13 +163,17 @@ def measure(torch, model: str, tokens: int, w: dict, peak_gbps) -> dict:
     x = torch.randn(tokens, H, device="cuda", dtype=torch.bfloat16)
     logits = torch.randn(tokens, E, device="cuda")
     weights, ids, _, _ = route(logits, K, bias=w["bias"], **options)
-    expected = refs.loop_layer(torch, x, w["w13_cat"], w["w2"], weights, ids).float()
-    tolerance = dict(rtol=3e-2, atol=3e-2 * float(expected.abs().max()))
+    bf16_expected = refs.loop_layer(torch, x, w["w13_cat"], w["w2"], weights, ids).float()
+    tolerance = dict(rtol=3e-2, atol=3e-2 * float(bf16_expected.abs().max()))
     flops = 2 * tokens * K * 3 * H * I
     moved = int(torch.unique(ids).numel()) * 3 * H * I * 2 + 2 * tokens * H * 2
     row = {"model": model, "tokens": tokens}
-    for name, (given_routing, layer) in sides(torch, model, w).items():
+    everything = {n: (*s, None) for n, s in sides(torch, model, w).items()}
+    everything.update(quantized_sides(torch, model, w))
+    for name, (given_routing, layer, reference) in everything.items():
         try:
+            expected = bf16_expected if reference is None else \
+                refs.loop_layer(torch, x, *reference, weights, ids).float()   # the same weights, dequantized
             got = given_routing(x, weights, ids).float()
             if not torch.allclose(got, expected, **tolerance):
                 row[f"{name}_wrong"] = diagnose(got, expected, name=f"moe {name}", **tolerance)
@@ -111,6 +184,11 @@ def measure(torch, model: str, tokens: int, w: dict, peak_gbps) -> dict:
         except Exception as error:          # recorded, not fatal: the other sides still run
             row[f"{name}_error"] = f"{type(error).__name__}: {error}"[:500]
     summarize(row, flops, moved, peak_gbps)
+    active = int(torch.unique(ids).numel())
+    for name, per_weight in SIDE_BYTES.items():
+        if f"tessera-{name}_graph_ms" in row:
+            q_moved = active * 3 * H * I * per_weight + 2 * tokens * H * 2
+            row[f"tessera-{name}_graph_gbps"] = q_moved / (row[f"tessera-{name}_graph_ms"] * 1e-3) / 1e9
     return row
 
 
@@ -141,6 +219,11 @@ def describe(row: dict) -> str:
         text += f"; in a graph {row['graph_speedup']:.2f}x"
     if "hbm_share" in row:
         text += f", {row['graph_gbps']:.0f} GB/s ({row['hbm_share']:.0%} of HBM)"
+    for name in SIDE_BYTES:
+        if f"tessera-{name}_ms" in row:
+            text += f"; {name} {row[f'tessera-{name}_ms']:.3f} ms"
+            if f"tessera-{name}_graph_gbps" in row:
+                text += f" ({row[f'tessera-{name}_graph_gbps']:.0f} GB/s in a graph)"
     return head + text + ("; " + "; ".join(problems) if problems else "")
 
 
@@ -167,8 +250,11 @@ def dry_run(models: list[str], tokens: list[int]) -> None:
         weights, ids, _, _ = route(logits, min(K, 4), bias=w["bias"], **MODELS[f"{model}-tiny"][4])
         theirs = refs.topk(torch, logits, min(K, 4), w["bias"], **MODELS[f"{model}-tiny"][4])
         assert torch.equal(theirs[1], ids) and torch.allclose(theirs[0], weights), f"{model}: routing differs"
-        expected = refs.loop_layer(torch, x, w["w13_cat"], w["w2"], weights, ids)
-        for name, (given_routing, layer) in sides(torch, f"{model}-tiny", w).items():
+        w["quantized"] = quantized_weights(torch, w, group=16)
+        everything = {n: (*s, None) for n, s in sides(torch, f"{model}-tiny", w).items()}
+        everything.update(quantized_sides(torch, f"{model}-tiny", w))
+        for name, (given_routing, layer, reference) in everything.items():
+            expected = refs.loop_layer(torch, x, *(reference or (w["w13_cat"], w["w2"])), weights, ids)
             try:
                 error = ((given_routing(x, weights, ids) - expected).abs().max() / expected.abs().max()).item()
                 assert layer(x, logits).shape == x.shape
@@ -193,6 +279,7 @@ def main() -> None:
     result = {"environment": gpu_common.environment(torch), "hbm_gbps": peak, "rows": []}
     for model in models:
         w = weights_of(torch, model)
+        w["quantized"] = quantized_weights(torch, w)
         for t in tokens:
             try:
                 row = measure(torch, model, t, w, peak)

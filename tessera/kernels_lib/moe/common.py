@@ -13,13 +13,14 @@ FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 _TESSERA_DTYPES = {torch.bfloat16: tessera.bf16, torch.float8_e4m3fn: tessera.f8e4m3}
 
 
-def kernel_arg(t: torch.Tensor):
+def kernel_arg(t: torch.Tensor, dtype: Optional[tessera.DType] = None):
     """`t` as a kernel argument: a CPU tensor as a numpy array for the tile interpreter (bfloat16 and fp8 as
     their bits, reinterpreted, since numpy has neither); a CUDA tensor as it is (the launcher takes it, and
-    runs it on the interpreter under TESSERA_INTERPRET=1)."""
+    runs it on the interpreter under TESSERA_INTERPRET=1). `dtype` views the bytes as another type (uint8
+    as packed u4 codes)."""
     if t.device.type != "cpu":
-        return t
-    dtype = _TESSERA_DTYPES.get(t.dtype)
+        return t if dtype is None else tessera.reinterpret(t, dtype)
+    dtype = dtype or _TESSERA_DTYPES.get(t.dtype)
     if dtype is None:
         return t.numpy()
     bits = torch.uint16 if dtype.bits == 16 else torch.uint8

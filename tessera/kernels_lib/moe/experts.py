@@ -90,6 +90,23 @@ def gate_up_kernel(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, 
     h.store(activate(gate, ACTIVATION) * up)
 
 
+@tessera.func
+def weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM,
+                      BN):
+    """down's epilogue: acc's rows times their pairs' routing weights, into y[pair] or (ATOMIC) added into
+    out[token]; padding rows and columns past H are not written."""
+    pairs = tessera.view(sorted_ids_ptr, (rows,)).block((BM,), (pid_m,)).load(fill=-1)
+    real = (pairs >= 0) & (pairs < numel)
+    acc = acc * tessera.load(weights_ptr + pairs, mask=real)[:, None]
+    cols = pid_n * BN + tessera.arange(0, BN)
+    inside = real[:, None] & (cols < H)[None, :]
+    if ATOMIC:
+        tokens = (pairs // TOP_K).to(tessera.i64)
+        tessera.atomic_add(out_ptr + tokens[:, None] * H + cols[None, :], acc, mask=inside)
+    else:
+        tessera.store(out_ptr + pairs.to(tessera.i64)[:, None] * H + cols[None, :], acc, mask=inside)
+
+
 @tessera.kernel
 def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, offsets_ptr, rows, H, I,
                 E, h_e, numel, TOP_K: tessera.constexpr, ATOMIC: tessera.constexpr, BM: tessera.constexpr,
@@ -103,16 +120,7 @@ def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_exper
     h = tessera.view(h_ptr, (rows, I))
     w2_t = tessera.view(w2_ptr, (I, h_e), (1, I))                 # [E * H, I] read as its transpose
     acc = expert_block_gemm(h, w2_t, pid_m, 0, expert * H + pid_n * BN, I, BM, BN, BK, STAGES)
-    pairs = tessera.view(sorted_ids_ptr, (rows,)).block((BM,), (pid_m,)).load(fill=-1)
-    real = (pairs >= 0) & (pairs < numel)
-    acc = acc * tessera.load(weights_ptr + pairs, mask=real)[:, None]
-    cols = pid_n * BN + tessera.arange(0, BN)
-    inside = real[:, None] & (cols < H)[None, :]
-    if ATOMIC:
-        tokens = (pairs // TOP_K).to(tessera.i64)
-        tessera.atomic_add(out_ptr + tokens[:, None] * H + cols[None, :], acc, mask=inside)
-    else:
-        tessera.store(out_ptr + pairs.to(tessera.i64)[:, None] * H + cols[None, :], acc, mask=inside)
+    weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, rows, H, numel, TOP_K, ATOMIC, BM, BN)
 
 
 @tessera.kernel

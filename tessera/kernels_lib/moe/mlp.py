@@ -24,11 +24,12 @@ PERMUTE_COLUMNS = 128   # columns of x one permute program copies
 COMBINE_TOKENS = 16
 
 
-def tiles(block_m: int, t: torch.Tensor) -> plans.Plan:
-    """The plan for aligned blocks of `block_m` rows of tensors like `t` (see `plan.py`)."""
+def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = False) -> plans.Plan:
+    """The plan for aligned blocks of `block_m` rows of tensors like `t` (see `plan.py`): bf16 weights,
+    `quantized` ones, or `fp8` activations and weights."""
     if t.device.type == "cpu":
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
-    for shipped in plans.SHIPPED.values():
+    for shipped in (plans.FP8 if fp8 else plans.QUANTIZED if quantized else plans.SHIPPED).values():
         if shipped.BM == block_m:
             pipelined = t.dtype != torch.float32 and torch.version.hip is None
             return shipped if pipelined else shipped.without_pipelining()
@@ -159,7 +160,8 @@ def check_experts(x, w13, w2, weights, ids, activation) -> None:
 
 def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *,
             activation: str = "silu", atomic: bool = False, counts: Optional[torch.Tensor] = None,
-            chunk_counts: Optional[torch.Tensor] = None, block_m: Optional[int] = None) -> torch.Tensor:
+            chunk_counts: Optional[torch.Tensor] = None, block_m: Optional[int] = None,
+            fp8_activations: bool = False) -> torch.Tensor:
     """sum over j of weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: the routed experts.
 
     x is [T, H]; w13 [E, 2I, H] (`interleave_gate_up` of the gate and up
@@ -169,16 +171,32 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     deterministic (each pair's row, then a sum in slot order), or with
     `atomic` added with atomics into float32. Differentiable in x, w13, w2
     and weights (`autograd.py`). block_m: the row tile (default: `plan.plan`).
+
+    w13 and w2 may instead both be `quantized.QuantizedExperts` (int4 or
+    fp8, `quantize_experts`; w13 from `quantized.interleave`): the GEMMs
+    then dequantize the weights in registers (`quantized_mlp.py`); forward
+    only. With fp8 weights, `fp8_activations` also quantizes x and h per
+    token and group of 128 (DeepSeek-V3's W8A8, `fp8_mlp.py`; sm_89+).
     """
-    check_experts(x, w13, w2, weights, ids, activation)
-    from .autograd import experts_op
+    from .quantized import QuantizedExperts
+    quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
+    if quantized:
+        from .fp8_mlp import forward_fp8
+        from .quantized_mlp import check_quantized, forward_quantized
+        check_quantized(x, w13, w2, weights)
+        run = forward_fp8 if fp8_activations else forward_quantized
+    elif fp8_activations:
+        raise ValueError("tessera::moe: fp8_activations needs fp8 expert weights: quantize_experts(w, 'fp8')")
+    else:
+        from .autograd import experts_op as run
+        check_experts(x, w13, w2, weights, ids, activation)
     T, K = ids.shape
     if T == 0:
         return x.new_zeros((0, w2.shape[1]))
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, w13.shape[0]).BM
     sorted_ids, block_expert, offsets = align(ids, w13.shape[0], block_m, counts, chunk_counts)
-    return experts_op(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m, activation, atomic)
+    return run(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m, activation, atomic)
 
 
 def forward(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m: int, activation: str,

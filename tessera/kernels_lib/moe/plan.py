@@ -10,7 +10,8 @@ Three regimes, by how many rows an active expert gets on average (pairs
 * middle (<= 128 rows): 64-row tiles, 4 warps (wgmma m64 on sm_90a);
 * prefill: 128-row tiles, 8 warps (two wgmma warpgroups on sm_90a).
 
-Each plan compiles without register spills for sm_80, sm_90a (TMA-filled
+`QUANTIZED` holds the same regimes' tiles for int4 and fp8 weights. Each plan
+compiles without register spills for sm_80, sm_90a (TMA-filled
 rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
 test_moe_experts.py compiles every one). AMD targets get the same tiles
 with STAGES = 1: Tessera has no asynchronous global->shared copies there
@@ -50,6 +51,19 @@ DECODE = Plan(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
 MIDDLE = Plan(64, GemmTiles(64, 64, 3, 4), GemmTiles(128, 64, 3, 4))
 PREFILL = Plan(128, GemmTiles(64, 64, 3, 8), GemmTiles(128, 64, 3, 8))
 SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
+
+# Quantized weights (`quantized_mlp.py`) are dequantized in registers, next to the accumulator: at decode and
+# middle sizes gate_up's B block (2BN x BK) and, in the middle, down's BN are halved so that sm_80 (where
+# e4m3 -> bf16 is emulated in integer ops) does not spill; prefill's 8 warps have the registers.
+QUANTIZED = {"decode": replace(DECODE, gate_up=GemmTiles(32, 128, 4, 4)),
+             "middle": Plan(64, GemmTiles(32, 64, 3, 4), GemmTiles(64, 64, 3, 4)),
+             "prefill": PREFILL}
+
+# fp8 activations times fp8 weights (`fp8_mlp.py`) step K by the activations' scale group (128): the B block is
+# held at <= 64 rows (gate_up's BN = 32, down's 64; 16 and 32 at decode), where sm_90a spilled at 128.
+FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
+       "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
+       "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
 CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))
