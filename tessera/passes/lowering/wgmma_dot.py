@@ -142,7 +142,7 @@ def wgmma_dot(ctx, op, plan):
     nc = inst.c.local_size
     fragment = RegsType(acc.element, nc)
     attrs = dict(inst.attrs) | ({"trans_a": True} if a.mn_major else {}) | ({"trans_b": True} if b.mn_major else {})
-    group = ctx.index.digit(inst.lanes, plan.wm) if plan.wm > 1 else None     # this warpgroup's slab block
+    group = _warp_uniform(ctx, ctx.index.digit(inst.lanes, plan.wm)) if plan.wm > 1 else None  # its slab block
     single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
     c_regs = None if single else list(ctx.unpack(acc.value))
     results = []                    # (first register, fragment): read only after the wait
@@ -166,3 +166,10 @@ def wgmma_dot(ctx, op, plan):
         ctx.threads.barrier()               # before the dot's own buffers are written again
     ctx.define(op.result, Regs(result, plan.c), op)
 
+
+
+def _warp_uniform(ctx, value: Value) -> Value:
+    """`value` (the same in every lane of a warp) as lane 0's, through a shuffle: ptxas then knows it is
+    warp-uniform and keeps the descriptor arithmetic built on it in uniform registers (CUTLASS's
+    canonical_warp_group_idx does the same)."""
+    return ctx.hoist("shuffle", [value, ctx.const(0)], {"mode": "idx"}, type=value.type)
