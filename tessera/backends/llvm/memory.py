@@ -52,6 +52,12 @@ def _addptr(lw, op, ptr, offset):
     if pointee.is_subbyte:      # a bit address: offset * bits more
         wide = offset if offset.type == ptr.type else bld.sext(offset, ptr.type)   # unsigned ones are i64 now
         return bld.add(ptr, bld.mul(wide, int_constant(ptr.type, pointee.bits)))
+    if isinstance(ptr.type, ir.VectorType) and ptr.type.count == 1:
+        # One register: a scalar GEP. LLVM 22's AMDGPU code generation loops forever on a <1 x ptr> GEP whose
+        # index was narrowed (`offs % 3` at one element per thread: the DAG combiner turns the v1i64 zero_extend
+        # of the index into a BUILD_VECTOR and back, endlessly).
+        scalar = bld.gep(_lanes(lw, ptr, 0, 1), [_lanes(lw, offset, 0, 1)], source_etype=memory_type(pointee))
+        return bld.insert_element(ir.Constant(ptr.type, None), scalar, _index(0))
     return bld.gep(ptr, [offset], source_etype=memory_type(pointee))
 
 
