@@ -116,15 +116,18 @@ def _load(lw, op, ptr, mask=None, other=None):
         return _load_group(lw, ptr, mask, other, dtype, 1)
     if groups == 1 and k > 1:  # the whole register array is one access
         return _load_group(lw, _lanes(lw, ptr, 0, 1), _maybe_lane(lw, mask, 0), other, dtype, k)
+    # Every group's address, mask and fill are taken out of their vectors before the first guarded load, and
+    # the result is assembled after the last: no vector lives across the chain of branches (LLVM's code
+    # generation copies such a vector whole into every block that uses it: quadratic in the registers).
+    operands = [(_lanes(lw, ptr, g * k, 1), _maybe_lane(lw, mask, g * k), _lanes(lw, other, g * k, k))
+                for g in range(groups)]
+    values = [_load_group(lw, address, m, fill, dtype, k) for address, m, fill in operands]
     bld = lw.builder
-    result = other
-    for g in range(groups):
-        start = g * k
-        value = _load_group(lw, _lanes(lw, ptr, start, 1), _maybe_lane(lw, mask, start),
-                            _lanes(lw, other, start, k), dtype, k)
+    result = ir.Constant(result_type, ir.Undefined)
+    for g, value in enumerate(values):
         for i in range(k):
             lane = value if k == 1 else bld.extract_element(value, _index(i))
-            result = bld.insert_element(result, lane, _index(start + i))
+            result = bld.insert_element(result, lane, _index(g * k + i))
     return result
 
 
@@ -150,9 +153,11 @@ def _store(lw, op, ptr, value, mask=None):
     if not groups:
         _store_group(lw, ptr, value, mask, dtype, 1)
         return None
-    for g in range(groups):
-        start = g * k
-        _store_group(lw, _lanes(lw, ptr, start, 1), _lanes(lw, value, start, k), _maybe_lane(lw, mask, start), dtype, k)
+    # As for loads: every operand out of its vector before the chain of guarded stores.
+    operands = [(_lanes(lw, ptr, g * k, 1), _lanes(lw, value, g * k, k), _maybe_lane(lw, mask, g * k))
+                for g in range(groups)]
+    for address, v, m in operands:
+        _store_group(lw, address, v, m, dtype, k)
     return None
 
 
