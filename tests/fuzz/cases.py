@@ -8,7 +8,8 @@ A case is plain data (JSON round-trips it), so a failing one is saved as a file 
   BackendError that is not one of the two below), the documented way to refuse a kernel;
 * other exception: anything else (a KeyError from a pass, numpy's MemoryError): a defect;
 * crash: LLVM died in the compile worker (or, under `run.py`, the process running the case died);
-* hang: past the compile time limit (CompileTimeoutError), or past the case's time cap.
+* hang: past the compile time limit (CompileTimeoutError, or ptxas / ld.lld stopped at it), or past the
+  case's time cap.
 """
 
 from __future__ import annotations
@@ -80,7 +81,8 @@ def classify(exc: BaseException | None) -> Outcome:
         return Outcome(OK)
     text = str(exc).strip().splitlines()
     detail = f"{type(exc).__name__}: {text[-1][:300] if text else ''}"
-    if isinstance(exc, (CompileTimeoutError, CaseTimeout)):
+    if isinstance(exc, (CompileTimeoutError, CaseTimeout)) or (
+            isinstance(exc, BackendError) and "did not finish within" in str(exc)):     # ptxas, ld.lld past the limit
         return Outcome(HANG, detail)
     if isinstance(exc, BackendError) and "this process is unharmed" in str(exc):
         return Outcome(CRASH, detail)       # LLVM died in the compile worker

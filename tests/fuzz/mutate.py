@@ -135,11 +135,11 @@ def edit_arguments(tree, rng, case):
         call.args.pop(rng.randrange(len(call.args)))
     elif choice < 0.75 and call.keywords:
         call.keywords.pop(rng.randrange(len(call.keywords)))
-    else:
+    else:       # a keyword the call has takes the new value (a repeated keyword would not parse)
         keyword, values = rng.choice(KEYWORDS)
         value = rng.choice(values)
-        call.keywords.append(ast.keyword(keyword, ast.parse(repr(value) if not isinstance(value, str) else value,
-                                                            mode="eval").body))
+        node = ast.parse(repr(value) if not isinstance(value, str) else value, mode="eval").body
+        call.keywords = [k for k in call.keywords if k.arg != keyword] + [ast.keyword(keyword, node)]
 
 
 def edit_statements(tree, rng, case):

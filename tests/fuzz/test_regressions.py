@@ -1,0 +1,84 @@
+"""Every defect the fuzzer found, as the smallest kernel that showed it (the fuzz case is named in each test)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tessera
+
+
+@pytest.fixture(autouse=True)
+def bounded_compiles(monkeypatch):
+    """A regression to a hang fails in 20 s instead of waiting out the default limit."""
+    monkeypatch.setenv("TESSERA_COMPILE_TIMEOUT", "20")
+
+
+@tessera.kernel
+def dot_into_bool(a_ptr, b_ptr, c_ptr, M: tessera.constexpr):
+    r = tessera.arange(0, M)
+    a = tessera.load(a_ptr + r[:, None] * M + r[None, :])
+    b = tessera.load(b_ptr + r[:, None] * M + r[None, :])
+    acc = tessera.dot(a, b, tessera.zeros((M, M), tessera.bool_))
+    tessera.store(c_ptr + r[:, None] * M + r[None, :], acc)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_mutant_2_373_a_dot_into_a_bool_accumulator_is_a_type_error_at_its_line(target):
+    """Was a TypeRuleError from the lowering (FMA arithmetic on bool registers)."""
+    with pytest.raises(tessera.TypeMismatchError, match=r"must be a number, got tile<16x16xbool>; start it from "
+                                                         r"tessera.zeros\(\(16, 16\), tessera.f32\)") as info:
+        dot_into_bool.compile(signature="*f16:16,*f16:16,*f32:16", M=16, target=target)
+    assert "acc = tessera.dot(a, b, tessera.zeros((M, M), tessera.bool_))" in str(info.value)
+
+
+@tessera.kernel
+def scalar_pointer_widened(x_ptr, out_ptr, M: tessera.constexpr, N: tessera.constexpr):
+    rows = tessera.arange(0, M)
+    cols = tessera.arange(0, N)
+    x = tessera.load(tessera.expand_dims(x_ptr, 0) + rows[:, None] * N + cols[None, :])
+    tessera.store(out_ptr + rows, tessera.max(x, axis=1))
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_mutant_2_842_a_pointer_tile_made_from_a_scalar_pointer_compiles_in_any_layout(target):
+    """Was an AttributeError on gfx942: rebuilding `expand_dims(x_ptr, 0)` in another layout read the scalar
+    pointer's type as a tile's."""
+    assert scalar_pointer_widened.compile(signature="*f32:16,*f32:16", M=4, N=32, target=target).stages["llvm_ir"]
+    x = np.arange(128, dtype=np.float32)
+    out = np.zeros(4, np.float32)
+    scalar_pointer_widened[(1,)](x, out, M=4, N=32)
+    np.testing.assert_array_equal(out, x.reshape(4, 32).max(axis=1))
+
+
+@tessera.kernel
+def narrowed_to_f64(x_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    x = tessera.load(x_ptr + offs)
+    tessera.store(out_ptr + offs, (x + offs % 3).to(tessera.f64))
+
+
+def test_mutant_2_1530_a_one_register_cast_of_a_narrowed_value_compiles_for_amd():
+    """Was a hang in LLVM's AMDGPU code generation (a `<1 x i64>` zero_extend of `offs % 3`, narrowed to i8 by
+    the optimizer); one-register casts are now done on the scalar."""
+    compiled = narrowed_to_f64.compile(signature="*u32:16,*f64:16", BLOCK=128, num_warps=4, target="gfx942")
+    assert "zext <1 x i32>" not in compiled.stages["llvm_ir"] and "v_cvt_f64_u32" in compiled.stages["amdgcn"]
+
+
+@tessera.kernel
+def argmax_down(x_ptr, out_ptr, R: tessera.constexpr):
+    offs = tessera.arange(0, R)[:, None] + tessera.arange(0, 1)[None, :]
+    r = tessera.argmax(tessera.load(x_ptr + offs), axis=0, keep_dims=True)
+    tessera.store(out_ptr + tessera.arange(0, 1), tessera.reshape(r, (1,)))
+
+
+def test_unusual_2_500_an_argmax_down_a_tall_tile_folds_registers_before_lanes():
+    """Was ptxas past 30 s: folded in index order, an argmax over (4096, 1) at one warp shuffled all 128
+    registers of each lane (1,280 shuffles). Ties now break on the index, so registers fold first."""
+    compiled = argmax_down.compile(signature="*bf16:16,*i32:16", R=4096, num_warps=1, target="sm_80")
+    assert compiled.stages["thread_ir"].count(" shuffle ") <= 2 * 5
+    x = np.zeros(4096, np.float32)
+    x[[7, 300, 4000]] = 5.0         # a tie across registers and lanes: the smallest index wins
+    out = np.zeros(1, np.int32)
+    argmax_down[(1,)](x, out, R=4096)
+    assert out[0] == 7
