@@ -14,7 +14,9 @@ steps, each with an estimate and a hard bound, run in order:
   config.
 * tier 2 (the next 6 minutes): fp8 GEMM, the config sweep, the autotuned
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
-  quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py).
+  quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py), attention
+  forward/backward against SDPA flash and cuDNN and paged decode
+  (bench/attention.py, which stops starting rows after its `--budget`).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -26,7 +28,7 @@ killed when the budget runs out. Whatever happens, the output folder
 session goes: machine.txt, pytest.txt, log.txt, results.jsonl (one JSON line
 per test outcome and per benchmark row, appended as each finishes),
 summary.json (each finished benchmark's whole JSON plus the step timings),
-gemm_bf16.png and quant_gemm.png.
+gemm_bf16.png, quant_gemm.png and attention.png.
 
 `--dry-run` runs everything that needs no GPU (imports, test collection with
 the same pytest arguments, each benchmark's plan, the output files) so that a
@@ -50,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PER_TEST_TIMEOUT_S = 120
-PLOTS = ("gemm_bf16.png", "quant_gemm.png")
+PLOTS = ("gemm_bf16.png", "quant_gemm.png", "attention.png")
 OUTPUT_FILES = ("machine.txt", "pytest.txt", "log.txt", "results.jsonl", "summary.json", *PLOTS)
 
 
@@ -95,6 +97,7 @@ def steps(dry_run: bool) -> list[Step]:
         Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
              + (("--dry-run",) if dry_run else ())),
         Step("quant-gemm", 2, 120, 240, b("quant_gemm.py")),
+        Step("attention", 2, 150, 300, b("attention.py", "--budget", "240")),
     ]
 
 
@@ -255,6 +258,8 @@ def report_text(folder: Path) -> str:
                                                       in r else "")
                 + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
                 if "speedup" in r else "ERROR" if "error" in r else "WRONG"))
+        elif r["bench"] == "attention":
+            lines.append(attention_line(r))
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
@@ -264,6 +269,21 @@ def report_text(folder: Path) -> str:
                      if "graph_ratio" in r else "")
             lines.append(f"- {r['bench']} {shape}: {value}" + (f", reference {theirs:.0f}" if theirs else "") + graph)
     return "\n".join(lines)
+
+
+def attention_line(r: dict) -> str:
+    """A bench/attention.py row: tessera's TFLOP/s and its ratio to cuDNN's, or decode's latency and GB/s."""
+    if r["part"] == "decode":
+        head = f"- attention decode B={r['B']} context={r['context']}: "
+        if "tessera_graph_us" not in r:
+            return head + ("ERROR" if "error" in r or "tessera_error" in r else "WRONG")
+        return head + (f"{r['tessera_graph_us']:.1f} µs, {r['tessera_gbps']:.0f} GB/s"
+                       + (f" ({r['hbm_share']:.0%} of HBM)" if "hbm_share" in r else "")
+                       + (f", {r['vs_sdpa']:.2f}x SDPA" if "vs_sdpa" in r else ""))
+    head = f"- attention {r['part']} B={r['B']} S={r['S']} D={r['D']}{' causal' if r['causal'] else ''}: "
+    if "tessera_tflops" not in r:
+        return head + ("WRONG" if "tessera_wrong" in r else "ERROR")
+    return head + f"{r['tessera_tflops']:.0f} TFLOP/s" + (f" ({r['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in r else "")
 
 
 def main() -> None:

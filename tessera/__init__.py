@@ -8,6 +8,16 @@ The public API, in one place:
 * the language builtins (`program_id`, `arange`, `load`, `store`, `view`,
   `dot`, `sum`, `exp`, ...), each defined once in `tessera/dsl/language/`;
 * the data types (`f32`, `bf16`, `f8e4m3`, `u4`, ...) from `tessera/ir/dtypes.py`;
+* pointers as values: `pointer_type(dtype)` for `addr.to(...)`, and the host helper
+  `addresses(arrays)` for arrays of pointers (`tessera/dsl/language/pointers.py`);
+* `inline_asm_elementwise` (PTX / AMDGCN, validated before LLVM) and `asm_emulation`
+  (`tessera/dsl/language/asm.py`);
+* tile algorithms: `sort`, `topk`, `gather`, `join`, `split`, `interleave`, `histogram`
+  (`tessera/dsl/language/algorithms.py`);
+* hints the compiler trusts and the interpreter checks (`multiple_of`,
+  `max_contiguous`, `assume`; `tessera/dsl/language/hints.py`);
+* random numbers (`rand`, `randn`, `randint`, `randint4x`, ...: Philox4x32-10, Triton's
+  stream) and `umulhi` (`tessera/dsl/language/random.py`);
 * explicit shared memory and async copies (`shared`, `async_copy`,
   `async_commit`, `async_wait`, `barrier`, `mbarriers` and `bars[s].wait`;
   `tessera/dsl/language/shared.py`);
@@ -35,10 +45,12 @@ from .dsl.errors import (
 )
 from .backends.interp import InterpreterError
 from .runtime.errors import LaunchError
+from .passes.errors import PipelineWarning
 from .dsl.values import constexpr, pipeline, static_range
 from .dsl.function import func
 from .dsl.kernel import Kernel, kernel
-from .dsl.arguments import reinterpret
+from .dsl.arguments import addresses, reinterpret
+from .dsl.language.pointers import pointer_type
 from .dsl.stdlib import cdiv, next_power_of_2
 from .dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
 from .dsl.language.memory import (
@@ -57,6 +69,10 @@ from .dsl.language.scaled import dot_scaled
 from .dsl.language.debug import device_assert, device_print, static_assert, static_print
 from .dsl.language.layouts import convert_layout
 from .dsl.language.shared import async_commit, async_copy, async_wait, barrier, mbarriers, shared
+from .dsl.language.random import rand, rand4x, randint, randint4x, randn, randn4x, umulhi
+from .dsl.language.hints import assume, max_contiguous, multiple_of
+from .dsl.language.algorithms import gather, histogram, interleave, join, sort, split, topk
+from .dsl.language.asm import asm_emulation, inline_asm_elementwise
 from .ir import layouts
 from .dsl.autotune import Config, autotune
 from .dsl import tracebacks as _tracebacks

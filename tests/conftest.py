@@ -1,6 +1,11 @@
 """Suite-wide fixtures and the `gpu` marker's skip rule."""
 
+import os
+from pathlib import Path
+
 import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def pytest_collection_modifyitems(config, items):
@@ -16,6 +21,16 @@ def pytest_collection_modifyitems(config, items):
                 item.add_marker(skip_amd)
         elif "gpu" in item.keywords and not cuda.driver_available():
             item.add_marker(skip_nvidia)
+
+
+@pytest.fixture(autouse=True, scope="session")
+def children_import_this_checkout():
+    """Python child processes that tests start (scripts that `import tessera`) import the tessera under test,
+    not whatever copy is installed, or none."""
+    mp = pytest.MonkeyPatch()
+    mp.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")])))
+    yield
+    mp.undo()
 
 
 @pytest.fixture(autouse=True, scope="session")

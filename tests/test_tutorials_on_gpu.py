@@ -47,6 +47,25 @@ def test_matmul_on_the_gpu():
     assert_close(c, (a.float() @ b.float()).half(), rtol=1e-2, atol=1e-2, matmul=(a, b, 32))
 
 
+def test_dropout_and_the_grouped_gemm_on_the_gpu():
+    file = "07-dropout-and-grouped-gemm.py"
+    dropout, grouped_gemm = tutorial(file, "dropout"), tutorial(file, "grouped_gemm")
+    reference_dropout = tutorial(file, "reference_dropout")
+    x = torch.randn(10_000, device="cuda")
+    out = torch.empty_like(x)
+    dropout[(10,)](x, out, 10_000, 0.2, 1234, BLOCK=1024)
+    assert_close(out.cpu(), torch.from_numpy(reference_dropout(x.cpu().numpy(), 0.2, 1234)), rtol=0, atol=0)
+    shapes = [(48, 32, 64), (16, 64, 32), (80, 16, 16)]
+    a = [torch.randn(m, k, device="cuda", dtype=torch.float16) for m, n, k in shapes]
+    b = [torch.randn(k, n, device="cuda", dtype=torch.float16) for m, n, k in shapes]
+    c = [torch.zeros(m, n, device="cuda") for m, n, k in shapes]
+    sizes = torch.tensor(shapes, dtype=torch.int32, device="cuda").reshape(-1)
+    grouped_gemm[(15, 3)](tessera.addresses(a), tessera.addresses(b), tessera.addresses(c), sizes, BM=16, BN=16,
+                          BK=16)
+    for ai, bi, ci in zip(a, b, c):
+        assert_close(ci, ai.float() @ bi.float(), rtol=1e-3, atol=1e-3)
+
+
 def test_a_launch_replays_inside_a_cuda_graph():
     add = tutorial("01-vector-add.py", "add")
     n = 4096

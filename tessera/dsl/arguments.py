@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..ir import dtypes as dt
+from ..backends.interp import addresses as interp_addresses
 from ..ir.types import PointerType, ScalarType
 from .errors import KernelArgumentError
 from .source import KernelSource
@@ -73,6 +74,37 @@ def _check_reinterpretable(bits: int, name: str, dtype: dt.DType) -> None:
     elif bits != dtype.bits:
         raise TypeError(f"cannot view {name} elements ({bits} bits) as {dtype.name} ({dtype.bits} bits); use a "
                         f"{dtype.storage_dtype} array")
+
+
+def addresses(arrays) -> Any:
+    """The data addresses of `arrays`, as a 1-D int64 array for a kernel to load and convert to pointers
+    (`tessera.load(ptrs + g).to(tessera.pointer_type(tessera.f16))`): a grouped GEMM over separate allocations.
+
+    numpy arrays (or CPU torch tensors, or `reinterpret`ed ones) give a numpy array, and the CPU interpreter
+    may then follow those addresses -- every access bounds-checked against the array it lands in. CUDA
+    tensors give an int64 tensor on their device (`t.data_ptr()` each).
+    """
+    arrays = list(arrays)
+    if arrays and type(arrays[0]).__module__.startswith("torch") and arrays[0].device.type != "cpu":
+        import torch
+        return torch.tensor([t.data_ptr() for t in arrays], dtype=torch.int64, device=arrays[0].device)
+    found, kept = [], []
+    for array in arrays:
+        numpy_array = _as_numpy(array.array if isinstance(array, TypedArray) else array)
+        if numpy_array is None:
+            raise TypeError(f"tessera.addresses takes numpy arrays or torch tensors, got {type(array).__name__}")
+        found.append(interp_addresses.register(numpy_array))
+        kept.append(numpy_array)
+    result = np.array(found, dtype=np.uint64).view(np.int64).view(AddressArray)
+    result.targets = kept
+    return result
+
+
+class AddressArray(np.ndarray):
+    """The int64 addresses `tessera.addresses` returns; it keeps the arrays they point into alive (`targets`),
+    so the interpreter can follow them for as long as the addresses are used."""
+
+    targets: list
 
 
 @dataclass(frozen=True)

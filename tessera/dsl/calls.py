@@ -32,8 +32,8 @@ from . import operators
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnknownNameError, UnsupportedSyntaxError
 from .function import DeviceFunction
 from .scope import (
-    Frame, admit_global, describe, is_compile_time_function, is_constexpr_value, is_math_function,
-    python_builtin_name, suggest,
+    RETURN_VALUE, RETURNED, Frame, admit_global, describe, is_compile_time_function, is_constexpr_value,
+    is_math_function, python_builtin_name, suggest,
 )
 from .values import BUILTINS, Builtin, Tensor, constexpr, pipeline, static_range
 
@@ -191,7 +191,19 @@ def inline(gen: "Tracer", func: DeviceFunction, args: list[Any], kwargs: dict[st
             gen.visit_block(source.tree.body)
     finally:
         gen.inlining.pop()
-    return frame.return_value
+    return _returned_value(gen, func, frame)
+
+
+def _returned_value(gen: "Tracer", func: DeviceFunction, frame: Frame) -> Any:
+    """What the inlined helper returns: its compile-time `return`'s value, or the value its returns inside
+    runtime control flow left in RETURN_VALUE -- which needs every path to return."""
+    if RETURN_VALUE not in frame.variables:
+        return frame.return_value
+    value = frame.variables[RETURN_VALUE]
+    if value is not None and frame.variables[RETURNED] is not True:
+        gen.error(f"helper '{func.__name__}' returns a value on some paths but reaches its end on others; end it "
+                  f"with a `return`")
+    return value
 
 
 def contains_tensor(value: Any) -> bool:

@@ -166,6 +166,21 @@ def unify_branches(gen: "Tracer", name: str, a: Any, b: Any, blocks: tuple[Block
     return results[0], results[1]
 
 
+def return_value_placeholders(gen: "Tracer", a: Any, b: Any, blocks: tuple[Block, Block]) -> tuple[Any, Any]:
+    """A helper's RETURN_VALUE set in one branch of an `if` only: the other branch, which has not returned,
+    gets a stand-in of the same type (zeros, or the same Python value), never read since that path returns
+    later or the helper's end reports it."""
+    if (a is MISSING) == (b is MISSING):
+        return a, b
+    value, missing = (a, 1) if b is MISSING else (b, 0)
+    if isinstance(value, Tensor):
+        with gen.builder.at(blocks[missing]):
+            stand_in = constant_of_type(gen, False if value.dtype.is_bool else 0, value.type)
+    else:
+        stand_in = value
+    return (stand_in, value) if missing == 0 else (value, stand_in)
+
+
 def widest(types: list[Type]) -> Type:
     """The tile type when a scalar meets a tile of its element type (the scalar is splat), else the first."""
     tiles = [t for t in types if isinstance(t, TileType)]

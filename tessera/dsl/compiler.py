@@ -19,7 +19,16 @@ stage is also written to one folder per specialization, `DIR/<kernel>-<target>-<
 IR>/<kernel>.<stage>.<ext>` (`DIR/<kernel>-interpreter-<hash>/` holds the tile IR of interpreter runs). A kernel that is
 valid but cannot be lowered as configured (a pinned layout for the wrong
 number of threads, more shared memory than the block has) is a
-`CompileError` at the offending op's source line.
+`CompileError` at the offending op's source line, and so is every refusal
+of a backend (a dtype, an op or a math function the target lacks): the
+backends' `CodegenError`s never leave `compile_tile_module`. A failure of
+LLVM or ptxas itself is a compiler bug: a `CompileError` that says so.
+A `tessera.pipeline` loop that gets less than it asked for (fewer stages,
+no async copies, no TMA, no warp specialization) is a `PipelineWarning` at
+the loop's line, or a `CompileError` in strict mode (`TESSERA_STRICT=1` or
+`strict=True`). Device-side `print` and `assert` are compiled in debug
+builds only (`TESSERA_DEBUG=1` or `debug=True`; vprintf and a trap on
+NVIDIA, a trap for assert on AMD), and dropped otherwise.
 """
 
 from __future__ import annotations
@@ -27,6 +36,7 @@ from __future__ import annotations
 import hashlib
 import os
 import time
+import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -35,12 +45,14 @@ from ..ir.core import Function, Module
 from ..ir.printer import print_module
 from ..ir.target import get_target
 from ..ir.tensor_map import kernel_recipes
-from ..passes.errors import LoweringError
+from ..backends.llvm.errors import BackendError, CodegenError
+from ..passes.errors import LoweringError, PipelineWarning
 from ..passes.manager import PassManager
 from ..passes.tile_passes import default_tile_passes
 from ..passes.thread_passes import lower
 from ..passes.rewrite import clone_function
 from .errors import CompileError
+from .modes import STRICT_ENV, debug_mode, strict_mode
 
 STAGE_EXTENSIONS = {"tile_ir": "tile.ir", "optimized_tile_ir": "opt.tile.ir", "thread_ir": "thread.ir",
                     "llvm_ir": "ll", "ptx": "ptx", "amdgcn": "s"}
@@ -83,8 +95,11 @@ class CompiledKernel:
         return written
 
 
-def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4) -> CompiledKernel:
-    """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD)."""
+def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4,
+                        strict: bool | None = None, debug: bool | None = None) -> CompiledKernel:
+    """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD). `strict` (default:
+    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning;
+    `debug` (default: $TESSERA_DEBUG) keeps device-side print and assert."""
     description = get_target(target)
     if description.vendor not in BINARY_EXTENSIONS:
         raise ValueError(f"target {target} is not supported: no backend for {description.vendor} GPUs")
@@ -107,9 +122,12 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     stages["optimized_tile_ir"] = print_module(optimized)
     lap("tile_passes")
     try:
-        threads = lower(optimized, description, num_warps=num_warps)
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", PipelineWarning)
+            threads = lower(optimized, description, num_warps=num_warps, debug=debug_mode(debug))
     except LoweringError as exc:
         raise _compile_error(exc, fn) from None
+    _report_shortfalls(caught, fn, strict_mode(strict))
     stages["thread_ir"] = print_module(threads)
     lap("lower_to_threads")
     thread_fn = threads.functions[0]
@@ -123,12 +141,12 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
     if recipes:     # hidden tensormap parameters (TMA loads): what a launcher builds them from
         names = [a.name_hint for a in thread_fn.args]
         metadata["tensor_maps"] = [r.to_json(names) for r in recipes]
-    if description.vendor == "amd":
-        binary = _amdgpu(thread_fn, description, stages, metadata)
-        lap("llvm_amdgcn_lld")
-    else:
-        binary = _nvptx(thread_fn, description, stages, metadata)
-        lap("llvm_ptx_ptxas")
+    backend = _amdgpu if description.vendor == "amd" else _nvptx
+    try:
+        binary = backend(thread_fn, description, stages, metadata)
+    except BackendError as exc:
+        raise _backend_compile_error(exc, fn, thread_fn, description.name) from exc
+    lap("llvm_amdgcn_lld" if description.vendor == "amd" else "llvm_ptx_ptxas")
     compiled = CompiledKernel(fn.name, target, stages, binary, metadata)
     dump_dir = os.environ.get("TESSERA_DUMP")
     if dump_dir:
@@ -152,6 +170,22 @@ def dump_interpreted(module: Module) -> None:
         folder = dump_folder(root, name, "interpreter", text)
         folder.mkdir(parents=True, exist_ok=True)
         (folder / f"{name}.{STAGE_EXTENSIONS['tile_ir']}").write_text(text)
+
+
+def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:
+    """Each PipelineWarning of the lowering at the user's source line: shown as a warning, or raised as a
+    CompileError in strict mode. Other warnings pass on as they were."""
+    for record in caught:
+        warning = record.message
+        if not isinstance(warning, PipelineWarning):
+            warnings.warn_explicit(warning, record.category, record.filename, record.lineno)
+            continue
+        if strict:
+            raise _located(f"{warning.message} (an error in strict mode: ${STRICT_ENV} or strict=True)",
+                           warning.loc, fn)
+        loc = warning.loc or fn.loc
+        warnings.warn_explicit(PipelineWarning(f"kernel '{fn.name}': {warning.message}", loc), PipelineWarning,
+                               loc.file if loc else "<kernel>", loc.line if loc else 0)
 
 
 def _nvptx(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes | None:
@@ -180,7 +214,25 @@ def _amdgpu(thread_fn: Function, target, stages: dict, metadata: dict) -> bytes 
 
 def _compile_error(exc: LoweringError, fn: Function) -> CompileError:
     """A LoweringError as the user sees it: at the op's source line (else the kernel's), naming the kernel."""
-    loc = exc.loc or fn.loc
     what = f"cannot lower '{exc.op.name}': " if exc.op is not None else ""
-    return CompileError(what + exc.message, kernel=exc.kernel or fn.name, file=loc.file if loc else None,
+    return _located(what + exc.message, exc.loc, fn)
+
+
+def _backend_compile_error(exc: BackendError, fn: Function, thread_fn: Function, target: str) -> CompileError:
+    """A backend's refusal (CodegenError) at the op's source line; LLVM's or the assembler's failure at the
+    kernel's inline assembly when it has some (its text is theirs to read), else as the internal error it is."""
+    if isinstance(exc, CodegenError):
+        what = f"`{exc.op_name}` " if exc.op_name else ""
+        return _located(f"cannot compile {what}for {target}: {exc.message}", exc.loc, fn)
+    asm = next((op for op in thread_fn.walk() if op.name == "inline_asm"), None)
+    if asm is not None:
+        return _located(f"the {target} toolchain rejected the kernel, which has inline assembly (here, and "
+                        f"maybe elsewhere); check it is valid for {target}: {exc}", asm.loc, fn)
+    return _located(f"internal compiler error while generating code for {target}: {exc}; please report it with "
+                    f"the kernel", None, fn)
+
+
+def _located(message: str, loc, fn: Function) -> CompileError:
+    loc = loc or fn.loc
+    return CompileError(message, kernel=fn.name, file=loc.file if loc else None,
                         line=loc.line if loc else None, column=loc.column if loc else None)

@@ -26,9 +26,9 @@ from ..ir import dtypes as dt
 from ..ir.core import Block
 from ..ir.types import ScalarType
 from . import loop_exits, operators
-from .carried import MISSING, Carried, same_value, trace_region, unify_branches
+from .carried import MISSING, Carried, return_value_placeholders, same_value, trace_region, unify_branches
 from .errors import CompileError, ConstexprError, TypeMismatchError, UnsupportedSyntaxError
-from .scope import Unbound, describe, hint_of
+from .scope import RETURN_VALUE, Unbound, describe, hint_of
 from .values import Tensor, pipeline, static_range
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ def runtime_if(gen: "Tracer", predicate: Tensor, then: Callable[[], None], orels
     names, then_values, else_values = [], [], []
     for name in dict.fromkeys([*then_vars, *else_vars]):
         a, b = then_vars.get(name, MISSING), else_vars.get(name, MISSING)
+        if name == RETURN_VALUE:
+            a, b = return_value_placeholders(gen, a, b, blocks)
         if same_value(a, b):
             after[name] = a
         elif isinstance(a, Unbound) or isinstance(b, Unbound):
@@ -98,13 +100,14 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
         if not isinstance(node.target, ast.Name):
             gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
                                       UnsupportedSyntaxError)
-        if loop_exits.has_exit(node.body, ast.Break):
+        if loop_exits.has_exit(node.body, ast.Break) or loop_exits.has_return(node.body):
             if func is pipeline:
-                gen.error("a tessera.pipeline loop cannot `break` (its copies run ahead of the iterations); "
-                          "loop over range(...) instead", UnsupportedSyntaxError)
+                gen.error("a tessera.pipeline loop cannot `break` or `return` (its copies run ahead of the "
+                          "iterations); loop over range(...) instead", UnsupportedSyntaxError)
             loop_exits.lower_for_with_break(gen, node, *bounds)
         else:
             runtime_for(gen, node, *bounds, stages=stages, warp_specialize=specialize)
+        loop_exits.after_loop(gen)
         return
     values = gen.visit(iterable)
     if isinstance(values, static_range):
@@ -113,6 +116,7 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
         gen.at(iterable).error(f"cannot loop over {describe(values)}; loop over range(...), "
                                f"tessera.static_range(...) or a compile-time tuple")
     unroll(gen, node, values)
+    loop_exits.after_loop(gen)
 
 
 def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool]:
@@ -230,24 +234,24 @@ def unroll(gen: "Tracer", node: ast.For, values: tuple) -> None:
 def lower_while(gen: "Tracer", node: ast.While) -> None:
     if node.orelse:
         gen.error("`while ... else` is not supported in kernels; use a flag variable", UnsupportedSyntaxError)
-    has_break = loop_exits.has_exit(node.body, ast.Break)
+    exits = loop_exits.has_exit(node.body, ast.Break) or loop_exits.has_return(node.body)
+    flags = loop_exits.exit_flags(node.body) if exits else {}
     line, before = gen.line(), gen.frame.variables
     parent, mark = gen.builder.block, len(gen.builder.block.ops)
     carried = Carried(gen, node.body)
-    lead_types = [ScalarType(dt.bool_)] if has_break else []
     for _ in range(MAX_LOOP_TRACES):
-        types = [*lead_types, *carried.types]
-        hints = [*(["broke"] if has_break else []), *carried.hints]
+        types = [*[ScalarType(dt.bool_)] * len(flags), *carried.types]
+        hints = [*flags.values(), *carried.hints]
         condition_block, body = Block(types, hints), Block(types, hints)
         variables = dict(before)
-        carried.bind(variables, condition_block.args[len(lead_types):], line)
+        carried.bind(variables, condition_block.args[len(flags):], line)
         keep_going = trace_region(gen, condition_block, variables,
-                                  lambda: while_condition(gen, node, condition_block.args[:len(lead_types)]))
+                                  lambda: while_condition(gen, node, condition_block.args[:len(flags)]))
         if keep_going is None:     # compile-time false: the loop never runs
             del parent.ops[mark:]
             return
         variables = loop_exits.start_iteration(dict(before))
-        carried.bind(variables, body.args[len(lead_types):], line)
+        carried.bind(variables, body.args[len(flags):], line)
         trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
         yields = carried.yields(variables, body, line)
         if yields is None:
@@ -256,18 +260,21 @@ def lower_while(gen: "Tracer", node: ast.While) -> None:
         with gen.builder.at(condition_block):
             gen.builder.create("condition", [keep_going.value, *condition_block.args], result_types=[])
         with gen.builder.at(body):
-            lead = [loop_exits.flag_tensor(gen, variables[loop_exits.BROKE])] if has_break else []
+            lead = [loop_exits.flag_tensor(gen, variables[flag]) for flag in flags]
             gen.builder.create("yield", [v.value for v in [*lead, *yields]])
-        inits = [*([loop_exits.constant_flag(gen, False)] if has_break else []), *carried.inits]
+        inits = [*[loop_exits.constant_flag(gen, False)] * len(flags), *carried.inits]
         op = gen.builder.create("while", [t.value for t in inits], result_types=types,
                                 regions=[condition_block, body], result_names=hints)
-        gen.frame.rebind(carried.leave(before, variables, op.results[len(lead_types):], line))
+        after = carried.leave(before, variables, op.results[len(flags):], line)
+        gen.frame.rebind(loop_exits.leave_exits(after, flags, op.results))
+        loop_exits.after_loop(gen)
         return
     unsettled(gen, carried)
 
 
 def while_condition(gen: "Tracer", node: ast.While, lead: list) -> Tensor | None:
-    """The condition region's `keep going` flag; None when the condition is compile-time false."""
+    """The condition region's `keep going` flag; None when the condition is compile-time false. `lead` holds
+    the loop's exit flags (`broke` first) when its body can break or return."""
     has_break = bool(lead)
     if not has_break:
         condition = gen.visit(node.test)

@@ -26,6 +26,7 @@ from ..runtime.cache import BinaryCache, CacheEntry
 from ..runtime.cache_key import cache_key
 from ..runtime.errors import LaunchError
 from .arguments import BoundArguments, DeviceArray, TypedArray
+from .modes import debug_mode
 from .errors import KernelArgumentError
 
 if TYPE_CHECKING:
@@ -41,14 +42,19 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
     from ..ir.target import get_target  # imported on first use: `import tessera` stays light
 
     callees, constants = kernel.dependencies
-    options = {"num_warps": num_warps, "globals": constants, **_tool_identity(get_target(target).vendor)}
+    debug = debug_mode()
+    options = {"num_warps": num_warps, "globals": constants, "debug": debug,
+               **_tool_identity(get_target(target).vendor)}
+    if kernel.fast_math:
+        options["fast_math"] = True
     key = cache_key(kernel.source.source_hash, callees, bound.key, options, target)
 
     def compile_now() -> CacheEntry:
         from .compiler import compile_tile_module
 
         module = kernel._specialization(bound).module
-        return CacheEntry.from_compiled(compile_tile_module(module, target=target, num_warps=num_warps))
+        return CacheEntry.from_compiled(compile_tile_module(module, target=target, num_warps=num_warps,
+                                                            debug=debug))
 
     return BinaryCache().get_or_compile(key, compile_now)
 

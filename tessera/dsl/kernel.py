@@ -67,9 +67,10 @@ class Specialization:
 class Kernel:
     """A traced, launchable tile kernel. Create with `@tessera.kernel`."""
 
-    def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = ()):
+    def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = (), fast_math: bool = False):
         self.fn = fn
         self.source = KernelSource.of(fn)
+        self.fast_math = bool(fast_math)
         names = self.source.param_names
         self.do_not_specialize = frozenset(names[p] if isinstance(p, int) else p for p in do_not_specialize)
         unknown = self.do_not_specialize - set(names)
@@ -130,6 +131,8 @@ class Kernel:
         """The verified tile IR for `params`; every error names this kernel."""
         try:
             module = build_kernel_ir(self.source, list(params))
+            if self.fast_math:      # recorded on the IR, so every stage and the cache key see it
+                module.functions[0].attrs["fast_math"] = True
             verify_module(module)
         except CompileError as exc:
             raise exc.with_kernel(self.name) from None
@@ -139,11 +142,15 @@ class Kernel:
         return module
 
     def compile(self, *args, target: str = "sm_80", num_warps: int = 4, signature: str | None = None,
-                **kwargs) -> "CompiledKernel":
+                strict: bool | None = None, debug: bool | None = None, **kwargs) -> "CompiledKernel":
         """Compile to GPU code for `target`, keeping every stage (see `tessera/dsl/compiler.py`).
 
         Pass the launch's arguments (arrays and scalars, or just constexprs
         with `signature="*f32:16,*f32:16,i32"`) to pick the specialization.
+        `strict=True` (default: $TESSERA_STRICT) makes a `tessera.pipeline`
+        that gets less than it asked for an error instead of a warning;
+        `debug=True` (default: $TESSERA_DEBUG) compiles device-side print and
+        assert in.
         """
         from .compiler import compile_tile_module  # imports the GPU compile path only when asked for
 
@@ -155,7 +162,7 @@ class Kernel:
             module = self._trace(params)
         else:
             module = self.specialize(*args, **kwargs).module
-        return compile_tile_module(module, target=target, num_warps=num_warps)
+        return compile_tile_module(module, target=target, num_warps=num_warps, strict=strict, debug=debug)
 
     # -- launching --------------------------------------------------------
 
@@ -217,8 +224,15 @@ class Kernel:
         return grid
 
 
-def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Iterable[str | int] = ()):
-    """Decorate a Python function as a tile kernel: `@tessera.kernel` or `@tessera.kernel(do_not_specialize=["n"])`."""
+def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Iterable[str | int] = (),
+           fast_math: bool = False):
+    """Decorate a Python function as a tile kernel: `@tessera.kernel` or `@tessera.kernel(do_not_specialize=["n"])`.
+
+    `fast_math=True` lets GPU code trade accuracy for speed in f32 math: exp/exp2/log/log2 on the hardware
+    approximations (ex2.approx.ftz, lg2.approx.ftz on NVIDIA; the native instructions on AMD), division by a
+    reciprocal, and a * b + c fused into one fma. Infinities and NaNs keep their meaning (masks with -inf
+    still work). The CPU interpreter computes exactly either way. Library kernels (attention) opt in.
+    """
     if fn is None:
-        return lambda f: Kernel(f, do_not_specialize)
-    return Kernel(fn, do_not_specialize)
+        return lambda f: Kernel(f, do_not_specialize, fast_math)
+    return Kernel(fn, do_not_specialize, fast_math)

@@ -5,17 +5,19 @@ Early exits are traced as flags, pseudo-variables of the frame (`scope.py`):
 
 1. Each loop iteration starts with `broke = continued = False`. `break`
    sets `broke = True`, `continue` sets `continued = True`, `return` sets
-   `returned = True` (returns are only allowed outside runtime control flow).
+   `returned = True` (and, inside a loop, `broke = True` as well: a return
+   leaves every enclosing loop).
 2. A statement list stops at a flag that is True at compile time: what
    follows is dead. This alone gives break/continue/return under a
    constexpr `if`, and in unrolled loops, their Python meaning.
 3. Set inside a runtime `if`, a flag becomes one of the `if`'s results (a
    traced bool). The statements after it are then wrapped in
-   `if not (broke or continued): ...`, so they run only on the paths that
-   did not exit.
+   `if not (broke or continued or returned): ...`, so they run only on the
+   paths that did not exit.
 4. `continue` needs nothing more: the flag is reset for the next iteration.
-   A runtime `for` whose body has a `break` becomes an IR `while` that
-   carries the induction variable and `broke` and stops when either says so:
+   A runtime `for` whose body has a `break` (or a `return`, at any depth)
+   becomes an IR `while` that carries the induction variable and `broke`
+   and stops when either says so:
 
        for i in range(lb, ub, st):              i, broke, x = lb, False, x0
            x = f(x)                             while i < ub and not broke:   # i > ub when st < 0
@@ -27,8 +29,13 @@ Early exits are traced as flags, pseudo-variables of the frame (`scope.py`):
 
    A `while` loop with a `break` carries `broke` the same way; its
    condition region evaluates the user's condition only while not broke.
-   An unrolled loop stops unrolling at a compile-time break and guards the
-   remaining iterations with `if not broke` after a runtime one.
+   A loop holding a `return` also carries `returned` out, and after it an
+   enclosing loop's `broke` is set to `returned`, so the return leaves
+   that loop too. An unrolled loop stops unrolling at a compile-time break
+   and guards the remaining iterations with `if not broke` after a runtime one.
+5. A helper's `return value` inside runtime control flow stores the value
+   in the pseudo-variable `RETURN_VALUE`, merged across branches like any
+   variable; the helper's result is its value at the end.
 """
 
 from __future__ import annotations
@@ -42,7 +49,8 @@ from ..ir.core import Block
 from ..ir.types import ScalarType
 from . import control_flow
 from .carried import Carried, trace_region
-from .scope import BROKE, CONTINUED, EXIT_FLAGS
+from .errors import UnsupportedSyntaxError
+from .scope import BROKE, CONTINUED, EXIT_FLAGS, RETURN_VALUE, RETURNED
 from .values import Tensor
 
 if TYPE_CHECKING:
@@ -68,6 +76,11 @@ def has_exit(stmts: list[ast.stmt], kind: type[ast.stmt]) -> bool:
     return False
 
 
+def has_return(stmts: list[ast.stmt]) -> bool:
+    """Whether `stmts` hold a `return`, nested loops and ifs included."""
+    return any(isinstance(node, ast.Return) for stmt in stmts for node in ast.walk(stmt))
+
+
 def trace_statements(gen: "Tracer", stmts: list[ast.stmt]) -> None:
     """Trace `stmts`, stopping at a compile-time exit and guarding what follows a runtime one."""
     for index, stmt in enumerate(stmts):
@@ -82,8 +95,8 @@ def trace_statements(gen: "Tracer", stmts: list[ast.stmt]) -> None:
 
 
 def runtime_exit(gen: "Tracer") -> Tensor | None:
-    """`broke or continued` when either is a traced bool, else None."""
-    flags = [gen.frame.variables.get(f) for f in (BROKE, CONTINUED)]
+    """`broke or continued or returned` when any is a traced bool, else None."""
+    flags = [gen.frame.variables.get(f) for f in EXIT_FLAGS]
     flags = [f for f in flags if isinstance(f, Tensor)]
     if not flags:
         return None
@@ -94,17 +107,60 @@ def runtime_exit(gen: "Tracer") -> Tensor | None:
 
 
 def guard(gen: "Tracer", exiting: Tensor, rest: list[ast.stmt]) -> None:
-    """`if not exiting: rest` (the else branch keeps every variable as it is)."""
+    """`if not exiting: rest` (the else branch keeps every variable as it is, but a lone traced `returned`
+    is known true there, so that a helper whose every path returns is seen to)."""
+    traced = [flag for flag in EXIT_FLAGS if isinstance(gen.frame.variables.get(flag), Tensor)]
     with gen.located(rest[0]):
         keep_going = Tensor(gen.builder.create("not", [exiting.value]).result)
 
         def then() -> None:
-            for flag in (BROKE, CONTINUED):      # known false on this path
-                if isinstance(gen.frame.variables.get(flag), Tensor):
-                    gen.frame.variables[flag] = False
+            for flag in traced:                  # known false on this path
+                gen.frame.variables[flag] = False
             trace_statements(gen, rest)
 
-        control_flow.runtime_if(gen, keep_going, then, lambda: None)
+        def orelse() -> None:
+            if traced == [RETURNED]:
+                gen.frame.variables[RETURNED] = True
+
+        control_flow.runtime_if(gen, keep_going, then, orelse)
+
+
+def visit_return(gen: "Tracer", node: ast.Return) -> None:
+    """`return`: set `returned` (and `broke`, inside a loop); a helper's value is kept for its caller."""
+    frame = gen.frame
+    value = None if node.value is None else gen.visit(node.value)
+    if frame.is_kernel and value is not None:
+        gen.error("kernels cannot return values; store results through a pointer or view argument",
+                  UnsupportedSyntaxError)
+    if not frame.is_kernel:
+        if frame.region_depth == 0:
+            frame.return_value = value
+        else:
+            _runtime_return_value(gen, value)
+    frame.variables[RETURNED] = True
+    if BROKE in frame.variables:        # inside a loop: leave it (after_loop leaves the enclosing ones)
+        frame.variables[BROKE] = True
+
+
+def _runtime_return_value(gen: "Tracer", value: Any) -> None:
+    """A helper's `return value` under runtime control flow: the value goes into RETURN_VALUE."""
+    frame = gen.frame
+    where = f"helper '{frame.source.name}'"
+    if value is not None and BROKE in frame.variables:
+        gen.error(f"`return` with a value inside a runtime loop of {where} is not supported; `break` out of the "
+                  f"loop with the value in a variable and return it after the loop", UnsupportedSyntaxError)
+    if isinstance(value, tuple) or (isinstance(value, Tensor) and value.dtype is None):
+        gen.error(f"`return` of {'a tuple' if isinstance(value, tuple) else value.type} inside a runtime `if` of "
+                  f"{where} is not supported (only numbers and tiles of numbers merge across branches); assign "
+                  f"the values in the branches and return them after the `if`", UnsupportedSyntaxError)
+    frame.variables[RETURN_VALUE] = value
+
+
+def after_loop(gen: "Tracer") -> None:
+    """A `return` inside a loop that just ended leaves the enclosing loop too."""
+    variables = gen.frame.variables
+    if BROKE in variables and variables[RETURNED] is not False:
+        variables[BROKE] = variables[RETURNED]
 
 
 def visit_break(gen: "Tracer") -> None:
@@ -164,8 +220,9 @@ def lower_for_with_break(gen: "Tracer", node: ast.For, start: Tensor, stop: Tens
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
     index = start.type
+    flags = exit_flags(node.body)
     for _ in range(control_flow.MAX_LOOP_TRACES):
-        types, hints = [index, BOOL, *carried.types], [target, "broke", *carried.hints]
+        types, hints = [index, *[BOOL] * len(flags), *carried.types], [target, *flags.values(), *carried.hints]
         condition_block, body = Block(types, hints), Block(types, hints)
         with gen.builder.at(condition_block):
             iv, broke = condition_block.args[:2]
@@ -175,7 +232,7 @@ def lower_for_with_break(gen: "Tracer", node: ast.For, start: Tensor, stop: Tens
             gen.builder.create("condition", [keep_going, *condition_block.args], result_types=[])
         variables = start_iteration(dict(before))
         variables[target] = Tensor(body.args[0])
-        carried.bind(variables, body.args[2:], line)
+        carried.bind(variables, body.args[1 + len(flags):], line)
         trace_region(gen, body, variables, lambda: gen.visit_block(node.body))
         yields = carried.yields(variables, body, line)
         if yields is None:
@@ -183,14 +240,28 @@ def lower_for_with_break(gen: "Tracer", node: ast.For, start: Tensor, stop: Tens
             continue
         with gen.builder.at(body):
             next_iv = gen.builder.create("add", [body.args[0], step.value]).result
-            broke_out = flag_tensor(gen, variables[BROKE])
-            gen.builder.create("yield", [next_iv, broke_out.value, *(v.value for v in yields)])
-        inits = [start, constant_flag(gen, False), *carried.inits]
+            exits = [flag_tensor(gen, variables[flag]) for flag in flags]
+            gen.builder.create("yield", [next_iv, *(t.value for t in exits), *(v.value for v in yields)])
+        inits = [start, *[constant_flag(gen, False)] * len(flags), *carried.inits]
         op = gen.builder.create("while", [t.value for t in inits], result_types=types,
                                 regions=[condition_block, body], result_names=hints)
-        gen.frame.rebind(carried.leave(before, variables, op.results[2:], line, loop_only=(target,)))
+        after = carried.leave(before, variables, op.results[1 + len(flags):], line, loop_only=(target,))
+        gen.frame.rebind(leave_exits(after, flags, op.results[1:]))
         return
     control_flow.unsettled(gen, carried)
+
+
+def exit_flags(body: list[ast.stmt]) -> dict[str, str]:
+    """The flags a loop with early exits carries (flag -> IR name): `broke`, and `returned` when its body
+    holds a `return`."""
+    return {BROKE: "broke", **({RETURNED: "returned"} if has_return(body) else {})}
+
+
+def leave_exits(after: dict[str, Any], flags: dict[str, str], results: list) -> dict[str, Any]:
+    """The variables after a loop with early exits: `returned` is the loop's result for it."""
+    if RETURNED in flags:
+        after[RETURNED] = Tensor(results[list(flags).index(RETURNED)])
+    return after
 
 
 def in_range_condition(gen: "Tracer", iv: Any, stop: Tensor, step: Tensor) -> Any:

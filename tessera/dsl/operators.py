@@ -26,7 +26,9 @@ Integer division and remainder follow C and the hardware, NOT Python:
 
 Pointer arithmetic: `ptr + int`, `int + ptr` and `ptr - int` move by whole
 elements (IR `addptr`); pointer and offset broadcast together, so a scalar
-base plus an `arange` is a tile of pointers.
+base plus an `arange` is a tile of pointers. Pointers are values too:
+`addr.to(tessera.pointer_type(tessera.f16))` makes pointers of 64-bit
+integer addresses (IR `int_to_ptr`), `ptr.to(tessera.i64)` their addresses.
 
 `a and b` / `a or b` with a traced operand evaluate both sides (there is no
 short circuit over traced values) and combine them lane by lane as bools.
@@ -150,6 +152,8 @@ def constant(ctx: Context, value: bool | int | float, dtype: DType, shape: tuple
 def cast(ctx: Context, x: Any, dtype: Any, bitcast: Any = False) -> Tensor:
     """`x` converted to `dtype` (rounding to nearest even, float -> int truncating and saturating),
     or with `bitcast=True` its bits reinterpreted as `dtype` (equal widths only)."""
+    if isinstance(dtype, PointerType) or is_pointer(x):
+        return pointer_cast(ctx, x, dtype)
     dtype = static_dtype(ctx, dtype, "the dtype to cast to")
     bitcast = static_bool(ctx, bitcast, "bitcast")
     if not isinstance(x, Tensor):
@@ -168,6 +172,29 @@ def cast(ctx: Context, x: Any, dtype: Any, bitcast: Any = False) -> Tensor:
         ctx.error(f"cannot bitcast {x.type} to {dtype.name}: a bitcast needs equal widths "
                   f"({x.dtype.bits} vs {dtype.bits} bits)", TypeMismatchError)
     return emit(ctx, "bitcast" if bitcast else "cast", x, result_type=with_shape(ScalarType(dtype), x.shape))
+
+
+def pointer_cast(ctx: Context, x: Any, target: Any) -> Tensor:
+    """Integers <-> pointers: an integer address (bytes; widened to i64) as a pointer of `target`
+    (`tessera.pointer_type(dtype)`), a pointer as its address (`tessera.i64` or `tessera.u64`), or a pointer
+    as a pointer to another type (the same address)."""
+    if isinstance(target, PointerType) and target.address_space != "global":
+        ctx.error(f"only global-memory pointers convert to and from integers, not {target}")
+    if is_pointer(x) and isinstance(target, PointerType):
+        x = pointer_cast(ctx, x, i64)
+    if is_pointer(x):
+        dtype = static_dtype(ctx, target, "the type to convert a pointer to")
+        if not (dtype.is_int and dtype.bits == 64):
+            ctx.error(f"a pointer converts to its address, a 64-bit integer (tessera.i64 or tessera.u64), not "
+                      f"{dtype.name}", TypeMismatchError)
+        return emit(ctx, "ptr_to_int", x, result_type=with_shape(ScalarType(dtype), x.shape))
+    x = to_tensor(ctx, x)
+    if x.dtype is None or not x.dtype.is_int:
+        ctx.error(f"cannot convert {describe(x)} to {target}: pointers come from integer addresses (i64)",
+                  TypeMismatchError)
+    if x.dtype.bits != 64:
+        x = cast(ctx, x, i64)
+    return emit(ctx, "int_to_ptr", x, result_type=with_shape(target, x.shape))
 
 
 def as_bool(ctx: Context, x: Any, what: str) -> Tensor:

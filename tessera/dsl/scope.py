@@ -5,8 +5,10 @@ being inlined): its source, its variables, and how deep inside runtime
 control flow the tracer currently is. Variables map Python names to Tensors
 or compile-time Python values. Three pseudo-variables, whose names cannot
 clash with Python identifiers, drive early exits (see `loop_exits.py`):
-`BROKE` and `CONTINUED` (the innermost loop's break/continue flags) and
-`RETURNED` (a `return` has run).
+`BROKE` and `CONTINUED` (the innermost loop's break/continue flags, present
+only inside loops), `RETURNED` (a `return` has run; False when a frame
+starts) and, in helpers, `RETURN_VALUE` (what a `return` inside runtime
+control flow returned).
 
 A name that Python would consider bound but a kernel cannot see (set in only
 one branch of a runtime `if`, or first set inside a runtime loop) holds an
@@ -36,6 +38,7 @@ from .values import Builtin, Tensor, constexpr, pipeline, static_range
 BROKE = ".broke"
 CONTINUED = ".continued"
 RETURNED = ".returned"
+RETURN_VALUE = ".return_value"
 EXIT_FLAGS = (BROKE, CONTINUED, RETURNED)
 
 # Python builtins that mean something inside a kernel (see calls.py).
@@ -68,6 +71,7 @@ class Frame:
 
     def __post_init__(self):
         self.closure = self.source.closure_vars()
+        self.variables.setdefault(RETURNED, False)
 
     def rebind(self, variables: dict[str, Any]) -> None:
         """Replace every variable in place, so that holders of `self.variables` see the change."""

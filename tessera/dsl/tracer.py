@@ -28,7 +28,7 @@ from ..ir.errors import TypeRuleError
 from . import calls, control_flow, loop_exits, operators
 from .errors import CompileError, ConstexprError, StaticAssertionError, TypeMismatchError, UnknownNameError, \
     UnsupportedSyntaxError
-from .scope import RETURNED, Frame, Unbound, admit_global, describe, hint_of, known_names, lookup_global, suggest
+from .scope import Frame, Unbound, admit_global, describe, hint_of, known_names, lookup_global, suggest
 from .source import KernelSource
 from .syntax import (
     BINARY_OPERATORS, COMPARE_OPERATORS, IDENTITY_OPERATORS, PYTHON_BINARY, PYTHON_COMPARE, PYTHON_UNARY,
@@ -239,21 +239,7 @@ class Tracer(ast.NodeVisitor):
         loop_exits.visit_continue(self)
 
     def visit_Return(self, node: ast.Return) -> None:
-        frame = self.frame
-        where = "kernel" if frame.is_kernel else f"helper '{frame.source.name}'"
-        if frame.region_depth > 0:
-            alternative = ("compute both values and pick with tessera.where, or return after the if/else"
-                           if not frame.is_kernel else
-                           "put the rest of the kernel under `if not cond:` or use masks on loads and stores")
-            self.error(f"`return` inside a runtime `if` or loop is not supported in a {where}; {alternative}",
-                       UnsupportedSyntaxError)
-        if frame.is_kernel:
-            if node.value is not None and not (isinstance(node.value, ast.Constant) and node.value.value is None):
-                self.error("kernels cannot return values; store results through a pointer or view argument",
-                           UnsupportedSyntaxError)
-        else:
-            frame.return_value = None if node.value is None else self.visit(node.value)
-        frame.variables[RETURNED] = True
+        loop_exits.visit_return(self, node)
 
     def visit_Assert(self, node: ast.Assert) -> None:
         condition = self.visit(node.test)

@@ -74,6 +74,19 @@ def _shr(a, b, dtype: DType):
     return np.where(out, fill, shifted)
 
 
+def _umulhi(a, b, dtype: DType):
+    """The high `bits` of the 2*bits-bit product of a and b as unsigned numbers (64-bit: from 32-bit halves)."""
+    bits = dtype.bits
+    low = np.uint64((1 << min(bits, 32)) - 1)
+    ua, ub = (np.asarray(v).astype(np.uint64) & np.uint64((1 << bits) - 1) for v in (a, b))
+    if bits <= 32:
+        return (ua * ub) >> np.uint64(bits)
+    half = np.uint64(32)
+    a_lo, a_hi, b_lo, b_hi = ua & low, ua >> half, ub & low, ub >> half
+    cross = ((a_lo * b_lo) >> half) + ((a_hi * b_lo) & low) + a_lo * b_hi     # < 2**64: no wrap
+    return a_hi * b_hi + ((a_hi * b_lo) >> half) + (cross >> half)
+
+
 BINARY = {
     "add": lambda a, b, d: np.add(a, b),
     "sub": lambda a, b, d: np.subtract(a, b),
@@ -85,6 +98,7 @@ BINARY = {
     "and": lambda a, b, d: np.bitwise_and(a, b),
     "or": lambda a, b, d: np.bitwise_or(a, b),
     "xor": lambda a, b, d: np.bitwise_xor(a, b),
+    "umulhi": lambda a, b, d: _umulhi(a, b, d).astype(d.compute_dtype),
     "shl": _shl,
     "shr": _shr,
 }

@@ -325,10 +325,14 @@ def _bitwise(ts, a):
     return [t]
 
 
-def _shift(ts, a):
-    t = _same_types(ts, "shift")
-    _require_dtype(t, lambda d: d.is_int, "shifts need integers")
+def _integer_operands(ts, what: str):
+    t = _same_types(ts, what)
+    _require_dtype(t, lambda d: d.is_int, f"{what} needs integers")
     return [t]
+
+
+def _shift(ts, a):
+    return _integer_operands(ts, "shift")
 
 
 def _float_unary(ts, a):
@@ -359,6 +363,8 @@ for _name, _doc in BINARY_ARITH.items():
     define(_name, _doc, 2, infer=_arith, numerics="binary", commutative=_name in COMMUTATIVE, **LANEWISE)
 for _name, _doc in {"and": "bitwise/logical and", "or": "bitwise/logical or", "xor": "bitwise/logical xor"}.items():
     define(_name, _doc, 2, infer=_bitwise, numerics="binary", commutative=True, **LANEWISE)
+define("umulhi", "the high half of the 2N-bit product of N-bit integers a and b, their bits read as unsigned",
+       2, infer=lambda ts, a: _integer_operands(ts, "umulhi"), numerics="binary", commutative=True, **LANEWISE)
 define("shl", "a << b (b >= bits gives 0)", 2, infer=_shift, numerics="binary", **LANEWISE)
 define("shr", "a >> b: arithmetic for signed, logical for unsigned integers", 2, infer=_shift, numerics="binary",
        **LANEWISE)
@@ -682,3 +688,6 @@ from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401
+from . import hint_ops  # noqa: E402,F401
+from . import pointer_ops  # noqa: E402,F401
+from . import asm_ops  # noqa: E402,F401

@@ -50,6 +50,8 @@ class PointerType(Type):
     pointee: DType
     address_space: str = "global"
 
+    __tessera_constexpr__ = True    # kernels use pointer types as compile-time values (`x.to(pointer_type(f16))`)
+
     def __post_init__(self):
         if self.address_space not in ADDRESS_SPACES:
             raise ValueError(f"unknown address space {self.address_space!r}; expected one of {ADDRESS_SPACES}")

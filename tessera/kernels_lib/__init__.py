@@ -9,7 +9,9 @@ except ImportError:
                       "the rest of tessera works without it") from None
 
 from . import quant  # noqa: E402
+from .attention import attention, attention_varlen  # noqa: E402
+from .attention_decode import attention_decode  # noqa: E402
 from .gemm import gemm  # noqa: E402
 from .quant_gemm import quant_gemm  # noqa: E402
 
-__all__ = ["gemm", "quant", "quant_gemm"]
+__all__ = ["attention", "attention_decode", "attention_varlen", "gemm", "quant", "quant_gemm"]

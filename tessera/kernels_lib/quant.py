@@ -117,13 +117,14 @@ def from_gptq(qweight: torch.Tensor, qzeros: Optional[torch.Tensor], scales: tor
               g_idx: Optional[torch.Tensor] = None, *, bits: int = 4, group_size: int = 128,
               symmetric: bool = False) -> QuantizedWeight:
     """A GPTQ checkpoint's tensors (qweight int32 [K*bits/32, N], qzeros int32 [K/G, N*bits/32] holding
-    zero - 1, scales [K/G, N], g_idx [K] or None) as a QuantizedWeight. `symmetric` ignores qzeros."""
-    if 32 % bits:
-        raise ValueError(f"from_gptq: {bits}-bit GPTQ packs across int32 words; only 2, 4 and 8 bits are read")
-    q = _unpack_int32(qweight, bits, axis=0)                     # [K, N]
+    zero - 1, scales [K/G, N], g_idx [K] or None) as a QuantizedWeight. `symmetric` ignores qzeros.
+    bits is 2, 3, 4 or 8; 3-bit codes cross word boundaries (32 codes in 3 words), as AutoGPTQ packs them."""
+    if not 2 <= bits <= 8 or bits in (5, 6, 7):
+        raise ValueError(f"from_gptq: GPTQ checkpoints hold 2, 3, 4 or 8-bit codes, got bits={bits}")
+    q = _unpack_gptq(qweight, bits, axis=0)                      # [K, N]
     zeros = None
     if not symmetric and qzeros is not None:
-        zeros = (_unpack_int32(qzeros, bits, axis=1) + 1).t().to(scales.dtype)      # [N, K/G]
+        zeros = (_unpack_gptq(qzeros, bits, axis=1) + 1).t().to(scales.dtype)       # [N, K/G]
     return pack(q.t(), scales.t().contiguous(), zeros, bits=bits, group_size=group_size, g_idx=g_idx)
 
 
@@ -134,6 +135,21 @@ def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, 
     q = _unpack_int32(qweight, 4, axis=1, order=AWQ_ORDER)       # [K, N]
     z = _unpack_int32(qzeros, 4, axis=1, order=AWQ_ORDER)        # [K/G, N]
     return pack(q.t(), scales.t().contiguous(), z.t().to(scales.dtype), bits=4, group_size=group_size)
+
+
+def _unpack_gptq(packed: torch.Tensor, bits: int, axis: int) -> torch.Tensor:
+    """int32 words along `axis` read as one little-endian bit stream of `bits`-bit codes -> int64 codes along
+    `axis`. GPTQ packs this way for every width: for 2, 4 and 8 bits code j of a word sits at bits
+    [j*bits, (j+1)*bits); 3-bit codes run on across words (code 10 of 32 is bits 30-31 of word 0 and bit 0 of
+    word 1)."""
+    words = packed.movedim(axis, -1).contiguous().numpy().astype("<i4")
+    stream = np.unpackbits(words.view(np.uint8), axis=-1, bitorder="little")        # [..., 32 * words]
+    if stream.shape[-1] % bits:
+        raise ValueError(f"from_gptq: {words.shape[-1]} int32 words along axis {axis} do not hold a whole "
+                         f"number of {bits}-bit codes")
+    fields = stream.reshape(*stream.shape[:-1], -1, bits).astype(np.int64)
+    codes = (fields << np.arange(bits)).sum(-1)
+    return torch.from_numpy(codes).movedim(-1, axis)
 
 
 def _unpack_int32(packed: torch.Tensor, bits: int, axis: int, order=None) -> torch.Tensor:

@@ -201,6 +201,10 @@ def quant_gemm_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     if perm is not None:
         x2 = x2.index_select(1, perm)
     cpu = x.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    if x_scale is not None and not cpu and x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
+        major, minor = torch.cuda.get_device_capability(x.device)
+        raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs fp8 tensor cores (sm_89 or newer); "
+                         f"this GPU is sm_{major}{minor}: pass float16 or bfloat16 x (W4A16) instead")
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
     out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
     grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)

@@ -15,7 +15,8 @@ the vectorizer. The rest lives in
   `alignment_lattice`  what the facts mean, their invariants and `join`;
   `alignment_rules`    where facts come from, and the rules of shape ops,
                        select, casts and `addptr`;
-  `alignment_arith`    the rules of integer arithmetic and comparisons.
+  `alignment_arith`    the rules of integer arithmetic and comparisons;
+  `alignment_hints`    what multiple_of, max_contiguous and assume state.
 
 The walk, per dim (ops without a rule, and arguments not listed in the
 kernel's divisible_by_16, know nothing):
@@ -39,14 +40,14 @@ from typing import Callable
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.types import PointerType, ScalarType, TileType, Type, ViewType, element_of, shape_of
 
-from . import alignment_arith, alignment_rules
+from . import alignment_arith, alignment_hints, alignment_rules
 from .alignment_lattice import (  # noqa: F401  (re-exported: the analysis' public API)
     MAX_DIVISIBILITY, AxisInfo, Facts, ViewInfo, constant_info, group_cap, is_pow2, join, make_info,
     pow2_at_most, pow2_divisor, unknown,
 )
 from .alignment_rules import Rule  # noqa: F401  (re-exported)
 
-_RULES: dict[str, Rule] = {**alignment_rules.RULES, **alignment_arith.RULES}
+_RULES: dict[str, Rule] = {**alignment_rules.RULES, **alignment_arith.RULES, **alignment_hints.RULES}
 
 
 # ---------------------------------------------------------------------------
@@ -165,6 +166,11 @@ class _Analysis:
         carried = self.fixpoint(body.args[1:], inits, run_body)
         for result, facts in zip(op.results, carried):
             self.set(result, facts)
+
+    def op_assume(self, op: Operation) -> None:
+        """Values the assumed condition constrains know more from here on."""
+        for value, facts in alignment_hints.assumed(op.operands[0], self.info).items():
+            self.set(value, facts)
 
     def op_if(self, op: Operation) -> None:
         cond = self.info(op.operands[0])

@@ -28,6 +28,8 @@ Transfer functions, per dim:
 | select c, x, y              | min(K_c, C_x, C_y)              | min of x and y         | min(K_c, K_x, K_y)       |
 | cast, bitcast int -> int    | kept if values are kept         | kept (wraps keep it)   | kept                     |
 | addptr p, off               | max(min(K_p,C_o), min(C_p,K_o)) | min(D_p, D_o * bytes)  | min(K_p, K_o)            |
+| int_to_ptr, ptr_to_int      | 1 (runs of bytes are not runs   | every lane's (bytes =  | kept                     |
+|                             | of elements)                    | address units)         |                          |
 """
 
 from __future__ import annotations
@@ -235,3 +237,14 @@ def _addptr(op, args, shape):
         D.append(min(p.divisibility_at(d, c), _offset_bytes(off.divisibility_at(d, c), bits)))
     e = min(p.element_divisibility, _offset_bytes(off.element_divisibility, bits))
     return make_info(shape, C, D, min_constancy(p, off), e, pointee_bits=bits)
+
+
+@_rule("int_to_ptr", "ptr_to_int")
+def _address(op, args, shape):
+    """An address and its pointer divide by the same powers of two (both count bytes); equal lanes stay equal."""
+    (a,) = args
+    result = element_of(op.result.type)
+    bits = getattr(result, "pointee", None)
+    D = [a.divisibility_at(d, 1) for d in range(len(shape))]
+    return make_info(shape, (1,) * len(shape), D, a.constancy, a.element_divisibility,
+                     pointee_bits=bits.bits if bits is not None else 0)

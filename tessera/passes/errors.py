@@ -6,6 +6,11 @@ shared memory than the block has, a layout that does not fit the block's
 threads, an op the thread-level lowering does not handle yet. The message
 names the op (and its source line when known) and what to change; the
 frontend turns it into a `CompileError` like the IR's own errors.
+
+`PipelineWarning` says that a valid program was compiled with less than it
+asked for: a `tessera.pipeline` loop with fewer stages, without async
+copies, TMA or warp specialization. The compile driver shows it at the
+loop's source line, or raises it as a `CompileError` in strict mode.
 """
 
 from __future__ import annotations
@@ -31,3 +36,12 @@ class LoweringError(IRError):
         if self.op is not None:
             where.append(f"op '{self.op.name}'")
         return located(self.message, self.loc, where)
+
+
+class PipelineWarning(UserWarning):
+    """A `tessera.pipeline` loop gets less than it asked for; the message says what, why and what to change."""
+
+    def __init__(self, message: str, loc=None):
+        super().__init__(message)
+        self.message = message
+        self.loc = loc

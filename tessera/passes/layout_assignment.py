@@ -102,7 +102,7 @@ from tessera.ir.types import PointerType, TileType, Type, element_of
 
 from .alignment_lattice import pow2_at_most
 from .errors import LoweringError
-from .mma import mma_plan
+from .mma import RESIDENT_OPERAND_REGISTERS, mma_plan
 
 LOOPS = frozenset(["for", "while"])
 
@@ -241,6 +241,7 @@ class _Assigner:
     def run(self) -> None:
         fn = self.out.function
         self.pin_sole_operands()
+        self.hoist_invariant_operands()
         for op in fn.walk():
             self.anchor(op)
         self.propagate(loop_bodies_first=True)
@@ -296,6 +297,31 @@ class _Assigner:
         for op in self.out.function.walk():
             if op.name == "convert_layout" and op.result in self.layouts and uses[op.operands[0]] == 1:
                 self.set(op.operands[0], self.layouts[op.result])
+
+    def hoist_invariant_operands(self) -> None:
+        """Rule 2, first part: a tensor-core dot operand computed outside the loop the dot is in (and used
+        nowhere else) takes its fragment layout where it is defined, so it is converted once rather than in
+        every iteration (attention's Q block). Where ldmatrix can read it again in every iteration, such
+        operands stay in registers only while they take at most `RESIDENT_OPERAND_REGISTERS` registers per
+        thread together (first come, first served); the others the lowering keeps in shared memory
+        (`lowering/invariant_operands.py`)."""
+        uses: dict[Value, int] = {}
+        for op in self.out.function.walk():
+            for v in op.operands:
+                uses[v] = uses.get(v, 0) + 1
+        budget = RESIDENT_OPERAND_REGISTERS if self.target.has("ldmatrix") else None
+        for op in self.out.function.walk():
+            plan = mma_plan(op, self.target, self.out.num_warps) if op.name == "dot" else None
+            if plan is None:
+                continue
+            for index, want in ((0, plan.a), (1, plan.b)):
+                value = op.operands[index]
+                if want is None or uses[value] != 1 or not _outside_loop_of(value, op):
+                    continue
+                registers = want.local_size * element_bits(value.type) // 32
+                if budget is None or registers <= budget:
+                    self.set(value, want)
+                    budget = None if budget is None else budget - registers
 
     # -- rule 2: anchors --------------------------------------------------------
 
@@ -432,7 +458,7 @@ def _groups(op: Operation):
         masks = [(v, op, i) for i, v in enumerate(op.operands) if i >= 2 and isinstance(v.type, TileType)]
         if masks:
             yield [(op.operands[1], None, 0)] + masks
-    elif name == "scan":
+    elif name in ("scan", "multiple_of", "max_contiguous"):     # the result's lanes are the operand's
         yield [(op.result, None, 0), (op.operands[0], op, 0)]
     elif name == "dot":
         yield [(op.result, None, 0), (op.operands[2], op, 2)]
@@ -514,6 +540,18 @@ def drop_unit_dim(layout: RegisterLayout, axis: int) -> RegisterLayout:
     return RegisterLayout(layout.shape[:axis] + layout.shape[axis + 1:],
                           layout.modes[:axis] + layout.modes[axis + 1:],
                           layout.spatial_modes, layout.local_modes)
+
+
+def _outside_loop_of(value: Value, op: Operation) -> bool:
+    """Whether `op` is in the body of a loop that `value` is defined outside of."""
+    home = value.owner if isinstance(value.owner, Block) else value.owner.parent
+    block = op.parent
+    while block is not None and block is not home:
+        parent = block.parent
+        if isinstance(parent, Operation) and parent.name in LOOPS:
+            return True
+        block = parent.parent if isinstance(parent, Operation) else None
+    return False
 
 
 def _tile_values(fn: Function) -> list[Value]:

@@ -30,7 +30,8 @@ docstrings give the rules), and for loops and explicit shared memory in
 | for {stages = S} (tessera.pipeline)   | dot operands copied ahead into rings: cp.async, or TMA (sm_90+) |
 | for {warp_specialize} (sm_90+)        | + a producer warpgroup issuing the TMA fills; consumers behind mbarriers |
 | smem_* (tessera.shared, async_copy)   | swizzled shared_alloc; cp.async chunks (else load + st.shared); ld.shared or ldmatrix |
-| assert / print, breakpoint            | kept per thread / dropped with a note (`lowering_notes`)       |
+| assert, print / breakpoint            | kept per thread in debug builds, else dropped / dropped, with a |
+|                                       | note (`lowering_notes`)                                         |
 | scalar ops                            | unchanged; scalar stores and atomics by thread 0 only          |
 """
 
@@ -47,7 +48,7 @@ from .lowering.vector_facts import VectorFacts
 
 
 def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target, num_warps: int | None = None,
-                     facts: VectorFacts | None = None) -> Module:
+                     facts: VectorFacts | None = None, debug: bool = False) -> Module:
     """The thread-IR module of tile function `fn` under `assignment` (see the module docstring)."""
     if num_warps is not None and num_warps != assignment.num_warps:
         raise LoweringError(f"the layouts were assigned for {assignment.num_warps} warps, not {num_warps}",
@@ -56,6 +57,7 @@ def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target,
         raise LoweringError(f"the layouts were assigned for warps of {assignment.warp_size} threads, but "
                             f"{target.name} has {target.warp_size}", kernel=fn.name)
     ctx = Lowering(fn, assignment, target, facts)
+    ctx.debug = debug
     ctx.lower_block(fn.body, ctx.fn.body, [ctx.env[a] for a in fn.args])
     if ctx.notes:
         ctx.fn.attrs["lowering_notes"] = tuple(ctx.notes)

@@ -55,6 +55,14 @@ None: layout assignment asks nothing of the operands) and its fragment is
 warpgroup owns RM 64-row slabs (WR warpgroups replicate when M is too short):
 
     C  local(RM, RN) . replicated(WR) . spatial(WM, 1) . wgmma_accumulator(n)
+
+Chained dots (`chained`: attention's S = Q K^T, P = f(S), O += P V) split
+along M only, like FlashAttention-2 and Triton's chained-dot rule: then
+every warp holds whole rows of S, P and O, so a row max or sum of S is a
+reduction inside the warp, the row factors of S apply to O where they are,
+and P's accumulator registers are already the A fragment of the next dot
+(the m16n8 C fragments of two neighbouring column blocks hold exactly the
+m16n8k16 A fragment): no shared memory between the two products.
 """
 
 from __future__ import annotations
@@ -62,13 +70,21 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Operation
+from tessera.ir.core import Function, Operation
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
 from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
+from tessera.ir.ops import OPS
 from tessera.ir.target import Target
 from tessera.ir.types import scalar_dtype
 from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, wgmma_accumulator, wgmma_k
+
+# Tensor-core operands computed before the loop their dots are in stay in their fragment registers for the whole
+# loop while together they need at most this many 32-bit registers per thread; the others (attention's Q for head
+# dim 256, the backward's V after K) are kept in shared memory and read with ldmatrix in every iteration where
+# the target has ldmatrix (`layout_assignment.hoist_invariant_operands`, `lowering/invariant_operands.py`).
+RESIDENT_OPERAND_REGISTERS = 32
+
 
 @dataclass(frozen=True)
 class MatrixInstruction:
@@ -167,10 +183,11 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     wm = wn = 1
     left = num_warps * target.warp_size // inst.lanes      # issuing groups: warps, or warpgroups
     from_shared = inst.a is None                            # wgmma: its slab spans N, so split M only
+    rows_only = from_shared or chained(op)                 # whole rows per warp (see the module docstring)
     while left > 1:
-        if rm % 2 == 0 and (from_shared or rm * inst.m >= rn * inst.n or rn % 2):
+        if rm % 2 == 0 and (rows_only or rm * inst.m >= rn * inst.n or rn % 2):
             wm, rm = wm * 2, rm // 2
-        elif rn % 2 == 0 and not from_shared:
+        elif rn % 2 == 0 and not rows_only:
             wn, rn = wn * 2, rn // 2
         else:
             break
@@ -183,3 +200,48 @@ def mma_plan(op: Operation, target: Target, num_warps: int) -> MmaPlan | None:
     b_layout = local(rk, rn) * replicated(wr * wm) * spatial(1, wn) * inst.b
     return MmaPlan(inst, a_layout, b_layout, c, rm, rn, rk, wm)
 
+
+
+# Ops a chain of dots passes through from one product to the next operand A: lane-wise math (the scale, the
+# mask's select, exp2, the cast to f16/bf16), moves of lanes, and the results of `if`s (a masked branch).
+_CHAIN_LIMIT = 256          # values visited per search: chains are short; this bounds the walk in big kernels
+
+
+def chained(op: Operation) -> bool:
+    """Whether dot `op` is a link of a chain of dots: its A operand is computed lane by lane from another dot's
+    result, or its own result reaches another dot's A operand that way (through elementwise ops, shape ops
+    other than transposes, convert_layout and `if` results, within the function)."""
+    if _source_dots(op.operands[0]):
+        return True
+    fn = _function_of(op)
+    return fn is not None and any(other is not op and op in _source_dots(other.operands[0])
+                                  for other in fn.walk() if other.name == "dot")
+
+
+def _source_dots(value) -> set[Operation]:
+    """The dots whose results `value` is computed from lane by lane (see `chained`)."""
+    found, seen, work = set(), set(), [value]
+    while work and len(seen) < _CHAIN_LIMIT:
+        v = work.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        producer = v.owner
+        if not isinstance(producer, Operation):
+            continue                                    # a block argument: a carried value ends the chain
+        if producer.name == "dot":
+            found.add(producer)
+        elif producer.name == "if":
+            work.extend(region.terminator.operands[v.index] for region in producer.regions)
+        elif producer.name == "permute":
+            continue                                    # a transpose moves lanes between threads anyway
+        elif OPS[producer.name].elementwise or OPS[producer.name].shape_op or producer.name == "convert_layout":
+            work.extend(producer.operands)
+    return found
+
+
+def _function_of(op: Operation) -> Function | None:
+    item = op.parent
+    while item is not None and not isinstance(item, Function):
+        item = item.parent
+    return item

@@ -29,8 +29,9 @@ from .shared_memory import allocate_shared_memory
 
 
 def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int = 4,
-          overrides: Mapping[Value, RegisterLayout] | None = None) -> Module:
-    """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block."""
+          overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False) -> Module:
+    """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block; `debug`
+    keeps device-side print and assert (dropped otherwise)."""
     if isinstance(target, str):
         target = get_target(target)
     functions = module_or_fn.functions if isinstance(module_or_fn, Module) else [module_or_fn]
@@ -40,7 +41,7 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         pins = {**pinned_layouts(fn), **(overrides or {})}
         assignment = assign_layouts(fn, target, num_warps, pins, facts)
         check_register_budget(assignment, target)
-        lowered = lower_to_threads(fn, assignment, target, num_warps, facts).functions[0]
+        lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug).functions[0]
         unpack_low_bit(lowered, target.max_vector_bits)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)

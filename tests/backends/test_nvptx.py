@@ -490,7 +490,6 @@ def test_small_floats_only_move_and_convert():
 
 @pytest.mark.parametrize("body, message", [
     ("%t = arange {end = 128, start = 0} : tile<128xi32>", "tile-level op"),
-    ('print {prefix = "x"}', "op `print` is not supported by the NVPTX backend yet"),
     ("%s = shared_alloc {bytes = 64, offset = -1} : ptr<f32, shared>", "unassigned"),
     ("%s = shared_alloc {bytes = 64, offset = 0} : ptr<f32, shared>", r"outside the kernel's shared memory"),
     ("%p = splat %x : regs<8xptr<f32>>\n  %v = load %p {vector = 8} : regs<8xf32>", "256-bit access"),

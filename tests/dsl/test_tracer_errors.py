@@ -391,19 +391,19 @@ def test_wrong_arguments_to_a_builtin():
 
 
 @tl.func
-def returns_in_runtime_branch(v):
+def returns_on_some_paths(v):
     if v > 0:
         return v
-    return -v
+    v = -v
 
 
 def calls_runtime_return(ptr, x):
-    tl.store(ptr, returns_in_runtime_branch(x))
+    tl.store(ptr, returns_on_some_paths(x))
 
 
-def test_helper_return_under_a_runtime_condition():
-    check(calls_runtime_return, UnsupportedSyntaxError, "return v", "tessera.where",
-          where=returns_in_runtime_branch.fn)
+def test_a_helper_returning_a_value_on_some_paths_only():
+    check(calls_runtime_return, CompileError, "returns_on_some_paths(x)",
+          "helper 'returns_on_some_paths' returns a value on some paths but reaches its end on others")
 
 
 @tl.func

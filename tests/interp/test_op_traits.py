@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from tessera.backends.interp import run_function
+from tessera.backends.interp.inline_asm import register_emulation
 from tessera.ir import dtypes as dt
 from tessera.ir import numerics
 from tessera.ir.ops import COMPARE_PREDICATES, OPS, op_names
@@ -30,6 +31,11 @@ def random_operands(name: str) -> tuple[list[tuple[np.ndarray, dt.DType]], dict]
     ints = lambda lo=-50, hi=50: RNG.integers(lo, hi, SHAPE).astype(np.int32)  # noqa: E731
     if name in ("shl", "shr"):
         return [(ints(), dt.i32), (ints(0, 31), dt.i32)], {}
+    if name == "inline_asm":     # lane-wise through its CPU emulation
+        return [(floats(), dt.f32)], {"asm": "neg.f32 $0, $1;", "constraints": "=f,f", "pack": 1,
+                                      "emulate": register_emulation(np.negative)}
+    if name == "umulhi":     # high halves of products: operands over the whole i32 range
+        return [(ints(-2**31, 2**31 - 1), dt.i32), (ints(-2**31, 2**31 - 1), dt.i32)], {}
     if name in ("and", "or", "xor", "not"):
         return [(ints(), dt.i32)] * (2 if name != "not" else 1), {}
     if name in ("div", "rem"):
@@ -43,14 +49,17 @@ def random_operands(name: str) -> tuple[list[tuple[np.ndarray, dt.DType]], dict]
 
 
 def result_type(name: str, shape):
-    """For ops whose result type the producer chooses: cast and bitcast go from f32 to i32."""
+    """For ops whose result type the producer chooses: cast and bitcast go from f32 to i32, inline_asm stays f32."""
     if name in ("cast", "bitcast"):
         return TileType(ScalarType(dt.i32), shape) if shape else ScalarType(dt.i32)
+    if name == "inline_asm":
+        return TileType(ScalarType(dt.f32), shape) if shape else ScalarType(dt.f32)
     return None
 
 
-# addptr is elementwise too, but its result (pointers) cannot be stored to be compared.
-ELEMENTWISE = [n for n in op_names(elementwise=True) if OPS[n].level == "tile" and n != "addptr"]
+# addptr, int_to_ptr and ptr_to_int are elementwise too, but pointers cannot be stored to be compared.
+ELEMENTWISE = [n for n in op_names(elementwise=True)
+               if OPS[n].level == "tile" and n not in ("addptr", "int_to_ptr", "ptr_to_int")]
 
 
 @pytest.mark.parametrize("name", ELEMENTWISE)

@@ -314,6 +314,23 @@ func @warp_specialization() attributes {num_threads = 384} {
   return
 }
 """,
+    "language_ops": """\
+func @language_ops(%i: tile<128xu32>, %w: i64, %wides: tile<4xu64>) {
+  %hi = umulhi %i, %i : tile<128xu32>
+  %wide = umulhi %w, %w : i64
+  %m = multiple_of %i {values = [16]} : tile<128xu32>
+  %c = max_contiguous %m {values = [128]} : tile<128xu32>
+  %k = multiple_of %w {values = [16]} : i64
+  %zero = constant {value = 0} : i64
+  %ok = cmp %k, %zero {pred = "ge"} : bool
+  assume %ok
+  %p = int_to_ptr %w : ptr<f16>
+  %ps = int_to_ptr %wides : tile<4xptr<f32>>
+  %a = ptr_to_int %p : i64
+  %swapped = inline_asm %i {asm = "prmt.b32 $0, $1, 0, 0x0123;", constraints = "=r,r", pack = 1} : tile<128xu32>
+  return
+}
+""",
     "two_functions": """\
 func @first() {
   return

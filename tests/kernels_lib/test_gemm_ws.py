@@ -104,4 +104,5 @@ def test_ws_with_persistent_is_a_compile_error():
     config = dict(CONFIGS[5].kwargs, WS=True)
     assert config["PERSISTENT"]
     with pytest.raises(tessera.CompileError, match="persistent kernels are not supported"):
-        gemm_kernel.kernel.compile(signature=SIGNATURE, target="sm_90", num_warps=8, **EPILOGUE, **config)
+        gemm_kernel.kernel.compile(signature=SIGNATURE, target="sm_90", num_warps=8, strict=True, **EPILOGUE,
+                                   **config)

@@ -7,7 +7,7 @@ Specification:
   bits, symmetric or asymmetric, groups of 32/64/128, act order (K
   permuted so groups are contiguous); MXFP4 and NVFP4;
 * `from_gptq` and `from_awq` read those checkpoints' int32 tensors (GPTQ:
-  packed along K, zeros stored minus one, g_idx; AWQ: packed along N in
+  packed along K, 3-bit codes across words, zeros stored minus one, g_idx; AWQ: packed along N in
   nibble order 0,2,4,6,1,3,5,7) into the weight their formulas define;
 * `quant_gemm(x, w)` is x @ w.dequantize().T for every format (W4A8: fp8
   x times its row scales), to the precision of the output dtype, on the CPU
@@ -15,7 +15,7 @@ Specification:
   GPU for decode and tensor-core shapes;
 * lowered for sm_80, the decode kernel computes on the SIMT simulator what
   the interpreter computes, and every kernel compiles for sm_80, sm_90a and
-  gfx942 without spills;
+  gfx942 without spills (W4A8 for sm_89 and sm_90a: fp8 tensor cores);
 * `torch.library.opcheck` passes on the CPU; bad arguments name the fix.
 """
 
@@ -107,14 +107,36 @@ def _pack_int32(codes: torch.Tensor, bits: int, axis: int, order=None) -> torch.
     return words.movedim(-1, axis)
 
 
-@pytest.mark.parametrize("bits, act_order", [(4, False), (4, True), (8, False), (2, True)])
+def _pack_int32_3bit(codes: torch.Tensor, axis: int) -> torch.Tensor:
+    """3-bit codes packed along `axis` as AutoGPTQ's QuantLinear.pack writes them: 32 codes in 3 words, ten per
+    word and one split across each of the first two word boundaries."""
+    c = codes.movedim(axis, -1).to(torch.int64)
+    words = torch.zeros(*c.shape[:-1], c.shape[-1] * 3 // 32, dtype=torch.int64)
+    i = row = 0
+    while row < words.shape[-1]:
+        for shift in range(3):                          # word `row`: its share of a split code, then ten codes
+            if shift:
+                words[..., row] |= (c[..., i] >> (3 - shift)) & ((1 << shift) - 1)
+                i += 1
+            for j in range(10):
+                words[..., row] |= c[..., i + j] << (3 * j + shift)
+            i += 10
+            if shift < 2:                               # the low bits of the code that crosses into the next word
+                words[..., row] |= (c[..., i] << (30 + shift)) & 0xFFFFFFFF
+            row += 1
+    words = torch.where(words >= 2 ** 31, words - 2 ** 32, words).to(torch.int32)
+    return words.movedim(-1, axis)
+
+
+@pytest.mark.parametrize("bits, act_order", [(4, False), (4, True), (8, False), (2, True), (3, False), (3, True)])
 def test_gptq_checkpoints(bits, act_order):
     group = 64
     q = torch.randint(0, 2 ** bits, (K, N))
     zeros = torch.randint(1, 2 ** bits, (K // group, N))
     scales = (torch.rand(K // group, N) * 0.1).half()
     g_idx = (torch.randperm(K) % (K // group)) if act_order else torch.arange(K) // group
-    w = quant.from_gptq(_pack_int32(q, bits, 0), _pack_int32(zeros - 1, bits, 1), scales,
+    packer = _pack_int32_3bit if bits == 3 else lambda codes, axis: _pack_int32(codes, bits, axis)
+    w = quant.from_gptq(packer(q, 0), packer(zeros - 1, 1), scales,
                         g_idx if act_order else None, bits=bits, group_size=group)
     expected = (scales.float()[g_idx] * (q.float() - zeros.float()[g_idx])).t()       # GPTQ's own formula
     assert torch.allclose(w.dequantize(), expected)
@@ -191,7 +213,7 @@ KERNELS = {"w4a16-decode": (quant_gemm_kernel, 1), "w4a16-large": (quant_gemm_ke
 
 
 @pytest.mark.parametrize("target, case", [("sm_90a", case) for case in KERNELS] + [
-    ("sm_80", "w4a16-decode"), ("sm_80", "w4a8"), ("gfx942", "w4a16-decode"), ("gfx942", "mxfp4")])
+    ("sm_80", "w4a16-decode"), ("sm_80", "w4a16-large"), ("sm_89", "w4a8"), ("gfx942", "w4a16-decode"), ("gfx942", "mxfp4")])
 def test_the_kernels_compile_without_spills(target, case):
     kernel, M = KERNELS[case]
     group = 32 if kernel is fp4_gemm_kernel else 128

@@ -468,7 +468,7 @@ def test_replicated_stores_and_atomics_are_masked_to_one_replica():
     assert [op for op in lowered.walk() if op.name == "barrier"]           # old values reach the replicas
 
 
-def test_print_is_dropped_with_a_note_and_assert_is_kept():
+def test_print_and_assert_are_kept_in_debug_builds_and_dropped_with_a_note_otherwise():
     @tessera.kernel
     def debug(x_ptr, BLOCK: tessera.constexpr):
         x = tessera.load(x_ptr + tessera.arange(0, BLOCK))
@@ -476,12 +476,13 @@ def test_print_is_dropped_with_a_note_and_assert_is_kept():
         tessera.device_assert(x >= 0, "negative")
 
     x = np.zeros(32, np.float32)
-    module = lower(debug.specialize(x, BLOCK=32).module, "sm_80", 1)
-    fn = module.functions[0]
-    assert not [op for op in fn.walk() if op.name == "print"]
+    plain = lower(debug.specialize(x, BLOCK=32).module, "sm_80", 1).functions[0]
+    assert not [op for op in plain.walk() if op.name in ("print", "assert")]
+    assert sum("dropped" in note for note in plain.attrs["lowering_notes"]) == 2
+    fn = lower(debug.specialize(x, BLOCK=32).module, "sm_80", 1, debug=True).functions[0]
     asserts = [op for op in fn.walk() if op.name == "assert"]
     assert len(asserts) == 1 and isinstance(asserts[0].operands[0].type, RegsType)
-    assert any("print" in note for note in fn.attrs["lowering_notes"])
+    assert len([op for op in fn.walk() if op.name == "print"]) == 1
     simt.run_threads(fn, [x], (1,))
     with pytest.raises(tessera.InterpreterError, match="negative"):
         simt.run_threads(fn, [x - 1], (1,))

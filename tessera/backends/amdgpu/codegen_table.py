@@ -4,7 +4,8 @@ Every target-neutral op comes from `tessera.backends.llvm.codegen_table.COMMON`
 (with `AmdgpuDialect` supplying ids, barrier, shuffles, LDS and math).
 NVIDIA's warp-level ops (mma, ldmatrix, cp.async) have no entry:
 `AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
-sees anything.
+sees anything. A failed `assert` (debug builds) traps; device-side `print`
+has no printf here yet, and is refused with the reason.
 
 `mfma` (the matrix cores, `v_mfma_f32_<m>x<n>x<k>_{f16,bf16}`) is
 lowered here: register i of the thread op's A, B and C operands is element
@@ -39,3 +40,15 @@ def _mfma(lw, op, a, b, c):
         a, b = (lw.builder.bitcast(x, ir.VectorType(I16, 4)) for x in (a, b))
     no_broadcast = ir.Constant(I32, 0)
     return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])
+
+
+@codegen_for("assert")
+def _assert(lw, op, cond):
+    """A thread where any register of the condition is false traps (s_trap), ending the launch with an error;
+    without a device printf the message is not shown (the CPU interpreter shows it)."""
+    lanes = [cond] if not isinstance(cond.type, ir.VectorType) else [
+        lw.builder.extract_element(cond, ir.Constant(I32, i)) for i in range(cond.type.count)]
+    failed = lw.builder.not_(lanes[0])
+    for lane in lanes[1:]:
+        failed = lw.builder.or_(failed, lw.builder.not_(lane))
+    lw.guarded(failed, lambda: lw.intrinsic("llvm.trap", []) and None, name="assert")

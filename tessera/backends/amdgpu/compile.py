@@ -28,6 +28,7 @@ from tessera.ir.target import Target
 from ..llvm.codegen import codegen_function
 from ..llvm.run import prepare as prepare_llvm
 from ..llvm.run import run_llvm
+from .assembler import assemble
 from .dialect import DYNAMIC_SHARED_BYTES, AmdgpuDialect
 from .elf import CodeObject, kernel_summary
 from .linker import NO_LINKER_MESSAGE, LinkerError, find_linker
@@ -72,7 +73,12 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,
         "features": target.llvm_features, "opt_level": opt_level, "emit_object": True,
     }
+    inline_asm = any(op.name == "inline_asm" for op in fn.walk())
+    if inline_asm:          # llvmlite cannot assemble it (see assembler.py): emit the text, assemble it with clang
+        request["emit_object"] = False
     result = run_llvm(request, isolate=isolate, backend="AMDGPU")
+    if inline_asm:
+        result["object"] = assemble(result["assembly"], target.llvm_cpu)
     metadata = kernel_summary(CodeObject(result["object"]).kernel_metadata(lowered.kernel))
     return AmdgpuArtifacts(
         kernel=lowered.kernel, target=target.name, llvm_ir=llvm_ir, optimized_llvm_ir=result["optimized_ir"],

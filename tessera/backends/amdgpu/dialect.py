@@ -56,6 +56,9 @@ UNSUPPORTED_OPS = {
     **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
        for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
     "setmaxnreg": "setmaxnreg (Hopper register rebalancing) " + _NVIDIA_ONLY + "it runs without warp specialization",
+    "print": ("device-side print on AMD GPUs needs the ROCm device library's printf (ockl's hostcall buffer), "
+              "which Tessera does not link yet; print in the CPU interpreter (TESSERA_INTERPRET=1), or build "
+              "without debug (TESSERA_DEBUG unset) to drop it; device_assert works on {target} (it traps)"),
     "elect_sync": "elect_sync (elect.sync) " + _NVIDIA_ONLY + "one lane is chosen by its lane id",
     "named_barrier": "named_barrier (bar.sync id, count) " + _NVIDIA_ONLY + "threads meet at the block-wide barrier",
 }

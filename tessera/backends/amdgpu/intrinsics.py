@@ -38,6 +38,8 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
                                                    (operand, operand, ir.VectorType(F32, m * n // 64), I32, I32, I32))
        for m, n, k in ((32, 32, 8), (16, 16, 16))
        for suffix, operand in (("f16", ir.VectorType(ir.HalfType(), 4)), ("bf16.1k", ir.VectorType(I16, 4)))},
+    # s_trap: ends the launch with an error (a failed device_assert). Last: code after it is unreachable.
+    "llvm.trap": (VOID, ()),
 }
 
 # f32 math that AMDGPU selects (v_exp_f32, v_log_f32, v_sin_f32, v_cos_f32 with LLVM's accuracy fix-ups).

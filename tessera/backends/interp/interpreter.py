@@ -31,7 +31,8 @@ from tessera.ir.types import PointerType, SharedType, TensorMapType, Type, ViewT
 
 # Importing the family modules fills the semantics table.
 from . import control_flow, creation, debug, elementwise, memory, reductions, shape  # noqa: F401
-from . import shared  # noqa: F401
+from . import addresses, hints, inline_asm, shared  # noqa: F401
+from .addresses import AddressSpace
 from .control_flow import KernelReturn
 from .errors import InterpreterError
 from .registry import SEMANTICS, apply_semantics
@@ -51,8 +52,9 @@ def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...])
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, args)
     cache: dict[Operation, Any] = {}
+    reachable = AddressSpace(bound)
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
-        ProgramInstance(fn, (x, y, z), grid3, cache).run(bound)
+        ProgramInstance(fn, (x, y, z), grid3, cache, reachable).run(bound)
 
 
 def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, ...] = 0,
@@ -63,17 +65,19 @@ def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, 
     grid3 = normalize_grid(grid) if grid is not None else tuple(p + 1 for p in pid)
     if any(p >= g for p, g in zip(pid, grid3)):
         raise InterpreterError(f"program id {pid} lies outside grid {grid3}", kernel=fn.name)
-    ProgramInstance(fn, pid, grid3, {}).run(bind_arguments(fn, args))
+    bound = bind_arguments(fn, args)
+    ProgramInstance(fn, pid, grid3, {}, AddressSpace(bound)).run(bound)
 
 
 class ProgramInstance:
     """One program instance: its id, the environment, and the walk over regions."""
 
     def __init__(self, fn: Function, program_id: tuple[int, int, int], grid: tuple[int, int, int],
-                 cache: dict[Operation, Any]):
+                 cache: dict[Operation, Any], reachable: AddressSpace | None = None):
         self.fn = fn
         self.program_id = program_id
         self.grid = grid
+        self.addresses = reachable or AddressSpace([])   # the arrays the launch reaches by address (int_to_ptr)
         self.env: dict[Value, Any] = {}
         self._cache = cache          # shared by the instances of one launch
         self._lanewise = False       # a combine region runs on arrays of lanes at once

@@ -41,7 +41,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
 
-from . import low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
+from . import inline_asm, low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
 from .codegen_table import COMMON as COMMON_CODEGEN
 from .codegen_table import codegen_for
@@ -70,8 +70,11 @@ class Codegen:
         self.dialect = dialect
         self.target = dialect.target
         self.codegen_table = dialect.codegen_table
-        # `contract` lets LLVM fuse a*b+c into one fma (one rounding instead of two).
-        self.float_flags = ("contract",) if fp_fusion else ()
+        # `contract` lets LLVM fuse a*b+c into one fma (one rounding instead of two); a fast-math kernel
+        # (`@tessera.kernel(fast_math=True)`) also allows approximate functions and reciprocals (`afn`, `arcp`),
+        # and its dialect picks the hardware approximations of math functions (`self.fast_math`).
+        self.fast_math = bool(fn.attrs.get("fast_math"))
+        self.float_flags = ("contract", "afn", "arcp") if self.fast_math else ("contract",) if fp_fusion else ()
         self.library_functions: set[str] = set()
         self.values: dict[Value, ir.Value] = {}
         self.module = ir.Module(name=fn.name)

@@ -22,10 +22,12 @@ class BackendError(RuntimeError):
 class CodegenError(BackendError):
     """The thread IR uses something the backend cannot lower."""
 
-    def __init__(self, message: str, *, kernel: str | None = None, op: str | None = None, loc=None):
+    def __init__(self, message: str, *, kernel: str | None = None, op: str | None = None, loc=None,
+                 op_name: str | None = None):
         self.message = message
         self.kernel = kernel
-        self.op = op
+        self.op = op                # the op as printed (thread IR)
+        self.op_name = op_name      # its name alone ("exp"), for messages at the user's source line
         self.loc = loc
         where = []
         if kernel is not None:

@@ -2,7 +2,8 @@
 
 * `addptr` is a GEP over the pointee's in-memory type (unsigned offsets are
   zero-extended first, so a u32 offset >= 2^31 stays positive); on a bit
-  address (a pointer to a sub-byte type) it adds offset * bits.
+  address (a pointer to a sub-byte type) it adds offset * bits; `int_to_ptr`
+  and `ptr_to_int` are LLVM's inttoptr / ptrtoint.
 * `load`/`store` of registers go in groups: with `vector = k`, each group of
   k registers is one `<k x T>` access aligned to k * sizeof(T) through the
   group's first pointer, guarded by the group's first mask value; without
@@ -59,6 +60,16 @@ def _addptr(lw, op, ptr, offset):
         scalar = bld.gep(_lanes(lw, ptr, 0, 1), [_lanes(lw, offset, 0, 1)], source_etype=memory_type(pointee))
         return bld.insert_element(ir.Constant(ptr.type, None), scalar, _index(0))
     return bld.gep(ptr, [offset], source_etype=memory_type(pointee))
+
+
+@codegen_for("int_to_ptr")
+def _int_to_ptr(lw, op, address):
+    return lw.builder.inttoptr(address, register_type(op.result.type))
+
+
+@codegen_for("ptr_to_int")
+def _ptr_to_int(lw, op, pointer):
+    return lw.builder.ptrtoint(pointer, register_type(op.result.type))
 
 
 # -- loads and stores ---------------------------------------------------------------

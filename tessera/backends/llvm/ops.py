@@ -107,6 +107,16 @@ def _bitwise(lw, op, a, b):
     return {"and": lw.builder.and_, "or": lw.builder.or_, "xor": lw.builder.xor}[op.name](a, b)
 
 
+@codegen_for("umulhi")
+def _umulhi(lw, op, a, b):
+    """Both zero-extended to twice the width, multiplied, the high half kept (mul.hi.u32 on NVIDIA,
+    v_mul_hi_u32 on AMD; 64-bit ones through the 128-bit product)."""
+    bld, bits = lw.builder, _dtype(op).bits
+    wide = with_element(a.type, ir.IntType(2 * bits))
+    product = bld.mul(bld.zext(a, wide), bld.zext(b, wide))
+    return bld.trunc(bld.lshr(product, int_constant(wide, bits)), a.type)
+
+
 @codegen_for("shl", "shr")
 def _shift(lw, op, a, b):
     d, bld = _dtype(op), lw.builder

@@ -27,6 +27,7 @@ from tessera.ir.target import TARGETS, Target, get_target
 from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
 from tessera.ir.verifier import verify_function
 
+from . import inline_asm
 from .dialect import TargetDialect
 from .errors import CodegenError
 from .small_floats import SMALL_FLOAT_OPS
@@ -78,7 +79,17 @@ class _Validator:
     def fail(self, message: str, op: Operation | None = None) -> CodegenError:
         if op is None:
             return CodegenError(message, kernel=self.fn.name, loc=self.fn.loc)
-        return CodegenError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc)
+        return CodegenError(message, kernel=self.fn.name, op=print_op(op), loc=op.loc, op_name=op.name)
+
+    def first_use(self, value) -> Operation | None:
+        """The first op reading `value` (a kernel argument): where a refusal of its type is reported, since
+        the user can change that line and not the signature's."""
+        return next((op for op in self.fn.walk() if any(v is value for v in op.operands)), None)
+
+    def fail_argument(self, message: str, arg) -> CodegenError:
+        """A refusal of kernel argument `arg`, located at its first use."""
+        use = self.first_use(arg)
+        return CodegenError(message, kernel=self.fn.name, loc=use.loc if use is not None else self.fn.loc)
 
     def run(self) -> None:
         try:
@@ -87,7 +98,7 @@ class _Validator:
             raise self.fail(f"the thread IR is malformed: {e}") from None
         self.function_attributes()
         for arg in self.fn.args:
-            self.argument_type(arg.type)
+            self.argument_type(arg)
         for op in self.fn.walk():
             self.op(op)
 
@@ -114,13 +125,16 @@ class _Validator:
             raise self.fail(f"the function was lowered for target {named!r} but is being compiled for "
                             f"{target.name}; lower it again for {target.name}")
 
-    def argument_type(self, t: Type) -> None:
+    def argument_type(self, arg) -> None:
+        t = arg.type
         if isinstance(t, PointerType) and t.address_space == "global":
-            pass
+            pass                                # every dtype, sub-byte included (passes/low_bit.py)
         elif isinstance(t, ScalarType):
             if t.dtype.is_subbyte:
-                raise self.fail(f"kernel parameter of sub-byte type {t}: scalars of fewer than 8 bits have no "
-                                f"kernel ABI; pass it as an 8-bit integer and cast it inside the kernel")
+                named = f" '{arg.name_hint}'" if arg.name_hint else ""
+                raise self.fail_argument(f"kernel parameter{named} of sub-byte type {t}: scalars of fewer than 8 bits "
+                                         f"have no kernel ABI; pass it as an 8-bit integer and cast it inside the "
+                                         f"kernel", arg)
         elif isinstance(t, TensorMapType):
             if not self.target.has("tma"):
                 raise self.fail(f"a tensormap parameter needs the Tensor Memory Accelerator (sm_90+), which "
@@ -212,6 +226,11 @@ class _Validator:
         if offset + size > total:
             raise self.fail(f"bytes [{offset}, {offset + size}) lie outside the kernel's shared memory "
                             f"(shared_bytes = {total}); raise the function's shared_bytes", op)
+
+    def op_inline_asm(self, op: Operation) -> None:
+        reason = inline_asm.problem(op, self.dialect.name)
+        if reason:
+            raise self.fail(reason, op)
 
     def op_shuffle(self, op: Operation) -> None:
         width = op.attrs.get("width", 0)

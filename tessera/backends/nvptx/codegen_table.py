@@ -113,5 +113,5 @@ def _async_wait(lw, op):
     lw.intrinsic("llvm.nvvm.cp.async.wait.group", [ir.Constant(I32, op.attrs["pending"])])
 
 
-# Hopper's warpgroup ops (wgmma) register themselves into CODEGEN from their own file.
-from . import warpgroup  # noqa: E402,F401
+# Hopper's warpgroup ops (wgmma) and device-side print / assert register themselves from their own files.
+from . import device_print, warpgroup  # noqa: E402,F401

@@ -92,7 +92,7 @@ class NvptxDialect(TargetDialect):
         return lw.intrinsic(f"llvm.nvvm.shfl.sync.{mode}.i32", [ir.Constant(I32, FULL_WARP), word, lane, clamp])
 
     def math(self, lw, name: str, x: ir.Value) -> ir.Value:
-        return nvptx_math.math_function(lw, name, x, self.use_libdevice)
+        return nvptx_math.math_function(lw, name, x, self.use_libdevice, lw.fast_math)
 
     def float_rem(self, lw, a: ir.Value, b: ir.Value) -> ir.Value:
         return nvptx_math.fmod(lw, a, b)

@@ -21,7 +21,7 @@ from ..llvm.intrinsics import (BF16, COMMON_OVERLOADED, F16, VOID, Family, Intri
                                overloaded_name)
 from ..llvm.types import F32, F64, I1, I16, I32, I64
 
-__all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "SM90_FIXED", "call", "declare",
+__all__ = ["APPROX", "BF16", "FAST_APPROX", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOADED", "SM90_FIXED", "call", "declare",
            "declare_libdevice", "libdevice_functions", "overloaded_name"]
 
 # -- fixed signatures ------------------------------------------------------------
@@ -29,6 +29,8 @@ __all__ = ["APPROX", "BF16", "FIXED", "LIBDEVICE", "NVPTX_INTRINSICS", "OVERLOAD
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.nvvm.read.ptx.sreg.{reg}.{axis}": (I32, ())
        for reg in ("tid", "ctaid", "nctaid", "ntid") for axis in "xyz"},
+    # trap: ends the launch with an error (a failed device_assert, after it printed why).
+    "llvm.trap": (VOID, ()),
     # bar.sync 0: every thread of the block waits here.
     "llvm.nvvm.barrier.cta.sync.aligned.all": (VOID, (I32,)),
     # shfl.sync.<mode>.b32 (membermask, value, lane/delta, clamp|segmask << 8)
@@ -36,6 +38,9 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     # f32 hardware approximations (MUFU), used when libdevice is not found.
     "llvm.nvvm.ex2.approx.f": (F32, (F32,)),
     "llvm.nvvm.lg2.approx.f": (F32, (F32,)),
+    # ... their flush-to-zero forms (one instruction: the non-ftz ones scale around subnormals), for fast math
+    "llvm.nvvm.ex2.approx.ftz.f": (F32, (F32,)),
+    "llvm.nvvm.lg2.approx.ftz.f": (F32, (F32,)),
     "llvm.nvvm.sin.approx.f": (F32, (F32,)),
     "llvm.nvvm.cos.approx.f": (F32, (F32,)),
     "llvm.nvvm.tanh.approx.f32": (F32, (F32,)),
@@ -153,6 +158,15 @@ APPROX: dict[str, str] = {
     "cos": "llvm.nvvm.cos.approx.f",
     "tanh": "llvm.nvvm.tanh.approx.f32",
     "rsqrt": "llvm.nvvm.rsqrt.approx.f",
+}
+
+
+# IR math op -> the f32 approximation a fast-math kernel uses (`@tessera.kernel(fast_math=True)`), libdevice or not.
+FAST_APPROX: dict[str, str] = {
+    "exp2": "llvm.nvvm.ex2.approx.ftz.f",
+    "exp": "llvm.nvvm.ex2.approx.ftz.f",
+    "log2": "llvm.nvvm.lg2.approx.ftz.f",
+    "log": "llvm.nvvm.lg2.approx.ftz.f",
 }
 
 

@@ -20,7 +20,7 @@ from tessera.ir import dtypes as dt
 from ..llvm.ops import EXACT_MATH, float_constant
 from ..llvm.types import F64
 from . import intrinsics
-from .intrinsics import APPROX, LIBDEVICE
+from .intrinsics import APPROX, FAST_APPROX, LIBDEVICE
 
 assert set(LIBDEVICE) >= set(APPROX) | {"erf", "rem"}
 
@@ -45,15 +45,17 @@ def libdevice_call(lw, op_name: str, args) -> ir.Value:
     return lw.call_library(intrinsics.declare_libdevice(lw.module, op_name, args[0].type), args)
 
 
-def math_function(lw, name: str, x: ir.Value, use_libdevice: bool) -> ir.Value:
-    """Math function `name` of f32 or f64 values `x` (scalar or vector)."""
+def math_function(lw, name: str, x: ir.Value, use_libdevice: bool, fast: bool = False) -> ir.Value:
+    """Math function `name` of f32 or f64 values `x` (scalar or vector); `fast` (a fast-math kernel): the
+    flush-to-zero approximations (`FAST_APPROX`) where there is one."""
     bld = lw.builder
-    if use_libdevice:
-        return lw.map_lanes(lambda v: libdevice_call(lw, name, [v]), x)
     element = x.type.element if isinstance(x.type, ir.VectorType) else x.type
+    fast = fast and element != F64 and name in FAST_APPROX
+    if use_libdevice and not fast:
+        return lw.map_lanes(lambda v: libdevice_call(lw, name, [v]), x)
     if name == "rsqrt" and element == F64:
         return bld.fdiv(float_constant(x.type, 1.0), lw.intrinsic("llvm.sqrt", [x], (x.type,)))
-    approx = APPROX[name]
+    approx = (FAST_APPROX if fast else APPROX)[name]
     if name == "exp":  # e^x = 2^(x log2 e)
         x = bld.fmul(x, float_constant(x.type, 1 / math.log(2)))
     result = lw.map_lanes(lambda v: lw.intrinsic(approx, [v]), x)

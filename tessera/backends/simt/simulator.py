@@ -32,6 +32,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import Type, scalar_dtype, shape_of
 
+from ..interp.addresses import AddressSpace
 from ..interp.control_flow import KernelReturn
 from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
@@ -62,6 +63,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     )
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
+    launch.addresses = AddressSpace(bound)
     for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
         ThreadBlock(fn, (x, y, z), grid3, launch).run(bound)
 
@@ -75,6 +77,7 @@ class Launch:
     shared_bytes: int
     max_steps: int
     cache: dict[Operation, Any] = field(default_factory=dict)
+    addresses: AddressSpace | None = None      # the arrays reached by address (int_to_ptr), set per launch
 
 
 def _launch_attr(fn: Function, name: str, given: int | None, default: int | None) -> int:
@@ -107,6 +110,7 @@ class ThreadBlock:
         # that returns an error message or None). Per-block state of semantics modules lives in `state`.
         self.unready: dict[Value, tuple[Operation, Any]] = {}
         self.state: dict[str, Any] = {}
+        self.addresses = launch.addresses
 
     def run(self, args: Sequence[Any]) -> None:
         with np.errstate(all="ignore"):

@@ -15,6 +15,7 @@ from typing import Callable
 from tessera.ir.core import Block, Function, Module, Value
 from tessera.ir.errors import VerifyError
 from tessera.ir.printer import print_op, print_value
+from tessera.ir.hint_ops import HINT_OPS
 from tessera.ir.shared_ops import SHARED_TILE_OPS
 from tessera.ir.types import SharedType, TileType, ViewType
 
@@ -22,7 +23,7 @@ from tessera.ir.types import SharedType, TileType, ViewType
 TILE_ONLY_OPS = frozenset({
     "arange", "broadcast", "expand_dims", "reshape", "permute", "reduce", "arg_reduce", "scan", "dot",
     "make_view", "view_load", "view_store", "convert_layout",
-}) | SHARED_TILE_OPS
+}) | SHARED_TILE_OPS | HINT_OPS
 
 _LOWER = "lower the kernel with tessera.passes.lower_to_threads first"
 

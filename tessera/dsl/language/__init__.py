@@ -15,6 +15,11 @@ Importing this package registers every builtin in `values.BUILTINS`:
     layouts      convert_layout (and the `layout=` keyword of zeros, full, load)
     shared       shared (and buf[s], .load, .store), async_copy, async_commit, async_wait, barrier,
                  mbarriers (and bars[s].wait)
+    random       rand, randn, randint, randint4x, rand4x, randn4x (Philox4x32-10), umulhi
+    hints        multiple_of, max_contiguous, assume
+    pointers     pointer_type (for x.to(...): pointers read from memory as i64 addresses)
+    algorithms   sort, topk, gather, join, split, interleave, histogram
+    asm          inline_asm_elementwise (and asm_emulation, its CPU stand-in)
 
 Each builtin is defined once, with its docstring (the user documentation)
 and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
@@ -22,5 +27,4 @@ and its typing rules; operators (`a + b`, `x[None, :]`, `x.sum()`) live in
 """
 
 from . import creation, debug, layouts, linalg, math, memory, reductions, shape  # noqa: F401
-from . import shared  # noqa: F401
-from . import scaled  # noqa: F401
+from . import algorithms, asm, hints, pointers, random, scaled, shared  # noqa: F401

@@ -33,7 +33,8 @@ def device_print(ctx: Context, prefix, *args) -> None:
     """device_print(prefix, *args): print `prefix` and the values of `args` on the device, for every program instance.
 
     Tiles print every lane. Printing is for debugging: GPU builds emit it in
-    debug mode only; the CPU interpreter always prints.
+    debug mode only (TESSERA_DEBUG=1 or debug=True: each thread prints the
+    lanes it holds, with vprintf on NVIDIA); the CPU interpreter always prints.
     """
     prefix = static_str(ctx, prefix, "device_print's prefix")
     values = []
@@ -53,7 +54,9 @@ def device_assert(ctx: Context, cond, msg="") -> None:
     """device_assert(cond, msg=""): stop the launch with `msg` where any lane of `cond` is false.
 
     A compile-time `cond` is checked while compiling. Non-bool conditions
-    mean `cond != 0`. Like device_print, GPU builds check it in debug mode only.
+    mean `cond != 0`. Like device_print, GPU builds check it in debug mode only
+    (a failing thread prints the file, line and message and traps on NVIDIA;
+    traps on AMD).
     """
     msg = static_str(ctx, msg, "device_assert's message")
     if not isinstance(cond, Tensor):

@@ -27,6 +27,7 @@ ops here; this package imports it only for type annotations.
     mma_operands.py, mfma_operands.py   tensor-core operand fragments (ldmatrix, LDS)
     control_flow.py   if, while, plain for loops, and the terminators
     debug.py          print, breakpoint (dropped), assert
+    hints.py          multiple_of, max_contiguous (their operand), assume (dropped)
 """
 
 from __future__ import annotations
@@ -67,6 +68,6 @@ def copy_scalar_op(ctx: Lowering, op: Operation) -> None:
 
 
 # Importing the families fills LOWERINGS.
-from . import control_flow, debug, dot, elementwise, memory, reductions, shape  # noqa: E402,F401
+from . import control_flow, debug, dot, elementwise, hints, memory, reductions, shape  # noqa: E402,F401
 
 __all__ = ["LOWERINGS", "Lowering", "Regs", "lower_op", "lowering"]

@@ -68,6 +68,10 @@ class Lowering(Emitter):
         # asked by its alloc, copies and waits (`schedule/mbarriers.py`)
         self.mbarrier_boxes: dict[Operation, dict[Operation, TmaBox] | None] = {}
         self.notes: list[str] = []
+        self.debug = False          # keep print and assert (a debug build); set by lower_to_threads
+        # wgmma operands computed before a loop and stored into shared memory once, before it
+        # (`wgmma_dot.stage_invariant_operands`): tile-IR value -> its `SharedOperand`
+        self.staged: dict[Value, Any] = {}
         self.used: set[Value] = {v for op in fn.walk() for v in op.operands}
 
     # -- types and values -------------------------------------------------------

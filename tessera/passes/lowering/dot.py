@@ -111,6 +111,9 @@ def _fragment(ctx, op, index, want, trans, inst):
     ldmatrix (mma.sync) or padded LDS and plain loads (MFMA); else, or as the fallback, the generic
     conversion (free renaming, or scalar shared-memory loads)."""
     lowered = ctx.lookup(op.operands[index])
+    staged = ctx.staged.get(op.operands[index])
+    if staged is not None:                      # stored in shared memory before the loop
+        return staged.read(ctx, lowered.element.dtype)
     if isinstance(lowered, RingOperand):        # a software-pipelined load: its slot of the ring buffer
         regs = read_fragment(ctx, lowered.slot(ctx), lowered.load.fragment, lowered.load.dtype)
         return Regs(regs.value, lowered.load.want)

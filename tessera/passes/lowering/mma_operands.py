@@ -54,7 +54,7 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
     plan = ldmatrix_plan(want, trans, ctx.warp_size, regs.element.dtype.bits // 8)
     if plan is None:
         return None
-    buf = _store_swizzled(ctx, regs, plan.smem)
+    buf = store_swizzled(ctx, regs, plan.smem)
     loaded = read_fragment(ctx, buf, plan, regs.element.dtype)
     ctx.threads.barrier()
     return loaded
@@ -253,7 +253,7 @@ def wgmma_tile_offsets(ctx, tile: WgmmaTileLayout, layout: RegisterLayout, row_w
     return swizzle_offsets(ctx, index, swizzle_bytes(tile.swizzle, tile.element_bytes) if tile.swizzle else None)
 
 
-def _store_swizzled(ctx, regs: Regs, smem: SmemLayout):
+def store_swizzled(ctx, regs: Regs, smem: SmemLayout):
     """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
     then a barrier; the buffer."""
     layout, dtype = regs.layout, regs.element.dtype

@@ -94,23 +94,29 @@ class SharedOperand:
         return ctx.emit("wgmma_desc", ptr, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
 
 
+def k_major_tile(op, index: int, element_bytes: int) -> WgmmaTileLayout:
+    """The K-major tile a register operand `index` (0: A, 1: B) of dot `op` is stored into."""
+    (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
+    return WgmmaTileLayout(n if index else m, k, element_bytes, wgmma_tile_swizzle(k, element_bytes, k))
+
+
 def wgmma_dot(ctx, op, plan):
     """Lower `op` (a dot) on wgmma as `plan` (from `mma_plan`) says; see the module docstring."""
     inst = plan.instruction
-    (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
-    lowered = [ctx.operand(op, 0), ctx.operand(op, 1)]
+    lowered = [ctx.staged.get(op.operands[i]) or ctx.operand(op, i) for i in (0, 1)]
     rings = [x for x in lowered if isinstance(x, RingOperand)]
-    if len(rings) < 2:
-        e = next(x for x in lowered if isinstance(x, Regs)).element.dtype.bits // 8
-        swizzle = wgmma_tile_swizzle(k, e, k)
-        tiles = (WgmmaTileLayout(m, k, e, swizzle), WgmmaTileLayout(n, k, e, swizzle))
+    stored = False                          # whether this dot stores a register operand itself
     operands = []
     for i, x in enumerate(lowered):
         if isinstance(x, RingOperand):      # a pipelined slot, fenced and published by the loop
             operands.append(SharedOperand(x.slot(ctx), x.load.slot_layout))
+        elif isinstance(x, SharedOperand):  # stored before the loop (`invariant_operands.py`)
+            operands.append(x)
         else:
-            operands.append(SharedOperand(store_k_major(ctx, x, tiles[i], i == 1), tiles[i]))
-    if len(rings) < 2:
+            tile = k_major_tile(op, i, x.element.dtype.bits // 8)
+            operands.append(SharedOperand(store_k_major(ctx, x, tile, i == 1), tile))
+            stored = True
+    if stored:
         ctx.create("fence_proxy_async")
         ctx.threads.barrier()
     in_flight = min((r.in_flight for r in rings), default=0) if len(rings) == 2 else 0
@@ -142,7 +148,7 @@ def wgmma_dot(ctx, op, plan):
         for c0, d in results:
             c_regs[c0:c0 + nc] = ctx.unpack(d)
         result = ctx.pack(c_regs)
-    if len(rings) < 2:
+    if stored:
         ctx.threads.barrier()               # before the dot's own buffers are written again
     ctx.define(op.result, Regs(result, plan.c), op)
 

@@ -3,39 +3,62 @@
 Input: a tile-IR `for` and its attributes, `stages = S` (from
 `tessera.pipeline(..., stages=S)`) and `warp_specialize`. A loop with
 `warp_specialize` gets a producer warpgroup filling its rings by TMA
-(`warp_specialization.py`; an error says why when it cannot); a loop with
+(`warp_specialization.py`; where it cannot, a warning says why and the
+loop is scheduled as if it had not asked); a loop with
 S > 1 whose tensor-core dot operands qualify (`pipeline_plan.py`) gets
 ring buffers filled S - 1 iterations ahead (`software_pipeline.py`);
 anything else is the plain loop of `lowering/control_flow.py`. Guarantee:
 every schedule computes what the plain loop computes (the SIMT simulator
-checks it), and a stage request that is not honoured fully leaves a note
-in the kernel's `lowering_notes` saying why.
+checks it), and a request that is not honoured fully -- fewer stages, a
+load left out, cp.async where TMA was possible, no warp specialization --
+is a `PipelineWarning` at the loop saying why (`shortfalls.py`).
 """
 
 from __future__ import annotations
 
+from tessera.ir.core import Operation
+
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for
-from .pipeline_plan import pipeline_plan
+from ..lowering.invariant_operands import stage_invariant_operands
+from .pipeline_plan import PipelinePlan, pipeline_plan
+from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
-from .warp_specialization import lower_warp_specialized_for
+from .warp_specialization import lower_warp_specialized_for, warp_specialization_refusal
 
 
 @lowering("for")
 def _for(ctx, op):
+    stage_invariant_operands(ctx, op)
     stages = op.attrs.get("stages", 1)
     if op.attrs.get("warp_specialize"):
-        lower_warp_specialized_for(ctx, op)
-        return
+        refusal = warp_specialization_refusal(ctx, op)
+        if refusal is None:
+            lower_warp_specialized_for(ctx, op)
+            return
+        where, reason = refusal
+        shortfall(ctx, where, f"no warp specialization: {reason} (without it, the loop is pipelined as below)")
     if stages > 1:
-        plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
-        where = f" at {op.loc}" if op.loc else ""
+        why: list[str] = []
+        plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts, why)
         if plan is None:
-            ctx.notes.append(f"for{where}: stages = {stages}, but no load qualifies for cp.async pipelining on "
-                             f"{ctx.target.name}; lowered as a plain loop")
+            shortfall(ctx, op, f"tessera.pipeline(stages={stages}) runs as a plain loop on {ctx.target.name} (no "
+                               f"asynchronous copies): {'; '.join(why)}")
         else:
-            if plan.stages < stages:
-                ctx.notes.append(f"for{where}: {plan.stages} of the {stages} stages fit in shared memory")
+            report_partial_plan(ctx, op, plan, why)
             lower_pipelined_for(ctx, op, plan)
             return
     lower_plain_for(ctx, op)
+
+
+def report_partial_plan(ctx, op: Operation, plan: PipelinePlan, why: list[str]) -> None:
+    """Warn of what a pipelined loop lacks: stages that do not fit, block loads left out, cp.async for TMA."""
+    if plan.stages < plan.requested_stages:
+        shortfall(ctx, op, f"{plan.stages} of the {plan.requested_stages} stages fit in {ctx.target.name}'s shared "
+                           f"memory ({plan.shared_bytes // plan.stages} bytes per stage); use smaller blocks or "
+                           f"fewer stages")
+    for reason in why:
+        shortfall(ctx, op, f"not every block load is pipelined: {reason}")
+    for load in plan.copy_loads:
+        if load.no_tma is not None:
+            shortfall(ctx, op, f"cp.async instead of TMA for the block load at {place(load.load)}: {load.no_tma}")

@@ -28,6 +28,7 @@ from .. import alignment
 from ..mma import MmaPlan, mma_plan
 from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
 from .tma_fill import TmaBox, tma_plan
+from .shortfalls import place, refuse
 
 # ldmatrix reads 16-bit elements plain or transposed, 8-bit and tf32 (f32) ones plain only (`_slot_layout`).
 PIPELINED_DTYPES = LDMATRIX_DTYPES
@@ -51,6 +52,7 @@ class PipelinedLoad:
     slot_layout: SmemLayout | WgmmaTileLayout   # where each element lives in a slot (slot orientation)
     fragment: LdmatrixPlan | None       # ldmatrix reads of a slot (mma.sync); None: wgmma descriptors
     tma: TmaBox | None = None           # the slots are filled by TMA (else by cp.async with `copies`)
+    no_tma: str | None = None           # on a target with TMA: why TMA does not fill them
 
     @property
     def on_wgmma(self) -> bool:
@@ -132,6 +134,9 @@ class PipelinePlan:
 # * its view and offsets are computed in the body from the induction variable
 #   and loop-invariant values by pure scalar ops (the `slice`, re-evaluated
 #   for iterations ahead), and they do depend on the induction variable;
+#   scalar loads count as pure when nothing in the body writes memory (a
+#   paged KV cache's block table: the page of a block ahead is read ahead;
+#   for an iteration past the end the read is masked off, `_issue`);
 # * one dim of the view has the constant stride 1 and the alignment analysis
 #   proves copies of at least 4 bytes along it (`alignment.access_width`):
 #   16 bytes where contiguity, alignment and bounds allow, else 8 or 4;
@@ -180,28 +185,38 @@ class PipelinePlan:
 # until S x (sum of the slots) fits the target's shared memory per block
 # (other buffers live during the loop are not counted: should they not fit,
 # the allocator reports it); below 2 stages nothing is pipelined.
-def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict) -> PipelinePlan | None:
-    """How `loop` is pipelined on `target` (the conditions are in the comment above); None: a plain loop."""
+def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
+                  why: list[str] | None = None) -> PipelinePlan | None:
+    """How `loop` is pipelined on `target` (the conditions are in the comment above); None: a plain loop.
+    `why`, when given, collects why a block load of the body is not pipelined, or the loop is not at all."""
+    why = [] if why is None else why
     requested = loop.attrs.get("stages", 1)
-    if requested < 2 or not (target.has("cp.async") and target.has("ldmatrix")):
+    if requested < 2:
         return None
+    if not (target.has("cp.async") and target.has("ldmatrix")):
+        return refuse(why, f"{target.name} has no asynchronous copies into shared memory that Tessera uses yet "
+                            f"(cp.async and ldmatrix: sm_80 and newer)")
     step = getattr(facts.get(loop.operands[2]), "constant", None)
     if step is None or step <= 0:
-        return None
+        return refuse(why, "the loop's step is not a positive compile-time constant")
     body = loop.regions[0]
     users = _users(body)
     loads = []
     for op in body.ops:
         if op.name == "view_load":
-            planned = _plan_load(op, body, users, target, num_warps, facts)
+            refusals: list[str] = []
+            planned = _plan_load(op, body, users, target, num_warps, facts, refusals)
             if planned is not None:
                 loads.append(planned)
+            elif refusals:
+                why.append(f"the block load at {place(op)} {refusals[0]}")
     if not loads:
-        return None
+        return refuse(why, "no block load of the body feeds a tensor-core dot") if not why else None
     per_stage = sum(_align(load.slot_bytes, load.slot_alignment) for load in loads)
     stages = min(requested, target.shared_memory_bytes // per_stage)
     if stages < 2:
-        return None
+        return refuse(why, f"two stages of its rings need {2 * per_stage} bytes of shared memory, more than "
+                            f"{target.name}'s {target.shared_memory_bytes}; use smaller blocks")
     in_flight = int(stages >= 3 and _keeps_group_in_flight(loads, body, target, num_warps))
     return PipelinePlan(loop, stages, requested, step, tuple(loads), in_flight)
 
@@ -224,41 +239,57 @@ def _keeps_group_in_flight(loads: list[PipelinedLoad], body: Block, target: Targ
 
 
 def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: int,
-               facts: dict) -> PipelinedLoad | None:
+               facts: dict, why: list[str]) -> PipelinedLoad | None:
+    """The plan of one block load of the body, or None with the reason in `why` when it feeds a dot but
+    cannot be pipelined (loads that feed no dot are left alone without a word)."""
     tile = load.result.type
     dtype = tile.element.dtype
-    if len(tile.shape) != 2 or dtype not in PIPELINED_DTYPES or load.attrs.get("fill", 0) != 0:
-        return None
     consumer = _dot_consumer(load.result, users, body)
     if consumer is None:
         return None
     dot, operand = consumer
+    if len(tile.shape) != 2 or dtype not in PIPELINED_DTYPES:
+        return refuse(why, f"is {tile}; pipelined blocks are 2-D tiles of "
+                            f"{', '.join(sorted(d.name for d in PIPELINED_DTYPES))}")
+    if load.attrs.get("fill", 0) != 0:
+        return refuse(why, f"fills out-of-bounds lanes with {load.attrs['fill']}; cp.async zero-fills them "
+                            f"(drop the fill, or pick it with tessera.where after the dot)")
     mma = mma_plan(dot, target, num_warps)
     if mma is None:
-        return None
+        return refuse(why, f"feeds a dot that does not run on {target.name}'s tensor cores")
     slice_ops = _address_slice(load, body)
     if slice_ops is None:
-        return None
+        return refuse(why, "has a view or offsets the loop cannot compute for iterations ahead (they must "
+                            "come from the loop variable and loop-invariant values)")
     view_facts = facts.get(load.operands[0])
     if view_facts is None or not any(view_facts.unit_stride):
-        return None
+        return refuse(why, "reads a view with no dimension of stride 1")
     dim = 1 if view_facts.unit_stride[1] else 0
     width = alignment.access_width(facts, load, MAX_COPY_BYTES * 8, dim=dim)
     slot_shape = tile.shape if dim == 1 else tile.shape[::-1]
     slot = _slot_layout(mma, operand, dim, slot_shape, dtype.bits // 8, target.warp_size)
     if slot is None:
-        return None
+        return refuse(why, f"is contiguous along a dim the dot cannot read {dtype.name} from shared memory in "
+                            f"(8-bit and tf32 operands must be contiguous along K)")
     want, slot_layout, fragment = slot
     num_threads = num_warps * target.warp_size
+    if width * dtype.bits < MIN_COPY_BYTES * 8:
+        return refuse(why, f"cannot be copied in chunks of {MIN_COPY_BYTES} bytes or more: the alignment "
+                            f"analysis proves runs of only {width} aligned element(s) along its contiguous dim "
+                            f"(the view's base, sizes, strides and block offsets must be multiples of 16 bytes; "
+                            f"state what it cannot see with tessera.multiple_of or tessera.assume)")
     while width * dtype.bits >= MIN_COPY_BYTES * 8:
         copies = _copy_layout(slot_shape, width, num_threads)
         if copies is not None:
             if dim == 0:
                 copies = copies.permute((1, 0))
-            tma = tma_plan(load, dim, slot_layout, target, facts)
-            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma)
+            no_tma: list[str] = []
+            tma = tma_plan(load, dim, slot_layout, target, facts, no_tma)
+            return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma,
+                                 no_tma[0] if no_tma and target.has("tma") else None)
         width //= 2
-    return None
+    return refuse(why, f"is too small to deal its copies evenly to {num_threads} threads")
+
 
 
 def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, int], element_bytes: int,
@@ -316,6 +347,7 @@ def _address_slice(load: Operation, body: Block) -> tuple[Operation, ...] | None
     variable and on no other block argument; None otherwise."""
     iv = body.args[0]
     in_body = {r: op for op in body.ops for r in op.results}
+    read_only = not any(OPS[op.name].writes_memory for top in body.ops for op in top.walk())
     needed: set[Operation] = set()
     uses_iv = False
     work = list(load.operands)
@@ -329,7 +361,9 @@ def _address_slice(load: Operation, body: Block) -> tuple[Operation, ...] | None
         op = in_body.get(value)
         if op is None or op in needed:
             continue                        # defined outside the loop (or already taken)
-        if op.regions or not OPS[op.name].pure or any(isinstance(r.type, TileType) for r in op.results):
+        scalar_load = op.name == "load" and read_only
+        if op.regions or not (OPS[op.name].pure or scalar_load) or any(isinstance(r.type, TileType)
+                                                                      for r in op.results):
             return None
         needed.add(op)
         work.extend(op.operands)

@@ -204,7 +204,10 @@ def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tm
     ctx.env[body.args[0]] = iv
     order = {op: i for i, op in enumerate(body.ops)}
     for slice_op in sorted({op for load in plan.loads for op in load.slice}, key=order.__getitem__):
-        lower_op(ctx, slice_op)
+        if slice_op.name == "load":
+            _speculative_load(ctx, slice_op, live)
+        else:
+            lower_op(ctx, slice_op)
     offsets = {load.load: _times(ctx, slot, load.slot_elements) for load in plan.loads}
     for load, ring in zip(plan.loads, rings):
         if load.tma is None:
@@ -213,6 +216,17 @@ def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tm
         ctx.create("async_commit")
     if tma:
         tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live)
+
+
+def _speculative_load(ctx, op: Operation, live: Value) -> None:
+    """A scalar load of the address slice (a block table's entry) for an iteration that may lie past the end of
+    the loop: read only where `live`, else 0 (that iteration's copies are predicated off), so a table exactly as
+    long as the loop is never read out of bounds."""
+    ptr, *rest = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
+    pred = live if not rest else ctx.emit("and", live, rest[0])
+    new = ctx.create("load", [ptr, pred, *rest[1:]], op.attrs, [op.result.type])
+    new.result.name_hint = op.result.name_hint
+    ctx.define(op.result, new.result)
 
 
 def _copy_block(ctx, load: PipelinedLoad, ring: Value, offset: Value, live: Value) -> None:

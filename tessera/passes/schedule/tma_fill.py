@@ -25,6 +25,7 @@ from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..lowering.values import I32
+from .shortfalls import refuse
 
 TMA_ELEMENT_BYTES = (1, 2, 4)
 SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}
@@ -59,43 +60,51 @@ class TmaBox:
 
 
 def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
-             facts: dict) -> TmaBox | None:
-    """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None."""
+             facts: dict, why: list[str] | None = None) -> TmaBox | None:
+    """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None
+    (with the reason in `why`, when given)."""
     tile = load.result.type
-    return view_block_box(load.operands[0], tile.shape, tile.element.dtype, dim, slot, target, facts)
+    return view_block_box(load.operands[0], tile.shape, tile.element.dtype, dim, slot, target, facts, why)
 
 
 def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: int,
-                   slot: SmemLayout | WgmmaTileLayout, target: Target, facts: dict) -> TmaBox | None:
+                   slot: SmemLayout | WgmmaTileLayout, target: Target, facts: dict,
+                   why: list[str] | None = None) -> TmaBox | None:
     """The TMA fill of a `shape` block of `view` (elements `dtype`, contiguous view dim `dim`) into a slot laid
-    out as `slot`, or None when it does not qualify (the rules are in the comment above `TmaRing`). Shared by
-    pipelined loads (`tma_plan`) and the language's mbarrier copies (`shared_buffers.py`)."""
+    out as `slot`, or None when it does not qualify (the rules are in the comment above `TmaRing`; the reason
+    goes into `why`, when given). Shared by pipelined loads (`tma_plan`) and the language's mbarrier copies
+    (`shared_buffers.py`)."""
+    why = [] if why is None else why
     if not target.has("tma"):
-        return None
+        return refuse(why, f"{target.name} has no TMA")
     make_view = view.owner
     if not isinstance(make_view, Operation) or make_view.name != "make_view":
-        return None
+        return refuse(why, "its view is not a tessera.view made in the kernel")
     fn = _function_of(make_view)
     size = dtype.bits // 8
     if fn is None or len(shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
-        return None
+        return refuse(why, f"TMA copies 2-D blocks of 1-, 2-, 4- or 8-byte elements, not {shape} of {dtype.name}")
     base, sizes, strides = make_view.operands[0], make_view.operands[1:3], make_view.operands[3:5]
     if base not in fn.args or fn.args.index(base) not in fn.attrs.get("divisible_by_16", ()):
-        return None
+        return refuse(why, "its view's base is not a 16-byte aligned pointer argument of the kernel (the host "
+                            "builds the tensor map from that argument)")
     info = facts.get(view)
     outer = 1 - dim
     if info is None or not info.unit_stride[dim] or info.stride_divisibility[outer] * size % 16:
-        return None
+        return refuse(why, "its view's rows are not proven to start on 16-byte boundaries (the row stride must "
+                            "be a multiple of 16 bytes: state it with tessera.multiple_of or tessera.assume)")
     extents = [_extent(v, fn, facts) for v in (sizes[outer], sizes[dim], strides[outer])]
     if None in extents:
-        return None
+        return refuse(why, "its view's sizes and row stride are not constants or kernel arguments (times a "
+                            "constant), which the host needs to build the tensor map")
     boxes = slot_boxes(slot, shape[outer], shape[dim], size)
     if boxes is None:
-        return None
+        return refuse(why, "no TMA box writes its slot layout")
     swizzle, width, count = boxes
     box = (shape[outer], width)
     if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
-        return None
+        return refuse(why, f"its box {box} is outside what TMA copies (dims <= {MAX_BOX_DIM}, rows of a "
+                            f"multiple of 16 bytes)")
     recipe = TensorMapRecipe(-1, fn.args.index(base), dtype, (extents[0], extents[1]), (extents[2], Extent(None, 1)),
                              box, swizzle)
     return TmaBox(recipe, (outer, dim), count)

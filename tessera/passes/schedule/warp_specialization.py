@@ -23,6 +23,7 @@ from ..lowering.values import I32, Regs, RingOperand
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase
 from .tma_fill import TmaRing
+from .shortfalls import shortfall
 
 PRODUCER_THREADS = 128                  # one warpgroup
 PRODUCER_REGISTERS = 40                 # setmaxnreg dec: a loop issuing TMA needs few
@@ -97,8 +98,12 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 # landed, and the barrier orders the producer's last mbarrier accesses before
 # thread 0 invalidates them (the SIMT simulator checks both).
 def lower_warp_specialized_for(ctx, op: Operation) -> None:
-    """Lower `op` (a `for {warp_specialize = true}`) as the comment above says."""
-    plan = _checked_plan(ctx, op)
+    """Lower `op` (a `for {warp_specialize = true}`, which `warp_specialization_refusal` accepted) as the comment
+    above says."""
+    plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
+    if plan.stages < plan.requested_stages:
+        shortfall(ctx, op, f"{plan.stages} of the {plan.requested_stages} stages fit in {ctx.target.name}'s shared "
+                           f"memory; use smaller blocks or fewer stages")
     consumers = ctx.num_threads
     ctx.fn.attrs["num_threads"] = consumers + PRODUCER_THREADS
     stages = plan.stages
@@ -131,38 +136,37 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
 
 
-def _checked_plan(ctx, op: Operation) -> PipelinePlan:
-    """The loop's pipeline plan, or a LoweringError saying why it cannot be warp-specialized and what to do."""
+def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | None:
+    """Why `op` (a `for {warp_specialize = true}`) cannot get a producer warpgroup: (the op to point at, the
+    reason and what to do), or None when it can (the loop schedule then falls back, with a warning)."""
     target = ctx.target
     if not target.has("tma"):
-        raise ctx.error(op, f"warp_specialize=True needs TMA (sm_90, sm_90a), which {target.name} lacks; drop "
-                            f"warp_specialize=True (the pipeline stays cp.async) or compile for sm_90")
+        return op, (f"warp_specialize=True needs TMA (sm_90, sm_90a), which {target.name} lacks; drop "
+                    f"warp_specialize=True (the pipeline stays cp.async) or compile for sm_90")
     if ctx.threads.consumers is not None:
-        raise ctx.error(op, "only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its "
-                            "producer warpgroup has exited after the first); drop warp_specialize=True here")
+        return op, ("only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its producer "
+                    "warpgroup has exited after the first); drop warp_specialize=True here")
     if op.parent is not ctx.src.body:
-        raise ctx.error(op, "a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel "
-                            "itself, not nested in a loop or an `if` (persistent kernels are not supported); "
-                            "drop warp_specialize=True or move the loop out")
-    _check_prologue(ctx, op)
+        return op, ("a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel itself, not "
+                    "nested in a loop or an `if` (persistent kernels are not supported); drop "
+                    "warp_specialize=True or move the loop out")
+    prologue = _prologue_refusal(ctx, op)
+    if prologue is not None:
+        return prologue
     plan = pipeline_plan(op, target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
     if plan is None:
-        raise ctx.error(op, "warp_specialize=True: no load of this loop qualifies for pipelining (A and B "
-                            "blocks of a tensor-core dot, see passes/lowering/pipeline_plan.py); drop "
-                            "warp_specialize=True")
+        return op, ("warp_specialize=True: no load of this loop qualifies for pipelining (A and B blocks of a "
+                    "tensor-core dot, see passes/schedule/pipeline_plan.py); drop warp_specialize=True")
     if plan.copy_loads:
         where = ", ".join(str(load.load.loc) if load.load.loc else "a block load" for load in plan.copy_loads)
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
                "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
-        raise ctx.error(op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at "
-                            f"{where} cannot be: {why}")
-    if plan.stages < plan.requested_stages:
-        ctx.notes.append(f"for at {op.loc}: {plan.stages} of the {plan.requested_stages} stages fit in shared memory")
-    return plan
+        return op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at {where} cannot be: {why}"
+    return None
 
 
-def _check_prologue(ctx, loop: Operation) -> None:
-    """The producer runs what precedes the loop too: refuse anything there but pure computation."""
+def _prologue_refusal(ctx, loop: Operation) -> tuple[Operation, str] | None:
+    """The producer runs what precedes the loop too: anything there but pure computation is refused."""
     body = ctx.src.body
     for top in body.ops[:body.ops.index(loop)]:
         for op in top.walk():
@@ -171,10 +175,11 @@ def _check_prologue(ctx, loop: Operation) -> None:
             register_only = op.name in REGISTER_ONLY_TILE_OPS or OPS[op.name].elementwise
             tile_ok = register_only and not _converts(ctx, op)
             if not (tile_ok if tiles else scalar_ok):
-                raise ctx.error(op, f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, "
-                                    "where the producer warpgroup runs it too; only scalar arithmetic, views and "
-                                    "register-only tile ops (zeros, arange, elementwise) may: move it after the "
-                                    "loop or into its body, or drop warp_specialize=True")
+                return op, (f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, where the "
+                            "producer warpgroup runs it too; only scalar arithmetic, views and register-only tile "
+                            "ops (zeros, arange, elementwise) may: move it after the loop or into its body, or drop "
+                            "warp_specialize=True")
+    return None
 
 
 def _converts(ctx, op: Operation) -> bool:

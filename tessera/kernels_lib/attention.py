@@ -1,0 +1,377 @@
+"""Attention as PyTorch ops: `attention` (batched), `attention_varlen` (packed sequences).
+
+    o, lse = tessera.kernels_lib.attention(q, k, v, causal=True)        # q (B, Sq, H, D), k/v (B, Sk, H_KV, D)
+    o, lse = tessera.kernels_lib.attention_varlen(q, k, v, cu_q, cu_k, max_q, max_k)   # q (total_q, H, D)
+
+These are the custom ops `torch.ops.tessera.attention` and
+`torch.ops.tessera.attention_varlen`, with fake implementations (so
+`torch.compile` traces them) and autograd. The kernels are FlashAttention
+written in Tessera (`attention_fwd.py`). Tensors keep their strides: any
+layout whose head dim is contiguous is read in place (a slice of a packed
+QKV tensor, say); O comes back contiguous, LSE in float32 as (B, H, Sq)
+(varlen: (H, total_q)), natural log, +inf for rows that see no key.
+
+Masks follow FlashAttention: `causal` aligns the diagonal with the
+bottom-right corner when Sq != Sk (query i sees keys j <= i + Sk - Sq);
+`window=(left, right)` keeps keys i + Sk - Sq - left <= j <= i + Sk - Sq
++ right (an int w means (w, w); with causal, right is 0); `softcap` > 0
+replaces the logits by softcap * tanh(logits / softcap); `scale` defaults
+to 1 / sqrt(D). GQA/MQA: H must be a multiple of H_KV.
+
+CUDA tensors launch the kernel with the plan for their head dim
+(`GPU_PLANS`); CPU tensors run on the tile interpreter with small tiles
+(`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from typing import Optional, Union
+
+import torch
+
+import tessera
+
+from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
+from .attention_fwd import LOG2E, attention_fwd_kernel
+
+DTYPES = (torch.float16, torch.bfloat16)
+HEAD_DIMS = (64, 128, 256)          # the GPU plans' head dims (the interpreter takes any power of two >= 16)
+Window = Union[None, int, tuple[int, int]]
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Tile sizes and warps of the forward kernel: BM query rows per program, BN keys per step."""
+
+    BM: int
+    BN: int
+    num_warps: int
+    stages: int = 2
+
+
+# Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
+# split along M), so on NVIDIA BM = 16 rows per warp (mma.sync m16n8k16; wgmma: 64 per warpgroup) and on AMD 32
+# per wave (MFMA 32x32x8). No config spills registers on sm_80, sm_90a or gfx942
+# (tests/kernels_lib/test_attention_compile.py); none has been timed on a GPU yet.
+GPU_PLANS = {
+    "nvidia": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
+    "amd": {64: Plan(128, 64, 4, stages=1), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
+}   # (AMD: one stage, since Tessera has no asynchronous copies into LDS on AMD yet)
+CPU_PLAN = Plan(16, 16, 4, stages=1)
+
+
+@dataclass(frozen=True)
+class BackwardPlan:
+    """The backward's kernels: dK/dV (BN keys per program, walking BM queries at a time), the dQ pass (BM
+    queries, BN keys at a time), and whether the dK/dV kernel adds dQ itself by atomics when the caller does not
+    ask for determinism (False: no such config fits the registers, so the dQ pass runs either way)."""
+
+    kv: Plan
+    q: Plan
+    atomic_dq: bool
+
+
+DELTA_PLAN = Plan(64, 0, 4)       # rows per program of delta = rowsum(dO * O)
+# Per architecture and head dim; every config assembles without spills (tests/kernels_lib/
+# test_attention_compile.py). Missing: head dim 256 (dK and dV alone take 256 registers a thread at 64 keys a
+# program, whatever the warps: it needs the head dim split across warps) and head dim 128 on sm_80 and AMD
+# (every config tried spills: 16-230 bytes on sm_80).
+BWD_GPU_PLANS = {
+    "sm_90a": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=True),
+               128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False)},
+    "sm_80": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=False)},
+    "amd": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
+}
+BWD_CPU_PLAN = BackwardPlan(Plan(16, 16, 4, stages=1), Plan(16, 16, 4, stages=1), atomic_dq=True)
+
+
+def bwd_gpu_plan(D: int, device: torch.device) -> BackwardPlan:
+    """The backward plan for head dim D on `device` (Hopper: sm_90a's; other NVIDIA GPUs: sm_80's)."""
+    if torch.version.hip:
+        arch = "amd"
+    else:
+        arch = "sm_90a" if torch.cuda.get_device_capability(device)[0] == 9 else "sm_80"
+    plans = BWD_GPU_PLANS[arch]
+    if D not in plans:
+        raise ValueError(f"tessera::attention: the backward pass has no GPU plan for head dim {D} on {arch} yet "
+                         f"(planned: {sorted(plans)}); run it on the CPU interpreter or use another head dim")
+    return plans[D]
+
+
+# ---------------------------------------------------------------------------
+# Arguments
+
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, op: str) -> None:
+    """Shapes, dtypes and devices of q, k, v: (..., S, H, D) of `rank` dims, H a multiple of H_KV."""
+    for name, x in (("q", q), ("k", k), ("v", v)):
+        if x.dim() != rank:
+            layout = "(B, S, H, D)" if rank == 4 else "(total, H, D)"
+            raise ValueError(f"tessera::{op}: {name} must be {layout}, got shape {tuple(x.shape)}")
+        if x.dtype not in DTYPES:
+            raise ValueError(f"tessera::{op}: {name} has dtype {x.dtype}; supported are float16 and bfloat16")
+        if x.dtype != q.dtype or x.device != q.device:
+            raise ValueError(f"tessera::{op}: q, k and v must share dtype and device, got {name} {x.dtype} on "
+                             f"{x.device} and q {q.dtype} on {q.device}")
+    if k.shape != v.shape:
+        raise ValueError(f"tessera::{op}: k and v must have the same shape, got {tuple(k.shape)} and {tuple(v.shape)}")
+    D, H, H_kv = q.shape[-1], q.shape[-2], k.shape[-2]
+    if k.shape[-1] != D:
+        raise ValueError(f"tessera::{op}: q has head dim {D} but k has {k.shape[-1]}")
+    if D < 16 or D & (D - 1):
+        raise ValueError(f"tessera::{op}: head dim {D} is not supported; use a power of two >= 16 (64, 128, 256)")
+    if H_kv == 0 or H % H_kv:
+        raise ValueError(f"tessera::{op}: q's {H} heads are not a multiple of k/v's {H_kv} (GQA needs H % H_KV == 0)")
+    if rank == 4 and (k.shape[0] != q.shape[0]):
+        raise ValueError(f"tessera::{op}: q has batch {q.shape[0]} but k has {k.shape[0]}")
+
+
+def window_bounds(causal: bool, window: Window) -> tuple[int, int]:
+    """(left, right) keys around each query's diagonal, -1 for unbounded (FlashAttention's window_size)."""
+    if window is None:
+        left = right = -1
+    elif isinstance(window, int):
+        left = right = window
+    else:
+        left, right = window
+    if min(left, right) < -1:
+        raise ValueError(f"tessera::attention: window bounds must be >= 0 (or -1 for none), got {window}")
+    return left, 0 if causal else right
+
+
+def gpu_plan(D: int) -> Plan:
+    """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's)."""
+    plans = GPU_PLANS["amd" if torch.version.hip else "nvidia"]
+    if D not in plans:
+        raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
+    return plans[D]
+
+
+def _on_interpreter(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+
+
+@dataclass(frozen=True)
+class Problem:
+    """What every attention kernel of one call takes besides its tensors: sizes, the scale, the masks."""
+
+    batch: int
+    Sq: int                     # varlen: the longest sequences
+    Sk: int
+    H: int
+    H_kv: int
+    D: int
+    scale: float
+    softcap: float
+    left: int                   # -1: unbounded
+    right: int
+    cu_q: Optional[torch.Tensor] = None     # varlen: int32 starts of the sequences, then the total
+    cu_k: Optional[torch.Tensor] = None
+
+    @staticmethod
+    def of(q, k, cu_q, cu_k, Sq, Sk, causal, window_left, window_right, softcap, scale) -> "Problem":
+        D = q.shape[-1]
+        batch = q.shape[0] if cu_q is None else cu_q.shape[0] - 1
+        scale = 1.0 / math.sqrt(D) if scale is None else float(scale)
+        return Problem(batch, Sq, Sk, q.shape[-2], k.shape[-2], D, scale, float(softcap), window_left,
+                       0 if causal else window_right, cu_q, cu_k)
+
+    @property
+    def varlen(self) -> bool:
+        return self.cu_q is not None
+
+    def scalars(self, q: torch.Tensor) -> tuple:
+        """cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale (base 2, or over the cap), softcap: the kernels' common head."""
+        unused = torch.zeros(1, dtype=torch.int32, device=q.device)
+        qk_scale = self.scale / self.softcap if self.softcap > 0 else self.scale * LOG2E
+        return (self.cu_q if self.varlen else unused, self.cu_k if self.varlen else unused, self.Sq, self.Sk,
+                self.H, self.H_kv, qk_scale, self.softcap)
+
+    def masks(self) -> dict:
+        return dict(HAS_LEFT=self.left >= 0, HAS_RIGHT=self.right >= 0, SOFTCAP=self.softcap > 0, VARLEN=self.varlen)
+
+    def strides(self, x: torch.Tensor) -> tuple[int, ...]:
+        """(batch, seq, head, dim) element strides; varlen tensors have no batch dim (stride 0)."""
+        return tuple(x.stride()) if not self.varlen else (0, *x.stride())
+
+    def lse_strides(self, lse: torch.Tensor) -> tuple[int, int]:
+        """(batch, head) strides of an LSE-shaped tensor: (B, H, Sq), or (H, total_q) for varlen."""
+        return (0, lse.stride(0)) if self.varlen else (lse.stride(0), lse.stride(1))
+
+    def new_lse(self, q: torch.Tensor) -> torch.Tensor:
+        shape = (self.H, q.shape[0]) if self.varlen else (self.batch, self.H, self.Sq)
+        return torch.empty(shape, dtype=torch.float32, device=q.device)
+
+
+def _forward(q, k, v, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel: (O, LSE)."""
+    o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), problem.new_lse(q)
+    if o.numel() == 0:
+        return o, lse.fill_(float("inf"))
+    plan = CPU_PLAN if _on_interpreter(q) else gpu_plan(problem.D)
+    p = problem
+    args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
+            *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse))
+    grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
+    attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, num_warps=plan.num_warps,
+                               **p.masks())
+    return o, lse
+
+
+def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
+              deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Launch the backward kernels: (dQ, dK, dV). delta = rowsum(dO * O) - dLSE first; then dK and dV per key
+    block, with dQ added by atomics into a float32 buffer, or (deterministic) by a pass of its own."""
+    p = problem
+    dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(v.shape, dtype=v.dtype, device=v.device)
+    if q.numel() == 0 or k.numel() == 0:
+        return torch.zeros_like(q), dk.zero_(), dv.zero_()
+    plan = BWD_CPU_PLAN if _on_interpreter(q) else bwd_gpu_plan(p.D, q.device)
+    kv_plan, q_plan, delta_plan = plan.kv, plan.q, DELTA_PLAN
+    deterministic = deterministic or not plan.atomic_dq
+    delta = torch.empty_like(lse)
+    dlse = grad_lse.contiguous() if grad_lse is not None else lse
+    attention_bwd_delta_kernel[(tessera.cdiv(p.Sq, delta_plan.BM), p.batch * p.H)](
+        o, grad_out, dlse, delta, p.scalars(q)[0], p.Sq, p.H, *p.strides(o), *p.strides(grad_out),
+        *p.lse_strides(lse), D=p.D, BM=delta_plan.BM, HAS_DLSE=grad_lse is not None, VARLEN=p.varlen,
+        num_warps=delta_plan.num_warps)
+    dq = torch.empty(q.shape, dtype=q.dtype if deterministic else torch.float32, device=q.device)
+    if not deterministic:
+        dq.zero_()
+    head = (q, k, v, grad_out, lse, delta)
+    scalars = (*p.scalars(q), p.scale, max(p.left, 0), max(p.right, 0))
+    strides = (*p.strides(q), *p.strides(k), *p.strides(v), *p.strides(grad_out))
+    attention_bwd_kv_kernel[(tessera.cdiv(p.Sk, kv_plan.BN), p.batch * p.H_kv)](
+        *head, dq, dk, dv, *scalars, *strides, *p.strides(dq)[:3], *p.strides(dk)[:3], *p.lse_strides(lse),
+        D=p.D, BM=kv_plan.BM, BN=kv_plan.BN, ATOMIC_DQ=not deterministic, STAGES=kv_plan.stages,
+        num_warps=kv_plan.num_warps, **p.masks())
+    if not deterministic:
+        return (dq * p.scale).to(q.dtype), dk, dv
+    attention_bwd_q_kernel[(tessera.cdiv(p.Sq, q_plan.BM), p.batch * p.H)](
+        *head, dq, *scalars, *strides, *p.strides(dq)[:3], *p.lse_strides(lse), D=p.D, BM=q_plan.BM,
+        BN=q_plan.BN, STAGES=q_plan.stages, num_warps=q_plan.num_warps, **p.masks())
+    return dq, dk, dv
+
+
+# ---------------------------------------------------------------------------
+# The ops
+
+@torch.library.custom_op("tessera::attention", mutates_args=())
+def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window_left: int = -1,
+                 window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
+                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.ops.tessera.attention`: see `attention`."""
+    _check(q, k, v, 4, "attention")
+    problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, window_left, window_right, softcap, scale)
+    return _forward(q, k, v, problem)
+
+
+@attention_op.register_fake
+def _attention_fake(q, k, v, causal=False, window_left=-1, window_right=-1, softcap=0.0, scale=None,
+                    deterministic=False):
+    _check(q, k, v, 4, "attention")
+    B, Sq, H, _ = q.shape
+    return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+@torch.library.custom_op("tessera::attention_varlen", mutates_args=())
+def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                        scale: Optional[float] = None, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.ops.tessera.attention_varlen`: see `attention_varlen`."""
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
+                         window_right, softcap, scale)
+    return _forward(q, k, v, problem)
+
+
+@attention_varlen_op.register_fake
+def _attention_varlen_fake(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal=False,
+                           window_left=-1, window_right=-1, softcap=0.0, scale=None, deterministic=False):
+    _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+    return q.new_empty(q.shape), q.new_empty((q.shape[1], q.shape[0]), dtype=torch.float32)
+
+
+def _check_varlen(q, k, v, cu_q, cu_k) -> None:
+    _check(q, k, v, 3, "attention_varlen")
+    for name, cu in (("cu_seqlens_q", cu_q), ("cu_seqlens_k", cu_k)):
+        if cu.dim() != 1 or cu.dtype != torch.int32 or cu.device != q.device:
+            raise ValueError(f"tessera::attention_varlen: {name} must be a 1-D int32 tensor on {q.device} "
+                             f"(sequence starts, then the total), got {cu.dtype} {tuple(cu.shape)} on {cu.device}")
+    if cu_q.shape != cu_k.shape or cu_q.shape[0] < 1:
+        raise ValueError(f"tessera::attention_varlen: cu_seqlens_q and cu_seqlens_k must both have batch + 1 "
+                         f"entries, got {tuple(cu_q.shape)} and {tuple(cu_k.shape)}")
+
+
+@torch.library.custom_op("tessera::attention_backward", mutates_args=())
+def attention_backward_op(grad_out: torch.Tensor, grad_lse: Optional[torch.Tensor], q: torch.Tensor,
+                          k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+                          cu_seqlens_q: Optional[torch.Tensor], cu_seqlens_k: Optional[torch.Tensor],
+                          max_seqlen_q: int, max_seqlen_k: int, causal: bool, window_left: int, window_right: int,
+                          softcap: float, scale: Optional[float],
+                          deterministic: bool) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`torch.ops.tessera.attention_backward`: (dQ, dK, dV) of `attention` / `attention_varlen` (cu_seqlens
+    None: batched) from the gradients of O and LSE (None: LSE unused), given the forward's O and LSE."""
+    problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
+                         window_right, softcap, scale)
+    return _backward(grad_out, grad_lse, q, k, v, o, lse, problem, deterministic)
+
+
+@attention_backward_op.register_fake
+def _attention_backward_fake(grad_out, grad_lse, q, k, v, o, lse, *args):
+    return q.new_empty(q.shape), k.new_empty(k.shape), v.new_empty(v.shape)
+
+
+def _setup_context(ctx, inputs, output):
+    q, k, v, *options = inputs
+    if len(options) == 10:                  # varlen: cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, ...
+        cu_q, cu_k, max_q, max_k, *options = options
+    else:
+        cu_q, cu_k, max_q, max_k = None, None, q.shape[1], k.shape[1]
+    ctx.options = (max_q, max_k, *options)  # causal, window_left, window_right, softcap, scale, deterministic
+    ctx.varlen = cu_q is not None
+    ctx.save_for_backward(q, k, v, *output, cu_q, cu_k)
+
+
+def _attention_grad(ctx, grad_out, grad_lse):
+    q, k, v, o, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = attention_backward_op(grad_out, grad_lse, q, k, v, o, lse, cu_q, cu_k, *ctx.options)
+    return (dq, dk, dv) + (None,) * (10 if ctx.varlen else 6)
+
+
+attention_op.register_autograd(_attention_grad, setup_context=_setup_context)
+attention_varlen_op.register_autograd(_attention_grad, setup_context=_setup_context)
+
+
+def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, window: Window = None,
+              softcap: float = 0.0, scale: Optional[float] = None,
+              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """softmax(scale * q k^T + mask) v per (batch, head): (O, LSE); see the module docstring.
+
+    q is (B, Sq, H, D), k and v (B, Sk, H_KV, D), float16 or bfloat16, with
+    H % H_KV == 0 and D a power of two (64, 128 or 256 on the GPU). O is
+    (B, Sq, H, D) in q's dtype, LSE (B, H, Sq) float32. Both are
+    differentiable; `deterministic` makes the backward pass sum dQ in a
+    fixed order (a pass of its own instead of atomics).
+    """
+    left, right = window_bounds(causal, window)
+    return attention_op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
+
+
+def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                     cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
+                     window: Window = None, softcap: float = 0.0, scale: Optional[float] = None,
+                     deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """`attention` over a batch of sequences packed along the first dim: (O, LSE).
+
+    q is (total_q, H, D), k and v (total_k, H_KV, D); sequence b is rows
+    cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (cu_seqlens_k for k, v),
+    both int32 of batch + 1 entries; max_seqlen_q / max_seqlen_k bound the
+    lengths. O is (total_q, H, D), LSE (H, total_q) float32.
+    """
+    left, right = window_bounds(causal, window)
+    return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
+                               left, right, float(softcap), scale, deterministic)

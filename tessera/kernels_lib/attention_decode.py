@@ -1,0 +1,254 @@
+"""Decode attention as a PyTorch op: `attention_decode`, new queries against a paged KV cache.
+
+    o, lse = tessera.kernels_lib.attention_decode(q, k_cache, v_cache, block_table, cache_seqlens)
+
+The custom op `torch.ops.tessera.attention_decode` (with a fake
+implementation, so `torch.compile` traces it; inference only). The kernels
+(`attention_split_kv.py`) split each sequence's keys across programs and
+combine the parts (FlashDecoding), pack the query heads of one key/value
+head into one tile (GQA), and, given `unified_max`, use FlashDecoding++'s
+asynchronous softmax with its fallback. CUDA tensors launch the plan for
+their head dim (`DECODE_PLANS`); CPU tensors run on the tile interpreter.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass, replace
+from typing import Optional
+
+import torch
+
+import tessera
+
+from .attention_fwd import LOG2E
+from .attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
+
+MAX_SPLITS = 64
+# The window [phi - below, phi + above] (base-2 logits) around the unified max phi where the asynchronous softmax
+# is exact to the dtype: p = exp2(s - phi) is rounded to q's dtype for P V, so `above` keeps every p finite (f16
+# ends at 2^16) and `below` keeps the largest terms of a row normal numbers (f16's start at 2^-14; bf16 shares
+# float32's range). A row outside it is recomputed by the synchronized softmax.
+UNIFIED_WINDOW = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0)}
+
+
+@dataclass(frozen=True)
+class DecodePlan:
+    """Packed query rows per program (at most), keys per step (at most: a step stays within a page) and how many
+    steps of K and V are in flight (cp.async ring slots)."""
+
+    rows: int
+    keys: int
+    stages: int
+
+
+# Per head dim, for the online softmax and for the unified max (whose kernel also holds the fallback's loop, so
+# it needs smaller tiles); none for the unified max at head dim 256, where even 16 x 16 tiles spill on sm_80. The
+# rows of a tile are few (G * Sq packed query rows, padded to 16): warps past rows / 16 repeat the products
+# (chained dots split rows only) and share the copies, which is what decode is bound by. Every tile a plan
+# launches (rows 16 .. `rows`, keys 16 .. `keys`) compiles without spills for sm_80, sm_90a and gfx942
+# (tests/kernels_lib/test_attention_compile.py checks each plan's largest and narrowest tiles). Untimed.
+DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 64, 3), 256: DecodePlan(16, 32, 2)}
+UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 64, 2), 128: DecodePlan(32, 32, 3)}
+CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
+
+
+@dataclass(frozen=True)
+class DecodeShape:
+    """The sizes of one decode call: batch, new queries, heads, head dim, page size, pages per sequence."""
+
+    B: int
+    Sq: int
+    H: int
+    H_kv: int
+    D: int
+    P: int
+    max_pages: int
+
+    @property
+    def packed(self) -> int:
+        """Query rows sharing one key/value head: the group's heads times the new queries."""
+        return self.H // self.H_kv * self.Sq
+
+    def tile(self, plan: DecodePlan) -> tuple[int, int]:
+        """(rows per program, keys per step): the packed rows padded for the tensor cores (at most the plan's),
+        and the plan's keys or the page, whichever is fewer."""
+        return min(max(16, tessera.next_power_of_2(self.packed)), plan.rows), min(self.P, plan.keys)
+
+
+def _check_decode(q, k_cache, v_cache, block_table, cache_seqlens) -> DecodeShape:
+    """The sizes of a decode call, or a ValueError naming what to change."""
+    name = "tessera::attention_decode"
+    if q.dim() != 4 or k_cache.dim() != 4 or k_cache.shape != v_cache.shape:
+        raise ValueError(f"{name}: q must be (B, Sq, H, D) and k_cache, v_cache (pages, page_size, H_KV, D) alike, "
+                         f"got {tuple(q.shape)}, {tuple(k_cache.shape)}, {tuple(v_cache.shape)}")
+    B, Sq, H, D = q.shape
+    _, P, H_kv, D_kv = k_cache.shape
+    if q.dtype not in UNIFIED_WINDOW or k_cache.dtype != q.dtype or v_cache.dtype != q.dtype:
+        raise ValueError(f"{name}: q and the caches must all be float16 or all bfloat16, got {q.dtype}, "
+                         f"{k_cache.dtype}, {v_cache.dtype}")
+    if D_kv != D or D < 16 or D & (D - 1) or H_kv == 0 or H % H_kv:
+        raise ValueError(f"{name}: head dims {D} / {D_kv} must match and be a power of two >= 16, and q's {H} "
+                         f"heads a multiple of the cache's {H_kv}")
+    if P < 16 or P > 256 or P & (P - 1):
+        raise ValueError(f"{name}: the page size {P} must be a power of two from 16 to 256 tokens")
+    if block_table.dim() != 2 or block_table.shape[0] != B or block_table.dtype != torch.int32:
+        raise ValueError(f"{name}: block_table must be int32 (B, pages per sequence) = ({B}, ...), got "
+                         f"{block_table.dtype} {tuple(block_table.shape)}; convert it with .int()")
+    if cache_seqlens.shape != (B,) or cache_seqlens.dtype != torch.int32:
+        raise ValueError(f"{name}: cache_seqlens must be int32 ({B},), got {cache_seqlens.dtype} "
+                         f"{tuple(cache_seqlens.shape)}; convert it with .int()")
+    if any(t.device != q.device for t in (k_cache, v_cache, block_table, cache_seqlens)):
+        raise ValueError(f"{name}: every tensor must be on q's device {q.device}")
+    return DecodeShape(B, Sq, H, H_kv, D, P, block_table.shape[1])
+
+
+def _check_lengths(shape: DecodeShape, cache_seqlens: torch.Tensor) -> None:
+    """On the CPU (where reading them costs no GPU sync): every length fits the sequence's pages."""
+    capacity = shape.max_pages * shape.P
+    if cache_seqlens.device.type == "cpu" and bool(((cache_seqlens < 0) | (cache_seqlens > capacity)).any()):
+        raise ValueError(f"tessera::attention_decode: cache_seqlens {cache_seqlens.tolist()} must lie in 0 .. "
+                         f"{capacity} (the block table's {shape.max_pages} pages of {shape.P} tokens)")
+
+
+def _num_splits(shape: DecodeShape, block: int, on_gpu: bool, asked: int, device) -> int:
+    """Splits of each sequence's keys: `asked`, or enough programs for two per SM (one per 2 blocks at most)."""
+    blocks = tessera.cdiv(shape.max_pages * shape.P, block)
+    if asked > 0:
+        return max(1, min(asked, blocks, MAX_SPLITS))
+    programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, 64)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else 2
+    return max(1, min(2 * sms // max(programs, 1), tessera.cdiv(blocks, 2), MAX_SPLITS))
+
+
+@dataclass(frozen=True)
+class Softmax:
+    """The kernels' scalars for the logits and softmax: base-2 scale (over softcap when capping), the unified
+    max in base 2 and its window (None: the synchronized softmax), and the masks' bounds (-1: none)."""
+
+    qk_scale: float
+    softcap: float
+    unified_max: Optional[float]
+    below: float
+    above: float
+    left: int
+    right: int
+
+    @classmethod
+    def of(cls, shape: DecodeShape, dtype, causal, left, right, softcap, scale, unified_max) -> "Softmax":
+        scale = 1.0 / math.sqrt(shape.D) if scale is None else float(scale)
+        below, above = UNIFIED_WINDOW[dtype]
+        phi = None if unified_max is None else float(unified_max) * LOG2E
+        return cls(scale / softcap if softcap > 0 else scale * LOG2E, float(softcap), phi, below, above, left,
+                   0 if causal else right)
+
+
+def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: DecodeShape, plan: DecodePlan,
+           softmax: Softmax, splits: int, fallback: bool = True) -> None:
+    """Run the split kernel (and, with several splits, the combine) into o and lse. `fallback=False` skips the
+    unified max's recomputation: only for the tests that show it is needed."""
+    rows, block = shape.tile(plan)
+    if splits == 1:
+        o_out, lse_out = o, lse
+        o_strides, lse_strides = (0, *o.stride()[:3]), (0, *lse.stride()[:2])
+    else:
+        o_out = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+        lse_out = torch.empty((splits, *lse.shape), dtype=torch.float32, device=q.device)
+        o_strides, lse_strides = o_out.stride()[:4], lse_out.stride()[:3]
+    unified = softmax.unified_max is not None
+    attention_decode_kernel[(splits, shape.B * shape.H_kv, tessera.cdiv(shape.packed, rows))](
+        q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, shape.Sq, shape.H, shape.H_kv, shape.P,
+        softmax.qk_scale, softmax.softcap, softmax.unified_max if unified else 0.0, softmax.below, softmax.above,
+        max(softmax.left, 0), max(softmax.right, 0), splits, *q.stride(), *k_cache.stride(), *v_cache.stride(),
+        block_table.stride(0), *o_strides, *lse_strides,
+        D=shape.D, BM=rows, BN=block, HAS_LEFT=softmax.left >= 0, HAS_RIGHT=softmax.right >= 0,
+        SOFTCAP=softmax.softcap > 0, SPLIT=splits > 1, UNIFIED=unified, FALLBACK=fallback, STAGES=plan.stages,
+        num_warps=4)
+    if splits > 1:
+        attention_decode_combine_kernel[(shape.Sq, shape.B * shape.H)](
+            o_out, lse_out, o, lse, shape.Sq, shape.H, splits, *o_out.stride()[:4], *lse_out.stride()[:3],
+            *o.stride()[:3], D=shape.D, SPLITS=tessera.next_power_of_2(splits), num_warps=4)
+
+
+def on_interpreter(q: torch.Tensor) -> bool:
+    return q.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+
+
+def gpu_decode_plan(D: int, unified: bool, vendor: str) -> DecodePlan:
+    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with one stage, since Tessera has no
+    asynchronous copies into LDS there yet (a pipeline would be a plain loop: a shortfall)."""
+    plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
+    if D not in plans:
+        fix = "leave unified_max=None (the online softmax)" if D in DECODE_PLANS else "use another head dim"
+        raise ValueError(f"tessera::attention_decode: head dim {D} has no GPU plan"
+                         f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
+    return replace(plans[D], stages=1) if vendor == "amd" else plans[D]
+
+
+def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePlan:
+    """The interpreter's small plan for CPU tensors, else the GPU plan of this machine's vendor."""
+    if on_interpreter(q):
+        return CPU_DECODE_PLAN
+    return gpu_decode_plan(shape.D, unified, "amd" if torch.version.hip else "nvidia")
+
+
+@torch.library.custom_op("tessera::attention_decode", mutates_args=())
+def attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                        cache_seqlens: torch.Tensor, causal: bool = True, window_left: int = -1,
+                        window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
+                        num_splits: int = 0, unified_max: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`torch.ops.tessera.attention_decode`: see `attention_decode`."""
+    shape = _check_decode(q, k_cache, v_cache, block_table, cache_seqlens)
+    _check_lengths(shape, cache_seqlens)
+    o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
+    lse = torch.empty((shape.B, shape.H, shape.Sq), dtype=torch.float32, device=q.device)
+    if o.numel() == 0 or shape.max_pages == 0:
+        return o.zero_(), lse.fill_(float("inf"))
+    plan = decode_plan(shape, q, unified_max is not None)
+    splits = _num_splits(shape, shape.tile(plan)[1], not on_interpreter(q), num_splits, q.device)
+    softmax = Softmax.of(shape, q.dtype, causal, window_left, window_right, softcap, scale, unified_max)
+    launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits)
+    return o, lse
+
+
+@attention_decode_op.register_fake
+def _attention_decode_fake(q, k_cache, v_cache, block_table, cache_seqlens, causal=True, window_left=-1,
+                           window_right=-1, softcap=0.0, scale=None, num_splits=0, unified_max=None):
+    shape = _check_decode(q, k_cache, v_cache, block_table, cache_seqlens)
+    return q.new_empty(q.shape), q.new_empty((shape.B, shape.H, shape.Sq), dtype=torch.float32)
+
+
+def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                     cache_seqlens: torch.Tensor, *, causal: bool = True, window=None, softcap: float = 0.0,
+                     scale: Optional[float] = None, num_splits: int = 0,
+                     unified_max: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Attention of the newest Sq queries of each sequence over its paged KV cache: (O, LSE).
+
+    q is (B, Sq, H, D) (Sq new tokens per sequence, usually 1); k_cache and
+    v_cache are (pages, page_size, H_KV, D) with pages of 16 to 256 tokens
+    (a power of two); block_table (B, pages per sequence) int32 maps
+    sequence b's j-th page to its page in the cache, and cache_seqlens (B,)
+    int32 gives its length, the new tokens included (they are its last Sq
+    positions). Masks as `attention` (causal by default). The keys are split
+    into `num_splits` parts per sequence and head (0: enough to fill the
+    GPU) whose partial results a second kernel combines.
+
+    `unified_max` (FlashDecoding++): an estimate of the largest logit
+    scale * q.k (after the softcap) of typical rows, e.g. measured offline
+    for a model; with it the softmax skips the running max and the
+    rescaling. A row whose max lies too far from it (float16: more than
+    ~10 above or ~5.5 below, in natural-log units) is recomputed with the
+    ordinary online softmax, so any value is correct, a good one is faster.
+    With `softcap`, the cap itself bounds every logit. (On a GPU, head
+    dims 64 and 128; 256 runs the online softmax only.)
+
+    O is (B, Sq, H, D), LSE (B, H, Sq) float32 (+inf for a row that sees no
+    key, with O = 0). Inference only (no autograd).
+    """
+    from .attention import window_bounds
+    left, right = window_bounds(causal, window)
+    if unified_max is not None and not math.isfinite(unified_max):
+        raise ValueError(f"tessera::attention_decode: unified_max must be a finite float, got {unified_max}")
+    return attention_decode_op(q, k_cache, v_cache, block_table, cache_seqlens, causal, left, right, float(softcap),
+                               scale, int(num_splits), None if unified_max is None else float(unified_max))

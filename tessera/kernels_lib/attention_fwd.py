@@ -1,0 +1,126 @@
+"""FlashAttention forward: O = softmax(scale * Q K^T + mask) V, one BM-row block of queries per program.
+
+(FlashAttention-2, Dao 2023, Algorithm 1.) A program owns rows m0 .. m0+BM-1
+of one (batch, head) and keeps its Q block in registers. It walks the key
+blocks this row block can see, BN keys at a time, and keeps for each row the
+running maximum m of the scores seen so far, the running sum l of their
+exponentials and the running output acc (the online softmax): for each block
+
+    s     = Q K_j^T * scale * log2(e)            (base-2 logits: exp2 is the fast one)
+    m_new = max(m, rowmax(s))
+    p     = exp2(s - m_new)
+    l     = l * exp2(m - m_new) + rowsum(p)
+    acc   = acc * exp2(m - m_new) + p V_j
+
+and at the end O = acc / l and LSE = (m + log2 l) * ln 2, the natural log
+of sum_j exp(scale * q.k_j). The K and V blocks stream through a
+`tessera.pipeline`, so the next blocks are in flight while this one computes.
+
+Masks (FlashAttention's conventions): query i of Sq sees key j of Sk when
+`i + Sk - Sq - left <= j <= i + Sk - Sq + right`, each bound present only if
+enabled; causal is right = 0, aligned to the bottom-right corner when
+Sq != Sk. Key blocks no row of the block can see are never visited, and only
+the blocks that straddle a bound (or the end of K) pay for the mask. A row
+that sees no key at all gets O = 0 and LSE = +inf (FlashAttention's
+convention: exp(s - LSE) is then 0 in the backward pass). Softcapping
+replaces the logits by `softcap * tanh(scale * q.k / softcap)` (Gemma 2).
+
+Q, K, V and O are (batch, seq, heads, head_dim) with any strides; query head
+h reads key/value head h // (H / H_KV) (GQA, MQA). With VARLEN the batch is
+packed along seq: sequence b is rows cu_q[b] .. cu_q[b+1] of Q (cu_k for K
+and V), and the batch strides are 0.
+"""
+
+from __future__ import annotations
+
+import tessera
+
+LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
+# The running max starts here rather than at -inf, so that exp2(s - m) of a masked (-inf) score is 0, never
+# exp2(-inf - -inf) = NaN, while no row has seen a key (every real base-2 logit is far above it).
+NO_MAX = -1.0e30
+
+
+@tessera.func
+def sequence(cu_ptr, b, S, VARLEN):
+    """(first row, length) of sequence b: from cu_seqlens with VARLEN, else (0, S)."""
+    if VARLEN:
+        start = tessera.load(cu_ptr + b)
+        return start, tessera.load(cu_ptr + b + 1) - start
+    return 0, S
+
+
+@tessera.func
+def key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT):
+    """The key blocks rows m0 .. m0+BM-1 see, [lo, hi), and those every row sees whole, [full_lo, full_hi):
+    the blocks outside the second range are the ones that need a mask."""
+    diag = Sk - Sq                                    # query i is aligned with key i + diag
+    lo, full_lo = 0, 0
+    hi, full_hi = tessera.cdiv(Sk, BN), Sk // BN
+    if HAS_LEFT:
+        lo = max(m0 + diag - left, 0) // BN
+        full_lo = tessera.cdiv(max(m0 + BM - 1 + diag - left, 0), BN)
+    if HAS_RIGHT:
+        hi = min(hi, tessera.cdiv(max(m0 + BM + diag + right, 0), BN))
+        full_hi = min(full_hi, max(m0 + diag + right + 1, 0) // BN)
+    return lo, hi, full_lo, max(full_hi, full_lo)
+
+
+@tessera.func
+def visible(s, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT):
+    """Scores s with -inf where a query may not see a key: `queries` (each query's index + Sk - Sq, the key it
+    is aligned with) and `keys` are index tiles that broadcast to s's shape."""
+    seen = keys < Sk
+    if HAS_LEFT:
+        seen = seen & (keys >= queries - left)
+    if HAS_RIGHT:
+        seen = seen & (keys <= queries + right)
+    return tessera.where(seen, s, -float("inf"))
+
+
+@tessera.kernel(fast_math=True)
+def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+                         Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
+                         stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
+                         stride_lb, stride_lh,
+                         D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
+                         HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
+                         VARLEN: tessera.constexpr, STAGES: tessera.constexpr):
+    pid_m, bh = tessera.program_id(0), tessera.program_id(1)
+    b, h = bh // H, bh % H
+    kv_h = h // (H // H_KV)
+    q_start, Sq = sequence(cu_q_ptr, b, Sq, VARLEN)
+    k_start, Sk = sequence(cu_k_ptr, b, Sk, VARLEN)
+    q = tessera.view(q_ptr + b * stride_qb + q_start * stride_qs + h * stride_qh, (Sq, D), (stride_qs, stride_qd))
+    kT = tessera.view(k_ptr + b * stride_kb + k_start * stride_ks + kv_h * stride_kh, (D, Sk), (stride_kd, stride_ks))
+    v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (Sk, D), (stride_vs, stride_vd))
+    o = tessera.view(o_ptr + b * stride_ob + q_start * stride_os + h * stride_oh, (Sq, D), (stride_os, stride_od))
+    lse = tessera.view(lse_ptr + b * stride_lb + h * stride_lh + q_start, (Sq,))
+
+    m0 = pid_m * BM
+    q_block = q.block((BM, D), (pid_m, 0)).load()
+    m = tessera.full((BM,), NO_MAX, tessera.f32)
+    l = tessera.zeros((BM,), tessera.f32)
+    acc = tessera.zeros((BM, D), tessera.f32)
+    lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
+    for n in tessera.pipeline(lo, hi, stages=STAGES):
+        s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
+        if SOFTCAP:         # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
+            s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
+        else:               # qk_scale = scale * log2(e)
+            s = s * qk_scale
+        if (n < full_lo) | (n >= full_hi):
+            queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
+            s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
+        m_new = tessera.maximum(m, tessera.max(s, axis=1))
+        p = tessera.exp2(s - m_new[:, None])
+        alpha = tessera.exp2(m - m_new)
+        l = l * alpha + tessera.sum(p, axis=1)
+        acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n, 0)).load(), acc * alpha[:, None])
+        m = m_new
+
+    empty = l == 0.0                                    # rows that saw no key
+    o.block((BM, D), (pid_m, 0)).store(acc / tessera.where(empty, 1.0, l)[:, None])
+    lse.block((BM,), (pid_m,)).store(tessera.where(empty, float("inf"), (m + tessera.log2(l)) * LN2))

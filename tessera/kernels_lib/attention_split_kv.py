@@ -1,0 +1,194 @@
+"""Decode attention over a paged KV cache, split along the keys (FlashDecoding), and the combine of the splits.
+
+The cache holds each sequence's keys and values in pages of P tokens
+(k_cache, v_cache: (pages, P, H_KV, D)); block_table[b, j] is the page
+holding tokens j*P .. j*P+P-1 of sequence b, and cache_seqlens[b] its
+length. The Sq new queries of sequence b are its last Sq positions (masks
+aligned bottom-right, as in `attention_fwd.py`).
+
+`attention_decode_kernel` owns one key/value head of one sequence and one
+split of the key blocks its queries see. The G = H / H_KV query heads that
+share the key/value head are packed with the Sq queries into the rows of
+one tile (row r is query r % Sq of head kv_h * G + r // Sq), so each key
+and value is read once for the whole group and the tensor cores see G * Sq
+rows, not one. A block of BN keys lies in one page (BN divides P), found
+through the block table. The split writes its partial output (float32,
+normalized) and log-sum-exp; with one split, the final O and LSE.
+
+Softmax, two ways (both in base 2, log2(e) folded into the scale):
+
+* synchronized (FlashAttention's online softmax): a running row max m,
+  and every block rescales l and acc by exp2(m - m_new) before adding;
+* asynchronous with a unified max (FlashDecoding++, Hong et al. 2023, §3):
+  every block uses one max phi, known before the kernel starts, so
+  p = exp2(s - phi) needs no row max and l and acc are never rescaled: no
+  block waits for another's max, and all splits share one reference. The
+  exponentials stay in range only while each row's true max lies within
+  [phi - below, phi + above] (p is rounded to f16/bf16 for P V: above keeps
+  it finite, below keeps the largest terms normal numbers). The kernel
+  tracks each row's max on the side; when a row of the tile leaves that
+  window (or saw no real key while phi was too high), it recomputes the
+  split with the synchronized softmax and writes that instead (the
+  fallback: correct for any phi, paid only where the estimate was wrong).
+
+`attention_decode_combine_kernel` merges the splits of one query row:
+LSE = log sum_s exp(LSE_s) and O = sum_s exp(LSE_s - LSE) O_s (with a
+unified max, exp(LSE_s - LSE) = l_s / sum l). A split that saw no key has
+LSE_s = -inf and weight 0; a row that saw none in any split gets O = 0 and
+LSE = +inf (the forward's convention).
+"""
+
+from __future__ import annotations
+
+import tessera
+
+from .attention_fwd import LN2, LOG2E, NO_MAX, key_blocks, visible
+
+
+@tessera.func
+def packed_rows(ptr, b, kv_h, G, Sq, row0, stride_b, stride_s, stride_h, stride_d, BM, D):
+    """Pointers to packed rows r = row0 .. row0+BM-1 (head kv_h * G + r // Sq, query r % Sq) of a (B, Sq, H, D)
+    tensor, and the mask of the rows that exist (r < G * Sq)."""
+    rows = row0 + tessera.arange(0, BM)[:, None]
+    cols = tessera.arange(0, D)[None, :]
+    head = kv_h * G + rows // Sq
+    return ptr + b * stride_b + (rows % Sq) * stride_s + head * stride_h + cols * stride_d, rows < G * Sq
+
+
+@tessera.func
+def page_block(cache, table, n, Sk, P, stride_page, stride_token, stride_d, BN, D, TRANSPOSED):
+    """Block n of BN tokens of one sequence's keys (or values) for one head, BN x D (TRANSPOSED: D x BN): `cache`
+    points at the head in page 0, `table` at the sequence's row of the block table; tokens past Sk read 0."""
+    token = n * BN
+    first = (token // P) * P                            # the page's first token
+    base = cache + tessera.load(table + token // P) * stride_page
+    tokens = min(max(Sk - first, 0), P)                 # the page's tokens that exist
+    if TRANSPOSED:
+        view = tessera.view(base, (D, tokens), (stride_d, stride_token))
+        return view.block((D, BN), offsets=(0, token - first)).load()
+    view = tessera.view(base, (tokens, D), (stride_token, stride_d))
+    return view.block((BN, D), offsets=(token - first, 0)).load()
+
+
+@tessera.func
+def logits(q, kT, n, queries, Sk, qk_scale, softcap, left, right, masked, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP):
+    """Base-2 logits of the packed rows against key block n, -inf where a row may not see a key (only `masked`
+    blocks, those that straddle a mask bound or the end of the keys, pay for the mask)."""
+    s = tessera.dot(q, kT)
+    if SOFTCAP:         # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
+        s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
+    else:               # qk_scale = scale * log2(e)
+        s = s * qk_scale
+    if masked:
+        s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
+    return s
+
+
+@tessera.func
+def write_split(o_ptr, lse_ptr, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, stride_lb, stride_lh, acc, l, m,
+                BM, D, SPLIT):
+    """O = acc / l and LSE = (m + log2 l) ln 2 of packed rows row0 .. row0+BM-1 that exist, into the split's O
+    (B, Sq, H, D) and LSE (B, H, Sq); a row with l = 0 saw no key: O = 0 and LSE = -inf for a split (weight 0
+    in the combine), +inf for the final result. (The pointers are made here, after the loop, not kept in
+    registers through it.)"""
+    o_ptrs, rows = packed_rows(o_ptr, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, 1, BM, D)
+    empty = l == 0.0
+    tessera.store(o_ptrs, acc / tessera.where(empty, 1.0, l)[:, None], mask=rows)
+    r = row0 + tessera.arange(0, BM)
+    lse_ptrs = lse_ptr + b * stride_lb + (kv_h * G + r // Sq) * stride_lh + r % Sq
+    no_key = -float("inf") if SPLIT else float("inf")
+    tessera.store(lse_ptrs, tessera.where(empty, no_key, (m + tessera.log2(l)) * LN2), mask=r < G * Sq)
+
+
+@tessera.kernel(fast_math=True)
+def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, Sq, H, H_KV, P,
+                            qk_scale, softcap, unified_max, below, above, left, right, splits,
+                            stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh, stride_kd,
+                            stride_vp, stride_vt, stride_vh, stride_vd, stride_tb,
+                            stride_o_split, stride_ob, stride_os, stride_oh, stride_l_split, stride_lb, stride_lh,
+                            D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
+                            HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
+                            SPLIT: tessera.constexpr, UNIFIED: tessera.constexpr, FALLBACK: tessera.constexpr,
+                            STAGES: tessera.constexpr):
+    """Split `split` of the key blocks of key/value head kv_h of sequence b, for BM of its G * Sq packed query
+    rows (program_id(2) picks which): the partial O (float32) and LSE with SPLIT, else the final ones. UNIFIED:
+    the asynchronous softmax around the base-2 max `unified_max`, valid for row maxima within [unified_max -
+    below, unified_max + above], with the synchronized one as the FALLBACK outside."""
+    split, bh, row0 = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2) * BM
+    b, kv_h = bh // H_KV, bh % H_KV
+    G = H // H_KV
+    Sk = tessera.load(seqlens_ptr + b)
+    q_ptrs, q_rows = packed_rows(q_ptr, b, kv_h, G, Sq, row0, stride_qb, stride_qs, stride_qh, stride_qd, BM, D)
+    q = tessera.load(q_ptrs, mask=q_rows)
+    o_split, lse_split = o_ptr + split * stride_o_split, lse_ptr + split * stride_l_split
+    rows = row0 + tessera.arange(0, BM)
+    queries = rows[:, None] % Sq + Sk - Sq              # the key each row is aligned with
+    k_head, v_head = k_ptr + kv_h * stride_kh, v_ptr + kv_h * stride_vh
+    table = table_ptr + b * stride_tb
+
+    lo, hi, full_lo, full_hi = key_blocks(0, Sq, Sk, left, right, Sq, BN, HAS_LEFT, HAS_RIGHT)
+    per_split = tessera.cdiv(hi - lo, splits)
+    first = lo + split * per_split
+    last = max(min(first + per_split, hi), first)
+    redo = 1                                            # whether the synchronized softmax runs
+    if UNIFIED:
+        top = tessera.full((BM,), -float("inf"), tessera.f32)
+        l = tessera.zeros((BM,), tessera.f32)
+        acc = tessera.zeros((BM, D), tessera.f32)
+        for n in tessera.pipeline(first, last, stages=STAGES):
+            kT = page_block(k_head, table, n, Sk, P, stride_kp, stride_kt, stride_kd, BN, D, True)
+            s = logits(q, kT, n, queries, Sk, qk_scale, softcap, left, right, (n < full_lo) | (n >= full_hi), BN,
+                       HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            top = tessera.maximum(top, tessera.max(s, axis=1))  # only checked after the loop
+            p = tessera.exp2(s - unified_max)
+            l = l + tessera.sum(p, axis=1)
+            v = page_block(v_head, table, n, Sk, P, stride_vp, stride_vt, stride_vd, BN, D, False)
+            acc = tessera.dot(p.to(v.dtype), v, acc)
+        write_split(o_split, lse_split, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                    acc, l, unified_max, BM, D, SPLIT)
+        redo = 0
+        if FALLBACK:        # a real row whose max left the window (a row that saw no key has top = -inf)
+            outside = (top > unified_max + above) | ((top < unified_max - below) & (top > -float("inf")))
+            redo = tessera.max((outside & (rows < G * Sq)).to(tessera.i32), axis=0)
+
+    if redo > 0:
+        m = tessera.full((BM,), NO_MAX, tessera.f32)
+        l = tessera.zeros((BM,), tessera.f32)
+        acc = tessera.zeros((BM, D), tessera.f32)
+        for n in tessera.pipeline(first, last, stages=STAGES):
+            kT = page_block(k_head, table, n, Sk, P, stride_kp, stride_kt, stride_kd, BN, D, True)
+            s = logits(q, kT, n, queries, Sk, qk_scale, softcap, left, right, (n < full_lo) | (n >= full_hi), BN,
+                       HAS_LEFT, HAS_RIGHT, SOFTCAP)
+            m_new = tessera.maximum(m, tessera.max(s, axis=1))
+            p = tessera.exp2(s - m_new[:, None])
+            alpha = tessera.exp2(m - m_new)
+            l = l * alpha + tessera.sum(p, axis=1)
+            v = page_block(v_head, table, n, Sk, P, stride_vp, stride_vt, stride_vd, BN, D, False)
+            acc = tessera.dot(p.to(v.dtype), v, acc * alpha[:, None])
+            m = m_new
+        write_split(o_split, lse_split, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
+                    acc, l, m, BM, D, SPLIT)
+
+
+@tessera.kernel(fast_math=True)
+def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, Sq, H, splits,
+                                    stride_o_split, stride_pb, stride_ps, stride_ph, stride_l_split, stride_lb,
+                                    stride_lh, stride_ob, stride_os, stride_oh,
+                                    D: tessera.constexpr, SPLITS: tessera.constexpr):
+    """One query row (b, i, h): O and LSE from the `splits` partial ones (SPLITS: a power of two >= splits). The
+    final LSE shares the partials' (batch, head) strides."""
+    i, bh = tessera.program_id(0), tessera.program_id(1)
+    b, h = bh // H, bh % H
+    row = b * stride_lb + h * stride_lh + i
+    lse_parts = tessera.view(lse_part_ptr + row, (splits,), (stride_l_split,)).block((SPLITS,), (0,)).load(
+        fill=-float("inf"))
+    top = tessera.max(lse_parts, axis=0)
+    empty = top == -float("inf")
+    weights = tessera.exp2((lse_parts - tessera.where(empty, 0.0, top)) * LOG2E)
+    total = tessera.sum(weights, axis=0)
+    parts = tessera.view(o_part_ptr + b * stride_pb + i * stride_ps + h * stride_ph, (splits, D),
+                         (stride_o_split, 1)).block((SPLITS, D), (0, 0)).load()
+    o = tessera.sum(parts * weights[:, None], axis=0) / tessera.where(empty, 1.0, total)
+    tessera.view(o_ptr + b * stride_ob + i * stride_os + h * stride_oh, (D,)).block((D,), (0,)).store(o)
+    lse = tessera.where(empty, float("inf"), top + tessera.log(tessera.where(empty, 1.0, total)))
+    tessera.view(lse_ptr + row, (1,)).block((1,), (0,)).store(lse)

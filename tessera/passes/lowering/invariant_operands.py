@@ -1,0 +1,80 @@
+"""Tensor-core operands computed before a loop: put in shared memory once, before the loop.
+
+A dot in a loop body whose A or B operand is computed before the loop
+(attention's Q block) would otherwise move that operand into the form its
+instruction reads in every iteration. `stage_invariant_operands`, called by
+the `for` lowering before it lowers the loop, stores it once instead:
+
+* wgmma (sm_90a) reads shared memory: the operand goes into its K-major
+  tile (`wgmma_dot.store_k_major`), and the wgmmas of every iteration read
+  it there through descriptors;
+* mma.sync: an operand too large to hold in registers for the whole loop
+  (layout assignment left it out of its fragment layout:
+  `mma.RESIDENT_OPERAND_REGISTERS`) goes into XOR-swizzled shared memory,
+  and each iteration reads it with ldmatrix into short-lived registers, as
+  FlashAttention-2 keeps Q; smaller ones are loaded straight into their
+  fragments and stay in registers.
+
+Nothing writes a staged buffer again, so its reads need no barrier after
+them. `ctx.staged` maps the tile-IR value to its `wgmma_dot.SharedOperand`
+or `StagedFragment`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.ir.core import Operation, Value
+
+from ..mma import mma_plan
+from .mma_operands import LdmatrixPlan, ldmatrix_plan, read_fragment, store_swizzled
+from .values import Regs
+from .wgmma_dot import SharedOperand, k_major_tile, store_k_major
+
+
+@dataclass(frozen=True)
+class StagedFragment:
+    """An mma.sync operand stored once in swizzled shared memory at `buf`, read as `plan` says."""
+
+    buf: Value
+    plan: LdmatrixPlan
+
+    def read(self, ctx, dtype) -> Regs:
+        return read_fragment(ctx, self.buf, self.plan, dtype)
+
+
+def stage_invariant_operands(ctx, loop: Operation) -> None:
+    """Before `loop`: store the tensor-core operands its dots take from before the loop (see the module
+    docstring), then fence the async proxy (wgmma) and a barrier."""
+    stored = []
+    for op in loop.walk():
+        plan = mma_plan(op, ctx.target, ctx.num_threads // ctx.warp_size) if op.name == "dot" else None
+        if plan is None:
+            continue
+        for index, want in ((0, plan.a), (1, plan.b)):
+            value = op.operands[index]
+            if value in ctx.staged or not isinstance(ctx.env.get(value), Regs):
+                continue                    # staged already, or computed in the loop (not lowered yet)
+            staged = _stage(ctx, op, index, want)
+            if staged is not None:
+                ctx.staged[value] = staged
+                stored.append(staged)
+    if any(isinstance(s, SharedOperand) for s in stored):
+        ctx.create("fence_proxy_async")     # generic-proxy stores -> wgmma's async-proxy reads
+    if stored:
+        ctx.threads.barrier()
+
+
+def _stage(ctx, op: Operation, index: int, want):
+    """Operand `index` of dot `op` stored where its instruction reads it, or None where it stays as it is."""
+    if want is None:                                        # wgmma: a K-major tile
+        regs = ctx.operand(op, index)
+        tile = k_major_tile(op, index, regs.element.dtype.bits // 8)
+        return SharedOperand(store_k_major(ctx, regs, tile, index == 1), tile)
+    regs = ctx.lookup(op.operands[index])
+    if regs.layout == want or not ctx.target.has("ldmatrix"):
+        return None                                         # resident in its fragment (or no ldmatrix)
+    plan = ldmatrix_plan(want, index == 1, ctx.warp_size, regs.element.dtype.bits // 8)
+    if plan is None:
+        return None
+    return StagedFragment(store_swizzled(ctx, regs, plan.smem), plan)

@@ -1,0 +1,84 @@
+"""bench/attention.py, checked on the CPU: the rows it plans (the issue's shapes, the goal's first), the FLOPs and
+bytes it divides by, that it starts no row once its budget is spent and still writes what it measured, the lines
+the session's report prints for it, and its dry run (each part once on the interpreter against the references)."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "bench"))
+
+import attention as bench  # noqa: E402
+import gpu_session  # noqa: E402
+
+
+def test_the_dense_rows_cover_the_issue_shapes_with_head_dim_128_first():
+    rows = bench.cases("forward")
+    assert {r["S"] for r in rows} == {512, 1024, 2048, 4096, 8192, 16384}
+    assert {r["D"] for r in rows} == {64, 128, 256} and {r["causal"] for r in rows} == {False, True}
+    assert all(r["B"] * r["S"] == 16384 and r["H"] * r["D"] == 2048 for r in rows)
+    assert {r["D"] for r in rows[:12]} == {128} and len(rows) == len({tuple(r.items()) for r in rows}) == 36
+    assert bench.cases("backward") == rows
+
+
+def test_the_goal_head_dim_runs_first_then_decode_then_the_rest():
+    order = bench.schedule(list(bench.PARTS))
+    parts = [(part, case.get("D")) for part, case in order]
+    assert parts[:24] == [("forward", 128)] * 12 + [("backward", 128)] * 12
+    assert parts[24:32] == [("decode", 128)] * 8 and len(order) == 80
+    assert [part for part, _ in bench.schedule(["decode"])] == ["decode"] * 8
+
+
+def test_flops_and_bytes():
+    assert bench.forward_flops(dict(B=2, S=1024, H=16, D=128, causal=False)) == 4 * 2 * 16 * 1024 ** 2 * 128
+    assert bench.forward_flops(dict(B=2, S=1024, H=16, D=128, causal=True)) == 2 * 2 * 16 * 1024 ** 2 * 128
+    case = dict(B=8, context=4096, H=32, H_kv=8, D=128, page=64)
+    assert bench.decode_bytes(case) == 2 * 8 * 4096 * 8 * 128 * 2 + 2 * 8 * 32 * 128 * 2
+
+
+def test_no_row_starts_after_the_budget_and_the_measured_rows_are_written(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    clock = iter(range(0, 1000, 10))                      # each look at the clock: 10 s later
+    monkeypatch.setenv("TESSERA_BENCH_RESULTS", str(tmp_path))
+    monkeypatch.setenv("TESSERA_RESULTS_JSONL", str(tmp_path / "rows.jsonl"))
+    monkeypatch.setattr(bench.time, "monotonic", lambda: next(clock))
+    monkeypatch.setattr(bench.gpu_common, "require_gpu", lambda: torch)
+    monkeypatch.setattr(bench.gpu_common, "environment", lambda torch: {"gpu": "none"})
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda: "H200")
+    monkeypatch.setattr(torch.cuda, "empty_cache", lambda: None)
+    monkeypatch.setattr(bench, "measure_decode", lambda torch, case, peak: {"part": "decode", **case,
+                                                                            "tessera_error": "no GPU"})
+    result = bench.run(["decode"], budget_s=35)          # rows start at 10, 20, 30 s; not at 40
+    assert len(result["rows"]) == 3 and result["not_run"] == len(bench.cases("decode")) - 3
+    assert json.loads((tmp_path / "attention.json").read_text())["rows"] == result["rows"]
+    assert len((tmp_path / "rows.jsonl").read_text().splitlines()) == 3
+
+
+def test_the_session_runs_it_in_tier_2_and_reports_its_rows():
+    [step] = [s for s in gpu_session.steps(dry_run=False) if s.name == "attention"]
+    assert step.tier == 2 and "--budget" in step.command and "attention.png" in gpu_session.PLOTS
+    rows = [{"part": "forward", "B": 8, "S": 2048, "H": 16, "D": 128, "causal": True, "tessera_tflops": 512.3,
+             "cudnn_tflops": 480.0, "vs_cudnn": 1.067},
+            {"part": "backward", "B": 8, "S": 2048, "H": 16, "D": 256, "causal": False, "tessera_error": "no plan"},
+            {"part": "decode", "B": 8, "context": 16384, "tessera_graph_us": 70.0, "tessera_gbps": 3835.0,
+             "hbm_share": 0.8, "vs_sdpa": 1.25}]
+    assert [gpu_session.attention_line(r) for r in rows] == [
+        "- attention forward B=8 S=2048 D=128 causal: 512 TFLOP/s (1.07x cuDNN)",
+        "- attention backward B=8 S=2048 D=256: ERROR",
+        "- attention decode B=8 context=16384: 70.0 µs, 3835 GB/s (80% of HBM), 1.25x SDPA",
+    ]
+    assert bench.describe(rows[0]).endswith("tessera 512, cudnn 480 TFLOP/s (1.07x cuDNN)")
+
+
+def test_the_dry_run_checks_each_part_on_the_interpreter():
+    pytest.importorskip("torch")
+    done = subprocess.run([sys.executable, str(ROOT / "bench/attention.py"), "--dry-run"], capture_output=True,
+                          text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    assert done.returncode == 0, done.stdout + done.stderr
+    for line in ("attention forward: 36 rows", "backward on the CPU interpreter: dQ, dK, dV match",
+                 "decode on the CPU interpreter"):
+        assert line in done.stdout

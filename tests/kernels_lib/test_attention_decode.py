@@ -1,0 +1,131 @@
+"""tessera::attention_decode (tessera/kernels_lib/attention_decode.py): attention of new queries over a paged KV
+cache, split along the keys and combined, with the online softmax or FlashDecoding++'s unified max (and its
+fallback), on the CPU interpreter against float64 attention over the gathered cache."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tessera.kernels_lib import attention_decode  # noqa: E402
+
+from attention_reference import attention as reference  # noqa: E402
+from test_attention import check  # noqa: E402
+
+
+def paged_case(seqlens, Sq=1, H=4, H_kv=2, D=16, page=16, dtype=torch.float16, seed=0):
+    """q, k_cache, v_cache, block_table (pages of each sequence, shuffled over the cache), cache_seqlens."""
+    g = torch.Generator().manual_seed(seed)
+    per_sequence = max(-(-s // page) for s in seqlens) + 1
+    pages = len(seqlens) * per_sequence + 2
+    k_cache = torch.randn(pages, page, H_kv, D, generator=g).to(dtype)
+    v_cache = torch.randn(pages, page, H_kv, D, generator=g).to(dtype)
+    table = torch.randperm(pages, generator=g)[:len(seqlens) * per_sequence].reshape(len(seqlens), -1).int()
+    q = torch.randn(len(seqlens), Sq, H, D, generator=g).to(dtype)
+    return q, k_cache, v_cache, table, torch.tensor(seqlens, dtype=torch.int32)
+
+
+def expected(q, k_cache, v_cache, table, seqlens, causal=True, window=(-1, -1), softcap=0.0):
+    """(O, LSE) of each sequence against its own pages, gathered."""
+    outs, lses = [], []
+    for b, length in enumerate(seqlens.tolist()):
+        k = k_cache[table[b].long()].flatten(0, 1)[:length][None]
+        v = v_cache[table[b].long()].flatten(0, 1)[:length][None]
+        out, lse = reference(q[b:b + 1], k, v, causal, window, softcap)
+        outs.append(out)
+        lses.append(lse)
+    return torch.cat(outs), torch.cat(lses)
+
+
+CASES = {   # seqlens, case options, op options
+    "one-token-gqa-split-in-3": ([37, 1, 70], {}, {"num_splits": 3}),
+    "empty-sequence-one-split": ([0, 45], {"Sq": 2, "H_kv": 1, "page": 32}, {"num_splits": 1}),
+    "more-splits-than-blocks": ([5, 40], {"Sq": 3, "H": 2}, {"num_splits": 8}),
+    "24-packed-rows-in-two-programs": ([50], {"Sq": 3, "H": 16, "H_kv": 2}, {"num_splits": 2}),
+    "not-causal-splits-chosen": ([33, 64], {"H": 4, "H_kv": 4, "page": 32}, {"causal": False}),
+    "sliding-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2}),
+    "softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "num_splits": 2}),
+    "bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"num_splits": 2}),
+    "pages-of-64-partly-filled": ([1, 65, 130], {"page": 64, "H": 2, "H_kv": 1}, {"num_splits": 2}),
+    "unified-max-gqa-split-in-3": ([37, 1, 70], {}, {"num_splits": 3, "unified_max": 2.0}),
+    "unified-max-lengths-0-and-1": ([0, 1, 16], {"Sq": 1, "H": 8, "H_kv": 2}, {"num_splits": 2, "unified_max": 1.0}),
+    "unified-max-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2, "unified_max": 2.0}),
+    "unified-max-is-the-softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "unified_max": 4.0}),
+    "unified-max-bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"unified_max": 0.0}),
+    "unified-max-24-packed-rows-not-causal": ([50, 3], {"Sq": 3, "H": 16, "H_kv": 2}, {"causal": False,
+                                                                                       "unified_max": 1.0}),
+    "unified-max-far-too-low-falls-back": ([37, 50], {"H": 4}, {"num_splits": 2, "unified_max": -30.0}),
+    "unified-max-far-too-high-falls-back": ([37, 5], {"Sq": 2}, {"num_splits": 2, "unified_max": 40.0}),
+}
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_matches_float64_attention_over_the_gathered_cache(name):
+    seqlens, case, options = CASES[name]
+    tensors = paged_case(seqlens, **case, seed=len(name))
+    out, lse = attention_decode(*tensors, **options)
+    window = options.get("window", -1)
+    assert out.shape == tensors[0].shape and lse.shape == (len(seqlens), tensors[0].shape[2], tensors[0].shape[1])
+    check(out, lse, *expected(*tensors, options.get("causal", True), (window, window), options.get("softcap", 0.0)))
+
+
+def run_unified(tensors, unified_max, fallback, splits=2):
+    """attention_decode's kernels with the unified max, the fallback on or off."""
+    from tessera.kernels_lib.attention_decode import (CPU_DECODE_PLAN, Softmax, _check_decode, launch)
+    q = tensors[0]
+    shape = _check_decode(*tensors)
+    o, lse = torch.empty_like(q), torch.empty(shape.B, shape.H, shape.Sq)
+    softmax = Softmax.of(shape, q.dtype, True, -1, -1, 0.0, None, unified_max)
+    launch(*tensors, o, lse, shape, CPU_DECODE_PLAN, softmax, splits, fallback=fallback)
+    return o, lse
+
+
+def test_a_unified_max_in_range_needs_no_fallback():
+    """The asynchronous softmax alone (no recomputation) is exact where every row's max is near the estimate."""
+    tensors = paged_case([37, 70], H=4, H_kv=2)
+    check(*run_unified(tensors, 2.0, fallback=False), *expected(*tensors))
+
+
+@pytest.mark.parametrize("unified_max", [-30.0, 40.0])
+def test_a_unified_max_out_of_range_is_wrong_without_the_fallback_and_right_with_it(unified_max):
+    """-30: exp(s - phi) overflows float16; 40: every term underflows. The fallback recomputes those splits."""
+    tensors = paged_case([37, 70], H=4, H_kv=2)
+    reference_out, reference_lse = expected(*tensors)
+    out, _ = run_unified(tensors, unified_max, fallback=False)
+    assert not torch.allclose(out.double(), reference_out, atol=1e-2)
+    check(*run_unified(tensors, unified_max, fallback=True), reference_out, reference_lse)
+
+
+def test_opcheck():
+    tensors = paged_case([20, 7], Sq=2)
+    torch.library.opcheck(torch.ops.tessera.attention_decode.default, tensors, {"num_splits": 2})
+    torch.library.opcheck(torch.ops.tessera.attention_decode.default, tensors, {"unified_max": 1.5})
+
+
+def test_fake_tensor_shapes():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        q = torch.empty(8, 1, 32, 128, dtype=torch.bfloat16)
+        cache = torch.empty(1000, 64, 8, 128, dtype=torch.bfloat16)
+        out, lse = attention_decode(q, cache, cache, torch.empty(8, 100, dtype=torch.int32),
+                                    torch.empty(8, dtype=torch.int32))
+        assert out.shape == q.shape and lse.shape == (8, 32, 1) and lse.dtype == torch.float32
+
+
+@pytest.mark.parametrize("change,message", [
+    (lambda t: (t[0], t[1][:, :12], t[2][:, :12], t[3], t[4]), "page size"),
+    (lambda t: (t[0], t[1], t[2], t[3].long(), t[4]), "block_table"),
+    (lambda t: (t[0], t[1], t[2], t[3], t[4][:1]), "cache_seqlens"),
+    (lambda t: (t[0][:, :, :3], t[1], t[2], t[3], t[4]), "multiple"),
+    (lambda t: (t[0].float(), t[1], t[2], t[3], t[4]), "float16"),
+    (lambda t: (t[0], t[1], t[2], t[3], t[4] + 100), "must lie in 0"),
+])
+def test_errors(change, message):
+    with pytest.raises(ValueError, match=message):
+        attention_decode(*change(paged_case([10, 3])))
+
+
+def test_a_unified_max_must_be_finite():
+    with pytest.raises(ValueError, match="finite"):
+        attention_decode(*paged_case([10, 3]), unified_max=float("inf"))
