@@ -6,12 +6,27 @@ import numpy as np
 import pytest
 
 import tessera
+from tessera.backends.interp import run_function
+from tessera.backends.simt import run_threads
+from tessera.passes.thread_passes import lower
 
 
 @pytest.fixture(autouse=True)
 def bounded_compiles(monkeypatch):
     """A regression to a hang fails in 20 s instead of waiting out the default limit."""
     monkeypatch.setenv("TESSERA_COMPILE_TIMEOUT", "20")
+
+
+def simulated_like_interpreted(kernel, args: list, target: str, num_warps: int = 4, **constexprs) -> list:
+    """Run `kernel` lowered for `target` on the SIMT simulator and on the tile interpreter; assert the same
+    bytes come out, and return the simulator's arguments."""
+    expected, actual = [np.copy(a) for a in args], [np.copy(a) for a in args]
+    module = kernel.specialize(*expected, **constexprs).module
+    run_function(module.functions[0], expected, (1,))
+    run_threads(lower(module, target, num_warps=num_warps).functions[0], actual, (1,))
+    for want, got in zip(expected, actual):
+        assert got.tobytes() == want.tobytes()
+    return actual
 
 
 @tessera.kernel
@@ -46,8 +61,7 @@ def test_mutant_2_842_a_pointer_tile_made_from_a_scalar_pointer_compiles_in_any_
     pointer's type as a tile's."""
     assert scalar_pointer_widened.compile(signature="*f32:16,*f32:16", M=4, N=32, target=target).stages["llvm_ir"]
     x = np.arange(128, dtype=np.float32)
-    out = np.zeros(4, np.float32)
-    scalar_pointer_widened[(1,)](x, out, M=4, N=32)
+    _, out = simulated_like_interpreted(scalar_pointer_widened, [x, np.zeros(4, np.float32)], target, M=4, N=32)
     np.testing.assert_array_equal(out, x.reshape(4, 32).max(axis=1))
 
 
@@ -78,7 +92,26 @@ def test_unusual_2_500_an_argmax_down_a_tall_tile_folds_registers_before_lanes()
     compiled = argmax_down.compile(signature="*bf16:16,*i32:16", R=4096, num_warps=1, target="sm_80")
     assert compiled.stages["thread_ir"].count(" shuffle ") <= 2 * 5
     x = np.zeros(4096, np.float32)
-    x[[7, 300, 4000]] = 5.0         # a tie across registers and lanes: the smallest index wins
-    out = np.zeros(1, np.int32)
-    argmax_down[(1,)](x, out, R=4096)
-    assert out[0] == 7
+    x[[300, 7, 4000]] = 5.0         # a tie across registers and lanes: the smallest index wins
+    x[[9, 4001]] = np.nan           # NaNs lose to numbers
+    for target in ("sm_80", "gfx942"):
+        _, out = simulated_like_interpreted(argmax_down, [x, np.zeros(1, np.int32)], target, num_warps=1, R=4096)
+        assert out[0] == 7
+
+
+@tessera.kernel
+def scalar_widened(x_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    x = tessera.load(x_ptr + offs)
+    w = tessera.broadcast_to(tessera.expand_dims(tessera.sum(x), 0), (8, BLOCK // 8))
+    tessera.store(out_ptr + tessera.arange(0, 8)[:, None] * (BLOCK // 8) + tessera.arange(0, BLOCK // 8)[None, :], w)
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+def test_mutant_3_176_a_tile_widened_from_a_scalar_compiles(target):
+    """Was an AttributeError in the lowering: expand_dims of a scalar (a full reduction) read the scalar's type
+    as a tile's shape; the scalar is now splat into the result's layout."""
+    assert scalar_widened.compile(signature="*f32:16,*f32:16", BLOCK=64, target=target).stages["llvm_ir"]
+    x = np.arange(64, dtype=np.float32)
+    _, out = simulated_like_interpreted(scalar_widened, [x, np.zeros(64, np.float32)], target, BLOCK=64)
+    np.testing.assert_array_equal(out, np.full(64, x.sum(), np.float32))
