@@ -142,10 +142,11 @@ def _tiles_of(op: Operation, assignment: LayoutAssignment) -> list[tuple[Value, 
 class LiveTiles:
     """Where the registers of the live tiles of a function peak, in program order (ops numbered pre-order).
 
-    A value lives from the op that defines it (a region argument: from the op that owns the region, to the
-    region's end, since a loop carries it round) to its last use; a use inside a region of an op that sits
-    in the defining block counts at that op's last nested op, so a value a loop body reads lives through
-    the loop."""
+    A value is live after each op from the one that defines it (the end of it, for a loop's results) up to
+    the op before its last use: an op's operands that die there and its results share registers, as an
+    elementwise op or a dot accumulating in place does. A region argument lives through its whole region
+    (a loop carries it round), and a use inside a region of an op that sits in the defining block counts at
+    that op's end, so a value a loop body reads lives through the loop."""
 
     def __init__(self, fn: Function, registers: dict[Value, int]):
         self.position: dict[Operation, int] = {}
@@ -157,7 +158,7 @@ class LiveTiles:
         self.peak_op = next((op for op, i in self.position.items() if i == self.peak_position), None)
 
     def live_at(self, position: int) -> list[Value]:
-        """The values live at `position`, the largest first."""
+        """The values live after the op at `position`, the largest first."""
         values = [v for v, (start, end) in self.ranges.items() if start <= position <= end]
         return sorted(values, key=lambda v: -self.registers[v])
 
@@ -169,28 +170,29 @@ class LiveTiles:
             self.last_nested[op] = len(self.position) - 1
 
     def _ranges(self, fn: Function, registers: dict[Value, int]) -> dict[Value, tuple[int, int]]:
+        """value -> (first, last) position after which it is live, both included."""
         ranges: dict[Value, tuple[int, int]] = {}
         for value in registers:
             owner = value.owner
             if isinstance(owner, Operation):
-                ranges[value] = (self.position[owner], self.position[owner])
+                ranges[value] = (self.last_nested[owner],) * 2      # a loop's results exist once it ends
             elif isinstance(owner, Block) and isinstance(owner.parent, Operation):
                 ranges[value] = (self.position[owner.parent], self.last_nested[owner.parent])
         for op in fn.walk():
             for operand in op.operands:
                 if operand in ranges:
                     start, end = ranges[operand]
-                    ranges[operand] = (start, max(end, self._use_position(op, operand)))
+                    ranges[operand] = (start, max(end, self._live_until(op, operand)))
         return ranges
 
-    def _use_position(self, op: Operation, value: Value) -> int:
-        """Where a use of `value` by `op` ends its life: at `op`, or at the end of the op enclosing `op` that
-        sits in the block defining `value`."""
+    def _live_until(self, op: Operation, value: Value) -> int:
+        """The last position after which `value` must still be live for its use by `op`: the op before `op`,
+        or the end of the op enclosing `op` that sits in the block defining `value`."""
         home = value.owner.parent if isinstance(value.owner, Operation) else value.owner
         user = op
         while user.parent is not home and isinstance(user.parent, Block) and isinstance(user.parent.parent, Operation):
             user = user.parent.parent
-        return self.position[op] if user is op else self.last_nested[user]
+        return self.position[op] - 1 if user is op else self.last_nested[user]
 
     def _peak(self) -> tuple[int, int]:
         """(the most registers live at once, the first position where that many are)."""

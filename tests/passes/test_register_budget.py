@@ -107,8 +107,8 @@ def test_a_tile_no_number_of_warps_can_split_asks_for_a_smaller_block_or_a_loop(
 
 def test_four_live_tiles_of_256_f32_registers_are_refused_where_they_peak_listing_them():
     message = _refused(four_live, signature=",".join(["*f32:16"] * 5), BLOCK=8192, num_warps=1)
-    assert "1280 32-bit registers of live tiles" in message and "at most 512 may be live at once" in message
-    assert "tile<8192xf32> (256) from line" in message and "a * b + c * d" in message
+    assert "1024 32-bit registers of live tiles" in message and "at most 512 may be live at once" in message
+    assert "tile<8192xf32> (256) from line" in message and "d = tessera.load(d_ptr + offs)" in message
 
 
 @pytest.mark.parametrize("warps,advice", [(1, "num_warps=4"), (2, "num_warps=4")])

@@ -237,5 +237,13 @@ def _forget_after_fork() -> None:
     _WORKER = Worker()
 
 
+def _at_exit() -> None:
+    """End the worker and close the file its stderr went to (no ResourceWarning for it at shutdown)."""
+    _WORKER.stop()
+    if _WORKER._stderr is not None:
+        _WORKER._stderr.close()
+        _WORKER._stderr = None
+
+
 os.register_at_fork(after_in_child=_forget_after_fork)
-atexit.register(stop)
+atexit.register(_at_exit)
