@@ -6,7 +6,8 @@ A case is plain data (JSON round-trips it), so a failing one is saved as a file 
 * ok: it compiled (or ran in the interpreter);
 * tessera error: one of tessera's own exceptions (CompileError, InterpreterError, LaunchError, CacheError, a
   BackendError that is not one of the two below), the documented way to refuse a kernel;
-* other exception: anything else (a KeyError from a pass, numpy's MemoryError): a defect;
+* other exception: anything else (a KeyError from a pass, numpy's MemoryError), or a CompileError that
+  wraps one ("internal compiler error while tracing"): a defect;
 * crash: LLVM died in the compile worker (or, under `run.py`, the process running the case died);
 * hang: past the compile time limit (CompileTimeoutError, or ptxas / ld.lld stopped at it), or past the
   case's time cap.
@@ -86,6 +87,8 @@ def classify(exc: BaseException | None) -> Outcome:
         return Outcome(HANG, detail)
     if isinstance(exc, BackendError) and "this process is unharmed" in str(exc):
         return Outcome(CRASH, detail)       # LLVM died in the compile worker
+    if isinstance(exc, CompileError) and "internal compiler error" in str(exc):
+        return Outcome(OTHER_EXCEPTION, detail)     # a stray exception inside tracing, wrapped: a defect
     if isinstance(exc, (CompileError, InterpreterError, LaunchError, CacheError, BackendError)):
         return Outcome(TESSERA_ERROR, detail)
     return Outcome(OTHER_EXCEPTION, detail)

@@ -61,6 +61,8 @@ def test_outcomes_are_classed_by_exception():
     assert classify(CompileError("no")).cls == TESSERA_ERROR
     assert classify(KeyError("x")).cls == OTHER_EXCEPTION
     assert classify(MemoryError()).cls == OTHER_EXCEPTION
+    assert classify(CompileError("internal compiler error while tracing this line (KeyError: 1)")).cls == \
+        OTHER_EXCEPTION
     assert classify(CompileTimeoutError("k", "sm_80", 30)).cls == HANG
     assert classify(BackendError("LLVM crashed ...; this process is unharmed")).cls == CRASH
 

@@ -115,3 +115,50 @@ def test_mutant_3_176_a_tile_widened_from_a_scalar_compiles(target):
     x = np.arange(64, dtype=np.float32)
     _, out = simulated_like_interpreted(scalar_widened, [x, np.zeros(64, np.float32)], target, BLOCK=64)
     np.testing.assert_array_equal(out, np.full(64, x.sum(), np.float32))
+
+
+@tessera.kernel
+def block_with_a_stray_keyword(x_ptr, out_ptr, M, N, BM: tessera.constexpr, BN: tessera.constexpr):
+    x = tessera.view(x_ptr, (M, N)).block((BM, BN), (0, 0), mask=True).load()
+    tessera.view(out_ptr, (M, N)).block((BM, BN), (0, 0)).store(x)
+
+
+@tessera.kernel
+def method_with_a_stray_keyword(x_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    tessera.store(out_ptr, tessera.load(x_ptr + offs).sum(axis=0, reverse=True))
+
+
+def test_mutant_3_8648_a_stray_keyword_to_a_method_names_the_method_and_its_parameters():
+    """Was "internal compiler error ... view_block() got an unexpected keyword argument": methods were
+    lambdas that bound any arguments, so the check of the argument list never saw them."""
+    with pytest.raises(tessera.CompileError, match=r"bad arguments for \.block\(shape, index, offsets\): got an "
+                                                   r"unexpected keyword argument 'mask'") as info:
+        block_with_a_stray_keyword.compile(signature="*f32:16,*f32:16,i32,i32", BM=16, BN=16)
+    assert "internal compiler error" not in str(info.value) and ".block((BM, BN), (0, 0), mask=True)" in str(info.value)
+    with pytest.raises(tessera.CompileError, match=r"bad arguments for \.sum\(.*\): got an unexpected keyword "
+                                                   r"argument 'reverse'"):
+        method_with_a_stray_keyword.compile(signature="*f32:16,*f32:16", BLOCK=64)
+
+
+@tessera.kernel
+def shared_buffer_as_offsets(x_ptr, out_ptr, BLOCK: tessera.constexpr):
+    offs = tessera.arange(0, BLOCK)
+    buf = tessera.shared((BLOCK,), tessera.f32)
+    buf.store(tessera.load(x_ptr + offs))
+    tessera.store(out_ptr + buf, offs)
+
+
+@tessera.kernel
+def shared_buffer_negated(x_ptr, out_ptr, BLOCK: tessera.constexpr):
+    buf = tessera.shared((BLOCK,), tessera.f32)
+    tessera.store(out_ptr + tessera.arange(0, BLOCK), -buf)
+
+
+@pytest.mark.parametrize("kernel", [shared_buffer_as_offsets, shared_buffer_negated])
+def test_mutant_3_5043_arithmetic_on_a_shared_buffer_says_to_load_it_first(kernel):
+    """Was "internal compiler error ... 'NoneType' object has no attribute 'is_int'" (a buffer has no dtype of
+    a tile)."""
+    with pytest.raises(tessera.TypeMismatchError, match=r"smem<64xf32>.*a shared buffer has no elementwise "
+                                                        r"operators .* read it first: buf.load\(\)"):
+        kernel.compile(signature="*f32:16,*f32:16", BLOCK=64)
