@@ -1,6 +1,7 @@
 """One GPU session in tiers that fits a short window of GPU time, keeping every result it reaches.
 
     python bench/gpu_session.py [--tier 1|2] [--budget SECONDS] [--out DIR] [--dry-run]
+    python bench/gpu_session.py --steps pytest-gpu,moe,fusion --budget 420   # just these, any tier
     python bench/gpu_session.py --report DIR      # a finished session's table, as Markdown
 
 GPU time comes in windows of about 15 minutes (machine start included), at
@@ -16,7 +17,12 @@ steps, each with an estimate and a hard bound, run in order:
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
   quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py), attention
   forward/backward against SDPA flash and cuDNN and paged decode
-  (bench/attention.py, which stops starting rows after its `--budget`).
+  (bench/attention.py, which stops starting rows after its `--budget`), the
+  MoE layer against torch reference layers and Triton's fused MoE
+  (bench/moe.py), and fusion against the same work unfused, torch eager and
+  torch.compile (bench/fusion.py). MoE's and fusion's rows come back in
+  results.jsonl and summary.json; their plots stay behind (the eight files
+  are taken).
 
 Each library kernel's benchmark joins tier 2 as it lands (attention, MoE,
 quantized GEMM, fusion): one `Step` in `steps()`, its rows written with
@@ -92,12 +98,14 @@ def steps(dry_run: bool) -> list[Step]:
         Step("gemm-bf16-pinned", 1, 45, 100, b("gemm.py", "--part", "bf16", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-fp8", 2, 60, 100, b("gemm.py", "--part", "fp8", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-configs", 2, 90, 150, b("gemm.py", "--part", "configs")),
+        Step("moe", 2, 190, 300, b("moe.py")),              # never timed yet (int4 and fp8 sides: ~12 more compiles)
         Step("gemm-autotuned", 2, 120, 200, b("gemm.py", "--part", "bf16", "--shapes", "all")),
         Step("compile_time", 2, 40, 90, b("compile_time.py", "--repeat", "3")),
         Step("tutorial-04", 2, 60, 120, (sys.executable, str(ROOT / "tutorials/04-layouts-and-async.py"))
              + (("--dry-run",) if dry_run else ())),
         Step("quant-gemm", 2, 120, 240, b("quant_gemm.py")),
         Step("attention", 2, 150, 300, b("attention.py", "--budget", "240")),
+        Step("fusion", 2, 60, 150, b("fusion.py")),
     ]
 
 
@@ -218,13 +226,16 @@ def machine_facts() -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_session(tier: int, budget_s: float, out: Path, dry_run: bool) -> Session:
+def run_session(tier: int, budget_s: float, out: Path, dry_run: bool, only: tuple[str, ...] = ()) -> Session:
+    """Run the steps of tiers up to `tier` in order, or, when `only` names steps, just those (whatever their
+    tier), within `budget_s`."""
     session = Session(out, budget_s, dry_run)
     facts = machine_facts()
     (out / "machine.txt").write_text(facts)
-    session.log(facts.splitlines()[0] + f"; tier {tier}, budget {budget_s:.0f} s" + (", dry run" if dry_run else ""))
+    chosen = f"steps {', '.join(only)}" if only else f"tier {tier}"
+    session.log(facts.splitlines()[0] + f"; {chosen}, budget {budget_s:.0f} s" + (", dry run" if dry_run else ""))
     for step in steps(dry_run):
-        if step.tier <= tier:
+        if step.name in only if only else step.tier <= tier:
             session.run(step)
     session._collect_benchmarks()
     session.log(report_text(out))
@@ -260,6 +271,15 @@ def report_text(folder: Path) -> str:
                 if "speedup" in r else "ERROR" if "error" in r else "WRONG"))
         elif r["bench"] == "attention":
             lines.append(attention_line(r))
+        elif r["bench"] == "moe":
+            lines.append(f"- moe {r['model']} {r['tokens']} tokens: " + (
+                f"{r['speedup']:.2f}x {r['baseline']}" + (f", in a graph {r['graph_speedup']:.2f}x" if "graph_speedup"
+                                                          in r else "")
+                + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
+                if "speedup" in r else "ERROR" if any(k.endswith("error") for k in r) else "WRONG"))
+        elif r["bench"] == "fusion":
+            from fusion import describe
+            lines.append(f"- fusion {describe(r)}")
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
@@ -291,6 +311,8 @@ def main() -> None:
     parser.add_argument("--tier", type=int, choices=(1, 2), default=1)
     parser.add_argument("--budget", type=float, help="seconds (default: 240 for tier 1, 480 for tier 2)")
     parser.add_argument("--out", type=Path, help="output folder (default: $OUT, else bench/results/session)")
+    parser.add_argument("--steps", help="comma-separated step names to run instead of a tier "
+                                         "(see `steps()`: pytest-gpu, moe, attention, fusion, ...)")
     parser.add_argument("--dry-run", action="store_true", help="everything that needs no GPU")
     parser.add_argument("--report", type=Path, metavar="DIR", help="print a finished session's summary and exit")
     args = parser.parse_args()
@@ -299,7 +321,12 @@ def main() -> None:
         return
     out = args.out or Path(os.environ.get("OUT") or ROOT / "bench/results/session")
     budget = args.budget if args.budget is not None else 240.0 * args.tier
-    run_session(args.tier, budget, out, args.dry_run)
+    only = tuple(name.strip() for name in args.steps.split(",") if name.strip()) if args.steps else ()
+    unknown = sorted(set(only) - {step.name for step in steps(dry_run=True)})
+    if unknown:
+        parser.error(f"--steps: no step named {', '.join(unknown)}; the steps are "
+                     f"{', '.join(step.name for step in steps(dry_run=True))}")
+    run_session(args.tier, budget, out, args.dry_run, only)
 
 
 if __name__ == "__main__":

@@ -6,7 +6,7 @@ from pathlib import Path
 import pytest
 
 TUTORIALS = sorted((Path(__file__).resolve().parents[1] / "tutorials").glob("[0-9][0-9]-*.py"))
-NEEDS_TORCH = {"05-pytorch-ops"}       # PyTorch ops need PyTorch (an optional dependency)
+NEEDS_TORCH = {"05-pytorch-ops", "08-fusion"}     # PyTorch ops need PyTorch (an optional dependency)
 
 
 def test_there_are_tutorials():

@@ -229,12 +229,18 @@ def _is_constexpr_type(value: Any) -> bool:
     return isinstance(value, CONSTEXPR_TYPES) or getattr(type(value), "__tessera_constexpr__", False) is True
 
 
+def _is_constexpr_data(value: Any) -> bool:
+    """A constexpr value, or a (nested) tuple of them."""
+    if isinstance(value, tuple):
+        return all(_is_constexpr_data(v) for v in value)
+    return _is_constexpr_type(value)
+
+
 def _check_constexpr_value(source: KernelSource, name: str, value: Any) -> None:
-    ok = _is_constexpr_type(value) or (isinstance(value, tuple) and all(_is_constexpr_type(v) for v in value))
-    if not ok:
+    if not _is_constexpr_data(value):
         raise KernelArgumentError(
             f"constexpr parameter '{name}' got {type(value).__name__}; constexprs must be ints, floats, bools, "
-            f"strings, dtypes, layouts or tuples of those", kernel=source.name)
+            f"strings, dtypes, layouts, @tessera.func helpers or (nested) tuples of those", kernel=source.name)
 
 
 def _as_numpy(value: Any) -> np.ndarray | None:

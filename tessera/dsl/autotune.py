@@ -36,7 +36,7 @@ from ..ir.target import DEFAULT_TARGET, get_target
 from ..runtime.autotune import CPU_DEVICE, AutotuneError, Autotuner, Config, Timer, cuda_event_timer, perf_counter_timer
 from .arguments import DeviceArray
 from .errors import KernelArgumentError
-from .fast_launch import FastLaunches, SlowLaunch, with_grid
+from .fast_launch import FastLaunches, SlowLaunch, recorder, with_grid
 from .torch_compile import dynamo_opaque
 from .kernel import LAUNCH_OPTIONS, Grid, Kernel
 
@@ -99,10 +99,14 @@ class AutotunedKernel:
         if grid is None:
             raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...)",
                                       kernel=self.name)
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
         self.fast_launches.entry(grid, *args, **kwargs)
 
     @dynamo_opaque
     def run(self, *args, grid: Grid, **kwargs) -> None:
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
         self.fast_launches.entry(grid, *args, **kwargs)
 
     def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:

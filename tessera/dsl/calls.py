@@ -57,9 +57,13 @@ def visit_call(gen: "Tracer", node: ast.Call) -> Any:
     func = gen.visit(node.func)
     args = []
     for arg in node.args:
-        if isinstance(arg, ast.Starred):
-            gen.at(arg).error("*-unpacking in calls is not supported in kernels; pass the values one by one",
-                              UnsupportedSyntaxError)
+        if isinstance(arg, ast.Starred):        # a tuple's length is known while tracing: splice its items
+            value = gen.visit(arg.value)
+            if not isinstance(value, tuple):
+                gen.at(arg).error(f"*-unpacking in a kernel needs a tuple (its length known at compile time), got "
+                                  f"{describe(value)}; pass the values one by one", UnsupportedSyntaxError)
+            args.extend(value)
+            continue
         args.append(gen.visit(arg))
     kwargs = {}
     for keyword in node.keywords:

@@ -47,6 +47,25 @@ _DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, 
 _skip_launches: contextvars.ContextVar[bool] = contextvars.ContextVar("tessera_skip_launches", default=False)
 
 
+_recorder: contextvars.ContextVar[Callable | None] = contextvars.ContextVar("tessera_launch_recorder", default=None)
+
+
+@contextlib.contextmanager
+def launches_recorded(recorder: Callable[[Any, Any, tuple, dict], None] | None) -> Iterator[None]:
+    """Inside, every kernel launch calls `recorder(kernel, grid, args, kwargs)` instead of running (None:
+    launches run, as while a capture replays what it recorded); `tessera.fusion()` records this way."""
+    token = _recorder.set(recorder)
+    try:
+        yield
+    finally:
+        _recorder.reset(token)
+
+
+def recorder() -> Callable | None:
+    """The active launch recorder, if any."""
+    return _recorder.get()
+
+
 @contextlib.contextmanager
 def launches_skipped() -> Iterator[None]:
     """Launches do nothing inside (the fake implementation of `tessera.torch.op`: the function runs on fake
@@ -82,6 +101,9 @@ class Signature:
 def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
     """`kernel[grid]` (the `__getitem__` of kernels and autotuned kernels): the warm entry with the grid bound,
     kept per grid tuple, so a repeated grid costs a lookup."""
+    record = _recorder.get()
+    if record is not None:
+        return lambda *args, **kwargs: record(kernel, grid, args, kwargs)
     fast = kernel.fast_launches
     if type(grid) is tuple:
         try:

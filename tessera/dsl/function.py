@@ -11,8 +11,13 @@ class DeviceFunction:
     """A helper written in the kernel language; each call inside a kernel is inlined.
 
     Called from plain Python it runs the original function, so helpers that
-    only combine constexprs stay usable on the host.
+    only combine constexprs stay usable on the host. A helper is also a
+    compile-time value: a kernel may take one as a constexpr argument and call
+    it (the library's epilogue and prologue hooks), specialized on the helper's
+    source and what it calls (`__tessera_key__`, part of the binary cache key).
     """
+
+    __tessera_constexpr__ = True
 
     def __init__(self, fn: Callable[..., Any]):
         self.fn = fn
@@ -22,6 +27,14 @@ class DeviceFunction:
 
     def __call__(self, *args, **kwargs):
         return self.fn(*args, **kwargs)
+
+    def __tessera_key__(self) -> tuple:
+        """What identifies the compiled helper: its qualified name, source hash, callees and globals read."""
+        from .dependencies import kernel_dependencies
+
+        callees, constants = kernel_dependencies(self.source)
+        return (f"{self.fn.__module__}.{self.fn.__qualname__}", self.source.source_hash, tuple(callees),
+                tuple(sorted(constants.items())))
 
     def __repr__(self) -> str:
         return f"<tessera.func {self.__name__}>"

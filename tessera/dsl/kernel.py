@@ -35,7 +35,7 @@ from ..ir.errors import VerifyError
 from .arguments import BoundArguments, TypedArray, bind_arguments
 from .tracer import build_kernel_ir
 from .dependencies import kernel_dependencies
-from .fast_launch import FastLaunches, Signature, SlowLaunch, with_grid
+from .fast_launch import FastLaunches, Signature, SlowLaunch, recorder, with_grid
 from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
 from .errors import CompileError, KernelArgumentError
@@ -173,11 +173,15 @@ class Kernel:
         if grid is None:
             raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...) or "
                                       f"{self.name}(..., grid=(n,))", kernel=self.name)
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
         self.fast_launches.entry(grid, *args, **kwargs)
 
     @dynamo_opaque
     def run(self, *args, grid: Grid, **kwargs) -> None:
         """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
         self.fast_launches.entry(grid, *args, **kwargs)
 
     def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:

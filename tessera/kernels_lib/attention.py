@@ -35,6 +35,7 @@ import torch
 import tessera
 
 from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
+from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
 from .attention_fwd import LOG2E, attention_fwd_kernel
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -205,18 +206,20 @@ class Problem:
         return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
-def _forward(q, k, v, problem: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel: (O, LSE)."""
+def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE)."""
     o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
     plan = CPU_PLAN if _on_interpreter(q) else gpu_plan(problem.D)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
-            *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse))
+            *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
+            *hooks.args(o, p.strides))
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
-    attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, num_warps=plan.num_warps,
-                               **p.masks())
+    with hooks.blame():
+        attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
+                                   num_warps=plan.num_warps, **p.masks(), **hooks.constexprs())
     return o, lse
 
 
@@ -347,31 +350,44 @@ attention_varlen_op.register_autograd(_attention_grad, setup_context=_setup_cont
 
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, window: Window = None,
-              softcap: float = 0.0, scale: Optional[float] = None,
-              deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+              softcap: float = 0.0, scale: Optional[float] = None, deterministic: bool = False,
+              score_mod=None, score_mod_args=(), epilogue=None, epilogue_args=()) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale * q k^T + mask) v per (batch, head): (O, LSE); see the module docstring.
 
     q is (B, Sq, H, D), k and v (B, Sk, H_KV, D), float16 or bfloat16, with
     H % H_KV == 0 and D a power of two (64, 128 or 256 on the GPU). O is
     (B, Sq, H, D) in q's dtype, LSE (B, H, Sq) float32. Both are
     differentiable; `deterministic` makes the backward pass sum dQ in a
-    fixed order (a pass of its own instead of atomics).
+    fixed order (a pass of its own instead of atomics). `score_mod=fn` and
+    `epilogue=fn` (with their `_args`) fuse @tessera.func functions into the
+    forward kernel (`attention_fusion.py`; forward only, outside the op).
     """
     left, right = window_bounds(causal, window)
+    if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
+        _check(q, k, v, 4, "attention")
+        problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, left, right, softcap, scale)
+        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
     return attention_op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, *, causal: bool = False,
                      window: Window = None, softcap: float = 0.0, scale: Optional[float] = None,
-                     deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+                     deterministic: bool = False, score_mod=None, score_mod_args=(), epilogue=None,
+                     epilogue_args=()) -> tuple[torch.Tensor, torch.Tensor]:
     """`attention` over a batch of sequences packed along the first dim: (O, LSE).
 
     q is (total_q, H, D), k and v (total_k, H_KV, D); sequence b is rows
     cu_seqlens_q[b] .. cu_seqlens_q[b + 1] - 1 of q (cu_seqlens_k for k, v),
     both int32 of batch + 1 entries; max_seqlen_q / max_seqlen_k bound the
-    lengths. O is (total_q, H, D), LSE (H, total_q) float32.
+    lengths. O is (total_q, H, D), LSE (H, total_q) float32. score_mod and
+    epilogue as for `attention` (`b` is the sequence's index).
     """
     left, right = window_bounds(causal, window)
+    if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
+        _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
+        problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,
+                             right, softcap, scale)
+        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
     return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
                                left, right, float(softcap), scale, deterministic)

@@ -79,15 +79,54 @@ def visible(s, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT):
     return tessera.where(seen, s, -float("inf"))
 
 
+@tessera.func
+def call_hook(HOOK, first, values, ORDER):
+    """HOOK(first, values[ORDER[0]], values[ORDER[1]], ...): a fused user function's arguments in its order."""
+    picked = ()
+    for i in tessera.static_range(len(ORDER)):
+        picked = picked + (values[ORDER[i]],)
+    return HOOK(first, *picked)
+
+
+@tessera.func
+def modified_scores(s, SCORE_MOD, SM_ORDER, mod_values, b, h, q_idx, n, Sk, BN):
+    """The user's score_mod on the natural-unit scores s, given its operands and the (b, h, q_idx, kv_idx) of
+    each score (indices clamped into range, so loads through them stay in bounds; the kernel masks the scores
+    past the end anyway); returned in base 2, as the kernel's other paths leave them."""
+    kv_idx = tessera.minimum(n * BN + tessera.arange(0, BN), Sk - 1)[None, :]
+    s = call_hook(SCORE_MOD, s, mod_values + (b, h, q_idx, kv_idx), SM_ORDER)
+    tessera.static_assert(s.shape == (q_idx.shape[0], BN), "score_mod must return the score tile's shape")
+    return s * LOG2E
+
+
+@tessera.func
+def output_epilogue(out, EPILOGUE, EP_ORDER, EP_TILE, ep_ptr, ep_strides, ep_s0, b, h, q_start, Sq, pid_m, BM, D):
+    """EPILOGUE(out, operand?, scalar?, b, h, q_idx): with EP_TILE, the operand is the (BM, D) f32 block of a
+    tensor shaped like O at this program's rows and head."""
+    tile = 0.0
+    if EP_TILE:
+        sb, ss, sh, sd = ep_strides
+        view = tessera.view(ep_ptr + b * sb + q_start * ss + h * sh, (Sq, D), (ss, sd))
+        tile = view.block((BM, D), (pid_m, 0)).load().to(tessera.f32)
+    q_idx = tessera.minimum(pid_m * BM + tessera.arange(0, BM), tessera.maximum(Sq - 1, 0))[:, None]
+    out = call_hook(EPILOGUE, out, (tile, ep_s0, b, h, q_idx), EP_ORDER)
+    tessera.static_assert(out.shape == (BM, D), "the attention epilogue must return the output tile's shape")
+    return out
+
+
 @tessera.kernel(fast_math=True)
 def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                          Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
-                         stride_lb, stride_lh,
+                         stride_lb, stride_lh, mod_ptr0, mod_ptr1, mod_s0, mod_s1,
+                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0,
                          D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                          HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
-                         VARLEN: tessera.constexpr, STAGES: tessera.constexpr):
+                         VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
+                         SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
+                         EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
+                         EP_TILE: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -107,7 +146,14 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
     for n in tessera.pipeline(lo, hi, stages=STAGES):
         s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
-        if SOFTCAP:         # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
+        if SCORE_MOD is not None:     # the user's function sees natural units (scale * q.k, softcapped)
+            if SOFTCAP:
+                s = softcap * tessera.tanh(s * qk_scale)
+            else:
+                s = s * (qk_scale * LN2)
+            q_idx = tessera.minimum(m0 + tessera.arange(0, BM), tessera.maximum(Sq - 1, 0))[:, None]
+            s = modified_scores(s, SCORE_MOD, SM_ORDER, (mod_ptr0, mod_ptr1, mod_s0, mod_s1), b, h, q_idx, n, Sk, BN)
+        elif SOFTCAP:       # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
             s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
         else:               # qk_scale = scale * log2(e)
             s = s * qk_scale
@@ -122,5 +168,9 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
         m = m_new
 
     empty = l == 0.0                                    # rows that saw no key
-    o.block((BM, D), (pid_m, 0)).store(acc / tessera.where(empty, 1.0, l)[:, None])
+    out = acc / tessera.where(empty, 1.0, l)[:, None]
+    if EPILOGUE is not None:          # the user's function on the normalized output tile
+        out = output_epilogue(out, EPILOGUE, EP_ORDER, EP_TILE, ep_ptr, (stride_eb, stride_es, stride_eh, stride_ed),
+                              ep_s0, b, h, q_start, Sq, pid_m, BM, D)
+    o.block((BM, D), (pid_m, 0)).store(out)
     lse.block((BM,), (pid_m,)).store(tessera.where(empty, float("inf"), (m + tessera.log2(l)) * LN2))

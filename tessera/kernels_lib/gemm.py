@@ -251,7 +251,7 @@ def gemm_op(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = Non
 def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
          scale_a: Optional[torch.Tensor] = None, scale_b: Optional[torch.Tensor] = None, *,
          activation: Optional[str] = None, out_dtype: Optional[torch.dtype] = None,
-         trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0) -> torch.Tensor:
+         trans_a: bool = False, trans_b: bool = False, alpha: float = 1.0, **hooks) -> torch.Tensor:
     """act(alpha * (op(a) @ op(b)) * scale_a[:, None] * scale_b[None, :] + bias), accumulated in float32.
 
     op transposes when trans_a / trans_b: a is [M, K] ([K, M] with trans_a),
@@ -268,11 +268,36 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     record, no torch.compile, tracing, vmap or torch function/dispatch mode)
     it runs the CUDA implementation directly, as the dispatcher would, but
     without its ~9 µs of Python; otherwise it dispatches.
+
+    Fused user functions (`gemm_fusion.py`): `epilogue=fn, epilogue_args=(...)`
+    (and `epilogue_outputs=`) on the float32 accumulator, `prologue_a=` /
+    `prologue_b=` (with `_args`) on the operand blocks as they load, and
+    `gather_a=` row indices; each fn a `@tessera.func` compiled into the kernel.
     """
+    if hooks:
+        return _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks)
     if _unobserved(a, b, bias, scale_a, scale_b):
         return _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha)
     return gemm_op(a, b, bias, scale_a, scale_b, activation=activation, out_dtype=out_dtype, trans_a=trans_a,
                    trans_b=trans_b, alpha=alpha)
+
+
+def _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks):
+    """The GEMM with user functions fused in (`gemm_fusion.fused_gemm`); the fixed epilogue's arguments are
+    refused there, since the user's epilogue says what to do with the accumulator."""
+    from .gemm_fusion import HOOK_ARGUMENTS, fused_gemm
+
+    unknown = sorted(set(hooks) - set(HOOK_ARGUMENTS))
+    if unknown:
+        raise TypeError(f"tessera::gemm got unexpected keyword argument(s) {unknown}; the fusion hooks are "
+                        f"{', '.join(HOOK_ARGUMENTS)}")
+    fixed = dict(bias=bias, scale_a=scale_a, scale_b=scale_b, activation=activation)
+    given = [name for name, value in fixed.items() if value is not None] + (["alpha"] if alpha != 1.0 else [])
+    if given:
+        raise ValueError(f"tessera::gemm: {', '.join(given)} cannot be combined with fused functions; apply "
+                         f"{'them' if len(given) > 1 else 'it'} in the epilogue instead (pass tensors as "
+                         f"epilogue_args)")
+    return fused_gemm(a, b, out_dtype=out_dtype, trans_a=trans_a, trans_b=trans_b, **hooks)
 
 
 def _unobserved(*tensors: Optional[torch.Tensor]) -> bool:
@@ -315,8 +340,9 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
-                                 HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
+        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
+            gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
+                                     HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
         num_sms = _num_sms(a.get_device())
         gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](

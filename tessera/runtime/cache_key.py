@@ -64,8 +64,9 @@ def canonical(value: Any) -> Any:
     """A JSON-ready form of `value` that tags every leaf with its type.
 
     Supported: None, bool, int, float, str, bytes, tuple, list, dict, set,
-    frozenset, enums, dataclass instances (e.g. tessera dtypes) and numpy
-    scalars/dtypes (by their repr). Anything else raises TypeError.
+    frozenset, enums, dataclass instances (e.g. tessera dtypes), numpy
+    scalars/dtypes (by their repr) and objects whose class defines
+    `__tessera_key__()` (by that key). Anything else raises TypeError.
     """
     kind = type(value)
     if value is None:
@@ -89,6 +90,8 @@ def canonical(value: Any) -> Any:
         return ["dict", sorted(items, key=lambda item: _dump(item[0]))]
     if isinstance(value, enum.Enum):
         return [_qualified_name(kind), value.name]
+    if hasattr(kind, "__tessera_key__"):        # a compile-time object that names its own identity (@tessera.func)
+        return [_qualified_name(kind), canonical(value.__tessera_key__())]
     if dataclasses.is_dataclass(value) and not isinstance(value, type):
         return [_qualified_name(kind),
                 [[f.name, canonical(getattr(value, f.name))] for f in dataclasses.fields(value)]]

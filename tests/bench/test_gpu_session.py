@@ -102,6 +102,9 @@ def test_the_report_lists_failures_and_every_benchmark_row(tmp_path):
              {"bench": "launch_overhead", "case": "tessera_empty", "median_us": 9.87},
              {"bench": "launch_overhead", "case": "cache_hit_new_process_ms", "ms": 4.25},
              {"bench": "bandwidth", "case": "softmax", "tessera_gbps": 3500.4, "torch_copy_gbps": 4000.0},
+             {"bench": "moe", "model": "mixtral", "tokens": 1, "speedup": 2.5, "baseline": "torch-grouped-mm",
+              "graph_speedup": 3.0, "hbm_share": 0.81},
+             {"bench": "moe", "model": "qwen3", "tokens": 16, "tessera_error": "RuntimeError: boom"},
              {"bench": "gemm_bf16", "m": 16, "n": 4096, "k": 4096, "wrong": "gemm: 3 of 9 elements wrong"},
              {"bench": "gemm_bf16", "m": 8192, "n": 8192, "k": 8192, "tessera_tflops": 480.2, "ratio": 0.7,
               "cublas_tflops": 690.0, "tessera_graph_tflops": 550.0, "graph_ratio": 0.8}]
@@ -112,6 +115,8 @@ def test_the_report_lists_failures_and_every_benchmark_row(tmp_path):
         "- launch tessera_empty: 9.87 µs",
         "- cache_hit_new_process_ms: 4.25 ms",
         "- softmax: 3500 GB/s (torch copy 4000)",
+        "- moe mixtral 1 tokens: 2.50x torch-grouped-mm, in a graph 3.00x, 81% of HBM",
+        "- moe qwen3 16 tokens: ERROR",
         "- gemm_bf16 16x4096x4096: WRONG",
         "- gemm_bf16 8192x8192x8192: 480 TFLOP/s (70%), reference 690; in a graph 550 (80%)",
     ]
@@ -130,3 +135,19 @@ def test_the_dry_run_of_both_tiers_passes_on_the_cpu_and_writes_at_most_eight_fi
     assert "python" in (tmp_path / "machine.txt").read_text()
     files = sorted(p.name for p in tmp_path.iterdir())
     assert len(files) <= 8 and set(files) <= set(gpu_session.OUTPUT_FILES)
+
+
+def test_steps_named_on_the_command_line_run_alone_whatever_their_tier(tmp_path, monkeypatch):
+    ran = []
+    monkeypatch.setattr(Session, "run", lambda self, step: ran.append(step.name))
+    monkeypatch.setattr(Session, "_collect_benchmarks", lambda self: None)
+    monkeypatch.setattr(gpu_session, "report_text", lambda folder: "")
+    gpu_session.run_session(1, 100, tmp_path, dry_run=True, only=("fusion", "pytest-gpu"))
+    assert ran == ["pytest-gpu", "fusion"]                 # in the session's order, tier 2 included
+
+
+def test_an_unknown_step_name_is_refused_with_the_names_there_are(tmp_path):
+    done = subprocess.run([sys.executable, str(ROOT / "bench/gpu_session.py"), "--steps", "pytest-gpu,atention",
+                           "--dry-run", "--out", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "no step named atention" in done.stderr and "attention" in done.stderr

@@ -196,7 +196,7 @@ def uses_nested_def(ptr):
 
 
 def uses_star_args(ptr):
-    shape = (16,)
+    shape = ptr             # a traced value: its length is not known at compile time
     tl.store(ptr, tl.zeros(*shape))
 
 
@@ -230,7 +230,7 @@ DEFAULT_PARAMS["rest"] = ParamSpec("rest", True, value=())
     (uses_del, "del m", "`del` is not supported"),
     (uses_raise, "raise ValueError", "tessera.static_assert"),
     (uses_nested_def, "def inner", "@tessera.func helper"),
-    (uses_star_args, "*shape", "*-unpacking in calls is not supported"),
+    (uses_star_args, "*shape", "*-unpacking in a kernel needs a tuple"),
     (uses_for_else, "for i in range(n)", "`for ... else` is not supported"),
     (returns_value, "return 1", "kernels cannot return values"),
     (star_parameter, "*rest", "`*rest` parameters are not supported"),

@@ -1,0 +1,160 @@
+"""GEMM with user functions fused in: C = epilogue(prologue_a(A) @ prologue_b(B), operands...).
+
+The kernel is the library GEMM's (`gemm.py`: grouped tile order, a pipelined
+K loop into a float32 accumulator), with three hooks that are `@tessera.func`
+helpers passed as constexprs and inlined where they apply:
+
+* `PROLOGUE_A(a_block, *operands)` / `PROLOGUE_B(b_block, *operands)` on
+  every BM x BK block of op(A) / BK x BN block of op(B) as it is loaded
+  (scaling, dequantizing integer codes), before the tensor cores see it;
+* `EPILOGUE(acc, *operands)` on the float32 BM x BN accumulator, returning
+  the tile to store in C, or a tuple (C's tile, then one per extra output).
+
+Operands come in fixed slots, placed in each hook's argument list by a
+constexpr order: six tensor slots (X0..X5), each a strided 2-D view that
+broadcasts against the hook's matrix (size-1 dimensions have stride 0) and
+arrives as the block matching the hook's tile (float ones in float32);
+four scalar slots (S0..S3); and the tile's global row and column indices
+(`rows` (R, 1), `cols` (1, C), int32) for hooks that ask by parameter name.
+GATHER_A reads row `idx[m]` of A for output row m (a gathered A takes
+pointer loads, which the pipeline does not stream: its K loop is plain).
+`gemm_fusion.py` checks the user's functions and operands and launches this.
+"""
+
+from __future__ import annotations
+
+import tessera
+
+from .gemm import CONFIGS, grouped_tile
+
+ROLES = ("epilogue", "prologue_a", "prologue_b")
+
+
+@tessera.func
+def operand_block(ptr, rows, cols, stride_r, stride_c, FULL_R, FULL_C, i, j, BR, BC):
+    """Block (i, j) of an operand broadcast against a rows x cols matrix: a BR x BC block, or 1 along each
+    dimension it broadcasts over; float operands in float32."""
+    view = tessera.view(ptr, (rows if FULL_R else 1, cols if FULL_C else 1), (stride_r, stride_c))
+    block = view.block((BR if FULL_R else 1, BC if FULL_C else 1), (i if FULL_R else 0, j if FULL_C else 0)).load()
+    if block.dtype.is_float:
+        block = block.to(tessera.f32)
+    return block
+
+
+@tessera.func
+def role_operands(ptrs, strides, SPECS, ROLE, rows, cols, i, j, BR, BC):
+    """The loaded blocks of the tensor slots whose spec names ROLE (0 for the others), one per slot."""
+    blocks = ()
+    for s in tessera.static_range(len(SPECS)):
+        spec = SPECS[s]
+        if spec is None:
+            blocks = blocks + (0,)
+        elif spec[0] != ROLE:
+            blocks = blocks + (0,)
+        else:
+            blocks = blocks + (operand_block(ptrs[s], rows, cols, strides[2 * s], strides[2 * s + 1],
+                                             spec[1], spec[2], i, j, BR, BC),)
+    return blocks
+
+
+@tessera.func
+def call_hook(HOOK, first, values, ORDER):
+    """HOOK(first, values[ORDER[0]], values[ORDER[1]], ...): the hook's arguments in its parameters' order."""
+    picked = ()
+    for p in tessera.static_range(len(ORDER)):
+        picked = picked + (values[ORDER[p]],)
+    return HOOK(first, *picked)
+
+
+@tessera.func
+def index_tiles(i, j, BR, BC):
+    """Global (row, column) indices of block (i, j): an (BR, 1) and a (1, BC) int32 tile."""
+    return (i * BR + tessera.arange(0, BR))[:, None], (j * BC + tessera.arange(0, BC))[None, :]
+
+
+@tessera.func
+def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak, pid_m, pid_n,
+               EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT, GATHER_A,
+               BM, BN, BK, STAGES, WS):
+    """One BM x BN tile of C with the hooks applied."""
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=1 if GATHER_A else STAGES, warp_specialize=WS):
+        if GATHER_A:
+            a_block = gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK)
+        else:
+            a_block = a.block((BM, BK), (pid_m, k)).load()
+        b_block = b.block((BK, BN), (k, pid_n)).load()
+        if PROLOGUE_A is not None:
+            rows, ks = index_tiles(pid_m, k, BM, BK)
+            values = role_operands(ptrs, strides, SPECS, "prologue_a", M, K, pid_m, k, BM, BK)
+            a_block = call_hook(PROLOGUE_A, a_block, values + scalars + (rows, ks), PA_ORDER)
+        if PROLOGUE_B is not None:
+            ks, cols = index_tiles(k, pid_n, BK, BN)
+            values = role_operands(ptrs, strides, SPECS, "prologue_b", K, N, k, pid_n, BK, BN)
+            b_block = call_hook(PROLOGUE_B, b_block, values + scalars + (ks, cols), PB_ORDER)
+        acc = tessera.dot(a_block, b_block, acc)
+    if EPILOGUE is not None:
+        rows, cols = index_tiles(pid_m, pid_n, BM, BN)
+        values = role_operands(ptrs, strides, SPECS, "epilogue", M, N, pid_m, pid_n, BM, BN)
+        result = call_hook(EPILOGUE, acc, values + scalars + (rows, cols), EP_ORDER)
+    else:
+        result = acc
+    if N_OUT == 0:
+        result = (result,)
+    tessera.static_assert(len(result) == N_OUT + 1, "the epilogue must return one tile per output: C's, then "
+                          "one per epilogue_outputs tensor")
+    for o in tessera.static_range(N_OUT + 1):
+        tessera.static_assert(result[o].shape == (BM, BN), "the epilogue must return tiles shaped like the "
+                              "accumulator it was given (each output's tile), not reduced or reshaped ones")
+        if o == 0:
+            c.block((BM, BN), (pid_m, pid_n)).store(result[0])
+        else:
+            outs[o - 1].block((BM, BN), (pid_m, pid_n)).store(result[o])
+
+
+@tessera.func
+def gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK):
+    """The BM x BK block of A at K-step k whose row m is A's row idx[m] (rows past M and columns past K: 0)."""
+    idx = tessera.view(gather_ptr, (M,)).block((BM,), (pid_m,)).load()
+    cols = k * BK + tessera.arange(0, BK)
+    mask = ((pid_m * BM + tessera.arange(0, BM)) < M)[:, None] & (cols < K)[None, :]
+    offsets = idx.to(tessera.i64)[:, None] * stride_am + cols.to(tessera.i64)[None, :] * stride_ak
+    return tessera.load(a + offsets, mask=mask)
+
+
+@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.kernel
+def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
+                      stride_cm, stride_cn, x0, x1, x2, x3, x4, x5,
+                      sx0r, sx0c, sx1r, sx1c, sx2r, sx2c, sx3r, sx3c, sx4r, sx4c, sx5r, sx5c,
+                      s0, s1, s2, s3, y0, y1, sy0r, sy0c, sy1r, sy1c, gather_ptr,
+                      EPILOGUE: tessera.constexpr, EP_ORDER: tessera.constexpr,
+                      PROLOGUE_A: tessera.constexpr, PA_ORDER: tessera.constexpr,
+                      PROLOGUE_B: tessera.constexpr, PB_ORDER: tessera.constexpr,
+                      SPECS: tessera.constexpr, N_OUT: tessera.constexpr, GATHER_A: tessera.constexpr,
+                      BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
+                      GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
+                      WS: tessera.constexpr = False):
+    if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
+        a = a_ptr
+    else:
+        a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
+    b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
+    c = tessera.view(c_ptr, (M, N), (stride_cm, stride_cn))
+    outs = (tessera.view(y0, (M, N), (sy0r, sy0c)), tessera.view(y1, (M, N), (sy1r, sy1c)))
+    ptrs = (x0, x1, x2, x3, x4, x5)
+    strides = (sx0r, sx0c, sx1r, sx1c, sx2r, sx2c, sx3r, sx3c, sx4r, sx4c, sx5r, sx5c)
+    scalars = (s0, s1, s2, s3)
+    num_pid_m = tessera.cdiv(M, BM)
+    num_pid_n = tessera.cdiv(N, BN)
+    if PERSISTENT:
+        for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
+            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
+            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
+                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
+                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS)
+    else:
+        pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
+                   pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
+                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS)

@@ -1,0 +1,188 @@
+"""Token alignment for the grouped GEMMs: (token, slot) pairs sorted by expert, each expert padded to the tile.
+
+The routing gives each token K expert ids; pair i = token * K + slot goes
+to expert ids.flat[i]. The grouped GEMMs want each expert's pairs in
+consecutive rows, each expert's run padded to a multiple of the GEMM's row
+tile BM, so that every BM-row block belongs to one expert (vLLM's
+moe_align_block_size). The outputs:
+
+    sorted_ids[r]     the pair in row r (pairs of one expert in pair order), or numel (padding)
+    block_expert[b]   the expert of rows b*BM .. b*BM+BM-1 (-1 past the last block in use)
+    offsets[e]        the first row of expert e; offsets[E] is the number of rows in use
+
+An expert with no pairs gets no rows and no blocks, so it costs nothing.
+
+It is a counting sort with no atomics, so the order is deterministic: a
+program takes the pairs of one routing chunk (CHUNK pairs), and pair i's
+row is offsets[e] + (pairs of expert e in earlier chunks: the sum of their
+histogram rows, `chunk_counts`) + (pairs of e before i in this chunk).
+The routing kernel writes `chunk_counts`; for ids from elsewhere
+`count_kernel` computes them first (one more launch). Program p also
+writes the padding rows and block experts of experts p, p + P, ...
+
+Program p reads the p histogram rows before its own, so the launch reads
+P^2 / 2 rows of E counts in all: 256 programs (4096 DeepSeek-V3 tokens)
+read 8 MB, but at 64k tokens it would be 2 GB; a scan of `chunk_counts`
+(one more launch) is the fix when batches grow that large.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import tessera
+
+from .common import check_device, kernel_arg
+from .routing import tokens_per_program
+
+BLOCK_LANES = 16         # blocks whose expert (and unused rows) one store writes
+
+
+@tessera.kernel
+def count_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, CHUNK: tessera.constexpr,
+                 CHUNK_PAD: tessera.constexpr, E_PAD: tessera.constexpr):
+    """Each chunk's histogram of expert ids (a row of chunk_counts), and the totals (atomically)."""
+    chunk = tessera.program_id(0)
+    lanes = tessera.arange(0, CHUNK_PAD)
+    pairs = chunk * CHUNK + lanes
+    real = (lanes < CHUNK) & (pairs < numel)
+    hist = tessera.histogram(tessera.load(ids_ptr + pairs, mask=real), E_PAD, mask=real)
+    experts = tessera.arange(0, E_PAD)
+    tessera.store(chunk_counts_ptr + chunk * E + experts, hist, mask=experts < E)
+    tessera.atomic_add(counts_ptr + experts, hist, mask=experts < E)
+
+
+@tessera.func
+def pick(values, lanes, e):
+    """values[e] of a 1-D tile, as a scalar."""
+    return tessera.sum(tessera.where(lanes == e, values, 0))
+
+
+@tessera.func
+def pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM):
+    """For experts p, p + P, ...: the padding rows after its pairs, and the expert of each of its blocks."""
+    rows = tessera.arange(0, BM)
+    blocks = tessera.arange(0, BLOCK_LANES)
+    for e in range(tessera.program_id(0), E, tessera.num_programs(0)):
+        start, count, size = pick(starts, experts, e), pick(counts, experts, e), pick(padded, experts, e)
+        tessera.store(sorted_ptr + start + count + rows, numel, mask=count + rows < size)
+        for b in range(start // BM, (start + size) // BM, BLOCK_LANES):
+            tessera.store(block_expert_ptr + b + blocks, e, mask=b + blocks < (start + size) // BM)
+
+
+@tessera.func
+def fill_unused(sorted_ptr, block_expert_ptr, first, numel, max_rows, BM):
+    """Blocks `first` .. past the rows in use: expert -1 and padding rows, BLOCK_LANES blocks per step, the
+    steps dealt out over the programs."""
+    blocks = tessera.arange(0, BLOCK_LANES)
+    rows = tessera.arange(0, BM)
+    max_blocks = (max_rows + BM - 1) // BM
+    step = tessera.num_programs(0) * BLOCK_LANES
+    for b in range(first + tessera.program_id(0) * BLOCK_LANES, max_blocks, step):
+        tessera.store(block_expert_ptr + b + blocks, -1, mask=b + blocks < max_blocks)
+        unused = (b + blocks)[:, None] * BM + rows[None, :]
+        tessera.store(sorted_ptr + unused, numel, mask=unused < max_rows)
+
+
+@tessera.kernel
+def align_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
+                 max_rows, BM: tessera.constexpr, CHUNK: tessera.constexpr, CHUNK_PAD: tessera.constexpr,
+                 E_PAD: tessera.constexpr):
+    chunk = tessera.program_id(0)
+    experts = tessera.arange(0, E_PAD)
+    counts = tessera.load(counts_ptr + experts, mask=experts < E)
+    padded = (counts + BM - 1) // BM * BM
+    starts = tessera.cumsum(padded, 0) - padded
+    used = tessera.sum(padded)
+
+    earlier = tessera.zeros((E_PAD,), dtype=tessera.i32)      # this chunk's experts' pairs in earlier chunks
+    for q in range(0, chunk):
+        earlier += tessera.load(chunk_counts_ptr + q * E + experts, mask=experts < E)
+    lanes = tessera.arange(0, CHUNK_PAD)
+    pairs = chunk * CHUNK + lanes
+    real = (lanes < CHUNK) & (pairs < numel)
+    e = tessera.load(ids_ptr + pairs, mask=real)
+    same_before = (e[:, None] == e[None, :]) & (lanes[None, :] < lanes[:, None]) & real[None, :]
+    rows = tessera.gather(starts + earlier, e, 0) + tessera.sum(same_before.to(tessera.i32), 1)
+    tessera.store(sorted_ptr + rows, pairs, mask=real)
+
+    pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM)
+    fill_unused(sorted_ptr, block_expert_ptr, used // BM, numel, max_rows, BM)
+    if chunk == 0:
+        tessera.store(offsets_ptr + experts, starts, mask=experts < E)
+        tessera.store(offsets_ptr + E, used)
+
+
+def max_rows(numel: int, num_experts: int, block_m: int) -> int:
+    """Rows the aligned order can need: every pair, plus up to BM - 1 padding rows per expert in use."""
+    return numel + min(numel, num_experts) * (block_m - 1)
+
+
+def _check(ids: torch.Tensor, num_experts: int, block_m: int, counts, chunk_counts) -> None:
+    if ids.dim() != 2 or ids.dtype != torch.int32:
+        raise ValueError(f"tessera::moe_align: ids must be int32 [tokens, top_k] (moe_route's expert ids), got "
+                         f"{ids.dtype} {tuple(ids.shape)}; convert with .to(torch.int32)")
+    if block_m < 1 or block_m & (block_m - 1):
+        raise ValueError(f"tessera::moe_align: block_m must be a power of two, got {block_m}")
+    if (counts is None) != (chunk_counts is None):
+        raise ValueError("tessera::moe_align: pass counts and chunk_counts together (both from moe_route), or "
+                         "neither")
+    if chunk_counts is not None:
+        chunks = tessera.cdiv(ids.shape[0], tokens_per_program(num_experts, ids.shape[1]))
+        if tuple(chunk_counts.shape) != (chunks, num_experts) or tuple(counts.shape) != (num_experts,):
+            raise ValueError(f"tessera::moe_align: counts must be [{num_experts}] and chunk_counts "
+                             f"[{chunks}, {num_experts}] (moe_route's), got {tuple(counts.shape)} and "
+                             f"{tuple(chunk_counts.shape)}")
+    check_device("moe_align", ids, counts=counts, chunk_counts=chunk_counts)
+
+
+@torch.library.custom_op("tessera::moe_align", mutates_args=())
+def align_op(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
+             chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """`torch.ops.tessera.moe_align`: see `align`."""
+    _check(ids, num_experts, block_m, counts, chunk_counts)
+    T, K = ids.shape
+    numel, E, device = ids.numel(), num_experts, ids.device
+    rows = max_rows(numel, E, block_m)
+    sorted_ids = torch.empty(rows, dtype=torch.int32, device=device)
+    block_expert = torch.empty(tessera.cdiv(rows, block_m), dtype=torch.int32, device=device)
+    offsets = torch.zeros(E + 1, dtype=torch.int32, device=device)
+    if numel == 0:
+        return sorted_ids, block_expert, offsets
+    BT = tokens_per_program(E, K)
+    chunk, chunks = BT * K, tessera.cdiv(T, BT)
+    sizes = dict(CHUNK=chunk, CHUNK_PAD=tessera.next_power_of_2(chunk), E_PAD=tessera.next_power_of_2(E))
+    ids = ids.contiguous()
+    if counts is None:
+        counts = torch.zeros(E, dtype=torch.int32, device=device)
+        chunk_counts = torch.empty((chunks, E), dtype=torch.int32, device=device)
+        count_kernel[(chunks,)](kernel_arg(ids), kernel_arg(counts), kernel_arg(chunk_counts), numel, E, **sizes)
+    args = (ids, counts.contiguous(), chunk_counts.contiguous(), sorted_ids, block_expert, offsets)
+    align_kernel[(chunks,)](*(kernel_arg(t) for t in args), numel, E, rows, BM=block_m, **sizes)
+    return sorted_ids, block_expert, offsets
+
+
+@align_op.register_fake
+def _align_fake(ids, num_experts, block_m, counts=None, chunk_counts=None):
+    _check(ids, num_experts, block_m, counts, chunk_counts)
+    rows = max_rows(ids.numel(), num_experts, block_m)
+    return (ids.new_empty((rows,)), ids.new_empty((tessera.cdiv(rows, block_m),)),
+            ids.new_empty((num_experts + 1,)))
+
+
+def align(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
+          chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Sort the (token, slot) pairs of `ids` ([T, K] int32 expert ids) by expert, padding each expert's run
+    to a multiple of `block_m` rows (moe_align_block_size).
+
+    Returns (sorted_ids, block_expert, offsets), int32: sorted_ids[r] is the
+    pair token * K + slot in row r, or T * K on padding rows; block_expert[b]
+    the expert of rows b * block_m ... (-1 for blocks past the rows in use);
+    offsets[e] the first row of expert e and offsets[num_experts] the rows
+    in use. Pairs of one expert keep their order. `counts` and
+    `chunk_counts` are `route`'s; without them one more launch counts.
+    This is the op `torch.ops.tessera.moe_align`.
+    """
+    return align_op(ids, num_experts, block_m, counts, chunk_counts)

@@ -1,0 +1,78 @@
+"""Launch plans of the expert GEMMs: the row tile BM (which `align` pads to) and each GEMM's tiles.
+
+Three regimes, by how many rows an active expert gets on average (pairs
+= tokens * top_k over min(pairs, experts) experts):
+
+* decode (<= 16 rows per expert: 1-64 tokens of a fine-grained MoE): 16-row
+  tiles, so an expert with a few tokens still reads each of its weight
+  tiles once, in deep K steps (BK = 128, 4 stages) that keep enough bytes
+  in flight to stream the weights at memory speed; mma.sync m16n8k16;
+* middle (<= 128 rows): 64-row tiles, 4 warps (wgmma m64 on sm_90a);
+* prefill: 128-row tiles, 8 warps (two wgmma warpgroups on sm_90a).
+
+`QUANTIZED` holds the same regimes' tiles for int4 and fp8 weights. Each plan
+compiles without register spills for sm_80, sm_90a (TMA-filled
+rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
+test_moe_experts.py compiles every one). AMD targets get the same tiles
+with STAGES = 1: Tessera has no asynchronous global->shared copies there
+yet, so a pipeline would only warn. float32 operands (the CPU tests' dtype)
+multiply on FMA units, which no pipeline feeds: STAGES = 1 too. None of
+these has been timed on a GPU yet.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+
+@dataclass(frozen=True)
+class GemmTiles:
+    """One grouped GEMM's tiles: BN output columns (gate_up: BN of each of gate and up), BK of K per step."""
+
+    BN: int
+    BK: int
+    stages: int
+    num_warps: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    """BM rows per block (the alignment's tile), and the tiles of the gate_up and down GEMMs."""
+
+    BM: int
+    gate_up: GemmTiles
+    down: GemmTiles
+
+    def without_pipelining(self) -> "Plan":
+        return replace(self, gate_up=replace(self.gate_up, stages=1), down=replace(self.down, stages=1))
+
+
+DECODE = Plan(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
+MIDDLE = Plan(64, GemmTiles(64, 64, 3, 4), GemmTiles(128, 64, 3, 4))
+PREFILL = Plan(128, GemmTiles(64, 64, 3, 8), GemmTiles(128, 64, 3, 8))
+SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
+
+# Quantized weights (`quantized_mlp.py`) are dequantized in registers, next to the accumulator: at decode and
+# middle sizes gate_up's B block (2BN x BK) and, in the middle, down's BN are halved so that sm_80 (where
+# e4m3 -> bf16 is emulated in integer ops) does not spill; prefill's 8 warps have the registers.
+QUANTIZED = {"decode": replace(DECODE, gate_up=GemmTiles(32, 128, 4, 4)),
+             "middle": Plan(64, GemmTiles(32, 64, 3, 4), GemmTiles(64, 64, 3, 4)),
+             "prefill": PREFILL}
+
+# fp8 activations times fp8 weights (`fp8_mlp.py`) step K by the activations' scale group (128): the B block is
+# held at <= 64 rows (gate_up's BN = 32, down's 64; 16 and 32 at decode), where sm_90a spilled at 128.
+FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
+       "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
+       "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
+
+# The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
+CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))
+
+
+def plan(tokens: int, top_k: int, num_experts: int, *, pipelined: bool = True) -> Plan:
+    """The plan for `tokens` tokens routed to `top_k` of `num_experts` experts (see the module docstring);
+    `pipelined=False` for targets or dtypes without asynchronous copies."""
+    pairs = tokens * top_k
+    rows_per_expert = pairs / max(1, min(pairs, num_experts))
+    chosen = DECODE if rows_per_expert <= 16 else MIDDLE if rows_per_expert <= 128 else PREFILL
+    return chosen if pipelined else chosen.without_pipelining()
