@@ -113,6 +113,8 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
         seconds[stage] = now - clock
         clock = now
 
+    from ..backends.llvm.run import prepare as start_llvm_worker
+    start_llvm_worker()     # LLVM's process starts up while the passes and the lowering run here
     stages = {"tile_ir": print_module(module)}
     # Passes rewrite in place: work on a copy so the kernel's cached tile IR stays as traced.
     working_copy = Module([clone_function(f) for f in module.functions])

@@ -36,6 +36,8 @@ short circuit over traced values) and combine them lane by lane as bools.
 
 from __future__ import annotations
 
+import functools
+
 import math
 
 from typing import Any
@@ -287,11 +289,17 @@ BINARY_OPS = {
 PREDICATES = {"==": "eq", "!=": "ne", "<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
 
+_SHARED_NOT_A_TILE = ("a shared buffer has no elementwise operators (nor an address to offset); read it first: "
+                      "buf.load() (or buf[s].load() for a slot)")
+
+
 def _check_operands(ctx: Context, verb: str, a: Any, b: Any) -> None:
     for x in (a, b):
         if isinstance(x, Tensor) and x.is_view:
             ctx.error(f"cannot {verb} {describe(a)} and {describe(b)}: a view has no elementwise operators; "
                       f"load a block of it first: v.block(shape, index).load()", TypeMismatchError)
+        if isinstance(x, Tensor) and x.is_shared:
+            ctx.error(f"cannot {verb} {describe(a)} and {describe(b)}: {_SHARED_NOT_A_TILE}", TypeMismatchError)
         if not isinstance(x, Tensor) and not is_python_number(x):
             ctx.error(f"cannot {verb} {describe(a)} and {describe(b)}: {describe(x)} is not a number",
                       TypeMismatchError)
@@ -373,6 +381,8 @@ def unary(ctx: Context, op: str, a: Any) -> Tensor:
     if x.is_view:
         ctx.error(f"cannot apply `{op}` to {x.type}: a view has no elementwise operators; "
                   f"load a block of it first: v.block(shape, index).load()", TypeMismatchError)
+    if x.is_shared:
+        ctx.error(f"cannot apply `{op}` to {x.type}: {_SHARED_NOT_A_TILE}", TypeMismatchError)
     if op == "+":
         return x
     if is_pointer(x):
@@ -508,7 +518,7 @@ def attribute(ctx: Context, x: Tensor, name: str) -> Any:
                     dims = dims[0]
                 return impl(ctx, x, tuple(dims), **kwargs)
             return shape_method
-        return lambda *args, **kwargs: impl(ctx, x, *args, **kwargs)
+        return functools.partial(impl, ctx, x)     # keeps impl's signature: bad arguments are the user's
     ctx.error(f"{x.type} has no attribute {name!r}; tiles, scalars and pointers have: {', '.join(TENSOR_ATTRIBUTES)}")
 
 
@@ -519,5 +529,5 @@ def _view_attribute(ctx: Context, view: Tensor, name: str) -> Any:
         return view.type.rank
     if name == "block":
         from .language.memory import view_block
-        return lambda *args, **kwargs: view_block(ctx, view, *args, **kwargs)
+        return functools.partial(view_block, ctx, view)
     ctx.error(f"{view.type} has no attribute {name!r}; views have: {', '.join(VIEW_ATTRIBUTES)}")

@@ -585,6 +585,7 @@ def _infer_dot(ts, a):
         require(isinstance(t, TileType) and len(t.shape) == 2 and isinstance(t.element, ScalarType),
                 f"dot operands must be 2-D tiles, got {t}")
     require(x.element == y.element, f"dot inputs must have the same dtype, got {x.element} and {y.element}")
+    require(not any(t.element.dtype.is_bool for t in ts), f"dot needs numbers, not bool, got {ts}")
     (m, k), (k2, n) = x.shape, y.shape
     require(k == k2, f"dot inner dimensions differ: {x.shape} @ {y.shape}")
     require(acc.shape == (m, n), f"dot accumulator must be {m}x{n}, got {acc.shape}")

@@ -12,20 +12,21 @@ kernel's metadata (kernarg layout, LDS, registers, wavefront size) is read
 from the object's AMDGPU note (`elf.py`), so it is there even without a
 linker.
 
-LLVM runs in this process by default; `isolate=True` (or
-`TESSERA_AMDGPU_ISOLATE=1`) runs it in a child process, where a crash
-becomes a `BackendError` carrying LLVM's message.
+LLVM runs in the compile worker process (`tessera.backends.llvm.run`),
+where a crash becomes a `BackendError` carrying LLVM's message and a hang
+a `CompileTimeoutError`; `isolate=False` (or `TESSERA_ISOLATE=0`) runs it
+in this process.
 """
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
 
 from tessera.ir.core import Function
 from tessera.ir.target import Target
 
 from ..llvm.codegen import codegen_function
+from ..llvm.run import prepare as prepare_llvm
 from ..llvm.run import run_llvm
 from .assembler import assemble
 from .dialect import DYNAMIC_SHARED_BYTES, AmdgpuDialect
@@ -33,9 +34,6 @@ from .elf import CodeObject, kernel_summary
 from .linker import NO_LINKER_MESSAGE, LinkerError, find_linker
 from .linker import link as run_linker
 from .validate import resolve_target, validate_function
-
-ISOLATE_ENV = "TESSERA_AMDGPU_ISOLATE"
-
 
 @dataclass(frozen=True)
 class AmdgpuArtifacts:
@@ -61,11 +59,12 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
                       link: bool | None = None, fp_fusion: bool = False, opt_level: int = 3) -> AmdgpuArtifacts:
     """Compile thread-IR kernel `fn` for AMD `target` (a Target or its name; default: fn's `target` attr).
 
-    isolate:   run LLVM in a child process (default: in-process unless $TESSERA_AMDGPU_ISOLATE=1).
+    isolate:   run LLVM in the compile worker process (default: yes, unless $TESSERA_ISOLATE=0).
     link:      True needs ld.lld, False skips linking, None (default) links when ld.lld is found.
     fp_fusion: let LLVM fuse a*b+c into fma (faster; one rounding instead of the interpreter's two).
     """
     target = resolve_target(target if target is not None else fn.attrs.get("target"))
+    prepare_llvm(isolate)
     dialect = AmdgpuDialect(target)
     validate_function(fn, dialect)
     lowered = codegen_function(fn, dialect, fp_fusion=fp_fusion)
@@ -74,8 +73,6 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,
         "features": target.llvm_features, "opt_level": opt_level, "emit_object": True,
     }
-    if isolate is None:
-        isolate = os.environ.get(ISOLATE_ENV, "") not in ("", "0")
     inline_asm = any(op.name == "inline_asm" for op in fn.walk())
     if inline_asm:          # llvmlite cannot assemble it (see assembler.py): emit the text, assemble it with clang
         request["emit_object"] = False

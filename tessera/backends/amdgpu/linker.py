@@ -29,9 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..llvm.errors import BackendError
+from ..llvm.run import compile_timeout
 
 LLD_ENV = "TESSERA_LLD"
-LINK_TIMEOUT_S = 120
 VERSIONED_NAMES = tuple(f"ld.lld-{v}" for v in range(22, 16, -1))
 NO_LINKER_MESSAGE = (
     "no ld.lld was found to link the AMDGPU code object (hsaco); any of these works: "
@@ -87,7 +87,7 @@ def link(object_bytes: bytes, linker: Linker | None = None) -> bytes:
         source.write_bytes(object_bytes)
         command = [*linker.command, "-shared", "--no-undefined", str(source), "-o", str(output)]
         try:
-            done = subprocess.run(command, capture_output=True, text=True, timeout=LINK_TIMEOUT_S)
+            done = subprocess.run(command, capture_output=True, text=True, timeout=compile_timeout())
         except (OSError, subprocess.TimeoutExpired) as e:
             raise LinkerError(f"running {linker} failed: {e}") from None
         if done.returncode != 0 or not output.is_file():

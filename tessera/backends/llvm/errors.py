@@ -4,8 +4,10 @@
   support (a dtype, an op, a target, a missing attribute). It names the
   kernel, the op and its source line, and what to change.
 * `BackendError`: the base class, also raised when LLVM itself fails (its
-  message included), crashed in an isolated child process, or a tool the
+  message included), crashed in the compile worker process, or a tool the
   backend runs afterwards (ptxas, ld.lld) fails or is missing.
+* `CompileTimeoutError`: LLVM (or ptxas, ld.lld) ran past the compile time
+  limit (`TESSERA_COMPILE_TIMEOUT`); names the kernel, the target and the limit.
 """
 
 from __future__ import annotations
@@ -33,3 +35,16 @@ class CodegenError(BackendError):
         if op is not None:
             where.append(f"op `{op}`")
         super().__init__(located(message, loc, where))
+
+
+class CompileTimeoutError(BackendError):
+    """A compile step ran past the time limit and was stopped."""
+
+    def __init__(self, kernel: str, target: str, limit_s: float, step: str = "LLVM"):
+        self.kernel = kernel
+        self.target = target
+        self.limit_s = limit_s
+        super().__init__(f"{step} did not finish compiling kernel '{kernel}' for {target} within the {limit_s:g} s "
+                         f"limit and was stopped. Smaller tiles (fewer elements per thread: a smaller block, "
+                         f"more warps, or a loop over pieces of the tile) compile faster; "
+                         f"TESSERA_COMPILE_TIMEOUT=<seconds> raises the limit.")

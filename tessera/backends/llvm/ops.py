@@ -203,7 +203,18 @@ def _math_in(lw, name: str, x):
 
 @codegen_for("cast")
 def _cast(lw, op, x):
-    return convert(lw, x, scalar_dtype(op.operands[0].type), _dtype(op))
+    return on_one_lane(lw, x, lambda v: convert(lw, v, scalar_dtype(op.operands[0].type), _dtype(op)))
+
+
+def on_one_lane(lw, x, cast):
+    """`cast(x)`, done on the scalar when `x` is one register (`<1 x T>`): LLVM 22's AMDGPU code generation loops
+    forever on a `<1 x i64>` extension of a narrowed value (`(x + offs % 3).to(f64)` on a u32 x: the DAG combiner
+    rewrites the v1i64 zero_extend into a BUILD_VECTOR and back, as for the one-register addptr in memory.py)."""
+    if not (isinstance(x.type, ir.VectorType) and x.type.count == 1):
+        return cast(x)
+    bld = lw.builder
+    lane = cast(bld.extract_element(x, int_constant(I32, 0)))
+    return bld.insert_element(ir.Constant(ir.VectorType(lane.type, 1), None), lane, int_constant(I32, 0))
 
 
 def convert(lw, x, src: dt.DType, dst: dt.DType):
@@ -301,7 +312,10 @@ def _int_to_float(lw, x, src: dt.DType, dst: dt.DType, to: ir.Type):
 
 @codegen_for("bitcast")
 def _bitcast(lw, op, x):
-    src, dst = scalar_dtype(op.operands[0].type), _dtype(op)
+    return on_one_lane(lw, x, lambda v: _bitcast_registers(lw, v, scalar_dtype(op.operands[0].type), _dtype(op)))
+
+
+def _bitcast_registers(lw, x, src: dt.DType, dst: dt.DType):
     bld = lw.builder
     to = with_element(x.type, scalar_type(dst))
     if src.is_bool:  # bool is one byte holding 0 or 1

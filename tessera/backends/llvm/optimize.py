@@ -3,14 +3,15 @@ link a bitcode library, verify, optimize at O3, emit. Target-neutral: the
 triple, CPU and features say what to emit.
 
 This file imports nothing but llvmlite and the standard library, so it also
-runs on its own as a child process, where an LLVM abort cannot take the
-caller down (`run.py`, `compile_thread_ir(..., isolate=True)`):
+runs on its own as the compile worker, a child process where an LLVM abort
+or hang cannot take the caller down (`worker.py` starts and stops it):
 
-    python -P optimize.py  < request.json  > reply.json
+    python -P optimize.py --serve     # one JSON request per line in, one reply per line out
 
-The request holds `compile_llvm`'s keyword arguments; the reply is
+A request holds `compile_llvm`'s keyword arguments; its reply is
 `{"ok": true, "assembly": ..., "optimized_ir": ..., "object": base64 or null}`
-or `{"ok": false, "error": ...}`.
+or `{"ok": false, "error": ...}`. The worker answers requests one at a time
+until its stdin closes or its parent process is gone.
 
 Details that matter:
 * the module's data layout comes from the target machine (llvmlite prints
@@ -33,8 +34,11 @@ from __future__ import annotations
 
 import base64
 import json
+import os
+import signal
 import sys
 import threading
+import time
 from pathlib import Path
 
 import llvmlite.binding as llvm
@@ -78,12 +82,16 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
                 "object": tm.emit_object(module) if emit_object else None}
 
 
-def _target_machine(triple: str, cpu: str, features: str, opt_level: int) -> llvm.TargetMachine:
+def _initialize() -> None:
     global _INITIALIZED
     if not _INITIALIZED:
         llvm.initialize_all_targets()
         llvm.initialize_all_asmprinters()
         _INITIALIZED = True
+
+
+def _target_machine(triple: str, cpu: str, features: str, opt_level: int) -> llvm.TargetMachine:
+    _initialize()
     key = (triple, cpu, features, opt_level)
     if key not in _TARGET_MACHINES:
         target = llvm.Target.from_triple(triple)
@@ -137,19 +145,41 @@ def _cut_library(path: str, names: list[str], triple: str, data_layout: str, tm)
     return lib.as_bitcode()
 
 
-# -- child process ---------------------------------------------------------------------
+# -- the compile worker (a child process) ---------------------------------------------------
+
+PARENT_POLL_S = 1.0     # how often the worker checks that the process it serves still exists
 
 
-def _worker_main() -> None:
-    request = json.load(sys.stdin)
+def _serve() -> None:
+    """Answer requests from stdin until it closes. Replies go through a private copy of fd 1, and fd 1
+    itself then points at stderr, so nothing LLVM prints can corrupt a reply."""
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    threading.Thread(target=_exit_when_orphaned, args=(os.getppid(),), daemon=True).start()
+    _initialize()     # LLVM's one-time setup, while the parent is still generating the first module
+    for line in sys.stdin:
+        replies.write(json.dumps(_answer(json.loads(line))) + "\n")
+        replies.flush()
+
+
+def _answer(request: dict) -> dict:
     try:
         reply = {"ok": True, **compile_llvm(**request)}
-        if reply["object"] is not None:
-            reply["object"] = base64.b64encode(reply["object"]).decode("ascii")
     except LLVMError as e:
-        reply = {"ok": False, "error": str(e)}
-    json.dump(reply, sys.stdout)
+        return {"ok": False, "error": str(e)}
+    if reply["object"] is not None:
+        reply["object"] = base64.b64encode(reply["object"]).decode("ascii")
+    return reply
+
+
+def _exit_when_orphaned(parent: int) -> None:
+    """End the worker when the process it serves is gone, even in the middle of a compile (ctypes calls into
+    LLVM release the GIL, so this thread runs while LLVM works)."""
+    while os.getppid() == parent:
+        time.sleep(PARENT_POLL_S)
+    os._exit(0)
 
 
 if __name__ == "__main__":
-    _worker_main()
+    signal.signal(signal.SIGINT, signal.SIG_IGN)   # Ctrl-C is the parent's to handle: it stops us if it must
+    _serve()

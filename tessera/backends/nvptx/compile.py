@@ -9,9 +9,10 @@ LLVM module (`tessera.backends.llvm.codegen`), run LLVM (the core's
 `optimize.py`: parse, link libdevice, verify, O3, emit PTX), and assemble
 with ptxas when one is found (`ptxas.py`).
 
-LLVM runs in this process by default; `isolate=True` (or
-`TESSERA_NVPTX_ISOLATE=1`) runs it in a child process, where a crash
-becomes a `BackendError` carrying LLVM's message (`tessera.backends.llvm.run`).
+LLVM runs in the compile worker process (`tessera.backends.llvm.run`),
+where a crash becomes a `BackendError` carrying LLVM's message and a hang
+a `CompileTimeoutError`; `isolate=False` (or `TESSERA_ISOLATE=0`) runs it
+in this process.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from tessera.ir.core import Function
 from tessera.ir.target import Target
 
 from ..llvm.codegen import codegen_function
+from ..llvm.run import prepare as prepare_llvm
 from ..llvm.run import run_llvm, run_llvm_isolated
 from .dialect import NvptxDialect
 from .errors import CodegenError, PtxasError
@@ -33,7 +35,6 @@ from .ptxas import find_ptxas
 from .toolkit import find_libdevice
 from .validate import resolve_target, validate_function
 
-ISOLATE_ENV = "TESSERA_NVPTX_ISOLATE"
 _run_llvm_isolated = functools.partial(run_llvm_isolated, backend="NVPTX")
 
 
@@ -58,12 +59,13 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
                       fp_fusion: bool = False, opt_level: int = 3) -> NvptxArtifacts:
     """Compile thread-IR kernel `fn` for NVIDIA `target` (a Target or its name; default: fn's `target` attr).
 
-    isolate:   run LLVM in a child process (default: in-process unless $TESSERA_NVPTX_ISOLATE=1).
+    isolate:   run LLVM in the compile worker process (default: yes, unless $TESSERA_ISOLATE=0).
     assemble:  True needs ptxas, False skips it, None (default) assembles when ptxas is found.
     libdevice: path to libdevice.10.bc, False for hardware approximations, None to search (toolkit.py).
     fp_fusion: let LLVM fuse a*b+c into fma (faster; one rounding instead of the interpreter's two).
     """
     target = resolve_target(target if target is not None else fn.attrs.get("target"))
+    prepare_llvm(isolate)
     libdevice_path = _resolve_libdevice(libdevice)
     dialect = NvptxDialect(target, use_libdevice=libdevice_path is not None)
     validate_function(fn, dialect)
@@ -75,8 +77,6 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
         "bitcode_library": str(libdevice_path) if lowered.library_functions else None,
         "library_functions": sorted(lowered.library_functions),
     }
-    if isolate is None:
-        isolate = os.environ.get(ISOLATE_ENV, "") not in ("", "0")
     result = run_llvm(request, isolate=isolate, backend="NVPTX")
     cubin, info = _assemble(result["assembly"], target, assemble)
     return NvptxArtifacts(

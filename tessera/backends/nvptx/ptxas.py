@@ -22,11 +22,9 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..llvm.run import TIMEOUT_ENV, compile_timeout
 from .errors import PtxasError
 from .toolkit import find_ptxas_path
-
-PTXAS_TIMEOUT_S = 600
-
 
 @dataclass(frozen=True)
 class Ptxas:
@@ -66,10 +64,12 @@ def assemble(ptx: str, arch: str, tool: Ptxas, options: tuple[str, ...] = ()) ->
         source, cubin = Path(tmp) / "kernel.ptx", Path(tmp) / "kernel.cubin"
         source.write_text(ptx)
         command = [str(tool.path), f"-arch={arch}", "-v", *options, "-o", str(cubin), str(source)]
+        limit = compile_timeout()
         try:
-            run = subprocess.run(command, capture_output=True, text=True, timeout=PTXAS_TIMEOUT_S)
+            run = subprocess.run(command, capture_output=True, text=True, timeout=limit)
         except subprocess.TimeoutExpired:
-            raise PtxasError(f"{tool} did not finish within {PTXAS_TIMEOUT_S} s for {arch}") from None
+            raise PtxasError(f"{tool} did not finish within the {limit:g} s limit for {arch} ({TIMEOUT_ENV}=<seconds> "
+                             f"raises it)") from None
         except OSError as e:
             raise PtxasError(f"cannot run {tool}: {e}") from None
         log = run.stdout + run.stderr

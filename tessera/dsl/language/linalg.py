@@ -56,12 +56,18 @@ def dot(ctx: Context, a, b, acc=None, input_precision=None, out_dtype=None) -> T
         ctx.error(f"cannot dot {a.type} and {b.type}: {exc}", TypeMismatchError)
     a, b = operators.cast(ctx, a, inputs), operators.cast(ctx, b, inputs)
     out_dtype = None if out_dtype is None else static_dtype(ctx, out_dtype, "dot's out_dtype")
+    if out_dtype is not None and out_dtype.is_bool:
+        ctx.error("dot's out_dtype must be a number type, got bool; use tessera.f32 (or tessera.i32)",
+                  TypeMismatchError)
     if acc is None:
         acc = operators.constant(ctx, 0, out_dtype or default_accumulator_dtype(inputs), (m, n))
     else:
         if not isinstance(acc, Tensor) or acc.dtype is None or acc.shape != (m, n):
             ctx.error(f"dot's acc must be a {m}x{n} tile (a is {a.shape}, b is {b.shape}), got {describe(acc)}",
                       TypeMismatchError)
+        if acc.dtype.is_bool:
+            ctx.error(f"dot accumulates in acc's dtype, which must be a number, got {acc.type}; start it from "
+                      f"tessera.zeros(({m}, {n}), tessera.f32) (or i32 for integer inputs)", TypeMismatchError)
         if out_dtype is not None and acc.dtype != out_dtype:
             ctx.error(f"dot's acc is {acc.type} but out_dtype is {out_dtype.name}; give one or make them agree",
                       TypeMismatchError)

@@ -16,7 +16,7 @@ from typing import Sequence
 
 from tessera.ir.core import Operation, Value
 from tessera.ir.layouts import RegisterLayout
-from tessera.ir.types import PointerType, RegsType
+from tessera.ir.types import PointerType, RegsType, TileType
 
 from .layout_math import register_map, row_major_strides
 from .values import Regs
@@ -75,6 +75,9 @@ def materialize(ctx, value: Value, layout: RegisterLayout) -> Regs:
     elif op.name in ("addptr", "select"):
         parts = [materialize(ctx, v, layout).value for v in op.operands]
         regs = Regs(ctx.emit(op.name, *parts, type=t), layout)
+    elif op.name in ("broadcast", "expand_dims", "permute", "reshape") and not isinstance(op.operands[0].type,
+                                                                                         TileType):
+        regs = Regs(ctx.splat(ctx.lookup(op.operands[0]), layout.local_size), layout)   # a scalar: the same everywhere
     elif op.name in ("broadcast", "expand_dims", "permute", "reshape"):
         from ..layout_assignment import derived
         from .shape import source_weights

@@ -21,6 +21,7 @@ from tessera.ir.types import PointerType, TileType
 from . import lowering
 from .layout_math import row_major_strides
 from .relayout import materialize, relayout
+from .values import Regs
 
 
 def source_weights(op) -> list[int]:
@@ -44,6 +45,9 @@ def _shape_op(ctx, op):
         ctx.define(op.result, ctx.extract(src.value, 0), op)
         return
     layout = ctx.assignment.layout(op.result)
+    if not isinstance(op.operands[0].type, TileType):    # a scalar widened (expand_dims(tessera.sum(x), 0)): splat
+        ctx.define(op.result, Regs(ctx.splat(ctx.lookup(op.operands[0]), layout.local_size), layout), op)
+        return
     if isinstance(op.result.type.element, PointerType):
         ctx.define(op.result, materialize(ctx, op.result, layout), op)
         return
