@@ -118,14 +118,17 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
 
 
 def config_variants(torch):
-    """Every shipped config, and on sm_90 each non-persistent one warp-specialized."""
+    """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's), and on
+    sm_90 each non-persistent one warp-specialized too."""
     import tessera
-    from tessera.kernels_lib.gemm import CONFIGS
+    from tessera.kernels_lib import gemm_configs
 
-    variants = list(CONFIGS)
-    if torch is None or torch.cuda.get_device_capability() == (9, 0):
+    hopper = torch is None or torch.cuda.get_device_capability() == (9, 0)
+    shipped = gemm_configs.configs_for("sm_90" if hopper else gemm_configs.family_of(torch.cuda.get_device_capability()))
+    variants = list(shipped)
+    if hopper:
         variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
-                     for c in CONFIGS if not c.kwargs["PERSISTENT"]]
+                     for c in shipped if not c.kwargs["PERSISTENT"]]
     return variants
 
 

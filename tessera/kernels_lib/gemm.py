@@ -6,15 +6,17 @@ float32 accumulator, then applies alpha, the bias and the activation and
 stores the tile in the output dtype. The K loop is a `tessera.pipeline`:
 the blocks of the next STAGES - 1 steps stream into shared memory (cp.async
 on sm_80/sm_89, TMA on sm_90/sm_90a) while the tensor cores work on this one
-(STAGES - 2 on sm_90a, where the wgmma of the step before is still in flight
-too). Transposed operands are views with
+(on sm_90a a slot is refilled once the wgmma group before this step's has
+retired). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
 the sizes need not be multiples of the blocks.
 
 Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
-PERSISTENT one program per SM that loops over tiles num_programs apart.
+PERSISTENT one program per SM that loops over tiles num_programs apart (on
+TMA targets its tiles share the K loop's mbarriers, set up once:
+`passes/schedule/persistent.py`).
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
@@ -24,6 +26,11 @@ fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
+
+On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
+fma contraction, approximate exp2 and division) wherever the output's
+precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
+stays exact.
 
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float
@@ -44,30 +51,18 @@ import torch
 
 import tessera
 
+from . import gemm_configs
+
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
-# Configs for H100/H200-class GPUs (228 KB shared memory per SM, 4th-gen tensor cores). The K loop is
-# software-pipelined STAGES deep (ring buffers: STAGES x (BM*BK + BK*BN) x 2 bytes of shared memory, 64-96 KB
-# here, filled by cp.async on sm_80 and by TMA on sm_90/sm_90a). Each compiles without register spills for sm_80
-# (bf16: mma.sync + ldmatrix from the rings), sm_90 (the same, TMA-filled) and sm_90a (f16/bf16: wgmma reading
-# the TMA-filled rings through descriptors, one group in flight), and for
-# fp8 inputs: sm_89 (mma.sync m16n8k32 .e4m3/.e5m2, K-contiguous operands pipelined and read with ldmatrix)
-# and sm_90a (wgmma m64nNk32 .e4m3/.e5m2 on K-major ring slots; a B contiguous along N is stored K-major
-# each iteration); the autotuner still prunes by what ptxas reports. Not yet timed on a GPU.
-CONFIGS = [
-    # large square
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 3}, num_warps=8),
-    # tall: M >> N
-    tessera.Config({"BM": 128, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
-    # wide: N >> M
-    tessera.Config({"BM": 64, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
-    # small: fill SMs
-    tessera.Config({"BM": 64, "BN": 64, "BK": 64, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=4),
-    # shallower K
-    tessera.Config({"BM": 128, "BN": 128, "BK": 32, "GROUP_M": 8, "PERSISTENT": False, "STAGES": 4}, num_warps=8),
-    # one program/SM
-    tessera.Config({"BM": 128, "BN": 128, "BK": 64, "GROUP_M": 8, "PERSISTENT": True, "STAGES": 3}, num_warps=8),
-]
+# Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
+# 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
+# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a), and per GPU family its own
+# (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups); the autotuner gets all of them and keeps the
+# launching device's (`prune_for_device`), then prunes by what ptxas reports. Each compiles without register
+# spills; not yet timed on a GPU.
+CONFIGS = gemm_configs.COMMON
+HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
@@ -115,7 +110,7 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
-@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device)
 @tessera.kernel
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
@@ -138,6 +133,22 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
         pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
+
+
+# The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of
+# float32 inputs and the alpha / bias epilogue), exp2 and division approximate (the gelu / silu
+# epilogues). `_fast_math_allows` says when the op runs it; `gemm_kernel` stays exact.
+gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
+                                    prune=gemm_configs.prune_for_device)(
+    tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
+
+
+def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
+    """Whether `gemm_kernel_fast` may compute this GEMM: its approximations (about 2^-22 relative) and
+    contractions (one rounding where there were two) stay far below a float16 / bfloat16 output's rounding
+    (2^-11 / 2^-8); a float32 output takes only the contractions (no gelu / silu, whose exp and division
+    would be approximate)."""
+    return out_dtype != torch.float32 or activation in ("none", "relu")
 
 
 # ---------------------------------------------------------------------------
@@ -345,7 +356,8 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
                                      HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
         num_sms = _num_sms(a.get_device())
-        gemm_kernel[lambda meta: _grid(M, N, meta, num_sms)](
+        kernel = gemm_kernel_fast if _fast_math_allows(out_dtype, activation) else gemm_kernel
+        kernel[lambda meta: _grid(M, N, meta, num_sms)](
             *args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
             ACTIVATION=activation)
     return c

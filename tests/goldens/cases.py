@@ -67,7 +67,7 @@ NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVAT
 
 
 def gemm_cases() -> list[Case]:
-    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel, gemm_kernel_fast
 
     kernel = gemm_kernel.kernel
     cases = []
@@ -85,6 +85,14 @@ def gemm_cases() -> list[Case]:
     cases.append(Case("gemm/fp8-b-transposed-scaled-bias-silu/config0", kernel, GEMM_FP8.format(b=B_TRANSPOSED),
                       {**first, "HAS_BIAS": True, "HAS_SCALE_A": True, "HAS_SCALE_B": True, "ACTIVATION": "silu"},
                       CONFIGS[0].num_warps))
+    from tessera.kernels_lib.gemm import HOPPER_CONFIGS
+    hopper = dict(HOPPER_CONFIGS[0].kwargs)         # 128 x 256 on two consumer warpgroups (issue 19)
+    cases.append(Case("gemm/bf16/hopper0", kernel, GEMM_BF16, {**NO_EPILOGUE, **hopper}, HOPPER_CONFIGS[0].num_warps))
+    cases.append(Case("gemm/bf16/hopper0/ws", kernel, GEMM_BF16, {**NO_EPILOGUE, **hopper, "WS": True},
+                      HOPPER_CONFIGS[0].num_warps))
+    # what the op runs for bf16 outputs on a GPU: the same kernel with fast math (issue 19)
+    cases.append(Case("gemm/bf16-bias-silu/config0/fast-math", gemm_kernel_fast.kernel, GEMM_BF16,
+                      {**NO_EPILOGUE, **first, "HAS_BIAS": True, "ACTIVATION": "silu"}, CONFIGS[0].num_warps))
     return cases
 
 

@@ -8,7 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tessera.kernels_lib import gemm  # noqa: E402
-from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
+from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -128,10 +128,12 @@ def test_errors(call, message):
         call()
 
 
-def test_gpu_configs_are_tiles_of_64_and_128():
-    assert gemm_kernel.tuner.configs == CONFIGS
+def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256():
+    assert gemm_kernel.tuner.configs == CONFIGS + HOPPER_CONFIGS
     assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
                for c in CONFIGS)
+    assert HOPPER_CONFIGS and all((c.kwargs["BM"], c.kwargs["BN"], c.num_warps) == (128, 256, 8)
+                                  for c in HOPPER_CONFIGS)
 
 
 def test_kernel_compiles_for_hopper():
@@ -168,8 +170,8 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
     with no register spills. sm_80: cp.async feeding mma.sync, STAGES - 1 ahead. sm_90: TMA loads from two
     by-value tensor-map parameters (A's and B's, read in place) feeding mma.sync. sm_90a: the same TMA fills
     (one box per 128-byte column block of a wgmma slot) feeding wgmma (B row-major: MN-major,
-    imm-trans-b = 1), with one group left in flight across iterations, so the fills run STAGES - 2 ahead;
-    ptxas does not serialize the wgmmas."""
+    imm-trans-b = 1), with one group left in flight across iterations and the fills still STAGES - 1 ahead
+    (the refill follows wgmma.wait_group 1: test_gemm_hopper.py); ptxas does not serialize the wgmmas."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.ir.target import get_target
     if find_ptxas() is None:
@@ -187,15 +189,17 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
             assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 2
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
             assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr"]
+        # a persistent config also starts the next tile's first STAGES - 1 fills before its epilogue
+        fills = stages + (stages - 1 if config.kwargs["PERSISTENT"] else 0)
         if target == "sm_90":
-            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * stages, config
+            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * fills, config
             assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
         elif target == "sm_90a":
-            # STAGES - 2 prologue fills and one per iteration; a slot row of BK (A, B^T) or BN (B) bf16 elements
+            # STAGES - 1 prologue fills and one per iteration; a slot row of BK (A, B^T) or BN (B) bf16 elements
             # is one box per 128-byte column block (one 64B box for BK = 32)
             k_boxes = max(1, config.kwargs["BK"] // 64)
             n_boxes = k_boxes if b_layout == "b-transposed" else config.kwargs["BN"] // 64
-            assert ptx.count("cp.async.bulk.tensor.2d") == (stages - 1) * (k_boxes + n_boxes), config
+            assert ptx.count("cp.async.bulk.tensor.2d") == fills * (k_boxes + n_boxes), config
             assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"]}
             trans_b = int(b_layout == "b-row-major")
             mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 .*, p, 1, 1, 0, (\d);", ptx)

@@ -5,16 +5,19 @@ Specification (the numbers are in the simulator tests, `tests/interp/test_simt_p
 * `pipeline_plan` puts each pipelined block in a wgmma tile layout (`PipelinedLoad.slot_layout`): K-major
   when the view is contiguous along K, MN-major otherwise, with the widest swizzle that fits; the rings
   start on the swizzle pattern and the stages still shrink until the rings fit shared memory;
-* with S >= 3 stages and a single-fragment accumulator carried from block argument to yield, one wgmma
-  group stays in flight and the copies run S - 2 iterations ahead; otherwise (S = 2, several fragments
-  per warpgroup) every iteration waits for its wgmmas and the copies run S - 1 ahead;
-* filled by cp.async (here: sm_90a with TMA taken away), the loop reads as: prologue of `prefetch` copy
-  groups; in the body async_wait, fence_proxy_async, barrier, the refill, wgmma_fence, the wgmmas (no
-  ldmatrix, no stores to shared memory), commit, wgmma_wait {pending = in_flight}; after the loop
-  wgmma_wait {pending = 0}, async_wait 0, barrier;
-* filled by TMA (sm_90a), the same with mbarrier_wait in place of async_wait, no proxy fence (TMA and
-  wgmma both go through the async proxy), the prologue and the refill thread-0 TMA issues, and after the
-  loop the mbarriers invalidated before the barrier.
+* with a single-fragment accumulator carried from block argument to yield (S = 2 included), one wgmma
+  group stays in flight; otherwise (several fragments per warpgroup) every iteration waits for its
+  wgmmas; either way the copies run S - 1 iterations ahead (issue 19: the refill comes after
+  wgmma_wait {pending = 1}, so no ring slot is wasted);
+* filled by cp.async (here: sm_90a with TMA taken away), the loop reads as: prologue of S - 1 copy
+  groups; in the body async_wait, fence_proxy_async, barrier, wgmma_fence, the wgmmas (no ldmatrix, no
+  stores to shared memory), commit, wgmma_wait {pending = 1}, barrier, the refill; after the loop
+  wgmma_wait {pending = 0}, async_wait 0, barrier; with no group in flight the refill stays right after
+  the first barrier;
+* filled by TMA (sm_90a), the same with mbarrier_wait in place of async_wait and no barrier before the
+  wgmmas (each thread waits on the slot's mbarrier itself), no proxy fence (TMA and wgmma both go
+  through the async proxy), the prologue and the refill thread-0 TMA issues, and after the loop the
+  mbarriers invalidated before the barrier.
 """
 
 from __future__ import annotations
@@ -69,12 +72,12 @@ def test_slot_shapes_and_narrow_swizzles():
 
 
 @pytest.mark.parametrize("stages, num_warps, block, in_flight", [
-    (3, 4, (64, 64, 64), 1), (4, 8, (128, 128, 64), 1), (2, 4, (64, 64, 64), 0),
+    (3, 4, (64, 64, 64), 1), (4, 8, (128, 128, 64), 1), (2, 4, (64, 64, 64), 1),
     (4, 4, (128, 128, 64), 0)],     # 128 rows on one warpgroup: two accumulator fragments
     ids=["3-stages", "4-stages-two-warpgroups", "2-stages", "two-fragments"])
 def test_a_group_stays_in_flight_when_the_schedule_allows(stages, num_warps, block, in_flight):
     plan = plan_of(Case(128, 128, 512, *block, stages), num_warps)
-    assert (plan.stages, plan.in_flight, plan.prefetch) == (stages, in_flight, stages - 1 - in_flight)
+    assert (plan.stages, plan.in_flight, plan.prefetch) == (stages, in_flight, stages - 1)
 
 
 def test_stages_shrink_to_fit_shared_memory():
@@ -93,29 +96,36 @@ def loop_and_after(fn):
 
 def test_the_lowered_loop_reads_the_slots_through_descriptors_with_a_group_in_flight():
     body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 4).module, FILLS["cp.async"], 8).functions[0])
-    assert top == ["async_commit", "async_commit",          # prologue: iterations 0 and 1 (S - 2 ahead)
+    assert top == ["async_commit", "async_commit", "async_commit",  # prologue: iterations 0 .. 2 (S - 1 ahead)
                    "for", "wgmma_wait 0", "async_wait 0", "barrier"]
     assert body == [
-        "async_wait 1", "fence_proxy_async", "barrier",     # iteration i landed, visible to wgmma, published
-        "async_commit",                                     # the refill: iteration i + 2, into slot i - 2
+        "async_wait 2", "fence_proxy_async", "barrier",     # iteration i landed, visible to wgmma, published
         "wgmma_fence", "wgmma", "wgmma", "wgmma_commit",    # BK = 32: two k16 slices, straight from the slots
-        "wgmma_wait 1"]                                     # this iteration's group stays in flight
+        "wgmma_wait 1",                                     # this iteration's group stays in flight ...
+        "barrier", "async_commit"]                          # ... group i - 1 retired everywhere: refill slot i - 1
 
 
-def test_two_stages_wait_for_every_group():
+def test_two_stages_keep_a_group_in_flight_and_prefetch_one_ahead():
     body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 2).module, FILLS["cp.async"], 8).functions[0])
-    assert top[:4] == ["async_commit", "for", "async_wait 0", "barrier"]
-    assert body == ["async_wait 0", "fence_proxy_async", "barrier", "async_commit",
-                    "wgmma_fence", "wgmma", "wgmma", "wgmma_commit", "wgmma_wait 0"]
+    assert top[:4] == ["async_commit", "for", "wgmma_wait 0", "async_wait 0"]
+    assert body == ["async_wait 0", "fence_proxy_async", "barrier", "wgmma_fence", "wgmma", "wgmma",
+                    "wgmma_commit", "wgmma_wait 1", "barrier", "async_commit"]
+
+
+def test_a_dot_waiting_for_its_group_refills_at_the_top():
+    # 128 rows on one warpgroup: two accumulator fragments, so the dot waits for its wgmmas
+    body, _ = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 3).module, FILLS["cp.async"], 4).functions[0])
+    assert body == ["async_wait 1", "fence_proxy_async", "barrier", "async_commit", "wgmma_fence",
+                    "wgmma", "wgmma", "wgmma", "wgmma", "wgmma_commit", "wgmma_wait 0"]
 
 
 def test_tma_filled_slots_are_waited_for_on_their_mbarriers_without_proxy_fences():
     body, top = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 4).module, "sm_90a", 8).functions[0])
     assert top == ["if", "barrier",                         # thread 0 initializes the slots' mbarriers
-                   "if", "if",                              # prologue: TMA issues of iterations 0 and 1
+                   "if", "if", "if",                        # prologue: TMA issues of iterations 0 .. 2
                    "for", "wgmma_wait 0", "if", "barrier"]  # after the loop: invalidate the mbarriers
     assert body == [
-        "mbarrier_wait", "barrier",                         # iteration i landed (async proxy), published
-        "if",                                               # thread 0 refills: iteration i + 2, into slot i - 2
+        "mbarrier_wait",                                    # iteration i landed (async proxy), seen by each thread
         "wgmma_fence", "wgmma", "wgmma", "wgmma_commit",
-        "wgmma_wait 1"]
+        "wgmma_wait 1", "barrier",                          # group i - 1 retired in both warpgroups
+        "if"]                                               # thread 0 refills: iteration i + 3, into slot i - 1

@@ -190,13 +190,17 @@ def test_a_target_without_tma_is_refused():
 
 
 def test_wgmma_consumers_read_tma_filled_slots_and_retire_before_releasing():
-    """On sm_90a a 64-row dot runs on wgmma from the TMA-filled slots; each iteration waits for its own
-    wgmma group (no group in flight) before the consumers arrive on the slot's empty barrier."""
+    """On sm_90a a 64-row dot runs on wgmma from the TMA-filled slots; each iteration leaves its wgmma group
+    in flight (wait_group 1) and then the warpgroup's first thread releases the slot of the iteration before,
+    whose group that wait retired (issue 19); the last group is waited for after the loop."""
     fn = lower(ws_matmul_case(64, 64, 64, 64, 64, 64, 2).module, "sm_90a", 4).functions[0]
-    body = next(op for op in fn.walk() if op.name == "for" and any(o.name == "wgmma" for o in op.walk())).regions[0]
-    order = [op.name for op in body.ops if op.name in ("mbarrier_wait", "wgmma_wait", "mbarrier_arrive")]
+    loop = next(op for op in fn.walk() if op.name == "for" and any(o.name == "wgmma" for o in op.walk()))
+    body = loop.regions[0]
+    order = [o.name for op in body.ops for o in op.walk() if o.name in ("mbarrier_wait", "wgmma_wait", "mbarrier_arrive")]
     assert order == ["mbarrier_wait", "wgmma_wait", "mbarrier_arrive"]
-    assert all(op.attrs["pending"] == 0 for op in body.ops if op.name == "wgmma_wait")
+    assert [op.attrs["pending"] for op in body.ops if op.name == "wgmma_wait"] == [1]
+    after = loop.parent.ops[loop.parent.ops.index(loop) + 1]
+    assert after.name == "wgmma_wait" and after.attrs["pending"] == 0
     assert not any(op.name in ("async_copy", "fence_proxy_async") for op in fn.walk())
 
 

@@ -13,8 +13,9 @@ Specification:
   rows are not 16-byte aligned keeps cp.async) and by cp.async (sm_90a with TMA taken away);
 * the simulator's checks run all along (async-proxy visibility, races, operands of wgmmas in flight,
   mbarrier phases): leaving out the proxy fence of cp.async fills, waiting for too few wgmma groups,
-  refilling the slot the wgmma still in flight reads (by either fill), or reading the accumulator after
-  the loop without the final wait is reported.
+  refilling the slot the wgmma still in flight reads (by either fill: prefetching S ahead, or refilling
+  before the wgmma_wait instead of after it), or reading the accumulator after the loop without the final
+  wait is reported.
 """
 
 from __future__ import annotations
@@ -163,11 +164,27 @@ def test_leaving_two_groups_in_flight_lets_a_refill_overwrite_an_operand_in_flig
 
 
 @pytest.mark.parametrize("fill", list(FILLS))
-def test_prefetching_s_minus_1_ahead_with_a_group_in_flight_refills_its_slot(monkeypatch, fill):
+def test_prefetching_s_ahead_with_a_group_in_flight_refills_its_slot(monkeypatch, fill):
+    # the refill after wgmma_wait {pending = 1} may take every slot but the in-flight group's: S - 1 ahead
     case = Case(64, 64, 256, 64, 64, 32, 4)
-    monkeypatch.setattr(PipelinePlan, "prefetch", property(lambda plan: plan.stages - 1))
+    monkeypatch.setattr(PipelinePlan, "prefetch", property(lambda plan: plan.stages))
     fn = case.lowered(4, fill)
     assert next(op for op in loop_body(fn).ops if op.name == "wgmma_wait").attrs["pending"] == 1
+    with pytest.raises(InterpreterError, match="written while it was in flight"):
+        run_threads(fn, case.make_args(), case.grid)
+
+
+@pytest.mark.parametrize("fill", list(FILLS))
+def test_refilling_before_the_wgmma_wait_overwrites_the_slot_in_flight(fill):
+    # the refill of slot i - 1 moved back above the dot, where group i - 1 still reads it
+    case = Case(64, 64, 256, 64, 64, 32, 4)
+    fn = case.lowered(4, fill)
+    body = loop_body(fn)
+    fence = next(i for i, op in enumerate(body.ops) if op.name == "wgmma_fence")
+    wait = next(i for i, op in enumerate(body.ops) if op.name == "wgmma_wait")
+    refill = body.ops[wait + 1:-1]          # barrier, the address ops and the copies, slot and phase updates
+    del body.ops[wait + 1:-1]
+    body.ops[fence:fence] = refill
     with pytest.raises(InterpreterError, match="written while it was in flight"):
         run_threads(fn, case.make_args(), case.grid)
 

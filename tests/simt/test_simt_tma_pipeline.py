@@ -114,7 +114,7 @@ def test_sm_90a_wgmma_slots_are_filled_by_tma_without_proxy_fences():
     case = matmul_case(61, 64, 96, 64, 64, 64, 3, tessera.bf16)
     actual, fn = simulate(case, "sm_90a")
     names = [op.name for op in fn.walk()]
-    assert fills(fn) == (4, 0)          # prefetch 1 (S - 2) + 1 refill, for A and for B
+    assert fills(fn) == (6, 0)          # prefetch 2 (S - 1) + 1 refill, for A and for B
     assert "fence_proxy_async" not in names and "async_wait" not in names and "wgmma" in names
     np.testing.assert_allclose(actual, case.expected().astype(np.float32), **F16_RESULT)
 
@@ -176,31 +176,43 @@ def test_a_view_of_a_pointer_computed_in_the_kernel_keeps_cp_async(target):
 
 @tessera.kernel
 def row_of_tiles_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
-                        BK: tessera.constexpr, STAGES: tessera.constexpr):
+                        BK: tessera.constexpr, STAGES: tessera.constexpr, TRIANGLE: tessera.constexpr = False):
     """Each program walks a column of C tiles: the pipelined K loop runs once per tile, as in a persistent
-    GEMM, so its mbarriers are initialized again for every tile."""
+    GEMM, so its tiles share its mbarriers (set up once); with TRIANGLE, tile pid_m sums only the first
+    pid_m + 1 K steps, so the loop's bounds vary per tile and it sets up its mbarriers for each."""
     pid_n = tessera.program_id(0)
     a = tessera.view(a_ptr, (M, K))
     b = tessera.view(b_ptr, (K, N))
     c = tessera.view(c_ptr, (M, N))
     for pid_m in range(0, tessera.cdiv(M, BM)):
         acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-        for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+        steps = pid_m + 1 if TRIANGLE else tessera.cdiv(K, BK)
+        for k in tessera.pipeline(0, steps, stages=STAGES):
             acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
         c.block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
 
 
-def test_a_pipeline_entered_again_ends_its_mbarriers_before_initializing_them_again():
+@pytest.mark.parametrize("triangle", [False, True], ids=["same-bounds", "bounds-per-tile"])
+def test_a_pipeline_entered_again_shares_its_mbarriers_when_its_bounds_stay(triangle):
+    """Same bounds in every tile: the mbarriers are initialized once, before the tile loop, never invalidated,
+    and their phases run on across tiles (issue 19); bounds per tile: initialized before the K loop and
+    invalidated after it, tile by tile."""
     M, N, K = 150, 64, 320
     rng = np.random.default_rng(2)
     a, b = _exact(rng.standard_normal((M, K)), tessera.bf16), _exact(rng.standard_normal((K, N)), tessera.bf16)
     args = [_host(a, tessera.bf16), _host(b, tessera.bf16), np.zeros((M, N), np.float16), M, N, K]
     typed = [tessera.reinterpret(x, tessera.bf16) if i < 2 else x for i, x in enumerate(args)]
-    module = row_of_tiles_matmul.specialize(*typed, BM=64, BN=64, BK=64, STAGES=3).module
+    module = row_of_tiles_matmul.specialize(*typed, BM=64, BN=64, BK=64, STAGES=3, TRIANGLE=triangle).module
     fn = lower(module, "sm_90", 4).functions[0]
-    assert sum(op.name == "mbarrier_inval" for op in fn.walk()) == 3        # one per slot, after the loop
+    tiles = next(op for op in fn.body.ops if op.name == "for")
+    in_tiles = [op.name for op in tiles.walk()]
+    assert in_tiles.count("mbarrier_inval") == in_tiles.count("mbarrier_init") == (3 if triangle else 0)
+    assert sum(op.name == "mbarrier_init" for op in fn.walk()) == 3
     run_threads(fn, args, (1,))
-    np.testing.assert_allclose(args[2].astype(np.float32), (a @ b).astype(np.float16).astype(np.float32),
+    expected = a @ b
+    if triangle:
+        expected = np.concatenate([a[m:m + 64, :(m // 64 + 1) * 64] @ b[:(m // 64 + 1) * 64] for m in range(0, M, 64)])
+    np.testing.assert_allclose(args[2].astype(np.float32), expected.astype(np.float16).astype(np.float32),
                                **F16_RESULT)
 
 

@@ -52,7 +52,7 @@ def test_warp_specialized_gemm_equals_numpy(stages, m, n, k):
 def test_producer_that_refills_without_waiting_for_the_consumers_is_a_race():
     a, bt = operands(128, 64, 328)   # 6 K steps through 2 stages: stages are refilled
     with pytest.raises(InterpreterError, match=r"op 'tma_load'.*race: the tma_load overwrites bytes in use: thread 0 "
-                                               r"writes shared byte \d+, which thread 128 read"):
+                                               r"writes shared byte \d+, which a wgmma of warpgroup 1 read"):
         simulate(ws_gemm(2, empty_wait=False), a, bt)
 
 

@@ -192,10 +192,10 @@ def _math_in(lw, name: str, x):
     bld = lw.builder
     if name in EXACT_MATH:
         return lw.intrinsic(f"llvm.{name}", [x], (x.type,))
-    if name == "sigmoid":
+    if name == "sigmoid":           # its division is approximate in a fast-math kernel, like `div`'s
         one = float_constant(x.type, 1.0)
         e = _math_in(lw, "exp", bld.fneg(x))
-        return bld.fdiv(one, bld.fadd(one, e))
+        return bld.fdiv(one, bld.fadd(one, e, flags=lw.float_flags), flags=lw.float_flags)
     return lw.dialect.math(lw, name, x)
 
 # -- conversions ------------------------------------------------------------------------------

@@ -18,6 +18,12 @@ order:
 * a thread reads a byte another thread wrote, or writes a byte another
   thread read.
 
+A wgmma's reads (`record_warpgroup_read`) belong to its warpgroup as a
+whole: once a wgmma_wait of that warpgroup has retired it, any thread of the
+warpgroup may release them (an mbarrier arrive, a named barrier), as
+CUTLASS's one arrival per consumer warpgroup does; overwriting them before
+the wgmma retires is the wgmma checks' to report (`wgmma.py`).
+
 Asynchronous copies (`async_copy`, cp.async) are queued per thread in
 groups: their bytes land in shared memory only when an `async_wait` retires
 their group, and until then any read or write of those bytes is an error, as
@@ -39,6 +45,7 @@ from ..interp.storage import Memory
 
 POISON = 0xFF
 _NONE = -1  # no thread
+WARPGROUP_THREADS = 128
 _ADVICE = (" (missing barrier?); add a `barrier` between the two accesses (between threads of different paths "
            "of a warp-specialized kernel: an mbarrier the first arrives on and the second waits on, or a "
            "named_barrier)")
@@ -73,6 +80,8 @@ class SharedMemory:
         self._reader_lo = np.full(nbytes, _NONE, dtype=np.int32)
         self._reader_hi = np.full(nbytes, _NONE, dtype=np.int32)
         self._dirty = False
+        # Per byte, since the last barrier: bit g set when a wgmma of warpgroup g read it (`record_warpgroup_read`)
+        self._group_reads = np.zeros(nbytes, dtype=np.uint64)
         # Asynchronous copies: per byte, how many in-flight copies target it; per
         # in-flight copy (thread, group, byte addresses, bytes); per thread, groups committed.
         self._pending = np.zeros(nbytes, dtype=np.int32)
@@ -92,6 +101,7 @@ class SharedMemory:
         if self._dirty:
             for track in (self._writer_lo, self._writer_hi, self._reader_lo, self._reader_hi):
                 track.fill(_NONE)
+            self._group_reads.fill(0)
             self._dirty = False
 
     def order_after(self, threads: np.ndarray) -> None:
@@ -99,6 +109,8 @@ class SharedMemory:
         (an observed mbarrier phase they arrived on, a named barrier): forget the bytes only they touched."""
         if not self._dirty or threads.size == 0:
             return
+        groups = np.unique(threads // WARPGROUP_THREADS)
+        self._group_reads &= ~np.uint64(sum(1 << int(g) for g in groups))     # a member releases its group's wgmmas
         touched = np.flatnonzero((self._writer_lo != _NONE) | (self._reader_lo != _NONE))
         member = np.zeros(max(int(threads.max()), int(self._writer_hi[touched].max(initial=0)),
                               int(self._reader_hi[touched].max(initial=0))) + 1, np.int64)
@@ -134,6 +146,20 @@ class SharedMemory:
         self._merge(self._reader_lo, self._reader_hi, addrs, lo, hi)
         return None
 
+    def record_warpgroup_read(self, addrs: np.ndarray, group: int) -> str | None:
+        """Note that a wgmma of warpgroup `group` reads byte addresses `addrs`; a race description or None."""
+        busy = self._in_flight(addrs, np.full(addrs.size, group * WARPGROUP_THREADS), "reads", None)
+        if busy:
+            return busy
+        wlo = self._writer_lo[addrs]
+        if (wlo != _NONE).any():
+            i = int(np.argmax(wlo != _NONE))
+            return (f"warpgroup {group}'s wgmma reads shared byte {int(addrs[i])}, which thread {int(wlo[i])} wrote "
+                    f"since the last barrier{_ADVICE}")
+        self._group_reads[addrs] |= np.uint64(1 << group)
+        self._dirty = True
+        return None
+
     def record_write(self, region: SharedRegion, threads: np.ndarray, offsets: np.ndarray,
                      values: np.ndarray) -> str | None:
         """Note that `threads` wrote `values` at elements `offsets` of `region`; a race description or None."""
@@ -161,6 +187,14 @@ class SharedMemory:
             writer, other = _distinct(lo[i], hi[i], wlo[i], whi[i])
             return (f"thread {writer} writes {where(addrs[i])}, which thread {other} wrote with a "
                     f"different value since the last barrier{_ADVICE}")
+        own = np.where(lo // WARPGROUP_THREADS == hi // WARPGROUP_THREADS,
+                       np.left_shift(np.uint64(1), (lo // WARPGROUP_THREADS).astype(np.uint64)), np.uint64(0))
+        other = self._group_reads[addrs] & ~own     # a warpgroup's own thread waited for its wgmmas itself
+        if other.any():
+            i = int(np.argmax(other != 0))
+            group = int(other[i]).bit_length() - 1
+            return (f"thread {int(lo[i])} writes {where(addrs[i])}, which a wgmma of warpgroup {group} read since "
+                    f"the last barrier and no thread of that warpgroup released{_ADVICE}")
         rlo, rhi = self._reader_lo[addrs], self._reader_hi[addrs]
         clash = (rlo != _NONE) & ~((rlo == rhi) & (lo == rlo) & (hi == rlo))
         if clash.any():

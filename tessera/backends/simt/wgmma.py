@@ -14,8 +14,10 @@ the sequence a kernel follows):
   exempts accumulator chains: every code generator fences each batch anyway).
 * the shared bytes it reads must be what the last `fence_proxy_async` saw
   (bytes written after it, by st.shared or cp.async, are invisible to the
-  async proxy wgmma reads through), and they count as read by the whole
-  warpgroup for the race check, so the writes need a `barrier` too.
+  async proxy wgmma reads through), and they count as read by the
+  warpgroup for the race check (`SharedMemory.record_warpgroup_read`), so
+  the writes need a `barrier` too, and a later write by another thread must
+  be ordered after a release by some thread of the warpgroup.
 * its result is not ready until a `wgmma_commit` and a `wgmma_wait` retire
   its group: until then it holds NaN, and an op that reads it is an error,
   except another wgmma taking it as its accumulator (chaining in flight is
@@ -244,10 +246,7 @@ def _check_reads(ctx, op, state: WarpgroupState, addresses: np.ndarray, group: i
     if stale.any():
         raise ctx.error(op, f"wgmma reads shared byte {int(addresses[np.argmax(stale)])}, written after the last "
                             f"fence_proxy_async, so the async proxy may not see it; {_FENCE_ADVICE}")
-    whole = ctx.shared.region(0, ctx.shared.size, dt.u8)
-    first, last = group * WARPGROUP, (group + 1) * WARPGROUP - 1
-    threads = np.repeat(np.array([first, last]), addresses.size)
-    race = ctx.shared.record_read(whole, threads, np.tile(addresses, 2))
+    race = ctx.shared.record_warpgroup_read(np.unique(addresses), group)
     if race is not None:
         raise ctx.error(op, f"shared-memory race: {race}")
 

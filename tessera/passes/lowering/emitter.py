@@ -56,6 +56,21 @@ class Emitter:
             self._hoisted_values.add(value)
         return value
 
+    @contextmanager
+    def in_prologue(self) -> Iterator[None]:
+        """Ops emitted in the `with` block go to the kernel's prologue, after what is hoisted so far (for setup
+        that loops must not repeat, such as mbarriers a persistent kernel's tiles share); their operands must
+        be defined there too."""
+        saved_loc, self.b.loc = self.b.loc, None
+        with self.b.at(Block()) as scratch:
+            yield
+        self.b.loc = saved_loc
+        body = self.fn.body
+        for op in scratch.ops:
+            body.ops.insert(self._prologue, op)
+            op.parent = body
+            self._prologue += 1
+
     def is_hoisted(self, value: Value) -> bool:
         """Whether `value` is shared kernel-wide (so it keeps its own name, not the tile value's it stands for)."""
         return value in self._hoisted_values

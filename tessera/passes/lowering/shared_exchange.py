@@ -38,16 +38,18 @@ class SharedExchange:
         self.target = target
         self.kernel = kernel
 
-    def alloc(self, dtype: dt.DType, count: int, align: int | None = None) -> Value:
-        """An unplaced buffer of `count` elements of `dtype` (a pointer to its first)."""
+    def alloc(self, dtype: dt.DType, count: int, align: int | None = None, whole_kernel: bool = False) -> Value:
+        """An unplaced buffer of `count` elements of `dtype` (a pointer to its first); `whole_kernel`: its bytes
+        are never given to another buffer."""
         nbytes = max(1, (count * dtype.bits + 7) // 8)
-        attrs = {"bytes": nbytes, "offset": -1} | ({"align": align} if align else {})
+        attrs = {"bytes": nbytes, "offset": -1} | ({"align": align} if align else {}) | \
+            ({"whole_kernel": True} if whole_kernel else {})
         return self.out.emit("shared_alloc", attrs=attrs, type=PointerType(dtype, "shared"))
 
-    def mbarriers(self, count: int, arrivals: int) -> Value:
+    def mbarriers(self, count: int, arrivals: int, whole_kernel: bool = False) -> Value:
         """`count` mbarriers in shared memory, each expecting `arrivals` arrivals a phase, initialized by
         thread 0 and made visible to every thread and to the async proxy (TMA) before anyone uses them."""
-        bars = self.alloc(dt.i64, count, align=8)
+        bars = self.alloc(dt.i64, count, align=8, whole_kernel=whole_kernel)
         self.init_mbarriers(bars, count, arrivals)
         return bars
 

@@ -25,7 +25,9 @@ Then
     wgmma_commit; wgmma_wait {pending = F}; (barrier, if the dot stored a tile)
 
 with descriptors from `WgmmaTileLayout.descriptor` (slab g of A a constant
-step further on). F is 0, except when both operands are ring slots and the
+step further on), each made as the tile's (or ring's) descriptor plus the
+slice's (and slot's) offset / 16 added to the start-address field
+(`SharedOperand.descriptor`). F is 0, except when both operands are ring slots and the
 plan allows it (`RingOperand.in_flight`) and the loop carries the
 accumulator in the wgmma fragment layout itself (layout assignment may have
 given the carried value another layout, e.g. the one of the store after the
@@ -44,6 +46,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera.ir import dtypes as dt
 from tessera.ir.core import Value
 from tessera.ir.types import RegsType
 from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
@@ -78,20 +81,31 @@ class SharedOperand:
 
     base: Value
     tile: WgmmaTileLayout
+    offset: Value | None = None     # i32 elements from `base` to the tile (a ring slot's), a multiple of 16 bytes
 
     @property
     def mn_major(self) -> bool:
         return self.tile.major == "MN"
 
     def descriptor(self, ctx, k_slice: int, mn_first: int, group=None):
-        """wgmma_desc of K slice `k_slice`, M/N from `mn_first` (+ 64 x `group`, a thread digit, for A)."""
-        e = self.tile.element_bytes
+        """wgmma_desc of K slice `k_slice`, M/N from `mn_first` (+ 64 x `group`, a thread digit, for A).
+
+        The tile's own descriptor is made once from its base pointer, and each slice's is that plus its byte
+        offset / 16 in the 14-bit start-address field (as CUTLASS's descriptor iterators do): shared
+        addresses stay below 2^18 bytes, so the sum never carries out of the field, and the offsets cost an
+        integer add instead of 64-bit pointer arithmetic, a shift and two masks per descriptor (issue 19,
+        fact 8)."""
         d = self.tile.descriptor(0, k_slice, mn_first)
-        ptr = ctx.emit("addptr", self.base, ctx.const(d.start // e)) if d.start else self.base
+        desc = ctx.emit("wgmma_desc", self.base, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
+        if self.offset is not None:
+            units = ctx.emit("mul", self.offset, ctx.const(self.tile.element_bytes))
+            desc = ctx.emit("add", desc, ctx.cast(ctx.emit("shr", units, ctx.const(4)), dt.i64))
+        if d.start:
+            desc = ctx.emit("add", desc, ctx.const(d.start >> 4, dt.i64))
         if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
-            step = self.tile.descriptor(0, 0, WGMMA_M).start // e
-            ptr = ctx.emit("addptr", ptr, ctx.emit("mul", group, ctx.const(step)))
-        return ctx.emit("wgmma_desc", ptr, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
+            step = self.tile.descriptor(0, 0, WGMMA_M).start >> 4
+            desc = ctx.emit("add", desc, ctx.emit("mul", ctx.cast(group, dt.i64), ctx.const(step, dt.i64)))
+        return desc
 
 
 def k_major_tile(op, index: int, element_bytes: int) -> WgmmaTileLayout:
@@ -109,7 +123,7 @@ def wgmma_dot(ctx, op, plan):
     operands = []
     for i, x in enumerate(lowered):
         if isinstance(x, RingOperand):      # a pipelined slot, fenced and published by the loop
-            operands.append(SharedOperand(x.slot(ctx), x.load.slot_layout))
+            operands.append(SharedOperand(x.ring, x.load.slot_layout, x.offset))
         elif isinstance(x, SharedOperand):  # stored before the loop (`invariant_operands.py`)
             operands.append(x)
         else:
@@ -128,7 +142,7 @@ def wgmma_dot(ctx, op, plan):
     nc = inst.c.local_size
     fragment = RegsType(acc.element, nc)
     attrs = dict(inst.attrs) | ({"trans_a": True} if a.mn_major else {}) | ({"trans_b": True} if b.mn_major else {})
-    group = ctx.index.digit(inst.lanes, plan.wm) if plan.wm > 1 else None     # this warpgroup's slab block
+    group = _warp_uniform(ctx, ctx.index.digit(inst.lanes, plan.wm)) if plan.wm > 1 else None  # its slab block
     single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
     c_regs = None if single else list(ctx.unpack(acc.value))
     results = []                    # (first register, fragment): read only after the wait
@@ -152,3 +166,10 @@ def wgmma_dot(ctx, op, plan):
         ctx.threads.barrier()               # before the dot's own buffers are written again
     ctx.define(op.result, Regs(result, plan.c), op)
 
+
+
+def _warp_uniform(ctx, value: Value) -> Value:
+    """`value` (the same in every lane of a warp) as lane 0's, through a shuffle: ptxas then knows it is
+    warp-uniform and keeps the descriptor arithmetic built on it in uniform registers (CUTLASS's
+    canonical_warp_group_idx does the same)."""
+    return ctx.hoist("shuffle", [value, ctx.const(0)], {"mode": "idx"}, type=value.type)

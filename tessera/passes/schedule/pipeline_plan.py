@@ -93,8 +93,9 @@ class PipelinePlan:
 
     @property
     def prefetch(self) -> int:
-        """How many iterations ahead the copies run: S - 1, one less while a wgmma group stays in flight."""
-        return self.stages - 1 - self.in_flight
+        """How many iterations ahead the copies run: S - 1 (with a wgmma group in flight too, since the refill
+        then waits for the previous group: `software_pipeline.lower_pipelined_for`)."""
+        return self.stages - 1
 
     @property
     def on_wgmma(self) -> bool:
@@ -162,16 +163,17 @@ class PipelinePlan:
 #   and where descriptors start (`wgmma_tile_swizzle`). wgmma reads the slot
 #   through descriptors; `fragment` is None.
 #
-# Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop
-# has 3 or more stages and its one pipelined dot is a wgmma with both
-# operands pipelined, whose accumulator is a single wgmma fragment per
-# warpgroup carried straight from the body's block argument to its `yield`,
-# the dot leaves its group in flight (`wgmma_wait {pending = 1}`) and the
-# prefetch distance drops from S - 1 to S - 2 (`prefetch`): see
-# `software_pipeline.lower_pipelined_for` for why no slot is refilled while a wgmma may read it.
-# (Several fragments would be unpacked and repacked around the wgmmas, and
-# anything else reading the accumulator in the body would read it in flight;
-# those dots wait for their group, pending = 0, and keep S - 1.)
+# Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop's
+# one pipelined dot is a wgmma with both operands pipelined, whose
+# accumulator is a single wgmma fragment per warpgroup carried straight from
+# the body's block argument to its `yield`, the dot leaves its group in
+# flight (`wgmma_wait {pending = 1}`) and the iteration refills its ring slot
+# only after that wait, so the copies still run S - 1 iterations ahead
+# (`prefetch`): see `software_pipeline.lower_pipelined_for` for why no slot is
+# refilled while a wgmma may read it. (Several fragments would be unpacked
+# and repacked around the wgmmas, and anything else reading the accumulator
+# in the body would read it in flight; those dots wait for their group,
+# pending = 0, and refill at the top of the iteration.)
 #
 # On a target with TMA, a load whose tensor map the host can build from the
 # kernel's specialization fills its slots with TMA instead of cp.async
@@ -217,7 +219,7 @@ def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
     if stages < 2:
         return refuse(why, f"two stages of its rings need {2 * per_stage} bytes of shared memory, more than "
                             f"{target.name}'s {target.shared_memory_bytes}; use smaller blocks")
-    in_flight = int(stages >= 3 and _keeps_group_in_flight(loads, body, target, num_warps))
+    in_flight = int(_keeps_group_in_flight(loads, body, target, num_warps))
     return PipelinePlan(loop, stages, requested, step, tuple(loads), in_flight)
 
 

@@ -14,7 +14,7 @@ for its safety are the comment above `lower_pipelined_for`.
 
 from __future__ import annotations
 
-from tessera.ir.core import Operation, Value
+from tessera.ir.core import Block, Operation, Value
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
@@ -22,6 +22,7 @@ from ..lowering import lower_op
 from ..lowering.memory import view_lanes
 from ..lowering.mma_operands import swizzle_offsets, wgmma_tile_offsets
 from ..lowering.values import I32, Regs, RingOperand
+from .persistent import RingStart, for_next_tile, next_tile_slice, persistent_outer_loop, ring_start
 from .pipeline_plan import PipelinedLoad, PipelinePlan
 from .tma_fill import TmaRing
 
@@ -85,71 +86,58 @@ from .tma_fill import TmaRing
 # publishes them. TMA (sm_90a's usual fill) writes through the async proxy
 # itself, so its slots need no fence on either side (neither after the
 # landing nor before a refill, since wgmma's reads are async-proxy reads too);
-# their wait is the slot's mbarrier:
+# their wait is the slot's mbarrier, which every thread waits on itself.
+# When the plan keeps a group in flight (F = `plan.in_flight` = 1) the refill
+# moves after the wgmmas' wait, as in Triton's and CUTLASS's mainloops:
 #
-#         cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier; refill slot+D
-#         TMA:       mbarrier_wait bars[slot], phase; barrier; (thread 0) refill slot+D
-#         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = F}
+#         cp.async:  async_wait {pending = D-1}; fence_proxy_async; barrier
+#         TMA:       mbarrier_wait bars[slot], phase
+#         wgmma_fence; %acc' = wgmma ... %acc ...; wgmma_commit; wgmma_wait {pending = 1}
+#         barrier; refill slot+D (cp.async by every thread, TMA by thread 0)
 #     (after the loop) wgmma_wait {pending = 0}; async_wait {pending = 0} or mbarrier_inval; barrier
 #
-# F = `plan.in_flight` (1 when the plan allows it, else 0) groups stay in flight
+# (F = 0: the wgmma dot waits for its own group, and the refill stays at the
+# top, after the barrier, as in the mma.sync loop.) One group stays in flight
 # across the back edge, the accumulator carried in the wgmma registers, and
-# the copies run D = `plan.prefetch` = S - 1 - F iterations ahead (the
-# prologue fills slots 0 .. D-1; iteration i refills slot (i + D) mod S).
-# Why no slot is refilled while a wgmma may read it: the refill in iteration
-# i (cp.async by every thread, or TMA by thread 0) comes after iteration i's
-# barrier, which every thread reaches only after its warpgroup's
-# `wgmma_wait {pending = F}` of iteration i-1; so every group up to i-1-F has
-# retired, and only groups i-F .. i-1 may still read their slots
-# (i-F .. i-1 mod S). Slots i .. i+D-1 hold landed or pending copies.
-# That is F + D = S - 1 slots in use, and the refilled slot i+D is the one
-# left: D = S - 1 - F. (With F = 1 a 2-stage loop would prefetch nothing, so
-# F = 1 needs S >= 3.) With TMA the same barrier also follows every
-# thread's mbarrier wait of iteration i, and the refilled slot's previous
-# fill (iteration i+D-S < i) was waited for in its own iteration, so the
-# refill's arrive_expect_tx opens the next phase of an mbarrier whose last
-# phase has completed and been observed by every thread. The SIMT simulator
-# checks the argument for both fills: refilling a slot an in-flight wgmma
-# reads is reported when that wgmma retires.
+# the copies run D = `plan.prefetch` = S - 1 iterations ahead (the prologue
+# fills slots 0 .. D-1; iteration i refills slot (i + D) mod S = (i - 1) mod
+# S). Why no slot is refilled while a wgmma may read it: the refill in
+# iteration i comes after the barrier that every thread reaches only after
+# its warpgroup's `wgmma_wait {pending = 1}` of iteration i; so every group up
+# to i-1, in every warpgroup, has retired, and only group i reads its slot
+# i. Slots i+1 .. i+D-1 hold landed or pending copies, and the refilled slot
+# i+D = i-1 (mod S) is the one left, so S = 2 works too. With TMA the same
+# barrier follows every thread's mbarrier wait of iteration i-1 for that
+# slot's previous fill, so the refill's arrive_expect_tx opens the next phase
+# of an mbarrier whose last phase has completed and been observed by every
+# thread; and each thread waits on the mbarrier itself before reading a
+# slot, so the top of the loop needs no barrier. The SIMT simulator checks
+# the argument for both fills: refilling a slot an in-flight wgmma reads is
+# reported when that wgmma retires.
 def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
-    """Lower the tile-IR `for` `op` as the pipelined loop `plan` describes (see the comment above)."""
+    """Lower the tile-IR `for` `op` as the pipelined loop `plan` describes (see the comment above; nested in a
+    persistent tile loop: `persistent.py`)."""
     lb, ub, step, *inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(len(op.operands))]
-    stages, region, ahead_by = plan.stages, op.regions[0], plan.prefetch
-    index_dtype = lb.type.dtype
-    rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements,
-                              align=load.slot_alignment if load.on_wgmma or load.tma else None)
-             for load in plan.loads]
-    tma = TmaRing(ctx, plan.loads, stages) if plan.tma_loads else None
-    for stage in range(ahead_by):
-        iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, index_dtype))
-        _issue(ctx, plan, rings, iv, ub, ctx.const(stage), tma)
+    stages = plan.stages
+    outer = persistent_outer_loop(op) if plan.tma_loads else None     # tiles share the mbarriers
+    ahead = next_tile_slice(outer, plan.loads) if outer is not None and not plan.copy_loads else None
+    if ahead is not None:                       # the rings outlive the tile: the next one's fills overlap its end
+        with ctx.in_prologue():
+            rings = _rings(ctx, plan, whole_kernel=True)
+    else:
+        rings = _rings(ctx, plan)
+    tma = TmaRing(ctx, plan.loads, stages, once=outer is not None) if plan.tma_loads else None
+    start = ring_start(ctx, outer, op, stages) if outer is not None else None
+    if ahead is not None:
+        with ctx.when(start.first):             # later tiles' first fills came from the tile before
+            _prologue(ctx, plan, rings, lb, ub, start, tma)
+    else:
+        _prologue(ctx, plan, rings, lb, ub, start, tma)
 
-    body = ctx.new_block(region)
-    slot = body.add_arg(I32, "slot")
-    phase = body.add_arg(I32, "phase") if tma else None
-    with ctx.b.at(body):
-        if plan.copy_loads:
-            ctx.create("async_wait", attrs={"pending": ahead_by - 1})
-        if tma:
-            tma.wait(ctx, slot, phase)
-        if any(load.on_wgmma for load in plan.copy_loads):
-            ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
-        ctx.threads.barrier()
-        ahead = ctx.emit("add", body.args[0], ctx.const(ahead_by * plan.step, index_dtype))
-        refill = _slot_ahead(ctx, slot, ahead_by, stages)
-        _issue(ctx, plan, rings, ahead, ub, refill, tma)
-        carried = next_slot_and_phase(ctx, slot, phase, stages)
-        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
-                 for load, ring in zip(plan.loads, rings)}
-        for old, new in zip(region.args, ctx.region_args(region, body)):
-            ctx.env[old] = new
-        for body_op in region.ops:
-            lower_body_op(ctx, body_op, reads)
-    body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
-
+    body = _body(ctx, op, plan, rings, ub, tma)
     extra = [I32] + ([I32] if tma else [])
     result_types = [ctx.thread_type(r) for r in op.results] + extra
-    starts = [ctx.const(0)] + ([ctx.const(0)] if tma else [])
+    starts = [start.slot, start.phase] if start else [ctx.const(0)] + ([ctx.const(0)] if tma else [])
     new = ctx.create("for", [lb, ub, step, *inits, *starts], {"stages": stages}, result_types, [body])
     if plan.in_flight:
         ctx.create("wgmma_wait", attrs={"pending": 0})
@@ -158,9 +146,77 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     if tma:
         tma.release(ctx)                           # the slots' mbarriers end before the bytes are reused
     ctx.threads.barrier()
+    if ahead is not None:
+        end = RingStart(new.results[len(op.results)], new.results[len(op.results) + 1], None)
+        for_next_tile(ctx, outer, ahead, lambda live: _prologue(ctx, plan, rings, lb, ub, end, tma, live))
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
+
+
+def _rings(ctx, plan: PipelinePlan, whole_kernel: bool = False) -> list[Value]:
+    """One ring of `plan.stages` slots per pipelined load."""
+    return [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, whole_kernel=whole_kernel,
+                           align=load.slot_alignment if load.on_wgmma or load.tma else None)
+            for load in plan.loads]
+
+
+def _prologue(ctx, plan: PipelinePlan, rings, lb: Value, ub: Value, start, tma: TmaRing | None,
+              also: Value | None = None) -> None:
+    """The fills of the loop's first `plan.prefetch` iterations, into slots 0, 1, ... (or from `start.slot`
+    on); `also`: a further condition on them (the tile they are for exists)."""
+    for stage in range(plan.prefetch):
+        iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, lb.type.dtype))
+        slot = start.slot_after(ctx, stage, plan.stages) if start else ctx.const(stage)
+        _issue(ctx, plan, rings, iv, ub, slot, tma, also)
+
+
+def _body(ctx, op: Operation, plan: PipelinePlan, rings, ub: Value, tma: TmaRing | None) -> Block:
+    """The pipelined loop's body: wait for the slot, compute on it, refill (before or after the dot)."""
+    region = op.regions[0]
+    body = ctx.new_block(region)
+    slot = body.add_arg(I32, "slot")
+    phase = body.add_arg(I32, "phase") if tma else None
+    with ctx.b.at(body):
+        if plan.copy_loads:
+            ctx.create("async_wait", attrs={"pending": plan.prefetch - 1})
+        if tma:
+            tma.wait(ctx, slot, phase)
+        if any(load.on_wgmma for load in plan.copy_loads):
+            ctx.create("fence_proxy_async")     # the landed copies (generic proxy) -> wgmma's async proxy
+        if plan.copy_loads or not plan.in_flight:
+            ctx.threads.barrier()
+        if not plan.in_flight:
+            _refill(ctx, plan, rings, body, ub, slot, tma)
+        carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
+        reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
+                 for load, ring in zip(plan.loads, rings)}
+        for old, new in zip(region.args, ctx.region_args(region, body)):
+            ctx.env[old] = new
+        for body_op in region.ops[:-1]:
+            lower_body_op(ctx, body_op, reads)
+        if plan.in_flight:                      # after the dot's wgmma_wait {pending = 1}: see above
+            ctx.threads.barrier()
+            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma))
+        lower_body_op(ctx, region.ops[-1], reads)
+    body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
+    return body
+
+
+def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None) -> None:
+    """Issue the copies of iteration iv + prefetch * step into the slot `prefetch` ahead of `slot`."""
+    ahead = ctx.emit("add", body.args[0], ctx.const(plan.prefetch * plan.step, body.args[0].type.dtype))
+    _issue(ctx, plan, rings, ahead, ub, slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma)
+
+
+def _keeping_env(ctx, plan: PipelinePlan, emit) -> None:
+    """Run `emit` (a refill, which re-lowers the loads' address ops for an iteration ahead) and then bind the
+    induction variable and those ops' results back to this iteration's values, for the ops after it."""
+    region = plan.loop.regions[0]
+    values = [region.args[0]] + [r for load in plan.loads for op in load.slice for r in op.results]
+    saved = {v: ctx.env[v] for v in values if v in ctx.env}
+    emit()
+    ctx.env.update(saved)
 
 
 def lower_body_op(ctx, op: Operation, reads: dict) -> None:
@@ -186,7 +242,7 @@ def _times(ctx, value: Value, n: int) -> Value:
     return ctx.emit("mul", value, ctx.const(n))
 
 
-def _slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
+def slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
     """(slot + ahead_by) mod stages, for 0 <= slot < stages."""
     if ahead_by == stages - 1:                  # slot - 1, wrapping
         at_first = ctx.emit("cmp", slot, ctx.const(0), attrs={"pred": "eq"})
@@ -196,10 +252,13 @@ def _slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
                     ctx.emit("add", slot, ctx.const(ahead_by)))
 
 
-def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None) -> None:
+def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None,
+           also: Value | None = None) -> None:
     """Copy every pipelined block of iteration `iv` into ring slot `slot`: the cp.async ones as one group, the
-    TMA ones on the slot's mbarrier."""
+    TMA ones on the slot's mbarrier; none past the loop's end, or where `also` is false."""
     live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
+    if also is not None:
+        live = ctx.emit("and", live, also)
     body = plan.loop.regions[0]
     ctx.env[body.args[0]] = iv
     order = {op: i for i, op in enumerate(body.ops)}

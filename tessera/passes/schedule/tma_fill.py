@@ -212,7 +212,9 @@ def _function_of(op: Operation) -> Function | None:
 class TmaRing:
     """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
 
-    def __init__(self, ctx, loads, stages: int):
+    def __init__(self, ctx, loads, stages: int, once: bool = False):
+        """`once`: the mbarriers are created in the kernel's prologue and live for the whole kernel (a persistent
+        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone."""
         self.loads = [load for load in loads if load.tma is not None]
         self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
@@ -220,7 +222,12 @@ class TmaRing:
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
         self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
         self.stages = stages
-        self.bars = ctx.smem.mbarriers(stages, 1)
+        self.once = once
+        if once:
+            with ctx.in_prologue():
+                self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
+        else:
+            self.bars = ctx.smem.mbarriers(stages, 1)
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
@@ -252,7 +259,9 @@ class TmaRing:
     def release(self, ctx) -> None:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
-        barrier orders this before any reuse."""
+        barrier orders this before any reuse. Mbarriers made `once` stay for the next tile."""
+        if self.once:
+            return
         with ctx.when(ctx.index.first_thread()):
             for s in range(self.stages):
                 ctx.create("mbarrier_inval", [self._bar(ctx, ctx.const(s))])

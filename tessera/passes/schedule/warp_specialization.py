@@ -21,7 +21,7 @@ from tessera.ir.types import TileType
 
 from ..lowering.values import I32, Regs, RingOperand
 from .pipeline_plan import PipelinePlan, pipeline_plan
-from .software_pipeline import lower_body_op, next_slot_and_phase
+from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
 from .tma_fill import TmaRing
 from .shortfalls import shortfall
 
@@ -44,7 +44,8 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 # and the producer is threads C .. C+127:
 #
 #     rings, full = TmaRing (one mbarrier per slot, count 1)   as the TMA-filled pipeline
-#     empty = S mbarriers, count C: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
+#     empty = S mbarriers, count W: the consumers' releases   thread 0 inits them; fence_mbarrier_init; barrier
+#                                                              (W: C / 128 warpgroups for wgmma, else C threads)
 #     if thread_id >= C {producer_joins_at = k}                the producer
 #         [setmaxnreg dec 40]                                  sm_90a, C a multiple of 128 (>= 256: below,
 #                                                              every thread has 255 registers at entry)
@@ -63,7 +64,10 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 #         %acc... = for iv = lo .. hi, carried..., slot, phase:
 #             mbarrier_wait full[slot], phase
 #             ... body, the pipelined loads read from ring[slot] (ldmatrix, or wgmma descriptors) ...
-#             mbarrier_arrive empty[slot]                      every consumer thread: the slot may be refilled
+#             wgmma (group in flight):  ... wgmma_wait {pending = 1}
+#                 if iv > lo and thread_id % 128 == 0: mbarrier_arrive empty[slot - 1]
+#             otherwise:  mbarrier_arrive empty[slot]  (thread 0 of each warpgroup for wgmma, else every thread)
+#         [wgmma_wait {pending = 0}]
 #         named_barrier {id = 2, count = C + 128}; thread 0 invalidates full[] and empty[]
 #         named_barrier {id = 1, count = C}                    op k: the branches have met
 #         ...                                                  the rest of the kernel, consumers only; each
@@ -81,8 +85,15 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 #
 # The producer runs ahead on its own, at most S fills ahead of the slowest
 # consumer, limited only by the empty barriers: no prefetch distance. A wgmma
-# dot waits for its group in the iteration that issued it (no group in
-# flight), so that the slot is free when its threads arrive on empty.
+# dot whose plan allows it (`PipelinePlan.in_flight`) leaves its group in
+# flight, and each warpgroup releases the slot of the iteration before once
+# `wgmma_wait {pending = 1}` has retired that iteration's group (CUTLASS's
+# mainloop): a wgmma-group is the warpgroup's, so one arrival by its first
+# thread after the wait covers the reads of all 128 threads (the SIMT
+# simulator models wgmma reads as the warpgroup's: `SharedMemory.
+# record_warpgroup_read`). The last iteration's slot is never released: no
+# fill waits for it. ldmatrix reads are each thread's own, so mma.sync
+# consumers (sm_90) arrive from every thread, after their reads.
 #
 # Before the loop every thread, the producer included, runs the kernel's
 # code, so that code may only compute (scalar ops, views, register-only tile
@@ -110,7 +121,8 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
     full = TmaRing(ctx, plan.loads, stages)
-    empty = ctx.smem.mbarriers(stages, consumers)      # a phase completes when every consumer released the slot
+    # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot
+    empty = ctx.smem.mbarriers(stages, _releasers(plan, consumers))
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
     producer, consumer = Block(), Block()
@@ -123,7 +135,7 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
         inc = _consumer_registers(ctx, consumers)
         if inc:
             ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
-        loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step)
+        loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
     is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
     # The producer's shared-memory accesses are over once the consumers are past the named barrier both
     # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
@@ -220,22 +232,26 @@ def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value
 
 
 def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub,
-                   step) -> Operation:
-    """The loop the consumer warps run (returned): wait for the slot, compute on it, release it."""
+                   step, consumers: int) -> Operation:
+    """The loop the consumer warps run (returned): wait for the slot, compute on it, release it (or, with a
+    wgmma group in flight, release the slot of the iteration before, whose group the dot's wait retired)."""
     inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(3, len(op.operands))]
     region = op.regions[0]
     body = ctx.new_block(region)
     slot, phase = body.add_arg(I32, "slot"), body.add_arg(I32, "phase")
     with ctx.b.at(body):
         full.wait(ctx, slot, phase)
-        # in_flight = 0: a wgmma dot retires its group before the slot is released below
-        reads = {load.load: RingOperand(ring, ctx.emit("mul", slot, ctx.const(load.slot_elements)), load, 0)
-                 for load, ring in zip(plan.loads, rings)}
+        reads = {load.load: RingOperand(ring, ctx.emit("mul", slot, ctx.const(load.slot_elements)), load,
+                                        plan.in_flight) for load, ring in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops[:-1]:
             lower_body_op(ctx, body_op, reads)
-        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
+        if plan.in_flight:          # after wgmma_wait {pending = 1}: group i - 1 and its slot are done
+            not_first = ctx.emit("cmp", body.args[0], lb, attrs={"pred": "gt"})
+            _release(ctx, plan, empty, slot_ahead(ctx, slot, plan.stages - 1, plan.stages), consumers, not_first)
+        else:
+            _release(ctx, plan, empty, slot, consumers)
         carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
         lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
@@ -243,6 +259,8 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
     result_types = [ctx.thread_type(r) for r in op.results] + [I32, I32]
     new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
                      result_types, [body])
+    if plan.in_flight:
+        ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
     _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
     full.release(ctx)
     with ctx.when(ctx.index.first_thread()):
@@ -250,6 +268,26 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
             ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
     ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
     return new
+
+
+def _releasers(plan: PipelinePlan, consumers: int) -> int:
+    """Arrivals that release a slot: one per consumer warpgroup when a wgmma reads the slots (its wait is
+    warpgroup-wide, as in CUTLASS's consumer_release), else one per consumer thread (each thread's ldmatrix
+    reads are its own)."""
+    return consumers // PRODUCER_THREADS if plan.on_wgmma and consumers % PRODUCER_THREADS == 0 else consumers
+
+
+def _release(ctx, plan: PipelinePlan, empty: Value, slot: Value, consumers: int, when: Value | None = None) -> None:
+    """Arrive on empty[slot] (from the first thread of each warpgroup, or from every thread: `_releasers`),
+    only where `when` holds."""
+    if _releasers(plan, consumers) != consumers:
+        leader = ctx.emit("cmp", ctx.index.digit(1, PRODUCER_THREADS), ctx.const(0), attrs={"pred": "eq"})
+        when = leader if when is None else ctx.emit("and", when, leader)
+    if when is None:
+        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
+        return
+    with ctx.when(when):
+        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
 
 
 def _all_threads_barrier(ctx, consumers: int) -> None:

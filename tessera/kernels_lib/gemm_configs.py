@@ -1,0 +1,52 @@
+"""The shipped `tessera::gemm` configs, read from `gemm_configs.json`: data per GPU family, seeding the autotuner.
+
+`COMMON` configs are tuned on every GPU; a family's own configs (`BY_FAMILY`,
+e.g. "sm_90": 128 x 256 tiles that only Hopper's wgmma and 227 KB of shared
+memory make pay) join them on that family only: the autotuner gets them all
+(`ALL`) and `prune_for_device` keeps what the launching device's family
+ships. The file is data so that a GPU session's measurements
+(bench/gemm.py --part configs) can reorder or replace entries without code
+changes.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import tessera
+
+_DATA = json.loads((Path(__file__).with_name("gemm_configs.json")).read_text())
+
+
+def _configs(entries: list[dict]) -> list[tessera.Config]:
+    return [tessera.Config(dict(e["meta"]), num_warps=e["num_warps"]) for e in entries]
+
+
+COMMON = _configs(_DATA["common"])
+BY_FAMILY = {family: _configs(entries) for family, entries in _DATA.items() if family.startswith("sm_")}
+ALL = COMMON + [c for configs in BY_FAMILY.values() for c in configs]
+
+
+def family_of(capability: tuple[int, int] | None) -> str | None:
+    """'sm_90' for compute capability (9, x), 'sm_80' for (8, x), ...; None when not an NVIDIA GPU."""
+    return None if capability is None else f"sm_{capability[0]}0"
+
+
+def configs_for(family: str | None) -> list[tessera.Config]:
+    """What a GPU of `family` tunes over: the common configs, then its own."""
+    return COMMON + BY_FAMILY.get(family or "", [])
+
+
+def prune_for_device(configs: list[tessera.Config], named_args: dict) -> list[tessera.Config]:
+    """The autotuner's prune hook: keep the configs the launching device's family ships (`configs_for`)."""
+    capability = None
+    for value in named_args.values():
+        device = getattr(value, "device", None)
+        if getattr(device, "type", None) == "cuda":
+            import torch
+            if torch.version.cuda is not None:          # (a ROCm build reports gfx archs, not capabilities)
+                capability = torch.cuda.get_device_capability(device)
+            break
+    wanted = configs_for(family_of(capability))
+    return [c for c in configs if c in wanted]
