@@ -84,6 +84,31 @@ class _UsageError(Exception):
     pass
 
 
+def _import_file(path: Path):
+    """Import FILE.py: as its package's module when it lives in a package (folders with __init__.py, so its
+    relative imports work and a library file is the module already imported, not a second copy), else as a
+    script, with its folder on sys.path for its own imports."""
+    path = path.resolve()
+    parts, folder = [path.stem], path.parent
+    while (folder / "__init__.py").is_file():
+        parts.insert(0, folder.name)
+        folder = folder.parent
+    if len(parts) > 1:
+        sys.path.insert(0, str(folder))
+        try:
+            return importlib.import_module(".".join(parts))
+        finally:
+            sys.path.remove(str(folder))
+    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
+    module = importlib.util.module_from_spec(spec)
+    sys.path.insert(0, str(path.parent))
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        sys.path.pop(0)
+    return module
+
+
 def load_kernel(target: str):
     """Import FILE.py and return its @tessera.kernel named KERNEL."""
     from .dsl.kernel import Kernel
@@ -94,13 +119,7 @@ def load_kernel(target: str):
     path = Path(file)
     if not path.is_file():
         raise _UsageError(f"no such file: {file}")
-    spec = importlib.util.spec_from_file_location(path.stem.replace("-", "_"), path)
-    module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(path.parent.resolve()))
-    try:
-        spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
+    module = _import_file(path)
     def as_kernel(value):
         """The @tessera.kernel itself, also under @tessera.autotune (compiled with the configs given here)."""
         inner = getattr(value, "kernel", None)
