@@ -10,6 +10,8 @@ torch = pytest.importorskip("torch")
 from tessera.kernels_lib import gemm  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
+from hopper_gemm import lowered_gemm  # noqa: E402
+
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-4}
 ACTIVATIONS = {
@@ -216,28 +218,15 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
 def gemm_on_the_simulator(M, N, K, trans_a, trans_b, config, seed=0):
     """The library kernel lowered for sm_90a and run on the SIMT simulator: (its C, numpy's), float32. Its ring
     slots are filled by TMA (the simulator builds the two maps from the kernel's recipes and the arguments)."""
-    import numpy as np
-
     import tessera
     from tessera.backends.simt import run_threads
-    from tessera.passes.thread_passes import lower
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((M, K)).astype(np.float16)
-    b = rng.standard_normal((K, N)).astype(np.float16)
-    a_stored, (sam, sak) = (np.ascontiguousarray(a.T), (1, M)) if trans_a else (a, (K, 1))
-    b_stored, (sbk, sbn) = (np.ascontiguousarray(b.T), (1, K)) if trans_b else (b, (N, 1))
-    unused = np.zeros(1, np.float32)
-    args = [a_stored, b_stored, unused, unused, unused, np.zeros((M, N), np.float32), M, N, K, 1.0,
-            sam, sak, sbk, sbn]
-    kwargs = dict(config.kwargs, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
-    module = gemm_kernel.kernel.specialize(*args, **kwargs).module
-    fn = lower(module, "sm_90a", config.num_warps).functions[0]
+    fn, args, expected, _ = lowered_gemm(M, N, K, config, trans_a, trans_b, seed, target="sm_90a")
     names = [op.name for op in fn.walk()]
     assert "wgmma" in names and "tma_load" in names and "async_copy" not in names
     tiles = tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"])
     grid = (1,) if config.kwargs["PERSISTENT"] else (tiles,)     # persistent: one program walks every tile
     run_threads(fn, args, grid)
-    return args[5], a.astype(np.float32) @ b.astype(np.float32)
+    return args[5], expected
 
 
 SIMULATED = {   # M, N, K (odd where no row stride needs 16-byte alignment), trans_a, trans_b, config

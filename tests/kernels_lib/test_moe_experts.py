@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import moe_reference as ref
+from moe_problem import random_moe
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
 from tessera.kernels_lib.moe import plan as plans
@@ -31,13 +32,7 @@ from tessera.passes.thread_passes import lower
 
 
 def _problem(T, H, I, E, K, seed=0, dtype=torch.float32, empty=()):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, H, generator=g)
-    w1, w3 = torch.randn(E, I, H, generator=g) / H ** 0.5, torch.randn(E, I, H, generator=g) / H ** 0.5
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    logits = torch.randn(T, E, generator=g)
-    logits[:, list(empty)] = -30
-    weights, ids, counts, chunk_counts = route(logits, K)
+    x, w1, w3, w2, (weights, ids, counts, chunk_counts) = random_moe(T, H, I, E, K, seed, empty)
     w13 = interleave_gate_up(w1, w3)
     return [t.to(dtype) for t in (x, w13, w2)] + [weights, ids, counts, chunk_counts, torch.cat([w1, w3], 1)]
 

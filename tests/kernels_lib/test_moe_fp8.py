@@ -20,6 +20,7 @@ import pytest
 import torch
 
 import moe_reference as ref
+from moe_problem import random_moe
 import tessera
 from tessera.backends.interp.storage import Memory
 from tessera.backends.simt import run_threads
@@ -43,7 +44,7 @@ def _quantized_rows(a: torch.Tensor, group: int) -> torch.Tensor:
 def _reference(x, q13, q2, weights, ids, activation, group):
     """sum_j w_j * W2_e @ q(bf16(act(g) * u)), [g; u] = W13_e @ q(x), in float64 (q: per-token-group fp8)."""
     w13, w2 = q13.dequantize().double(), q2.dequantize().double()
-    xq, I = _quantized_rows(x, group), w2.shape[2]
+    xq = _quantized_rows(x, group)
     out = torch.zeros(x.shape[0], w2.shape[1], dtype=torch.float64)
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
@@ -55,13 +56,7 @@ def _reference(x, q13, q2, weights, ids, activation, group):
 
 
 def _problem(T, H, I, E, K, scales, seed=0, empty=()):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, H, generator=g)
-    w1, w3 = torch.randn(E, I, H, generator=g) / H ** 0.5, torch.randn(E, I, H, generator=g) / H ** 0.5
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    logits = torch.randn(T, E, generator=g)
-    logits[:, list(empty)] = -30
-    weights, ids, counts, chunk_counts = route(logits, K)
+    x, w1, w3, w2, (weights, ids, counts, chunk_counts) = random_moe(T, H, I, E, K, seed, empty)
     q1, q3, q2 = (quantize_experts(w, "fp8", scales=scales, block=32) for w in (w1, w3, w2))
     return x, interleave(q1, q3), q2, weights, ids, counts, chunk_counts
 

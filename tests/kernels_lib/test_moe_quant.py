@@ -23,10 +23,11 @@ import pytest
 import torch
 
 import moe_reference as ref
+from moe_problem import random_moe
 import tessera
 from tessera.backends.interp.storage import Memory
 from tessera.backends.simt import run_threads
-from tessera.kernels_lib.moe import MoELayer, align, experts, interleave_gate_up, quantize_experts, route
+from tessera.kernels_lib.moe import MoELayer, align, experts, interleave_gate_up, quantize_experts
 from tessera.kernels_lib.moe import plan as plans
 from tessera.kernels_lib.moe.common import kernel_arg
 from tessera.kernels_lib import quant
@@ -44,13 +45,7 @@ FORMATS = {     # name -> quantize_experts options (fp8 blocks of 16: several bl
 
 
 def _problem(T, H, I, E, K, options, seed=0, empty=()):
-    g = torch.Generator().manual_seed(seed)
-    x = torch.randn(T, H, generator=g)
-    w1, w3 = torch.randn(E, I, H, generator=g) / H ** 0.5, torch.randn(E, I, H, generator=g) / H ** 0.5
-    w2 = torch.randn(E, H, I, generator=g) / I ** 0.5
-    logits = torch.randn(T, E, generator=g)
-    logits[:, list(empty)] = -30
-    weights, ids, counts, chunk_counts = route(logits, K)
+    x, w1, w3, w2, (weights, ids, counts, chunk_counts) = random_moe(T, H, I, E, K, seed, empty)
     q1, q3, q2 = (quantize_experts(w, **options) for w in (w1, w3, w2))
     cat = torch.cat([q1.dequantize(), q3.dequantize()], 1)            # the reference's [E, 2I, H]: gate; up
     return x, interleave(q1, q3), q2, weights, ids, counts, chunk_counts, cat, q2.dequantize()
