@@ -171,6 +171,13 @@ def _contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
 # Recipes: how a launcher builds the map of a compiler-added `tensormap` parameter
 
 
+# The extent of a map dimension the kernel does not bound: one its view's base pointer is offset along (a
+# per-program batch or head index times a stride argument). Every coordinate a tma_load can give (an i32) is
+# inside it, so the map reads exactly what the pointer arithmetic would; the SIMT simulator narrows it to the
+# array it is given (`tessera.backends.simt.mbarrier`), a GPU launch has no allocation size to narrow it to.
+UNBOUNDED = 2 ** 31 - 1
+
+
 @dataclass(frozen=True)
 class Extent:
     """A size or stride the launch decides: `scale * args[param]`, or the constant `scale` when `param` is None."""
