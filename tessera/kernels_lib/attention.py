@@ -194,8 +194,11 @@ class Problem:
         return dict(HAS_LEFT=self.left >= 0, HAS_RIGHT=self.right >= 0, SOFTCAP=self.softcap > 0, VARLEN=self.varlen)
 
     def strides(self, x: torch.Tensor) -> tuple[int, ...]:
-        """(batch, seq, head, dim) element strides; varlen tensors have no batch dim (stride 0)."""
-        return tuple(x.stride()) if not self.varlen else (0, *x.stride())
+        """(batch, seq, head, dim) element strides; varlen tensors have no batch dim (stride 0). A dim of size 1
+        says it moves by 16 elements rather than 0 (torch lets its stride be anything; it is never stepped): on
+        sm_90a the K and V blocks come by TMA over the whole tensor, whose map needs nonzero strides."""
+        strides = tuple(s if s or n != 1 else 16 for n, s in zip(x.shape, x.stride()))
+        return strides if not self.varlen else (0, *strides)
 
     def lse_strides(self, lse: torch.Tensor) -> tuple[int, int]:
         """(batch, head) strides of an LSE-shaped tensor: (B, H, Sq), or (H, total_q) for varlen."""
@@ -206,8 +209,16 @@ class Problem:
         return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
+def _unbroadcast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors, each copied to a dense one if it is a broadcast (a dim of size > 1 with stride 0, as
+    `expand` makes): the blocks the kernels pipeline come by TMA on sm_90a, whose maps cannot step by 0."""
+    return tuple(x.contiguous() if any(s == 0 and n > 1 for n, s in zip(x.shape, x.stride())) else x
+                 for x in tensors)
+
+
 def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE)."""
+    k, v = _unbroadcast(k, v)
     o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
@@ -228,6 +239,7 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     """Launch the backward kernels: (dQ, dK, dV). delta = rowsum(dO * O) - dLSE first; then dK and dV per key
     block, with dQ added by atomics into a float32 buffer, or (deterministic) by a pass of its own."""
     p = problem
+    grad_out, q, k, v = _unbroadcast(grad_out, q, k, v)
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
