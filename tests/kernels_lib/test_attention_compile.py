@@ -70,7 +70,7 @@ def compile_forward(target, D, plan, variant, dtype="bf16"):
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
     """sm_80: both products on mma.sync, K and V streamed by cp.async; sm_90a: both on wgmma (Q staged in
-    shared memory once, before the key loop), K and V streamed by TMA (4-D maps over (B, S, H, D) at
+    shared memory once, before the key loop; P fed from registers), K and V streamed by TMA (4-D maps over (B, S, H, D) at
     coordinates (0, block, kv head, batch); with VARLEN by cp.async: see `compile_checked`)."""
     plan = GPU_PLANS["nvidia"][D]
     compiled = compile_forward(target, D, plan, variant)
@@ -82,8 +82,12 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
     else:
         assert "cp.async.cg.shared.global" in ptx and "cp.async.bulk.tensor" not in ptx
     if target == "sm_90a":
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16", ptx), "S = Q K^T on wgmma"
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16", ptx), "O += P V on wgmma"
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16\S* \{{[^}}]*\}}, %rd", ptx), \
+            "S = Q K^T on wgmma, Q from shared memory"
+        p_from_registers = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, "
+                                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
+        assert len(p_from_registers) == plan.BN // 16 * (plan.BM // 64 // (plan.num_warps // 4)), \
+            "O += P V on wgmma, P from registers (each 64-row slab, each K slice of 16)"
         assert "mma.sync" not in ptx
     else:
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
