@@ -73,16 +73,19 @@ class BackwardPlan:
     kv: Plan
     q: Plan
     atomic_dq: bool
+    transposed: bool = False    # the dK/dV kernel accumulates dK^T and dV^T (head dim 256: see the kernel)
 
 
 DELTA_PLAN = Plan(64, 0, 4)       # rows per program of delta = rowsum(dO * O)
 # Per architecture and head dim; every config assembles without spills (tests/kernels_lib/
-# test_attention_compile.py). Missing: head dim 256 (dK and dV alone take 256 registers a thread at 64 keys a
-# program, whatever the warps: it needs the head dim split across warps) and head dim 128 on sm_80 and AMD
-# (every config tried spills: 16-230 bytes on sm_80).
+# test_attention_compile.py). Head dim 256 on sm_90a accumulates dK^T and dV^T (256 x BN: the head dim split
+# across the two warpgroups; as dK and dV they take 256 registers a thread at 64 keys a program, whatever the
+# warps). Missing: head dim 256 on sm_80 and AMD (no wgmma to split the head dim: 1.5-3 KB of spills) and
+# head dim 128 on sm_80 and AMD (every config tried spills: 16-230 bytes on sm_80).
 BWD_GPU_PLANS = {
     "sm_90a": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=True),
-               128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False)},
+               128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False),
+               256: BackwardPlan(Plan(32, 32, 8), Plan(64, 32, 4), atomic_dq=False, transposed=True)},
     "sm_80": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=False)},
     "amd": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
 }
@@ -261,7 +264,7 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     attention_bwd_kv_kernel[(tessera.cdiv(p.Sk, kv_plan.BN), p.batch * p.H_kv)](
         *head, dq, dk, dv, *scalars, *strides, *p.strides(dq)[:3], *p.strides(dk)[:3], *p.lse_strides(lse),
         D=p.D, BM=kv_plan.BM, BN=kv_plan.BN, ATOMIC_DQ=not deterministic, STAGES=kv_plan.stages,
-        num_warps=kv_plan.num_warps, **p.masks())
+        num_warps=kv_plan.num_warps, TRANSPOSED=plan.transposed, **p.masks())
     if not deterministic:
         return (dq * p.scale).to(q.dtype), dk, dv
     attention_bwd_q_kernel[(tessera.cdiv(p.Sq, q_plan.BM), p.batch * p.H)](

@@ -160,7 +160,7 @@ def backward_kernels(arch):
         modes = [True, False] if plan.atomic_dq else [False]      # dK/dV adding dQ itself, or the dQ pass
         for atomic in modes:
             yield (f"{arch}-{D}-kv-{'atomic' if atomic else 'plain'}", attention_bwd_kv_kernel, KV_SIGNATURE,
-                   D, plan.kv, {"ATOMIC_DQ": atomic})
+                   D, plan.kv, {"ATOMIC_DQ": atomic, "TRANSPOSED": plan.transposed})
         yield f"{arch}-{D}-q", attention_bwd_q_kernel, Q_SIGNATURE, D, plan.q, {}
 
 
@@ -186,14 +186,14 @@ def test_every_backward_plan_compiles_without_spills(name):
             assert streams_by_tma(compiled.stages["ptx"]) == (target == "sm_90a" and variant == "plain"), variant
 
 
-def backward_on_the_simulator(target, num_warps, seed=0):
-    """The dK/dV kernel (adding dQ by atomics) and the dQ pass lowered for `target` on the SIMT simulator, 1 x 40
-    queries x 50 keys, GQA 2:1, causal: their (dQ by atomics, dQ by the pass, dK, dV), and the float64 reference's
-    (dQ, dK, dV)."""
+def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):
+    """The dK/dV kernel (adding dQ by atomics; `transposed`: accumulating dK^T and dV^T, head dim 256's plan) and
+    the dQ pass lowered for `target` on the SIMT simulator, 1 x 40 queries x 50 keys, GQA 2:1, causal: their (dQ
+    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV)."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_bwd import attention_bwd_kv_kernel, attention_bwd_q_kernel
     from tessera.passes.thread_passes import lower
-    B, Sq, Sk, H, H_kv, D = 1, 40, 50, 2, 1, 32
+    B, Sq, Sk, H, H_kv = 1, 40, 50, 2, 1
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, S, h, D, generator=g).half() for S, h in ((Sq, H), (Sk, H_kv), (Sk, H_kv)))
     grad_out = torch.randn(B, Sq, H, D, generator=g).half()
@@ -212,7 +212,8 @@ def backward_on_the_simulator(target, num_warps, seed=0):
     kv_args = [*head, dq_atomic.numpy(), dk.numpy(), dv.numpy(), *scalars, *strides, *dq_atomic.stride()[:3],
                *dk.stride()[:3], *lse.stride()[:2]]
     BN = 32 * num_warps if target.startswith("gfx") else 16 * num_warps
-    module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, **masks).module
+    module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, TRANSPOSED=transposed,
+                                                **masks).module
     run_threads(lower(module, target, num_warps).functions[0], kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
     q_args = [*head, dq.numpy(), *scalars, *strides, *dq.stride()[:3], *lse.stride()[:2]]
     module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, **masks).module
@@ -220,9 +221,12 @@ def backward_on_the_simulator(target, num_warps, seed=0):
     return (dq_atomic * scale, dq, dk, dv), [x.grad for x in leaves]
 
 
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2)])
-def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_warps):
-    (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(target, num_warps)
+@pytest.mark.parametrize("target, num_warps, D, transposed", [
+    ("sm_80", 4, 32, False), ("sm_90a", 4, 32, False), ("gfx942", 2, 32, False),
+    ("sm_90a", 4, 64, True)])       # dK^T, dV^T: 64 x BN on wgmma (head dim 256's plan, at a simulable size)
+def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_warps, D, transposed):
+    (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(
+        target, num_warps, D=D, transposed=transposed)
     for got, expected in ((dq_atomic, expected_dq), (dq, expected_dq), (dk, expected_dk), (dv, expected_dv)):
         torch.testing.assert_close(got.double(), expected, rtol=4e-3, atol=4e-3)
 
