@@ -138,7 +138,8 @@ def pointer_offsets(pointer: Value, fn: Function, facts: dict, size: int) \
     the (index, stride) terms, or None when an offset is not such a product with `stride` a kernel argument
     (times a constant) whose `size`-byte elements make a multiple of 16 bytes. A term becomes a dim of the
     tensor map with coordinate `index`, extent `UNBOUNDED` and box 1: the map then reads what `pointer`
-    reads, the view's dims bounded as before (FlashAttention's K at (b, h): a 4-D (B, S, H, D) map)."""
+    reads, the view's dims bounded as before (FlashAttention's K at (b, h): a 4-D (B, S, H, D) map). (A
+    negative index, a view before the argument's first element, would read zeros: no tensor is there.)"""
     terms: list[tuple[Value, Extent]] = []
     while isinstance(pointer.owner, Operation) and pointer.owner.name == "addptr":
         pointer, offset = pointer.owner.operands
