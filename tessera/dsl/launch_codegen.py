@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..runtime.dlpack import GPU_DEVICE_TYPES
 from ..runtime.errors import LaunchError
 from ..runtime.launcher import stream_handle, torch_current_stream
 from .arguments import itemsize
@@ -47,7 +48,6 @@ if TYPE_CHECKING:
 TORCH, ARRAY_INTERFACE = "torch", "array_interface"
 DEVICE_ARRAY, TORCH_DEVICE_ARRAY = "device_array", "torch_device_array"
 GPU_ARRAYS = (TORCH, ARRAY_INTERFACE, DEVICE_ARRAY, TORCH_DEVICE_ARRAY)
-_DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
 _REQUIRED = object()     # a constexpr without a default that the launch did not pass
 _I32 = "-2147483648 <= {v} <= 2147483647"
 _I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
@@ -240,6 +240,6 @@ def stated_device(obj: Any) -> int | None:
         return None
     try:
         kind, index = query()
-        return int(index) if int(kind) in _DLPACK_GPU_TYPES else -1
+        return int(index) if int(kind) in GPU_DEVICE_TYPES else -1
     except Exception:        # the slow path reports what is wrong with it
         return -1
