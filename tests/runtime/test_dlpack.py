@@ -137,3 +137,30 @@ def test_arrays_on_two_gpus_are_refused_naming_both(monkeypatch):
     with stubbed_driver(StubDriver(device_count=2)), \
             pytest.raises(LaunchError, match=r"argument 1 \(out_ptr\) is on GPU 0 but argument 0 \(x_ptr\) is on GPU 1"):
         copy[(1,)](x, out, 64, BLOCK=64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch")
+def test_a_torch_cuda_tensor_seen_only_through_dlpack_runs_on_the_gpu():
+    class DLPackOnly:
+        """A CUDA tensor behind the DLPack protocol alone (as JAX arrays are)."""
+
+        def __init__(self, tensor):
+            self.tensor, self.streams = tensor, []
+
+        def __dlpack__(self, *, stream=None):
+            self.streams.append(stream)
+            return self.tensor.__dlpack__(stream=stream)
+
+        def __dlpack_device__(self):
+            return self.tensor.__dlpack_device__()
+
+    x = torch.arange(1000, dtype=torch.float32, device="cuda")
+    out = torch.zeros_like(x)
+    side = torch.cuda.Stream()
+    with torch.cuda.stream(side):
+        copy[(tessera.cdiv(1000, 256),)](DLPackOnly(x), wrapped := DLPackOnly(out), 1000, BLOCK=256,
+                                         stream=side)
+    side.synchronize()
+    assert wrapped.streams[-1] == side.cuda_stream
+    assert torch.equal(out, x)
