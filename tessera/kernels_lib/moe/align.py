@@ -29,9 +29,10 @@ three steps that each read every (token, slot) pair or histogram entry once:
 
 So the launches read O(P * E + T * K) values for P chunks (the histograms
 once in the prefix, once more row by row in the scatter), where reading
-every earlier chunk's histogram in the scatter would cost P^2 / 2 rows (2 GB
-at 64k DeepSeek-V3 tokens). With one chunk (decode) there is nothing to
-scan: the prefix launch is skipped and the scatter reads no chunk_starts.
+every earlier chunk's histogram in the scatter would cost P^2 / 2 rows (8 GB
+at 64k DeepSeek-V3 tokens in chunks of 16). With one chunk (decode) there is
+nothing to scan: the prefix launch is skipped and the scatter reads no
+chunk_starts.
 """
 
 from __future__ import annotations
