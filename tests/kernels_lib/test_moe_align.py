@@ -23,8 +23,8 @@ import torch
 import moe_reference as ref
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
-from tessera.kernels_lib.moe.align import PREFIX_EXPERTS, PREFIX_LANES, align_kernel, count_kernel, max_rows, prefix_chunks, \
-    prefix_kernel
+from tessera.kernels_lib.moe.align import PREFIX_EXPERTS, PREFIX_LANES, align_kernel, count_kernel, max_rows, \
+    prefix_chunks, prefix_kernel
 from tessera.kernels_lib.moe.routing import tokens_per_program
 from tessera.ir.printer import print_module
 from tessera.passes.thread_passes import lower

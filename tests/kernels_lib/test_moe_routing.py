@@ -120,7 +120,7 @@ def test_routing_and_alignment_on_the_simt_simulator():
 
     rows = T * K + E * (BM - 1)
     aligned = [np.zeros(rows, np.int32), np.zeros(-(-rows // BM), np.int32), np.zeros(E + 1, np.int32)]
-    args = [interp[1], interp[2], interp[3]]
+    args = [interp[1], interp[2], interp[3]]        # one chunk: chunk_counts stands in for chunk_starts
     sizes = dict(BM=BM, CHUNK=BT * K, CHUNK_PAD=BT * K, E_PAD=E)
     expected = [a.copy() for a in aligned]
     align_kernel[(chunks,)](*args, *expected, T * K, E, rows, **sizes)

@@ -117,10 +117,10 @@ def _experts_quant_fake(x, q13, s13, z13, f13, g13, q2, s2, z2, f2, g2, weights,
 
 def frozen_weights_error(name: str) -> ValueError:
     """What asking for a quantized weight's gradient raises."""
-    return ValueError(f"tessera::{name}: the codes, scales and zeros of quantized experts are frozen: the backward differentiates x and the routing "
-                      f"weights only (QLoRA-style fine-tuning). Call .requires_grad_(False) on them (or "
-                      f".detach()), or train bf16 expert weights (MoELayer before quantize_experts) and quantize "
-                      f"after")
+    return ValueError(f"tessera::{name}: the codes, scales and zeros of quantized experts are frozen: the backward "
+                      f"differentiates x and the routing weights only (QLoRA-style fine-tuning). Call "
+                      f".requires_grad_(False) on them (or .detach()), or train bf16 expert weights (MoELayer before "
+                      f"quantize_experts) and quantize after")
 
 
 def _setup_context(ctx, inputs, output):
