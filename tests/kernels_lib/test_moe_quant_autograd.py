@@ -6,7 +6,7 @@ Specification:
   routing weights as float64 torch autograd does through the dequantized weights, for SiLU and GELU, top-1 and
   top-2, experts with no tokens (interpreter, float32);
 * `moe_grouped_gemm_quant` is A @ W^T and A @ W of the dequantized weight, on the interpreter, and lowered for
-  sm_80 and sm_90a computes on the SIMT simulator what the interpreter computes; both orientations of every
+  sm_80 (mma.sync, cp.async) and sm_90a (wgmma, TMA) computes on the SIMT simulator what the interpreter computes; both orientations of every
   quantized plan compile without register spills for sm_80, sm_90a and gfx942;
 * asking for a gradient of the codes or scales is an error naming the fix, through `experts` and through the
   op; fp8 activations (W8A8) stay inference only, with the fix named;
@@ -107,9 +107,9 @@ def _memory(a):
 
 
 @pytest.mark.parametrize("target, BM, name, expect_ops", [
-    ("sm_80", 16, "int4-zeros-g16", {"unpack_bits", "mma"}),
-    ("sm_80", 16, "fp8-block16", {"mma"}),
-    ("sm_90a", 64, "int4-sym-g32", {"unpack_bits"}),
+    ("sm_80", 16, "int4-zeros-g16", {"unpack_bits", "mma", "async_copy"}),
+    ("sm_80", 16, "fp8-block16", {"mma", "async_copy"}),
+    ("sm_90a", 64, "int4-sym-g32", {"unpack_bits", "wgmma", "mbarrier_wait"}),     # both orientations: wgmma
 ])
 @pytest.mark.parametrize("trans_b", [True, False])
 def test_grouped_gemm_quant_on_the_simt_simulator(target, BM, name, expect_ops, trans_b):
@@ -190,3 +190,27 @@ def test_opcheck():
     args = (x.requires_grad_(), q13.qweight, q13.scales, q13.zeros, "int4", 16, q2.qweight, q2.scales, q2.zeros,
             "int4", 16, weights.requires_grad_(), sorted_ids, block_expert, offsets, 16, "silu", False)
     torch.library.opcheck(experts_quant_op, args)
+
+
+# -- on a GPU --------------------------------------------------------------------------------------------
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [3, 100, 700])                 # the decode, middle and prefill plans
+@pytest.mark.parametrize("options", [dict(format="int4", group_size=128, symmetric=False),
+                                     dict(format="fp8", scales="block")], ids=["int4-zeros-g128", "fp8-block128"])
+def test_on_the_gpu_the_backward_matches_float32_autograd(options, tokens):
+    H, I, E, K = 512, 384, 8, 2
+    x, q13, q2, weights, ids, _, _ = _problem(tokens, H, I, E, K, options, seed=tokens)
+    grad = torch.randn(tokens, H, generator=torch.Generator().manual_seed(7))
+    ours = [x.cuda().bfloat16().requires_grad_(), weights.cuda().requires_grad_()]
+    experts(ours[0], q13.to("cuda"), q2.to("cuda"), ours[1], ids.cuda()).backward(grad.cuda().bfloat16())
+    theirs = [x.bfloat16().float().requires_grad_(), weights.clone().requires_grad_()]
+    w13, w2 = q13.dequantize().bfloat16().float(), q2.dequantize().bfloat16().float()
+    x13 = theirs[0][:, None, None, :] @ w13[ids.long()].transpose(-1, -2)          # [T, K, 1, 2I]: all at once
+    act = torch.nn.functional.silu(x13[..., 0::2]) * x13[..., 1::2]
+    y = (act @ w2[ids.long()].transpose(-1, -2)).squeeze(2)                          # [T, K, H]
+    (theirs[1][..., None] * y).sum(1).backward(grad)
+    for label, a, b in zip(("x", "weights"), ours, theirs):
+        error = (a.grad.float().cpu() - b.grad).abs().max()
+        assert error <= 3e-2 * b.grad.abs().max(), f"{label}: {error} against {b.grad.abs().max()}"
