@@ -5,7 +5,7 @@ Specification:
 * over many routing chunks (so that the prefix scan runs, over several programs of experts and, at a small
   tile, several steps), `align` gives moe_align_block_size's order: each expert's pairs in pair order, padded
   to the tile, an expert per block, nothing for an expert without tokens; with k = 1 and 8, odd numbers of
-  tokens and experts, from route's counts or counting on its own;
+  tokens and experts, from route's counts or counting on its own; opcheck passes over several chunks;
 * `prefix_kernel` is the exclusive scan of the chunk histograms down each expert's column, for tiles that do
   not divide the chunks or the experts;
 * the scatter loads one row of chunk starts per program, before its loops: no loop over earlier chunks;
@@ -23,8 +23,8 @@ import torch
 import moe_reference as ref
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
-from tessera.kernels_lib.moe.align import PREFIX_EXPERTS, PREFIX_LANES, align_kernel, count_kernel, max_rows, \
-    prefix_chunks, prefix_kernel
+from tessera.kernels_lib.moe.align import PREFIX_EXPERTS, PREFIX_LANES, align_kernel, align_op, count_kernel, \
+    max_rows, prefix_chunks, prefix_kernel
 from tessera.kernels_lib.moe.routing import tokens_per_program
 from tessera.ir.printer import print_module
 from tessera.passes.thread_passes import lower
@@ -68,6 +68,7 @@ def test_many_chunks_from_routes_counts():
     _, ids, counts, chunk_counts = route(logits, 4)
     assert chunk_counts.shape[0] > 1 and counts[7] == 0
     _check_align(ids, 24, 8, counts, chunk_counts)
+    torch.library.opcheck(align_op, (ids, 24, 8, counts, chunk_counts))
 
 
 @pytest.mark.parametrize("chunks, experts, CB, EB", [(13, 19, 4, 8), (1, 5, 1, 8), (8, 32, 8, 32)])
