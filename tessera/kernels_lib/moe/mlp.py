@@ -174,17 +174,20 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
 
     w13 and w2 may instead both be `quantized.QuantizedExperts` (int4 or
     fp8, `quantize_experts`; w13 from `quantized.interleave`): the GEMMs
-    then dequantize the weights in registers (`quantized_mlp.py`); forward
-    only. With fp8 weights, `fp8_activations` also quantizes x and h per
-    token and group of 128 (DeepSeek-V3's W8A8, `fp8_mlp.py`; sm_89+).
+    then dequantize the weights in registers (`quantized_mlp.py`),
+    differentiable in x and weights with the quantized weights frozen
+    (`quantized_autograd.py`). With fp8 weights, `fp8_activations` also
+    quantizes x and h per token and group of 128 (DeepSeek-V3's W8A8,
+    `fp8_mlp.py`; sm_89+; inference only).
     """
     from .quantized import QuantizedExperts
     quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
     if quantized:
         from .fp8_mlp import forward_fp8
-        from .quantized_mlp import check_quantized, forward_quantized
-        check_quantized(x, w13, w2, weights)
-        run = forward_fp8 if fp8_activations else forward_quantized
+        from .quantized_autograd import experts_quant
+        from .quantized_mlp import check_quantized
+        check_quantized(x, w13, w2, weights, differentiable=not fp8_activations)
+        run = forward_fp8 if fp8_activations else experts_quant
     elif fp8_activations:
         raise ValueError("tessera::moe: fp8_activations needs fp8 expert weights: quantize_experts(w, 'fp8')")
     else:

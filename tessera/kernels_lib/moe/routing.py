@@ -102,12 +102,14 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
 
 
 def tokens_per_program(num_experts: int, top_k: int) -> int:
-    """BT: tokens per routing program. Its histogram (BT * K_PAD ids x E_PAD bins) must stay within what one
-    ranking holds in registers (2^15 lanes), and the alignment compares a chunk's BT * K pairs with each
-    other (at most 128 of them)."""
+    """BT: tokens per routing program. Its histogram compares BT * K_PAD ids with E_PAD bins as 64-bit
+    lanes, at most 2^13 of them (64 per thread at 4 warps; at 2^15, DeepSeek-V3's 256 experts and top-8
+    needed 512 registers per thread and did not compile for a GPU), and the alignment compares a chunk's
+    BT * K pairs with each other (at most 128 of them). Small chunks cost nothing extra: the alignment's
+    launches read each chunk's histogram a fixed number of times."""
     k_pad = tessera.next_power_of_2(top_k)
     lanes = tessera.next_power_of_2(num_experts) * k_pad
-    return max(1, min(128 // k_pad, (1 << 15) // lanes))
+    return max(1, min(128 // k_pad, (1 << 13) // lanes))
 
 
 def _check(logits, bias, top_k, scoring, n_group, topk_group) -> None:
