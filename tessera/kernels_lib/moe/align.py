@@ -42,6 +42,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from .common import check_device, kernel_arg
 from .routing import tokens_per_program
@@ -166,10 +167,9 @@ def _check(ids: torch.Tensor, num_experts: int, block_m: int, counts, chunk_coun
     check_device("moe_align", ids, counts=counts, chunk_counts=chunk_counts)
 
 
-@torch.library.custom_op("tessera::moe_align", mutates_args=())
-def align_op(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
-             chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.moe_align`: see `align`."""
+def _align(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
+           chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.moe_align`: see `align`."""
     _check(ids, num_experts, block_m, counts, chunk_counts)
     T, K = ids.shape
     numel, E, device = ids.numel(), num_experts, ids.device
@@ -198,6 +198,9 @@ def align_op(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional
     return sorted_ids, block_expert, offsets
 
 
+align_op = torch.library.custom_op("tessera::moe_align", _align, mutates_args=())
+
+
 @align_op.register_fake
 def _align_fake(ids, num_experts, block_m, counts=None, chunk_counts=None):
     _check(ids, num_experts, block_m, counts, chunk_counts)
@@ -217,6 +220,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[to
     offsets[e] the first row of expert e and offsets[num_experts] the rows
     in use. Pairs of one expert keep their order. `counts` and
     `chunk_counts` are `route`'s; without them one more launch counts.
-    This is the op `torch.ops.tessera.moe_align`.
+    This is the op `torch.ops.tessera.moe_align`, called directly where
+    nothing observes the dispatch (`tessera.torch.unobserved`).
     """
-    return align_op(ids, num_experts, block_m, counts, chunk_counts)
+    op = _align if tessera.torch.unobserved(ids, counts, chunk_counts) else align_op
+    return op(ids, num_experts, block_m, counts, chunk_counts)
