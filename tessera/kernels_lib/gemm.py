@@ -110,7 +110,8 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
-@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device)
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device,
+                  model=gemm_configs.predicted)
 @tessera.kernel
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
@@ -139,7 +140,7 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
 # float32 inputs and the alpha / bias epilogue), exp2 and division approximate (the gelu / silu
 # epilogues). `_fast_math_allows` says when the op runs it; `gemm_kernel` stays exact.
 gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
-                                    prune=gemm_configs.prune_for_device)(
+                                    prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
     tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
 
 
@@ -355,12 +356,20 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
             gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
                                      HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
-        num_sms = _num_sms(a.get_device())
-        kernel = gemm_kernel_fast if _fast_math_allows(out_dtype, activation) else gemm_kernel
-        kernel[lambda meta: _grid(M, N, meta, num_sms)](
-            *args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
-            ACTIVATION=activation)
+        fast = _fast_math_allows(out_dtype, activation) and not tessera.capturing()
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, _num_sms(a.get_device()),
+                     HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
+                     ACTIVATION=activation)
     return c
+
+
+def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, **constexprs) -> None:
+    """Launch an autotuned GEMM kernel (`gemm_kernel*`, `gemm_fused_kernel`) over C's M x N tiles, declaring
+    that it writes all of `c`: inside `tessera.fusion()` it is then recorded with a tuned or predicted config
+    (`predicted_config`) and elementwise consumers of C become its epilogue. In a capture the op launches the
+    exact kernel, not the fast-math one, since a consumer fused into it must keep its own numerics."""
+    with tessera.writes_whole(c):
+        kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
 
 
 @gemm_op.register_fake

@@ -31,7 +31,9 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided
+import tessera
+
+from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided, launch_tuned
 from .gemm_fused import gemm_fused_kernel
 from .hooks import (
     TensorOperand, blamed_on, call_error, hook_params, matrix_operand,
@@ -165,7 +167,7 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
+        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored
+            gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
     else:
-        num_sms = _num_sms(a.get_device())
-        gemm_fused_kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+        launch_tuned(gemm_fused_kernel, args, c, M, N, _num_sms(a.get_device()), **constexprs)
