@@ -5,10 +5,11 @@ host arrays run it on the CPU tile interpreter (as do GPU tensors under
 `TESSERA_INTERPRET=1`, copied in and back); GPU tensors compile it for the
 device and launch it on the caller's stream. Its binary is kept in memory
 per (target, warp count) and on disk (`BinaryCache`) under a key made of
-the function's printed IR in place of a kernel's source: the IR is all a
-fused function is (the constexprs, dtypes and divisibility facts of the
-launches it came from are in it), so a second process, or a new capture of
-the same launches, loads the binary instead of compiling it.
+the function's printed IR, with source locations (debug builds print them),
+in place of a kernel's source: the IR is all a fused function is (the
+constexprs, dtypes and divisibility facts of the launches it came from are
+in it), so a second process, or a new capture of the same launches, loads
+the binary instead of compiling it.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ class FusedKernel:
     def __init__(self, fn: Function):
         self.fn = fn
         self.launchers: dict[tuple, Any] = {}
-        self.ir_hash = hashlib.sha256(print_module(Module([fn])).encode()).hexdigest()
+        self.ir_hash = hashlib.sha256(print_module(Module([fn]), locations=True).encode()).hexdigest()
 
     @property
     def name(self) -> str:

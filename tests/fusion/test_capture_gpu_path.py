@@ -169,3 +169,10 @@ def test_the_captured_fused_gemm_compiles_for_each_target(gpu, target):
     else:
         assert entry.metadata["spill_stores"] == 0
         assert ("wgmma" if target == "sm_90a" else "mma.sync") in entry.ptx
+
+
+def test_the_gemm_model_weighs_padding_and_waves_and_prefers_larger_tiles_among_equals():
+    from tessera.kernels_lib.gemm_configs import COMMON, predicted
+    assert predicted(COMMON, {"M": 4096, "N": 4096}) == COMMON[0]       # 128 x 128: as few waves, more reuse
+    assert predicted(COMMON, {"M": 200, "N": 144}).kwargs["BM"] == 64   # 12 small tiles in one wave
+    assert predicted(COMMON, {"M": 32768, "N": 64}) == COMMON[1]        # tall: 128 x 64, no padded columns
