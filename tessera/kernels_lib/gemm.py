@@ -284,7 +284,9 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     Fused user functions (`gemm_fusion.py`): `epilogue=fn, epilogue_args=(...)`
     (and `epilogue_outputs=`) on the float32 accumulator, `prologue_a=` /
     `prologue_b=` (with `_args`) on the operand blocks as they load, and
-    `gather_a=` row indices; each fn a `@tessera.func` compiled into the kernel.
+    `gather_a=` row indices; each fn a `@tessera.func` compiled into the kernel;
+    `epilogue_reference=` (the epilogue in torch) gives it autograd. This path
+    is not the custom op: torch.compile breaks the graph at it.
     """
     if hooks:
         return _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks)
