@@ -176,3 +176,17 @@ def test_the_gemm_model_weighs_padding_and_waves_and_prefers_larger_tiles_among_
     assert predicted(COMMON, {"M": 4096, "N": 4096}) == COMMON[0]       # 128 x 128: as few waves, more reuse
     assert predicted(COMMON, {"M": 200, "N": 144}).kwargs["BM"] == 64   # 12 small tiles in one wave
     assert predicted(COMMON, {"M": 32768, "N": 64}) == COMMON[1]        # tall: 128 x 64, no padded columns
+
+
+def test_q_k_and_v_projections_on_gpu_memory_run_as_one_launch(gpu):
+    bufs = buffers()
+    a = bufs["a"]
+    weights = [DeviceBuffer(bufs["b"].host.copy(), BASE + (8 + i) * (1 << 20)) for i in range(3)]
+    outs = [DeviceBuffer(np.zeros((M, N), np.float32), BASE + (12 + i) * (1 << 20)) for i in range(3)]
+    with tessera.fusion() as f:
+        for w, c in zip(weights, outs):
+            launch_tuned(gemm_kernel, (a, w, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132,
+                         HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    assert f.ran == ["gemm_kernel+gemm_kernel+gemm_kernel"]
+    assert "horizontal gemm_kernel | gemm_kernel | gemm_kernel: fused (3 launches -> 1, grid 36)" in f.report()
+    assert [launch[2] for launch in gpu.launches()] == [(36, 1, 1)]
