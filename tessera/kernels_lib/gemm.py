@@ -247,7 +247,7 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
 
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
     """One program per tile, or per SM (at most one per tile) for persistent configs."""
-    num_tiles = tessera.cdiv(M, meta["BM"]) * tessera.cdiv(N, meta["BN"])
+    num_tiles = -(-M // meta["BM"]) * -(-N // meta["BN"])         # ceiling divisions, on every launch
     return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
 
 
