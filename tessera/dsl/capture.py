@@ -41,7 +41,7 @@ from typing import Any, Optional
 from ..passes.fusion import Decision, Launch, fuse_launches
 from ..passes.fusion.accesses import Keys, accesses
 from .arguments import DeviceArray, TypedArray, _device_array
-from .fast_launch import launches_recorded
+from .fast_launch import launches_recorded, recorder
 from .fused_kernel import FusedKernel
 
 LAUNCH_OPTIONS = ("num_warps", "stream")
@@ -279,9 +279,8 @@ def fusion(horizontal: bool = True) -> Fusion:
 
 def capturing() -> bool:
     """Whether `tessera.fusion()` is recording launches here: a library op may then pick the kernel variant
-    its consumers can be fused into (the GEMM's exact kernel rather than its fast-math one)."""
-    from .fast_launch import recorder
-
+    its consumers can be fused into (the GEMM's exact kernel rather than its fast-math one). Cheap (a context
+    variable read): library ops ask on every launch."""
     return isinstance(getattr(recorder(), "__self__", None), Fusion)
 
 
@@ -292,8 +291,6 @@ def writes_whole(*arrays):
     """Declare that the kernels launched inside write every element of `arrays` (what a library op knows of
     its output and the IR cannot show, e.g. a GEMM's tile order): a capture may then fuse an elementwise
     consumer into them. Outside `tessera.fusion()` it does nothing."""
-    from .fast_launch import recorder
-
     capture = getattr(recorder(), "__self__", None)
     if not isinstance(capture, Fusion):
         yield

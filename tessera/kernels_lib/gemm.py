@@ -366,19 +366,24 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
             gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
                                      HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
     else:
-        fast = _fast_math_allows(out_dtype, activation) and not tessera.capturing()
-        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, _num_sms(a.get_device()),
+        capturing = tessera.capturing()
+        fast = _fast_math_allows(out_dtype, activation) and not capturing
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, _num_sms(a.get_device()), capturing,
                      HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
                      ACTIVATION=activation)
     return c
 
 
-def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, **constexprs) -> None:
-    """Launch an autotuned GEMM kernel (`gemm_kernel*`, `gemm_fused_kernel`) over C's M x N tiles, declaring
-    that it writes all of `c`: inside `tessera.fusion()` it is then recorded with a tuned or predicted config
-    (`predicted_config`) and elementwise consumers of C become its epilogue. In a capture the op launches the
-    exact kernel, not the fast-math one, since a consumer fused into it must keep its own numerics."""
-    with tessera.writes_whole(c):
+def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:
+    """Launch an autotuned GEMM kernel (`gemm_kernel*`, `gemm_fused_kernel`) over C's M x N tiles. `capturing`
+    (`tessera.capturing()`): inside `tessera.fusion()` the launch declares that it writes all of `c`, is recorded
+    with a tuned or predicted config (`predicted_config`), and elementwise consumers of C become its epilogue;
+    the op then passes the exact kernel, not the fast-math one, since a consumer fused into it keeps its own
+    numerics. Outside a capture nothing is declared (the context manager would cost the launch ~3 µs)."""
+    if capturing:
+        with tessera.writes_whole(c):
+            kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+    else:
         kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
 
 

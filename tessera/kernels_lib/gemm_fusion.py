@@ -187,4 +187,4 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored
             gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
     else:
-        launch_tuned(gemm_fused_kernel, args, c, M, N, _num_sms(a.get_device()), **constexprs)
+        launch_tuned(gemm_fused_kernel, args, c, M, N, _num_sms(a.get_device()), tessera.capturing(), **constexprs)

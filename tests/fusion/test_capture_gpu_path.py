@@ -52,7 +52,7 @@ def capture_gemm_bias_gelu(bufs):
     """gemm(a, b) as the library launches it on the GPU, then bias_gelu on its output, captured."""
     a, b, c, bias, out = (bufs[n] for n in ("a", "b", "c", "bias", "out"))
     with tessera.fusion() as f:
-        launch_tuned(gemm_kernel, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132,
+        launch_tuned(gemm_kernel, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
                      HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
         k.bias_gelu[(tessera.cdiv(M * N, 512),)](c, bias, out, M * N, N, BLOCK=512)
         f.intermediate(c)
@@ -116,7 +116,7 @@ def test_the_exact_gemm_is_captured_since_a_fast_math_producer_refuses_its_consu
     bufs = buffers()
     a, b, c, bias, out = (bufs[n] for n in ("a", "b", "c", "bias", "out"))
     with tessera.fusion() as f:
-        launch_tuned(gemm_kernel_fast, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132,
+        launch_tuned(gemm_kernel_fast, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
                      HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
         k.bias_gelu[(tessera.cdiv(M * N, 512),)](c, bias, out, M * N, N, BLOCK=512)
     assert len(f.ran) == 2 and "numerics options differ (fast_math)" in f.report()
@@ -185,7 +185,7 @@ def test_q_k_and_v_projections_on_gpu_memory_run_as_one_launch(gpu):
     outs = [DeviceBuffer(np.zeros((M, N), np.float32), BASE + (12 + i) * (1 << 20)) for i in range(3)]
     with tessera.fusion() as f:
         for w, c in zip(weights, outs):
-            launch_tuned(gemm_kernel, (a, w, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132,
+            launch_tuned(gemm_kernel, (a, w, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
                          HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
     assert f.ran == ["gemm_kernel+gemm_kernel+gemm_kernel"]
     assert "horizontal gemm_kernel | gemm_kernel | gemm_kernel: fused (3 launches -> 1, grid 36)" in f.report()
