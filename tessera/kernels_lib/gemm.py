@@ -52,6 +52,7 @@ import torch
 import tessera
 
 from . import gemm_configs
+from .hooks import outside_graphs
 
 ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
@@ -296,17 +297,11 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
                    trans_b=trans_b, alpha=alpha)
 
 
-HOOKS_OUTSIDE_GRAPHS = ("tessera::gemm with fused functions (epilogue=, prologue_a=, prologue_b=, gather_a=) runs "
-                        "outside torch.compile's graph: a Python function cannot be a torch op's argument. Without "
-                        "fullgraph=True the graph breaks here and the GEMM runs eagerly; to keep one graph, wrap the "
-                        "call, with its hooks fixed, in your own @tessera.torch.op")
-
-
-@torch.compiler.disable(reason=HOOKS_OUTSIDE_GRAPHS)
+@outside_graphs("tessera::gemm", "epilogue=, prologue_a=, prologue_b=, gather_a=")
 def _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks):
     """The GEMM with user functions fused in (`gemm_fusion.fused_gemm`); the fixed epilogue's arguments are
     refused there, since the user's epilogue says what to do with the accumulator. torch.compile does not trace
-    it (`HOOKS_OUTSIDE_GRAPHS`): a clean graph break rather than Dynamo failing inside the hook machinery."""
+    it (`hooks.outside_graphs`): a clean graph break rather than Dynamo failing inside the hook machinery."""
     from .gemm_fusion import HOOK_ARGUMENTS, fused_gemm
 
     unknown = sorted(set(hooks) - set(HOOK_ARGUMENTS))
