@@ -130,7 +130,8 @@ class Fusion:
         args, kwargs = tuple(_alias(a) for a in args), {k: _alias(v) for k, v in kwargs.items()}
         if hasattr(kernel, "predicted_config"):          # autotuned: a config found without timing (its inputs
             config, how = kernel.predicted_config(*args, **kwargs)       # are not computed yet), then a launch
-            self._note(f"{kernel.name}: autotuned; launched with the {how} config ({config})")
+            hint = "; launch it once outside the capture to tune it" if how == "model" else ""
+            self._note(f"{kernel.name}: autotuned; launched with the {how} config ({config}){hint}")
             kernel, kwargs = kernel.kernel, {**kwargs, **config.as_dict()}
         if not hasattr(kernel, "_bind"):                 # something else that launches: run as it is
             return Record(kernel, grid, args, kwargs)
