@@ -285,8 +285,6 @@ def capturing() -> bool:
     return isinstance(getattr(recorder(), "__self__", None), Fusion)
 
 
-
-
 @contextlib.contextmanager
 def writes_whole(*arrays):
     """Declare that the kernels launched inside write every element of `arrays` (what a library op knows of
