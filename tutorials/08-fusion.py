@@ -13,7 +13,8 @@ registers. Tessera fuses at two levels:
    shape is a `tessera.CompileError` pointing at your code. The fused kernel
    has no derivative of its own: to train through it, pass
    `epilogue_reference=`, the same function in torch, and the backward
-   differentiates that (without one, a gradient is an error naming this fix).
+   differentiates that (without one, a gradient is an error naming this fix;
+   `tessera.kernels_lib.epilogues` has common epilogues that carry theirs).
    Under `torch.compile` the hooked GEMM is a clean graph break.
 2. **Across your kernels.** Inside `with tessera.fusion() as f:` launches are
    recorded, not run. When the block ends, the fusion pass proves from the

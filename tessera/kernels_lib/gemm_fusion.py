@@ -20,8 +20,9 @@ tensor in out_dtype (default: a's dtype).
 This path calls the kernel directly rather than through a torch custom op
 (a schema cannot carry a Python function). Autograd: with
 `epilogue_reference=` (a torch function computing what the epilogue
-computes) the result differentiates through it (`gemm_fusion_grad.py`);
-without one, inputs that require gradients are an error naming the fix.
+computes), or an epilogue from `epilogues.py` (which carry theirs), the
+result differentiates through it (`gemm_fusion_grad.py`); without one,
+inputs that require gradients are an error naming the fix.
 torch.compile breaks the graph at the call (`gemm` is
 `torch.compiler.disable`d on this path) and runs it eagerly; under
 `fullgraph=True` that break is torch's error naming this reason.
@@ -39,6 +40,7 @@ import torch
 import tessera
 
 from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided, launch_tuned
+from .epilogues import reference_of
 from .gemm_fused import gemm_fused_kernel
 from .gemm_fusion_grad import differentiable, needs_grad, refuse_unsupported
 from .hooks import (
@@ -105,6 +107,7 @@ def fused_gemm(a: torch.Tensor, b: torch.Tensor, *, epilogue=None, epilogue_args
     if epilogue_reference is not None and epilogue is None:
         raise call_error(OP, "epilogue_reference is given without the epilogue it stands for; pass epilogue=fn")
     if needs_grad(a, b, *epilogue_args, *prologue_a_args, *prologue_b_args):
+        epilogue_reference = epilogue_reference or reference_of(epilogue)
         refuse_unsupported(epilogue_reference, prologue_a is not None or prologue_b is not None,
                            gather_a is not None, bool(outputs))
         names = hook_params(OP, "epilogue", epilogue, INDEX_NAMES, len(epilogue_args)).names

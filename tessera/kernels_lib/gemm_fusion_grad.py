@@ -1,11 +1,12 @@
 """Gradients of `gemm(a, b, epilogue=fn, ...)`, through a torch reference of the epilogue.
 
 The fused kernel cannot be differentiated (its epilogue is tile IR compiled
-into it), so a GEMM with a fused epilogue records autograd only when the
-caller passes `epilogue_reference=`: a torch function computing what the
-epilogue computes, called like it (the float32 accumulator, the operands
-in the epilogue's order, and `rows` / `cols` as int32 (M, 1) / (1, N)
-index tensors where the epilogue takes them). The forward is the fused
+into it), so a GEMM with a fused epilogue records autograd only through a
+torch reference: `epilogue_reference=`, or the known one of an epilogue
+from `epilogues.py`. A reference computes what the epilogue computes and
+is called like it (the float32 accumulator, the operands in the
+epilogue's order, and `rows` / `cols` as int32 (M, 1) / (1, N) index
+tensors where the epilogue takes them). The forward is the fused
 kernel; the backward recomputes the float32 accumulator op(a) @ op(b) with
 torch, differentiates the reference at it (torch.autograd.grad, which also
 reduces broadcast operands such as a bias to their shape) and turns the
@@ -44,7 +45,8 @@ def refuse_unsupported(reference, prologues: bool, gather: bool, outputs: bool) 
     if reference is None:
         raise call_error(OP, "the inputs require gradients, and the fused epilogue (tile IR in the kernel) cannot "
                              "be differentiated by itself: pass epilogue_reference=fn, a torch function computing "
-                             f"the same as the epilogue from the float32 accumulator and the same operands, or {fix}")
+                             "the same as the epilogue from the float32 accumulator and the same operands (or use "
+                             f"an epilogue of tessera.kernels_lib.epilogues, which carry theirs), or {fix}")
     if not callable(reference):
         raise call_error(OP, f"epilogue_reference must be a torch function, got {type(reference).__name__}")
 

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
-from tessera.kernels_lib import gemm  # noqa: E402
+from tessera.kernels_lib import epilogues, gemm  # noqa: E402
 
 import fusion_hooks as hooks  # noqa: E402
 
@@ -121,3 +121,20 @@ def test_torch_compile_trains_through_the_reference():
     eager = torch.autograd.grad(torch_bias_gelu_residual(a @ b, bias, residual).square().sum(), (a, bias))
     for got, want in zip(compiled, eager):
         torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(e.__name__ for e in epilogues.REFERENCES))
+def test_the_library_epilogues_match_their_references_and_train_without_one_given(name):
+    epilogue = getattr(epilogues, name)
+    reference = epilogues.REFERENCES[epilogue]
+    a, b, bias, residual = inputs(19, 24, 16, seed=5)
+    args = {"bias": (bias,), "bias_gelu_residual": (bias, residual), "scale_bias_residual": (0.5, bias, residual)}
+    args = args.get(name, (bias,))
+    out = gemm(a, b, epilogue=epilogue, epilogue_args=args)     # no epilogue_reference: the library knows it
+    expected = reference(a @ b, *args)
+    torch.testing.assert_close(out, expected, rtol=1e-4, atol=1e-4)
+    tensors = [a, b, *(x for x in args if isinstance(x, torch.Tensor))]
+    got = torch.autograd.grad(out.square().sum(), tensors)
+    want = torch.autograd.grad(expected.square().sum(), tensors)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w, rtol=1e-4, atol=1e-4)
