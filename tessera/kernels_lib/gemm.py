@@ -50,6 +50,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from . import gemm_configs
 from .hooks import outside_graphs
@@ -277,7 +278,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     the inputs' dtype, bfloat16 for fp8 inputs).
 
     This is the op `torch.ops.tessera.gemm`. Where nothing would see the op
-    being dispatched (`_unobserved`: plain CUDA tensors, no gradient to
+    being dispatched (`tessera.torch.unobserved`: plain CUDA tensors, no gradient to
     record, no torch.compile, tracing, vmap or torch function/dispatch mode)
     it runs the CUDA implementation directly, as the dispatcher would, but
     without its ~9 µs of Python; otherwise it dispatches.
@@ -291,7 +292,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     """
     if hooks:
         return _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks)
-    if _unobserved(a, b, bias, scale_a, scale_b):
+    if tessera.torch.unobserved(a, b, bias, scale_a, scale_b):
         return _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha)
     return gemm_op(a, b, bias, scale_a, scale_b, activation=activation, out_dtype=out_dtype, trans_a=trans_a,
                    trans_b=trans_b, alpha=alpha)
@@ -315,24 +316,6 @@ def _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, tr
                          f"{'them' if len(given) > 1 else 'it'} in the epilogue instead (pass tensors as "
                          f"epilogue_args)")
     return fused_gemm(a, b, out_dtype=out_dtype, trans_a=trans_a, trans_b=trans_b, **hooks)
-
-
-def _unobserved(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether dispatching `tessera::gemm` on these tensors would only call its CUDA implementation."""
-    if not _nothing_watches():
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad)):
-            return False
-    return True
-
-
-def _nothing_watches() -> bool:
-    """No torch.compile, JIT tracing, vmap/grad transform, or torch function / dispatch mode is active."""
-    C = torch._C
-    return not (torch.compiler.is_compiling() or C._is_torch_function_mode_enabled()
-                or C._len_torch_dispatch_stack() or C._are_functorch_transforms_active() or C._get_tracing_state())
 
 
 @functools.lru_cache(maxsize=None)
