@@ -36,6 +36,7 @@ import tessera
 
 from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
 from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
+from .hooks import outside_graphs
 from .attention_fwd import LOG2E, attention_fwd_kernel
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -375,14 +376,22 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     differentiable; `deterministic` makes the backward pass sum dQ in a
     fixed order (a pass of its own instead of atomics). `score_mod=fn` and
     `epilogue=fn` (with their `_args`) fuse @tessera.func functions into the
-    forward kernel (`attention_fusion.py`; forward only, outside the op).
+    forward kernel (`attention_fusion.py`; forward only, outside the op:
+    torch.compile breaks the graph at such a call).
     """
     left, right = window_bounds(causal, window)
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check(q, k, v, 4, "attention")
         problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, left, right, softcap, scale)
-        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
+        return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
     return attention_op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
+
+
+@outside_graphs("tessera::attention", "score_mod=, epilogue=")
+def _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args):
+    """The forward kernel with the user's functions fused in; torch.compile breaks the graph here
+    (`hooks.outside_graphs`)."""
+    return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -403,6 +412,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
         problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,
                              right, softcap, scale)
-        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
+        return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
     return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
                                left, right, float(softcap), scale, deterministic)
