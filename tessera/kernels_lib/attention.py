@@ -33,6 +33,7 @@ from typing import Optional, Union
 import torch
 
 import tessera
+import tessera.torch
 
 from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
 from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
@@ -277,14 +278,16 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
 # ---------------------------------------------------------------------------
 # The ops
 
-@torch.library.custom_op("tessera::attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window_left: int = -1,
-                 window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
-                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.attention`: see `attention`."""
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window_left: int = -1,
+               window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
+               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention`: see `attention`."""
     _check(q, k, v, 4, "attention")
     problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, window_left, window_right, softcap, scale)
     return _forward(q, k, v, problem)
+
+
+attention_op = torch.library.custom_op("tessera::attention", _attention, mutates_args=())
 
 
 @attention_op.register_fake
@@ -295,16 +298,18 @@ def _attention_fake(q, k, v, causal=False, window_left=-1, window_right=-1, soft
     return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-@torch.library.custom_op("tessera::attention_varlen", mutates_args=())
-def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                        scale: Optional[float] = None, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.attention_varlen`: see `attention_varlen`."""
+def _attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                      window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                      scale: Optional[float] = None, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention_varlen`: see `attention_varlen`."""
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
                          window_right, softcap, scale)
     return _forward(q, k, v, problem)
+
+
+attention_varlen_op = torch.library.custom_op("tessera::attention_varlen", _attention_varlen, mutates_args=())
 
 
 @attention_varlen_op.register_fake
@@ -377,14 +382,17 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     fixed order (a pass of its own instead of atomics). `score_mod=fn` and
     `epilogue=fn` (with their `_args`) fuse @tessera.func functions into the
     forward kernel (`attention_fusion.py`; forward only, outside the op:
-    torch.compile breaks the graph at such a call).
+    torch.compile breaks the graph at such a call). Without them this is the
+    op `torch.ops.tessera.attention`, called directly where nothing observes
+    the dispatch (`tessera.torch.unobserved`).
     """
     left, right = window_bounds(causal, window)
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check(q, k, v, 4, "attention")
         problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, left, right, softcap, scale)
         return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
-    return attention_op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
+    op = _attention if tessera.torch.unobserved(q, k, v) else attention_op
+    return op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
 
 
 @outside_graphs("tessera::attention", "score_mod=, epilogue=")
@@ -413,5 +421,6 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,
                              right, softcap, scale)
         return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
-    return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                               left, right, float(softcap), scale, deterministic)
+    op = _attention_varlen if tessera.torch.unobserved(q, k, v, cu_seqlens_q, cu_seqlens_k) else attention_varlen_op
+    return op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left, right,
+              float(softcap), scale, deterministic)
