@@ -26,7 +26,8 @@ LLVM or ptxas itself is a compiler bug: a `CompileError` that says so.
 A `tessera.pipeline` loop that gets less than it asked for (fewer stages,
 no async copies, no TMA, no warp specialization) is a `PipelineWarning` at
 the loop's line, or a `CompileError` in strict mode (`TESSERA_STRICT=1` or
-`strict=True`). Device-side `print` and `assert` are compiled in debug
+`strict=True`); so, in strict mode only, is a plain `range` loop feeding a
+dot that the compiler could not pipeline on its own. Device-side `print` and `assert` are compiled in debug
 builds only (`TESSERA_DEBUG=1` or `debug=True`; vprintf and a trap on
 NVIDIA, a trap for assert on AMD), and dropped otherwise.
 """
@@ -46,7 +47,7 @@ from ..ir.printer import print_module
 from ..ir.target import get_target
 from ..ir.tensor_map import kernel_recipes
 from ..backends.llvm.errors import BackendError, CodegenError
-from ..passes.errors import LoweringError, PipelineWarning
+from ..passes.errors import LoweringError, PipelineWarning, UnpipelinedLoopWarning
 from ..passes.manager import PassManager
 from ..passes.tile_passes import default_tile_passes
 from ..passes.thread_passes import lower
@@ -174,11 +175,14 @@ def dump_interpreted(module: Module) -> None:
 
 def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:
     """Each PipelineWarning of the lowering at the user's source line: shown as a warning, or raised as a
-    CompileError in strict mode. Other warnings pass on as they were."""
+    CompileError in strict mode (an UnpipelinedLoopWarning, about a loop nobody asked to pipeline, only then).
+    Other warnings pass on as they were."""
     for record in caught:
         warning = record.message
         if not isinstance(warning, PipelineWarning):
             warnings.warn_explicit(warning, record.category, record.filename, record.lineno)
+            continue
+        if isinstance(warning, UnpipelinedLoopWarning) and not strict:
             continue
         if strict:
             raise _located(f"{warning.message} (an error in strict mode: ${STRICT_ENV} or strict=True)",

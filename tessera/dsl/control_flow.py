@@ -11,6 +11,9 @@
 * `for i in tessera.pipeline(a, b, c, stages=S)` is the same loop with
   `stages = S` on the IR `for` (S a compile-time int >= 1; a pipelined loop
   cannot `break`): the lowering may software-pipeline its copies S deep;
+  `stages = 1` says "plain", where a `range` loop, with no `stages`, is
+  pipelined by the compiler when it feeds a dot and may be
+  (`passes/schedule/auto_pipeline.py`);
   `warp_specialize=True` adds `warp_specialize = true` (a producer
   warpgroup fills the ring on sm_90/sm_90a).
 * `while C:` emits an IR `while` whose condition region evaluates C again
@@ -95,7 +98,7 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
     iterable = node.iter
     func = gen.visit(iterable.func) if isinstance(iterable, ast.Call) else None
     if func is range or func is pipeline:
-        stages, specialize = pipeline_options(gen, iterable) if func is pipeline else (1, False)
+        stages, specialize = pipeline_options(gen, iterable) if func is pipeline else (None, False)
         bounds = range_bounds(gen, iterable, "tessera.pipeline" if func is pipeline else "range")
         if not isinstance(node.target, ast.Name):
             gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
@@ -182,7 +185,7 @@ def as_index(gen: "Tracer", value: Any, index: ScalarType) -> Tensor:
 
 
 def runtime_for(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
-                stages: int = 1, warp_specialize: bool = False) -> None:
+                stages: int | None = None, warp_specialize: bool = False) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
@@ -206,9 +209,10 @@ def runtime_for(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step:
     unsettled(gen, carried)
 
 
-def _loop_attrs(stages: int, warp_specialize: bool) -> dict | None:
-    """The IR `for`'s attributes: `stages` when pipelined, `warp_specialize = true` when asked for."""
-    attrs = ({"stages": stages} if stages > 1 else {}) | ({"warp_specialize": True} if warp_specialize else {})
+def _loop_attrs(stages: int | None, warp_specialize: bool) -> dict | None:
+    """The IR `for`'s attributes: `stages` when given by tessera.pipeline (1: kept plain; None, a `range`
+    loop: the compiler's choice), `warp_specialize = true` when asked for."""
+    attrs = ({"stages": stages} if stages is not None else {}) | ({"warp_specialize": True} if warp_specialize else {})
     return attrs or None
 
 

@@ -653,8 +653,9 @@ def _check_condition(op):
     require(op.operands and op.operands[0].type == ScalarType(dt.bool_), "condition's first operand must be a bool scalar")
 
 
-define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1, "
-       "default 1): how deep the lowering may software-pipeline the body's global -> shared copies; "
+define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1; "
+       "1: a plain loop; absent: the lowering's choice, pipelined when it feeds a dot and may be): how deep the "
+       "lowering may software-pipeline the body's global -> shared copies; "
        "`warp_specialize`: a producer warpgroup makes those copies (TMA targets).", (3, -1),
        optional_attrs={"stages": "int", "warp_specialize": "bool"}, regions=1, check=_check_for, pure=False)
 define("if", "Run the then or else region; results are what the taken region yields. `producer_joins_at` "

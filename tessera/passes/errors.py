@@ -10,7 +10,10 @@ frontend turns it into a `CompileError` like the IR's own errors.
 `PipelineWarning` says that a valid program was compiled with less than it
 asked for: a `tessera.pipeline` loop with fewer stages, without async
 copies, TMA or warp specialization. The compile driver shows it at the
-loop's source line, or raises it as a `CompileError` in strict mode.
+loop's source line, or raises it as a `CompileError` in strict mode. Its
+kind `UnpipelinedLoopWarning` says that a plain loop feeding a dot, which
+the compiler pipelines on its own where it may, was not: shown (as an
+error) in strict mode only, since nobody asked for the pipeline.
 """
 
 from __future__ import annotations
@@ -45,3 +48,8 @@ class PipelineWarning(UserWarning):
         super().__init__(message)
         self.message = message
         self.loc = loc
+
+
+class UnpipelinedLoopWarning(PipelineWarning):
+    """A plain loop feeding a tensor-core dot is not (fully) software-pipelined; the message says why and how to
+    opt out. Only strict mode shows it (`schedule/auto_pipeline.py`)."""

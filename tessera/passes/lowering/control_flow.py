@@ -7,8 +7,9 @@ where they differ. Conditions and bounds are scalars, the same in every
 thread, so all threads take the same path and barriers inside regions are
 safe.
 
-A `for` is scheduled by `passes/schedule/loops.py`: software-pipelined,
-warp-specialized, or, as here, a plain loop (`lower_plain_for`).
+Loops are scheduled by `passes/schedule/loops.py`: a `for` software-pipelined,
+warp-specialized, or, as here, a plain loop (`lower_plain_for`); a `while`
+as here (`lower_while`), after it says in strict mode why it is not pipelined.
 """
 
 from __future__ import annotations
@@ -66,8 +67,8 @@ def _if(ctx, op):
     define_results(ctx, op, new)
 
 
-@lowering("while")
-def _while(ctx, op):
+def lower_while(ctx, op) -> None:
+    """A `while` as the same loop over threads' registers."""
     operands = _terminator_values(ctx, op)
     blocks = []
     for region in op.regions:

@@ -1,7 +1,10 @@
-"""The schedule of each `for` loop: warp-specialized, software-pipelined, or plain.
+"""The schedule of each loop: warp-specialized, software-pipelined, or plain.
 
 Input: a tile-IR `for` and its attributes, `stages = S` (from
-`tessera.pipeline(..., stages=S)`) and `warp_specialize`. A loop with
+`tessera.pipeline(..., stages=S)`; absent on a `range` loop, which
+`auto_pipeline.py` pipelines on its own where that is safe and the loop
+feeds a dot, and where not says why in strict mode; `while` loops are never
+pipelined, and say so the same way) and `warp_specialize`. A loop with
 `warp_specialize` gets a producer warpgroup filling its rings by TMA
 (`warp_specialization.py`; where it cannot, a warning says why and the
 loop is scheduled as if it had not asked); a loop with
@@ -19,8 +22,9 @@ from __future__ import annotations
 from tessera.ir.core import Operation
 
 from ..lowering import lowering
-from ..lowering.control_flow import lower_plain_for
+from ..lowering.control_flow import lower_plain_for, lower_while
 from ..lowering.invariant_operands import stage_invariant_operands
+from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
@@ -30,6 +34,13 @@ from .warp_specialization import lower_warp_specialized_for, warp_specialization
 @lowering("for")
 def _for(ctx, op):
     stage_invariant_operands(ctx, op)
+    if "stages" not in op.attrs and not op.attrs.get("warp_specialize"):
+        plan = auto_plan(ctx, op)
+        if plan is not None:
+            lower_pipelined_for(ctx, op, plan)
+        else:
+            lower_plain_for(ctx, op)
+        return
     stages = op.attrs.get("stages", 1)
     if op.attrs.get("warp_specialize"):
         refusal = warp_specialization_refusal(ctx, op)
@@ -49,6 +60,12 @@ def _for(ctx, op):
             lower_pipelined_for(ctx, op, plan)
             return
     lower_plain_for(ctx, op)
+
+
+@lowering("while")
+def _while(ctx, op):
+    while_refusal(ctx, op)
+    lower_while(ctx, op)
 
 
 def report_partial_plan(ctx, op: Operation, plan: PipelinePlan, why: list[str]) -> None:

@@ -188,11 +188,12 @@ class PipelinePlan:
 # (other buffers live during the loop are not counted: should they not fit,
 # the allocator reports it); below 2 stages nothing is pipelined.
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
-                  why: list[str] | None = None) -> PipelinePlan | None:
+                  why: list[str] | None = None, stages: int | None = None) -> PipelinePlan | None:
     """How `loop` is pipelined on `target` (the conditions are in the comment above); None: a plain loop.
-    `why`, when given, collects why a block load of the body is not pipelined, or the loop is not at all."""
+    `why`, when given, collects why a block load of the body is not pipelined, or the loop is not at all;
+    `stages` stands for the loop's own `stages` (the depth `auto_pipeline.py` picks for a plain loop)."""
     why = [] if why is None else why
-    requested = loop.attrs.get("stages", 1)
+    requested = loop.attrs.get("stages", 1) if stages is None else stages
     if requested < 2:
         return None
     if not (target.has("cp.async") and target.has("ldmatrix")):
