@@ -7,7 +7,11 @@ BK x BN block of B and accumulating their product in float32 with
 need not be multiples of the block sizes: the edges read zeros, which add
 nothing to the sum, and stores past the edge are dropped.
 
-On a GPU `dot` maps to tensor cores; here it runs on the CPU interpreter.
+On a GPU `dot` maps to tensor cores, and the compiler pipelines this plain
+`range` K loop on its own: the next blocks of A and B stream into
+shared-memory ring buffers (cp.async on sm_80, TMA on sm_90a) while this
+one computes (tutorial 04 shows the explicit `tessera.pipeline`). Here it
+runs on the CPU interpreter.
 
     python tutorials/03-matmul.py
 """
