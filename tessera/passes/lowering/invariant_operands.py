@@ -6,8 +6,9 @@ instruction reads in every iteration. `stage_invariant_operands`, called by
 the `for` lowering before it lowers the loop, stores it once instead:
 
 * wgmma (sm_90a) reads shared memory: the operand goes into its K-major
-  tile (`wgmma_dot.store_k_major`), and the wgmmas of every iteration read
-  it there through descriptors;
+  tile, or MN-major for a B whose registers run along N
+  (`wgmma_dot.store_operand`), and the wgmmas of every iteration read it
+  there through descriptors;
 * mma.sync: an operand too large to hold in registers for the whole loop
   (layout assignment left it out of its fragment layout:
   `mma.RESIDENT_OPERAND_REGISTERS`) goes into XOR-swizzled shared memory,
@@ -29,7 +30,7 @@ from tessera.ir.core import Operation, Value
 from ..mma import mma_plan
 from .mma_operands import LdmatrixPlan, ldmatrix_plan, read_fragment, store_swizzled
 from .values import Regs
-from .wgmma_dot import SharedOperand, k_major_tile, store_k_major
+from .wgmma_dot import SharedOperand, store_operand
 
 
 @dataclass(frozen=True)
@@ -55,7 +56,7 @@ def stage_invariant_operands(ctx, loop: Operation) -> None:
             value = op.operands[index]
             if value in ctx.staged or not isinstance(ctx.env.get(value), Regs):
                 continue                    # staged already, or computed in the loop (not lowered yet)
-            staged = _stage(ctx, op, index, want)
+            staged = _stage(ctx, op, index, want, plan.instruction.n)
             if staged is not None:
                 ctx.staged[value] = staged
                 stored.append(staged)
@@ -65,12 +66,11 @@ def stage_invariant_operands(ctx, loop: Operation) -> None:
         ctx.threads.barrier()
 
 
-def _stage(ctx, op: Operation, index: int, want):
-    """Operand `index` of dot `op` stored where its instruction reads it, or None where it stays as it is."""
-    if want is None:                                        # wgmma: a K-major tile
-        regs = ctx.operand(op, index)
-        tile = k_major_tile(op, index, regs.element.dtype.bits // 8)
-        return SharedOperand(store_k_major(ctx, regs, tile, index == 1), tile)
+def _stage(ctx, op: Operation, index: int, want, n: int):
+    """Operand `index` of dot `op` (its instruction's N: `n`) stored where its instruction reads it, or None
+    where it stays as it is."""
+    if want is None:                                        # wgmma: a K-major (or MN-major B) tile
+        return store_operand(ctx, op, index, ctx.operand(op, index), n)
     regs = ctx.lookup(op.operands[index])
     if regs.layout == want or not ctx.target.has("ldmatrix"):
         return None                                         # resident in its fragment (or no ldmatrix)

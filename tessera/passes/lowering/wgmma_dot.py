@@ -8,12 +8,15 @@ warpgroup g (thread digit 128, WM) holds the 64-row slabs rm * WM + g
 Each operand is a tile in shared memory laid out as a `WgmmaTileLayout`
 (`SharedOperand`), from one of two places:
 
-* a register tile: its owners store it (`store_k_major`) K-major,
+* a register tile: its owners store it (`store_operand`) K-major,
       A (M x K)   as it is: row m, col k of an M x K tile
       B (K x N)   transposed: row n, col k of an N x K tile
   swizzled by the widest of 128/64/32 bytes that divides a row's K bytes,
-  the buffer aligned to its swizzle pattern (1024 bytes for 128B); then
-  fence_proxy_async and a barrier;
+  the buffer aligned to its swizzle pattern (1024 bytes for 128B); except
+  a 16-bit B whose registers run along N (a row-major block's load), which
+  is stored as it is, MN-major (row k, col n of a K x N tile, swizzled as a
+  pipelined MN-major slot is) and read with trans_b: wide stores instead of
+  one store per element of a transpose. Then fence_proxy_async and a barrier;
 * a software-pipelined load: its cp.async ring slot (`values.RingOperand`),
   K-major, or MN-major with the wgmma's trans_a / trans_b set; no store, and
   the loop already fenced and published the slot.
@@ -60,8 +63,8 @@ from .values import Regs, RingOperand
 
 
 def store_k_major(ctx, regs: Regs, tile: WgmmaTileLayout, transpose: bool):
-    """Store a 2-D tile (its transpose when `transpose`) into a fresh buffer laid out as the K-major `tile`, by
-    the owners of its elements; no barrier. The buffer."""
+    """Store a 2-D tile (its transpose when `transpose`) into a fresh buffer laid out as `tile` (K-major, or
+    MN-major for a B stored as it is), by the owners of its elements; no barrier. The buffer."""
     layout, dtype = regs.layout, regs.element.dtype
     buf = ctx.smem.alloc(dtype, tile.nbytes // tile.element_bytes, align=tile.alignment)
     rows_w, cols_w = ((0, 1), (1, 0)) if transpose else ((1, 0), (0, 1))
@@ -151,6 +154,22 @@ def k_major_tile(op, index: int, element_bytes: int) -> WgmmaTileLayout:
     return WgmmaTileLayout(n if index else m, k, element_bytes, wgmma_tile_swizzle(k, element_bytes, k))
 
 
+def store_operand(ctx, op, index: int, regs: Regs, n: int) -> SharedOperand:
+    """Store register operand `index` (0: A, 1: B) of dot `op` (its wgmma N: `n`) into a tile wgmma reads, by
+    the owners of its elements (no barrier): K-major, or for a 16-bit B whose registers make wider stores along
+    N than along K, MN-major as it is (read with trans_b; see the module docstring)."""
+    element_bytes = regs.element.dtype.bits // 8
+    tile = k_major_tile(op, index, element_bytes)
+    if index == 1 and element_bytes == 2:
+        k, cols = op.operands[1].type.shape
+        mn = WgmmaTileLayout(k, cols, element_bytes, wgmma_tile_swizzle(cols, element_bytes, n), "MN")
+        along_k = ctx.smem.vector_width(regs.layout, (1, k), regs.element.dtype)
+        along_n = ctx.smem.vector_width(regs.layout, row_major_strides((k, cols)), regs.element.dtype)
+        if along_n > along_k and cols % mn.atom == 0:
+            return SharedOperand(store_k_major(ctx, regs, mn, False), mn)
+    return SharedOperand(store_k_major(ctx, regs, tile, index == 1), tile)
+
+
 def wgmma_dot(ctx, op, plan):
     """Lower `op` (a dot) on wgmma as `plan` (from `mma_plan`) says; see the module docstring."""
     inst = plan.instruction
@@ -166,8 +185,7 @@ def wgmma_dot(ctx, op, plan):
         elif i == 0 and a_from_registers(inst, plan, x):
             operands.append(RegisterOperand(convert(ctx, x, register_a_layout(plan), op), plan.rk, plan.wm))
         else:
-            tile = k_major_tile(op, i, x.element.dtype.bits // 8)
-            operands.append(SharedOperand(store_k_major(ctx, x, tile, i == 1), tile))
+            operands.append(store_operand(ctx, op, i, x, inst.n))
             stored = True
     if stored:
         ctx.create("fence_proxy_async")

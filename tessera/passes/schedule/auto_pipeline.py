@@ -41,7 +41,7 @@ from tessera.ir.types import PointerType, TileType, ViewType
 
 from ..errors import UnpipelinedLoopWarning
 from ..mma import mma_plan
-from .pipeline_plan import PipelinePlan, pipeline_plan
+from .pipeline_plan import NO_BLOCK_LOAD, PipelinePlan, pipeline_plan
 from .shortfalls import place
 
 DEFAULT_STAGES = 3          # Triton's default num_stages; two blocks of 128x64 f16 per stage fit 3 deep on sm_80
@@ -58,6 +58,8 @@ def auto_plan(ctx, loop: Operation) -> PipelinePlan | None:
     why: list[str] = []
     plan = pipeline_plan(loop, ctx.target, num_warps, ctx.facts.facts, why, stages=default_stages(ctx.target))
     if plan is None:
+        if why == [NO_BLOCK_LOAD]:          # say which operand comes from which load, and what keeps it out
+            why = _unplanned_reasons(loop.regions[0], ctx.target, num_warps) or why
         not_pipelined(ctx, loop, "; ".join(why))
         return None
     aliased = aliasing_write(loop, plan, ctx.src)
@@ -78,10 +80,52 @@ def default_stages(target) -> int:
 
 
 def feeds_dot(body: Block, target, num_warps: int) -> bool:
-    """Whether a tensor-core dot of `body` (not of a nested region) takes operand A or B from an op of it."""
-    made_here = {r for op in body.ops for r in op.results}
-    return any(op.name == "dot" and (op.operands[0] in made_here or op.operands[1] in made_here)
-               and mma_plan(op, target, num_warps) is not None for op in body.ops)
+    """Whether a tensor-core dot of `body` (not of a nested region) takes operand A or B from a load of the body
+    (directly or through other ops of it)."""
+    return bool(_fed_operands(body, target, num_warps))
+
+
+def _fed_operands(body: Block, target, num_warps: int) -> list[tuple[Operation, int, Operation]]:
+    """(dot, operand index, a load of the body it is computed from) for each tensor-core dot operand of `body`
+    that a load of the body feeds."""
+    made = {r: op for op in body.ops for r in op.results}
+    fed = []
+    for dot in body.ops:
+        if dot.name != "dot" or mma_plan(dot, target, num_warps) is None:
+            continue
+        for index in (0, 1):
+            load = _load_behind(dot.operands[index], made)
+            if load is not None:
+                fed.append((dot, index, load))
+    return fed
+
+
+def _load_behind(value: Value, made: dict) -> Operation | None:
+    """A load of the body that `value` is computed from by ops of the body, or None."""
+    work, seen = [value], set()
+    while work:
+        op = made.get(work.pop())
+        if op is None or op in seen:
+            continue
+        seen.add(op)
+        if op.name in ("view_load", "load"):
+            return op
+        work.extend(op.operands)
+    return None
+
+
+def _unplanned_reasons(body: Block, target, num_warps: int) -> list[str]:
+    """Why no load feeding a dot of `body` is a block load pipeline_plan can take, one reason per operand."""
+    reasons = []
+    for dot, index, load in _fed_operands(body, target, num_warps):
+        operand = f"operand {'AB'[index]} of the dot at {place(dot)}"
+        if load.name == "load":
+            reasons.append(f"{operand} is read through a tile of pointers (at {place(load)}); only block loads of "
+                           f"views (tessera.view(...).block(...).load()) are copied ahead")
+        else:
+            reasons.append(f"{operand} is computed from the block load at {place(load)} by other ops; only a "
+                           f"block load the dot takes as it is can be copied ahead")
+    return reasons
 
 
 def while_refusal(ctx, op: Operation) -> None:

@@ -35,6 +35,7 @@ PIPELINED_DTYPES = LDMATRIX_DTYPES
 MIN_COPY_BYTES = 4
 MAX_COPY_BYTES = 16
 SHARED_ALIGNMENT = 16
+NO_BLOCK_LOAD = "no block load of the body feeds a tensor-core dot"
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
             elif refusals:
                 why.append(f"the block load at {place(op)} {refusals[0]}")
     if not loads:
-        return refuse(why, "no block load of the body feeds a tensor-core dot") if not why else None
+        return refuse(why, NO_BLOCK_LOAD) if not why else None
     per_stage = sum(_align(load.slot_bytes, load.slot_alignment) for load in loads)
     stages = min(requested, target.shared_memory_bytes // per_stage)
     if stages < 2:
