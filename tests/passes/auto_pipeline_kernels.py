@@ -101,6 +101,23 @@ def loaded_trip_count(a_ptr, b_ptr, c_ptr, steps_ptr, K, BM: tessera.constexpr, 
     tessera.view(c_ptr, (BM, BN)).block((BM, BN), (0, 0)).store(acc.to(tessera.f16))
 
 
+@tessera.kernel
+def half_by_hand(a_ptr, b_ptr, c_ptr, K, BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    """Copies A's block into shared memory itself (one slot, waited for at once); reads B's directly."""
+    a = tessera.view(a_ptr, (BM, K))
+    b = tessera.view(b_ptr, (K, BN))
+    a_smem = tessera.shared((BM, BK), a_ptr.dtype)
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in range(0, tessera.cdiv(K, BK)):  # loop of half_by_hand
+        tessera.async_copy(a_smem, a.block((BM, BK), (0, k)))
+        tessera.async_commit()
+        tessera.async_wait(0)
+        tessera.barrier()
+        acc = tessera.dot(a_smem.load(), b.block((BK, BN), (k, 0)).load(), acc)
+        tessera.barrier()
+    tessera.view(c_ptr, (BM, BN)).block((BM, BN), (0, 0)).store(acc.to(tessera.f16))
+
+
 for _kernel in (plain_matmul, aliasing_store, chased_offsets, while_from_memory, loaded_trip_count):
     _kernel.loop_line = _loop_line(_kernel.__name__)
 
@@ -135,6 +152,12 @@ def run_chased_offsets():
 def run_while_from_memory():
     a, b, c, _, _, K = matmul_args(64, 64, 64)
     while_from_memory.interpret(a, b, c, np.array([2], np.int32), K, grid=(1,), **BLOCKS)
+    return _product(a, b), c.astype(np.float32)
+
+
+def run_half_by_hand():
+    a, b, c, _, _, K = matmul_args(64, 64, 64)
+    half_by_hand.interpret(a, b, c, K, grid=(1,), **BLOCKS)
     return _product(a, b), c.astype(np.float32)
 
 

@@ -32,8 +32,8 @@ from tessera.ir.printer import print_module
 from tessera.passes.schedule.auto_pipeline import DEFAULT_STAGES, may_alias
 from tessera.passes.thread_passes import lower
 
-from auto_pipeline_kernels import (aliasing_store, chased_offsets, loaded_trip_count, matmul_args, plain_matmul,
-                                   staged_matmul, while_from_memory)
+from auto_pipeline_kernels import (aliasing_store, chased_offsets, half_by_hand, loaded_trip_count, matmul_args,
+                                   plain_matmul, staged_matmul, while_from_memory)
 
 # A 64x64 <- 64xK @ Kx64 f16 matmul: the loop has no `stages`, as `range` traces it. {STORE} is where the
 # refused variant writes A inside the loop.
@@ -165,10 +165,20 @@ def test_a_while_whose_trip_count_is_read_from_memory_is_refused_and_a_for_from_
     assert "async_copy" in compiled.stages["thread_ir"]
 
 
-@pytest.mark.parametrize("kernel", ["aliasing_store", "chased_offsets", "while_from_memory", "loaded_trip_count"])
+@pytest.mark.parametrize("kernel", ["aliasing_store", "chased_offsets", "while_from_memory", "loaded_trip_count",
+                                    "half_by_hand"])
 def test_refused_and_pipelined_kernels_compute_what_numpy_computes(kernel):
     """The kernels of these tests are real programs: the tile interpreter runs each against numpy."""
     import auto_pipeline_kernels as kernels
 
     expected, run = getattr(kernels, f"run_{kernel}")()
     np.testing.assert_allclose(run, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_a_loop_that_moves_data_through_shared_memory_itself_is_left_as_written():
+    """A by hand through tessera.shared + async_copy, B a block load the dot takes as it is: the compiler adds
+    no ring of its own (its cp.async groups would mix with the author's), and says nothing even in strict mode."""
+    compiled = compile_strict(half_by_hand, *matmul_args(64, 64, 64)[:3], 64, BM=64, BN=64, BK=32)
+    thread_ir = compiled.stages["thread_ir"]
+    assert "stages" not in thread_ir and "lowering_notes" not in thread_ir
+    assert thread_ir.count("async_commit") == compiled.stages["tile_ir"].count("smem_async_commit") == 1

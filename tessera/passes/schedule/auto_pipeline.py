@@ -7,7 +7,9 @@ pipeline it on its own, and how deep. It does, Triton-style, when
 
 * the body has a `dot` on the tensor cores (`mma.mma_plan`) whose A or B a
   load of the body makes (the loop "feeds a dot"; other loops are left
-  alone without a word);
+  alone without a word, and so is a loop that moves data through shared
+  memory itself with the `tessera.smem_*` ops: its author wrote the
+  schedule, and its async groups would mix with the ring's);
 * the target has cp.async (sm_80 and newer): the default depth is
   `DEFAULT_STAGES`, shrunk without a word to what shared memory holds; on
   targets without it (AMD) the loop stays single-stage, as an explicit
@@ -53,7 +55,8 @@ def auto_plan(ctx, loop: Operation) -> PipelinePlan | None:
     """The plan of an unannotated `for` the compiler pipelines on its own; None: it stays plain (with a
     strict-mode notice saying why when it feeds a dot)."""
     num_warps = ctx.num_threads // ctx.warp_size
-    if not feeds_dot(loop.regions[0], ctx.target, num_warps) or not default_stages(ctx.target) > 1:
+    if not feeds_dot(loop.regions[0], ctx.target, num_warps) or not default_stages(ctx.target) > 1 \
+            or any(op.name.startswith("smem_") for op in loop.walk()):
         return None
     why: list[str] = []
     plan = pipeline_plan(loop, ctx.target, num_warps, ctx.facts.facts, why, stages=default_stages(ctx.target))
