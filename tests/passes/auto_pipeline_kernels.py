@@ -118,7 +118,20 @@ def half_by_hand(a_ptr, b_ptr, c_ptr, K, BM: tessera.constexpr, BN: tessera.cons
     tessera.view(c_ptr, (BM, BN)).block((BM, BN), (0, 0)).store(acc.to(tessera.f16))
 
 
-for _kernel in (plain_matmul, aliasing_store, chased_offsets, while_from_memory, loaded_trip_count):
+@tessera.kernel
+def pointer_matmul(a_ptr, b_ptr, c_ptr, K, BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    """Triton's pointer-arithmetic style: blocks read through tiles of pointers, not views."""
+    rows, cols = tessera.arange(0, BM)[:, None], tessera.arange(0, BN)[None, :]
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in range(0, K, BK):  # loop of pointer_matmul
+        ks = k + tessera.arange(0, BK)
+        a = tessera.load(a_ptr + rows * K + ks[None, :])
+        b = tessera.load(b_ptr + ks[:, None] * BN + cols)
+        acc = tessera.dot(a, b, acc)
+    tessera.store(c_ptr + rows * BN + cols, acc.to(tessera.f16))
+
+
+for _kernel in (plain_matmul, pointer_matmul, aliasing_store, chased_offsets, while_from_memory, loaded_trip_count):
     _kernel.loop_line = _loop_line(_kernel.__name__)
 
 
@@ -158,6 +171,12 @@ def run_while_from_memory():
 def run_half_by_hand():
     a, b, c, _, _, K = matmul_args(64, 64, 64)
     half_by_hand.interpret(a, b, c, K, grid=(1,), **BLOCKS)
+    return _product(a, b), c.astype(np.float32)
+
+
+def run_pointer_matmul():
+    a, b, c, _, _, K = matmul_args(64, 64, 64)
+    pointer_matmul.interpret(a, b, c, K, grid=(1,), **BLOCKS)
     return _product(a, b), c.astype(np.float32)
 
 

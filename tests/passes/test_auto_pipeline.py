@@ -16,7 +16,10 @@ Specification:
   from memory at every iteration. The reason is in `lowering_notes`; strict
   mode raises it as a CompileError at the loop's line, otherwise nothing is
   shown. A `for` whose bound is loaded from memory before it starts is
-  pipelined (its trip count is known on entry).
+  pipelined (its trip count is known on entry). Blocks read through tiles
+  of pointers (Triton's pointer arithmetic) are named as the reason; a loop
+  that copies into shared memory itself is left as written, silently;
+* every kernel here computes numpy's product on the tile interpreter.
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ from tessera.passes.schedule.auto_pipeline import DEFAULT_STAGES, may_alias
 from tessera.passes.thread_passes import lower
 
 from auto_pipeline_kernels import (aliasing_store, chased_offsets, half_by_hand, loaded_trip_count, matmul_args,
-                                   plain_matmul, staged_matmul, while_from_memory)
+                                   plain_matmul, pointer_matmul, staged_matmul, while_from_memory)
 
 # A 64x64 <- 64xK @ Kx64 f16 matmul: the loop has no `stages`, as `range` traces it. {STORE} is where the
 # refused variant writes A inside the loop.
@@ -166,13 +169,21 @@ def test_a_while_whose_trip_count_is_read_from_memory_is_refused_and_a_for_from_
 
 
 @pytest.mark.parametrize("kernel", ["aliasing_store", "chased_offsets", "while_from_memory", "loaded_trip_count",
-                                    "half_by_hand"])
+                                    "half_by_hand", "pointer_matmul"])
 def test_refused_and_pipelined_kernels_compute_what_numpy_computes(kernel):
     """The kernels of these tests are real programs: the tile interpreter runs each against numpy."""
     import auto_pipeline_kernels as kernels
 
     expected, run = getattr(kernels, f"run_{kernel}")()
     np.testing.assert_allclose(run, expected, rtol=2e-3, atol=2e-3)
+
+
+def test_blocks_read_through_pointer_tiles_are_named_as_the_reason():
+    a, b, c = (np.zeros((64, 64), np.float16) for _ in range(3))
+    with pytest.raises(tessera.CompileError, match=r"(?s)operand A of the dot at line .* is read through a tile of "
+                                                   r"pointers .*only block loads of views") as info:
+        compile_strict(pointer_matmul, a, b, c, 64, BM=64, BN=64, BK=32)
+    assert info.value.line == pointer_matmul.loop_line
 
 
 def test_a_loop_that_moves_data_through_shared_memory_itself_is_left_as_written():
