@@ -20,7 +20,8 @@ needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not install
 
 WIDE_ACCESSES = [r"ld\.global(\.nc)?\.v4\.b32", r"st\.global\.v4\.b32"]   # 128-bit loads and stores
 # the matmul's plain `range` K loop is pipelined on its own: its blocks arrive by 16-byte cp.async (sm_80) or TMA
-PIPELINED_LOADS = {"sm_80": r"cp\.async\.cg\.shared\.global \[%rd\d+\], \[%rd\d+\], 16", "sm_90a": r"cp\.async\.bulk\.tensor"}
+PIPELINED_LOADS = {"sm_80": r"cp\.async\.cg\.shared\.global \[%rd\d+\], \[%rd\d+\], 16",
+                   "sm_90a": r"cp\.async\.bulk\.tensor"}
 
 # kernel, signature, constexprs
 CASES = {

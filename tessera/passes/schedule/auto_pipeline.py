@@ -68,9 +68,10 @@ def auto_plan(ctx, loop: Operation) -> PipelinePlan | None:
     aliased = aliasing_write(loop, plan, ctx.src)
     if aliased is not None:
         write, load = aliased
-        not_pipelined(ctx, loop, f"the {WRITE_WORDS.get(write.name, write.name)} at {place(write)} may write memory the block load at "
-                                 f"{place(load)} reads, so that load cannot be issued iterations ahead (pass "
-                                 f"tensors whose memory does not overlap, or store after the loop)")
+        what = WRITE_WORDS.get(write.name, write.name)
+        not_pipelined(ctx, loop, f"the {what} at {place(write)} may write memory the block load at {place(load)} "
+                                 f"reads, so that load cannot be issued iterations ahead (pass tensors whose memory "
+                                 f"does not overlap, or store after the loop)")
         return None
     for reason in why:
         not_pipelined(ctx, loop, f"not every block load is pipelined: {reason}", partly=True)
