@@ -14,7 +14,9 @@ C = A @ B, taken from a naive loop to the tensor cores and asynchronous copies:
                  pinning another warp arrangement (4b) costs a trip through
                  shared memory every K step -- the diff in the thread IR shows it;
   5. pipelined   the K loop is `tessera.pipeline(..., stages=3)` instead of
-                 `range` (stages=1 in steps 2-4 is the same plain loop): the
+                 a plain loop (stages=1 in steps 2-4 keeps it plain; a bare
+                 `range` K loop feeding a dot, as in tutorial 03, gets the
+                 same 3 stages from the compiler on its own): the
                  blocks of the next two K steps are copied into shared-memory
                  ring buffers with cp.async while the tensor cores work on
                  this one, and ldmatrix reads them from there -- no register
@@ -83,7 +85,7 @@ def matmul_tiled(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tesser
     b = tessera.view(b_ptr, (K, N))
     c = tessera.view(c_ptr, (M, N))
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):  # stages=1: a range
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):  # stages=1: plain
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
         if ACC is not None:                        # a constexpr: the pin is there or not at trace time
             acc = tessera.convert_layout(acc, ACC)
