@@ -202,7 +202,9 @@ def test_a_vllm_style_port_fits_once_its_columns_are_known_contiguous(target, re
     negative and loses its contiguity; B is then read element by element with a live 64-bit address per
     element. Stating `pid_n >= 0` gives back 128-bit loads and Triton's register budget (127 on sm_90a)."""
     from moe_vllm_port import SIGNATURE, fused_moe_kernel
+    # not strict: the port reads its blocks through tiles of pointers, which the compiler does not pipeline on
+    # its own (strict mode says so at its K loop: tests/passes/test_auto_pipeline.py)
     compiled = fused_moe_kernel.compile(signature=SIGNATURE, target=target, BLOCK_M=64, BLOCK_N=64, BLOCK_K=64,
-                                        GROUP_M=8, top_k=2, PID_N_NONNEGATIVE=True, num_warps=4)
+                                        GROUP_M=8, top_k=2, PID_N_NONNEGATIVE=True, num_warps=4, strict=False)
     assert compiled.metadata["spill_stores"] == 0 and compiled.metadata["registers"] <= registers
     assert "ld.global.b16" not in compiled.stages["ptx"]            # every operand load is 128 bits wide
