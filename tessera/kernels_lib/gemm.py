@@ -43,7 +43,6 @@ pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
 from __future__ import annotations
 
 import functools
-import math
 import os
 from typing import Optional
 
@@ -52,8 +51,8 @@ import torch
 import tessera
 
 from . import gemm_configs
+from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 
-ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
 # 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
@@ -67,9 +66,6 @@ HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
-
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
 
 @tessera.func
 def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
@@ -93,20 +89,8 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)
 
-    if HAS_SCALE_A:     # one f32 scale per row of op(A) (per-tensor scales arrive expanded)
-        acc = acc * tessera.view(scale_a_ptr, (M, 1)).block((BM, 1), (pid_m, 0)).load()
-    if HAS_SCALE_B:     # one f32 scale per column of op(B)
-        acc = acc * tessera.view(scale_b_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
-    acc = acc * alpha
-    if HAS_BIAS:
-        bias = tessera.view(bias_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
-        acc = acc + bias.to(tessera.f32)
-    if ACTIVATION == "relu":
-        acc = tessera.maximum(acc, 0.0)
-    elif ACTIVATION == "gelu":      # tanh approximation
-        acc = 0.5 * acc * (1.0 + tessera.tanh(SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)))
-    elif ACTIVATION == "silu":
-        acc = acc * tessera.sigmoid(acc)
+    acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
+                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
