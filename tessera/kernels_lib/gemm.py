@@ -51,6 +51,7 @@ import torch
 import tessera
 
 from . import gemm_configs
+from . import gemm_small_m
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 
 
@@ -66,6 +67,10 @@ HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
+# The small-M path's tile on the interpreter (`gemm_small_m.plan`'s config): 16-wide strips, BK = 16.
+CPU_SMALL_M_CONFIG = {"BN": 16, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
+# Set to "1" to sum the small-M path's K splits with float32 atomics (less workspace, not bit-reproducible).
+ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
 @tessera.func
 def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
@@ -332,18 +337,23 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
             c if scale_b_mem is None else scale_b_mem, c,
             M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
     activation = activation or "none"
-    if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
-        host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
-        grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
-            gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
-                                     HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
-    else:
-        num_sms = _num_sms(a.get_device())
-        kernel = gemm_kernel_fast if _fast_math_allows(out_dtype, activation) else gemm_kernel
-        kernel[lambda meta: _grid(M, N, meta, num_sms)](
-            *args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
-            ACTIVATION=activation)
+    flags = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
+                 ACTIVATION=activation)
+    cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    if cpu:
+        args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+    fast = not cpu and _fast_math_allows(out_dtype, activation)
+    num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
+    with tessera.writes_whole(c):           # for tessera.fusion(): every tile of C is stored (issue 18)
+        if M <= gemm_small_m.SMALL_M:       # decode: B streamed once by K-split programs
+            gemm_small_m.launch(args, M, N, K, a.element_size(), num_sms, flags, a.device,
+                                config=CPU_SMALL_M_CONFIG if cpu else None, fast=fast,
+                                atomic=os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
+        elif cpu:
+            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
+        else:
+            kernel = gemm_kernel_fast if fast else gemm_kernel
+            kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **flags)
     return c
 
 
