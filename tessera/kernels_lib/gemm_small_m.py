@@ -146,21 +146,16 @@ def plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, config: dict 
 
 
 def launch(args: tuple, M: int, N: int, K: int, element_bytes: int, num_sms: int, flags: dict, device, *,
-           config: dict | None = None, fast: bool = False, atomic: bool = False,
-           split_k: int | None = None) -> SmallMPlan:
+           config: dict | None = None, fast: bool = False, atomic: bool = False) -> SmallMPlan:
     """Compute C = op(A) @ op(B) with the epilogue on the small-M path; return the plan it ran.
 
     `args` are `gemm.gemm_kernel`'s 14 arguments (C at index 5), already host arrays for the interpreter;
     `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION. `config` overrides the shipped tile (the
-    interpreter's small one), `split_k` the modelled split count (tests), `atomic` sums the splits with
+    interpreter's small one); `atomic` sums the splits with
     atomics instead of the deterministic workspace; `fast` runs the fast-math compilations."""
     import torch
 
     p = plan(M, N, K, element_bytes, num_sms, config)
-    if split_k is not None:             # a forced count, made even as `plan` does
-        k_steps = max(1, tessera.cdiv(K, p.BK))
-        steps = tessera.cdiv(k_steps, max(1, min(split_k, k_steps)))
-        p = SmallMPlan(p.BM, p.BN, p.BK, p.STAGES, p.num_warps, tessera.cdiv(k_steps, steps), steps)
     c, (bias, scale_a, scale_b), alpha = args[5], args[2:5], args[9]
     atomic = atomic and p.split_k > 1
     if p.split_k == 1:
