@@ -32,12 +32,19 @@ fma contraction, approximate exp2 and division) wherever the output's
 precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
 stays exact.
 
+For M <= 64 (decode) the op takes the small-M path instead (`gemm_small_m.py`):
+one program per column strip of C and contiguous slice of K, so B is read
+once by enough programs to cover the SMs, the K splits summed in a fixed order
+(or with atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
+(`gemm_epilogue.py`).
+
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float
 inputs, whose backward is two more `gemm` calls); where nothing observes the
 dispatch it calls the implementation directly (see `gemm`). CUDA tensors launch the
 autotuned kernel; CPU tensors run on the tile interpreter with one small
-pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
+pinned config (`CPU_CONFIG`, `CPU_SMALL_M_CONFIG`), since timing configs there
+is meaningless.
 """
 
 from __future__ import annotations
