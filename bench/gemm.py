@@ -9,10 +9,10 @@ Parts (`--part`, repeatable; default all):
   1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}
   (`--shapes all`), or 4096^3, 8192^3 and four LLM shapes (`--shapes tier1`);
   bf16 in, bf16 out, against cuBLAS. Autotuned unless `--pin I` launches
-  CONFIGS[I] without tuning (M <= 64 always takes the small-M path, which
-  has no configs to tune). `--shapes decode`: M in {1, 16, 32, 64} against
+  CONFIGS[I] without tuning (M <= 64, and shapes with fewer 128 x 128
+  tiles than SMs, take a split-K plan instead, which has no configs to tune). `--shapes decode`: M in {1, 16, 32, 64} against
   the LLM (N, K), with B row-major and as an nn.Linear weight (N x K,
-  trans_b): the small-M split-K path (`gemm_small_m.py`), each row with its
+  trans_b): the small-M split-K path (`gemm_split_k.py`), each row with its
   plan (split count), its GB/s (B read once), and the atomic-split variant
   timed too where the plan splits K. Goal (issue 19): >= 1.1x cuBLAS.
 * fp8: the same shapes with float8_e4m3fn inputs and float32 per-tensor
@@ -79,11 +79,19 @@ def compare(torch, row: dict, ours, theirs, theirs_name: str, expected, m: int, 
 
 
 def bf16_rows(torch, gemm, shapes) -> list[dict]:
+    """Each shape against cuBLAS; `split_k` says where the op ran a split-K plan instead of the tiled kernel
+    (M <= 64, or fewer tiles than SMs: `gemm._split_k_plan`), which ignores --pin."""
+    from tessera.kernels_lib.gemm import _split_k_plan
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k}
+        split = _split_k_plan(m, n, k, 2, num_sms, cpu=False)
+        if split is not None:
+            row["split_k"], row["b_layout"] = split.split_k, "b-row-major"
         try:
             compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, m, n, k)
         except Exception as error:          # recorded, not fatal: the next shapes still run
@@ -99,7 +107,7 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
     GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s."""
     import os
 
-    from tessera.kernels_lib import gemm_small_m
+    from tessera.kernels_lib import gemm_split_k
     from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -110,7 +118,7 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
             weight = layout == "b-weight"
             b = torch.randn((n, k) if weight else (k, n), device="cuda", dtype=torch.bfloat16)
             theirs = (lambda: a @ b.t()) if weight else (lambda: a @ b)        # noqa: E731
-            plan = gemm_small_m.plan(m, n, k, 2, num_sms)
+            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms)
             row = {"m": m, "n": n, "k": k, "b_layout": layout, "split_k": plan.split_k,
                    "plan": {"BM": plan.BM, "BN": plan.BN, "BK": plan.BK, "STAGES": plan.STAGES}}
             try:

@@ -32,10 +32,11 @@ fma contraction, approximate exp2 and division) wherever the output's
 precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
 stays exact.
 
-For M <= 64 (decode) the op takes the small-M path instead (`gemm_small_m.py`):
-one program per column strip of C and contiguous slice of K, so B is read
-once by enough programs to cover the SMs, the K splits summed in a fixed order
-(or with atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
+For M <= 64 (decode) the op takes the small-M path instead, and for larger M
+whose tiles are too few for the SMs the few-tiles split (`gemm_split_k.py`):
+programs that each own a contiguous slice of K, so B is read once by enough
+programs to cover the SMs, the K splits summed in a fixed order (or with
+atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
 (`gemm_epilogue.py`).
 
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
@@ -58,7 +59,7 @@ import torch
 import tessera
 
 from . import gemm_configs
-from . import gemm_small_m
+from . import gemm_split_k
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 
 
@@ -74,9 +75,10 @@ HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
-# The small-M path's tile on the interpreter (`gemm_small_m.plan`'s config): 16-wide strips, BK = 16.
+# The split-K paths' tiles on the interpreter (`gemm_split_k.small_m_plan`'s and `few_tiles_plan`'s config).
 CPU_SMALL_M_CONFIG = {"BN": 16, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
-# Set to "1" to sum the small-M path's K splits with float32 atomics (less workspace, not bit-reproducible).
+CPU_SPLIT_K_CONFIG = {"BM": 64, "BN": 32, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
+# Set to "1" to sum the split-K paths' partials with float32 atomics (less workspace, not bit-reproducible).
 ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
 @tessera.func
@@ -330,6 +332,15 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
+                  cpu: bool) -> Optional[gemm_split_k.SplitKPlan]:
+    """The split-K plan the op runs (`gemm_split_k.py`): always for M <= 64 (decode: B streamed once), for larger
+    M where the tiles are too few for the SMs and splitting K pays; None: the tiled kernel."""
+    if M <= gemm_split_k.SMALL_M:
+        return gemm_split_k.small_m_plan(M, N, K, element_bytes, num_sms, CPU_SMALL_M_CONFIG if cpu else None)
+    return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
+
+
 def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha) -> torch.Tensor:
     """The implementation: check, allocate the output, launch (the interpreter for CPU tensors)."""
     M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
@@ -351,10 +362,10 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
     fast = not cpu and _fast_math_allows(out_dtype, activation)
     num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
+    split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
     with tessera.writes_whole(c):           # for tessera.fusion(): every tile of C is stored (issue 18)
-        if M <= gemm_small_m.SMALL_M:       # decode: B streamed once by K-split programs
-            gemm_small_m.launch(args, M, N, K, a.element_size(), num_sms, flags, a.device,
-                                config=CPU_SMALL_M_CONFIG if cpu else None, fast=fast,
+        if split is not None:               # small M, or too few tiles for the SMs: K split over programs
+            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
                                 atomic=os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
         elif cpu:
             gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())

@@ -2,7 +2,7 @@
 activation, for one BM x BN tile of C.
 
 The tiled kernel (`gemm.py`) applies it to the tile it has just accumulated;
-the small-M split-K kernel (`gemm_small_m.py`) applies it once the K splits
+the small-M split-K kernel (`gemm_split_k.py`) applies it once the K splits
 of a tile are summed, so every path rounds the same float32 value.
 """
 
