@@ -36,6 +36,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
 import tessera
 
 from . import gemm_configs
@@ -202,8 +204,6 @@ def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, f
     `args` are `gemm.gemm_kernel`'s 14 arguments (C at index 5), already host arrays for the interpreter;
     `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION. `atomic` sums the splits with atomics
     instead of the deterministic workspace; `fast` runs the fast-math compilations."""
-    import torch
-
     c, (bias, scale_a, scale_b), alpha = args[5], args[2:5], args[9]
     atomic = atomic and p.split_k > 1
     row_tiles = tessera.cdiv(M, p.BM)
