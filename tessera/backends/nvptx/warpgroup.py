@@ -99,14 +99,14 @@ def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | N
 @codegen_for("wgmma")
 def _wgmma(lw, op, a_desc, b_desc, acc):
     bld, n = lw.builder, op.attrs["n"]
-    count = n // 2
-    accumulators = [bld.extract_element(acc, ir.Constant(I32, i)) for i in range(count)]
+    count, offset = n // 2, op.attrs.get("offset", 0)
+    accumulators = [bld.extract_element(acc, ir.Constant(I32, offset + i)) for i in range(count)]
     ftype = ir.FunctionType(ir.LiteralStructType([F32] * count), [I64, I64, I32] + [F32] * count)
     constraints = ",".join(["=f"] * count + ["l", "l", "r"] + [str(i) for i in range(count)])
     asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False),
                     op.attrs.get("dtype_b"))
     d = bld.asm(ftype, asm, constraints, [a_desc, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
-    result = ir.Constant(acc.type, ir.Undefined)
+    result = acc if "offset" in op.attrs else ir.Constant(acc.type, ir.Undefined)  # a stack: the rest passes
     for i in range(count):
-        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, i))
+        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, offset + i))
     return result
