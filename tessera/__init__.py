@@ -22,8 +22,9 @@ The public API, in one place:
   `async_commit`, `async_wait`, `barrier`, `mbarriers` and `bars[s].wait`;
   `tessera/dsl/language/shared.py`);
 * `fusion()`, which captures kernel launches in a `with` block and runs them fused where the fusion
-  pass (`tessera/passes/fusion/`) proves it safe, and `writes_whole`, which a library op uses to
-  declare that its launch writes a whole output (`tessera/dsl/capture.py`);
+  pass (`tessera/passes/fusion/`) proves it safe, `writes_whole`, which a library op uses to
+  declare that its launch writes a whole output, and `capturing()`, which says whether a capture is
+  recording (`tessera/dsl/capture.py`);
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
 * `Kernel.compile(...)`, which runs the compile driver (`tessera/dsl/compiler.py`:
@@ -78,7 +79,7 @@ from .dsl.language.algorithms import gather, histogram, interleave, join, sort, 
 from .dsl.language.asm import asm_emulation, inline_asm_elementwise
 from .ir import layouts
 from .dsl.autotune import Config, autotune
-from .dsl.capture import fusion, writes_whole
+from .dsl.capture import capturing, fusion, writes_whole
 from .dsl import tracebacks as _tracebacks
 
 _tracebacks.install()

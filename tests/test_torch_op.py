@@ -110,3 +110,38 @@ def test_the_op_on_cuda_tensors_under_inductor():
     x, y = (t.cuda() for t in inputs(10_000))
     compiled = torch.compile(lambda x, y: scaled_add(x, y, 3.0) * 2, fullgraph=True)
     np.testing.assert_allclose(compiled(x, y).cpu().numpy(), 2 * (3 * x.cpu().numpy() + y.cpu().numpy()), rtol=1e-5)
+
+
+def test_a_dispatch_is_observed_under_any_mode_transform_or_on_cpu_tensors():
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    from tessera.torch import _nothing_watches, unobserved
+
+    class Watching(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            return func(*args, **(kwargs or {}))
+
+    assert _nothing_watches()
+    with Watching():
+        assert not _nothing_watches()
+    with TorchFunctionMode():
+        assert not _nothing_watches()
+    assert torch.vmap(lambda x: x + (0.0 if _nothing_watches() else 1.0))(torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert torch.compile(lambda x: x + (0.0 if _nothing_watches() else 1.0), backend="eager")(
+        torch.zeros(2)).tolist() == [1.0, 1.0]
+    assert not unobserved(torch.zeros(2, 2), None)          # CPU tensors: library ops run the interpreter
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU and a CUDA build of torch")
+def test_plain_cuda_tensors_and_parameters_without_gradients_are_unobserved():
+    from tessera.torch import unobserved
+
+    x = torch.zeros(4, device="cuda")
+    weight = torch.nn.Parameter(torch.zeros(4, device="cuda"))
+    assert unobserved(x, None)
+    assert not unobserved(x, weight)                        # the weight's gradient must be recorded
+    with torch.no_grad():
+        assert unobserved(x, weight)
+    assert not unobserved(x, torch.zeros(4))                # a CPU tensor among them

@@ -10,14 +10,23 @@ registers. Tessera fuses at two levels:
    accumulator tile and the operands (a bias row, a residual matrix, a scalar,
    and by name the tile's `rows` / `cols` indices) already loaded as the
    matching tiles, and returns what to store. A wrong signature or operand
-   shape is a `tessera.CompileError` pointing at your code.
+   shape is a `tessera.CompileError` pointing at your code. The fused kernel
+   has no derivative of its own: to train through it, pass
+   `epilogue_reference=`, the same function in torch, and the backward
+   differentiates that (without one, a gradient is an error naming this fix;
+   `tessera.kernels_lib.epilogues` has common epilogues that carry theirs).
+   Under `torch.compile` the hooked GEMM is a clean graph break.
 2. **Across your kernels.** Inside `with tessera.fusion() as f:` launches are
    recorded, not run. When the block ends, the fusion pass proves from the
    tile IR where a kernel reads exactly the tiles the kernel before it wrote
    (same program ids, same blocks), forwards them in registers and drops the
    store of an intermediate nobody holds any more; independent launches
    become one launch. `f.report()` says what was fused and why the rest was
-   not.
+   not. A library GEMM followed by an elementwise kernel becomes one GEMM
+   with that kernel as its epilogue; on CUDA tensors the GEMM, which would
+   time its configs, is recorded with the config tuned for its shape before,
+   else the one the library's model predicts (the report says which), and
+   the fused binary is cached on disk under its IR.
 
 Runs on the CPU (the tile interpreter); CUDA tensors take the same code to the GPU.
 
@@ -48,6 +57,16 @@ y = gemm(a, b, epilogue=bias_gelu_residual, epilogue_args=(bias, residual))
 expected = torch.nn.functional.gelu(a @ b + bias) + residual
 np.testing.assert_allclose(y.numpy(), expected.numpy(), rtol=1e-4, atol=1e-4)
 print("epilogue: gemm + bias + gelu + residual in one kernel matches numpy")
+
+# Training through it: the backward differentiates a torch reference of the epilogue.
+w = b.clone().requires_grad_()
+loss = gemm(a, w, epilogue=bias_gelu_residual, epilogue_args=(bias, residual),
+            epilogue_reference=lambda acc, bias, residual: torch.nn.functional.gelu(acc + bias) + residual).sum()
+loss.backward()
+w_ref = b.clone().requires_grad_()
+(torch.nn.functional.gelu(a @ w_ref + bias) + residual).sum().backward()
+np.testing.assert_allclose(w.grad.numpy(), w_ref.grad.numpy(), rtol=1e-4, atol=1e-4)
+print("epilogue gradient through epilogue_reference matches torch's")
 
 # -- 2. A captured chain: softmax written as four kernels runs as one ---------------------
 
@@ -107,3 +126,24 @@ assert f.ran == ["row_max+exp_minus+row_sum+divide"]            # four launches 
 assert f.traffic["ran"] < f.traffic["recorded"] / 2              # e, m and s never reach memory
 np.testing.assert_allclose(out.numpy(), torch.softmax(x, dim=1).numpy(), rtol=1e-5, atol=1e-6)
 print("captured chain: softmax from four kernels in one launch matches numpy")
+
+# -- 3. A captured GEMM and an elementwise kernel: the kernel becomes the GEMM's epilogue ---
+
+
+@tessera.kernel
+def add_gelu(x_ptr, bias_ptr, y_ptr, n, N, BLOCK: tessera.constexpr):
+    """y = gelu(x + bias[column]) over a row-major matrix seen as n = M * N elements."""
+    offs = tessera.program_id(0) * BLOCK + tessera.arange(0, BLOCK)
+    x = tessera.load(x_ptr + offs, mask=offs < n) + tessera.load(bias_ptr + offs % N, mask=offs < n)
+    tessera.store(y_ptr + offs, 0.5 * x * (1.0 + tessera.erf(x * (1.0 / math.sqrt(2.0)))), mask=offs < n)
+
+
+y = torch.empty(48, 40)
+with tessera.fusion() as f:
+    c = gemm(a, b)
+    add_gelu[(tessera.cdiv(c.numel(), 256),)](c, bias, y, c.numel(), 40, BLOCK=256)
+    del c                                       # an intermediate: the GEMM never stores it
+print(f.report())
+assert f.ran == ["gemm_kernel+add_gelu"]
+np.testing.assert_allclose(y.numpy(), torch.nn.functional.gelu(a @ b + bias).numpy(), rtol=1e-4, atol=1e-4)
+print("captured gemm -> elementwise: one launch, matches numpy")

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..ir import dtypes as dt
+from ..ir.tensor_map import ADDRESS_SPACE, UNBOUNDED
 from ..runtime.tensor_map import driver_data_type
 from ..version import __version__
 from .manifest import AotError, Specialization
@@ -205,8 +206,12 @@ def _extent(text: str, names: set[str], element_bytes: int) -> str:
 
 # The driver lists dimension 0 innermost; recipes list shapes and strides (in bytes here) outermost first.
 # A tensor with no elements gets extents of 1 and outer strides of 16 bytes, as runtime/tensor_map.py does,
-# so the map stays encodable for a launch that never loads from it.
-TENSOR_MAP_HELPER = """\
+# so the map stays encodable for a launch that never loads from it. An unbounded extent (UNBOUNDED: a dim the
+# view's base pointer is offset along) is cut to the coordinates below ADDRESS_SPACE bytes, as there too.
+TENSOR_MAP_HELPER = f"""\
+#define TESSERA_UNBOUNDED {UNBOUNDED}LL
+#define TESSERA_ADDRESS_SPACE {ADDRESS_SPACE}LL
+""" + """\
 static CUresult tessera_encode_map(CUtensorMap *map, CUtensorMapDataType type, cuuint32_t rank, void *address,
                                    const int64_t *shape, const int64_t *strides, const cuuint32_t *box,
                                    CUtensorMapSwizzle swizzle)
@@ -217,7 +222,9 @@ static CUresult tessera_encode_map(CUtensorMap *map, CUtensorMapDataType type, c
     for (cuuint32_t i = 0; i < rank; ++i)
         empty |= shape[i] <= 0;
     for (cuuint32_t i = 0; i < rank; ++i) {
-        int64_t extent = shape[rank - 1 - i];
+        int64_t extent = shape[rank - 1 - i], stride = strides[rank - 1 - i];
+        if (extent == TESSERA_UNBOUNDED && stride > 0 && extent > TESSERA_ADDRESS_SPACE / stride)
+            extent = TESSERA_ADDRESS_SPACE / stride > 0 ? TESSERA_ADDRESS_SPACE / stride : 1;
         dims[i] = (cuuint64_t)(empty && extent < 1 ? 1 : extent);
         boxes[i] = box[rank - 1 - i];
         element_strides[i] = 1;

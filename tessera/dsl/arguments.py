@@ -11,6 +11,7 @@ like a Python call, then classifies each runtime argument:
 | torch CPU tensor (every dtype)             | ptr<dtype>         | dtype, 16-byte alignment  |
 | CPU `__dlpack__` object                    | ptr<dtype>         | dtype, 16-byte alignment  |
 | torch CUDA tensor, `__cuda_array_interface__` object | ptr<dtype> (on the GPU) | dtype, 16-byte alignment |
+| GPU `__dlpack__` object (JAX, ...), exported with the launch's stream | ptr<dtype> (on the GPU) | dtype, 16-byte alignment |
 | Python bool                                | bool               | -                         |
 | Python int                                 | i32 (i64/u64 when it does not fit) | %16 == 0, == 1 |
 | Python float                               | f32                | -                         |
@@ -127,9 +128,13 @@ TORCH_DTYPES = {
 
 
 def _device_array(value: Any) -> DeviceArray | None:
-    """A DeviceArray for GPU tensors (torch CUDA tensors, `__cuda_array_interface__` objects), else None."""
+    """A DeviceArray for GPU tensors (torch CUDA tensors, `__cuda_array_interface__` objects, GPU `__dlpack__`
+    objects), else None."""
+    from ..runtime import dlpack
     from ..runtime.packing import pointer_and_device
 
+    if dlpack.is_gpu_dlpack(value):
+        return _dlpack_device_array(value)
     if type(value).__module__.startswith("torch") and getattr(getattr(value, "device", None), "type", "cpu") == "cuda":
         dtype = TORCH_DTYPES.get(str(value.dtype))
         if dtype is None:
@@ -141,6 +146,23 @@ def _device_array(value: Any) -> DeviceArray | None:
     address, device = pointer_and_device(value)
     start, end = _memory_range(value)
     return DeviceArray(value, dtype, address, device, end - start)
+
+
+def _dlpack_device_array(value: Any) -> DeviceArray:
+    """A GPU `__dlpack__` object (JAX, CuPy, ...) read from its capsule; the launch exports it once more with
+    its stream (`Launcher._export`)."""
+    from ..runtime import dlpack
+
+    layout = dlpack.read_layout(value)
+    name = layout.type_name
+    dtype = _EXTENSION_DTYPES.get(name)
+    if dtype is None:
+        try:
+            dtype = dt.dtype_from_numpy(np.dtype("bool" if name == "bool" else name))
+        except (TypeError, ValueError):
+            raise TypeError(f"a {type(value).__name__} of DLPack element type {name} has no tessera equivalent") \
+                from None
+    return DeviceArray(value, dtype, layout.address, dlpack.gpu_device(value), layout.nbytes)
 
 
 @dataclass(frozen=True)
@@ -201,6 +223,10 @@ def _memory_range(value: Any) -> tuple[int, int] | None:
     if interface is not None:
         start = interface["data"][0]
         return start, start + math.prod(interface["shape"]) * itemsize(interface["typestr"])
+    from ..runtime import dlpack
+    if dlpack.is_gpu_dlpack(value):
+        layout = dlpack.read_layout(value)
+        return layout.address, layout.address + layout.nbytes
     return None
 
 

@@ -49,7 +49,7 @@ class AutotunedKernel:
     def __init__(self, kernel: Kernel, configs: list[Config], key: list[str], *, prune=None, warmup: int = 1,
                  rep: int = 3, reset_to_zero: Iterable[str] = (), restore_value: Iterable[str] = (),
                  target: str | None = None, metadata: Callable[[Config, dict], dict] | None = None,
-                 timer: Timer | None = None):
+                 timer: Timer | None = None, model: Callable[[list[Config], dict], Config] | None = None):
         if not isinstance(kernel, Kernel):
             raise TypeError("@tessera.autotune goes above @tessera.kernel, on a kernel")
         self.kernel = kernel
@@ -66,7 +66,7 @@ class AutotunedKernel:
                                           f"parameters of the kernel", kernel=kernel.name)
         self.warmup, self.rep, self.target, self.metadata = warmup, rep, target, metadata
         self.tuner = Autotuner(kernel.name, kernel.source.source_hash, list(configs), list(key), prune,
-                               list(reset_to_zero), list(restore_value), timer)
+                               list(reset_to_zero), list(restore_value), timer, model)
         self.tuned_names = {name for config in configs for name in config.kwargs}
         self.fast_launches = FastLaunches(kernel.launch_signature(self.tuned_names, key), self._launch_slowly)
         self.__name__, self.__doc__ = kernel.__name__, kernel.__doc__
@@ -89,6 +89,13 @@ class AutotunedKernel:
         if grid is None:
             return self.tuner.lookup(named, device)
         return self._choose(args, kwargs, named, device, grid)
+
+    def predicted_config(self, *args, **kwargs) -> tuple[Config, str]:
+        """The config these arguments would launch with, found without timing anything, and how ("pinned",
+        "tuned" or "model"; see `Autotuner.predict`): what `tessera.fusion()` launches an autotuned kernel with,
+        since its inputs are not computed while it records."""
+        named, device = self._named_arguments(args, kwargs)
+        return self.tuner.predict(named, device)
 
     # -- launching --------------------------------------------------------
 
@@ -183,19 +190,21 @@ def _have_torch() -> bool:
 
 def autotune(configs: Iterable[Config], key: Iterable[str] = (), *, prune=None, warmup: int = 1, rep: int = 3,
              reset_to_zero: Iterable[str] = (), restore_value: Iterable[str] = (), target: str | None = None,
-             metadata: Callable[[Config, dict], dict] | None = None,
-             timer: Timer | None = None) -> Callable[[Kernel], AutotunedKernel]:
+             metadata: Callable[[Config, dict], dict] | None = None, timer: Timer | None = None,
+             model: Callable[[list[Config], dict], Config] | None = None) -> Callable[[Kernel], AutotunedKernel]:
     """Decorate a `@tessera.kernel` to launch with the fastest of `configs` per value of the `key` arguments.
 
     prune(configs, named_args) -> configs drops configs before timing;
     metadata(config, named_args) -> {"shared_bytes", "registers", ...}
     replaces compiling to read resources; timer(run, config) -> seconds
-    replaces the clock (tests).
+    replaces the clock (tests); model(configs, named_args) -> config picks
+    one without timing where a launch cannot be timed (inside
+    `tessera.fusion()`: see `AutotunedKernel.predicted_config`).
     """
     configs = list(configs)
 
     def decorate(kernel: Kernel) -> AutotunedKernel:
         return AutotunedKernel(kernel, configs, list(key), prune=prune, warmup=warmup, rep=rep,
                                reset_to_zero=reset_to_zero, restore_value=restore_value, target=target,
-                               metadata=metadata, timer=timer)
+                               metadata=metadata, timer=timer, model=model)
     return decorate

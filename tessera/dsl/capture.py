@@ -17,7 +17,12 @@ the kernel they were, fused ones as `FusedKernel`s. A buffer is an
 intermediate (its store may be dropped) when the caller's objects for it
 are garbage by then, or were passed to `f.intermediate(...)`; numpy arrays
 are kept alive by their views, so mark those. Library ops are recorded as
-the kernel launches they make; an autotuned launch runs unfused, in order.
+the kernel launches they make. An autotuned launch cannot be timed while
+recording (its inputs are not computed yet), so it is recorded as its
+kernel launched with the pinned or already tuned config for its arguments,
+else the one its `model=` predicts (`AutotunedKernel.predicted_config`; the
+report names it) and fuses like any other: on GPU tensors a library GEMM
+takes its elementwise consumers as its epilogue.
 
 torch operations inside the block that read memory a recorded launch
 writes, or write memory it touches, first run what is recorded (a
@@ -35,8 +40,8 @@ from typing import Any, Optional
 
 from ..passes.fusion import Decision, Launch, fuse_launches
 from ..passes.fusion.accesses import Keys, accesses
-from .arguments import DeviceArray, TypedArray
-from .fast_launch import launches_recorded
+from .arguments import DeviceArray, TypedArray, _device_array
+from .fast_launch import launches_recorded, recorder
 from .fused_kernel import FusedKernel
 
 LAUNCH_OPTIONS = ("num_warps", "stream")
@@ -48,7 +53,7 @@ class Record:
     grid: Any
     args: tuple
     kwargs: dict
-    fn: Any = None                       # tile IR (None: an autotuned launch, run as it is)
+    fn: Any = None                       # tile IR (None: a launch the pass cannot read, run as it is)
     bind: tuple[str, ...] = ()
     writes: frozenset[str] = frozenset()  # the bound names it writes
     values: dict[str, Any] = field(default_factory=dict)     # bound name -> runtime value
@@ -65,6 +70,7 @@ class Fusion:
         self.notes: list[str] = []
         self.shapes: dict[str, str] = {}         # buffer name -> what it holds, for the report
         self.ran: list[str] = []
+        self.launches: list[Launch] = []         # what ran, as the pass returned it (IR, grid, bound names)
         self.recorded = 0
         self.ranges: dict[tuple, str] = {}       # (device, start, end) -> buffer name
         self.users: dict[str, list] = {}         # buffer name -> weak references to the caller's objects
@@ -122,7 +128,12 @@ class Fusion:
     def _describe(self, kernel, grid, args, kwargs) -> Record:
         users = [a for a in (*args, *kwargs.values()) if _is_array(a)]
         args, kwargs = tuple(_alias(a) for a in args), {k: _alias(v) for k, v in kwargs.items()}
-        if not hasattr(kernel, "_bind"):                 # autotuned: which config runs is decided at launch
+        if hasattr(kernel, "predicted_config"):          # autotuned: a config found without timing (its inputs
+            config, how = kernel.predicted_config(*args, **kwargs)       # are not computed yet), then a launch
+            hint = "; launch it once outside the capture to tune it" if how == "model" else ""
+            self._note(f"{kernel.name}: autotuned; launched with the {how} config ({config}){hint}")
+            kernel, kwargs = kernel.kernel, {**kwargs, **config.as_dict()}
+        if not hasattr(kernel, "_bind"):                 # something else that launches: run as it is
             return Record(kernel, grid, args, kwargs)
         options = {k: kwargs.pop(k) for k in LAUNCH_OPTIONS if k in kwargs and k not in kernel.source.param_names}
         bound = kernel._bind(args, kwargs)
@@ -138,6 +149,10 @@ class Fusion:
             writes = frozenset(n for n in names if not n.startswith("#"))
         return Record(kernel, grid3, args, {**kwargs, **options}, fn, names, writes,
                       dict(zip(names, bound.runtime_args)), written & set(names))
+
+    def _note(self, note: str) -> None:
+        if note not in self.notes:
+            self.notes.append(note)
 
     def _bind_name(self, value: Any) -> str:
         span = _span(value)
@@ -178,7 +193,7 @@ class Fusion:
                             call = (lambda r=record: r.kernel[r.grid](*r.args, **r.kwargs))
                             self.program.append(call)
                             call()
-                            self.ran.append(f"{record.kernel.name} (autotuned)")
+                            self.ran.append(f"{getattr(record.kernel, 'name', record.kernel)} (run as recorded)")
                     else:
                         segment.append(record)
         finally:
@@ -196,6 +211,7 @@ class Fusion:
             self.program.append(call)
             call()
             self.ran.append("+".join(launch.sources))
+            self.launches.append(launch)
             self.traffic["ran"] += self._bytes(launch)
 
     def _call(self, segment: list[Record], launch: Launch):
@@ -247,7 +263,7 @@ class Fusion:
         span = _span_of_object(tensor)
         if span is None or not self.records:
             return False
-        if any(r.fn is None for r in self.records):         # an autotuned launch: any of its arrays
+        if any(r.fn is None for r in self.records):         # a launch the pass cannot read: any of its arrays
             names = None
         else:
             names = {n for r in self.records for n in (r.bind if writing else r.writes)}
@@ -262,7 +278,11 @@ def fusion(horizontal: bool = True) -> Fusion:
     return Fusion(horizontal)
 
 
-_active_declarations: list = []
+def capturing() -> bool:
+    """Whether `tessera.fusion()` is recording launches here: a library op may then pick the kernel variant
+    its consumers can be fused into (the GEMM's exact kernel rather than its fast-math one). Cheap (a context
+    variable read): library ops ask on every launch."""
+    return isinstance(getattr(recorder(), "__self__", None), Fusion)
 
 
 @contextlib.contextmanager
@@ -270,8 +290,6 @@ def writes_whole(*arrays):
     """Declare that the kernels launched inside write every element of `arrays` (what a library op knows of
     its output and the IR cannot show, e.g. a GEMM's tile order): a capture may then fuse an elementwise
     consumer into them. Outside `tessera.fusion()` it does nothing."""
-    from .fast_launch import recorder
-
     capture = getattr(recorder(), "__self__", None)
     if not isinstance(capture, Fusion):
         yield
@@ -288,7 +306,8 @@ def writes_whole(*arrays):
 
 
 def _is_array(value: Any) -> bool:
-    return hasattr(value, "__array_interface__") or hasattr(value, "data_ptr") or isinstance(value, TypedArray)
+    return (hasattr(value, "__array_interface__") or hasattr(value, "__cuda_array_interface__")
+            or hasattr(value, "data_ptr") or isinstance(value, TypedArray))
 
 
 def _alias(value: Any) -> Any:
@@ -309,9 +328,11 @@ def _span(value: Any) -> Optional[tuple]:
 
 
 def _span_of_object(obj: Any) -> Optional[tuple]:
-    """(device, start, end) of a caller's array (numpy, torch, TypedArray)."""
+    """(device, start, end) of a caller's array (numpy, torch, TypedArray, `__cuda_array_interface__`)."""
     if isinstance(obj, TypedArray):
         return _span(obj)
+    if hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "data_ptr"):
+        return _span(_device_array(obj))
     if hasattr(obj, "data_ptr") and hasattr(obj, "untyped_storage"):
         start = obj.data_ptr()
         device = "host" if obj.device.type == "cpu" else f"gpu{obj.device.index or 0}"

@@ -100,22 +100,23 @@ class Signature:
 @dynamo_opaque
 def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
     """`kernel[grid]` (the `__getitem__` of kernels and autotuned kernels): the warm entry with the grid bound,
-    kept per grid tuple, so a repeated grid costs a lookup."""
+    kept per grid (a tuple by value, a grid function that closes over nothing by identity), so a repeated grid
+    costs a lookup."""
     record = _recorder.get()
     if record is not None:
         return lambda *args, **kwargs: record(kernel, grid, args, kwargs)
     fast = kernel.fast_launches
-    if type(grid) is tuple:
-        try:
-            launch = fast.grids.get(grid)
-        except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
-            return functools.partial(fast.entry, grid)
-        if launch is None:
-            if len(fast.grids) >= _DIMS_CAPACITY:
-                fast.grids.clear()
-            launch = fast.grids[grid] = functools.partial(fast.entry, grid)
-        return launch
-    return functools.partial(fast.entry, grid)
+    if type(grid) is not tuple and getattr(grid, "__closure__", True) is not None:
+        return functools.partial(fast.entry, grid)     # not kept: a closure may hold tensors alive
+    try:
+        launch = fast.grids.get(grid)      # a tuple by value, a function without a closure by identity
+    except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
+        return functools.partial(fast.entry, grid)
+    if launch is None:
+        if len(fast.grids) >= _DIMS_CAPACITY:
+            fast.grids.clear()
+        launch = fast.grids[grid] = functools.partial(fast.entry, grid)
+    return launch
 
 
 @dataclass(frozen=True)

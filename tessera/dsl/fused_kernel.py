@@ -3,25 +3,37 @@
 A fused function has no Python source, so it does not go through `Kernel`:
 host arrays run it on the CPU tile interpreter (as do GPU tensors under
 `TESSERA_INTERPRET=1`, copied in and back); GPU tensors compile it for the
-device (once per target and warp count, kept in memory: the disk cache keys
-on a kernel's source) and launch it on the caller's stream.
+device and launch it on the caller's stream. Its binary is kept in memory
+per (target, warp count) and on disk (`BinaryCache`) under a key made of
+the function's printed IR, with source locations (debug builds print them),
+in place of a kernel's source: the IR is all a fused function is (the
+constexprs, dtypes and divisibility facts of the launches it came from are
+in it), so a second process, or a new capture of the same launches, loads
+the binary instead of compiling it.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 from typing import Any, Sequence
 
 from ..backends.interp import Memory, run_function
 from ..ir.core import Function, Module
+from ..ir.printer import print_module
+from ..runtime.cache import BinaryCache, CacheEntry
+from ..runtime.cache_key import cache_key
 from .arguments import DeviceArray, TypedArray
-from .gpu_launch import _numpy_view, gpu_runtime, launch_parameters
+from .errors import KernelArgumentError
+from .gpu_launch import _numpy_view, _tool_identity, gpu_runtime, launch_parameters
+from .modes import debug_mode
 
 
 class FusedKernel:
     def __init__(self, fn: Function):
         self.fn = fn
         self.launchers: dict[tuple, Any] = {}
+        self.ir_hash = hashlib.sha256(print_module(Module([fn]), locations=True).encode()).hexdigest()
 
     @property
     def name(self) -> str:
@@ -35,6 +47,22 @@ class FusedKernel:
             self._interpret_device(grid, args)
         else:
             self._launch_on_gpu(grid, args, num_warps, stream)
+
+    def binary(self, target: str, num_warps: int = 4) -> CacheEntry:
+        """The compiled fused function for `target`: from the disk cache, or compiled now and stored there."""
+        from ..ir.target import get_target
+
+        debug = debug_mode()
+        options = {"num_warps": num_warps, "debug": debug, "fused": True, **_tool_identity(get_target(target).vendor)}
+        key = cache_key(self.ir_hash, (), (), options, target)
+
+        def compile_now() -> CacheEntry:
+            from .compiler import compile_tile_module
+
+            return CacheEntry.from_compiled(compile_tile_module(Module([self.fn]), target=target,
+                                                                num_warps=num_warps, debug=debug))
+
+        return BinaryCache().get_or_compile(key, compile_now)
 
     def _interpret_device(self, grid, args) -> None:
         staged, copy_back = [], []
@@ -51,24 +79,30 @@ class FusedKernel:
 
     def _launch_on_gpu(self, grid, args, num_warps: int, stream) -> None:
         from ..runtime.launcher import KernelBinary, Launcher
-        from .compiler import compile_tile_module
+        from ..runtime.packing import check_kernarg_layout
 
+        if any(isinstance(a, TypedArray) for a in args):
+            raise KernelArgumentError("the fused launch mixes host arrays and GPU tensors; move every array to "
+                                      "the same GPU (or all to the host to run on the CPU interpreter)",
+                                      kernel=self.name)
         runtime = gpu_runtime(self.name)
         ordinal = next(a.device for a in args if isinstance(a, DeviceArray))
         device = runtime.get_device(ordinal or 0)
         key = (device.target, num_warps)
         launcher = self.launchers.get(key)
         if launcher is None:
-            compiled = compile_tile_module(Module([self.fn]), target=device.target, num_warps=num_warps)
-            metadata = compiled.metadata
+            entry = self.binary(device.target, num_warps)
+            metadata = entry.metadata
             shared = metadata.get("dynamic_shared_bytes", metadata.get("shared_bytes"))
-            binary = KernelBinary(compiled.name, compiled.target, compiled.binary, compiled.stages.get("ptx") or None,
+            binary = KernelBinary(entry.name, entry.target, entry.binary, entry.ptx or None,
                                   int(metadata["num_threads"]), int(shared or 0))
             types, names, recipes = launch_parameters([a.type for a in self.fn.args],
                                                       [a.name_hint or f"arg{i}" for i, a in enumerate(self.fn.args)],
                                                       metadata)
-            launcher = self.launchers[key] = Launcher(binary, types, backend=device.backend, names=names,
-                                                      tensor_maps=recipes)
+            launcher = Launcher(binary, types, backend=device.backend, names=names, tensor_maps=recipes)
+            if "kernel_args" in metadata:  # AMD: the code object says where it reads each argument
+                check_kernarg_layout(launcher.packer, metadata["kernel_args"])
+            self.launchers[key] = launcher
         launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in args], stream=stream)
 
 

@@ -34,6 +34,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+from ..runtime.dlpack import GPU_DEVICE_TYPES
 from ..runtime.errors import LaunchError
 from ..runtime.launcher import stream_handle, torch_current_stream
 from .arguments import itemsize
@@ -47,7 +48,15 @@ if TYPE_CHECKING:
 TORCH, ARRAY_INTERFACE = "torch", "array_interface"
 DEVICE_ARRAY, TORCH_DEVICE_ARRAY = "device_array", "torch_device_array"
 GPU_ARRAYS = (TORCH, ARRAY_INTERFACE, DEVICE_ARRAY, TORCH_DEVICE_ARRAY)
-_DLPACK_GPU_TYPES = (2, 13, 10)          # kDLCUDA, kDLCUDAManaged, kDLROCM
+class _ItemSizes(dict):
+    """typestr -> bytes per element, filled on first sight (a dict lookup where `itemsize` is a call)."""
+
+    def __missing__(self, typestr: str) -> int:
+        size = self[typestr] = itemsize(typestr)
+        return size
+
+
+_ITEMSIZES = _ItemSizes()
 _REQUIRED = object()     # a constexpr without a default that the launch did not pass
 _I32 = "-2147483648 <= {v} <= 2147483647"
 _I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
@@ -60,7 +69,7 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) ->
     emit = lines.append
     names = {"miss": fast.miss, "miss_key": fast.miss_key, "launches": fast.launches, "dims_of": fast.dims,
              "grid_dims": fast.grid_dims, "LaunchError": LaunchError, "stream_handle": stream_handle,
-             "current_stream": _current_stream_function(kinds), "prod": math.prod, "itemsize": itemsize,
+             "current_stream": _current_stream_function(kinds), "prod": math.prod, "ITEMSIZE": _ITEMSIZES,
              "stated_device": stated_device, "REQUIRED": _REQUIRED, "kernel_name": sig.name,
              "KNOWN": frozenset(p for p in sig.params[sig.leading:] if p not in sig.tuned) | set(sig.options)}
     miss = "return miss(grid, *args, **kwargs)"
@@ -152,24 +161,21 @@ def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[
     """Emit the reads of each positional argument's facts; returns the key's parts, the arrays' [start, end)
     locals and what each argument passes to the kernel."""
     key, ranges, launch_values = [], [], []
+    previous: dict[str, int] = {}            # array kind -> the position of the last array of that kind
     for i, (kind, cls) in enumerate(kinds):
         generic = sig.params[i] in sig.generic
         value = f"a{i}"
-        if kind == TORCH:
-            emit(f"    s{i} = {value}.data_ptr()")
-            emit(f"    e{i} = s{i} + {value}.nbytes")
-            key += [f"{value}.dtype", f"{value}.device"]
-        elif kind == ARRAY_INTERFACE:
-            emit(f"    q{i} = {value}.__cuda_array_interface__")
-            emit(f"    s{i} = q{i}['data'][0]")
-            emit(f"    t{i} = q{i}['typestr']")
-            emit(f"    e{i} = s{i} + prod(q{i}['shape'], start=itemsize(t{i}))     # as the slow path's aliasing check")
-            states_device = hasattr(cls, "__dlpack_device__")     # else it never says: no call
-            key += [f"t{i}"] + ([f"stated_device({value})"] if states_device else [])
-        elif kind in (DEVICE_ARRAY, TORCH_DEVICE_ARRAY):
-            emit(f"    s{i} = {value}.address")
-            emit(f"    e{i} = s{i} + {value}.nbytes")
-            key += [f"{value}.dtype", f"{value}.device"]
+        if kind in GPU_ARRAYS:
+            reads, facts = _array_reads(i, kind, cls)
+            _emit_array_reads(i, previous.get(kind), reads, [f"s{i}", f"e{i}", *facts], emit)
+            previous[kind] = i
+            key += facts + ([] if generic else [f"not s{i} & 15"])
+            ranges.append((f"s{i}", f"e{i}"))
+            launch_values.append(f"s{i}")
+            continue
+        if kind == "int" and sig.params[i] in sig.tuning_key:
+            emit(f"    if not {_I64.format(v=value)}:     # u64: the slow path picks the type")
+            emit(f"        {miss}")              # the value itself joins the key (autotune's): no facts needed
         elif kind == "int":
             emit(f"    if {_I32.format(v=value)}:")
             emit(f"        w{i} = 32")
@@ -178,13 +184,38 @@ def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[
             emit("    else:                              # u64: the slow path picks the type")
             emit(f"        {miss}")
             key += [f"w{i}"] + ([] if generic else [f"not {value} & 15", f"{value} == 1"])
-        if kind in GPU_ARRAYS:
-            key += [] if generic else [f"not s{i} & 15"]
-            ranges.append((f"s{i}", f"e{i}"))
-            launch_values.append(f"s{i}")
-        else:
-            launch_values.append(value)
+        launch_values.append(value)
     return key, ranges, launch_values
+
+
+def _array_reads(i: int, kind: str, cls: type) -> tuple[list[str], list[str]]:
+    """The statements reading array argument i's address s{i}, end e{i} and key facts, and those facts' locals."""
+    value = f"a{i}"
+    if kind == TORCH:
+        return [f"s{i} = {value}.data_ptr()", f"e{i} = s{i} + {value}.nbytes", f"d{i} = {value}.dtype",
+                f"v{i} = {value}.device"], [f"d{i}", f"v{i}"]
+    if kind == ARRAY_INTERFACE:
+        reads = [f"q{i} = {value}.__cuda_array_interface__", f"s{i} = q{i}['data'][0]", f"t{i} = q{i}['typestr']",
+                 f"e{i} = s{i} + prod(q{i}['shape'], start=ITEMSIZE[t{i}])     # as the slow path's aliasing check"]
+        if hasattr(cls, "__dlpack_device__"):       # else it never says which device: no call
+            return reads + [f"v{i} = stated_device({value})"], [f"t{i}", f"v{i}"]
+        return reads, [f"t{i}"]
+    return [f"s{i} = {value}.address", f"e{i} = s{i} + {value}.nbytes", f"d{i} = {value}.dtype",
+            f"v{i} = {value}.device"], [f"d{i}", f"v{i}"]         # a reinterpreted device array
+
+
+def _emit_array_reads(i: int, j: int | None, reads: list[str], names: list[str], emit) -> None:
+    """Emit `reads`; after an array argument j of the same kind, copy j's locals instead when the same object
+    is passed again (a library op passing its output for every unused operand)."""
+    if j is None:
+        for line in reads:
+            emit(f"    {line}")
+        return
+    emit(f"    if a{i} is a{j}:")
+    emit(f"        {', '.join(names)} = {', '.join(n[0] + str(j) for n in names)}")     # s{i} -> s{j}, ...
+    emit("    else:")
+    for line in reads:
+        emit(f"        {line}")
 
 
 def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str) -> None:
@@ -240,6 +271,6 @@ def stated_device(obj: Any) -> int | None:
         return None
     try:
         kind, index = query()
-        return int(index) if int(kind) in _DLPACK_GPU_TYPES else -1
+        return int(index) if int(kind) in GPU_DEVICE_TYPES else -1
     except Exception:        # the slow path reports what is wrong with it
         return -1

@@ -135,6 +135,10 @@ def validate(d: TensorMapDescription) -> None:
         raise fail(f"the innermost dimension must be contiguous: its stride is {d.strides[-1]} bytes, the "
                    f"element size is {size}")
     for i, stride in enumerate(d.strides[:-1]):
+        if stride == 0 and d.shape[i] > 1:
+            raise fail(f"dimension {i} has stride 0 (a broadcast: every index reads the same elements), which TMA "
+                       f"cannot read; materialize the tensor (e.g. .contiguous()) or compile for a target "
+                       f"without TMA")
         if stride <= 0 or stride % GLOBAL_ALIGN or stride >= MAX_GLOBAL_STRIDE:
             raise fail(f"stride of dimension {i} is {stride} bytes; outer strides must be positive multiples of "
                        f"{GLOBAL_ALIGN} below 2**40 (pad the rows)")
@@ -169,6 +173,15 @@ def _contiguous_strides(shape, itemsize: int) -> tuple[int, ...]:
 
 # ---------------------------------------------------------------------------
 # Recipes: how a launcher builds the map of a compiler-added `tensormap` parameter
+
+
+# The extent of a map dimension the kernel does not bound: one its view's base pointer is offset along (a
+# per-program batch or head index times a stride argument). Every coordinate a tma_load can give (an i32) that
+# points into the address space is inside it, so the map reads exactly what the pointer arithmetic would.
+# `describe` cuts it to the coordinates below ADDRESS_SPACE bytes (so no map claims a span wider than a GPU can
+# address); the SIMT simulator narrows it to the array it is given (`tessera.backends.simt.mbarrier`).
+UNBOUNDED = 2 ** 31 - 1
+ADDRESS_SPACE = 2 ** 49         # bytes a GPU addresses (49-bit virtual addresses from Pascal through Hopper)
 
 
 @dataclass(frozen=True)
@@ -219,6 +232,8 @@ class TensorMapRecipe:
         size = self.dtype.bits // 8
         shape = tuple(e.value(args) for e in self.shape)
         strides = tuple(e.value(args) * size for e in self.strides)
+        shape = tuple(min(n, max(1, ADDRESS_SPACE // st)) if e == Extent(None, UNBOUNDED) and st > 0 else n
+                      for n, st, e in zip(shape, strides, self.shape))
         if self.is_empty(args):
             shape = tuple(max(1, n) for n in shape)
             strides = tuple(max(GLOBAL_ALIGN, st) for st in strides[:-1]) + strides[-1:]

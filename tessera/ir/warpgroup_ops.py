@@ -4,7 +4,10 @@ A warpgroup is 4 consecutive warps (128 threads, the first a multiple of 128).
 `wgmma` multiplies a 64x16 A by a 16xN B, both read from shared memory through
 64-bit matrix descriptors (`wgmma_layouts.MatrixDescriptor`, built by
 `wgmma_desc`; K-major, or MN-major with `trans_a` / `trans_b`: PTX
-imm-trans-a / imm-trans-b = 1, which f16/bf16 allow), and adds the product to an f32 accumulator held in the
+imm-trans-a / imm-trans-b = 1, which f16/bf16 allow; an f16/bf16 A may come
+from registers instead, 8 per thread in `wgmma_layouts.wgmma_a_fragment()`,
+so a product computed in registers feeds the next wgmma without a trip
+through shared memory), and adds the product to an f32 accumulator held in the
 `wgmma_layouts.wgmma_accumulator(N)` fragment. e4m3 / e5m2 inputs (either mix) run at k = 32,
 K-major only. It is asynchronous:
 
@@ -37,6 +40,7 @@ from .wgmma_layouts import SWIZZLE_MODES, WGMMA_M, WGMMA_NS, MatrixDescriptor, w
 
 WGMMA_DTYPES = ("f16", "bf16")              # A and B alike; k16; K- or MN-major
 WGMMA_FP8_DTYPES = ("f8e4m3", "f8e5m2")     # A and B in any mix; k32; K-major only
+A_REGISTERS = 8                             # elements per thread of a 64 x 16 A slice held in registers
 I64 = ScalarType(dt.i64)
 
 
@@ -53,8 +57,13 @@ def _infer_wgmma(ts, a):
             "(f16/bf16 run at k = 16, e4m3/e5m2 at k = 32)")
     require(not (fp8 and (a.get("trans_a") or a.get("trans_b"))),
             "wgmma transposes only 16-bit operands: e4m3/e5m2 A and B must be K-major (no trans_a / trans_b)")
-    require(a_desc == I64 and b_desc == I64,
-            f"wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got {a_desc} and {b_desc}")
+    a_regs = RegsType(ScalarType(dt.dtype_from_name(x)), A_REGISTERS) if x in WGMMA_DTYPES else None
+    require(b_desc == I64 and (a_desc == I64 or a_desc == a_regs),
+            f"wgmma reads B through an i64 matrix descriptor (wgmma_desc) and A through one or from registers "
+            f"(regs<{A_REGISTERS}x{x}>, f16/bf16 only: the `wgmma_a_fragment()` of a 64 x 16 slice); got "
+            f"{a_desc} and {b_desc}")
+    require(a_desc == I64 or not a.get("trans_a"), "wgmma with A in registers has no trans_a (the fragment fixes "
+                                                   "its layout)")
     offset = a.get("offset")
     if offset is None:
         require(acc == RegsType(ScalarType(dt.f32), n // 2),
@@ -96,7 +105,8 @@ _define("wgmma_desc", "The 64-bit wgmma matrix descriptor of the tile at shared 
         "see `wgmma_layouts.WgmmaSmemLayout.descriptor` and `WgmmaTileLayout.descriptor`.", 1,
         attrs={"swizzle": "int", "lbo": "int", "sbo": "int"}, infer=_infer_desc)
 _define("wgmma", "D = A @ B + C for a 64xk A and kxN B (in shared memory, read through the i64 descriptors; "
-        "K-major, or MN-major where `trans_a` / `trans_b` is set) and the 64xN f32 C held in "
+        "K-major, or MN-major where `trans_a` / `trans_b` is set; or, for f16/bf16, A from registers: "
+        "regs<8> in the `wgmma_a_fragment()` layout) and the 64xN f32 C held in "
         "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{dtype}.{dtype_b}): "
         "f16 or bf16 at k = 16; e4m3/e5m2 (`dtype_b` for B when it differs, K-major only) at k = 32; every "
         "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` "

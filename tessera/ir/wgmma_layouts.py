@@ -103,6 +103,17 @@ def wgmma_accumulator(n: int) -> RegisterLayout:
     return spatial(4, 1).column_local(2, n // 8).spatial(8, 4).local(1, 2)
 
 
+def wgmma_a_fragment() -> RegisterLayout:
+    """A 64 x 16 f16/bf16 A slice of wgmma m64nNk16 held in registers (the register-A form, `wgmma` with a
+    regs<8> first operand) over the 128 threads of a warpgroup: warp w holds rows 16w..16w+15 as the mma.sync
+    m16n8k16 A fragment (PTX ISA 9.7.15.5.1.1.1, "Register fragment of matrix A"; CUTLASS `ALayout_64x16`).
+    Register i of thread 32 w + l holds A[16 w + l // 4 + 8 ((i // 2) % 2)][8 (i // 4) + 2 (l % 4) + i % 2]:
+    the accumulator's map for its first 16 columns, so the RK slices of a 64 x 16 RK tile, stacked as
+    `local(1, RK)`, hold in order exactly the registers of a 64 x 16 RK accumulator (FlashAttention-3 feeds
+    P = f(S) to the P V product without moving a value)."""
+    return spatial(4, 1).column_local(2, 2).spatial(8, 4).local(1, 2)
+
+
 # -- matrix descriptors -----------------------------------------------------------------------
 
 

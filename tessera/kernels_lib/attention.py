@@ -33,9 +33,11 @@ from typing import Optional, Union
 import torch
 
 import tessera
+import tessera.torch
 
 from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
 from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
+from .hooks import outside_graphs
 from .attention_fwd import LOG2E, attention_fwd_kernel
 
 DTYPES = (torch.float16, torch.bfloat16)
@@ -73,16 +75,19 @@ class BackwardPlan:
     kv: Plan
     q: Plan
     atomic_dq: bool
+    transposed: bool = False    # the dK/dV kernel accumulates dK^T and dV^T (head dim 256: see the kernel)
 
 
 DELTA_PLAN = Plan(64, 0, 4)       # rows per program of delta = rowsum(dO * O)
 # Per architecture and head dim; every config assembles without spills (tests/kernels_lib/
-# test_attention_compile.py). Missing: head dim 256 (dK and dV alone take 256 registers a thread at 64 keys a
-# program, whatever the warps: it needs the head dim split across warps) and head dim 128 on sm_80 and AMD
-# (every config tried spills: 16-230 bytes on sm_80).
+# test_attention_compile.py). Head dim 256 on sm_90a accumulates dK^T and dV^T (256 x BN: the head dim split
+# across the two warpgroups; as dK and dV they take 256 registers a thread at 64 keys a program, whatever the
+# warps). Missing: head dim 256 on sm_80 and AMD (no wgmma to split the head dim: 1.5-3 KB of spills) and
+# head dim 128 on sm_80 and AMD (every config tried spills: 16-230 bytes on sm_80).
 BWD_GPU_PLANS = {
     "sm_90a": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=True),
-               128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False)},
+               128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False),
+               256: BackwardPlan(Plan(32, 32, 8), Plan(64, 32, 4), atomic_dq=False, transposed=True)},
     "sm_80": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=False)},
     "amd": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
 }
@@ -194,8 +199,11 @@ class Problem:
         return dict(HAS_LEFT=self.left >= 0, HAS_RIGHT=self.right >= 0, SOFTCAP=self.softcap > 0, VARLEN=self.varlen)
 
     def strides(self, x: torch.Tensor) -> tuple[int, ...]:
-        """(batch, seq, head, dim) element strides; varlen tensors have no batch dim (stride 0)."""
-        return tuple(x.stride()) if not self.varlen else (0, *x.stride())
+        """(batch, seq, head, dim) element strides; varlen tensors have no batch dim (stride 0). A dim of size 1
+        says it moves by 16 elements rather than 0 (torch lets its stride be anything; it is never stepped): on
+        sm_90a the K and V blocks come by TMA over the whole tensor, whose map needs nonzero strides."""
+        strides = tuple(s if s or n != 1 else 16 for n, s in zip(x.shape, x.stride()))
+        return strides if not self.varlen else (0, *strides)
 
     def lse_strides(self, lse: torch.Tensor) -> tuple[int, int]:
         """(batch, head) strides of an LSE-shaped tensor: (B, H, Sq), or (H, total_q) for varlen."""
@@ -206,8 +214,16 @@ class Problem:
         return torch.empty(shape, dtype=torch.float32, device=q.device)
 
 
+def _unbroadcast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The tensors, each copied to a dense one if it is a broadcast (a dim of size > 1 with stride 0, as
+    `expand` makes): the blocks the kernels pipeline come by TMA on sm_90a, whose maps cannot step by 0."""
+    return tuple(x.contiguous() if any(s == 0 and n > 1 for n, s in zip(x.shape, x.stride())) else x
+                 for x in tensors)
+
+
 def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE)."""
+    k, v = _unbroadcast(k, v)
     o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
@@ -228,6 +244,7 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     """Launch the backward kernels: (dQ, dK, dV). delta = rowsum(dO * O) - dLSE first; then dK and dV per key
     block, with dQ added by atomics into a float32 buffer, or (deterministic) by a pass of its own."""
     p = problem
+    grad_out, q, k, v = _unbroadcast(grad_out, q, k, v)
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
@@ -249,7 +266,7 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     attention_bwd_kv_kernel[(tessera.cdiv(p.Sk, kv_plan.BN), p.batch * p.H_kv)](
         *head, dq, dk, dv, *scalars, *strides, *p.strides(dq)[:3], *p.strides(dk)[:3], *p.lse_strides(lse),
         D=p.D, BM=kv_plan.BM, BN=kv_plan.BN, ATOMIC_DQ=not deterministic, STAGES=kv_plan.stages,
-        num_warps=kv_plan.num_warps, **p.masks())
+        num_warps=kv_plan.num_warps, TRANSPOSED=plan.transposed, **p.masks())
     if not deterministic:
         return (dq * p.scale).to(q.dtype), dk, dv
     attention_bwd_q_kernel[(tessera.cdiv(p.Sq, q_plan.BM), p.batch * p.H)](
@@ -261,14 +278,16 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
 # ---------------------------------------------------------------------------
 # The ops
 
-@torch.library.custom_op("tessera::attention", mutates_args=())
-def attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window_left: int = -1,
-                 window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
-                 deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.attention`: see `attention`."""
+def _attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool = False, window_left: int = -1,
+               window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
+               deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention`: see `attention`."""
     _check(q, k, v, 4, "attention")
     problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, window_left, window_right, softcap, scale)
     return _forward(q, k, v, problem)
+
+
+attention_op = torch.library.custom_op("tessera::attention", _attention, mutates_args=())
 
 
 @attention_op.register_fake
@@ -279,16 +298,18 @@ def _attention_fake(q, k, v, causal=False, window_left=-1, window_right=-1, soft
     return q.new_empty(q.shape), q.new_empty((B, H, Sq), dtype=torch.float32)
 
 
-@torch.library.custom_op("tessera::attention_varlen", mutates_args=())
-def attention_varlen_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
-                        cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
-                        window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
-                        scale: Optional[float] = None, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.attention_varlen`: see `attention_varlen`."""
+def _attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
+                      cu_seqlens_k: torch.Tensor, max_seqlen_q: int, max_seqlen_k: int, causal: bool = False,
+                      window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                      scale: Optional[float] = None, deterministic: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention_varlen`: see `attention_varlen`."""
     _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
     problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, window_left,
                          window_right, softcap, scale)
     return _forward(q, k, v, problem)
+
+
+attention_varlen_op = torch.library.custom_op("tessera::attention_varlen", _attention_varlen, mutates_args=())
 
 
 @attention_varlen_op.register_fake
@@ -360,14 +381,25 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     differentiable; `deterministic` makes the backward pass sum dQ in a
     fixed order (a pass of its own instead of atomics). `score_mod=fn` and
     `epilogue=fn` (with their `_args`) fuse @tessera.func functions into the
-    forward kernel (`attention_fusion.py`; forward only, outside the op).
+    forward kernel (`attention_fusion.py`; forward only, outside the op:
+    torch.compile breaks the graph at such a call). Without them this is the
+    op `torch.ops.tessera.attention`, called directly where nothing observes
+    the dispatch (`tessera.torch.unobserved`).
     """
     left, right = window_bounds(causal, window)
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check(q, k, v, 4, "attention")
         problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, left, right, softcap, scale)
-        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
-    return attention_op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
+        return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
+    op = _attention if tessera.torch.unobserved(q, k, v) else attention_op
+    return op(q, k, v, causal, left, right, float(softcap), scale, deterministic)
+
+
+@outside_graphs("tessera::attention", "score_mod=, epilogue=")
+def _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args):
+    """The forward kernel with the user's functions fused in; torch.compile breaks the graph here
+    (`hooks.outside_graphs`)."""
+    return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
 
 
 def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqlens_q: torch.Tensor,
@@ -388,6 +420,7 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
         _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
         problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,
                              right, softcap, scale)
-        return _forward(q, k, v, problem, attention_hooks(q, score_mod, score_mod_args, epilogue, epilogue_args))
-    return attention_varlen_op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal,
-                               left, right, float(softcap), scale, deterministic)
+        return _hooked_forward(q, k, v, problem, score_mod, score_mod_args, epilogue, epilogue_args)
+    op = _attention_varlen if tessera.torch.unobserved(q, k, v, cu_seqlens_q, cu_seqlens_k) else attention_varlen_op
+    return op(q, k, v, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left, right,
+              float(softcap), scale, deterministic)

@@ -88,10 +88,12 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
                             stride_lb, stride_lh,
                             D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
-                            VARLEN: tessera.constexpr, ATOMIC_DQ: tessera.constexpr, STAGES: tessera.constexpr):
+                            VARLEN: tessera.constexpr, ATOMIC_DQ: tessera.constexpr, STAGES: tessera.constexpr,
+                            TRANSPOSED: tessera.constexpr = False):
     """dK, dV of BN keys of one key/value head (summed over its query heads), and with ATOMIC_DQ their share of
     dQ / scale added into the float32 dQ buffer. dK and dV share their strides (dk_*) and, like the dQ buffer, are
-    contiguous in the head dim."""
+    contiguous in the head dim. TRANSPOSED accumulates dK^T = Q^T dS and dV^T = dO^T P (D x BN) instead: their
+    rows, the head dim, then split across the warps (FlashAttention-3's swapped dK/dV products, for D = 256)."""
     pid_n, bh = tessera.program_id(0), tessera.program_id(1)
     b, kv_h = bh // H_KV, bh % H_KV
     group = H // H_KV
@@ -102,8 +104,8 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
     k_block = k.block((BN, D), (pid_n, 0)).load()
     v_block = v.block((BN, D), (pid_n, 0)).load()
     k_for_dq = k.block((BN, D), (pid_n, 0)).load()         # its own load: an operand of its own dot
-    dk = tessera.zeros((BN, D), tessera.f32)
-    dv = tessera.zeros((BN, D), tessera.f32)
+    dk = tessera.zeros((D, BN) if TRANSPOSED else (BN, D), tessera.f32)
+    dv = tessera.zeros((D, BN) if TRANSPOSED else (BN, D), tessera.f32)
     n0 = pid_n * BN
     keys = n0 + tessera.arange(0, BN)[:, None]
     lo, hi, full_lo, full_hi = query_blocks(n0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
@@ -121,18 +123,28 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
                 queries = m * BM + Sk - Sq + tessera.arange(0, BM)[None, :]
                 sT = visible(sT, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT)
             pT = tessera.exp2(sT - lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E)
-            dv = tessera.dot(pT.to(v.dtype), do.block((BM, D), (m, 0)).load(), dv)
+            if TRANSPOSED:
+                dv = tessera.dot(doT.block((D, BM), (0, m)).load(), tessera.trans(pT.to(v.dtype)), dv)
+            else:
+                dv = tessera.dot(pT.to(v.dtype), do.block((BM, D), (m, 0)).load(), dv)
             dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
             dsT = pT * (dpT - delta.block((1, BM), (0, m)).load()) * cap
-            dk = tessera.dot(dsT.to(q.dtype), q.block((BM, D), (m, 0)).load(), dk)
+            if TRANSPOSED:
+                dk = tessera.dot(qT.block((D, BM), (0, m)).load(), tessera.trans(dsT.to(q.dtype)), dk)
+            else:
+                dk = tessera.dot(dsT.to(q.dtype), q.block((BM, D), (m, 0)).load(), dk)
             if ATOMIC_DQ:   # dQ / scale: added straight from the product's registers (the caller scales)
                 rows = m * BM + tessera.arange(0, BM)[:, None]
                 cols = tessera.arange(0, D)[None, :]
                 tessera.atomic_add(dq_ptr + b * stride_dqb + (q_start + rows) * stride_dqs + h * stride_dqh + cols,
                                    tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq), mask=rows < Sq)
     dk_base = b * stride_dkb + k_start * stride_dks + kv_h * stride_dkh
-    tessera.view(dk_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dk * scale)
-    tessera.view(dv_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dv)
+    if TRANSPOSED:
+        tessera.view(dk_ptr + dk_base, (D, Sk), (1, stride_dks)).block((D, BN), (0, pid_n)).store(dk * scale)
+        tessera.view(dv_ptr + dk_base, (D, Sk), (1, stride_dks)).block((D, BN), (0, pid_n)).store(dv)
+    else:
+        tessera.view(dk_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dk * scale)
+        tessera.view(dv_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dv)
 
 
 @tessera.kernel(fast_math=True)

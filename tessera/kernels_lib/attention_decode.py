@@ -21,6 +21,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from .attention_fwd import LOG2E
 from .attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
@@ -193,12 +194,11 @@ def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePla
     return gpu_decode_plan(shape.D, unified, "amd" if torch.version.hip else "nvidia")
 
 
-@torch.library.custom_op("tessera::attention_decode", mutates_args=())
-def attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
-                        cache_seqlens: torch.Tensor, causal: bool = True, window_left: int = -1,
-                        window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
-                        num_splits: int = 0, unified_max: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.attention_decode`: see `attention_decode`."""
+def _attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,
+                      cache_seqlens: torch.Tensor, causal: bool = True, window_left: int = -1,
+                      window_right: int = -1, softcap: float = 0.0, scale: Optional[float] = None,
+                      num_splits: int = 0, unified_max: Optional[float] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention_decode`: see `attention_decode`."""
     shape = _check_decode(q, k_cache, v_cache, block_table, cache_seqlens)
     _check_lengths(shape, cache_seqlens)
     o = torch.empty(q.shape, dtype=q.dtype, device=q.device)
@@ -210,6 +210,9 @@ def attention_decode_op(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.T
     softmax = Softmax.of(shape, q.dtype, causal, window_left, window_right, softcap, scale, unified_max)
     launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits)
     return o, lse
+
+
+attention_decode_op = torch.library.custom_op("tessera::attention_decode", _attention_decode, mutates_args=())
 
 
 @attention_decode_op.register_fake
@@ -244,11 +247,15 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     dims 64 and 128; 256 runs the online softmax only.)
 
     O is (B, Sq, H, D), LSE (B, H, Sq) float32 (+inf for a row that sees no
-    key, with O = 0). Inference only (no autograd).
+    key, with O = 0). Inference only (no autograd). This is the op
+    `torch.ops.tessera.attention_decode`, called directly where nothing
+    observes the dispatch (`tessera.torch.unobserved`).
     """
     from .attention import window_bounds
     left, right = window_bounds(causal, window)
     if unified_max is not None and not math.isfinite(unified_max):
         raise ValueError(f"tessera::attention_decode: unified_max must be a finite float, got {unified_max}")
-    return attention_decode_op(q, k_cache, v_cache, block_table, cache_seqlens, causal, left, right, float(softcap),
-                               scale, int(num_splits), None if unified_max is None else float(unified_max))
+    op = _attention_decode if tessera.torch.unobserved(q, k_cache, v_cache, block_table, cache_seqlens) \
+        else attention_decode_op
+    return op(q, k_cache, v_cache, block_table, cache_seqlens, causal, left, right, float(softcap), scale,
+              int(num_splits), None if unified_max is None else float(unified_max))

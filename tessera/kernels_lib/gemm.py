@@ -50,6 +50,7 @@ is meaningless.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 from typing import Optional
@@ -57,10 +58,12 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from . import gemm_configs
 from . import gemm_split_k
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
+from .hooks import outside_graphs
 
 
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
@@ -108,7 +111,8 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
-@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device)
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device,
+                  model=gemm_configs.predicted)
 @tessera.kernel
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
@@ -137,7 +141,7 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
 # float32 inputs and the alpha / bias epilogue), exp2 and division approximate (the gelu / silu
 # epilogues). `_fast_math_allows` says when the op runs it; `gemm_kernel` stays exact.
 gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
-                                    prune=gemm_configs.prune_for_device)(
+                                    prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
     tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
 
 
@@ -244,7 +248,7 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
 
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
     """One program per tile, or per SM (at most one per tile) for persistent configs."""
-    num_tiles = tessera.cdiv(M, meta["BM"]) * tessera.cdiv(N, meta["BN"])
+    num_tiles = -(-M // meta["BM"]) * -(-N // meta["BN"])         # ceiling divisions, on every launch
     return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
 
 
@@ -273,7 +277,7 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     the inputs' dtype, bfloat16 for fp8 inputs).
 
     This is the op `torch.ops.tessera.gemm`. Where nothing would see the op
-    being dispatched (`_unobserved`: plain CUDA tensors, no gradient to
+    being dispatched (`tessera.torch.unobserved`: plain CUDA tensors, no gradient to
     record, no torch.compile, tracing, vmap or torch function/dispatch mode)
     it runs the CUDA implementation directly, as the dispatcher would, but
     without its ~9 µs of Python; otherwise it dispatches.
@@ -281,19 +285,23 @@ def gemm(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor] = None,
     Fused user functions (`gemm_fusion.py`): `epilogue=fn, epilogue_args=(...)`
     (and `epilogue_outputs=`) on the float32 accumulator, `prologue_a=` /
     `prologue_b=` (with `_args`) on the operand blocks as they load, and
-    `gather_a=` row indices; each fn a `@tessera.func` compiled into the kernel.
+    `gather_a=` row indices; each fn a `@tessera.func` compiled into the kernel;
+    `epilogue_reference=` (the epilogue in torch) gives it autograd. This path
+    is not the custom op: torch.compile breaks the graph at it.
     """
     if hooks:
         return _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks)
-    if _unobserved(a, b, bias, scale_a, scale_b):
+    if tessera.torch.unobserved(a, b, bias, scale_a, scale_b):
         return _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha)
     return gemm_op(a, b, bias, scale_a, scale_b, activation=activation, out_dtype=out_dtype, trans_a=trans_a,
                    trans_b=trans_b, alpha=alpha)
 
 
+@outside_graphs("tessera::gemm", "epilogue=, prologue_a=, prologue_b=, gather_a=")
 def _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha, hooks):
     """The GEMM with user functions fused in (`gemm_fusion.fused_gemm`); the fixed epilogue's arguments are
-    refused there, since the user's epilogue says what to do with the accumulator."""
+    refused there, since the user's epilogue says what to do with the accumulator. torch.compile does not trace
+    it (`hooks.outside_graphs`): a clean graph break rather than Dynamo failing inside the hook machinery."""
     from .gemm_fusion import HOOK_ARGUMENTS, fused_gemm
 
     unknown = sorted(set(hooks) - set(HOOK_ARGUMENTS))
@@ -307,24 +315,6 @@ def _with_hooks(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, tr
                          f"{'them' if len(given) > 1 else 'it'} in the epilogue instead (pass tensors as "
                          f"epilogue_args)")
     return fused_gemm(a, b, out_dtype=out_dtype, trans_a=trans_a, trans_b=trans_b, **hooks)
-
-
-def _unobserved(*tensors: Optional[torch.Tensor]) -> bool:
-    """Whether dispatching `tessera::gemm` on these tensors would only call its CUDA implementation."""
-    if not _nothing_watches():
-        return False
-    grad = torch.is_grad_enabled()
-    for t in tensors:
-        if t is not None and (type(t) is not torch.Tensor or not t.is_cuda or (grad and t.requires_grad)):
-            return False
-    return True
-
-
-def _nothing_watches() -> bool:
-    """No torch.compile, JIT tracing, vmap/grad transform, or torch function / dispatch mode is active."""
-    C = torch._C
-    return not (torch.compiler.is_compiling() or C._is_torch_function_mode_enabled()
-                or C._len_torch_dispatch_stack() or C._are_functorch_transforms_active() or C._get_tracing_state())
 
 
 @functools.lru_cache(maxsize=None)
@@ -360,19 +350,34 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
     if cpu:
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
-    fast = not cpu and _fast_math_allows(out_dtype, activation)
+    capturing = tessera.capturing()
+    fast = not cpu and _fast_math_allows(out_dtype, activation) and not capturing
     num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
     split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
-    with tessera.writes_whole(c):           # for tessera.fusion(): every tile of C is stored (issue 18)
-        if split is not None:               # small M, or too few tiles for the SMs: K split over programs
+    if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
+        # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
+        with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
             gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
                                 atomic=os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
-        elif cpu:
+    elif cpu:
+        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
             gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
-        else:
-            kernel = gemm_kernel_fast if fast else gemm_kernel
-            kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **flags)
+    else:
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
     return c
+
+
+def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:
+    """Launch an autotuned GEMM kernel (`gemm_kernel*`, `gemm_fused_kernel`) over C's M x N tiles. `capturing`
+    (`tessera.capturing()`): inside `tessera.fusion()` the launch declares that it writes all of `c`, is recorded
+    with a tuned or predicted config (`predicted_config`), and elementwise consumers of C become its epilogue;
+    the op then passes the exact kernel, not the fast-math one, since a consumer fused into it keeps its own
+    numerics. Outside a capture nothing is declared (the context manager would cost the launch ~3 µs)."""
+    if capturing:
+        with tessera.writes_whole(c):
+            kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+    else:
+        kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
 
 
 @gemm_op.register_fake

@@ -56,3 +56,33 @@ def prune_for_device(configs: list[tessera.Config], named_args: dict) -> list[te
             break
     wanted = configs_for(family_of(capability))
     return [c for c in configs if c in wanted]
+
+
+# The SM count `predicted` assumes when the arguments do not name a torch CUDA device (an H100 SXM's).
+ASSUMED_SMS = 132
+
+
+def predicted(configs: list[tessera.Config], named_args: dict) -> tessera.Config:
+    """The autotuner's model (`tessera.autotune(model=...)`): a config chosen without timing, used where a launch
+    cannot be timed (inside `tessera.fusion()`) and nothing was tuned for the shape yet. It is the config whose
+    waves of tiles compute the least padded area per SM (ceil(tiles / SMs) * BM * BN: tile padding and the
+    last wave's idle SMs both count), larger tiles first among equals (more reuse of each loaded block), then
+    the configs' own order."""
+    M, N, sms = int(named_args["M"]), int(named_args["N"]), _sm_count(named_args)
+
+    def cost(indexed):
+        i, config = indexed
+        bm, bn = config.kwargs["BM"], config.kwargs["BN"]
+        waves = -(-tessera.cdiv(M, bm) * tessera.cdiv(N, bn) // sms)
+        return waves * bm * bn, -bm * bn, i
+
+    return min(enumerate(configs), key=cost)[1]
+
+
+def _sm_count(named_args: dict) -> int:
+    for value in named_args.values():
+        device = getattr(value, "device", None)
+        if getattr(device, "type", None) == "cuda":
+            import torch
+            return torch.cuda.get_device_properties(device).multi_processor_count
+    return ASSUMED_SMS

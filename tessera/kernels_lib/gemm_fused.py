@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import tessera
 
+from . import gemm_configs
 from .gemm import CONFIGS, grouped_tile
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
@@ -122,7 +123,7 @@ def gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK):
     return tessera.load(a + offsets, mask=mask)
 
 
-@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"])
+@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"], model=gemm_configs.predicted)
 @tessera.kernel
 def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, x0, x1, x2, x3, x4, x5,

@@ -18,8 +18,14 @@ output row m read row gather_a[m] of op(a). The result is a new M x N
 tensor in out_dtype (default: a's dtype).
 
 This path calls the kernel directly rather than through a torch custom op
-(a schema cannot carry a Python function), so it records no autograd and
-torch.compile runs it outside the graph.
+(a schema cannot carry a Python function). Autograd: with
+`epilogue_reference=` (a torch function computing what the epilogue
+computes), or an epilogue from `epilogues.py` (which carry theirs), the
+result differentiates through it (`gemm_fusion_grad.py`); without one,
+inputs that require gradients are an error naming the fix.
+torch.compile breaks the graph at the call (`gemm` is
+`torch.compiler.disable`d on this path) and runs it eagerly; under
+`fullgraph=True` that break is torch's error naming this reason.
 """
 
 from __future__ import annotations
@@ -31,8 +37,12 @@ from typing import Any, Optional, Sequence
 
 import torch
 
-from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided
+import tessera
+
+from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided, launch_tuned
+from .epilogues import reference_of
 from .gemm_fused import gemm_fused_kernel
+from .gemm_fusion_grad import differentiable, needs_grad, refuse_unsupported
 from .hooks import (
     TensorOperand, blamed_on, call_error, hook_params, matrix_operand,
 )
@@ -40,8 +50,8 @@ from .hooks import (
 OP = "tessera::gemm"
 MAX_TENSORS, MAX_SCALARS, MAX_OUTPUTS = 6, 4, 2
 INDEX_NAMES = ("rows", "cols")
-HOOK_ARGUMENTS = ("epilogue", "epilogue_args", "epilogue_outputs", "prologue_a", "prologue_a_args", "prologue_b",
-                  "prologue_b_args", "gather_a")
+HOOK_ARGUMENTS = ("epilogue", "epilogue_args", "epilogue_outputs", "epilogue_reference", "prologue_a",
+                  "prologue_a_args", "prologue_b", "prologue_b_args", "gather_a")
 INDEX_SLOTS = {"rows": MAX_TENSORS + MAX_SCALARS, "cols": MAX_TENSORS + MAX_SCALARS + 1}
 
 
@@ -76,7 +86,8 @@ class Slots:
 
 
 def fused_gemm(a: torch.Tensor, b: torch.Tensor, *, epilogue=None, epilogue_args: Sequence[Any] = (),
-               epilogue_outputs: Sequence[torch.Tensor] = (), prologue_a=None, prologue_a_args: Sequence[Any] = (),
+               epilogue_outputs: Sequence[torch.Tensor] = (), epilogue_reference=None, prologue_a=None,
+               prologue_a_args: Sequence[Any] = (),
                prologue_b=None, prologue_b_args: Sequence[Any] = (), gather_a: Optional[torch.Tensor] = None,
                out_dtype: Optional[torch.dtype] = None, trans_a: bool = False, trans_b: bool = False) -> torch.Tensor:
     """epilogue(prologue_a(op(a)[gather_a]) @ prologue_b(op(b)), *epilogue_args): see the module docstring."""
@@ -93,6 +104,17 @@ def fused_gemm(a: torch.Tensor, b: torch.Tensor, *, epilogue=None, epilogue_args
         elif args:
             raise call_error(OP, f"{role}_args are given without a {role} function; pass {role}=fn")
     outputs = _check_outputs(epilogue, epilogue_outputs, M, N, a.device)
+    if epilogue_reference is not None and epilogue is None:
+        raise call_error(OP, "epilogue_reference is given without the epilogue it stands for; pass epilogue=fn")
+    if needs_grad(a, b, *epilogue_args, *prologue_a_args, *prologue_b_args):
+        epilogue_reference = epilogue_reference or reference_of(epilogue)
+        refuse_unsupported(epilogue_reference, prologue_a is not None or prologue_b is not None,
+                           gather_a is not None, bool(outputs))
+        names = hook_params(OP, "epilogue", epilogue, INDEX_NAMES, len(epilogue_args)).names
+        args = tuple(x.detach() if isinstance(x, torch.Tensor) else x for x in epilogue_args)
+        run = lambda: fused_gemm(a.detach(), b.detach(), epilogue=epilogue, epilogue_args=args,  # noqa: E731
+                                 out_dtype=out_dtype, trans_a=trans_a, trans_b=trans_b)
+        return differentiable(run, epilogue_reference, names, tuple(epilogue_args), a, b, trans_a, trans_b)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if M == 0 or N == 0:
         return c
@@ -165,7 +187,7 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
-        gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
+        with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored
+            gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
     else:
-        num_sms = _num_sms(a.get_device())
-        gemm_fused_kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+        launch_tuned(gemm_fused_kernel, args, c, M, N, _num_sms(a.get_device()), tessera.capturing(), **constexprs)

@@ -38,6 +38,17 @@ def caller_line() -> tuple[Optional[str], Optional[int]]:
     return None, None
 
 
+def outside_graphs(op: str, hooks: str):
+    """`torch.compiler.disable` for a library op's path with fused functions: a Python function cannot be a
+    torch op's argument, so torch.compile breaks the graph at the call and runs it eagerly (rather than
+    tracing the hook machinery into an internal error); under fullgraph=True torch's error gives this reason."""
+    return torch.compiler.disable(reason=f"{op} with fused functions ({hooks}) runs outside torch.compile's graph: "
+                                         f"a Python function cannot be a torch op's argument. Without "
+                                         f"fullgraph=True the graph breaks here and the op runs eagerly; to keep "
+                                         f"one graph, wrap the call, with its functions fixed, in your own "
+                                         f"@tessera.torch.op")
+
+
 def call_error(op: str, message: str) -> tessera.CompileError:
     """A CompileError at the line that called library op `op`."""
     file, line = caller_line()

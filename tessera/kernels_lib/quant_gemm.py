@@ -32,6 +32,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from .quant import FORMATS, QuantizedWeight
 
@@ -191,11 +192,10 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     return x.numel() // K, N, K, out_dtype
 
 
-@torch.library.custom_op("tessera::quant_gemm", mutates_args=())
-def quant_gemm_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
-                  perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
-                  format: str, global_scale: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
-    """`torch.ops.tessera.quant_gemm`: see `quant_gemm`."""
+def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
+                perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
+                format: str, global_scale: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+    """The implementation of `torch.ops.tessera.quant_gemm`: see `quant_gemm`."""
     M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype)
     x2 = x.reshape(M, K)
     if perm is not None:
@@ -228,6 +228,9 @@ def quant_gemm_op(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, 
     return out.to(out_dtype).reshape(*x.shape[:-1], N)
 
 
+quant_gemm_op = torch.library.custom_op("tessera::quant_gemm", _quant_gemm, mutates_args=())
+
+
 @quant_gemm_op.register_fake
 def _quant_gemm_fake(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, global_scale,
                      out_dtype=None):
@@ -242,10 +245,12 @@ def quant_gemm(x: torch.Tensor, w: QuantizedWeight, x_scale: Optional[torch.Tens
     x is [..., K] float16 or bfloat16; for W4A8 (int weights of at most 4
     bits) float8_e4m3fn with `x_scale`, float32 [...] (one scale per row).
     The result is [..., N] in `out_dtype` (default: x's dtype; bfloat16 for
-    fp8 x). This is the op `torch.ops.tessera.quant_gemm`.
+    fp8 x). This is the op `torch.ops.tessera.quant_gemm` (called directly where
+    nothing observes the dispatch: `tessera.torch.unobserved`).
     """
-    return quant_gemm_op(x, w.qweight, w.scales, w.zeros, w.perm, x_scale, w.bits, w.group_size, w.format,
-                         w.global_scale, out_dtype)
+    direct = tessera.torch.unobserved(x, w.qweight, w.scales, w.zeros, w.perm, x_scale)
+    return (_quant_gemm if direct else quant_gemm_op)(x, w.qweight, w.scales, w.zeros, w.perm, x_scale, w.bits,
+                                                      w.group_size, w.format, w.global_scale, out_dtype)
 
 
 @functools.lru_cache(maxsize=None)

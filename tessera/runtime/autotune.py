@@ -32,6 +32,10 @@ A choice is looked up in memory, then on disk, and only then measured:
   injectable: `timer(run, config) -> seconds`.
 * `TESSERA_AUTOTUNE_PIN='{"BLOCK": 128, "num_warps": 4}'` (every autotuned
   kernel) or `'{"add": {"BLOCK": 128}}'` (per kernel name) skips tuning.
+* Where nothing may be timed (`tessera.fusion()` records a launch whose
+  inputs earlier recorded launches have yet to compute), `predict` returns
+  the pinned or tuned config, else the kernel's `model(configs, named_args)`
+  choice among the pruned configs.
 * While tuning, `tuning add: 3/8 configs` is redrawn in place on stderr when
   stderr is a terminal and `TESSERA_AUTOTUNE_QUIET` is not `1`.
 """
@@ -279,6 +283,7 @@ class Autotuner:
     reset_to_zero: list[str] = field(default_factory=list)
     restore_value: list[str] = field(default_factory=list)
     timer: Timer | None = None
+    model: Callable[[list[Config], dict[str, Any]], Config] | None = None
     cache_directory: str | os.PathLike | None = None
     pinned: Config | None = None
     chosen: dict[tuple[str, str], Config] = field(default_factory=dict)     # in memory
@@ -323,6 +328,19 @@ class Autotuner:
         self.chosen[slot], self.timings[slot] = config, timings
         self.store.put(*slot, config, timings)
         return config
+
+    def predict(self, named_args: dict[str, Any], device: str) -> tuple[Config, str]:
+        """The config to launch with when nothing may be timed (a capture records launches whose inputs are not
+        computed yet), and how it was found: "pinned", "tuned" (memory or disk), or "model" (`model(configs,
+        named_args)` over the configs the prune function keeps, the first of them without a model). Compiling
+        every config to prune by resources is left to tuning: the shipped configs are meant to fit."""
+        if self.pinned is not None or pinned_config(self.kernel_name) is not None:
+            return self.lookup(named_args, device), "pinned"
+        config = self.lookup(named_args, device)
+        if config is not None:
+            return config, "tuned"
+        survivors = self._prune(named_args, None, None)
+        return (self.model(survivors, named_args) if self.model is not None else survivors[0]), "model"
 
     def _prune(self, named_args: dict[str, Any], metadata: MetadataFn | None, target: Any) -> list[Config]:
         reasons: dict[int, str] = {}

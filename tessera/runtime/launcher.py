@@ -40,6 +40,7 @@ from typing import Any, Callable, Sequence
 from tessera.ir.tensor_map import TensorMapRecipe
 from tessera.ir.types import PointerType, ScalarType, Type
 
+from . import dlpack
 from .errors import LaunchError
 from .limits import as_dim3
 from .packing import ArgumentPacker, pointer_and_device
@@ -103,10 +104,12 @@ class Launcher:
             grid = as_dim3(grid, "grid")
             if 0 in grid:
                 return
-            values, ordinal, torch_args = self._arguments(args)
+            values, ordinal, torch_args, exported = self._arguments(args)
             launch = self._prepared.get(ordinal) or self.prepared(ordinal)
             handle = stream_handle(stream) if stream is not None else (
                 torch_current_stream(ordinal) if torch_args else 0)
+            for i in exported:
+                values[i] = self._export(i, values[i], handle)
             launch(*grid, values, handle)
         except LaunchError as exc:
             raise exc.with_kernel(self.binary.name) from None
@@ -135,21 +138,26 @@ class Launcher:
         self._prepared[ordinal] = launch
         return launch
 
-    def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool]:
-        """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor."""
+    def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool, list[int]]:
+        """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor; and which
+        are GPU `__dlpack__` objects, left for `_export` once the launch's stream is known."""
         slots = [s for s in self.packer.slots if not s.is_tensor_map]     # the maps are built, not passed
         if len(args) != len(slots):
             names = ", ".join(s.name or str(s.type) for s in slots)
             raise LaunchError(f"the kernel takes {len(slots)} runtime arguments ({names}), got {len(args)}")
         values = list(args)
         torch = sys.modules.get("torch")
-        ordinal, owner, torch_args = None, None, False
+        ordinal, owner, torch_args, exported = None, None, False, []
         for i in self._pointers:
             value = values[i]
             if value is None or type(value) is int:
                 continue
             try:
-                address, where = pointer_and_device(value)
+                if dlpack.is_gpu_dlpack(value):
+                    address, where = value, dlpack.gpu_device(value)     # the address comes with the stream
+                    exported.append(i)
+                else:
+                    address, where = pointer_and_device(value)
                 if where is None:
                     where = self._backend.pointer_device(address)
             except LaunchError as exc:
@@ -164,7 +172,17 @@ class Launcher:
             values[i] = address
         if ordinal is None:
             ordinal = self._backend.current_ordinal()
-        return values, ordinal, torch_args
+        return values, ordinal, torch_args, exported
+
+    def _export(self, i: int, obj: Any, stream: int) -> int:
+        """The address of GPU `__dlpack__` argument `i`, exported for the launch's `stream` (the producer orders
+        its pending work before the kernel, as the protocol asks)."""
+        slot = [s for s in self.packer.slots if not s.is_tensor_map][i]
+        try:
+            device_type = int(obj.__dlpack_device__()[0])
+            return dlpack.read(obj, dlpack.stream_argument(stream, device_type)).address
+        except LaunchError as exc:
+            raise LaunchError(f"{slot.describe()}: {exc.message}") from None
 
     def _load(self, ordinal: int):
         with self._lock:

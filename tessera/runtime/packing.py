@@ -52,6 +52,7 @@ import numpy as np
 from tessera.ir import dtypes as dt
 from tessera.ir.types import PointerType, ScalarType, TensorMapType
 
+from . import dlpack
 from .errors import LaunchError
 
 POINTER_BYTES = 8
@@ -343,11 +344,6 @@ CPU_TENSOR_MESSAGE = ("a CPU tensor was passed to a GPU launch; move it with .cu
 NUMPY_MESSAGE = ("a numpy array (CPU memory) was passed to a GPU launch; copy it to the GPU (e.g. "
                  "torch.from_numpy(a).cuda()), or pass only numpy arrays to run on the CPU interpreter")
 
-# DLPack device types (dlpack.h, DLDeviceType)
-_DL_GPU = {2: "cuda", 13: "cuda", 10: "rocm"}   # kDLCUDA, kDLCUDAManaged, kDLROCM
-_DL_NAMES = {1: "CPU", 3: "pinned host (CUDA)", 4: "OpenCL", 7: "Vulkan", 8: "Metal", 11: "pinned host (ROCm)"}
-
-
 def device_pointer(obj: Any, device: int | None = None) -> int:
     """The device address of a GPU array; `device` (an ordinal) also checks where it lives.
 
@@ -361,8 +357,9 @@ def device_pointer(obj: Any, device: int | None = None) -> int:
     return address
 
 
-def pointer_and_device(obj: Any) -> tuple[int, int | None]:
-    """(device address, device ordinal) of a GPU array; the ordinal is None when the object does not say."""
+def pointer_and_device(obj: Any, stream: int | None = None) -> tuple[int, int | None]:
+    """(device address, device ordinal) of a GPU array; the ordinal is None when the object does not say.
+    A `__dlpack__` object is exported with `stream=stream` when given (`dlpack.stream_argument`)."""
     torch = sys.modules.get("torch")
     if torch is not None and isinstance(obj, torch.Tensor):
         device = obj.device
@@ -375,57 +372,13 @@ def pointer_and_device(obj: Any) -> tuple[int, int | None]:
         raise LaunchError(NUMPY_MESSAGE)
     interface = getattr(obj, "__cuda_array_interface__", None)
     if interface is not None:
-        return int(interface["data"][0]), _dlpack_device(obj)
+        return int(interface["data"][0]), dlpack.gpu_device(obj)
     if hasattr(obj, "__dlpack__"):
-        device = _dlpack_device(obj)
-        return _dlpack_address(obj), device
+        device = dlpack.gpu_device(obj)
+        return dlpack.read(obj, stream).address, device
     raise LaunchError(f"cannot pass a {type(obj).__name__} as a pointer argument; pass a torch CUDA tensor, an "
                       f"object with __cuda_array_interface__ or __dlpack__ (CuPy, Numba, JAX), or an int "
                       f"device address")
-
-
-def _dlpack_device(obj: Any) -> int | None:
-    query = getattr(obj, "__dlpack_device__", None)
-    if query is None:
-        return None
-    device_type, device_id = query()
-    device_type = int(device_type)
-    if device_type in _DL_GPU:
-        return int(device_id)
-    where = _DL_NAMES.get(device_type, f"DLPack device type {device_type}")
-    if device_type == 1:
-        raise LaunchError(f"an array in CPU memory ({type(obj).__name__}) was passed to a GPU launch; copy it "
-                          f"to the GPU, or pass numpy arrays to run on the CPU interpreter")
-    raise LaunchError(f"an array in {where} memory ({type(obj).__name__}) was passed to a GPU launch; copy it "
-                      f"to GPU memory first")
-
-
-class _DLDevice(ctypes.Structure):
-    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
-
-
-class _DLTensor(ctypes.Structure):
-    """The head of dlpack.h's DLTensor (the first member of DLManagedTensor)."""
-
-    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
-                ("dtype", ctypes.c_uint32), ("shape", ctypes.c_void_p), ("strides", ctypes.c_void_p),
-                ("byte_offset", ctypes.c_uint64)]
-
-
-def _dlpack_address(obj: Any) -> int:
-    """The data address inside a (legacy, unversioned) DLPack capsule.
-
-    The capsule is read, not consumed: dropping it runs the producer's
-    deleter, and `obj` itself keeps the memory alive.
-    """
-    capsule = obj.__dlpack__()
-    get_pointer = ctypes.pythonapi.PyCapsule_GetPointer
-    get_pointer.restype, get_pointer.argtypes = ctypes.c_void_p, [ctypes.py_object, ctypes.c_char_p]
-    try:
-        head = _DLTensor.from_address(get_pointer(capsule, b"dltensor"))
-    except ValueError:
-        raise LaunchError(f"{type(obj).__name__}.__dlpack__() did not return a DLPack capsule") from None
-    return (head.data or 0) + head.byte_offset
 
 
 def check_kernarg_layout(packer: ArgumentPacker, kernel_args: Sequence[dict]) -> None:

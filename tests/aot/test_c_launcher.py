@@ -184,3 +184,37 @@ def test_an_amd_launcher_compiles_against_hip(tmp_path):
     done = subprocess.run([CC, "-std=c11", "-c", "-Wall", "-Werror", "-D__HIP_PLATFORM_AMD__", f"-I{hip_include()}",
                            "add.c"], cwd=tmp_path, capture_output=True, text=True)
     assert done.returncode == 0, done.stderr
+
+
+def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_describes_them(tmp_path):
+    """K and V at per-(batch, head) offsets: 4-D maps whose leading (batch, head) dims are unbounded, cut to the
+    address space alike in C and in Python."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "kernels_lib"))
+    from test_attention_compile import FORWARD_SIGNATURE
+
+    from tessera.dsl.gpu_launch import launch_parameters
+    kernel = f"{ROOT / 'tessera' / 'kernels_lib' / 'attention_fwd.py'}:attention_fwd_kernel"
+    consts = ["D=64", "BM=128", "BN=64", "STAGES=2", "HAS_LEFT=False", "HAS_RIGHT=False", "SOFTCAP=False",
+              "VARLEN=False"]
+    manifest = compile_kernel(tmp_path, kernel, FORWARD_SIGNATURE.format(t="bf16"), consts, target="sm_90a", warps=8)
+    spec = Specialization.load(manifest)
+    metadata = json.loads(manifest.read_text())
+    assert [len(m["shape"]) for m in metadata["tensor_maps"]] == [4, 4]
+    B, S, H, D = 2, 1000, 8, 64
+    strides = [S * H * D, H * D, D, 1]
+    values = [0x10000 * (i + 1) for i in range(7)] + [S, S, H, H, 0.125, 0.0, 0, 0] + strides * 4 + [H * S, S] \
+        + [0x80000, 0x90000, 0.0, 0.0, 0xA0000, 0, 0, 0, 0, 0.0]
+    literal = lambda v: f"{v}f" if isinstance(v, float) else str(v)   # noqa: E731
+    call = f"attention_fwd_kernel_launch(NULL, 8, 16, 1, {', '.join(map(literal, values))})"
+    sizes = [8 if p.is_pointer else 4 for p in spec.parameters] + [128, 128]
+    lines = run_launch(tmp_path, [tmp_path / "attention_fwd_kernel.c"], call, sizes)
+    maps = [line for line in lines if line.startswith("map ")]
+    names = [p.name for p in spec.parameters]
+    _, _, recipes = launch_parameters([None] * len(names), names, {"tensor_maps": metadata["tensor_maps"]})
+    for line, recipe in zip(maps, recipes, strict=True):
+        d = recipe.describe(values, values[recipe.pointer])
+        inner_first = lambda xs: " ".join(str(x) for x in reversed(xs))   # noqa: E731
+        assert f"address {d.global_address} dims {inner_first(d.shape)} strides {inner_first(d.strides[:-1])} " \
+               f"box {inner_first(d.box_shape)} element_strides 1 1 1 1" in line
+    assert lines[-1] == "status 0"

@@ -53,3 +53,11 @@ def test_inline_asm_operands():
     asm = wgmma_asm(8, "bf16", False, True)
     assert "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {$0, $1, $2, $3}, $4, $5, p, 1, 1, 0, 1;" in asm
     assert "setp.ne.b32 p, $6, 0;" in asm
+
+
+def test_inline_asm_operands_with_a_in_registers():
+    """A's 8 elements as 4 words in place of its descriptor; imm-trans-b alone after the scales."""
+    asm = wgmma_asm(8, "bf16", False, True, a_in_registers=True)
+    assert ("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {$0, $1, $2, $3}, {$4, $5, $6, $7}, $8, p, 1, 1, 1;"
+            in asm)
+    assert "setp.ne.b32 p, $9, 0;" in asm

@@ -76,7 +76,8 @@ arrays = st.builds(lambda offset, typestr, n: FakeDeviceArray(n, typestr=typestr
 ints = st.one_of(st.sampled_from([0, 1, 16, 17, 32, 2**31 - 1, 2**31, -(2**31) - 1, 2**64 - 1]),
                  st.integers(-100, 100))
 launches = st.fixed_dictionaries({
-    "args": st.tuples(arrays, arrays, ints, st.sampled_from([1, 16, 17]), st.one_of(st.floats(-2, 2), st.just(1))),
+    "args": st.tuples(arrays, arrays, ints, st.sampled_from([1, 16, 17]), st.one_of(st.floats(-2, 2), st.just(1)))
+    .flatmap(lambda args: st.sampled_from([args, (args[0], args[0], *args[2:])])),      # or x passed as out too
     "block": st.sampled_from([16, 32, 16.0, True]),
     "even": st.sampled_from([None, False, True, 0]),
     "grid": st.sampled_from(["tuple", "int", "callable"]),

@@ -58,3 +58,19 @@ def test_a_captured_softmax_and_eight_independent_kernels_on_the_gpu():
     assert len(f.ran) == 1
     for t, u in zip(xs, ys):
         torch.testing.assert_close(u, torch.sigmoid(t), rtol=1e-5, atol=1e-6)
+
+
+def test_a_captured_gemm_takes_its_elementwise_consumer_as_its_epilogue_on_the_gpu():
+    M, N, K = 1000, 520, 256
+    a, b = (torch.randn(*s, device="cuda", dtype=torch.bfloat16) for s in ((M, K), (K, N)))
+    bias, out = torch.randn(N, device="cuda"), torch.empty(M, N, device="cuda")
+    with tessera.fusion() as f:
+        c = gemm(a, b)
+        k.bias_gelu[(tessera.cdiv(M * N, 1024),)](c, bias, out, M * N, N, BLOCK=1024)
+        del c
+    assert f.ran == ["gemm_kernel+bias_gelu"], f.report()
+    assert "gemm_kernel: autotuned; launched with the" in f.report()
+    expected = torch.nn.functional.gelu((a.float() @ b.float()).bfloat16().float() + bias, approximate="tanh")
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)
+    f.replay()                                  # the fused launch again, its binary from memory
+    torch.testing.assert_close(out, expected, rtol=2e-2, atol=2e-2)

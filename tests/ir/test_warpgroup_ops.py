@@ -6,7 +6,8 @@ from tessera.ir.errors import VerifyError
 from tessera.ir.parser import parse_module
 from tessera.ir.verifier import verify_module
 
-ARGS = "%p: ptr<bf16, shared>, %g: ptr<bf16>, %d: i64, %i: i32, %c: regs<32xf32>, %c8: regs<4xf32>"
+ARGS = ("%p: ptr<bf16, shared>, %g: ptr<bf16>, %d: i64, %i: i32, %c: regs<32xf32>, %c8: regs<4xf32>, "
+        "%r: regs<8xbf16>, %r4: regs<4xbf16>")
 
 
 def verify(*body: str) -> None:
@@ -18,6 +19,7 @@ def test_well_typed_ops():
            "wgmma_fence",
            '%e = wgmma %a, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
            '%f = wgmma %a, %a, %c8 {dtype = "f16", k = 16, m = 64, n = 8, trans_b = true} : regs<4xf32>',
+           '%h = wgmma %r, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64, trans_b = true} : regs<32xf32>',
            # a stack of two m64n32 fragments, each wgmma updating its own
            '%s0 = wgmma %a, %d, %c {dtype = "bf16", k = 16, m = 64, n = 32, offset = 0} : regs<32xf32>',
            '%s1 = wgmma %a, %d, %s0 {dtype = "bf16", k = 16, m = 64, n = 32, offset = 16} : regs<32xf32>',
@@ -38,7 +40,13 @@ def test_well_typed_ops():
     ('%e = wgmma %d, %d, %c {dtype = "f32", k = 16, m = 64, n = 64} : regs<32xf32>',
      "wgmma multiplies f16 x f16, bf16 x bf16 or e4m3/e5m2 x e4m3/e5m2, got dtype = 'f32'"),
     ('%e = wgmma %i, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
-     "wgmma reads A and B through i64 matrix descriptors (wgmma_desc), got i32 and i64"),
+     "wgmma reads B through an i64 matrix descriptor (wgmma_desc) and A through one or from registers "
+     "(regs<8xbf16>, f16/bf16 only: the `wgmma_a_fragment()` of a 64 x 16 slice); got i32 and i64"),
+    ('%e = wgmma %r4, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>', "got regs<4xbf16> and i64"),
+    ('%e = wgmma %r, %d, %c {dtype = "f16", k = 16, m = 64, n = 64} : regs<32xf32>', "(regs<8xf16>, f16/bf16"),
+    ('%e = wgmma %d, %r, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>', "got i64 and regs<8xbf16>"),
+    ('%e = wgmma %r, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64, trans_a = true} : regs<32xf32>',
+     "wgmma with A in registers has no trans_a"),
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, n = 64} : regs<32xf32>', "wgmma needs attribute 'm'"),
     ("%a = wgmma_desc %g {lbo = 16, sbo = 1024, swizzle = 128} : i64",
      "wgmma_desc describes a tile in shared memory: its operand is a ptr<T, shared>, got ptr<bf16>"),

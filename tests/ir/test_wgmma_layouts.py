@@ -5,9 +5,9 @@ definition (the PTX table, CuTe's canonical GMMA layouts written as shape:stride
 import numpy as np
 import pytest
 
-from tessera.ir.layouts import LayoutError, mma_m16n8k16_c, spatial
+from tessera.ir.layouts import LayoutError, local, mma_m16n8k16_c, spatial
 from tessera.ir.smem_layouts import swizzle_bytes
-from tessera.ir.wgmma_layouts import (WGMMA_NS, MatrixDescriptor, WgmmaSmemLayout, WgmmaTileLayout,
+from tessera.ir.wgmma_layouts import (WGMMA_NS, MatrixDescriptor, WgmmaSmemLayout, WgmmaTileLayout, wgmma_a_fragment,
                                       operand_addresses, wgmma_accumulator, wgmma_tile_swizzle)
 
 
@@ -34,6 +34,16 @@ def test_accumulator_matches_the_ptx_table(n):
 
 def test_accumulator_n8_is_the_mma_c_fragment_per_warp():
     assert wgmma_accumulator(8) == spatial(4, 1) * mma_m16n8k16_c()
+
+
+def test_register_a_fragment_matches_the_ptx_table():
+    """PTX ISA "Register fragment of matrix A" (m64nNk16, f16/bf16): thread 32 w + l, register i holds
+    A[16 w + l // 4 + 8 ((i // 2) % 2)][8 (i // 4) + 2 (l % 4) + i % 2]: the accumulator's first 16 columns."""
+    layout = wgmma_a_fragment()
+    assert layout.shape == (64, 16) and layout.num_threads == 128 and layout.local_size == 8 and layout.is_bijective
+    np.testing.assert_array_equal(layout.table(), ptx_accumulator_table(32)[:, :8])
+    rk = 4          # RK slices stacked along K hold the registers of a 64 x 16 RK accumulator, in order
+    np.testing.assert_array_equal((local(1, rk) * wgmma_a_fragment()).table(), wgmma_accumulator(16 * rk).table())
 
 
 @pytest.mark.parametrize("n", [0, 4, 12, 264])

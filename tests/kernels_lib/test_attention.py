@@ -79,6 +79,23 @@ def test_strided_inputs_are_read_in_place():
     check(*attention(q, k, v, causal=True), *reference(q, k, v, causal=True))
 
 
+def test_broadcast_keys_are_materialized_and_other_strides_kept():
+    """k and v expanded over the batch (stride 0) are copied once (a TMA map cannot step by 0 on sm_90a); the
+    strided views of the test above are passed as they are; a size-1 dim's stride 0 is passed as 16."""
+    from tessera.kernels_lib.attention import Problem, _unbroadcast
+    q, k, v = qkv(3, 20, 30, 2, 1, 32, seed=2)
+    k, v = k[:1].expand(3, -1, -1, -1), v[:1].expand(3, -1, -1, -1)
+    dense_k, = _unbroadcast(k)
+    assert dense_k.is_contiguous() and torch.equal(dense_k, k)
+    packed = torch.zeros(2, 23, 3, 2, 32)
+    view = packed.unbind(2)[1]
+    assert _unbroadcast(view)[0] is view
+    problem = Problem.of(q, k, None, None, 20, 30, False, -1, -1, 0.0, None)
+    assert problem.strides(torch.zeros(1, 4, 2, 8).expand(1, 4, 2, 8).as_strided((1, 4, 2, 8), (0, 16, 8, 1))) \
+        == (16, 16, 8, 1)
+    check(*attention(q, k, v, causal=True), *reference(q, k, v, causal=True))
+
+
 def test_no_keys_gives_zeros_and_infinite_lse():
     q, k, v = qkv(1, 5, 0, 1, 1, 16)
     out, lse = attention(q, k, v)

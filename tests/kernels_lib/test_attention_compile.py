@@ -35,23 +35,31 @@ VARIANTS = {    # the plain kernel, and the one with every option compiled in (t
 }
 
 
-def compile_owing_tma(kernel, target, **options):
-    """`kernel.compile(target=target, **options)`; on sm_90a, where K and V (and Q, dO in the backward) are
-    streamed by cp.async rather than TMA, with that shortfall seen and no other (strict mode would refuse it).
-    TMA is owed (issue 16): the blocks start at a per-(batch, head) offset of the kernel argument (decode: per
-    page), which a tensor map built from that argument does not express yet."""
-    if not target.startswith("sm_90"):
-        return kernel.compile(target=target, **options)
+def compile_checked(kernel, target, **options):
+    """`kernel.compile(target=target, **options)`, strict (no schedule shortfall) except where TMA cannot stream
+    K and V on sm_90a: with VARLEN the blocks' bounds (each sequence's length) and the decode kernel's (a page's
+    tokens) are loaded from memory, which a tensor map, built by the host from the launch's arguments, cannot
+    hold; so those blocks come by cp.async, with that shortfall seen (strict mode would refuse it) and no other."""
+    owes_tma = options.get("VARLEN", False) or kernel.name == "attention_decode_kernel"
+    if not (target.startswith("sm_90") and owes_tma):
+        return kernel.compile(target=target, strict=True, **options)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         compiled = kernel.compile(target=target, strict=False, **options)
     shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
-    assert shortfalls and all("cp.async instead of TMA" in m for m in shortfalls), shortfalls   # and no other
+    assert shortfalls and all("cp.async instead of TMA" in m and "sizes and row stride are not constants or "
+                              "kernel arguments" in m for m in shortfalls), shortfalls   # and no other
     return compiled
 
 
+def streams_by_tma(ptx, rank=4):
+    """Whether every pipelined block of `ptx` comes by TMA over the whole (B, S, H, D) tensor (a rank-4 map,
+    coordinates (d, s, h, b)), none by cp.async."""
+    return f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile" in ptx and "cp.async.cg" not in ptx
+
+
 def compile_forward(target, D, plan, variant, dtype="bf16"):
-    return compile_owing_tma(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
+    return compile_checked(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
                              num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
                              **VARIANTS[variant])
 
@@ -62,15 +70,24 @@ def compile_forward(target, D, plan, variant, dtype="bf16"):
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
     """sm_80: both products on mma.sync, K and V streamed by cp.async; sm_90a: both on wgmma (Q staged in
-    shared memory once, before the key loop)."""
+    shared memory once, before the key loop; P fed from registers), K and V streamed by TMA (4-D maps over (B, S, H, D) at
+    coordinates (0, block, kv head, batch); with VARLEN by cp.async: see `compile_checked`)."""
     plan = GPU_PLANS["nvidia"][D]
     compiled = compile_forward(target, D, plan, variant)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{metadata['registers']} registers"
-    assert "cp.async.cg.shared.global" in ptx
+    if target == "sm_90a" and not VARIANTS[variant]["VARLEN"]:
+        assert streams_by_tma(ptx)
+        assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+    else:
+        assert "cp.async.cg.shared.global" in ptx and "cp.async.bulk.tensor" not in ptx
     if target == "sm_90a":
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16", ptx), "S = Q K^T on wgmma"
-        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16", ptx), "O += P V on wgmma"
+        assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16\S* \{{[^}}]*\}}, %rd", ptx), \
+            "S = Q K^T on wgmma, Q from shared memory"
+        p_from_registers = re.findall(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, "
+                                      r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+", ptx)
+        assert len(p_from_registers) == plan.BN // 16 * (plan.BM // 64 // (plan.num_warps // 4)), \
+            "O += P V on wgmma, P from registers (each 64-row slab, each K slice of 16)"
         assert "mma.sync" not in ptx
     else:
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
@@ -85,22 +102,31 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D):
 
 
 def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
-    """The forward kernel lowered for `target` on the SIMT simulator, 1 x 70 queries x 50 keys, GQA 2:1:
-    (O, LSE) and the float64 reference's."""
+    """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
+    2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
+    other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
+    would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
-    B, Sq, Sk, H, H_kv, D, BN = 1, 70, 50, 2, 1, 32, 32
+    B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
     g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(B, S, h, D, generator=g).half() for S, h in ((Sq, H), (Sk, H_kv), (Sk, H_kv)))
+    q = torch.randn(B, Sq, H, D, generator=g).half()
+    k_rows, v_rows = (torch.full((B, 64, H_kv, D), float("nan")).half() for _ in range(2))
+    k, v = k_rows[:, :Sk], v_rows[:, :Sk]
+    k.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
+    v.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
     o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]
-    args = [q.numpy(), k.numpy(), v.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
+    args = [q.numpy(), k_rows.numpy(), v_rows.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
             LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0]      # the fusion hooks' slots, unused
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
     module = attention_fwd_kernel.specialize(*args, **options).module
-    run_threads(lower(module, target, num_warps).functions[0], args, (tessera.cdiv(Sq, BM), B * H))
+    fn = lower(module, target, num_warps).functions[0]
+    tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
+    assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
+    run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal)
 
 
@@ -134,7 +160,7 @@ def backward_kernels(arch):
         modes = [True, False] if plan.atomic_dq else [False]      # dK/dV adding dQ itself, or the dQ pass
         for atomic in modes:
             yield (f"{arch}-{D}-kv-{'atomic' if atomic else 'plain'}", attention_bwd_kv_kernel, KV_SIGNATURE,
-                   D, plan.kv, {"ATOMIC_DQ": atomic})
+                   D, plan.kv, {"ATOMIC_DQ": atomic, "TRANSPOSED": plan.transposed})
         yield f"{arch}-{D}-q", attention_bwd_q_kernel, Q_SIGNATURE, D, plan.q, {}
 
 
@@ -150,23 +176,24 @@ def test_every_backward_plan_compiles_without_spills(name):
         pytest.skip("ptxas not installed")
     variants = ["window-softcap-varlen"] if target.startswith("gfx") else list(VARIANTS)
     for variant in variants:
-        compiled = compile_owing_tma(kernel, target, signature=signature.format(t="bf16"), num_warps=plan.num_warps,
+        compiled = compile_checked(kernel, target, signature=signature.format(t="bf16"), num_warps=plan.num_warps,
                                      D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
         metadata = compiled.metadata
         if target.startswith("gfx"):
             assert metadata["vgpr_spill_count"] == 0, variant
         else:
             assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{variant}: {metadata['registers']}"
+            assert streams_by_tma(compiled.stages["ptx"]) == (target == "sm_90a" and variant == "plain"), variant
 
 
-def backward_on_the_simulator(target, num_warps, seed=0):
-    """The dK/dV kernel (adding dQ by atomics) and the dQ pass lowered for `target` on the SIMT simulator, 1 x 40
-    queries x 50 keys, GQA 2:1, causal: their (dQ by atomics, dQ by the pass, dK, dV), and the float64 reference's
-    (dQ, dK, dV)."""
+def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):
+    """The dK/dV kernel (adding dQ by atomics; `transposed`: accumulating dK^T and dV^T, head dim 256's plan) and
+    the dQ pass lowered for `target` on the SIMT simulator, 1 x 40 queries x 50 keys, GQA 2:1, causal: their (dQ
+    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV)."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_bwd import attention_bwd_kv_kernel, attention_bwd_q_kernel
     from tessera.passes.thread_passes import lower
-    B, Sq, Sk, H, H_kv, D = 1, 40, 50, 2, 1, 32
+    B, Sq, Sk, H, H_kv = 1, 40, 50, 2, 1
     g = torch.Generator().manual_seed(seed)
     q, k, v = (torch.randn(B, S, h, D, generator=g).half() for S, h in ((Sq, H), (Sk, H_kv), (Sk, H_kv)))
     grad_out = torch.randn(B, Sq, H, D, generator=g).half()
@@ -185,7 +212,8 @@ def backward_on_the_simulator(target, num_warps, seed=0):
     kv_args = [*head, dq_atomic.numpy(), dk.numpy(), dv.numpy(), *scalars, *strides, *dq_atomic.stride()[:3],
                *dk.stride()[:3], *lse.stride()[:2]]
     BN = 32 * num_warps if target.startswith("gfx") else 16 * num_warps
-    module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, **masks).module
+    module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, TRANSPOSED=transposed,
+                                                **masks).module
     run_threads(lower(module, target, num_warps).functions[0], kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
     q_args = [*head, dq.numpy(), *scalars, *strides, *dq.stride()[:3], *lse.stride()[:2]]
     module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, **masks).module
@@ -193,9 +221,12 @@ def backward_on_the_simulator(target, num_warps, seed=0):
     return (dq_atomic * scale, dq, dk, dv), [x.grad for x in leaves]
 
 
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2)])
-def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_warps):
-    (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(target, num_warps)
+@pytest.mark.parametrize("target, num_warps, D, transposed", [
+    ("sm_80", 4, 32, False), ("sm_90a", 4, 32, False), ("gfx942", 2, 32, False),
+    ("sm_90a", 4, 64, True)])       # dK^T, dV^T: 64 x BN on wgmma (head dim 256's plan, at a simulable size)
+def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_warps, D, transposed):
+    (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(
+        target, num_warps, D=D, transposed=transposed)
     for got, expected in ((dq_atomic, expected_dq), (dq, expected_dq), (dk, expected_dk), (dv, expected_dv)):
         torch.testing.assert_close(got.double(), expected, rtol=4e-3, atol=4e-3)
 
@@ -224,7 +255,7 @@ def decode_tiles(vendor):
 def compile_decode(target, softmax, D, rows, keys, stages):
     """The split kernel with every option compiled in (the most registers)."""
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
-    return compile_owing_tma(
+    return compile_checked(
         attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=4, D=D, BM=rows, BN=keys,
         STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
 

@@ -96,6 +96,21 @@ FUSED_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16", "*i32:16", "*i32:16"] +
                            + ["*f32:16", "*{t}:16", "f32", "f32", "*{t}:16"] + ["i32:16"] * 3 + ["i32:1", "f32"])
 
 
+def test_torch_compile_breaks_the_graph_cleanly_at_a_hooked_attention():
+    q, k, v = qkv(B=1, Sq=16, Sk=16, H=2, H_kv=2)
+    slopes = torch.tensor([0.5, 0.25])
+
+    def model(q, k, v):
+        o, _ = attention(q, k, v, score_mod=hooks.score_alibi, score_mod_args=(slopes,))
+        return o * 2
+
+    torch._dynamo.reset()
+    torch.testing.assert_close(torch.compile(model, backend="eager")(q, k, v), model(q, k, v))
+    with pytest.raises(torch._dynamo.exc.Unsupported, match="runs outside torch.compile's graph"):
+        torch.compile(lambda q, k, v: attention(q, k, v, score_mod=hooks.score_alibi, score_mod_args=(slopes,))[0],
+                      backend="eager", fullgraph=True)(q, k, v)
+
+
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
 def test_fused_forward_compiles_without_spills(target):

@@ -43,7 +43,7 @@ def test_forward_matches_sdpa(D, causal):
     torch.testing.assert_close(lse.cpu().double()[finite], expected_lse[finite], rtol=1e-3, atol=1e-3)
 
 
-@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_matches_float64_gradients(D, deterministic):
     from tessera.kernels_lib.attention import BWD_GPU_PLANS

@@ -313,22 +313,3 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
         if find_linker() is not None:
             code = CodeObject(compiled.binary)
             assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols
-
-
-def test_the_op_is_called_directly_only_where_nothing_watches_the_dispatch():
-    from torch.overrides import TorchFunctionMode
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    from tessera.kernels_lib.gemm import _nothing_watches, _unobserved
-
-    class Watching(TorchDispatchMode):
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            return func(*args, **(kwargs or {}))
-
-    assert _nothing_watches()
-    with Watching():
-        assert not _nothing_watches()
-    with TorchFunctionMode():
-        assert not _nothing_watches()
-    assert torch.vmap(lambda x: x + (0.0 if _nothing_watches() else 1.0))(torch.zeros(2)).tolist() == [1.0, 1.0]
-    assert not _unobserved(torch.zeros(2, 2), torch.zeros(2, 2))          # CPU tensors: the op runs the interpreter

@@ -8,7 +8,8 @@ Specification:
 * the same launch counts tokens per expert, in total and per routing program;
 * `align` gives moe_align_block_size's order (each expert's pairs in pair order, padded to the tile, an
   expert per block, nothing for an expert without tokens), from route's counts or counting on its own;
-* the routing and alignment kernels compute on the SIMT simulator what the interpreter computes;
+* the routing and alignment kernels compute on the SIMT simulator what the interpreter computes; routing compiles
+  without spills for sm_80, sm_90a and gfx942 at 8, 128 and 256 experts;
 * opcheck passes, and bad arguments name the fix.
 """
 
@@ -19,6 +20,7 @@ import pytest
 import torch
 
 import moe_reference as ref
+import tessera
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
 from tessera.kernels_lib.moe.align import align_kernel, align_op
@@ -120,7 +122,7 @@ def test_routing_and_alignment_on_the_simt_simulator():
 
     rows = T * K + E * (BM - 1)
     aligned = [np.zeros(rows, np.int32), np.zeros(-(-rows // BM), np.int32), np.zeros(E + 1, np.int32)]
-    args = [interp[1], interp[2], interp[3]]
+    args = [interp[1], interp[2], interp[3]]        # one chunk: chunk_counts stands in for chunk_starts
     sizes = dict(BM=BM, CHUNK=BT * K, CHUNK_PAD=BT * K, E_PAD=E)
     expected = [a.copy() for a in aligned]
     align_kernel[(chunks,)](*args, *expected, T * K, E, rows, **sizes)
@@ -128,6 +130,22 @@ def test_routing_and_alignment_on_the_simt_simulator():
     run_threads(fn, [*args, *aligned, T * K, E, rows], (chunks, 1, 1))
     for got, want in zip(aligned, expected):
         np.testing.assert_array_equal(got, want)
+
+
+# (experts, top_k, routing): Mixtral-8x7B, Qwen3-30B-A3B, DeepSeek-V3 (sigmoid, bias, 4 of 8 groups)
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+@pytest.mark.parametrize("E, K, grouped", [(8, 2, False), (128, 8, False), (256, 8, True)])
+def test_routing_compiles_without_spills(target, E, K, grouped):
+    """At 2^15 histogram lanes per program, 256 experts and top-8 needed 512 registers per thread and did not
+    compile; `tokens_per_program` now caps the lanes."""
+    n_group = 8 if grouped else 1
+    compiled = routing_kernel.compile(
+        signature="*f32:16,*f32:16,*f32:16,*i32:16,*i32:16,*i32:16,i32,i32,i32,f32", target=target, strict=True,
+        K=K, SCORING="sigmoid" if grouped else "softmax", HAS_BIAS=grouped, N_GROUP=n_group,
+        TOPK_GROUP=4 if grouped else 1, RENORMALIZE=True, BT=tokens_per_program(E, K),
+        E_PAD=tessera.next_power_of_2(E), K_PAD=tessera.next_power_of_2(K), NG_PAD=n_group, num_warps=4)
+    spills = compiled.metadata.get("spill_stores", 0) + compiled.metadata.get("vgpr_spill_count", 0)
+    assert spills == 0, f"routing spills on {target} ({E} experts): {compiled.metadata}"
 
 
 def test_opcheck():

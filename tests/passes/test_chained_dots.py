@@ -17,10 +17,18 @@ Specification:
   `RESIDENT_OPERAND_REGISTERS` registers per thread is loaded straight into
   its fragment and stays there; a larger one is stored into swizzled shared
   memory and read with ldmatrix in each iteration; a wgmma operand is
-  stored into its shared tile.
+  stored into its shared tile;
+* on sm_90a P reaches the second wgmma in registers (wgmma's register-A
+  form: the accumulator's registers are the A fragment's, so no value moves
+  and nothing is stored), for one or two slabs per warpgroup and one or two
+  warpgroups; an A operand in another layout (a plain load's) is still stored
+  into its shared tile; the PTX has `wgmma.mma_async` with a braced register
+  A and assembles without spills.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -147,3 +155,47 @@ def test_the_chain_on_the_simt_simulator_matches_the_tile_interpreter(target, nu
     run_function(m.functions[0], expected, (1,))
     run_threads(lower(m, target, num_warps=num_warps).functions[0], actual, (1,))
     np.testing.assert_allclose(actual[3], expected[3], rtol=2e-3, atol=2e-3)
+
+
+def wgmmas(fn):
+    loop = next(op for op in fn.walk() if op.name == "for")
+    return loop, [op for op in loop.walk() if op.name == "wgmma"]
+
+
+def test_on_sm_90a_p_feeds_the_second_wgmma_from_registers():
+    fn = lower(module(), "sm_90a", num_warps=4).functions[0]
+    loop, ops = wgmmas(fn)
+    a_types = [str(op.operands[0].type) for op in ops]
+    assert a_types == ["i64", "i64", "regs<8xf16>", "regs<8xf16>"]     # S from shared Q; then P, two K slices
+    assert "trans_a" not in ops[2].attrs
+    # K and V (plain loads) are stored into their tiles; P is not stored, nor moved between threads
+    assert [op.name for op in loop.walk()].count("store") == 2
+
+
+def test_a_plain_loads_register_a_operand_is_still_stored_into_its_tile():
+    from test_mma_dot import dot_module
+    fn = lower(dot_module(64, 64, 32), "sm_90a", num_warps=4).functions[0]
+    assert all(str(op.operands[0].type) == "i64" for op in fn.walk() if op.name == "wgmma")
+
+
+@pytest.mark.parametrize("M, num_warps", [(64, 4), (128, 4), (128, 8)], ids=["one-slab", "two-slabs", "two-groups"])
+def test_register_a_chain_on_the_simt_simulator_matches_the_tile_interpreter(M, num_warps):
+    """Two 64-row slabs per warpgroup (registers (rm * RK + rk) * 8 + i), or one slab each for two warpgroups."""
+    m = module(M=M)
+    fn = lower(m, "sm_90a", num_warps=num_warps).functions[0]
+    assert any(str(op.operands[0].type).startswith("regs") for op in fn.walk() if op.name == "wgmma")
+    expected, actual = args(M, 32, 32, 2), args(M, 32, 32, 2)
+    run_function(m.functions[0], expected, (1,))
+    run_threads(fn, actual, (1,))
+    np.testing.assert_allclose(actual[3], expected[3], rtol=2e-3, atol=2e-3)
+
+
+def test_register_a_wgmma_in_ptx_assembles_without_spills():
+    from tessera.backends.nvptx import find_ptxas
+    compiled = two_dots.compile(*args(64, 32, 32, 2), target="sm_90a", M=64, N=32, D=32, STEPS=2, MASKED=True)
+    ptx = compiled.stages["ptx"]
+    register_a = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n32k16\.f32\.f16\.f16 \{[^}]*\}, "
+                            r"\{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd\d+, p, 1, 1, 0;", ptx)
+    assert len(register_a) == 2                              # P V: two K slices of 16, A in four 32-bit registers
+    if find_ptxas() is not None:
+        assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0

@@ -34,7 +34,7 @@ from tessera.passes.schedule.pipeline_plan import pipeline_plan
 from tessera.passes.lowering.vector_facts import VectorFacts
 from tessera.passes.thread_passes import lower
 
-sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "simt"))
 from test_simt_pipelined_wgmma import FILLS, Case  # noqa: E402
 
 

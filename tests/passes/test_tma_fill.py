@@ -34,7 +34,7 @@ import tessera
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
 from tessera.ir.target import get_target
-from tessera.ir.tensor_map import kernel_recipes, swizzle_offsets
+from tessera.ir.tensor_map import UNBOUNDED, Extent, kernel_recipes, swizzle_offsets
 from tessera.ir.types import TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 from tessera.passes.schedule.pipeline_plan import pipeline_plan
@@ -182,3 +182,81 @@ def test_thread_ir_with_tensor_maps_prints_and_parses_back():
     again = parse_module(text)
     assert print_module(again) == text
     assert kernel_recipes(again.functions[0].attrs) == kernel_recipes(module.functions[0].attrs)
+
+
+# -- views at per-program offsets: the map gets a leading dim per offset --------------------------------
+
+@tessera.kernel
+def batched_matmul(a_ptr, b_ptr, c_ptr, M, N, K, stride_ab, stride_am, stride_bb, stride_bk, stride_cb,
+                   BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr,
+                   SHIFT: tessera.constexpr = 0):
+    """C[z] = A[z] B[z], each matrix of the batch at `ptr + z * stride_*b` (the attention kernels' K and V);
+    A's matrices SHIFT elements further on."""
+    pid_m, pid_n, z = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
+    a = tessera.view(a_ptr + z * stride_ab + SHIFT, (M, K), (stride_am, 1))
+    b = tessera.view(b_ptr + z * stride_bb, (K, N), (stride_bk, 1))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr + z * stride_cb, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+def batched_case(shift=0, seed=0):
+    """A batch of 3 products, 40 x 48 times 48 x 32, each matrix inside a larger one whose rows and columns
+    past the view are NaN (so a box that read them, rather than the zeros TMA fills in, would poison C); the
+    A's matrices `shift` elements into their padded ones. (module, args, grid, expected)."""
+    rng = np.random.default_rng(seed)
+    Z, M, N, K = 3, 40, 32, 48
+    a_pad = np.full((Z, 64, 64), np.nan, np.float16)
+    b_pad = np.full((Z, 64, 48), np.nan, np.float16)
+    a_pad.reshape(Z, -1)[:, shift:shift + M * 64].reshape(Z, M, 64)[:, :, :K] = rng.standard_normal((Z, M, K))
+    b_pad[:, :K, :N] = rng.standard_normal((Z, K, N))
+    c = np.zeros((Z, M, N), np.float32)
+    args = [a_pad, b_pad, c, M, N, K, a_pad.strides[0] // 2, a_pad.strides[1] // 2, b_pad.strides[0] // 2,
+            b_pad.strides[1] // 2, c.strides[0] // 4]
+    module = batched_matmul.specialize(*args, BM=64, BN=32, BK=16, STAGES=2, SHIFT=shift).module
+    expected = a_pad.reshape(Z, -1)[:, shift:shift + M * 64].reshape(Z, M, 64)[:, :, :K].astype(np.float32) @ b_pad[:, :K, :N].astype(np.float32)
+    return module, args, (1, 1, Z), expected
+
+
+def test_a_view_at_a_per_program_offset_gets_a_map_with_a_leading_dim():
+    """`a_ptr + z * stride_ab`: a 3-D map over (batch, M, K), the batch dim unbounded (the pointer arithmetic
+    says where the matrix is; the view's own dims bound the box) with coordinate z and box 1."""
+    module, *_ = batched_case()
+    fn = module.functions[0]
+    loop = next(op for op in fn.walk() if op.name == "for")
+    plan = pipeline_plan(loop, get_target("sm_90a"), 4, VectorFacts(fn).facts)
+    a, b = (load.tma for load in plan.loads)
+    z = next(op for op in fn.walk() if op.name == "program_id" and op.attrs["axis"] == 2).result
+    assert a.leading == b.leading == (z,)
+    assert a.recipe.shape == (Extent(None, UNBOUNDED), Extent(3), Extent(5))            # (unbounded, M, K)
+    assert a.recipe.strides == (Extent(6), Extent(7), Extent(None, 1))                   # (stride_ab, stride_am, 1)
+    assert a.recipe.box_shape == (1, 64, 16) and b.recipe.box_shape == (1, 16, 32)
+
+
+def test_an_offset_that_is_no_index_times_stride_keeps_cp_async_and_says_why():
+    """`a_ptr + z * stride_ab + 8`: the constant offset is no dim of a map (B's view still gets TMA)."""
+    module, *_ = batched_case(shift=8)
+    fn = module.functions[0]
+    loop = next(op for op in fn.walk() if op.name == "for")
+    a, b = pipeline_plan(loop, get_target("sm_90a"), 4, VectorFacts(fn).facts).loads
+    assert a.tma is None and "sums of index * stride" in a.no_tma and b.tma is not None
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_batched_tma_fill_on_the_simt_simulator(target):
+    """Each program's boxes come from its own matrix (coordinate z of the leading dim), the NaN rows and columns
+    past the views' edges never reach C (TMA zero-fills out-of-bounds elements of the view's dims)."""
+    from tessera.backends.simt import run_threads
+    module, args, grid, expected = batched_case()
+    fn = lower(module, target, 4).functions[0]
+    loads = [op for op in fn.walk() if op.name == "tma_load"]
+    assert loads and all(len(op.operands) == 3 + 3 for op in loads)      # dst, map, (z, row, column), bar
+    run_threads(fn, args, grid)
+    np.testing.assert_allclose(args[2], expected, rtol=1e-3, atol=1e-3)
+
+
+def test_batched_tma_fill_compiles_to_3d_bulk_tensor_copies():
+    ptx = batched_matmul.compile(target="sm_90a", signature="*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16,i32:16,"
+                                 "i32:16,i32:16,i32:16,i32:16", BM=64, BN=32, BK=16, STAGES=2).stages["ptx"]
+    assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global") >= 2 and "cp.async.cg" not in ptx

@@ -253,3 +253,31 @@ def test_the_runtime_tuner_works_without_a_kernel():
     launched = []
     best = tuner.choose({"n": 5}, "cpu-interpreter", launched.append)
     assert best.kwargs == {"BLOCK": 64} and len(launched) == 3
+
+
+def test_predicted_config_is_pinned_then_tuned_then_the_models_choice_among_the_pruned_never_timed():
+    smallest_fitting = lambda configs, named: min(configs, key=lambda c: abs(c.kwargs["BLOCK"] - named["n"]))  # noqa
+    fast_add, timer = tuned(prune=lambda configs, named: configs[1:], model=smallest_fitting)
+    x, y, out = vectors(40)
+    assert fast_add.predicted_config(x, y, out, 40) == (CONFIGS[1], "model")     # 32 was pruned
+    assert fast_add.predicted_config(x, y, out, 120) == (CONFIGS[2], "model")
+    assert timer.calls == [] and not out.any()          # nothing ran
+    fast_add[GRID](x, y, out, 40)
+    assert fast_add.predicted_config(x, y, out, 40) == (CONFIGS[1], "tuned")
+    fast_add.pin(CONFIGS[2])
+    assert fast_add.predicted_config(x, y, out, 40) == (CONFIGS[2], "pinned")
+    without_model, _ = tuned()
+    assert without_model.predicted_config(x, y, out, 41) == (CONFIGS[0], "model")     # 40 is tuned (on disk)
+
+
+def test_inside_a_capture_an_autotuned_launch_runs_its_predicted_config_fused():
+    fast_add, timer = tuned(model=lambda configs, named: configs[2])
+    x, y, t = vectors(300)
+    out = np.zeros_like(x)
+    with tessera.fusion() as f:
+        fast_add[GRID](x, y, t, 300)
+        fast_add[GRID](t, y, out, 300)
+        f.intermediate(t)
+    assert timer.calls == [] and f.ran == ["add+add"]
+    assert "add: autotuned; launched with the model config (BLOCK=128, num_warps=4)" in f.report()
+    np.testing.assert_array_equal(out, x + 2 * y)

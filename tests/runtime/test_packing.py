@@ -12,7 +12,8 @@ from hypothesis import given, settings, strategies as st
 from tessera.ir import dtypes as dt
 from tessera.ir.types import PointerType, ScalarType, TensorMapType, ViewType
 from tessera.runtime.errors import LaunchError
-from tessera.runtime.packing import ArgumentPacker, _bf16_bits, _dlpack_address, device_pointer, param_layout
+from tessera.runtime import dlpack
+from tessera.runtime.packing import ArgumentPacker, _bf16_bits, device_pointer, param_layout
 
 PACKABLE = [dt.bool_, dt.i8, dt.i16, dt.i32, dt.i64, dt.u8, dt.u16, dt.u32, dt.u64,
             dt.f16, dt.bf16, dt.f32, dt.f64, dt.f8e4m3, dt.f8e5m2, dt.e8m0]
@@ -225,8 +226,8 @@ def test_unknown_objects_are_rejected_with_what_to_pass():
 
 def test_dlpack_capsules_are_read_without_consuming_the_array():
     a = np.arange(8, dtype=np.float32)
-    assert _dlpack_address(a) == a.ctypes.data
-    assert _dlpack_address(a[3:]) == a[3:].ctypes.data
+    assert dlpack.read(a).address == a.ctypes.data
+    assert dlpack.read(a[3:]).address == a[3:].ctypes.data
     assert a.sum() == 28  # still alive and intact
 
 

@@ -48,6 +48,7 @@ def test_for_array_accepts_cuda_array_interface_objects():
     (dict(global_address=ADDRESS + 8), "global address 0x7f0000000008 is not 16-byte aligned"),
     (dict(strides=(1000, 2)), "stride of dimension 0 is 1000 bytes; outer strides must be positive multiples of 16"),
     (dict(strides=(1024, 4)), "innermost dimension must be contiguous"),
+    (dict(strides=(0, 2)), r"dimension 0 has stride 0 \(a broadcast.*materialize the tensor"),
     (dict(box_shape=(512, 64)), r"box dimension 0 is 512; box dimensions must be in \[1, 256\]"),
     (dict(box_shape=(64, 0)), "box dimension 1 is 0"),
     (dict(box_shape=(64, 128)), "a box row is 256 bytes but the 128B swizzle spans 128: .* at most 64 elements"),
@@ -100,4 +101,31 @@ def test_encode_a_real_tensor_map():
     x = torch.zeros((256, 512), dtype=torch.bfloat16, device="cuda")
     d = TensorMapDescription.for_array(x, (64, 64), dtype=dt.bf16, swizzle="128B")
     blob = encode_tensor_map(d)
+    assert len(blob) == TENSOR_MAP_BYTES and any(blob)
+
+
+def attention_key_recipe():
+    """The map the attention forward reads K (B, S, H_kv, D) through on sm_90a: leading (batch, head) dims at
+    the view's base offsets, unbounded, then the view's (Sk, D); strides not in decreasing order."""
+    from tessera.ir.tensor_map import UNBOUNDED, Extent, TensorMapRecipe
+    # parameters: 0 k_ptr, 1 Sk, 2 stride_b, 3 stride_s, 4 stride_h
+    return TensorMapRecipe(5, 0, dt.bf16, (Extent(None, UNBOUNDED), Extent(None, UNBOUNDED), Extent(1), Extent(None, 128)),
+                           (Extent(2), Extent(4), Extent(3), Extent(None, 1)), (1, 1, 64, 64), "128B")
+
+
+def test_an_unbounded_dim_is_cut_to_the_address_space():
+    from tessera.ir.tensor_map import ADDRESS_SPACE, UNBOUNDED
+    B, S, H, D = 2, 1000, 8, 128
+    d = attention_key_recipe().describe([0, S, S * H * D, H * D, D], ADDRESS)
+    assert d.shape == (ADDRESS_SPACE // (S * H * D * 2), UNBOUNDED, S, D)     # a head step is 256 bytes
+    assert d.strides == (S * H * D * 2, D * 2, H * D * 2, 2)
+
+
+@pytest.mark.gpu
+def test_encode_a_map_with_unbounded_leading_dims():
+    """The driver takes the attention K map: extents up to 2**31 - 1 on dims whose strides are out of order."""
+    torch = pytest.importorskip("torch")
+    B, S, H, D = 2, 1000, 8, 128
+    k = torch.zeros((B, S, H, D), dtype=torch.bfloat16, device="cuda")
+    blob = encode_tensor_map(attention_key_recipe().describe([0, S, S * H * D, H * D, D], k.data_ptr()))
     assert len(blob) == TENSOR_MAP_BYTES and any(blob)

@@ -16,7 +16,9 @@
       }
 
   (e4m3/e5m2: `m64n<N>k32.f32.<a>.<b>` with A and B types in any mix, and no
-  imm-trans operands: 8-bit operands are K-major only)
+  imm-trans operands: 8-bit operands are K-major only; A in registers:
+  `{$N/2, ..., $N/2+3}` -- its 8 f16/bf16 elements as 4 "r" words -- in place
+  of A's descriptor, and imm-trans-b alone after the scales)
 
   with N/2 "=f" outputs tied to the accumulator inputs ("0", "1", ...: the
   "+f" of CUDA C), the two descriptors as "l" (64-bit) operands, scale-d as an
@@ -80,32 +82,49 @@ def _wgmma_desc(lw, op, ptr):
 PTX_TYPES = {"f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2"}
 
 
-def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | None = None) -> str:
+A_WORDS = 4        # 32-bit registers of a 64 x 16 f16/bf16 A slice in registers (two elements each, low first)
+
+
+def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | None = None,
+              a_in_registers: bool = False) -> str:
     """The inline PTX of one wgmma m64n{n}k16 (f16/bf16) or m64n{n}k32 (e4m3/e5m2, no imm-trans operands)
-    (operand numbering: see the module docstring)."""
+    (operand numbering: see the module docstring). `a_in_registers`: A is the 4 words after the accumulators
+    ({$N/2, ..., $N/2+3}), then B's descriptor and scale-d, and only imm-trans-b follows the scales."""
     count = n // 2
     d = ", ".join(f"${i}" for i in range(count))
     a, b = PTX_TYPES[dtype], PTX_TYPES[dtype_b or dtype]
     fp8 = a in ("e4m3", "e5m2")
-    trans = "" if fp8 else f", {int(trans_a)}, {int(trans_b)}"
+    if a_in_registers:
+        a_operand = "{" + ", ".join(f"${count + i}" for i in range(A_WORDS)) + "}"
+        b_at, scale_at, trans = count + A_WORDS, count + A_WORDS + 1, f", {int(trans_b)}"
+    else:
+        a_operand, b_at, scale_at = f"${count}", count + 1, count + 2
+        trans = "" if fp8 else f", {int(trans_a)}, {int(trans_b)}"
     return ("{\n"
             ".reg .pred p;\n"
-            f"setp.ne.b32 p, ${count + 2}, 0;\n"
-            f"wgmma.mma_async.sync.aligned.m64n{n}k{32 if fp8 else 16}.f32.{a}.{b} {{{d}}}, ${count}, "
-            f"${count + 1}, p, 1, 1{trans};\n"
+            f"setp.ne.b32 p, ${scale_at}, 0;\n"
+            f"wgmma.mma_async.sync.aligned.m64n{n}k{32 if fp8 else 16}.f32.{a}.{b} {{{d}}}, {a_operand}, "
+            f"${b_at}, p, 1, 1{trans};\n"
             "}")
 
 
 @codegen_for("wgmma")
-def _wgmma(lw, op, a_desc, b_desc, acc):
+def _wgmma(lw, op, a, b_desc, acc):
     bld, n = lw.builder, op.attrs["n"]
     count, offset = n // 2, op.attrs.get("offset", 0)
     accumulators = [bld.extract_element(acc, ir.Constant(I32, offset + i)) for i in range(count)]
-    ftype = ir.FunctionType(ir.LiteralStructType([F32] * count), [I64, I64, I32] + [F32] * count)
-    constraints = ",".join(["=f"] * count + ["l", "l", "r"] + [str(i) for i in range(count)])
+    in_registers = isinstance(a.type, ir.VectorType)
+    if in_registers:                # A's 8 elements as 4 words, the lower-indexed element in the low half
+        words = bld.bitcast(a, ir.VectorType(I32, A_WORDS))
+        a_args, a_types = [bld.extract_element(words, ir.Constant(I32, i)) for i in range(A_WORDS)], ["r"] * A_WORDS
+    else:
+        a_args, a_types = [a], ["l"]
+    ftype = ir.FunctionType(ir.LiteralStructType([F32] * count), [x.type for x in a_args] + [I64, I32]
+                            + [F32] * count)
+    constraints = ",".join(["=f"] * count + a_types + ["l", "r"] + [str(i) for i in range(count)])
     asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False),
-                    op.attrs.get("dtype_b"))
-    d = bld.asm(ftype, asm, constraints, [a_desc, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
+                    op.attrs.get("dtype_b"), in_registers)
+    d = bld.asm(ftype, asm, constraints, [*a_args, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
     result = acc if "offset" in op.attrs else ir.Constant(acc.type, ir.Undefined)  # a stack: the rest passes
     for i in range(count):
         result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, offset + i))

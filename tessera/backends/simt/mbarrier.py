@@ -59,13 +59,13 @@ modelled.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function
-from tessera.ir.tensor_map import TensorMapDescription, TensorMapError, kernel_recipes, swizzle_offsets
+from tessera.ir.tensor_map import UNBOUNDED, TensorMapDescription, TensorMapError, kernel_recipes, swizzle_offsets
 
 from ..interp.errors import InterpreterError
 from ..interp.storage import Memory
@@ -120,9 +120,12 @@ def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
         desc = recipe.describe(args, array.ctypes.data)
     except TensorMapError as e:
         raise InterpreterError(f"the tensor map of argument '{name}': {e}", kernel=fn.name) from None
+    desc, narrowed = _narrowed(desc, recipe, flat.size)
     reach = sum((n - 1) * s for n, s in zip(desc.shape, desc.strides)) + desc.element_bytes
     if recipe.is_empty(args):           # nothing to read: its boxes land as zeros, as the view's mask says
         flat = np.zeros(reach, np.uint8)
+    elif narrowed and reach > flat.size:    # each unbounded dim reaches the array's end on its own, not together
+        flat = np.concatenate([flat, np.zeros(reach - flat.size, np.uint8)])
     if reach > flat.size:
         raise InterpreterError(f"the tensor map of argument '{name}' spans {reach} bytes, but the array holds "
                                f"{flat.size}", kernel=fn.name)
@@ -457,6 +460,23 @@ def _tma_load(ctx, op, dst, tensor_map, *rest):
         addrs = base + swizzle_offsets(np.arange(data.size, dtype=np.int64), desc.swizzle)
         _land(ctx, op, region, proxy, b, t, addrs, data)
         _add_tx(ctx, op, b, -desc.box_bytes)
+
+
+def _narrowed(desc: TensorMapDescription, recipe, nbytes: int) -> tuple[TensorMapDescription, bool]:
+    """`desc` with each `UNBOUNDED` dim (a base offset of the view: a batch or head index) cut to the coordinates
+    at which a box still starts inside the `nbytes` of the array, the other dims at their first coordinate; and
+    whether any was. A GPU map reads what the pointer arithmetic reaches; a numpy source needs finite extents.
+    (Where two such dims together reach past the array, the simulator reads zeros: see `_describe`.)"""
+    unbounded = [i for i, e in enumerate(recipe.shape) if e.param is None and e.scale == UNBOUNDED]
+    if not unbounded:
+        return desc, False
+    shape = list(desc.shape)
+    for i in unbounded:
+        shape[i] = 1
+    rest = nbytes - sum((n - 1) * s for n, s in zip(shape, desc.strides)) - desc.element_bytes
+    for i in unbounded:
+        shape[i] = max(1, rest // desc.strides[i] + 1) if rest >= 0 else 1
+    return replace(desc, shape=tuple(shape)), True
 
 
 def _source(ctx, op, desc: TensorMapDescription) -> np.ndarray:

@@ -35,6 +35,11 @@ the sequence a kernel follows):
   for the same in-flight wgmma (a software-pipelined K loop keeps one group
   in flight across iterations and chains the next one onto it).
 
+An f16/bf16 A may come from registers (`wgmma_layouts.wgmma_a_fragment()`):
+the 64 x 16 slice is gathered from the warpgroup's registers as the fragment
+says (a value still in flight from another wgmma cannot be one: reading it
+is an early read, as for any op).
+
 e4m3 / e5m2 wgmmas (k = 32, `dtype_b` for a B of the other type) read
 K-major operands of 32 one-byte elements per row and K slice; their
 products are exact in f32 and are summed one k at a time like the others.
@@ -51,7 +56,9 @@ import numpy as np
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, Value
-from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_M, MatrixDescriptor, operand_addresses, wgmma_accumulator
+from tessera.ir.types import RegsType
+from tessera.ir.wgmma_layouts import (WARPGROUP, WGMMA_M, MatrixDescriptor, operand_addresses, wgmma_a_fragment,
+                                      wgmma_accumulator)
 
 from .ops import live_mask, simt, whole_units
 from .shared import SharedRegion
@@ -200,17 +207,25 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
     fragment = slice(op.attrs.get("offset", 0), op.attrs.get("offset", 0) + n // 2)
     result = stack[:, fragment].copy()
     read = []
+    a_in_registers = isinstance(op.operands[0].type, RegsType)
     for g in groups:
         threads = slice(g * WARPGROUP, (g + 1) * WARPGROUP)
-        a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype, op.attrs.get("trans_a", False))
+        if a_in_registers:          # 64 x 16 from the warpgroup's registers
+            a = np.zeros((WGMMA_M, op.attrs["k"]), np.float32)
+            a_rows, a_cols = wgmma_a_fragment().table().transpose(2, 0, 1)
+            a[a_rows, a_cols] = a_desc[threads].astype(np.float32)
+            read.append(np.zeros(0, np.int64))
+        else:
+            a, a_at = _operand(ctx, op, "A", a_desc[threads], WGMMA_M, dtype, op.attrs.get("trans_a", False))
+            read.append(a_at)
         b, b_at = _operand(ctx, op, "B", b_desc[threads], n, dtype_b, op.attrs.get("trans_b", False))  # n x k
-        read += [a_at, b_at]
+        read.append(b_at)
         d = np.zeros((WGMMA_M, n), np.float32)
         d[rows, cols] = result[threads]
         for k in range(a.shape[1]):
             d = d + a[:, k, None] * b[None, :, k]   # float32 throughout: one rounding per k
         result[threads] = d[rows, cols]
-        _check_reads(ctx, op, state, np.concatenate([a_at.ravel(), b_at.ravel()]), g)
+        _check_reads(ctx, op, state, np.concatenate([read[-2].ravel(), b_at.ravel()]), g)
     addresses = np.unique(np.concatenate([r.ravel() for r in read])) if read else np.zeros(0, np.int64)
     stack[:, fragment] = result
     issued = _Issued(op, stack, state.committed.copy(), live.copy(), addresses, ctx.shared.bytes[addresses].copy(),

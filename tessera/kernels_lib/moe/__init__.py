@@ -4,7 +4,8 @@ imports only the public API (`import tessera`) and torch, like the rest of kerne
 The pipeline (DESIGN.md §11): `route` (router logits -> top-k experts, weights and tokens per expert) ->
 `align` (token order sorted by expert, padded to the GEMM tile) -> `experts` (permute, gate+up with the
 activation, down with the routing weights, combine); with int4 or fp8 expert weights (`quantized`), the GEMMs
-dequantize them in registers (`quantized_mlp`), or fp8 weights meet fp8 activations (`fp8_mlp`). Each step is a
+dequantize them in registers (`quantized_mlp`; differentiable in x and the routing weights with the weights frozen:
+`quantized_autograd`), or fp8 weights meet fp8 activations (`fp8_mlp`). Each step is a
 `tessera::` torch op with a fake implementation.
 """
 

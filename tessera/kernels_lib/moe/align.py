@@ -12,18 +12,27 @@ moe_align_block_size). The outputs:
 
 An expert with no pairs gets no rows and no blocks, so it costs nothing.
 
-It is a counting sort with no atomics, so the order is deterministic: a
-program takes the pairs of one routing chunk (CHUNK pairs), and pair i's
-row is offsets[e] + (pairs of expert e in earlier chunks: the sum of their
-histogram rows, `chunk_counts`) + (pairs of e before i in this chunk).
-The routing kernel writes `chunk_counts`; for ids from elsewhere
-`count_kernel` computes them first (one more launch). Program p also
-writes the padding rows and block experts of experts p, p + P, ...
+It is a counting sort with no atomics, so the order is deterministic, in
+three steps that each read every (token, slot) pair or histogram entry once:
 
-Program p reads the p histogram rows before its own, so the launch reads
-P^2 / 2 rows of E counts in all: 256 programs (4096 DeepSeek-V3 tokens)
-read 8 MB, but at 64k tokens it would be 2 GB; a scan of `chunk_counts`
-(one more launch) is the fix when batches grow that large.
+    count    each routing chunk's histogram of expert ids (a row of
+             `chunk_counts`: the routing kernel writes it; for ids from
+             elsewhere `count_kernel` does, one more launch)
+    prefix   `prefix_kernel`: chunk_starts[q, e] = pairs of expert e in the
+             chunks before q, an exclusive scan down each column, EB experts
+             per program and CB chunks per step
+    scatter  `align_kernel`, a program per chunk: pair i of expert e goes to
+             row offsets[e] + chunk_starts[chunk, e] + (pairs of e before i
+             in this chunk), the experts' cursors for this chunk plus a rank
+             among at most 128 pairs; program p also writes the padding rows
+             and block experts of experts p, p + P, ...
+
+So the launches read O(P * E + T * K) values for P chunks (the histograms
+once in the prefix, once more row by row in the scatter), where reading
+every earlier chunk's histogram in the scatter would cost P^2 / 2 rows (8 GB
+at 64k DeepSeek-V3 tokens in chunks of 16). With one chunk (decode) there is
+nothing to scan: the prefix launch is skipped and the scatter reads no
+chunk_starts.
 """
 
 from __future__ import annotations
@@ -33,11 +42,14 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from .common import check_device, kernel_arg
 from .routing import tokens_per_program
 
 BLOCK_LANES = 16         # blocks whose expert (and unused rows) one store writes
+PREFIX_EXPERTS = 32      # EB: experts (columns of chunk_counts) one prefix program scans
+PREFIX_LANES = 2048      # CB * EB: the chunk_counts tile one prefix step loads
 
 
 @tessera.kernel
@@ -52,6 +64,19 @@ def count_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, CHUNK: tessera
     experts = tessera.arange(0, E_PAD)
     tessera.store(chunk_counts_ptr + chunk * E + experts, hist, mask=experts < E)
     tessera.atomic_add(counts_ptr + experts, hist, mask=experts < E)
+
+
+@tessera.kernel
+def prefix_kernel(chunk_counts_ptr, chunk_starts_ptr, chunks, E, CB: tessera.constexpr, EB: tessera.constexpr):
+    """chunk_starts[q, e] = sum of chunk_counts[q', e] over q' < q, for EB experts: a CB x EB tile per step, its
+    column sums carried to the next."""
+    counts = tessera.view(chunk_counts_ptr, (chunks, E))
+    starts = tessera.view(chunk_starts_ptr, (chunks, E))
+    carry = tessera.zeros((EB,), dtype=tessera.i32)
+    for q in range(0, tessera.cdiv(chunks, CB)):
+        tile = counts.block((CB, EB), (q, tessera.program_id(0))).load()
+        starts.block((CB, EB), (q, tessera.program_id(0))).store(tessera.cumsum(tile, 0) - tile + carry[None, :])
+        carry += tessera.sum(tile, 0)
 
 
 @tessera.func
@@ -87,7 +112,7 @@ def fill_unused(sorted_ptr, block_expert_ptr, first, numel, max_rows, BM):
 
 
 @tessera.kernel
-def align_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
+def align_kernel(ids_ptr, counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
                  max_rows, BM: tessera.constexpr, CHUNK: tessera.constexpr, CHUNK_PAD: tessera.constexpr,
                  E_PAD: tessera.constexpr):
     chunk = tessera.program_id(0)
@@ -97,9 +122,7 @@ def align_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, sorted_ptr, block_expert
     starts = tessera.cumsum(padded, 0) - padded
     used = tessera.sum(padded)
 
-    earlier = tessera.zeros((E_PAD,), dtype=tessera.i32)      # this chunk's experts' pairs in earlier chunks
-    for q in range(0, chunk):
-        earlier += tessera.load(chunk_counts_ptr + q * E + experts, mask=experts < E)
+    earlier = tessera.load(chunk_starts_ptr + chunk * E + experts, mask=(experts < E) & (chunk > 0))  # 0 at chunk 0
     lanes = tessera.arange(0, CHUNK_PAD)
     pairs = chunk * CHUNK + lanes
     real = (lanes < CHUNK) & (pairs < numel)
@@ -120,6 +143,12 @@ def max_rows(numel: int, num_experts: int, block_m: int) -> int:
     return numel + min(numel, num_experts) * (block_m - 1)
 
 
+def prefix_chunks(chunks: int, experts_per_program: int) -> int:
+    """CB: chunks one prefix step scans, a power of two of at most PREFIX_LANES / EB (fewer for few chunks,
+    so that decode-sized batches load no empty tile)."""
+    return min(tessera.next_power_of_2(chunks), PREFIX_LANES // experts_per_program)
+
+
 def _check(ids: torch.Tensor, num_experts: int, block_m: int, counts, chunk_counts) -> None:
     if ids.dim() != 2 or ids.dtype != torch.int32:
         raise ValueError(f"tessera::moe_align: ids must be int32 [tokens, top_k] (moe_route's expert ids), got "
@@ -138,10 +167,9 @@ def _check(ids: torch.Tensor, num_experts: int, block_m: int, counts, chunk_coun
     check_device("moe_align", ids, counts=counts, chunk_counts=chunk_counts)
 
 
-@torch.library.custom_op("tessera::moe_align", mutates_args=())
-def align_op(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
-             chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.moe_align`: see `align`."""
+def _align(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[torch.Tensor] = None,
+           chunk_counts: Optional[torch.Tensor] = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.moe_align`: see `align`."""
     _check(ids, num_experts, block_m, counts, chunk_counts)
     T, K = ids.shape
     numel, E, device = ids.numel(), num_experts, ids.device
@@ -159,9 +187,18 @@ def align_op(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional
         counts = torch.zeros(E, dtype=torch.int32, device=device)
         chunk_counts = torch.empty((chunks, E), dtype=torch.int32, device=device)
         count_kernel[(chunks,)](kernel_arg(ids), kernel_arg(counts), kernel_arg(chunk_counts), numel, E, **sizes)
-    args = (ids, counts.contiguous(), chunk_counts.contiguous(), sorted_ids, block_expert, offsets)
+    chunk_starts = chunk_counts                 # one chunk: chunk_starts is never read (its row 0 is zeros)
+    if chunks > 1:
+        chunk_starts = torch.empty((chunks, E), dtype=torch.int32, device=device)
+        EB = min(PREFIX_EXPERTS, sizes["E_PAD"])
+        prefix_kernel[(tessera.cdiv(E, EB),)](kernel_arg(chunk_counts.contiguous()), kernel_arg(chunk_starts),
+                                              chunks, E, CB=prefix_chunks(chunks, EB), EB=EB)
+    args = (ids, counts.contiguous(), chunk_starts.contiguous(), sorted_ids, block_expert, offsets)
     align_kernel[(chunks,)](*(kernel_arg(t) for t in args), numel, E, rows, BM=block_m, **sizes)
     return sorted_ids, block_expert, offsets
+
+
+align_op = torch.library.custom_op("tessera::moe_align", _align, mutates_args=())
 
 
 @align_op.register_fake
@@ -183,6 +220,8 @@ def align(ids: torch.Tensor, num_experts: int, block_m: int, counts: Optional[to
     offsets[e] the first row of expert e and offsets[num_experts] the rows
     in use. Pairs of one expert keep their order. `counts` and
     `chunk_counts` are `route`'s; without them one more launch counts.
-    This is the op `torch.ops.tessera.moe_align`.
+    This is the op `torch.ops.tessera.moe_align`, called directly where
+    nothing observes the dispatch (`tessera.torch.unobserved`).
     """
-    return align_op(ids, num_experts, block_m, counts, chunk_counts)
+    op = _align if tessera.torch.unobserved(ids, counts, chunk_counts) else align_op
+    return op(ids, num_experts, block_m, counts, chunk_counts)

@@ -103,34 +103,52 @@ def _setup_context(ctx, inputs, output):
     ctx.save_for_backward(x, w13, w2, weights, sorted_ids, block_expert, offsets)
 
 
-def _backward(ctx, grad_out):
-    x, w13, w2, weights, sorted_ids, block_expert, offsets = ctx.saved_tensors
-    bm, dtype = ctx.block_m, x.dtype
+def expert_grads(x, weights, sorted_ids, block_expert, offsets, block_m: int, activation: str, grad_out, gemm13,
+                 gemm2, needs: tuple[bool, bool, bool, bool]):
+    """(d_x, d_w13, d_w2, d_weights) as float32/x's dtype (None where `needs`, in that order, is False).
+    `gemm13(a, trans)` is a @ W13[e]^T (trans) or a @ W13[e] over the aligned rows, float32; `gemm2` the same
+    for W2: the bf16 weights' grouped GEMM, or (quantized_autograd.py) one that dequantizes them per step."""
+    need_x, need_w13, need_w2, need_weights = needs
+    dtype = x.dtype
     T, K = weights.shape
     rows = sorted_ids.shape[0]
     real = sorted_ids < T * K
     pairs = torch.where(real, sorted_ids, 0).long()
-    xs = permute(x, sorted_ids, K, bm)
-    pre = grouped_gemm(xs, w13, block_expert, offsets, bm, True)
+    xs = permute(x, sorted_ids, K, block_m)
+    pre = gemm13(xs, True)
     gate, up = pre[:, 0::2], pre[:, 1::2]
-    act, act_grad = _activation(gate, ctx.activation)
+    act, act_grad = _activation(gate, activation)
     h = (act * up).to(dtype)
-    dy = permute(grad_out.to(dtype).contiguous(), sorted_ids, K, bm).float()
+    dy = permute(grad_out.to(dtype).contiguous(), sorted_ids, K, block_m).float()
     d_weights = None
-    if ctx.needs_input_grad[3]:
-        per_row = (dy * grouped_gemm(h, w2, block_expert, offsets, bm, True)).sum(1)
+    if need_weights:
+        per_row = (dy * gemm2(h, True)).sum(1)
         d_weights = torch.zeros(T * K, dtype=torch.float32, device=x.device).index_put_(
             (pairs[real],), per_row[real]).view(T, K).to(weights.dtype)
     g = (dy * torch.where(real, weights.reshape(-1).float()[pairs], 0.0)[:, None]).to(dtype)
-    d_w2 = weight_grad(g, h, offsets, bm).to(w2.dtype) if ctx.needs_input_grad[2] else None
-    d_h = grouped_gemm(g, w2, block_expert, offsets, bm, False)
+    d_w2 = weight_grad(g, h, offsets, block_m) if need_w2 else None
+    if not (need_x or need_w13):
+        return None, None, d_w2, d_weights
+    d_h = gemm2(g, False)
     d_pre = torch.stack((d_h * up * act_grad, d_h * act), 2).reshape(rows, -1).to(dtype)
-    d_w13 = weight_grad(d_pre, xs, offsets, bm).to(w13.dtype) if ctx.needs_input_grad[1] else None
+    d_w13 = weight_grad(d_pre, xs, offsets, block_m) if need_w13 else None
     d_x = None
-    if ctx.needs_input_grad[0]:
-        d_xs = grouped_gemm(d_pre, w13, block_expert, offsets, bm, False)
+    if need_x:
+        d_xs = gemm13(d_pre, False)
         per_pair = torch.zeros((T * K, x.shape[1]), dtype=torch.float32, device=x.device)
         d_x = per_pair.index_put_((pairs[real],), d_xs[real]).view(T, K, -1).sum(1).to(dtype)
+    return d_x, d_w13, d_w2, d_weights
+
+
+def _backward(ctx, grad_out):
+    x, w13, w2, weights, sorted_ids, block_expert, offsets = ctx.saved_tensors
+    bm, need = ctx.block_m, ctx.needs_input_grad
+    d_x, d_w13, d_w2, d_weights = expert_grads(
+        x, weights, sorted_ids, block_expert, offsets, bm, ctx.activation, grad_out,
+        lambda a, trans: grouped_gemm(a, w13, block_expert, offsets, bm, trans),
+        lambda a, trans: grouped_gemm(a, w2, block_expert, offsets, bm, trans), (need[0], need[1], need[2], need[3]))
+    d_w13 = None if d_w13 is None else d_w13.to(w13.dtype)
+    d_w2 = None if d_w2 is None else d_w2.to(w2.dtype)
     return d_x, d_w13, d_w2, d_weights, None, None, None, None, None, None
 
 

@@ -54,7 +54,8 @@ class MoELayer(nn.Module):
     it steers the choice, not the weights). Routing options are `route`'s;
     `atomic` picks the atomic top-k sum over the deterministic one.
     `quantize_experts("int4" | "fp8", ...)` swaps w13 and w2 for
-    quantized weights (inference).
+    frozen quantized weights (inference, or fine-tuning the router and
+    what feeds the layer: gradients reach x and the routing weights).
     """
 
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
@@ -84,7 +85,7 @@ class MoELayer(nn.Module):
         weights, ids, counts, chunk_counts = route(logits.detach(), self.top_k,
                                                    bias=self.e_score_correction_bias, **self.routing)
         probs = self._scores(logits)
-        trainable = not isinstance(self.w13, QuantizedExperts)      # quantized experts: inference only
+        trainable = not self.fp8_activations        # W8A8 is inference only; frozen int4/fp8 experts train the rest
         if torch.is_grad_enabled() and logits.requires_grad and trainable:     # let gradients reach the router
             weights = self._weights(probs, ids)
         out = experts(x2, self.w13, self.w2, weights, ids, activation=self.activation, atomic=self.atomic,
@@ -95,10 +96,11 @@ class MoELayer(nn.Module):
         return (out, Routing(probs, ids, counts)) if return_routing else out
 
     def quantize_experts(self, format: str = "int4", *, fp8_activations: bool = False, **options) -> "MoELayer":
-        """Replace w13 and w2 by quantized copies, for inference: int4 (W4A16, group-wise) or fp8 (e4m3, per
-        tensor, channel or 128 x 128 block); `options` are `quantized.quantize_experts`'. Gate and up are
-        quantized separately (as checkpoints are) and then interleaved. `fp8_activations` (fp8 weights, sm_89+)
-        multiplies fp8 activations quantized per token group (`fp8_mlp.py`). Returns the layer."""
+        """Replace w13 and w2 by frozen quantized copies (inference; gradients still reach x and the router):
+        int4 (W4A16, group-wise) or fp8 (e4m3, per tensor, channel or 128 x 128 block); `options` are
+        `quantized.quantize_experts`'. Gate and up are quantized separately (as checkpoints are) and then
+        interleaved. `fp8_activations` (fp8 weights, sm_89+)
+        multiplies fp8 activations quantized per token group (`fp8_mlp.py`, inference only). Returns the layer."""
         self.fp8_activations = fp8_activations
         with torch.no_grad():
             gate, up = self.w13[:, 0::2], self.w13[:, 1::2]
@@ -138,7 +140,7 @@ class MoELayer(nn.Module):
         """A layer holding a checkpoint's MoE block weights (`state`: the block's state dict, keys without the
         block's prefix) for `style` "mixtral", "qwen3" or "deepseek_v3"; `options` override STYLES' routing.
 
-        Quantized experts load as `QuantizedExperts` (inference): fp8 weights
+        Quantized experts load as frozen `QuantizedExperts`: fp8 weights
         with DeepSeek-V3's `weight_scale_inv` 128 x 128 block scales, or
         4-bit `qweight` / `qzeros` / `scales` of `quant_method` "gptq" or
         "awq"; the layer's dtype is then the router's."""

@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from . import plan as plans
 from .align import align
@@ -55,8 +56,7 @@ def _check_rows(name: str, sorted_ids, block_expert, offsets, block_m: int) -> N
                          f"{sorted_ids.shape[0]} rows; align with the same block_m ({block_m})")
 
 
-@torch.library.custom_op("tessera::moe_permute", mutates_args=())
-def permute(x: torch.Tensor, sorted_ids: torch.Tensor, top_k: int, block_m: int) -> torch.Tensor:
+def _permute(x: torch.Tensor, sorted_ids: torch.Tensor, top_k: int, block_m: int) -> torch.Tensor:
     """xs[r] = x[sorted_ids[r] // top_k]: the token rows in the aligned order, zeros on padding rows (block_m:
     rows per program)."""
     rows, (T, H) = sorted_ids.shape[0], x.shape
@@ -67,14 +67,16 @@ def permute(x: torch.Tensor, sorted_ids: torch.Tensor, top_k: int, block_m: int)
     return xs
 
 
+permute = torch.library.custom_op("tessera::moe_permute", _permute, mutates_args=())
+
+
 @permute.register_fake
 def _permute_fake(x, sorted_ids, top_k, block_m):
     return x.new_empty((sorted_ids.shape[0], x.shape[1]))
 
 
-@torch.library.custom_op("tessera::moe_gate_up", mutates_args=())
-def gate_up(xs: torch.Tensor, w13: torch.Tensor, block_expert: torch.Tensor, offsets: torch.Tensor,
-            activation: str, block_m: int) -> torch.Tensor:
+def _gate_up(xs: torch.Tensor, w13: torch.Tensor, block_expert: torch.Tensor, offsets: torch.Tensor,
+             activation: str, block_m: int) -> torch.Tensor:
     """h[r] = act(xs[r] @ Wg[e]^T) * (xs[r] @ Wu[e]^T) for the aligned rows (w13: `interleave_gate_up`)."""
     rows, H = xs.shape
     E, two_i, _ = w13.shape
@@ -87,14 +89,16 @@ def gate_up(xs: torch.Tensor, w13: torch.Tensor, block_expert: torch.Tensor, off
     return h
 
 
+gate_up = torch.library.custom_op("tessera::moe_gate_up", _gate_up, mutates_args=())
+
+
 @gate_up.register_fake
 def _gate_up_fake(xs, w13, block_expert, offsets, activation, block_m):
     return xs.new_empty((xs.shape[0], w13.shape[1] // 2))
 
 
-@torch.library.custom_op("tessera::moe_down", mutates_args=())
-def down(h: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, sorted_ids: torch.Tensor,
-         block_expert: torch.Tensor, offsets: torch.Tensor, block_m: int, atomic: bool) -> torch.Tensor:
+def _down(h: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, sorted_ids: torch.Tensor,
+          block_expert: torch.Tensor, offsets: torch.Tensor, block_m: int, atomic: bool) -> torch.Tensor:
     """weight[pair] * (h[r] @ W2[e]^T): each pair's row of y [T * top_k, H] (h's dtype), or with `atomic`
     the top-k sum itself, added into a float32 [T, H]."""
     rows, I = h.shape
@@ -110,6 +114,9 @@ def down(h: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, sorted_ids: t
     return out
 
 
+down = torch.library.custom_op("tessera::moe_down", _down, mutates_args=())
+
+
 @down.register_fake
 def _down_fake(h, w2, weights, sorted_ids, block_expert, offsets, block_m, atomic):
     T, K = weights.shape
@@ -118,8 +125,7 @@ def _down_fake(h, w2, weights, sorted_ids, block_expert, offsets, block_m, atomi
     return h.new_empty((T * K, w2.shape[1]))
 
 
-@torch.library.custom_op("tessera::moe_combine", mutates_args=())
-def combine(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> torch.Tensor:
+def _combine(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> torch.Tensor:
     """out[t] = sum over j of y[t * top_k + j] (float32 sums, in slot order), in out_dtype."""
     T, H = y.shape[0] // top_k, y.shape[1]
     out = torch.empty((T, H), dtype=out_dtype, device=y.device)
@@ -127,6 +133,9 @@ def combine(y: torch.Tensor, top_k: int, out_dtype: torch.dtype) -> torch.Tensor
     combine_kernel[grid](kernel_arg(y.contiguous()), kernel_arg(out), T, H, TOP_K=top_k,
                          K_PAD=tessera.next_power_of_2(top_k), BT=COMBINE_TOKENS, BH=PERMUTE_COLUMNS)
     return out
+
+
+combine = torch.library.custom_op("tessera::moe_combine", _combine, mutates_args=())
 
 
 @combine.register_fake
@@ -174,22 +183,26 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
 
     w13 and w2 may instead both be `quantized.QuantizedExperts` (int4 or
     fp8, `quantize_experts`; w13 from `quantized.interleave`): the GEMMs
-    then dequantize the weights in registers (`quantized_mlp.py`); forward
-    only. With fp8 weights, `fp8_activations` also quantizes x and h per
-    token and group of 128 (DeepSeek-V3's W8A8, `fp8_mlp.py`; sm_89+).
+    then dequantize the weights in registers (`quantized_mlp.py`),
+    differentiable in x and weights with the quantized weights frozen
+    (`quantized_autograd.py`). With fp8 weights, `fp8_activations` also
+    quantizes x and h per token and group of 128 (DeepSeek-V3's W8A8,
+    `fp8_mlp.py`; sm_89+; inference only).
     """
     from .quantized import QuantizedExperts
     quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
     if quantized:
         from .fp8_mlp import forward_fp8
-        from .quantized_mlp import check_quantized, forward_quantized
-        check_quantized(x, w13, w2, weights)
-        run = forward_fp8 if fp8_activations else forward_quantized
+        from .quantized_autograd import experts_quant
+        from .quantized_mlp import check_quantized
+        check_quantized(x, w13, w2, weights, differentiable=not fp8_activations)
+        run = forward_fp8 if fp8_activations else experts_quant
     elif fp8_activations:
         raise ValueError("tessera::moe: fp8_activations needs fp8 expert weights: quantize_experts(w, 'fp8')")
     else:
-        from .autograd import experts_op as run
+        from .autograd import experts_op
         check_experts(x, w13, w2, weights, ids, activation)
+        run = forward if tessera.torch.unobserved(x, w13, w2, weights, ids) else experts_op
     T, K = ids.shape
     if T == 0:
         return x.new_zeros((0, w2.shape[1]))
@@ -201,10 +214,14 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
 
 def forward(x, w13, w2, weights, sorted_ids, block_expert, offsets, block_m: int, activation: str,
             atomic: bool) -> torch.Tensor:
-    """The four launches of `experts` after alignment."""
+    """The four launches of `experts` after alignment: each op called directly where nothing observes its
+    dispatch (`tessera.torch.unobserved`), as at decode, where the dispatcher's Python would show."""
     K = weights.shape[1]
     _check_rows("moe", sorted_ids, block_expert, offsets, block_m)
-    xs = permute(x, sorted_ids, K, block_m)
-    h = gate_up(xs, w13, block_expert, offsets, activation, block_m)
-    y = down(h, w2, weights, sorted_ids, block_expert, offsets, block_m, atomic)
-    return y.to(x.dtype) if atomic else combine(y, K, x.dtype)
+    direct = tessera.torch.unobserved(x, w13, w2, weights, sorted_ids, block_expert, offsets)
+    permute_, gate_up_, down_, combine_ = (_permute, _gate_up, _down, _combine) if direct else \
+        (permute, gate_up, down, combine)
+    xs = permute_(x, sorted_ids, K, block_m)
+    h = gate_up_(xs, w13, block_expert, offsets, activation, block_m)
+    y = down_(h, w2, weights, sorted_ids, block_expert, offsets, block_m, atomic)
+    return y.to(x.dtype) if atomic else combine_(y, K, x.dtype)

@@ -11,8 +11,9 @@ which reads A from the TMA-filled ring and B from registers). The weights
 are the [E * N, K] matrix of all experts' rows, so that a block's row
 offset (expert * N + column) picks the expert, as in `experts.py`.
 
-Forward only: the ops have no autograd (quantized weights are for
-inference; train in bf16 and quantize after).
+These ops are the forward pass; `quantized_autograd.py` wraps them in a
+differentiable op (gradients in x and the routing weights, the quantized
+weights frozen).
 """
 
 from __future__ import annotations
@@ -190,8 +191,10 @@ def _down_quant_fake(h, qweight, scales, zeros, weights, sorted_ids, block_exper
     return h.new_empty((T * K, qweight.shape[1]))
 
 
-def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights: torch.Tensor) -> None:
-    """The shapes `experts` needs of quantized weights, or a ValueError naming the fix."""
+def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights: torch.Tensor,
+                    differentiable: bool = True) -> None:
+    """The shapes `experts` needs of quantized weights, or a ValueError naming the fix; `differentiable`: whether
+    the path has a backward (fp8 activations have none)."""
     if not isinstance(w13, QuantizedExperts) or not isinstance(w2, QuantizedExperts):
         raise ValueError("tessera::moe: quantize both w13 and w2 (moe.quantize_experts), or neither")
     if x.dtype not in FLOAT_DTYPES:
@@ -203,9 +206,10 @@ def check_quantized(x, w13: QuantizedExperts, w2: QuantizedExperts, weights: tor
     if weights.dim() != 2 or weights.shape[0] != x.shape[0]:
         raise ValueError(f"tessera::moe: weights and ids must both be [{x.shape[0]}, top_k] (route's), got "
                          f"{tuple(weights.shape)}")
-    if torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad):
-        raise ValueError("tessera::moe: quantized expert weights are for inference (the ops have no backward); "
-                         "run under torch.no_grad(), or train with bf16 weights and quantize after")
+    if not differentiable and torch.is_grad_enabled() and (x.requires_grad or weights.requires_grad):
+        raise ValueError("tessera::moe: fp8 activations (W8A8) are for inference (their rounding has no "
+                         "backward); run under torch.no_grad(), or fine-tune with bf16 activations "
+                         "(fp8_activations=False), which differentiate in x and the routing weights")
     check_device("moe", x, w13=w13.qweight, w2=w2.qweight)
 
 

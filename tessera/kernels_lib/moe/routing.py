@@ -27,6 +27,7 @@ from typing import Optional
 import torch
 
 import tessera
+import tessera.torch
 
 from .common import check_device, kernel_arg
 
@@ -102,12 +103,14 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
 
 
 def tokens_per_program(num_experts: int, top_k: int) -> int:
-    """BT: tokens per routing program. Its histogram (BT * K_PAD ids x E_PAD bins) must stay within what one
-    ranking holds in registers (2^15 lanes), and the alignment compares a chunk's BT * K pairs with each
-    other (at most 128 of them)."""
+    """BT: tokens per routing program. Its histogram compares BT * K_PAD ids with E_PAD bins as 64-bit
+    lanes, at most 2^13 of them (64 per thread at 4 warps; at 2^15, DeepSeek-V3's 256 experts and top-8
+    needed 512 registers per thread and did not compile for a GPU), and the alignment compares a chunk's
+    BT * K pairs with each other (at most 128 of them). Small chunks cost nothing extra: the alignment's
+    launches read each chunk's histogram a fixed number of times."""
     k_pad = tessera.next_power_of_2(top_k)
     lanes = tessera.next_power_of_2(num_experts) * k_pad
-    return max(1, min(128 // k_pad, (1 << 15) // lanes))
+    return max(1, min(128 // k_pad, (1 << 13) // lanes))
 
 
 def _check(logits, bias, top_k, scoring, n_group, topk_group) -> None:
@@ -132,11 +135,10 @@ def _check(logits, bias, top_k, scoring, n_group, topk_group) -> None:
     check_device("moe_route", logits, bias=bias)
 
 
-@torch.library.custom_op("tessera::moe_route", mutates_args=())
-def route_op(logits: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, scoring: str, n_group: int,
-             topk_group: int, renormalize: bool,
-             scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
-    """`torch.ops.tessera.moe_route`: see `route`."""
+def _route(logits: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, scoring: str, n_group: int,
+           topk_group: int, renormalize: bool,
+           scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.moe_route`: see `route`."""
     _check(logits, bias, top_k, scoring, n_group, topk_group)
     T, E = logits.shape
     BT = tokens_per_program(E, top_k)
@@ -156,6 +158,9 @@ def route_op(logits: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, sco
                               K_PAD=tessera.next_power_of_2(top_k),
                               NG_PAD=tessera.next_power_of_2(n_group), num_warps=4)
     return weights, ids, counts, chunk_counts
+
+
+route_op = torch.library.custom_op("tessera::moe_route", _route, mutates_args=())
 
 
 @route_op.register_fake
@@ -181,6 +186,8 @@ def route(logits: torch.Tensor, top_k: int, *, scoring: str = "softmax", bias: O
     of experts when n_group > 1 (DeepSeek-V3: n_group=8, topk_group=4);
     weights are the chosen scores, renormalized to sum to 1 when
     `renormalize`, times `scaling_factor`. Ties go to the lower expert id.
-    This is the op `torch.ops.tessera.moe_route`.
+    This is the op `torch.ops.tessera.moe_route`, called directly where
+    nothing observes the dispatch (`tessera.torch.unobserved`).
     """
-    return route_op(logits, bias, top_k, scoring, n_group, topk_group, renormalize, scaling_factor)
+    op = _route if tessera.torch.unobserved(logits, bias) else route_op
+    return op(logits, bias, top_k, scoring, n_group, topk_group, renormalize, scaling_factor)

@@ -34,7 +34,7 @@ from ..rewrite import resolve
 from .accesses import Keys, accesses
 from .launches import Launch, scalar_value
 from .merge import Merged, Refused, body_ops
-from .vertical import _constant, _spread
+from .vertical import NUMERICS_ATTRS, _constant, _spread
 
 
 @dataclass
@@ -54,6 +54,9 @@ def absorb(producer: Launch, consumer: Launch, later: set[str], aliased: frozens
     if len(read) != 1:
         return None if not read else f"it reads {len(read)} buffers the producer writes"
     (buffer,) = read
+    for attr in NUMERICS_ATTRS:         # the consumer's math would be compiled with the producer's options
+        if producer.fn.attrs.get(attr) != consumer.fn.attrs.get(attr):
+            return f"numerics options differ ({attr})"
     if None in {a.buffer for a in made + used} or (set(aliased) & ({a.buffer for a in made} | {a.buffer for a in used})):
         return "an address is not traced to a parameter, or buffers overlap"
     if any(a.writes and a.buffer in {m.buffer for m in made} for a in used):

@@ -49,9 +49,11 @@ from dataclasses import dataclass
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Value
 from tessera.ir.types import RegsType
-from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
+from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
+from tessera.ir.warpgroup_ops import A_REGISTERS, WGMMA_DTYPES
+from tessera.ir.wgmma_layouts import WARPGROUP, WGMMA_K, WGMMA_M, WgmmaTileLayout, wgmma_a_fragment, wgmma_tile_swizzle
 
-from .layout_math import row_major_strides
+from .layout_math import register_map, row_major_strides
 from .mma_operands import wgmma_tile_offsets
 from .relayout import convert
 from .values import Regs, RingOperand
@@ -108,6 +110,41 @@ class SharedOperand:
         return desc
 
 
+@dataclass(frozen=True)
+class RegisterOperand:
+    """A wgmma A operand held in registers: `regs` in `register_a_layout(plan)` (RK K slices per 64-row slab,
+    WM warpgroups along M)."""
+
+    regs: Regs
+    rk: int
+    wm: int
+
+    def descriptor(self, ctx, k_slice: int, mn_first: int, group=None):
+        """What the wgmma takes for slab rm (`mn_first` = rm * WM * 64; the warpgroup is the thread's own) and
+        K slice `k_slice`: its 8 registers, (rm * RK + k_slice) * 8 + i (`mma.py`'s register order)."""
+        first = (mn_first // (WGMMA_M * self.wm) * self.rk + k_slice) * A_REGISTERS
+        return ctx.pack([ctx.extract(self.regs.value, first + i) for i in range(A_REGISTERS)])
+
+
+def a_from_registers(inst, plan, regs) -> bool:
+    """Whether register operand A goes to wgmma in registers (its register-A form) rather than through a K-major
+    tile in shared memory: when it is f16/bf16 and already where the form wants it, up to a renaming of
+    registers -- a product of an earlier wgmma, cast or masked lane by lane (FlashAttention's P = f(S) for
+    O += P V). A tile in another layout (a plain load's) is stored by its owners instead: moving it between
+    threads would cost a trip through shared memory as well, and registers besides."""
+    if not isinstance(regs, Regs) or regs.element.dtype.name not in WGMMA_DTYPES or inst.k != WGMMA_K:
+        return False
+    dst = register_a_layout(plan)
+    return register_map(regs.layout, dst, row_major_strides(dst.shape)) is not None
+
+
+def register_a_layout(plan) -> RegisterLayout:
+    """A's layout for wgmma's register form: `mma.py`'s A layout with the wgmma fragment, RK slices along K,
+    which the accumulator's layout (with N = 16 RK) equals register for register (`wgmma_a_fragment`)."""
+    wr = plan.c.num_threads // (plan.wm * WARPGROUP)
+    return local(plan.rm, plan.rk) * replicated(wr) * spatial(plan.wm, 1) * wgmma_a_fragment()
+
+
 def k_major_tile(op, index: int, element_bytes: int) -> WgmmaTileLayout:
     """The K-major tile a register operand `index` (0: A, 1: B) of dot `op` is stored into."""
     (m, k), (_, n) = op.operands[0].type.shape, op.operands[1].type.shape
@@ -126,6 +163,8 @@ def wgmma_dot(ctx, op, plan):
             operands.append(SharedOperand(x.ring, x.load.slot_layout, x.offset))
         elif isinstance(x, SharedOperand):  # stored before the loop (`invariant_operands.py`)
             operands.append(x)
+        elif i == 0 and a_from_registers(inst, plan, x):
+            operands.append(RegisterOperand(convert(ctx, x, register_a_layout(plan), op), plan.rk, plan.wm))
         else:
             tile = k_major_tile(op, i, x.element.dtype.bits // 8)
             operands.append(SharedOperand(store_k_major(ctx, x, tile, i == 1), tile))
@@ -141,7 +180,8 @@ def wgmma_dot(ctx, op, plan):
     ctx.create("wgmma_fence")
     nc = inst.c.local_size
     fragment = RegsType(acc.element, nc)
-    attrs = dict(inst.attrs) | ({"trans_a": True} if a.mn_major else {}) | ({"trans_b": True} if b.mn_major else {})
+    attrs = dict(inst.attrs) | ({"trans_a": True} if getattr(a, "mn_major", False) else {}) \
+        | ({"trans_b": True} if b.mn_major else {})
     group = _warp_uniform(ctx, ctx.index.digit(inst.lanes, plan.wm)) if plan.wm > 1 else None  # its slab block
     single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
     if in_flight and not single:            # a stack of fragments, each wgmma updating its own in place

@@ -105,13 +105,13 @@ def _async_copy(ctx, op):
     parts: SharedParts = ctx.lookup(op.operands[0])
     bar_ptr = ctx.lookup(bar).slot_base(ctx)
     tensor_map = map_parameter(ctx, box.recipe)
-    outer, inner = (ctx.cast(ctx.lookup(op.operands[2 + d]), dt.i32) for d in box.dims)
+    coordinates = box.coordinates(ctx, [ctx.lookup(v) for v in op.operands[2:]])
     dst = parts.slot_base(ctx)
 
     with ctx.when(ctx.index.first_thread()):
         ctx.create("fence_proxy_async")
         ctx.create("mbarrier_expect_tx", [bar_ptr, ctx.const(box.slot_bytes)])
-        ctx.create("tma_load", [dst, tensor_map, outer, inner, bar_ptr])
+        ctx.create("tma_load", [dst, tensor_map, *coordinates, bar_ptr])
 
 
 @lowering("smem_mbarrier_wait")

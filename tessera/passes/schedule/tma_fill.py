@@ -20,7 +20,8 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation, Value
 from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
 from tessera.ir.target import Target
-from tessera.ir.tensor_map import KERNEL_ATTR, MAX_BOX_DIM, Extent, TensorMapRecipe, kernel_recipes
+from tessera.ir.tensor_map import (KERNEL_ATTR, MAX_BOX_DIM, MAX_RANK, UNBOUNDED, Extent, TensorMapRecipe,
+                                  kernel_recipes)
 from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
@@ -35,11 +36,12 @@ SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}
 class TmaBox:
     """How one pipelined load's slot is filled by TMA: the map's recipe (its `param` not yet assigned), which
     view dims give the box coordinates, outermost first, and how many boxes fill a slot (stacked one after
-    the other, each `box_shape[1]` elements further along the contiguous dim)."""
+    the other, each `box_shape[-1]` elements further along the contiguous dim)."""
 
     recipe: TensorMapRecipe
     dims: tuple[int, int]               # (outer view dim, contiguous view dim)
     boxes: int = 1                      # boxes per slot
+    leading: tuple[Value, ...] = ()     # the coordinates of the map's dims before the view's (`pointer_offsets`)
 
     @property
     def box_elements(self) -> int:
@@ -57,6 +59,15 @@ class TmaBox:
     @property
     def slot_align(self) -> int:
         return SLOT_ALIGN[self.recipe.swizzle]
+
+    def coordinates(self, ctx, starts: list[Value], j: int = 0) -> list[Value]:
+        """The i32 coordinates of box j of the block whose view offsets (thread IR) are `starts`, outermost
+        first: the leading dims' indices, then the block's outer and contiguous offsets (box j: j box widths
+        further along the contiguous dim)."""
+        outer, inner = (_i32(ctx, starts[d]) for d in self.dims)
+        if j:
+            inner = ctx.emit("add", inner, ctx.const(j * self.recipe.box_shape[-1]))
+        return [*(_i32(ctx, ctx.lookup(v)) for v in self.leading), outer, inner]
 
 
 def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
@@ -84,10 +95,15 @@ def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: in
     size = dtype.bits // 8
     if fn is None or len(shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
         return refuse(why, f"TMA copies 2-D blocks of 1-, 2-, 4- or 8-byte elements, not {shape} of {dtype.name}")
-    base, sizes, strides = make_view.operands[0], make_view.operands[1:3], make_view.operands[3:5]
+    sizes, strides = make_view.operands[1:3], make_view.operands[3:5]
+    base, offsets = pointer_offsets(make_view.operands[0], fn, facts, size)
     if base not in fn.args or fn.args.index(base) not in fn.attrs.get("divisible_by_16", ()):
         return refuse(why, "its view's base is not a 16-byte aligned pointer argument of the kernel (the host "
                             "builds the tensor map from that argument)")
+    if offsets is None:
+        return refuse(why, "its view's base is offset from the kernel's pointer argument by more than sums of "
+                            "index * stride, with each stride a kernel argument (times a constant) known to be "
+                            "a multiple of 16 bytes (state it with tessera.multiple_of, or specialize it)")
     info = facts.get(view)
     outer = 1 - dim
     if info is None or not info.unit_stride[dim] or info.stride_divisibility[outer] * size % 16:
@@ -105,9 +121,54 @@ def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: in
     if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
         return refuse(why, f"its box {box} is outside what TMA copies (dims <= {MAX_BOX_DIM}, rows of a "
                             f"multiple of 16 bytes)")
-    recipe = TensorMapRecipe(-1, fn.args.index(base), dtype, (extents[0], extents[1]), (extents[2], Extent(None, 1)),
-                             box, swizzle)
-    return TmaBox(recipe, (outer, dim), count)
+    unbounded = Extent(None, UNBOUNDED)
+    recipe = TensorMapRecipe(-1, fn.args.index(base), dtype,
+                             (*(unbounded for _ in offsets), extents[0], extents[1]),
+                             (*(stride for _, stride in offsets), extents[2], Extent(None, 1)),
+                             (*(1 for _ in offsets), *box), swizzle)
+    if len(recipe.shape) > MAX_RANK:
+        return refuse(why, f"its view's base is offset along {len(offsets)} dims: with the view's two, more than "
+                            f"the {MAX_RANK} a tensor map has")
+    return TmaBox(recipe, (outer, dim), count, tuple(index for index, _ in offsets))
+
+
+def pointer_offsets(pointer: Value, fn: Function, facts: dict, size: int) \
+        -> tuple[Value, tuple[tuple[Value, Extent], ...] | None]:
+    """`pointer` as `base + sum(index_i * stride_i)` (`addptr`s of products, outermost first): the base, and
+    the (index, stride) terms, or None when an offset is not such a product with `stride` a kernel argument
+    (times a constant) whose `size`-byte elements make a multiple of 16 bytes. A term becomes a dim of the
+    tensor map with coordinate `index`, extent `UNBOUNDED` and box 1: the map then reads what `pointer`
+    reads, the view's dims bounded as before (FlashAttention's K at (b, h): a 4-D (B, S, H, D) map). (A
+    negative index, a view before the argument's first element, would read zeros: no tensor is there.)"""
+    terms: list[tuple[Value, Extent]] = []
+    while isinstance(pointer.owner, Operation) and pointer.owner.name == "addptr":
+        pointer, offset = pointer.owner.operands
+        if getattr(facts.get(offset), "constant", None) == 0:
+            continue
+        term = _product_term(offset, fn, facts, size)
+        if term is None:
+            return _root(pointer), None
+        terms.append(term)
+    return pointer, tuple(reversed(terms))
+
+
+def _product_term(offset: Value, fn: Function, facts: dict, size: int) -> tuple[Value, Extent] | None:
+    """`offset` as (index, stride): `index * stride` with the stride a 16-byte multiple argument (see above)."""
+    op = offset.owner
+    if not isinstance(op, Operation) or op.name != "mul":
+        return None
+    for index, stride in (op.operands, reversed(op.operands)):
+        extent = _extent(stride, fn, facts)
+        divisibility = getattr(facts.get(stride), "element_divisibility", 1)
+        if extent is not None and extent.param is not None and divisibility * size % 16 == 0:
+            return index, extent
+    return None
+
+
+def _root(pointer: Value) -> Value:
+    while isinstance(pointer.owner, Operation) and pointer.owner.name == "addptr":
+        pointer = pointer.owner.operands[0]
+    return pointer
 
 
 def slot_boxes(slot: SmemLayout | WgmmaTileLayout, rows: int, cols: int, size: int) -> tuple[str, int, int] | None:
@@ -247,14 +308,12 @@ class TmaRing:
         ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
         for load in self.loads:
             starts = [ctx.lookup(v) for v in load.load.operands[1:]]
-            outer, inner = (_i32(ctx, starts[d]) for d in load.tma.dims)
             box = load.tma
             for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
                 offset = offsets[load.load] if j == 0 else \
                     ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
-                column = inner if j == 0 else ctx.emit("add", inner, ctx.const(j * box.recipe.box_shape[1]))
                 dst = ctx.emit("addptr", rings[load.load], offset)
-                ctx.create("tma_load", [dst, self.maps[load.load], outer, column, bar])
+                ctx.create("tma_load", [dst, self.maps[load.load], *box.coordinates(ctx, starts, j), bar])
 
     def release(self, ctx) -> None:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
