@@ -290,3 +290,26 @@ def test_split_k_on_the_simt_simulator_matches_numpy(target, M, BM, num_warps):
     second one partial), summed by the reduce."""
     out, expected = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+FP8_SIGNATURE = ("*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,"
+                 "i32:1,i32:1,i32:16,i32")
+
+
+@pytest.mark.parametrize("target", ["sm_89", "sm_90a"])
+def test_fp8_with_k_major_b_compiles_pipelined_without_spills(target):
+    """fp8 operands with B as an nn.Linear weight (N x K, K-major: what 8-bit tensor-core reads need), scales,
+    bias and silu: each shipped tile takes K_BYTES / 1 = twice the 16-bit K depth, runs pipelined (strict
+    mode) without spills, on wgmma where it has 64-row slabs on sm_90a, else mma.sync."""
+    from tessera.backends.nvptx import find_ptxas
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    for name, tile in SHIPPED_TILES.items():
+        compiled = gemm_split_k_kernel.compile(
+            signature=FP8_SIGNATURE, target=target, num_warps=tile["num_warps"], HAS_BIAS=True, HAS_SCALE_A=True,
+            HAS_SCALE_B=True, ACTIVATION="silu", BM=tile["BM"], BN=tile["BN"], BK=tile["K_BYTES"],
+            STAGES=tile["STAGES"], SPLIT_K=2, ATOMIC=False)
+        metadata, ptx = compiled.metadata, compiled.stages["ptx"]
+        assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{name} spills"
+        on_wgmma = target == "sm_90a" and tile["BM"] >= 64
+        assert ("wgmma.mma_async" in ptx) == on_wgmma and ("mma.sync" in ptx) != on_wgmma, name
