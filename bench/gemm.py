@@ -192,7 +192,7 @@ def config_variants(torch):
 
 def config_rows(torch, sizes) -> list[dict]:
     """TFLOP/s of every config variant pinned, per size."""
-    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import gemm, pin_config
 
     rows = []
     for size in sizes:
@@ -200,13 +200,13 @@ def config_rows(torch, sizes) -> list[dict]:
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         for config in config_variants(torch):
             row = {"size": size, "config": config.kwargs, "num_warps": config.num_warps}
-            gemm_kernel.pin(config)
+            pin_config(config)
             try:
                 compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, size, size, size)
             except Exception as error:          # a config this GPU cannot compile or run: recorded, not fatal
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
             finally:
-                gemm_kernel.pin(None)
+                pin_config(None)
             rows.append(row)
             gpu_common.record("gemm_configs", row)
             print(f"{size}^3 {config}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
@@ -247,18 +247,18 @@ def main() -> None:
               f"{'config ' + str(pinned) if pinned else 'autotuned'}, {len(config_variants(None))} config variants")
         return
     torch = gpu_common.require_gpu()
-    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import gemm, pin_config
 
     result = {"environment": gpu_common.environment(torch), "shapes": args.shapes,
               "pinned": None if pinned is None else {"config": pinned.kwargs, "num_warps": pinned.num_warps}}
-    gemm_kernel.pin(pinned)
+    pin_config(pinned)
     if "bf16" in parts and args.shapes == "decode":
         result.update(dtype="bf16", rows=decode_rows(torch, gemm, shapes))
     elif "bf16" in parts:
         result.update(dtype="bf16", rows=bf16_rows(torch, gemm, shapes))
     if "fp8" in parts:
         result.update(fp8_dtype="e4m3 in, per-tensor f32 scales, bf16 out", fp8_rows=fp8_rows(torch, gemm, shapes))
-    gemm_kernel.pin(None)
+    pin_config(None)
     if "configs" in parts:
         result["config_rows"] = config_rows(torch, [4096, 8192])
     name = "gemm" if parts == list(PARTS) and args.shapes == "all" else "gemm_" + "_".join(parts)

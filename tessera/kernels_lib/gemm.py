@@ -145,6 +145,14 @@ gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"
     tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
 
 
+def pin_config(config: Optional[tessera.Config]) -> None:
+    """Launch the op's tiled GEMM with `config` from now on, without tuning, in both of its compilations
+    (`gemm_kernel` and `gemm_kernel_fast` tune apart: pinning one leaves the other, which float16 / bfloat16
+    outputs run, tuning); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
+    gemm_kernel.pin(config)
+    gemm_kernel_fast.pin(config)
+
+
 def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
     """Whether `gemm_kernel_fast` may compute this GEMM: its approximations (about 2^-22 relative) and
     contractions (one rounding where there were two) stay far below a float16 / bfloat16 output's rounding

@@ -313,3 +313,15 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
         if find_linker() is not None:
             code = CodeObject(compiled.binary)
             assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols
+
+
+def test_pin_config_pins_both_compilations_of_the_kernel():
+    """The exact and the fast-math kernel tune apart: the op runs the fast one for float16 / bfloat16 outputs,
+    so a pinned config (the GPU session's config sweep) must reach both."""
+    from tessera.kernels_lib.gemm import gemm_kernel_fast, pin_config
+    try:
+        pin_config(CONFIGS[1])
+        assert gemm_kernel.tuner.pinned == gemm_kernel_fast.tuner.pinned == CONFIGS[1]
+    finally:
+        pin_config(None)
+    assert gemm_kernel.tuner.pinned is None and gemm_kernel_fast.tuner.pinned is None
