@@ -92,9 +92,17 @@ class FragmentTiling:
         k_modes, n_modes = b.dim_mode_ids
         return tuple(position[e] for e in n_modes + k_modes)
 
-    def constexprs(self) -> dict:
-        """The decode kernel's FRAGMENT / LOAD_LAYOUT / DIGITS / ORDER constexprs."""
-        return dict(FRAGMENT=True, LOAD_LAYOUT=self.load_layout, DIGITS=self.digits, ORDER=self.order)
+    def scale_layout(self, group_size: int) -> layouts.RegisterLayout:
+        """The (BN, BK / G) block of scales (or zeros) in the layout from which they broadcast over the codes'
+        groups without moving: thread t holds the scales of its own columns and groups, once each."""
+        groups = max(self.BK // group_size, 1)
+        codes = self.b_layout.permute((1, 0)).reshape((self.BN, groups, self.BK // groups))
+        return codes.reduce(2, keepdims=False)
+
+    def constexprs(self, group_size: int) -> dict:
+        """The decode kernel's FRAGMENT / LOAD_LAYOUT / DIGITS / ORDER / SCALE_LAYOUT constexprs."""
+        return dict(FRAGMENT=True, LOAD_LAYOUT=self.load_layout, DIGITS=self.digits, ORDER=self.order,
+                    SCALE_LAYOUT=self.scale_layout(group_size))
 
     # -- the permutation --------------------------------------------------------------------
 

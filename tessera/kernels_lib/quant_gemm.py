@@ -44,16 +44,17 @@ from .quant_fragment import DECODE_TILING
 
 
 @tessera.func
-def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE):
-    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own."""
+def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE, SCALE_LAYOUT=None):
+    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own.
+    SCALE_LAYOUT (or None: the compiler's choice) pins the layout the scales and zeros are loaded in."""
     GB = max(BK // G, 1)                        # groups in the block
     groups = (pid_n, step * BK // G // GB)
     values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
     if ZEROS:
-        values = values - tessera.expand_dims(z.block((BN, GB), groups).load().to(DTYPE), 2)
+        values = values - tessera.expand_dims(z.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
     else:
         values = values - HALF
-    scale = tessera.expand_dims(s.block((BN, GB), groups).load().to(DTYPE), 2)
+    scale = tessera.expand_dims(s.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
     return tessera.reshape(values * scale, (BN, BK))
 
 
@@ -87,7 +88,7 @@ def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.c
                       BN: tessera.constexpr, BK: tessera.constexpr, SPLIT_K: tessera.constexpr,
                       STAGES: tessera.constexpr, FRAGMENT: tessera.constexpr = False,
                       LOAD_LAYOUT: tessera.constexpr = None, DIGITS: tessera.constexpr = None,
-                      ORDER: tessera.constexpr = None):
+                      ORDER: tessera.constexpr = None, SCALE_LAYOUT: tessera.constexpr = None):
     pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     x = tessera.view(x_ptr, (M, K))
     s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
@@ -95,7 +96,7 @@ def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.c
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
         codes = weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER)
-        wt = dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, x.dtype)
+        wt = dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, x.dtype, SCALE_LAYOUT)
         acc = tessera.dot(x.block((BM, BK), (pid_m, step)).load(), wt.T, acc)
     write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
 
@@ -248,7 +249,7 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     fragment = {}
     if layout == "fragment":        # the tiles the codes are stored for
         p = fragment_plan(p, M, K, group_size)
-        fragment = DECODE_TILING.constexprs()
+        fragment = DECODE_TILING.constexprs(group_size)
     out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
     grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)
     as_arg = _host if cpu else _device
