@@ -107,7 +107,7 @@ class FragmentTiling:
     # -- the permutation --------------------------------------------------------------------
 
     @cached_property
-    def _source(self) -> tuple[np.ndarray, np.ndarray]:
+    def source(self) -> tuple[np.ndarray, np.ndarray]:
         """(n, k) inside the block of register i of thread t, as [threads, L] arrays (b_layout.map)."""
         t, i = np.meshgrid(np.arange(self.threads), np.arange(self.locals), indexing="ij")
         k, n = self.b_layout.map(t, i)
@@ -123,14 +123,14 @@ class FragmentTiling:
         n, k = codes.shape
         self.check(n, k)
         blocks = codes.reshape(n // self.BN, self.BN, k // self.BK, self.BK).transpose(0, 2, 1, 3)
-        rows, cols = self._source
+        rows, cols = self.source
         return blocks[:, :, rows, cols]
 
     def from_fragment_order(self, stored: np.ndarray) -> np.ndarray:
         """The inverse of `to_fragment_order`: [N / BN, K / BK, threads, L] -> codes [N, K]."""
         nb, kb = stored.shape[:2]
         blocks = np.empty((nb, kb, self.BN, self.BK), stored.dtype)
-        rows, cols = self._source
+        rows, cols = self.source
         blocks[:, :, rows, cols] = stored
         return blocks.transpose(0, 2, 1, 3).reshape(nb * self.BN, kb * self.BK)
 
