@@ -36,7 +36,8 @@ LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
 ALL_M = [1, 16, 64, 256, 4096]
 # part: (format, bits, group, activations); w4a16 runs every shape, the others M in {1, 16} on two (N, K).
 PARTS = {
-    "w4a16": ("int", 4, 128, "f16"), "w4a16-fragment": ("int", 4, 128, "f16"), "w8a16": ("int", 8, 128, "f16"), "w3a16": ("int", 3, 128, "f16"),
+    "w4a16": ("int", 4, 128, "f16"), "w4a16-fragment": ("int", 4, 128, "f16"), "w8a16": ("int", 8, 128, "f16"),
+    "w3a16": ("int", 3, 128, "f16"),
     "w2a16": ("int", 2, 64, "f16"), "mxfp4": ("mxfp4", 4, 32, "bf16"), "nvfp4": ("nvfp4", 4, 16, "bf16"),
     "w4a8": ("int", 4, 128, "fp8"),
 }

@@ -183,40 +183,43 @@ def _kernel_args(w, M, seed=0):
     if w.perm is not None:
         x = x[:, w.perm]
     z = w.zeros if w.zeros is not None else w.scales
-    return [x.numpy(), tessera.reinterpret(w.qweight.numpy(), tessera.u4), w.scales.numpy(), z.numpy(),
-            np.zeros((M, N), np.float32), M, N, K]
+    codes = tessera.reinterpret(w.qweight.numpy(), getattr(tessera, f"u{w.bits}"))
+    return [x.numpy(), codes, w.scales.numpy(), z.numpy(), np.zeros((M, N), np.float32), M, N, K]
 
 
-def _constexprs(group, fragment, zeros=True):
+def _constexprs(group, fragment, zeros=True, bits=4):
     extra = T.constexprs(group) if fragment else {}
-    return dict(G=group, ZEROS=zeros, HALF=8.0, BM=16, BN=T.BN, BK=T.BK, SPLIT_K=2, STAGES=1, **extra)
+    return dict(G=group, ZEROS=zeros, HALF=float(2 ** (bits - 1)), BM=16, BN=T.BN, BK=T.BK, SPLIT_K=2, STAGES=1,
+                **extra)
 
 
-def _weights(group, symmetric, act_order):
+def _weights(group, symmetric, act_order, bits=4):
     if act_order:
         g_idx = torch.randperm(K, generator=torch.Generator().manual_seed(2)) % (K // group)
         scales = (torch.rand(N, K // group, generator=torch.Generator().manual_seed(3)) * 0.1).half()
         zeros = None if symmetric else torch.randint(0, 16, (N, K // group)).half()
         return quant.pack(_codes(4), scales, zeros, bits=4, group_size=group, g_idx=g_idx)
-    return quant.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(4)), bits=4, group_size=group,
+    return quant.quantize(torch.randn(N, K, generator=torch.Generator().manual_seed(4)), bits=bits, group_size=group,
                           symmetric=symmetric)
 
 
-@pytest.mark.parametrize("group, symmetric, act_order", [(32, True, False), (32, False, False), (128, True, False),
-                                                         (128, False, False), (32, False, True), (128, True, True)])
-def test_fragment_order_computes_the_plain_product_bit_for_bit(group, symmetric, act_order):
-    plain = _weights(group, symmetric, act_order)
+@pytest.mark.parametrize("group, symmetric, act_order, bits", [
+    (32, True, False, 4), (32, False, False, 4), (128, True, False, 4), (128, False, False, 4), (32, False, True, 4),
+    (128, True, True, 4), (128, True, False, 8), (32, False, False, 3), (64, False, False, 2)])
+def test_fragment_order_computes_the_plain_product_bit_for_bit(group, symmetric, act_order, bits):
+    plain = _weights(group, symmetric, act_order, bits)
     frag = plain.with_layout("fragment")
     grid = (1, N // T.BN, 2)
     outs = []
     for w, fragment in ((plain, False), (frag, True)):
         args = _kernel_args(w, 5)
-        quant_gemm_kernel[grid](*args, **_constexprs(group, fragment, zeros=w.zeros is not None))
+        quant_gemm_kernel[grid](*args, **_constexprs(group, fragment, zeros=w.zeros is not None, bits=bits))
         outs.append(args[4])
     assert np.array_equal(outs[0], outs[1])
     x = torch.randn(5, K, generator=torch.Generator().manual_seed(0)).half()
     expected = x.float() @ plain.dequantize().t()
     assert (torch.from_numpy(outs[1]) - expected).abs().max() <= 2e-3 * expected.abs().max()
+    assert not np.array_equal(plain.qweight.numpy(), frag.qweight.numpy())
     # the op takes the layout from the weight
     y = quant_gemm(x, frag)
     assert (y.float() - expected).abs().max() <= 2e-3 * expected.abs().max()
