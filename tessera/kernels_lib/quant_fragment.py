@@ -21,12 +21,16 @@ those shape ops (the thread and register digits, regrouped), which is
 shuffles. The low-bit pass unpacks the loaded bytes in registers.
 
 The stored array keeps the plain layout's byte count and [N, K * bits / 8]
-shape; only the order of the codes inside it changes.
+shape; only the order of the codes inside it changes. Any width works
+(L * bits / 8 bytes a thread: 32 for 4 bits, 64 for 8); 3-bit runs of 24
+bytes are read 4 bytes at a time. On sm_90a the decode dot (16 rows) stays
+on mma.sync, so the same order serves; wgmma (64-row tiles) reads B only
+from shared memory, so there the order buys nothing unless the product is
+swapped (y^T = W x^T) to make W wgmma's register A operand.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from functools import cached_property
 
@@ -135,6 +139,4 @@ class FragmentTiling:
         return blocks.transpose(0, 2, 1, 3).reshape(nb * self.BN, kb * self.BK)
 
 
-DECODE_TILING = FragmentTiling()
-
-assert math.prod(DECODE_TILING.digits) == DECODE_TILING.BN * DECODE_TILING.BK
+DECODE_TILING = FragmentTiling()     # quant_gemm's decode plan: 16 x 64 tiles of y, 128 of K a step, 4 warps
