@@ -31,6 +31,7 @@ AWQ: qweight [K, N/8] packed along N in nibble order 0,2,4,6,1,3,5,7).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -89,20 +90,22 @@ class QuantizedWeight:
         fits = self.format == "int" and n % DECODE_TILING.BN == 0 and k % DECODE_TILING.BK == 0 and (
             DECODE_TILING.BK % self.group_size == 0 or self.group_size % DECODE_TILING.BK == 0)
         w = self.with_layout(layout if fits else "plain")
-        move = lambda t: None if t is None else t.to(device)
-        return QuantizedWeight(move(w.qweight), move(w.scales), move(w.zeros), move(w.perm), w.bits, w.group_size,
-                               w.format, w.global_scale, w.layout)
+        moved = {name: t.to(device) for name in ("qweight", "scales", "zeros", "perm")
+                 if (t := getattr(w, name)) is not None}
+        return dataclasses.replace(w, **moved)
 
     def with_layout(self, layout: str) -> "QuantizedWeight":
         """The same weight with its codes stored in `layout` ("plain" or "fragment")."""
         if layout == self.layout:
             return self
-        codes = self.codes()
-        if self.perm is not None:       # pack permutes K by g_idx again: hand it the codes in W's own order
-            codes = codes[:, torch.argsort(self.perm)]
-        g_idx = None if self.perm is None else torch.argsort(self.perm) // self.group_size
-        return pack(codes, self.scales, self.zeros, bits=self.bits, group_size=self.group_size, g_idx=g_idx,
-                    format=self.format, global_scale=self.global_scale, layout=layout)
+        codes, perm = self.codes(), None if self.perm is None else self.perm.cpu()
+        if perm is not None:            # pack permutes K by g_idx again: hand it the codes in W's own order
+            codes = codes[:, torch.argsort(perm)]
+        g_idx = None if perm is None else torch.argsort(perm) // self.group_size
+        w = pack(codes, self.scales, self.zeros, bits=self.bits, group_size=self.group_size, g_idx=g_idx,
+                 format=self.format, global_scale=self.global_scale, layout=layout)
+        return dataclasses.replace(w, qweight=w.qweight.to(self.qweight.device),
+                                   perm=None if w.perm is None else w.perm.to(self.perm.device))
 
     def dequantize(self) -> torch.Tensor:
         """W as float32 [N, K], in the original order of K (the reference the kernels are checked against)."""

@@ -257,8 +257,16 @@ def test_fragment_plans_keep_the_stored_tiles():
 
 def test_devices_prefer_their_layout():
     assert quant.preferred_layout("cpu") == "plain"
-    w = quant.quantize(torch.randn(N, K), bits=4, group_size=128)
-    assert w.to("cpu").layout == "plain"
+    w = quant.quantize(torch.randn(N, K), bits=4, group_size=128, layout="fragment")
+    assert w.to("cpu").layout == "plain" and torch.equal(w.to("cpu").dequantize(), w.dequantize())
+
+
+def test_moe_stacks_refuse_the_fragment_order():
+    from tessera.kernels_lib.moe.quantized import stack_int4
+    w = quant.quantize(torch.randn(N, K), bits=4, group_size=128, layout="fragment")
+    with pytest.raises(ValueError, match=r"with_layout\('plain'\)"):
+        stack_int4([w, w])
+    assert stack_int4([w.with_layout("plain")] * 2).qweight.shape[0] == 2
 
 
 @pytest.mark.gpu
