@@ -175,16 +175,17 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
 
 
-def fragment_plan(p: Plan, M: int, K: int, group_size: int) -> Plan:
-    """`p` with the block and warps a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
+def fragment_plan(p: Plan, M: int, K: int, group_size: int, warp_size: int = 32) -> Plan:
+    """`p` with the block and threads a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
     the decode plan's own for M <= 16 (there the codes land in their mma registers); for larger M 64-row
-    tiles, which the compiler feeds from the same loads through a layout conversion."""
+    tiles (128 spill on sm_80), which the compiler feeds from the same loads through a layout conversion, as it
+    does on AMD (64-lane warps: half as many)."""
     t = DECODE_TILING
     split = p.split_k
     while (K // t.BK) % split:
         split -= 1
     bm = 16 if M <= 16 else 64
-    return Plan(bm, t.BN, t.BK, split, p.stages if M > 16 else 1, t.num_warps)
+    return Plan(bm, t.BN, t.BK, split, p.stages if M > 16 else 1, t.threads // warp_size)
 
 
 # ---------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
     fragment = {}
     if layout == "fragment":        # the tiles the codes are stored for
-        p = fragment_plan(p, M, K, group_size)
+        p = fragment_plan(p, M, K, group_size, 64 if torch.version.hip and not cpu else 32)
         fragment = DECODE_TILING.constexprs(group_size)
     out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
     grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)
