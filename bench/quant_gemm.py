@@ -182,7 +182,7 @@ def dry_run(parts: list[str]) -> None:
         rows = shapes(part)
         plans = {(m, n, k): plan(m, n, k, PARTS[part][2], 132, PARTS[part][3] == "fp8") for m, n, k in rows}
         if part.endswith("-fragment"):
-            plans = {(m, n, k): fragment_plan(p, m, k, PARTS[part][2]) for (m, n, k), p in plans.items()}
+            plans = {(m, n, k): fragment_plan(p, m, k) for (m, n, k), p in plans.items()}
         print(f"quant_gemm {part}: {len(rows)} shapes; e.g. {rows[0]} -> {plans[rows[0]]}")
     for layout in ("plain", "fragment"):
         w = quant.quantize(torch.randn(64, 128), bits=4, group_size=64, layout=layout)

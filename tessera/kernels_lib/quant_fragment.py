@@ -117,10 +117,11 @@ class FragmentTiling:
         k, n = self.b_layout.map(t, i)
         return n, k
 
-    def check(self, n: int, k: int) -> None:
+    def check(self, n: int, k: int, who: str = "quant.pack(layout='fragment')") -> None:
+        """ValueError (naming `who`) unless an [n, k] weight is made of whole blocks."""
         if n % self.BN or k % self.BK:
-            raise ValueError(f"quant.pack(layout='fragment'): N ({n}) must be a multiple of {self.BN} and K ({k}) "
-                             f"of {self.BK}; use layout='plain' for this weight")
+            raise ValueError(f"{who}: N ({n}) must be a multiple of {self.BN} and K ({k}) of {self.BK}; use "
+                             f"layout='plain' for this weight")
 
     def to_fragment_order(self, codes: np.ndarray) -> np.ndarray:
         """codes [N, K] -> [N / BN, K / BK, threads, L]: block (a, b)'s row t is thread t's registers."""

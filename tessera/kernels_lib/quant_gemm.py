@@ -175,7 +175,7 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
 
 
-def fragment_plan(p: Plan, M: int, K: int, group_size: int, warp_size: int = 32) -> Plan:
+def fragment_plan(p: Plan, M: int, K: int, warp_size: int = 32) -> Plan:
     """`p` with the block and threads a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
     the decode plan's own for M <= 16 (there the codes land in their mma registers); for larger M 64-row
     tiles (128 spill on sm_80), which the compiler feeds from the same loads through a layout conversion, as it
@@ -197,7 +197,8 @@ _TESSERA_DTYPES = {torch.float16: tessera.f16, torch.bfloat16: tessera.bf16, tor
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
            perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
-           format: str, out_dtype: Optional[torch.dtype], layout: str = "plain") -> tuple[int, int, int, torch.dtype]:
+           format: str, out_dtype: Optional[torch.dtype],
+           layout: str = "plain") -> tuple[int, int, int, torch.dtype]:
     """Validate; return M (rows of x), N, K and the output dtype."""
     if format not in FORMATS:
         raise ValueError(f"tessera::quant_gemm: format must be one of {FORMATS}, got {format!r}")
@@ -224,7 +225,7 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
     if fp8 and group_size % 16:
         raise ValueError(f"tessera::quant_gemm: W4A8 needs groups of a multiple of 16, got {group_size}")
     if layout == "fragment":
-        DECODE_TILING.check(N, K)
+        DECODE_TILING.check(N, K, "tessera::quant_gemm (a fragment-order weight)")
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"tessera::quant_gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
@@ -249,7 +250,7 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
     fragment = {}
     if layout == "fragment":        # the tiles the codes are stored for
-        p = fragment_plan(p, M, K, group_size, 64 if torch.version.hip and not cpu else 32)
+        p = fragment_plan(p, M, K, 64 if torch.version.hip and not cpu else 32)
         fragment = DECODE_TILING.constexprs(group_size)
     out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
     grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)

@@ -160,7 +160,7 @@ def test_weights_reach_the_mma_from_128_bit_loads_in_registers(target, group):
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("M", [1, 256])
 def test_the_fragment_kernel_compiles_to_wide_loads_without_spills(target, M):
-    p = fragment_plan(plan(M, 4096, 4096, 128, 132), M, 4096, 128)
+    p = fragment_plan(plan(M, 4096, 4096, 128, 132), M, 4096)
     out = "f32" if p.split_k > 1 else "f16"
     compiled = quant_gemm_kernel.compile(
         signature=f"*f16:16,*u4:16,*f16:16,*f16:16,*{out}:16,i32,i32:16,i32:16", target=target, G=128, ZEROS=True,
@@ -250,15 +250,15 @@ def test_opcheck_with_a_fragment_order_weight():
 
 
 def test_fragment_plans_keep_the_stored_tiles():
-    assert fragment_plan(Plan(16, 16, 32, 2, 1, 4), 1, K, 32) == Plan(16, T.BN, T.BK, 2, 1, T.num_warps)
-    assert fragment_plan(Plan(128, 128, 64, 1, 3, 8), 4096, 4096, 128) == Plan(64, T.BN, T.BK, 1, 3, 4)
-    assert fragment_plan(Plan(16, 64, 128, 3, 1, 4), 1, 512, 128) == Plan(16, 64, 128, 2, 1, 4)  # 3 ∤ 4 steps
-    assert fragment_plan(Plan(16, 64, 128, 4, 1, 4), 1, 4096, 128, warp_size=64).num_warps == 2
+    assert fragment_plan(Plan(16, 16, 32, 2, 1, 4), 1, K) == Plan(16, T.BN, T.BK, 2, 1, T.num_warps)
+    assert fragment_plan(Plan(128, 128, 64, 1, 3, 8), 4096, 4096) == Plan(64, T.BN, T.BK, 1, 3, 4)
+    assert fragment_plan(Plan(16, 64, 128, 3, 1, 4), 1, 512) == Plan(16, 64, 128, 2, 1, 4)  # 3 ∤ 4 steps
+    assert fragment_plan(Plan(16, 64, 128, 4, 1, 4), 1, 4096, warp_size=64).num_warps == 2
 
 
 def test_fragment_order_weights_still_compile_for_amd():
     """gfx942 has no mma.sync: the same loads (128 threads: two 64-lane warps) feed MFMA through a conversion."""
-    p = fragment_plan(plan(1, 4096, 4096, 128, 304), 1, 4096, 128, warp_size=64)
+    p = fragment_plan(plan(1, 4096, 4096, 128, 304), 1, 4096, warp_size=64)
     compiled = quant_gemm_kernel.compile(
         signature="*f16:16,*u4:16,*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16", target="gfx942", G=128, ZEROS=True,
         HALF=8.0, BM=p.BM, BN=p.BN, BK=p.BK, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps,
@@ -290,3 +290,12 @@ def test_on_the_gpu_the_fragment_order_matches_the_plain_one(M):
     expected = x.float() @ w.dequantize().cuda().t()
     y = quant_gemm(x, frag)
     assert (y.float() - expected).abs().max().item() <= 2e-3 * expected.abs().max().item()
+
+
+def test_the_op_names_the_fix_for_a_weight_the_fragment_order_cannot_hold():
+    w = quant.quantize(torch.randn(96, K), bits=4, group_size=128)          # plain: 96 rows are fine
+    args = (torch.randn(2, K).half(), w.qweight, w.scales, None, None, None, 4, 128, "int", 1.0, None, "fragment")
+    with pytest.raises(ValueError, match=r"quant_gemm \(a fragment-order weight\): N \(96\) must be a multiple"):
+        quant_gemm_op(*args)
+    with pytest.raises(ValueError, match="'fragment' .* serves integer weights"):
+        quant_gemm_op(*args[:8], "mxfp4", *args[9:])
