@@ -6,9 +6,9 @@
 
 y = x @ W^T for Llama-style (N, K) in {(4096, 4096), (14336, 4096), (4096,
 14336)} and M in {1, 16, 64, 256, 4096}. Parts (`--part`, repeatable):
-w4a16 (4-bit, symmetric, groups of 128) on every shape, and the same with
-the codes stored in the decode kernel's mma fragment order
-(w4a16-fragment: `quant.pack(layout="fragment")`); w8a16, w3a16,
+w4a16 (4-bit, symmetric, groups of 128) on every shape, and at M in {1,
+16} the same with the codes stored in the decode kernel's mma fragment
+order (w4a16-fragment: `quant.pack(layout="fragment")`); w8a16, w3a16,
 w2a16, mxfp4, nvfp4 and w4a8 (fp8 activations) at M in {1, 16} on the first
 two (N, K). The reference is the same product with the dequantized weight in
 float16 through torch.matmul (what a user would otherwise run), and each row
@@ -46,8 +46,10 @@ HBM_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 80GB HBM3": 3350, "H100 PCIe":
 
 
 def shapes(part: str) -> list[tuple[int, int, int]]:
-    if part.startswith("w4a16"):
+    if part == "w4a16":
         return [(m, n, k) for n, k in LLAMA_NK for m in ALL_M]
+    if part == "w4a16-fragment":        # the decode path it is for, beside w4a16's rows of the same shapes
+        return [(m, n, k) for n, k in LLAMA_NK for m in (1, 16)]
     return [(m, n, k) for n, k in LLAMA_NK[:2] for m in (1, 16)]
 
 
