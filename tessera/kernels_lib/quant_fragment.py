@@ -18,7 +18,9 @@ and re-reads it as (BN, BK) with `reshape(digits) -> permute(order) ->
 reshape((BN, BK))`; layout assignment derives the operand's layout through
 those shape ops (the thread and register digits, regrouped), which is
 `b_layout` itself, so the dot needs no conversion: no shared memory, no
-shuffles. The low-bit pass unpacks the loaded bytes in registers.
+shuffles. The low-bit pass unpacks the loaded bytes in registers, and the
+scales and zeros load straight into the layout they broadcast from
+(`scale_layout`).
 
 The stored array keeps the plain layout's byte count and [N, K * bits / 8]
 shape; only the order of the codes inside it changes. Any width works
