@@ -225,6 +225,14 @@ def test_fragment_order_computes_the_plain_product_bit_for_bit(group, symmetric,
     assert (y.float() - expected).abs().max() <= 2e-3 * expected.abs().max()
 
 
+def test_the_op_takes_fragment_weights_above_the_decode_sizes():
+    """M > 16 runs 64-row tiles over the same stored blocks (bfloat16 x here)."""
+    w = quant.quantize(torch.randn(N, K), bits=4, group_size=64, symmetric=False, layout="fragment")
+    x = torch.randn(40, K).bfloat16()
+    expected = x.float() @ w.dequantize().t()
+    assert (quant_gemm(x, w).float() - expected).abs().max() <= 1e-2 * expected.abs().max()
+
+
 def test_the_simt_simulator_agrees_on_sm_80():
     n = T.BN
     w = quant.quantize(torch.randn(n, K), bits=4, group_size=32, symmetric=False).with_layout("fragment")
