@@ -74,7 +74,7 @@ def write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K):
 def weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER):
     """W's (BN, BK) block of codes: a block of the plain [N, K] codes, or (fragment order, `quant_fragment`) the
     block's (threads, L) stored codes, each thread's row one run of bytes, re-read as (BN, BK) in registers."""
-    if FRAGMENT:
+    if FRAGMENT:    # step < K // BK always (fragment_plan splits K in whole steps): rows never reach the next block
         threads, per_thread = LOAD_LAYOUT.shape
         stored = tessera.view(w_ptr, (N // BN * (K // BK) * threads, per_thread))
         tile = stored.block((threads, per_thread), (pid_n * (K // BK) + step, 0)).load(layout=LOAD_LAYOUT)
