@@ -85,11 +85,8 @@ class QuantizedWeight:
     def to(self, device: torch.device | str) -> "QuantizedWeight":
         """This weight on `device`, its codes in the layout the kernels read fastest there (`preferred_layout`;
         "plain" where the fragment order does not fit the weight's shape or format)."""
-        n, k = self.shape
-        layout = preferred_layout(device)
-        fits = self.format == "int" and n % DECODE_TILING.BN == 0 and k % DECODE_TILING.BK == 0 and (
-            DECODE_TILING.BK % self.group_size == 0 or self.group_size % DECODE_TILING.BK == 0)
-        w = self.with_layout(layout if fits else "plain")
+        fits = self.format == "int" and DECODE_TILING.fits(*self.shape, self.group_size)
+        w = self.with_layout(preferred_layout(device) if fits else "plain")
         moved = {name: t.to(device) for name in ("qweight", "scales", "zeros", "perm")
                  if (t := getattr(w, name)) is not None}
         return dataclasses.replace(w, **moved)

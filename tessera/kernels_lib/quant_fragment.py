@@ -119,6 +119,10 @@ class FragmentTiling:
         k, n = self.b_layout.map(t, i)
         return n, k
 
+    def fits(self, n: int, k: int, group_size: int) -> bool:
+        """Whether an [n, k] weight with groups of `group_size` along K can be stored for these tiles."""
+        return n % self.BN == 0 and k % self.BK == 0 and (self.BK % group_size == 0 or group_size % self.BK == 0)
+
     def check(self, n: int, k: int, who: str = "quant.pack(layout='fragment')") -> None:
         """ValueError (naming `who`) unless an [n, k] weight is made of whole blocks."""
         if n % self.BN or k % self.BK:

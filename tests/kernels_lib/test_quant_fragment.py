@@ -278,6 +278,7 @@ def test_devices_prefer_their_layout():
     assert quant.preferred_layout("cpu") == "plain"
     w = quant.quantize(torch.randn(N, K), bits=4, group_size=128, layout="fragment")
     assert w.to("cpu").layout == "plain" and torch.equal(w.to("cpu").dequantize(), w.dequantize())
+    assert T.fits(N, K, 32) and T.fits(N, K, 256) and not T.fits(96, K, 32) and not T.fits(N, K, 48)
 
 
 def test_moe_stacks_refuse_the_fragment_order():
