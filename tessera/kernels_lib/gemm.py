@@ -330,10 +330,12 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=4096)
 def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
                   cpu: bool) -> Optional[gemm_split_k.SplitKPlan]:
     """The split-K plan the op runs (`gemm_split_k.py`): always for M <= 64 (decode: B streamed once), for larger
-    M where the tiles are too few for the SMs and splitting K pays; None: the tiled kernel."""
+    M where the tiles are too few for the SMs and splitting K pays; None: the tiled kernel. Kept per shape: the
+    bandwidth model costs ~7 µs of Python, more than the launch it plans."""
     if M <= gemm_split_k.SMALL_M:
         return gemm_split_k.small_m_plan(M, N, K, element_bytes, num_sms, CPU_SMALL_M_CONFIG if cpu else None)
     return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
@@ -366,7 +368,7 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
             gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
-                                atomic=os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
+                                atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
     elif cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
             gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
