@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
 from tessera.kernels_lib import gemm_configs, gemm_split_k  # noqa: E402
-from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, gemm  # noqa: E402
+from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _split_k_plan, gemm  # noqa: E402
 from tessera.kernels_lib.gemm_split_k import (SMALL_M, few_tiles_plan, few_tiles_split_count,  # noqa: E402
                                              gemm_split_k_kernel, gemm_split_k_reduce_kernel, small_m_plan,
                                              split_count)
@@ -33,6 +33,14 @@ def launches(monkeypatch):
 
     monkeypatch.setattr(gemm_split_k, "launch", recording)
     return plans
+
+
+@pytest.fixture(autouse=True)
+def fresh_plans():
+    """The op keeps its split-K plan per shape; each test plans afresh, under its own patches."""
+    _split_k_plan.cache_clear()
+    yield
+    _split_k_plan.cache_clear()
 
 
 def force_splits(monkeypatch, splits):
