@@ -1,0 +1,101 @@
+"""fp8 attention forward as a PyTorch op: `tessera::attention_fp8`, reached through `attention(q, k, v, ...,
+q_descale=, k_descale=, v_descale=)` when q, k, v are float8_e4m3fn.
+
+FlashAttention-3's convention: the real tensors are codes * descale, one
+float32 descale per tensor (a Python float or a 1-element tensor, which
+stays on the device: no synchronization). The forward kernel
+(`attention_fwd.py`, FP8) multiplies the codes on fp8 tensor cores
+(mma.sync m16n8k32 on sm_89, wgmma k32 on sm_90a) for both Q K^T and
+P V, with P quantized to e4m3; O comes back in `out_dtype` (bfloat16 by
+default), LSE in float32 as for `attention`. sm_80 has no fp8 tensor cores
+and Tessera's dot has no fp8 MFMA lowering for AMD yet: both are refused
+with the fix (dequantize and call the bf16 op). Forward only, like FA3's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Union
+
+import torch
+
+from .attention import Problem, _check, _forward, _on_interpreter
+
+FP8_DTYPES = (torch.float8_e4m3fn,)
+OUT_DTYPES = (torch.bfloat16, torch.float16)
+Descale = Union[None, float, torch.Tensor]
+OP = "tessera::attention_fp8"
+DEQUANTIZE = ("dequantize to bfloat16 (x.to(torch.bfloat16) * x_descale for each of q, k, v) and call "
+              "tessera.kernels_lib.attention without descales")
+
+
+def device_arch(device: torch.device) -> str:
+    """The target a CUDA/ROCm device compiles for: 'sm_90a' on Hopper, 'sm_XY' on other NVIDIA GPUs, 'gfxNNN'."""
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device)
+    return "sm_90a" if major == 9 else f"sm_{major}{minor}"
+
+
+def require_fp8_tensor_cores(arch: str) -> None:
+    """A ValueError naming the fix unless `arch` multiplies e4m3 on tensor cores that Tessera's dot lowers to."""
+    if arch.startswith("gfx"):
+        raise ValueError(f"{OP}: {arch}: Tessera's dot has no fp8 MFMA lowering yet (only f16/bf16 MFMA), so the "
+                         f"fp8 kernel would run on FMA; {DEQUANTIZE}")
+    if int(arch.removeprefix("sm_").rstrip("a")) < 89:
+        raise ValueError(f"{OP}: {arch} has no fp8 tensor cores (they begin with sm_89: L40, H100); {DEQUANTIZE}")
+
+
+def descales(q: torch.Tensor, q_descale: Descale, k_descale: Descale, v_descale: Descale) -> torch.Tensor:
+    """The three descales as one float32 tensor on q's device (None means 1.0)."""
+    parts = []
+    for name, d in (("q_descale", q_descale), ("k_descale", k_descale), ("v_descale", v_descale)):
+        if d is None or isinstance(d, (int, float)):
+            parts.append(torch.tensor(1.0 if d is None else float(d), dtype=torch.float32, device=q.device))
+            continue
+        if not isinstance(d, torch.Tensor) or d.numel() != 1 or not d.is_floating_point():
+            raise ValueError(f"{OP}: {name} must be a float or a 1-element floating tensor (one descale per "
+                             f"tensor), got {d if not isinstance(d, torch.Tensor) else tuple(d.shape)}")
+        if d.device != q.device:
+            raise ValueError(f"{OP}: {name} is on {d.device} but q on {q.device}; move it with .to(q.device)")
+        parts.append(d.reshape(()).to(torch.float32))
+    return torch.stack(parts)
+
+
+def _check_fp8(q, k, v, descale: torch.Tensor, out_dtype: torch.dtype) -> None:
+    _check(q, k, v, 4, "attention_fp8", FP8_DTYPES)
+    if out_dtype not in OUT_DTYPES:
+        raise ValueError(f"{OP}: out_dtype {out_dtype} is not supported; use torch.bfloat16 or torch.float16")
+    if descale.shape != (3,) or descale.dtype != torch.float32:
+        raise ValueError(f"{OP}: descales must be float32 (q, k, v), got {descale.dtype} {tuple(descale.shape)}")
+
+
+def _attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descale: torch.Tensor, causal: bool = False,
+                   window_left: int = -1, window_right: int = -1, softcap: float = 0.0,
+                   scale: Optional[float] = None,
+                   out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The implementation of `torch.ops.tessera.attention_fp8`: `descale` holds the q, k, v descales."""
+    _check_fp8(q, k, v, descale, out_dtype)
+    if not _on_interpreter(q):
+        require_fp8_tensor_cores(device_arch(q.device))
+    problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, window_left, window_right, softcap, scale)
+    return _forward(q, k, v, problem, descales=descale, out_dtype=out_dtype)
+
+
+attention_fp8_op = torch.library.custom_op(OP, _attention_fp8, mutates_args=())
+
+
+@attention_fp8_op.register_fake
+def _attention_fp8_fake(q, k, v, descale, causal=False, window_left=-1, window_right=-1, softcap=0.0, scale=None,
+                        out_dtype=torch.bfloat16):
+    _check_fp8(q, k, v, descale, out_dtype)
+    B, Sq, H, _ = q.shape
+    return q.new_empty(q.shape, dtype=out_dtype), q.new_empty((B, H, Sq), dtype=torch.float32)
+
+
+def attention_fp8(q, k, v, left: int, right: int, softcap: float, scale: Optional[float], q_descale: Descale,
+                  k_descale: Descale, v_descale: Descale, out_dtype: Optional[torch.dtype]):
+    """`attention`'s fp8 path (masks already as (left, right)): the op on the stacked descales."""
+    import tessera.torch
+    d = descales(q, q_descale, k_descale, v_descale)
+    op = _attention_fp8 if tessera.torch.unobserved(q, k, v, d) else attention_fp8_op
+    return op(q, k, v, d, False, left, right, float(softcap), scale, out_dtype or torch.bfloat16)
