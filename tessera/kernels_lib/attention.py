@@ -225,16 +225,17 @@ def _unbroadcast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
 
 
 def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
-             descales: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None
-             ) -> tuple[torch.Tensor, torch.Tensor]:
+             descales: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+             plan: Optional[Plan] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE).
-    `descales` (float32 q, k, v descales) makes it the fp8 kernel, whose O is `out_dtype`."""
+    `descales` (float32 q, k, v descales) makes it the fp8 kernel, whose O is `out_dtype`; `plan` replaces
+    the GPU plan for the head dim."""
     k, v = _unbroadcast(k, v)
     o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
     lse = problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
-    plan = CPU_PLAN if _on_interpreter(q) else gpu_plan(problem.D)
+    plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),

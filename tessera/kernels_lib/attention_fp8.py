@@ -7,7 +7,12 @@ stays on the device: no synchronization). The forward kernel
 (`attention_fwd.py`, FP8) multiplies the codes on fp8 tensor cores
 (mma.sync m16n8k32 on sm_89, wgmma k32 on sm_90a) for both Q K^T and
 P V, with P quantized to e4m3; O comes back in `out_dtype` (bfloat16 by
-default), LSE in float32 as for `attention`. sm_80 has no fp8 tensor cores
+default), LSE in float32 as for `attention`. fp8 tensor cores read both
+operands contiguous along the reduced dim, which for P V is the keys, so the
+op hands the kernel V transposed, contiguous along the keys and zero-padded
+to a multiple of 16 (`keys_contiguous`: one copy of V, S * D bytes per head,
+where FA3 transposes V in shared memory, which Tessera cannot express for
+8-bit tiles yet). sm_80 has no fp8 tensor cores
 and Tessera's dot has no fp8 MFMA lowering for AMD yet: both are refused
 with the fix (dequantize and call the bf16 op). Forward only, like FA3's.
 """
@@ -18,7 +23,14 @@ from typing import Optional, Union
 
 import torch
 
-from .attention import Problem, _check, _forward, _on_interpreter
+from .attention import Plan, Problem, _check, _forward, _on_interpreter
+
+# Per target and head dim, like attention.GPU_PLANS; sm_89 (mma.sync m16n8k32, K = BN for P V) takes BN = 32 at
+# head dim 128 (BN = 64 spills 8 bytes at 255 registers). No config spills (tests/kernels_lib/test_attention_fp8_compile.py).
+FP8_GPU_PLANS = {
+    "sm_89": {64: Plan(128, 64, 8), 128: Plan(128, 32, 8), 256: Plan(64, 32, 4)},
+    "sm_90a": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
+}
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
 OUT_DTYPES = (torch.bfloat16, torch.float16)
@@ -61,6 +73,25 @@ def descales(q: torch.Tensor, q_descale: Descale, k_descale: Descale, v_descale:
     return torch.stack(parts)
 
 
+def fp8_plan(D: int, arch: str) -> Plan:
+    """The plan for head dim D on `arch` (Hopper: sm_90a's; other GPUs with fp8 tensor cores: sm_89's)."""
+    plans = FP8_GPU_PLANS["sm_90a" if arch == "sm_90a" else "sm_89"]
+    if D not in plans:
+        raise ValueError(f"{OP}: head dim {D} has no GPU plan; use one of {sorted(plans)}")
+    return plans[D]
+
+
+def keys_contiguous(v: torch.Tensor) -> torch.Tensor:
+    """v (B, S, H, D) copied into a zero-filled (B, H, D, S16) buffer, S16 = S rounded up to 16, and returned as
+    its (B, S16, H, D) view: keys contiguous (stride 1), 16-byte rows; the kernel's V blocks read up to S16."""
+    B, S, H, D = v.shape
+    if v.stride(1) == 1 and S % 16 == 0 and all(s % 16 == 0 for s in (v.stride(0), v.stride(2), v.stride(3))):
+        return v
+    buffer = torch.zeros((B, H, D, -(-S // 16) * 16), dtype=v.dtype, device=v.device)
+    buffer[..., :S] = v.permute(0, 2, 3, 1)
+    return buffer.permute(0, 3, 1, 2)
+
+
 def _check_fp8(q, k, v, descale: torch.Tensor, out_dtype: torch.dtype) -> None:
     _check(q, k, v, 4, "attention_fp8", FP8_DTYPES)
     if out_dtype not in OUT_DTYPES:
@@ -75,10 +106,13 @@ def _attention_fp8(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, descale: t
                    out_dtype: torch.dtype = torch.bfloat16) -> tuple[torch.Tensor, torch.Tensor]:
     """The implementation of `torch.ops.tessera.attention_fp8`: `descale` holds the q, k, v descales."""
     _check_fp8(q, k, v, descale, out_dtype)
+    plan = None
     if not _on_interpreter(q):
-        require_fp8_tensor_cores(device_arch(q.device))
+        arch = device_arch(q.device)
+        require_fp8_tensor_cores(arch)
+        plan = fp8_plan(q.shape[-1], arch)
     problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, window_left, window_right, softcap, scale)
-    return _forward(q, k, v, problem, descales=descale, out_dtype=out_dtype)
+    return _forward(q, k, keys_contiguous(v), problem, descales=descale, out_dtype=out_dtype, plan=plan)
 
 
 attention_fp8_op = torch.library.custom_op(OP, _attention_fp8, mutates_args=())

@@ -144,7 +144,11 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     k_start, Sk = sequence(cu_k_ptr, b, Sk, VARLEN)
     q = tessera.view(q_ptr + b * stride_qb + q_start * stride_qs + h * stride_qh, (Sq, D), (stride_qs, stride_qd))
     kT = tessera.view(k_ptr + b * stride_kb + k_start * stride_ks + kv_h * stride_kh, (D, Sk), (stride_kd, stride_ks))
-    v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (Sk, D), (stride_vs, stride_vd))
+    v_len = Sk
+    if FP8:     # V comes contiguous along the keys (8-bit B operands must be K-major), zero-padded to 16 keys
+        v_len = tessera.cdiv(Sk, 16) * 16
+    v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (v_len, D),
+                     (stride_vs, stride_vd))
     o = tessera.view(o_ptr + b * stride_ob + q_start * stride_os + h * stride_oh, (Sq, D), (stride_os, stride_od))
     lse = tessera.view(lse_ptr + b * stride_lb + h * stride_lh + q_start, (Sq,))
 
