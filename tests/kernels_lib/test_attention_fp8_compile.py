@@ -83,6 +83,7 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
 
 
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8
+@pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")     # V by cp.async on sm_90a: see compile_fp8
 @pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32)])
 def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM, BN):
     """1 x 70 queries x 50 keys, 2 query heads on 1 KV head, causal (Sq > Sk: the first 20 rows see no key), with
