@@ -239,7 +239,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
-            *hooks.args(o, p.strides), lse if descales is None else descales)     # (lse: an unused pointer)
+            *hooks.args(o, p.strides), lse if descales is None else descales,     # (lse: an unused pointer)
+            v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,

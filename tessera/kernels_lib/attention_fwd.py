@@ -30,7 +30,8 @@ h reads key/value head h // (H / H_KV) (GQA, MQA). With VARLEN the batch is
 packed along seq: sequence b is rows cu_q[b] .. cu_q[b+1] of Q (cu_k for K
 and V), and the batch strides are 0.
 
-With FP8, Q, K and V hold float8 e4m3 codes and descale_ptr three float32
+With FP8, Q, K and V hold float8 e4m3 codes (V contiguous along its Sk_v
+keys, Sk rounded up to 16, the rows past Sk zero) and descale_ptr three float32
 per-tensor descales (FlashAttention-3's q_descale, k_descale, v_descale:
 the real tensor is codes * descale). S = Q K^T multiplies the codes exactly
 on fp8 tensor cores and the q and k descales fold into the logits' scale;
@@ -130,7 +131,7 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
                          stride_lb, stride_lh, mod_ptr0, mod_ptr1, mod_s0, mod_s1,
-                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0, descale_ptr,
+                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0, descale_ptr, Sk_v,
                          D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                          HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                          VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
@@ -145,8 +146,8 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     q = tessera.view(q_ptr + b * stride_qb + q_start * stride_qs + h * stride_qh, (Sq, D), (stride_qs, stride_qd))
     kT = tessera.view(k_ptr + b * stride_kb + k_start * stride_ks + kv_h * stride_kh, (D, Sk), (stride_kd, stride_ks))
     v_len = Sk
-    if FP8:     # V comes contiguous along the keys (8-bit B operands must be K-major), zero-padded to 16 keys
-        v_len = tessera.cdiv(Sk, 16) * 16
+    if FP8:     # V comes contiguous along the keys (8-bit B operands must be K-major), zero-padded to Sk_v keys
+        v_len = Sk_v
     v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (v_len, D),
                      (stride_vs, stride_vd))
     o = tessera.view(o_ptr + b * stride_ob + q_start * stride_os + h * stride_oh, (Sq, D), (stride_os, stride_od))

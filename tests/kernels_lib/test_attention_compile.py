@@ -25,11 +25,11 @@ needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not install
 
 # q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's,
 # then the fusion hooks' slots (unused here): score_mod's 2 pointers and 2 scalars, the epilogue's tensor, its
-# 4 strides and scalar; the fp8 descales
+# 4 strides and scalar; the fp8 descales and V's length
 FORWARD_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16", "*i32:16", "*i32:16"] + ["i32"] * 4 + ["f32", "f32"]
                              + ["i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 4 + ["i32", "i32"]
                              + ["*{t}:16", "*{t}:16", "f32", "f32", "*{t}:16", "i32", "i32", "i32", "i32", "f32"]
-                             + ["*f32:16"])
+                             + ["*f32:16", "i32"])
 VARIANTS = {    # the plain kernel, and the one with every option compiled in (the most registers)
     "plain": dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, VARLEN=False),
     "window-softcap-varlen": dict(HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, VARLEN=True),
@@ -143,7 +143,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     args = [q.numpy(), k_rows.numpy(), v_rows.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
             LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
-            lse.numpy()]                                                     # the fp8 descales, unused
+            lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import math
 import re
-import warnings
 
 import numpy as np
 import pytest
@@ -15,7 +14,6 @@ ml_dtypes = pytest.importorskip("ml_dtypes")
 
 torch = pytest.importorskip("torch")
 
-from tessera import PipelineWarning  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS, keys_contiguous  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
@@ -31,6 +29,7 @@ def fp8_signature():
     parts = FORWARD_SIGNATURE.format(t="bf16").split(",")
     parts[0:3] = ["*f8e4m3:16"] * 3
     parts[23:27] = ["i32:16", "i32:1", "i32:16", "i32:16"]      # V's (batch, seq, head, dim) strides
+    parts[-1] = "i32:16"                                         # V's length, rounded up to 16 keys
     return ",".join(parts)
 
 
@@ -38,36 +37,26 @@ VARIANTS = {    # the fp8 op is batched only (no varlen)
     "plain": dict(HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, VARLEN=False),
     "window-softcap": dict(HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, VARLEN=False),
 }
-V_BY_CP_ASYNC = "cp.async instead of TMA for the block load at line"
 
 
 def compile_fp8(target, D, plan, variant):
-    """Strict on sm_89; on sm_90a V's blocks come by cp.async (their view's length, the keys rounded up to 16,
-    is computed in the kernel, which a tensor map built by the host cannot hold): that shortfall and no other."""
-    options = dict(signature=fp8_signature(), num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN,
-                   STAGES=plan.stages, FP8=True, **VARIANTS[variant])
-    if target != "sm_90a":
-        return attention_fwd_kernel.compile(target=target, strict=True, **options)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        compiled = attention_fwd_kernel.compile(target=target, strict=False, **options)
-    shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
-    assert len(shortfalls) == 1 and V_BY_CP_ASYNC in shortfalls[0], shortfalls
-    return compiled
+    return attention_fwd_kernel.compile(target=target, strict=True, signature=fp8_signature(),
+                                        num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
+                                        FP8=True, **VARIANTS[variant])
 
 
 @needs_ptxas
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("target, D", [(t, D) for t in FP8_GPU_PLANS for D in sorted(FP8_GPU_PLANS[t])])
 def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, variant):
-    """sm_89: both products on mma.sync m16n8k32 .e4m3; sm_90a: both on wgmma k32 .e4m3 (P through shared
-    memory), K streamed by TMA, V by cp.async."""
+    """sm_89: both products on mma.sync m16n8k32 .e4m3, K and V streamed by cp.async; sm_90a: both on wgmma
+    k32 .e4m3 (P through shared memory), K and V streamed by TMA (V's map over its keys-contiguous buffer)."""
     plan = FP8_GPU_PLANS[target][D]
     compiled = compile_fp8(target, D, plan, variant)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{metadata['registers']} registers"
     if target == "sm_89":
-        assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in ptx
+        assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in ptx and "cp.async.cg" in ptx
         assert "m16n8k16" not in ptx and "wgmma" not in ptx and "cp.async.bulk.tensor" not in ptx
         return
     slabs = plan.BM // 64 // (plan.num_warps // 4)         # 64-row slabs per warpgroup
@@ -78,16 +67,16 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     # P goes through shared memory: Tessera's wgmma takes A from registers for f16/bf16 only (fp8's k32 fragment
     # differs from the accumulator's and needs FA3's byte permutes)
     assert all(a.startswith("%rd") for _, a in wgmmas)
-    assert "mma.sync" not in ptx and "cp.async.bulk.tensor.4d" in ptx and "cp.async.cg" in ptx
-    assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr"]
+    assert "mma.sync" not in ptx and "cp.async.bulk.tensor.4d" in ptx and "cp.async.cg" not in ptx
+    assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
 
 
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8
-@pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")     # V by cp.async on sm_90a: see compile_fp8
 @pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32)])
 def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM, BN):
     """1 x 70 queries x 50 keys, 2 query heads on 1 KV head, causal (Sq > Sk: the first 20 rows see no key), with
-    descales far from 1; tolerance as in test_attention_fp8.py."""
+    descales far from 1; tolerance as in test_attention_fp8.py. V is the op's keys-contiguous copy (50 keys
+    padded to 64 with zeros); on sm_90a K and V come by TMA."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D = 1, 70, 50, 2, 1, 32
@@ -102,13 +91,15 @@ def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num
     o_bits = o.view(torch.int16).numpy().view(ml_dtypes.bfloat16)
     args = [fp8(q), fp8(k), fp8(vt.permute(0, 2, 3, 1)), o_bits, lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
             LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
-            o_bits, o_bits, 0.0, 0.0, o_bits, 0, 0, 0, 0, 0.0, descales.numpy()]
+            o_bits, o_bits, 0.0, 0.0, o_bits, 0, 0, 0, 0, 0.0, descales.numpy(), vt.shape[1]]
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False, VARLEN=False, STAGES=2,
                    FP8=True)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
     dots = [op for op in fn.walk() if op.name in ("wgmma", "mma")]
     assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
+    tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
+    assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
     storage = {np.dtype(ml_dtypes.float8_e4m3fn): np.uint8, np.dtype(ml_dtypes.bfloat16): np.uint16}
     bits = [a.view(storage[a.dtype]) if getattr(a, "dtype", None) in storage else a
             for a in args]                                             # the simulator's memory holds bit patterns
