@@ -442,6 +442,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     epilogue as for `attention` (`b` is the sequence's index).
     """
     left, right = window_bounds(causal, window)
+    if q.dtype in FP8_DTYPES:
+        raise ValueError("tessera::attention_varlen: float8 q, k, v run on the batched op only (attention(..., "
+                         "q_descale=, k_descale=, v_descale=)); pad the sequences to (B, S, H, D) or dequantize")
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
         problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,

@@ -22,7 +22,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from tessera.kernels_lib import attention  # noqa: E402
+from tessera.kernels_lib import attention, attention_varlen  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import require_fp8_tensor_cores  # noqa: E402
 
 from attention_reference import attention as reference  # noqa: E402
@@ -112,3 +112,19 @@ def test_bad_fp8_arguments_name_the_fix():
         attention(q, k, v, k_descale=torch.ones(2))
     with pytest.raises(ValueError, match="out_dtype torch.float32 is not supported"):
         attention(q, k, v, out_dtype=torch.float32)
+    with pytest.raises(ValueError, match="float8 q, k, v run on the batched op only"):
+        cu = torch.tensor([0, 8], dtype=torch.int32)
+        attention_varlen(q[0], k[0], v[0], cu, cu, 8, 8)
+
+
+def test_a_v_already_contiguous_along_the_keys_is_read_in_place():
+    """keys_contiguous copies V (zero-padded) unless its keys are contiguous and 16-aligned already."""
+    from tessera.kernels_lib.attention_fp8 import keys_contiguous
+    (q, dq), (k, dk), (v, dv) = (quantized(1, S, h, 16, 2.0, seed) for S, h, seed in ((20, 2, 1), (32, 1, 2),
+                                                                                        (32, 1, 3)))
+    v_keys_inner = v.permute(0, 2, 3, 1).contiguous().permute(0, 3, 1, 2)      # (B, S, H, D), stride 1 along S
+    assert keys_contiguous(v_keys_inner) is v_keys_inner
+    padded = keys_contiguous(v[:, :30])
+    assert padded.shape == (1, 32, 1, 16) and padded.stride(1) == 1 and not padded[:, 30:].float().any()
+    o, lse = attention(q, k, v_keys_inner, q_descale=dq, k_descale=dk, v_descale=dv)
+    check_fp8(o, lse, q, k, v, dq, dk, dv)
