@@ -12,9 +12,12 @@ operands contiguous along the reduced dim, which for P V is the keys, so the
 op hands the kernel V transposed, contiguous along the keys and zero-padded
 to a multiple of 16 (`keys_contiguous`: one copy of V, S * D bytes per head,
 where FA3 transposes V in shared memory, which Tessera cannot express for
-8-bit tiles yet). sm_80 has no fp8 tensor cores
-and Tessera's dot has no fp8 MFMA lowering for AMD yet: both are refused
-with the fix (dequantize and call the bf16 op). Forward only, like FA3's.
+8-bit tiles yet); on sm_90a K and V then both stream by TMA. P reaches the
+P V wgmma through shared memory, not registers: Tessera's register-A wgmma
+is f16/bf16 only (fp8's k32 fragment is not the accumulator's; FA3 permutes
+bytes between lanes). sm_80 has no fp8 tensor cores and Tessera's dot has
+no fp8 MFMA lowering for AMD yet: both are refused with the fix (dequantize
+and call the bf16 op). Forward only, like FA3's; batched only (no varlen).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ import torch
 from .attention import Plan, Problem, _check, _forward, _on_interpreter
 
 # Per target and head dim, like attention.GPU_PLANS; sm_89 (mma.sync m16n8k32, K = BN for P V) takes BN = 32 at
-# head dim 128 (BN = 64 spills 8 bytes at 255 registers). No config spills (tests/kernels_lib/test_attention_fp8_compile.py).
+# head dim 128 (BN = 64 spilled 8 bytes at 255 registers). No config spills
+# (tests/kernels_lib/test_attention_fp8_compile.py); none has been timed on a GPU.
 FP8_GPU_PLANS = {
     "sm_89": {64: Plan(128, 64, 8), 128: Plan(128, 32, 8), 256: Plan(64, 32, 4)},
     "sm_90a": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
