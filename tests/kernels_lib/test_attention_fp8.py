@@ -16,7 +16,6 @@ descale would miss by orders of magnitude.
 
 from __future__ import annotations
 
-
 import pytest
 
 torch = pytest.importorskip("torch")
