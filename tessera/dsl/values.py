@@ -157,7 +157,9 @@ class pipeline:
     """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
     for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
     `passes/schedule/software_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
-    int >= 1; 1 means no pipelining) is recorded on the IR `for`. `warp_specialize=True` (sm_90/sm_90a, TMA
+    int >= 1; 1 keeps the loop plain) is recorded on the IR `for`. A bare `range` loop feeding a `dot` is
+    pipelined by the compiler on its own where that is safe (3 stages on sm_80+,
+    `passes/schedule/auto_pipeline.py`); `tessera.pipeline` sets the depth, or opts out with stages=1. `warp_specialize=True` (sm_90/sm_90a, TMA
     loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
     (`passes/schedule/warp_specialization.py`); it is recorded on the IR `for` as `warp_specialize = true`.
 
