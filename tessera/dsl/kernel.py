@@ -203,20 +203,23 @@ class Kernel:
         """The compiled binary (a cache entry: PTX, cubin, metadata) these arguments select, via the disk cache."""
         return binary_for(self, self._bind(args, kwargs), target, num_warps)
 
-    def interpret(self, *args, grid: Grid, **kwargs) -> None:
-        """Run on the CPU tile interpreter regardless of where the arguments live."""
+    def interpret(self, *args, grid: Grid, resident: int | None = None, **kwargs) -> None:
+        """Run on the CPU tile interpreter regardless of where the arguments live. `resident` bounds the
+        programs live at once when they wait for each other (default: the whole grid; see
+        `tessera.backends.interp.cooperative`)."""
         bound = self._bind(args, kwargs)
-        self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound))
+        self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound), resident=resident)
 
     def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...],
-                        runtime_args: list | None = None) -> None:
+                        runtime_args: list | None = None, resident: int | None = None) -> None:
         args = bound.runtime_args if runtime_args is None else runtime_args
         if not spec.dumped and os.environ.get("TESSERA_DUMP"):
             from .compiler import dump_interpreted
 
             dump_interpreted(spec.module)
             spec.dumped = True
-        run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid)
+        run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid,
+                     resident=resident)
 
     def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
         if callable(grid):
