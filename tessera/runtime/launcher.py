@@ -138,6 +138,24 @@ class Launcher:
         self._prepared[ordinal] = launch
         return launch
 
+    def resident_programs(self, ordinal: int | None = None) -> int:
+        """How many programs of this kernel device `ordinal` (default: the current one) runs at once: its
+        SMs (CUs) times the blocks one holds, given the kernel's registers, shared memory and block size.
+        A persistent kernel whose programs wait for each other must launch no more than this, or a waiting
+        program may occupy the SM the program it waits for needs. Loads the module if need be."""
+        ordinal = self._backend.current_ordinal() if ordinal is None else ordinal
+        try:
+            function = self._functions.get(ordinal) or self._load(ordinal)
+            device = function.device
+            per_unit = device.blocks_per_multiprocessor(function, self.block[0], self.binary.shared_bytes)
+        except LaunchError as exc:
+            raise exc.with_kernel(self.binary.name) from None
+        if per_unit < 1:
+            raise LaunchError(f"not one block fits on an SM of {device.limits.name}: {self.block[0]} threads, "
+                              f"{self.binary.shared_bytes} bytes of dynamic shared memory; use smaller tiles or "
+                              f"fewer warps", kernel=self.binary.name)
+        return per_unit * device.multiprocessors
+
     def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool, list[int]]:
         """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor; and which
         are GPU `__dlpack__` objects, left for `_export` once the launch's stream is known."""
