@@ -65,7 +65,17 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
                    N_GROUP: tessera.constexpr, TOPK_GROUP: tessera.constexpr, RENORMALIZE: tessera.constexpr,
                    BT: tessera.constexpr, E_PAD: tessera.constexpr, K_PAD: tessera.constexpr,
                    NG_PAD: tessera.constexpr):
-    chunk = tessera.program_id(0)
+    route_chunk(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk_counts_ptr, T, E, group_size, scale,
+                tessera.program_id(0), tessera.num_programs(0), K, SCORING, HAS_BIAS, N_GROUP, TOPK_GROUP,
+                RENORMALIZE, BT, E_PAD, K_PAD, NG_PAD)
+
+
+@tessera.func
+def route_chunk(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk_counts_ptr, T, E, group_size, scale,
+                chunk, chunks, K, SCORING, HAS_BIAS, N_GROUP, TOPK_GROUP, RENORMALIZE, BT, E_PAD, K_PAD, NG_PAD):
+    """Tokens chunk * BT .. of `chunks`: their top-K experts and weights, the chunk's histogram (a row of
+    chunk_counts) and its atomic add into counts (the routing kernel's program, and the one-launch layer's
+    routing item)."""
     cols = tessera.arange(0, E_PAD)
     logits = tessera.view(logits_ptr, (T, E)).block((BT, E_PAD), (chunk, 0)).load().to(tessera.f32)
     logits = tessera.where((cols < E)[None, :], logits, NEG_INF)        # padding lanes: no probability
@@ -98,7 +108,7 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
     rows = chunk * BT + tessera.arange(0, BT)
     real = (rows[:, None] < T) & (slots < K)
     hist = tessera.histogram(tessera.reshape(ids, (BT * K_PAD,)), E_PAD, mask=tessera.reshape(real, (BT * K_PAD,)))
-    tessera.view(chunk_counts_ptr, (tessera.num_programs(0), E)).block((1, E_PAD), (chunk, 0)).store(hist[None, :])
+    tessera.view(chunk_counts_ptr, (chunks, E)).block((1, E_PAD), (chunk, 0)).store(hist[None, :])
     tessera.atomic_add(counts_ptr + cols, hist, mask=cols < E)
 
 
