@@ -123,7 +123,7 @@ def tokens_per_program(num_experts: int, top_k: int) -> int:
     return max(1, min(128 // k_pad, (1 << 13) // lanes))
 
 
-def _check(logits, bias, top_k, scoring, n_group, topk_group) -> None:
+def check_routing(logits, bias, top_k, scoring, n_group, topk_group) -> None:
     if logits.dim() != 2 or not logits.dtype.is_floating_point:
         raise ValueError(f"tessera::moe_route: logits must be a float [tokens, experts] matrix, got "
                          f"{logits.dtype} {tuple(logits.shape)}")
@@ -149,7 +149,7 @@ def _route(logits: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, scori
            topk_group: int, renormalize: bool,
            scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The implementation of `torch.ops.tessera.moe_route`: see `route`."""
-    _check(logits, bias, top_k, scoring, n_group, topk_group)
+    check_routing(logits, bias, top_k, scoring, n_group, topk_group)
     T, E = logits.shape
     BT = tokens_per_program(E, top_k)
     chunks = tessera.cdiv(T, BT)
@@ -175,7 +175,7 @@ route_op = torch.library.custom_op("tessera::moe_route", _route, mutates_args=()
 
 @route_op.register_fake
 def _route_fake(logits, bias, top_k, scoring, n_group, topk_group, renormalize, scaling_factor):
-    _check(logits, bias, top_k, scoring, n_group, topk_group)
+    check_routing(logits, bias, top_k, scoring, n_group, topk_group)
     T, E = logits.shape
     chunks = tessera.cdiv(T, tokens_per_program(E, top_k))
     return (logits.new_empty((T, top_k), dtype=torch.float32), logits.new_empty((T, top_k), dtype=torch.int32),
