@@ -19,6 +19,8 @@ grid barrier and no cooperative launch. The bodies are the multi-kernel path's o
 the multi-kernel path's bit for bit with the same tiles (the deterministic top-k sum; the atomic one adds in
 another order). Blocks past the rows in use (known once aligned) are skipped.
 
+The weights are read through 2-D views of all experts ([E * 2I, H] and [E * H, I]), whose row counts come in
+as kernel arguments (w13_rows, w2_rows) so that the host can build their TMA tensor maps on sm_90a.
 `sync` holds the counters: [queue, routed, prefixed, aligned, downs, h_done[0], h_done[1], ...], zeroed.
 """
 
@@ -66,7 +68,8 @@ def permute_rows(x_ptr, xs_ptr, rows, chunk, numel, H, CHUNK, CHUNK_PAD, TOP_K, 
 @tessera.kernel
 def moe_layer_kernel(logits_ptr, bias_ptr, x_ptr, w13_ptr, w2_ptr, weights_ptr, ids_ptr, counts_ptr,
                      chunk_counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, xs_ptr, h_ptr,
-                     y_ptr, out_ptr, sync_ptr, T, H, I, E, group_size, scale, numel, max_rows, chunks,
+                     y_ptr, out_ptr, sync_ptr, T, H, I, E, group_size, scale, numel, max_rows, chunks, w13_rows,
+                     w2_rows,
                      ROUTE: tessera.constexpr, K: tessera.constexpr, SCORING: tessera.constexpr,
                      HAS_BIAS: tessera.constexpr, N_GROUP: tessera.constexpr, TOPK_GROUP: tessera.constexpr,
                      RENORMALIZE: tessera.constexpr, BT: tessera.constexpr, E_PAD: tessera.constexpr,
@@ -110,13 +113,13 @@ def moe_layer_kernel(logits_ptr, bias_ptr, x_ptr, w13_ptr, w2_ptr, weights_ptr, 
             tile = (ticket - gemm_first) % per_block
             if block * BM < tessera.load(offsets_ptr + E):          # a block of rows in use
                 if tile < n_up:
-                    gate_up_tile(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, block, tile, max_rows, H, I, E * 2 * I,
+                    gate_up_tile(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, block, tile, max_rows, H, I, w13_rows,
                                  ACTIVATION, BM, BN_UP, BK_UP, STAGES_UP)
                     tessera.atomic_add(sync_ptr + H_DONE + block, 1)
                 else:
                     wait_for(sync_ptr + H_DONE + block, n_up)
                     down_tile(h_ptr, w2_ptr, y_ptr, weights_ptr, sorted_ptr, block_expert_ptr, block, tile - n_up,
-                              max_rows, H, I, E * H, numel, K, ATOMIC, BM, BN_DOWN, BK_DOWN, STAGES_DOWN)
+                              max_rows, H, I, w2_rows, numel, K, ATOMIC, BM, BN_DOWN, BK_DOWN, STAGES_DOWN)
                     tessera.atomic_add(sync_ptr + DOWNS, 1)
         else:
             wait_for(sync_ptr + ALIGNED, chunks)
@@ -140,6 +143,27 @@ def _tiles(x, T: int, K: int, E: int, block_m: Optional[int]) -> plans.Plan:
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, E).BM
     return tiles(block_m, x)
+
+
+# The kernel's parameters as the ops launch them with bf16 activations and weights (compile tests, AOT): pointers
+# 16-byte aligned; the bias, weights and counters are float32 / int32.
+SIGNATURE = ("*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,*f32:16,*i32:16,*i32:16,*i32:16,*i32:16,*i32:16,*i32:16,"
+             "*i32:16,*bf16:16,*bf16:16,*bf16:16,*bf16:16,*i32:16,i32,i32:16,i32:16,i32,i32,f32,i32,i32,i32,i32:16,i32:16")
+
+
+def constexprs_for(p: plans.Plan, E: int, K: int, chunks: int, *, route: bool, scoring: str = "softmax",
+                   has_bias: bool = False, n_group: int = 1, topk_group: int = 1, renormalize: bool = True,
+                   activation: str = "silu", atomic: bool = False) -> dict:
+    """`moe_layer_kernel`'s constexprs for plan `p`, E experts, top-K and `chunks` routing chunks."""
+    BT = tokens_per_program(E, K)
+    E_PAD, EB, chunk = tessera.next_power_of_2(E), min(PREFIX_EXPERTS, tessera.next_power_of_2(E)), BT * K
+    return dict(
+        ROUTE=route, K=K, SCORING=scoring, HAS_BIAS=has_bias, N_GROUP=n_group, TOPK_GROUP=topk_group,
+        RENORMALIZE=renormalize, BT=BT, E_PAD=E_PAD, K_PAD=tessera.next_power_of_2(K),
+        NG_PAD=tessera.next_power_of_2(n_group), CHUNK=chunk, CHUNK_PAD=tessera.next_power_of_2(chunk),
+        CB=prefix_chunks(chunks, EB), EB=EB, BM=p.BM, ACTIVATION=activation, ATOMIC=atomic,
+        BN_UP=p.gate_up.BN, BK_UP=p.gate_up.BK, STAGES_UP=p.gate_up.stages, BN_DOWN=p.down.BN,
+        BK_DOWN=p.down.BK, STAGES_DOWN=p.down.stages, BH=COLUMNS, BTC=COMBINE_TOKENS)
 
 
 def _launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_group: int, topk_group: int,
@@ -168,20 +192,15 @@ def _launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_
     y = torch.zeros((T, H), dtype=torch.float32, device=device) if atomic else \
         torch.empty((T * K, H), dtype=x.dtype, device=device)
     sync = torch.zeros(H_DONE + blocks, **i32)
-    E_PAD, EB = tessera.next_power_of_2(E), min(PREFIX_EXPERTS, tessera.next_power_of_2(E))
-    chunk = BT * K
     tensors = [logits if route_here else x, bias if bias is not None else x, x, w13.contiguous(), w2.contiguous(),
                weights.contiguous(), ids.contiguous(), counts, chunk_counts, chunk_starts, sorted_ids, block_expert,
                offsets, xs, h, y, out, sync]
-    args = [kernel_arg(t) for t in tensors] + [T, H, I, E, E // n_group, float(scaling_factor), numel, rows, chunks]
-    constexprs = dict(
-        ROUTE=route_here, K=K, SCORING=scoring, HAS_BIAS=bias is not None, N_GROUP=n_group, TOPK_GROUP=topk_group,
-        RENORMALIZE=renormalize, BT=BT, E_PAD=E_PAD, K_PAD=tessera.next_power_of_2(K),
-        NG_PAD=tessera.next_power_of_2(n_group), CHUNK=chunk, CHUNK_PAD=tessera.next_power_of_2(chunk),
-        CB=prefix_chunks(chunks, EB), EB=EB, BM=p.BM, ACTIVATION=activation, ATOMIC=atomic,
-        BN_UP=p.gate_up.BN, BK_UP=p.gate_up.BK, STAGES_UP=p.gate_up.stages, BN_DOWN=p.down.BN,
-        BK_DOWN=p.down.BK, STAGES_DOWN=p.down.stages, BH=COLUMNS, BTC=COMBINE_TOKENS)
-    items = (2 * chunks + tessera.cdiv(E, EB) + blocks * (tessera.cdiv(I, p.gate_up.BN) + tessera.cdiv(H, p.down.BN))
+    args = [kernel_arg(t) for t in tensors] + [T, H, I, E, E // n_group, float(scaling_factor), numel, rows, chunks,
+                                                E * 2 * I, E * H]
+    constexprs = constexprs_for(p, E, K, chunks, route=route_here, scoring=scoring, has_bias=bias is not None,
+                                n_group=n_group, topk_group=topk_group, renormalize=renormalize,
+                                activation=activation, atomic=atomic)
+    items = (2 * chunks + tessera.cdiv(E, constexprs["EB"]) + blocks * (tessera.cdiv(I, p.gate_up.BN) + tessera.cdiv(H, p.down.BN))
              + tessera.cdiv(T, COMBINE_TOKENS) * tessera.cdiv(H, COLUMNS))
     num_warps = p.gate_up.num_warps
     if programs is None:
