@@ -94,6 +94,7 @@ class Launcher:
         self._pointers = tuple(s.index for s in self.packer.slots if s.is_pointer)
         self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
         self._prepared: dict[int, PreparedLaunch] = {}
+        self._resident: dict[int, int] = {}        # device ordinal -> resident_programs (asked once)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -144,6 +145,9 @@ class Launcher:
         A persistent kernel whose programs wait for each other must launch no more than this, or a waiting
         program may occupy the SM the program it waits for needs. Loads the module if need be."""
         ordinal = self._backend.current_ordinal() if ordinal is None else ordinal
+        known = self._resident.get(ordinal)
+        if known is not None:
+            return known
         try:
             function = self._functions.get(ordinal) or self._load(ordinal)
             device = function.device
@@ -154,7 +158,8 @@ class Launcher:
             raise LaunchError(f"not one block fits on an SM of {device.limits.name}: {self.block[0]} threads, "
                               f"{self.binary.shared_bytes} bytes of dynamic shared memory; use smaller tiles or "
                               f"fewer warps", kernel=self.binary.name)
-        return per_unit * device.multiprocessors
+        self._resident[ordinal] = per_unit * device.multiprocessors
+        return self._resident[ordinal]
 
     def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool, list[int]]:
         """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor; and which

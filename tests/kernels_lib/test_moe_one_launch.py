@@ -10,7 +10,8 @@ Specification:
 * the atomic top-k sum matches to rounding;
 * `experts(..., one_launch=True)` and `MoELayer(one_launch=True)` use it; opcheck passes for both ops;
   training through it is refused with the fix;
-* it compiles for sm_80 and sm_90a at the shipped plans without register spills.
+* at the decode plan (what it runs with on a GPU) it compiles for sm_80 and sm_90a without register spills,
+  except 32 bytes on sm_90a with DeepSeek-V3's 256-expert grouped routing (recorded, not to grow).
 """
 
 from __future__ import annotations
@@ -101,10 +102,18 @@ def test_opcheck():
     torch.library.opcheck(layer_op, (x, w13, w2, logits, None, 2, "softmax", 1, 1, True, 1.0, "silu", False, None, 2))
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
-def test_the_decode_plan_compiles_without_spills(target):
-    """Qwen3-30B-A3B's routing (128 experts, top-8) with the decode plan (the regime one launch is for)."""
+# Spill bytes per (target, model) at the decode plan: sm_90a spills 32 bytes with DeepSeek-V3's grouped routing of
+# 256 experts (docs/moe.md, "one-launch layer": every phase's loop-invariant values live across the ticket loop).
+KNOWN_SPILLS = {("sm_80", "qwen3"): 0, ("sm_80", "deepseek_v3"): 0, ("sm_90a", "qwen3"): 0, ("sm_90a", "deepseek_v3"): 32}
+ROUTING = {"qwen3": (128, 8, {}),
+           "deepseek_v3": (256, 8, dict(scoring="sigmoid", has_bias=True, n_group=8, topk_group=4))}
+
+
+@pytest.mark.parametrize("target, model", list(KNOWN_SPILLS))
+def test_the_decode_plan_compiles_with_its_known_spills(target, model):
+    """Qwen3-30B-A3B's and DeepSeek-V3's routing with the decode plan (what the one launch uses on a GPU)."""
+    E, K, options = ROUTING[model]
     p = plans.SHIPPED["decode"]
-    compiled = moe_layer_kernel.compile(signature=SIGNATURE, target=target, strict=True,
-                                        num_warps=p.gate_up.num_warps, **constexprs_for(p, 128, 8, 1, route=True))
-    assert compiled.metadata.get("spill_stores", 0) == 0, compiled.metadata
+    compiled = moe_layer_kernel.compile(signature=SIGNATURE, target=target, strict=True, num_warps=p.gate_up.num_warps,
+                                        **constexprs_for(p, E, K, 1, route=True, **options))
+    assert compiled.metadata.get("spill_stores", 0) <= KNOWN_SPILLS[target, model], compiled.metadata

@@ -52,7 +52,14 @@ def test_a_block_that_does_not_fit_at_all_is_an_error_naming_the_kernel():
         launcher(shared_bytes=170_000).resident_programs(0)
 
 
-def test_a_device_with_fewer_sms_has_fewer_resident_programs():
+def test_the_driver_is_asked_once_per_device():
+    with stubbed_driver() as driver:
+        kernel = launcher()
+        assert kernel.resident_programs(0) == kernel.resident_programs(0)
+        assert driver.counts["cuOccupancyMaxActiveBlocksPerMultiprocessor"] == 1
+
+
+def test_a_device_with_more_sms_has_more_resident_programs():
     with stubbed_driver() as driver:
         driver.attributes[driver.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT] = 132
         assert launcher().resident_programs(0) == 16 * 132
