@@ -8,6 +8,7 @@ Specification:
   top-8, experts that get no tokens, several routing chunks (a real prefix scan), DeepSeek-V3's grouped
   sigmoid routing with a correction bias, and any number of persistent programs, one included;
 * the atomic top-k sum matches to rounding;
+* lowered for sm_80, the SIMT simulator computes what the interpreter computes, 1 or more blocks resident;
 * `experts(..., one_launch=True)` and `MoELayer(one_launch=True)` use it; opcheck passes for both ops;
   training through it is refused with the fix;
 * at the decode plan (what it runs with on a GPU) it compiles for sm_80 and sm_90a without register spills,
@@ -16,13 +17,16 @@ Specification:
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from moe_problem import random_moe
+from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import MoELayer, experts, interleave_gate_up, plan as plans, route
-from tessera.kernels_lib.moe.persistent import (SIGNATURE, constexprs_for, experts_op, experts_one_launch, layer_op,
-                                                moe_layer, moe_layer_kernel)
+from tessera.kernels_lib.moe.persistent import (OUT_ARG, SIGNATURE, constexprs_for, experts_op, experts_one_launch,
+                                                layer_launch, layer_op, moe_layer, moe_layer_kernel)
+from tessera.passes.thread_passes import lower
 
 
 def _problem(T, H, I, E, K, dtype=torch.float32, empty=(), seed=0):
@@ -117,3 +121,22 @@ def test_the_decode_plan_compiles_with_its_known_spills(target, model):
     compiled = moe_layer_kernel.compile(signature=SIGNATURE, target=target, strict=True, num_warps=p.gate_up.num_warps,
                                         **constexprs_for(p, E, K, 1, route=True, **options))
     assert compiled.metadata.get("spill_stores", 0) <= KNOWN_SPILLS[target, model], compiled.metadata
+
+
+@pytest.mark.parametrize("programs, resident", [(2, None), (3, 1)])
+def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_computes(programs, resident):
+    """sm_80 thread IR (mma.sync, one thread's atomics broadcast through shared memory between barriers): blocks
+    spin on each other's counters in the simulator's cooperative scheduler, and the result is the
+    interpreter's, bit for bit."""
+    x, w13, w2, weights, ids, _ = _problem(5, 16, 16, 4, 2, torch.float16, empty=(3,))
+    launch = layer_launch(x, w13, w2, None, None, weights, ids, 2, "softmax", 1, 1, True, 1.0, "silu", False, 16)
+    fn = lower(moe_layer_kernel.specialize(*launch.args, **launch.constexprs).module, "sm_80").functions[0]
+    assert {"mma", "atomic_rmw", "while", "barrier"} <= {op.name for op in fn.walk()}
+    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
+    got = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
+    moe_layer_kernel[(programs,)](*expected, **launch.constexprs)
+    got[OUT_ARG][...] = np.nan
+    run_threads(fn, got, programs, resident=resident)
+    np.testing.assert_array_equal(got[OUT_ARG], expected[OUT_ARG])
+    reference = experts(x.float(), w13.float(), w2.float(), weights, ids).numpy()
+    np.testing.assert_allclose(got[OUT_ARG].astype(np.float32), reference, rtol=2e-3, atol=2e-3)

@@ -26,6 +26,7 @@ as kernel arguments (w13_rows, w2_rows) so that the host can build their TMA ten
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
@@ -168,10 +169,25 @@ def constexprs_for(p: plans.Plan, E: int, K: int, chunks: int, *, route: bool, s
         BK_DOWN=p.down.BK, STAGES_DOWN=p.down.stages, BH=COLUMNS, BTC=COMBINE_TOKENS)
 
 
-def _launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_group: int, topk_group: int,
-            renormalize: bool, scaling_factor: float, activation: str, atomic: bool, block_m: Optional[int],
-            programs: Optional[int]):
-    """Allocate the layer's buffers and launch `moe_layer_kernel` once; returns (out, weights, ids, counts)."""
+@dataclass
+class LayerLaunch:
+    """One launch of `moe_layer_kernel`: its arguments (OUT_ARG is out's index), constexprs, work items and warps,
+    and the tensors the op returns."""
+
+    args: list
+    constexprs: dict
+    items: int
+    num_warps: int
+    returns: tuple
+
+
+OUT_ARG = 16
+
+
+def layer_launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_group: int, topk_group: int,
+                 renormalize: bool, scaling_factor: float, activation: str, atomic: bool,
+                 block_m: Optional[int]) -> LayerLaunch:
+    """Allocate the layer's buffers (out, and weights and ids when routing here) and lay out the launch."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     I, K, device = two_i // 2, top_k, x.device
@@ -184,8 +200,6 @@ def _launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_
         ids = torch.empty((T, K), dtype=torch.int32, device=device)
     counts = torch.zeros(E, dtype=torch.int32, device=device)
     out = torch.empty((T, H), dtype=x.dtype, device=device)
-    if T == 0:
-        return out, weights, ids, counts
     i32 = dict(dtype=torch.int32, device=device)
     blocks = tessera.cdiv(rows, p.BM)
     chunk_counts, chunk_starts = torch.empty((chunks, E), **i32), torch.empty((chunks, E), **i32)
@@ -202,14 +216,24 @@ def _launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_
     constexprs = constexprs_for(p, E, K, chunks, route=route_here, scoring=scoring, has_bias=bias is not None,
                                 n_group=n_group, topk_group=topk_group, renormalize=renormalize,
                                 activation=activation, atomic=atomic)
-    items = (2 * chunks + tessera.cdiv(E, constexprs["EB"]) + blocks * (tessera.cdiv(I, p.gate_up.BN) + tessera.cdiv(H, p.down.BN))
+    items = (2 * chunks + tessera.cdiv(E, constexprs["EB"])
+             + blocks * (tessera.cdiv(I, p.gate_up.BN) + tessera.cdiv(H, p.down.BN))
              + tessera.cdiv(T, COMBINE_TOKENS) * tessera.cdiv(H, COLUMNS))
-    num_warps = p.gate_up.num_warps
+    return LayerLaunch(args, constexprs, items, p.gate_up.num_warps, (out, weights, ids, counts))
+
+
+def _launch(*layer_args, programs: Optional[int]):
+    """Launch `moe_layer_kernel` once over min(items, programs) programs (default: as many as the GPU holds at
+    once); returns (out, weights, ids, counts)."""
+    launch = layer_launch(*layer_args)
+    if layer_args[0].shape[0] == 0:
+        return launch.returns
     if programs is None:
-        programs = CPU_PROGRAMS if device.type == "cpu" else \
-            moe_layer_kernel.resident_programs(*args, **constexprs, num_warps=num_warps)
-    moe_layer_kernel[(max(1, min(programs, items)),)](*args, **constexprs, num_warps=num_warps)
-    return out, weights, ids, counts
+        programs = CPU_PROGRAMS if layer_args[0].device.type == "cpu" else \
+            moe_layer_kernel.resident_programs(*launch.args, **launch.constexprs, num_warps=launch.num_warps)
+    grid = (max(1, min(programs, launch.items)),)
+    moe_layer_kernel[grid](*launch.args, **launch.constexprs, num_warps=launch.num_warps)
+    return launch.returns
 
 
 def _check_routing_inputs(x, logits, bias, top_k, scoring, n_group, topk_group) -> None:
@@ -228,7 +252,8 @@ def _layer(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, logits: torch.T
     T = x.shape[0]
     check_experts(x, w13, w2, x.new_empty((T, top_k)), x.new_empty((T, top_k), dtype=torch.int32), activation)
     return _launch(x, w13, w2, logits.contiguous(), None if bias is None else bias.contiguous(), None, None, top_k,
-                   scoring, n_group, topk_group, renormalize, scaling_factor, activation, atomic, block_m, programs)
+                   scoring, n_group, topk_group, renormalize, scaling_factor, activation, atomic, block_m,
+                   programs=programs)
 
 
 layer_op = torch.library.custom_op("tessera::moe_layer", _layer, mutates_args=())
@@ -248,7 +273,7 @@ def _experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torc
     """The implementation of `torch.ops.tessera.moe_experts_one_launch`: `experts(..., one_launch=True)`."""
     check_experts(x, w13, w2, weights, ids, activation)
     out, *_ = _launch(x, w13, w2, None, None, weights.float(), ids, ids.shape[1], "softmax", 1, 1, True, 1.0,
-                      activation, atomic, block_m, programs)
+                      activation, atomic, block_m, programs=programs)
     return out
 
 
