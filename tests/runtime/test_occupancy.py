@@ -95,3 +95,24 @@ def test_a_kernel_answers_for_its_specialization_on_the_arrays_gpu(monkeypatch):
 def test_host_arrays_have_no_driver_to_ask():
     with pytest.raises(KernelArgumentError, match="resident_programs asks the GPU driver.*interpret\\(..., resident=\\)"):
         spin_on.resident_programs(np.zeros(1, np.int32), 4)
+
+
+def test_hip_asks_the_module_occupancy_call_and_multiplies_by_the_compute_units():
+    """A HIP launcher on a fake hip-python: hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(f, block, shared)
+    for the loaded function, times the device's compute units (hipDeviceAttributeMultiprocessorCount)."""
+    from tessera.runtime import hip
+
+    calls = []
+    fake = types.SimpleNamespace(
+        hipGetDevice=lambda: (0, 0), hipSetDevice=lambda ordinal: (0,),
+        hipModuleOccupancyMaxActiveBlocksPerMultiprocessor=lambda f, block, shared: calls.append((f, block, shared))
+        or (0, 2))
+    device = object.__new__(hip.HipDevice)
+    device.ordinal, device.multiprocessors, device._hip, device.limits = 0, 304, fake, None
+    function = hip.HipFunction(device, "module", "handle", "persistent")
+    backend = types.SimpleNamespace(current_ordinal=lambda: 0)
+    kernel = Launcher(KernelBinary("persistent", "gfx942", b"hsaco", num_threads=256, shared_bytes=1024), TYPES,
+                      backend=backend)
+    kernel._functions[0] = function
+    assert kernel.resident_programs() == 2 * 304
+    assert calls == [("handle", 256, 1024)]
