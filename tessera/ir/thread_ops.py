@@ -101,8 +101,9 @@ def define_thread_op(name: str, doc: str, operands, **kw):
     return define(name, doc, operands, level="thread", **kw)
 
 
-define_thread_op("thread_id", "Index of this thread in its block (threadIdx.x), i32.", 0,
-       infer=lambda ts, a: [ScalarType(dt.i32)])
+define_thread_op("thread_id", "Index of this thread in its block (threadIdx.x), i32; `reread`: read again where it "
+                 "stands, never hoisted or merged by LLVM (a volatile read on NVIDIA; `rematerialize_index.py`).", 0,
+                 optional_attrs={"reread": "bool"}, infer=lambda ts, a: [ScalarType(dt.i32)])
 define_thread_op("pack", "A register array from scalars, in order.", (1, -1), infer=_infer_pack)
 define_thread_op("extract", "Register `index` of a register array.", 1, attrs={"index": "int"}, infer=_infer_extract)
 define_thread_op("shuffle", "The operand as held by another lane of the warp (shfl.sync: bfly/idx/up/down; "

@@ -91,7 +91,8 @@ class AmdgpuDialect(TargetDialect):
         lds.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
         return lds
 
-    def thread_id(self, lw) -> ir.Value:
+    def thread_id(self, lw, reread: bool = False) -> ir.Value:
+        # the work-item id arrives in v0 and has no register to read again: `reread` reads the intrinsic too
         return lw.intrinsic("llvm.amdgcn.workitem.id.x", [])
 
     def program_id(self, lw, axis: int) -> ir.Value:
