@@ -140,11 +140,10 @@ COMBINE_TOKENS = 16  # BTC: tokens of out one combine item writes
 CPU_PROGRAMS = 4    # programs on the interpreter (any number finishes; tests vary it)
 
 
-def _tiles(x, block_m: Optional[int]) -> plans.Plan:
-    """The decode plan's tiles on a GPU whatever the batch (the only plan that compiles without spills: docs/moe.md;
-    one launch pays off where launches dominate, at 1-64 tokens), the interpreter's on the CPU."""
+def _tiles(x, T: int, K: int, E: int, block_m: Optional[int]) -> plans.Plan:
+    """The multi-kernel path's plan for this batch (`plan.plan`) on a GPU, the interpreter's on the CPU."""
     if block_m is None:
-        block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.DECODE.BM
+        block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, E).BM
     return tiles(block_m, x)
 
 
@@ -191,7 +190,7 @@ def layer_launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: st
     T, H = x.shape
     E, two_i, _ = w13.shape
     I, K, device = two_i // 2, top_k, x.device
-    p = _tiles(x, block_m)
+    p = _tiles(x, T, K, E, block_m)
     numel, BT = T * K, tokens_per_program(E, K)
     chunks, rows = tessera.cdiv(T, BT), max_rows(T * K, E, p.BM)
     route_here = logits is not None
