@@ -17,7 +17,9 @@ programs that wait on still smaller ones, so any number of resident programs (on
 grid barrier and no cooperative launch. The bodies are the multi-kernel path's own (`route_chunk`,
 `count_chunk`, `prefix_slice`, `scatter_chunk`, `gate_up_tile`, `down_tile`, `combine_tile`), so the result is
 the multi-kernel path's bit for bit with the same tiles (the deterministic top-k sum; the atomic one adds in
-another order). Blocks past the rows in use (known once aligned) are skipped.
+another order). Blocks past the rows in use (known once aligned) are skipped. Padding rows of xs are never
+written (the permute writes real pairs' rows only): a row of a GEMM depends only on its own row of A, and
+down's epilogue stores no padding row, so whatever they hold never reaches out.
 
 The weights are read through 2-D views of all experts ([E * 2I, H] and [E * H, I]), whose row counts come in
 as kernel arguments (w13_rows, w2_rows) so that the host can build their TMA tensor maps on sm_90a.
