@@ -6,7 +6,9 @@
 
 y = x @ W^T for Llama-style (N, K) in {(4096, 4096), (14336, 4096), (4096,
 14336)} and M in {1, 16, 64, 256, 4096}. Parts (`--part`, repeatable):
-w4a16 (4-bit, symmetric, groups of 128) on every shape; w8a16, w3a16,
+w4a16 (4-bit, symmetric, groups of 128) on every shape, and at M in {1,
+16} the same with the codes stored in the decode kernel's mma fragment
+order (w4a16-fragment: `quant.pack(layout="fragment")`); w8a16, w3a16,
 w2a16, mxfp4, nvfp4 and w4a8 (fp8 activations) at M in {1, 16} on the first
 two (N, K). The reference is the same product with the dequantized weight in
 float16 through torch.matmul (what a user would otherwise run), and each row
@@ -34,7 +36,8 @@ LLAMA_NK = [(4096, 4096), (14336, 4096), (4096, 14336)]
 ALL_M = [1, 16, 64, 256, 4096]
 # part: (format, bits, group, activations); w4a16 runs every shape, the others M in {1, 16} on two (N, K).
 PARTS = {
-    "w4a16": ("int", 4, 128, "f16"), "w8a16": ("int", 8, 128, "f16"), "w3a16": ("int", 3, 128, "f16"),
+    "w4a16": ("int", 4, 128, "f16"), "w4a16-fragment": ("int", 4, 128, "f16"), "w8a16": ("int", 8, 128, "f16"),
+    "w3a16": ("int", 3, 128, "f16"),
     "w2a16": ("int", 2, 64, "f16"), "mxfp4": ("mxfp4", 4, 32, "bf16"), "nvfp4": ("nvfp4", 4, 16, "bf16"),
     "w4a8": ("int", 4, 128, "fp8"),
 }
@@ -45,6 +48,8 @@ HBM_GBPS = {"H200": 4800, "H100 SXM": 3350, "H100 80GB HBM3": 3350, "H100 PCIe":
 def shapes(part: str) -> list[tuple[int, int, int]]:
     if part == "w4a16":
         return [(m, n, k) for n, k in LLAMA_NK for m in ALL_M]
+    if part == "w4a16-fragment":        # the decode path it is for, beside w4a16's rows of the same shapes
+        return [(m, n, k) for n, k in LLAMA_NK for m in (1, 16)]
     return [(m, n, k) for n, k in LLAMA_NK[:2] for m in (1, 16)]
 
 
@@ -64,9 +69,12 @@ def random_weight(torch, part: str, n: int, k: int):
     format, bits, group, _ = PARTS[part]
     qweight = torch.randint(0, 256, (n, k * bits // 8), dtype=torch.uint8, device="cuda")
     codes = _codes(torch, qweight, bits, k)
+    layout = "fragment" if part.endswith("-fragment") else "plain"
+    if layout == "fragment":
+        codes = _from_fragment_order(torch, codes)
     if format == "int":
         scales = (torch.rand(n, k // group, device="cuda") * 0.01 + 0.001).half()
-        w = QuantizedWeight(qweight, scales, None, None, bits, group)
+        w = QuantizedWeight(qweight, scales, None, None, bits, group, layout=layout)
         dequantized = (codes.float() - 2 ** (bits - 1)) * scales.float().repeat_interleave(group, 1)
         return w, dequantized.half()
     fp4 = torch.tensor([0, .5, 1, 1.5, 2, 3, 4, 6, -0., -.5, -1, -1.5, -2, -3, -4, -6], device="cuda")
@@ -88,6 +96,17 @@ def _codes(torch, packed, bits: int, k: int):
     stream = (packed[..., None] >> torch.arange(8, device=packed.device, dtype=torch.uint8)) & 1
     digits = stream.reshape(packed.shape[0], k, bits).to(torch.int64)
     return (digits << torch.arange(bits, device=packed.device)).sum(-1)
+
+
+def _from_fragment_order(torch, stored):
+    """W's codes [N, K] from codes stored in fragment order (`quant_fragment.DECODE_TILING`), on the GPU."""
+    from tessera.kernels_lib.quant_fragment import DECODE_TILING as t
+
+    n, k = stored.shape
+    rows, cols = (torch.from_numpy(a).cuda() for a in t.source)
+    blocks = torch.empty(n // t.BN, k // t.BK, t.BN, t.BK, dtype=stored.dtype, device=stored.device)
+    blocks[:, :, rows, cols] = stored.reshape(n // t.BN, k // t.BK, t.threads, t.locals)
+    return blocks.permute(0, 2, 1, 3).reshape(n, k)
 
 
 def measure(torch, part: str, m: int, n: int, k: int, peak_gbps) -> dict:
@@ -159,18 +178,21 @@ def dry_run(parts: list[str]) -> None:
     import torch
 
     from tessera.kernels_lib import quant
-    from tessera.kernels_lib.quant_gemm import plan, quant_gemm
+    from tessera.kernels_lib.quant_gemm import fragment_plan, plan, quant_gemm
 
     for part in parts:
         rows = shapes(part)
         plans = {(m, n, k): plan(m, n, k, PARTS[part][2], 132, PARTS[part][3] == "fp8") for m, n, k in rows}
+        if part.endswith("-fragment"):
+            plans = {(m, n, k): fragment_plan(p, m, k) for (m, n, k), p in plans.items()}
         print(f"quant_gemm {part}: {len(rows)} shapes; e.g. {rows[0]} -> {plans[rows[0]]}")
-    w = quant.quantize(torch.randn(32, 128), bits=4, group_size=64)
-    x = torch.randn(2, 128).half()
-    expected = x.float() @ w.dequantize().t()
-    error = ((quant_gemm(x, w).float() - expected).abs().max() / expected.abs().max()).item()
-    print(f"quant_gemm on the CPU interpreter: max relative error {error:.2e}")
-    assert error < 2e-3
+    for layout in ("plain", "fragment"):
+        w = quant.quantize(torch.randn(64, 128), bits=4, group_size=64, layout=layout)
+        x = torch.randn(2, 128).half()
+        expected = x.float() @ w.dequantize().t()
+        error = ((quant_gemm(x, w).float() - expected).abs().max() / expected.abs().max()).item()
+        print(f"quant_gemm ({layout} codes) on the CPU interpreter: max relative error {error:.2e}")
+        assert error < 2e-3
 
 
 def main() -> None:

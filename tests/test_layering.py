@@ -3,7 +3,7 @@
 ir imports nothing else of tessera; passes and backends build on ir (the SIMT
 simulator on the tile interpreter, each GPU backend on the LLVM core);
 runtime loads what backends produce; dsl ties them together; kernels_lib
-uses only the public API (`import tessera`). Every import statement of every
+uses only the public API (`import tessera`, and `import tessera.torch` for its ops). Every import statement of every
 module is read with `ast`, so one added upward import fails here, naming
 the file.
 """
@@ -29,9 +29,9 @@ ALLOWED = {
     "runtime": {"ir", "version"},
     "dsl": {"ir", "passes", "backends.interp", "backends.llvm", "backends.nvptx", "backends.amdgpu", "runtime",
             "version"},
-    "kernels_lib": {"tessera"},
-    "torch": {"tessera", "dsl"},
-    "aot": {"ir", "runtime", "version"},  # C launchers from compile manifests        # tessera/torch.py: kernels as PyTorch ops (skips launches when faking)
+    "kernels_lib": {"tessera", "torch"},  # the public API: `import tessera` and `import tessera.torch`
+    "torch": {"tessera", "dsl"},          # tessera/torch.py: kernels as PyTorch ops (skips launches when faking)
+    "aot": {"ir", "runtime", "version"},  # C launchers from compile manifests
 }
 TOP_LEVEL = {"tessera", "cli", "testing"}      # tessera/__init__.py, cli.py, testing.py: above everything
 

@@ -16,6 +16,13 @@ and subtract 2^(bits-1)). `pack` lays it out for the kernels:
 * MXFP4 / NVFP4 weights store fp4 (e2m1) codes and e8m0 (group 32) or e4m3
   (group 16, plus one float32 `global_scale`) scale bits.
 
+`layout="fragment"` (integer codes; NVIDIA's decode kernel) stores the same
+bytes in another order: each (64, 128) block of W as 128 runs of 32 codes,
+one per thread, in the order that thread's mma.sync B-fragment registers
+take them (`quant_fragment`), so the kernel loads them with 128-bit loads
+straight into registers. `preferred_layout(device)` says which a device
+wants; `QuantizedWeight.with_layout` converts.
+
 `from_gptq` and `from_awq` unpack the int32 tensors of those formats
 (GPTQ: qweight [K/8, N] packed along K, qzeros [K/G, N/8] stored as zero-1;
 AWQ: qweight [K, N/8] packed along N in nibble order 0,2,4,6,1,3,5,7).
@@ -24,6 +31,7 @@ AWQ: qweight [K, N/8] packed along N in nibble order 0,2,4,6,1,3,5,7).
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
@@ -32,8 +40,11 @@ import torch
 
 import tessera
 
+from .quant_fragment import DECODE_TILING
+
 INT_TYPES = {bits: getattr(tessera, f"u{bits}") for bits in range(1, 8)} | {8: tessera.u8}
 FORMATS = ("int", "mxfp4", "nvfp4")
+LAYOUTS = ("plain", "fragment")
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)        # AWQ: nibble j of a packed int32 holds column 8c + AWQ_ORDER[j]
 
 
@@ -49,6 +60,7 @@ class QuantizedWeight:
     group_size: int
     format: str = "int"
     global_scale: float = 1.0           # nvfp4's per-tensor scale
+    layout: str = "plain"               # "fragment": qweight's codes in DECODE_TILING's fragment order
 
     @property
     def shape(self) -> tuple[int, int]:
@@ -63,7 +75,34 @@ class QuantizedWeight:
         """The codes q as int64 [N, K] (bit patterns, for the fp4 formats)."""
         n, k = self.shape
         bits = np.unpackbits(self.qweight.cpu().numpy(), axis=1, bitorder="little").reshape(n, k, self.bits)
-        return torch.from_numpy((bits.astype(np.int64) << np.arange(self.bits)).sum(-1))
+        codes = (bits.astype(np.int64) << np.arange(self.bits)).sum(-1)
+        if self.layout == "fragment":
+            tiling = DECODE_TILING
+            stored = codes.reshape(n // tiling.BN, k // tiling.BK, tiling.threads, tiling.locals)
+            codes = tiling.from_fragment_order(stored)
+        return torch.from_numpy(codes)
+
+    def to(self, device: torch.device | str) -> "QuantizedWeight":
+        """This weight on `device`, its codes in the layout the kernels read fastest there (`preferred_layout`;
+        "plain" where the fragment order does not fit the weight's shape or format)."""
+        fits = self.format == "int" and DECODE_TILING.fits(*self.shape, self.group_size)
+        w = self.with_layout(preferred_layout(device) if fits else "plain")
+        moved = {name: t.to(device) for name in ("qweight", "scales", "zeros", "perm")
+                 if (t := getattr(w, name)) is not None}
+        return dataclasses.replace(w, **moved)
+
+    def with_layout(self, layout: str) -> "QuantizedWeight":
+        """The same weight with its codes stored in `layout` ("plain" or "fragment")."""
+        if layout == self.layout:
+            return self
+        codes, perm = self.codes(), None if self.perm is None else self.perm.cpu()
+        if perm is not None:            # pack permutes K by g_idx again: hand it the codes in W's own order
+            codes = codes[:, torch.argsort(perm)]
+        g_idx = None if perm is None else torch.argsort(perm) // self.group_size
+        w = pack(codes, self.scales, self.zeros, bits=self.bits, group_size=self.group_size, g_idx=g_idx,
+                 format=self.format, global_scale=self.global_scale, layout=layout)
+        return dataclasses.replace(w, qweight=w.qweight.to(self.qweight.device),
+                                   perm=None if w.perm is None else w.perm.to(self.perm.device))
 
     def dequantize(self) -> torch.Tensor:
         """W as float32 [N, K], in the original order of K (the reference the kernels are checked against)."""
@@ -83,15 +122,27 @@ class QuantizedWeight:
         return w
 
 
+def preferred_layout(device: torch.device | str) -> str:
+    """The code layout the kernels read fastest on `device`: "fragment" on NVIDIA GPUs (the decode kernel's
+    mma.sync fragments), "plain" on the CPU interpreter and AMD GPUs."""
+    device = torch.device(device)
+    return "fragment" if device.type == "cuda" and torch.version.hip is None else "plain"
+
+
 def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor] = None, *, bits: int,
          group_size: int, g_idx: Optional[torch.Tensor] = None, format: str = "int",
-         global_scale: float = 1.0) -> QuantizedWeight:
+         global_scale: float = 1.0, layout: str = "plain") -> QuantizedWeight:
     """Lay out codes [N, K] (ints in [0, 2^bits)) with scales / zeros [N, K // group_size] for the kernels.
 
     `g_idx` [K] (act order) gives each k's group; K is then permuted so that
-    groups are contiguous (each group must have `group_size` members)."""
+    groups are contiguous (each group must have `group_size` members).
+    `layout="fragment"` stores the codes in the decode kernel's mma fragment
+    order (integer formats; N a multiple of 64, K of 128)."""
     if format not in FORMATS:
         raise ValueError(f"quant.pack: format must be one of {FORMATS}, got {format!r}")
+    if layout not in LAYOUTS or (layout == "fragment" and format != "int"):
+        raise ValueError(f"quant.pack: layout must be one of {LAYOUTS} ('fragment' for integer codes only), got "
+                         f"layout={layout!r} for format={format!r}")
     bits = 4 if format != "int" else bits
     n, k = codes.shape
     if not 1 <= bits <= 8 or k % group_size or (k * bits) % 8:
@@ -107,15 +158,20 @@ def pack(codes: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor
             raise ValueError("quant.pack: g_idx must put exactly group_size rows of K in each group")
         codes = codes[:, perm]
     patterns = codes.to(torch.int64).numpy().astype(np.uint8)
+    if layout == "fragment":
+        if DECODE_TILING.BK % group_size and group_size % DECODE_TILING.BK:
+            raise ValueError(f"quant.pack(layout='fragment'): group_size ({group_size}) must divide or be a "
+                             f"multiple of {DECODE_TILING.BK}; use layout='plain'")
+        patterns = DECODE_TILING.to_fragment_order(patterns).reshape(n, k)     # same bytes per row of W
     stream = np.packbits(((patterns[..., None] >> np.arange(bits)) & 1).astype(np.uint8).reshape(n, -1),
                          axis=1, bitorder="little")
     return QuantizedWeight(torch.from_numpy(stream), scales, zeros, perm, bits, group_size, format,
-                           float(global_scale))
+                           float(global_scale), layout)
 
 
 def from_gptq(qweight: torch.Tensor, qzeros: Optional[torch.Tensor], scales: torch.Tensor,
               g_idx: Optional[torch.Tensor] = None, *, bits: int = 4, group_size: int = 128,
-              symmetric: bool = False) -> QuantizedWeight:
+              symmetric: bool = False, layout: str = "plain") -> QuantizedWeight:
     """A GPTQ checkpoint's tensors (qweight int32 [K*bits/32, N], qzeros int32 [K/G, N*bits/32] holding
     zero - 1, scales [K/G, N], g_idx [K] or None) as a QuantizedWeight. `symmetric` ignores qzeros.
     bits is 2, 3, 4 or 8; 3-bit codes cross word boundaries (32 codes in 3 words), as AutoGPTQ packs them."""
@@ -125,16 +181,17 @@ def from_gptq(qweight: torch.Tensor, qzeros: Optional[torch.Tensor], scales: tor
     zeros = None
     if not symmetric and qzeros is not None:
         zeros = (_unpack_gptq(qzeros, bits, axis=1) + 1).t().to(scales.dtype)       # [N, K/G]
-    return pack(q.t(), scales.t().contiguous(), zeros, bits=bits, group_size=group_size, g_idx=g_idx)
+    return pack(q.t(), scales.t().contiguous(), zeros, bits=bits, group_size=group_size, g_idx=g_idx, layout=layout)
 
 
 def from_awq(qweight: torch.Tensor, qzeros: torch.Tensor, scales: torch.Tensor, *,
-             group_size: int = 128) -> QuantizedWeight:
+             group_size: int = 128, layout: str = "plain") -> QuantizedWeight:
     """An AWQ checkpoint's 4-bit tensors (qweight int32 [K, N/8], qzeros int32 [K/G, N/8], both in AWQ's
     nibble order, scales [K/G, N]) as a QuantizedWeight."""
     q = _unpack_int32(qweight, 4, axis=1, order=AWQ_ORDER)       # [K, N]
     z = _unpack_int32(qzeros, 4, axis=1, order=AWQ_ORDER)        # [K/G, N]
-    return pack(q.t(), scales.t().contiguous(), z.t().to(scales.dtype), bits=4, group_size=group_size)
+    return pack(q.t(), scales.t().contiguous(), z.t().to(scales.dtype), bits=4, group_size=group_size,
+                layout=layout)
 
 
 def _unpack_gptq(packed: torch.Tensor, bits: int, axis: int) -> torch.Tensor:
@@ -167,7 +224,8 @@ def _unpack_int32(packed: torch.Tensor, bits: int, axis: int, order=None) -> tor
 
 
 def quantize(w: torch.Tensor, *, bits: int = 4, group_size: int = 128, symmetric: bool = True,
-             format: str = "int", scale_dtype: torch.dtype = torch.float16) -> QuantizedWeight:
+             format: str = "int", scale_dtype: torch.dtype = torch.float16,
+             layout: str = "plain") -> QuantizedWeight:
     """Round-to-nearest quantization of W [N, K] (float) in groups of `group_size` along K."""
     n, k = w.shape
     if format == "mxfp4" or format == "nvfp4":
@@ -184,7 +242,7 @@ def quantize(w: torch.Tensor, *, bits: int = 4, group_size: int = 128, symmetric
         zero = (-low / scale).round().clamp(0, top)
         q = (groups / scale[..., None] + zero[..., None]).round().clamp(0, top)
     return pack(q.reshape(n, k).to(torch.int64), scale.to(scale_dtype),
-                None if zero is None else zero.to(scale_dtype), bits=bits, group_size=group_size)
+                None if zero is None else zero.to(scale_dtype), bits=bits, group_size=group_size, layout=layout)
 
 
 def _quantize_fp4(w: torch.Tensor, format: str) -> QuantizedWeight:

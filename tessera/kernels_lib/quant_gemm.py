@@ -16,6 +16,11 @@ a float32 output with atomics (every weight byte is read once, by enough
 programs to keep the memory system busy); for larger M, 64- or 128-row
 tiles over all of K, the x blocks software-pipelined.
 
+Weights stored in fragment order (`quant.pack(layout="fragment")`, what
+`QuantizedWeight.to` picks for NVIDIA GPUs) are read as (threads, L) tiles
+of each thread's mma B-fragment codes (`weight_block`, `quant_fragment`):
+128-bit loads into the registers the mma reads, no shared memory.
+
 `quant_gemm(x, w)` is the op `torch.ops.tessera.quant_gemm` (a fake
 implementation for torch.compile, opcheck-tested); `w` is a
 `quant.QuantizedWeight` (`quant.pack`, `quant.from_gptq`, `quant.from_awq`,
@@ -34,20 +39,22 @@ import torch
 import tessera
 import tessera.torch
 
-from .quant import FORMATS, QuantizedWeight
+from .quant import FORMATS, LAYOUTS, QuantizedWeight
+from .quant_fragment import DECODE_TILING
 
 
 @tessera.func
-def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE):
-    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own."""
+def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE, SCALE_LAYOUT=None):
+    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own.
+    SCALE_LAYOUT (or None: the compiler's choice) pins the layout the scales and zeros are loaded in."""
     GB = max(BK // G, 1)                        # groups in the block
     groups = (pid_n, step * BK // G // GB)
     values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
     if ZEROS:
-        values = values - tessera.expand_dims(z.block((BN, GB), groups).load().to(DTYPE), 2)
+        values = values - tessera.expand_dims(z.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
     else:
         values = values - HALF
-    scale = tessera.expand_dims(s.block((BN, GB), groups).load().to(DTYPE), 2)
+    scale = tessera.expand_dims(s.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
     return tessera.reshape(values * scale, (BN, BK))
 
 
@@ -63,19 +70,33 @@ def write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K):
         tessera.atomic_add(out_ptr + rows[:, None] * N + cols[None, :], acc, mask=inside)
 
 
+@tessera.func
+def weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER):
+    """W's (BN, BK) block of codes: a block of the plain [N, K] codes, or (fragment order, `quant_fragment`) the
+    block's (threads, L) stored codes, each thread's row one run of bytes, re-read as (BN, BK) in registers."""
+    if FRAGMENT:    # step < K // BK always (fragment_plan splits K in whole steps): rows never reach the next block
+        threads, per_thread = LOAD_LAYOUT.shape
+        stored = tessera.view(w_ptr, (N // BN * (K // BK) * threads, per_thread))
+        tile = stored.block((threads, per_thread), (pid_n * (K // BK) + step, 0)).load(layout=LOAD_LAYOUT)
+        return tessera.reshape(tessera.permute(tessera.reshape(tile, DIGITS), ORDER), (BN, BK))
+    return tessera.view(w_ptr, (N, K)).block((BN, BK), (pid_n, step)).load()
+
+
 @tessera.kernel
 def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.constexpr,
                       ZEROS: tessera.constexpr, HALF: tessera.constexpr, BM: tessera.constexpr,
                       BN: tessera.constexpr, BK: tessera.constexpr, SPLIT_K: tessera.constexpr,
-                      STAGES: tessera.constexpr):
+                      STAGES: tessera.constexpr, FRAGMENT: tessera.constexpr = False,
+                      LOAD_LAYOUT: tessera.constexpr = None, DIGITS: tessera.constexpr = None,
+                      ORDER: tessera.constexpr = None, SCALE_LAYOUT: tessera.constexpr = None):
     pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
-    x, w = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K))
+    x = tessera.view(x_ptr, (M, K))
     s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
     steps = tessera.cdiv(K, BK * SPLIT_K)
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
-        wt = dequantize(w.block((BN, BK), (pid_n, step)).load(), s, z, pid_n, step, BN, BK, G, ZEROS, HALF,
-                        x.dtype)
+        codes = weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER)
+        wt = dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, x.dtype, SCALE_LAYOUT)
         acc = tessera.dot(x.block((BM, BK), (pid_m, step)).load(), wt.T, acc)
     write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
 
@@ -154,6 +175,19 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
 
 
+def fragment_plan(p: Plan, M: int, K: int, warp_size: int = 32) -> Plan:
+    """`p` with the block and threads a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
+    the decode plan's own for M <= 16 (there the codes land in their mma registers); for larger M 64-row
+    tiles (128 spill on sm_80), which the compiler feeds from the same loads through a layout conversion, as it
+    does on AMD (64-lane warps: half as many)."""
+    t = DECODE_TILING
+    split = p.split_k
+    while (K // t.BK) % split:
+        split -= 1
+    bm = 16 if M <= 16 else 64
+    return Plan(bm, t.BN, t.BK, split, p.stages if M > 16 else 1, t.threads // warp_size)
+
+
 # ---------------------------------------------------------------------------
 # The torch op
 
@@ -163,10 +197,14 @@ _TESSERA_DTYPES = {torch.float16: tessera.f16, torch.bfloat16: tessera.bf16, tor
 
 def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
            perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
-           format: str, out_dtype: Optional[torch.dtype]) -> tuple[int, int, int, torch.dtype]:
+           format: str, out_dtype: Optional[torch.dtype],
+           layout: str = "plain") -> tuple[int, int, int, torch.dtype]:
     """Validate; return M (rows of x), N, K and the output dtype."""
     if format not in FORMATS:
         raise ValueError(f"tessera::quant_gemm: format must be one of {FORMATS}, got {format!r}")
+    if layout not in LAYOUTS or (layout == "fragment" and (format != "int" or x_scale is not None)):
+        raise ValueError(f"tessera::quant_gemm: layout must be one of {LAYOUTS}; 'fragment' (quant.pack) serves "
+                         f"integer weights with float16/bfloat16 x, got layout={layout!r}, format={format!r}")
     if qweight.dtype != torch.uint8 or qweight.dim() != 2:
         raise ValueError(f"tessera::quant_gemm: qweight must be uint8 [N, K * bits / 8] (quant.pack), got "
                          f"{qweight.dtype} {tuple(qweight.shape)}")
@@ -186,6 +224,8 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         raise ValueError(f"tessera::quant_gemm: perm must be [K] = [{K}], got {tuple(perm.shape)}")
     if fp8 and group_size % 16:
         raise ValueError(f"tessera::quant_gemm: W4A8 needs groups of a multiple of 16, got {group_size}")
+    if layout == "fragment":
+        DECODE_TILING.check(N, K, "tessera::quant_gemm (a fragment-order weight)")
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
     if out_dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise ValueError(f"tessera::quant_gemm: out_dtype must be float16, bfloat16 or float32, got {out_dtype}")
@@ -194,9 +234,11 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
 
 def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: Optional[torch.Tensor],
                 perm: Optional[torch.Tensor], x_scale: Optional[torch.Tensor], bits: int, group_size: int,
-                format: str, global_scale: float, out_dtype: Optional[torch.dtype] = None) -> torch.Tensor:
+                format: str, global_scale: float, out_dtype: Optional[torch.dtype] = None,
+                layout: str = "plain") -> torch.Tensor:
     """The implementation of `torch.ops.tessera.quant_gemm`: see `quant_gemm`."""
-    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype)
+    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype,
+                                layout)
     x2 = x.reshape(M, K)
     if perm is not None:
         x2 = x2.index_select(1, perm)
@@ -206,6 +248,10 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs fp8 tensor cores (sm_89 or newer); "
                          f"this GPU is sm_{major}{minor}: pass float16 or bfloat16 x (W4A16) instead")
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
+    fragment = {}
+    if layout == "fragment":        # the tiles the codes are stored for
+        p = fragment_plan(p, M, K, 64 if torch.version.hip and not cpu else 32)
+        fragment = DECODE_TILING.constexprs(group_size)
     out = torch.zeros((M, N), dtype=torch.float32 if p.split_k > 1 else out_dtype, device=x.device)
     grid = (tessera.cdiv(M, p.BM), tessera.cdiv(N, p.BN), p.split_k)
     as_arg = _host if cpu else _device
@@ -221,7 +267,7 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         common = dict(G=group_size, ZEROS=zeros is not None, HALF=float(2 ** (bits - 1)), **launch)
         if x_scale is None:
             quant_gemm_kernel[grid](as_arg(x2.contiguous()), w, as_arg(scales.contiguous()), zeros_arg, as_arg(out),
-                                    M, N, K, BK=p.BK, **common)
+                                    M, N, K, BK=p.BK, **common, **fragment)
         else:
             w4a8_kernel[grid](as_arg(x2.contiguous()), as_arg(x_scale.reshape(M, 1).float().contiguous()), w,
                               as_arg(scales.contiguous()), zeros_arg, as_arg(out), M, N, K, **common)
@@ -233,8 +279,9 @@ quant_gemm_op = torch.library.custom_op("tessera::quant_gemm", _quant_gemm, muta
 
 @quant_gemm_op.register_fake
 def _quant_gemm_fake(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, global_scale,
-                     out_dtype=None):
-    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype)
+                     out_dtype=None, layout="plain"):
+    M, N, K, out_dtype = _check(x, qweight, scales, zeros, perm, x_scale, bits, group_size, format, out_dtype,
+                                layout)
     return x.new_empty((*x.shape[:-1], N), dtype=out_dtype)
 
 
@@ -250,7 +297,7 @@ def quant_gemm(x: torch.Tensor, w: QuantizedWeight, x_scale: Optional[torch.Tens
     """
     direct = tessera.torch.unobserved(x, w.qweight, w.scales, w.zeros, w.perm, x_scale)
     return (_quant_gemm if direct else quant_gemm_op)(x, w.qweight, w.scales, w.zeros, w.perm, x_scale, w.bits,
-                                                      w.group_size, w.format, w.global_scale, out_dtype)
+                                                      w.group_size, w.format, w.global_scale, out_dtype, w.layout)
 
 
 @functools.lru_cache(maxsize=None)

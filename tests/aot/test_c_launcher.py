@@ -96,6 +96,22 @@ def packed(spec: Specialization, values: list) -> list[str]:
     return [ctypes.string_at(packer.address + s.offset, s.size).hex() for s in packer.slots]
 
 
+def assert_maps_described_alike(lines: list[str], spec: Specialization, metadata: dict, values: list) -> None:
+    """Each tensor map the C launcher encoded (its `map ...` lines, inner dim first) is the one the Python
+    launcher's recipe describes for the same argument values."""
+    from tessera.dsl.gpu_launch import launch_parameters
+
+    maps = [line for line in lines if line.startswith("map ")]
+    names = [p.name for p in spec.parameters]
+    _, _, recipes = launch_parameters([None] * len(names), names, {"tensor_maps": metadata["tensor_maps"]})
+    for line, recipe in zip(maps, recipes, strict=True):
+        d = recipe.describe(values, values[recipe.pointer])
+        inner_first = lambda xs: " ".join(str(x) for x in reversed(xs))   # noqa: E731
+        element_strides = " ".join("1" for _ in d.shape)
+        assert f"address {d.global_address} dims {inner_first(d.shape)} strides {inner_first(d.strides[:-1])} " \
+               f"box {inner_first(d.box_shape)} element_strides {element_strides}" in line
+
+
 def test_a_vector_add_launcher_compiles_and_passes_what_the_python_launcher_packs(tmp_path):
     manifest = compile_kernel(tmp_path, ADD, "*f32:16,*f32:16,*f32:16,i32", ["BLOCK=1024"])
     spec = Specialization.load(manifest)
@@ -116,8 +132,6 @@ def test_an_empty_grid_launches_nothing(tmp_path):
 
 
 def test_a_tma_gemm_launcher_encodes_its_tensor_maps_as_the_python_launcher_describes_them(tmp_path):
-    from tessera.dsl.gpu_launch import launch_parameters
-
     manifest = compile_kernel(tmp_path, GEMM, GEMM_SIGNATURE, GEMM_CONSTS, target="sm_90a", warps=8)
     spec = Specialization.load(manifest)
     metadata = json.loads(manifest.read_text())
@@ -128,14 +142,7 @@ def test_a_tma_gemm_launcher_encodes_its_tensor_maps_as_the_python_launcher_desc
             f"{M}, {N}, {K}, 1.5f, {K}, 1, {N}, 1)")
     lines = run_launch(tmp_path, [tmp_path / "gemm_kernel.c"], call, [8] * 6 + [4] * 8 + [128, 128])
     assert lines[2] == f"attribute 8 {spec.shared_bytes}"     # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-    maps = [line for line in lines if line.startswith("map ")]
-    names = [p.name for p in spec.parameters]
-    _, _, recipes = launch_parameters([None] * len(names), names, {"tensor_maps": metadata["tensor_maps"]})
-    for line, recipe in zip(maps, recipes, strict=True):
-        d = recipe.describe(values, values[recipe.pointer])
-        inner_first = lambda xs: " ".join(str(x) for x in reversed(xs))   # noqa: E731
-        assert f"address {d.global_address} dims {inner_first(d.shape)} strides {inner_first(d.strides[:-1])} " \
-               f"box {inner_first(d.box_shape)} element_strides 1 1" in line
+    assert_maps_described_alike(lines, spec, metadata, values)
     params = [line.split()[-1] for line in lines if line.startswith("param ")]
     assert params[:14] == packed(spec, values)
     assert params[14:] == ["a0" * 128, "a1" * 128]            # the maps go by value, after the kernel's own
@@ -193,7 +200,6 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     sys.path.insert(0, str(ROOT / "tests" / "kernels_lib"))
     from test_attention_compile import FORWARD_SIGNATURE
 
-    from tessera.dsl.gpu_launch import launch_parameters
     kernel = f"{ROOT / 'tessera' / 'kernels_lib' / 'attention_fwd.py'}:attention_fwd_kernel"
     consts = ["D=64", "BM=128", "BN=64", "STAGES=2", "HAS_LEFT=False", "HAS_RIGHT=False", "SOFTCAP=False",
               "VARLEN=False"]
@@ -209,12 +215,5 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     call = f"attention_fwd_kernel_launch(NULL, 8, 16, 1, {', '.join(map(literal, values))})"
     sizes = [8 if p.is_pointer else 4 for p in spec.parameters] + [128, 128]
     lines = run_launch(tmp_path, [tmp_path / "attention_fwd_kernel.c"], call, sizes)
-    maps = [line for line in lines if line.startswith("map ")]
-    names = [p.name for p in spec.parameters]
-    _, _, recipes = launch_parameters([None] * len(names), names, {"tensor_maps": metadata["tensor_maps"]})
-    for line, recipe in zip(maps, recipes, strict=True):
-        d = recipe.describe(values, values[recipe.pointer])
-        inner_first = lambda xs: " ".join(str(x) for x in reversed(xs))   # noqa: E731
-        assert f"address {d.global_address} dims {inner_first(d.shape)} strides {inner_first(d.strides[:-1])} " \
-               f"box {inner_first(d.box_shape)} element_strides 1 1 1 1" in line
+    assert_maps_described_alike(lines, spec, metadata, values)
     assert lines[-1] == "status 0"

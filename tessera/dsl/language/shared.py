@@ -202,8 +202,11 @@ def async_copy(ctx: Context, dst, src, mask=None, barrier=None) -> None:
     With `barrier=bars[s]` (an mbarrier of `tessera.mbarriers`) the copy
     joins bars[s]'s current phase instead of the group, and `bars[s].wait(p)`
     waits for it. On sm_90 a view block whose view TMA can address (a 2-D
-    `tessera.view` of a 16-byte aligned pointer argument, unit stride inner
-    dim) is one TMA copy issued by one thread.
+    `tessera.view` of a 16-byte aligned pointer argument, or of one plus
+    `index * stride` terms with strides that are arguments known to be multiples
+    of 16 bytes -- each becomes a leading dim of the tensor map with that index
+    as its coordinate; unit stride inner dim) is one TMA copy issued by one
+    thread.
     """
     dst = _shared_buffer(ctx, dst, "async_copy's destination")
     t = dst.type

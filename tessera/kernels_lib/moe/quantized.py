@@ -88,9 +88,10 @@ def stack_int4(weights: list[quant.QuantizedWeight]) -> QuantizedExperts:
     first = weights[0]
     for w in weights:
         if w.format != "int" or w.bits != 4 or w.perm is not None or w.group_size != first.group_size or \
-                (w.zeros is None) != (first.zeros is None) or w.shape != first.shape:
+                (w.zeros is None) != (first.zeros is None) or w.shape != first.shape or w.layout != "plain":
             raise ValueError("stack_int4: every expert must be a 4-bit integer weight of one shape and group size, "
-                             "all with or all without zeros, and no act order (repack with quant.pack, no g_idx)")
+                             "all with or all without zeros, no act order and the plain code layout (repack with "
+                             "quant.pack, no g_idx; w.with_layout('plain') undoes the fragment order)")
     zeros = None if first.zeros is None else torch.stack([w.zeros for w in weights])
     return QuantizedExperts(torch.stack([w.qweight for w in weights]), torch.stack([w.scales for w in weights]),
                             zeros, "int4", first.group_size)
