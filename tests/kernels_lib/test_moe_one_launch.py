@@ -8,7 +8,8 @@ Specification:
   top-8, experts that get no tokens, several routing chunks (a real prefix scan), DeepSeek-V3's grouped
   sigmoid routing with a correction bias, and any number of persistent programs, one included;
 * the atomic top-k sum matches to rounding;
-* lowered for sm_80, the SIMT simulator computes what the interpreter computes, 1 or more blocks resident;
+* lowered for sm_80 (mma.sync) and sm_90a (wgmma on TMA-filled rings), the SIMT simulator computes what the
+  interpreter computes, 1 or more blocks resident;
 * `experts(..., one_launch=True)` and `MoELayer(one_launch=True)` use it; opcheck passes for both ops;
   training through it is refused with the fix;
 * at every shipped plan it compiles for sm_80 and sm_90a without register spills.
@@ -124,15 +125,24 @@ def test_every_shipped_plan_compiles_without_spills(target, regime, model):
     assert compiled.metadata["registers"] <= 200, compiled.metadata
 
 
-@pytest.mark.parametrize("programs, resident", [(2, None), (3, 1)])
-def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_computes(programs, resident):
-    """sm_80 thread IR (mma.sync, one thread's atomics broadcast through shared memory between barriers): blocks
-    spin on each other's counters in the simulator's cooperative scheduler, and the result is the
-    interpreter's, bit for bit."""
-    x, w13, w2, weights, ids, _ = _problem(5, 16, 16, 4, 2, torch.float16, empty=(3,))
-    launch = layer_launch(x, w13, w2, None, None, weights, ids, 2, "softmax", 1, 1, True, 1.0, "silu", False, 16)
-    fn = lower(moe_layer_kernel.specialize(*launch.args, **launch.constexprs).module, "sm_80").functions[0]
-    assert {"mma", "atomic_rmw", "while", "barrier"} <= {op.name for op in fn.walk()}
+SIMT_CASES = {   # target -> (plan, tokens, hidden, intermediate): mma.sync tiles, or wgmma tiles on TMA-filled rings
+    "sm_80": (plans.CPU_PLAN, 5, 16, 16),
+    "sm_90a": (plans.Plan(64, plans.GemmTiles(16, 32, 2, 4), plans.GemmTiles(16, 32, 2, 4)), 6, 64, 32),
+}
+
+
+@pytest.mark.parametrize("target, programs, resident", [("sm_80", 2, None), ("sm_80", 3, 1), ("sm_90a", 2, None)])
+def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_computes(target, programs, resident):
+    """Thread IR (mma.sync on sm_80; wgmma reading TMA-filled rings, whose mbarriers each tile sets up, on sm_90a;
+    one thread's atomics broadcast through shared memory between barriers): blocks spin on each other's counters
+    in the simulator's cooperative scheduler, and the result is the interpreter's, bit for bit."""
+    plan, T, H, I = SIMT_CASES[target]
+    x, w13, w2, weights, ids, _ = _problem(T, H, I, 4, 2, torch.float16, empty=(3,))
+    launch = layer_launch(x, w13, w2, None, None, weights, ids, 2, "softmax", 1, 1, True, 1.0, "silu", False, plan.BM,
+                          plan=plan)
+    fn = lower(moe_layer_kernel.specialize(*launch.args, **launch.constexprs).module, target).functions[0]
+    expect = {"mma"} if target == "sm_80" else {"wgmma", "tma_load", "mbarrier_wait"}
+    assert expect | {"atomic_rmw", "while", "barrier"} <= {op.name for op in fn.walk()}
     expected = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
     got = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
     moe_layer_kernel[(programs,)](*expected, **launch.constexprs)

@@ -187,12 +187,13 @@ OUT_ARG = 16
 
 def layer_launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: str, n_group: int, topk_group: int,
                  renormalize: bool, scaling_factor: float, activation: str, atomic: bool,
-                 block_m: Optional[int]) -> LayerLaunch:
-    """Allocate the layer's buffers (out, and weights and ids when routing here) and lay out the launch."""
+                 block_m: Optional[int], plan: Optional[plans.Plan] = None) -> LayerLaunch:
+    """Allocate the layer's buffers (out, and weights and ids when routing here) and lay out the launch;
+    `plan` overrides the tiles (tests: wgmma tiles for the simulator)."""
     T, H = x.shape
     E, two_i, _ = w13.shape
     I, K, device = two_i // 2, top_k, x.device
-    p = _tiles(x, T, K, E, block_m)
+    p = plan or _tiles(x, T, K, E, block_m)
     numel, BT = T * K, tokens_per_program(E, K)
     chunks, rows = tessera.cdiv(T, BT), max_rows(T * K, E, p.BM)
     route_here = logits is not None
