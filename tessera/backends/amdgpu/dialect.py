@@ -51,7 +51,7 @@ UNSUPPORTED_OPS = {
     "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",
     **{name: f"{name} (sm_90 mbarriers) " + _NVIDIA_ONLY + "blocks synchronize with barriers"
        for name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                    "fence_mbarrier_init", "fence_proxy_async")},
+                    "fence_mbarrier_init", "fence_proxy_async", "fence_proxy_async_global")},
     "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
     **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
        for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
