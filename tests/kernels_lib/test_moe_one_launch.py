@@ -123,6 +123,8 @@ def test_every_shipped_plan_compiles_without_spills(target, regime, model):
                                         **constexprs_for(p, E, K, 1, route=True, **options))
     assert compiled.metadata.get("spill_stores", 0) == 0, compiled.metadata
     assert compiled.metadata["registers"] <= 200, compiled.metadata
+    if target == "sm_90a" and "cp.async.bulk.tensor" in compiled.stages["ptx"]:    # rows other programs wrote
+        assert "fence.proxy.async.global" in compiled.stages["ptx"]                  # reach TMA through the fence
 
 
 SIMT_CASES = {   # target -> (plan, tokens, hidden, intermediate): mma.sync tiles, or wgmma tiles on TMA-filled rings
