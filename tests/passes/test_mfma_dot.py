@@ -34,7 +34,7 @@ from tessera.ir.target import get_target
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.lowering.layout_math import shared_vector_width
 from tessera.passes.lowering.mfma_operands import lds_cycles, plan_lds
-from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MMA_M16N8K16, instruction_for, mma_plan
+from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MFMA_32X32X16, MMA_M16N8K16, instruction_for, mma_plan
 from tessera.passes.thread_passes import lower
 from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 
@@ -53,7 +53,7 @@ def mfma_ops(fn):
     ("gfx942", (16, 16, 8), None),                  # K = 8 < 16 and M < 32
     ("gfx942", (16, 8, 16), None),
     ("gfx90a", (128, 64, 64), MFMA_32X32X8),
-    ("gfx950", (64, 64, 32), MFMA_32X32X8),
+    ("gfx950", (64, 64, 32), MFMA_32X32X16),       # gfx950's double-K forms: tests/passes/test_mfma_wide.py
     ("sm_80", (64, 64, 32), MMA_M16N8K16),
     ("sm_90a", (16, 8, 16), MMA_M16N8K16),
 ])
