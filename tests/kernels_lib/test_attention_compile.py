@@ -1,5 +1,5 @@
 """The attention kernels as GPU code: every shipped plan compiles without register spills (ptxas for sm_80 and
-sm_90a, LLVM's AMDGPU backend for gfx942), on the instructions meant, and the lowered per-thread code computes on
+sm_90a, LLVM's AMDGPU backend for gfx942 and gfx950), on the instructions meant, and the lowered per-thread code computes on
 the SIMT simulator what numpy computes."""
 
 from __future__ import annotations
@@ -93,11 +93,13 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
 
 
+@pytest.mark.parametrize("target, mfma", [("gfx942", "v_mfma_f32_32x32x8_bf16"),
+                                          ("gfx950", "v_mfma_f32_32x32x16_bf16")])    # gfx950: double-K
 @pytest.mark.parametrize("D", sorted(GPU_PLANS["amd"]))
-def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D):
+def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     plan = GPU_PLANS["amd"][D]
-    compiled = compile_forward("gfx942", D, plan, "window-softcap-varlen")
-    assert re.search(r"\bv_mfma_f32_32x32x8\w*bf16", compiled.stages["amdgcn"])
+    compiled = compile_forward(target, D, plan, "window-softcap-varlen")
+    assert set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"])) == {mfma}
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
@@ -124,13 +126,17 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
+    if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
+        want = (32, 32, 16) if target == "gfx950" else (32, 32, 8)
+        assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal)
 
 
-@pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64)])
+@pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
+                                                  ("gfx950", 2, 64)])
 def test_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM):
     """Two row blocks (the second partly past the end); causal with Sq > Sk, so the first 20 rows see no key
     (O = 0, LSE = +inf); the diagonal blocks and the keys' tail masked; two query heads per key head."""
