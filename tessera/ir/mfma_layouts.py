@@ -94,22 +94,26 @@ def mfma_32x32x8_c() -> RegisterLayout:
 
 
 def mfma_16x16x32_a() -> RegisterLayout:
-    """A of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 16x32 (m, k) tile: lane l, element i -> A[l % 16][8 (l // 16) + i]."""
+    """A of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 16x32 (m, k) tile: lane l, element i ->
+    A[l % 16][8 (l // 16) + i]."""
     return column_spatial(16, 4).local(1, 8)
 
 
 def mfma_16x16x32_b() -> RegisterLayout:
-    """B of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 32x16 (k, n) tile: lane l, element i -> B[8 (l // 16) + i][l % 16]."""
+    """B of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 32x16 (k, n) tile: lane l, element i ->
+    B[8 (l // 16) + i][l % 16]."""
     return spatial(4, 16).local(8, 1)
 
 
 def mfma_32x32x16_a() -> RegisterLayout:
-    """A of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 32x16 (m, k) tile: lane l, element i -> A[l % 32][8 (l // 32) + i]."""
+    """A of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 32x16 (m, k) tile: lane l, element i ->
+    A[l % 32][8 (l // 32) + i]."""
     return column_spatial(32, 2).local(1, 8)
 
 
 def mfma_32x32x16_b() -> RegisterLayout:
-    """B of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 16x32 (k, n) tile: lane l, element i -> B[8 (l // 32) + i][l % 32]."""
+    """B of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 16x32 (k, n) tile: lane l, element i ->
+    B[8 (l // 32) + i][l % 32]."""
     return spatial(2, 32).local(8, 1)
 
 

@@ -115,7 +115,8 @@ define_thread_op("mma", "D = A @ B + C for one m x k A, k x n B and m x n C, eac
                  "and e4m3/e5m2 (either mix) -> f32); every lane of the warp must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mma)
 define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
-                 "16); (32, 32, 16) or (16, 16, 32) on targets with \"mfma.wide\" (gfx950)), each spread over the 64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
+                 "16); (32, 32, 16) or (16, 16, 32) on targets with \"mfma.wide\" (gfx950)), each spread over the "
+                 "64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
                  "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
                  "the wave must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)

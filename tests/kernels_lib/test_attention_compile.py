@@ -1,6 +1,6 @@
 """The attention kernels as GPU code: every shipped plan compiles without register spills (ptxas for sm_80 and
-sm_90a, LLVM's AMDGPU backend for gfx942 and gfx950), on the instructions meant, and the lowered per-thread code computes on
-the SIMT simulator what numpy computes."""
+sm_90a, LLVM's AMDGPU backend for gfx942 and gfx950), on the instructions meant, and the lowered per-thread code
+computes on the SIMT simulator what numpy computes."""
 
 from __future__ import annotations
 

@@ -300,8 +300,9 @@ WIDEST_MFMA = {"gfx90a": "v_mfma_f32_32x32x8bf16_1k",      # (its assembler spel
 
 @pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950"])
 def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code_object(target):
-    """The same configs on AMD: the dot runs on MFMA (its widest form for bf16: `WIDEST_MFMA`), the tiles fit the LDS, no vector registers spill, and
-    the object links into an ET_DYN code object with the kernel's descriptor (when a linker is found).
+    """The same configs on AMD: the dot runs on MFMA (its widest bf16 form: `WIDEST_MFMA`), the tiles fit the LDS,
+    no vector registers spill, and the object links into an ET_DYN code object with the kernel's descriptor (when a
+    linker is found).
     STAGES has no effect there (no cp.async): the K loop is the plain one, and the compile says so."""
     import tessera
     from tessera.backends.amdgpu.elf import CodeObject
