@@ -51,7 +51,8 @@ def calc_32x32x8(matrix, lane, reg):
     }[matrix]
 
 
-# gfx950 (CDNA4): "GPRs required for A: 4" (8 halves per lane); lane group l // m holds k = 8 (l // m) .. + 7.
+# gfx950 (CDNA4) double-K forms, 8 halves per lane (composable_kernel ck_tile's M16N16K32 attributes: kAMLane 16,
+# kABKLane 4, kABKPerLane 8): lane group l // m holds k = 8 (l // m) .. 8 (l // m) + 7.
 def calc_16x16x32(matrix, lane, reg):
     return {
         "A": (lane % 16, 8 * (lane // 16) + reg),
