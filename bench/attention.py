@@ -16,12 +16,16 @@ Parts (`--part`, repeatable; default all):
   context 4k..64k, with the online softmax and with a unified max, against
   SDPA over the same keys gathered contiguously and a plain
   matmul-softmax-matmul: latency (per eager call and in a CUDA graph) and
-  the cache's bytes per second, also as a share of HBM bandwidth.
+  the cache's bytes per second, also as a share of HBM bandwidth;
+* fp8: the forward's D = 128 shapes with float8 e4m3 q, k, v and per-tensor
+  descales (`attention(..., q_descale=, k_descale=, v_descale=)`, V's
+  transposed copy included), against tessera's bf16 forward and SDPA cuDNN
+  (bf16) on the same values, checked against SDPA flash within fp8's bound.
 
 The rows run in the order of `schedule`: forward and backward at head dim
 128 (the goal's), decode, then the other head dims, so a run cut short by
 `--budget` (no new row starts once it is spent) or by the GPU session still
-has the rows that matter most. Each row is checked against SDPA (or the reference) before it is
+has the rows that matter most (fp8 last). Each row is checked against SDPA (or the reference) before it is
 timed (a mismatch is recorded as `wrong`, not timed), appended to
 $TESSERA_RESULTS_JSONL as soon as it is measured, and attention.json is
 rewritten after every row; attention.png (with matplotlib) shows tessera's
@@ -43,7 +47,8 @@ HEAD_DIMS = [128, 64, 256]
 TOKENS, HIDDEN = 16384, 2048                  # B * S and H * D of every forward/backward shape
 DECODE = dict(H=32, H_kv=8, D=128, page=64)
 DECODE_SHAPES = [(1, 4096), (1, 16384), (1, 65536), (8, 4096), (8, 16384), (8, 65536), (32, 4096), (32, 16384)]
-PARTS = ("forward", "backward", "decode")
+PARTS = ("forward", "backward", "decode", "fp8")
+FP8_HEAD_DIM = 128
 SDPA_BACKENDS = ("flash", "cudnn")
 
 
@@ -51,16 +56,19 @@ def cases(part: str) -> list[dict]:
     """The rows of a part, in the order they run."""
     if part == "decode":
         return [dict(B=B, context=context, **DECODE) for B, context in DECODE_SHAPES]
+    head_dims = [FP8_HEAD_DIM] if part == "fp8" else HEAD_DIMS
     return [dict(B=TOKENS // S, S=S, H=HIDDEN // D, D=D, causal=causal)
-            for D in HEAD_DIMS for causal in (False, True) for S in SEQLENS]
+            for D in head_dims for causal in (False, True) for S in SEQLENS]
 
 
 def schedule(parts: list[str]) -> list[tuple[str, dict]]:
     """(part, case) in the order they run: the goal's head dim (128) of forward and backward, then decode, then
     the other head dims, so a run cut short by its budget has the rows that matter most."""
-    first = [(p, c) for p in parts if p != "decode" for c in cases(p) if c["D"] == HEAD_DIMS[0]]
-    rest = [(p, c) for p in parts if p != "decode" for c in cases(p) if c["D"] != HEAD_DIMS[0]]
-    return first + [("decode", c) for c in cases("decode") if "decode" in parts] + rest
+    dense = [p for p in parts if p in ("forward", "backward")]
+    first = [(p, c) for p in dense for c in cases(p) if c["D"] == HEAD_DIMS[0]]
+    rest = [(p, c) for p in dense for c in cases(p) if c["D"] != HEAD_DIMS[0]]
+    return (first + [("decode", c) for c in cases("decode") if "decode" in parts] + rest
+            + [("fp8", c) for c in cases("fp8") if "fp8" in parts])
 
 
 def forward_flops(case: dict) -> float:
@@ -124,6 +132,47 @@ def measure_dense(torch, part: str, case: dict) -> dict:
         except Exception as error:          # a backend this GPU or torch lacks, or a shape with no plan
             row[f"{who}_error"] = f"{type(error).__name__}: {error}"[:500]
     _check_all(torch, row, expected)
+    return row
+
+
+def quantized(torch, x):
+    """(e4m3 codes, float32 descale) of x, per tensor as FA3's users quantize: descale = amax / 448."""
+    descale = (x.abs().amax().float() / 448).clamp_min(1e-12)
+    return (x.float() / descale).to(torch.float8_e4m3fn), descale
+
+
+def fp8_close(torch, got, expected, v, S: int) -> bool:
+    """Within the fp8 forward's bound (tests/kernels_lib/test_attention_fp8.py): P rounded to e4m3 moves O by at
+    most (2^-4 + S 2^-18) max|v|, plus O's bf16 rounding."""
+    bound = (2 ** -4 + S * 2 ** -18) * v.float().abs().max() + 2 ** -8 * expected.float().abs() + 1e-3
+    return bool(((got.float() - expected.float()).abs() <= bound).all())
+
+
+def measure_fp8(torch, case: dict) -> dict:
+    """One fp8 row: tessera's fp8 forward, its bf16 forward and SDPA cuDNN's on the dequantized values, the fp8
+    output checked against SDPA flash's."""
+    from tessera.kernels_lib import attention
+    row = {"part": "fp8", **case}
+    B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
+    codes = [quantized(torch, torch.randn(B, S, H, D, device="cuda")) for _ in range(3)]
+    real = [(c.float() * d).to(torch.bfloat16) for c, d in codes]
+    (q8, dq), (k8, dk), (v8, dv) = codes
+    impls = {"tessera": lambda: attention(q8, k8, v8, causal=causal, q_descale=dq, k_descale=dk, v_descale=dv)[0],
+             "tessera_bf16": lambda: attention(*real, causal=causal)[0],
+             "cudnn": lambda: sdpa(torch, "cudnn")(*real, causal)}
+    expected = sdpa(torch, "flash")(*real, causal)
+    for who, fn in impls.items():
+        try:
+            out = fn()
+            if not (fp8_close(torch, out, expected, real[2], S) if who == "tessera" else close(torch, out, expected)):
+                row[f"{who}_wrong"] = f"max abs error {float((out.float() - expected.float()).abs().max()):.3g}"
+                continue
+            timed(torch, row, who, fn, forward_flops(case))
+        except Exception as error:
+            row[f"{who}_error"] = f"{type(error).__name__}: {error}"[:500]
+    for other in ("tessera_bf16", "cudnn"):
+        if "tessera_tflops" in row and f"{other}_tflops" in row:
+            row[f"vs_{other}"] = row["tessera_tflops"] / row[f"{other}_tflops"]
     return row
 
 
@@ -210,7 +259,8 @@ def describe(row: dict) -> str:
         return head + "; ".join(parts) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
-    parts = [f"{who} {row[who + '_tflops']:.0f}" for who in ("tessera", *SDPA_BACKENDS) if who + "_tflops" in row]
+    whos = ("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8" else ("tessera", *SDPA_BACKENDS)
+    parts = [f"{who} {row[who + '_tflops']:.0f}" for who in whos if who + "_tflops" in row]
     parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
     return head + ", ".join(parts) + " TFLOP/s" + (f" ({row['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in row else "")
 
@@ -240,7 +290,10 @@ def run(parts: list[str], budget_s: float | None) -> dict:
             result["not_run"] += 1
             continue
         try:
-            row = measure_decode(torch, case, peak) if part == "decode" else measure_dense(torch, part, case)
+            if part == "decode":
+                row = measure_decode(torch, case, peak)
+            else:
+                row = measure_fp8(torch, case) if part == "fp8" else measure_dense(torch, part, case)
         except Exception as error:          # recorded, not fatal: the next rows still run
             row = {"part": part, **case, "error": f"{type(error).__name__}: {error}"[:2000]}
         torch.cuda.empty_cache()
@@ -287,6 +340,15 @@ def dry_run(parts: list[str]) -> None:
             assert close(torch, got, expected), f"decode ({name}) disagrees with the plain reference"
         print(f"attention decode on the CPU interpreter: {decode_bytes(case)} bytes a step, online and unified "
               "max match the plain reference and SDPA")
+    if "fp8" in parts:
+        codes = [quantized(torch, torch.randn(1, 48, 2, 32)) for _ in range(3)]
+        real = [(c.float() * d).to(torch.bfloat16) for c, d in codes]
+        (q8, dq), (k8, dk), (v8, dv) = codes
+        out = attention(q8, k8, v8, causal=True, q_descale=dq, k_descale=dk, v_descale=dv)[0]
+        expected = torch.nn.functional.scaled_dot_product_attention(
+            *(x.float().transpose(1, 2) for x in real), is_causal=True).transpose(1, 2)
+        assert fp8_close(torch, out, expected, real[2], 48), "the fp8 forward disagrees with SDPA"
+        print("attention fp8 forward on the CPU interpreter: within fp8's bound of SDPA")
 
 
 def main() -> None:

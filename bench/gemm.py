@@ -9,7 +9,12 @@ Parts (`--part`, repeatable; default all):
   1024, 4096} and (N, K) in {(4096, 4096), (14336, 4096), (4096, 14336)}
   (`--shapes all`), or 4096^3, 8192^3 and four LLM shapes (`--shapes tier1`);
   bf16 in, bf16 out, against cuBLAS. Autotuned unless `--pin I` launches
-  CONFIGS[I] without tuning.
+  CONFIGS[I] without tuning (M <= 64, and shapes with fewer 128 x 128
+  tiles than SMs, take a split-K plan instead, which has no configs to tune). `--shapes decode`: M in {1, 16, 32, 64} against
+  the LLM (N, K), with B row-major and as an nn.Linear weight (N x K,
+  trans_b): the small-M split-K path (`gemm_split_k.py`), each row with its
+  plan (split count), its GB/s (B read once), and the atomic-split variant
+  timed too where the plan splits K. Goal (issue 19): >= 1.1x cuBLAS.
 * fp8: the same shapes with float8_e4m3fn inputs and float32 per-tensor
   scales, bf16 out, against torch._scaled_mm (skipped where this torch lacks
   it or the GPU has no fp8 GEMM).
@@ -40,7 +45,9 @@ SHAPES = {
     "all": [(s, s, s) for s in SQUARE] + [(m, n, k) for n, k in LLM_NK for m in LLM_M],
     "tier1": [(4096, 4096, 4096), (8192, 8192, 8192),
               (16, 4096, 4096), (128, 14336, 4096), (256, 4096, 14336), (4096, 14336, 4096)],
+    "decode": [(m, n, k) for m in (1, 16, 32, 64) for n, k in LLM_NK],
 }
+DECODE_LAYOUTS = ("b-row-major", "b-weight")     # B as [K, N], or as an nn.Linear weight [N, K] (trans_b)
 PARTS = ("bf16", "fp8", "configs")
 
 
@@ -72,11 +79,19 @@ def compare(torch, row: dict, ours, theirs, theirs_name: str, expected, m: int, 
 
 
 def bf16_rows(torch, gemm, shapes) -> list[dict]:
+    """Each shape against cuBLAS; `split_k` says where the op ran a split-K plan instead of the tiled kernel
+    (M <= 64, or fewer tiles than SMs: `gemm._split_k_plan`), which ignores --pin."""
+    from tessera.kernels_lib.gemm import _split_k_plan
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k}
+        split = _split_k_plan(m, n, k, 2, num_sms, cpu=False)
+        if split is not None:
+            row["split_k"], row["b_layout"] = split.split_k, "b-row-major"
         try:
             compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, m, n, k)
         except Exception as error:          # recorded, not fatal: the next shapes still run
@@ -84,6 +99,49 @@ def bf16_rows(torch, gemm, shapes) -> list[dict]:
         rows.append(row)
         gpu_common.record("gemm_bf16", row)
         print(f"bf16 {m:>5} x {n:>5} x {k:>5}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
+    return rows
+
+
+def decode_rows(torch, gemm, shapes) -> list[dict]:
+    """The small-M path against cuBLAS, B in both layouts: TFLOP/s and ratios as for bf16, plus the plan it ran,
+    GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s."""
+    import os
+
+    from tessera.kernels_lib import gemm_split_k
+    from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV
+
+    num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for m, n, k in shapes:
+        for layout in DECODE_LAYOUTS:
+            a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+            weight = layout == "b-weight"
+            b = torch.randn((n, k) if weight else (k, n), device="cuda", dtype=torch.bfloat16)
+            theirs = (lambda: a @ b.t()) if weight else (lambda: a @ b)        # noqa: E731
+            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms)
+            row = {"m": m, "n": n, "k": k, "b_layout": layout, "split_k": plan.split_k,
+                   "plan": {"BM": plan.BM, "BN": plan.BN, "BK": plan.BK, "STAGES": plan.STAGES}}
+            try:
+                compare(torch, row, lambda: gemm(a, b, trans_b=weight), theirs, "cublas", theirs(), m, n, k)
+                moved = 2 * (m * k + k * n + m * n)
+                for who in ("tessera", "cublas"):
+                    if f"{who}_graph_tflops" in row:
+                        seconds = 2 * m * n * k / (row[f"{who}_graph_tflops"] * 1e12)
+                        row[f"{who}_graph_gbps"] = moved / seconds / 1e9
+                if plan.split_k > 1 and "ratio" in row:
+                    os.environ[ATOMIC_SPLIT_K_ENV] = "1"
+                    try:
+                        timed(torch, row, "tessera_atomic", lambda: gemm(a, b, trans_b=weight), 2 * m * n * k)
+                    finally:
+                        del os.environ[ATOMIC_SPLIT_K_ENV]
+            except Exception as error:
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+            rows.append(row)
+            gpu_common.record("gemm_decode", row)
+            atomic = (f"; atomic splits in a graph {row['tessera_atomic_graph_tflops']:6.1f}"
+                      if "tessera_atomic_graph_tflops" in row else "")
+            print(f"decode {m:>3} x {n:>5} x {k:>5} {layout:<11} split {plan.split_k}: "
+                  + _describe(row, "cublas", "cuBLAS") + atomic, flush=True)
     return rows
 
 
@@ -134,7 +192,7 @@ def config_variants(torch):
 
 def config_rows(torch, sizes) -> list[dict]:
     """TFLOP/s of every config variant pinned, per size."""
-    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import gemm, pin_config
 
     rows = []
     for size in sizes:
@@ -142,13 +200,13 @@ def config_rows(torch, sizes) -> list[dict]:
         b = torch.randn(size, size, device="cuda", dtype=torch.bfloat16)
         for config in config_variants(torch):
             row = {"size": size, "config": config.kwargs, "num_warps": config.num_warps}
-            gemm_kernel.pin(config)
+            pin_config(config)
             try:
                 compare(torch, row, lambda: gemm(a, b), lambda: a @ b, "cublas", a @ b, size, size, size)
             except Exception as error:          # a config this GPU cannot compile or run: recorded, not fatal
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
             finally:
-                gemm_kernel.pin(None)
+                pin_config(None)
             rows.append(row)
             gpu_common.record("gemm_configs", row)
             print(f"{size}^3 {config}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
@@ -189,19 +247,23 @@ def main() -> None:
               f"{'config ' + str(pinned) if pinned else 'autotuned'}, {len(config_variants(None))} config variants")
         return
     torch = gpu_common.require_gpu()
-    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import gemm, pin_config
 
     result = {"environment": gpu_common.environment(torch), "shapes": args.shapes,
               "pinned": None if pinned is None else {"config": pinned.kwargs, "num_warps": pinned.num_warps}}
-    gemm_kernel.pin(pinned)
-    if "bf16" in parts:
+    pin_config(pinned)
+    if "bf16" in parts and args.shapes == "decode":
+        result.update(dtype="bf16", rows=decode_rows(torch, gemm, shapes))
+    elif "bf16" in parts:
         result.update(dtype="bf16", rows=bf16_rows(torch, gemm, shapes))
     if "fp8" in parts:
         result.update(fp8_dtype="e4m3 in, per-tensor f32 scales, bf16 out", fp8_rows=fp8_rows(torch, gemm, shapes))
-    gemm_kernel.pin(None)
+    pin_config(None)
     if "configs" in parts:
         result["config_rows"] = config_rows(torch, [4096, 8192])
     name = "gemm" if parts == list(PARTS) and args.shapes == "all" else "gemm_" + "_".join(parts)
+    if args.shapes == "decode":
+        name += "_decode"
     gpu_common.write(name, result)
     if "rows" in result:
         plot(result["rows"], gpu_common.results_dir() / f"{name}.png")

@@ -12,7 +12,7 @@ steps, each with an estimate and a hard bound, run in order:
   (pytest-xdist, one worker per core) with a per-test timeout that ends a hung
   kernel's worker without losing the other results; launch overhead;
   bandwidth; bf16 GEMM at 4096^3, 8192^3 and four LLM shapes on one pinned
-  config.
+  config; the decode GEMMs (M <= 64, the small-M path) against cuBLAS.
 * tier 2 (the next 6 minutes): fp8 GEMM, the config sweep, the autotuned
   shapes, compile time, tutorial 04's GEMM steps (TFLOP/s per step), the
   quantized GEMM against cuBLAS fp16 (bench/quant_gemm.py), attention
@@ -96,6 +96,8 @@ def steps(dry_run: bool) -> list[Step]:
         Step("launch_overhead", 1, 15, 45, b("launch_overhead.py")),
         Step("bandwidth", 1, 20, 60, b("bandwidth.py")),
         Step("gemm-bf16-pinned", 1, 45, 100, b("gemm.py", "--part", "bf16", "--shapes", "tier1", "--pin", "0")),
+        # M <= 64 against cuBLAS, both B layouts (issue 19's 1.1x goal): ~15 compiles and 24 shapes, never timed yet
+        Step("gemm-decode", 1, 45, 110, b("gemm.py", "--part", "bf16", "--shapes", "decode")),
         Step("gemm-fp8", 2, 60, 100, b("gemm.py", "--part", "fp8", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-configs", 2, 90, 150, b("gemm.py", "--part", "configs")),
         Step("moe", 2, 190, 300, b("moe.py")),              # never timed yet (int4 and fp8 sides: ~12 more compiles)
@@ -282,6 +284,8 @@ def report_text(folder: Path) -> str:
             lines.append(f"- fusion {describe(r)}")
         elif r["bench"].startswith("gemm"):
             shape = f"{r['size']}^3 {r['config']}" if "size" in r else f"{r['m']}x{r['n']}x{r['k']}"
+            if "split_k" in r:
+                shape += f" {r['b_layout']} split {r['split_k']}"
             theirs = r.get("cublas_tflops") or r.get("scaled_mm_tflops")
             value = (f"{r['tessera_tflops']:.0f} TFLOP/s ({r['ratio']:.0%})" if "tessera_tflops" in r
                      else "ERROR" if "error" in r else "WRONG")

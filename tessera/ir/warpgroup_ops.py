@@ -64,8 +64,17 @@ def _infer_wgmma(ts, a):
             f"{a_desc} and {b_desc}")
     require(a_desc == I64 or not a.get("trans_a"), "wgmma with A in registers has no trans_a (the fragment fixes "
                                                    "its layout)")
-    require(acc == RegsType(ScalarType(dt.f32), n // 2),
-            f"wgmma m64n{n}k{k} accumulates into regs<{n // 2}xf32> (the wgmma_accumulator({n}) fragment), got {acc}")
+    offset = a.get("offset")
+    if offset is None:
+        require(acc == RegsType(ScalarType(dt.f32), n // 2),
+                f"wgmma m64n{n}k{k} accumulates into regs<{n // 2}xf32> (the wgmma_accumulator({n}) fragment), "
+                f"got {acc}")
+    else:       # one fragment of a warpgroup's stack of them, updated in place
+        require(isinstance(acc, RegsType) and acc.element == ScalarType(dt.f32) and offset >= 0
+                and offset % (n // 2) == 0 and offset + n // 2 <= acc.count,
+                f"wgmma with offset = {offset} updates registers {offset}..{offset + n // 2 - 1} of a stack of "
+                f"regs<{n // 2}xf32> fragments: the offset must be a multiple of {n // 2} inside the "
+                f"accumulator, got {acc}")
     return [acc]
 
 
@@ -101,9 +110,12 @@ _define("wgmma", "D = A @ B + C for a 64xk A and kxN B (in shared memory, read t
         "`wgmma_accumulator(n)` registers (wgmma.mma_async.sync.aligned.m64n{n}k{k}.f32.{dtype}.{dtype_b}): "
         "f16 or bf16 at k = 16; e4m3/e5m2 (`dtype_b` for B when it differs, K-major only) at k = 32; every "
         "thread of the warpgroup issues it together. Asynchronous: the result is ready after `wgmma_commit` "
-        "and a `wgmma_wait` that retires its group.", 3,
+        "and a `wgmma_wait` that retires its group. With `offset`, C is a stack of such fragments and the wgmma "
+        "updates the one starting at register `offset`, passing the others through: a warpgroup's several "
+        "fragments then stay one value that a loop may carry in flight.", 3,
         attrs={"m": "int", "n": "int", "k": "int", "dtype": "str"},
-        optional_attrs={"trans_a": "bool", "trans_b": "bool", "dtype_b": "str"}, infer=_infer_wgmma, **READS)
+        optional_attrs={"trans_a": "bool", "trans_b": "bool", "dtype_b": "str", "offset": "int"},
+        infer=_infer_wgmma, **READS)
 _define("wgmma_fence", "Order this warpgroup's earlier register and shared-memory accesses before the wgmmas that "
         "follow (wgmma.fence.sync.aligned); needed before the first wgmma after the start or a wgmma_wait.", 0,
         infer=lambda ts, a: [], **SYNCHRONIZES)

@@ -41,6 +41,7 @@ from .hooks import outside_graphs
 from .attention_fwd import LOG2E, attention_fwd_kernel
 
 DTYPES = (torch.float16, torch.bfloat16)
+FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)    # routed to attention_fp8.py (which takes e4m3 only)
 HEAD_DIMS = (64, 128, 256)          # the GPU plans' head dims (the interpreter takes any power of two >= 16)
 Window = Union[None, int, tuple[int, int]]
 
@@ -110,14 +111,16 @@ def bwd_gpu_plan(D: int, device: torch.device) -> BackwardPlan:
 # ---------------------------------------------------------------------------
 # Arguments
 
-def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, op: str) -> None:
+def _check(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, rank: int, op: str,
+           dtypes: tuple = DTYPES) -> None:
     """Shapes, dtypes and devices of q, k, v: (..., S, H, D) of `rank` dims, H a multiple of H_KV."""
     for name, x in (("q", q), ("k", k), ("v", v)):
         if x.dim() != rank:
             layout = "(B, S, H, D)" if rank == 4 else "(total, H, D)"
             raise ValueError(f"tessera::{op}: {name} must be {layout}, got shape {tuple(x.shape)}")
-        if x.dtype not in DTYPES:
-            raise ValueError(f"tessera::{op}: {name} has dtype {x.dtype}; supported are float16 and bfloat16")
+        if x.dtype not in dtypes:
+            names = " and ".join(str(d).removeprefix("torch.") for d in dtypes)
+            raise ValueError(f"tessera::{op}: {name} has dtype {x.dtype}; supported are {names}")
         if x.dtype != q.dtype or x.device != q.device:
             raise ValueError(f"tessera::{op}: q, k and v must share dtype and device, got {name} {x.dtype} on "
                              f"{x.device} and q {q.dtype} on {q.device}")
@@ -221,21 +224,28 @@ def _unbroadcast(*tensors: torch.Tensor) -> tuple[torch.Tensor, ...]:
                  for x in tensors)
 
 
-def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS) -> tuple[torch.Tensor, torch.Tensor]:
-    """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE)."""
+def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
+             descales: Optional[torch.Tensor] = None, out_dtype: Optional[torch.dtype] = None,
+             plan: Optional[Plan] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """Launch the forward kernel, with the user's fused functions if any (`attention_fusion.py`): (O, LSE).
+    `descales` (float32 q, k, v descales) makes it the fp8 kernel, whose O is `out_dtype`; `plan` replaces
+    the GPU plan for the head dim."""
     k, v = _unbroadcast(k, v)
-    o, lse = torch.empty(q.shape, dtype=q.dtype, device=q.device), problem.new_lse(q)
+    o = torch.empty(q.shape, dtype=out_dtype or q.dtype, device=q.device)
+    lse = problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
-    plan = CPU_PLAN if _on_interpreter(q) else gpu_plan(problem.D)
+    plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
-            *hooks.args(o, p.strides))
+            *hooks.args(o, p.strides), lse if descales is None else descales,     # (lse: an unused pointer)
+            v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
-                                   num_warps=plan.num_warps, **p.masks(), **hooks.constexprs())
+                                   num_warps=plan.num_warps, FP8=descales is not None, **p.masks(),
+                                   **hooks.constexprs())
     return o, lse
 
 
@@ -372,7 +382,8 @@ attention_varlen_op.register_autograd(_attention_grad, setup_context=_setup_cont
 
 def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool = False, window: Window = None,
               softcap: float = 0.0, scale: Optional[float] = None, deterministic: bool = False,
-              score_mod=None, score_mod_args=(), epilogue=None, epilogue_args=()) -> tuple[torch.Tensor, torch.Tensor]:
+              score_mod=None, score_mod_args=(), epilogue=None, epilogue_args=(), q_descale=None, k_descale=None,
+              v_descale=None, out_dtype: Optional[torch.dtype] = None) -> tuple[torch.Tensor, torch.Tensor]:
     """softmax(scale * q k^T + mask) v per (batch, head): (O, LSE); see the module docstring.
 
     q is (B, Sq, H, D), k and v (B, Sk, H_KV, D), float16 or bfloat16, with
@@ -385,8 +396,23 @@ def attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, *, causal: bool
     torch.compile breaks the graph at such a call). Without them this is the
     op `torch.ops.tessera.attention`, called directly where nothing observes
     the dispatch (`tessera.torch.unobserved`).
+
+    float8_e4m3fn q, k, v run the fp8 kernel (`attention_fp8.py`, forward
+    only): `q_descale`, `k_descale`, `v_descale` (floats or 1-element
+    tensors, default 1) say what each tensor's codes are multiplied by, and
+    O comes back in `out_dtype` (default bfloat16).
     """
     left, right = window_bounds(causal, window)
+    fp8 = q.dtype in FP8_DTYPES or k.dtype in FP8_DTYPES or v.dtype in FP8_DTYPES
+    if fp8 or any(x is not None for x in (q_descale, k_descale, v_descale, out_dtype)):
+        if not fp8:
+            raise ValueError(f"tessera::attention: q_descale, k_descale, v_descale and out_dtype are for float8 "
+                             f"q, k, v; got {q.dtype}: leave them out (O comes back in q's dtype)")
+        if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
+            raise ValueError("tessera::attention: score_mod and epilogue are not fused into the fp8 kernel yet; "
+                             "apply them outside, or dequantize q, k, v to bfloat16")
+        from .attention_fp8 import attention_fp8     # (that module builds on this one)
+        return attention_fp8(q, k, v, left, right, softcap, scale, q_descale, k_descale, v_descale, out_dtype)
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check(q, k, v, 4, "attention")
         problem = Problem.of(q, k, None, None, q.shape[1], k.shape[1], causal, left, right, softcap, scale)
@@ -416,6 +442,9 @@ def attention_varlen(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, cu_seqle
     epilogue as for `attention` (`b` is the sequence's index).
     """
     left, right = window_bounds(causal, window)
+    if q.dtype in FP8_DTYPES:
+        raise ValueError("tessera::attention_varlen: float8 q, k, v run on the batched op only (attention(..., "
+                         "q_descale=, k_descale=, v_descale=)); pad the sequences to (B, S, H, D) or dequantize")
     if score_mod is not None or epilogue is not None or score_mod_args or epilogue_args:
         _check_varlen(q, k, v, cu_seqlens_q, cu_seqlens_k)
         problem = Problem.of(q, k, cu_seqlens_q, cu_seqlens_k, int(max_seqlen_q), int(max_seqlen_k), causal, left,

@@ -29,6 +29,16 @@ Q, K, V and O are (batch, seq, heads, head_dim) with any strides; query head
 h reads key/value head h // (H / H_KV) (GQA, MQA). With VARLEN the batch is
 packed along seq: sequence b is rows cu_q[b] .. cu_q[b+1] of Q (cu_k for K
 and V), and the batch strides are 0.
+
+With FP8, Q, K and V hold float8 e4m3 codes (V contiguous along its Sk_v
+keys, Sk rounded up to 16, the rows past Sk zero) and descale_ptr three float32
+per-tensor descales (FlashAttention-3's q_descale, k_descale, v_descale:
+the real tensor is codes * descale). S = Q K^T multiplies the codes exactly
+on fp8 tensor cores and the q and k descales fold into the logits' scale;
+P, in [0, 1], is scaled by P_SCALE = 2^8 into e4m3's range and quantized
+for P V on fp8 tensor cores (the scaling is exact and moves e4m3's
+subnormals, which would lose P's small entries, eight binades down); l
+sums the unquantized P, and O = acc * v_descale / (P_SCALE * l).
 """
 
 from __future__ import annotations
@@ -40,6 +50,7 @@ LN2 = 0.6931471805599453
 # The running max starts here rather than at -inf, so that exp2(s - m) of a masked (-inf) score is 0, never
 # exp2(-inf - -inf) = NaN, while no row has seen a key (every real base-2 logit is far above it).
 NO_MAX = -1.0e30
+P_SCALE = 256.0     # FP8: P * 2^8 <= 256 stays below e4m3's largest finite value, 448
 
 
 @tessera.func
@@ -120,13 +131,13 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
                          stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
                          stride_lb, stride_lh, mod_ptr0, mod_ptr1, mod_s0, mod_s1,
-                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0,
+                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0, descale_ptr, Sk_v,
                          D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                          HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                          VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
                          SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
-                         EP_TILE: tessera.constexpr = False):
+                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -134,10 +145,16 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     k_start, Sk = sequence(cu_k_ptr, b, Sk, VARLEN)
     q = tessera.view(q_ptr + b * stride_qb + q_start * stride_qs + h * stride_qh, (Sq, D), (stride_qs, stride_qd))
     kT = tessera.view(k_ptr + b * stride_kb + k_start * stride_ks + kv_h * stride_kh, (D, Sk), (stride_kd, stride_ks))
-    v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (Sk, D), (stride_vs, stride_vd))
+    v_len = Sk
+    if FP8:     # V comes contiguous along the keys (8-bit B operands must be K-major), zero-padded to Sk_v keys
+        v_len = Sk_v
+    v = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (v_len, D),
+                     (stride_vs, stride_vd))
     o = tessera.view(o_ptr + b * stride_ob + q_start * stride_os + h * stride_oh, (Sq, D), (stride_os, stride_od))
     lse = tessera.view(lse_ptr + b * stride_lb + h * stride_lh + q_start, (Sq,))
 
+    if FP8:     # e4m3 codes: the real q.k is the codes' product times both descales
+        qk_scale = qk_scale * tessera.load(descale_ptr) * tessera.load(descale_ptr + 1)
     m0 = pid_m * BM
     q_block = q.block((BM, D), (pid_m, 0)).load()
     m = tessera.full((BM,), NO_MAX, tessera.f32)
@@ -164,10 +181,14 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
         p = tessera.exp2(s - m_new[:, None])
         alpha = tessera.exp2(m - m_new)
         l = l * alpha + tessera.sum(p, axis=1)
+        if FP8:     # P in [0, 1], into e4m3's range (l has summed it unscaled)
+            p = p * P_SCALE
         acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n, 0)).load(), acc * alpha[:, None])
         m = m_new
 
     empty = l == 0.0                                    # rows that saw no key
+    if FP8:
+        acc = acc * (tessera.load(descale_ptr + 2) / P_SCALE)
     out = acc / tessera.where(empty, 1.0, l)[:, None]
     if EPILOGUE is not None:          # the user's function on the normalized output tile
         out = output_epilogue(out, EPILOGUE, EP_ORDER, EP_TILE, ep_ptr, (stride_eb, stride_es, stride_eh, stride_ed),

@@ -32,18 +32,26 @@ fma contraction, approximate exp2 and division) wherever the output's
 precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
 stays exact.
 
+For M <= 64 (decode) the op takes the small-M path instead, and for larger M
+whose tiles are too few for the SMs the few-tiles split (`gemm_split_k.py`):
+programs that each own a contiguous slice of K, so B is read once by enough
+programs to cover the SMs, the K splits summed in a fixed order (or with
+atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
+(`gemm_epilogue.py`).
+
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float
 inputs, whose backward is two more `gemm` calls); where nothing observes the
 dispatch it calls the implementation directly (see `gemm`). CUDA tensors launch the
 autotuned kernel; CPU tensors run on the tile interpreter with one small
-pinned config (`CPU_CONFIG`), since timing configs there is meaningless.
+pinned config (`CPU_CONFIG`, `CPU_SMALL_M_CONFIG`), since timing configs there
+is meaningless.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
-import math
 import os
 from typing import Optional
 
@@ -53,9 +61,10 @@ import tessera
 import tessera.torch
 
 from . import gemm_configs
+from . import gemm_split_k
+from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 from .hooks import outside_graphs
 
-ACTIVATIONS = ("none", "relu", "gelu", "silu")
 
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
 # 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
@@ -69,9 +78,11 @@ HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 CPU_CONFIG = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2}, num_warps=4)
 # The "SM count" persistent launches use on the interpreter (GPUs report theirs).
 CPU_NUM_SMS = 4
-
-SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
-
+# The split-K paths' tiles on the interpreter (`gemm_split_k.small_m_plan`'s and `few_tiles_plan`'s config).
+CPU_SMALL_M_CONFIG = {"BN": 16, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
+CPU_SPLIT_K_CONFIG = {"BM": 64, "BN": 32, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
+# Set to "1" to sum the split-K paths' partials with float32 atomics (less workspace, not bit-reproducible).
+ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
 @tessera.func
 def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
@@ -95,20 +106,8 @@ def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m
         b_block = b.block((BK, BN), (k, pid_n)).load()
         acc = tessera.dot(a_block, b_block, acc)
 
-    if HAS_SCALE_A:     # one f32 scale per row of op(A) (per-tensor scales arrive expanded)
-        acc = acc * tessera.view(scale_a_ptr, (M, 1)).block((BM, 1), (pid_m, 0)).load()
-    if HAS_SCALE_B:     # one f32 scale per column of op(B)
-        acc = acc * tessera.view(scale_b_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
-    acc = acc * alpha
-    if HAS_BIAS:
-        bias = tessera.view(bias_ptr, (1, N)).block((1, BN), (0, pid_n)).load()
-        acc = acc + bias.to(tessera.f32)
-    if ACTIVATION == "relu":
-        acc = tessera.maximum(acc, 0.0)
-    elif ACTIVATION == "gelu":      # tanh approximation
-        acc = 0.5 * acc * (1.0 + tessera.tanh(SQRT_2_OVER_PI * (acc + 0.044715 * acc * acc * acc)))
-    elif ACTIVATION == "silu":
-        acc = acc * tessera.sigmoid(acc)
+    acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
+                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
@@ -144,6 +143,14 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
 gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
                                     prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
     tessera.kernel(fast_math=True)(gemm_kernel.kernel.fn))
+
+
+def pin_config(config: Optional[tessera.Config]) -> None:
+    """Launch the op's tiled GEMM with `config` from now on, without tuning, in both of its compilations
+    (`gemm_kernel` and `gemm_kernel_fast` tune apart: pinning one leaves the other, which float16 / bfloat16
+    outputs run, tuning); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
+    gemm_kernel.pin(config)
+    gemm_kernel_fast.pin(config)
 
 
 def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
@@ -323,6 +330,17 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+@functools.lru_cache(maxsize=4096)
+def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
+                  cpu: bool) -> Optional[gemm_split_k.SplitKPlan]:
+    """The split-K plan the op runs (`gemm_split_k.py`): always for M <= 64 (decode: B streamed once), for larger
+    M where the tiles are too few for the SMs and splitting K pays; None: the tiled kernel. Kept per shape: the
+    bandwidth model costs ~7 µs of Python, more than the launch it plans."""
+    if M <= gemm_split_k.SMALL_M:
+        return gemm_split_k.small_m_plan(M, N, K, element_bytes, num_sms, CPU_SMALL_M_CONFIG if cpu else None)
+    return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
+
+
 def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha) -> torch.Tensor:
     """The implementation: check, allocate the output, launch (the interpreter for CPU tensors)."""
     M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
@@ -337,18 +355,25 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
             c if scale_b_mem is None else scale_b_mem, c,
             M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
     activation = activation or "none"
-    if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
-        host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
-        grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)
+    flags = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
+                 ACTIVATION=activation)
+    cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    if cpu:
+        args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+    capturing = tessera.capturing()
+    fast = not cpu and _fast_math_allows(out_dtype, activation) and not capturing
+    num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
+    split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
+    if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
+        # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
+        with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
+            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
+                                atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
+    elif cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
-            gemm_kernel.kernel[grid](*host_args, HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None,
-                                     HAS_SCALE_B=scale_b is not None, ACTIVATION=activation, **CPU_CONFIG.as_dict())
+            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
     else:
-        capturing = tessera.capturing()
-        fast = _fast_math_allows(out_dtype, activation) and not capturing
-        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, _num_sms(a.get_device()), capturing,
-                     HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
-                     ACTIVATION=activation)
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
     return c
 
 

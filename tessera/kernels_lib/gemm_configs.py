@@ -4,7 +4,8 @@
 e.g. "sm_90": 128 x 256 tiles that only Hopper's wgmma and 227 KB of shared
 memory make pay) join them on that family only: the autotuner gets them all
 (`ALL`) and `prune_for_device` keeps what the launching device's family
-ships. The file is data so that a GPU session's measurements
+ships. The split-K paths (`gemm_split_k.py`) take their tiles from the
+"small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`). The file is data so that a GPU session's measurements
 (bench/gemm.py --part configs) can reorder or replace entries without code
 changes.
 """
@@ -26,6 +27,11 @@ def _configs(entries: list[dict]) -> list[tessera.Config]:
 COMMON = _configs(_DATA["common"])
 BY_FAMILY = {family: _configs(entries) for family, entries in _DATA.items() if family.startswith("sm_")}
 ALL = COMMON + [c for configs in BY_FAMILY.values() for c in configs]
+# The small-M path's tile per row tile BM (`gemm_split_k.small_m_plan`): {"BN", "K_BYTES" (BK = K_BYTES / element size,
+# so a ring slot holds the same bytes for any dtype), "STAGES", "num_warps"}; its split count is computed.
+SMALL_M = {e["BM"]: dict(e["meta"], num_warps=e["num_warps"]) for e in _DATA["small_m"]}
+# The few-tiles split-K tile (`gemm_split_k.few_tiles_plan`): {"BM", "BN", "K_BYTES", "STAGES", "num_warps"}.
+SPLIT_K = dict(_DATA["split_k"]["meta"], num_warps=_DATA["split_k"]["num_warps"])
 
 
 def family_of(capability: tuple[int, int] | None) -> str | None:

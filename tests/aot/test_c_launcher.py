@@ -210,7 +210,7 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     B, S, H, D = 2, 1000, 8, 64
     strides = [S * H * D, H * D, D, 1]
     values = [0x10000 * (i + 1) for i in range(7)] + [S, S, H, H, 0.125, 0.0, 0, 0] + strides * 4 + [H * S, S] \
-        + [0x80000, 0x90000, 0.0, 0.0, 0xA0000, 0, 0, 0, 0, 0.0]
+        + [0x80000, 0x90000, 0.0, 0.0, 0xA0000, 0, 0, 0, 0, 0.0, 0xB0000, S]
     literal = lambda v: f"{v}f" if isinstance(v, float) else str(v)   # noqa: E731
     call = f"attention_fwd_kernel_launch(NULL, 8, 16, 1, {', '.join(map(literal, values))})"
     sizes = [8 if p.is_pointer else 4 for p in spec.parameters] + [128, 128]

@@ -19,7 +19,10 @@ M = 64
 
 def wgmma_kernel(n: int, k: int = 64, *, dtype: str = "bf16", proxy_fence: bool = True, wgmma_fence: bool = True,
                  wait: bool = True, read_before_wait: bool = False, overwrite_in_flight: bool = False,
-                 barrier: bool = True, store: bool = True, warpgroups: int = 1) -> str:
+                 barrier: bool = True, store: bool = True, warpgroups: int = 1, stacked: bool = False) -> str:
+    """The m64nNk(k) kernel as IR text; the switches drop or add one step of the protocol. `stacked`: the
+    accumulator is a stack of two fragments (`wgmma` `offset`): the K chain runs on the lower one, then again
+    on the upper one, and the upper one is stored."""
     a_tile, b_tile = WgmmaSmemLayout(M, k, 2, 128), WgmmaSmemLayout(n, k, 2, 128)
     b_base = a_tile.nbytes
     lines = [f"func @wgmma_m64n{n}k{k}(%a: ptr<{dtype}>, %bt: ptr<{dtype}>, %out: ptr<f32>) attributes "
@@ -73,16 +76,21 @@ def wgmma_kernel(n: int, k: int = 64, *, dtype: str = "bf16", proxy_fence: bool 
     # -- K/16 chained wgmmas; slice s starts 16 elements (32 bytes) further along each row
     if wgmma_fence:
         lines.append("  wgmma_fence")
-    lines.append(f"  %acc = constant {{value = 0.0}} : regs<{n // 2}xf32>")
+    regs = n if stacked else n // 2
+    lines.append(f"  %acc = constant {{value = 0.0}} : regs<{regs}xf32>")
     acc = "%acc"
     for s in range(k // 16):
         for name, tile in (("a", a_tile), ("b", b_tile)):
             desc = tile.descriptor(0, s)
             lines += [f"  %{name}p{s} = addptr %s{name}, {const(16 * s)} : ptr<{dtype}, shared>",
                       f"  %{name}d{s} = wgmma_desc %{name}p{s} {{lbo = {desc.lbo}, sbo = {desc.sbo}, swizzle = 128}} : i64"]
-        lines.append(f"  %d{s} = wgmma %ad{s}, %bd{s}, {acc} {{dtype = \"{dtype}\", k = 16, m = 64, n = {n}}} "
-                     f": regs<{n // 2}xf32>")
-        acc = f"%d{s}"
+    for offset in ((0, n // 2) if stacked else (None,)):
+        for s in range(k // 16):
+            attr = "" if offset is None else f", offset = {offset}"
+            name = f"%d{s}" if offset is None else f"%d{s}_{offset}"
+            lines.append(f"  {name} = wgmma %ad{s}, %bd{s}, {acc} {{dtype = \"{dtype}\", k = 16, m = 64, "
+                         f"n = {n}{attr}}} : regs<{regs}xf32>")
+            acc = name
     lines.append("  wgmma_commit")
     if overwrite_in_flight:
         lines += ["  barrier", "  store %sp_a0, %x_b0 {vector = 8}"]   # a barrier does not wait for wgmma
@@ -93,6 +101,10 @@ def wgmma_kernel(n: int, k: int = 64, *, dtype: str = "bf16", proxy_fence: bool 
     if not store:
         lines += ["  return", "}", ""]
         return "\n".join(lines)
+    if stacked:         # the upper fragment, after the wait
+        lines += [f"  %up{i} = extract {acc} {{index = {n // 2 + i}}} : f32" for i in range(n // 2)]
+        lines.append(f"  %upper = pack {', '.join(f'%up{i}' for i in range(n // 2))} : regs<{n // 2}xf32>")
+        acc = "%upper"
 
     # -- registers -> out: register i of lane l in warp w is D[16w + l/4 + 8((i/2)%2)][8(i/4) + 2(l%4) + i%2]
     lines += [f"  %warp = div %tid, {const(32)} : i32",

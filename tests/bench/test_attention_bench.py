@@ -25,11 +25,12 @@ def test_the_dense_rows_cover_the_issue_shapes_with_head_dim_128_first():
     assert bench.cases("backward") == rows
 
 
-def test_the_goal_head_dim_runs_first_then_decode_then_the_rest():
+def test_the_goal_head_dim_runs_first_then_decode_then_the_rest_then_fp8():
     order = bench.schedule(list(bench.PARTS))
     parts = [(part, case.get("D")) for part, case in order]
     assert parts[:24] == [("forward", 128)] * 12 + [("backward", 128)] * 12
-    assert parts[24:32] == [("decode", 128)] * 8 and len(order) == 80
+    assert parts[24:32] == [("decode", 128)] * 8 and len(order) == 92
+    assert parts[80:] == [("fp8", 128)] * 12, "fp8 last"
     assert [part for part, _ in bench.schedule(["decode"])] == ["decode"] * 8
 
 
@@ -80,5 +81,5 @@ def test_the_dry_run_checks_each_part_on_the_interpreter():
                           text=True, timeout=300, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
     assert done.returncode == 0, done.stdout + done.stderr
     for line in ("attention forward: 36 rows", "backward on the CPU interpreter: dQ, dK, dV match",
-                 "decode on the CPU interpreter"):
+                 "decode on the CPU interpreter", "attention fp8: 12 rows", "fp8 forward on the CPU interpreter"):
         assert line in done.stdout

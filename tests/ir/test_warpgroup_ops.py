@@ -20,12 +20,20 @@ def test_well_typed_ops():
            '%e = wgmma %a, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64} : regs<32xf32>',
            '%f = wgmma %a, %a, %c8 {dtype = "f16", k = 16, m = 64, n = 8, trans_b = true} : regs<4xf32>',
            '%h = wgmma %r, %d, %c {dtype = "bf16", k = 16, m = 64, n = 64, trans_b = true} : regs<32xf32>',
+           # a stack of two m64n32 fragments, each wgmma updating its own
+           '%s0 = wgmma %a, %d, %c {dtype = "bf16", k = 16, m = 64, n = 32, offset = 0} : regs<32xf32>',
+           '%s1 = wgmma %a, %d, %s0 {dtype = "bf16", k = 16, m = 64, n = 32, offset = 16} : regs<32xf32>',
            "wgmma_commit", "wgmma_wait {pending = 1}", "fence_proxy_async")
 
 
 @pytest.mark.parametrize("line, message", [
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 48} : regs<32xf32>',
      "accumulates into regs<24xf32> (the wgmma_accumulator(48) fragment), got regs<32xf32>"),
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 32, offset = 24} : regs<32xf32>',
+     "wgmma with offset = 24 updates registers 24..39 of a stack of regs<16xf32> fragments: the offset must be a "
+     "multiple of 16 inside the accumulator, got regs<32xf32>"),
+    ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 32, offset = 32} : regs<32xf32>',
+     "the offset must be a multiple of 16 inside the accumulator"),
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 16, m = 64, n = 264} : regs<32xf32>',
      "wgmma shape is m64nNk16 with N in 8, 16, ..., 256; got m = 64, n = 264, k = 16"),
     ('%e = wgmma %d, %d, %c {dtype = "bf16", k = 8, m = 64, n = 64} : regs<32xf32>', "wgmma shape is m64nNk16"),

@@ -93,7 +93,8 @@ def test_mistakes_are_compile_errors_at_the_users_lines():
 
 FUSED_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16", "*i32:16", "*i32:16"] + ["i32"] * 4 + ["f32", "f32"]
                            + ["i32", "i32"] + ["i32:16", "i32:16", "i32:16", "i32:1"] * 4 + ["i32", "i32"]
-                           + ["*f32:16", "*{t}:16", "f32", "f32", "*{t}:16"] + ["i32:16"] * 3 + ["i32:1", "f32"])
+                           + ["*f32:16", "*{t}:16", "f32", "f32", "*{t}:16"] + ["i32:16"] * 3 + ["i32:1", "f32"]
+                           + ["*f32:16", "i32"])
 
 
 def test_torch_compile_breaks_the_graph_cleanly_at_a_hooked_attention():

@@ -91,3 +91,22 @@ def test_decode_matches_float64_attention_over_the_gathered_cache(name):
     assert torch.equal(torch.isinf(lse.cpu()), torch.isinf(expected_lse))
     finite = ~torch.isinf(expected_lse)
     torch.testing.assert_close(lse.cpu().double()[finite], expected_lse[finite], rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("causal", [False, True])
+def test_fp8_forward_matches_float64_attention_of_the_dequantized_inputs(D, causal):
+    """e4m3 q, k, v with per-tensor descales on sm_89+ (tolerance: test_attention_fp8.py); sm_80 refuses."""
+    from test_attention_fp8 import check_fp8
+    g = torch.Generator().manual_seed(D)
+    real = [torch.randn(2, S, h, D, generator=g) * amax for S, h, amax in ((200, 4, 3.0), (333, 2, 5.0), (333, 2, 1.0))]
+    descales = [x.abs().max() / 448 for x in real]
+    q, k, v = ((x / d).to(torch.float8_e4m3fn).cuda() for x, d in zip(real, descales))
+    call = lambda: attention(q, k, v, causal=causal, q_descale=descales[0].cuda(), k_descale=descales[1].cuda(),  # noqa
+                             v_descale=descales[2].cuda())
+    if torch.cuda.get_device_capability() < (8, 9):
+        with pytest.raises(ValueError, match="no fp8 tensor cores"):
+            call()
+        return
+    out, lse = call()
+    check_fp8(out.cpu(), lse.cpu(), q.cpu(), k.cpu(), v.cpu(), *descales, causal=causal)

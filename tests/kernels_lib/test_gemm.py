@@ -130,12 +130,11 @@ def test_errors(call, message):
         call()
 
 
-def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256():
+def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256_and_256_by_128():
     assert gemm_kernel.tuner.configs == CONFIGS + HOPPER_CONFIGS
     assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
                for c in CONFIGS)
-    assert HOPPER_CONFIGS and all((c.kwargs["BM"], c.kwargs["BN"], c.num_warps) == (128, 256, 8)
-                                  for c in HOPPER_CONFIGS)
+    assert {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in HOPPER_CONFIGS} == {(128, 256, 8), (256, 128, 8)}
 
 
 def test_kernel_compiles_for_hopper():
@@ -322,3 +321,15 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
         if find_linker() is not None:
             code = CodeObject(compiled.binary)
             assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols
+
+
+def test_pin_config_pins_both_compilations_of_the_kernel():
+    """The exact and the fast-math kernel tune apart: the op runs the fast one for float16 / bfloat16 outputs,
+    so a pinned config (the GPU session's config sweep) must reach both."""
+    from tessera.kernels_lib.gemm import gemm_kernel_fast, pin_config
+    try:
+        pin_config(CONFIGS[1])
+        assert gemm_kernel.tuner.pinned == gemm_kernel_fast.tuner.pinned == CONFIGS[1]
+    finally:
+        pin_config(None)
+    assert gemm_kernel.tuner.pinned is None and gemm_kernel_fast.tuner.pinned is None

@@ -11,15 +11,17 @@ from tessera.testing import assert_close
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
 torch = pytest.importorskip("torch")
-from tessera.kernels_lib.gemm import CONFIGS, gemm, gemm_kernel  # noqa: E402
+from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm, pin_config  # noqa: E402
 
 M, N, K = 1000, 272, 1008          # rows 16-byte aligned (TMA-eligible), no size a multiple of a block
 
 
 def _variants():
-    """(id, config, needs warp specialization): each shipped config, and each non-persistent one with WS=True."""
+    """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128), and each
+    non-persistent one with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
-              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}", c, False) for c in CONFIGS]
+              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}", c, c in HOPPER_CONFIGS)
+             for c in CONFIGS + HOPPER_CONFIGS]
     ws = [(name + "-ws", tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps), True)
           for name, c, _ in plain if not c.kwargs["PERSISTENT"]]
     return plain + ws
@@ -30,12 +32,12 @@ VARIANTS = _variants()
 
 @pytest.fixture
 def pinned(request):
-    _, config, ws = request.param
-    if ws and cuda.get_device(0).capability < (9, 0):
-        pytest.skip("warp specialization needs sm_90+")
-    gemm_kernel.pin(config)
+    _, config, hopper = request.param
+    if hopper and cuda.get_device(0).capability < (9, 0):
+        pytest.skip("warp specialization and the sm_90 family's tiles need a Hopper GPU")
+    pin_config(config)          # both compilations: bfloat16 outputs run the fast-math one
     yield config
-    gemm_kernel.pin(None)
+    pin_config(None)
 
 
 @pytest.mark.parametrize("pinned", VARIANTS, ids=[v[0] for v in VARIANTS], indirect=True)

@@ -10,9 +10,9 @@ run on the SIMT simulator in tests/simt and in test_gemm.py):
   releases the previous slot (empty mbarriers count warpgroups); the producer's registers go to the
   consumers (setmaxnreg, USETMAXREG in SASS); on the simulator the schedule equals numpy, and dropping the
   wait is reported;
-* 128 x 256 tiles (the sm_90 configs of gemm_configs.json, which the autotuner keeps only on sm_90 GPUs): one
-  HGMMA 64x256x16 per K slice and warpgroup, two consumer warpgroups, no spills, equal to numpy on the
-  simulator, with and without warp specialization;
+* 128 x 256 and 256 x 128 tiles (the sm_90 configs of gemm_configs.json, which the autotuner keeps only on
+  sm_90 GPUs): one HGMMA 64x256x16, or two 64x128x16, per K slice and warpgroup, two consumer warpgroups, no
+  spills, equal to numpy on the simulator, with and without warp specialization;
 * the persistent config: its tiles share the K loop's mbarriers, initialized once before the tile loop (no
   SYNCS.EXCH in it), and the next tile's first fills (UTMALDG) are issued before the epilogue's stores; on
   the simulator tiles that start mid-ring compute what numpy does, and restarting the phases per tile or
@@ -182,7 +182,9 @@ def test_the_op_uses_fast_math_only_where_the_output_hides_it(out_dtype, activat
 # -- 128 x 256 tiles, configs per GPU (facts 2 and 8) ---------------------------------------------------------
 
 @pytest.mark.parametrize("name", [f"hopper{i}" for i in range(len(HOPPER_CONFIGS))])
-def test_hopper_configs_run_128_by_256_tiles_on_two_consumer_warpgroups(name):
+def test_hopper_configs_run_128_by_256_and_256_by_128_tiles_on_two_consumer_warpgroups(name):
+    """128 x 256: one HGMMA 64x256x16 per K slice and warpgroup (each its own 64 rows); 256 x 128: two HGMMA
+    64x128x16 per K slice and warpgroup (each its own 128 rows)."""
     needs_sass()
     config = SHIPPED[name]
     compiled = compile_gemm(config)
@@ -191,14 +193,28 @@ def test_hopper_configs_run_128_by_256_tiles_on_two_consumer_warpgroups(name):
     assert meta["shared_bytes"] <= 227 * 1024
     loop = sass_k_loop(compiled)
     hgmma = [i.opcode for i in loop if i.opcode.startswith("HGMMA")]
-    assert hgmma and all(op.startswith("HGMMA.64x256x16.F32.BF16") for op in hgmma)
-    assert len(hgmma) == config.kwargs["BK"] // 16      # one per K slice: each warpgroup its own 64 rows
+    BM, BN = config.kwargs["BM"], config.kwargs["BN"]
+    assert (BM, BN, config.num_warps) in ((128, 256, 8), (256, 128, 8))
+    assert hgmma and all(op.startswith(f"HGMMA.64x{BN}x16.F32.BF16") for op in hgmma)
+    assert len(hgmma) == config.kwargs["BK"] // 16 * (BM // 128)      # per K slice: the warpgroup's 64-row blocks
 
 
 @pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
 def test_a_128_by_256_tile_matches_numpy_on_the_simt_simulator(ws):
     fn, args, expected, grid = lowered_gemm(131, 250, 96, small(HOPPER_CONFIGS[0], WS=ws))
     assert {op.attrs["n"] for op in fn.walk() if op.name == "wgmma"} == {256}
+    np.testing.assert_allclose(simulate(fn, args, grid), expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
+def test_a_256_by_128_tile_matches_numpy_on_the_simt_simulator(ws):
+    """Two consumer warpgroups of 128 rows each (two m64 wgmmas per K slice, both fragments left in flight
+    across iterations: wait_group 1), odd M past the first warpgroup's rows, N over two column tiles (the
+    second partial; rows of 144 elements, a multiple of 16, so both operands ride the rings)."""
+    tall = next(c for c in HOPPER_CONFIGS if c.kwargs["BM"] == 256)
+    fn, args, expected, grid = lowered_gemm(197, 144, 128, small(tall, WS=ws))
+    assert {op.attrs["n"] for op in fn.walk() if op.name == "wgmma"} == {128}
+    assert 1 in {op.attrs["pending"] for op in fn.walk() if op.name == "wgmma_wait"}
     np.testing.assert_allclose(simulate(fn, args, grid), expected, rtol=1e-4, atol=1e-3)
 
 
@@ -312,7 +328,7 @@ def test_a_persistent_tile_without_the_fills_its_predecessor_issued_deadlocks():
 # adds on a descriptor of the ring and the warpgroup index to a warp-uniform shuffle (was 134 / 122 / 139 / 161
 # for config0 / config2 / config5 / hopper0); the ceilings leave 5% for other ptxas versions.
 LOOP_INSTRUCTIONS = {"config0": 90, "config1": 81, "config2": 89, "config3": 75, "config4": 82, "config5": 96,
-                     "hopper0": 119, "hopper1": 119}
+                     "hopper0": 119, "hopper1": 119, "hopper2": 109}
 
 
 @pytest.mark.parametrize("name", list(SHIPPED))

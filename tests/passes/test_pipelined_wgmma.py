@@ -5,10 +5,10 @@ Specification (the numbers are in the simulator tests, `tests/interp/test_simt_p
 * `pipeline_plan` puts each pipelined block in a wgmma tile layout (`PipelinedLoad.slot_layout`): K-major
   when the view is contiguous along K, MN-major otherwise, with the widest swizzle that fits; the rings
   start on the swizzle pattern and the stages still shrink until the rings fit shared memory;
-* with a single-fragment accumulator carried from block argument to yield (S = 2 included), one wgmma
-  group stays in flight; otherwise (several fragments per warpgroup) every iteration waits for its
-  wgmmas; either way the copies run S - 1 iterations ahead (issue 19: the refill comes after
-  wgmma_wait {pending = 1}, so no ring slot is wasted);
+* with an accumulator carried from block argument to yield (S = 2 included), one wgmma group stays in
+  flight, also with several fragments per warpgroup (one stack, each wgmma updating its fragment in
+  place); the copies run S - 1 iterations ahead (issue 19: the refill comes after wgmma_wait
+  {pending = 1}, so no ring slot is wasted);
 * filled by cp.async (here: sm_90a with TMA taken away), the loop reads as: prologue of S - 1 copy
   groups; in the body async_wait, fence_proxy_async, barrier, wgmma_fence, the wgmmas (no ldmatrix, no
   stores to shared memory), commit, wgmma_wait {pending = 1}, barrier, the refill; after the loop
@@ -73,7 +73,7 @@ def test_slot_shapes_and_narrow_swizzles():
 
 @pytest.mark.parametrize("stages, num_warps, block, in_flight", [
     (3, 4, (64, 64, 64), 1), (4, 8, (128, 128, 64), 1), (2, 4, (64, 64, 64), 1),
-    (4, 4, (128, 128, 64), 0)],     # 128 rows on one warpgroup: two accumulator fragments
+    (4, 4, (128, 128, 64), 1)],     # 128 rows on one warpgroup: a stack of two fragments (wgmma offset)
     ids=["3-stages", "4-stages-two-warpgroups", "2-stages", "two-fragments"])
 def test_a_group_stays_in_flight_when_the_schedule_allows(stages, num_warps, block, in_flight):
     plan = plan_of(Case(128, 128, 512, *block, stages), num_warps)
@@ -112,11 +112,15 @@ def test_two_stages_keep_a_group_in_flight_and_prefetch_one_ahead():
                     "wgmma_commit", "wgmma_wait 1", "barrier", "async_commit"]
 
 
-def test_a_dot_waiting_for_its_group_refills_at_the_top():
-    # 128 rows on one warpgroup: two accumulator fragments, so the dot waits for its wgmmas
-    body, _ = loop_and_after(lower(Case(128, 128, 512, 128, 128, 32, 3).module, FILLS["cp.async"], 4).functions[0])
-    assert body == ["async_wait 1", "fence_proxy_async", "barrier", "async_commit", "wgmma_fence",
-                    "wgmma", "wgmma", "wgmma", "wgmma", "wgmma_commit", "wgmma_wait 0"]
+def test_two_fragments_per_warpgroup_stay_in_flight_as_one_stack():
+    # 128 rows on one warpgroup: two m64 accumulator fragments, one stack that each wgmma updates in place
+    # (offset 0 for rows 0..63, 64 for rows 64..127), so the group stays in flight as with one fragment
+    fn = lower(Case(128, 128, 512, 128, 128, 32, 3).module, FILLS["cp.async"], 4).functions[0]
+    body, _ = loop_and_after(fn)
+    assert body == ["async_wait 1", "fence_proxy_async", "barrier", "wgmma_fence",
+                    "wgmma", "wgmma", "wgmma", "wgmma", "wgmma_commit", "wgmma_wait 1", "barrier", "async_commit"]
+    loop = next(op for op in fn.body.ops if op.name == "for")
+    assert [op.attrs["offset"] for op in loop.regions[0].ops if op.name == "wgmma"] == [0, 0, 64, 64]
 
 
 def test_tma_filled_slots_are_waited_for_on_their_mbarriers_without_proxy_fences():

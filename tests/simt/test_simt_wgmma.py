@@ -74,6 +74,16 @@ def test_wgmma_needs_whole_warpgroups():
         simulate(wgmma_kernel(64, 16), 64, 16, num_threads=96)
 
 
+def test_a_stack_of_fragments_keeps_each_wgmma_to_its_own():
+    """Two chains on one stack (`offset` 0, then 32): the upper fragment, stored, is A @ B^T, so each wgmma
+    updated its own registers (were `offset` ignored, the upper chain would add onto the lower fragment and
+    leave the upper one 0); reading the stack before the wait is reported as for one fragment."""
+    a, bt, out = simulate(wgmma_kernel(64, 32, stacked=True), 64, 32)
+    np.testing.assert_allclose(out, a.astype(np.float64) @ bt.astype(np.float64).T, rtol=1e-5, atol=1e-5)
+    with pytest.raises(InterpreterError, match="extract reads the result of the wgmma .* before a wgmma_wait"):
+        simulate(wgmma_kernel(64, 32, stacked=True, read_before_wait=True), 64, 32)
+
+
 def test_two_warpgroups_each_run_their_own_wgmma():
     a, bt, out = simulate(wgmma_kernel(64, 16, warpgroups=2), 64, 16)
     np.testing.assert_allclose(out, a.astype(np.float64) @ bt.astype(np.float64).T, rtol=1e-5, atol=1e-5)

@@ -111,8 +111,8 @@ def wgmma_asm(n: int, dtype: str, trans_a: bool, trans_b: bool, dtype_b: str | N
 @codegen_for("wgmma")
 def _wgmma(lw, op, a, b_desc, acc):
     bld, n = lw.builder, op.attrs["n"]
-    count = n // 2
-    accumulators = [bld.extract_element(acc, ir.Constant(I32, i)) for i in range(count)]
+    count, offset = n // 2, op.attrs.get("offset", 0)
+    accumulators = [bld.extract_element(acc, ir.Constant(I32, offset + i)) for i in range(count)]
     in_registers = isinstance(a.type, ir.VectorType)
     if in_registers:                # A's 8 elements as 4 words, the lower-indexed element in the low half
         words = bld.bitcast(a, ir.VectorType(I32, A_WORDS))
@@ -125,7 +125,7 @@ def _wgmma(lw, op, a, b_desc, acc):
     asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False),
                     op.attrs.get("dtype_b"), in_registers)
     d = bld.asm(ftype, asm, constraints, [*a_args, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
-    result = ir.Constant(acc.type, ir.Undefined)
+    result = acc if "offset" in op.attrs else ir.Constant(acc.type, ir.Undefined)  # a stack: the rest passes
     for i in range(count):
-        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, i))
+        result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, offset + i))
     return result

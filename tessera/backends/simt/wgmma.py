@@ -27,6 +27,9 @@ the sequence a kernel follows):
   wgmma in flight (st.shared, or a cp.async that may land any time after
   its issue) is an error. Results never waited for
   are an error at the end of the kernel.
+* a wgmma with `offset` updates one fragment of a stack of them and passes
+  the others through (their true values: a chain of such wgmmas over a
+  warpgroup's fragments is one value in flight);
 * a result in flight may be carried around a `for` loop: the `yield` that
   hands it on is not a read, and the loop's block argument and result stand
   for the same in-flight wgmma (a software-pipelined K loop keeps one group
@@ -200,7 +203,9 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
     n, dtype = op.attrs["n"], dt.dtype_from_name(op.attrs["dtype"])
     dtype_b = dt.dtype_from_name(op.attrs.get("dtype_b", op.attrs["dtype"]))
     rows, cols = wgmma_accumulator(n).table().transpose(2, 0, 1)
-    result = np.array(acc, np.float32)
+    stack = np.array(acc, np.float32)       # with `offset`, the fragment is one slice of a stack of them
+    fragment = slice(op.attrs.get("offset", 0), op.attrs.get("offset", 0) + n // 2)
+    result = stack[:, fragment].copy()
     read = []
     a_in_registers = isinstance(op.operands[0].type, RegsType)
     for g in groups:
@@ -222,11 +227,12 @@ def _wgmma(ctx, op, a_desc, b_desc, acc):
         result[threads] = d[rows, cols]
         _check_reads(ctx, op, state, np.concatenate([read[-2].ravel(), b_at.ravel()]), g)
     addresses = np.unique(np.concatenate([r.ravel() for r in read])) if read else np.zeros(0, np.int64)
-    issued = _Issued(op, result, state.committed.copy(), live.copy(), addresses, ctx.shared.bytes[addresses].copy(),
+    stack[:, fragment] = result
+    issued = _Issued(op, stack, state.committed.copy(), live.copy(), addresses, ctx.shared.bytes[addresses].copy(),
                      [])
     state.issued.append(issued)
     _hold(ctx, issued, op.result)
-    return np.full((ctx.num_threads, n // 2), np.nan, np.float32)
+    return np.full(stack.shape, np.nan, np.float32)
 
 
 def _operand(ctx, op, name: str, descs: np.ndarray, rows: int, dtype: dt.DType, mn_major: bool):

@@ -184,6 +184,8 @@ def wgmma_dot(ctx, op, plan):
         | ({"trans_b": True} if b.mn_major else {})
     group = _warp_uniform(ctx, ctx.index.digit(inst.lanes, plan.wm)) if plan.wm > 1 else None  # its slab block
     single = plan.rm * plan.rn == 1         # the accumulator is one fragment: no unpacking (it may be in flight)
+    if in_flight and not single:            # a stack of fragments, each wgmma updating its own in place
+        return _stacked_in_flight(ctx, op, plan, a, b, acc, attrs, group)
     c_regs = None if single else list(ctx.unpack(acc.value))
     results = []                    # (first register, fragment): read only after the wait
     for rm in range(plan.rm):
@@ -206,6 +208,25 @@ def wgmma_dot(ctx, op, plan):
         ctx.threads.barrier()               # before the dot's own buffers are written again
     ctx.define(op.result, Regs(result, plan.c), op)
 
+
+
+def _stacked_in_flight(ctx, op, plan, a, b, acc, attrs: dict, group) -> None:
+    """The dot of a loop that keeps its group in flight, with several fragments per warpgroup (a 256 x 128 tile
+    on two warpgroups: two m64 fragments each): the wgmmas chain through the whole accumulator, each updating
+    its fragment (`offset`) and passing the rest, so no register of it is read before the wait after the loop
+    (unpacking it would read the group in flight)."""
+    inst = plan.instruction
+    nc = inst.c.local_size
+    d = acc.value
+    for rm in range(plan.rm):
+        for rn in range(plan.rn):
+            for s in range(plan.rk):
+                d = ctx.emit("wgmma", a.descriptor(ctx, s, rm * plan.wm * inst.m, group),
+                             b.descriptor(ctx, s, rn * inst.n), d,
+                             attrs=attrs | {"offset": (rm * plan.rn + rn) * nc}, type=acc.value.type)
+    ctx.create("wgmma_commit")
+    ctx.create("wgmma_wait", attrs={"pending": 1})
+    ctx.define(op.result, Regs(d, plan.c), op)
 
 
 def _warp_uniform(ctx, value: Value) -> Value:

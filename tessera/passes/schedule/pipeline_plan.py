@@ -165,15 +165,16 @@ class PipelinePlan:
 #
 # Keeping a wgmma group in flight (`PipelinePlan.in_flight`): when the loop's
 # one pipelined dot is a wgmma with both operands pipelined, whose
-# accumulator is a single wgmma fragment per warpgroup carried straight from
-# the body's block argument to its `yield`, the dot leaves its group in
-# flight (`wgmma_wait {pending = 1}`) and the iteration refills its ring slot
-# only after that wait, so the copies still run S - 1 iterations ahead
-# (`prefetch`): see `software_pipeline.lower_pipelined_for` for why no slot is
-# refilled while a wgmma may read it. (Several fragments would be unpacked
-# and repacked around the wgmmas, and anything else reading the accumulator
-# in the body would read it in flight; those dots wait for their group,
-# pending = 0, and refill at the top of the iteration.)
+# accumulator is carried straight from the body's block argument to its
+# `yield`, the dot leaves its group in flight (`wgmma_wait {pending = 1}`)
+# and the iteration refills its ring slot only after that wait, so the copies
+# still run S - 1 iterations ahead (`prefetch`): see
+# `software_pipeline.lower_pipelined_for` for why no slot is refilled while a
+# wgmma may read it. A warpgroup with several fragments (a 256 x 128 tile on
+# two warpgroups) keeps them as one stack that its wgmmas update in place
+# (`wgmma` `offset`), so nothing unpacks them in flight. (Anything else
+# reading the accumulator in the body would read it in flight; those dots
+# wait for their group, pending = 0, and refill at the top of the iteration.)
 #
 # On a target with TMA, a load whose tensor map the host can build from the
 # kernel's specialization fills its slots with TMA instead of cp.async
@@ -219,20 +220,20 @@ def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
     if stages < 2:
         return refuse(why, f"two stages of its rings need {2 * per_stage} bytes of shared memory, more than "
                             f"{target.name}'s {target.shared_memory_bytes}; use smaller blocks")
-    in_flight = int(_keeps_group_in_flight(loads, body, target, num_warps))
+    in_flight = int(_keeps_group_in_flight(loads, body))
     return PipelinePlan(loop, stages, requested, step, tuple(loads), in_flight)
 
 
-def _keeps_group_in_flight(loads: list[PipelinedLoad], body: Block, target: Target, num_warps: int) -> bool:
+def _keeps_group_in_flight(loads: list[PipelinedLoad], body: Block) -> bool:
     """Whether the loop's one dot, a wgmma reading both operands from the rings, may leave its group in
-    flight: its accumulator is one wgmma fragment per warpgroup, taken from a block argument and handed
-    straight to the yield that carries it (nothing else reads it before the wait after the loop)."""
+    flight: its accumulator (one fragment per warpgroup, or a stack of them) is taken from a block argument
+    and handed straight to the yield that carries it (nothing else reads it before the wait after the
+    loop)."""
     dots = {load.dot for load in loads}
     if len(dots) != 1 or not all(load.on_wgmma for load in loads) or len(loads) != 2:
         return False
     (dot,) = dots
-    plan = mma_plan(dot, target, num_warps)
-    if plan.rm * plan.rn != 1 or dot.operands[2] not in body.args[1:]:
+    if dot.operands[2] not in body.args[1:]:
         return False
     carried = body.args.index(dot.operands[2]) - 1
     terminator = body.ops[-1]
