@@ -28,14 +28,14 @@ gfx950 (CDNA4, feature "mfma.wide") adds the double-K forms
 (`llvm.amdgcn.mfma.f32.32x32x16.f16` / `.bf16`, `...16x16x32.f16` / `.bf16`,
 operands <8 x half> / <8 x bfloat>, twice the flops of the narrow form per
 instruction): every lane holds 8 consecutive k of A and of B (four VGPRs),
-with the lane grouping of the narrow forms, and C/D exactly as before. This is the rule the Matrix Instruction Calculator
-applies to every single-block MFMA (k_per_lane = K / (64 / M) consecutive k
-per lane, lane group g = l // M holding k = g * k_per_lane + i); the public
-calculator has no CDNA4 tables yet, so the sources are composable_kernel's
-ck_tile `WarpGemmAttributeMfmaImpl{F16F16,Bf16Bf16}F32M16N16K32` (gfx950:
-kAMLane 16, kABKLane 4, kABKPerLane 8, in the convention where its
-16x16x16 reads kABKPerLane 4) and Triton's gfx950 operand layout
-(`kWidth = 8`):
+with the lane grouping of the narrow forms, and C/D exactly as before. This is
+the rule the Matrix Instruction Calculator applies to every single-block MFMA
+(k_per_lane = K / (64 / M) consecutive k per lane, lane group g = l // M
+holding k = g * k_per_lane + i); the public calculator has no CDNA4 tables
+yet, so the sources are composable_kernel's ck_tile
+`WarpGemmAttributeMfmaImpl{F16F16,Bf16Bf16}F32M16N16K32` (gfx950: kAMLane 16,
+kABKLane 4, kABKPerLane 8, in the convention where its 16x16x16 reads
+kABKPerLane 4) and Triton's gfx950 operand layout (`kWidth = 8`):
 
     16x16x32   A[l % 16][8 * (l // 16) + i]       i < 8
                B[8 * (l // 16) + i][l % 16]       i < 8
@@ -44,9 +44,9 @@ kAMLane 16, kABKLane 4, kABKPerLane 8, in the convention where its
                B[8 * (l // 32) + i][l % 32]       i < 8
                D as 32x32x8
 
-In the layout algebra these are products of `spatial` /
-`local` factors (lane = the thread index within the wave), so they compose
-with the warp tiling of `passes/mma.py` like the mma.sync fragments do.
+In the layout algebra these are products of `spatial` / `local` factors (lane
+= the thread index within the wave), so they compose with the warp tiling of
+`passes/mma.py` like the mma.sync fragments do.
 
 `MFMA_SHAPES` lists the (m, n, k) supported here (`MFMA_WIDE_SHAPES` the
 gfx950-only ones among them); `mfma_fragments(m, n, k)` gives the (A, B, C)
