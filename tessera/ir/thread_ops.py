@@ -67,10 +67,10 @@ def _infer_mfma(ts, a):
     x, y, acc = ts
     shape = (a["m"], a["n"], a["k"])
     require(shape in MFMA_SHAPES, f"mfma shape (m, n, k) = {shape} is not one of {list(MFMA_SHAPES)}")
-    count = a["m"] * a["n"] // WAVE
-    require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (4, 4, count),
-            f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<4>, regs<4>, regs<{count}> (the A, B, C fragments), "
-            f"got {x}, {y}, {acc}")
+    count, per_lane = a["m"] * a["n"] // WAVE, a["m"] * a["k"] // WAVE    # per_lane: 4, or 8 for the wide forms
+    require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (per_lane, per_lane, count),
+            f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<{per_lane}>, regs<{per_lane}>, regs<{count}> (the A, B, C "
+            f"fragments), got {x}, {y}, {acc}")
     require(x.element == y.element and x.element.dtype in MFMA_INPUTS,
             f"mfma multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
     require(acc.element == ScalarType(dt.f32), f"mfma accumulates in f32, got {acc.element}")
@@ -116,7 +116,8 @@ define_thread_op("mma", "D = A @ B + C for one m x k A, k x n B and m x n C, eac
                  "and e4m3/e5m2 (either mix) -> f32); every lane of the warp must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mma)
 define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
-                 "16)), each spread over the 64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
+                 "16); (32, 32, 16) or (16, 16, 32) on targets with \"mfma.wide\" (gfx950)), each spread over the "
+                 "64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
                  "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
                  "the wave must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)

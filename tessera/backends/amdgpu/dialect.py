@@ -25,7 +25,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Function
+from tessera.ir.core import Function, Operation
+from tessera.ir.mfma_layouts import MFMA_WIDE_SHAPES
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
@@ -73,6 +74,15 @@ class AmdgpuDialect(TargetDialect):
     @property
     def unsupported_ops(self) -> dict[str, str]:
         return {name: reason.format(target=self.target.name) for name, reason in UNSUPPORTED_OPS.items()}
+
+    def check_op(self, op: Operation) -> str | None:
+        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere)."""
+        if op.name == "mfma" and (op.attrs["m"], op.attrs["n"], op.attrs["k"]) in MFMA_WIDE_SHAPES \
+                and not self.target.has("mfma.wide"):
+            return (f"mfma {op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']} is a gfx950 (\"mfma.wide\") instruction "
+                    f"that {self.target.name} lacks; lower the kernel for {self.target.name} (its dots then use "
+                    f"32x32x8 or 16x16x16) or compile for gfx950")
+        return None
 
     def configure_kernel(self, function: ir.Function, fn: Function) -> None:
         function.calling_convention = "amdgpu_kernel"
