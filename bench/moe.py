@@ -17,6 +17,8 @@ router logits [T, E]) to the layer's output, routing included:
   for gate/up and down (where this torch and GPU have it);
 * triton: vLLM's (or SGLang's) Triton `fused_experts`, if importable;
 * tessera: `route` + `experts` (routing, alignment, permute, gate_up, down, combine);
+* tessera-one-launch: the same in one persistent kernel (`moe.persistent.moe_layer`: tickets from a device
+  counter, the grid sized by the occupancy query), where launches dominate at 1-64 tokens;
 * tessera-int4, tessera-fp8: the same with the experts quantized (int4 groups of 128; fp8 e4m3 with
   DeepSeek-V3's 128 x 128 block scales), each checked against the loop over its dequantized weights, with
   the bytes of its codes and scales per second (`tessera-int4_graph_gbps`); tessera-w8a8: the fp8 weights
@@ -132,6 +134,7 @@ def sides(torch, model: str, w: dict) -> dict:
     """name -> (experts(x, weights, ids), layer(x, logits): routing included), for every side this machine can
     run; tessera's layer passes route's counts on to the alignment."""
     from tessera.kernels_lib.moe import experts, route
+    from tessera.kernels_lib.moe.persistent import moe_layer
 
     _, _, E, K, options = MODELS[model]
 
@@ -150,6 +153,12 @@ def sides(torch, model: str, w: dict) -> dict:
     if triton_experts is not None:
         found["triton"] = routed(lambda x, wt, ids: triton_experts(x, w["w13_cat"], w["w2"], wt, ids))
     found["tessera"] = (lambda x, wt, ids: experts(x, w["w13"], w["w2"], wt, ids), tessera_layer)
+
+    def one_launch_layer(x, logits):
+        return moe_layer(x, w["w13"], w["w2"], logits, K, bias=w["bias"], **options)[0]
+
+    found["tessera-one-launch"] = (lambda x, wt, ids: experts(x, w["w13"], w["w2"], wt, ids, one_launch=True),
+                                   one_launch_layer)
     return found
 
 
@@ -219,6 +228,10 @@ def describe(row: dict) -> str:
         text += f"; in a graph {row['graph_speedup']:.2f}x"
     if "hbm_share" in row:
         text += f", {row['graph_gbps']:.0f} GB/s ({row['hbm_share']:.0%} of HBM)"
+    if "tessera-one-launch_ms" in row:
+        text += f"; one launch {row['tessera-one-launch_ms']:.3f} ms"
+        if "tessera-one-launch_graph_ms" in row and "tessera_graph_ms" in row:
+            text += f" ({row['tessera_graph_ms'] / row['tessera-one-launch_graph_ms']:.2f}x multi-kernel in a graph)"
     for name in SIDE_BYTES:
         if f"tessera-{name}_ms" in row:
             text += f"; {name} {row[f'tessera-{name}_ms']:.3f} ms"

@@ -94,6 +94,17 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
                   num_warps: int) -> tuple[Any, int | None]:
     """Launch; returns the `Launcher` and the device it ran on (None when the arrays do not say and there
     are several GPUs), so the warm path (`fast_launch.py`) can reuse it."""
+    launcher, ordinal = launcher_for(kernel, bound, num_warps)
+    try:
+        launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
+    except LaunchError as exc:
+        raise exc.with_kernel(kernel.name) from None
+    return launcher, ordinal
+
+
+def launcher_for(kernel: "Kernel", bound: BoundArguments, num_warps: int) -> tuple[Any, int | None]:
+    """The `Launcher` of this specialization on the arrays' GPU (compiled or taken from the cache), and that
+    GPU's ordinal (None when the arrays do not say and there are several)."""
     from ..runtime.launcher import KernelBinary, Launcher
     from ..runtime.packing import check_kernarg_layout
 
@@ -119,10 +130,6 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
         if "kernel_args" in metadata:  # AMD: the code object says where it reads each argument
             check_kernarg_layout(launcher.packer, metadata["kernel_args"])
         kernel.launchers[key] = launcher
-    try:
-        launcher(grid, [a.obj if isinstance(a, DeviceArray) else a for a in bound.runtime_args], stream=stream)
-    except LaunchError as exc:
-        raise exc.with_kernel(kernel.name) from None
     return launcher, ordinal
 
 

@@ -32,12 +32,12 @@ from ..ir.core import Module
 from ..runtime.errors import LaunchError
 from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
-from .arguments import BoundArguments, TypedArray, bind_arguments
+from .arguments import BoundArguments, DeviceArray, TypedArray, bind_arguments
 from .tracer import build_kernel_ir
 from .dependencies import kernel_dependencies
 from .fast_launch import FastLaunches, Signature, SlowLaunch, recorder, with_grid
 from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
-from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu
+from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu, launcher_for
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
 from .source import KernelSource
@@ -203,20 +203,36 @@ class Kernel:
         """The compiled binary (a cache entry: PTX, cubin, metadata) these arguments select, via the disk cache."""
         return binary_for(self, self._bind(args, kwargs), target, num_warps)
 
-    def interpret(self, *args, grid: Grid, **kwargs) -> None:
-        """Run on the CPU tile interpreter regardless of where the arguments live."""
+    def resident_programs(self, *args, num_warps: int = 4, **kwargs) -> int:
+        """How many programs of the specialization these (GPU) arguments select the GPU runs at once (SMs x
+        blocks per SM from the compiled kernel's registers and shared memory; the driver's occupancy query).
+        Size the grid of a persistent kernel whose programs wait for each other by it. Compiles and loads
+        the kernel if need be; launches nothing."""
         bound = self._bind(args, kwargs)
-        self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound))
+        if not any(isinstance(a, DeviceArray) for a in bound.runtime_args):
+            raise KernelArgumentError("resident_programs asks the GPU driver, so pass the GPU tensors the launch "
+                                      "will take (on the CPU interpreter any number of programs is resident; "
+                                      "see interpret(..., resident=))", kernel=self.name)
+        launcher, ordinal = launcher_for(self, bound, num_warps)
+        return launcher.resident_programs(ordinal)
+
+    def interpret(self, *args, grid: Grid, resident: int | None = None, **kwargs) -> None:
+        """Run on the CPU tile interpreter regardless of where the arguments live. `resident` bounds the
+        programs live at once when they wait for each other (default: the whole grid; see
+        `tessera.backends.interp.cooperative`)."""
+        bound = self._bind(args, kwargs)
+        self.interpret_bound(self._specialization(bound), bound, self._resolve_grid(grid, bound), resident=resident)
 
     def interpret_bound(self, spec: Specialization, bound: BoundArguments, grid: tuple[int, ...],
-                        runtime_args: list | None = None) -> None:
+                        runtime_args: list | None = None, resident: int | None = None) -> None:
         args = bound.runtime_args if runtime_args is None else runtime_args
         if not spec.dumped and os.environ.get("TESSERA_DUMP"):
             from .compiler import dump_interpreted
 
             dump_interpreted(spec.module)
             spec.dumped = True
-        run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid)
+        run_function(spec.function, [Memory(a.array, a.dtype) if isinstance(a, TypedArray) else a for a in args], grid,
+                     resident=resident)
 
     def _resolve_grid(self, grid: Grid, bound: BoundArguments) -> tuple[int, ...]:
         if callable(grid):

@@ -127,6 +127,10 @@ define_thread_op("fence_mbarrier_init", "Make this thread's prior mbarrier_init 
 define_thread_op("fence_proxy_async", "Order this thread's prior shared-memory accesses (mbarrier inits included) "
                  "before later async-proxy operations such as tma_load (fence.proxy.async.shared::cta).", 0,
                  infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
+define_thread_op("fence_proxy_async_global", "Order the global memory this thread has seen written by the generic "
+                 "proxy (other programs' stores it acquired through an atomic, directly or after a barrier) before "
+                 "its later async-proxy reads of global memory such as tma_load (fence.proxy.async.global).", 0,
+                 infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("tma_load", "Copy the box at element `coords` (outermost first) of the tensor that `tensor_map` "
                  "describes into shared memory at `dst` (cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile."
                  "mbarrier::complete_tx::bytes), out-of-bounds elements zero-filled, and count its bytes as "

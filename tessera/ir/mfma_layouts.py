@@ -21,12 +21,36 @@ ck_tile warp-gemm attributes and in IREE's wave MMA index tables):
 (the calculator spells the 32x32 row `(8 * floor(GPR_num / 4) % 32) +
 4 * floor(lane / 32) + (GPR_num % 4)`). The bf16 `_1k` variants use the same
 mappings as f16 (four bf16 per lane); the pre-`_1k` bf16 ones (two per lane)
-are not modelled. In the layout algebra these are products of `spatial` /
-`local` factors (lane = the thread index within the wave), so they compose
-with the warp tiling of `passes/mma.py` like the mma.sync fragments do.
+are not modelled.
 
-`MFMA_SHAPES` lists the (m, n, k) supported here; `mfma_fragments(m, n, k)`
-gives the (A, B, C) layouts of one of them.
+gfx950 (CDNA4, feature "mfma.wide") adds the double-K forms
+`v_mfma_f32_32x32x16_{f16,bf16}` and `v_mfma_f32_16x16x32_{f16,bf16}`
+(`llvm.amdgcn.mfma.f32.32x32x16.f16` / `.bf16`, `...16x16x32.f16` / `.bf16`,
+operands <8 x half> / <8 x bfloat>, twice the flops of the narrow form per
+instruction): every lane holds 8 consecutive k of A and of B (four VGPRs),
+with the lane grouping of the narrow forms, and C/D exactly as before. This is
+the rule the Matrix Instruction Calculator applies to every single-block MFMA
+(k_per_lane = K / (64 / M) consecutive k per lane, lane group g = l // M
+holding k = g * k_per_lane + i); the public calculator has no CDNA4 tables
+yet, so the sources are composable_kernel's ck_tile
+`WarpGemmAttributeMfmaImpl{F16F16,Bf16Bf16}F32M16N16K32` (gfx950: kAMLane 16,
+kABKLane 4, kABKPerLane 8, in the convention where its 16x16x16 reads
+kABKPerLane 4) and Triton's gfx950 operand layout (`kWidth = 8`):
+
+    16x16x32   A[l % 16][8 * (l // 16) + i]       i < 8
+               B[8 * (l // 16) + i][l % 16]       i < 8
+               D as 16x16x16
+    32x32x16   A[l % 32][8 * (l // 32) + i]       i < 8
+               B[8 * (l // 32) + i][l % 32]       i < 8
+               D as 32x32x8
+
+In the layout algebra these are products of `spatial` / `local` factors (lane
+= the thread index within the wave), so they compose with the warp tiling of
+`passes/mma.py` like the mma.sync fragments do.
+
+`MFMA_SHAPES` lists the (m, n, k) supported here (`MFMA_WIDE_SHAPES` the
+gfx950-only ones among them); `mfma_fragments(m, n, k)` gives the (A, B, C)
+layouts of one of them.
 """
 
 from __future__ import annotations
@@ -35,7 +59,8 @@ from . import dtypes as dt
 from .layouts import LayoutError, RegisterLayout, column_spatial, local, spatial
 
 WAVE = 64
-MFMA_SHAPES = ((32, 32, 8), (16, 16, 16))
+MFMA_WIDE_SHAPES = ((32, 32, 16), (16, 16, 32))     # gfx950 ("mfma.wide") only
+MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES
 MFMA_INPUTS = (dt.f16, dt.bf16)
 
 
@@ -70,9 +95,35 @@ def mfma_32x32x8_c() -> RegisterLayout:
     return local(4, 1).spatial(2, 32).local(4, 1)
 
 
+def mfma_16x16x32_a() -> RegisterLayout:
+    """A of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 16x32 (m, k) tile: lane l, element i ->
+    A[l % 16][8 (l // 16) + i]."""
+    return column_spatial(16, 4).local(1, 8)
+
+
+def mfma_16x16x32_b() -> RegisterLayout:
+    """B of v_mfma_f32_16x16x32_{f16,bf16} (gfx950), a 32x16 (k, n) tile: lane l, element i ->
+    B[8 (l // 16) + i][l % 16]."""
+    return spatial(4, 16).local(8, 1)
+
+
+def mfma_32x32x16_a() -> RegisterLayout:
+    """A of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 32x16 (m, k) tile: lane l, element i ->
+    A[l % 32][8 (l // 32) + i]."""
+    return column_spatial(32, 2).local(1, 8)
+
+
+def mfma_32x32x16_b() -> RegisterLayout:
+    """B of v_mfma_f32_32x32x16_{f16,bf16} (gfx950), a 16x32 (k, n) tile: lane l, element i ->
+    B[8 (l // 32) + i][l % 32]."""
+    return spatial(2, 32).local(8, 1)
+
+
 _FRAGMENTS = {
     (32, 32, 8): (mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c),
     (16, 16, 16): (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c),
+    (32, 32, 16): (mfma_32x32x16_a, mfma_32x32x16_b, mfma_32x32x8_c),      # D: the same as the narrow form's
+    (16, 16, 32): (mfma_16x16x32_a, mfma_16x16x32_b, mfma_16x16x16_c),
 }
 
 
@@ -87,5 +138,6 @@ def mfma_fragments(m: int, n: int, k: int) -> tuple[RegisterLayout, RegisterLayo
 
 # Kernels may call the constructors on compile-time arguments, like those of `layouts`.
 for _constructor in (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c, mfma_32x32x8_a, mfma_32x32x8_b,
-                     mfma_32x32x8_c, mfma_fragments):
+                     mfma_32x32x8_c, mfma_16x16x32_a, mfma_16x16x32_b, mfma_32x32x16_a, mfma_32x32x16_b,
+                     mfma_fragments):
     _constructor.__tessera_constexpr__ = True

@@ -14,7 +14,7 @@ LLVM triple and CPU name, PTX features) through the fields below.
 | sm_100  | nvidia | 32   | 227 KiB (B200)        | sm_90 + tcgen05 (no wgmma)                 |
 | gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
 | gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + fp8 mfma                          |
-| gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + wider mfma                        |
+| gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + mfma.wide (32x32x16, 16x16x32)    |
 """
 
 from __future__ import annotations

@@ -67,10 +67,10 @@ def _infer_mfma(ts, a):
     x, y, acc = ts
     shape = (a["m"], a["n"], a["k"])
     require(shape in MFMA_SHAPES, f"mfma shape (m, n, k) = {shape} is not one of {list(MFMA_SHAPES)}")
-    count = a["m"] * a["n"] // WAVE
-    require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (4, 4, count),
-            f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<4>, regs<4>, regs<{count}> (the A, B, C fragments), "
-            f"got {x}, {y}, {acc}")
+    count, per_lane = a["m"] * a["n"] // WAVE, a["m"] * a["k"] // WAVE    # per_lane: 4, or 8 for the wide forms
+    require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (per_lane, per_lane, count),
+            f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<{per_lane}>, regs<{per_lane}>, regs<{count}> (the A, B, C "
+            f"fragments), got {x}, {y}, {acc}")
     require(x.element == y.element and x.element.dtype in MFMA_INPUTS,
             f"mfma multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
     require(acc.element == ScalarType(dt.f32), f"mfma accumulates in f32, got {acc.element}")
@@ -101,8 +101,9 @@ def define_thread_op(name: str, doc: str, operands, **kw):
     return define(name, doc, operands, level="thread", **kw)
 
 
-define_thread_op("thread_id", "Index of this thread in its block (threadIdx.x), i32.", 0,
-       infer=lambda ts, a: [ScalarType(dt.i32)])
+define_thread_op("thread_id", "Index of this thread in its block (threadIdx.x), i32; `reread`: read again where it "
+                 "stands, never hoisted or merged by LLVM (a volatile read on NVIDIA; `rematerialize_index.py`).", 0,
+                 optional_attrs={"reread": "bool"}, infer=lambda ts, a: [ScalarType(dt.i32)])
 define_thread_op("pack", "A register array from scalars, in order.", (1, -1), infer=_infer_pack)
 define_thread_op("extract", "Register `index` of a register array.", 1, attrs={"index": "int"}, infer=_infer_extract)
 define_thread_op("shuffle", "The operand as held by another lane of the warp (shfl.sync: bfly/idx/up/down; "
@@ -115,7 +116,8 @@ define_thread_op("mma", "D = A @ B + C for one m x k A, k x n B and m x n C, eac
                  "and e4m3/e5m2 (either mix) -> f32); every lane of the warp must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mma)
 define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
-                 "16)), each spread over the 64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
+                 "16); (32, 32, 16) or (16, 16, 32) on targets with \"mfma.wide\" (gfx950)), each spread over the "
+                 "64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
                  "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
                  "the wave must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)

@@ -58,7 +58,7 @@ class Plan:
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
 # split along M), so on NVIDIA BM = 16 rows per warp (mma.sync m16n8k16; wgmma: 64 per warpgroup) and on AMD 32
-# per wave (MFMA 32x32x8). No config spills registers on sm_80, sm_90a or gfx942
+# per wave (MFMA 32x32x8; on gfx950 32x32x16). No config spills registers on sm_80, sm_90a, gfx942 or gfx950
 # (tests/kernels_lib/test_attention_compile.py); none has been timed on a GPU yet.
 GPU_PLANS = {
     "nvidia": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},

@@ -24,7 +24,8 @@ layout yet, so the first layout to reach a value wins):
    that `load(..., layout=L)` loads straight into L.
 2. anchors: a dot that runs on a matrix instruction (`mma.mma_plan`:
    f16/bf16 inputs, f32 accumulator, multiples of the instruction's shape:
-   mma.sync 16x8x16 on NVIDIA, MFMA 32x32x8 or 16x16x16 on AMD) gets the
+   mma.sync 16x8x16 on NVIDIA, MFMA 32x32x8 or 16x16x16 on AMD, 32x32x16
+   or 16x16x32 on gfx950) gets the
    instruction's accumulator layout on its result, and asks for its A and
    B operands in the matching fragment layouts (as conversions, below).
    The tiles of memory ops (pointer loads/stores/atomics: the

@@ -14,8 +14,12 @@ m x n x k (`instruction_for`):
     + "mma.fp8" (sm_89+)      e4m3/e5m2 -> f32           mma.sync m16n8k32 .e4m3..  mma {m = 16, n = 8, k = 32}
     "mfma", 64 lanes          f16, bf16 -> f32           v_mfma_f32_32x32x8         mfma {m = 32, n = 32, k = 8}
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
+    + "mfma.wide" (gfx950)    f16, bf16 -> f32           v_mfma_f32_32x32x16        mfma {m = 32, n = 32, k = 16}
+                                                         v_mfma_f32_16x16x32        mfma {m = 16, n = 16, k = 32}
 
-(MFMA 32x32x8 when M and N are multiples of 32, else 16x16x16; wgmma first
+(MFMA 32x32 when M and N are multiples of 32, else 16x16; on "mfma.wide"
+the double-K form of that size when K allows it (K % 16, K % 32), which
+halves the instructions per flop; wgmma first
 where it fits, else mma.sync on sm_90a too. fp8 wgmma reads only K-major
 operands: a register operand is stored K-major by its owners whatever its
 layout, but a pipelined fp8 load contiguous along M/N cannot fill a K-major
@@ -129,6 +133,8 @@ def mfma(m: int, n: int, k: int) -> MatrixInstruction:
 
 MFMA_32X32X8 = mfma(32, 32, 8)
 MFMA_16X16X16 = mfma(16, 16, 16)
+MFMA_32X32X16 = mfma(32, 32, 16)        # gfx950 ("mfma.wide")
+MFMA_16X16X32 = mfma(16, 16, 32)
 
 
 def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
@@ -149,7 +155,9 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
         candidates = tuple(inst for inst in (MMA_M16N8K16, MMA_M16N8K8, MMA_M16N8K32)
                            if mma_accepts((inst.m, inst.n, inst.k), a, b, acc))
     elif target.has("mfma") and target.warp_size == 64 and a == b and a in MFMA_INPUTS and acc == dt.f32:
-        candidates = (MFMA_32X32X8, MFMA_16X16X16)      # the larger one first: half the instructions per flop
+        # The larger m x n first (half the instructions per flop), and of one m x n the double-K form first.
+        candidates = ((MFMA_32X32X16, MFMA_32X32X8, MFMA_16X16X32, MFMA_16X16X16) if target.has("mfma.wide")
+                      else (MFMA_32X32X8, MFMA_16X16X16))
     else:
         return None
     return next((inst for inst in candidates if inst.divides(m, n, k)), None)

@@ -5,7 +5,8 @@
 For each function: the alignment analysis, `layout_assignment` (with the
 layouts its `convert_layout` ops pin, plus any `overrides`, which win),
 the `register_budget` check (a tile one thread cannot hold is refused here,
-before any per-thread code exists), `lower_to_threads`, `low_bit` (sub-byte loads and stores become byte
+before any per-thread code exists), `lower_to_threads`, `rematerialize_index` (index math used in `while`
+loops recomputed there, then DCE), `low_bit` (sub-byte loads and stores become byte
 accesses), `shared_memory` allocation, and the verifier on the
 result. Returns a new module of thread-IR functions; the input is not
 changed.
@@ -20,11 +21,13 @@ from tessera.ir.layouts import RegisterLayout
 from tessera.ir.target import Target, get_target
 from tessera.ir.verifier import verify_function
 
+from .dce import dce_function
 from .layout_assignment import assign_layouts, pinned_layouts
 from .low_bit import unpack_low_bit
 from .lower_to_threads import lower_to_threads
 from .lowering.vector_facts import VectorFacts
 from .register_budget import check_register_budget
+from .rematerialize_index import rematerialize_thread_index
 from .shared_memory import allocate_shared_memory
 
 
@@ -42,6 +45,8 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         assignment = assign_layouts(fn, target, num_warps, pins, facts)
         check_register_budget(assignment, target)
         lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug).functions[0]
+        if rematerialize_thread_index(lowered):
+            dce_function(lowered)
         unpack_low_bit(lowered, target.max_vector_bits)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)

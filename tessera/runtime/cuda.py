@@ -244,6 +244,7 @@ class CudaDevice:
             max_threads_per_block=self._attribute(A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK),
             max_shared_bytes=self._attribute(A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN),
         )
+        self.multiprocessors = self._attribute(A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)
         self.context = _check(d.cuDevicePrimaryCtxRetain(self.handle), "cuDevicePrimaryCtxRetain")
         self._context_id = int(self.context)
         self._driver = d
@@ -309,6 +310,23 @@ class CudaDevice:
     def check_target(self, target: str | None, *, cubin: bool) -> None:
         if target:
             check_architecture(target, self.capability, cubin=cubin, device=f"GPU {self.ordinal} ({self.name})")
+
+    # -- occupancy --------------------------------------------------------------------
+
+    def blocks_per_multiprocessor(self, function: CudaFunction, block_threads: int, shared_bytes: int) -> int:
+        """How many blocks of `function` (with `block_threads` threads and `shared_bytes` of dynamic shared
+        memory) one SM holds at once, from its registers and shared memory
+        (cuOccupancyMaxActiveBlocksPerMultiprocessor). Opts in to the shared memory first, as a launch
+        would: the driver counts a block whose request exceeds the function's limit as not fitting."""
+        if shared_bytes > function.dynamic_shared_limit:
+            self._opt_in_shared_bytes(function, shared_bytes)
+        pushed = self._enter()
+        try:
+            return int(_check(self._driver.cuOccupancyMaxActiveBlocksPerMultiprocessor(
+                function.handle, block_threads, shared_bytes),
+                f"asking how many blocks of '{function.name}' fit on an SM (cuOccupancyMaxActiveBlocksPerMultiprocessor)"))
+        finally:
+            self._exit(pushed)
 
     # -- launching --------------------------------------------------------------------
 

@@ -149,6 +149,7 @@ class HipDevice:
             max_threads_per_block=attribute(A.hipDeviceAttributeMaxThreadsPerBlock),
             max_shared_bytes=attribute(A.hipDeviceAttributeMaxSharedMemoryPerBlock),
         )
+        self.multiprocessors = attribute(A.hipDeviceAttributeMultiprocessorCount)
         self._hip = hip
         self._extra: dict[int, tuple] = {}     # id(packer) -> (packer, size_t, void*[5])
 
@@ -178,6 +179,14 @@ class HipDevice:
     def check_target(self, target: str | None, *, cubin: bool = True) -> None:
         if target:
             check_architecture(target, self.arch, f"GPU {self.ordinal} ({self.name})")
+
+    def blocks_per_multiprocessor(self, function: HipFunction, block_threads: int, shared_bytes: int) -> int:
+        """How many blocks of `function` one compute unit holds at once
+        (hipModuleOccupancyMaxActiveBlocksPerMultiprocessor: VGPRs, SGPRs, LDS and waves per CU)."""
+        self._enter()
+        return int(_check(self._hip.hipModuleOccupancyMaxActiveBlocksPerMultiprocessor(
+            function.handle, block_threads, shared_bytes),
+            f"asking how many blocks of '{function.name}' fit on a CU (hipModuleOccupancyMaxActiveBlocksPerMultiprocessor)"))
 
     def extra_array(self, packer: ArgumentPacker) -> int:
         """Address of the `extra` array that hands `packer`'s buffer to hipModuleLaunchKernel."""

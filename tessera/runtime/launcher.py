@@ -94,6 +94,7 @@ class Launcher:
         self._pointers = tuple(s.index for s in self.packer.slots if s.is_pointer)
         self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
         self._prepared: dict[int, PreparedLaunch] = {}
+        self._resident: dict[int, int] = {}        # device ordinal -> resident_programs (asked once)
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -137,6 +138,28 @@ class Launcher:
                     device.launch(function, (gx, gy, gz), block, shared, packer, stream)
         self._prepared[ordinal] = launch
         return launch
+
+    def resident_programs(self, ordinal: int | None = None) -> int:
+        """How many programs of this kernel device `ordinal` (default: the current one) runs at once: its
+        SMs (CUs) times the blocks one holds, given the kernel's registers, shared memory and block size.
+        A persistent kernel whose programs wait for each other must launch no more than this, or a waiting
+        program may occupy the SM the program it waits for needs. Loads the module if need be."""
+        ordinal = self._backend.current_ordinal() if ordinal is None else ordinal
+        known = self._resident.get(ordinal)
+        if known is not None:
+            return known
+        try:
+            function = self._functions.get(ordinal) or self._load(ordinal)
+            device = function.device
+            per_unit = device.blocks_per_multiprocessor(function, self.block[0], self.binary.shared_bytes)
+        except LaunchError as exc:
+            raise exc.with_kernel(self.binary.name) from None
+        if per_unit < 1:
+            raise LaunchError(f"not one block fits on an SM of {device.limits.name}: {self.block[0]} threads, "
+                              f"{self.binary.shared_bytes} bytes of dynamic shared memory; use smaller tiles or "
+                              f"fewer warps", kernel=self.binary.name)
+        self._resident[ordinal] = per_unit * device.multiprocessors
+        return self._resident[ordinal]
 
     def _arguments(self, args: Sequence[Any]) -> tuple[list[Any], int, bool, list[int]]:
         """Pointer arguments -> addresses; the device they live on; whether any is a torch tensor; and which

@@ -8,7 +8,8 @@ Tests use it to check what the runtime asks of the driver (which context a
 launch runs in, how many driver calls a warm launch makes), and
 `bench/launch_overhead.py --stub-driver` to measure the host's launch path on
 a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
-like an sm_80 GPU (`attributes` can be changed), and it models the one driver
+like an sm_80 GPU (`attributes` can be changed; the occupancy query answers
+as the occupancy calculator does for an A100 SM), and it models the one driver
 rule the launch path relies on: `cuLaunchKernel` fails with
 CUDA_ERROR_INVALID_CONTEXT when no context is current and with
 CUDA_ERROR_INVALID_HANDLE when another context than the function's is.
@@ -54,7 +55,15 @@ class StubDriver:
             A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Y: 1024, A.CU_DEVICE_ATTRIBUTE_MAX_BLOCK_DIM_Z: 64,
             A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: 1024,
             A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 163 * 1024,
+            A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 108,
+            A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: 164 * 1024,
+            A.CU_DEVICE_ATTRIBUTE_MAX_REGISTERS_PER_MULTIPROCESSOR: 65536,
+            A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: 2048,
+            A.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: 32,
         }
+        self.function_registers = 20        # what cuFuncGetAttribute says of every kernel (occupancy uses it)
+        self.function_static_shared = 0
+        self.dynamic_shared_limits: dict[Any, int] = {}   # function -> its opted-in dynamic shared memory
 
     def _called(self, name: str, *args: Any) -> None:
         self.counts[name] += 1
@@ -105,12 +114,33 @@ class StubDriver:
 
     def cuFuncGetAttribute(self, attribute, function):
         F = self.CUfunction_attribute
-        return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: self.function_max_threads, F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: 0,
-                         F.CU_FUNC_ATTRIBUTE_NUM_REGS: 20}[attribute]
+        return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: self.function_max_threads,
+                         F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: self.function_static_shared,
+                         F.CU_FUNC_ATTRIBUTE_NUM_REGS: self.function_registers}[attribute]
 
     def cuFuncSetAttribute(self, function, attribute, value):
         self._called("cuFuncSetAttribute", attribute.name, value)
+        if attribute == self.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES:
+            self.dynamic_shared_limits[function] = value
         return (self.ok,)
+
+    def cuOccupancyMaxActiveBlocksPerMultiprocessor(self, function, block_threads, dynamic_shared):
+        """The occupancy calculator's answer for an sm_80 SM: the fewest blocks that registers (allocated
+        per warp in units of 256), shared memory (1 KiB reserved per block), threads and the block limit
+        allow; 0 when the block cannot fit at all, or asks for more dynamic shared memory than the function
+        was opted in to (48 KiB by default), as the driver answers."""
+        self._called("cuOccupancyMaxActiveBlocksPerMultiprocessor", function, block_threads, dynamic_shared)
+        A = self.CUdevice_attribute
+        sm = {name: self.attributes[getattr(A, f"CU_DEVICE_ATTRIBUTE_{name}_PER_MULTIPROCESSOR")]
+              for name in ("MAX_SHARED_MEMORY", "MAX_REGISTERS", "MAX_THREADS", "MAX_BLOCKS")}
+        if dynamic_shared > self.dynamic_shared_limits.get(function, 48 * 1024) or block_threads > 1024:
+            return self.ok, 0
+        warps = -(-block_threads // 32)
+        registers_per_warp = -(-self.function_registers * 32 // 256) * 256
+        by_registers = (sm["MAX_REGISTERS"] // registers_per_warp) // warps if registers_per_warp else sm["MAX_BLOCKS"]
+        by_shared = sm["MAX_SHARED_MEMORY"] // (self.function_static_shared + dynamic_shared + 1024)
+        by_threads = sm["MAX_THREADS"] // (warps * 32)
+        return self.ok, max(0, min(sm["MAX_BLOCKS"], by_registers, by_shared, by_threads))
 
     def cuLaunchKernel(self, f, gx, gy, gz, bx, by, bz, shared, stream, params, extra):
         current = self.current

@@ -5,7 +5,9 @@ unknown name into an external call (the linker's `--no-undefined` would be
 the first to notice). So each name in `FIXED` and each overload in
 `OVERLOADED[...].examples` is called from one kernel per target, compiled
 in a child process, and the assembly is checked to call nothing external.
-The MFMA entries must become `v_mfma` instructions.
+The MFMA entries must become `v_mfma` instructions. The `GFX950_ONLY`
+entries (the double-K MFMA) are called for gfx950 alone and must become
+their own instructions there.
 """
 
 import re
@@ -13,7 +15,7 @@ import re
 import pytest
 from llvmlite import ir
 
-from tessera.backends.amdgpu.intrinsics import AMDGPU_INTRINSICS, FIXED, OVERLOADED
+from tessera.backends.amdgpu.intrinsics import AMDGPU_INTRINSICS, FIXED, GFX950_ONLY, OVERLOADED
 from tessera.backends.llvm.run import run_llvm_isolated
 from tessera.backends.llvm.types import I8, I32, I64
 
@@ -21,7 +23,7 @@ TARGETS = ("gfx90a", "gfx942", "gfx950")
 IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
 
 
-def _table_kernel() -> str:
+def _table_kernel(target: str) -> str:
     """One amdgpu_kernel calling every table entry on loaded (not constant-folded) arguments."""
     module = ir.Module("intrinsics")
     module.triple = "amdgcn-amd-amdhsa"
@@ -46,7 +48,8 @@ def _table_kernel() -> str:
             b.store(result, address(dst))
 
     for name in FIXED:
-        call(AMDGPU_INTRINSICS.declare(module, name), name)
+        if target == "gfx950" or name not in GFX950_ONLY:
+            call(AMDGPU_INTRINSICS.declare(module, name), name)
     for family, spec in OVERLOADED.items():
         for overloads in spec.examples:
             callee = AMDGPU_INTRINSICS.declare(module, family, overloads)
@@ -61,12 +64,15 @@ def _table_kernel() -> str:
 
 @pytest.mark.parametrize("target", TARGETS)
 def test_every_table_entry_compiles_for_the_target(target):
-    reply = run_llvm_isolated({"llvm_ir": _table_kernel(), "kernel": "intrinsics", "triple": "amdgcn-amd-amdhsa",
+    reply = run_llvm_isolated({"llvm_ir": _table_kernel(target), "kernel": "intrinsics", "triple": "amdgcn-amd-amdhsa",
                                "cpu": target, "features": "", "opt_level": 3, "emit_object": True},
                               backend="AMDGPU")
     assembly = reply["assembly"]
     assert reply["object"][:4] == b"\x7fELF"
     assert not re.search(r"s_swappc|s_setpc|\bcall\b", assembly), "an intrinsic became an external call"
-    mfma_entries = [name for name in FIXED if ".mfma." in name]
-    assert len(mfma_entries) == 4
+    mfma_entries = [name for name in FIXED if ".mfma." in name and (target == "gfx950" or name not in GFX950_ONLY)]
+    assert len(mfma_entries) == (8 if target == "gfx950" else 4)
     assert len(re.findall(r"\bv_mfma_f32_\w+", assembly)) >= len(mfma_entries)
+    wide = set(re.findall(r"\bv_mfma_f32_(32x32x16|16x16x32)_(f16|bf16)\b", assembly))
+    every_wide = {(s, t) for s in ("32x32x16", "16x16x32") for t in ("f16", "bf16")}
+    assert wide == (every_wide if target == "gfx950" else set())

@@ -1,6 +1,6 @@
 """The attention kernels as GPU code: every shipped plan compiles without register spills (ptxas for sm_80 and
-sm_90a, LLVM's AMDGPU backend for gfx942), on the instructions meant, and the lowered per-thread code computes on
-the SIMT simulator what numpy computes."""
+sm_90a, LLVM's AMDGPU backend for gfx942 and gfx950), on the instructions meant, and the lowered per-thread code
+computes on the SIMT simulator what numpy computes."""
 
 from __future__ import annotations
 
@@ -118,11 +118,13 @@ def test_head_dim_256_forward_has_register_headroom_on_sm_90a(variant):
     assert info["spill_stores"] == info["spill_loads"] == 0, f"under .maxnreg {cap}: {info['spill_stores']} bytes"
 
 
+@pytest.mark.parametrize("target, mfma", [("gfx942", "v_mfma_f32_32x32x8_bf16"),
+                                          ("gfx950", "v_mfma_f32_32x32x16_bf16")])    # gfx950: double-K
 @pytest.mark.parametrize("D", sorted(GPU_PLANS["amd"]))
-def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D):
+def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     plan = GPU_PLANS["amd"][D]
-    compiled = compile_forward("gfx942", D, plan, "window-softcap-varlen")
-    assert re.search(r"\bv_mfma_f32_32x32x8\w*bf16", compiled.stages["amdgcn"])
+    compiled = compile_forward(target, D, plan, "window-softcap-varlen")
+    assert set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"])) == {mfma}
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
@@ -150,13 +152,17 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
+    if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
+        want = (32, 32, 16) if target == "gfx950" else (32, 32, 8)
+        assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal)
 
 
-@pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64)])
+@pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
+                                                  ("gfx950", 2, 64)])
 def test_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM):
     """Two row blocks (the second partly past the end); causal with Sq > Sk, so the first 20 rows see no key
     (O = 0, LSE = +inf); the diagonal blocks and the keys' tail masked; two query heads per key head."""
@@ -175,7 +181,8 @@ KV_SIGNATURE = ",".join(["*{t}:16"] * 4 + ["*f32:16"] * 3 + ["*{t}:16"] * 2 + ["
                         + ["i32:16"] * 6 + ["i32", "i32"])
 Q_SIGNATURE = KV_SIGNATURE.replace("*f32:16,*f32:16,*f32:16,*{t}:16,*{t}:16", "*f32:16,*f32:16,*{t}:16", 1) \
     .replace("i32:16,i32:16,i32:16,i32:16,i32:16,i32:16,i32,i32", "i32:16,i32:16,i32:16,i32,i32")
-BACKWARD_TARGETS = {"sm_80": "sm_80", "sm_90a": "sm_90a", "amd": "gfx942"}
+AMD_TARGETS = ("gfx942", "gfx950")
+MFMA = {"gfx942": ("32x32x8", "16x16x16"), "gfx950": ("32x32x16", "16x16x32", "32x32x8", "16x16x16")}
 
 
 def backward_kernels(arch):
@@ -191,13 +198,13 @@ def backward_kernels(arch):
 
 
 BACKWARD_KERNELS = {case[0]: case for arch in ("sm_80", "sm_90a", "amd") for case in backward_kernels(arch)}
+BACKWARD_CASES = [(name, target) for name in BACKWARD_KERNELS
+                  for target in (AMD_TARGETS if name.startswith("amd") else [name.split("-")[0]])]
 
 
-@pytest.mark.parametrize("name", list(BACKWARD_KERNELS))
-def test_every_backward_plan_compiles_without_spills(name):
+@pytest.mark.parametrize("name, target", BACKWARD_CASES)
+def test_every_backward_plan_compiles_without_spills(name, target):
     _, kernel, signature, D, plan, extra = BACKWARD_KERNELS[name]
-    arch = name.split("-")[0]
-    target = BACKWARD_TARGETS[arch]
     if target.startswith("sm") and find_ptxas() is None:
         pytest.skip("ptxas not installed")
     variants = ["window-softcap-varlen"] if target.startswith("gfx") else list(VARIANTS)
@@ -207,6 +214,7 @@ def test_every_backward_plan_compiles_without_spills(name):
         metadata = compiled.metadata
         if target.startswith("gfx"):
             assert metadata["vgpr_spill_count"] == 0, variant
+            assert set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)", compiled.stages["amdgcn"])) <= set(MFMA[target])
         else:
             assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{variant}: {metadata['registers']}"
             assert streams_by_tma(compiled.stages["ptx"]) == (target == "sm_90a" and variant == "plain"), variant
@@ -248,7 +256,7 @@ def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False)
 
 
 @pytest.mark.parametrize("target, num_warps, D, transposed", [
-    ("sm_80", 4, 32, False), ("sm_90a", 4, 32, False), ("gfx942", 2, 32, False),
+    ("sm_80", 4, 32, False), ("sm_90a", 4, 32, False), ("gfx942", 2, 32, False), ("gfx950", 2, 32, False),
     ("sm_90a", 4, 64, True)])       # dK^T, dV^T: 64 x BN on wgmma (head dim 256's plan, at a simulable size)
 def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_warps, D, transposed):
     (dq_atomic, dq, dk, dv), (expected_dq, expected_dk, expected_dv) = backward_on_the_simulator(
@@ -298,9 +306,13 @@ def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D,
 
 
 @pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("amd")))
-def test_every_decode_plan_compiles_for_gfx942_without_vector_spills(softmax, D, rows, keys, stages):
-    compiled = compile_decode("gfx942", softmax, D, rows, keys, stages)
-    assert re.search(r"\bv_mfma_f32_\w*bf16", compiled.stages["amdgcn"])
+@pytest.mark.parametrize("target", AMD_TARGETS)
+def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages):
+    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+    shapes = set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)_bf16", compiled.stages["amdgcn"]))
+    assert shapes and shapes <= set(MFMA[target])
+    if target == "gfx950":
+        assert shapes & {"32x32x16", "16x16x32"}, "gfx950's double-K forms where K allows"
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
@@ -331,7 +343,7 @@ def decode_on_the_simulator(target, num_warps, unified_max=None):
 
 
 @pytest.mark.parametrize("unified_max", [None, 2.0, -30.0], ids=["online", "unified", "unified-falls-back"])
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2)])
+@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2), ("gfx950", 2)])
 def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps, unified_max):
     o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps, unified_max)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)

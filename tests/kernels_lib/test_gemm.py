@@ -291,10 +291,17 @@ def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
     assert recipes == list(kernel_recipes(fn.attrs))
 
 
+# gfx950 has the double-K form ("mfma.wide"): half the instructions of gfx942's for the same tile.
+WIDEST_MFMA = {"gfx90a": "v_mfma_f32_32x32x8bf16_1k",      # (its assembler spelling)
+               "gfx942": "v_mfma_f32_32x32x8_bf16",
+               "gfx950": "v_mfma_f32_32x32x16_bf16"}
+
+
 @pytest.mark.parametrize("target", ["gfx90a", "gfx942", "gfx950"])
 def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code_object(target):
-    """The same configs on AMD: the dot runs on MFMA, the tiles fit the LDS, no vector registers spill, and
-    the object links into an ET_DYN code object with the kernel's descriptor (when a linker is found).
+    """The same configs on AMD: the dot runs on MFMA (its widest bf16 form: `WIDEST_MFMA`), the tiles fit the LDS,
+    no vector registers spill, and the object links into an ET_DYN code object with the kernel's descriptor (when a
+    linker is found).
     STAGES has no effect there (no cp.async): the K loop is the plain one, and the compile says so."""
     import tessera
     from tessera.backends.amdgpu.elf import CodeObject
@@ -307,7 +314,8 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
                 num_warps=config.num_warps, strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False,
                 ACTIVATION="none", **config.kwargs)
         metadata = compiled.metadata
-        assert re.search(r"\bv_mfma_f32_\w+bf16", compiled.stages["amdgcn"]), f"{config}: not on the matrix cores"
+        mfma = set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"]))
+        assert mfma == {WIDEST_MFMA[target]}, f"{config}: not on the widest matrix instruction, but on {mfma}"
         assert metadata["vgpr_spill_count"] == 0, f"{config} spills vector registers"
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         if find_linker() is not None:

@@ -8,7 +8,7 @@ Specification:
 * its gradients in x, w13, w2 and the routing weights are the float64 reference's (autograd);
 * lowered for sm_80 (mma.sync, cp.async rings) and sm_90a (wgmma on TMA-filled rings), each kernel computes on
   the SIMT simulator what the interpreter computes;
-* every shipped plan's kernels compile for sm_80, sm_90a and gfx942 with no register spills and, in strict
+* every shipped plan's kernels compile for sm_80, sm_90a, gfx942 and gfx950 with no register spills and, in strict
   mode, no pipeline shortfall;
 * opcheck passes for every op; bad arguments name the fix.
 """
@@ -148,7 +148,7 @@ KERNELS = {"gate_up": gate_up_kernel, "down": down_kernel, "grouped_gemm": group
            "weight_grad": weight_grad_kernel}
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.SHIPPED))
 def test_the_shipped_plans_compile_without_spills(target, regime):
     p = plans.SHIPPED[regime] if not target.startswith("gfx") else plans.SHIPPED[regime].without_pipelining()

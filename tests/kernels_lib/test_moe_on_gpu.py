@@ -4,7 +4,8 @@ of each model family, and the backward pass, against the same computation in flo
 Specification: at token counts that pick the decode, middle and prefill plans (16-, 64- and 128-row tiles),
 `experts` in bfloat16 matches a float32 loop over the experts to bfloat16 precision, with the deterministic
 and the atomic top-k sum; routing on the GPU chooses what the CPU interpreter chooses; a DeepSeek-V3-style
-layer's forward and its gradients match float32 torch.
+layer's forward and its gradients match float32 torch; the one-launch layer (`persistent.py`) equals the
+multi-kernel path.
 """
 
 from __future__ import annotations
@@ -47,6 +48,26 @@ def test_every_plan_matches_float32(tokens, expected_bm, atomic):
     out = experts(x, interleave_gate_up(w1, w3), w2, weights, ids, atomic=atomic, counts=counts,
                   chunk_counts=chunk_counts)
     _close(out, _loop(x, torch.cat([w1, w3], 1), w2, weights, ids))
+
+
+@pytest.mark.parametrize("tokens", [1, 3, 100, 700])
+@pytest.mark.parametrize("atomic", [False, True])
+def test_the_one_launch_layer_matches_the_multi_kernel_path(tokens, atomic):
+    """The persistent kernel (routing to combine in one launch, programs spinning on each other's counters) on
+    the device: the multi-kernel path's result and the same routing."""
+    from tessera.kernels_lib.moe.persistent import moe_layer
+    H, I, E, K = 512, 384, 16, 4
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    x = torch.randn(tokens, H, device="cuda", generator=g).bfloat16()
+    w13 = torch.randn(E, 2 * I, H, device="cuda", generator=g).bfloat16() * H ** -0.5
+    w2 = torch.randn(E, H, I, device="cuda", generator=g).bfloat16() * I ** -0.5
+    logits = torch.randn(tokens, E, device="cuda", generator=g)
+    weights, ids, counts, chunk_counts = route(logits, K)
+    expected = experts(x, w13, w2, weights, ids, atomic=atomic, counts=counts, chunk_counts=chunk_counts)
+    out, got_weights, got_ids, got_counts = moe_layer(x, w13, w2, logits, K, atomic=atomic)
+    torch.cuda.synchronize()
+    assert torch.equal(got_ids, ids) and torch.equal(got_counts, counts)
+    _close(out, expected.float())       # the same tiles, so equal up to how the compiler schedules them
 
 
 def test_grouped_routing_on_the_gpu_chooses_what_the_interpreter_chooses():

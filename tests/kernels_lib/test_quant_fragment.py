@@ -264,11 +264,12 @@ def test_fragment_plans_keep_the_stored_tiles():
     assert fragment_plan(Plan(16, 64, 128, 4, 1, 4), 1, 4096, warp_size=64).num_warps == 2
 
 
-def test_fragment_order_weights_still_compile_for_amd():
-    """gfx942 has no mma.sync: the same loads (128 threads: two 64-lane warps) feed MFMA through a conversion."""
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_fragment_order_weights_still_compile_for_amd(target):
+    """AMD has no mma.sync: the same loads (128 threads: two 64-lane waves) feed MFMA through a conversion."""
     p = fragment_plan(plan(1, 4096, 4096, 128, 304), 1, 4096, warp_size=64)
     compiled = quant_gemm_kernel.compile(
-        signature="*f16:16,*u4:16,*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16", target="gfx942", G=128, ZEROS=True,
+        signature="*f16:16,*u4:16,*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16", target=target, G=128, ZEROS=True,
         HALF=8.0, BM=p.BM, BN=p.BN, BK=p.BK, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps,
         **T.constexprs(128))
     assert compiled.metadata.get("vgpr_spill_count", 0) == 0

@@ -12,7 +12,8 @@ Specification:
   counting bank conflicts (`mfma_operands.plan_lds`), never worse than
   plain row-major, with the bank count from the target;
 * lowered for gfx942 (64-lane waves), dot kernels, the tutorial matmul with
-  masked edges and the library GEMM compute on the SIMT simulator what the
+  masked edges and the library GEMM (also for gfx950, on its double-K
+  forms) compute on the SIMT simulator what the
   tile interpreter computes (to f32 rounding: each MFMA adds its products
   in f32, in k order).
 """
@@ -34,7 +35,7 @@ from tessera.ir.target import get_target
 from tessera.passes.layout_assignment import assign_layouts
 from tessera.passes.lowering.layout_math import shared_vector_width
 from tessera.passes.lowering.mfma_operands import lds_cycles, plan_lds
-from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MMA_M16N8K16, instruction_for, mma_plan
+from tessera.passes.mma import MFMA_16X16X16, MFMA_32X32X8, MFMA_32X32X16, MMA_M16N8K16, instruction_for, mma_plan
 from tessera.passes.thread_passes import lower
 from test_mma_dot import F32_ACC, dot_args, dot_module, tutorial_matmul_on
 
@@ -53,7 +54,7 @@ def mfma_ops(fn):
     ("gfx942", (16, 16, 8), None),                  # K = 8 < 16 and M < 32
     ("gfx942", (16, 8, 16), None),
     ("gfx90a", (128, 64, 64), MFMA_32X32X8),
-    ("gfx950", (64, 64, 32), MFMA_32X32X8),
+    ("gfx950", (64, 64, 32), MFMA_32X32X16),       # gfx950's double-K forms: tests/passes/test_mfma_wide.py
     ("sm_80", (64, 64, 32), MMA_M16N8K16),
     ("sm_90a", (16, 8, 16), MMA_M16N8K16),
 ])
@@ -113,9 +114,11 @@ def bf16_bits(x: np.ndarray) -> np.ndarray:
     return ((bits + 0x7FFF + ((bits >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-@pytest.mark.parametrize("dtype,blocks,epilogue", [
-    ("f16", (32, 32, 16), False), ("bf16", (32, 32, 16), True), ("f16", (16, 16, 16), True)], ids=str)
-def test_library_gemm_runs_on_mfma_for_gfx942(dtype, blocks, epilogue):
+@pytest.mark.parametrize("target,dtype,blocks,epilogue", [
+    ("gfx942", "f16", (32, 32, 16), False), ("gfx942", "bf16", (32, 32, 16), True),
+    ("gfx942", "f16", (16, 16, 16), True),
+    ("gfx950", "bf16", (32, 32, 16), True), ("gfx950", "f16", (16, 16, 32), False)], ids=str)  # double-K MFMA
+def test_library_gemm_runs_on_mfma(target, dtype, blocks, epilogue):
     gemm = pytest.importorskip("tessera.kernels_lib.gemm")
     M, N, K = 40, 48, 24          # 2 x 2 (or 3 x 3) tiles, partial at the edges; K walks 2 blocks
     bm, bn, bk = blocks
@@ -137,8 +140,9 @@ def test_library_gemm_runs_on_mfma_for_gfx942(dtype, blocks, epilogue):
     module = gemm.gemm_kernel.kernel.specialize(*traced, **constexprs).module
     grid = (-(-M // bm) * -(-N // bn),)
     run_function(module.functions[0], expected, grid)
-    fn = lower(module, "gfx942", num_warps=4).functions[0]
-    assert mfma_ops(fn)
+    fn = lower(module, target, num_warps=4).functions[0]
+    wide = {(32, 32, 16), (16, 16, 32)}
+    assert mfma_ops(fn) and all((tuple(op.attrs.values()) in wide) == (target == "gfx950") for op in mfma_ops(fn))
     run_threads(fn, actual, grid)
     np.testing.assert_allclose(actual[5], expected[5], **F32_ACC)
 

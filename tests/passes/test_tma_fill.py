@@ -260,3 +260,34 @@ def test_batched_tma_fill_compiles_to_3d_bulk_tensor_copies():
     ptx = batched_matmul.compile(target="sm_90a", signature="*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16,i32:16,"
                                  "i32:16,i32:16,i32:16,i32:16", BM=64, BN=32, BK=16, STAGES=2).stages["ptx"]
     assert ptx.count("cp.async.bulk.tensor.3d.shared::cluster.global") >= 2 and "cp.async.cg" not in ptx
+
+
+# -- programs that hand data to each other: a global proxy fence before TMA reads ------------------------
+
+@tessera.kernel
+def matmul_after_flag(a_ptr, b_ptr, c_ptr, flag_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
+                      BK: tessera.constexpr):
+    """C = A B once program 0 has raised the flag: A may have been written by another program of this launch
+    (through the generic proxy), then read here by TMA (the async proxy)."""
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    while tessera.atomic_add(flag_ptr, 0) < 1:
+        pass
+    a, b = tessera.view(a_ptr, (M, K)), tessera.view(b_ptr, (K, N))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+def test_tma_reads_after_an_atomic_handoff_are_fenced_for_the_async_proxy():
+    """fence.proxy.async.global precedes each fill's TMA copies where the kernel synchronizes programs with
+    atomics (their generic-proxy writes, acquired, become visible to its TMA reads); a plain GEMM has none."""
+    signature = "*f16:16,*f16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16"
+    ptx = matmul_after_flag.compile(target="sm_90a", signature=signature, BM=64, BN=64, BK=32).stages["ptx"]
+    assert "cp.async.bulk.tensor" in ptx
+    assert ptx.count("fence.proxy.async.global") >= 2          # the prologue's fill and the loop's refill
+    first_copy = ptx.index("cp.async.bulk.tensor")
+    assert ptx.index("fence.proxy.async.global") < first_copy
+    plain = batched_matmul.compile(target="sm_90a", signature="*f16:16,*f16:16,*f32:16,i32,i32:16,i32:16,i32:16,"
+                                   "i32:16,i32:16,i32:16,i32:16", BM=64, BN=32, BK=16, STAGES=2).stages["ptx"]
+    assert "fence.proxy.async.global" not in plain

@@ -40,13 +40,13 @@ def load_regs(name: str, ptr: str, count: int, dtype: str) -> list[str]:
 
 
 def mfma_kernel(m: int, n: int, k: int, dtype: str, num_threads: int, warp_size: int = 64) -> str:
-    """Every thread loads its A, B, C registers (4, 4, m*n/64 consecutive elements), runs one mfma and
-    stores D where C came from."""
-    c = m * n // 64
+    """Every thread loads its A, B, C registers (m*k/64 = 4, or 8 for gfx950's double-K forms, then m*n/64
+    consecutive elements), runs one mfma and stores D where C came from."""
+    c, ab = m * n // 64, m * k // 64
     lines = [f"func @k(%a: ptr<{dtype}>, %b: ptr<{dtype}>, %c: ptr<f32>, %d: ptr<f32>) attributes "
              f"{{num_threads = {num_threads}, warp_size = {warp_size}}} {{",
              "  %tid = thread_id : i32"]
-    lines += load_regs("ra", "a", 4, dtype) + load_regs("rb", "b", 4, dtype) + load_regs("rc", "c", c, "f32")
+    lines += load_regs("ra", "a", ab, dtype) + load_regs("rb", "b", ab, dtype) + load_regs("rc", "c", c, "f32")
     lines += [f"  %rd = mfma %ra, %rb, %rc {{k = {k}, m = {m}, n = {n}}} : regs<{c}xf32>",
               f"  %dp = splat %d : regs<{c}xptr<f32>>",
               f"  %dq = addptr %dp, %rc_idx : regs<{c}xptr<f32>>",

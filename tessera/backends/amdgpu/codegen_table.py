@@ -11,8 +11,10 @@ has no printf here yet, and is refused with the reason.
 lowered here: register i of the thread op's A, B and C operands is element
 i of the intrinsic's vectors (the fragment layouts in
 `tessera.ir.mfma_layouts` are written in the instruction's own register
-order), bf16 fragments travel as <4 x i16>, and the broadcast controls
-(cbsz, abid, blgp) are 0.
+order), bf16 fragments travel as <4 x i16> (the `.1k` forms) or stay
+<8 x bfloat> (gfx950's double-K forms, `.bf16`), and the broadcast controls
+(cbsz, abid, blgp) are 0. `AmdgpuDialect.check_op` has already refused a
+double-K shape on a target without "mfma.wide".
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.mfma_layouts import MFMA_WIDE_SHAPES
 from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
@@ -30,13 +33,21 @@ CODEGEN = OpTable("AMDGPU codegen", base=COMMON_CODEGEN)
 codegen_for = CODEGEN.register
 
 _SOURCE_SUFFIX = {dt.f16: "f16", dt.bf16: "bf16.1k"}   # the .1k forms are the bf16 ones gfx90a+ have
+_WIDE_SUFFIX = {dt.f16: ".f16", dt.bf16: ".bf16"}      # gfx950's 32x32x16 / 16x16x32: bfloat operands
+
+
+def mfma_intrinsic(m: int, n: int, k: int, dtype: dt.DType) -> str:
+    """The LLVM intrinsic of v_mfma_f32_{m}x{n}x{k}_{dtype}."""
+    suffix = (_WIDE_SUFFIX if (m, n, k) in MFMA_WIDE_SHAPES else _SOURCE_SUFFIX)[dtype]
+    return f"llvm.amdgcn.mfma.f32.{m}x{n}x{k}{suffix}"
 
 
 @codegen_for("mfma")
 def _mfma(lw, op, a, b, c):
     dtype = scalar_dtype(op.operands[0].type)
-    name = f"llvm.amdgcn.mfma.f32.{op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']}{_SOURCE_SUFFIX[dtype]}"
-    if dtype == dt.bf16:
+    shape = (op.attrs["m"], op.attrs["n"], op.attrs["k"])
+    name = mfma_intrinsic(*shape, dtype)
+    if dtype == dt.bf16 and shape not in MFMA_WIDE_SHAPES:
         a, b = (lw.builder.bitcast(x, ir.VectorType(I16, 4)) for x in (a, b))
     no_broadcast = ir.Constant(I32, 0)
     return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])

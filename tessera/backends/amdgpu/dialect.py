@@ -25,7 +25,8 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Function
+from tessera.ir.core import Function, Operation
+from tessera.ir.mfma_layouts import MFMA_WIDE_SHAPES
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
@@ -51,7 +52,7 @@ UNSUPPORTED_OPS = {
     "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",
     **{name: f"{name} (sm_90 mbarriers) " + _NVIDIA_ONLY + "blocks synchronize with barriers"
        for name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
-                    "fence_mbarrier_init", "fence_proxy_async")},
+                    "fence_mbarrier_init", "fence_proxy_async", "fence_proxy_async_global")},
     "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
     **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
        for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
@@ -74,6 +75,15 @@ class AmdgpuDialect(TargetDialect):
     def unsupported_ops(self) -> dict[str, str]:
         return {name: reason.format(target=self.target.name) for name, reason in UNSUPPORTED_OPS.items()}
 
+    def check_op(self, op: Operation) -> str | None:
+        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere)."""
+        if op.name == "mfma" and (op.attrs["m"], op.attrs["n"], op.attrs["k"]) in MFMA_WIDE_SHAPES \
+                and not self.target.has("mfma.wide"):
+            return (f"mfma {op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']} is a gfx950 (\"mfma.wide\") instruction "
+                    f"that {self.target.name} lacks; lower the kernel for {self.target.name} (its dots then use "
+                    f"32x32x8 or 16x16x16) or compile for gfx950")
+        return None
+
     def configure_kernel(self, function: ir.Function, fn: Function) -> None:
         function.calling_convention = "amdgpu_kernel"
         add_string_attribute(function, f'"amdgpu-flat-work-group-size"="1,{int(fn.attrs["num_threads"])}"')
@@ -91,7 +101,8 @@ class AmdgpuDialect(TargetDialect):
         lds.type = ir.PointerType(addrspace=SHARED_ADDRSPACE)  # used as raw bytes through opaque pointers
         return lds
 
-    def thread_id(self, lw) -> ir.Value:
+    def thread_id(self, lw, reread: bool = False) -> ir.Value:
+        # the work-item id arrives in v0 and has no register to read again: `reread` reads the intrinsic too
         return lw.intrinsic("llvm.amdgcn.workitem.id.x", [])
 
     def program_id(self, lw, axis: int) -> ir.Value:

@@ -2,7 +2,8 @@
 
 `tests/backends/test_amdgpu_intrinsics.py` compiles every entry, with every
 overload listed, for gfx90a, gfx942 and gfx950 in a child process (an
-intrinsic the GPU cannot select aborts LLVM).
+intrinsic the GPU cannot select aborts LLVM); the `GFX950_ONLY` entries for
+gfx950 alone.
 
 * `FIXED`: `llvm.amdgcn.*` intrinsics with one signature.
 * `OVERLOADED`: the common families plus the f32 math intrinsics AMDGPU
@@ -16,9 +17,19 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..llvm.intrinsics import COMMON_OVERLOADED, VOID, Family, IntrinsicTable, unary, vectors
-from ..llvm.types import F32, I16, I32
+from ..llvm.types import F32, I16, I32, BFloatType
 
 CONSTANT_ADDRSPACE = 4  # AMDGPU's read-only constant memory (the dispatch packet lives there)
+
+# gfx950's double-K MFMA (`v_mfma_f32_{32x32x16,16x16x32}_{f16,bf16}`, target feature "mfma.wide"): A and B as
+# <8 x half> / <8 x bfloat> (real bfloat here, not i16), then C and the three broadcast immediates as above.
+# gfx90a/gfx942 cannot select them (LLVM aborts): `AmdgpuDialect.check_op` refuses them there first.
+GFX950_ONLY: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
+    f"llvm.amdgcn.mfma.f32.{m}x{n}x{k}.{name}": (ir.VectorType(F32, m * n // 64),
+                                                 (ir.VectorType(element, 8), ir.VectorType(element, 8),
+                                                  ir.VectorType(F32, m * n // 64), I32, I32, I32))
+    for m, n, k in ((32, 32, 16), (16, 16, 32))
+    for name, element in (("f16", ir.HalfType()), ("bf16", BFloatType()))}
 
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.amdgcn.workitem.id.{axis}": (I32, ()) for axis in "xyz"},
@@ -38,6 +49,7 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
                                                    (operand, operand, ir.VectorType(F32, m * n // 64), I32, I32, I32))
        for m, n, k in ((32, 32, 8), (16, 16, 16))
        for suffix, operand in (("f16", ir.VectorType(ir.HalfType(), 4)), ("bf16.1k", ir.VectorType(I16, 4)))},
+    **GFX950_ONLY,
     # s_trap: ends the launch with an error (a failed device_assert). Last: code after it is unreachable.
     "llvm.trap": (VOID, ()),
 }

@@ -4,6 +4,10 @@
     from tessera.backends.interp import Memory, run_function
     run_function(fn, [x, y, out, n], grid=(4,))        # numpy arrays written in place
     run_program(fn, args, program_id=(2,), grid=(4,))  # just one program instance
+    run_function(fn, args, grid=(8,), resident=2)      # programs that spin on each other: 2 live at once
+
+Programs that wait for each other (spin loops on flags, ticket queues) run on a cooperative scheduler
+(`cooperative.py`); a deadlock is an `InterpreterError` naming the waiting loops.
 
 `Memory(array, dtype)` views a numpy array as kernel memory of `dtype` (a
 uint16 array as bf16, a uint8 array as packed u4). Everything the kernel

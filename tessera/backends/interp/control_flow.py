@@ -6,6 +6,8 @@
 * `if`: runs the then or else region; its results are what that region yields.
 * `while`: runs the condition region; while `condition`'s flag is true, runs
   the body on the values it passes; when false, those values are the results.
+  In a cooperative launch an iteration that read memory and changed nothing
+  (a spin-wait) parks the program until another one changes memory.
 * `yield` / `condition` hand their operands to the parent op; `return` ends
   the program instance from any depth.
 """
@@ -16,7 +18,9 @@ import numpy as np
 
 from tessera.ir.types import scalar_dtype
 
+from .cooperative import unchanged
 from .registry import semantics
+from .storage import WriteClock
 
 
 @semantics("for", multi=True)
@@ -45,11 +49,15 @@ MAX_WHILE_ITERATIONS = 100_000
 @semantics("while", multi=True)
 def _while(ctx, op, *carried):
     before, after = op.regions
+    park = getattr(ctx, "park", None)   # set in a cooperative launch (see cooperative.py): a spinning program waits there
     for _ in range(MAX_WHILE_ITERATIONS):
+        reads, ticks = WriteClock.reads, WriteClock.ticks
         keep_going, *passed = ctx.run_region(before, carried)
         if not bool(keep_going):
             return passed
-        carried = ctx.run_region(after, passed)
+        went_in, carried = carried, ctx.run_region(after, passed)
+        if park is not None and WriteClock.reads != reads and WriteClock.ticks == ticks and unchanged(went_in, carried):
+            park(op)         # it read memory, changed nothing, and will read the same again: wait for a change
     raise ctx.error(op, f"the while loop ran {MAX_WHILE_ITERATIONS} iterations without finishing; is it infinite? "
                         "(raise tessera.backends.interp.control_flow.MAX_WHILE_ITERATIONS if not)")
 

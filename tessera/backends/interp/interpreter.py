@@ -7,7 +7,11 @@ an environment from SSA value to runtime value (numpy arrays for numbers,
 `Pointers`, `View`; see `values.py`). Instances run one after another in
 row-major order with axis 0 fastest: (0,0,0), (1,0,0), ..., (0,1,0), ...,
 so a kernel whose instances race on memory sees one fixed interleaving.
-`run_program` runs a single instance, for debugging one program id.
+A kernel with a `while` loop runs on the cooperative scheduler
+(`cooperative.py`): the same order, except that a program spinning on memory
+another program will write parks and lets the others run, with `resident`
+programs live at once (default: the whole grid) and a deadlock reported as an
+error. `run_program` runs a single instance, for debugging one program id.
 
 What each op does lives in the family modules (`elementwise.py`,
 `shape.py`, `memory.py`, `reductions.py`, `control_flow.py`, `debug.py`,
@@ -34,6 +38,7 @@ from . import control_flow, creation, debug, elementwise, memory, reductions, sh
 from . import addresses, hints, inline_asm, shared  # noqa: F401
 from .addresses import AddressSpace
 from .control_flow import KernelReturn
+from .cooperative import CooperativeLaunch
 from .errors import InterpreterError
 from .registry import SEMANTICS, apply_semantics
 from .storage import Memory
@@ -42,19 +47,44 @@ from .values import Pointers, View
 _TERMINATORS = frozenset(name for name, opdef in OPS.items() if opdef.terminator)
 
 
-def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...]) -> None:
+def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], resident: int | None = None) -> None:
     """Run kernel `fn` on the CPU over `grid` (1 to 3 axes; a 0 runs nothing), writing results in place.
 
     `args` match `fn.args`: a `Memory` or numpy array for each pointer
     parameter (an array is wrapped as `Memory(array, pointee dtype)`), a
     Python or numpy number for each scalar parameter (rounded to its dtype).
+    `resident` bounds the programs live at once when programs wait for each
+    other (see `cooperative.py`; default: all of them).
     """
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, args)
     cache: dict[Operation, Any] = {}
     reachable = AddressSpace(bound)
-    for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
-        ProgramInstance(fn, (x, y, z), grid3, cache, reachable).run(bound)
+    programs = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
+    if not _may_spin(fn) and resident is None:
+        for pid in programs:
+            ProgramInstance(fn, pid, grid3, cache, reachable).run(bound)
+        return
+    _run_cooperatively(fn, bound, programs, grid3, max(len(programs), 1) if resident is None else resident, cache, reachable)
+
+
+def _may_spin(fn: Function) -> bool:
+    """Whether `fn` has a `while` loop, the only construct a program can wait for another one in."""
+    return any(op.name == "while" for op in fn.walk())
+
+
+def _run_cooperatively(fn: Function, bound: list[Any], programs: list[tuple[int, int, int]],
+                       grid3: tuple[int, int, int], resident: int, cache: dict[Operation, Any],
+                       reachable: AddressSpace) -> None:
+    launch: CooperativeLaunch
+
+    def run(slot) -> None:
+        instance = ProgramInstance(fn, slot.program_id, grid3, cache, reachable)
+        instance.park = lambda op: launch.park(slot, op)
+        instance.run(bound)
+
+    launch = CooperativeLaunch(fn, programs, resident, run)
+    launch.run()
 
 
 def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, ...] = 0,
@@ -66,6 +96,9 @@ def run_program(fn: Function, args: Sequence[Any], program_id: int | tuple[int, 
     if any(p >= g for p, g in zip(pid, grid3)):
         raise InterpreterError(f"program id {pid} lies outside grid {grid3}", kernel=fn.name)
     bound = bind_arguments(fn, args)
+    if _may_spin(fn):       # a lone program that spins on memory is a deadlock, reported at once
+        _run_cooperatively(fn, bound, [pid], grid3, 1, {}, AddressSpace(bound))
+        return
     ProgramInstance(fn, pid, grid3, {}, AddressSpace(bound)).run(bound)
 
 
@@ -81,6 +114,7 @@ class ProgramInstance:
         self.env: dict[Value, Any] = {}
         self._cache = cache          # shared by the instances of one launch
         self._lanewise = False       # a combine region runs on arrays of lanes at once
+        self.park: Callable[[Operation], None] | None = None   # a cooperative launch's wait (cooperative.py)
 
     def run(self, args: Sequence[Any]) -> None:
         with np.errstate(all="ignore"):

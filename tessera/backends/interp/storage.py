@@ -26,6 +26,19 @@ from tessera.ir.dtypes import DType
 from .errors import InterpreterError
 
 
+class WriteClock:
+    """Counts stores that changed some memory's bits, while a cooperative launch watches (see `cooperative.py`).
+
+    A program spinning on a flag is stalled when an iteration of its loop changed nothing it can see; the
+    clock tells the scheduler whether anything changed since. Unwatched (the usual case) stores cost nothing
+    extra; watched ones compare the bytes they overwrite.
+    """
+
+    watching = 0     # nesting depth of cooperative launches in progress
+    ticks = 0        # stores that changed memory while watched
+    reads = 0        # loads while watched: a loop that reads no memory is not waiting for another program
+
+
 class Memory:
     """A numpy array read and written in place as elements of `dtype`."""
 
@@ -80,6 +93,8 @@ class Memory:
     def load(self, offsets: np.ndarray) -> np.ndarray:
         """Values (compute_dtype) of the elements at `offsets`, in the offsets' shape."""
         offsets = np.asarray(offsets, dtype=np.int64)
+        if WriteClock.watching:
+            WriteClock.reads += 1
         if self.dtype.is_subbyte:
             return self.dtype.decode(self._read_bits(offsets))
         raw = self._flat[offsets]
@@ -95,6 +110,23 @@ class Memory:
         values = np.broadcast_to(np.asarray(values), offsets.shape).reshape(-1)
         offsets = offsets.reshape(-1)
         offsets, values = _last_write_per_offset(offsets, values)
+        if WriteClock.watching:
+            self._watched_store(offsets, values)
+            return
+        self._store(offsets, values)
+
+    def _watched_store(self, offsets: np.ndarray, values: np.ndarray) -> None:
+        """`_store`, ticking the write clock if any bit changed (an atomic add of 0 changes nothing)."""
+        touched = offsets
+        if self.dtype.is_subbyte:       # an element may straddle two bytes
+            byte = (offsets * self.dtype.bits) >> 3
+            touched = np.concatenate([byte, np.minimum(byte + 1, self._flat.size - 1)])
+        before = self._flat[touched].tobytes()
+        self._store(offsets, values)
+        if self._flat[touched].tobytes() != before:
+            WriteClock.ticks += 1
+
+    def _store(self, offsets: np.ndarray, values: np.ndarray) -> None:
         if self.dtype.is_subbyte:
             self._write_bits(offsets, self.dtype.encode(values))
         elif self._flat.dtype == self.dtype.compute_dtype:

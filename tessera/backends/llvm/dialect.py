@@ -63,7 +63,8 @@ class TargetDialect:
 
     # -- thread ops ------------------------------------------------------------------------
 
-    def thread_id(self, lw) -> ir.Value:
+    def thread_id(self, lw, reread: bool = False) -> ir.Value:
+        """threadIdx.x; `reread`: a read LLVM may not hoist or merge with another, where the target has one."""
         raise NotImplementedError
 
     def program_id(self, lw, axis: int) -> ir.Value:

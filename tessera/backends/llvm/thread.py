@@ -27,7 +27,7 @@ from .types import I32, I64, register_type, scalar_type
 
 @codegen_for("thread_id")
 def _thread_id(lw, op):
-    return lw.dialect.thread_id(lw)
+    return lw.dialect.thread_id(lw, reread=op.attrs.get("reread", False))
 
 
 @codegen_for("program_id")

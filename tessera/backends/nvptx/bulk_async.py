@@ -10,6 +10,7 @@
 | mbarrier_wait               | a loop around mbarrier.try_wait.parity.shared.b64 p, [bar], parity        |
 | fence_mbarrier_init         | fence.mbarrier_init.release.cluster                                       |
 | fence_proxy_async           | fence.proxy.async.shared::cta                                             |
+| fence_proxy_async_global    | fence.proxy.async.global                                                  |
 | tma_load                    | cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes |
 
 `mbarrier_wait` loops because `try_wait` may give up after a
@@ -52,6 +53,7 @@ REQUIRED_FEATURES = {
         "mbarrier_init", "mbarrier_inval", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
         "fence_mbarrier_init", "mbarrier_expect_tx")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
+    "fence_proxy_async_global": ("tma", "the async proxy (sm_90+: TMA)"),
     "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
 }
 
@@ -114,6 +116,11 @@ def _fence_mbarrier_init(lw, op):
 @codegen_for("fence_proxy_async")
 def _fence_proxy_async(lw, op):
     lw.intrinsic("llvm.nvvm.fence.proxy.async.shared_cta", [])
+
+
+@codegen_for("fence_proxy_async_global")
+def _fence_proxy_async_global(lw, op):
+    lw.intrinsic("llvm.nvvm.fence.proxy.async.global", [])
 
 
 @codegen_for("tma_load")

@@ -74,7 +74,10 @@ class NvptxDialect(TargetDialect):
     def tensor_map_parameter(self, param: ir.Argument) -> None:
         bulk_async.tensor_map_parameter(param)
 
-    def thread_id(self, lw) -> ir.Value:
+    def thread_id(self, lw, reread: bool = False) -> ir.Value:
+        if reread:      # volatile: LLVM keeps it (and the index math computed from it) where it stands
+            read = ir.InlineAsm(ir.FunctionType(ir.IntType(32), []), "mov.u32 $0, %tid.x;", "=r", side_effect=True)
+            return lw.builder.call(read, [])
         return lw.intrinsic("llvm.nvvm.read.ptx.sreg.tid.x", [])
 
     def program_id(self, lw, axis: int) -> ir.Value:

@@ -88,6 +88,7 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.wgmma.commit_group.sync.aligned": (VOID, ()),
     "llvm.nvvm.wgmma.wait_group.sync.aligned": (VOID, (I64,)),
     "llvm.nvvm.fence.proxy.async.shared_cta": (VOID, ()),
+    "llvm.nvvm.fence.proxy.async.global": (VOID, ()),
     # -- warp specialization (warp_specialization.py) ---------------------------------------------------
     # setmaxnreg.{inc,dec}.sync.aligned.u32 N (immarg: registers per thread; sm_90a), elect.sync %r|%p, mask
     # (sm_90+: {the elected lane, whether this lane is it}), bar.sync id, count (a named barrier; every target).
@@ -126,6 +127,7 @@ NEEDS: dict[str, str] = {
     **{name: "mma.fp8" for name in FIXED if name.startswith("llvm.nvvm.mma.m16n8k32.row.col.f32.")},
     **{name: "wgmma" for name in FIXED if ".wgmma." in name},
     "llvm.nvvm.fence.proxy.async.shared_cta": "mbarrier",     # sm_90+
+    "llvm.nvvm.fence.proxy.async.global": "tma",             # sm_90+
     "llvm.nvvm.setmaxnreg.inc.sync.aligned.u32": "setmaxnreg",
     "llvm.nvvm.setmaxnreg.dec.sync.aligned.u32": "setmaxnreg",
     "llvm.nvvm.elect.sync": "mbarrier",                        # sm_90+

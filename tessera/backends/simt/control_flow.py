@@ -12,7 +12,10 @@ and runs like the tile interpreter. Otherwise:
   while any thread has iterations left, masking threads that are done (they
   keep their carried values);
 * `while` runs the condition region for the threads still looping; a thread
-  whose `condition` is false leaves with the values it passed.
+  whose `condition` is false leaves with the values it passed. In a
+  cooperative launch an iteration that read global memory and changed
+  nothing (no thread left, no value, shared or global byte changed) parks
+  the block until another block changes memory (`interp/cooperative.py`).
 
 Ops compute for every thread; the mask only stops side effects (see
 `ops.py`), so a masked thread's values inside a region are garbage
@@ -26,6 +29,8 @@ import numpy as np
 from tessera.ir.types import scalar_dtype
 
 from ..interp.control_flow import KernelReturn
+from ..interp.cooperative import unchanged
+from ..interp.storage import WriteClock
 from .ops import live_mask, merge, simt
 from .paths import may_block, scheduler
 
@@ -88,7 +93,10 @@ def _while(ctx, op, *carried):
     before, after = op.regions
     running = live_mask(ctx)
     results: list | None = None
+    park = ctx.park         # set in a cooperative launch: a block spinning on a flag waits there
     while True:
+        reads, ticks = WriteClock.reads, WriteClock.ticks
+        shared_before, running_in = (ctx.shared.bytes.tobytes() if park is not None else b""), running
         keep_going, *passed = ctx.run_region(before, list(carried), running)
         leaving = running & ~keep_going
         if results is None:
@@ -98,7 +106,10 @@ def _while(ctx, op, *carried):
         running = running & keep_going
         if not running.any():
             return results
-        carried = ctx.run_region(after, passed, running)
+        went_in, carried = carried, ctx.run_region(after, passed, running)
+        if park is not None and WriteClock.reads != reads and WriteClock.ticks == ticks and unchanged(went_in, carried) \
+                and np.array_equal(running, running_in) and ctx.shared.bytes.tobytes() == shared_before:
+            park(op)        # a spin-wait on global memory (see interp/cooperative.py): wait for another block
 
 
 @simt("yield", "condition")

@@ -292,6 +292,11 @@ def _fence_mbarrier_init(ctx, op):
     _publish_barrier_inits(ctx)
 
 
+@simt("fence_proxy_async_global")
+def _fence_proxy_async_global(ctx, op):
+    """fence.proxy.async.global: the simulator's global memory has one proxy, so there is nothing to order."""
+
+
 @simt("fence_proxy_async")
 def _fence_proxy_async(ctx, op):
     """fence.proxy.async orders every earlier shared-memory access of the thread before the async proxy:

@@ -4,7 +4,9 @@
     run_threads(fn, args, grid=4, num_threads=128, max_steps=10_000)
 
 Blocks run one after another in the tile interpreter's order (axis 0
-fastest), so a kernel computes the same thing here as in `run_function`.
+fastest), so a kernel computes the same thing here as in `run_function`;
+blocks that spin on each other's flags are scheduled cooperatively, as there
+(`interp/cooperative.py`).
 Within a block every SSA value is a numpy array over its T threads (see
 `ops.py`): one walk over the IR executes all threads at once, and
 `thread_id` is `arange(T)`. Warps are consecutive runs of `warp_size`
@@ -34,6 +36,7 @@ from tessera.ir.types import Type, scalar_dtype, shape_of
 
 from ..interp.addresses import AddressSpace
 from ..interp.control_flow import KernelReturn
+from ..interp.cooperative import CooperativeLaunch
 from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
@@ -48,11 +51,15 @@ _TERMINATORS = frozenset(name for name, opdef in OPS.items() if opdef.terminator
 
 
 def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], num_threads: int | None = None,
-                *, warp_size: int | None = None, max_steps: int = DEFAULT_MAX_STEPS) -> None:
+                *, warp_size: int | None = None, max_steps: int = DEFAULT_MAX_STEPS,
+                resident: int | None = None) -> None:
     """Run thread-IR kernel `fn` over `grid`, writing results in place.
 
     `args` are as for the tile interpreter's `run_function`: a numpy array or
-    `Memory` per pointer parameter, a number per scalar parameter.
+    `Memory` per pointer parameter, a number per scalar parameter. A kernel
+    with a `while` loop runs its blocks cooperatively, as `run_function` runs
+    programs (blocks spinning on a flag park; `resident` blocks live at once,
+    default all; a deadlock is an InterpreterError naming the loop).
     """
     verify_thread_ir(fn)
     launch = Launch(
@@ -64,8 +71,20 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
     launch.addresses = AddressSpace(bound)
-    for z, y, x in itertools.product(*(range(n) for n in reversed(grid3))):
-        ThreadBlock(fn, (x, y, z), grid3, launch).run(bound)
+    blocks = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
+    if resident is None and not any(op.name == "while" for op in fn.walk()):
+        for pid in blocks:
+            ThreadBlock(fn, pid, grid3, launch).run(bound)
+        return
+    cooperative: CooperativeLaunch
+
+    def run(slot) -> None:
+        block = ThreadBlock(fn, slot.program_id, grid3, launch)
+        block.park = lambda op: cooperative.park(slot, op)
+        block.run(bound)
+
+    cooperative = CooperativeLaunch(fn, blocks, max(len(blocks), 1) if resident is None else resident, run)
+    cooperative.run()
 
 
 @dataclass
@@ -111,6 +130,7 @@ class ThreadBlock:
         self.unready: dict[Value, tuple[Operation, Any]] = {}
         self.state: dict[str, Any] = {}
         self.addresses = launch.addresses
+        self.park = None        # a cooperative launch's wait for a block spinning on a flag (interp/cooperative.py)
 
     def run(self, args: Sequence[Any]) -> None:
         with np.errstate(all="ignore"):

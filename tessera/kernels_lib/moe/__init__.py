@@ -6,7 +6,8 @@ The pipeline (DESIGN.md §11): `route` (router logits -> top-k experts, weights 
 activation, down with the routing weights, combine); with int4 or fp8 expert weights (`quantized`), the GEMMs
 dequantize them in registers (`quantized_mlp`; differentiable in x and the routing weights with the weights frozen:
 `quantized_autograd`), or fp8 weights meet fp8 activations (`fp8_mlp`). Each step is a
-`tessera::` torch op with a fake implementation.
+`tessera::` torch op with a fake implementation. `persistent` runs the whole layer in one launch
+(`moe_layer`; `experts(..., one_launch=True)`; inference).
 """
 
 from . import plan
@@ -15,8 +16,9 @@ from .balance import load_balancing_loss
 from .layer import MoELayer, Routing
 from .mlp import experts, interleave_gate_up
 from .parallel import expert_parallel
+from .persistent import moe_layer
 from .quantized import QuantizedExperts, quantize_experts
 from .routing import route
 
 __all__ = ["MoELayer", "QuantizedExperts", "Routing", "align", "expert_parallel", "experts", "interleave_gate_up",
-           "load_balancing_loss", "plan", "quantize_experts", "route"]
+           "load_balancing_loss", "moe_layer", "plan", "quantize_experts", "route"]

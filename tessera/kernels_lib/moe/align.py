@@ -56,7 +56,12 @@ PREFIX_LANES = 2048      # CB * EB: the chunk_counts tile one prefix step loads
 def count_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, CHUNK: tessera.constexpr,
                  CHUNK_PAD: tessera.constexpr, E_PAD: tessera.constexpr):
     """Each chunk's histogram of expert ids (a row of chunk_counts), and the totals (atomically)."""
-    chunk = tessera.program_id(0)
+    count_chunk(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, tessera.program_id(0), CHUNK, CHUNK_PAD, E_PAD)
+
+
+@tessera.func
+def count_chunk(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, chunk, CHUNK, CHUNK_PAD, E_PAD):
+    """Chunk `chunk`'s histogram of expert ids into its row of chunk_counts, and atomically into counts."""
     lanes = tessera.arange(0, CHUNK_PAD)
     pairs = chunk * CHUNK + lanes
     real = (lanes < CHUNK) & (pairs < numel)
@@ -70,12 +75,18 @@ def count_kernel(ids_ptr, counts_ptr, chunk_counts_ptr, numel, E, CHUNK: tessera
 def prefix_kernel(chunk_counts_ptr, chunk_starts_ptr, chunks, E, CB: tessera.constexpr, EB: tessera.constexpr):
     """chunk_starts[q, e] = sum of chunk_counts[q', e] over q' < q, for EB experts: a CB x EB tile per step, its
     column sums carried to the next."""
+    prefix_slice(chunk_counts_ptr, chunk_starts_ptr, chunks, E, tessera.program_id(0), CB, EB)
+
+
+@tessera.func
+def prefix_slice(chunk_counts_ptr, chunk_starts_ptr, chunks, E, part, CB, EB):
+    """The exclusive scan of experts part * EB .. part * EB + EB - 1 down the chunks (see prefix_kernel)."""
     counts = tessera.view(chunk_counts_ptr, (chunks, E))
     starts = tessera.view(chunk_starts_ptr, (chunks, E))
     carry = tessera.zeros((EB,), dtype=tessera.i32)
     for q in range(0, tessera.cdiv(chunks, CB)):
-        tile = counts.block((CB, EB), (q, tessera.program_id(0))).load()
-        starts.block((CB, EB), (q, tessera.program_id(0))).store(tessera.cumsum(tile, 0) - tile + carry[None, :])
+        tile = counts.block((CB, EB), (q, part)).load()
+        starts.block((CB, EB), (q, part)).store(tessera.cumsum(tile, 0) - tile + carry[None, :])
         carry += tessera.sum(tile, 0)
 
 
@@ -86,11 +97,12 @@ def pick(values, lanes, e):
 
 
 @tessera.func
-def pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM):
-    """For experts p, p + P, ...: the padding rows after its pairs, and the expert of each of its blocks."""
+def pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM, part, parts):
+    """For experts part, part + parts, ...: the padding rows after its pairs, and the expert of each of its
+    blocks."""
     rows = tessera.arange(0, BM)
     blocks = tessera.arange(0, BLOCK_LANES)
-    for e in range(tessera.program_id(0), E, tessera.num_programs(0)):
+    for e in range(part, E, parts):
         start, count, size = pick(starts, experts, e), pick(counts, experts, e), pick(padded, experts, e)
         tessera.store(sorted_ptr + start + count + rows, numel, mask=count + rows < size)
         for b in range(start // BM, (start + size) // BM, BLOCK_LANES):
@@ -98,14 +110,14 @@ def pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, n
 
 
 @tessera.func
-def fill_unused(sorted_ptr, block_expert_ptr, first, numel, max_rows, BM):
+def fill_unused(sorted_ptr, block_expert_ptr, first, numel, max_rows, BM, part, parts):
     """Blocks `first` .. past the rows in use: expert -1 and padding rows, BLOCK_LANES blocks per step, the
-    steps dealt out over the programs."""
+    steps dealt out over `parts` (part: this one's share)."""
     blocks = tessera.arange(0, BLOCK_LANES)
     rows = tessera.arange(0, BM)
     max_blocks = (max_rows + BM - 1) // BM
-    step = tessera.num_programs(0) * BLOCK_LANES
-    for b in range(first + tessera.program_id(0) * BLOCK_LANES, max_blocks, step):
+    step = parts * BLOCK_LANES
+    for b in range(first + part * BLOCK_LANES, max_blocks, step):
         tessera.store(block_expert_ptr + b + blocks, -1, mask=b + blocks < max_blocks)
         unused = (b + blocks)[:, None] * BM + rows[None, :]
         tessera.store(sorted_ptr + unused, numel, mask=unused < max_rows)
@@ -115,7 +127,15 @@ def fill_unused(sorted_ptr, block_expert_ptr, first, numel, max_rows, BM):
 def align_kernel(ids_ptr, counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
                  max_rows, BM: tessera.constexpr, CHUNK: tessera.constexpr, CHUNK_PAD: tessera.constexpr,
                  E_PAD: tessera.constexpr):
-    chunk = tessera.program_id(0)
+    scatter_chunk(ids_ptr, counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
+                  max_rows, tessera.program_id(0), tessera.num_programs(0), BM, CHUNK, CHUNK_PAD, E_PAD)
+
+
+@tessera.func
+def scatter_chunk(ids_ptr, counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert_ptr, offsets_ptr, numel, E,
+                  max_rows, chunk, chunks, BM, CHUNK, CHUNK_PAD, E_PAD):
+    """Chunk `chunk` of `chunks` of the alignment: its pairs' rows of sorted_ids (returned, one per lane of
+    CHUNK_PAD), and its share of the padding rows, block experts and offsets."""
     experts = tessera.arange(0, E_PAD)
     counts = tessera.load(counts_ptr + experts, mask=experts < E)
     padded = (counts + BM - 1) // BM * BM
@@ -131,11 +151,12 @@ def align_kernel(ids_ptr, counts_ptr, chunk_starts_ptr, sorted_ptr, block_expert
     rows = tessera.gather(starts + earlier, e, 0) + tessera.sum(same_before.to(tessera.i32), 1)
     tessera.store(sorted_ptr + rows, pairs, mask=real)
 
-    pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM)
-    fill_unused(sorted_ptr, block_expert_ptr, used // BM, numel, max_rows, BM)
+    pad_experts(sorted_ptr, block_expert_ptr, starts, counts, padded, experts, numel, E, BM, chunk, chunks)
+    fill_unused(sorted_ptr, block_expert_ptr, used // BM, numel, max_rows, BM, chunk, chunks)
     if chunk == 0:
         tessera.store(offsets_ptr + experts, starts, mask=experts < E)
         tessera.store(offsets_ptr + E, used)
+    return rows
 
 
 def max_rows(numel: int, num_experts: int, block_m: int) -> int:

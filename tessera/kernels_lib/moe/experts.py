@@ -82,12 +82,20 @@ def gate_up_kernel(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, 
     if pid_m * BM >= tessera.load(offsets_ptr + E):         # past the rows in use: zeros, no weights read
         h.store(tessera.zeros((BM, BN), dtype=tessera.f32))
         return
+    gate_up_tile(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, pid_m, pid_n, rows, H, I, two_i_e, ACTIVATION, BM, BN,
+                 BK, STAGES)
+
+
+@tessera.func
+def gate_up_tile(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, pid_m, pid_n, rows, H, I, two_i_e, ACTIVATION, BM, BN,
+                 BK, STAGES):
+    """One BM x BN tile of h = act(xs @ Wg[e]^T) * (xs @ Wu[e]^T), for a block of rows in use."""
     expert = tessera.load(block_expert_ptr + pid_m)
     xs = tessera.view(xs_ptr, (rows, H))
     w13_t = tessera.view(w13_ptr, (H, two_i_e), (1, H))           # [E * 2I, H] read as its transpose
     acc = expert_block_gemm(xs, w13_t, pid_m, 0, expert * 2 * I + pid_n * 2 * BN, H, BM, 2 * BN, BK, STAGES)
     gate, up = tessera.split(tessera.reshape(acc, (BM, BN, 2)))     # interleaved columns: gate, up, gate, ...
-    h.store(activate(gate, ACTIVATION) * up)
+    tessera.view(h_ptr, (rows, I)).block((BM, BN), (pid_m, pid_n)).store(activate(gate, ACTIVATION) * up)
 
 
 @tessera.func
@@ -116,6 +124,14 @@ def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_exper
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     if pid_m * BM >= tessera.load(offsets_ptr + E):
         return
+    down_tile(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, pid_m, pid_n, rows, H, I, h_e,
+              numel, TOP_K, ATOMIC, BM, BN, BK, STAGES)
+
+
+@tessera.func
+def down_tile(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, pid_m, pid_n, rows, H, I, h_e,
+              numel, TOP_K, ATOMIC, BM, BN, BK, STAGES):
+    """One BM x BN tile of weight[pair] * (h @ W2[e]^T), into y[pair] or added into out[token] (ATOMIC)."""
     expert = tessera.load(block_expert_ptr + pid_m)
     h = tessera.view(h_ptr, (rows, I))
     w2_t = tessera.view(w2_ptr, (I, h_e), (1, I))                 # [E * H, I] read as its transpose
@@ -127,7 +143,12 @@ def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_exper
 def combine_kernel(y_ptr, out_ptr, T, H, TOP_K: tessera.constexpr, K_PAD: tessera.constexpr,
                    BT: tessera.constexpr, BH: tessera.constexpr):
     """out[t] = sum over j of y[t * TOP_K + j], in float32, in slot order."""
-    pid_t, pid_h = tessera.program_id(0), tessera.program_id(1)
+    combine_tile(y_ptr, out_ptr, tessera.program_id(0), tessera.program_id(1), T, H, TOP_K, K_PAD, BT, BH)
+
+
+@tessera.func
+def combine_tile(y_ptr, out_ptr, pid_t, pid_h, T, H, TOP_K, K_PAD, BT, BH):
+    """out[t] = sum over j of y[t * TOP_K + j] for a BT x BH tile of out."""
     y = tessera.view(y_ptr, (T, TOP_K, H)).block((BT, K_PAD, BH), (pid_t, 0, pid_h)).load()
     total = tessera.sum(y.to(tessera.f32), 1)
     tessera.view(out_ptr, (T, H)).block((BT, BH), (pid_t, pid_h)).store(total)

@@ -23,6 +23,7 @@ import torch
 from torch import nn
 
 from .mlp import experts, interleave_gate_up
+from .persistent import moe_layer
 from .. import quant
 from .quantized import QuantizedExperts, from_fp8_blocks, interleave, quantize_experts, stack_int4
 from .routing import route
@@ -52,7 +53,9 @@ class MoELayer(nn.Module):
     up rows interleaved: `interleave_gate_up`), `w2` ([E, H, I]), and with
     `correction_bias` the buffer `e_score_correction_bias` [E] (DeepSeek-V3;
     it steers the choice, not the weights). Routing options are `route`'s;
-    `atomic` picks the atomic top-k sum over the deterministic one.
+    `atomic` picks the atomic top-k sum over the deterministic one;
+    `one_launch` runs routing and experts in one persistent kernel
+    (inference only; `persistent.py`).
     `quantize_experts("int4" | "fp8", ...)` swaps w13 and w2 for
     frozen quantized weights (inference, or fine-tuning the router and
     what feeds the layer: gradients reach x and the routing weights).
@@ -61,11 +64,12 @@ class MoELayer(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int, num_experts: int, top_k: int, *,
                  scoring: str = "softmax", renormalize: bool = True, n_group: int = 1, topk_group: int = 1,
                  scaling_factor: float = 1.0, correction_bias: bool = False, activation: str = "silu",
-                 atomic: bool = False, shared_experts: Optional[nn.Module] = None,
+                 atomic: bool = False, one_launch: bool = False, shared_experts: Optional[nn.Module] = None,
                  dtype: Optional[torch.dtype] = None, device=None):
         super().__init__()
         factory = dict(dtype=dtype, device=device)
         self.num_experts, self.top_k, self.activation, self.atomic = num_experts, top_k, activation, atomic
+        self.one_launch = one_launch
         self.fp8_activations = False
         self.routing = dict(scoring=scoring, renormalize=renormalize, n_group=n_group, topk_group=topk_group,
                             scaling_factor=scaling_factor)
@@ -82,6 +86,8 @@ class MoELayer(nn.Module):
         shape = x.shape
         x2 = x.reshape(-1, shape[-1])
         logits = self.gate(x2)
+        if self.one_launch:
+            return self._forward_one_launch(x2, logits, shape, return_routing)
         weights, ids, counts, chunk_counts = route(logits.detach(), self.top_k,
                                                    bias=self.e_score_correction_bias, **self.routing)
         probs = self._scores(logits)
@@ -94,6 +100,19 @@ class MoELayer(nn.Module):
             out = out + self.shared_experts(x2)
         out = out.reshape(shape)
         return (out, Routing(probs, ids, counts)) if return_routing else out
+
+    def _forward_one_launch(self, x2: torch.Tensor, logits: torch.Tensor, shape, return_routing: bool):
+        """Routing and experts in one persistent launch (`persistent.moe_layer`; inference only)."""
+        if isinstance(self.w13, QuantizedExperts):
+            raise ValueError("MoELayer(one_launch=True) takes float expert weights; quantized experts run with "
+                             "one_launch=False")
+        out, _, ids, counts = moe_layer(x2, self.w13, self.w2, logits, self.top_k,
+                                        bias=self.e_score_correction_bias, activation=self.activation,
+                                        atomic=self.atomic, **self.routing)
+        if self.shared_experts is not None:
+            out = out + self.shared_experts(x2)
+        out = out.reshape(shape)
+        return (out, Routing(self._scores(logits), ids, counts)) if return_routing else out
 
     def quantize_experts(self, format: str = "int4", *, fp8_activations: bool = False, **options) -> "MoELayer":
         """Replace w13 and w2 by frozen quantized copies (inference; gradients still reach x and the router):

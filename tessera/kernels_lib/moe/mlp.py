@@ -170,7 +170,7 @@ def check_experts(x, w13, w2, weights, ids, activation) -> None:
 def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, ids: torch.Tensor, *,
             activation: str = "silu", atomic: bool = False, counts: Optional[torch.Tensor] = None,
             chunk_counts: Optional[torch.Tensor] = None, block_m: Optional[int] = None,
-            fp8_activations: bool = False) -> torch.Tensor:
+            fp8_activations: bool = False, one_launch: bool = False) -> torch.Tensor:
     """sum over j of weights[t, j] * down_e(act(gate_e(x_t)) * up_e(x_t)), e = ids[t, j]: the routed experts.
 
     x is [T, H]; w13 [E, 2I, H] (`interleave_gate_up` of the gate and up
@@ -188,7 +188,18 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     (`quantized_autograd.py`). With fp8 weights, `fp8_activations` also
     quantizes x and h per token and group of 128 (DeepSeek-V3's W8A8,
     `fp8_mlp.py`; sm_89+; inference only).
+
+    `one_launch=True` runs counting, alignment and the four steps in one
+    persistent kernel (`persistent.py`; bf16/f16/f32 weights, inference
+    only), with the same result as the deterministic multi-kernel path.
     """
+    if one_launch:
+        from .quantized import QuantizedExperts
+        from .persistent import experts_one_launch
+        if isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts) or fp8_activations:
+            raise ValueError("tessera::moe: one_launch=True takes float16/bfloat16/float32 expert weights; "
+                             "quantized experts run with one_launch=False")
+        return experts_one_launch(x, w13, w2, weights, ids, activation=activation, atomic=atomic, block_m=block_m)
     from .quantized import QuantizedExperts
     quantized = isinstance(w13, QuantizedExperts) or isinstance(w2, QuantizedExperts)
     if quantized:

@@ -65,7 +65,17 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
                    N_GROUP: tessera.constexpr, TOPK_GROUP: tessera.constexpr, RENORMALIZE: tessera.constexpr,
                    BT: tessera.constexpr, E_PAD: tessera.constexpr, K_PAD: tessera.constexpr,
                    NG_PAD: tessera.constexpr):
-    chunk = tessera.program_id(0)
+    route_chunk(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk_counts_ptr, T, E, group_size, scale,
+                tessera.program_id(0), tessera.num_programs(0), K, SCORING, HAS_BIAS, N_GROUP, TOPK_GROUP,
+                RENORMALIZE, BT, E_PAD, K_PAD, NG_PAD)
+
+
+@tessera.func
+def route_chunk(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk_counts_ptr, T, E, group_size, scale,
+                chunk, chunks, K, SCORING, HAS_BIAS, N_GROUP, TOPK_GROUP, RENORMALIZE, BT, E_PAD, K_PAD, NG_PAD):
+    """Tokens chunk * BT .. of `chunks`: their top-K experts and weights, the chunk's histogram (a row of
+    chunk_counts) and its atomic add into counts (the routing kernel's program, and the one-launch layer's
+    routing item)."""
     cols = tessera.arange(0, E_PAD)
     logits = tessera.view(logits_ptr, (T, E)).block((BT, E_PAD), (chunk, 0)).load().to(tessera.f32)
     logits = tessera.where((cols < E)[None, :], logits, NEG_INF)        # padding lanes: no probability
@@ -98,7 +108,7 @@ def routing_kernel(logits_ptr, bias_ptr, weights_ptr, ids_ptr, counts_ptr, chunk
     rows = chunk * BT + tessera.arange(0, BT)
     real = (rows[:, None] < T) & (slots < K)
     hist = tessera.histogram(tessera.reshape(ids, (BT * K_PAD,)), E_PAD, mask=tessera.reshape(real, (BT * K_PAD,)))
-    tessera.view(chunk_counts_ptr, (tessera.num_programs(0), E)).block((1, E_PAD), (chunk, 0)).store(hist[None, :])
+    tessera.view(chunk_counts_ptr, (chunks, E)).block((1, E_PAD), (chunk, 0)).store(hist[None, :])
     tessera.atomic_add(counts_ptr + cols, hist, mask=cols < E)
 
 
@@ -113,7 +123,7 @@ def tokens_per_program(num_experts: int, top_k: int) -> int:
     return max(1, min(128 // k_pad, (1 << 13) // lanes))
 
 
-def _check(logits, bias, top_k, scoring, n_group, topk_group) -> None:
+def check_routing(logits, bias, top_k, scoring, n_group, topk_group) -> None:
     if logits.dim() != 2 or not logits.dtype.is_floating_point:
         raise ValueError(f"tessera::moe_route: logits must be a float [tokens, experts] matrix, got "
                          f"{logits.dtype} {tuple(logits.shape)}")
@@ -139,7 +149,7 @@ def _route(logits: torch.Tensor, bias: Optional[torch.Tensor], top_k: int, scori
            topk_group: int, renormalize: bool,
            scaling_factor: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The implementation of `torch.ops.tessera.moe_route`: see `route`."""
-    _check(logits, bias, top_k, scoring, n_group, topk_group)
+    check_routing(logits, bias, top_k, scoring, n_group, topk_group)
     T, E = logits.shape
     BT = tokens_per_program(E, top_k)
     chunks = tessera.cdiv(T, BT)
@@ -165,7 +175,7 @@ route_op = torch.library.custom_op("tessera::moe_route", _route, mutates_args=()
 
 @route_op.register_fake
 def _route_fake(logits, bias, top_k, scoring, n_group, topk_group, renormalize, scaling_factor):
-    _check(logits, bias, top_k, scoring, n_group, topk_group)
+    check_routing(logits, bias, top_k, scoring, n_group, topk_group)
     T, E = logits.shape
     chunks = tessera.cdiv(T, tokens_per_program(E, top_k))
     return (logits.new_empty((T, top_k), dtype=torch.float32), logits.new_empty((T, top_k), dtype=torch.int32),

@@ -282,6 +282,10 @@ class TmaRing:
         # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
         self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
+        # A kernel whose programs hand data to each other (atomics: a persistent kernel's tickets and counters)
+        # may TMA-read global memory another program wrote through the generic proxy in this very launch; the
+        # issuing thread orders what it has acquired before its TMA reads with a global proxy fence
+        self.fence_global = any(op.name in ("atomic_rmw", "atomic_cas") for op in ctx.src.walk())
         self.stages = stages
         self.once = once
         if once:
@@ -305,6 +309,8 @@ class TmaRing:
         proxy read (ldmatrix) is fenced first (`fence_before_fill`)."""
         if self.fence_before_fill:
             ctx.create("fence_proxy_async")
+        if self.fence_global:
+            ctx.create("fence_proxy_async_global")
         ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(self.tx_bytes)])
         for load in self.loads:
             starts = [ctx.lookup(v) for v in load.load.operands[1:]]
