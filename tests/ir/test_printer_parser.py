@@ -255,6 +255,7 @@ func @bulk_async(%map: tensormap) {
   mbarrier_init %bar, %one
   fence_mbarrier_init
   fence_proxy_async
+  fence_proxy_async_global
   mbarrier_arrive_expect_tx %bar, %bytes
   mbarrier_expect_tx %bar, %bytes
   tma_load %box, %map, %row, %one, %bar
