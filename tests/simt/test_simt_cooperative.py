@@ -6,37 +6,10 @@ import threading
 import numpy as np
 import pytest
 
-import tessera
 from tessera.backends.interp import InterpreterError
 from tessera.backends.simt import run_threads
 from tessera.passes.thread_passes import lower
-
-
-@tessera.kernel
-def handoff(flag, data, out):
-    """Block 0 waits for block 1, which runs after it in grid order."""
-    if tessera.program_id(0) == 0:
-        while tessera.atomic_add(flag, 0) < 1:
-            pass
-        tessera.store(out, tessera.load(data) + 1)
-    else:
-        tessera.store(data, 41)
-        tessera.atomic_add(flag, 1)
-
-
-@tessera.kernel
-def ticket_prefix_sum(queue, done, out, n):
-    """Blocks take tickets from a counter; item t waits only on item t - 1: out[t] = 0 + 1 + ... + t."""
-    t = tessera.atomic_add(queue, 1)
-    while t < n:
-        if t > 0:
-            while tessera.atomic_add(done + t - 1, 0) == 0:
-                pass
-            tessera.store(out + t, tessera.load(out + t - 1) + t)
-        else:
-            tessera.store(out + t, 0)
-        tessera.atomic_xchg(done + t, 1)
-        t = tessera.atomic_add(queue, 1)
+from cooperative_kernels import handoff, ticket_prefix_sum  # noqa: E402  (tests/interp, via conftest)
 
 
 def thread_ir(kernel, *args):
@@ -53,7 +26,7 @@ def test_waiting_for_a_block_that_cannot_start_is_a_deadlock():
     flag, data, out = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
     before = threading.active_count()
     with pytest.raises(InterpreterError, match=r"deadlock(.|\n)*program \(0, 0, 0\) spins in the while loop at "
-                                               r"\S*test_simt_cooperative.py:\d+"):
+                                               r"\S*cooperative_kernels.py:\d+"):
         run_threads(thread_ir(handoff, flag, data, out), [flag, data, out], grid=2, resident=1)
     assert threading.active_count() == before
 
