@@ -17,6 +17,17 @@ and reports its bytes to an mbarrier (`complete_tx`); the box shape, dtype,
 strides and swizzle live in the map, so the op carries only coordinates.
 Out-of-bounds elements of the box are written as zeros.
 
+A *TMA store* (`tma_store`, cp.async.bulk.tensor ... global.shared::cta ...
+bulk_group) is the reverse: one box of shared memory, laid out (and
+swizzled) as the map says, is written to the global tensor; elements of the
+box outside the tensor are not written (TMA clips stores). It reports to no
+mbarrier: the issuing thread groups its stores with `bulk_commit_group` and
+`bulk_wait_group_read {pending = N}` waits until all but the N newest groups
+have finished *reading* shared memory, after which the buffer may be
+rewritten or the block may exit. The shared bytes must be written by the
+threads and then made visible to the async proxy by `fence_proxy_async` of
+each writing thread and a `barrier`, before the one thread issues the store.
+
 Ordering rules the ops encode (PTX ISA, "mbarrier" and "tensor copy"):
 
 * `mbarrier_init` is a plain write; other threads may use the barrier only
@@ -25,6 +36,8 @@ Ordering rules the ops encode (PTX ISA, "mbarrier" and "tensor copy"):
   `fence_proxy_async` (fence.proxy.async.shared::cta) by the initializing thread.
 * the bytes a `tma_load` writes may be read only after an `mbarrier_wait`
   that observes the completion of the phase that counted them.
+* the bytes a `tma_store` reads may be written again (and the block may end)
+  only after the issuing thread's `bulk_wait_group_read` retires its group.
 
 Coordinates are in elements, outermost dimension first (numpy order, as
 tiles are indexed everywhere in Tessera); the backend reverses them into
@@ -105,6 +118,25 @@ def _infer_tma_load(ts, a):
     return []
 
 
+def _infer_tma_store(ts, a):
+    src, tensor_map, *coords = ts
+    require(isinstance(src, PointerType) and src.address_space == "shared" and src.pointee.bits >= 8,
+            f"tma_store reads a box from shared memory: its first operand is a ptr<T, shared> of a type of at "
+            f"least one byte, got {src}")
+    require(tensor_map == TENSOR_MAP, f"tma_store's second operand is the tensor map, a {TENSOR_MAP} kernel "
+                                      f"parameter (the 128-byte CUtensorMap, passed by value), got {tensor_map}")
+    require(1 <= len(coords) <= TMA_MAX_RANK, f"tma_store takes 1 to {TMA_MAX_RANK} coordinates (one per tensor "
+                                              f"dimension), got {len(coords)}")
+    for i, c in enumerate(coords):
+        _require_i32(c, "tma_store", f"coordinate {i}")
+    return []
+
+
+def _infer_bulk_wait(ts, a):
+    require(a["pending"] >= 0, f"bulk_wait_group_read pending must be >= 0, got {a['pending']}")
+    return []
+
+
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
                  "no transaction bytes (mbarrier.init.shared.b64). One thread initializes; the others may use it "
                  "after a `barrier`, TMA after a `fence_mbarrier_init`.", 2, infer=_infer_init, pure=False, **SYNCHRONIZES)
@@ -136,3 +168,15 @@ define_thread_op("tma_load", "Copy the box at element `coords` (outermost first)
                  "mbarrier::complete_tx::bytes), out-of-bounds elements zero-filled, and count its bytes as "
                  "transactions of `bar`'s current phase. Issued by one thread; `dst` must be 128-byte aligned "
                  "(1024 with a 128B swizzle).", (4, 3 + TMA_MAX_RANK), infer=_infer_tma_load, pure=False, **SYNCHRONIZES)
+define_thread_op("tma_store", "Write the box of shared memory at `src` to the tensor that `tensor_map` describes "
+                 "at element `coords` (outermost first) (cp.async.bulk.tensor.<rank>d.global.shared::cta.tile."
+                 "bulk_group); box elements outside the tensor are not written. Issued by one thread, after the "
+                 "writers' fence_proxy_async and a barrier; `src` must be 128-byte aligned (1024 with a 128B "
+                 "swizzle). Joins the thread's open bulk group (bulk_commit_group).", (3, 2 + TMA_MAX_RANK),
+                 infer=_infer_tma_store, pure=False, **SYNCHRONIZES)
+define_thread_op("bulk_commit_group", "Close this thread's open group of tma_stores (cp.async.bulk.commit_group).",
+                 0, infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
+define_thread_op("bulk_wait_group_read", "Wait until at most `pending` of this thread's committed bulk groups are "
+                 "still reading shared memory (cp.async.bulk.wait_group.read): their source buffers may then be "
+                 "rewritten, and with pending = 0 the block may exit.", 0, attrs={"pending": "int"},
+                 infer=_infer_bulk_wait, pure=False, **SYNCHRONIZES)

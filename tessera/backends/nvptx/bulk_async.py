@@ -12,6 +12,9 @@
 | fence_proxy_async           | fence.proxy.async.shared::cta                                             |
 | fence_proxy_async_global    | fence.proxy.async.global                                                  |
 | tma_load                    | cp.async.bulk.tensor.<r>d.shared::cluster.global.tile.mbarrier::complete_tx::bytes |
+| tma_store                   | cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group              |
+| bulk_commit_group           | cp.async.bulk.commit_group                                                |
+| bulk_wait_group_read        | cp.async.bulk.wait_group.read N                                           |
 
 `mbarrier_wait` loops because `try_wait` may give up after a
 hardware-chosen time; the loop is the blocking wait CUTLASS and Triton emit.
@@ -54,7 +57,8 @@ REQUIRED_FEATURES = {
         "fence_mbarrier_init", "mbarrier_expect_tx")},
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "fence_proxy_async_global": ("tma", "the async proxy (sm_90+: TMA)"),
-    "tma_load": ("tma", "the Tensor Memory Accelerator (sm_90+)"),
+    **{name: ("tma", "the Tensor Memory Accelerator (sm_90+)") for name in (
+        "tma_load", "tma_store", "bulk_commit_group", "bulk_wait_group_read")},
 }
 
 
@@ -132,3 +136,21 @@ def _tma_load(lw, op, dst, tensor_map, *rest):
     args = [b.addrspacecast(dst, _CLUSTER_SMEM), bar, tensor_map, *reversed(coords),
             ir.Constant(I16, 0), ir.Constant(I64, 0), ir.Constant(I1, 0), ir.Constant(I1, 0), ir.Constant(I32, 0)]
     lw.intrinsic(f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{len(coords)}d", args)
+
+
+@codegen_for("tma_store")
+def _tma_store(lw, op, src, tensor_map, *coords):
+    smem = lw.shared_memory
+    smem.align = max(smem.align or 0, TMA_SHARED_ALIGN)
+    args = [src, tensor_map, *reversed(coords), ir.Constant(I64, 0), ir.Constant(I1, 0)]
+    lw.intrinsic(f"llvm.nvvm.cp.async.bulk.tensor.s2g.tile.{len(coords)}d", args)
+
+
+@codegen_for("bulk_commit_group")
+def _bulk_commit_group(lw, op):
+    lw.intrinsic("llvm.nvvm.cp.async.bulk.commit.group", [])
+
+
+@codegen_for("bulk_wait_group_read")
+def _bulk_wait_group_read(lw, op):
+    lw.intrinsic("llvm.nvvm.cp.async.bulk.wait.group.read", [ir.Constant(I32, op.attrs["pending"])])

@@ -118,6 +118,12 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{rank}d":
        (VOID, (_CLUSTER_SMEM, _SMEM, ir.PointerType()) + (I32,) * rank + (I16, I64, I1, I1, I32))
        for rank in range(1, 6)},
+    # cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group: (src, tensor map (generic address), r
+    # coordinates innermost first, cache hint, use-cache-hint flag).
+    **{f"llvm.nvvm.cp.async.bulk.tensor.s2g.tile.{rank}d":
+       (VOID, (_SMEM, ir.PointerType()) + (I32,) * rank + (I64, I1)) for rank in range(1, 6)},
+    "llvm.nvvm.cp.async.bulk.commit.group": (VOID, ()),                               # cp.async.bulk.commit_group
+    "llvm.nvvm.cp.async.bulk.wait.group.read": (VOID, (I32,)),                        # ...wait_group.read N (immarg)
 }
 
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED

@@ -183,9 +183,19 @@ class AsyncProxy:
         self.barriers: dict[int, MBarrier] = {}
         self.copies: list[BoxCopy] = []
         self.in_flight_bytes = np.zeros(nbytes, dtype=np.int32)
+        self.store_reads = np.zeros(nbytes, dtype=np.int32)     # tma_stores reading each byte (`tma_store.py`)
+        self.store_groups: dict[int, list[list[np.ndarray]]] = {}   # issuer -> its bulk groups, open one last
 
     def describe_in_flight(self, addrs: np.ndarray, threads: np.ndarray, verb: str, place) -> str | None:
-        """The hook `SharedMemory` calls before every access: an error if it touches bytes a TMA is writing."""
+        """The hook `SharedMemory` calls before every access: an error if it touches bytes a TMA is writing,
+        or writes bytes a tma_store may still be reading."""
+        if verb != "reads":
+            reading = self.store_reads[addrs] > 0
+            if reading.any():
+                i = int(np.argmax(reading))
+                return (f"thread {int(threads[i])} {verb} {place(int(addrs[i]))}, which a tma_store may still be "
+                        "reading: its issuing thread must bulk_commit_group and bulk_wait_group_read (then a "
+                        "barrier) before the buffer is rewritten")
         busy = self.in_flight_bytes[addrs] > 0
         if not busy.any():
             return None

@@ -41,7 +41,7 @@ from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
-from . import control_flow, low_bit, mbarrier, memory, warp_specialization, wgmma  # noqa: F401  (fill the SIMT semantics table)
+from . import control_flow, low_bit, mbarrier, memory, tma_store, warp_specialization, wgmma  # noqa: F401  (fill the SIMT semantics table)
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
 from .thread_checks import TILE_ONLY_OPS, verify_thread_ir
@@ -148,6 +148,7 @@ class ThreadBlock:
                                    "in flight; add async_commit and async_wait {pending = 0} before it returns",
                                    kernel=self.fn.name, program_id=self.program_id)
         mbarrier.finish_block(self)
+        tma_store.finish_block(self)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""

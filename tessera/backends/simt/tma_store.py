@@ -1,0 +1,140 @@
+"""TMA stores in the SIMT simulator: `tma_store`, `bulk_commit_group`, `bulk_wait_group_read`.
+
+A `tma_store` is executed when it is issued: the box is read from shared
+memory (through the map's swizzle, as `tma_load` writes it) and the
+elements that lie inside the tensor are written to the map's `source`
+array; the others are dropped, as TMA clips stores. What the GPU does later
+is checked instead:
+
+* the bytes it reads must have been written before the last barrier (no
+  thread but the issuer wrote them since) and be visible to the async proxy,
+  i.e. unchanged since the last `fence_proxy_async` (the view `wgmma.py`
+  keeps for the same rule);
+* until the issuing thread's `bulk_wait_group_read` retires the store's
+  group, the copy may still be reading: any write to those bytes is a race
+  (`AsyncProxy.describe_in_flight`), and a block that ends with stores
+  not retired is an error (the GPU would free the shared memory under them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..interp.errors import InterpreterError
+from . import wgmma
+from .mbarrier import TensorMapMemory, _active, _proxy, _source
+from .ops import simt
+from .shared import _NONE, SharedRegion
+from tessera.ir.tensor_map import swizzle_offsets
+
+_FENCE_ADVICE = ("every thread that wrote the box must run fence_proxy_async after its writes, then a barrier, "
+                 "before the tma_store is issued")
+
+
+@simt("tma_store")
+def _tma_store(ctx, op, src, tensor_map, *coords):
+    threads = _active(ctx)
+    region, memory = src.memory, tensor_map.memory
+    if not isinstance(region, SharedRegion):
+        raise ctx.error(op, "tma_store reads shared memory, but its source points elsewhere")
+    if not isinstance(memory, TensorMapMemory):
+        raise ctx.error(op, "tma_store's tensor map argument must be a tessera.runtime.tensor_map."
+                            f"TensorMapDescription in the simulator, got {memory!r}")
+    desc = memory.description
+    if len(coords) != desc.rank:
+        raise ctx.error(op, f"tma_store gives {len(coords)} coordinates for a rank-{desc.rank} tensor map")
+    if region.dtype.bits != desc.dtype.bits:
+        raise ctx.error(op, f"tma_store source holds {region.dtype.name} but the tensor map's elements are "
+                            f"{desc.dtype.name}: use a ptr<{desc.dtype.name}, shared>")
+    target = _source(ctx, op, desc)
+    if not target.flags.writeable:
+        raise ctx.error(op, "tma_store writes the tensor map's source array, but it is read-only; build the map "
+                            "with TensorMapDescription.for_array over the output array")
+    proxy = _proxy(ctx)
+    numel = int(np.prod(desc.box_shape))
+    for t in threads.tolist():
+        if int(tensor_map.offsets[t]) != 0:
+            raise ctx.error(op, "tma_store's tensor map pointer must point at the start of the map")
+        start = int(src.offsets[t])
+        if start < 0 or start + numel > region.size:
+            raise ctx.error(op, f"tma_store box of {numel} {desc.dtype.name} elements at element {start} does not "
+                                f"fit in {region.name} ({region.size} elements)")
+        base = region.byte_offset + start * desc.element_bytes
+        if base % desc.shared_alignment:
+            raise ctx.error(op, f"tma_store source at shared byte {base} is not {desc.shared_alignment}-byte "
+                                f"aligned, as a box with swizzle {desc.swizzle!r} needs")
+        addrs = base + swizzle_offsets(np.arange(numel * desc.element_bytes, dtype=np.int64), desc.swizzle)
+        _check_readable(ctx, op, t, addrs)
+        _write_box(desc, target, [int(c[t]) for c in coords], ctx.shared.bytes[addrs])
+        proxy.store_reads[addrs] += 1
+        groups = proxy.store_groups.setdefault(t, [[]])
+        groups[-1].append(addrs)
+
+
+def _check_readable(ctx, op, thread: int, addrs: np.ndarray) -> None:
+    """The box's bytes are ordered before the store: written before a barrier and fenced for the async proxy."""
+    shared = ctx.shared
+    busy = shared._in_flight(addrs, np.full(addrs.size, thread), "reads", None)
+    if busy:
+        raise ctx.error(op, f"shared-memory race: {busy}")
+    wlo, whi = shared._writer_lo[addrs], shared._writer_hi[addrs]
+    other = (wlo != _NONE) & ~((wlo == thread) & (whi == thread))
+    if other.any():
+        i = int(np.argmax(other))
+        raise ctx.error(op, f"shared-memory race: thread {thread}'s tma_store reads shared byte {int(addrs[i])}, "
+                            f"which thread {int(wlo[i]) if wlo[i] != thread else int(whi[i])} wrote since the last "
+                            f"barrier; {_FENCE_ADVICE}")
+    view = wgmma._state(ctx).async_view
+    if view is None:
+        raise ctx.error(op, f"tma_store reads shared memory, but no fence_proxy_async has run; {_FENCE_ADVICE}")
+    stale = shared.bytes[addrs] != view[addrs]
+    if stale.any():
+        raise ctx.error(op, f"tma_store reads shared byte {int(addrs[np.argmax(stale)])}, written after the last "
+                            f"fence_proxy_async, so the async proxy may not see it; {_FENCE_ADVICE}")
+
+
+def _write_box(desc, target: np.ndarray, start: list[int], raw: np.ndarray) -> None:
+    """Write the box (row-major bytes `raw`) at element `start` of `target`, skipping elements outside it."""
+    index = np.indices(desc.box_shape).reshape(desc.rank, -1) + np.asarray(start)[:, None]
+    inside = np.all((index >= 0) & (index < np.asarray(desc.shape)[:, None]), axis=0)
+    values = raw.astype(np.uint8).view(target.dtype)
+    target[tuple(index[:, inside])] = values[inside]
+
+
+@simt("bulk_commit_group")
+def _bulk_commit_group(ctx, op):
+    proxy = _proxy(ctx)
+    for t in _active(ctx).tolist():
+        groups = proxy.store_groups.setdefault(t, [[]])
+        groups.append([])
+
+
+@simt("bulk_wait_group_read")
+def _bulk_wait_group_read(ctx, op):
+    proxy, pending = _proxy(ctx), op.attrs["pending"]
+    for t in _active(ctx).tolist():
+        groups = proxy.store_groups.get(t)
+        if not groups:
+            continue
+        committed, open_group = groups[:-1], groups[-1]
+        retire = committed[:max(len(committed) - pending, 0)]
+        for group in retire:
+            for addrs in group:
+                proxy.store_reads[addrs] -= 1
+        proxy.store_groups[t] = committed[len(retire):] + [open_group]
+
+
+def finish_block(block) -> None:
+    """At the end of a block: tma_stores no bulk_wait_group_read retired are an error (the GPU may still be
+    reading the shared memory the block gives up)."""
+    proxy = block.shared.async_proxy
+    if proxy is None or not proxy.store_groups:
+        return
+    for t, groups in proxy.store_groups.items():
+        left = sum(len(g) for g in groups)
+        if left:
+            uncommitted = len(groups[-1])
+            how = ("bulk_commit_group, then " if uncommitted else "") + "bulk_wait_group_read {pending = 0}"
+            raise InterpreterError(f"{left} tma_store copies of thread {t} never waited for: the kernel ends while "
+                                   f"they may still read shared memory; add {how} before it returns",
+                                   kernel=block.fn.name, program_id=block.program_id)
