@@ -96,8 +96,10 @@ def test_every_sm90_table_entry_compiles_and_assembles_for_sm_90a():
                 args.append(value)
             else:
                 args.append(ir.Constant(t, 0))
-        if name.startswith("llvm.nvvm.cp.async.bulk.tensor"):
+        if name.startswith("llvm.nvvm.cp.async.bulk.tensor.g2s"):
             args[-1] = ir.Constant(I32, 0)   # cta_group is an immediate
+        if name == "llvm.nvvm.cp.async.bulk.wait.group.read":
+            args[0] = ir.Constant(I32, 1)    # the group count is an immediate
         result = b.call(callee, args)
         if not isinstance(result.type, ir.VoidType):
             b.store(b.zext(result, ir.IntType(64)) if result.type != ir.IntType(64) else result, out)
@@ -108,6 +110,9 @@ def test_every_sm90_table_entry_compiles_and_assembles_for_sm_90a():
     assert ".extern .func" not in ptx and "llvm." not in ptx
     for rank in range(1, 6):
         assert f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes" in ptx
+        assert f"cp.async.bulk.tensor.{rank}d.global.shared::cta.tile.bulk_group" in ptx
+    assert "cp.async.bulk.commit_group;" in ptx
+    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+1;", ptx)
     if HAS_PTXAS:
         cubin, _ = assemble(ptx, "sm_90a", find_ptxas())
         assert cubin
