@@ -23,7 +23,9 @@ def test_well_typed_ops_verify():
                                       "tma_load %box, %map, %i, %bar",
                                       "tma_load %box, %map, %i, %i, %i, %i, %i, %bar", "mbarrier_arrive %bar",
                                       "mbarrier_inval %bar",
-                                      "mbarrier_wait %bar, %i")))
+                                      "mbarrier_wait %bar, %i", "tma_store %box, %map, %i, %i",
+                                      "tma_store %box, %map, %i, %i, %i, %i, %i", "bulk_commit_group",
+                                      "bulk_wait_group_read {pending = 1}")))
 
 
 @pytest.mark.parametrize("line, message", [
@@ -39,6 +41,11 @@ def test_well_typed_ops_verify():
     ("tma_load %box, %map, %j, %bar", "tma_load coordinate 0 must be i32"),
     ("tma_load %box, %map, %i, %i, %i", r"tma_load \(last operand\) takes an mbarrier"),
     ("tma_load %box, %map, %i, %i, %i, %i, %i, %i, %bar", "tma_load takes 4 to 8 operands"),
+    ("tma_store %g, %map, %i", "tma_store reads a box from shared memory"),
+    ("tma_store %box, %g, %i", "tma_store's second operand is the tensor map"),
+    ("tma_store %box, %map, %j", "tma_store coordinate 0 must be i32"),
+    ("tma_store %box, %map, %i, %i, %i, %i, %i, %i", "tma_store takes 3 to 7 operands"),
+    ("bulk_wait_group_read {pending = -1}", "bulk_wait_group_read pending must be >= 0, got -1"),
 ])
 def test_wrong_operands_are_rejected(line, message):
     with pytest.raises(VerifyError, match=message):

@@ -261,6 +261,9 @@ func @bulk_async(%map: tensormap) {
   tma_load %box, %map, %row, %one, %bar
   mbarrier_arrive %bar
   mbarrier_wait %bar, %one
+  tma_store %box, %map, %row, %one
+  bulk_commit_group
+  bulk_wait_group_read {pending = 0}
   mbarrier_inval %bar
   return
 }
