@@ -132,7 +132,9 @@ def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
     if array.dtype.itemsize != desc.element_bytes:
         raise InterpreterError(f"argument '{name}' holds {array.dtype.itemsize}-byte elements, its tensor map "
                                f"{desc.dtype.name}", kernel=fn.name)
-    source = np.lib.stride_tricks.as_strided(flat.view(array.dtype), desc.shape, desc.strides, writeable=False)
+    # writable (for tma_store) only where it is the argument's own memory, not a zero-filled or padded copy
+    source = np.lib.stride_tricks.as_strided(flat.view(array.dtype), desc.shape, desc.strides,
+                                             writeable=flat.flags.writeable and np.shares_memory(flat, array))
     return TensorMapDescription(desc.global_address, desc.dtype, desc.shape, desc.strides, desc.box_shape,
                                 desc.swizzle, source=source)
 

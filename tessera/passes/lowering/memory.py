@@ -177,8 +177,15 @@ def _view_load(ctx, op):
     ctx.define(op.result, Regs(value, layout), op)
 
 
+# Other ways to store a view block, tried in order before the threads' stores: fn(ctx, op) -> bool (True: done).
+# `passes/schedule/tma_store.py` adds the TMA store (sm_90+); lowering itself imports nothing of schedule/.
+VIEW_STORE_STRATEGIES: list = []
+
+
 @lowering("view_store")
 def _view_store(ctx, op):
+    if any(strategy(ctx, op) for strategy in VIEW_STORE_STRATEGIES):
+        return
     view = ctx.lookup(op.operands[0])
     n = len(op.operands)
     starts = [ctx.operand(op, i) for i in range(1, n - 1)]
