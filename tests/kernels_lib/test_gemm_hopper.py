@@ -294,15 +294,17 @@ def test_restarting_the_phases_each_tile_is_reported():
 @pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
 def test_the_next_tiles_loads_are_issued_before_the_epilogue(target):
     """In the tile loop, after the K loop (the innermost loop with the matrix instructions) and before the
-    epilogue's global stores, thread 0 starts the next tile's first STAGES - 1 fills (UTMALDG), so they land
-    while the epilogue runs; the K loop's own prologue runs for the program's first tile only."""
+    epilogue's global store (the TMA store of C, UTMASTG: `passes/schedule/tma_store.py`), thread 0 starts the
+    next tile's first STAGES - 1 fills (UTMALDG), so they land while the epilogue runs; the K loop's own
+    prologue runs for the program's first tile only."""
     needs_sass()
     compiled = compile_gemm(PERSISTENT, target=target)
     code = disassemble(compiled.cubin)
     mma = "HGMMA" if target == "sm_90a" else "HMMA"
     tiles, k_loop = outermost_loop_containing(code, mma), loop_containing(code, mma)
     after_k = [i for i in tiles if i.address > k_loop[-1].address]
-    first_store = first(after_k, "STG")
+    assert first(after_k, "STG") == -1
+    first_store = first(after_k, "UTMASTG")
     assert first_store > 0 and first(after_k, "UTMALDG") < first_store
     boxes = k_boxes(PERSISTENT) if target == "sm_90a" else 2     # mma.sync slots: one box per load
     assert sum(i.opcode.startswith("UTMALDG") for i in after_k[:first_store]) == (PERSISTENT.kwargs["STAGES"] - 1) * boxes
