@@ -123,7 +123,9 @@ def test_without_tma_the_slots_are_filled_by_cp_async():
 def test_thread_ir_of_a_tma_filled_pipeline():
     stages = 3
     fn = lower(matmul_case(128, 128, 256, 64, 64, 64, stages, tessera.bf16).module, "sm_90", 4).functions[0]
-    assert [a.type for a in fn.args[-2:]] == [TensorMapType()] * 2 and len(kernel_recipes(fn.attrs)) == 2
+    # A's and B's maps, then C's: the epilogue stores the block by TMA (`schedule/tma_store.py`)
+    assert [a.type for a in fn.args[-3:]] == [TensorMapType()] * 3 and len(kernel_recipes(fn.attrs)) == 3
+    assert names(fn.walk()).count("tma_store") == 1
     top = fn.body.ops
     loop = next(op for op in top if op.name == "for" and op.attrs.get("stages"))
     before, after = top[:top.index(loop)], top[top.index(loop) + 1:]
@@ -170,7 +172,13 @@ def test_thread_ir_of_a_tma_filled_wgmma_pipeline():
     order = [n for n in names(body.ops) if n in ("mbarrier_wait", "barrier", "wgmma_fence", "wgmma_wait", "if")]
     assert order == ["mbarrier_wait", "wgmma_fence",                # each thread waited on the slot itself
                      "wgmma_wait", "barrier", "if"]                 # the refill, once every group i - 1 retired
-    assert "fence_proxy_async" not in names(fn.walk()) and "async_wait" not in names(fn.walk())
+    # no proxy fence before a refill (the epilogue's, before its TMA store of C, comes after the loop)
+    filling = [*before, loop]
+    assert "fence_proxy_async" not in [n for op in filling for n in names(op.walk())]
+    assert "async_wait" not in names(fn.walk())
+    after = top[top.index(loop) + 1:]
+    epilogue = names(after)[names(after).index("fence_proxy_async"):]
+    assert epilogue[:3] == ["fence_proxy_async", "barrier", "if"]        # then thread 0's TMA store
     wait = next(op for op in body.ops if op.name == "wgmma_wait")
     assert wait.attrs["pending"] == 1
 
