@@ -49,5 +49,7 @@ def test_sm_90a_range_loop_is_a_tma_ring_into_wgmma_with_a_group_in_flight_witho
     ptx = compiled.stages["ptx"]
     assert "cp.async.bulk.tensor.2d" in ptx and "mbarrier.try_wait.parity" in ptx
     assert "wgmma.mma_async.sync.aligned.m64n64k16" in ptx and re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)
-    assert len(compiled.metadata["tensor_maps"]) == 2
+    # A's and B's maps, and C's for the epilogue's TMA store
+    assert [m["name"] for m in compiled.metadata["tensor_maps"]] == ["a_ptr_tma0", "b_ptr_tma1", "c_ptr_tma2"]
+    assert "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
     assert no_spills(compiled)
