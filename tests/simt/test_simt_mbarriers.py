@@ -51,7 +51,8 @@ def test_on_sm_90_the_copies_are_tma_loads_counted_on_the_slot_mbarriers(M, N, K
     assert ops.count("mbarrier_expect_tx") == ops.count("tma_load") and "mbarrier_wait" in ops
     assert not {"async_copy", "async_commit", "async_wait"} & set(ops)
     recipes = {r.pointer: r for r in kernel_recipes(fn.attrs)}
-    assert set(recipes) == {0, 1}                                                 # a_ptr and b_ptr
+    assert set(recipes) == {0, 1, 2}                          # a_ptr and b_ptr; c_ptr, for the TMA store of C
+    assert ops.count("tma_store") == 1
     a, b = recipes[0], recipes[1]
     assert (a.box_shape, a.swizzle) == ((case.BM, case.BK), f"{case.BK * 2}B")   # rows of 64 / 128 bytes
     assert (b.box_shape, b.swizzle) == ((case.BK, case.BN), f"{case.BN * 2}B")
