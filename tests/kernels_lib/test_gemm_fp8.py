@@ -169,7 +169,9 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
         assert ptx.count(f"wgmma.mma_async.sync.aligned.m64n{bn}k32.f32.e4m3.e4m3") == slabs * (bk // 32), config
         assert "mma.sync" not in ptx
         tma_filled = [m["pointer"] for m in compiled.metadata["tensor_maps"]]
-        assert tma_filled == (["a_ptr", "b_ptr"] if b_strides == "i32:1,i32:16" else ["a_ptr"]), config
+        # the loads' maps, then C's: the epilogue's TMA store (`passes/schedule/tma_store.py`)
+        assert tma_filled == (["a_ptr", "b_ptr"] if b_strides == "i32:1,i32:16" else ["a_ptr"]) + ["c_ptr"], config
+        assert "st.global" not in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
         assert "cp.async.bulk.tensor" in ptx
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
 
