@@ -135,17 +135,17 @@ def test_a_tma_gemm_launcher_encodes_its_tensor_maps_as_the_python_launcher_desc
     manifest = compile_kernel(tmp_path, GEMM, GEMM_SIGNATURE, GEMM_CONSTS, target="sm_90a", warps=8)
     spec = Specialization.load(manifest)
     metadata = json.loads(manifest.read_text())
-    assert len(spec.tensor_maps) == 2 and spec.shared_bytes > 48 * 1024
+    assert len(spec.tensor_maps) == 3 and spec.shared_bytes > 48 * 1024     # A, B; C for the TMA store
     M, N, K = 1000, 1008, 2000
     values = [0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000, M, N, K, 1.5, K, 1, N, 1]
     call = ("gemm_kernel_launch(NULL, 64, 1, 1, 0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000, "
             f"{M}, {N}, {K}, 1.5f, {K}, 1, {N}, 1)")
-    lines = run_launch(tmp_path, [tmp_path / "gemm_kernel.c"], call, [8] * 6 + [4] * 8 + [128, 128])
+    lines = run_launch(tmp_path, [tmp_path / "gemm_kernel.c"], call, [8] * 6 + [4] * 8 + [128, 128, 128])
     assert lines[2] == f"attribute 8 {spec.shared_bytes}"     # CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
     assert_maps_described_alike(lines, spec, metadata, values)
     params = [line.split()[-1] for line in lines if line.startswith("param ")]
     assert params[:14] == packed(spec, values)
-    assert params[14:] == ["a0" * 128, "a1" * 128]            # the maps go by value, after the kernel's own
+    assert params[14:] == ["a0" * 128, "a1" * 128, "a2" * 128]   # the maps go by value, after the kernel's own
 
 
 def test_link_dispatches_to_the_most_specialized_variant_that_fits(tmp_path):
