@@ -187,26 +187,29 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         if target in ("sm_90", "sm_90a"):
             assert "cp.async.cg" not in ptx and "cp.async.wait_group" not in ptx and "cp.async.bulk.tensor.2d" in ptx
-            assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 2
+            # A's and B's maps, and C's: the epilogue stores C by one TMA store (`passes/schedule/tma_store.py`)
+            assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 3
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
-            assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr"]
+            assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr", "c_ptr"]
+            assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 1 and "st.global" not in ptx
         # a persistent config also starts the next tile's first STAGES - 1 fills before its epilogue
         fills = stages + (stages - 1 if config.kwargs["PERSISTENT"] else 0)
         if target == "sm_90":
-            assert ptx.count("cp.async.bulk.tensor.2d") == 2 * fills, config
+            assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster") == 2 * fills, config
             assert "wgmma" not in ptx and "mma.sync.aligned.m16n8k16" in ptx
         elif target == "sm_90a":
             # STAGES - 1 prologue fills and one per iteration; a slot row of BK (A, B^T) or BN (B) bf16 elements
             # is one box per 128-byte column block (one 64B box for BK = 32)
             k_boxes = max(1, config.kwargs["BK"] // 64)
             n_boxes = k_boxes if b_layout == "b-transposed" else config.kwargs["BN"] // 64
-            assert ptx.count("cp.async.bulk.tensor.2d") == fills * (k_boxes + n_boxes), config
-            assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"]}
+            assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster") == fills * (k_boxes + n_boxes), config
+            assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"][:2]}     # C's store map: unswizzled
             trans_b = int(b_layout == "b-row-major")
             mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 .*, p, 1, 1, 0, (\d);", ptx)
             assert len(mma) == config.kwargs["BK"] // 16 and {int(t) for _, t in mma} == {trans_b}, config
             assert re.search(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx), f"{config}: no group in flight"
-            assert "mma.sync" not in ptx and "ldmatrix" not in ptx and "fence.proxy.async" not in ptx
+            # the one proxy fence orders C's st.shared before its TMA store, after the K loop
+            assert "mma.sync" not in ptx and "ldmatrix" not in ptx and ptx.count("fence.proxy.async") == 1
             assert "serialized" not in metadata["log"], metadata["log"]
         else:
             assert "cp.async.cg.shared.global" in ptx and re.search(rf"cp\.async\.wait_group\s+{stages - 2};", ptx), \
@@ -273,9 +276,10 @@ def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
         HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
     fn = parse_module(compiled.stages["thread_ir"]).functions[0]        # the printed recipes read back
     names = [a.name_hint for a in fn.args]
-    assert names[:len(GEMM_ARGS)] == GEMM_ARGS and names[len(GEMM_ARGS):] == ["a_ptr_tma0", "b_ptr_tma1"]
-    a_map, b_map = compiled.metadata["tensor_maps"]
-    assert [r.to_json(names) for r in kernel_recipes(fn.attrs)] == [a_map, b_map]
+    assert names[:len(GEMM_ARGS)] == GEMM_ARGS and names[len(GEMM_ARGS):] == ["a_ptr_tma0", "b_ptr_tma1",
+                                                                               "c_ptr_tma2"]
+    a_map, b_map, c_map = compiled.metadata["tensor_maps"]
+    assert [r.to_json(names) for r in kernel_recipes(fn.attrs)] == [a_map, b_map, c_map]
     assert a_map == {"param": 14, "name": "a_ptr_tma0", "pointer": "a_ptr", "dtype": "bf16", "shape": ["M", "K"],
                      "strides": ["stride_am", "1"], "box": [128, 64], "swizzle": "128B", "oob_fill": "zero"}
     if b_layout == "b-row-major":
@@ -284,10 +288,13 @@ def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
         expected_b = dict(shape=["N", "K"], strides=["stride_bn", "1"], box=[128, 64], swizzle="128B")
     assert b_map == {"param": 15, "name": "b_ptr_tma1", "pointer": "b_ptr", "dtype": "bf16", "oob_fill": "zero",
                      **expected_b}
+    # C's, for the epilogue's TMA store of the whole 128 x 128 block (`passes/schedule/tma_store.py`)
+    assert c_map == {"param": 16, "name": "c_ptr_tma2", "pointer": "c_ptr", "dtype": "bf16", "shape": ["M", "N"],
+                     "strides": ["N", "1"], "box": [128, 128], "swizzle": "none", "oob_fill": "zero"}
     # a launcher appends the maps to the kernel's own parameters and rebuilds the recipes from the metadata
     own_types = [a.type for a in fn.args[:len(GEMM_ARGS)]]
     types, launch_names, recipes = launch_parameters(own_types, GEMM_ARGS, compiled.metadata)
-    assert types == [*own_types, TensorMapType(), TensorMapType()] and launch_names == names
+    assert types == [*own_types, *[TensorMapType()] * 3] and launch_names == names
     assert recipes == list(kernel_recipes(fn.attrs))
 
 
