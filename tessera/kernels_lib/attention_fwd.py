@@ -137,7 +137,8 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
                          SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
-                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False):
+                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
+                         WS: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -161,7 +162,7 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     l = tessera.zeros((BM,), tessera.f32)
     acc = tessera.zeros((BM, D), tessera.f32)
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
-    for n in tessera.pipeline(lo, hi, stages=STAGES):
+    for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
         s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
         if SCORE_MOD is not None:     # the user's function sees natural units (scale * q.k, softcapped)
             if SOFTCAP:
