@@ -14,7 +14,10 @@ exponentials and the running output acc (the online softmax): for each block
 
 and at the end O = acc / l and LSE = (m + log2 l) * ln 2, the natural log
 of sum_j exp(scale * q.k_j). The K and V blocks stream through a
-`tessera.pipeline`, so the next blocks are in flight while this one computes.
+`tessera.pipeline`, so the next blocks are in flight while this one computes;
+with WS (sm_90a) a producer warpgroup of its own issues their TMA fills and
+the kernel's warps, the consumers, read Q and run the loop behind mbarriers
+(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`).
 
 Masks (FlashAttention's conventions): query i of Sq sees key j of Sk when
 `i + Sk - Sq - left <= j <= i + Sk - Sq + right`, each bound present only if

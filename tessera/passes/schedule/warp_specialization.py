@@ -8,7 +8,7 @@ behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
 where it pays; the rest of the kernel runs in the consumers' branch.
 Guarantees: the producer runs at most S fills ahead of the slowest
 consumer; the two branches meet only at one named barrier after the loop;
-what cannot be warp-specialized (no TMA, nested loop, memory access before
+what cannot be warp-specialized (no TMA, nested loop, a memory write before
 the loop, ...) is a LoweringError saying what to change. The emitted code
 is the comment above `lower_warp_specialized_for`.
 """
@@ -97,8 +97,12 @@ EXIT_BARRIER_ID = 2                     # producer and consumers, once, after th
 #
 # Before the loop every thread, the producer included, runs the kernel's
 # code, so that code may only compute (scalar ops, views, register-only tile
-# ops such as `zeros`): no memory access, no shared-memory exchange, no
-# nested region (`_check_prologue`). The loop must be an op of the kernel's
+# ops such as `zeros`): no memory write, no shared-memory exchange, no
+# nested region (`_prologue_refusal`). Reads there that only the consumers
+# need (attention's Q block) are lowered at the top of the consumers' branch
+# instead, and the loop's invariant dot operands among them staged there
+# (`consumer_prologue.py`); a loop bound or block address the producer needs
+# may not be read from memory. The loop must be an op of the kernel's
 # body itself (not nested in a loop or an `if`: persistent kernels are not
 # supported), one per kernel, and every pipelined load must be TMA-filled
 # (a view load `pipeline_plan` does not pipeline at all stays an ordinary
