@@ -70,7 +70,8 @@ CPU_PLAN = Plan(16, 16, 4, stages=1)
 # warpgroup (384 threads) whose one thread issues K's and V's TMA fills ahead, behind mbarriers, while the two
 # consumer warpgroups (setmaxnreg 232) run the dots and the online softmax, Q read in their branch
 # (`passes/schedule/consumer_prologue.py`). Not the default: untimed yet (bench/attention.py's `tessera_ws`
-# column); not for varlen (the bounds come from cu_seqlens, which the producer would have to load) nor fp8.
+# column); not for varlen (the bounds come from cu_seqlens, which the producer would have to load), and not yet
+# for fp8 or fused score_mod / epilogue hooks (they compile, but no simulator test covers them).
 WS_GPU_PLANS = {64: Plan(128, 64, 8, ws=True), 128: Plan(128, 64, 8, ws=True)}
 WS_ENV = "TESSERA_ATTENTION_WS"
 
@@ -252,7 +253,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     lse = problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
-    ws = wants_warp_specialization() and not problem.varlen and descales is None
+    ws = wants_warp_specialization() and not problem.varlen and descales is None and hooks is NO_HOOKS
     plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D, ws)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
