@@ -176,7 +176,7 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False):
+def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0):
     """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
     2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
     other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
@@ -184,6 +184,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
+    left, right = window[0], 0 if causal else window[1]
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Sq, H, D, generator=g).half()
     k_rows, v_rows = (torch.full((B, 64, H_kv, D), float("nan")).half() for _ in range(2))
@@ -194,11 +195,12 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]
     args = [q.numpy(), k_rows.numpy(), v_rows.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
-            LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
+            LOG2E / math.sqrt(D) if not softcap else 1 / (math.sqrt(D) * softcap), softcap,
+            max(left, 0), max(right, 0), *strides, *lse.stride()[:2],
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
-    options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2,
-                   WS=ws)
+    options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
+                   STAGES=2, WS=ws)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
     if target.startswith("sm_"):            # warp-specialized: a producer warpgroup beside the num_warps
@@ -210,7 +212,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only)
     assert len(tma_loads) == ((2 if ws else 4) if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
-    return o, lse, *reference(q, k, v, causal)
+    return o, lse, *reference(q, k, v, causal, window, softcap)
 
 
 @pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
@@ -233,6 +235,17 @@ def test_warp_specialized_forward_on_the_simt_simulator_matches_float64_attentio
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     assert torch.isinf(lse[:, :, :20]).all()
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_warp_specialized_forward_with_a_window_and_softcap_on_the_simt_simulator():
+    """Not causal: a (20, 5) window around the bottom-right diagonal (rows before key 0's reach see nothing) and
+    logits softcapped at 5, warp-specialized with two consumer warpgroups."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("sm_90a", 8, 128, causal=False, ws=True,
+                                                                window=(20, 5), softcap=5.0)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    finite = ~torch.isinf(expected_lse)
+    assert torch.equal(torch.isinf(lse), ~finite) and (~finite).any()
+    torch.testing.assert_close(lse.double()[finite], expected_lse[finite], rtol=1e-4, atol=1e-4)
 
 
 # -- the backward ----------------------------------------------------------------------
