@@ -6,7 +6,8 @@ Specification:
   loop-invariant dot operand such as attention's Q) is lowered at the top of the consumers' branch, after
   setmaxnreg, never by the producer warpgroup; the loop still warp-specializes (strict mode accepts it), and on
   the SIMT simulator the kernel computes numpy's result (sm_90 with mma.sync consumers, sm_90a with wgmma);
-* where the loop cannot be warp-specialized (no TMA: sm_80), the same load is lowered just before the loop;
+* where the loop cannot be warp-specialized (no TMA: sm_80; or on sm_90 a block TMA cannot fill), the same load
+  is lowered just before the loop, and the kernel still computes numpy's result;
 * still refused, naming the kernel and the line: a store before the loop (reads are never moved across a
   write), and a value the producer needs (here a loop bound) loaded from memory before the loop.
 """
@@ -28,6 +29,18 @@ def init_from_memory_ws(a_ptr, b_ptr, c_ptr, init_ptr, M, N, K, BM: tessera.cons
     """C = INIT + A B, INIT's block loaded before the warp-specialized loop (only the consumers read it)."""
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     a, b = tessera.view(a_ptr, (M, K)), tessera.view(b_ptr, (K, N))
+    acc = tessera.view(init_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).load()
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2, warp_specialize=True):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+@tessera.kernel
+def offset_a_ws(a_ptr, b_ptr, c_ptr, init_ptr, M, N, K, a_offset, BM: tessera.constexpr, BN: tessera.constexpr,
+                BK: tessera.constexpr):
+    """As init_from_memory_ws, but A's view starts at a computed pointer, which TMA cannot fill: refused."""
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    a, b = tessera.view(a_ptr + a_offset, (M, K)), tessera.view(b_ptr, (K, N))
     acc = tessera.view(init_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).load()
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2, warp_specialize=True):
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
@@ -107,6 +120,21 @@ def test_without_tma_the_load_is_lowered_before_the_loop():
     assert fn.attrs["num_threads"] == 128 and names.index("load") < names.index("for")
     run_threads(fn, args, (1, 1))
     a, b, c, init = args[:4]
+    np.testing.assert_allclose(c, init + a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
+
+
+def test_a_refused_loop_on_a_tma_target_lowers_the_held_back_load_before_it():
+    """sm_90 (TMA) holds INIT's load back for the consumers, then the loop is refused (A cannot come by TMA):
+    the load is lowered just before the plain pipeline, and the result is still right."""
+    args = case()
+    a_padded = np.concatenate([np.zeros(8, np.float16), args[0].ravel()])
+    args = [a_padded] + args[1:] + [8]
+    with pytest.warns(tessera.PipelineWarning, match="no warp specialization"):
+        fn = lowered(offset_a_ws, args, "sm_90", 4)
+    names = [op.name for op in fn.body.ops]
+    assert fn.attrs["num_threads"] == 128 and "load" in names and names.index("load") < names.index("for")
+    run_threads(fn, args, (1, 1))
+    a, (b, c, init) = a_padded[8:].reshape(61, 208), args[1:4]
     np.testing.assert_allclose(c, init + a.astype(np.float64) @ b.astype(np.float64), rtol=1e-3, atol=1e-3)
 
 
