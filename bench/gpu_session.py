@@ -307,7 +307,9 @@ def attention_line(r: dict) -> str:
     head = f"- attention {r['part']} B={r['B']} S={r['S']} D={r['D']}{' causal' if r['causal'] else ''}: "
     if "tessera_tflops" not in r:
         return head + ("WRONG" if "tessera_wrong" in r else "ERROR")
-    return head + f"{r['tessera_tflops']:.0f} TFLOP/s" + (f" ({r['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in r else "")
+    return (head + f"{r['tessera_tflops']:.0f} TFLOP/s" + (f" ({r['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in r else "")
+            + (f"; warp-specialized {r['tessera_ws_tflops']:.0f} ({r['ws_vs_plain']:.2f}x)" if "ws_vs_plain" in r
+               else ""))
 
 
 def main() -> None:

@@ -54,6 +54,7 @@ class Plan:
     BN: int
     num_warps: int
     stages: int = 2
+    ws: bool = False        # the key loop warp-specialized (sm_90a): a producer warpgroup issues K and V's TMA fills
 
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
@@ -65,6 +66,14 @@ GPU_PLANS = {
     "amd": {64: Plan(128, 64, 4, stages=1), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
 }   # (AMD: one stage, since Tessera has no asynchronous copies into LDS on AMD yet)
 CPU_PLAN = Plan(16, 16, 4, stages=1)
+# Warp-specialized forward plans for Hopper (opt-in: TESSERA_ATTENTION_WS=1): the tiles above plus a producer
+# warpgroup (384 threads) whose one thread issues K's and V's TMA fills ahead, behind mbarriers, while the two
+# consumer warpgroups (setmaxnreg 232) run the dots and the online softmax, Q read in their branch
+# (`passes/schedule/consumer_prologue.py`). Not the default: untimed yet (bench/attention.py's `tessera_ws`
+# column); not for varlen (the bounds come from cu_seqlens, which the producer would have to load), and not yet
+# for fp8 or fused score_mod / epilogue hooks (they compile, but no simulator test covers them).
+WS_GPU_PLANS = {64: Plan(128, 64, 8, ws=True), 128: Plan(128, 64, 8, ws=True)}
+WS_ENV = "TESSERA_ATTENTION_WS"
 
 
 @dataclass(frozen=True)
@@ -150,12 +159,21 @@ def window_bounds(causal: bool, window: Window) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
-def gpu_plan(D: int) -> Plan:
-    """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's)."""
+def gpu_plan(D: int, warp_specialized: bool = False) -> Plan:
+    """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's); with `warp_specialized`,
+    Hopper's warp-specialized one where head dim D has one (`WS_GPU_PLANS`)."""
     plans = GPU_PLANS["amd" if torch.version.hip else "nvidia"]
     if D not in plans:
         raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
+    if warp_specialized and not torch.version.hip and D in WS_GPU_PLANS \
+            and torch.cuda.get_device_capability()[0] == 9:
+        return WS_GPU_PLANS[D]
     return plans[D]
+
+
+def wants_warp_specialization() -> bool:
+    """Whether TESSERA_ATTENTION_WS=1 asks for the warp-specialized forward plans."""
+    return os.environ.get(WS_ENV, "0") == "1"
 
 
 def _on_interpreter(q: torch.Tensor) -> bool:
@@ -235,7 +253,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     lse = problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
-    plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D)
+    ws = wants_warp_specialization() and not problem.varlen and descales is None and hooks is NO_HOOKS
+    plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D, ws)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
@@ -243,7 +262,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
             v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
-        attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
+        attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,
                                    num_warps=plan.num_warps, FP8=descales is not None, **p.masks(),
                                    **hooks.constexprs())
     return o, lse

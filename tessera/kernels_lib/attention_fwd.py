@@ -14,7 +14,10 @@ exponentials and the running output acc (the online softmax): for each block
 
 and at the end O = acc / l and LSE = (m + log2 l) * ln 2, the natural log
 of sum_j exp(scale * q.k_j). The K and V blocks stream through a
-`tessera.pipeline`, so the next blocks are in flight while this one computes.
+`tessera.pipeline`, so the next blocks are in flight while this one computes;
+with WS (sm_90a) a producer warpgroup of its own issues their TMA fills and
+the kernel's warps, the consumers, read Q and run the loop behind mbarriers
+(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`).
 
 Masks (FlashAttention's conventions): query i of Sq sees key j of Sk when
 `i + Sk - Sq - left <= j <= i + Sk - Sq + right`, each bound present only if
@@ -137,7 +140,8 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
                          SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
-                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False):
+                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
+                         WS: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -161,7 +165,7 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     l = tessera.zeros((BM,), tessera.f32)
     acc = tessera.zeros((BM, D), tessera.f32)
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
-    for n in tessera.pipeline(lo, hi, stages=STAGES):
+    for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
         s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
         if SCORE_MOD is not None:     # the user's function sees natural units (scale * q.k, softcapped)
             if SOFTCAP:

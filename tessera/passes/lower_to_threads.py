@@ -45,6 +45,7 @@ from .errors import LoweringError
 from .layout_assignment import LayoutAssignment
 from .lowering import Lowering
 from .lowering.vector_facts import VectorFacts
+from .schedule.consumer_prologue import consumer_prologue
 
 
 def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target, num_warps: int | None = None,
@@ -58,6 +59,7 @@ def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target,
                             f"{target.name} has {target.warp_size}", kernel=fn.name)
     ctx = Lowering(fn, assignment, target, facts)
     ctx.debug = debug
+    ctx.deferred = consumer_prologue(ctx)
     ctx.lower_block(fn.body, ctx.fn.body, [ctx.env[a] for a in fn.args])
     if ctx.notes:
         ctx.fn.attrs["lowering_notes"] = tuple(ctx.notes)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera import PipelineWarning  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
-from tessera.kernels_lib.attention import GPU_PLANS  # noqa: E402
+from tessera.kernels_lib.attention import GPU_PLANS, WS_GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
 from attention_reference import attention as reference  # noqa: E402
@@ -65,7 +65,7 @@ def streams_by_tma(ptx, rank=4):
 def compile_forward(target, D, plan, variant, dtype="bf16"):
     return compile_checked(attention_fwd_kernel, target, signature=FORWARD_SIGNATURE.format(t=dtype),
                              num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages,
-                             **VARIANTS[variant])
+                             WS=plan.ws, **VARIANTS[variant])
 
 
 @needs_ptxas
@@ -95,6 +95,54 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert "mma.sync" not in ptx
     else:
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
+
+
+def test_warp_specialized_plans_are_opt_in(monkeypatch):
+    """No shipped default plan warp-specializes (untimed); WS_GPU_PLANS are the same tiles with ws set, asked
+    for by TESSERA_ATTENTION_WS=1."""
+    import dataclasses
+
+    from tessera.kernels_lib.attention import WS_ENV, wants_warp_specialization
+    assert not any(plan.ws for plans in GPU_PLANS.values() for plan in plans.values())
+    assert all(plan.ws and dataclasses.replace(plan, ws=False) == GPU_PLANS["nvidia"][D]
+               for D, plan in WS_GPU_PLANS.items()) and sorted(WS_GPU_PLANS) == [64, 128]
+    monkeypatch.delenv(WS_ENV, raising=False)
+    assert not wants_warp_specialization()
+    monkeypatch.setenv(WS_ENV, "1")
+    assert wants_warp_specialization()
+
+
+WS_VARIANTS = {"plain": VARIANTS["plain"],       # (not varlen: the producer would need the bounds cu_seqlens holds)
+               "window-softcap": dict(VARIANTS["window-softcap-varlen"], VARLEN=False)}
+
+
+@needs_ptxas
+@pytest.mark.parametrize("variant", list(WS_VARIANTS))
+@pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
+def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, variant):
+    """sm_90a, WS: 384 threads; the producer warpgroup (`setmaxnreg.dec 40`) issues every TMA fill of K and V
+    and nothing else of the kernel; the consumers (`setmaxnreg.inc 232`) read Q, wait on the full mbarriers,
+    run both products on wgmma (P from registers) and release slots by mbarrier arrivals; no spills."""
+    plan = WS_GPU_PLANS[D]
+    compiled = attention_fwd_kernel.compile(target="sm_90a", strict=True, signature=FORWARD_SIGNATURE.format(t="bf16"),
+                                            num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN,
+                                            STAGES=plan.stages, WS=True, **WS_VARIANTS[variant])
+    metadata, ptx = compiled.metadata, compiled.stages["ptx"]
+    assert metadata["num_threads"] == 384 and re.search(r"\.maxntid 384\b", ptx)
+    assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["log"]
+    lines = ptx.splitlines()
+    dec = next(i for i, line in enumerate(lines) if "setmaxnreg.dec.sync.aligned.u32 \t40;" in line)
+    inc = next(i for i, line in enumerate(lines) if "setmaxnreg.inc.sync.aligned.u32 \t232;" in line)
+    tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d" in line]
+    assert tma and all(dec < i < inc for i in tma), "TMA fills issued in the producer's branch only"
+    assert "cp.async.cg" not in ptx and [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+    consumers = "\n".join(lines[inc:])
+    assert not any("ld.global" in line for line in lines[:inc]), "Q is read by the consumers, not before the split"
+    assert "ld.global" in consumers and "mbarrier.try_wait.parity" in consumers and "mbarrier.arrive" in consumers
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16\S* \{{[^}}]*\}}, %rd", consumers)
+    assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, \{{%r\d+, %r\d+, %r\d+, "
+                     r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
+    assert "wgmma" not in "\n".join(lines[:inc])
 
 
 # A register budget every variant of the head-dim-256 forward meets on sm_90a without spills (measured: under
@@ -128,7 +176,7 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
+def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0):
     """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
     2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
     other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
@@ -136,6 +184,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
+    left, right = window[0], 0 if causal else window[1]
     g = torch.Generator().manual_seed(seed)
     q = torch.randn(B, Sq, H, D, generator=g).half()
     k_rows, v_rows = (torch.full((B, 64, H_kv, D), float("nan")).half() for _ in range(2))
@@ -146,19 +195,24 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0):
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]
     args = [q.numpy(), k_rows.numpy(), v_rows.numpy(), o.numpy(), lse.numpy(), unused, unused, Sq, Sk, H, H_kv,
-            LOG2E / math.sqrt(D), 0.0, 0, 0, *strides, *lse.stride()[:2],
+            LOG2E / math.sqrt(D) if not softcap else 1 / (math.sqrt(D) * softcap), softcap,
+            max(left, 0), max(right, 0), *strides, *lse.stride()[:2],
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
-    options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=False, HAS_RIGHT=causal, SOFTCAP=False, VARLEN=False, STAGES=2)
+    options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
+                   STAGES=2, WS=ws)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
+    if target.startswith("sm_"):            # warp-specialized: a producer warpgroup beside the num_warps
+        assert fn.attrs["num_threads"] == num_warps * 32 + (128 if ws else 0)
     if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
         want = (32, 32, 16) if target == "gfx950" else (32, 32, 8)
         assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
-    assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
+    # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only)
+    assert len(tma_loads) == ((2 if ws else 4) if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
-    return o, lse, *reference(q, k, v, causal)
+    return o, lse, *reference(q, k, v, causal, window, softcap)
 
 
 @pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
@@ -170,6 +224,28 @@ def test_forward_on_the_simt_simulator_matches_float64_attention(target, num_war
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     assert torch.isinf(lse[:, :, :20]).all()
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("num_warps, BM", [(4, 64), (8, 128)])
+def test_warp_specialized_forward_on_the_simt_simulator_matches_float64_attention(num_warps, BM):
+    """The same problem with the key loop warp-specialized (sm_90a): one consumer warpgroup (the budget at
+    entry suffices, no setmaxnreg), and two as the shipped plans have (setmaxnreg dec / inc); the simulator
+    runs the producer and consumers cooperatively and checks every mbarrier wait and shared-memory race."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("sm_90a", num_warps, BM, ws=True)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    assert torch.isinf(lse[:, :, :20]).all()
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_warp_specialized_forward_with_a_window_and_softcap_on_the_simt_simulator():
+    """Not causal: a (20, 5) window around the bottom-right diagonal (rows before key 0's reach see nothing) and
+    logits softcapped at 5, warp-specialized with two consumer warpgroups."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("sm_90a", 8, 128, causal=False, ws=True,
+                                                                window=(20, 5), softcap=5.0)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    finite = ~torch.isinf(expected_lse)
+    assert torch.equal(torch.isinf(lse), ~finite) and (~finite).any()
+    torch.testing.assert_close(lse.double()[finite], expected_lse[finite], rtol=1e-4, atol=1e-4)
 
 
 # -- the backward ----------------------------------------------------------------------

@@ -43,6 +43,19 @@ def test_forward_matches_sdpa(D, causal):
     torch.testing.assert_close(lse.cpu().double()[finite], expected_lse[finite], rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("causal", [False, True])
+def test_warp_specialized_forward_matches_sdpa(D, causal, monkeypatch):
+    """TESSERA_ATTENTION_WS=1 on Hopper: the warp-specialized plan (a producer warpgroup, 384 threads) gives
+    the same answers on the same problem as test_forward_matches_sdpa."""
+    from tessera.kernels_lib.attention import WS_ENV, WS_GPU_PLANS, gpu_plan
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the warp-specialized plans are sm_90a's")
+    monkeypatch.setenv(WS_ENV, "1")
+    assert gpu_plan(D, True) == WS_GPU_PLANS[D]
+    test_forward_matches_sdpa(D, causal)
+
+
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("deterministic", [False, True])
 def test_backward_matches_float64_gradients(D, deterministic):

@@ -18,8 +18,9 @@ Specification:
 * setmaxnreg only on sm_90a, and only when it raises the consumers' budget
   (whole consumer warpgroups, at least two);
 * CompileErrors naming the kernel, the line and the fix: no TMA on the
-  target, the loop nested in another loop, memory accesses before the loop
-  (the producer would run them), a load TMA cannot fill.
+  target, the loop nested in another loop, memory writes before the loop
+  (the producer would run them; reads only the consumers need are moved into
+  their branch: test_ws_consumer_prologue.py), a load TMA cannot fill.
 """
 
 from __future__ import annotations
@@ -225,6 +226,7 @@ def bias_first_ws(a_ptr, b_ptr, c_ptr, bias_ptr, M, N, K, BM: tessera.constexpr,
     pid_n = tessera.program_id(1)
     a = tessera.view(a_ptr, (M, K))
     b = tessera.view(b_ptr, (K, N))
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(tessera.zeros((BM, BN), tessera.f16))
     acc = tessera.view(bias_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).load()
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2, warp_specialize=True):
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
@@ -265,11 +267,12 @@ def test_a_second_warp_specialized_loop_is_refused():
     assert "stages=3, warp_specialize=True" in message and "stages=2" not in message     # the second loop's line
 
 
-def test_memory_accesses_before_the_loop_are_refused():
+def test_memory_writes_before_the_loop_are_refused():
+    """(A load alone before the loop runs in the consumers' branch: test_ws_consumer_prologue.py.)"""
     module = bias_first_ws.specialize(bf16(64, 64), bf16(64, 64), np.zeros((64, 64), np.float16),
                                       np.zeros((64, 64), np.float32), 64, 64, 64, BM=64, BN=64, BK=64).module
     message = compile_error(module)
-    assert "kernel 'bias_first_ws'" in message and "'view_load' comes before a tessera.pipeline(warp_specialize=True)" \
+    assert "kernel 'bias_first_ws'" in message and "'view_store' comes before a tessera.pipeline(warp_specialize=True)" \
         " loop, where the producer warpgroup runs it too" in message
     assert "move it after the loop or into its body" in message
 

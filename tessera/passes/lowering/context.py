@@ -68,6 +68,8 @@ class Lowering(Emitter):
         # asked by its alloc, copies and waits (`schedule/mbarriers.py`)
         self.mbarrier_boxes: dict[Operation, dict[Operation, TmaBox] | None] = {}
         self.notes: list[str] = []
+        # ops before a warp-specialized loop lowered in its consumers' branch instead (`schedule/consumer_prologue.py`)
+        self.deferred: frozenset[Operation] = frozenset()
         self.debug = False          # keep print and assert (a debug build); set by lower_to_threads
         # wgmma operands computed before a loop and stored into shared memory once, before it
         # (`wgmma_dot.stage_invariant_operands`): tile-IR value -> its `SharedOperand`
@@ -132,7 +134,8 @@ class Lowering(Emitter):
             self.env[old] = new
         with self.b.at(into):
             for op in block.ops:
-                lower_op(self, op)
+                if op not in self.deferred:
+                    lower_op(self, op)
 
     def region_args(self, block: Block, into: Block) -> list[Any]:
         """Lowered forms of `block`'s arguments, given the thread-IR block whose arguments stand for them."""

@@ -24,6 +24,7 @@ from tessera.ir.core import Operation
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for, lower_while
 from ..lowering.invariant_operands import stage_invariant_operands
+from .consumer_prologue import lower_deferred
 from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
@@ -33,6 +34,15 @@ from .warp_specialization import lower_warp_specialized_for, warp_specialization
 
 @lowering("for")
 def _for(ctx, op):
+    if op.attrs.get("warp_specialize"):
+        refusal = warp_specialization_refusal(ctx, op)
+        if refusal is None:
+            stage_invariant_operands(ctx, op)
+            lower_warp_specialized_for(ctx, op)
+            return
+        lower_deferred(ctx)             # the reads `consumer_prologue` held back for the consumers: here after all
+        where, reason = refusal
+        shortfall(ctx, where, f"no warp specialization: {reason} (without it, the loop is pipelined as below)")
     stage_invariant_operands(ctx, op)
     if "stages" not in op.attrs and not op.attrs.get("warp_specialize"):
         plan = auto_plan(ctx, op)
@@ -42,13 +52,6 @@ def _for(ctx, op):
             lower_plain_for(ctx, op)
         return
     stages = op.attrs.get("stages", 1)
-    if op.attrs.get("warp_specialize"):
-        refusal = warp_specialization_refusal(ctx, op)
-        if refusal is None:
-            lower_warp_specialized_for(ctx, op)
-            return
-        where, reason = refusal
-        shortfall(ctx, where, f"no warp specialization: {reason} (without it, the loop is pipelined as below)")
     if stages > 1:
         why: list[str] = []
         plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts, why)

@@ -8,7 +8,7 @@ behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
 where it pays; the rest of the kernel runs in the consumers' branch.
 Guarantees: the producer runs at most S fills ahead of the slowest
 consumer; the two branches meet only at one named barrier after the loop;
-what cannot be warp-specialized (no TMA, nested loop, memory access before
+what cannot be warp-specialized (no TMA, nested loop, a memory write before
 the loop, ...) is a LoweringError saying what to change. The emitted code
 is the comment above `lower_warp_specialized_for`.
 """
@@ -16,12 +16,13 @@ is the comment above `lower_warp_specialized_for`.
 from __future__ import annotations
 
 from tessera.ir.core import Block, Operation, Value
-from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
 
+from ..lowering.invariant_operands import stage_invariant_operands
 from ..lowering.values import I32, Regs, RingOperand
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
+from .consumer_prologue import lower_deferred, producer_may_run, producer_reads_deferred
 from .tma_fill import TmaRing
 from .shortfalls import shortfall
 
@@ -31,7 +32,6 @@ MAX_CONSUMER_REGISTERS = 240
 MAX_REGISTERS = 255                     # per thread
 REGISTER_FILE = 65536
 EXIT_BARRIER_ID = 2                     # producer and consumers, once, after the loop (1: the consumers')
-REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops (a trait)
 
 
 # `tessera.pipeline(lo, hi, stages=S, warp_specialize=True)` asks for the
@@ -97,8 +97,12 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 #
 # Before the loop every thread, the producer included, runs the kernel's
 # code, so that code may only compute (scalar ops, views, register-only tile
-# ops such as `zeros`): no memory access, no shared-memory exchange, no
-# nested region (`_check_prologue`). The loop must be an op of the kernel's
+# ops such as `zeros`): no memory write, no shared-memory exchange, no
+# nested region (`_prologue_refusal`). Reads there that only the consumers
+# need (attention's Q block) are lowered at the top of the consumers' branch
+# instead, and the loop's invariant dot operands among them staged there
+# (`consumer_prologue.py`); a loop bound or block address the producer needs
+# may not be read from memory. The loop must be an op of the kernel's
 # body itself (not nested in a loop or an `if`: persistent kernels are not
 # supported), one per kernel, and every pipelined load must be TMA-filled
 # (a view load `pipeline_plan` does not pipeline at all stays an ordinary
@@ -135,6 +139,8 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
         inc = _consumer_registers(ctx, consumers)
         if inc:
             ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
+        lower_deferred(ctx)                         # the reads before the loop only the consumers need ...
+        stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
         loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
     is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
     # The producer's shared-memory accesses are over once the consumers are past the named barrier both
@@ -174,33 +180,28 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
                "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
         return op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at {where} cannot be: {why}"
+    needed = producer_reads_deferred(ctx, op, plan)
+    if needed is not None:
+        return needed.owner, (f"the producer warpgroup needs '{needed.name_hint or needed.owner.name}' (a loop "
+                              "bound or a pipelined block's address), which is read from memory before the loop; "
+                              "compute it without loads, or drop warp_specialize=True")
     return None
 
 
 def _prologue_refusal(ctx, loop: Operation) -> tuple[Operation, str] | None:
-    """The producer runs what precedes the loop too: anything there but pure computation is refused."""
+    """The producer runs what precedes the loop too: anything there but pure computation, and not deferred to
+    the consumers (`consumer_prologue.py`), is refused."""
     body = ctx.src.body
     for top in body.ops[:body.ops.index(loop)]:
+        if top in ctx.deferred:
+            continue
         for op in top.walk():
-            tiles = any(isinstance(v.type, TileType) for v in (*op.operands, *op.results))
-            scalar_ok = not op.regions and OPS[op.name].pure
-            register_only = op.name in REGISTER_ONLY_TILE_OPS or OPS[op.name].elementwise
-            tile_ok = register_only and not _converts(ctx, op)
-            if not (tile_ok if tiles else scalar_ok):
+            if not producer_may_run(ctx, op):
                 return op, (f"'{op.name}' comes before a tessera.pipeline(warp_specialize=True) loop, where the "
-                            "producer warpgroup runs it too; only scalar arithmetic, views and register-only tile "
-                            "ops (zeros, arange, elementwise) may: move it after the loop or into its body, or drop "
-                            "warp_specialize=True")
+                            "producer warpgroup runs it too; only scalar arithmetic, views, register-only tile "
+                            "ops (zeros, arange, elementwise) and, when nothing before the loop writes memory, "
+                            "loads may: move it after the loop or into its body, or drop warp_specialize=True")
     return None
-
-
-def _converts(ctx, op: Operation) -> bool:
-    """Whether an operand of `op` changes layout on the way in (possibly through shared memory)."""
-    for i, value in enumerate(op.operands):
-        want = ctx.assignment.conversions.get((op, i))
-        if want is not None and isinstance(value.type, TileType) and ctx.assignment.layout(value) != want:
-            return True
-    return False
 
 
 def _producer(ctx, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step, consumers: int) -> None:
