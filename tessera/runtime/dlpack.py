@@ -18,6 +18,7 @@ Producers that predate `stream=` are called without it.
 from __future__ import annotations
 
 import ctypes
+import sys
 from dataclasses import dataclass
 from typing import Any
 
@@ -103,7 +104,11 @@ def gpu_device(obj: Any) -> int | None:
 
 
 def is_gpu_dlpack(obj: Any) -> bool:
-    """Whether `obj` is known to a launch only through `__dlpack__` and says it is on a GPU."""
+    """Whether `obj` is known to a launch only through `__dlpack__` and says it is on a GPU (torch tensors, read
+    directly, are not: asking a CUDA tensor for its array interface would build one)."""
+    torch = sys.modules.get("torch")
+    if torch is not None and isinstance(obj, torch.Tensor):
+        return False
     if not hasattr(obj, "__dlpack__") or hasattr(obj, "__cuda_array_interface__"):
         return False
     query = getattr(obj, "__dlpack_device__", None)

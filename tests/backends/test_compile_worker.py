@@ -15,20 +15,10 @@ from tessera.backends.llvm.errors import BackendError, CompileTimeoutError
 from tessera.backends.nvptx.compile import compile_thread_ir
 from tessera.ir.parser import parse_module
 
-from test_nvptx import vector_add
+from test_nvptx import ABORTING, vector_add
 
 ADD = parse_module(vector_add("f32", 4)).functions[0]
 
-# LLVM's `Cannot select` on a libm call NVPTX has no instruction for: an abort inside LLVM.
-ABORTING = {"kernel": "k", "triple": "nvptx64-nvidia-cuda", "cpu": "sm_80", "features": "+ptx80", "llvm_ir": """\
-target triple = "nvptx64-nvidia-cuda"
-declare float @llvm.sin.f32(float)
-define ptx_kernel void @k(ptr addrspace(1) %p, float %x) {
-  %y = call float @llvm.sin.f32(float %x)
-  store float %y, ptr addrspace(1) %p
-  ret void
-}
-"""}
 
 # Stand-ins for optimize.py that speak its protocol but never answer, or die on the first request.
 NEVER_ANSWERS = "import sys, time\nfor line in sys.stdin:\n    time.sleep(3600)\n"

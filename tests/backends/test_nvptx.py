@@ -524,10 +524,8 @@ def test_malformed_ir_and_bad_parameters_are_lowering_errors():
         compile_ir(regs_param, "sm_80")
 
 
-def test_an_llvm_crash_in_the_isolated_child_is_a_backend_error():
-    from tessera.backends.nvptx.compile import _run_llvm_isolated
-
-    crashing = """\
+# LLVM's `Cannot select` on a libm call NVPTX has no instruction for: an abort inside LLVM.
+ABORTING = {"kernel": "k", "triple": "nvptx64-nvidia-cuda", "cpu": "sm_80", "features": "+ptx80", "llvm_ir": """\
 target triple = "nvptx64-nvidia-cuda"
 declare float @llvm.sin.f32(float)
 define ptx_kernel void @k(ptr addrspace(1) %p, float %x) {
@@ -535,9 +533,13 @@ define ptx_kernel void @k(ptr addrspace(1) %p, float %x) {
   store float %y, ptr addrspace(1) %p
   ret void
 }
-"""
-    request = {"llvm_ir": crashing, "kernel": "k", "triple": "nvptx64-nvidia-cuda", "cpu": "sm_80",
-               "features": "+ptx80"}
+"""}
+
+
+def test_an_llvm_crash_in_the_isolated_child_is_a_backend_error():
+    from tessera.backends.nvptx.compile import _run_llvm_isolated
+
+    request = ABORTING
     with pytest.raises(BackendError, match="Cannot select") as info:
         _run_llvm_isolated(request)
     assert "crashed" in str(info.value) and "this process is unharmed" in str(info.value)

@@ -28,14 +28,14 @@ import pytest
 import torch
 
 import tessera
-from tessera.backends.interp.storage import Memory
-from tessera.backends.simt import run_threads
 from tessera.ir.target import get_target
 from tessera.kernels_lib import quant
 from tessera.kernels_lib.quant_fragment import DECODE_TILING, FragmentTiling
 from tessera.kernels_lib.quant_gemm import Plan, fragment_plan, plan, quant_gemm, quant_gemm_kernel, quant_gemm_op
 from tessera.passes.mma import mma_plan
 from tessera.passes.thread_passes import lower
+
+from test_quant_gemm import simulated_matches_interpreted  # noqa: E402
 
 N, K = 128, 256
 T = DECODE_TILING
@@ -241,13 +241,7 @@ def test_the_simt_simulator_agrees_on_sm_80():
             np.zeros((3, n), np.float32), 3, n, K]
     constexprs = _constexprs(32, fragment=True)
     fn = lower(quant_gemm_kernel.specialize(*args, **constexprs).module, "sm_80").functions[0]
-    grid = (1, 1, 2)
-    expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    quant_gemm_kernel[grid](*expected, **constexprs)
-    got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
-    got[1] = Memory(w.qweight.numpy().copy(), tessera.u4)
-    run_threads(fn, got, grid)
-    np.testing.assert_allclose(got[4], expected[4], rtol=1e-5, atol=1e-3)
+    simulated_matches_interpreted(fn, args, (1, 1, 2), constexprs, w)
 
 
 def test_opcheck_with_a_fragment_order_weight():

@@ -166,14 +166,21 @@ def test_the_split_k_decode_kernel_on_the_simt_simulator():
     spec = quant_gemm_kernel.specialize(*args, **constexprs)
     fn = lower(spec.module, "sm_80").functions[0]
     assert {"unpack_bits", "mma", "atomic_rmw"} <= {op.name for op in fn.walk()}
-    grid = (1, N // 32, 2)
+    got = simulated_matches_interpreted(fn, args, (1, N // 32, 2), constexprs, w)
+    _close(torch.from_numpy(got), x.float() @ w.dequantize().t())
+
+
+def simulated_matches_interpreted(fn, args, grid, constexprs, w) -> np.ndarray:
+    """Run `quant_gemm_kernel` over `args` on the interpreter and its lowered form `fn` on the SIMT simulator,
+    each on copies (the simulator reads w's packed codes as u4 memory), assert the outputs (args[4]) agree, and
+    return the simulator's."""
     expected = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     quant_gemm_kernel[grid](*expected, **constexprs)
     got = [a.copy() if isinstance(a, np.ndarray) else a for a in args]
     got[1] = Memory(w.qweight.numpy().copy(), tessera.u4)
     run_threads(fn, got, grid)
     np.testing.assert_allclose(got[4], expected[4], rtol=1e-5, atol=1e-3)
-    _close(torch.from_numpy(got[4]), x.float() @ w.dequantize().t())
+    return got[4]
 
 
 @pytest.mark.parametrize("target, pipelined_by", [("sm_80", "async_copy"), ("sm_90a", "mbarrier_wait")])

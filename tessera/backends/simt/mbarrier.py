@@ -435,24 +435,32 @@ def _deadlock(ctx, b: MBarrier, parity: int, threads: np.ndarray) -> str:
     return f"DEADLOCK: {_waiting_for(b, parity)}, and {who}"
 
 
+def tma_operands(ctx, op, shared, tensor_map, coords, access: str, role: str):
+    """(the shared region, the tensor map's description) of a tma_load ("writes", "destination") or tma_store
+    ("reads", "source"), checked: shared memory on one side, a simulator tensor map on the other, one
+    coordinate per dim, and elements of the map's width."""
+    region, memory = shared.memory, tensor_map.memory
+    if not isinstance(region, SharedRegion):
+        raise ctx.error(op, f"{op.name} {access} shared memory, but its {role} points elsewhere")
+    if not isinstance(memory, TensorMapMemory):
+        raise ctx.error(op, f"{op.name}'s tensor map argument must be a tessera.runtime.tensor_map."
+                            f"TensorMapDescription in the simulator, got {memory!r}")
+    desc = memory.description
+    if len(coords) != desc.rank:
+        raise ctx.error(op, f"{op.name} gives {len(coords)} coordinates for a rank-{desc.rank} tensor map")
+    if region.dtype.bits != desc.dtype.bits:
+        raise ctx.error(op, f"{op.name} {role} holds {region.dtype.name} but the tensor map's elements are "
+                            f"{desc.dtype.name}: the box would be reinterpreted; use a ptr<{desc.dtype.name}, shared>")
+    return region, desc
+
+
 @simt("tma_load")
 def _tma_load(ctx, op, dst, tensor_map, *rest):
     *coords, bar = rest
     threads = _active(ctx)
     if threads.size == 0:
         return
-    region, memory = dst.memory, tensor_map.memory
-    if not isinstance(region, SharedRegion):
-        raise ctx.error(op, "tma_load writes shared memory, but its destination points elsewhere")
-    if not isinstance(memory, TensorMapMemory):
-        raise ctx.error(op, "tma_load's tensor map argument must be a tessera.runtime.tensor_map."
-                            f"TensorMapDescription in the simulator, got {memory!r}")
-    desc = memory.description
-    if len(coords) != desc.rank:
-        raise ctx.error(op, f"tma_load gives {len(coords)} coordinates for a rank-{desc.rank} tensor map")
-    if region.dtype.bits != desc.dtype.bits:
-        raise ctx.error(op, f"tma_load destination holds {region.dtype.name} but the tensor map's elements are "
-                            f"{desc.dtype.name}: the box would be reinterpreted; use a ptr<{desc.dtype.name}, shared>")
+    region, desc = tma_operands(ctx, op, dst, tensor_map, coords, "writes", "destination")
     source = _source(ctx, op, desc)
     bar_addrs = _addresses(ctx, op, bar, threads)
     _touch(ctx, op, bar, threads)

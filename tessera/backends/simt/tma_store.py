@@ -22,9 +22,9 @@ import numpy as np
 
 from ..interp.errors import InterpreterError
 from . import wgmma
-from .mbarrier import TensorMapMemory, _active, _proxy, _source
+from .mbarrier import _active, _proxy, _source, tma_operands
 from .ops import simt
-from .shared import _NONE, SharedRegion
+from .shared import _NONE
 from tessera.ir.tensor_map import swizzle_offsets
 
 _FENCE_ADVICE = ("every thread that wrote the box must run fence_proxy_async after its writes, then a barrier, "
@@ -34,18 +34,7 @@ _FENCE_ADVICE = ("every thread that wrote the box must run fence_proxy_async aft
 @simt("tma_store")
 def _tma_store(ctx, op, src, tensor_map, *coords):
     threads = _active(ctx)
-    region, memory = src.memory, tensor_map.memory
-    if not isinstance(region, SharedRegion):
-        raise ctx.error(op, "tma_store reads shared memory, but its source points elsewhere")
-    if not isinstance(memory, TensorMapMemory):
-        raise ctx.error(op, "tma_store's tensor map argument must be a tessera.runtime.tensor_map."
-                            f"TensorMapDescription in the simulator, got {memory!r}")
-    desc = memory.description
-    if len(coords) != desc.rank:
-        raise ctx.error(op, f"tma_store gives {len(coords)} coordinates for a rank-{desc.rank} tensor map")
-    if region.dtype.bits != desc.dtype.bits:
-        raise ctx.error(op, f"tma_store source holds {region.dtype.name} but the tensor map's elements are "
-                            f"{desc.dtype.name}: use a ptr<{desc.dtype.name}, shared>")
+    region, desc = tma_operands(ctx, op, src, tensor_map, coords, "reads", "source")
     target = _source(ctx, op, desc)
     if not target.flags.writeable:
         raise ctx.error(op, "tma_store writes the tensor map's source array, but it is read-only; build the map "
