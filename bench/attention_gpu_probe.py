@@ -21,10 +21,13 @@ S = Q K^T only, so a right LSE and a wrong O put the fault in P V), or the error
 | sm90a-extents  | the maps' batch and head extents the tensors' own, not 2^31 - 1 | wgmma, P in regs / 4-D TMA      |
 | sm90a-smem-p   | P stored to shared memory for P V instead of fed from registers | wgmma, P in smem / 4-D TMA      |
 | sm90a-bm64     | one warpgroup a program (BM = 64) instead of two                | wgmma, P in regs / 4-D TMA      |
+| sm90a-bn32     | 32 keys a step (BN = 32) instead of 64, two warpgroups as before | wgmma, P in regs / 4-D TMA      |
 
 Reading it: sm80 right and sm90 wrong puts the fault in the TMA path (maps, coordinates, mbarrier byte
 counts); sm90 right and sm90a wrong in wgmma (descriptors, Q's staging, register-A P); sm90a-cp-async,
--extents, -smem-p and -bm64 then say which part.
+-extents, -smem-p, -bm64 and -bn32 then say which part. (The fp8 forward of run 7 had a right LSE with the
+head-dim-256 plan, BM = 64 and BN = 32, and a wrong one with BM = 128 and BN = 64: sm90a at D = 256, -bm64 and
+-bn32 tell which of the two matters for bf16.)
 """
 
 from __future__ import annotations
@@ -43,11 +46,11 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 SHAPE = dict(B=2, Sq=200, Sk=333, H=4, H_kv=2)
 # (variant, head dim, causal): the failing test's cases, then each variant on D = 64 (and causal where it crashed)
-RUNS = [("sm90a", 64, False), ("sm90a", 64, True), ("sm90a", 128, False),
+RUNS = [("sm90a", 64, False), ("sm90a", 64, True), ("sm90a", 128, False), ("sm90a", 256, False),
         ("sm80", 64, False), ("sm80", 64, True), ("sm90", 64, False), ("sm90", 64, True),
         ("sm90a-cp-async", 64, False), ("sm90a-cp-async", 64, True),
         ("sm90a-extents", 64, False), ("sm90a-extents", 64, True),
-        ("sm90a-smem-p", 64, False), ("sm90a-bm64", 64, False)]
+        ("sm90a-smem-p", 64, False), ("sm90a-bm64", 64, False), ("sm90a-bn32", 64, False)]
 VARIANTS = sorted({name for name, _, _ in RUNS})
 
 
@@ -64,11 +67,12 @@ def apply_variant(name: str, k_shape: tuple, k_strides: tuple) -> str:
     if name == "sm90a-smem-p":
         import tessera.passes.lowering.wgmma_dot as wgmma_dot
         wgmma_dot.a_from_registers = lambda inst, plan, regs: False
-    if name == "sm90a-bm64":
+    if name in ("sm90a-bm64", "sm90a-bn32"):
         import importlib
         attention_mod = importlib.import_module("tessera.kernels_lib.attention")     # (the package exports the op)
         nvidia = attention_mod.GPU_PLANS["nvidia"]
-        nvidia.update({d: dataclasses.replace(p, BM=64, num_warps=4) for d, p in nvidia.items() if d != 256})
+        tiles = dict(BM=64, num_warps=4) if name == "sm90a-bm64" else dict(BN=32)
+        nvidia.update({d: dataclasses.replace(p, **tiles) for d, p in nvidia.items() if d != 256})
     if name == "sm90a-extents":        # every dim as long as the tensor's own (matched by its byte stride)
         from tessera.ir import tensor_map
         element = 2
