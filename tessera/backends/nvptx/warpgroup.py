@@ -74,9 +74,9 @@ def _wgmma_wait(lw, op):
 def _wgmma_desc(lw, op, ptr):
     bld = lw.builder
     fields = MatrixDescriptor(0, op.attrs["lbo"], op.attrs["sbo"], op.attrs["swizzle"]).signed()
-    address = bld.ptrtoint(ptr, I64)
-    start = bld.lshr(bld.and_(address, ir.Constant(I64, 0x3FFFF)), ir.Constant(I64, 4))
-    return bld.or_(start, ir.Constant(I64, fields))
+    address = bld.trunc(bld.ptrtoint(ptr, I64), I32)       # a shared-window address: 32 bits hold it
+    start = bld.lshr(bld.and_(address, ir.Constant(I32, 0x3FFFF)), ir.Constant(I32, 4))
+    return bld.or_(bld.zext(start, I64), ir.Constant(I64, fields))
 
 
 PTX_TYPES = {"f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2"}

@@ -101,15 +101,16 @@ class SharedOperand:
         integer add instead of 64-bit pointer arithmetic, a shift and two masks per descriptor (issue 19,
         fact 8)."""
         d = self.tile.descriptor(0, k_slice, mn_first)
-        desc = ctx.emit("wgmma_desc", self.base, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
+        base = self.base
+        if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
+            step = self.tile.descriptor(0, 0, WGMMA_M).start // self.tile.element_bytes
+            base = ctx.emit("addptr", base, ctx.emit("mul", group, ctx.const(step)))
+        desc = ctx.emit("wgmma_desc", base, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
         if self.offset is not None:
             units = ctx.emit("mul", self.offset, ctx.const(self.tile.element_bytes))
             desc = ctx.emit("add", desc, ctx.cast(ctx.emit("shr", units, ctx.const(4)), dt.i64))
         if d.start:
             desc = ctx.emit("add", desc, ctx.const(d.start >> 4, dt.i64))
-        if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
-            step = self.tile.descriptor(0, 0, WGMMA_M).start >> 4
-            desc = ctx.emit("add", desc, ctx.emit("mul", ctx.cast(group, dt.i64), ctx.const(step, dt.i64)))
         return desc
 
 
