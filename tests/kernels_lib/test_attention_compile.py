@@ -23,6 +23,20 @@ from attention_reference import attention as reference  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
 
+
+def assert_wgmma_descriptors_built(compiled):
+    """Every wgmma reading A from shared memory builds its descriptor's high word (SBO, swizzle) from the
+    fields the thread IR's `wgmma_desc` ops give, in the SASS ptxas made (`sass.unset_descriptor_words`): on an
+    H100 a dropped one read A at the wrong place (wrong O, illegal addresses). Skipped without cuobjdump."""
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, unset_descriptor_words
+    from tessera.ir.wgmma_layouts import MatrixDescriptor
+    if find_cuobjdump() is None or compiled.binary is None:
+        return
+    fields = re.findall(r"wgmma_desc .*\{lbo = (\d+), sbo = (\d+), swizzle = (\d+)\}", compiled.stages["thread_ir"])
+    high_words = {MatrixDescriptor(0, int(lbo), int(sbo), int(swizzle)).encode() >> 32 for lbo, sbo, swizzle in fields}
+    assert high_words, "no wgmma_desc in the thread IR"
+    assert not unset_descriptor_words(disassemble(compiled.binary), high_words)
+
 # q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's,
 # then the fusion hooks' slots (unused here): score_mod's 2 pointers and 2 scalars, the epilogue's tensor, its
 # 4 strides and scalar; the fp8 descales and V's length
@@ -93,6 +107,7 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert len(p_from_registers) == plan.BN // 16 * (plan.BM // 64 // (plan.num_warps // 4)), \
             "O += P V on wgmma, P from registers (each 64-row slab, each K slice of 16)"
         assert "mma.sync" not in ptx
+        assert_wgmma_descriptors_built(compiled)
     else:
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
 
@@ -143,6 +158,7 @@ def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, v
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, \{{%r\d+, %r\d+, %r\d+, "
                      r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
     assert "wgmma" not in "\n".join(lines[:inc])
+    assert_wgmma_descriptors_built(compiled)
 
 
 # A register budget every variant of the head-dim-256 forward meets on sm_90a without spills (measured: under
@@ -294,6 +310,8 @@ def test_every_backward_plan_compiles_without_spills(name, target):
         else:
             assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{variant}: {metadata['registers']}"
             assert streams_by_tma(compiled.stages["ptx"]) == (target == "sm_90a" and variant == "plain"), variant
+            if target == "sm_90a":
+                assert_wgmma_descriptors_built(compiled)
 
 
 def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):

@@ -98,6 +98,8 @@ def _written(inst: SassInstruction) -> set[str]:
     operands = words[-1].split(",") if len(words) > (2 if inst.text.startswith("@") else 1) else []
     if not operands:
         return set()
+    if re.fullmatch(r"U?P(T|\d+)", operands[0].strip()) and len(operands) > 1:     # R2UR P0, UR6, R9
+        operands = operands[1:]
     found = _REGISTER.fullmatch(operands[0].strip().split(".")[0])
     if not found:
         return set()

@@ -5,8 +5,10 @@
   through their LLVM intrinsics; `fence_proxy_async` is
   `fence.proxy.async.shared::cta` (`llvm.nvvm.fence.proxy.async.shared_cta`).
 * `wgmma_desc` is integer arithmetic: the shared pointer's address (ptrtoint of
-  the addrspace(3) pointer is its shared-window address), `(addr & 0x3FFFF) >> 4`,
-  OR'ed with the constant LBO / SBO / swizzle fields (`wgmma_layouts.MatrixDescriptor`).
+  the addrspace(3) pointer is its shared-window address), `(addr & 0x3FFFF) >> 4`
+  in 32 bits, zero-extended and OR'ed with the constant LBO / SBO / swizzle fields
+  (`wgmma_layouts.MatrixDescriptor`), as CUTLASS builds it: the high word is then
+  a constant ptxas materializes (it dropped it from a 64-bit `mul.wide` start).
 * `wgmma` has no LLVM intrinsic (LLVM 22), so it is inline PTX:
 
       {
