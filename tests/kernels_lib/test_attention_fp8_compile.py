@@ -18,7 +18,8 @@ from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS, keys_contiguous  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
-from test_attention_compile import FORWARD_SIGNATURE, assert_wgmma_descriptors_built  # noqa: E402
+from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
+from test_attention_compile import FORWARD_SIGNATURE  # noqa: E402
 from test_attention_fp8 import check_fp8, quantized  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
