@@ -66,3 +66,14 @@ def test_a_high_word_built_from_the_fields_passes_through_moves_and_64_bit_adds(
     assert unset_descriptor_words(BUILT, HIGH) == []
     assert 0x40000040 in descriptor_immediates(BUILT, 8, "UR13")     # UIADD3.64 UR12 <- UR8:UR9 <- UMOV
     assert unset_descriptor_words(BUILT, {0x40000020}), "another tile's fields do not count"
+
+
+def test_a_negative_immediate_is_the_same_32_bit_word():
+    """ptxas writes 0x80000020 (64B swizzle, SBO 512) as -0x7fffffe0 where it adds it with a carry."""
+    code = sass("""
+        /*09b0*/                   USHF.R.S32.HI UR8, URZ, 0x1f, UR7 ;
+        /*09c0*/                   UIADD3 UR16, UP0, UR7, UR23, URZ ;
+        /*09e0*/                   UIADD3.X UR17, UR8, -0x7fffffe0, URZ, UP0, !UPT ;
+        /*0a00*/                   HGMMA.64x64x16.F32 R24, gdesc[UR16].tnspB, R24 ;
+""")
+    assert unset_descriptor_words(code, {0x80000020}) == []

@@ -85,7 +85,7 @@ def loop_containing(code: list[SassInstruction], opcode_prefix: str) -> list[Sas
 
 _GDESC = re.compile(r"gdesc\[UR(\d+)\]")
 _REGISTER = re.compile(r"\b(U?R)(\d+)\b")
-_IMMEDIATE = re.compile(r"\b0x([0-9a-f]+)\b")
+_IMMEDIATE = re.compile(r"(-?)0x([0-9a-f]+)\b")
 
 
 def _registers(operand: str) -> set[str]:
@@ -126,7 +126,7 @@ def descriptor_immediates(code: list[SassInstruction], index: int, register: str
             if ".64" in inst.opcode:
                 kind, n = _REGISTER.fullmatch(reg).groups()
                 wanted.add(f"{kind}{int(n) + 1}")
-        values |= {int(v, 16) for v in _IMMEDIATE.findall(sources)}
+        values |= {(-int(v, 16) if sign else int(v, 16)) % 2**32 for sign, v in _IMMEDIATE.findall(sources)}
         wanted -= {"RZ", "URZ"}
         if not wanted:
             break
