@@ -27,10 +27,11 @@ Then
     for each slab rm, column block rn, K slice s: %d = wgmma desc(A, rm, s), desc(B, rn, s), %d
     wgmma_commit; wgmma_wait {pending = F}; (barrier, if the dot stored a tile)
 
-with descriptors from `WgmmaTileLayout.descriptor` (slab g of A a constant
-step further on), each made as the tile's (or ring's) descriptor plus the
-slice's (and slot's) offset / 16 added to the start-address field
-(`SharedOperand.descriptor`). F is 0, except when both operands are ring slots and the
+with descriptors from `WgmmaTileLayout.descriptor`, each made as the tile's (or
+ring's) descriptor plus the slice's (and slot's) offset / 16 added to the
+start-address field; warpgroup g's slab of A is a constant step further on,
+applied to the pointer before the descriptor is made (`SharedOperand.descriptor`
+says why). F is 0, except when both operands are ring slots and the
 plan allows it (`RingOperand.in_flight`) and the loop carries the
 accumulator in the wgmma fragment layout itself (layout assignment may have
 given the carried value another layout, e.g. the one of the store after the
