@@ -19,10 +19,12 @@ device when any argument is a torch tensor (so `torch.cuda.graph` captures
 the launch and it orders with torch's own kernels), else the legacy default
 stream 0.
 
-Kernels the compiler gave hidden tensor-map parameters (TMA loads on
-sm_90+) take `tensor_maps=`, their recipes: a launch passes only the
-kernel's own arguments, and the maps are built from them
-(`tensor_map.KernelTensorMaps`) and packed by value.
+Kernels the compiler gave hidden tensor-map parameters (TMA loads and
+stores on sm_90+) take `tensor_maps=`, their recipes: a launch passes only
+the kernel's own arguments, and the maps are built from them
+(`tensor_map.KernelTensorMaps`) and written by value into the prepared
+buffer, only when a map's tensor, sizes or strides changed since the last
+launch (a warm launch with the same tensors encodes and copies nothing).
 
 An empty grid (a 0 in any dimension) launches nothing, as on the
 interpreter. A launch holds a lock while it packs and launches, so threads
@@ -124,8 +126,7 @@ class Launcher:
             return launch
         function = self._functions.get(ordinal) or self._load(ordinal)
         device, block, shared, packer = function.device, self.block, self.binary.shared_bytes, self.packer
-        complete = self.tensor_maps.complete if self.tensor_maps is not None else None
-        pack = packer.pack if complete is None else (lambda values: packer.pack(complete(values)))
+        pack = packer.pack if self.tensor_maps is None else self._map_packing()
         prepare = getattr(device, "prepare_launch", None)
         if prepare is not None:
             launch = prepare(function, block, shared, packer, pack=pack, lock=self._lock)
@@ -138,6 +139,16 @@ class Launcher:
                     device.launch(function, (gx, gy, gz), block, shared, packer, stream)
         self._prepared[ordinal] = launch
         return launch
+
+    def _map_packing(self) -> Callable[[Sequence[Any]], None]:
+        """`pack(values)` for a kernel with tensor maps: its own arguments packed, and each map written into the
+        buffer only when it changes (`KernelTensorMaps.packing`); else the maps completed and packed whole."""
+        packer, maps = self.packer, self.tensor_maps
+        in_place = maps.packing(packer)
+        if in_place is not None:
+            return in_place
+        complete = maps.complete
+        return lambda values: packer.pack(complete(values))
 
     def resident_programs(self, ordinal: int | None = None) -> int:
         """How many programs of this kernel device `ordinal` (default: the current one) runs at once: its

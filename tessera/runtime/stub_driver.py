@@ -37,6 +37,9 @@ class StubDriver:
         self.CUdevice_attribute = driver.CUdevice_attribute
         self.CUfunction_attribute = driver.CUfunction_attribute
         self.CUpointer_attribute = driver.CUpointer_attribute
+        for name in ("CUtensorMap", "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
+                     "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill", "cuuint32_t", "cuuint64_t"):
+            setattr(self, name, getattr(driver, name))      # the tensor-map encoder's argument types
         self.ok = driver.CUresult.CUDA_SUCCESS
         self.record = record            # count and keep every call in `counts` and `calls` (tests); benchmarks
                                         # turn it off, so a launch costs the stub as little as it can
@@ -71,19 +74,28 @@ class StubDriver:
             self.calls.append((name, *args))
 
     def cuDeviceGetCount(self):
+        self._called("cuDeviceGetCount")
         return self.ok, self.device_count
 
     def cuDeviceGet(self, ordinal):
+        self._called("cuDeviceGet")
         return self.ok, self.real.CUdevice(ordinal)
 
     def cuDeviceGetName(self, length, device):
+        self._called("cuDeviceGetName")
         return self.ok, b"Stub A100\0\0\0"
 
     def cuDeviceGetAttribute(self, attribute, device):
+        self._called("cuDeviceGetAttribute")
         return self.ok, self.attributes[attribute]
 
     def cuDevicePrimaryCtxRetain(self, device):
+        self._called("cuDevicePrimaryCtxRetain")
         return self.ok, self.real.CUcontext(PRIMARY_CONTEXT + int(device))
+
+    def cuCtxGetDevice(self):
+        self._called("cuCtxGetDevice")
+        return self.ok, self.real.CUdevice(0)
 
     def cuCtxGetCurrent(self):
         self._called("cuCtxGetCurrent")
@@ -110,9 +122,11 @@ class StubDriver:
         return self.ok, ("module", self.current, bytes(image))
 
     def cuModuleGetFunction(self, module, name):
+        self._called("cuModuleGetFunction")
         return self.ok, ("function", name.decode(), module)
 
     def cuFuncGetAttribute(self, attribute, function):
+        self._called("cuFuncGetAttribute")
         F = self.CUfunction_attribute
         return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: self.function_max_threads,
                          F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: self.function_static_shared,
@@ -159,7 +173,22 @@ class StubDriver:
         return self.ok, 0
 
     def cuCtxSynchronize(self):
+        self._called("cuCtxSynchronize")
         return (self.ok,)
+
+    def cuTensorMapEncodeTiled(self, data_type, rank, address, dims, strides, box, element_strides, interleave,
+                               swizzle, l2_promotion, oob_fill):
+        """A `CUtensorMap` whose 16 words hold what the driver's encoding depends on (address, dims, strides,
+        box, data type and swizzle), so equal requests give equal bytes and different ones different bytes;
+        like the driver, it refuses a rank outside 1..5 and an address not 16-byte aligned."""
+        self._called("cuTensorMapEncodeTiled", int(address))
+        rank, address = int(rank), int(address)
+        if not 1 <= rank <= 5 or address % 16:
+            return self.CUresult.CUDA_ERROR_INVALID_VALUE, None
+        words = [address, int(data_type), int(swizzle), *(int(v) for v in (*dims, *strides, *box))][:16]
+        tensor_map = self.real.CUtensorMap()
+        tensor_map.opaque = words + [0] * (16 - len(words))
+        return self.ok, tensor_map
 
     def launches(self) -> list[tuple]:
         """The recorded cuLaunchKernel calls that ran (in the function's own context)."""
