@@ -156,6 +156,7 @@ class Plan:
 CPU_PLAN = Plan(BM=16, BN=16, BK=32, split_k=2, stages=1, num_warps=4)
 
 
+@functools.lru_cache(maxsize=4096)      # per shape: the op asks on every call
 def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = False) -> Plan:
     """Decode (M <= 16): one 16-row tile, K split so that about two programs per SM stream the weights;
     otherwise 64- or 128-row tiles over all of K. BK is a whole number of groups, or divides one (W4A8: one
@@ -175,6 +176,7 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
 
 
+@functools.lru_cache(maxsize=4096)
 def fragment_plan(p: Plan, M: int, K: int, warp_size: int = 32) -> Plan:
     """`p` with the block and threads a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
     the decode plan's own for M <= 16 (there the codes land in their mma registers); for larger M 64-row
