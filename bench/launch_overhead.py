@@ -7,8 +7,11 @@
 Tessera paths: an empty kernel; vector add (3 tensors and an int) with a tuple
 grid, with its defaulted constexpr left out, with a callable grid, with
 `stream=`, and through `@tessera.autotune` once tuned; the library GEMM's
-argument list (6 tensors, 8 scalars, a callable grid, autotuned); on a GPU
-also the `tessera::gemm` op beside `torch.matmul` at 64x64x64 bf16. Beside
+argument list (6 tensors, 8 scalars, a callable grid, autotuned); the
+`tessera::gemm` op beside `torch.matmul` at 64x64x64 (on a GPU the op
+itself; on the stub driver its checks on CPU tensors and its launches on an
+sm_90a stub, TMA tensor maps included, with C's map reused or re-encoded
+each call, and the driver calls of one warm launch). Beside
 them: a torch elementwise add, `torch.matmul`, and Triton's vector add where
 installed. Last, the milliseconds a new process spends from `import tessera`
 to a binary found in the disk cache.
@@ -23,12 +26,14 @@ up to 4 tensors, 6 µs for the GEMM's argument list.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import gpu_common
@@ -104,6 +109,42 @@ def gemm_kernel_case(a, b, c):
     return lambda: gemm_kernel[lambda meta: _grid(M, N_, meta, 132)](*args, **flags)
 
 
+def gemm_op_case(a, b, outputs):
+    """`tessera::gemm(a, b)` at GEMM_SIZE^3 as the op runs it on the stub driver: its checks, layout reads and
+    output allocation on torch CPU tensors of the same shape (the op's own tensors would need a GPU), then its
+    launches (`gemm.launch_kernels`: at this size the small-M split-K kernel) on the stub's arrays; `outputs()`
+    gives the array C is, each call. float16: the CUDA array interface has no bfloat16."""
+    import importlib
+
+    import torch
+
+    op = importlib.import_module("tessera.kernels_lib.gemm")
+    M = N_ = K = GEMM_SIZE
+    ta, tb = (torch.empty((GEMM_SIZE, GEMM_SIZE), dtype=torch.float16) for _ in range(2))
+    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+
+    def call():
+        M_, N, K_, out_dtype = op._check(ta, tb, None, None, None, False, False)
+        op._strided(ta), op._strided(tb)
+        torch.empty((M_, N), dtype=out_dtype)
+        c = outputs()
+        op.launch_kernels((a, b, c, c, c, c, M, N_, K, 1.0, K, 1, N_, 1), M, N_, K, flags, out_dtype, 2, None, 132)
+    return call
+
+
+def driver_calls(driver, fn) -> dict:
+    """The driver calls of one warm call of `fn` (after two), by name: what a test asserts, reported beside the time."""
+    record, driver.record = driver.record, True
+    try:
+        fn(), fn()
+        before = Counter(driver.counts)
+        fn()
+        return dict(driver.counts - before)
+    finally:
+        driver.record = record
+        driver.calls.clear()
+
+
 CACHE_HIT = """
 import time
 import tessera
@@ -161,11 +202,29 @@ def run_stubbed() -> dict:
         gemm_kernel.pin(CONFIGS[3])
         a, b, c = (StubArray(0, 0x7E0000000000 + i * 0x100000, "<f2", (GEMM_SIZE, GEMM_SIZE)) for i in range(3))
         timings.measure("tessera_gemm_kernel_arguments", gemm_kernel_case(a, b, c))
+    calls = {}
+    with stubbed_driver(StubDriver(record=False, hopper=True)) as driver:     # sm_90a: TMA loads and stores
+        gemm_kernel.pin(CONFIGS[3])     # again: forgets the launches prepared on the sm_80 stub
+        timings.measure("tessera_gemm_kernel_arguments_sm90a", gemm_kernel_case(a, b, c))
+        calls["tessera_gemm_kernel_arguments_sm90a"] = driver_calls(driver, gemm_kernel_case(a, b, c))
+        same = gemm_op_case(a, b, lambda: c)
+        timings.measure("tessera_gemm_op_sm90a", same)
+        calls["tessera_gemm_op_sm90a"] = driver_calls(driver, same)
+        # C at a new address every call, none among the last 1024 (a model's layers each writing a fresh output):
+        # every launch encodes C's tensor map again
+        fresh = itertools.cycle([StubArray(0, 0x7D0000000000 + i * 0x10000, "<f2", (GEMM_SIZE, GEMM_SIZE))
+                                 for i in range(4096)])
+        new_output = gemm_op_case(a, b, fresh.__next__)
+        timings.measure("tessera_gemm_op_sm90a_new_output", new_output)
+        calls["tessera_gemm_op_sm90a_new_output"] = driver_calls(driver, new_output)
+    for name, counts in calls.items():
+        print(f"{name:<42} driver calls per launch: {counts}")
     tx, ty, tout = (torch.randn(N) for _ in range(3))
     ta, tb = (torch.randn(GEMM_SIZE, GEMM_SIZE) for _ in range(2))
     timings.measure("torch_add_cpu", lambda: torch.add(tx, ty, out=tout))
     timings.measure("torch_matmul_cpu", lambda: torch.matmul(ta, tb))
-    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings)}
+    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings),
+            "driver_calls_per_launch": calls}
 
 
 def run_on_gpu() -> dict:

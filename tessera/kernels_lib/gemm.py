@@ -360,21 +360,32 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
     if cpu:
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+    launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
+                   CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu)
+    return c
+
+
+def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: torch.dtype, element_bytes: int,
+                   device, num_sms: int, *, cpu: bool = False) -> None:
+    """The op's launches for `gemm_kernel`'s 14 arguments `args` (tensors already laid out; C at index 5, host
+    arrays for the interpreter when `cpu`): the split-K plan when the shape takes one, else the autotuned tiled
+    kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    ACTIVATION; `device` is where split-K workspaces are allocated. `bench/launch_overhead.py --stub-driver`
+    times it on arrays of the stub driver, since the op's own tensors would need a GPU."""
     capturing = tessera.capturing()
-    fast = not cpu and _fast_math_allows(out_dtype, activation) and not capturing
-    num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
-    split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
+    fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing
+    c = args[5]
+    split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu)
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
-            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
+            gemm_split_k.launch(args, split, M, N, flags, device, fast=fast,
                                 atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
     elif cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
             gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
     else:
         launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
-    return c
 
 
 def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:

@@ -8,11 +8,14 @@ Tests use it to check what the runtime asks of the driver (which context a
 launch runs in, how many driver calls a warm launch makes), and
 `bench/launch_overhead.py --stub-driver` to measure the host's launch path on
 a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
-like an sm_80 GPU (`attributes` can be changed; the occupancy query answers
-as the occupancy calculator does for an A100 SM), and it models the one driver
-rule the launch path relies on: `cuLaunchKernel` fails with
-CUDA_ERROR_INVALID_CONTEXT when no context is current and with
-CUDA_ERROR_INVALID_HANDLE when another context than the function's is.
+like an sm_80 GPU, or with `hopper=True` an sm_90a one (`attributes` can be
+changed; the occupancy query answers as the occupancy calculator does for an
+A100 SM). It counts every call it answers (`counts`), the tensor-map encoder
+`cuTensorMapEncodeTiled` included (its maps hold what the encoding depends
+on), and it models the one driver rule the launch path relies on:
+`cuLaunchKernel` fails with CUDA_ERROR_INVALID_CONTEXT when no context is
+current and with CUDA_ERROR_INVALID_HANDLE when another context than the
+function's is.
 Handles, enums and results are cuda-python's own types, so what the runtime
 converts is what it converts on a real driver.
 """
@@ -29,7 +32,9 @@ PRIMARY_CONTEXT = 0xC0
 class StubDriver:
     """Answers the `cuda.bindings.driver` calls `CudaDevice` makes; see the module docstring."""
 
-    def __init__(self, *, record: bool = True, device_count: int = 1):
+    def __init__(self, *, record: bool = True, device_count: int = 1, hopper: bool = False):
+        """`hopper`: answer as an H100 SXM (sm_90a: compute capability 9.0, 132 SMs, 227 KiB of opt-in shared
+        memory per block), so kernels compile with TMA and wgmma and launches build tensor maps."""
         from cuda.bindings import driver
 
         self.real = driver
@@ -64,6 +69,11 @@ class StubDriver:
             A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: 2048,
             A.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: 32,
         }
+        if hopper:
+            self.attributes.update({
+                A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9, A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
+                A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 * 1024,
+                A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: 228 * 1024})
         self.function_registers = 20        # what cuFuncGetAttribute says of every kernel (occupancy uses it)
         self.function_static_shared = 0
         self.dynamic_shared_limits: dict[Any, int] = {}   # function -> its opted-in dynamic shared memory
@@ -83,7 +93,8 @@ class StubDriver:
 
     def cuDeviceGetName(self, length, device):
         self._called("cuDeviceGetName")
-        return self.ok, b"Stub A100\0\0\0"
+        major = self.attributes[self.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR]
+        return self.ok, b"Stub H100\0\0\0" if major == 9 else b"Stub A100\0\0\0"
 
     def cuDeviceGetAttribute(self, attribute, device):
         self._called("cuDeviceGetAttribute")
