@@ -3,6 +3,7 @@
     python bench/launch_overhead.py                 # on an NVIDIA GPU: torch CUDA tensors
     python bench/launch_overhead.py --stub-driver   # on the CPU: tessera.runtime.stub_driver, no GPU needed
     python bench/launch_overhead.py --dry-run       # the plan only
+    python bench/launch_overhead.py --profile       # on a GPU: also cProfile's top functions of the GEMM op
 
 Tessera paths: an empty kernel; vector add (3 tensors and an int) with a tuple
 grid, with its defaulted constexpr left out, with a callable grid, with
@@ -246,10 +247,95 @@ def run_on_gpu() -> dict:
     for name, fn in tessera_cases(x, y, out, torch.cuda.current_stream()).items():
         timings.measure(name, fn)
     gemm_kernel.pin(CONFIGS[3])          # the warm path is the same once tuned; tuning would compile 6 configs
-    timings.measure("tessera_gemm_kernel_arguments", gemm_kernel_case(a, b, torch.empty_like(a)))
-    timings.measure("tessera_gemm_op", lambda: gemm(a, b))
+    gemm_cases = {"tessera_gemm_kernel_arguments": gemm_kernel_case(a, b, torch.empty_like(a)),
+                  "tessera_gemm_op": lambda: gemm(a, b)}
+    for name, fn in gemm_cases.items():
+        timings.measure(name, fn)
+    unqueued = {name: unqueued_us(fn, torch) for name, fn in gemm_cases.items()}
+    calls = {name: real_driver_calls(fn) for name, fn in gemm_cases.items()}
+    for name in gemm_cases:
+        print(f"{name:<42} {unqueued[name]:7.2f} µs with the GPU's queue kept short; driver calls per launch: "
+              f"{calls[name]}", flush=True)
+    if "--profile" in sys.argv:
+        profile(gemm_cases["tessera_gemm_op"])
     return {"mode": timings.mode, "environment": gpu_common.environment(torch), "n": N, "gemm_size": GEMM_SIZE,
-            "median_us": dict(timings)}
+            "median_us": dict(timings), "unqueued_median_us": unqueued, "driver_calls_per_launch": calls}
+
+
+def unqueued_us(fn, torch, calls: int = 2000, every: int = 16) -> float:
+    """Median host µs per call with a synchronize every `every` calls (not timed), so the GPU's launch queue never
+    fills: when this is far below the plain median, the plain median timed the GPU, not the host."""
+    samples = []
+    for i in range(calls):
+        if i % every == 0:
+            torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def real_driver_calls(fn) -> dict:
+    """The driver calls of one warm call of `fn` on the GPU, by name (tensor-map encodes included): the launches
+    are prepared again on a counting proxy of the real bindings, then counted over the third call."""
+    from tessera.runtime import cuda
+
+    real = cuda._driver()
+    counts = Counter()
+
+    class Counting:
+        def __getattr__(self, name):
+            value = getattr(real, name)
+            if not (name.startswith("cu") and callable(value)):
+                return value
+
+            def counted(*args, **kwargs):
+                counts[name] += 1
+                return value(*args, **kwargs)
+            return counted
+
+    saved = cuda._driver, cuda._devices
+    cuda._driver, cuda._devices = (lambda: proxy), {}
+    proxy = Counting()
+    forget_prepared_launches()
+    try:
+        fn(), fn()
+        before = Counter(counts)
+        fn()
+        return dict(counts - before)
+    finally:
+        cuda._driver, cuda._devices = saved
+        forget_prepared_launches()
+
+
+def forget_prepared_launches() -> None:
+    """Drop every GEMM kernel's launchers and warm launches (they hold the driver they were prepared on)."""
+    from tessera.kernels_lib import gemm_split_k
+    from tessera.kernels_lib.gemm import gemm_kernel, gemm_kernel_fast
+
+    for kernel in (gemm_kernel.kernel, gemm_kernel_fast.kernel, gemm_split_k.gemm_split_k_kernel,
+                   gemm_split_k.gemm_split_k_kernel_fast, gemm_split_k.gemm_split_k_reduce_kernel,
+                   gemm_split_k.gemm_split_k_reduce_kernel_fast):
+        kernel.launchers.clear()
+        kernel.fast_launches.clear()
+    for tuned in (gemm_kernel, gemm_kernel_fast):
+        tuned.fast_launches.clear()
+
+
+def profile(fn, calls: int = 5000) -> None:
+    """The 15 functions with the most own time over `calls` warm calls of `fn` (cProfile)."""
+    import cProfile
+    import pstats
+
+    for _ in range(3):
+        fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 
 def main() -> None:
