@@ -343,7 +343,7 @@ def main() -> None:
     if "--dry-run" in sys.argv:
         print(f"launch_overhead ({'stub driver' if stub else 'GPU'}): tessera empty, vector add (tuple grid, "
               f"defaulted constexpr, callable grid, stream=, autotuned), the GEMM's arguments, the tessera::gemm "
-              f"op; torch add, torch.matmul, Triton vector add")
+              f"op (on the stub: on an sm_90a stub too, with its driver calls); torch add, torch.matmul, Triton vector add")
         return
     results = run_stubbed() if stub else run_on_gpu()
     results["cache_hit_new_process_ms"] = cache_hit_ms()
