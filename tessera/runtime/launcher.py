@@ -97,6 +97,7 @@ class Launcher:
         self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
         self._prepared: dict[int, PreparedLaunch] = {}
         self._resident: dict[int, int] = {}        # device ordinal -> resident_programs (asked once)
+        self._pack_with_maps: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -142,13 +143,17 @@ class Launcher:
 
     def _map_packing(self) -> Callable[[Sequence[Any]], None]:
         """`pack(values)` for a kernel with tensor maps: its own arguments packed, and each map written into the
-        buffer only when it changes (`KernelTensorMaps.packing`); else the maps completed and packed whole."""
-        packer, maps = self.packer, self.tensor_maps
-        in_place = maps.packing(packer)
-        if in_place is not None:
-            return in_place
-        complete = maps.complete
-        return lambda values: packer.pack(complete(values))
+        buffer only when it changes (`KernelTensorMaps.packing`); else the maps completed and packed whole.
+        One per launcher, not per device: the devices share the buffer, so what it holds is tracked once."""
+        with self._lock:             # two threads preparing two devices at once must get the same one
+            if self._pack_with_maps is None:
+                packer, maps = self.packer, self.tensor_maps
+                in_place = maps.packing(packer)
+                if in_place is None:
+                    complete = maps.complete
+                    in_place = lambda values: packer.pack(complete(values))    # noqa: E731
+                self._pack_with_maps = in_place
+            return self._pack_with_maps
 
     def resident_programs(self, ordinal: int | None = None) -> int:
         """How many programs of this kernel device `ordinal` (default: the current one) runs at once: its

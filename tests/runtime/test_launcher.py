@@ -525,3 +525,16 @@ def test_maps_are_written_into_the_buffer_only_when_they_change_and_prepared_onc
         assert packer.raw_bytes() == expected.raw_bytes()
     assert len(writes) == 4, "the second launch, with the same tensor, writes no map"
     assert prepared == [(100, 72), (50, 72)] and encoded == [0x10000, 0x20000, 0x10000]
+
+
+def test_launches_on_two_gpus_alternating_each_pass_their_own_maps():
+    """The devices share the launcher's one parameter buffer, so what it holds is tracked once, not per device:
+    device 0's launch after device 1's rewrites its map."""
+    backend, encoded = FakeBackend(), []
+    launcher = map_launcher(backend, encoded)
+    for ordinal, address in ((0, 0x10000), (1, 0x20000), (0, 0x10000)):
+        backend.current = ordinal
+        launcher((1,), [address, 100, 72, 80])
+    maps = [launches[-1][-1][-1] for launches in (backend.devices[0].launches[:1], backend.devices[1].launches,
+                                                  backend.devices[0].launches[1:])]
+    assert maps == [encode_on_host(encoded[0]), encode_on_host(encoded[1]), encode_on_host(encoded[0])]
