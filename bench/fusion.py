@@ -1,6 +1,7 @@
 """Fusion (issue 18): fused kernels against the same work unfused, in one run; tier 2 of the GPU session.
 
     python bench/fusion.py              # every case: needs an NVIDIA GPU and torch
+    python bench/fusion.py --cases epilogue     # only (c)
     python bench/fusion.py --dry-run    # the plan, and each case small on the CPU interpreter, with bytes moved
 
 (a) chain: four row-wise elementwise kernels and a row reduction over an
@@ -279,7 +280,13 @@ def plot(rows_: list[dict], path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="no GPU: a small run of each case on the CPU")
+    parser.add_argument("--cases", default="chain,horizontal,epilogue",
+                        help="comma-separated cases to measure (default: all three)")
     args = parser.parse_args()
+    cases = set(args.cases.split(","))
+    unknown = cases - {"chain", "horizontal", "epilogue"}
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from chain, horizontal, epilogue")
     if args.dry_run:
         for row in dry_run():
             print(row)
@@ -289,6 +296,8 @@ def main() -> None:
     measured = []
     for fn, shapes in ((measure_chain, CHAIN_SHAPES), (measure_horizontal, [(n,) for n in HORIZONTAL_SIZES]),
                        (measure_epilogue, EPILOGUE_SHAPES)):
+        if fn.__name__.replace("measure_", "") not in cases:
+            continue
         for shape in shapes:
             try:
                 row = fn(torch, *shape)
