@@ -155,20 +155,22 @@ def check_against_numpy(args, out, pre):
     np.testing.assert_allclose(out[kept], (expected_pre / (1 - P))[kept], rtol=1e-4, atol=1e-3)
 
 
-@pytest.mark.parametrize("M, N", [(96, 128), (64, 80)])
-def test_a_sliced_epilogue_computes_what_numpy_does_on_the_interpreter_and_the_simt_simulator(M, N):
+@pytest.mark.parametrize("M, N, persistent", [(96, 128, False), (64, 80, False), (160, 128, True)])
+def test_a_sliced_epilogue_computes_what_numpy_does_on_the_interpreter_and_the_simt_simulator(M, N, persistent):
     K = 64
-    constexprs = {**SLICED, **SMALL.kwargs}
+    config = {**SMALL.kwargs, "PERSISTENT": persistent}
+    constexprs = {**SLICED, **config}
     assert SMALL.kwargs["BN"] // gemm_fused.EPILOGUE_COLUMNS == 4          # four slices per tile
+    tiles = -(-M // 64) * -(-N // 64)
+    grid = (2,) if persistent else (tiles,)                 # persistent: each program takes several tiles
     interpreted = fused_args(M, N, K)
     module = gemm_fused_kernel.kernel.specialize(*interpreted, **constexprs).module
-    tiles = -(-M // 64) * -(-N // 64)
-    run_function(module.functions[0], interpreted, (tiles,))
+    run_function(module.functions[0], interpreted, grid)
     check_against_numpy(interpreted, interpreted[2], interpreted[PRE])
     simulated = fused_args(M, N, K)
     fn = lower(module, "sm_90a", SMALL.num_warps).functions[0]
     names = [op.name for op in fn.walk()]
     assert "wgmma" in names and names.count("tma_store") == 2 * 4        # C and the second output, per slice
-    run_threads(fn, simulated, (tiles,))
+    run_threads(fn, simulated, grid)
     np.testing.assert_allclose(simulated[2], interpreted[2], rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(simulated[PRE], interpreted[PRE], rtol=1e-5, atol=1e-4)
