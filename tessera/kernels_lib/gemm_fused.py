@@ -200,3 +200,12 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
         fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                    pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
                    N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
+
+
+# The same kernel compiled with `fast_math=True` (fma contraction, approximate exp2 and division), which the op
+# runs where every output is float16 / bfloat16, whose rounding hides the difference (as `gemm.gemm_kernel_fast`):
+# bench/fusion.py's epilogue loses its exact division's slow-path check per element (FCHK, a call and a branch),
+# 15% of its sm_90a instructions.
+gemm_fused_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
+                                          prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
+    tessera.kernel(fast_math=True)(gemm_fused_kernel.kernel.fn))

@@ -29,7 +29,8 @@ from tessera.backends.nvptx.sass import disassemble
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib import gemm_configs, gemm_fused
 from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel, gemm_kernel_fast, pin_config
-from tessera.kernels_lib.gemm_fused import gemm_fused_kernel
+from tessera.kernels_lib.gemm_fused import gemm_fused_kernel, gemm_fused_kernel_fast
+from tessera.kernels_lib.gemm_fusion import fast_math_allows
 from tessera.passes.thread_passes import lower
 
 import fusion_hooks as hooks
@@ -38,11 +39,12 @@ from hopper_gemm import compile_gemm, needs_ptxas, needs_sass, sass_k_loop
 BENCH_SHAPES = [(4096, 4096, 4096), (8192, 4096, 1024), (8192, 8192, 8192), (512, 1024, 256)]
 
 
-def test_the_fused_kernel_tunes_over_the_plain_gemms_configs_with_its_prune_and_model():
-    fused, plain = gemm_fused_kernel.tuner, gemm_kernel.tuner
-    assert fused.configs == plain.configs == gemm_configs.ALL
-    assert fused.prune is plain.prune is gemm_configs.prune_for_device
-    assert fused.model is plain.model is gemm_configs.predicted
+@pytest.mark.parametrize("fused", [gemm_fused_kernel, gemm_fused_kernel_fast])
+def test_the_fused_kernel_tunes_over_the_plain_gemms_configs_with_its_prune_and_model(fused):
+    plain = gemm_kernel.tuner
+    assert fused.tuner.configs == plain.configs == gemm_configs.ALL
+    assert fused.tuner.prune is plain.prune is gemm_configs.prune_for_device
+    assert fused.tuner.model is plain.model is gemm_configs.predicted
 
 
 @pytest.mark.parametrize("M, N, K", BENCH_SHAPES)
@@ -56,10 +58,19 @@ def test_for_each_shape_the_fused_kernel_predicts_the_plain_gemms_config(M, N, K
 def test_pin_config_pins_the_fused_kernel_too():
     try:
         pin_config(CONFIGS[0])
-        assert gemm_fused_kernel.tuner.pinned == gemm_kernel.tuner.pinned == gemm_kernel_fast.tuner.pinned == CONFIGS[0]
+        kernels = (gemm_kernel, gemm_kernel_fast, gemm_fused_kernel, gemm_fused_kernel_fast)
+        assert all(k.tuner.pinned == CONFIGS[0] for k in kernels)
     finally:
         pin_config(None)
-    assert gemm_fused_kernel.tuner.pinned is None
+    assert gemm_fused_kernel.tuner.pinned is None and gemm_fused_kernel_fast.tuner.pinned is None
+
+
+def test_bfloat16_and_float16_outputs_run_the_fast_math_kernel():
+    torch = pytest.importorskip("torch")
+    bf16, f16, f32 = (torch.empty(2, 2, dtype=d) for d in (torch.bfloat16, torch.float16, torch.float32))
+    assert fast_math_allows(bf16, ()) and fast_math_allows(f16, (bf16,))
+    assert not fast_math_allows(f32, ()) and not fast_math_allows(bf16, (f32,))   # a float32 output stays exact
+    assert gemm_fused_kernel_fast.kernel.fast_math and not gemm_fused_kernel.kernel.fast_math
 
 
 # -- the machine code on sm_90a --------------------------------------------------------------------------------
@@ -79,8 +90,9 @@ BENCH_EPILOGUE = dict(EPILOGUE=hooks.bias_gelu_tanh_residual_dropout, EP_ORDER=(
                       N_OUT=0, GATHER_A=False)
 
 
-def compile_bench_fused(config, **changes):
-    return gemm_fused_kernel.kernel.compile(signature=bench_signature(), target="sm_90a", num_warps=config.num_warps,
+def compile_bench_fused(config, kernel=gemm_fused_kernel_fast, **changes):
+    """What bench/fusion.py runs (bf16 out: the fast-math kernel) with `config`."""
+    return kernel.kernel.compile(signature=bench_signature(), target="sm_90a", num_warps=config.num_warps,
                                             **BENCH_EPILOGUE, **config.kwargs, **changes)
 
 
@@ -110,6 +122,10 @@ def test_the_bench_epilogue_keeps_the_plain_k_loop_without_spills_on_sm_90a():
     slices = config.kwargs["BN"] // gemm_fused.EPILOGUE_COLUMNS
     sass = [i.opcode for i in disassemble(fused.cubin)]
     assert sum(op.startswith("UTMASTG") for op in sass) == slices
+    # fast math: the epilogue's division by (1 - p) has no IEEE slow path per element (FCHK, a call, a branch)
+    assert not any(op.startswith(("FCHK", "CALL")) for op in sass)
+    exact = [i.opcode for i in disassemble(compile_bench_fused(config, gemm_fused_kernel).cubin)]
+    assert sum(op.startswith("FCHK") for op in exact) == 64               # one per accumulator element
 
 
 def test_the_whole_tile_at_once_is_what_spilled():
