@@ -367,7 +367,7 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
-            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
+            gemm_split_k.launch(args, split, M, N, flags, a.device, element_bytes=a.element_size(), fast=fast,
                                 atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
     elif cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
