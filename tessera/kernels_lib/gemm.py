@@ -62,6 +62,7 @@ import tessera.torch
 
 from . import gemm_configs
 from . import gemm_split_k
+from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 from .hooks import outside_graphs
 
@@ -120,7 +121,12 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                 GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
-                WS: tessera.constexpr = False):
+                WS: tessera.constexpr = False, ALIGN: tessera.constexpr = NOTHING_STATED,
+                PIPELINED: tessera.constexpr = True):
+    # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
+    state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
+    STAGES = STAGES if PIPELINED else 1
+    WS = WS and PIPELINED
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -369,11 +375,17 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
             gemm_split_k.launch(args, split, M, N, flags, a.device, element_bytes=a.element_size(), fast=fast,
                                 atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
-    elif cpu:
+        return c
+    # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop
+    align, pipelined = operand_alignment(M, N, K, (stride_am, stride_ak, stride_bk, stride_bn), a.element_size(),
+                                         pointers_aligned(a_mem, b_mem))
+    if cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
-            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
+            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict(),
+                                                                        ALIGN=align, PIPELINED=pipelined)
     else:
-        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags,
+                     ALIGN=align, PIPELINED=pipelined)
     return c
 
 

@@ -28,17 +28,14 @@ The splits meet in one of three ways:
 
 The tiles come from `gemm_configs.json` ("small_m", "split_k"); the split
 counts from the models below. The K slice is pipelined only where every
-operand row starts on a 16-byte boundary (`main_constexprs`): the op states
-the alignment it checked (`ALIGN`, which the specialization cannot see for
-bf16 rows of 8 * odd elements, e.g. K = 4104), and runs any other shape
-(K = 4101) as a plain loop rather than asking for copies it cannot have. The kernels use only tile-level ops, so the dot
+operand row starts on a 16-byte boundary, with the alignment the op checked
+stated to the compiler (`main_constexprs`, `gemm_alignment.py`). The kernels use only tile-level ops, so the dot
 runs on whatever the target has: mma.sync on sm_80/sm_89 (and on sm_90a for
 BM < 64), wgmma on sm_90a for BM >= 64, MFMA on gfx942.
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -46,6 +43,7 @@ import torch
 import tessera
 
 from . import gemm_configs
+from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
 
 SMALL_M = 64                 # the op takes the small-M path for M <= SMALL_M
@@ -59,11 +57,10 @@ def gemm_split_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr,
                         HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                         BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                         STAGES: tessera.constexpr, SPLIT_K: tessera.constexpr, ATOMIC: tessera.constexpr,
-                        ALIGN: tessera.constexpr = (1, 1, 1, 1, 1, 1, 1)):
+                        ALIGN: tessera.constexpr = NOTHING_STATED):
     """Program (pid_n, split, pid_m): tile (pid_m, pid_n) of C over K steps split * steps .. (split + 1) * steps.
-    ALIGN: what the op checked M, N, K and the four strides are multiples of (`alignment`)."""
-    tessera.assume(M % ALIGN[0] == 0 and N % ALIGN[1] == 0 and K % ALIGN[2] == 0 and stride_am % ALIGN[3] == 0
-                   and stride_ak % ALIGN[4] == 0 and stride_bk % ALIGN[5] == 0 and stride_bn % ALIGN[6] == 0)
+    ALIGN: what the op checked M, N, K and the four strides are multiples of (`gemm_alignment.py`)."""
+    state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     pid_n, split, pid_m = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
@@ -202,40 +199,12 @@ def few_tiles_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
     return None if split == 1 else _even(BM, BN, BK, STAGES, num_warps, K, split)
 
 
-# ---------------------------------------------------------------------------
-# What the arguments allow: stated alignment, and whether the K slice is pipelined
-
-ROW_BYTES = 16               # cp.async and TMA copy rows that start on 16-byte boundaries
-
-
-def alignment(value: int, element_bytes: int) -> int:
-    """The largest power of two, up to ROW_BYTES of elements, that divides `value`."""
-    return math.gcd(int(value), max(1, ROW_BYTES // element_bytes))
-
-
 def main_constexprs(p: SplitKPlan, M: int, N: int, K: int, strides: tuple[int, int, int, int], element_bytes: int,
                     pointers_aligned: bool) -> dict:
-    """`gemm_split_k_kernel`'s ALIGN and STAGES for these arguments (strides: stride_am, stride_ak, stride_bk,
-    stride_bn). ALIGN states what each of M, N, K and the strides is a multiple of (M only where A's rows run
-    along M, so decode's many M share a compile): the specialization sees multiples of 16 elements, while bf16
-    rows start 16-byte aligned at multiples of 8. STAGES is the plan's where every operand has a unit-stride dim
-    whose rows start on 16-byte boundaries (both pointers 16-byte aligned), else 1: a plain loop, since no
-    asynchronous copy (or only cp.async of 4- or 8-byte chunks, where sm_90a wants TMA) could fill the ring."""
-    sam, sak, sbk, sbn = strides
-    full = max(1, ROW_BYTES // element_bytes)
-
-    def rows_aligned(size_if_first_unit, other_if_first_unit, first, size_if_second_unit, other_if_second_unit,
-                     second) -> bool:
-        if second == 1:
-            return alignment(size_if_first_unit, element_bytes) == alignment(other_if_first_unit, element_bytes) == full
-        if first == 1:
-            return alignment(size_if_second_unit, element_bytes) == alignment(other_if_second_unit, element_bytes) == full
-        return False                    # no unit-stride dim: nothing to copy rows of
-    a_rows = rows_aligned(K, sam, sam, M, sak, sak)        # A [M, K]: K-major (sak == 1) or M-major (sam == 1)
-    b_rows = rows_aligned(N, sbk, sbk, K, sbn, sbn)        # B [K, N]: N-major (sbn == 1) or K-major (sbk == 1)
-    m_align = alignment(M, element_bytes) if sam == 1 and sak != 1 else 1
-    align = (m_align, *(alignment(v, element_bytes) for v in (N, K, sam, sak, sbk, sbn)))
-    pipelined = pointers_aligned and a_rows and b_rows
+    """`gemm_split_k_kernel`'s ALIGN and STAGES for these arguments (`gemm_alignment.operand_alignment`): the
+    plan's STAGES where every operand's rows start 16-byte aligned, else 1, a plain loop (no asynchronous copy,
+    or only cp.async of 4- or 8-byte chunks where sm_90a wants TMA, could fill the ring)."""
+    align, pipelined = operand_alignment(M, N, K, strides, element_bytes, pointers_aligned)
     return dict(ALIGN=align, STAGES=p.STAGES if pipelined else 1)
 
 
@@ -263,8 +232,7 @@ def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, e
     strips = tessera.cdiv(N, p.BN)
     tile = dict(BM=p.BM, BN=p.BN, num_warps=p.num_warps)
     main = gemm_split_k_kernel_fast if fast else gemm_split_k_kernel
-    pointers_aligned = all(x.data_ptr() % ROW_BYTES == 0 for x in args[:2] if isinstance(x, torch.Tensor))
-    chosen = main_constexprs(p, M, N, args[8], args[10:14], element_bytes, pointers_aligned)
+    chosen = main_constexprs(p, M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
     main[(strips, p.split_k, row_tiles)](*args[:6], partials, *args[6:], p.steps, **flags, BK=p.BK,
                                          SPLIT_K=p.split_k, ATOMIC=atomic, **chosen, **tile)
     if p.split_k > 1:
