@@ -9,7 +9,10 @@ on sm_80/sm_89, TMA on sm_90/sm_90a) while the tensor cores work on this one
 (on sm_90a a slot is refilled once the wgmma group before this step's has
 retired). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
-the sizes need not be multiples of the blocks.
+the sizes need not be multiples of the blocks. The op states what the sizes and
+strides are multiples of (ALIGN) and pipelines only operands whose rows
+start 16-byte aligned (PIPELINED; `gemm_alignment.py`), so any legal shape
+compiles, strict mode included.
 
 Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
