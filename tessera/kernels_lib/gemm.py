@@ -157,9 +157,11 @@ gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"
 def pin_config(config: Optional[tessera.Config]) -> None:
     """Launch the op's tiled GEMM with `config` from now on, without tuning, in both of its compilations
     (`gemm_kernel` and `gemm_kernel_fast` tune apart: pinning one leaves the other, which float16 / bfloat16
-    outputs run, tuning); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
-    gemm_kernel.pin(config)
-    gemm_kernel_fast.pin(config)
+    outputs run, tuning) and in both of the fused kernel's (`gemm(..., epilogue=...)`, `gemm_fused.py`, the
+    same configs); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
+    from .gemm_fused import gemm_fused_kernel, gemm_fused_kernel_fast        # (gemm_fused imports this module)
+    for kernel in (gemm_kernel, gemm_kernel_fast, gemm_fused_kernel, gemm_fused_kernel_fast):
+        kernel.pin(config)
 
 
 def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
