@@ -1,6 +1,6 @@
 """The attention kernels' failing GPU problems on the H100, one compiler variant each: what fixes them, what not.
 
-    python bench/attention_gpu_probe.py              # on a GPU machine: every run, about 30 s
+    python bench/attention_gpu_probe.py              # on a GPU machine: every run, 8 at a time, under a minute
     python bench/attention_gpu_probe.py --dry-run    # on the CPU: compile each run's kernel, show what its PTX uses
 
 tests/kernels_lib/test_attention_on_gpu.py failed on an H100 (bench/results/2026-11-26-h100-run7): the forward on
@@ -204,8 +204,8 @@ def run_one(run: tuple, dry_run: bool, timeout: float) -> tuple:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--dry-run", action="store_true", help="compile each variant on the CPU, launch nothing")
-    parser.add_argument("--jobs", type=int, default=4, help="variants run at once (default 4)")
-    parser.add_argument("--timeout", type=float, default=45.0, help="seconds per variant (default 45)")
+    parser.add_argument("--jobs", type=int, default=8, help="runs at once (default 8: a GPU machine has 16 cores)")
+    parser.add_argument("--timeout", type=float, default=90.0, help="seconds per run (default 90)")
     parser.add_argument("--child", nargs=3, metavar=("VARIANT", "D", "CAUSAL"), help=argparse.SUPPRESS)
     parser.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)     # --child on the interpreter
     args = parser.parse_args()
