@@ -1,5 +1,5 @@
-"""`sass.unset_descriptor_words`: a wgmma whose A descriptor's high word (SBO, swizzle) is not built from the
-kernel's descriptor fields is found in SASS text. The cases are cut from ptxas 13.0's SASS of the attention
+"""`sass.unset_descriptor_words`: a wgmma whose A or B descriptor's high word (SBO, swizzle) is not built from
+the kernel's descriptor fields is found in SASS text. The cases are cut from ptxas 13.0's SASS of the attention
 forward (BM = 128, two consumer warpgroups) before and after the fix in `passes/lowering/wgmma_dot.py`."""
 
 from tessera.backends.nvptx.sass import _LINE, SassInstruction, descriptor_immediates, unset_descriptor_words
@@ -21,6 +21,7 @@ DROPPED = sass("""
         /*1930*/                   UIADD3 UR18, UP0, UR8, UR6, URZ ;
         /*1940*/                   UIADD3.X UR31, UR9, 0x40000040, URZ, UP0, !UPT ;
         /*1980*/                   UMOV UR19, UR31 ;
+        /*1990*/                   UMOV UR23, UR31 ;
         /*19a0*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR16], RZ, !UPT ;
         /*19c0*/                   HGMMA.64x64x16.F32.BF16 R24, gdesc[UR20], R24 ;
 """)
@@ -53,7 +54,7 @@ BUILT = sass("""
 
 def test_a_high_word_never_written_is_reported():
     bad = unset_descriptor_words(DROPPED, HIGH)
-    assert len(bad) == 2 and "UR17 never written" in bad[0]
+    assert len(bad) == 2 and "A descriptor high word UR17 never written" in bad[0]
     assert "UR21" in bad[1]         # the next slice's descriptor is the first's plus 2: the same garbage above
 
 
@@ -73,7 +74,10 @@ def test_a_negative_immediate_is_the_same_32_bit_word():
     code = sass("""
         /*09b0*/                   USHF.R.S32.HI UR8, URZ, 0x1f, UR7 ;
         /*09c0*/                   UIADD3 UR16, UP0, UR7, UR23, URZ ;
+        /*09d0*/                   UIADD3 UR18, UP1, UR7, UR22, URZ ;
         /*09e0*/                   UIADD3.X UR17, UR8, -0x7fffffe0, URZ, UP0, !UPT ;
+        /*09f0*/                   UIADD3.X UR19, UR8, 0x40000040, URZ, UP1, !UPT ;
         /*0a00*/                   HGMMA.64x64x16.F32 R24, gdesc[UR16].tnspB, R24 ;
 """)
-    assert unset_descriptor_words(code, {0x80000020}) == []
+    assert unset_descriptor_words(code, {0x80000020, 0x40000040}) == []
+    assert "B descriptor high word UR19" in unset_descriptor_words(code, {0x80000020})[0]

@@ -134,22 +134,24 @@ def descriptor_immediates(code: list[SassInstruction], index: int, register: str
 
 
 def unset_descriptor_words(code: list[SassInstruction], high_words: set[int]) -> list[str]:
-    """Every wgmma (HGMMA, QGMMA, ...) whose A operand comes by descriptor from shared memory and whose
-    descriptor's high word (SBO, base offset, swizzle: `wgmma_layouts.MatrixDescriptor`) is not built from one of
-    `high_words`, the ones the kernel's descriptors have: the word is then whatever its uniform register held,
-    and the wgmma reads A at the wrong place or faults. ptxas 13.0 drops that word when the descriptor's start
-    is a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that arithmetic 32-bit)."""
+    """Every wgmma (HGMMA, QGMMA, ...) whose descriptors' high words (SBO, base offset, swizzle:
+    `wgmma_layouts.MatrixDescriptor`) are not built from one of `high_words`, the ones the kernel's descriptors
+    have: A's when A comes from shared memory, B's always. Such a word is whatever its uniform register held, and
+    the wgmma reads its operand at the wrong place or faults. ptxas 13.0 dropped A's when the descriptor's start
+    was a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that arithmetic 32-bit)."""
     bad = []
     for i, inst in enumerate(code):
         if "GMMA" not in inst.opcode:
             continue
         operands = [o.strip() for o in inst.text.split(None, 2 if inst.text.startswith("@") else 1)[-1].split(",")]
-        desc = _GDESC.match(operands[1]) if len(operands) > 1 else None
-        if desc is None:        # A in registers: B's descriptor comes from the same arithmetic as before
+        desc = next((_GDESC.search(o) for o in operands[1:3] if _GDESC.search(o)), None)
+        if desc is None:
             continue
-        high = f"UR{int(desc.group(1)) + 1}"
-        values = descriptor_immediates(code, i, high)
-        if values is None or not values & high_words:
-            where = "never written" if values is None else f"built from {sorted(hex(v) for v in values)}"
-            bad.append(f"{inst.address:#06x} {inst.text}: A descriptor high word {high} {where}")
+        base = int(desc.group(1))
+        a_in_registers = not operands[1].startswith("gdesc")
+        for operand, high in (("B", base + 3),) if a_in_registers else (("A", base + 1), ("B", base + 3)):
+            values = descriptor_immediates(code, i, f"UR{high}")
+            if values is None or not values & high_words:
+                where = "never written" if values is None else f"built from {sorted(hex(v) for v in values)}"
+                bad.append(f"{inst.address:#06x} {inst.text}: {operand} descriptor high word UR{high} {where}")
     return bad
