@@ -159,13 +159,40 @@ def test_the_split_count_covers_the_sms_within_its_traffic_budget(M, N, K):
     assert (p.split_k - 1) * p.steps < k_steps <= p.split_k * p.steps
 
 
-def test_decode_shapes_split_k_on_an_h100():
-    """The numbers the model gives for the benchmark's decode shapes (132 SMs, bf16)."""
-    assert small_m_plan(16, 4096, 4096, 2, H100_SMS).split_k == 3            # 64 strips x 3 = 192 programs
-    assert small_m_plan(1, 4096, 14336, 2, H100_SMS).split_k == 3
-    assert small_m_plan(16, 14336, 4096, 2, H100_SMS).split_k == 1           # 224 strips cover the SMs
-    assert small_m_plan(64, 4096, 4096, 2, H100_SMS).split_k == 2            # 64-row partials: 2 x 64 x 4 B/column
-    assert split_count(64, 4096, 4096, 2, H100_SMS, 64, 64, 64, 4) == 2
+@pytest.mark.parametrize("M,N,K,BN,splits", [
+    (1, 4096, 4096, 32, 1),         # 128 strips of 32 columns cover the SMs: no split, no reduce launch
+    (16, 4096, 4096, 32, 1),        # (64 strips of 64 would need 3 splits and the reduce: run 7's 49% / 32%)
+    (1, 4096, 14336, 32, 1),
+    (16, 4096, 14336, 32, 1),
+    (32, 4096, 4096, 32, 1),        # 32 x 4096 of A re-read by 128 strips (67 MB through L2) beats the reduce
+    (1, 14336, 4096, 64, 1),        # 224 strips of 64 cover the SMs (run 7: 94% of cuBLAS row-major)
+    (16, 14336, 4096, 64, 1),
+    (32, 14336, 4096, 64, 1),       # the plans run 7 measured at 91-101% of cuBLAS are kept:
+    (64, 14336, 4096, 64, 1),
+    (32, 4096, 14336, 64, 3),       # 32-column strips would re-read A 128 times (117 MB through L2)
+    (64, 4096, 14336, 64, 3),
+    (64, 4096, 4096, 64, 2),        # 64-row partials: 2 x 64 x 4 B/column
+])
+def test_decode_shapes_on_an_h100(M, N, K, BN, splits):
+    """The plans the bandwidth model gives for the benchmark's decode shapes (132 SMs, bf16)."""
+    p = small_m_plan(M, N, K, 2, H100_SMS)
+    assert (p.BN, p.split_k) == (BN, splits)
+    assert p.BK * 2 == 128          # every shipped small-M slot row is 128 bytes: the 128B swizzle's span
+
+
+def test_the_model_charges_the_reduce_and_the_strips_a_rereads():
+    """The model's terms: an unsplit 32-column plan of 1 x 4096 x 4096 is HBM-bound (33.5 MB at 3 TB/s) with
+    the SM and L2 streams below it; splitting K adds the reduce launch; at M = 64 the strips' re-reads of A
+    make the L2 stream the bound."""
+    one = small_m_plan(1, 4096, 4096, 2, H100_SMS)
+    streams = gemm_split_k.modelled(1, 4096, 4096, 2, H100_SMS, one)
+    hbm_us = (4096 * 4096 + 4096) * 2 / 3e6           # B and A's one row, at 3e6 bytes per microsecond
+    assert streams.reduce == 0 and max(streams.l2, streams.sm) < streams.hbm == pytest.approx(hbm_us)
+    split = gemm_split_k._even(one.BM, one.BN, one.BK, one.STAGES, one.num_warps, 4096, 3)
+    assert gemm_split_k.modelled(1, 4096, 4096, 2, H100_SMS, split).total > streams.total + gemm_split_k.REDUCE_US
+    wide = small_m_plan(64, 14336, 4096, 2, H100_SMS)
+    streams = gemm_split_k.modelled(64, 14336, 4096, 2, H100_SMS, wide)
+    assert streams.l2 == max(streams) == pytest.approx((4096 * 14336 + 224 * 64 * 4096) * 2 / 5.5e6)
 
 
 def test_m_outside_the_path_is_refused_with_the_fix():
@@ -201,7 +228,8 @@ NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVAT
 SPLITS = {"one-split": (1, False), "workspace": (3, False), "atomic": (3, True)}
 
 
-SHIPPED_TILES = {**{f"small-m-{bm}": dict(tile, BM=bm) for bm, tile in gemm_configs.SMALL_M.items()},
+SHIPPED_TILES = {**{f"small-m-{bm}x{tile['BN']}": dict(tile, BM=bm) for bm, tiles in gemm_configs.SMALL_M.items()
+                    for tile in tiles},
                  "few-tiles": gemm_configs.SPLIT_K}
 
 
@@ -217,9 +245,9 @@ def compile_split_k(target, tile, b_layout, split, atomic, **options):
 @pytest.mark.parametrize("b_layout", list(B_STRIDES))
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90a"])
 def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, split):
-    """Each shipped tile's K slice is a STAGES-deep pipeline (cp.async on sm_80/sm_89, TMA on sm_90a) that fits
-    the target's shared memory and assembles without spills; the 64-row tile runs on wgmma on sm_90a, the
-    others on mma.sync; the split kinds store C, the workspace, or add with atomics."""
+    """Each shipped tile's K slice is a STAGES-deep pipeline (cp.async on sm_80/sm_89, TMA into swizzled slots
+    on sm_90a) that fits the target's shared memory and assembles without spills; the 64-row tile runs on
+    wgmma on sm_90a, the others on mma.sync; the split kinds store C, the workspace, or add with atomics."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.ir.target import get_target
     if find_ptxas() is None:
@@ -232,6 +260,10 @@ def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, 
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         if target == "sm_90a":
             assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.cg" not in ptx
+            # every slot swizzled, so no ldmatrix / wgmma read of it has bank conflicts (unswizzled 256-byte
+            # rows of A and of an [N, K] weight cost 8-way conflicts: run 7's b-weight at half of row-major)
+            swizzles = [m["swizzle"] for m in metadata["tensor_maps"] if m["pointer"] in ("a_ptr", "b_ptr")]
+            assert len(swizzles) == 2 and "none" not in swizzles, f"{name}: {swizzles}"
             if BM >= 64:
                 n = tile["BN"]
                 assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16", ptx) and "mma.sync" not in ptx
