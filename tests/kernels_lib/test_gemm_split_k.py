@@ -271,8 +271,21 @@ def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, 
                 assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
         else:
             assert re.search(rf"cp\.async\.wait_group\s+{tile['STAGES'] - 2};", ptx), f"BM = {BM}: not pipelined"
+            copies = re.findall(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(\d+)", ptx)
+            assert copies and set(copies) == {"16"}, f"{name}: copies of {set(copies)} bytes (16 along K or N)"
             assert "mma.sync.aligned.m16n8k16" in ptx
         assert ("red.global.add.f32" in ptx or "atom.global.add.f32" in ptx) == (split == "atomic")
+
+
+def test_every_small_m_tile_keeps_a_programs_share_of_hbm_in_flight():
+    """Little's law: an H100 streams 3.35 TB/s over 132 SMs with ~0.8 us of DRAM latency under load, so one
+    program alone on its SM must keep ~20 KB of B in flight (STAGES - 1 slots of BN x K_BYTES) to take its
+    share; the slot rows are 128 bytes (the 128B swizzle's span: conflict-free reads)."""
+    share = 3.35e12 / 132 * 0.8e-6
+    for bm, tiles in gemm_configs.SMALL_M.items():
+        for tile in tiles:
+            assert tile["K_BYTES"] == 128, f"BM = {bm}, BN = {tile['BN']}"
+            assert (tile["STAGES"] - 1) * tile["BN"] * tile["K_BYTES"] >= share, f"BM = {bm}, BN = {tile['BN']}"
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -298,28 +311,36 @@ def test_the_reduce_kernel_compiles(target):
 
 # --- the SIMT simulator ----------------------------------------------------------------------------------------
 
-def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0):
+def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0, BN=32, BK=32, trans_b=False):
     """Both kernels lowered for `target` and run on the SIMT simulator (the main one over its (strips, splits,
-    row tiles) grid into the deterministic workspace, then the reduce), BN = BK = 32: (C, numpy's), float32."""
+    row tiles) grid into the deterministic workspace, then the reduce; one split stores C itself), B stored
+    [K, N], or [N, K] with `trans_b` (an nn.Linear weight): (C, numpy's) in float32, and the swizzles of the
+    main kernel's tensor maps (sm_90a)."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)
-    b = rng.standard_normal((K, N)).astype(np.float16)
-    BN, BK, STAGES = 32, 32, 2
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float16)
+    STAGES = 2
     steps = tessera.cdiv(tessera.cdiv(K, BK), splits)
     strips, row_tiles = tessera.cdiv(N, BN), tessera.cdiv(M, BM)
     c = np.zeros((M, N), np.float32)
     partials = np.full((splits * row_tiles * BM, N), np.nan, np.float32)     # the reduce reads only what is written
     unused = np.zeros(1, np.float32)
-    args = [a, b, unused, unused, unused, c, partials, M, N, K, 1.0, K, 1, N, 1, steps]
+    b_strides = (1, K) if trans_b else (N, 1)
+    args = [a, b, unused, unused, unused, c, partials, M, N, K, 1.0, K, 1, *b_strides, steps]
     module = gemm_split_k_kernel.specialize(*args, **NO_EPILOGUE, BK=BK, STAGES=STAGES, SPLIT_K=splits,
                                             ATOMIC=False, BM=BM, BN=BN).module
-    run_threads(lower(module, target, num_warps).functions[0], args, (strips, splits, row_tiles))
-    reduce_args = [partials, unused, unused, unused, c, M, N, 1.0]
-    module = gemm_split_k_reduce_kernel.specialize(*reduce_args, **NO_EPILOGUE, SPLITS=splits, BM=BM, BN=BN).module
-    run_threads(lower(module, target, num_warps).functions[0], reduce_args, (strips, row_tiles))
-    return c, a.astype(np.float32) @ b.astype(np.float32)
+    main = lower(module, target, num_warps).functions[0]
+    run_threads(main, args, (strips, splits, row_tiles))
+    swizzles = [recipe[-1] for recipe in main.attrs.get("tensor_maps", ())]
+    if splits > 1:
+        reduce_args = [partials, unused, unused, unused, c, M, N, 1.0]
+        module = gemm_split_k_reduce_kernel.specialize(*reduce_args, **NO_EPILOGUE, SPLITS=splits, BM=BM,
+                                                       BN=BN).module
+        run_threads(lower(module, target, num_warps).functions[0], reduce_args, (strips, row_tiles))
+    b_kn = b.T if trans_b else b
+    return c, a.astype(np.float32) @ b_kn.astype(np.float32), swizzles
 
 
 @pytest.mark.parametrize("target,M,BM,num_warps", [("sm_80", 5, 16, 4), ("sm_90a", 33, 64, 4),
@@ -328,8 +349,19 @@ def test_split_k_on_the_simt_simulator_matches_numpy(target, M, BM, num_warps):
     """mma.sync fed by cp.async (sm_80, a 16-row tile), and wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
     two row tiles, as on the few-tiles path): three K splits (the last one short) over two column strips (the
     second one partial), summed by the reduce."""
-    out, expected = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
+    out, expected, _ = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b-row-major", "b-weight"])
+def test_the_decode_tile_on_the_simt_simulator_matches_numpy(trans_b):
+    """The shipped decode tile's shape on sm_90a: 16 rows, 32-column strips, 128-byte slot rows of A and of an
+    [N, K] B (BK = 64 of float16) that TMA fills 128B-swizzled (a row-major B's 64-byte rows: 64B) and
+    mma.sync reads with ldmatrix (.trans for a row-major B), K not split: three rows of C over two strips (the second partial) and K = 224 (the last step half full)."""
+    out, expected, swizzles = split_k_on_the_simulator("sm_90a", 3, 48, 224, 16, 4, splits=1, BN=32, BK=64,
+                                                       trans_b=trans_b)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    assert swizzles == ["128B", "64B" if not trans_b else "128B"]   # (a row-major B's rows are 32 x 2 bytes)
 
 
 FP8_SIGNATURE = ("*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,"
