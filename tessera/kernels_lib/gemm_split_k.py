@@ -185,6 +185,8 @@ HBM_GBPS = 3000              # B (and A) from HBM, once: what a streaming kernel
 L2_GBPS = 5500               # L2 -> SMs over all SMs: B once plus A once per column strip (A is re-read per strip)
 SM_GBPS = 64                 # one SM's fills (TMA / cp.async) at most, whatever is in flight
 LATENCY_US = 0.8             # DRAM latency under load: a program's rate is its bytes in flight / LATENCY_US
+STEP_US = 0.125              # ... and at most a K step's bytes per K step: the sm_90a SASS of a 64-deep step is
+#                              the ring's wait, a barrier, ldmatrix and 4 dependent HMMA.16816 (~220 clk)
 REDUCE_US = 2.0              # the reduce kernel: its launch and ramp after the main one, before its traffic
 SHARED_PER_SM = 228 * 1024   # programs per SM: as many rings as fit
 
@@ -207,12 +209,14 @@ def modelled(M: int, N: int, K: int, element_bytes: int, num_sms: int, p: SplitK
     """The small-M bandwidth model of plan `p` (see `Streams`). An SM's rate is its resident programs (as
     many rings as fit its shared memory, at most those it is given) times what each keeps in flight (STAGES
     - 1 slots) over the latency, at most SM_GBPS; the partials are written and read once, BM rows each. A
-    program reads the rows of A that exist (a slot's rows past M are zero-filled, not read)."""
+    program reads the rows of A that exist (a slot's rows past M are zero-filled, not read). A program
+    streams no faster than one K step's bytes per STEP_US either (its loop is one dependent chain)."""
     rows, strips = min(M, p.BM), tessera.cdiv(N, p.BN)
     per_sm = tessera.cdiv(strips * p.split_k, num_sms)
     resident = max(1, SHARED_PER_SM // (p.STAGES * (p.BM + p.BN) * p.BK * element_bytes))
     in_flight = (p.STAGES - 1) * (rows + p.BN) * p.BK * element_bytes
-    rate = min(SM_GBPS, min(per_sm, resident) * in_flight / LATENCY_US / 1e3)
+    step = (rows + p.BN) * p.BK * element_bytes
+    rate = min(SM_GBPS, min(per_sm, resident) * min(in_flight / LATENCY_US, step / STEP_US) / 1e3)
     return Streams(
         hbm=(K * N + M * K) * element_bytes / (HBM_GBPS * 1e3),
         l2=(K * N + strips * rows * K) * element_bytes / (L2_GBPS * 1e3),
