@@ -37,12 +37,22 @@ def loop_layer(torch, x, w13, w2, weights, ids):
     return out.to(x.dtype)
 
 
+def expert_ends(torch, ids, num_experts: int):
+    """The end row of each expert's range in the expert-sorted order (int32 [E], on ids' device), counted on
+    the device: `torch.bincount` on CUDA reads the ids' min and max back to the host (two syncs per call),
+    which a CUDA graph cannot capture; a scatter-add of ones has a fixed output size and never syncs."""
+    flat = ids.reshape(-1).long()
+    counts = torch.zeros(num_experts, dtype=torch.int64, device=ids.device)
+    return counts.scatter_add_(0, flat, torch.ones_like(flat)).cumsum(0).to(torch.int32)
+
+
 def grouped_mm_layer(torch, x, w13, w2, weights, ids):
-    """Tokens sorted by expert, then two torch._grouped_mm calls over the experts' row ranges."""
+    """Tokens sorted by expert, then two torch._grouped_mm calls over the experts' row ranges; every step on
+    the device, so the layer is captured whole in a CUDA graph (routing to output)."""
     T, K = ids.shape
     I = w2.shape[2]
     order = ids.reshape(-1).argsort(stable=True)
-    ends = torch.bincount(ids.reshape(-1), minlength=w13.shape[0]).cumsum(0).to(torch.int32)
+    ends = expert_ends(torch, ids, w13.shape[0])
     h = torch._grouped_mm(x[order // K], w13.transpose(1, 2), offs=ends)
     inner = (torch.nn.functional.silu(h[:, :I].float()) * h[:, I:].float()).to(x.dtype)
     y = torch._grouped_mm(inner, w2.transpose(1, 2), offs=ends).float()
