@@ -68,3 +68,26 @@ def test_each_ratio_says_what_it_compares():
     assert (rates["speedup"], rates["graph_speedup"], rates["hbm_share"]) == (1.5, 1.5, 0.5)
     assert "2.000 ms (1.0 TFLOP/s), 1.000 ms in a graph; 1.50x torch-grouped-mm per eager call, 1.50x in a graph" \
         in moe.describe(rates)
+
+
+def test_the_w8a8_reference_quantizes_as_the_op_and_its_allowance_has_power():
+    """Scaled-down DeepSeek-V3 W8A8 (bf16 x, 128 x 128 fp8 weight blocks, activation groups of 128) on the
+    interpreter: tessera is within every element's allowance; the bf16 loop the benchmark compared with before
+    (activations not quantized) is not, and neither is an output with two columns swapped."""
+    from tessera.kernels_lib.moe import experts, route
+    T, H, I, E, K = 8, 256, 256, 8, 4
+    g = torch.Generator().manual_seed(0)
+    w = {"w13_cat": (torch.randn(E, 2 * I, H, generator=g) * H ** -0.5).bfloat16(),
+         "w2": (torch.randn(E, H, I, generator=g) * I ** -0.5).bfloat16()}
+    q13, q2 = moe.quantized_weights(torch, w, group=128)["fp8"]
+    x = torch.randn(T, H, generator=g).bfloat16()
+    weights, ids, _, _ = route(torch.randn(T, E, generator=g), K)
+    got = experts(x, q13, q2, weights, ids, fp8_activations=True).float()
+    check = moe.W8A8Reference(q13, q2)
+    assert check.wrong(got, x, weights, ids, "w8a8") is None
+    expected, allowance = refs.w8a8_layer(torch, x, q13, q2, weights, ids)
+    assert ((got.double() - expected).abs() / allowance).max() < 0.5
+    bf16_loop = refs.loop_layer(torch, x, moe.Dequantized(q13, True, torch.bfloat16),
+                                moe.Dequantized(q2, False, torch.bfloat16), weights, ids).float()
+    assert "elements wrong" in check.wrong(bf16_loop, x, weights, ids, "w8a8")
+    assert "elements wrong" in check.wrong(got[:, [1, 0, *range(2, H)]], x, weights, ids, "w8a8")
