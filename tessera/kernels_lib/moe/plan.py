@@ -5,8 +5,17 @@ Three regimes, by how many rows an active expert gets on average (pairs
 
 * decode (<= 16 rows per expert: 1-64 tokens of a fine-grained MoE): 16-row
   tiles, so an expert with a few tokens still reads each of its weight
-  tiles once, in deep K steps (BK = 128, 4 stages) that keep enough bytes
-  in flight to stream the weights at memory speed; mma.sync m16n8k16;
+  tiles once; mma.sync m16n8k16. K steps of 64 bf16 (128 bytes): a weight
+  block's rows then fit TMA's 128-byte swizzle, and ldmatrix reads them
+  without bank conflicts. With BK = 128 (256-byte rows, which no TMA
+  swizzle spans) the rows sat 256 bytes apart, ldmatrix's eight rows in
+  one bank: 8-way conflicts held a program to ~20 GB/s of weights, so the
+  H100 streamed at 45-64% of HBM (2026-11-26; the dense decode GEMM's
+  K-contiguous weights showed the same: 39-53% at 256-byte K steps, 91-96%
+  at 128). gate_up's 4 stages of 18 KB let 3 programs share an H100 SM (2
+  on an A100): ~160 KB in flight per SM. down's BN = 32 gives twice the
+  programs (Mixtral at 1 token: 256, not 128 for 132 SMs) in 6 KB stages,
+  and keeps the one-launch kernel within 128 registers on sm_80;
 * middle (<= 128 rows): 64-row tiles, 4 warps (wgmma m64 on sm_90a);
 * prefill: 128-row tiles, 8 warps (two wgmma warpgroups on sm_90a).
 
@@ -47,7 +56,7 @@ class Plan:
         return replace(self, gate_up=replace(self.gate_up, stages=1), down=replace(self.down, stages=1))
 
 
-DECODE = Plan(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
+DECODE = Plan(16, GemmTiles(64, 64, 4, 4), GemmTiles(32, 64, 4, 4))
 MIDDLE = Plan(64, GemmTiles(64, 64, 3, 4), GemmTiles(128, 64, 3, 4))
 PREFILL = Plan(128, GemmTiles(64, 64, 3, 8), GemmTiles(128, 64, 3, 8))
 SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
@@ -55,7 +64,7 @@ SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
 # Quantized weights (`quantized_mlp.py`) are dequantized in registers, next to the accumulator: at decode and
 # middle sizes gate_up's B block (2BN x BK) and, in the middle, down's BN are halved so that sm_80 (where
 # e4m3 -> bf16 is emulated in integer ops) does not spill; prefill's 8 warps have the registers.
-QUANTIZED = {"decode": replace(DECODE, gate_up=GemmTiles(32, 128, 4, 4)),
+QUANTIZED = {"decode": Plan(16, GemmTiles(32, 128, 4, 4), GemmTiles(64, 128, 4, 4)),
              "middle": Plan(64, GemmTiles(32, 64, 3, 4), GemmTiles(64, 64, 3, 4)),
              "prefill": PREFILL}
 
