@@ -135,7 +135,7 @@ def w8a8_layer(torch, x, q13, q2, weights, ids, group: int = 128):
         hd, step = hq * scale, fp8_ulp(torch, hq) * scale
         w = weights[token, slot, None].double()
         y = (hd @ w2.t()) * w
-        squares = (3 * ACCUMULATOR) ** 2 * (hd ** 2 @ (w2 ** 2).t()) + FLIP * (step ** 2 @ (w2 ** 2).t())
+        squares = ((3 * ACCUMULATOR) ** 2 * hd ** 2 + FLIP * step ** 2) @ (w2 ** 2).t()
         expected.index_add_(0, token, y)
         variance.index_add_(0, token, squares * w ** 2)
         rounding.index_add_(0, token, 2.0 ** -9 * y.abs())

@@ -106,3 +106,43 @@ def test_the_schedule_model_explains_the_one_launch_order():
         return multi / model.simulate(model.tickets("deepseek_v3", blocks, phase_order), 132, 3350e9, per_sm, n_up)
     assert 0.25 < ratio(False, 16e9) < 0.4 and ratio(True, 16e9) > 0.95
     assert ratio(False, 200e9) > 0.95
+
+
+# -- on a GPU (seconds; the lead's checks of what the CPU cannot show) -----------------------------------------
+
+
+@pytest.mark.gpu
+def test_on_the_gpu_the_grouped_mm_reference_is_captured_in_a_cuda_graph():
+    if not hasattr(torch, "_grouped_mm") or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("torch._grouped_mm needs this torch and sm_90")
+    x, w13, w2, weights, ids = (a.cuda() for a in _layer_inputs(T=64, H=256, I=128, E=8, K=2))
+    x, w13, w2 = x.bfloat16(), w13.bfloat16(), w2.bfloat16()
+    eager = refs.grouped_mm_layer(torch, x, w13, w2, weights, ids)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = refs.grouped_mm_layer(torch, x, w13, w2, weights, ids)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert torch.equal(captured, eager)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("tokens", [4, 200])                      # the decode and middle fp8 plans
+def test_on_the_gpu_w8a8_is_within_the_derived_allowance(tokens):
+    """The allowance's accumulator bound (2^-11 relative, FLIP) is an estimate of the fp8 tensor cores': this
+    measures the worst error / allowance on the GPU (the interpreter's is ~0.15)."""
+    from tessera.kernels_lib.moe import experts, route
+    if torch.cuda.get_device_capability() < (8, 9):
+        pytest.skip("fp8 tensor cores need sm_89 or newer")
+    H, I, E, K = 1024, 512, 16, 4
+    g = torch.Generator(device="cuda").manual_seed(tokens)
+    w = {"w13_cat": (torch.randn(E, 2 * I, H, generator=g, device="cuda") * H ** -0.5).bfloat16(),
+         "w2": (torch.randn(E, H, I, generator=g, device="cuda") * I ** -0.5).bfloat16()}
+    q13, q2 = moe.quantized_weights(torch, w)["fp8"]
+    x = torch.randn(tokens, H, generator=g, device="cuda").bfloat16()
+    weights, ids, _, _ = route(torch.randn(tokens, E, generator=g, device="cuda"), K)
+    got = experts(x, q13, q2, weights, ids, fp8_activations=True).float()
+    expected, allowance = refs.w8a8_layer(torch, x, q13, q2, weights, ids)
+    worst = float(((got.double() - expected).abs() / allowance).max())
+    print(f"w8a8 {tokens} tokens: worst error / allowance {worst:.3f}")
+    assert worst <= 1.0
