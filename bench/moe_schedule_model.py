@@ -18,7 +18,7 @@ import heapq
 import random
 
 MODELS = {"mixtral": (4096, 14336, 8, 2), "deepseek_v3": (7168, 2048, 256, 8), "qwen3": (2048, 768, 128, 8)}
-BM, BN_UP, BN_DOWN = 16, 64, 64          # plan.DECODE
+BM, BN_UP, BN_DOWN = 16, 64, 64          # plan.DECODE as H100 run 8 ran it (1 program per SM)
 
 
 def blocks_in_use(tokens: int, E: int, K: int, seed: int = 0) -> int:
