@@ -40,6 +40,9 @@ def test_the_grouped_mm_reference_reads_nothing_back_to_the_host():
             refs.loop_layer(torch, *fake)
         out = refs.grouped_mm_layer(torch, fake[0].bfloat16(), fake[1].bfloat16(), fake[2].bfloat16(), *fake[3:])
         assert out.shape == args[0].shape
+        logits, bias = mode.from_tensor(torch.randn(7, 8)), mode.from_tensor(torch.randn(8))
+        weights, ids = refs.topk(torch, logits, 2, bias, scoring="sigmoid", n_group=4, topk_group=2)  # the routing
+        assert ids.shape == (7, 2)
 
 
 def test_the_grouped_mm_reference_matches_the_loop():
