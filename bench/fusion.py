@@ -1,6 +1,7 @@
 """Fusion (issue 18): fused kernels against the same work unfused, in one run; tier 2 of the GPU session.
 
     python bench/fusion.py              # every case: needs an NVIDIA GPU and torch
+    python bench/fusion.py --cases epilogue     # only (c)
     python bench/fusion.py --dry-run    # the plan, and each case small on the CPU interpreter, with bytes moved
 
 (a) chain: four row-wise elementwise kernels and a row reduction over an
@@ -10,10 +11,13 @@
     merged into one launch with the program ids partitioned, against eight;
 (c) epilogue: bf16 GEMM + bias + GELU + residual + dropout as one
     `kernels_lib.gemm(..., epilogue=...)` against torch eager and
-    `torch.compile` of the same function, in the same run.
+    `torch.compile` of the same function, in the same run, all returning
+    bf16; also the plain library GEMM and cuBLAS alone, and the configs
+    the fused kernel and the plain GEMM chose.
 
-Each row has the median time per variant (eager, with events; for (a) and
-(b) also inside a CUDA graph: the kernels alone), the speedups, and the
+Each row has the median time per variant (eager, with events; also inside
+a CUDA graph: the kernels alone, without the host's launch work, which for
+(c) includes the fused call's Python hook handling), the speedups, and the
 bytes each variant must move: for (a) and (b) the capture's own count (the
 buffers each launch reads or writes), for (c) the operands and every
 intermediate eager torch writes and reads back. The dry run prints the same
@@ -27,6 +31,7 @@ matplotlib, fusion.png (speedup per row).
 from __future__ import annotations
 
 import argparse
+import json
 
 import gpu_common
 
@@ -36,6 +41,7 @@ CHAIN_SHAPES = [(8192, 1024), (32768, 512)]           # (a): M x N float32
 HORIZONTAL_SIZES = [16384, 65536]                      # (b): elements per tensor, eight tensors
 EPILOGUE_SHAPES = [(4096, 4096, 4096), (8192, 4096, 1024)]     # (c): M, N, K in bf16
 DROPOUT_P = 0.1
+EPILOGUE_VARIANTS = ("tessera", "eager", "compile", "plain_gemm", "cublas")   # (c)'s timed rows
 
 
 @tessera.func
@@ -167,20 +173,55 @@ def measure_horizontal(torch, n: int) -> dict:
 
 
 def measure_epilogue(torch, M: int, N: int, K: int) -> dict:
+    """(c) at one shape. Every variant returns bf16 and is warm (compiled, tuned) before it is timed; each is
+    timed with events around one call (`device_ms`: the host's launch work included, which the fused call's
+    Python hook handling adds to) and inside a CUDA graph (`graph_ms`: the kernels alone). The plain library
+    GEMM and cuBLAS alone (no epilogue) show what the epilogue costs each, and the configs the fused kernel
+    and the plain GEMM chose show whether they share the plan (they tune over the same configs)."""
+    from tessera.kernels_lib import gemm
+    from tessera.kernels_lib.gemm import gemm_kernel_fast
+    from tessera.kernels_lib.gemm_fused import gemm_fused_kernel_fast
+
     a, b = torch.randn(M, K, device="cuda", dtype=torch.bfloat16), torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
     bias, residual = torch.randn(N, device="cuda", dtype=torch.bfloat16), torch.randn(M, N, device="cuda", dtype=torch.bfloat16)
     out = fused_epilogue(a, b, bias, residual)
+    assert out.dtype == eager_epilogue(torch, a, b, bias, residual).dtype == torch.bfloat16
     kept = out != 0
     reference = (torch.nn.functional.gelu(a.float() @ b.float() + bias.float(), approximate="tanh") + residual.float())
     torch.testing.assert_close(out.float()[kept], (reference / (1 - DROPOUT_P))[kept], rtol=5e-2, atol=5e-1)
     compiled = torch.compile(lambda: eager_epilogue(torch, a, b, bias, residual))
-    times = {"tessera_ms": gpu_common.device_ms(lambda: fused_epilogue(a, b, bias, residual), torch),
-             "eager_ms": gpu_common.device_ms(lambda: eager_epilogue(torch, a, b, bias, residual), torch),
-             "compile_ms": gpu_common.device_ms(compiled, torch)}
+    variants = {"tessera": lambda: fused_epilogue(a, b, bias, residual),
+                "eager": lambda: eager_epilogue(torch, a, b, bias, residual),
+                "compile": compiled,
+                "plain_gemm": lambda: gemm(a, b), "cublas": lambda: a @ b}
+    times = {}
+    for name, fn in variants.items():
+        times[f"{name}_ms"] = gpu_common.device_ms(fn, torch)
+        try:
+            times[f"{name}_graph_ms"] = gpu_common.graph_ms(fn, torch)
+        except Exception as exc:      # (a capture that fails leaves the events' time, and says why)
+            times[f"{name}_graph_error"] = f"{type(exc).__name__}: {exc}"[:200]
+            torch.cuda.synchronize()
     flops = 2 * M * N * K
-    return {"case": "epilogue", "shape": f"{M}x{N}x{K}", **times, "speedup_vs_eager": times["eager_ms"] / times["tessera_ms"],
-            "speedup_vs_compile": times["compile_ms"] / times["tessera_ms"],
-            "tflops": flops / times["tessera_ms"] / 1e9, **{f"bytes_{k}": v for k, v in epilogue_bytes(M, N, K).items()}}
+    row = {"case": "epilogue", "shape": f"{M}x{N}x{K}", **times,
+           "speedup_vs_eager": times["eager_ms"] / times["tessera_ms"],
+           "speedup_vs_compile": times["compile_ms"] / times["tessera_ms"],
+           "fused_config": tuned_config(gemm_fused_kernel_fast, M, N, K),   # (bf16 out: fast math)
+           "plain_config": tuned_config(gemm_kernel_fast, M, N, K),
+           "tflops": flops / times["tessera_ms"] / 1e9, **{f"bytes_{k}": v for k, v in epilogue_bytes(M, N, K).items()}}
+    if "compile_graph_ms" in times and "tessera_graph_ms" in times:
+        row["speedup_vs_compile_graph"] = times["compile_graph_ms"] / times["tessera_graph_ms"]
+    return row
+
+
+def tuned_config(kernel, M: int, N: int, K: int) -> str:
+    """The config autotuned `kernel` launches an M x N x K problem with in this process: pinned or tuned."""
+    if kernel.tuner.pinned is not None:
+        return f"pinned {kernel.tuner.pinned}"
+    for (_, key), config in kernel.tuner.chosen.items():
+        if json.loads(key)["key"] == [["M", M], ["N", N], ["K", K]]:
+            return str(config)
+    return "not tuned"
 
 
 def describe(row: dict) -> str:
@@ -188,8 +229,12 @@ def describe(row: dict) -> str:
     if "error" in row:
         return f"{row['case']} {row['shape']}: ERROR {row['error'][:200]}"
     if row["case"] == "epilogue":
+        graphs = ", ".join(f"{name} {row[name + '_graph_ms']:.3f}" for name in EPILOGUE_VARIANTS
+                           if name + "_graph_ms" in row)
         return (f"epilogue {row['shape']}: tessera {row['tessera_ms']:.3f} ms, eager {row['eager_ms']:.3f} ms, "
-                f"torch.compile {row['compile_ms']:.3f} ms ({row['speedup_vs_compile']:.2f}x compile)")
+                f"torch.compile {row['compile_ms']:.3f} ms ({row['speedup_vs_compile']:.2f}x compile); "
+                f"plain gemm {row['plain_gemm_ms']:.3f} ms, cuBLAS {row['cublas_ms']:.3f} ms; in a graph (ms): "
+                f"{graphs}; configs: fused {row['fused_config']}, plain {row['plain_config']}")
     return (f"{row['case']} {row['shape']} ({row['launches']} launches): {row['speedup']:.2f}x eager, "
             f"{row['speedup_graph']:.2f}x in a graph; {row['bytes_unfused']} -> {row['bytes_fused']} bytes")
 
@@ -235,7 +280,13 @@ def plot(rows_: list[dict], path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dry-run", action="store_true", help="no GPU: a small run of each case on the CPU")
+    parser.add_argument("--cases", default="chain,horizontal,epilogue",
+                        help="comma-separated cases to measure (default: all three)")
     args = parser.parse_args()
+    cases = set(args.cases.split(","))
+    unknown = cases - {"chain", "horizontal", "epilogue"}
+    if unknown:
+        parser.error(f"unknown case(s) {sorted(unknown)}; choose from chain, horizontal, epilogue")
     if args.dry_run:
         for row in dry_run():
             print(row)
@@ -245,6 +296,8 @@ def main() -> None:
     measured = []
     for fn, shapes in ((measure_chain, CHAIN_SHAPES), (measure_horizontal, [(n,) for n in HORIZONTAL_SIZES]),
                        (measure_epilogue, EPILOGUE_SHAPES)):
+        if fn.__name__.replace("measure_", "") not in cases:
+            continue
         for shape in shapes:
             try:
                 row = fn(torch, *shape)

@@ -148,9 +148,11 @@ gemm_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"
 def pin_config(config: Optional[tessera.Config]) -> None:
     """Launch the op's tiled GEMM with `config` from now on, without tuning, in both of its compilations
     (`gemm_kernel` and `gemm_kernel_fast` tune apart: pinning one leaves the other, which float16 / bfloat16
-    outputs run, tuning); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
-    gemm_kernel.pin(config)
-    gemm_kernel_fast.pin(config)
+    outputs run, tuning) and in both of the fused kernel's (`gemm(..., epilogue=...)`, `gemm_fused.py`, the
+    same configs); `pin_config(None)` tunes again. The split-K paths have no configs to pin."""
+    from .gemm_fused import gemm_fused_kernel, gemm_fused_kernel_fast        # (gemm_fused imports this module)
+    for kernel in (gemm_kernel, gemm_kernel_fast, gemm_fused_kernel, gemm_fused_kernel_fast):
+        kernel.pin(config)
 
 
 def _fast_math_allows(out_dtype: torch.dtype, activation: str) -> bool:
@@ -360,21 +362,32 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
     if cpu:
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+    launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
+                   CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu)
+    return c
+
+
+def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: torch.dtype, element_bytes: int,
+                   device, num_sms: int, *, cpu: bool = False) -> None:
+    """The op's launches for `gemm_kernel`'s 14 arguments `args` (tensors already laid out; C at index 5, host
+    arrays for the interpreter when `cpu`): the split-K plan when the shape takes one, else the autotuned tiled
+    kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    ACTIVATION; `device` is where split-K workspaces are allocated. `bench/launch_overhead.py --stub-driver`
+    times it on arrays of the stub driver, since the op's own tensors would need a GPU."""
     capturing = tessera.capturing()
-    fast = not cpu and _fast_math_allows(out_dtype, activation) and not capturing
-    num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
-    split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
+    fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing
+    c = args[5]
+    split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu)
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
-            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
+            gemm_split_k.launch(args, split, M, N, flags, device, fast=fast,
                                 atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
     elif cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
             gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
     else:
         launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
-    return c
 
 
 def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:

@@ -19,6 +19,11 @@ four scalar slots (S0..S3); and the tile's global row and column indices
 GATHER_A reads row `idx[m]` of A for output row m (a gathered A takes
 pointer loads, which the pipeline does not stream: its K loop is plain).
 `gemm_fusion.py` checks the user's functions and operands and launches this.
+
+The main loop and tiles are the plain GEMM's (same configs, prune and model,
+so the same plan for a shape); the epilogue runs on EPILOGUE_COLUMNS-wide
+column slices of the accumulator, each stored when done, so that what it
+computes never holds more than a slice beside the accumulator.
 """
 
 from __future__ import annotations
@@ -26,9 +31,16 @@ from __future__ import annotations
 import tessera
 
 from . import gemm_configs
-from .gemm import CONFIGS, grouped_tile
+from .gemm import grouped_tile
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
+# The epilogue's slice width (EPI_BN): a thread holds 8 accumulator elements of a 128-row slice on 8 warps (of a
+# 64-row one on 4), so the temporaries of a heavy epilogue fit beside the accumulator. Measured with ptxas 13.0
+# on sm_90a, 128 x 128 tile, bench/fusion.py's bias + GELU + residual + dropout epilogue: the whole tile at
+# once takes 255 registers and spills ~1 KB; slices of 64 / 32 / 16 columns take 174 / 166 / 124 registers
+# without spills, and only 16 leaves room for two programs per SM, as the plain GEMM (90 registers) has.
+EPILOGUE_COLUMNS = 16
+MAX_CUTS = 4            # column_slices halves a tile at most this often (16 slices)
 
 
 @tessera.func
@@ -76,7 +88,7 @@ def index_tiles(i, j, BR, BC):
 @tessera.func
 def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak, pid_m, pid_n,
                EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT, GATHER_A,
-               BM, BN, BK, STAGES, WS):
+               BM, BN, BK, STAGES, WS, EPI_BN):
     """One BM x BN tile of C with the hooks applied."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=1 if GATHER_A else STAGES, warp_specialize=WS):
@@ -94,23 +106,49 @@ def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, strid
             values = role_operands(ptrs, strides, SPECS, "prologue_b", K, N, k, pid_n, BK, BN)
             b_block = call_hook(PROLOGUE_B, b_block, values + scalars + (ks, cols), PB_ORDER)
         acc = tessera.dot(a_block, b_block, acc)
-    if EPILOGUE is not None:
-        rows, cols = index_tiles(pid_m, pid_n, BM, BN)
-        values = role_operands(ptrs, strides, SPECS, "epilogue", M, N, pid_m, pid_n, BM, BN)
-        result = call_hook(EPILOGUE, acc, values + scalars + (rows, cols), EP_ORDER)
-    else:
-        result = acc
-    if N_OUT == 0:
-        result = (result,)
-    tessera.static_assert(len(result) == N_OUT + 1, "the epilogue must return one tile per output: C's, then "
+    if EPILOGUE is None:
+        store_outputs(c, outs, (acc,), 0, pid_m, pid_n, BM, BN)
+    else:       # EPI_BN columns at a time (`column_slices`), each slice stored as soon as it is computed
+        slices = column_slices(acc, BN // EPI_BN if BN > EPI_BN else 1)
+        width = BN // len(slices)
+        for j in tessera.static_range(len(slices)):
+            col_block = pid_n * len(slices) + j
+            rows, cols = index_tiles(pid_m, col_block, BM, width)
+            values = role_operands(ptrs, strides, SPECS, "epilogue", M, N, pid_m, col_block, BM, width)
+            result = call_hook(EPILOGUE, slices[j], values + scalars + (rows, cols), EP_ORDER)
+            store_outputs(c, outs, (result,) if N_OUT == 0 else result, N_OUT, pid_m, col_block, BM, width)
+
+
+@tessera.func
+def column_slices(acc, PIECES):
+    """acc's columns cut into PIECES equal slices, left to right (PIECES a power of two, at most 2**MAX_CUTS).
+    Each cut is a reshape, permute and `split` that layout inference keeps in registers: a thread's elements
+    of a slice are some of its accumulator registers, so cutting moves no data."""
+    slices = (acc,)
+    for _ in tessera.static_range(MAX_CUTS):
+        if len(slices) < PIECES:
+            halves = ()
+            for s in tessera.static_range(len(slices)):
+                rows, width = slices[s].shape
+                left, right = tessera.split(slices[s].reshape((rows, 2, width // 2)).permute((0, 2, 1)))
+                halves = halves + (left, right)
+            slices = halves
+    tessera.static_assert(len(slices) == PIECES, "column_slices cuts into a power of two of slices")
+    return slices
+
+
+@tessera.func
+def store_outputs(c, outs, results, N_OUT, pid_m, pid_n, BR, BC):
+    """Store the epilogue's tiles (C's, then one per extra output) as block (pid_m, pid_n) of BR x BC."""
+    tessera.static_assert(len(results) == N_OUT + 1, "the epilogue must return one tile per output: C's, then "
                           "one per epilogue_outputs tensor")
     for o in tessera.static_range(N_OUT + 1):
-        tessera.static_assert(result[o].shape == (BM, BN), "the epilogue must return tiles shaped like the "
+        tessera.static_assert(results[o].shape == (BR, BC), "the epilogue must return tiles shaped like the "
                               "accumulator it was given (each output's tile), not reduced or reshaped ones")
         if o == 0:
-            c.block((BM, BN), (pid_m, pid_n)).store(result[0])
+            c.block((BR, BC), (pid_m, pid_n)).store(results[0])
         else:
-            outs[o - 1].block((BM, BN), (pid_m, pid_n)).store(result[o])
+            outs[o - 1].block((BR, BC), (pid_m, pid_n)).store(results[o])
 
 
 @tessera.func
@@ -123,7 +161,10 @@ def gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK):
     return tessera.load(a + offsets, mask=mask)
 
 
-@tessera.autotune(configs=CONFIGS, key=["M", "N", "K"], model=gemm_configs.predicted)
+# The plain GEMM's configs, prune and model (`gemm.gemm_kernel`): on an H100 the fused kernel tunes over the same
+# tiles, 128 x 256 included, and `gemm.pin_config` pins both.
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device,
+                  model=gemm_configs.predicted)
 @tessera.kernel
 def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, x0, x1, x2, x3, x4, x5,
@@ -135,7 +176,7 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
                       SPECS: tessera.constexpr, N_OUT: tessera.constexpr, GATHER_A: tessera.constexpr,
                       BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                       GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
-                      WS: tessera.constexpr = False):
+                      WS: tessera.constexpr = False, EPI_BN: tessera.constexpr = EPILOGUE_COLUMNS):
     if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
         a = a_ptr
     else:
@@ -153,9 +194,18 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                        pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS)
+                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
     else:
         pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
         fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                    pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS)
+                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
+
+
+# The same kernel compiled with `fast_math=True` (fma contraction, approximate exp2 and division), which the op
+# runs where every output is float16 / bfloat16, whose rounding hides the difference (as `gemm.gemm_kernel_fast`):
+# bench/fusion.py's epilogue loses its exact division's slow-path check per element (FCHK, a call and a branch),
+# 15% of its sm_90a instructions.
+gemm_fused_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
+                                          prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
+    tessera.kernel(fast_math=True)(gemm_fused_kernel.kernel.fn))

@@ -23,6 +23,9 @@ This path calls the kernel directly rather than through a torch custom op
 computes), or an epilogue from `epilogues.py` (which carry theirs), the
 result differentiates through it (`gemm_fusion_grad.py`); without one,
 inputs that require gradients are an error naming the fix.
+On the GPU the fused kernel is compiled with fast math (fma contraction,
+approximate exp2 and division) where every output is float16 / bfloat16
+(`fast_math_allows`), as the plain op does for its own epilogue.
 torch.compile breaks the graph at the call (`gemm` is
 `torch.compiler.disable`d on this path) and runs it eagerly; under
 `fullgraph=True` that break is torch's error naming this reason.
@@ -41,7 +44,7 @@ import tessera
 
 from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided, launch_tuned
 from .epilogues import reference_of
-from .gemm_fused import gemm_fused_kernel
+from .gemm_fused import gemm_fused_kernel, gemm_fused_kernel_fast
 from .gemm_fusion_grad import differentiable, needs_grad, refuse_unsupported
 from .hooks import (
     TensorOperand, blamed_on, call_error, hook_params, matrix_operand,
@@ -190,4 +193,13 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored
             gemm_fused_kernel.kernel[grid](*host_args, **constexprs, **CPU_CONFIG.as_dict())
     else:
-        launch_tuned(gemm_fused_kernel, args, c, M, N, _num_sms(a.get_device()), tessera.capturing(), **constexprs)
+        capturing = tessera.capturing()
+        kernel = gemm_fused_kernel_fast if fast_math_allows(c, outputs) and not capturing else gemm_fused_kernel
+        launch_tuned(kernel, args, c, M, N, _num_sms(a.get_device()), capturing, **constexprs)
+
+
+def fast_math_allows(c: torch.Tensor, outputs: Sequence[torch.Tensor]) -> bool:
+    """Whether the fused GEMM may run compiled with fast math (`gemm_fused_kernel_fast`): every tile it stores
+    is float16 / bfloat16, whose rounding (2^-11 / 2^-8) hides the approximations (about 2^-22 relative) and
+    contractions, as the plain op's `_fast_math_allows` decides for its own epilogue."""
+    return all(y.dtype in (torch.float16, torch.bfloat16) for y in (c, *outputs))

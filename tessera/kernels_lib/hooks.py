@@ -14,6 +14,7 @@ at the hook's own line.
 
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 from contextlib import contextmanager
@@ -75,12 +76,19 @@ class HookParams:
     operands: tuple[str, ...]        # those that take the caller's operands, in order
 
 
+@functools.lru_cache(maxsize=256)
+def _parameters(py_fn: Any) -> tuple[inspect.Parameter, ...]:
+    """`py_fn`'s parameters, read once per function: `inspect.signature` costs ~40 µs, most of a fused call's
+    host work before its launch (bench/fusion.py times that work with the kernel)."""
+    return tuple(inspect.signature(py_fn).parameters.values())
+
+
 def hook_params(op: str, role: str, fn: Any, index_names: Sequence[str], n_operands: int) -> HookParams:
     """Check `fn` is a @tessera.func taking the tile, then one parameter per operand (and index tiles by name)."""
     if not is_device_function(fn):
         raise call_error(op, f"{role} must be a @tessera.func helper (so it can be compiled into the kernel), got "
                              f"{type(fn).__name__} {fn!r}; decorate it with @tessera.func")
-    params = list(inspect.signature(fn.fn).parameters.values())
+    params = _parameters(fn.fn)
     bad = [p.name for p in params if p.kind not in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
     if bad:
         raise hook_error(op, role, fn, f"parameters {bad} are not plain positional parameters; list each operand "

@@ -77,3 +77,20 @@ def document_mask(score, docs, q_idx, kv_idx):
 @tessera.func
 def output_times_gate(o, gate):
     return o * gate
+
+
+@tessera.func
+def bias_gelu_tanh_residual_dropout(acc, bias, residual, seed, p, n_cols, rows, cols):
+    """bench/fusion.py's epilogue (c): dropout(gelu_tanh(acc + bias) + residual), Philox on the element index."""
+    x = acc + bias
+    y = 0.5 * x * (1.0 + tessera.tanh(0.7978845608028654 * (x + 0.044715 * x * x * x))) + residual
+    keep = tessera.rand(seed, rows * n_cols + cols) > p
+    return tessera.where(keep, y / (1.0 - p), 0.0)
+
+
+@tessera.func
+def residual_dropout_and_pre(acc, bias, residual, seed, p, n_cols, rows, cols):
+    """dropout(acc + bias + residual), and the pre-dropout sum as a second output."""
+    pre = acc + bias + residual
+    keep = tessera.rand(seed, rows * n_cols + cols) > p
+    return tessera.where(keep, pre / (1.0 - p), 0.0), pre
