@@ -58,6 +58,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 PER_TEST_TIMEOUT_S = 120
+MAX_WORKER_RESTARTS = 400       # about one per GPU test (368 on 2026-11-26): every crash gets a fresh worker
 PLOTS = ("gemm_bf16.png", "quant_gemm.png", "attention.png")
 OUTPUT_FILES = ("machine.txt", "pytest.txt", "log.txt", "results.jsonl", "summary.json", *PLOTS)
 
@@ -75,10 +76,13 @@ class Step:
 
 def pytest_command(workers: int, dry_run: bool) -> tuple[str, ...]:
     """`pytest -m gpu` spread over `workers` processes; a test over PER_TEST_TIMEOUT_S ends its worker
-    (pytest-timeout's thread method: a kernel hung in a driver call cannot be interrupted by a signal),
-    pytest-xdist reports that test failed and starts a fresh worker for the rest."""
+    (pytest-timeout's thread method: a kernel hung in a driver call cannot be interrupted by a signal), and so
+    does a test after which the CUDA context no longer synchronizes (an illegal address is sticky:
+    `tests/gpu_isolation.py`); pytest-xdist reports that test failed and starts a fresh worker for the rest.
+    MAX_WORKER_RESTARTS is high so that a bad kernel which breaks the context in every test using it cannot
+    use up the restarts and leave the other tests unrun (a restart costs seconds: the step's bound caps it)."""
     command = (sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-rfEs", "-p", "no:cacheprovider",
-               "-p", "pytest_jsonl", "-n", str(workers), "--max-worker-restart", "32",
+               "-p", "pytest_jsonl", "-n", str(workers), "--max-worker-restart", str(MAX_WORKER_RESTARTS),
                f"--timeout={PER_TEST_TIMEOUT_S}", "--timeout-method=thread", str(ROOT / "tests"))
     return command + (("--collect-only",) if dry_run else ())
 
@@ -274,10 +278,9 @@ def report_text(folder: Path) -> str:
         elif r["bench"] == "attention":
             lines.append(attention_line(r))
         elif r["bench"] == "moe":
+            from moe import speedup_text
             lines.append(f"- moe {r['model']} {r['tokens']} tokens: " + (
-                f"{r['speedup']:.2f}x {r['baseline']}" + (f", in a graph {r['graph_speedup']:.2f}x" if "graph_speedup"
-                                                          in r else "")
-                + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
+                speedup_text(r) + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
                 if "speedup" in r else "ERROR" if any(k.endswith("error") for k in r) else "WRONG"))
         elif r["bench"] == "fusion":
             from fusion import describe

@@ -3,12 +3,16 @@
     python bench/launch_overhead.py                 # on an NVIDIA GPU: torch CUDA tensors
     python bench/launch_overhead.py --stub-driver   # on the CPU: tessera.runtime.stub_driver, no GPU needed
     python bench/launch_overhead.py --dry-run       # the plan only
+    python bench/launch_overhead.py --profile       # on a GPU: also cProfile's top functions of the GEMM op
 
 Tessera paths: an empty kernel; vector add (3 tensors and an int) with a tuple
 grid, with its defaulted constexpr left out, with a callable grid, with
 `stream=`, and through `@tessera.autotune` once tuned; the library GEMM's
-argument list (6 tensors, 8 scalars, a callable grid, autotuned); on a GPU
-also the `tessera::gemm` op beside `torch.matmul` at 64x64x64 bf16. Beside
+argument list (6 tensors, 8 scalars, a callable grid, autotuned); the
+`tessera::gemm` op beside `torch.matmul` at 64x64x64 (on a GPU the op
+itself; on the stub driver its checks on CPU tensors and its launches on an
+sm_90a stub, TMA tensor maps included, with C's map reused or re-encoded
+each call, and the driver calls of one warm launch). Beside
 them: a torch elementwise add, `torch.matmul`, and Triton's vector add where
 installed. Last, the milliseconds a new process spends from `import tessera`
 to a binary found in the disk cache.
@@ -23,12 +27,14 @@ up to 4 tensors, 6 µs for the GEMM's argument list.
 
 from __future__ import annotations
 
+import itertools
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from pathlib import Path
 
 import gpu_common
@@ -104,6 +110,42 @@ def gemm_kernel_case(a, b, c):
     return lambda: gemm_kernel[lambda meta: _grid(M, N_, meta, 132)](*args, **flags)
 
 
+def gemm_op_case(a, b, outputs):
+    """`tessera::gemm(a, b)` at GEMM_SIZE^3 as the op runs it on the stub driver: its checks, layout reads and
+    output allocation on torch CPU tensors of the same shape (the op's own tensors would need a GPU), then its
+    launches (`gemm.launch_kernels`: at this size the small-M split-K kernel) on the stub's arrays; `outputs()`
+    gives the array C is, each call. float16: the CUDA array interface has no bfloat16."""
+    import importlib
+
+    import torch
+
+    op = importlib.import_module("tessera.kernels_lib.gemm")
+    M = N_ = K = GEMM_SIZE
+    ta, tb = (torch.empty((GEMM_SIZE, GEMM_SIZE), dtype=torch.float16) for _ in range(2))
+    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+
+    def call():
+        M_, N, K_, out_dtype = op._check(ta, tb, None, None, None, False, False)
+        op._strided(ta), op._strided(tb)
+        torch.empty((M_, N), dtype=out_dtype)
+        c = outputs()
+        op.launch_kernels((a, b, c, c, c, c, M, N_, K, 1.0, K, 1, N_, 1), M, N_, K, flags, out_dtype, 2, None, 132)
+    return call
+
+
+def driver_calls(driver, fn) -> dict:
+    """The driver calls of one warm call of `fn` (after two), by name: what a test asserts, reported beside the time."""
+    record, driver.record = driver.record, True
+    try:
+        fn(), fn()
+        before = Counter(driver.counts)
+        fn()
+        return dict(driver.counts - before)
+    finally:
+        driver.record = record
+        driver.calls.clear()
+
+
 CACHE_HIT = """
 import time
 import tessera
@@ -161,11 +203,29 @@ def run_stubbed() -> dict:
         gemm_kernel.pin(CONFIGS[3])
         a, b, c = (StubArray(0, 0x7E0000000000 + i * 0x100000, "<f2", (GEMM_SIZE, GEMM_SIZE)) for i in range(3))
         timings.measure("tessera_gemm_kernel_arguments", gemm_kernel_case(a, b, c))
+    calls = {}
+    with stubbed_driver(StubDriver(record=False, hopper=True)) as driver:     # sm_90a: TMA loads and stores
+        gemm_kernel.pin(CONFIGS[3])     # again: forgets the launches prepared on the sm_80 stub
+        timings.measure("tessera_gemm_kernel_arguments_sm90a", gemm_kernel_case(a, b, c))
+        calls["tessera_gemm_kernel_arguments_sm90a"] = driver_calls(driver, gemm_kernel_case(a, b, c))
+        same = gemm_op_case(a, b, lambda: c)
+        timings.measure("tessera_gemm_op_sm90a", same)
+        calls["tessera_gemm_op_sm90a"] = driver_calls(driver, same)
+        # C at a new address every call, none among the last 1024 (a model's layers each writing a fresh output):
+        # every launch encodes C's tensor map again
+        fresh = itertools.cycle([StubArray(0, 0x7D0000000000 + i * 0x10000, "<f2", (GEMM_SIZE, GEMM_SIZE))
+                                 for i in range(4096)])
+        new_output = gemm_op_case(a, b, fresh.__next__)
+        timings.measure("tessera_gemm_op_sm90a_new_output", new_output)
+        calls["tessera_gemm_op_sm90a_new_output"] = driver_calls(driver, new_output)
+    for name, counts in calls.items():
+        print(f"{name:<42} driver calls per launch: {counts}")
     tx, ty, tout = (torch.randn(N) for _ in range(3))
     ta, tb = (torch.randn(GEMM_SIZE, GEMM_SIZE) for _ in range(2))
     timings.measure("torch_add_cpu", lambda: torch.add(tx, ty, out=tout))
     timings.measure("torch_matmul_cpu", lambda: torch.matmul(ta, tb))
-    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings)}
+    return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings),
+            "driver_calls_per_launch": calls}
 
 
 def run_on_gpu() -> dict:
@@ -187,10 +247,95 @@ def run_on_gpu() -> dict:
     for name, fn in tessera_cases(x, y, out, torch.cuda.current_stream()).items():
         timings.measure(name, fn)
     gemm_kernel.pin(CONFIGS[3])          # the warm path is the same once tuned; tuning would compile 6 configs
-    timings.measure("tessera_gemm_kernel_arguments", gemm_kernel_case(a, b, torch.empty_like(a)))
-    timings.measure("tessera_gemm_op", lambda: gemm(a, b))
+    gemm_cases = {"tessera_gemm_kernel_arguments": gemm_kernel_case(a, b, torch.empty_like(a)),
+                  "tessera_gemm_op": lambda: gemm(a, b)}
+    for name, fn in gemm_cases.items():
+        timings.measure(name, fn)
+    unqueued = {name: unqueued_us(fn, torch) for name, fn in gemm_cases.items()}
+    calls = {name: real_driver_calls(fn) for name, fn in gemm_cases.items()}
+    for name in gemm_cases:
+        print(f"{name:<42} {unqueued[name]:7.2f} µs with the GPU's queue kept short; driver calls per launch: "
+              f"{calls[name]}", flush=True)
+    if "--profile" in sys.argv:
+        profile(gemm_cases["tessera_gemm_op"])
     return {"mode": timings.mode, "environment": gpu_common.environment(torch), "n": N, "gemm_size": GEMM_SIZE,
-            "median_us": dict(timings)}
+            "median_us": dict(timings), "unqueued_median_us": unqueued, "driver_calls_per_launch": calls}
+
+
+def unqueued_us(fn, torch, calls: int = 2000, every: int = 16) -> float:
+    """Median host µs per call with a synchronize every `every` calls (not timed), so the GPU's launch queue never
+    fills: when this is far below the plain median, the plain median timed the GPU, not the host."""
+    samples = []
+    for i in range(calls):
+        if i % every == 0:
+            torch.cuda.synchronize()
+        start = time.perf_counter_ns()
+        fn()
+        samples.append((time.perf_counter_ns() - start) / 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def real_driver_calls(fn) -> dict:
+    """The driver calls of one warm call of `fn` on the GPU, by name (tensor-map encodes included): the launches
+    are prepared again on a counting proxy of the real bindings, then counted over the third call."""
+    from tessera.runtime import cuda
+
+    real = cuda._driver()
+    counts = Counter()
+
+    class Counting:
+        def __getattr__(self, name):
+            value = getattr(real, name)
+            if not (name.startswith("cu") and callable(value)):
+                return value
+
+            def counted(*args, **kwargs):
+                counts[name] += 1
+                return value(*args, **kwargs)
+            return counted
+
+    saved = cuda._driver, cuda._devices
+    cuda._driver, cuda._devices = (lambda: proxy), {}
+    proxy = Counting()
+    forget_prepared_launches()
+    try:
+        fn(), fn()
+        before = Counter(counts)
+        fn()
+        return dict(counts - before)
+    finally:
+        cuda._driver, cuda._devices = saved
+        forget_prepared_launches()
+
+
+def forget_prepared_launches() -> None:
+    """Drop every GEMM kernel's launchers and warm launches (they hold the driver they were prepared on)."""
+    from tessera.kernels_lib import gemm_split_k
+    from tessera.kernels_lib.gemm import gemm_kernel, gemm_kernel_fast
+
+    for kernel in (gemm_kernel.kernel, gemm_kernel_fast.kernel, gemm_split_k.gemm_split_k_kernel,
+                   gemm_split_k.gemm_split_k_kernel_fast, gemm_split_k.gemm_split_k_reduce_kernel,
+                   gemm_split_k.gemm_split_k_reduce_kernel_fast):
+        kernel.launchers.clear()
+        kernel.fast_launches.clear()
+    for tuned in (gemm_kernel, gemm_kernel_fast):
+        tuned.fast_launches.clear()
+
+
+def profile(fn, calls: int = 5000) -> None:
+    """The 15 functions with the most own time over `calls` warm calls of `fn` (cProfile)."""
+    import cProfile
+    import pstats
+
+    for _ in range(3):
+        fn()
+    profiler = cProfile.Profile()
+    profiler.enable()
+    for _ in range(calls):
+        fn()
+    profiler.disable()
+    pstats.Stats(profiler).sort_stats("tottime").print_stats(15)
 
 
 def main() -> None:
@@ -198,7 +343,7 @@ def main() -> None:
     if "--dry-run" in sys.argv:
         print(f"launch_overhead ({'stub driver' if stub else 'GPU'}): tessera empty, vector add (tuple grid, "
               f"defaulted constexpr, callable grid, stream=, autotuned), the GEMM's arguments, the tessera::gemm "
-              f"op; torch add, torch.matmul, Triton vector add")
+              f"op (on the stub: on an sm_90a stub too, with its driver calls); torch add, torch.matmul, Triton vector add")
         return
     results = run_stubbed() if stub else run_on_gpu()
     results["cache_hit_new_process_ms"] = cache_hit_ms()

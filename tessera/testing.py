@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-__all__ = ["assert_close", "diagnose"]
+__all__ = ["assert_close", "assert_same_bits", "diagnose"]
 
 
 def assert_close(actual, expected, *, rtol: float = 1e-5, atol: float = 1e-8, name: str = "output",
@@ -32,6 +32,32 @@ def assert_close(actual, expected, *, rtol: float = 1e-5, atol: float = 1e-8, na
         raise AssertionError(f"{name}: shape {actual.shape} where {expected.shape} was expected")
     if _wrong(actual, expected, rtol, atol).any():
         raise AssertionError(diagnose(actual, expected, rtol=rtol, atol=atol, name=name, matmul=matmul))
+
+
+def assert_same_bits(actual, expected, *, name: str = "output") -> None:
+    """Raise AssertionError unless numpy array `actual` holds `expected`'s bits element by element, where any NaN
+    matches any NaN: a computed NaN's payload and sign are the hardware's (an NVIDIA GPU's float32 arithmetic
+    returns 0x7FFFFFFF; x86, so numpy, and AMD GPUs keep an operand's), and no kernel should depend on them.
+    Everything else must match exactly: -0.0 is not 0.0. The message names the first differing element and
+    both bit patterns."""
+    actual, expected = np.asarray(actual), np.asarray(expected)
+    if actual.dtype != expected.dtype or actual.shape != expected.shape:
+        raise AssertionError(f"{name}: {actual.dtype} {actual.shape} where {expected.dtype} {expected.shape} was "
+                             f"expected")
+    if actual.dtype.itemsize not in (1, 2, 4, 8):
+        raise TypeError(f"{name}: assert_same_bits compares elements of 1, 2, 4 or 8 bytes, not {actual.dtype}")
+    bits = np.dtype(f"u{actual.dtype.itemsize}")
+    differ = actual.view(bits) != expected.view(bits)
+    try:
+        differ &= ~(np.isnan(actual) & np.isnan(expected))
+    except TypeError:           # not a float dtype: every bit counts
+        pass
+    if differ.any():
+        where = tuple(int(i) for i in np.argwhere(differ)[0])
+        width = 2 * actual.dtype.itemsize
+        raise AssertionError(f"{name}: {int(differ.sum())} of {differ.size} elements differ; the first at {where}: "
+                             f"{actual[where].item()!r} (0x{int(actual.view(bits)[where]):0{width}x}) where "
+                             f"{expected[where].item()!r} (0x{int(expected.view(bits)[where]):0{width}x}) was expected")
 
 
 def diagnose(actual, expected, *, rtol: float = 1e-5, atol: float = 1e-8, name: str = "output",

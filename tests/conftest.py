@@ -1,6 +1,8 @@
-"""Suite-wide fixtures and the `gpu` marker's skip rule."""
+"""Suite-wide fixtures, the `gpu` marker's skip rule, and the isolation of GPU tests from a CUDA context an earlier
+one broke (`gpu_isolation.py`)."""
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -40,3 +42,48 @@ def private_binary_cache(tmp_path_factory):
     mp.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("tessera-cache")))
     yield
     mp.undo()
+
+
+# --- one GPU test's sticky CUDA error must not fail the rest of its process (`gpu_isolation.py`) -------------
+
+POISONED = pytest.StashKey()            # config.stash: the Poisoning found after a GPU test, once found
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """After a `gpu` test's call, synchronize the CUDA contexts in use; if one fails, this test fails with a
+    message naming it (whatever its own outcome), and the process is marked poisoned."""
+    outcome = yield
+    if call.when != "call" or POISONED in item.config.stash:
+        return
+    from gpu_isolation import check_after_test, context_probes
+
+    poisoning = check_after_test(item.nodeid, "gpu" in item.keywords, context_probes(),
+                                 under_xdist=hasattr(item.config, "workerinput"))
+    if poisoning is None:
+        return
+    item.config.stash[POISONED] = poisoning
+    report = outcome.get_result()
+    report.outcome = "failed"
+    report.longrepr = f"{report.longrepr}\n\n{poisoning.message()}" if report.longrepr else poisoning.message()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item, nextitem):
+    """An xdist worker whose context the test just run poisoned ends once its reports are sent: xdist then
+    reports that test as crashed and starts a fresh worker (with a fresh context) for the tests still to run."""
+    yield
+    poisoning = item.config.stash.get(POISONED, None)
+    if poisoning is not None and poisoning.action == "exit" and poisoning.nodeid == item.nodeid:
+        sys.stderr.write(f"\n{poisoning.message()}: ending this pytest-xdist worker\n")
+        sys.stderr.flush()
+        os._exit(3)
+
+
+def pytest_runtest_setup(item):
+    """In a single process, a GPU test after the poisoning fails at once, naming the test that caused it."""
+    poisoning = item.config.stash.get(POISONED, None)
+    if poisoning is not None and "gpu" in item.keywords:
+        pytest.fail(f"not run: {poisoning.message()} (run `pytest -n N` to give each test a fresh process after "
+                    f"such a failure)", pytrace=False)
+

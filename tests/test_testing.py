@@ -82,3 +82,27 @@ def test_torch_tensors_are_accepted():
     want = torch.randn(16, 16, dtype=torch.bfloat16)
     with pytest.raises(AssertionError, match="wrong rows: 3"):
         assert_close(torch.cat([want[:3], want[3:4] + 1, want[4:]]), want, rtol=1e-2, atol=1e-2)
+
+
+def test_same_bits_lets_any_nan_match_any_nan_and_nothing_else_differ():
+    from tessera.testing import assert_same_bits
+
+    x = np.array([1.0, np.nan, -0.0, 2.0], np.float32)
+    gpu = x.copy()
+    gpu[1:2].view(np.uint32)[0] = 0x7FFFFFFF           # NVIDIA's canonical NaN where numpy gave 0x7FC00000
+    assert_same_bits(gpu, x)
+    negative_nan = x.copy()
+    negative_nan[1:2].view(np.uint32)[0] = 0xFFC00000  # x86's 0 / 0
+    assert_same_bits(negative_nan, x)
+    zero = x.copy()
+    zero[2] = 0.0
+    with pytest.raises(AssertionError, match=r"out: 1 of 4 elements differ; the first at \(2,\): 0\.0 \(0x00000000\) "
+                                             r"where -0\.0 \(0x80000000\) was expected"):
+        assert_same_bits(zero, x, name="out")
+    not_nan = x.copy()
+    not_nan[1] = 3.0
+    with pytest.raises(AssertionError, match=r"first at \(1,\)"):
+        assert_same_bits(not_nan, x)
+    with pytest.raises(AssertionError, match="int32"):
+        assert_same_bits(x.view(np.int32), x)
+    assert_same_bits(np.array([[7, -1]], np.int8), np.array([[7, -1]], np.int8))

@@ -35,6 +35,8 @@ import numpy as np
 from ..ir import dtypes as dt
 from ..backends.interp import addresses as interp_addresses
 from ..ir.types import PointerType, ScalarType
+from ..runtime import dlpack
+from ..runtime.packing import pointer_and_device
 from .errors import KernelArgumentError
 from .source import KernelSource
 from .specialization import ParamSpec
@@ -130,17 +132,20 @@ TORCH_DTYPES = {
 def _device_array(value: Any) -> DeviceArray | None:
     """A DeviceArray for GPU tensors (torch CUDA tensors, `__cuda_array_interface__` objects, GPU `__dlpack__`
     objects), else None."""
-    from ..runtime import dlpack
-    from ..runtime.packing import pointer_and_device
-
-    if dlpack.is_gpu_dlpack(value):
-        return _dlpack_device_array(value)
-    if type(value).__module__.startswith("torch") and getattr(getattr(value, "device", None), "type", "cpu") == "cuda":
+    if type(value).__module__.startswith("torch"):
+        device = getattr(value, "device", None)
+        if getattr(device, "type", "cpu") != "cuda":
+            return None
         dtype = TORCH_DTYPES.get(str(value.dtype))
         if dtype is None:
             raise TypeError(f"torch dtype {value.dtype} has no tessera equivalent")
-    elif hasattr(value, "__cuda_array_interface__"):
-        dtype = dt.dtype_from_numpy(np.dtype(value.__cuda_array_interface__["typestr"]))
+        # read directly (what pointer_and_device and _memory_range give a CUDA tensor): library ops view their
+        # packed weights this way on every call
+        return DeviceArray(value, dtype, value.data_ptr(), device.index, value.numel() * value.element_size())
+    if dlpack.is_gpu_dlpack(value):
+        return _dlpack_device_array(value)
+    if hasattr(value, "__cuda_array_interface__"):
+        dtype = _interface_dtype(value.__cuda_array_interface__["typestr"])
     else:
         return None
     address, device = pointer_and_device(value)
@@ -151,8 +156,6 @@ def _device_array(value: Any) -> DeviceArray | None:
 def _dlpack_device_array(value: Any) -> DeviceArray:
     """A GPU `__dlpack__` object (JAX, CuPy, ...) read from its capsule; the launch exports it once more with
     its stream (`Launcher._export`)."""
-    from ..runtime import dlpack
-
     layout = dlpack.read_layout(value)
     name = layout.type_name
     dtype = _EXTENSION_DTYPES.get(name)
@@ -223,11 +226,16 @@ def _memory_range(value: Any) -> tuple[int, int] | None:
     if interface is not None:
         start = interface["data"][0]
         return start, start + math.prod(interface["shape"]) * itemsize(interface["typestr"])
-    from ..runtime import dlpack
     if dlpack.is_gpu_dlpack(value):
         layout = dlpack.read_layout(value)
         return layout.address, layout.address + layout.nbytes
     return None
+
+
+@functools.lru_cache(maxsize=64)
+def _interface_dtype(typestr: str) -> dt.DType:
+    """The tessera dtype of an array-interface type string ('|u1': u8), kept: numpy parses it in microseconds."""
+    return dt.dtype_from_numpy(np.dtype(typestr))
 
 
 @functools.lru_cache(maxsize=64)

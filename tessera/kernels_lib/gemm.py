@@ -9,7 +9,10 @@ on sm_80/sm_89, TMA on sm_90/sm_90a) while the tensor cores work on this one
 (on sm_90a a slot is refilled once the wgmma group before this step's has
 retired). Transposed operands are views with
 swapped strides, so nothing is copied; block loads are bounds-checked, so
-the sizes need not be multiples of the blocks.
+the sizes need not be multiples of the blocks. The op states what the sizes and
+strides are multiples of (ALIGN) and pipelines only operands whose rows
+start 16-byte aligned (PIPELINED; `gemm_alignment.py`), so any legal shape
+compiles, strict mode included.
 
 Tiles are numbered in grouped order (`grouped_tile`): GROUP_M rows of tiles
 at a time, column by column, so programs running together share rows of A
@@ -62,6 +65,7 @@ import tessera.torch
 
 from . import gemm_configs
 from . import gemm_split_k
+from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 from .hooks import outside_graphs
 
@@ -120,7 +124,12 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                 GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
-                WS: tessera.constexpr = False):
+                WS: tessera.constexpr = False, ALIGN: tessera.constexpr = NOTHING_STATED,
+                PIPELINED: tessera.constexpr = True):
+    # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
+    state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
+    STAGES = STAGES if PIPELINED else 1
+    WS = WS and PIPELINED
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -362,21 +371,37 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
     if cpu:
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
+    launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
+                   CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu)
+    return c
+
+
+def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: torch.dtype, element_bytes: int,
+                   device, num_sms: int, *, cpu: bool = False) -> None:
+    """The op's launches for `gemm_kernel`'s 14 arguments `args` (tensors already laid out; C at index 5, host
+    arrays for the interpreter when `cpu`): the split-K plan when the shape takes one, else the autotuned tiled
+    kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    ACTIVATION; `device` is where split-K workspaces are allocated. `bench/launch_overhead.py --stub-driver`
+    times it on arrays of the stub driver, since the op's own tensors would need a GPU."""
     capturing = tessera.capturing()
-    fast = not cpu and _fast_math_allows(out_dtype, activation) and not capturing
-    num_sms = CPU_NUM_SMS if cpu else _num_sms(a.get_device())
-    split = _split_k_plan(M, N, K, a.element_size(), num_sms, cpu)
+    fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing
+    c = args[5]
+    split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu)
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
-            gemm_split_k.launch(args, split, M, N, flags, a.device, fast=fast,
+            gemm_split_k.launch(args, split, M, N, flags, device, element_bytes=element_bytes, fast=fast,
                                 atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
-    elif cpu:
+        return c
+    # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop
+    align, pipelined = operand_alignment(M, N, K, args[10:14], element_bytes, pointers_aligned(args[0], args[1]))
+    if cpu:
         with tessera.writes_whole(c):       # for tessera.fusion(): every tile of C is stored (issue 18)
-            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict())
+            gemm_kernel.kernel[_grid(M, N, CPU_CONFIG.kwargs, num_sms)](*args, **flags, **CPU_CONFIG.as_dict(),
+                                                                        ALIGN=align, PIPELINED=pipelined)
     else:
-        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags)
-    return c
+        launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags,
+                     ALIGN=align, PIPELINED=pipelined)
 
 
 def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:

@@ -30,7 +30,9 @@ The splits meet in one of three ways:
   vary run to run), and the reduce kernel applies the epilogue to it.
 
 The tiles come from `gemm_configs.json` ("small_m", "split_k"); the split
-counts from the models below. The kernels use only tile-level ops, so the dot
+counts from the models below. The K slice is pipelined only where every
+operand row starts on a 16-byte boundary, with the alignment the op checked
+stated to the compiler (`main_constexprs`, `gemm_alignment.py`). The kernels use only tile-level ops, so the dot
 runs on whatever the target has: mma.sync on sm_80/sm_89 (and on sm_90a for
 BM < 64), wgmma on sm_90a for BM >= 64, MFMA on gfx942.
 """
@@ -45,6 +47,7 @@ import torch
 import tessera
 
 from . import gemm_configs
+from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
 
 SMALL_M = 64                 # the op takes the small-M path for M <= SMALL_M
@@ -57,8 +60,11 @@ def gemm_split_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr,
                         HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr,
                         HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                         BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
-                        STAGES: tessera.constexpr, SPLIT_K: tessera.constexpr, ATOMIC: tessera.constexpr):
-    """Program (pid_n, split, pid_m): tile (pid_m, pid_n) of C over K steps split * steps .. (split + 1) * steps."""
+                        STAGES: tessera.constexpr, SPLIT_K: tessera.constexpr, ATOMIC: tessera.constexpr,
+                        ALIGN: tessera.constexpr = NOTHING_STATED):
+    """Program (pid_n, split, pid_m): tile (pid_m, pid_n) of C over K steps split * steps .. (split + 1) * steps.
+    ALIGN: what the op checked M, N, K and the four strides are multiples of (`gemm_alignment.py`)."""
+    state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     pid_n, split, pid_m = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
@@ -269,31 +275,42 @@ def few_tiles_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
     return None if split == 1 else _even(BM, BN, BK, STAGES, num_warps, K, split)
 
 
+def main_constexprs(p: SplitKPlan, M: int, N: int, K: int, strides: tuple[int, int, int, int], element_bytes: int,
+                    pointers_aligned: bool) -> dict:
+    """`gemm_split_k_kernel`'s ALIGN and STAGES for these arguments (`gemm_alignment.operand_alignment`): the
+    plan's STAGES where every operand's rows start 16-byte aligned, else 1, a plain loop (no asynchronous copy,
+    or only cp.async of 4- or 8-byte chunks where sm_90a wants TMA, could fill the ring)."""
+    align, pipelined = operand_alignment(M, N, K, strides, element_bytes, pointers_aligned)
+    return dict(ALIGN=align, STAGES=p.STAGES if pipelined else 1)
+
+
 # ---------------------------------------------------------------------------
 # The launch
 
 
-def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, fast: bool = False,
-           atomic: bool = False) -> SplitKPlan:
+def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, element_bytes: int,
+           fast: bool = False, atomic: bool = False) -> SplitKPlan:
     """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`.
 
     `args` are `gemm.gemm_kernel`'s 14 arguments (C at index 5), already host arrays for the interpreter;
-    `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION. `atomic` sums the splits with atomics
+    `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION; `element_bytes` the size of A's and B's
+    elements (ALIGN and STAGES follow from it and the arguments: `main_constexprs`). `atomic` sums the splits with atomics
     instead of the deterministic workspace; `fast` runs the fast-math compilations."""
     c, (bias, scale_a, scale_b), alpha = args[5], args[2:5], args[9]
     atomic = atomic and p.split_k > 1
-    row_tiles = tessera.cdiv(M, p.BM)
+    row_tiles = -(-M // p.BM)              # ceiling divisions inline: tessera.cdiv is a host call each
     if p.split_k == 1:
         partials = c                    # unused: the one split writes C itself
     elif atomic:
         partials = torch.zeros((row_tiles * p.BM, N), dtype=torch.float32, device=device)
     else:
         partials = torch.empty((p.split_k * row_tiles * p.BM, N), dtype=torch.float32, device=device)
-    strips = tessera.cdiv(N, p.BN)
+    strips = -(-N // p.BN)
     tile = dict(BM=p.BM, BN=p.BN, num_warps=p.num_warps)
     main = gemm_split_k_kernel_fast if fast else gemm_split_k_kernel
+    chosen = main_constexprs(p, M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
     main[(strips, p.split_k, row_tiles)](*args[:6], partials, *args[6:], p.steps, **flags, BK=p.BK,
-                                         STAGES=p.STAGES, SPLIT_K=p.split_k, ATOMIC=atomic, **tile)
+                                         SPLIT_K=p.split_k, ATOMIC=atomic, **chosen, **tile)
     if p.split_k > 1:
         reduce = gemm_split_k_reduce_kernel_fast if fast else gemm_split_k_reduce_kernel
         reduce[(strips, row_tiles)](partials, bias, scale_a, scale_b, c, M, N, alpha, **flags,

@@ -35,6 +35,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
+from types import MappingProxyType
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -105,10 +107,18 @@ class FragmentTiling:
         codes = self.b_layout.permute((1, 0)).reshape((self.BN, groups, self.BK // groups))
         return codes.reduce(2, keepdims=False)
 
-    def constexprs(self, group_size: int) -> dict:
-        """The decode kernel's FRAGMENT / LOAD_LAYOUT / DIGITS / ORDER / SCALE_LAYOUT constexprs."""
-        return dict(FRAGMENT=True, LOAD_LAYOUT=self.load_layout, DIGITS=self.digits, ORDER=self.order,
-                    SCALE_LAYOUT=self.scale_layout(group_size))
+    def constexprs(self, group_size: int) -> Mapping[str, Any]:
+        """The decode kernel's FRAGMENT / LOAD_LAYOUT / DIGITS / ORDER / SCALE_LAYOUT constexprs (read-only).
+
+        Kept per group size: deriving the scale layout costs ~100 µs of layout algebra, which every call of
+        the op would otherwise pay, and the same layout objects make the launch's key compare by identity."""
+        known = self.__dict__.setdefault("_constexprs", {})     # frozen: the cache lives in the instance dict
+        found = known.get(group_size)
+        if found is None:
+            found = known[group_size] = MappingProxyType(dict(
+                FRAGMENT=True, LOAD_LAYOUT=self.load_layout, DIGITS=self.digits, ORDER=self.order,
+                SCALE_LAYOUT=self.scale_layout(group_size)))
+        return found
 
     # -- the permutation --------------------------------------------------------------------
 

@@ -156,6 +156,7 @@ class Plan:
 CPU_PLAN = Plan(BM=16, BN=16, BK=32, split_k=2, stages=1, num_warps=4)
 
 
+@functools.lru_cache(maxsize=4096)      # per shape: the op asks on every call
 def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = False) -> Plan:
     """Decode (M <= 16): one 16-row tile, K split so that about two programs per SM stream the weights;
     otherwise 64- or 128-row tiles over all of K. BK is a whole number of groups, or divides one (W4A8: one
@@ -175,6 +176,7 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     return Plan(bm, 128, bk, 1, 3, 8 if bm == 128 else 4)
 
 
+@functools.lru_cache(maxsize=4096)
 def fragment_plan(p: Plan, M: int, K: int, warp_size: int = 32) -> Plan:
     """`p` with the block and threads a fragment-order weight is stored for (`quant_fragment.DECODE_TILING`):
     the decode plan's own for M <= 16 (there the codes land in their mma registers); for larger M 64-row
@@ -243,8 +245,8 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     if perm is not None:
         x2 = x2.index_select(1, perm)
     cpu = x.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
-    if x_scale is not None and not cpu and x.is_cuda and torch.cuda.get_device_capability(x.device) < (8, 9):
-        major, minor = torch.cuda.get_device_capability(x.device)
+    if x_scale is not None and not cpu and x.is_cuda and _capability(x.get_device()) < (8, 9):
+        major, minor = _capability(x.get_device())
         raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs fp8 tensor cores (sm_89 or newer); "
                          f"this GPU is sm_{major}{minor}: pass float16 or bfloat16 x (W4A16) instead")
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None)
@@ -303,6 +305,12 @@ def quant_gemm(x: torch.Tensor, w: QuantizedWeight, x_scale: Optional[torch.Tens
 @functools.lru_cache(maxsize=None)
 def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+@functools.lru_cache(maxsize=None)
+def _capability(device_index: int) -> tuple[int, int]:
+    """The device's compute capability, asked once (W4A8 checks it on every call)."""
+    return torch.cuda.get_device_capability(device_index)
 
 
 def _host(t: torch.Tensor, dtype: Optional[tessera.DType] = None):

@@ -7,8 +7,8 @@ milliseconds, too much for a process that only wants a cached binary. So the
 identity is stored in the cache directory (`identity/<stamp>.json`) under a
 *stamp* of the installation: the package's path and, for each of its .py and
 .lark files, its relative path, size and modification time, plus the same
-facts of llvmlite's library. Reading the stamp is one `stat` per file (about
-2 ms); any edit, reinstall or llvmlite upgrade changes it, and the identity is
+facts of llvmlite's library. Reading the stamp is one `scandir` per directory
+and one `stat` per file (about 1.4 ms for ~340 files); any edit, reinstall or llvmlite upgrade changes it, and the identity is
 then computed again and stored anew. Without a cache directory (or one that
 cannot be written) the identity is computed in each process, as before.
 """
@@ -60,10 +60,9 @@ def _compute_identity() -> dict[str, str]:
 
 def installation_stamp(root: Path = PACKAGE_ROOT) -> str:
     """sha256 of the facts that change when the compiler's files or llvmlite change (see the module docstring)."""
-    facts = [str(root)]
-    for name, path in _source_files(root):
-        stat = os.stat(path)
-        facts.append(f"{name}:{stat.st_size}:{stat.st_mtime_ns}")
+    files: list[str] = []
+    _stat_sources(str(root), "", files)
+    facts = [str(root), *sorted(files)]
     spec = importlib.util.find_spec("llvmlite")
     for base in (spec.submodule_search_locations or []) if spec else []:
         with contextlib.suppress(OSError):
@@ -95,6 +94,20 @@ def _source_files(root: Path) -> list[tuple[str, str]]:
                 path = os.path.join(directory, name)
                 found.append((path[prefix:].replace(os.sep, "/"), path))
     return sorted(found)
+
+
+def _stat_sources(directory: str, prefix: str, facts: list[str]) -> None:
+    """Append "relative/path:size:mtime_ns" for each .py and .lark file under `directory` (not in __pycache__).
+    One `scandir` per directory and the stat of its entries: about half the cost of `os.walk` plus a separate
+    `os.stat` per file, which a new process pays before its first cache hit."""
+    with os.scandir(directory) as entries:
+        for entry in entries:
+            if entry.is_dir(follow_symlinks=False):
+                if entry.name != "__pycache__":
+                    _stat_sources(entry.path, f"{prefix}{entry.name}/", facts)
+            elif entry.name.endswith(SOURCE_SUFFIXES):
+                stat = entry.stat()
+                facts.append(f"{prefix}{entry.name}:{stat.st_size}:{stat.st_mtime_ns}")
 
 
 def _read(path: Path | None) -> dict | None:

@@ -19,10 +19,12 @@ device when any argument is a torch tensor (so `torch.cuda.graph` captures
 the launch and it orders with torch's own kernels), else the legacy default
 stream 0.
 
-Kernels the compiler gave hidden tensor-map parameters (TMA loads on
-sm_90+) take `tensor_maps=`, their recipes: a launch passes only the
-kernel's own arguments, and the maps are built from them
-(`tensor_map.KernelTensorMaps`) and packed by value.
+Kernels the compiler gave hidden tensor-map parameters (TMA loads and
+stores on sm_90+) take `tensor_maps=`, their recipes: a launch passes only
+the kernel's own arguments, and the maps are built from them
+(`tensor_map.KernelTensorMaps`) and written by value into the prepared
+buffer, only when a map's tensor, sizes or strides changed since the last
+launch (a warm launch with the same tensors encodes and copies nothing).
 
 An empty grid (a 0 in any dimension) launches nothing, as on the
 interpreter. A launch holds a lock while it packs and launches, so threads
@@ -95,6 +97,7 @@ class Launcher:
         self._functions: dict[int, Any] = {}       # device ordinal -> loaded function
         self._prepared: dict[int, PreparedLaunch] = {}
         self._resident: dict[int, int] = {}        # device ordinal -> resident_programs (asked once)
+        self._pack_with_maps: Callable[[Sequence[Any]], None] | None = None
         self._lock = threading.Lock()
 
     def __repr__(self) -> str:
@@ -124,8 +127,7 @@ class Launcher:
             return launch
         function = self._functions.get(ordinal) or self._load(ordinal)
         device, block, shared, packer = function.device, self.block, self.binary.shared_bytes, self.packer
-        complete = self.tensor_maps.complete if self.tensor_maps is not None else None
-        pack = packer.pack if complete is None else (lambda values: packer.pack(complete(values)))
+        pack = packer.pack if self.tensor_maps is None else self._map_packing()
         prepare = getattr(device, "prepare_launch", None)
         if prepare is not None:
             launch = prepare(function, block, shared, packer, pack=pack, lock=self._lock)
@@ -138,6 +140,20 @@ class Launcher:
                     device.launch(function, (gx, gy, gz), block, shared, packer, stream)
         self._prepared[ordinal] = launch
         return launch
+
+    def _map_packing(self) -> Callable[[Sequence[Any]], None]:
+        """`pack(values)` for a kernel with tensor maps: its own arguments packed, and each map written into the
+        buffer only when it changes (`KernelTensorMaps.packing`); else the maps completed and packed whole.
+        One per launcher, not per device: the devices share the buffer, so what it holds is tracked once."""
+        with self._lock:             # two threads preparing two devices at once must get the same one
+            if self._pack_with_maps is None:
+                packer, maps = self.packer, self.tensor_maps
+                in_place = maps.packing(packer)
+                if in_place is None:
+                    complete = maps.complete
+                    in_place = lambda values: packer.pack(complete(values))    # noqa: E731
+                self._pack_with_maps = in_place
+            return self._pack_with_maps
 
     def resident_programs(self, ordinal: int | None = None) -> int:
         """How many programs of this kernel device `ordinal` (default: the current one) runs at once: its

@@ -146,26 +146,29 @@ class ArgumentPacker:
         self._start = -ctypes.addressof(self._buffer) % TENSOR_MAP_ALIGN
         self.address = ctypes.addressof(self._buffer) + self._start
         self._pointers = (ctypes.c_void_p * max(1, self._count))(*[self.address + s.offset for s in self.slots])
-        self._native = struct.Struct(_struct_format(self.slots, lambda s: _native_format(s)))
         self._bits = struct.Struct(_struct_format(self.slots, _bits_format))
-        # Fast-path guards: parameters whose native format would accept a value
-        # without converting it as `quantize` does (see `_fast_kind`).
-        self._checks = tuple((s.index, kind) for s in self.slots if (kind := _fast_kind(s)) is not None)
-        self._fast_converters = tuple((s.index, conv) for s in self.slots
-                                      if (conv := _fast_converter(s)) is not None)
         self._exact_converters = tuple(_exact_converter(s) for s in self.slots)
-        self.pack = self._compile_pack()
+        self.pack = self.prefix_pack(self._count)
 
     @property
     def kernel_params(self) -> int:
         """Address of the `void*[n]` array for `cuLaunchKernel(kernelParams=...)`."""
         return ctypes.addressof(self._pointers)
 
-    def _compile_pack(self) -> Callable[[Sequence[Any]], None]:
-        """The `pack` function of this packer: a closure over the prepared structs, so that a
-        launch pays for one Python call and one `pack_into`, not for attribute lookups."""
-        pack_into, buffer, exactly = self._native.pack_into, self._buffer, self._pack_exactly
-        checks, converters, start = self._checks, self._fast_converters, self._start
+    def prefix_pack(self, count: int) -> Callable[[Sequence[Any]], None]:
+        """`pack(values)` writing the first `count` parameters (all of them: `self.pack`) and leaving the rest
+        of the buffer as it is (a kernel's trailing tensor maps, which `KernelTensorMaps` writes only when they
+        change). A closure over prepared structs, so a launch pays for one Python call and one `pack_into`,
+        not for attribute lookups."""
+        slots = self.slots[:count]
+        pack_into = struct.Struct(_struct_format(slots, _native_format)).pack_into
+        bits = self._bits if count == self._count else struct.Struct(_struct_format(slots, _bits_format))
+        exactly = lambda values: self._pack_exactly(values, slots, bits)     # noqa: E731
+        # Fast-path guards: parameters whose native format would accept a value without converting it as
+        # `quantize` does (see `_fast_kind`); converters for the formats struct lacks.
+        checks = tuple((s.index, kind) for s in slots if (kind := _fast_kind(s)) is not None)
+        converters = tuple((s.index, conv) for s in slots if (conv := _fast_converter(s)) is not None)
+        buffer, start = self._buffer, self._start
         fallback = (_Inexact, LaunchError, struct.error, OverflowError, TypeError, ValueError, IndexError)
 
         if not checks and not converters:       # pointers and ints: one struct call
@@ -190,17 +193,24 @@ class ArgumentPacker:
                 exactly(values)
         return pack
 
-    def _pack_exactly(self, values: Sequence[Any]) -> None:
-        if len(values) != self._count:
-            names = ", ".join(s.name or str(s.type) for s in self.slots)
-            raise LaunchError(f"the kernel takes {self._count} runtime arguments ({names}), got {len(values)}")
+    def write_bytes(self, offset: int, data: bytes) -> None:
+        """Copy `data` into the buffer at parameter byte `offset` (a tensor map's 128 bytes, by value)."""
+        ctypes.memmove(self.address + offset, data, len(data))
+
+    def _pack_exactly(self, values: Sequence[Any], slots: Sequence[ParamSlot] | None = None,
+                      bits: struct.Struct | None = None) -> None:
+        """Each value through its `DType.encode` (the definition), into `slots` (default: all) with `bits`."""
+        slots, bits = (self.slots, self._bits) if slots is None else (slots, bits)
+        if len(values) != len(slots):
+            names = ", ".join(s.name or str(s.type) for s in slots)
+            raise LaunchError(f"the kernel takes {len(slots)} runtime arguments ({names}), got {len(values)}")
         patterns = []
-        for slot, convert, value in zip(self.slots, self._exact_converters, values):
+        for slot, convert, value in zip(slots, self._exact_converters, values):
             try:
                 patterns.append(convert(value))
             except LaunchError as exc:
                 raise LaunchError(f"{slot.describe()}: {exc.message}") from None
-        self._bits.pack_into(self._buffer, self._start, *patterns)
+        bits.pack_into(self._buffer, self._start, *patterns)
 
     def decode(self) -> list[Any]:
         """The values the buffer holds now, as the kernel will read them (for tests and debugging)."""

@@ -8,11 +8,14 @@ Tests use it to check what the runtime asks of the driver (which context a
 launch runs in, how many driver calls a warm launch makes), and
 `bench/launch_overhead.py --stub-driver` to measure the host's launch path on
 a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
-like an sm_80 GPU (`attributes` can be changed; the occupancy query answers
-as the occupancy calculator does for an A100 SM), and it models the one driver
-rule the launch path relies on: `cuLaunchKernel` fails with
-CUDA_ERROR_INVALID_CONTEXT when no context is current and with
-CUDA_ERROR_INVALID_HANDLE when another context than the function's is.
+like an sm_80 GPU, or with `hopper=True` an sm_90a one (`attributes` can be
+changed; the occupancy query answers as the occupancy calculator does for an
+A100 SM). It counts every call it answers (`counts`), the tensor-map encoder
+`cuTensorMapEncodeTiled` included (its maps hold what the encoding depends
+on), and it models the one driver rule the launch path relies on:
+`cuLaunchKernel` fails with CUDA_ERROR_INVALID_CONTEXT when no context is
+current and with CUDA_ERROR_INVALID_HANDLE when another context than the
+function's is.
 Handles, enums and results are cuda-python's own types, so what the runtime
 converts is what it converts on a real driver.
 """
@@ -29,7 +32,9 @@ PRIMARY_CONTEXT = 0xC0
 class StubDriver:
     """Answers the `cuda.bindings.driver` calls `CudaDevice` makes; see the module docstring."""
 
-    def __init__(self, *, record: bool = True, device_count: int = 1):
+    def __init__(self, *, record: bool = True, device_count: int = 1, hopper: bool = False):
+        """`hopper`: answer as an H100 SXM (sm_90a: compute capability 9.0, 132 SMs, 227 KiB of opt-in shared
+        memory per block), so kernels compile with TMA and wgmma and launches build tensor maps."""
         from cuda.bindings import driver
 
         self.real = driver
@@ -37,6 +42,9 @@ class StubDriver:
         self.CUdevice_attribute = driver.CUdevice_attribute
         self.CUfunction_attribute = driver.CUfunction_attribute
         self.CUpointer_attribute = driver.CUpointer_attribute
+        for name in ("CUtensorMap", "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
+                     "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill", "cuuint32_t", "cuuint64_t"):
+            setattr(self, name, getattr(driver, name))      # the tensor-map encoder's argument types
         self.ok = driver.CUresult.CUDA_SUCCESS
         self.record = record            # count and keep every call in `counts` and `calls` (tests); benchmarks
                                         # turn it off, so a launch costs the stub as little as it can
@@ -61,6 +69,11 @@ class StubDriver:
             A.CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: 2048,
             A.CU_DEVICE_ATTRIBUTE_MAX_BLOCKS_PER_MULTIPROCESSOR: 32,
         }
+        if hopper:
+            self.attributes.update({
+                A.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9, A.CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: 132,
+                A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 227 * 1024,
+                A.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_MULTIPROCESSOR: 228 * 1024})
         self.function_registers = 20        # what cuFuncGetAttribute says of every kernel (occupancy uses it)
         self.function_static_shared = 0
         self.dynamic_shared_limits: dict[Any, int] = {}   # function -> its opted-in dynamic shared memory
@@ -71,19 +84,29 @@ class StubDriver:
             self.calls.append((name, *args))
 
     def cuDeviceGetCount(self):
+        self._called("cuDeviceGetCount")
         return self.ok, self.device_count
 
     def cuDeviceGet(self, ordinal):
+        self._called("cuDeviceGet")
         return self.ok, self.real.CUdevice(ordinal)
 
     def cuDeviceGetName(self, length, device):
-        return self.ok, b"Stub A100\0\0\0"
+        self._called("cuDeviceGetName")
+        major = self.attributes[self.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR]
+        return self.ok, b"Stub H100\0\0\0" if major == 9 else b"Stub A100\0\0\0"
 
     def cuDeviceGetAttribute(self, attribute, device):
+        self._called("cuDeviceGetAttribute")
         return self.ok, self.attributes[attribute]
 
     def cuDevicePrimaryCtxRetain(self, device):
+        self._called("cuDevicePrimaryCtxRetain")
         return self.ok, self.real.CUcontext(PRIMARY_CONTEXT + int(device))
+
+    def cuCtxGetDevice(self):
+        self._called("cuCtxGetDevice")
+        return self.ok, self.real.CUdevice(0)
 
     def cuCtxGetCurrent(self):
         self._called("cuCtxGetCurrent")
@@ -110,9 +133,11 @@ class StubDriver:
         return self.ok, ("module", self.current, bytes(image))
 
     def cuModuleGetFunction(self, module, name):
+        self._called("cuModuleGetFunction")
         return self.ok, ("function", name.decode(), module)
 
     def cuFuncGetAttribute(self, attribute, function):
+        self._called("cuFuncGetAttribute")
         F = self.CUfunction_attribute
         return self.ok, {F.CU_FUNC_ATTRIBUTE_MAX_THREADS_PER_BLOCK: self.function_max_threads,
                          F.CU_FUNC_ATTRIBUTE_SHARED_SIZE_BYTES: self.function_static_shared,
@@ -159,7 +184,22 @@ class StubDriver:
         return self.ok, 0
 
     def cuCtxSynchronize(self):
+        self._called("cuCtxSynchronize")
         return (self.ok,)
+
+    def cuTensorMapEncodeTiled(self, data_type, rank, address, dims, strides, box, element_strides, interleave,
+                               swizzle, l2_promotion, oob_fill):
+        """A `CUtensorMap` whose 16 words hold what the driver's encoding depends on (address, dims, strides,
+        box, data type and swizzle), so equal requests give equal bytes and different ones different bytes;
+        like the driver, it refuses a rank outside 1..5 and an address not 16-byte aligned."""
+        self._called("cuTensorMapEncodeTiled", int(address))
+        rank, address = int(rank), int(address)
+        if not 1 <= rank <= 5 or address % 16:
+            return self.CUresult.CUDA_ERROR_INVALID_VALUE, None
+        words = [address, int(data_type), int(swizzle), *(int(v) for v in (*dims, *strides, *box))][:16]
+        tensor_map = self.real.CUtensorMap()
+        tensor_map.opaque = words + [0] * (16 - len(words))
+        return self.ok, tensor_map
 
     def launches(self) -> list[tuple]:
         """The recorded cuLaunchKernel calls that ran (in the function's own context)."""

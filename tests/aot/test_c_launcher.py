@@ -9,6 +9,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -18,6 +19,9 @@ from tessera.cli import main
 from tessera.ir import dtypes as dt
 from tessera.ir.types import PointerType, ScalarType
 from tessera.runtime.packing import ArgumentPacker
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "kernels_lib"))
+from tma_maps import maps_by_use  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
@@ -135,7 +139,10 @@ def test_a_tma_gemm_launcher_encodes_its_tensor_maps_as_the_python_launcher_desc
     manifest = compile_kernel(tmp_path, GEMM, GEMM_SIGNATURE, GEMM_CONSTS, target="sm_90a", warps=8)
     spec = Specialization.load(manifest)
     metadata = json.loads(manifest.read_text())
-    assert len(spec.tensor_maps) == 3 and spec.shared_bytes > 48 * 1024     # A, B; C for the TMA store
+    assert spec.shared_bytes > 48 * 1024
+    # A's and B's maps for the K loop's TMA loads, C's for the epilogue's TMA store (`schedule/tma_store.py`)
+    assert maps_by_use((tmp_path / "gemm_kernel.ptx").read_text(), list(spec.tensor_maps)) == \
+        {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
     M, N, K = 1000, 1008, 2000
     values = [0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000, M, N, K, 1.5, K, 1, N, 1]
     call = ("gemm_kernel_launch(NULL, 64, 1, 1, 0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000, "

@@ -1,6 +1,7 @@
 """On a machine with an NVIDIA GPU: the generated C launchers, built into a shared library against the real
 driver (-lcuda), launch on torch's stream and compute what torch computes -- vector add, and the library GEMM
-whose C launcher encodes its two TMA tensor maps itself."""
+whose C launcher encodes its TMA tensor maps itself (A's and B's, which the K loop loads through, and C's,
+which the epilogue stores through)."""
 
 import ctypes
 import ctypes.util
@@ -13,6 +14,7 @@ from tessera.runtime import cuda
 from tessera.testing import assert_close
 
 from test_c_launcher import ADD, CC, GEMM, GEMM_CONSTS, GEMM_SIGNATURE, INCLUDE, compile_kernel
+from tma_maps import maps_by_use     # (test_c_launcher puts tests/kernels_lib on sys.path)
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU"),
               pytest.mark.skipif(CC is None or INCLUDE is None, reason="needs a C compiler and cuda.h")]
@@ -53,7 +55,9 @@ def test_a_c_launched_tma_gemm_matches_torch(tmp_path):
     if cuda.get_device(0).capability != (9, 0):
         pytest.skip("the GEMM is compiled for sm_90a (TMA + wgmma)")
     spec = Specialization.load(compile_kernel(tmp_path, GEMM, GEMM_SIGNATURE, GEMM_CONSTS, target="sm_90a", warps=8))
-    assert len(spec.tensor_maps) == 2
+    # the maps the C launcher encodes are exactly those the kernel's TMA instructions use
+    assert maps_by_use((tmp_path / "gemm_kernel.ptx").read_text(), list(spec.tensor_maps)) == \
+        {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
     lib = shared_library(spec, tmp_path)
     lib.gemm_kernel_launch.argtypes = ([ctypes.c_void_p] + [ctypes.c_uint] * 3 + [ctypes.c_uint64] * 6
                                        + [ctypes.c_int32] * 3 + [ctypes.c_float] + [ctypes.c_int32] * 4)

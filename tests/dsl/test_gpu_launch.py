@@ -28,6 +28,37 @@ def copy(x_ptr, out_ptr, n, BLOCK: tessera.constexpr):
     tessera.store(out_ptr + offs, tessera.load(x_ptr + offs, mask=offs < n), mask=offs < n)
 
 
+class FakeCudaTensor:
+    """The attributes of a torch CUDA tensor that a launch reads (its class lives in a `torch` module)."""
+
+    __module__ = "torch.fake"
+
+    def __init__(self, numel, dtype="torch.uint8", element_size=1, address=0x7F0000000200, index=1):
+        self.dtype, self.device = dtype, type("device", (), {"type": "cuda", "index": index})()
+        self._numel, self._element_size, self._address = numel, element_size, address
+
+    def data_ptr(self):
+        return self._address
+
+    def numel(self):
+        return self._numel
+
+    def element_size(self):
+        return self._element_size
+
+
+def test_a_reinterpreted_cuda_tensor_keeps_its_address_device_and_size():
+    """The direct reads `reinterpret` makes of a torch CUDA tensor (library ops view packed weights on every call)
+    give what the general readers (`pointer_and_device`, the memory range) would."""
+    from tessera.dsl.arguments import DeviceArray
+
+    tensor = FakeCudaTensor(48, "torch.uint8")
+    assert tessera.reinterpret(tensor, tessera.u4) == DeviceArray(tensor, tessera.u4, 0x7F0000000200, 1, 48)
+    assert tessera.reinterpret(FakeCudaTensor(8, "torch.int16", 2), tessera.bf16).nbytes == 16
+    with pytest.raises(TypeError, match="packed u4 data must be a uint8 array, got i16"):
+        tessera.reinterpret(FakeCudaTensor(8, "torch.int16", 2), tessera.u4)
+
+
 def test_device_arrays_specialize_like_host_arrays():
     fn = copy.specialize(FakeDeviceArray(64), FakeDeviceArray(64, address=0x7F0000000100), 64, BLOCK=64).function
     assert [str(a.type) for a in fn.args] == ["ptr<f32>", "ptr<f32>", "i32"]

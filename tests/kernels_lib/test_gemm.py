@@ -11,6 +11,7 @@ from tessera.kernels_lib import gemm  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
 from hopper_gemm import lowered_gemm  # noqa: E402
+from tma_maps import maps_by_use  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
 TOLERANCE = {torch.float16: 1e-2, torch.bfloat16: 3e-2, torch.float32: 1e-4}
@@ -190,7 +191,7 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
             # A's and B's maps, and C's: the epilogue stores C by one TMA store (`passes/schedule/tma_store.py`)
             assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 3
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
-            assert [m["pointer"] for m in metadata["tensor_maps"]] == ["a_ptr", "b_ptr", "c_ptr"]
+            assert maps_by_use(ptx, metadata["tensor_maps"]) == {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
             assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 1 and "st.global" not in ptx
         # a persistent config also starts the next tile's first STAGES - 1 fills before its epilogue
         fills = stages + (stages - 1 if config.kwargs["PERSISTENT"] else 0)

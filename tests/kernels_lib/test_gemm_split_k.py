@@ -385,3 +385,68 @@ def test_fp8_with_k_major_b_compiles_pipelined_without_spills(target):
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{name} spills"
         on_wgmma = target == "sm_90a" and tile["BM"] >= 64
         assert ("wgmma.mma_async" in ptx) == on_wgmma and ("mma.sync" in ptx) != on_wgmma, name
+
+
+# --- the kernels the op launches for the GPU test's shapes, compiled in strict mode ----------------------------
+
+def int_hint(value: int) -> str:
+    """An i32 argument's signature entry as the specialization makes it (`:16` multiples of 16, `:1` for 1)."""
+    return "i32:1" if value == 1 else "i32:16" if value % 16 == 0 else "i32"
+
+
+def op_launches(M, N, K, weight, atomic):
+    """What `tessera::gemm(a, b, bias, activation="gelu", trans_b=weight)` launches for bf16 A [M, K] and B
+    ([N, K] as a weight, else [K, N]) on an H100 (`gemm._gemm` and `gemm_split_k.launch`): (kernel, signature,
+    num_warps, constexprs) for the main kernel and, with splits, the reduce kernel."""
+    from tessera.kernels_lib.gemm_split_k import gemm_split_k_kernel_fast, gemm_split_k_reduce_kernel_fast, \
+        main_constexprs
+    plan = _split_k_plan(M, N, K, 2, H100_SMS, cpu=False)
+    assert plan is not None, "the GPU test's shapes take a split-K plan"
+    strides = (K, 1, 1, K) if weight else (K, 1, N, 1)      # stride_am, stride_ak, stride_bk, stride_bn
+    flags = dict(HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="gelu")
+    atomic = atomic and plan.split_k > 1
+    chosen = main_constexprs(plan, M, N, K, strides, 2, pointers_aligned=True)
+    signature = ",".join(["*bf16:16", "*bf16:16", "*f32:16", "*bf16:16", "*bf16:16", "*bf16:16", "*f32:16",
+                          int_hint(M), int_hint(N), int_hint(K), "f32", *map(int_hint, strides), int_hint(plan.steps)])
+    tile = dict(BM=plan.BM, BN=plan.BN)
+    launches = [(gemm_split_k_kernel_fast, signature, plan.num_warps,
+                 dict(**flags, **tile, **chosen, BK=plan.BK, SPLIT_K=plan.split_k, ATOMIC=atomic))]
+    if plan.split_k > 1:
+        reduce = ",".join(["*f32:16", "*f32:16", "*bf16:16", "*bf16:16", "*bf16:16", int_hint(M), int_hint(N), "f32"])
+        launches.append((gemm_split_k_reduce_kernel_fast, reduce, plan.num_warps,
+                         dict(**flags, **tile, SPLITS=1 if atomic else plan.split_k)))
+    return plan, chosen, launches
+
+
+def gpu_test_cases():
+    from test_gemm_split_k_on_gpu import SHAPES
+    # the GPU test's shapes, and one whose K rows (4101 bf16) no asynchronous copy can fill
+    return [(*shape, weight, atomic) for shape in [*SHAPES, (16, 1000, 4101)]
+            for weight in (False, True) for atomic in (False, True)]
+
+
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_every_split_k_launch_of_the_gpu_test_compiles_in_strict_mode(target):
+    """Each kernel the op launches for `test_gemm_split_k_on_gpu.py`'s shapes compiles for `target` in strict
+    mode: no pipeline asks for copies its arguments cannot have. Rows that start 16-byte aligned (K = 4104 and
+    N = 1000: multiples of 8 bf16, which the specialization does not see, so the op states it with ALIGN) keep
+    the plan's pipeline, by cp.async on sm_80 and TMA on sm_90a; K = 4101 runs as a plain loop. (On the H100,
+    K = 4104 raised a CompileError: the loads proved only 1-element runs.)"""
+    from tessera.backends.nvptx import find_ptxas
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    compiled = {}
+    for M, N, K, weight, atomic in gpu_test_cases():
+        plan, chosen, launches = op_launches(M, N, K, weight, atomic)
+        assert chosen["STAGES"] == (1 if K % 8 else plan.STAGES), (M, N, K)
+        for kernel, signature, num_warps, constexprs in launches:
+            key = (kernel.name, signature, num_warps, tuple(sorted(constexprs.items())))
+            if key not in compiled:
+                compiled[key] = kernel.compile(signature=signature, target=target, num_warps=num_warps, strict=True,
+                                               **constexprs)
+            ptx = compiled[key].stages["ptx"]
+            if kernel.name == "gemm_split_k_kernel" and chosen["STAGES"] > 1:
+                copies = "cp.async.bulk.tensor.2d.shared::cluster" if target == "sm_90a" else "cp.async.cg"
+                assert copies in ptx, f"{(M, N, K, weight)}: not pipelined on {target}"
+            elif kernel.name == "gemm_split_k_kernel":
+                assert "cp.async" not in ptx

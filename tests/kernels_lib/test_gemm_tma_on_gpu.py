@@ -1,12 +1,15 @@
-"""The library GEMM on a Hopper GPU (sm_90a): its K loop fills the ring slots with TMA loads from the two
-by-value tensor maps the launcher builds, and the product matches torch's -- edges of M, N and K not multiples
-of the blocks (zero-filled boxes), either operand transposed. Skipped without an NVIDIA driver or on GPUs
-older than sm_90."""
+"""The library GEMM on a Hopper GPU (sm_90a): its K loop fills the ring slots with TMA loads from A's and B's
+by-value tensor maps, its epilogue stores C's block through a third map (`passes/schedule/tma_store.py`), the
+launcher builds exactly those maps, and the product matches torch's -- edges of M, N and K not multiples of
+the blocks (zero-filled boxes, clipped stores), either operand transposed. Skipped without an NVIDIA driver or
+on GPUs older than sm_90."""
 
 import pytest
 
 from tessera.runtime import cuda
 from tessera.testing import assert_close
+
+from tma_maps import launcher_map_uses
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
@@ -20,11 +23,11 @@ def hopper():
 
 
 # every row length (K, N, and M for a transposed A) a multiple of 16 elements, what the specialization proves,
-# so both maps qualify; no size a multiple of a block
+# so A's, B's and C's maps all qualify; no size a multiple of a block
 @pytest.mark.parametrize("M,N,K", [(208, 144, 336), (1008, 272, 1008)])
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (False, True), (True, False)])
 def test_library_gemm_with_tma_matches_torch(M, N, K, trans_a, trans_b):
-    from tessera.kernels_lib.gemm import gemm, gemm_kernel
+    from tessera.kernels_lib.gemm import gemm, gemm_kernel, gemm_kernel_fast
 
     g = torch.Generator().manual_seed(0)
     a = torch.randn((K, M) if trans_a else (M, K), generator=g).to(torch.bfloat16).cuda()
@@ -33,17 +36,33 @@ def test_library_gemm_with_tma_matches_torch(M, N, K, trans_a, trans_b):
     expected = (a.float().t() if trans_a else a.float()) @ (b.float().t() if trans_b else b.float())
     assert_close(out.float(), expected, rtol=2e-2, atol=2e-1, matmul=(a.float().t() if trans_a else a.float(),
                                                                    b.float().t() if trans_b else b.float(), 64))
-    launchers = gemm_kernel.kernel.launchers.values()
-    assert any(launcher.tensor_maps is not None and len(launcher.tensor_maps) == 2 for launcher in launchers)
+    # The op ran gemm_kernel_fast (a bf16 output) or gemm_kernel; a launcher is kept per specialization and
+    # config. Each one's maps are exactly those its code uses: the operands it loads by TMA, and C's when its
+    # epilogue stores by TMA. Here A, B and C all qualify (rows multiples of 16 elements, blocks >= 4 KB), so
+    # some launcher -- this call's -- loads A and B and stores C through maps, and nothing else.
+    uses = [launcher_map_uses(launcher) for kernel in (gemm_kernel, gemm_kernel_fast)
+            for launcher in kernel.kernel.launchers.values()]
+    assert {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]} in uses, uses
 
 
-def test_a_transposed_a_with_rows_not_16_aligned_is_loaded_without_tma_and_stays_right():
-    """A [K, M] with M = 200: its rows are 400 bytes, which the specialization cannot prove 16-byte aligned
-    (200 is not a multiple of 16), so A's slots are filled by cp.async while B's still come by TMA."""
-    from tessera.kernels_lib.gemm import gemm
+
+@pytest.mark.parametrize("M, maps", [
+    # 200 is not a multiple of 16, but A^T's rows of 400 bytes start 16-byte aligned: the op states it
+    # (`gemm_alignment.py`), so A's slots are filled by TMA as B's are
+    (200, {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}),
+    # rows of 404 bytes: no copy engine fills A's slots, so the op asks for no pipeline (plain K loop; C is
+    # still stored through its map) instead of a CompileError in strict mode
+    (202, {"load": [], "store": ["c_ptr"]}),
+])
+def test_a_transposed_a_whose_rows_are_not_multiples_of_16_elements_stays_right(M, maps):
+    """A [K, M], transposed: the loads the launcher's maps serve follow from where A's rows start."""
+    from tessera.kernels_lib.gemm import gemm, gemm_kernel, gemm_kernel_fast
 
     g = torch.Generator().manual_seed(0)
-    a = torch.randn((336, 200), generator=g).to(torch.bfloat16).cuda()
+    a = torch.randn((336, M), generator=g).to(torch.bfloat16).cuda()
     b = torch.randn((336, 144), generator=g).to(torch.bfloat16).cuda()
     out = gemm(a, b, trans_a=True)
     assert_close(out.float(), a.float().t() @ b.float(), rtol=2e-2, atol=2e-1, matmul=(a.float().t(), b.float(), 64))
+    uses = [launcher_map_uses(launcher) for kernel in (gemm_kernel, gemm_kernel_fast)
+            for launcher in kernel.kernel.launchers.values()]
+    assert maps in uses, uses

@@ -233,6 +233,23 @@ def test_the_op_takes_fragment_weights_above_the_decode_sizes():
     assert (quant_gemm(x, w).float() - expected).abs().max() <= 1e-2 * expected.abs().max()
 
 
+def test_the_fragment_constexprs_are_derived_once_per_group_size(monkeypatch):
+    """The op asks for them on every call; deriving the scale layout is ~100 µs of layout algebra, so a call
+    after the first derives nothing and passes the very same layout objects (the launch key then compares
+    them by identity)."""
+    tiling = FragmentTiling()
+    first = tiling.constexprs(64)
+    derived = []
+    real = FragmentTiling.scale_layout
+    monkeypatch.setattr(FragmentTiling, "scale_layout", lambda self, g: derived.append(g) or real(self, g))
+    again = tiling.constexprs(64)
+    assert derived == [] and again is first
+    assert all(again[name] is first[name] for name in first)
+    assert dict(tiling.constexprs(32))["SCALE_LAYOUT"] == real(tiling, 32) and derived == [32]
+    with pytest.raises(TypeError):
+        again["FRAGMENT"] = False               # shared between calls: read-only
+
+
 def test_the_simt_simulator_agrees_on_sm_80():
     n = T.BN
     w = quant.quantize(torch.randn(n, K), bits=4, group_size=32, symmetric=False).with_layout("fragment")

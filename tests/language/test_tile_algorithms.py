@@ -129,3 +129,26 @@ def test_what_cannot_be_done_is_a_compile_error_saying_why(kernel, constexprs, f
     with pytest.raises(tessera.CompileError) as info:
         kernel.specialize(np.zeros(512, np.float32), **constexprs)
     assert fragment in info.value.message
+
+
+@pytest.mark.parametrize("target, nan_bits", [("sm_80", 0x7FFFFFFF), ("sm_90a", 0x7FFFFFFF), ("gfx942", 0x7FC00000)])
+def test_the_simulator_computes_a_nan_as_the_target_does(target, nan_bits):
+    """`joined` at (0, 3) is 10 * NaN + -NaN. An H100 returned its canonical NaN 0x7FFFFFFF there (GPU run 7),
+    where numpy keeps the operand's 0x7FC00000, so a bit-for-bit comparison with the interpreter failed on the
+    GPU while the simulator, which then computed numpy's bits, agreed. The simulator now gives NVIDIA's NaN on
+    NVIDIA targets (AMD keeps the payload, as the interpreter does), and comparisons let NaN match NaN
+    (`tessera.testing.assert_same_bits`), on the simulator as on the GPU."""
+    from tessera.backends.simt import run_threads
+    from tessera.ir.parser import parse_module
+    from tessera.testing import assert_same_bits
+
+    expected = inputs()
+    algorithms[(1,)](*expected, R=R, N=N, K=K)
+    joined = expected[7]
+    assert np.isnan(joined[0, 3]) and joined[0, 3:4].view(np.uint32)[0] == 0x7FC00000
+    compiled = algorithms.compile(*inputs(), target=target, num_warps=4, R=R, N=N, K=K)
+    actual = inputs()
+    run_threads(parse_module(compiled.stages["thread_ir"]).functions[0], actual, (1,))
+    assert actual[7][0, 3:4].view(np.uint32)[0] == nan_bits
+    for index, (want, got) in enumerate(zip(expected, actual)):
+        assert_same_bits(got, want, name=f"argument {index}")

@@ -387,3 +387,11 @@ def test_the_installation_stamp_changes_when_a_source_file_changes(tmp_path):
     assert installation_stamp(tmp_path) != before
     (tmp_path / "b.lark").write_text("start: NAME\n")
     assert installation_stamp(tmp_path) != before
+    before = installation_stamp(tmp_path)
+    (tmp_path / "__pycache__").mkdir()
+    (tmp_path / "__pycache__" / "a.py").write_text("bytecode is not source\n")
+    (tmp_path / "notes.txt").write_text("neither is this\n")
+    assert installation_stamp(tmp_path) == before
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.py").write_text("y = 3\n")
+    assert installation_stamp(tmp_path) != before, "files in subpackages count"

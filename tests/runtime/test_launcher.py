@@ -8,6 +8,7 @@ import textwrap
 import time
 import types
 from collections import Counter
+from dataclasses import replace
 
 import pytest
 
@@ -17,6 +18,8 @@ from tessera.ir.types import PointerType, ScalarType, TensorMapType
 from tessera.runtime import cuda, hip
 from tessera.runtime.errors import LaunchError
 from tessera.runtime.launcher import KernelBinary, Launcher, stream_handle
+from tessera.runtime.packing import ArgumentPacker
+from tessera.runtime.tensor_map import KernelTensorMaps
 from tessera.runtime.stub_driver import PRIMARY_CONTEXT, StubDriver, stubbed_driver
 from tessera.runtime.limits import DeviceLimits, as_dim3, validate_launch
 
@@ -494,3 +497,44 @@ def test_a_map_the_driver_cannot_encode_names_the_kernel_and_the_argument():
                                           r"reads it through cannot be encoded: .*stride of dimension 0 is "
                                           r"1099511627776 bytes"):
         launcher((1,), [0x10000, 100, 72, 2 ** 39])
+
+
+def test_maps_are_written_into_the_buffer_only_when_they_change_and_prepared_once_per_shape():
+    """`KernelTensorMaps.packing`: the buffer holds what `complete` + `pack` would write; an unchanged map is not
+    copied again; a new pointer of a known shape reuses the shape's prepared encoder (one per shape)."""
+    prepared, encoded = [], []
+
+    def encode(desc):
+        return encode_on_host(desc)
+
+    def prepare(desc):
+        prepared.append(desc.shape)
+        return lambda address: encoded.append(address) or encode_on_host(replace(desc, global_address=address))
+    encode.prepare = prepare
+    packer = ArgumentPacker(MAP_TYPES, MAP_NAMES)
+    maps = KernelTensorMaps([A_MAP], MAP_NAMES, encode=encode)
+    writes = []
+    real_write = packer.write_bytes
+    packer.write_bytes = lambda offset, data: writes.append(offset) or real_write(offset, data)
+    pack = maps.packing(packer)
+    expected = ArgumentPacker(MAP_TYPES, MAP_NAMES)
+    for values in ([0x10000, 100, 72, 80], [0x10000, 100, 72, 80], [0x20000, 100, 72, 80], [0x10000, 100, 72, 80],
+                   [0x10000, 50, 72, 80]):
+        pack(values)
+        expected.pack(maps.complete(values))
+        assert packer.raw_bytes() == expected.raw_bytes()
+    assert len(writes) == 4, "the second launch, with the same tensor, writes no map"
+    assert prepared == [(100, 72), (50, 72)] and encoded == [0x10000, 0x20000, 0x10000]
+
+
+def test_launches_on_two_gpus_alternating_each_pass_their_own_maps():
+    """The devices share the launcher's one parameter buffer, so what it holds is tracked once, not per device:
+    device 0's launch after device 1's rewrites its map."""
+    backend, encoded = FakeBackend(), []
+    launcher = map_launcher(backend, encoded)
+    for ordinal, address in ((0, 0x10000), (1, 0x20000), (0, 0x10000)):
+        backend.current = ordinal
+        launcher((1,), [address, 100, 72, 80])
+    maps = [launches[-1][-1][-1] for launches in (backend.devices[0].launches[:1], backend.devices[1].launches,
+                                                  backend.devices[0].launches[1:])]
+    assert maps == [encode_on_host(encoded[0]), encode_on_host(encoded[1]), encode_on_host(encoded[0])]

@@ -20,6 +20,7 @@ import os
 import re
 import shutil
 from pathlib import Path
+from typing import Iterator
 
 LIBDEVICE_NAME = "libdevice.10.bc"
 SYSTEM_ROOTS = (Path("/usr/local/cuda"), Path("/opt/cuda"))
@@ -29,23 +30,32 @@ _WHEEL_ROOTS = ("cu13", "cu12", "cuda_nvcc")  # under site-packages/nvidia/
 
 def cuda_roots() -> list[Path]:
     """Candidate toolkit roots (each may hold bin/ptxas and nvvm/libdevice), best first."""
-    roots: list[Path] = []
-    on_path = shutil.which("ptxas")
-    if on_path:
-        roots.append(Path(on_path).resolve().parent.parent)
-    for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
-        if os.environ.get(var):
-            roots.append(Path(os.environ[var]))
-    roots.append(SYSTEM_ROOTS[0])
-    parent, pattern = VERSIONED_ROOTS
-    roots += sorted(parent.glob(pattern), key=_version_key, reverse=True)
-    roots += SYSTEM_ROOTS[1:]
-    roots += wheel_roots()
-    unique: list[Path] = []
-    for root in roots:
-        if root not in unique:
-            unique.append(root)
-    return unique
+    return list(_roots())
+
+
+def _roots() -> Iterator[Path]:
+    """`cuda_roots`, found lazily: a search that stops at ptxas on PATH (the usual case) neither globs
+    /usr/local nor asks the import system for NVIDIA's wheels (a new process looks for ptxas before its
+    first cache hit)."""
+    seen: set[Path] = set()
+
+    def candidates() -> Iterator[Path]:
+        on_path = shutil.which("ptxas")
+        if on_path:
+            yield Path(on_path).resolve().parent.parent
+        for var in ("CUDA_HOME", "CUDA_PATH", "CUDA_ROOT"):
+            if os.environ.get(var):
+                yield Path(os.environ[var])
+        yield SYSTEM_ROOTS[0]
+        parent, pattern = VERSIONED_ROOTS
+        yield from sorted(parent.glob(pattern), key=_version_key, reverse=True)
+        yield from SYSTEM_ROOTS[1:]
+        yield from wheel_roots()
+
+    for root in candidates():
+        if root not in seen:
+            seen.add(root)
+            yield root
 
 
 def wheel_roots() -> list[Path]:
@@ -69,7 +79,7 @@ def find_libdevice() -> Path | None:
     override = os.environ.get("TESSERA_LIBDEVICE")
     if override:
         return Path(override) if Path(override).is_file() else None
-    for root in cuda_roots():
+    for root in _roots():
         candidate = root / "nvvm" / "libdevice" / LIBDEVICE_NAME
         if candidate.is_file():
             return candidate
@@ -81,7 +91,7 @@ def find_ptxas_path() -> Path | None:
     override = os.environ.get("TESSERA_PTXAS")
     if override:
         return Path(override) if Path(override).is_file() else None
-    for root in cuda_roots():
+    for root in _roots():
         candidate = root / "bin" / "ptxas"
         if candidate.is_file() and os.access(candidate, os.X_OK):
             return candidate

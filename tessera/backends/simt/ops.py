@@ -8,7 +8,8 @@ threads in the context's active mask (`ctx.mask`, None when all are).
 
 Lane-wise ops (arithmetic, comparisons, math, casts, addptr) reuse the tile
 interpreter's semantics unchanged, so thread IR computes bit-for-bit what the
-tile IR computes. This file adds the thread-level ops: thread_id, registers
+tile IR computes -- except the float32 NaNs that arithmetic returns on NVIDIA
+targets, which are the hardware's canonical NaN (see `canonical_nans`). This file adds the thread-level ops: thread_id, registers
 (splat, pack, extract), select, shuffles, the warp-wide matrix ops
 (`mma` on 32-lane warps, `mfma` on 64-lane waves), barriers, shared_alloc, asynchronous copies and the
 debugging ops; memory ops are in `memory.py`, control flow in
@@ -47,11 +48,45 @@ SIMT_SEMANTICS = OpTable("SIMT semantics", entry=Semantics)
 simt = SIMT_SEMANTICS.register      # the thread-IR meaning of ops: @simt("shuffle")
 
 
+
+
+# NaN results. NVIDIA's float32 arithmetic returns the canonical NaN 0x7FFFFFFF whatever NaN it was given
+# (on an H100, 10 * NaN + -NaN came back 0x7FFFFFFF where numpy, keeping the operand's payload, gives
+# 0x7FC00000: GPU run 7, tests/language/test_tile_algorithms.py's `joined`), so on NVIDIA targets the
+# simulator returns it from the ops that compute (binary arithmetic, math functions): a test that compares
+# the simulator's bits with the interpreter's must let NaN match NaN (`tessera.testing.assert_same_bits`), as
+# a GPU run must. Moves of bits (select, neg, abs, bitcast, loads and stores) keep them, as do casts (how a
+# GPU converts a NaN's payload between widths is not modelled), other float widths, and AMD targets.
+CANONICAL_NAN_F32 = 0x7FFFFFFF
+
+
+def canonical_nans(value):
+    """`value` with each float32 NaN replaced by CANONICAL_NAN_F32 (a copy when there are any)."""
+    if not isinstance(value, np.ndarray) or value.dtype != np.float32:
+        return value
+    nan = np.isnan(value)
+    if not nan.any():
+        return value
+    value = value.copy()
+    value.view(np.uint32)[nan] = CANONICAL_NAN_F32
+    return value
+
+
+def _computing(sem: Semantics) -> Semantics:
+    """`sem`, whose NaN results on an NVIDIA target are the canonical NaN (the block says: `canonical_nans`)."""
+    def run(ctx, op, *values):
+        out = sem.fn(ctx, op, *values)
+        return canonical_nans(out) if getattr(ctx, "canonical_nans", False) else out
+    return Semantics(run, sem.multi)
+
+
 # Elementwise ops' tile semantics compute lane by lane, so the same functions serve arrays over threads
-# (all but `select`, whose condition may be one value per thread: defined below); so does `breakpoint`.
+# (all but `select`, whose condition may be one value per thread: defined below); so does `breakpoint`. Those
+# that compute floats give NVIDIA's NaN on NVIDIA targets (above).
+_COMPUTING = {*op_names(numerics="binary"), *op_names(numerics="math")}
 for _name in (*op_names(elementwise=True), "breakpoint"):
     if _name != "select":
-        SIMT_SEMANTICS[_name] = SEMANTICS[_name]
+        SIMT_SEMANTICS[_name] = _computing(SEMANTICS[_name]) if _name in _COMPUTING else SEMANTICS[_name]
 
 
 def thread_index(mask: np.ndarray) -> tuple[int, ...]:

@@ -131,6 +131,8 @@ class ThreadBlock:
         self.state: dict[str, Any] = {}
         self.addresses = launch.addresses
         self.park = None        # a cooperative launch's wait for a block spinning on a flag (interp/cooperative.py)
+        # NVIDIA targets: float32 arithmetic returns the canonical NaN (`ops.canonical_nans`)
+        self.canonical_nans = str(fn.attrs.get("target", "")).startswith("sm_")
 
     def run(self, args: Sequence[Any]) -> None:
         with np.errstate(all="ignore"):

@@ -1,0 +1,68 @@
+"""What a warm `tessera::gemm` call asks of the real driver on a Hopper GPU: one `cuLaunchKernel`, no tensor-map
+encode while its tensors stay; one encode (C's map) when its output lands at a new address. The CPU twin, on the
+stub driver, is test_gemm_launch_calls.py. Skipped without an NVIDIA driver or on GPUs older than sm_90."""
+
+from collections import Counter
+
+import pytest
+
+from tessera.runtime import cuda
+from tessera.testing import assert_close
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
+
+torch = pytest.importorskip("torch")
+
+
+class CountingDriver:
+    """The real driver bindings, counting each `cu*` call."""
+
+    def __init__(self, real):
+        self.real, self.counts = real, Counter()
+
+    def __getattr__(self, name):
+        value = getattr(self.real, name)
+        if not (name.startswith("cu") and callable(value)):
+            return value
+
+        def counted(*args, **kwargs):
+            self.counts[name] += 1
+            return value(*args, **kwargs)
+        return counted
+
+
+@pytest.fixture
+def driver(monkeypatch):
+    """The counting driver, with the small-M kernels' launches prepared on it (not on the uncounted one)."""
+    from tessera.kernels_lib import gemm_split_k
+
+    if cuda.get_device(0).capability < (9, 0):
+        pytest.skip("TMA needs sm_90+")
+    counting = CountingDriver(cuda._driver())
+    monkeypatch.setattr(cuda, "_driver", lambda: counting)
+    monkeypatch.setattr(cuda, "_devices", {})
+    kernels = (gemm_split_k.gemm_split_k_kernel, gemm_split_k.gemm_split_k_kernel_fast)
+    for kernel in kernels:
+        kernel.launchers.clear()
+        kernel.fast_launches.clear()
+    yield counting
+    for kernel in kernels:
+        kernel.launchers.clear()
+        kernel.fast_launches.clear()
+
+
+def test_a_warm_gemm_op_is_one_driver_call_and_a_new_output_one_encode(driver):
+    from tessera.kernels_lib.gemm import gemm
+
+    a, b = (torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    kept = [gemm(a, b) for _ in range(3)]           # kept alive: each output at a new address
+    before = Counter(driver.counts)
+    kept.append(gemm(a, b))
+    assert driver.counts - before == Counter(cuTensorMapEncodeTiled=1, cuLaunchKernel=1)
+    del kept                                        # freed: the allocator hands back blocks seen above
+    gemm(a, b)
+    gemm(a, b)
+    before = Counter(driver.counts)
+    out = gemm(a, b)
+    assert driver.counts - before == Counter(cuLaunchKernel=1)
+    assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
