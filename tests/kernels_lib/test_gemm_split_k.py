@@ -288,6 +288,24 @@ def test_every_small_m_tile_keeps_a_programs_share_of_hbm_in_flight():
             assert (tile["STAGES"] - 1) * tile["BN"] * tile["K_BYTES"] >= share, f"BM = {bm}, BN = {tile['BN']}"
 
 
+@pytest.mark.parametrize("b_layout", list(B_STRIDES))
+def test_the_decode_k_step_in_sass_is_what_the_model_charges(b_layout):
+    """`gemm_split_k.STEP_US` prices a 64-deep K step of the 16 x 32 decode tile on sm_90a as one ring wait, one
+    barrier, two TMA issues, six ldmatrix and four HMMA.16816 in a ~90-instruction loop, whose dependent HMMA
+    chain (~130 clk) dominates; a longer loop or a longer chain would make the model optimistic."""
+    from collections import Counter
+
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_ptxas() is None or find_cuobjdump() is None:
+        pytest.skip("ptxas / cuobjdump not installed")
+    compiled = compile_split_k("sm_90a", SHIPPED_TILES["small-m-16x32"], b_layout, 1, False)
+    loop = loop_containing(disassemble(compiled.cubin), "HMMA")
+    ops = Counter(inst.opcode.split(".")[0] for inst in loop)
+    assert (ops["HMMA"], ops["LDSM"], ops["UTMALDG"], ops["BAR"]) == (4, 6, 2, 1), dict(ops)
+    assert len(loop) <= 96, f"{len(loop)} instructions per K step"
+
+
 @pytest.mark.parametrize("split", list(SPLITS))
 def test_every_shipped_tile_compiles_for_gfx942_on_mfma(split):
     """On gfx942 the K slice is the plain loop (no asynchronous copies there yet: the compile says so), the
