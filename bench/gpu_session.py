@@ -278,10 +278,9 @@ def report_text(folder: Path) -> str:
         elif r["bench"] == "attention":
             lines.append(attention_line(r))
         elif r["bench"] == "moe":
+            from moe import speedup_text
             lines.append(f"- moe {r['model']} {r['tokens']} tokens: " + (
-                f"{r['speedup']:.2f}x {r['baseline']}" + (f", in a graph {r['graph_speedup']:.2f}x" if "graph_speedup"
-                                                          in r else "")
-                + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
+                speedup_text(r) + (f", {r['hbm_share']:.0%} of HBM" if "hbm_share" in r else "")
                 if "speedup" in r else "ERROR" if any(k.endswith("error") for k in r) else "WRONG"))
         elif r["bench"] == "fusion":
             from fusion import describe

@@ -128,6 +128,31 @@ def test_each_kernel_on_the_simt_simulator(target, BM, pipelined_by):
         target, [2], pipelined_by - {"wgmma"}, BN=16, BK=16, BR=16, STAGES=2)       # 16-row tiles: mma.sync
 
 
+def test_the_decode_plans_tiles_on_the_simt_simulator_for_sm_90a():
+    """plan.DECODE's own tiles as the H100 runs them: TMA-filled rings of 128-byte rows (the 128B swizzle) read
+    by ldmatrix into mma.sync, gate_up and down, compute on the simulator what the interpreter computes."""
+    T, H, I, E, K = 5, 256, 128, 4, 2
+    p = plans.DECODE
+    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
+    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, p.BM, counts, chunk_counts))
+    rows, numel = sorted_ids.shape[0], T * K
+    xs = np.zeros((rows, H), np.float16)
+    permute_kernel[(rows // p.BM, 1, 1)](x.numpy(), sorted_ids, xs, rows, H, numel, TOP_K=K, BR=p.BM, BH=H)
+    up, down = p.gate_up, p.down
+    h = _simt_matches_interpreter(
+        gate_up_kernel, [xs, w13.numpy(), np.zeros((rows, I), np.float16), block_expert, offsets, rows, H, I, E,
+                         2 * I * E], (rows // p.BM, I // up.BN, 1), "sm_90a", [2], {"mma", "tma_load"},
+        ACTIVATION="silu", BM=p.BM, BN=up.BN, BK=up.BK, STAGES=up.stages)[2]
+    _simt_matches_interpreter(
+        down_kernel, [h, w2.numpy(), np.zeros((numel, H), np.float16), weights.numpy(), sorted_ids, block_expert,
+                      offsets, rows, H, I, E, E * H, numel], (rows // p.BM, H // down.BN, 1), "sm_90a", [2],
+        {"mma", "tma_load"}, TOP_K=K, ATOMIC=False, BM=p.BM, BN=down.BN, BK=down.BK, STAGES=down.stages)
+    for name in ("gate_up", "down"):        # 256-byte rows took no swizzle: 8-way ldmatrix bank conflicts
+        compiled = KERNELS[name].compile(signature=SIGNATURES[name], target="sm_90a", strict=True,
+                                         **_launch_constexprs(name, p))
+        assert {m["swizzle"] for m in compiled.metadata["tensor_maps"]} == {"128B"}, compiled.metadata["tensor_maps"]
+
+
 SIGNATURES = {      # bf16 operands, 16-byte aligned pointers and sizes, as the op launches them
     "gate_up": "*bf16:16,*bf16:16,*bf16:16,*i32:16,*i32:16,i32:16,i32:16,i32:16,i32,i32:16",
     "down": "*bf16:16,*bf16:16,*bf16:16,*f32:16,*i32:16,*i32:16,*i32:16,i32:16,i32:16,i32:16,i32,i32:16,i32",

@@ -3,10 +3,10 @@
 Three regimes, by how many rows an active expert gets on average (pairs
 = tokens * top_k over min(pairs, experts) experts):
 
-* decode (<= 16 rows per expert: 1-64 tokens of a fine-grained MoE): 16-row
-  tiles, so an expert with a few tokens still reads each of its weight
-  tiles once, in deep K steps (BK = 128, 4 stages) that keep enough bytes
-  in flight to stream the weights at memory speed; mma.sync m16n8k16;
+* decode (<= 8 rows per expert on average: 1-64 tokens of a fine-grained
+  MoE): 16-row tiles, so an expert with a few tokens still reads each of
+  its weight tiles once (`plan` says why 8, not 16), in K steps of 128
+  bytes (`DECODE` says why); mma.sync m16n8k16;
 * middle (<= 128 rows): 64-row tiles, 4 warps (wgmma m64 on sm_90a);
 * prefill: 128-row tiles, 8 warps (two wgmma warpgroups on sm_90a).
 
@@ -16,8 +16,9 @@ rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
 test_moe_experts.py compiles every one). AMD targets get the same tiles
 with STAGES = 1: Tessera has no asynchronous global->shared copies there
 yet, so a pipeline would only warn. float32 operands (the CPU tests' dtype)
-multiply on FMA units, which no pipeline feeds: STAGES = 1 too. None of
-these has been timed on a GPU yet.
+multiply on FMA units, which no pipeline feeds: STAGES = 1 too. The
+first H100 run (2026-11-26) timed the plans before the decode changes
+noted at `DECODE` and `plan`.
 """
 
 from __future__ import annotations
@@ -47,7 +48,14 @@ class Plan:
         return replace(self, gate_up=replace(self.gate_up, stages=1), down=replace(self.down, stages=1))
 
 
-DECODE = Plan(16, GemmTiles(64, 128, 4, 4), GemmTiles(64, 128, 4, 4))
+# K steps of 64 bf16, 128 bytes: a weight block's rows fit TMA's 128-byte swizzle and ldmatrix reads them without
+# bank conflicts. With BK = 128 the rows were 256 bytes (no TMA swizzle spans them) and sat 256 bytes apart, the
+# eight rows of each ldmatrix matrix in one bank: 8-way conflicts, 3072 shared-memory wavefronts per 36 KB step,
+# which held an SM to ~20 GB/s of weights; the H100 streamed at 45-64% of HBM (2026-11-26; the dense decode
+# GEMM's K-contiguous weights: 39-53% at 256-byte K steps, 91-96% at 128). gate_up's 4 stages of 18 KB let 3
+# programs share an H100 SM (2 on an A100), ~160 KB in flight per SM; down's BN = 32 doubles its programs
+# (Mixtral at 1 token: 256, not 128, for 132 SMs) and keeps the one-launch kernel within 128 registers on sm_80.
+DECODE = Plan(16, GemmTiles(64, 64, 4, 4), GemmTiles(32, 64, 4, 4))
 MIDDLE = Plan(64, GemmTiles(64, 64, 3, 4), GemmTiles(128, 64, 3, 4))
 PREFILL = Plan(128, GemmTiles(64, 64, 3, 8), GemmTiles(128, 64, 3, 8))
 SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
@@ -55,7 +63,7 @@ SHIPPED = {"decode": DECODE, "middle": MIDDLE, "prefill": PREFILL}
 # Quantized weights (`quantized_mlp.py`) are dequantized in registers, next to the accumulator: at decode and
 # middle sizes gate_up's B block (2BN x BK) and, in the middle, down's BN are halved so that sm_80 (where
 # e4m3 -> bf16 is emulated in integer ops) does not spill; prefill's 8 warps have the registers.
-QUANTIZED = {"decode": replace(DECODE, gate_up=GemmTiles(32, 128, 4, 4)),
+QUANTIZED = {"decode": Plan(16, GemmTiles(32, 128, 4, 4), GemmTiles(64, 128, 4, 4)),
              "middle": Plan(64, GemmTiles(32, 64, 3, 4), GemmTiles(64, 64, 3, 4)),
              "prefill": PREFILL}
 
@@ -73,6 +81,10 @@ def plan(tokens: int, top_k: int, num_experts: int, *, pipelined: bool = True) -
     """The plan for `tokens` tokens routed to `top_k` of `num_experts` experts (see the module docstring);
     `pipelined=False` for targets or dtypes without asynchronous copies."""
     pairs = tokens * top_k
+    # Decode's 16-row blocks up to a mean of 8 rows per expert, half the block: the counts scatter around the mean
+    # and an expert with 17 rows takes two blocks, each reading all its weights. At a mean of 16 (Mixtral at 64
+    # tokens, DeepSeek-V3 at 512) 43% of the experts overflowed, 1.4x the weight bytes: 35% and 45% of HBM where
+    # their neighbours reached ~60% (H100, 2026-11-26). At a mean of 8, 0.4% do.
     rows_per_expert = pairs / max(1, min(pairs, num_experts))
-    chosen = DECODE if rows_per_expert <= 16 else MIDDLE if rows_per_expert <= 128 else PREFILL
+    chosen = DECODE if rows_per_expert <= 8 else MIDDLE if rows_per_expert <= 128 else PREFILL
     return chosen if pipelined else chosen.without_pipelining()
