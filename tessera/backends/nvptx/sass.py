@@ -137,7 +137,7 @@ def unset_descriptor_words(code: list[SassInstruction], high_words: set[int]) ->
     """Every wgmma (HGMMA, QGMMA, ...) whose descriptors' high words (SBO, base offset, swizzle:
     `wgmma_layouts.MatrixDescriptor`) are not built from one of `high_words`, the ones the kernel's descriptors
     have: A's when A comes from shared memory, B's always. Such a word is whatever its uniform register held, and
-    the wgmma reads its operand at the wrong place or faults. ptxas 13.0 dropped A's when the descriptor's start
+    the wgmma reads its operand at the wrong place or faults. ptxas (12.9 and 13.0) dropped A's when the descriptor's start
     was a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that arithmetic 32-bit)."""
     bad = []
     for i, inst in enumerate(code):
