@@ -7,8 +7,8 @@ tests/kernels_lib/test_attention_on_gpu.py failed on an H100 (bench/results/2026
 q (2, 200, 4, D), k and v (2, 333, 2, D) bf16 (GQA 2:1, odd lengths) gave a wrong O at D = 64 and an illegal
 memory access causal and at D = 128; the fp8 forward's LSE was wrong except at D = 256. Cause: with two or more
 consumer warpgroups (BM = 128, the warp-specialized plans, the sm_90a backward plans) each warpgroup's A
-descriptor was its tile's plus a 64-bit product of the shuffled warpgroup index, which ptxas (12.9 and 13.0) compiled without
-the descriptor's high word (SBO, swizzle): the wgmma read Q from a stale uniform register's idea of the layout.
+descriptor was its tile's plus a 64-bit product of the shuffled warpgroup index, which ptxas (12.9 and 13.0)
+compiled without the descriptor's high word (SBO, swizzle): the wgmma read Q through a stale uniform register.
 `passes/lowering/wgmma_dot.py` now offsets the pointer instead, in 32 bits (`sass.unset_descriptor_words` finds
 the dropped word in SASS on the CPU). Each run below is one subprocess (an illegal address poisons only the
 CUDA context that met it) with a fresh binary cache (the variants patch the compiler, which the cache key does

@@ -107,14 +107,14 @@ def _written(inst: SassInstruction) -> set[str]:
     return {f"{kind}{n}", f"{kind}{n + 1}"} if ".64" in inst.opcode or ".WIDE" in inst.opcode else {f"{kind}{n}"}
 
 
-def descriptor_immediates(code: list[SassInstruction], index: int, register: str, reach: int = 100_000) -> set[int] | None:
+def descriptor_immediates(code: list[SassInstruction], index: int, register: str) -> set[int] | None:
     """The immediates in the backward slice of `register` as instruction `index` reads it: walking back in
     address order, each instruction that writes a register of the slice adds its sources to it (64-bit ops and
     IMAD.WIDE write a pair). None when no instruction before `index` writes `register` at all (it would be read
     as whatever the register held). A straight-line view: enough for descriptors, which kernels build before
     their loops."""
     wanted, values, found = {register}, set(), False
-    for inst in reversed(code[max(0, index - reach):index]):
+    for inst in reversed(code[:index]):
         hit = _written(inst) & wanted
         if not hit:
             continue
@@ -137,8 +137,9 @@ def unset_descriptor_words(code: list[SassInstruction], high_words: set[int]) ->
     """Every wgmma (HGMMA, QGMMA, ...) whose descriptors' high words (SBO, base offset, swizzle:
     `wgmma_layouts.MatrixDescriptor`) are not built from one of `high_words`, the ones the kernel's descriptors
     have: A's when A comes from shared memory, B's always. Such a word is whatever its uniform register held, and
-    the wgmma reads its operand at the wrong place or faults. ptxas (12.9 and 13.0) dropped A's when the descriptor's start
-    was a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that arithmetic 32-bit)."""
+    the wgmma reads its operand at the wrong place or faults. ptxas (12.9 and 13.0) dropped A's when the
+    descriptor's start was a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that
+    arithmetic 32-bit)."""
     bad = []
     for i, inst in enumerate(code):
         if "GMMA" not in inst.opcode:

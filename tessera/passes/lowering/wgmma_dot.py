@@ -101,9 +101,10 @@ class SharedOperand:
         addresses stay below 2^18 bytes, so the sum never carries out of the field, and the offsets cost an
         integer add instead of 64-bit pointer arithmetic, a shift and two masks per descriptor (issue 19,
         fact 8). The warpgroup's slab offset goes on the pointer instead, before the descriptor is made: added
-        to the descriptor as a 64-bit product of the shuffled warpgroup index (`mul.wide`), ptxas (12.9 and 13.0) lost the
-        descriptor's high word (SBO, swizzle) and the wgmma read A through a stale uniform register (wrong
-        attention output and illegal addresses on an H100; `sass.unset_descriptor_words` checks for it)."""
+        to the descriptor as a 64-bit product of the shuffled warpgroup index (`mul.wide`), ptxas (12.9 and
+        13.0) lost the descriptor's high word (SBO, swizzle) and the wgmma read A through a stale uniform
+        register (wrong attention output and illegal addresses on an H100; `sass.unset_descriptor_words`
+        checks for it)."""
         d = self.tile.descriptor(0, k_slice, mn_first)
         base = self.base
         if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
