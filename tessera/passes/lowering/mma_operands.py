@@ -28,6 +28,7 @@ them so that wgmma reads them through descriptors.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -155,16 +156,32 @@ def _reproduces(table, starts, nums, trans, warp, per_word=2) -> bool:
 
 def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2) -> SmemLayout:
     """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle whose row
-    reads are conflict-free; plain row-major if none is."""
+    reads are conflict-free; plain row-major if none is.
+
+    The 128/64/32-byte swizzles key the XOR on the 128-byte line, which is the row only while a row spans at
+    most 128 bytes. Rows wider than that (a 64 x 128 bf16 key block: 256 bytes) put every ldmatrix phase's
+    eight rows on the same banks unless the XOR keys on the row itself: `_wide_row_swizzle` (chunk c of row r
+    moves to c ^ (r % 8) within its 128 bytes), tried after them (a layout they already serve keeps its code)."""
     plain = row_major(rows, cols)
-    for nbytes in (128, 64, 32):
-        swizzle = swizzle_bytes(nbytes, element_bytes)
-        if cols * element_bytes < nbytes or (rows * cols) % swizzle.block:
+    candidates = [swizzle_bytes(nbytes, element_bytes) for nbytes in (128, 64, 32) if cols * element_bytes >= nbytes]
+    if cols * element_bytes > 128:
+        candidates.append(_wide_row_swizzle(cols, element_bytes))
+    for swizzle in candidates:
+        if swizzle is None or (rows * cols) % swizzle.block:
             continue
         layout = SmemLayout(plain.shape, plain.strides, swizzle)
         if row_conflicts(layout, starts, element_bytes) == 1:
             return layout
     return plain
+
+
+def _wide_row_swizzle(cols: int, element_bytes: int) -> Swizzle | None:
+    """For rows of more than 128 bytes (a power of two): the 3 low bits of the row index XORed into the 16-byte
+    chunk index, in element units (Swizzle<3, log2(16/e), log2(cols) - log2(16/e)>); None for other rows."""
+    if cols & (cols - 1) or element_bytes not in (1, 2, 4):
+        return None
+    base = int(math.log2(16 // element_bytes))
+    return Swizzle(3, base, int(math.log2(cols)) - base)
 
 
 def row_conflicts(layout: SmemLayout, starts: np.ndarray, element_bytes: int = 2) -> int:
@@ -212,18 +229,24 @@ def _thread_offset(ctx, weights: list[int]):
 
 
 def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
-    """This lane's (swizzled) element offset of its row for ldmatrix number g, hoisted."""
+    """This lane's (swizzled) element offset of its row for ldmatrix number g, hoisted. Under a swizzle, the
+    part of g's base that is a multiple of the swizzle's period is added after the XOR (the swizzle of
+    o + k * period is o's plus k * period), so the reads share a few hoisted offsets (one per distinct
+    remainder) and the rest folds into the ldmatrix's address immediate, rather than one register each."""
     base, weights = thread_bits
+    period = 1 << (swizzle.base + swizzle.shift + swizzle.bits) if swizzle is not None else 1
+    low, high = (int(base[g]), 0) if swizzle is None else (int(base[g]) % period, int(base[g]) // period * period)
     offset = _thread_offset(ctx, weights)
     if offset is None:
-        offset = ctx.const(int(base[g]))
-    elif base[g]:
-        offset = ctx.hoist("add", [offset, ctx.const(int(base[g]))])
+        offset = ctx.const(low)
+    elif low:
+        offset = ctx.hoist("add", [offset, ctx.const(low)])
     if swizzle is None:
         return offset
     moved = ctx.hoist("and", [ctx.hoist("shr", [offset, ctx.const(swizzle.shift)]),
                               ctx.const(((1 << swizzle.bits) - 1) << swizzle.base)])
-    return ctx.hoist("xor", [offset, moved])
+    swizzled = ctx.hoist("xor", [offset, moved])
+    return ctx.emit("add", swizzled, ctx.const(high)) if high else swizzled
 
 
 def swizzle_offsets(ctx, index, swizzle: Swizzle | None):
