@@ -154,6 +154,12 @@ def _reproduces(table, starts, nums, trans, warp, per_word=2) -> bool:
     return True
 
 
+# Rows up to this wide get the row-keyed swizzle. Wider rows (head dim 256: 512 bytes) stay plain for now: their
+# reads need twice the distinct swizzled offsets, which LLVM hoists out of the loop, and the decode plan of head
+# dim 256 then spills on sm_80 (16 spill stores at 255 registers).
+WIDE_ROW_BYTES = 256
+
+
 def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2) -> SmemLayout:
     """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle whose row
     reads are conflict-free; plain row-major if none is.
@@ -164,7 +170,7 @@ def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: 
     moves to c ^ (r % 8) within its 128 bytes), tried after them (a layout they already serve keeps its code)."""
     plain = row_major(rows, cols)
     candidates = [swizzle_bytes(nbytes, element_bytes) for nbytes in (128, 64, 32) if cols * element_bytes >= nbytes]
-    if cols * element_bytes > 128:
+    if 128 < cols * element_bytes <= WIDE_ROW_BYTES:
         candidates.append(_wide_row_swizzle(cols, element_bytes))
     for swizzle in candidates:
         if swizzle is None or (rows * cols) % swizzle.block:
@@ -229,24 +235,40 @@ def _thread_offset(ctx, weights: list[int]):
 
 
 def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
-    """This lane's (swizzled) element offset of its row for ldmatrix number g, hoisted. Under a swizzle, the
-    part of g's base that is a multiple of the swizzle's period is added after the XOR (the swizzle of
-    o + k * period is o's plus k * period), so the reads share a few hoisted offsets (one per distinct
-    remainder) and the rest folds into the ldmatrix's address immediate, rather than one register each."""
+    """This lane's (swizzled) element offset of its row for ldmatrix number g. Unswizzled: hoisted. Swizzled:
+    g's base splits into a multiple of the swizzle's period, added after the XOR (the swizzle of o + k * period
+    is o's plus k * period: it folds into the ldmatrix's address immediate), and a remainder; where the
+    remainder's bits are clear in every lane's offset and leave the XOR's key alone, it is XORed into the one
+    hoisted swizzled lane offset at the read (one ALU op), not hoisted per g: a hoisted offset per read held
+    one register each through the loop and spilled the 512-byte rows of head dim 256."""
     base, weights = thread_bits
-    period = 1 << (swizzle.base + swizzle.shift + swizzle.bits) if swizzle is not None else 1
-    low, high = (int(base[g]), 0) if swizzle is None else (int(base[g]) % period, int(base[g]) // period * period)
-    offset = _thread_offset(ctx, weights)
-    if offset is None:
-        offset = ctx.const(low)
-    elif low:
-        offset = ctx.hoist("add", [offset, ctx.const(low)])
+    lane = _thread_offset(ctx, weights)
     if swizzle is None:
-        return offset
+        if lane is None:
+            return ctx.const(int(base[g]))
+        return ctx.hoist("add", [lane, ctx.const(int(base[g]))]) if base[g] else lane
+    period = 1 << (swizzle.base + swizzle.shift + swizzle.bits)
+    low, high = int(base[g]) % period, int(base[g]) // period * period
+    lanes = _lane_offsets(weights)
+    if low and np.array_equal(swizzle(lanes + low), swizzle(lanes) ^ low) and lane is not None:
+        swizzled = ctx.emit("xor", _swizzled(ctx, lane, swizzle), ctx.const(low))
+    else:
+        offset = ctx.const(low) if lane is None else ctx.hoist("add", [lane, ctx.const(low)]) if low else lane
+        swizzled = _swizzled(ctx, offset, swizzle)
+    return ctx.emit("add", swizzled, ctx.const(high)) if high else swizzled
+
+
+def _lane_offsets(weights: list[int]) -> np.ndarray:
+    """sum_b bit_b(t) * weights[b] for every thread t."""
+    t = np.arange(1 << len(weights))
+    return sum((((t >> b) & 1) * w for b, w in enumerate(weights)), np.zeros_like(t))
+
+
+def _swizzled(ctx, offset, swizzle: Swizzle):
+    """swizzle(offset), hoisted."""
     moved = ctx.hoist("and", [ctx.hoist("shr", [offset, ctx.const(swizzle.shift)]),
                               ctx.const(((1 << swizzle.bits) - 1) << swizzle.base)])
-    swizzled = ctx.hoist("xor", [offset, moved])
-    return ctx.emit("add", swizzled, ctx.const(high)) if high else swizzled
+    return ctx.hoist("xor", [offset, moved])
 
 
 def swizzle_offsets(ctx, index, swizzle: Swizzle | None):
