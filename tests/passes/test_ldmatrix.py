@@ -155,7 +155,7 @@ def operand_shared_loads(fn, dtype):
 
 
 @pytest.mark.parametrize("dtype", [tessera.f16, tessera.bf16], ids=str)
-@pytest.mark.parametrize("shape, num_warps", [((64, 64, 32), 4), ((16, 8, 16), 1)], ids=str)
+@pytest.mark.parametrize("shape, num_warps", [((64, 64, 32), 4), ((16, 8, 16), 1), ((16, 128, 64), 4)], ids=str)
 def test_mma_dot_reads_its_operands_with_ldmatrix_and_matches_the_tile_interpreter(shape, num_warps, dtype):
     m, n, k = shape
     module = dot_module(m, n, k, dtype)
@@ -169,9 +169,12 @@ def test_mma_dot_reads_its_operands_with_ldmatrix_and_matches_the_tile_interpret
     np.testing.assert_allclose(actual[2], expected[2], **F32_ACC)
 
 
+@pytest.mark.parametrize("shape", [(64, 64, 32), (16, 64, 128), (16, 128, 64)], ids=str)
 @pytest.mark.parametrize("operand", ["a", "b"])
-def test_the_swizzled_buffer_serves_the_ldmatrix_rows_without_bank_conflicts(operand):
-    fn = dot_module(64, 64, 32).functions[0]
+def test_the_swizzled_buffer_serves_the_ldmatrix_rows_without_bank_conflicts(operand, shape):
+    """Rows of up to 128 bytes and rows of 256 (decode's q.k^T over head dim 128 and its P v: before the row-keyed
+    swizzle those read 8-way conflicted, every ldmatrix phase's eight rows on the same banks)."""
+    fn = dot_module(*shape).functions[0]
     dot = next(op for op in fn.walk() if op.name == "dot")
     plan = mma_plan(dot, get_target("sm_80"), 4)
     want, trans = (plan.a, False) if operand == "a" else (plan.b, True)
