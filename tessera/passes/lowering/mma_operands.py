@@ -235,7 +235,8 @@ def _thread_offset(ctx, weights: list[int]):
 
 
 def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
-    """This lane's (swizzled) element offset of its row for ldmatrix number g. Unswizzled: hoisted. Swizzled:
+    """This lane's (swizzled) element offset of its row for ldmatrix number g. Unswizzled or under a
+    32/64/128-byte swizzle: hoisted. Under a wide-row swizzle (`_wide_row_swizzle`, rows over 128 bytes):
     g's base splits into a multiple of the swizzle's period, added after the XOR (the swizzle of o + k * period
     is o's plus k * period: it folds into the ldmatrix's address immediate), and a remainder; where the
     remainder's bits are clear in every lane's offset and leave the XOR's key alone, it is XORed into the one
@@ -243,10 +244,10 @@ def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     one register each through the loop and spilled the 512-byte rows of head dim 256."""
     base, weights = thread_bits
     lane = _thread_offset(ctx, weights)
-    if swizzle is None:
-        if lane is None:
-            return ctx.const(int(base[g]))
-        return ctx.hoist("add", [lane, ctx.const(int(base[g]))]) if base[g] else lane
+    if swizzle is None or swizzle.shift <= 3:   # unswizzled, or a 32/64/128-byte swizzle: one hoisted offset per g
+        offset = ctx.const(int(base[g])) if lane is None else \
+            ctx.hoist("add", [lane, ctx.const(int(base[g]))]) if base[g] else lane
+        return offset if swizzle is None else _swizzled(ctx, offset, swizzle)
     period = 1 << (swizzle.base + swizzle.shift + swizzle.bits)
     low, high = int(base[g]) % period, int(base[g]) // period * period
     lanes = _lane_offsets(weights)
