@@ -181,6 +181,12 @@ def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: 
     return plain
 
 
+def is_wide_row_swizzle(swizzle: Swizzle | None) -> bool:
+    """Whether `swizzle` keys on rows wider than 128 bytes (`_wide_row_swizzle`), which TMA cannot write: the
+    32/64/128-byte swizzles shift by 3 chunks' worth of bits, it by more."""
+    return swizzle is not None and swizzle.shift > 3
+
+
 def _wide_row_swizzle(cols: int, element_bytes: int) -> Swizzle | None:
     """For rows of more than 128 bytes (a power of two): the 3 low bits of the row index XORed into the 16-byte
     chunk index, in element units (Swizzle<3, log2(16/e), log2(cols) - log2(16/e)>); None for other rows."""
@@ -244,7 +250,7 @@ def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     one register each through the loop and spilled the 512-byte rows of head dim 256."""
     base, weights = thread_bits
     lane = _thread_offset(ctx, weights)
-    if swizzle is None or swizzle.shift <= 3:   # unswizzled, or a 32/64/128-byte swizzle: one hoisted offset per g
+    if not is_wide_row_swizzle(swizzle):       # unswizzled, or a 32/64/128-byte swizzle: one hoisted offset per g
         offset = ctx.const(int(base[g])) if lane is None else \
             ctx.hoist("add", [lane, ctx.const(int(base[g]))]) if base[g] else lane
         return offset if swizzle is None else _swizzled(ctx, offset, swizzle)

@@ -14,7 +14,7 @@ comment above `pipeline_plan`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout, local, spatial
@@ -26,7 +26,7 @@ from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzl
 
 from .. import alignment
 from ..mma import MmaPlan, mma_plan
-from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, ldmatrix_plan
+from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, is_wide_row_swizzle, ldmatrix_plan
 from .tma_fill import TmaBox, tma_plan
 from .shortfalls import place, refuse
 
@@ -290,6 +290,13 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
                 copies = copies.permute((1, 0))
             no_tma: list[str] = []
             tma = tma_plan(load, dim, slot_layout, target, facts, no_tma)
+            if tma is None and fragment is not None and is_wide_row_swizzle(slot_layout.swizzle):
+                # TMA writes no row-keyed swizzle: where it could fill the plain slot, keep TMA (as before
+                # that swizzle existed) over conflict-free reads
+                plain = replace(fragment, smem=SmemLayout(slot_layout.shape, slot_layout.strides))
+                retried = tma_plan(load, dim, plain.smem, target, facts, [])
+                if retried is not None:
+                    fragment, slot_layout, tma, no_tma = plain, plain.smem, retried, []
             return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma,
                                  no_tma[0] if no_tma and target.has("tma") else None)
         width //= 2
