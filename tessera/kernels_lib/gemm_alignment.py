@@ -36,6 +36,14 @@ def state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN):
                    and stride_ak % ALIGN[4] == 0 and stride_bk % ALIGN[5] == 0 and stride_bn % ALIGN[6] == 0)
 
 
+@tessera.func
+def state_multiples(sizes, ALIGN):
+    """Promise what the op checked of a kernel's row lengths (a grouped GEMM's H and I): each of `sizes` is a
+    multiple of its entry of ALIGN (1: nothing said)."""
+    for i in tessera.static_range(len(sizes)):
+        tessera.assume(sizes[i] % ALIGN[i] == 0)
+
+
 def alignment(value: int, element_bytes: int) -> int:
     """The largest power of two, up to ROW_BYTES of elements, that divides `value`."""
     return math.gcd(int(value), max(1, ROW_BYTES // element_bytes))
@@ -67,3 +75,13 @@ def pointers_aligned(*tensors) -> bool:
     """Whether every torch tensor among `tensors` starts on a 16-byte boundary (host arrays: the interpreter
     copies nothing asynchronously, so they count as aligned)."""
     return all(t.data_ptr() % ROW_BYTES == 0 for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
+
+
+def rows_alignment(sizes: tuple[int, ...], element_bits: int, pointers_aligned: bool) -> tuple[tuple[int, ...], bool]:
+    """(ALIGN, pipelined) for a kernel whose pipelined operands are dense rows of `sizes` elements of at most
+    `element_bits` (the narrowest operand's width: its 16 bytes hold the most elements, so its test is the
+    strictest, and each stated fact still divides its value): what each size is a multiple of, up to one
+    16-byte chunk, and whether every row starts 16-byte aligned (and every pointer is)."""
+    full = max(1, ROW_BYTES * 8 // element_bits)
+    align = tuple(math.gcd(int(size), full) for size in sizes)
+    return align, pointers_aligned and all(a == full for a in align)
