@@ -13,6 +13,13 @@ to refuse (an error in strict mode, a warning otherwise).
 
 The operands are dense (`gemm._strided`): each has a unit stride, and its
 other stride is the length of its rows.
+
+Users: the plain, split-K and fused GEMMs (`operand_alignment`,
+`state_alignment`); the quantized GEMM (`quant_gemm.aligned_rows`); and the
+MoE grouped GEMMs, whose dense operands' rows are H and I long
+(`rows_alignment`, `state_multiples`; `moe.mlp.pipelining`).
+tests/kernels_lib/test_op_launches_compile.py compiles every launch of each
+op for such shapes in strict mode.
 """
 
 from __future__ import annotations

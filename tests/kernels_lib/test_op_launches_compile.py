@@ -39,6 +39,20 @@ def pipelined(seen, kernel: str) -> dict[str, bool]:
     return {c.target: any(copy in c.ptx for copy in COPIES[c.target]) for c in seen if c.kernel == kernel}
 
 
+# --- plain and split-K GEMM (gemm.py; the interpreter's tiles, which pipeline two stages) ---------------------
+
+@pytest.mark.parametrize("M, N, K, aligned", [(24, 40, 56, True), (24, 40, 37, False), (80, 40, 56, True)])
+def test_gemm(M, N, K, aligned):
+    """M = 24 takes the split-K path, M = 80 the tiled kernel (`gemm._split_k_plan`)."""
+    from tessera.kernels_lib.gemm import gemm
+    a, b = torch.randn(M, K).to(BF16), torch.randn(N, K).to(BF16)
+    with compiled_launches() as seen:
+        out = gemm(a, b, trans_b=True)
+    close(out, a.float() @ b.float().t())
+    kernel = "gemm_split_k_kernel" if M <= 64 else "gemm_kernel"
+    assert pipelined(seen, kernel) == {"sm_80": aligned, "sm_90a": aligned}
+
+
 # --- fused GEMM (gemm_fusion.py: gemm_fused_kernel; CPU_CONFIG pipelines two stages) -------------------------
 
 @pytest.mark.parametrize("M, N, K, trans_a, trans_b, aligned", [
