@@ -63,18 +63,22 @@ def _rows_aligned(size: int, stride: int, element_bytes: int) -> bool:
 
 @functools.lru_cache(maxsize=4096)     # on every launch of the op: ~9 µs of Python computed, ~0.3 µs looked up
 def operand_alignment(M: int, N: int, K: int, strides: tuple[int, int, int, int], element_bytes: int,
-                      pointers_aligned: bool) -> tuple[tuple[int, ...], bool]:
+                      pointers_aligned: bool, b_element_bytes: int | None = None) -> tuple[tuple[int, ...], bool]:
     """(ALIGN, pipelined) for A [M, K] and B [K, N] with `strides` (stride_am, stride_ak, stride_bk, stride_bn)
-    and elements of `element_bytes`. ALIGN says what M, N, K and the strides are multiples of (M only where A's
-    rows run along M, so decode's many M share one compile); `pipelined` whether both operands have a unit
-    stride and rows that start 16-byte aligned (and both pointers are 16-byte aligned)."""
+    and elements of `element_bytes` (B's of `b_element_bytes` where they differ: the fused GEMM's int8 codes
+    beside float16 A). ALIGN says what M, N, K and the strides are multiples of (M only where A's rows run along
+    M, so decode's many M share one compile); `pipelined` whether both operands have a unit stride and rows that
+    start 16-byte aligned (and both pointers are 16-byte aligned)."""
     sam, sak, sbk, sbn = strides
-    a_rows = _rows_aligned(K, sam, element_bytes) if sak == 1 else \
-        _rows_aligned(M, sak, element_bytes) if sam == 1 else False
-    b_rows = _rows_aligned(N, sbk, element_bytes) if sbn == 1 else \
-        _rows_aligned(K, sbn, element_bytes) if sbk == 1 else False
-    m_align = alignment(M, element_bytes) if sam == 1 and sak != 1 else 1
-    align = (m_align, *(alignment(v, element_bytes) for v in (N, K, sam, sak, sbk, sbn)))
+    a_bytes, b_bytes = element_bytes, b_element_bytes or element_bytes
+    a_rows = _rows_aligned(K, sam, a_bytes) if sak == 1 else \
+        _rows_aligned(M, sak, a_bytes) if sam == 1 else False
+    b_rows = _rows_aligned(N, sbk, b_bytes) if sbn == 1 else \
+        _rows_aligned(K, sbn, b_bytes) if sbk == 1 else False
+    m_align = alignment(M, a_bytes) if sam == 1 and sak != 1 else 1
+    k_align = math.gcd(alignment(K, a_bytes), alignment(K, b_bytes))
+    align = (m_align, alignment(N, b_bytes), k_align, alignment(sam, a_bytes), alignment(sak, a_bytes),
+             alignment(sbk, b_bytes), alignment(sbn, b_bytes))
     return align, pointers_aligned and a_rows and b_rows
 
 

@@ -188,12 +188,10 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
                       PROLOGUE_B=hooks.get("prologue_b"), PB_ORDER=slots.orders.get("prologue_b", ()),
                       SPECS=specs + (None,) * (MAX_TENSORS - len(specs)), N_OUT=len(outputs),
                       GATHER_A=gather_a is not None)
-    # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop; a prologue's
-    # operands may differ in width (int8 codes beside bf16): the narrower one's 16 bytes hold more elements, so
-    # its test is the stricter one (every stated fact is still a divisor of the value)
-    element_bytes = min(a.element_size(), b.element_size())
-    align, pipelined = operand_alignment(M, N, K, (stride_am, stride_ak, stride_bk, stride_bn), element_bytes,
-                                         pointers_aligned(a_mem, b_mem))
+    # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop (a prologue's
+    # operands may differ in width: int8 codes beside float16)
+    align, pipelined = operand_alignment(M, N, K, (stride_am, stride_ak, stride_bk, stride_bn), a.element_size(),
+                                         pointers_aligned(a_mem, b_mem), b.element_size())
     constexprs.update(ALIGN=align, PIPELINED=pipelined)
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)

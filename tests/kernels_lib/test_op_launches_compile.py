@@ -84,6 +84,24 @@ def test_fused_gemm_of_a_strided_view():
     assert all(pipelined(seen, "gemm_fused_kernel").values())
 
 
+@pytest.mark.parametrize("N, aligned", [(48, True), (40, False)])
+def test_fused_gemm_with_an_int8_prologue_and_gathered_rows(N, aligned):
+    """int8 codes of B [K, N] (48-byte rows: aligned; 40-byte rows: a plain loop), dequantized by a prologue; then
+    gathered rows of A (pointer loads: a plain loop whatever the shape)."""
+    import fusion_hooks as hooks
+    from tessera.kernels_lib.gemm_fusion import fused_gemm
+    a, codes = torch.randn(24, 56).half(), torch.randint(-127, 128, (56, N), dtype=torch.int8)
+    scale, idx = torch.rand(N) / 64, torch.tensor([3, 0, 17, 17, 5, 23, 9], dtype=torch.int32)
+    with compiled_launches() as seen:
+        out = fused_gemm(a, codes, prologue_b=hooks.dequantize_int8, prologue_b_args=(scale,), out_dtype=torch.float32)
+    close(out, a.float() @ (codes.float() * scale).half().float())
+    assert pipelined(seen, "gemm_fused_kernel") == {"sm_80": aligned, "sm_90a": aligned}
+    b = torch.randn(56, N).half()
+    with compiled_launches() as seen:
+        out = fused_gemm(a, b, gather_a=idx, out_dtype=torch.float32)
+    close(out, a.float()[idx.long()] @ b.float())
+
+
 # --- quantized GEMM (quant_gemm.py), with the GPU's plan -------------------------------------------------------
 
 @pytest.fixture
