@@ -238,6 +238,25 @@ def test_the_quantized_plans_compile_without_spills(target, regime):
             assert spills == 0, f"{fmt} {name} spills on {target} ({regime}): {compiled.metadata}"
 
 
+@pytest.mark.parametrize("regime", list(plans.QUANTIZED))
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_dequantized_weights_reach_shared_memory_in_16_byte_stores(regime, fmt):
+    """sm_90a PTX of the shipped gate_up plans: each thread stores its dequantized B block (2BN x BK bf16, held
+    in runs along K) as 16-byte st.shared.v4 -- N x K for mma.sync (read by plain ldmatrix), K-major for wgmma
+    -- not one st.shared.b16 per element (main, 2026-11-26: 32-64 scalar stores a thread per K step, 4-way
+    conflicts, the MoE int4/fp8 layers at 9-13% of HBM). The one b16 store left is the scale's broadcast."""
+    p = plans.QUANTIZED[regime]
+    t = p.gate_up
+    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", fmt), target="sm_90a", strict=True,
+                                            FORMAT=fmt, G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM, BN=t.BN,
+                                            BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+    ptx = compiled.stages["ptx"]
+    per_thread = 2 * t.BN * t.BK // (32 * t.num_warps)
+    assert ptx.count("st.shared.v4.b32") >= per_thread // 8
+    assert ptx.count("st.shared.b16") <= 1
+    assert ".trans" not in "".join(line for line in ptx.splitlines() if "ldmatrix" in line)
+
+
 # -- the ops ---------------------------------------------------------------------------------------------
 
 
