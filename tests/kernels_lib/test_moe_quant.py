@@ -18,6 +18,8 @@ Specification:
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -255,6 +257,30 @@ def test_dequantized_weights_reach_shared_memory_in_16_byte_stores(regime, fmt):
     assert ptx.count("st.shared.v4.b32") >= per_thread // 8
     assert ptx.count("st.shared.b16") <= 1
     assert ".trans" not in "".join(line for line in ptx.splitlines() if "ldmatrix" in line)
+
+
+@pytest.mark.parametrize("regime", ["decode", "prefill"])
+def test_fp8_weight_codes_are_loaded_a_k_step_ahead(regime):
+    """sm_90a SASS of the fp8 gate_up plans: the K loop's 16-byte weight loads (LDG.E.128) land in registers
+    that nothing in the rest of that iteration reads -- they are the next step's codes, so the load's latency
+    overlaps a step's conversion, shared-memory exchange and multiplies. (On main each step waited for its
+    own codes: one exposed global-load latency per K step, with 1-4 programs per SM to hide it.)"""
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
+    p = plans.QUANTIZED[regime]
+    t = p.gate_up
+    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", "fp8"), target="sm_90a", strict=True,
+                                            FORMAT="fp8", G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM,
+                                            BN=t.BN, BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+    body = loop_containing(disassemble(compiled.binary), "HGMMA" if p.BM >= 64 else "HMMA")
+    loads = [(i, inst) for i, inst in enumerate(body) if inst.opcode.startswith("LDG.E.128")]
+    assert len(loads) == 2 * t.BN * t.BK // (16 * 32 * t.num_warps)
+    for i, inst in loads:
+        first = int(re.search(r"LDG\S*\s+R(\d+)", inst.text).group(1))
+        written = {f"R{first + j}" for j in range(4)}
+        later = [x.text.split(None, 1 + x.text.startswith("@"))[-1] for x in body[i + 1:]]
+        assert not any(re.search(rf"\b{r}\b", text) for text in later for r in written), inst.text
 
 
 # -- the ops ---------------------------------------------------------------------------------------------

@@ -10,6 +10,9 @@ dtype, and multiplies it on the tensor cores (mma.sync; wgmma on sm_90a,
 which reads A from the TMA-filled ring and B from registers). The weights
 are the [E * N, K] matrix of all experts' rows, so that a block's row
 offset (expert * N + column) picks the expert, as in `experts.py`.
+The dequantized block reaches shared memory in 16-byte stores (N x K for
+mma.sync, K-major for wgmma); fp8 codes are loaded a K step ahead
+(`quantized_block_gemm`), since no ring prefetches a load that feeds a cast.
 
 These ops are the forward pass; `quantized_autograd.py` wraps them in a
 differentiable op (gradients in x and the routing weights, the quantized
@@ -38,7 +41,13 @@ def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
     a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G). Scales
     are rounded to DTYPE: exact enough in bf16 (float32's range); in float16 a scale under 2^-14 is
     subnormal and keeps fewer bits."""
-    codes = w.block((BN, BK), offsets=(n_offset, k * BK)).load()
+    return dequantize_codes(w.block((BN, BK), offsets=(n_offset, k * BK)).load(), s, z, n_offset, k, BN, BK, G,
+                            FORMAT, ZEROS, DTYPE)
+
+
+@tessera.func
+def dequantize_codes(codes, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
+    """`dequantized_block` of K step k's codes, already loaded."""
     if FORMAT == "fp8":
         scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load().to(DTYPE)
         return codes.to(DTYPE) * scale                     # e4m3 values are exact in bf16 and float16
@@ -57,9 +66,21 @@ def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
 def quantized_block_gemm(a, w, s, z, pid_m, n_offset, K, BM, BN, BK, G, FORMAT, ZEROS, STAGES):
     """acc = A[pid_m's BM rows, :] @ W[n_offset : n_offset + BN, :]^T over all of K, W dequantized per step."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
-        wt = dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
-        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), wt.T, acc)
+    if FORMAT == "fp8":
+        # The codes feed a cast, not the dot, so no ring prefetches them (`pipeline_plan`): load step k + 1's
+        # while step k's are converted and multiplied, and the load's latency hides behind a step's work. (The
+        # int4 codes are not carried so: a carried u4 register is converted element by element (I2F) where
+        # the low-bit pass's load-fused unpack uses magic numbers.) Past the last step the block reads nothing.
+        codes = w.block((BN, BK), offsets=(n_offset, 0)).load()
+        for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+            ahead = w.block((BN, BK), offsets=(n_offset, (k + 1) * BK)).load()
+            wt = dequantize_codes(codes, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
+            acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), wt.T, acc)
+            codes = ahead
+    else:
+        for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+            wt = dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
+            acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), wt.T, acc)
     return acc
 
 
