@@ -140,7 +140,7 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
             gpu_common.record("gemm_decode", row)
             atomic = (f"; atomic splits in a graph {row['tessera_atomic_graph_tflops']:6.1f}"
                       if "tessera_atomic_graph_tflops" in row else "")
-            print(f"decode {m:>3} x {n:>5} x {k:>5} {layout:<11} split {plan.split_k}: "
+            print(f"decode {m:>3} x {n:>5} x {k:>5} {layout:<11} BN {plan.BN:>2} split {plan.split_k}: "
                   + _describe(row, "cublas", "cuBLAS") + atomic, flush=True)
     return rows
 

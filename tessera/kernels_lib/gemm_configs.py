@@ -27,9 +27,12 @@ def _configs(entries: list[dict]) -> list[tessera.Config]:
 COMMON = _configs(_DATA["common"])
 BY_FAMILY = {family: _configs(entries) for family, entries in _DATA.items() if family.startswith("sm_")}
 ALL = COMMON + [c for configs in BY_FAMILY.values() for c in configs]
-# The small-M path's tile per row tile BM (`gemm_split_k.small_m_plan`): {"BN", "K_BYTES" (BK = K_BYTES / element size,
-# so a ring slot holds the same bytes for any dtype), "STAGES", "num_warps"}; its split count is computed.
-SMALL_M = {e["BM"]: dict(e["meta"], num_warps=e["num_warps"]) for e in _DATA["small_m"]}
+# The small-M path's tiles per row tile BM, in file order (`gemm_split_k.small_m_plan` picks one by its bandwidth
+# model): {"BN", "K_BYTES" (BK = K_BYTES / element size, so a ring slot holds the same bytes for any dtype),
+# "STAGES", "num_warps"}; the split count is computed.
+SMALL_M: dict[int, list[dict]] = {}
+for _entry in _DATA["small_m"]:
+    SMALL_M.setdefault(_entry["BM"], []).append(dict(_entry["meta"], num_warps=_entry["num_warps"]))
 # The few-tiles split-K tile (`gemm_split_k.few_tiles_plan`): {"BM", "BN", "K_BYTES", "STAGES", "num_warps"}.
 SPLIT_K = dict(_DATA["split_k"]["meta"], num_warps=_DATA["split_k"]["num_warps"])
 

@@ -9,8 +9,11 @@ it (the op, `gemm.py`, decides):
   of B for 2 M N K flops, so it is bound by memory bandwidth, and the tiled
   kernel launches only cdiv(N, BN) programs (64 for N = 4096: half an H100),
   each walking all of K. Here all M rows are one BM-row tile (BM = 16, 32 or
-  64), so B is read exactly once, and K is split until the programs cover
-  the SMs, each reading a contiguous K slice of B;
+  64), so B is read exactly once, by enough programs to cover the SMs:
+  narrower column strips (BN = 32) where they alone cover them, else K
+  split, each program reading a contiguous K slice of B. A bandwidth model
+  (`modelled`: HBM, L2 -> SM, per-SM bytes in flight, the reduce launch)
+  picks among the row tile's tiles and splits;
 * few tiles (`few_tiles_plan`): a larger M whose 128 x 128 tiles leave SMs
   idle (M = 256, N = 4096: 64 tiles on 132 SMs) splits K as far as one wave
   of programs allows.
@@ -37,6 +40,7 @@ BM < 64), wgmma on sm_90a for BM >= 64, MFMA on gfx942.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -110,8 +114,9 @@ gemm_split_k_reduce_kernel_fast = tessera.kernel(fast_math=True)(gemm_split_k_re
 
 # Small M is bound by memory bandwidth. Bytes of B each program keeps in flight: STAGES - 1 ring slots of
 # BK x BN. An H100 streams ~3.35 TB/s with ~0.8 us of DRAM latency, so ~2.7 MB must be in flight, ~20 KB per
-# SM (Little's law): one program per SM with three 8-16 KB slots in flight covers it, so the split count aims
-# at one program per SM (or more: two small-M programs fit an SM).
+# SM (Little's law): one program per SM with 32-56 KB of slots in flight covers it, so the split count aims
+# at one program per SM (or more: two small-M programs fit an SM); `small_m_plan` weighs it against not
+# splitting (`modelled`).
 PARTIAL_TRAFFIC = 8          # small M: the workspace (written once, read once) stays <= 1/8 of B's bytes
 # Few tiles are bound by the tensor cores of the SMs they reach: splitting K by S cuts each program's work by
 # S while the tiles times S still fit one wave (equal work per program: a partial second wave idles SMs).
@@ -178,13 +183,84 @@ def _tile(config: dict, element_bytes: int) -> tuple[int, int, int, int]:
     return config["BN"], max(16, config["K_BYTES"] // element_bytes), config["STAGES"], config["num_warps"]
 
 
-def small_m_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, config: dict | None = None) -> SplitKPlan:
-    """The small-M tile for M's row tile (`gemm_configs.SMALL_M`, or `config`: {"BN", "K_BYTES", "STAGES",
-    "num_warps"}) and its split count (`split_count`), made even."""
+# The small-M model (`modelled`): what a plan's launch(es) cost on an H100 SXM, in microseconds, as the
+# slowest of three streams plus the reduce. Ratios between plans matter, not the absolute values; the constants
+# are the card's and were checked against bench/results/2026-11-26-h100-run7 (64 x 4096 x 14336, split 3:
+# the model's 46.8 us, measured 47.3).
+HBM_GBPS = 3000              # B (and A) from HBM, once: what a streaming kernel reaches of the 3.35 TB/s peak
+L2_GBPS = 5500               # L2 -> SMs over all SMs: B once plus A once per column strip (A is re-read per strip)
+SM_GBPS = 64                 # one SM's fills (TMA / cp.async) at most, whatever is in flight
+LATENCY_US = 0.8             # DRAM latency under load: a program's rate is its bytes in flight / LATENCY_US
+STEP_US = 0.125              # ... and at most a K step's bytes per K step: the sm_90a SASS of a 64-deep step is
+#                              the ring's wait, a barrier, ldmatrix and 4 dependent HMMA.16816 (~220 clk)
+REDUCE_US = 2.0              # the reduce kernel: its launch and ramp after the main one, before its traffic
+SHARED_PER_SM = 228 * 1024   # programs per SM: as many rings as fit
+
+
+class Streams(NamedTuple):
+    """The small-M model's times for one plan, in microseconds (`modelled`)."""
+
+    hbm: float           # B and A read once from HBM
+    l2: float            # B once and A once per column strip, through L2 to the SMs (A is re-read per strip)
+    sm: float            # the busiest SM streaming its programs' bytes at its rate
+    reduce: float        # K split: the reduce kernel's launch and the partials' traffic; 0 unsplit
+
+    @property
+    def total(self) -> float:
+        """The plan's time: the slowest stream, then the reduce."""
+        return max(self.hbm, self.l2, self.sm) + self.reduce
+
+
+def modelled(M: int, N: int, K: int, element_bytes: int, num_sms: int, p: SplitKPlan) -> Streams:
+    """The small-M bandwidth model of plan `p` (see `Streams`). An SM's rate is its resident programs (as
+    many rings as fit its shared memory, at most those it is given) times what each keeps in flight (STAGES
+    - 1 slots) over the latency, at most SM_GBPS; the partials are written and read once, BM rows each. A
+    program reads the rows of A that exist (a slot's rows past M are zero-filled, not read). A program
+    streams no faster than one K step's bytes per STEP_US either (its loop is one dependent chain)."""
+    rows, strips = min(M, p.BM), tessera.cdiv(N, p.BN)
+    per_sm = tessera.cdiv(strips * p.split_k, num_sms)
+    resident = max(1, SHARED_PER_SM // (p.STAGES * (p.BM + p.BN) * p.BK * element_bytes))
+    in_flight = (p.STAGES - 1) * (rows + p.BN) * p.BK * element_bytes
+    step = (rows + p.BN) * p.BK * element_bytes
+    rate = min(SM_GBPS, min(per_sm, resident) * min(in_flight / LATENCY_US, step / STEP_US) / 1e3)
+    return Streams(
+        hbm=(K * N + M * K) * element_bytes / (HBM_GBPS * 1e3),
+        l2=(K * N + strips * rows * K) * element_bytes / (L2_GBPS * 1e3),
+        sm=per_sm * (rows + p.BN) * p.steps * p.BK * element_bytes / (rate * 1e3),
+        reduce=0.0 if p.split_k == 1 else REDUCE_US + 2 * p.split_k * p.BM * N * 4 / (HBM_GBPS * 1e3))
+
+
+def small_m_candidates(M: int, N: int, K: int, element_bytes: int, num_sms: int,
+                       tiles: list[dict] | None = None) -> list[SplitKPlan]:
+    """The plans the small-M model compares: each of M's row tile's tiles (`gemm_configs.SMALL_M`, or `tiles`)
+    unsplit, and split as far as `split_count` covers the SMs, made even."""
     BM = row_tile(M)
-    BN, BK, STAGES, num_warps = _tile(config or gemm_configs.SMALL_M[BM], element_bytes)
-    split = split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)
-    return _even(BM, BN, BK, STAGES, num_warps, K, split)
+    plans = []
+    for config in tiles or gemm_configs.SMALL_M[BM]:
+        BN, BK, STAGES, num_warps = _tile(config, element_bytes)
+        for split in sorted({1, split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)}):
+            plans.append(_even(BM, BN, BK, STAGES, num_warps, K, split))
+    return plans
+
+
+def small_m_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, config: dict | None = None) -> SplitKPlan:
+    """The small-M plan: the candidate (`small_m_candidates`) the bandwidth model (`modelled`) times fastest;
+    among equals the one whose SM and L2 streams leave the most headroom below HBM, then fewer splits, then the
+    tiles' order. With `config` (the interpreter's one tile: {"BN", "K_BYTES", "STAGES", "num_warps"}) there is
+    nothing to time: that tile, split by `split_count`."""
+    if config is not None:
+        BM = row_tile(M)
+        BN, BK, STAGES, num_warps = _tile(config, element_bytes)
+        split = split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)
+        return _even(BM, BN, BK, STAGES, num_warps, K, split)
+    plans = small_m_candidates(M, N, K, element_bytes, num_sms)
+
+    def cost(indexed):
+        i, p = indexed
+        streams = modelled(M, N, K, element_bytes, num_sms, p)
+        return round(streams.total, 3), round(max(streams.l2, streams.sm), 3), p.split_k, i
+
+    return min(enumerate(plans), key=cost)[1]
 
 
 def few_tiles_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,

@@ -159,13 +159,40 @@ def test_the_split_count_covers_the_sms_within_its_traffic_budget(M, N, K):
     assert (p.split_k - 1) * p.steps < k_steps <= p.split_k * p.steps
 
 
-def test_decode_shapes_split_k_on_an_h100():
-    """The numbers the model gives for the benchmark's decode shapes (132 SMs, bf16)."""
-    assert small_m_plan(16, 4096, 4096, 2, H100_SMS).split_k == 3            # 64 strips x 3 = 192 programs
-    assert small_m_plan(1, 4096, 14336, 2, H100_SMS).split_k == 3
-    assert small_m_plan(16, 14336, 4096, 2, H100_SMS).split_k == 1           # 224 strips cover the SMs
-    assert small_m_plan(64, 4096, 4096, 2, H100_SMS).split_k == 2            # 64-row partials: 2 x 64 x 4 B/column
-    assert split_count(64, 4096, 4096, 2, H100_SMS, 64, 64, 64, 4) == 2
+@pytest.mark.parametrize("M,N,K,BN,splits", [
+    (1, 4096, 4096, 32, 1),         # 128 strips of 32 columns cover the SMs: no split, no reduce launch
+    (16, 4096, 4096, 32, 1),        # (64 strips of 64 would need 3 splits and the reduce: run 7's 49% / 32%)
+    (1, 4096, 14336, 32, 1),
+    (16, 4096, 14336, 32, 1),
+    (32, 4096, 4096, 32, 1),        # 32 x 4096 of A re-read by 128 strips (67 MB through L2) beats the reduce
+    (1, 14336, 4096, 64, 1),        # 224 strips of 64 cover the SMs (run 7: 94% of cuBLAS row-major)
+    (16, 14336, 4096, 64, 1),
+    (32, 14336, 4096, 64, 1),       # the plans run 7 measured at 91-101% of cuBLAS are kept:
+    (64, 14336, 4096, 64, 1),
+    (32, 4096, 14336, 64, 3),       # 32-column strips would re-read A 128 times (117 MB through L2)
+    (64, 4096, 14336, 64, 3),
+    (64, 4096, 4096, 64, 2),        # 64-row partials: 2 x 64 x 4 B/column
+])
+def test_decode_shapes_on_an_h100(M, N, K, BN, splits):
+    """The plans the bandwidth model gives for the benchmark's decode shapes (132 SMs, bf16)."""
+    p = small_m_plan(M, N, K, 2, H100_SMS)
+    assert (p.BN, p.split_k) == (BN, splits)
+    assert p.BK * 2 == 128          # every shipped small-M slot row is 128 bytes: the 128B swizzle's span
+
+
+def test_the_model_charges_the_reduce_and_the_strips_a_rereads():
+    """The model's terms: an unsplit 32-column plan of 1 x 4096 x 4096 is HBM-bound (33.5 MB at 3 TB/s) with
+    the SM and L2 streams below it; splitting K adds the reduce launch; at M = 64 the strips' re-reads of A
+    make the L2 stream the bound."""
+    one = small_m_plan(1, 4096, 4096, 2, H100_SMS)
+    streams = gemm_split_k.modelled(1, 4096, 4096, 2, H100_SMS, one)
+    hbm_us = (4096 * 4096 + 4096) * 2 / 3e6           # B and A's one row, at 3e6 bytes per microsecond
+    assert streams.reduce == 0 and max(streams.l2, streams.sm) < streams.hbm == pytest.approx(hbm_us)
+    split = gemm_split_k._even(one.BM, one.BN, one.BK, one.STAGES, one.num_warps, 4096, 3)
+    assert gemm_split_k.modelled(1, 4096, 4096, 2, H100_SMS, split).total > streams.total + gemm_split_k.REDUCE_US
+    wide = small_m_plan(64, 14336, 4096, 2, H100_SMS)
+    streams = gemm_split_k.modelled(64, 14336, 4096, 2, H100_SMS, wide)
+    assert streams.l2 == max(streams) == pytest.approx((4096 * 14336 + 224 * 64 * 4096) * 2 / 5.5e6)
 
 
 def test_m_outside_the_path_is_refused_with_the_fix():
@@ -201,7 +228,8 @@ NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVAT
 SPLITS = {"one-split": (1, False), "workspace": (3, False), "atomic": (3, True)}
 
 
-SHIPPED_TILES = {**{f"small-m-{bm}": dict(tile, BM=bm) for bm, tile in gemm_configs.SMALL_M.items()},
+SHIPPED_TILES = {**{f"small-m-{bm}x{tile['BN']}": dict(tile, BM=bm) for bm, tiles in gemm_configs.SMALL_M.items()
+                    for tile in tiles},
                  "few-tiles": gemm_configs.SPLIT_K}
 
 
@@ -217,9 +245,9 @@ def compile_split_k(target, tile, b_layout, split, atomic, **options):
 @pytest.mark.parametrize("b_layout", list(B_STRIDES))
 @pytest.mark.parametrize("target", ["sm_80", "sm_89", "sm_90a"])
 def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, split):
-    """Each shipped tile's K slice is a STAGES-deep pipeline (cp.async on sm_80/sm_89, TMA on sm_90a) that fits
-    the target's shared memory and assembles without spills; the 64-row tile runs on wgmma on sm_90a, the
-    others on mma.sync; the split kinds store C, the workspace, or add with atomics."""
+    """Each shipped tile's K slice is a STAGES-deep pipeline (cp.async on sm_80/sm_89, TMA into swizzled slots
+    on sm_90a) that fits the target's shared memory and assembles without spills; the 64-row tile runs on
+    wgmma on sm_90a, the others on mma.sync; the split kinds store C, the workspace, or add with atomics."""
     from tessera.backends.nvptx import find_ptxas
     from tessera.ir.target import get_target
     if find_ptxas() is None:
@@ -232,6 +260,10 @@ def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, 
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         if target == "sm_90a":
             assert "cp.async.bulk.tensor.2d" in ptx and "cp.async.cg" not in ptx
+            # every slot swizzled, so no ldmatrix / wgmma read of it has bank conflicts (unswizzled 256-byte
+            # rows of A and of an [N, K] weight cost 8-way conflicts: run 7's b-weight at half of row-major)
+            swizzles = [m["swizzle"] for m in metadata["tensor_maps"] if m["pointer"] in ("a_ptr", "b_ptr")]
+            assert len(swizzles) == 2 and "none" not in swizzles, f"{name}: {swizzles}"
             if BM >= 64:
                 n = tile["BN"]
                 assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{n}k16", ptx) and "mma.sync" not in ptx
@@ -239,8 +271,39 @@ def test_every_shipped_tile_compiles_pipelined_without_spills(target, b_layout, 
                 assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
         else:
             assert re.search(rf"cp\.async\.wait_group\s+{tile['STAGES'] - 2};", ptx), f"BM = {BM}: not pipelined"
+            copies = re.findall(r"cp\.async\.c[ag]\.shared\.global\S*\s+\[[^\]]*\],\s*\[[^\]]*\],\s*(\d+)", ptx)
+            assert copies and set(copies) == {"16"}, f"{name}: copies of {set(copies)} bytes (16 along K or N)"
             assert "mma.sync.aligned.m16n8k16" in ptx
         assert ("red.global.add.f32" in ptx or "atom.global.add.f32" in ptx) == (split == "atomic")
+
+
+def test_every_small_m_tile_keeps_a_programs_share_of_hbm_in_flight():
+    """Little's law: an H100 streams 3.35 TB/s over 132 SMs with ~0.8 us of DRAM latency under load, so one
+    program alone on its SM must keep ~20 KB of B in flight (STAGES - 1 slots of BN x K_BYTES) to take its
+    share; the slot rows are 128 bytes (the 128B swizzle's span: conflict-free reads)."""
+    share = 3.35e12 / 132 * 0.8e-6
+    for bm, tiles in gemm_configs.SMALL_M.items():
+        for tile in tiles:
+            assert tile["K_BYTES"] == 128, f"BM = {bm}, BN = {tile['BN']}"
+            assert (tile["STAGES"] - 1) * tile["BN"] * tile["K_BYTES"] >= share, f"BM = {bm}, BN = {tile['BN']}"
+
+
+@pytest.mark.parametrize("b_layout", list(B_STRIDES))
+def test_the_decode_k_step_in_sass_is_what_the_model_charges(b_layout):
+    """`gemm_split_k.STEP_US` prices a 64-deep K step of the 16 x 32 decode tile on sm_90a as one ring wait, one
+    barrier, two TMA issues, six ldmatrix and four HMMA.16816 in a ~90-instruction loop, whose dependent HMMA
+    chain (~130 clk) dominates; a longer loop or a longer chain would make the model optimistic."""
+    from collections import Counter
+
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_ptxas() is None or find_cuobjdump() is None:
+        pytest.skip("ptxas / cuobjdump not installed")
+    compiled = compile_split_k("sm_90a", SHIPPED_TILES["small-m-16x32"], b_layout, 1, False)
+    loop = loop_containing(disassemble(compiled.cubin), "HMMA")
+    ops = Counter(inst.opcode.split(".")[0] for inst in loop)
+    assert (ops["HMMA"], ops["LDSM"], ops["UTMALDG"], ops["BAR"]) == (4, 6, 2, 1), dict(ops)
+    assert len(loop) <= 96, f"{len(loop)} instructions per K step"
 
 
 @pytest.mark.parametrize("split", list(SPLITS))
@@ -266,28 +329,36 @@ def test_the_reduce_kernel_compiles(target):
 
 # --- the SIMT simulator ----------------------------------------------------------------------------------------
 
-def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0):
+def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0, BN=32, BK=32, trans_b=False):
     """Both kernels lowered for `target` and run on the SIMT simulator (the main one over its (strips, splits,
-    row tiles) grid into the deterministic workspace, then the reduce), BN = BK = 32: (C, numpy's), float32."""
+    row tiles) grid into the deterministic workspace, then the reduce; one split stores C itself), B stored
+    [K, N], or [N, K] with `trans_b` (an nn.Linear weight): (C, numpy's) in float32, and the swizzles of the
+    main kernel's tensor maps (sm_90a)."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)
-    b = rng.standard_normal((K, N)).astype(np.float16)
-    BN, BK, STAGES = 32, 32, 2
+    b = rng.standard_normal((N, K) if trans_b else (K, N)).astype(np.float16)
+    STAGES = 2
     steps = tessera.cdiv(tessera.cdiv(K, BK), splits)
     strips, row_tiles = tessera.cdiv(N, BN), tessera.cdiv(M, BM)
     c = np.zeros((M, N), np.float32)
     partials = np.full((splits * row_tiles * BM, N), np.nan, np.float32)     # the reduce reads only what is written
     unused = np.zeros(1, np.float32)
-    args = [a, b, unused, unused, unused, c, partials, M, N, K, 1.0, K, 1, N, 1, steps]
+    b_strides = (1, K) if trans_b else (N, 1)
+    args = [a, b, unused, unused, unused, c, partials, M, N, K, 1.0, K, 1, *b_strides, steps]
     module = gemm_split_k_kernel.specialize(*args, **NO_EPILOGUE, BK=BK, STAGES=STAGES, SPLIT_K=splits,
                                             ATOMIC=False, BM=BM, BN=BN).module
-    run_threads(lower(module, target, num_warps).functions[0], args, (strips, splits, row_tiles))
-    reduce_args = [partials, unused, unused, unused, c, M, N, 1.0]
-    module = gemm_split_k_reduce_kernel.specialize(*reduce_args, **NO_EPILOGUE, SPLITS=splits, BM=BM, BN=BN).module
-    run_threads(lower(module, target, num_warps).functions[0], reduce_args, (strips, row_tiles))
-    return c, a.astype(np.float32) @ b.astype(np.float32)
+    main = lower(module, target, num_warps).functions[0]
+    run_threads(main, args, (strips, splits, row_tiles))
+    swizzles = [recipe[-1] for recipe in main.attrs.get("tensor_maps", ())]
+    if splits > 1:
+        reduce_args = [partials, unused, unused, unused, c, M, N, 1.0]
+        module = gemm_split_k_reduce_kernel.specialize(*reduce_args, **NO_EPILOGUE, SPLITS=splits, BM=BM,
+                                                       BN=BN).module
+        run_threads(lower(module, target, num_warps).functions[0], reduce_args, (strips, row_tiles))
+    b_kn = b.T if trans_b else b
+    return c, a.astype(np.float32) @ b_kn.astype(np.float32), swizzles
 
 
 @pytest.mark.parametrize("target,M,BM,num_warps", [("sm_80", 5, 16, 4), ("sm_90a", 33, 64, 4),
@@ -296,8 +367,19 @@ def test_split_k_on_the_simt_simulator_matches_numpy(target, M, BM, num_warps):
     """mma.sync fed by cp.async (sm_80, a 16-row tile), and wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
     two row tiles, as on the few-tiles path): three K splits (the last one short) over two column strips (the
     second one partial), summed by the reduce."""
-    out, expected = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
+    out, expected, _ = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b-row-major", "b-weight"])
+def test_the_decode_tile_on_the_simt_simulator_matches_numpy(trans_b):
+    """The shipped decode tile's shape on sm_90a: 16 rows, 32-column strips, 128-byte slot rows of A and of an
+    [N, K] B (BK = 64 of float16) that TMA fills 128B-swizzled (a row-major B's 64-byte rows: 64B) and
+    mma.sync reads with ldmatrix (.trans for a row-major B), K not split: three rows of C over two strips (the second partial) and K = 224 (the last step half full)."""
+    out, expected, swizzles = split_k_on_the_simulator("sm_90a", 3, 48, 224, 16, 4, splits=1, BN=32, BK=64,
+                                                       trans_b=trans_b)
+    np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
+    assert swizzles == ["128B", "64B" if not trans_b else "128B"]   # (a row-major B's rows are 32 x 2 bytes)
 
 
 FP8_SIGNATURE = ("*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,"

@@ -12,7 +12,9 @@ pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reas
 torch = pytest.importorskip("torch")
 from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _num_sms, _split_k_plan, gemm  # noqa: E402
 
-SHAPES = [(1, 4096, 4096), (16, 1000, 4104), (64, 4096, 14336), (37, 272, 1008), (128, 1024, 4096)]
+# (16 / 32, 4096, 4096): the unsplit 32-column strips of the 16- and 32-row tiles; (16, 1000, 4104): a split one
+SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (16, 1000, 4104), (64, 4096, 14336), (37, 272, 1008),
+          (128, 1024, 4096)]
 
 
 @pytest.mark.parametrize("atomic", [False, True], ids=["deterministic", "atomic"])
