@@ -41,13 +41,7 @@ def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
     a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G). Scales
     are rounded to DTYPE: exact enough in bf16 (float32's range); in float16 a scale under 2^-14 is
     subnormal and keeps fewer bits."""
-    return dequantize_codes(w.block((BN, BK), offsets=(n_offset, k * BK)).load(), s, z, n_offset, k, BN, BK, G,
-                            FORMAT, ZEROS, DTYPE)
-
-
-@tessera.func
-def dequantize_codes(codes, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
-    """`dequantized_block` of K step k's codes, already loaded."""
+    codes = w.block((BN, BK), offsets=(n_offset, k * BK)).load()
     if FORMAT == "fp8":
         scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load().to(DTYPE)
         return codes.to(DTYPE) * scale                     # e4m3 values are exact in bf16 and float16
@@ -68,15 +62,18 @@ def quantized_block_gemm(a, w, s, z, pid_m, n_offset, K, BM, BN, BK, G, FORMAT, 
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     if FORMAT == "fp8":
         # The codes feed a cast, not the dot, so no ring prefetches them (`pipeline_plan`): load step k + 1's
-        # while step k's are converted and multiplied, and the load's latency hides behind a step's work. (The
+        # codes and scales while step k's are converted and multiplied, and the loads' latency hides behind a
+        # step's work (a scale read in its own step would expose it again: one DRAM sector a row). (The
         # int4 codes are not carried so: a carried u4 register is converted element by element (I2F) where
         # the low-bit pass's load-fused unpack uses magic numbers.) Past the last step the block reads nothing.
         codes = w.block((BN, BK), offsets=(n_offset, 0)).load()
+        scale = s.block((BN, 1), offsets=(n_offset, 0)).load()
         for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
-            ahead = w.block((BN, BK), offsets=(n_offset, (k + 1) * BK)).load()
-            wt = dequantize_codes(codes, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
+            codes_ahead = w.block((BN, BK), offsets=(n_offset, (k + 1) * BK)).load()
+            scale_ahead = s.block((BN, 1), offsets=(n_offset, (k + 1) * BK // G)).load()
+            wt = codes.to(a.dtype) * scale.to(a.dtype)       # e4m3 values are exact in bf16 and float16
             acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), wt.T, acc)
-            codes = ahead
+            codes, scale = codes_ahead, scale_ahead
     else:
         for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
             wt = dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
