@@ -260,8 +260,9 @@ def test_dequantized_weights_reach_shared_memory_in_16_byte_stores(regime, fmt):
 
 
 @pytest.mark.parametrize("regime", ["decode", "prefill"])
-def test_fp8_weight_codes_are_loaded_a_k_step_ahead(regime):
-    """sm_90a SASS of the fp8 gate_up plans: the K loop's global loads (the codes' LDG.E.128, the scales')
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_weight_codes_and_scales_are_loaded_a_k_step_ahead(regime, fmt):
+    """sm_90a SASS of the gate_up plans: the K loop's global loads (the codes' LDG.E.64/.128, the scales')
     land in registers that nothing in the rest of that iteration reads -- they are the next step's, so their
     latency overlaps a step's conversion, shared-memory exchange and multiplies. (On main each step waited
     for its own codes and scales: one exposed DRAM latency per K step, with 1-2 programs per SM to hide it.)"""
@@ -270,13 +271,17 @@ def test_fp8_weight_codes_are_loaded_a_k_step_ahead(regime):
         pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
     p = plans.QUANTIZED[regime]
     t = p.gate_up
-    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", "fp8"), target="sm_90a", strict=True,
-                                            FORMAT="fp8", G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM,
+    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", fmt), target="sm_90a", strict=True,
+                                            FORMAT=fmt, G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM,
                                             BN=t.BN, BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
-    body = loop_containing(disassemble(compiled.binary), "HGMMA" if p.BM >= 64 else "HMMA")
+    code = disassemble(compiled.binary)
+    assert not any(inst.opcode.startswith("I2F") for inst in code)      # int4: the load-fused unpack, carried
+    body = loop_containing(code, "HGMMA" if p.BM >= 64 else "HMMA")
     loads = [(i, inst) for i, inst in enumerate(body) if inst.opcode.startswith("LDG")]
-    assert sum(inst.opcode.startswith("LDG.E.128") for _, inst in loads) == 2 * t.BN * t.BK // (16 * 32 * t.num_warps)
-    assert len(loads) > sum(inst.opcode.startswith("LDG.E.128") for _, inst in loads)        # and the scales'
+    wide = {"LDG.E.64": 8, "LDG.E.128": 16}
+    code_bytes = 2 * t.BN * t.BK * (4 if fmt == "int4" else 8) // 8 // (32 * t.num_warps)
+    assert sum(wide.get(inst.opcode, 0) for _, inst in loads) == code_bytes
+    assert any(inst.opcode not in wide for _, inst in loads)                                 # and the scales'
     for i, inst in loads:
         first = int(re.search(r"LDG\S*\s+R(\d+)", inst.text).group(1))
         written = {f"R{first + j}" for j in range(4 if ".128" in inst.opcode else 2 if ".64" in inst.opcode else 1)}
