@@ -142,13 +142,14 @@ def measure_dense(torch, part: str, case: dict) -> dict:
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None
+    grad = None                 # backward: one dO for every implementation, so their dQ compare
     for who, fn in impls.items():
         try:
             out = fn(q, k, v, causal)
             if part == "forward":
                 run = lambda: fn(q, k, v, causal)  # noqa: E731
             else:
-                grad = torch.randn_like(out)
+                grad = torch.randn_like(out) if grad is None else grad
                 run = lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)  # noqa: E731
             result = out if part == "forward" else run()[0]
             if expected is None and who != "tessera":

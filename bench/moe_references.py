@@ -4,6 +4,8 @@ up rows), w2 [E, H, I]; routing: weights and ids [T, k]."""
 
 from __future__ import annotations
 
+from tessera.testing import FP8_MMA_RELATIVE_ERROR
+
 
 def topk(torch, logits, k: int, bias=None, scoring: str = "softmax", n_group: int = 1, topk_group: int = 1,
          scaling_factor: float = 1.0):
@@ -75,8 +77,7 @@ def triton_fused_experts():
 # -- W8A8: fp8 activations and weights, quantized exactly as tessera's op quantizes them -------------------
 
 FP8_MAX = 448.0
-ACCUMULATOR = 2.0 ** -11    # relative error of a gate/up value from the fp8 tensor cores' accumulation (Hopper's
-                            # fp8 MMA keeps ~14 bits, summed over 128-wide groups then in float32: DeepSeek-V3 3.3.2)
+ACCUMULATOR = FP8_MMA_RELATIVE_ERROR     # relative error of a gate/up value from the fp8 tensor cores' accumulation
 FLIP = 4 * ACCUMULATOR / 2.0 ** -3.5    # chance that h (relative error <= 2x that of g and u) crosses an e4m3
                                         # rounding boundary (the codes are 2^-3 to 2^-4 of their value apart)
 SIGMAS = 6.0

@@ -25,7 +25,7 @@ def context_probes() -> list[Probe]:
     """Synchronizations of the CUDA contexts this process already uses; none that would initialize CUDA."""
     probes: list[Probe] = []
     torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
+    if torch is not None and getattr(getattr(torch, "cuda", None), "is_initialized", lambda: False)():
         probes.append(torch.cuda.synchronize)
     cuda = sys.modules.get("tessera.runtime.cuda")
     if cuda is not None and getattr(cuda, "_initialized", False):

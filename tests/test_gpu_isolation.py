@@ -54,6 +54,15 @@ def test_no_probe_initializes_cuda_on_a_machine_without_a_gpu():
     assert not torch.cuda.is_initialized()
 
 
+
+def test_a_stand_in_torch_without_cuda_gives_no_probe(monkeypatch):
+    """CPU tests put minimal fake `torch` modules in sys.modules (tests/runtime/test_launcher.py): the probe
+    list is then empty rather than an AttributeError that would end the worker."""
+    import types
+    monkeypatch.setitem(sys.modules, "torch", types.ModuleType("torch"))
+    monkeypatch.delitem(sys.modules, "tessera.runtime.cuda", raising=False)
+    assert context_probes() == []
+
 # --- end to end, in a child pytest over a folder with this suite's conftest ------------------------------------
 
 BROKEN_DRIVER = '''

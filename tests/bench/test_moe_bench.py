@@ -132,8 +132,9 @@ def test_on_the_gpu_the_grouped_mm_reference_is_captured_in_a_cuda_graph():
 @pytest.mark.gpu
 @pytest.mark.parametrize("tokens", [4, 200])                      # the decode and middle fp8 plans
 def test_on_the_gpu_w8a8_is_within_the_derived_allowance(tokens):
-    """The allowance's accumulator bound (2^-11 relative, FLIP) is an estimate of the fp8 tensor cores': this
-    measures the worst error / allowance on the GPU (the interpreter's is ~0.15)."""
+    """The allowance's accumulator bound (tessera.testing.FP8_MMA_RELATIVE_ERROR, FLIP) is the fp8 tensor cores'
+    measured behaviour: this measures the worst error / allowance on the GPU (the interpreter's is ~0.15; the
+    H100's was 1.3 at 200 tokens with 2^-11, which is why the bound is now 2^-10)."""
     from tessera.kernels_lib.moe import experts, route
     if torch.cuda.get_device_capability() < (8, 9):
         pytest.skip("fp8 tensor cores need sm_89 or newer")

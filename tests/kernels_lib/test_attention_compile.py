@@ -20,8 +20,10 @@ from tessera.kernels_lib.attention import GPU_PLANS, WS_GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
 from attention_reference import attention as reference  # noqa: E402
+from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+
 
 # q, k, v, o, lse, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, left, right, 4 x (b, s, h, d) strides, lse's,
 # then the fusion hooks' slots (unused here): score_mod's 2 pointers and 2 scalars, the epilogue's tensor, its
@@ -93,6 +95,7 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert len(p_from_registers) == plan.BN // 16 * (plan.BM // 64 // (plan.num_warps // 4)), \
             "O += P V on wgmma, P from registers (each 64-row slab, each K slice of 16)"
         assert "mma.sync" not in ptx
+        assert_wgmma_descriptors_built(compiled)
     else:
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
 
@@ -143,6 +146,7 @@ def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, v
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, \{{%r\d+, %r\d+, %r\d+, "
                      r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
     assert "wgmma" not in "\n".join(lines[:inc])
+    assert_wgmma_descriptors_built(compiled)
 
 
 # A register budget every variant of the head-dim-256 forward meets on sm_90a without spills (measured: under
@@ -248,6 +252,45 @@ def test_warp_specialized_forward_with_a_window_and_softcap_on_the_simt_simulato
     torch.testing.assert_close(lse.double()[finite], expected_lse[finite], rtol=1e-4, atol=1e-4)
 
 
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_the_shipped_hopper_plan_on_the_simt_simulator_at_the_gpu_tests_shape(causal):
+    """The sm_90a plan for head dim 64 as a GPU launch compiles it (tile passes, not strict: BM = 128 on two
+    warpgroups, BN = 64, K and V by 4-D TMA, P from registers), on the SIMT simulator over
+    test_attention_on_gpu.py's lengths: 200 queries (a partial second row block), 333 keys (a last block of 13),
+    GQA 2:1, bf16."""
+    import ml_dtypes
+
+    from tessera.backends.simt import run_threads
+    from tessera.ir.core import Module
+    from tessera.passes.manager import PassManager
+    from tessera.passes.rewrite import clone_function
+    from tessera.passes.thread_passes import lower
+    from tessera.passes.tile_passes import default_tile_passes
+    plan, (B, Sq, Sk, H, H_kv, D) = GPU_PLANS["nvidia"][64], (1, 200, 333, 4, 2, 64)
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(*shape, generator=g).bfloat16() for shape in ((B, Sq, H, D), (B, Sk, H_kv, D),
+                                                                        (B, Sk, H_kv, D)))
+    o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
+    bf16 = lambda x: x.view(torch.int16).numpy().view(ml_dtypes.bfloat16)    # noqa: E731
+    unused = np.zeros(1, np.int32)
+    args = [bf16(q), bf16(k), bf16(v), bf16(o), lse.numpy(), unused, unused, Sq, Sk, H, H_kv, LOG2E / math.sqrt(D),
+            0.0, 0, 0, *[s for x in (q, k, v, o) for s in x.stride()], *lse.stride()[:2],
+            bf16(o), bf16(o), 0.0, 0.0, bf16(o), 0, 0, 0, 0, 0.0, lse.numpy(), Sk]
+    traced = attention_fwd_kernel.specialize(*args, D=D, BM=plan.BM, BN=plan.BN, HAS_LEFT=False, HAS_RIGHT=causal,
+                                             SOFTCAP=False, VARLEN=False, STAGES=plan.stages, WS=False).module
+    module = PassManager(default_tile_passes()).run(Module([clone_function(f) for f in traced.functions]))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", PipelineWarning)         # the plan gets all it asks for
+        fn = lower(module, "sm_90a", plan.num_warps).functions[0]
+    assert fn.attrs["num_threads"] == 256 and len([op for op in fn.walk() if op.name == "tma_load"]) == 4
+    bits = [a.view(np.uint16) if getattr(a, "dtype", None) == np.dtype(ml_dtypes.bfloat16) else a for a in args]
+    run_threads(fn, bits, (tessera.cdiv(Sq, plan.BM), B * H))
+    expected_o, expected_lse = reference(q, k, v, causal)
+    torch.testing.assert_close(o.double(), expected_o, rtol=5e-3, atol=5e-3)      # P rounded to bf16
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
 # -- the backward ----------------------------------------------------------------------
 
 # q, k, v, dO, lse, delta, dQ, dK, dV, cu_q, cu_k, Sq, Sk, H, H_KV, qk_scale, softcap, scale, left, right,
@@ -294,6 +337,8 @@ def test_every_backward_plan_compiles_without_spills(name, target):
         else:
             assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{variant}: {metadata['registers']}"
             assert streams_by_tma(compiled.stages["ptx"]) == (target == "sm_90a" and variant == "plain"), variant
+            if target == "sm_90a":
+                assert_wgmma_descriptors_built(compiled)
 
 
 def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):

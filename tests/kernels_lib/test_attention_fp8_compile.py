@@ -18,6 +18,7 @@ from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS, keys_contiguous  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
+from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 from test_attention_compile import FORWARD_SIGNATURE  # noqa: E402
 from test_attention_fp8 import check_fp8, quantized  # noqa: E402
 
@@ -69,6 +70,7 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     assert all(a.startswith("%rd") for _, a in wgmmas)
     assert "mma.sync" not in ptx and "cp.async.bulk.tensor.4d" in ptx and "cp.async.cg" not in ptx
     assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+    assert_wgmma_descriptors_built(compiled)
 
 
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8

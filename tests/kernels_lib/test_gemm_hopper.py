@@ -43,6 +43,7 @@ from tessera.backends.nvptx.sass import disassemble, loop_containing
 
 from hopper_gemm import (compile_gemm, compile_signature, first, last, lowered_gemm, needs_ptxas, needs_sass,
                          opcode_counts, ptx_lines, sass_k_loop, simulate)
+from sass_checks import assert_wgmma_descriptors_built
 
 SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)}, **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)}}
 
@@ -197,6 +198,7 @@ def test_hopper_configs_run_128_by_256_and_256_by_128_tiles_on_two_consumer_warp
     assert (BM, BN, config.num_warps) in ((128, 256, 8), (256, 128, 8))
     assert hgmma and all(op.startswith(f"HGMMA.64x{BN}x16.F32.BF16") for op in hgmma)
     assert len(hgmma) == config.kwargs["BK"] // 16 * (BM // 128)      # per K slice: the warpgroup's 64-row blocks
+    assert_wgmma_descriptors_built(compiled)                            # each warpgroup's A descriptor whole
 
 
 @pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])

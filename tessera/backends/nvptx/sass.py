@@ -79,3 +79,80 @@ def loop_containing(code: list[SassInstruction], opcode_prefix: str) -> list[Sas
         if any(i.opcode.startswith(opcode_prefix) for i in body) and (not best or len(body) < len(best)):
             best = body
     return best
+
+
+# -- where a wgmma's descriptors come from ------------------------------------------------------------------
+
+_GDESC = re.compile(r"gdesc\[UR(\d+)\]")
+_REGISTER = re.compile(r"\b(U?R)(\d+)\b")
+_IMMEDIATE = re.compile(r"(-?)0x([0-9a-f]+)\b")
+
+
+def _registers(operand: str) -> set[str]:
+    return {f"{kind}{n}" for kind, n in _REGISTER.findall(operand) if n}
+
+
+def _written(inst: SassInstruction) -> set[str]:
+    """The registers an instruction writes: its first operand (and the next one for a 64-bit op)."""
+    words = inst.text.split(None, 2 if inst.text.startswith("@") else 1)
+    operands = words[-1].split(",") if len(words) > (2 if inst.text.startswith("@") else 1) else []
+    if not operands:
+        return set()
+    if re.fullmatch(r"U?P(T|\d+)", operands[0].strip()) and len(operands) > 1:     # R2UR P0, UR6, R9
+        operands = operands[1:]
+    found = _REGISTER.fullmatch(operands[0].strip().split(".")[0])
+    if not found:
+        return set()
+    kind, n = found.group(1), int(found.group(2))
+    return {f"{kind}{n}", f"{kind}{n + 1}"} if ".64" in inst.opcode or ".WIDE" in inst.opcode else {f"{kind}{n}"}
+
+
+def descriptor_immediates(code: list[SassInstruction], index: int, register: str) -> set[int] | None:
+    """The immediates in the backward slice of `register` as instruction `index` reads it: walking back in
+    address order, each instruction that writes a register of the slice adds its sources to it (64-bit ops and
+    IMAD.WIDE write a pair). None when no instruction before `index` writes `register` at all (it would be read
+    as whatever the register held). A straight-line view: enough for descriptors, which kernels build before
+    their loops."""
+    wanted, values, found = {register}, set(), False
+    for inst in reversed(code[:index]):
+        hit = _written(inst) & wanted
+        if not hit:
+            continue
+        found = True
+        wanted -= hit
+        sources = inst.text.split(",", 1)[1] if "," in inst.text else ""
+        for reg in _registers(sources):
+            wanted.add(reg)
+            if ".64" in inst.opcode:
+                kind, n = _REGISTER.fullmatch(reg).groups()
+                wanted.add(f"{kind}{int(n) + 1}")
+        values |= {(-int(v, 16) if sign else int(v, 16)) % 2**32 for sign, v in _IMMEDIATE.findall(sources)}
+        wanted -= {"RZ", "URZ"}
+        if not wanted:
+            break
+    return values if found else None
+
+
+def unset_descriptor_words(code: list[SassInstruction], high_words: set[int]) -> list[str]:
+    """Every wgmma (HGMMA, QGMMA, ...) whose descriptors' high words (SBO, base offset, swizzle:
+    `wgmma_layouts.MatrixDescriptor`) are not built from one of `high_words`, the ones the kernel's descriptors
+    have: A's when A comes from shared memory, B's always. Such a word is whatever its uniform register held, and
+    the wgmma reads its operand at the wrong place or faults. ptxas (12.9 and 13.0) dropped A's when the
+    descriptor's start was a `mul.wide` of a shuffled warpgroup index (`passes/lowering/wgmma_dot.py` keeps that
+    arithmetic 32-bit)."""
+    bad = []
+    for i, inst in enumerate(code):
+        if "GMMA" not in inst.opcode:
+            continue
+        operands = [o.strip() for o in inst.text.split(None, 2 if inst.text.startswith("@") else 1)[-1].split(",")]
+        desc = next((_GDESC.search(o) for o in operands[1:3] if _GDESC.search(o)), None)
+        if desc is None:
+            continue
+        base = int(desc.group(1))
+        a_in_registers = not operands[1].startswith("gdesc")
+        for operand, high in (("B", base + 3),) if a_in_registers else (("A", base + 1), ("B", base + 3)):
+            values = descriptor_immediates(code, i, f"UR{high}")
+            if values is None or not values & high_words:
+                where = "never written" if values is None else f"built from {sorted(hex(v) for v in values)}"
+                bad.append(f"{inst.address:#06x} {inst.text}: {operand} descriptor high word UR{high} {where}")
+    return bad

@@ -5,8 +5,10 @@
   through their LLVM intrinsics; `fence_proxy_async` is
   `fence.proxy.async.shared::cta` (`llvm.nvvm.fence.proxy.async.shared_cta`).
 * `wgmma_desc` is integer arithmetic: the shared pointer's address (ptrtoint of
-  the addrspace(3) pointer is its shared-window address), `(addr & 0x3FFFF) >> 4`,
-  OR'ed with the constant LBO / SBO / swizzle fields (`wgmma_layouts.MatrixDescriptor`).
+  the addrspace(3) pointer is its shared-window address), `(addr & 0x3FFFF) >> 4`
+  in 32 bits, zero-extended and OR'ed with the constant LBO / SBO / swizzle fields
+  (`wgmma_layouts.MatrixDescriptor`), as CUTLASS builds it: the high word is then
+  a constant ptxas materializes (it dropped it from a 64-bit `mul.wide` start).
 * `wgmma` has no LLVM intrinsic (LLVM 22), so it is inline PTX:
 
       {
@@ -74,9 +76,9 @@ def _wgmma_wait(lw, op):
 def _wgmma_desc(lw, op, ptr):
     bld = lw.builder
     fields = MatrixDescriptor(0, op.attrs["lbo"], op.attrs["sbo"], op.attrs["swizzle"]).signed()
-    address = bld.ptrtoint(ptr, I64)
-    start = bld.lshr(bld.and_(address, ir.Constant(I64, 0x3FFFF)), ir.Constant(I64, 4))
-    return bld.or_(start, ir.Constant(I64, fields))
+    address = bld.trunc(bld.ptrtoint(ptr, I64), I32)       # a shared-window address: 32 bits hold it
+    start = bld.lshr(bld.and_(address, ir.Constant(I32, 0x3FFFF)), ir.Constant(I32, 4))
+    return bld.or_(bld.zext(start, I64), ir.Constant(I64, fields))
 
 
 PTX_TYPES = {"f16": "f16", "bf16": "bf16", "f8e4m3": "e4m3", "f8e5m2": "e5m2"}

@@ -27,10 +27,11 @@ Then
     for each slab rm, column block rn, K slice s: %d = wgmma desc(A, rm, s), desc(B, rn, s), %d
     wgmma_commit; wgmma_wait {pending = F}; (barrier, if the dot stored a tile)
 
-with descriptors from `WgmmaTileLayout.descriptor` (slab g of A a constant
-step further on), each made as the tile's (or ring's) descriptor plus the
-slice's (and slot's) offset / 16 added to the start-address field
-(`SharedOperand.descriptor`). F is 0, except when both operands are ring slots and the
+with descriptors from `WgmmaTileLayout.descriptor`, each made as the tile's (or
+ring's) descriptor plus the slice's (and slot's) offset / 16 added to the
+start-address field; warpgroup g's slab of A is a constant step further on,
+applied to the pointer before the descriptor is made (`SharedOperand.descriptor`
+says why). F is 0, except when both operands are ring slots and the
 plan allows it (`RingOperand.in_flight`) and the loop carries the
 accumulator in the wgmma fragment layout itself (layout assignment may have
 given the carried value another layout, e.g. the one of the store after the
@@ -99,17 +100,22 @@ class SharedOperand:
         offset / 16 in the 14-bit start-address field (as CUTLASS's descriptor iterators do): shared
         addresses stay below 2^18 bytes, so the sum never carries out of the field, and the offsets cost an
         integer add instead of 64-bit pointer arithmetic, a shift and two masks per descriptor (issue 19,
-        fact 8)."""
+        fact 8). The warpgroup's slab offset goes on the pointer instead, before the descriptor is made: added
+        to the descriptor as a 64-bit product of the shuffled warpgroup index (`mul.wide`), ptxas (12.9 and
+        13.0) lost the descriptor's high word (SBO, swizzle) and the wgmma read A through a stale uniform
+        register (wrong attention output and illegal addresses on an H100; `sass.unset_descriptor_words`
+        checks for it)."""
         d = self.tile.descriptor(0, k_slice, mn_first)
-        desc = ctx.emit("wgmma_desc", self.base, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
+        base = self.base
+        if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
+            step = self.tile.descriptor(0, 0, WGMMA_M).start // self.tile.element_bytes
+            base = ctx.emit("addptr", base, ctx.emit("mul", group, ctx.const(step)))
+        desc = ctx.emit("wgmma_desc", base, attrs={"lbo": d.lbo, "sbo": d.sbo, "swizzle": d.swizzle})
         if self.offset is not None:
             units = ctx.emit("mul", self.offset, ctx.const(self.tile.element_bytes))
             desc = ctx.emit("add", desc, ctx.cast(ctx.emit("shr", units, ctx.const(4)), dt.i64))
         if d.start:
             desc = ctx.emit("add", desc, ctx.const(d.start >> 4, dt.i64))
-        if group is not None:       # slab g is 64 rows (K-major) or 64 / atom column blocks (MN) further on
-            step = self.tile.descriptor(0, 0, WGMMA_M).start >> 4
-            desc = ctx.emit("add", desc, ctx.emit("mul", ctx.cast(group, dt.i64), ctx.const(step, dt.i64)))
         return desc
 
 
