@@ -51,13 +51,34 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
             or regs.element.dtype not in LDMATRIX_DTYPES or regs.layout == want
             or register_map(regs.layout, want, row_major_strides(want.shape)) is not None):
         return None
-    plan = ldmatrix_plan(want, trans, ctx.warp_size, regs.element.dtype.bits // 8)
+    element_bytes = regs.element.dtype.bits // 8
+    plan = ldmatrix_plan(want, trans, ctx.warp_size, element_bytes, row_keyed=True)
+    weights = row_major_strides(want.shape)
+    flipped = _flipped_plan(ctx, regs, want, trans, element_bytes)
+    if flipped is not None and (plan is None or _store_width(ctx, regs, flipped[1]) > _store_width(ctx, regs, weights)):
+        plan, weights = flipped
     if plan is None:
         return None
-    buf = store_swizzled(ctx, regs, plan.smem)
+    buf = store_swizzled(ctx, regs, plan.smem, weights)
     loaded = read_fragment(ctx, buf, plan, regs.element.dtype)
     ctx.threads.barrier()
-    return loaded
+    return Regs(loaded.value, want)
+
+
+def _flipped_plan(ctx, regs: Regs, want: RegisterLayout, trans: bool, element_bytes: int):
+    """(plan, store weights) for a 2-D tile kept transposed in shared memory (its dim 0 contiguous, read
+    with the other ldmatrix flavour), or None. A dequantized B (K x N) whose owners hold runs along K
+    stores 16-byte vectors into an N x K buffer, where the K x N one takes a 2-byte store per element
+    (64 scalar stores a thread per MoE decode K step, 2026-11-26)."""
+    if want.rank != 2 or regs.layout.rank != 2 or (not trans and element_bytes != 2):
+        return None
+    plan = ldmatrix_plan(want.permute((1, 0)), not trans, ctx.warp_size, element_bytes, row_keyed=True)
+    return None if plan is None else (plan, (1, want.shape[0]))
+
+
+def _store_width(ctx, regs: Regs, weights) -> int:
+    """Elements one store of `regs` moves when element (i, j) goes to i * weights[0] + j * weights[1]."""
+    return ctx.smem.vector_width(regs.layout, weights, regs.element.dtype)
 
 
 @dataclass(frozen=True)
@@ -71,15 +92,17 @@ class LdmatrixPlan:
     thread_bits: tuple                  # row address = base[g] + sum_b bit_b(thread) * weight[b]
 
 
-def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2) -> LdmatrixPlan | None:
+def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2,
+                  row_keyed: bool = False) -> LdmatrixPlan | None:
     """The ldmatrix reads (and the conflict-free swizzle of the buffer) that give exactly the registers of
     `want` (of `element_bytes`-byte elements) from a row-major buffer of its shape (.trans when `trans`); None
-    when ldmatrix cannot."""
+    when ldmatrix cannot. `row_keyed`: rows wider than 128 bytes may take a swizzle TMA cannot write
+    (`_row_keyed`; for buffers the threads fill)."""
     rows = ldmatrix_rows(want, trans, warp, element_bytes)
     if rows is None:
         return None
     cols = want.shape[1]
-    smem = swizzled_row_major(*want.shape, rows.starts, element_bytes)
+    smem = swizzled_row_major(*want.shape, rows.starts, element_bytes, row_keyed)
     thread_bits = _thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
     if thread_bits is None:
         return None
@@ -153,18 +176,31 @@ def _reproduces(table, starts, nums, trans, warp, per_word=2) -> bool:
     return True
 
 
-def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2) -> SmemLayout:
-    """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle whose row
-    reads are conflict-free; plain row-major if none is."""
+def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2,
+                       row_keyed: bool = False) -> SmemLayout:
+    """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle (then, if
+    `row_keyed`, `_row_keyed`'s) whose row reads are conflict-free; plain row-major if none is."""
     plain = row_major(rows, cols)
-    for nbytes in (128, 64, 32):
-        swizzle = swizzle_bytes(nbytes, element_bytes)
-        if cols * element_bytes < nbytes or (rows * cols) % swizzle.block:
+    extra = _row_keyed(cols, element_bytes) if row_keyed else []
+    for swizzle in [swizzle_bytes(n, element_bytes) for n in (128, 64, 32)] + extra:
+        if cols * element_bytes < 16 << swizzle.bits or (rows * cols) % swizzle.block:
             continue
         layout = SmemLayout(plain.shape, plain.strides, swizzle)
         if row_conflicts(layout, starts, element_bytes) == 1:
             return layout
     return plain
+
+
+def _row_keyed(cols: int, element_bytes: int) -> list[Swizzle]:
+    """For rows wider than 128 bytes (a power of two): the eight 16-byte chunks of each 128 bytes XORed with
+    the row index, not the 128-byte index. The standard 128-byte swizzle keys on bits the row index only
+    partly reaches (256-byte rows: even keys only), so the eight rows of an ldmatrix matrix, 256 bytes
+    apart, fell in two (or, unswizzled, one) 16-byte bank groups: 8-way conflicts (the int4/fp8 MoE
+    decode's dequantized 64 x 128 bf16 B, 2026-11-26). TMA cannot write this swizzle (cp.async can)."""
+    row_bytes = cols * element_bytes
+    if row_bytes <= 128 or row_bytes & (row_bytes - 1):
+        return []
+    return [Swizzle(3, 4 - (element_bytes.bit_length() - 1), row_bytes.bit_length() - 1 - 4)]
 
 
 def row_conflicts(layout: SmemLayout, starts: np.ndarray, element_bytes: int = 2) -> int:
@@ -253,17 +289,19 @@ def wgmma_tile_offsets(ctx, tile: WgmmaTileLayout, layout: RegisterLayout, row_w
     return swizzle_offsets(ctx, index, swizzle_bytes(tile.swizzle, tile.element_bytes) if tile.swizzle else None)
 
 
-def store_swizzled(ctx, regs: Regs, smem: SmemLayout):
+def store_swizzled(ctx, regs: Regs, smem: SmemLayout, weights=None):
     """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
-    then a barrier; the buffer."""
+    then a barrier; the buffer. `weights`: element (i, j, ..) goes to sum_d w_d * coord_d of the buffer's
+    row-major order (default: the tile's own row-major strides; (1, rows) stores a 2-D tile transposed)."""
     layout, dtype = regs.layout, regs.element.dtype
+    weights = tuple(weights or row_major_strides(layout.shape))
     buf = ctx.smem.alloc(dtype, smem.cosize)
     count = regs.count
-    index = swizzle_offsets(ctx, ctx.index.regs(layout, row_major_strides(layout.shape)), smem.swizzle)
+    index = swizzle_offsets(ctx, ctx.index.regs(layout, weights), smem.swizzle)
     ptrs = ctx.emit("addptr", ctx.splat(buf, count), index)
     owner = ctx.index.owner_predicate(layout)
     mask = [ctx.splat(owner, count)] if owner is not None else []
-    k = min(ctx.smem.vector_width(layout, row_major_strides(layout.shape), dtype), 16 // (dtype.bits // 8))
+    k = min(_store_width(ctx, regs, weights), 16 // (dtype.bits // 8))
     ctx.create("store", [ptrs, regs.value, *mask], {"vector": k} if k > 1 else None)
     ctx.threads.barrier()
     return buf
