@@ -100,19 +100,14 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
 
 
-def test_warp_specialized_plans_are_opt_in(monkeypatch):
-    """No shipped default plan warp-specializes (untimed); WS_GPU_PLANS are the same tiles with ws set, asked
-    for by TESSERA_ATTENTION_WS=1."""
+def test_warp_specialized_plans_are_the_default_tiles_with_a_producer():
+    """No GPU_PLANS entry warp-specializes; WS_GPU_PLANS are the same tiles with ws set (which one a call takes:
+    test_attention_plan_choice.py)."""
     import dataclasses
 
-    from tessera.kernels_lib.attention import WS_ENV, wants_warp_specialization
     assert not any(plan.ws for plans in GPU_PLANS.values() for plan in plans.values())
     assert all(plan.ws and dataclasses.replace(plan, ws=False) == GPU_PLANS["nvidia"][D]
                for D, plan in WS_GPU_PLANS.items()) and sorted(WS_GPU_PLANS) == [64, 128]
-    monkeypatch.delenv(WS_ENV, raising=False)
-    assert not wants_warp_specialization()
-    monkeypatch.setenv(WS_ENV, "1")
-    assert wants_warp_specialization()
 
 
 WS_VARIANTS = {"plain": VARIANTS["plain"],       # (not varlen: the producer would need the bounds cu_seqlens holds)
