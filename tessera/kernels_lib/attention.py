@@ -276,7 +276,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,
-                                   num_warps=plan.num_warps, FP8=descales is not None, **p.masks(),
+                                   num_warps=plan.num_warps, FP8=descales is not None,
+                                   POSITIVE_SCALE=p.scale > 0, **p.masks(),
                                    **hooks.constexprs())
     return o, lse
 
