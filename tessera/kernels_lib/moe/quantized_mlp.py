@@ -24,12 +24,14 @@ import torch
 
 import tessera
 
+from ..gemm_alignment import state_multiples
 from .common import FLOAT_DTYPES, check_device, kernel_arg
 from .experts import activate, weighted_rows_out
-from .mlp import ACTIVATIONS, _check_rows, combine, permute, tiles
+from .mlp import ACTIVATIONS, _check_rows, combine, permute, pipelining, tiles
 from .quantized import QuantizedExperts
 
 _CODE_TYPES = {"int4": tessera.u4, "fp8": tessera.f8e4m3}
+CODE_BITS = {"int4": 4, "fp8": 8}      # the narrowest operand of the GEMMs (`mlp.pipelining`)
 
 
 @tessera.func
@@ -67,8 +69,10 @@ def quantized_block_gemm(a, w, s, z, pid_m, n_offset, K, BM, BN, BK, G, FORMAT, 
 def gate_up_quant_kernel(xs_ptr, w13_ptr, s_ptr, z_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, H, I, E,
                          two_i_e, s_cols, FORMAT: tessera.constexpr, G: tessera.constexpr,
                          ZEROS: tessera.constexpr, ACTIVATION: tessera.constexpr, BM: tessera.constexpr,
-                         BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+                         BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr,
+                         ALIGN: tessera.constexpr = (1, 1)):
     """`gate_up_kernel` with quantized w13 [E * 2I, H] (interleaved rows; scales and zeros [E * 2I, s_cols])."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     h = tessera.view(h_ptr, (rows, I)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):         # past the rows in use: zeros, no weights read
@@ -88,8 +92,9 @@ def down_quant_kernel(h_ptr, w2_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_
                       offsets_ptr, rows, H, I, E, h_e, s_cols, numel, FORMAT: tessera.constexpr,
                       G: tessera.constexpr, ZEROS: tessera.constexpr, TOP_K: tessera.constexpr,
                       ATOMIC: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                      BK: tessera.constexpr, STAGES: tessera.constexpr):
+                      BK: tessera.constexpr, STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
     """`down_kernel` with quantized w2 [E * H, I] (scales and zeros [E * H, s_cols])."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     if pid_m * BM >= tessera.load(offsets_ptr + E):
         return
@@ -149,8 +154,8 @@ def gate_up_quant(xs: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     gate_up_quant_kernel[grid](kernel_arg(xs), *_weight_args(qweight, scales, zeros, format), kernel_arg(h),
                                kernel_arg(block_expert), kernel_arg(offsets), rows, H, two_i // 2, E, E * two_i,
                                scales.shape[2], FORMAT=format, G=group_size, ZEROS=zeros is not None,
-                               ACTIVATION=activation, BM=block_m, BN=t.BN, BK=t.BK, STAGES=t.stages,
-                               num_warps=t.num_warps)
+                               ACTIVATION=activation, BM=block_m, BN=t.BN, BK=t.BK, num_warps=t.num_warps,
+                               **pipelining(t, (H, two_i // 2), CODE_BITS[format], xs, qweight))
     return h
 
 
@@ -177,7 +182,7 @@ def down_quant(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
                             kernel_arg(weights.contiguous().float()), kernel_arg(sorted_ids), kernel_arg(block_expert),
                             kernel_arg(offsets), rows, H, I, E, E * H, scales.shape[2], T * K, FORMAT=format,
                             G=group_size, ZEROS=zeros is not None, TOP_K=K, ATOMIC=atomic, BM=block_m, BN=t.BN,
-                            BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+                            BK=t.BK, num_warps=t.num_warps, **pipelining(t, (H, I), CODE_BITS[format], h, qweight))
     return out
 
 
