@@ -291,7 +291,8 @@ def describe(row: dict) -> str:
         return head + "; ".join(parts) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
-    whos = ("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8" else ("tessera", "tessera_ws", "tessera_plain", *SDPA_BACKENDS)
+    whos = (("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8"
+            else ("tessera", "tessera_ws", "tessera_plain", *SDPA_BACKENDS))
     parts = [f"{who} {row[who + '_tflops']:.0f}" for who in whos if who + "_tflops" in row]
     parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
     return head + ", ".join(parts) + " TFLOP/s" + (f" ({row['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in row else "")
