@@ -11,7 +11,8 @@ Parts (`--part`, repeatable; default all):
   flash backend and its cuDNN backend on the same tensors (transposed views);
   on Hopper at D in {64, 128} also `tessera_ws`, the warp-specialized plan
   (TESSERA_ATTENTION_WS=1: a producer warpgroup issuing K/V's TMA fills),
-  with `ws_vs_plain` its speed over the default plan's;
+  and `tessera_plain`, the other (TESSERA_ATTENTION_WS=0), with `ws_vs_plain`
+  the first's speed over the second's (`tessera` is the plan chosen unasked);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs;
 * decode: `attention_decode` over a paged cache (pages of 64 tokens, one new
@@ -108,15 +109,16 @@ def timed(torch, row: dict, who: str, fn, flops: float) -> None:
     row[f"{who}_tflops"] = flops / (gpu_common.device_ms(fn, torch, warmup=3, iters=10) * 1e-3) / 1e12
 
 
-def warp_specialized(fn):
-    """`fn` run with TESSERA_ATTENTION_WS=1 (the forward's warp-specialized plan), the setting restored after."""
+def with_ws_setting(fn, setting: str):
+    """`fn` run with TESSERA_ATTENTION_WS=`setting` (1: the forward's warp-specialized plan, 0: the other), the
+    variable restored after."""
     import os
 
     from tessera.kernels_lib.attention import WS_ENV
 
     def run(*args):
         before = os.environ.get(WS_ENV)
-        os.environ[WS_ENV] = "1"
+        os.environ[WS_ENV] = setting
         try:
             return fn(*args)
         finally:
@@ -138,7 +140,8 @@ def measure_dense(torch, part: str, case: dict) -> dict:
                for _ in range(3))
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
     if part == "forward" and D in WS_GPU_PLANS and torch.cuda.get_device_capability()[0] == 9:
-        impls["tessera_ws"] = warp_specialized(impls["tessera"])
+        impls["tessera_ws"] = with_ws_setting(impls["tessera"], "1")
+        impls["tessera_plain"] = with_ws_setting(impls["tessera"], "0")
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None
@@ -213,8 +216,8 @@ def _check_all(torch, row: dict, expected) -> None:
     for backend in SDPA_BACKENDS:
         if "tessera_tflops" in row and f"{backend}_tflops" in row:
             row[f"vs_{backend}"] = row["tessera_tflops"] / row[f"{backend}_tflops"]
-    if "tessera_tflops" in row and "tessera_ws_tflops" in row:
-        row["ws_vs_plain"] = row["tessera_ws_tflops"] / row["tessera_tflops"]
+    if "tessera_plain_tflops" in row and "tessera_ws_tflops" in row:
+        row["ws_vs_plain"] = row["tessera_ws_tflops"] / row["tessera_plain_tflops"]
 
 
 def paged_cache(torch, case: dict, device="cuda"):
@@ -288,7 +291,8 @@ def describe(row: dict) -> str:
         return head + "; ".join(parts) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
-    whos = ("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8" else ("tessera", "tessera_ws", *SDPA_BACKENDS)
+    whos = (("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8"
+            else ("tessera", "tessera_ws", "tessera_plain", *SDPA_BACKENDS))
     parts = [f"{who} {row[who + '_tflops']:.0f}" for who in whos if who + "_tflops" in row]
     parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
     return head + ", ".join(parts) + " TFLOP/s" + (f" ({row['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in row else "")

@@ -19,7 +19,8 @@ replaces the logits by softcap * tanh(logits / softcap); `scale` defaults
 to 1 / sqrt(D). GQA/MQA: H must be a multiple of H_KV.
 
 CUDA tensors launch the kernel with the plan for their head dim
-(`GPU_PLANS`); CPU tensors run on the tile interpreter with small tiles
+(`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
+form, `WS_GPU_PLANS`: see `wants_warp_specialization`); CPU tensors run on the tile interpreter with small tiles
 (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
@@ -66,13 +67,17 @@ GPU_PLANS = {
     "amd": {64: Plan(128, 64, 4, stages=1), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
 }   # (AMD: one stage, since Tessera has no asynchronous copies into LDS on AMD yet)
 CPU_PLAN = Plan(16, 16, 4, stages=1)
-# Warp-specialized forward plans for Hopper (opt-in: TESSERA_ATTENTION_WS=1): the tiles above plus a producer
-# warpgroup (384 threads) whose one thread issues K's and V's TMA fills ahead, behind mbarriers, while the two
-# consumer warpgroups (setmaxnreg 232) run the dots and the online softmax, Q read in their branch
-# (`passes/schedule/consumer_prologue.py`). Not the default: untimed yet (bench/attention.py's `tessera_ws`
-# column); not for varlen (the bounds come from cu_seqlens, which the producer would have to load), and not yet
-# for fp8 or fused score_mod / epilogue hooks (they compile, but no simulator test covers them).
+# Warp-specialized forward plans for Hopper: the tiles above plus a producer warpgroup (384 threads) whose one
+# thread issues K's and V's TMA fills ahead, behind mbarriers, while the two consumer warpgroups (setmaxnreg
+# 232) run the dots and the online softmax, Q read in their branch (`passes/schedule/consumer_prologue.py`).
+# Chosen by `wants_warp_specialization`: where H100 run 9 timed them faster (bench/results/2026-11-26-h100-run9:
+# head dim 128, bf16, from 1024 keys: 1.03x at 1k, 1.07x at 2k-4k, 1.24x at 8k, 1.10x at 16k; at 512 keys
+# 0.68x, where 8 key blocks do not pay for the producer's start); not for varlen (the bounds come from
+# cu_seqlens, which the producer would have to load), and not yet for fp8 or fused score_mod / epilogue hooks
+# (they compile, but no simulator test covers them). Head dim 64's is untimed, so only asked for explicitly.
 WS_GPU_PLANS = {64: Plan(128, 64, 8, ws=True), 128: Plan(128, 64, 8, ws=True)}
+# Head dim -> the fewest keys from which the forward takes the warp-specialized plan unasked (run 9's crossover)
+WS_AUTO_MIN_KEYS = {128: 1024}
 WS_ENV = "TESSERA_ATTENTION_WS"
 
 
@@ -171,9 +176,17 @@ def gpu_plan(D: int, warp_specialized: bool = False) -> Plan:
     return plans[D]
 
 
-def wants_warp_specialization() -> bool:
-    """Whether TESSERA_ATTENTION_WS=1 asks for the warp-specialized forward plans."""
-    return os.environ.get(WS_ENV, "0") == "1"
+def wants_warp_specialization(D: int, Sk: int) -> bool:
+    """Whether the forward of head dim D over Sk keys should take the warp-specialized plan (where Hopper and
+    the call allow it: `gpu_plan`). TESSERA_ATTENTION_WS=1 always, =0 never; unset (or `auto`) where a GPU run
+    timed it faster: Sk >= WS_AUTO_MIN_KEYS[D]."""
+    setting = os.environ.get(WS_ENV, "auto").strip().lower() or "auto"
+    if setting not in ("0", "1", "auto"):
+        raise ValueError(f"tessera::attention: {WS_ENV}={os.environ[WS_ENV]!r} is not understood; set it to 1 "
+                         f"(always the warp-specialized forward on Hopper), 0 (never) or auto (by sequence length)")
+    if setting != "auto":
+        return setting == "1"
+    return D in WS_AUTO_MIN_KEYS and Sk >= WS_AUTO_MIN_KEYS[D]
 
 
 def _on_interpreter(q: torch.Tensor) -> bool:
@@ -253,7 +266,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     lse = problem.new_lse(q)
     if o.numel() == 0:
         return o, lse.fill_(float("inf"))
-    ws = wants_warp_specialization() and not problem.varlen and descales is None and hooks is NO_HOOKS
+    plain_call = not problem.varlen and descales is None and hooks is NO_HOOKS
+    ws = plain_call and wants_warp_specialization(problem.D, problem.Sk)
     plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D, ws)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
@@ -263,7 +277,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,
-                                   num_warps=plan.num_warps, FP8=descales is not None, **p.masks(),
+                                   num_warps=plan.num_warps, FP8=descales is not None,
+                                   POSITIVE_SCALE=p.scale > 0, **p.masks(),
                                    **hooks.constexprs())
     return o, lse
 

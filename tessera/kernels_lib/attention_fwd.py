@@ -8,7 +8,8 @@ exponentials and the running output acc (the online softmax): for each block
 
     s     = Q K_j^T * scale * log2(e)            (base-2 logits: exp2 is the fast one)
     m_new = max(m, rowmax(s))
-    p     = exp2(s - m_new)
+    p     = exp2(s - m_new)                      (with a positive scale, one fma a score:
+                                                  m_new = max(m, rowmax(QK^T) c), p = exp2(QK^T c - m_new))
     l     = l * exp2(m - m_new) + rowsum(p)
     acc   = acc * exp2(m - m_new) + p V_j
 
@@ -141,7 +142,7 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
                          EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
-                         WS: tessera.constexpr = False):
+                         WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -176,13 +177,19 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
             s = modified_scores(s, SCORE_MOD, SM_ORDER, (mod_ptr0, mod_ptr1, mod_s0, mod_s1), b, h, q_idx, n, Sk, BN)
         elif SOFTCAP:       # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
             s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
-        else:               # qk_scale = scale * log2(e)
+        elif not POSITIVE_SCALE:    # qk_scale = scale * log2(e)
             s = s * qk_scale
         if (n < full_lo) | (n >= full_hi):
             queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
             s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
-        m_new = tessera.maximum(m, tessera.max(s, axis=1))
-        p = tessera.exp2(s - m_new[:, None])
+        if SCORE_MOD is None and not SOFTCAP and POSITIVE_SCALE:
+            # s is the raw q.k: a positive scale commutes with the row max and folds into exp2's argument,
+            # one fma a score (FlashAttention-3's softmax) where scaling s first took a multiply and a subtract
+            m_new = tessera.maximum(m, tessera.max(s, axis=1) * qk_scale)
+            p = tessera.exp2(s * qk_scale - m_new[:, None])
+        else:
+            m_new = tessera.maximum(m, tessera.max(s, axis=1))
+            p = tessera.exp2(s - m_new[:, None])
         alpha = tessera.exp2(m - m_new)
         l = l * alpha + tessera.sum(p, axis=1)
         if FP8:     # P in [0, 1], into e4m3's range (l has summed it unscaled)

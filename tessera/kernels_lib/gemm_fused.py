@@ -18,6 +18,10 @@ four scalar slots (S0..S3); and the tile's global row and column indices
 (`rows` (R, 1), `cols` (1, C), int32) for hooks that ask by parameter name.
 GATHER_A reads row `idx[m]` of A for output row m (a gathered A takes
 pointer loads, which the pipeline does not stream: its K loop is plain).
+ALIGN and PIPELINED are the plain GEMM's (`gemm_alignment.py`): what the op
+checked the sizes and strides are multiples of, and whether both operands'
+rows start 16-byte aligned (else the K loop is plain rather than a pipeline
+the compiler would have to refuse).
 `gemm_fusion.py` checks the user's functions and operands and launches this.
 
 The main loop and tiles are the plain GEMM's (same configs, prune and model,
@@ -32,6 +36,7 @@ import tessera
 
 from . import gemm_configs
 from .gemm import grouped_tile
+from .gemm_alignment import NOTHING_STATED, state_alignment
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
 # The epilogue's slice width (EPI_BN): a thread holds 8 accumulator elements of a 128-row slice on 8 warps (of a
@@ -176,7 +181,12 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
                       SPECS: tessera.constexpr, N_OUT: tessera.constexpr, GATHER_A: tessera.constexpr,
                       BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                       GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
-                      WS: tessera.constexpr = False, EPI_BN: tessera.constexpr = EPILOGUE_COLUMNS):
+                      WS: tessera.constexpr = False, EPI_BN: tessera.constexpr = EPILOGUE_COLUMNS,
+                      ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
+    # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
+    state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
+    STAGES = STAGES if PIPELINED else 1
+    WS = WS and PIPELINED
     if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
         a = a_ptr
     else:

@@ -44,6 +44,7 @@ import tessera
 
 from .gemm import TORCH_DTYPES, CPU_CONFIG, CPU_NUM_SMS, _check, _grid, _host, _num_sms, _strided, launch_tuned
 from .epilogues import reference_of
+from .gemm_alignment import operand_alignment, pointers_aligned
 from .gemm_fused import gemm_fused_kernel, gemm_fused_kernel_fast
 from .gemm_fusion_grad import differentiable, needs_grad, refuse_unsupported
 from .hooks import (
@@ -187,6 +188,11 @@ def _launch(a, b, c, M, N, K, trans_a, trans_b, slots: Slots, outputs, gather_a,
                       PROLOGUE_B=hooks.get("prologue_b"), PB_ORDER=slots.orders.get("prologue_b", ()),
                       SPECS=specs + (None,) * (MAX_TENSORS - len(specs)), N_OUT=len(outputs),
                       GATHER_A=gather_a is not None)
+    # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop (a prologue's
+    # operands may differ in width: int8 codes beside float16)
+    align, pipelined = operand_alignment(M, N, K, (stride_am, stride_ak, stride_bk, stride_bn), a.element_size(),
+                                         pointers_aligned(a_mem, b_mem), b.element_size())
+    constexprs.update(ALIGN=align, PIPELINED=pipelined)
     if a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1":
         host_args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
         grid = _grid(M, N, CPU_CONFIG.kwargs, CPU_NUM_SMS)

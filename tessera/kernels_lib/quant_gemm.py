@@ -39,6 +39,7 @@ import torch
 import tessera
 import tessera.torch
 
+from .gemm_alignment import NOTHING_STATED, ROW_BYTES, operand_alignment, pointers_aligned, state_alignment
 from .quant import FORMATS, LAYOUTS, QuantizedWeight
 from .quant_fragment import DECODE_TILING
 
@@ -88,7 +89,10 @@ def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.c
                       BN: tessera.constexpr, BK: tessera.constexpr, SPLIT_K: tessera.constexpr,
                       STAGES: tessera.constexpr, FRAGMENT: tessera.constexpr = False,
                       LOAD_LAYOUT: tessera.constexpr = None, DIGITS: tessera.constexpr = None,
-                      ORDER: tessera.constexpr = None, SCALE_LAYOUT: tessera.constexpr = None):
+                      ORDER: tessera.constexpr = None, SCALE_LAYOUT: tessera.constexpr = None,
+                      ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
+    state_alignment(M, N, K, K, 1, 1, K, ALIGN)     # x [M, K] and W^T [K, N], dense (`aligned_rows`)
+    STAGES = STAGES if PIPELINED else 1
     pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     x = tessera.view(x_ptr, (M, K))
     s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
@@ -104,7 +108,10 @@ def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.c
 @tessera.kernel
 def fp4_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, global_scale, M, N, K, G: tessera.constexpr,
                     BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
-                    SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr):
+                    SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr,
+                    ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
+    state_alignment(M, N, K, K, 1, 1, K, ALIGN)
+    STAGES = STAGES if PIPELINED else 1
     pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     x, w, s = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K)), tessera.view(s_ptr, (N, K // G))
     steps = tessera.cdiv(K, BK * SPLIT_K)
@@ -118,9 +125,12 @@ def fp4_gemm_kernel(x_ptr, w_ptr, s_ptr, out_ptr, global_scale, M, N, K, G: tess
 @tessera.kernel
 def w4a8_kernel(x_ptr, xs_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.constexpr,
                 ZEROS: tessera.constexpr, HALF: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr):
+                SPLIT_K: tessera.constexpr, STAGES: tessera.constexpr,
+                ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
     """fp8 activations times the weights' exact fp8 codes q - zero, one group (BK = G) per step, each group's
     product scaled by its column scales; the rows scaled by x's scales at the end."""
+    state_alignment(M, N, K, K, 1, 1, K, ALIGN)
+    STAGES = STAGES if PIPELINED else 1
     pid_m, pid_n, split = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     x, w = tessera.view(x_ptr, (M, K)), tessera.view(w_ptr, (N, K))
     s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
@@ -164,6 +174,8 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     bk = group_size if w4a8 else 128 if M <= 16 else 64
     if bk % group_size and group_size % bk:
         bk = group_size
+    if M <= 16 and K % bk:      # decode splits K in whole steps: K = 160 in groups of 32 takes steps of one group
+        bk = group_size
     if M <= 16:
         tiles = tessera.cdiv(N, 64)
         split = max(1, min(K // bk, 2 * num_sms // max(tiles, 1)))
@@ -188,6 +200,15 @@ def fragment_plan(p: Plan, M: int, K: int, warp_size: int = 32) -> Plan:
         split -= 1
     bm = 16 if M <= 16 else 64
     return Plan(bm, t.BN, t.BK, split, p.stages if M > 16 else 1, t.threads // warp_size)
+
+
+def aligned_rows(M: int, N: int, K: int, x_bytes: int, code_bits: int, pointers_aligned: bool):
+    """(ALIGN, PIPELINED) for the kernels (`gemm_alignment.operand_alignment`, x [M, K] and W^T [K, N] dense):
+    what the sizes are multiples of, and whether both x's rows (K * x_bytes bytes) and the weight's rows of codes
+    (K * code_bits / 8 bytes) start 16-byte aligned, so that the K loop's copies can be asynchronous; K = 24 in
+    groups of 8 (12-byte rows of int4 codes) runs a plain loop rather than a pipeline the compiler refuses."""
+    align, pipelined = operand_alignment(M, N, K, (K, 1, 1, K), x_bytes, pointers_aligned)
+    return align, pipelined and K * code_bits % (8 * ROW_BYTES) == 0
 
 
 # ---------------------------------------------------------------------------
@@ -226,6 +247,12 @@ def _check(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zeros: 
         raise ValueError(f"tessera::quant_gemm: perm must be [K] = [{K}], got {tuple(perm.shape)}")
     if fp8 and group_size % 16:
         raise ValueError(f"tessera::quant_gemm: W4A8 needs groups of a multiple of 16, got {group_size}")
+    # a K step holds whole groups or lies in one (`dequantize`), and steps are powers of two (tiles)
+    power_of_two = group_size & (group_size - 1) == 0
+    if not (power_of_two or (group_size % 128 == 0 and not fp8)):
+        raise ValueError(f"tessera::quant_gemm: group_size must be a power of two (or, without W4A8, a multiple of "
+                         f"128), so that each K step of the kernels holds whole groups or lies in one; got "
+                         f"{group_size}: quantize with group_size=32, 64 or 128")
     if layout == "fragment":
         DECODE_TILING.check(N, K, "tessera::quant_gemm (a fragment-order weight)")
     out_dtype = out_dtype or (torch.bfloat16 if fp8 else x.dtype)
@@ -259,19 +286,23 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     as_arg = _host if cpu else _device
     codes = tessera.f4e2m1 if format != "int" else getattr(tessera, f"u{bits}")
     w = as_arg(qweight, codes)
-    launch = dict(BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps)
+    x_rows = x2.contiguous()
+    align, pipelined = aligned_rows(M, N, K, x.element_size(), 4 if format != "int" else bits,
+                                    pointers_aligned(x_rows, qweight))
+    launch = dict(BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps, ALIGN=align,
+                  PIPELINED=pipelined)
     if format != "int":
         scale_type = tessera.e8m0 if format == "mxfp4" else tessera.f8e4m3
-        fp4_gemm_kernel[grid](as_arg(x2.contiguous()), w, as_arg(scales.contiguous(), scale_type), as_arg(out),
+        fp4_gemm_kernel[grid](as_arg(x_rows), w, as_arg(scales.contiguous(), scale_type), as_arg(out),
                               float(global_scale), M, N, K, G=group_size, BK=p.BK, **launch)
     else:
         zeros_arg = as_arg((zeros if zeros is not None else scales).contiguous())
         common = dict(G=group_size, ZEROS=zeros is not None, HALF=float(2 ** (bits - 1)), **launch)
         if x_scale is None:
-            quant_gemm_kernel[grid](as_arg(x2.contiguous()), w, as_arg(scales.contiguous()), zeros_arg, as_arg(out),
+            quant_gemm_kernel[grid](as_arg(x_rows), w, as_arg(scales.contiguous()), zeros_arg, as_arg(out),
                                     M, N, K, BK=p.BK, **common, **fragment)
         else:
-            w4a8_kernel[grid](as_arg(x2.contiguous()), as_arg(x_scale.reshape(M, 1).float().contiguous()), w,
+            w4a8_kernel[grid](as_arg(x_rows), as_arg(x_scale.reshape(M, 1).float().contiguous()), w,
                               as_arg(scales.contiguous()), zeros_arg, as_arg(out), M, N, K, **common)
     return out.to(out_dtype).reshape(*x.shape[:-1], N)
 

@@ -13,7 +13,9 @@ load and store through a pointer to a sub-byte type (`unpack_low_bit`):
   in the layout the lowering chose for the tile's consumer. When every use
   of the loaded registers is a `cast` to one type, `unpack_bits` produces
   that type itself (the backends' fast conversions: magic numbers, byte
-  permutes) and the casts go;
+  permutes) and the casts go. A load issued a step ahead -- a `for`
+  carries it (init and yield both such loads) to casts in the body -- is
+  carried as its bytes and unpacked there, so the fused conversion stays;
 * any other load reads, per register, the byte holding the element's
   first bit (and, where a 3-, 5-, 6- or 7-bit element straddles two bytes,
   the next one) and shifts the element out;
@@ -64,6 +66,7 @@ class _LowBit:
         self.b = Builder()
         self.replaced: dict[Value, Value] = {}
         self.users: dict[Value, list[Operation]] = {}
+        self.unpacked: set[tuple[Operation, int]] = set()     # (for, carried index) now carrying packed bytes
 
     def run(self) -> None:
         accesses = [op for op in self.fn.walk() if is_sub_byte_access(op)]
@@ -102,6 +105,12 @@ class _LowBit:
     def load(self, op: Operation, dtype: dt.DType) -> None:
         ptr, mask, other = (op.operands + [None, None])[:3]
         k = op.attrs.get("vector", 1)
+        carried = self.carried_to_casts(op, dtype)
+        if carried is not None:
+            data = self.load_bytes(ptr, mask, k, dtype)
+            self.replaced[op.result] = data
+            self.unpack_in_body(*carried, data.type, dtype)
+            return
         casts = self.fused_casts(op.result)
         if isinstance(ptr.type, RegsType) and k * dtype.bits % 8 == 0:
             result_dtype = scalar_dtype(casts[0].result.type) if casts else dtype
@@ -116,6 +125,59 @@ class _LowBit:
         if mask is not None and other is not None and not _decodes_zero_bytes(other, dtype):
             value = self.create("select", [mask, value, self.converted(other, dtype, result_dtype)])
         self.replaced[op.result] = value
+
+    def carried_to_casts(self, op: Operation, dtype: dt.DType):
+        """(for, index) when `op`'s whole-byte groups are loop-carried value `index` of a `for` -- its init or
+        its yield, the other one a load like it -- whose block argument is only cast to one type, directly in
+        the body, and whose result is unused: a load issued a step ahead. The loop then carries the packed
+        bytes and unpacks them where they are used, into the casts' type (`unpack_in_body`), so that the
+        conversion stays the fast fused one (a carried u4 register would be converted one by one); else None."""
+        users = self.users.get(op.result, [])
+        if len(users) != 1 or not isinstance(op.operands[0].type, RegsType) or not _zero_filled(op, dtype):
+            return None
+        k = op.attrs.get("vector", 1)
+        if k * dtype.bits % 8:
+            return None
+        user = users[0]
+        loop = user if user.name == "for" else user.parent.parent if user.name == "yield" else None
+        if not isinstance(loop, Operation) or loop.name != "for" or loop.regions[0].ops[-1] is not user and \
+                user is not loop:
+            return None
+        body = loop.regions[0]
+        operands = loop.operands[3:] if user is loop else user.operands
+        if operands.count(op.result) != 1:
+            return None
+        index = operands.index(op.result)
+        init, step = loop.operands[3 + index], body.ops[-1].operands[index]
+        if not all(_same_load(v, op) for v in (init, step)) or self.users.get(loop.results[index]):
+            return None
+        if (loop, index) in self.unpacked:         # its partner load came first
+            return loop, index, []
+        casts = self.users.get(body.args[1 + index], [])
+        if not casts or not all(c.name == "cast" and c.parent is body for c in casts) or \
+                len({scalar_dtype(c.result.type) for c in casts}) != 1:
+            return None
+        return loop, index, casts
+
+    def unpack_in_body(self, loop: Operation, index: int, casts: list[Operation], data_type: Type,
+                       dtype: dt.DType) -> None:
+        """Retype carried value `index` of `loop` to the packed bytes and unpack them at the first cast (once)."""
+        if (loop, index) in self.unpacked:
+            return
+        self.unpacked.add((loop, index))
+        arg = loop.regions[0].args[1 + index]
+        count, to = arg.type.count, scalar_dtype(casts[0].result.type)
+        arg.type = loop.results[index].type = data_type
+        body = loop.regions[0]
+        first = min(casts, key=body.ops.index)
+        new_ops = Block()
+        with self.b.at(new_ops):
+            value = self.create("unpack_bits", [arg], {"packed": dtype.name}, RegsType(ScalarType(to), count))
+        splice(first, new_ops.ops)
+        for cast in casts:
+            self.replaced[cast.result] = value
+            if cast is not first:
+                splice(cast, [])
 
     def fused_casts(self, loaded: Value) -> list[Operation]:
         """The `cast` ops that are all the uses of `loaded`, when they convert to one dtype (else [])."""
@@ -251,6 +313,18 @@ def _container(dtype: dt.DType, signed: bool | None = None) -> dt.DType:
     """The integer type of `dtype`'s width: u4 for u4, i3 for i3, u4 (unsigned) for fp4, u8 for an 8-bit type."""
     signed = dtype.kind == "int" if signed is None else signed
     return dt.dtype_from_name(f"{'i' if signed else 'u'}{dtype.bits}")
+
+
+def _same_load(value: Value, op: Operation) -> bool:
+    """Whether `value` is the result of a load like `op` (pointee, register count, vector width, no fill)."""
+    other = value.owner
+    return (isinstance(other, Operation) and other.name == "load" and _zero_filled(other, other.operands[0].type.element.pointee) and
+            other.operands[0].type == op.operands[0].type and other.attrs.get("vector", 1) == op.attrs.get("vector", 1))
+
+
+def _zero_filled(op: Operation, dtype: dt.DType) -> bool:
+    """Whether a load's masked-off registers are what zero bytes decode to (no `other`, or one that is)."""
+    return len(op.operands) < 3 or _decodes_zero_bytes(op.operands[2], dtype)
 
 
 def _access_width(nbytes: int, widest: int) -> int:

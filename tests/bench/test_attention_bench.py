@@ -75,14 +75,14 @@ def test_the_session_runs_it_in_tier_2_and_reports_its_rows():
     assert bench.describe(rows[0]).endswith("tessera 512, cudnn 480 TFLOP/s (1.07x cuDNN)")
 
 
-def test_a_warp_specialized_column_is_compared_with_the_default_plan():
-    """Hopper's forward rows at D 64/128 time `tessera_ws` too; its ratio to the default plan is in the row, the
-    log line and the session report."""
+def test_a_warp_specialized_column_is_compared_with_the_plain_plan():
+    """Hopper's forward rows at D 64/128 time `tessera_ws` (TESSERA_ATTENTION_WS=1) and `tessera_plain` (=0)
+    beside `tessera` (the plan chosen unasked); ws over plain is in the row, the log line and the report."""
     row = {"part": "forward", "B": 8, "S": 2048, "H": 16, "D": 128, "causal": True, "tessera_tflops": 500.0,
-           "tessera_ws_tflops": 550.0, "cudnn_tflops": 480.0}
+           "tessera_ws_tflops": 550.0, "tessera_plain_tflops": 500.0, "cudnn_tflops": 480.0}
     bench._check_all(None, row, None)
     assert row["ws_vs_plain"] == pytest.approx(1.1) and row["vs_cudnn"] == pytest.approx(500 / 480)
-    assert "tessera 500, tessera_ws 550, cudnn 480 TFLOP/s" in bench.describe(row)
+    assert "tessera 500, tessera_ws 550, tessera_plain 500, cudnn 480 TFLOP/s" in bench.describe(row)
     assert gpu_session.attention_line(row).endswith("(1.04x cuDNN); warp-specialized 550 (1.10x)")
 
 

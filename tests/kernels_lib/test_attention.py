@@ -170,3 +170,12 @@ def test_lse_is_the_natural_log_of_the_softmax_denominator():
     s = 0.25 * torch.einsum("bqhd,bkhd->bhqk", q.double(), k.double())
     torch.testing.assert_close(lse.double(), torch.log(torch.exp(s).sum(-1)), rtol=1e-5, atol=1e-5)
     assert math.isfinite(lse.sum().item())
+
+
+@pytest.mark.parametrize("scale", [-0.3, 0.0, 0.3])
+def test_any_scale_sign_with_a_causal_mask(scale):
+    """A positive scale folds into exp2's argument after the row max of the raw q.k (`attention_fwd.py`); a
+    negative or zero one, where the max would not commute with it, scales the scores first: both match."""
+    q, k, v = qkv(2, 9, 13, 2, 1, 16)
+    out, lse = attention(q, k, v, causal=True, scale=scale)
+    check(out, lse, *reference(q, k, v, causal=True, scale=scale))

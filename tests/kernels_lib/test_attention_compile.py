@@ -100,19 +100,14 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         assert "mma.sync.aligned.m16n8k16" in ptx and "wgmma" not in ptx
 
 
-def test_warp_specialized_plans_are_opt_in(monkeypatch):
-    """No shipped default plan warp-specializes (untimed); WS_GPU_PLANS are the same tiles with ws set, asked
-    for by TESSERA_ATTENTION_WS=1."""
+def test_warp_specialized_plans_are_the_default_tiles_with_a_producer():
+    """No GPU_PLANS entry warp-specializes; WS_GPU_PLANS are the same tiles with ws set (which one a call takes:
+    test_attention_plan_choice.py)."""
     import dataclasses
 
-    from tessera.kernels_lib.attention import WS_ENV, wants_warp_specialization
     assert not any(plan.ws for plans in GPU_PLANS.values() for plan in plans.values())
     assert all(plan.ws and dataclasses.replace(plan, ws=False) == GPU_PLANS["nvidia"][D]
                for D, plan in WS_GPU_PLANS.items()) and sorted(WS_GPU_PLANS) == [64, 128]
-    monkeypatch.delenv(WS_ENV, raising=False)
-    assert not wants_warp_specialization()
-    monkeypatch.setenv(WS_ENV, "1")
-    assert wants_warp_specialization()
 
 
 WS_VARIANTS = {"plain": VARIANTS["plain"],       # (not varlen: the producer would need the bounds cu_seqlens holds)
@@ -147,6 +142,39 @@ def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, v
                      r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
     assert "wgmma" not in "\n".join(lines[:inc])
     assert_wgmma_descriptors_built(compiled)
+
+
+def sass_opcodes(compiled) -> list[str]:
+    """The SASS opcodes (predicate and modifiers dropped) ptxas made of `compiled`."""
+    from tessera.backends.nvptx.sass import disassemble
+    return [re.sub(r"^@!?U?P\w+\s+", "", i.text).split()[0].split(".")[0] for i in disassemble(compiled.binary)]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("ws", [False, True])
+def test_a_positive_scale_folds_into_one_fma_a_score_on_sm_90a(ws):
+    """Head dim 128 on sm_90a (both Hopper plans): with POSITIVE_SCALE the key loop takes the row max of the raw
+    q.k and computes exp2's argument as one fma a score, q.k * c - m (FlashAttention-3's softmax), where scaling
+    the scores first took a multiply and a subtract: 32 scores a consumer thread (128 x 64 over 256) each one
+    instruction fewer. POSITIVE_SCALE=False (a scale <= 0, where the max does not commute) keeps the old code."""
+    plan = (WS_GPU_PLANS if ws else GPU_PLANS["nvidia"])[128]
+    scores = plan.BM * plan.BN // (plan.num_warps * 32)
+    built = {folded: attention_fwd_kernel.compile(
+        target="sm_90a", strict=True, signature=FORWARD_SIGNATURE.format(t="bf16"), num_warps=plan.num_warps,
+        D=128, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=ws, POSITIVE_SCALE=folded, **VARIANTS["plain"])
+        for folded in (True, False)}
+    fmas = {folded: c.stages["ptx"].count("fma.rn.f32") for folded, c in built.items()}
+    muls = {folded: len(re.findall(r"\bmul\.f32", c.stages["ptx"])) for folded, c in built.items()}
+    # (2 rows a thread: each row max times c is one multiply more)
+    assert fmas[True] - fmas[False] == scores and muls[False] - muls[True] >= scores - 2, (fmas, muls)
+    from tessera.backends.nvptx.sass import find_cuobjdump
+    if find_cuobjdump() is None or built[True].binary is None:
+        return
+    ops = {folded: sass_opcodes(c) for folded, c in built.items()}
+    assert ops[True].count("FFMA") - ops[False].count("FFMA") == scores
+    mul_adds = {folded: o.count("FMUL") + o.count("FADD") for folded, o in ops.items()}
+    assert mul_adds[False] - mul_adds[True] == 2 * scores - 2, "a multiply and a subtract a score for one fma"
+    assert ops[True].count("MUFU") == ops[False].count("MUFU") and ops[True].count("HGMMA") == 12
 
 
 # A register budget every variant of the head-dim-256 forward meets on sm_90a without spills (measured: under
@@ -491,8 +519,8 @@ def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch):
     from tessera.passes.thread_passes import lower
     chosen, choose = [], mma_operands.swizzled_row_major
 
-    def recording(rows, cols, starts, element_bytes=2):
-        layout = choose(rows, cols, starts, element_bytes)
+    def recording(rows, cols, starts, element_bytes=2, row_keyed=False):
+        layout = choose(rows, cols, starts, element_bytes, row_keyed)
         chosen.append(((rows, cols), mma_operands.row_conflicts(layout, starts, element_bytes)))
         return layout
     monkeypatch.setattr(mma_operands, "swizzled_row_major", recording)

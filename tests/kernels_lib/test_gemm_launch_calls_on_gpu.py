@@ -9,26 +9,11 @@ import pytest
 from tessera.runtime import cuda
 from tessera.testing import assert_close
 
+from counting_driver import CountingDriver
+
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
 torch = pytest.importorskip("torch")
-
-
-class CountingDriver:
-    """The real driver bindings, counting each `cu*` call."""
-
-    def __init__(self, real):
-        self.real, self.counts = real, Counter()
-
-    def __getattr__(self, name):
-        value = getattr(self.real, name)
-        if not (name.startswith("cu") and callable(value)):
-            return value
-
-        def counted(*args, **kwargs):
-            self.counts[name] += 1
-            return value(*args, **kwargs)
-        return counted
 
 
 @pytest.fixture

@@ -18,6 +18,8 @@ Specification:
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -236,6 +238,55 @@ def test_the_quantized_plans_compile_without_spills(target, regime):
                                       num_warps=t.num_warps, **extra)
             spills = compiled.metadata.get("spill_stores", 0) + compiled.metadata.get("vgpr_spill_count", 0)
             assert spills == 0, f"{fmt} {name} spills on {target} ({regime}): {compiled.metadata}"
+
+
+@pytest.mark.parametrize("regime", list(plans.QUANTIZED))
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_dequantized_weights_reach_shared_memory_in_16_byte_stores(regime, fmt):
+    """sm_90a PTX of the shipped gate_up plans: each thread stores its dequantized B block (2BN x BK bf16, held
+    in runs along K) as 16-byte st.shared.v4 -- N x K for mma.sync (read by plain ldmatrix), K-major for wgmma
+    -- not one st.shared.b16 per element (main, 2026-11-26: 32-64 scalar stores a thread per K step, 4-way
+    conflicts, the MoE int4/fp8 layers at 9-13% of HBM). The one b16 store left is the scale's broadcast."""
+    p = plans.QUANTIZED[regime]
+    t = p.gate_up
+    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", fmt), target="sm_90a", strict=True,
+                                            FORMAT=fmt, G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM, BN=t.BN,
+                                            BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+    ptx = compiled.stages["ptx"]
+    per_thread = 2 * t.BN * t.BK // (32 * t.num_warps)
+    assert ptx.count("st.shared.v4.b32") >= per_thread // 8
+    assert ptx.count("st.shared.b16") <= 1
+    assert ".trans" not in "".join(line for line in ptx.splitlines() if "ldmatrix" in line)
+
+
+@pytest.mark.parametrize("regime", ["decode", "prefill"])
+@pytest.mark.parametrize("fmt", ["int4", "fp8"])
+def test_weight_codes_and_scales_are_loaded_a_k_step_ahead(regime, fmt):
+    """sm_90a SASS of the gate_up plans: the K loop's global loads (the codes' LDG.E.64/.128, the scales')
+    land in registers that nothing in the rest of that iteration reads -- they are the next step's, so their
+    latency overlaps a step's conversion, shared-memory exchange and multiplies. (On main each step waited
+    for its own codes and scales: one exposed DRAM latency per K step, with 1-2 programs per SM to hide it.)"""
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
+    p = plans.QUANTIZED[regime]
+    t = p.gate_up
+    compiled = gate_up_quant_kernel.compile(signature=_signature("gate_up", fmt), target="sm_90a", strict=True,
+                                            FORMAT=fmt, G=128, ZEROS=False, ACTIVATION="silu", BM=p.BM,
+                                            BN=t.BN, BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+    code = disassemble(compiled.binary)
+    assert not any(inst.opcode.startswith("I2F") for inst in code)      # int4: the load-fused unpack, carried
+    body = loop_containing(code, "HGMMA" if p.BM >= 64 else "HMMA")
+    loads = [(i, inst) for i, inst in enumerate(body) if inst.opcode.startswith("LDG")]
+    wide = {"LDG.E.64": 8, "LDG.E.128": 16}
+    code_bytes = 2 * t.BN * t.BK * (4 if fmt == "int4" else 8) // 8 // (32 * t.num_warps)
+    assert sum(wide.get(inst.opcode, 0) for _, inst in loads) == code_bytes
+    assert any(inst.opcode not in wide for _, inst in loads)                                 # and the scales'
+    for i, inst in loads:
+        first = int(re.search(r"LDG\S*\s+R(\d+)", inst.text).group(1))
+        written = {f"R{first + j}" for j in range(4 if ".128" in inst.opcode else 2 if ".64" in inst.opcode else 1)}
+        later = [x.text.split(None, 1 + x.text.startswith("@"))[-1] for x in body[i + 1:]]
+        assert not any(re.search(rf"\b{r}\b", text) for text in later for r in written), inst.text
 
 
 # -- the ops ---------------------------------------------------------------------------------------------

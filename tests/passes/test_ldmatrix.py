@@ -31,9 +31,9 @@ from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.ir.layouts import ldmatrix
 from tessera.ir.parser import parse_module
 from tessera.ir.printer import print_module
-from tessera.ir.smem_layouts import bank_conflicts, row_major
+from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, row_major, swizzle_bytes
 from tessera.ir.target import get_target
-from tessera.passes.lowering.mma_operands import ldmatrix_rows, row_conflicts, swizzled_row_major
+from tessera.passes.lowering.mma_operands import ldmatrix_plan, ldmatrix_rows, row_conflicts, swizzled_row_major
 from tessera.passes.mma import mma_plan
 from tessera.passes.thread_passes import lower
 from test_mma_dot import dot_args, dot_module
@@ -181,12 +181,56 @@ def test_the_swizzled_buffer_serves_the_ldmatrix_rows_without_bank_conflicts(ope
     rows = ldmatrix_rows(want, trans)
     assert rows is not None and rows.nums == (4,) * (want.local_size // 8)
     shape = want.shape
-    swizzled = swizzled_row_major(*shape, rows.starts)
+    swizzled = swizzled_row_major(*shape, rows.starts, row_keyed=True)
     assert swizzled.swizzle is not None and swizzled.is_bijective
     for g in range(len(rows.nums)):            # each warp-wide ldmatrix: 8 contiguous f16 per lane
         access = rows.starts[:32, g, None, :] + np.stack([np.zeros(8, int), np.arange(8)], -1)[None]
         assert bank_conflicts(swizzled, access, 2) == 1
     assert row_conflicts(row_major(*shape), rows.starts) > 1     # what the swizzle avoids
+
+
+def test_a_b_whose_owners_hold_runs_along_k_is_kept_n_by_k_in_wide_conflict_free_rows():
+    """A B (K x N) held in runs along K (a dequantized weight block, W[N, K].T) is stored N x K in 16-byte
+    vectors and read with the plain ldmatrix; its 256-byte rows (K = 128 bf16) take the row-keyed swizzle,
+    since every standard 32/64/128-byte swizzle leaves the eight rows of an ldmatrix matrix conflicting (and
+    plain rows: 8-way). Without `row_keyed` (a slot TMA may fill) the plan keeps the TMA swizzles."""
+    fn = dot_module(16, 64, 128, tessera.bf16).functions[0]
+    dot = next(op for op in fn.walk() if op.name == "dot")
+    want = mma_plan(dot, get_target("sm_90a"), 4).b.permute((1, 0))          # the N x K buffer's fragment
+    plan = ldmatrix_plan(want, False, 32, 2, row_keyed=True)
+    assert plan.smem.swizzle == Swizzle(3, 3, 4) and plan.smem.is_bijective
+    assert row_conflicts(plan.smem, plan.rows.starts) == 1
+    assert row_conflicts(row_major(64, 128), plan.rows.starts) == 8
+    for n in (128, 64, 32):
+        standard = SmemLayout((64, 128), (128, 1), swizzle_bytes(n, 2))
+        assert row_conflicts(standard, plan.rows.starts) > 1
+    assert ldmatrix_plan(want, False, 32, 2).smem.swizzle is None
+
+
+def test_a_dot_of_a_k_contiguous_b_stores_it_transposed_and_matches_the_interpreter():
+    """W [N, K] loaded, scaled (so not a pipelined load) and transposed into the dot: the SIMT simulator
+    agrees with the tile interpreter, and B reaches shared memory in vector stores as long as its owners' runs
+    along K (4 elements: the 16-byte float32 loads), read without .trans (main stored it element by element)."""
+    args = [np.random.default_rng(3).standard_normal((16, 128)).astype(np.float32),
+            np.random.default_rng(4).standard_normal((64, 128)).astype(np.float32), np.zeros((16, 64), np.float32)]
+    module = scaled_bt_kernel.specialize(*args).module
+    expected, actual = [a.copy() for a in args], [a.copy() for a in args]
+    run_function(module.functions[0], expected, (1,))
+    fn = lower(module, "sm_90a", num_warps=4).functions[0]
+    bf16_stores = [op for op in fn.walk() if op.name == "store" and op.operands[0].type.element.address_space ==
+                   "shared" and op.operands[0].type.element.pointee == tessera.bf16]
+    b_store = next(op for op in bf16_stores if op.operands[1].type.count == 64 * 128 // 128)
+    assert b_store.attrs.get("vector") == 4
+    assert not any(op.attrs["trans"] for op in ldmatrix_ops(fn))
+    run_threads(fn, actual, (1,))
+    np.testing.assert_allclose(actual[2], expected[2], rtol=2e-2, atol=2e-2)
+
+
+@tessera.kernel
+def scaled_bt_kernel(a_ptr, w_ptr, c_ptr):
+    a = tessera.view(a_ptr, (16, 128)).block((16, 128), (0, 0)).load().to(tessera.bf16)
+    w = tessera.view(w_ptr, (64, 128)).block((64, 128), (0, 0)).load().to(tessera.bf16) * 0.5
+    tessera.view(c_ptr, (16, 64)).block((16, 64), (0, 0)).store(tessera.dot(a, w.T))
 
 
 def test_tutorial_matmul_thread_ir_uses_ldmatrix():

@@ -11,6 +11,8 @@ Specification:
   other stores clear, then set the element's bits with atomic and/or on its
   bytes (other threads may own the rest of a byte);
 * a masked load keeps its `other` where zero bytes decode to another value;
+* a load a loop carries to the next iteration's casts (issued a step ahead)
+  is carried as its packed bytes and unpacked, fused with the cast, in the body;
 * atomics on packed elements are errors that name the fix;
 * for every sub-byte type (i1..i7, u1..u7, fp4, fp6) a kernel that loads a
   tile, stores it as f32 and stores it back packed computes on the SIMT
@@ -105,6 +107,47 @@ def test_a_vector_load_of_whole_bytes_becomes_one_byte_load_and_an_unpack_that_a
   %9 = load %8 {vector = 4} : regs<4xu8>
   %q = unpack_bits %9 {packed = "u4"} : regs<8xf16>
 """ + STORE_F16.replace("%x", "%q")
+
+
+CARRIED = """\
+  %first_codes = load %wp {vector = 8} : regs<8xDTYPE>
+  %zero = constant {value = 0.0} : regs<8xf16>
+  %c256 = constant {value = 256} : i32
+  %sum, %last = for %c0, %c2, %c1, %zero, %first_codes : regs<8xf16>, regs<8xDTYPE> {
+  ^(%i: i32, %acc: regs<8xf16>, %codes: regs<8xDTYPE>):
+    %next = add %i, %c1 : i32
+    %skip = mul %next, %c256 : i32
+    %step = splat %skip : regs<8xi32>
+    %ahead_ptrs = addptr %wp, %step : regs<8xptr<DTYPE>>
+    %ahead = load %ahead_ptrs {vector = 8} : regs<8xDTYPE>
+    %values = cast %codes : regs<8xf16>
+    %acc_next = add %acc, %values : regs<8xf16>
+    yield %acc_next, %ahead
+  }
+  %x = cast %sum : regs<8xf16>
+"""
+
+
+def test_codes_loaded_a_step_ahead_are_carried_packed_and_unpacked_where_they_are_cast():
+    """A u4 load whose registers a loop carries to the next iteration's cast (a K step's codes loaded one
+    step ahead): the loop carries the packed bytes and the body unpacks them straight into f16 (the fused
+    conversion), not u4 registers converted one by one; the SIMT simulator computes the same before and
+    after."""
+    text = rewritten(CARRIED + STORE_F16)
+    assert "%codes: regs<4xu8>):" in text and "for %c0, %c2, %c1, %zero, %9 : regs<8xf16>, regs<4xu8> {" in text
+    assert '= unpack_bits %codes {packed = "u4"} : regs<8xf16>' in text
+    assert "cast %codes" not in text and "regs<8xu4>" not in text
+    patterns = np.random.default_rng(7).integers(0, 16, 3 * 256)
+    results = []
+    for rewrite in (False, True):
+        module = parse_module((PROLOGUE + CARRIED + STORE_F16).replace("DTYPE", "u4"))
+        if rewrite:
+            unpack_low_bit(module)
+        out = np.zeros(256, np.float16)
+        run_threads(module.functions[0], [Memory(dt.pack(patterns, dt.u4), dt.u4, numel=3 * 256), out], (1,))
+        results.append(out)
+    np.testing.assert_array_equal(results[0], results[1])
+    np.testing.assert_array_equal(results[1], (patterns[:256] + patterns[256:512]).astype(np.float16))
 
 
 def test_groups_load_their_own_bytes_under_their_own_mask():

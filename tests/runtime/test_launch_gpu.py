@@ -17,6 +17,8 @@ from tessera.runtime.errors import LaunchError
 from tessera.runtime.launcher import KernelBinary, Launcher
 from tessera.testing import assert_close
 
+from counting_driver import CountingDriver
+
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU and its driver")]
 
@@ -165,23 +167,6 @@ def test_grid_limits_are_checked_before_the_driver(add_kernel):
     compiled, param_types, _ = add_kernel
     with pytest.raises(LaunchError, match="grid dimension 1 is 65536"):
         Launcher(compiled, param_types)((1, 65536), [0, 0, 0, 0])
-
-
-class CountingDriver:
-    """The real driver bindings, counting each `cu*` call."""
-
-    def __init__(self, real):
-        self.real, self.counts = real, __import__("collections").Counter()
-
-    def __getattr__(self, name):
-        value = getattr(self.real, name)
-        if not (name.startswith("cu") and callable(value)):
-            return value
-
-        def counted(*args, **kwargs):
-            self.counts[name] += 1
-            return value(*args, **kwargs)
-        return counted
 
 
 def test_a_warm_launch_on_the_gpu_is_one_driver_call(monkeypatch):

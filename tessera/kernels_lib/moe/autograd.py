@@ -28,7 +28,7 @@ import tessera
 
 from .common import kernel_arg
 from .experts import grouped_gemm_kernel, weight_grad_kernel
-from .mlp import forward, permute, tiles
+from .mlp import forward, permute, pipelining, tiles
 
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 
@@ -44,9 +44,11 @@ def grouped_gemm(a: torch.Tensor, b: torch.Tensor, block_expert: torch.Tensor, o
     c = torch.empty((rows, N), dtype=torch.float32, device=a.device)
     t = tiles(block_m, a).down
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(N, t.BN))
-    grouped_gemm_kernel[grid](*(kernel_arg(x) for x in (a.contiguous(), b.contiguous(), c, block_expert, offsets)),
+    a, b = a.contiguous(), b.contiguous()
+    grouped_gemm_kernel[grid](*(kernel_arg(x) for x in (a, b, c, block_expert, offsets)),
                               rows, N, K, E, E * b.shape[1], TRANS_B=trans_b, BM=block_m, BN=t.BN, BK=t.BK,
-                              STAGES=t.stages, num_warps=t.num_warps)
+                              **pipelining(t, (N, K), min(a.element_size(), b.element_size()) * 8, a, b),
+                              num_warps=t.num_warps)
     return c
 
 
@@ -64,8 +66,10 @@ def weight_grad(g: torch.Tensor, a: torch.Tensor, offsets: torch.Tensor, block_m
     t = tiles(block_m, g).gate_up
     reduce_rows = min(block_m, t.BK)
     grid = (E, tessera.cdiv(N, t.BN), tessera.cdiv(K, t.BK))
-    weight_grad_kernel[grid](*(kernel_arg(x) for x in (g.contiguous(), a.contiguous(), dw, offsets)), rows, N, K,
-                             E, BN=t.BN, BK=t.BK, BR=reduce_rows, STAGES=t.stages, num_warps=t.num_warps)
+    g, a = g.contiguous(), a.contiguous()
+    weight_grad_kernel[grid](*(kernel_arg(x) for x in (g, a, dw, offsets)), rows, N, K,
+                             E, BN=t.BN, BK=t.BK, BR=reduce_rows, num_warps=t.num_warps,
+                             **pipelining(t, (N, K), min(g.element_size(), a.element_size()) * 8, g, a))
     return dw
 
 

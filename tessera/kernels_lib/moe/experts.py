@@ -35,6 +35,8 @@ import math
 
 import tessera
 
+from ..gemm_alignment import state_multiples
+
 SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 ACTIVATIONS = ("silu", "gelu")
 
@@ -75,8 +77,10 @@ def permute_kernel(x_ptr, sorted_ids_ptr, xs_ptr, rows, H, numel, TOP_K: tessera
 @tessera.kernel
 def gate_up_kernel(xs_ptr, w13_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, H, I, E, two_i_e,
                    ACTIVATION: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                   BK: tessera.constexpr, STAGES: tessera.constexpr):
-    """h[r, n] = act(xs[r] @ Wg[e, n]) * (xs[r] @ Wu[e, n]) for one BM x BN tile of h (e: the block's expert)."""
+                   BK: tessera.constexpr, STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
+    """h[r, n] = act(xs[r] @ Wg[e, n]) * (xs[r] @ Wu[e, n]) for one BM x BN tile of h (e: the block's expert).
+    ALIGN: what the op checked H and I are multiples of (`mlp.pipelining`)."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     h = tessera.view(h_ptr, (rows, I)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):         # past the rows in use: zeros, no weights read
@@ -118,9 +122,11 @@ def weighted_rows_out(acc, out_ptr, weights_ptr, sorted_ids_ptr, pid_m, pid_n, r
 @tessera.kernel
 def down_kernel(h_ptr, w2_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr, offsets_ptr, rows, H, I,
                 E, h_e, numel, TOP_K: tessera.constexpr, ATOMIC: tessera.constexpr, BM: tessera.constexpr,
-                BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+                BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr,
+                ALIGN: tessera.constexpr = (1, 1)):
     """weight[pair] * (h[r] @ W2[e]^T) for one BM x BN tile: into y[pair] (its own row), or added into out[token]
-    (ATOMIC, float32)."""
+    (ATOMIC, float32). ALIGN: what the op checked H and I are multiples of."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     if pid_m * BM >= tessera.load(offsets_ptr + E):
         return
@@ -161,9 +167,10 @@ def combine_tile(y_ptr, out_ptr, pid_t, pid_h, T, H, TOP_K, K_PAD, BT, BH):
 @tessera.kernel
 def grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, block_expert_ptr, offsets_ptr, rows, N, K, E, b_rows,
                         TRANS_B: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                        BK: tessera.constexpr, STAGES: tessera.constexpr):
+                        BK: tessera.constexpr, STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
     """C[r] = A[r] @ op(B[e]) for one BM x BN tile of the aligned rows: B[e] is [N, K] (TRANS_B; B is
-    [E * N, K], b_rows = E * N) or [K, N] (B is [E * K, N], b_rows = E * K)."""
+    [E * N, K], b_rows = E * N) or [K, N] (B is [E * K, N], b_rows = E * K). ALIGN: what N and K are multiples of."""
+    state_multiples((N, K), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     c = tessera.view(c_ptr, (rows, N)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):
@@ -182,9 +189,12 @@ def grouped_gemm_kernel(a_ptr, b_ptr, c_ptr, block_expert_ptr, offsets_ptr, rows
 
 @tessera.kernel
 def weight_grad_kernel(g_ptr, a_ptr, dw_ptr, offsets_ptr, rows, N, K, E, BN: tessera.constexpr,
-                       BK: tessera.constexpr, BR: tessera.constexpr, STAGES: tessera.constexpr):
+                       BK: tessera.constexpr, BR: tessera.constexpr, STAGES: tessera.constexpr,
+                       ALIGN: tessera.constexpr = (1, 1)):
     """dW[e] = G[rows of e]^T @ A[rows of e], one BN x BK tile of the [E, N, K] gradient per program. An
-    expert's rows start and end on multiples of BR (BR divides the alignment's BM); padding rows are 0."""
+    expert's rows start and end on multiples of BR (BR divides the alignment's BM); padding rows are 0.
+    ALIGN: what N and K are multiples of."""
+    state_multiples((N, K), ALIGN)
     e, pid_n, pid_k = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2)
     first, last = tessera.load(offsets_ptr + e) // BR, tessera.load(offsets_ptr + e + 1) // BR
     g_t = tessera.view(g_ptr, (N, rows), (1, N))                 # G [rows, N] read as its transpose

@@ -27,7 +27,8 @@ import tessera
 
 from .common import check_device, kernel_arg
 from .experts import activate, weighted_rows_out
-from .mlp import _check_rows, combine, permute, tiles
+from ..gemm_alignment import state_multiples
+from .mlp import _check_rows, combine, permute, pipelining, tiles
 from .quantized import FP8_MAX, QuantizedExperts
 
 GROUP = 128             # activation columns per scale (DeepSeek-V3)
@@ -61,8 +62,9 @@ def fp8_block_gemm(a, a_s, w, s, pid_m, n_offset, K, BM, BN, G, WG, STAGES):
 def gate_up_fp8_kernel(xs_ptr, xs_s_ptr, w13_ptr, s_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, H, I, E,
                        two_i_e, x_cols, s_cols, ACTIVATION: tessera.constexpr, G: tessera.constexpr,
                        WG: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                       STAGES: tessera.constexpr):
+                       STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
     """`gate_up_kernel` with fp8 xs (scales [rows, x_cols]) and fp8 w13 [E * 2I, H] (scales [E * 2I, s_cols])."""
+    state_multiples((H, I), ALIGN)      # what the op checked H and I are multiples of (`mlp.pipelining`)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     h = tessera.view(h_ptr, (rows, I)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):
@@ -80,8 +82,9 @@ def gate_up_fp8_kernel(xs_ptr, xs_s_ptr, w13_ptr, s_ptr, h_ptr, block_expert_ptr
 def down_fp8_kernel(h_ptr, h_s_ptr, w2_ptr, s_ptr, out_ptr, weights_ptr, sorted_ids_ptr, block_expert_ptr,
                     offsets_ptr, rows, H, I, E, h_e, h_cols, s_cols, numel, TOP_K: tessera.constexpr,
                     ATOMIC: tessera.constexpr, G: tessera.constexpr, WG: tessera.constexpr, BM: tessera.constexpr,
-                    BN: tessera.constexpr, STAGES: tessera.constexpr):
+                    BN: tessera.constexpr, STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
     """`down_kernel` with fp8 h (scales [rows, h_cols]) and fp8 w2 [E * H, I] (scales [E * H, s_cols])."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     if pid_m * BM >= tessera.load(offsets_ptr + E):
         return
@@ -152,7 +155,7 @@ def gate_up_fp8(xs: torch.Tensor, xs_scale: torch.Tensor, qweight: torch.Tensor,
                              kernel_arg(scales.contiguous()), kernel_arg(h), kernel_arg(block_expert),
                              kernel_arg(offsets), rows, H, two_i // 2, E, E * two_i, xs_scale.shape[1],
                              scales.shape[2], ACTIVATION=activation, G=group, WG=group_size, BM=block_m, BN=t.BN,
-                             STAGES=t.stages, num_warps=t.num_warps)
+                             num_warps=t.num_warps, **pipelining(t, (H, two_i // 2), 8, xs, qweight))
     return h
 
 
@@ -180,7 +183,7 @@ def down_fp8(h: torch.Tensor, h_scale: torch.Tensor, qweight: torch.Tensor, scal
                           kernel_arg(scales.contiguous()), kernel_arg(out), kernel_arg(weights.contiguous().float()),
                           kernel_arg(sorted_ids), kernel_arg(block_expert), kernel_arg(offsets), rows, H, I, E, E * H,
                           h_scale.shape[1], scales.shape[2], T * K, TOP_K=K, ATOMIC=atomic, G=group, WG=group_size,
-                          BM=block_m, BN=t.BN, STAGES=t.stages, num_warps=t.num_warps)
+                          BM=block_m, BN=t.BN, num_warps=t.num_warps, **pipelining(t, (H, I), 8, h, qweight))
     return out
 
 

@@ -17,6 +17,7 @@ import tessera
 import tessera.torch
 
 from . import plan as plans
+from ..gemm_alignment import pointers_aligned, rows_alignment
 from .align import align
 from .common import FLOAT_DTYPES, check_device, kernel_arg
 from .experts import ACTIVATIONS, combine_kernel, down_kernel, gate_up_kernel, permute_kernel
@@ -36,6 +37,16 @@ def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = Fa
             return shipped if pipelined else shipped.without_pipelining()
     raise ValueError(f"tessera::moe: no GPU plan aligns to block_m = {block_m}; use one of "
                      f"{sorted(p.BM for p in plans.SHIPPED.values())} (plan.plan(...).BM)")
+
+
+def pipelining(t: plans.GemmTiles, sizes: tuple[int, ...], element_bits: int, *tensors) -> dict:
+    """A grouped GEMM's STAGES and ALIGN (`gemm_alignment.rows_alignment`): its operands are dense rows of
+    `sizes` (H and I, or N and K) elements of at least `element_bits`; ALIGN states what each size is a multiple
+    of, which the specialization misses for bf16 rows of 8 * odd elements (H = 4104), and the K loop keeps the
+    plan's pipeline only where every row and pointer among `tensors` starts 16-byte aligned (else a plain loop,
+    not copies the compiler would refuse)."""
+    align, pipelined = rows_alignment(sizes, element_bits, pointers_aligned(*tensors))
+    return dict(STAGES=t.stages if pipelined else 1, ALIGN=align)
 
 
 def interleave_gate_up(w_gate: torch.Tensor, w_up: torch.Tensor) -> torch.Tensor:
@@ -83,9 +94,10 @@ def _gate_up(xs: torch.Tensor, w13: torch.Tensor, block_expert: torch.Tensor, of
     h = torch.empty((rows, two_i // 2), dtype=xs.dtype, device=xs.device)
     t = tiles(block_m, xs).gate_up
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(two_i // 2, t.BN))
-    gate_up_kernel[grid](*(kernel_arg(a) for a in (xs, w13.contiguous(), h, block_expert, offsets)), rows, H,
+    w13 = w13.contiguous()
+    gate_up_kernel[grid](*(kernel_arg(a) for a in (xs, w13, h, block_expert, offsets)), rows, H,
                          two_i // 2, E, E * two_i, ACTIVATION=activation, BM=block_m, BN=t.BN, BK=t.BK,
-                         STAGES=t.stages, num_warps=t.num_warps)
+                         **pipelining(t, (H, two_i // 2), xs.element_size() * 8, xs, w13), num_warps=t.num_warps)
     return h
 
 
@@ -110,7 +122,8 @@ def _down(h: torch.Tensor, w2: torch.Tensor, weights: torch.Tensor, sorted_ids: 
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(H, t.BN))
     args = (h, w2.contiguous(), out, weights.contiguous().float(), sorted_ids, block_expert, offsets)
     down_kernel[grid](*(kernel_arg(a) for a in args), rows, H, I, E, E * H, T * K, TOP_K=K, ATOMIC=atomic,
-                      BM=block_m, BN=t.BN, BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+                      BM=block_m, BN=t.BN, BK=t.BK, **pipelining(t, (H, I), h.element_size() * 8, *args[:2]),
+                      num_warps=t.num_warps)
     return out
 
 

@@ -43,11 +43,12 @@ import torch
 import tessera
 import tessera.torch
 
+from ..gemm_alignment import state_multiples
 from . import plan as plans
 from .align import PREFIX_EXPERTS, count_chunk, max_rows, prefix_chunks, prefix_slice, scatter_chunk
 from .common import kernel_arg
 from .experts import combine_tile, down_tile, gate_up_tile
-from .mlp import check_experts, tiles
+from .mlp import check_experts, pipelining, tiles
 from .routing import check_routing, route_chunk, tokens_per_program
 
 QUEUE, ROUTED, PREFIXED, ALIGNED, DOWNS, H_DONE = 0, 1, 2, 3, 4, 5
@@ -88,7 +89,8 @@ def moe_layer_kernel(logits_ptr, bias_ptr, x_ptr, w13_ptr, w2_ptr, weights_ptr, 
                      BM: tessera.constexpr, ACTIVATION: tessera.constexpr, ATOMIC: tessera.constexpr,
                      BN_UP: tessera.constexpr, BK_UP: tessera.constexpr, STAGES_UP: tessera.constexpr,
                      BN_DOWN: tessera.constexpr, BK_DOWN: tessera.constexpr, STAGES_DOWN: tessera.constexpr,
-                     BH: tessera.constexpr, BTC: tessera.constexpr):
+                     BH: tessera.constexpr, BTC: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
+    state_multiples((H, I), ALIGN)      # what the op checked H and I are multiples of (`mlp.pipelining`)
     slices = tessera.cdiv(E, EB)
     n_up, n_down = tessera.cdiv(I, BN_UP), tessera.cdiv(H, BN_DOWN)
     gemm_first = 2 * chunks + slices
@@ -228,6 +230,10 @@ def layer_launch(x, w13, w2, logits, bias, weights, ids, top_k: int, scoring: st
     constexprs = constexprs_for(p, E, K, chunks, route=route_here, scoring=scoring, has_bias=bias is not None,
                                 n_group=n_group, topk_group=topk_group, renormalize=renormalize,
                                 activation=activation, atomic=atomic)
+    # the row alignment the op checked, and the plan's pipelines only where every row starts 16-byte aligned
+    up = pipelining(p.gate_up, (H, I), x.element_size() * 8, x, tensors[3], tensors[4], xs, h)
+    down = pipelining(p.down, (H, I), x.element_size() * 8, x, tensors[3], tensors[4], xs, h)
+    constexprs.update(ALIGN=up["ALIGN"], STAGES_UP=up["STAGES"], STAGES_DOWN=down["STAGES"])
     items = (2 * chunks + tessera.cdiv(E, constexprs["EB"])
              + blocks * (tessera.cdiv(I, p.gate_up.BN) + tessera.cdiv(H, p.down.BN))
              + tessera.cdiv(T, COMBINE_TOKENS) * tessera.cdiv(H, COLUMNS))

@@ -24,11 +24,12 @@ import torch
 
 import tessera
 
+from ..gemm_alignment import state_multiples
 from .autograd import expert_grads
 from .common import kernel_arg
-from .mlp import tiles
+from .mlp import pipelining, tiles
 from .quantized import QuantizedExperts
-from .quantized_mlp import _check_steps, _check_weight, _weight_args, dequantized_block, forward_quantized, \
+from .quantized_mlp import CODE_BITS, _check_steps, _check_weight, _weight_args, dequantized_block, forward_quantized, \
     quantized_block_gemm
 
 
@@ -47,10 +48,13 @@ def dequantized_gemm(a, w, s, z, pid_m, first_row, pid_n, K, BM, BN, BK, G, FORM
 def grouped_gemm_quant_kernel(a_ptr, w_ptr, s_ptr, z_ptr, c_ptr, block_expert_ptr, offsets_ptr, rows, N, K, E,
                               w_rows, w_cols, s_cols, TRANS_B: tessera.constexpr, FORMAT: tessera.constexpr,
                               G: tessera.constexpr, ZEROS: tessera.constexpr, BM: tessera.constexpr,
-                              BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+                              BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr,
+                              ALIGN: tessera.constexpr = (1, 1)):
     """C[r] = A[r] @ op(W[e]) for one BM x BN float32 tile of the aligned rows. W holds E experts' quantized
     [w_rows / E, w_cols] weights as [w_rows, w_cols] codes (scales, zeros [w_rows, s_cols]); TRANS_B: A is
-    [rows, K = w_cols], C [rows, N]; else A is [rows, K] and C [rows, N = w_cols] (dY @ W)."""
+    [rows, K = w_cols], C [rows, N]; else A is [rows, K] and C [rows, N = w_cols] (dY @ W). ALIGN: what K and
+    w_cols are multiples of (`mlp.pipelining`)."""
+    state_multiples((K, w_cols), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     c = tessera.view(c_ptr, (rows, N)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):
@@ -84,11 +88,13 @@ def grouped_gemm_quant(a: torch.Tensor, qweight: torch.Tensor, scales: torch.Ten
         _check_steps("moe_grouped_gemm_quant", format, group_size, K, t.BN)
     c = torch.empty((rows, out_cols), dtype=torch.float32, device=a.device)
     grid = (tessera.cdiv(rows, block_m), tessera.cdiv(out_cols, t.BN))
-    grouped_gemm_quant_kernel[grid](kernel_arg(a.contiguous()), *_weight_args(qweight, scales, zeros, format),
+    a = a.contiguous()
+    grouped_gemm_quant_kernel[grid](kernel_arg(a), *_weight_args(qweight, scales, zeros, format),
                                     kernel_arg(c), kernel_arg(block_expert), kernel_arg(offsets), rows, out_cols,
                                     K if trans_b else N, E, E * N, K, scales.shape[2], TRANS_B=trans_b,
                                     FORMAT=format, G=group_size, ZEROS=zeros is not None, BM=block_m, BN=t.BN,
-                                    BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+                                    BK=t.BK, num_warps=t.num_warps,
+                                    **pipelining(t, (K if trans_b else N, K), CODE_BITS[format], a, qweight))
     return c
 
 

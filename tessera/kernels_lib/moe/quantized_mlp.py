@@ -10,6 +10,9 @@ dtype, and multiplies it on the tensor cores (mma.sync; wgmma on sm_90a,
 which reads A from the TMA-filled ring and B from registers). The weights
 are the [E * N, K] matrix of all experts' rows, so that a block's row
 offset (expert * N + column) picks the expert, as in `experts.py`.
+The dequantized block reaches shared memory in 16-byte stores (N x K for
+mma.sync, K-major for wgmma); codes and scales are loaded a K step ahead
+(`quantized_block_gemm`), since no ring prefetches a load that feeds a cast.
 
 These ops are the forward pass; `quantized_autograd.py` wraps them in a
 differentiable op (gradients in x and the routing weights, the quantized
@@ -24,42 +27,65 @@ import torch
 
 import tessera
 
+from ..gemm_alignment import state_multiples
 from .common import FLOAT_DTYPES, check_device, kernel_arg
 from .experts import activate, weighted_rows_out
-from .mlp import ACTIVATIONS, _check_rows, combine, permute, tiles
+from .mlp import ACTIVATIONS, _check_rows, combine, permute, pipelining, tiles
 from .quantized import QuantizedExperts
 
 _CODE_TYPES = {"int4": tessera.u4, "fp8": tessera.f8e4m3}
+CODE_BITS = {"int4": 4, "fp8": 8}      # the narrowest operand of the GEMMs (`mlp.pipelining`)
+
+
+@tessera.func
+def dequantized(codes, scale, zero, BN, BK, G, FORMAT, ZEROS, DTYPE):
+    """A BN x BK block of codes as DTYPE, with its scales (and zeros) [BN, groups in the block]: int4
+    (q - zero) * scale with a scale per group of G along K; fp8 q * scale with one scale per row for the step
+    (BK divides G). Scales are rounded to DTYPE: exact enough in bf16 (float32's range); in float16 a scale
+    under 2^-14 is subnormal and keeps fewer bits."""
+    if FORMAT == "fp8":
+        return codes.to(DTYPE) * scale.to(DTYPE)           # e4m3 values are exact in bf16 and float16
+    GB = max(BK // G, 1)                                   # groups in the block
+    values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
+    if ZEROS:
+        values = values - tessera.expand_dims(zero.to(DTYPE), 2)
+    else:
+        values = values - 8.0                              # symmetric 4-bit codes: zero point 2^3
+    return tessera.reshape(values * tessera.expand_dims(scale.to(DTYPE), 2), (BN, BK))
 
 
 @tessera.func
 def dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, DTYPE):
-    """The BN x BK block of W [E * N, K] at rows n_offset.., K step k, as DTYPE: int4 (q - zero) * scale with
-    a scale per group of G along K; fp8 q * scale with one scale per row for the step (BK divides G). Scales
-    are rounded to DTYPE: exact enough in bf16 (float32's range); in float16 a scale under 2^-14 is
-    subnormal and keeps fewer bits."""
-    codes = w.block((BN, BK), offsets=(n_offset, k * BK)).load()
-    if FORMAT == "fp8":
-        scale = s.block((BN, 1), offsets=(n_offset, k * BK // G)).load().to(DTYPE)
-        return codes.to(DTYPE) * scale                     # e4m3 values are exact in bf16 and float16
-    GB = max(BK // G, 1)                                   # groups in the block
+    """The BN x BK block of W [E * N, K] at rows n_offset.., K step k, as DTYPE (`dequantized`)."""
     groups = (n_offset, k * BK // G)
-    values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
-    if ZEROS:
-        values = values - tessera.expand_dims(z.block((BN, GB), offsets=groups).load().to(DTYPE), 2)
-    else:
-        values = values - 8.0                              # symmetric 4-bit codes: zero point 2^3
-    scale = tessera.expand_dims(s.block((BN, GB), offsets=groups).load().to(DTYPE), 2)
-    return tessera.reshape(values * scale, (BN, BK))
+    scale = s.block((BN, max(BK // G, 1)), offsets=groups).load()
+    zero = z.block((BN, max(BK // G, 1)), offsets=groups).load() if ZEROS else scale
+    return dequantized(w.block((BN, BK), offsets=(n_offset, k * BK)).load(), scale, zero, BN, BK, G, FORMAT, ZEROS,
+                       DTYPE)
 
 
 @tessera.func
 def quantized_block_gemm(a, w, s, z, pid_m, n_offset, K, BM, BN, BK, G, FORMAT, ZEROS, STAGES):
-    """acc = A[pid_m's BM rows, :] @ W[n_offset : n_offset + BN, :]^T over all of K, W dequantized per step."""
+    """acc = A[pid_m's BM rows, :] @ W[n_offset : n_offset + BN, :]^T over all of K, W dequantized per step.
+
+    The codes feed a cast, not the dot, so no ring prefetches them (`pipeline_plan`): step k + 1's codes,
+    scales and zeros are loaded while step k's are converted and multiplied, so their DRAM latency hides
+    behind a step's work (each step waited for its own on main: one exposed latency per K step, with 1-4
+    programs per SM to hide it). The low-bit pass carries the int4 codes as packed bytes
+    (`low_bit.carried_to_casts`). Past the last step the blocks read nothing."""
+    GB = max(BK // G, 1)                                   # scale columns per step
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    codes = w.block((BN, BK), offsets=(n_offset, 0)).load()
+    scale = s.block((BN, GB), offsets=(n_offset, 0)).load()
+    zero = z.block((BN, GB), offsets=(n_offset, 0)).load() if ZEROS else scale
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
-        wt = dequantized_block(w, s, z, n_offset, k, BN, BK, G, FORMAT, ZEROS, a.dtype)
+        step = (n_offset, (k + 1) * BK // G)
+        codes_ahead = w.block((BN, BK), offsets=(n_offset, (k + 1) * BK)).load()
+        scale_ahead = s.block((BN, GB), offsets=step).load()
+        zero_ahead = z.block((BN, GB), offsets=step).load() if ZEROS else scale_ahead
+        wt = dequantized(codes, scale, zero, BN, BK, G, FORMAT, ZEROS, a.dtype)
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), wt.T, acc)
+        codes, scale, zero = codes_ahead, scale_ahead, zero_ahead
     return acc
 
 
@@ -67,8 +93,10 @@ def quantized_block_gemm(a, w, s, z, pid_m, n_offset, K, BM, BN, BK, G, FORMAT, 
 def gate_up_quant_kernel(xs_ptr, w13_ptr, s_ptr, z_ptr, h_ptr, block_expert_ptr, offsets_ptr, rows, H, I, E,
                          two_i_e, s_cols, FORMAT: tessera.constexpr, G: tessera.constexpr,
                          ZEROS: tessera.constexpr, ACTIVATION: tessera.constexpr, BM: tessera.constexpr,
-                         BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr):
+                         BN: tessera.constexpr, BK: tessera.constexpr, STAGES: tessera.constexpr,
+                         ALIGN: tessera.constexpr = (1, 1)):
     """`gate_up_kernel` with quantized w13 [E * 2I, H] (interleaved rows; scales and zeros [E * 2I, s_cols])."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     h = tessera.view(h_ptr, (rows, I)).block((BM, BN), (pid_m, pid_n))
     if pid_m * BM >= tessera.load(offsets_ptr + E):         # past the rows in use: zeros, no weights read
@@ -88,8 +116,9 @@ def down_quant_kernel(h_ptr, w2_ptr, s_ptr, z_ptr, out_ptr, weights_ptr, sorted_
                       offsets_ptr, rows, H, I, E, h_e, s_cols, numel, FORMAT: tessera.constexpr,
                       G: tessera.constexpr, ZEROS: tessera.constexpr, TOP_K: tessera.constexpr,
                       ATOMIC: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                      BK: tessera.constexpr, STAGES: tessera.constexpr):
+                      BK: tessera.constexpr, STAGES: tessera.constexpr, ALIGN: tessera.constexpr = (1, 1)):
     """`down_kernel` with quantized w2 [E * H, I] (scales and zeros [E * H, s_cols])."""
+    state_multiples((H, I), ALIGN)
     pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
     if pid_m * BM >= tessera.load(offsets_ptr + E):
         return
@@ -149,8 +178,8 @@ def gate_up_quant(xs: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor,
     gate_up_quant_kernel[grid](kernel_arg(xs), *_weight_args(qweight, scales, zeros, format), kernel_arg(h),
                                kernel_arg(block_expert), kernel_arg(offsets), rows, H, two_i // 2, E, E * two_i,
                                scales.shape[2], FORMAT=format, G=group_size, ZEROS=zeros is not None,
-                               ACTIVATION=activation, BM=block_m, BN=t.BN, BK=t.BK, STAGES=t.stages,
-                               num_warps=t.num_warps)
+                               ACTIVATION=activation, BM=block_m, BN=t.BN, BK=t.BK, num_warps=t.num_warps,
+                               **pipelining(t, (H, two_i // 2), CODE_BITS[format], xs, qweight))
     return h
 
 
@@ -177,7 +206,7 @@ def down_quant(h: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, zer
                             kernel_arg(weights.contiguous().float()), kernel_arg(sorted_ids), kernel_arg(block_expert),
                             kernel_arg(offsets), rows, H, I, E, E * H, scales.shape[2], T * K, FORMAT=format,
                             G=group_size, ZEROS=zeros is not None, TOP_K=K, ATOMIC=atomic, BM=block_m, BN=t.BN,
-                            BK=t.BK, STAGES=t.stages, num_warps=t.num_warps)
+                            BK=t.BK, num_warps=t.num_warps, **pipelining(t, (H, I), CODE_BITS[format], h, qweight))
     return out
 
 

@@ -94,13 +94,15 @@ def row_major_strides(shape: Sequence[int]) -> tuple[int, ...]:
 
 def shared_vector_width(layout: RegisterLayout, weights: Sequence[int], bits: int, max_vector_bits: int) -> int:
     """Registers of `bits` bits one shared-memory access may move when register j of `layout` goes to element
-    sum_d w_d * coord_d: a power of two of registers contiguous along the last dim (weight 1) that every
-    other weight keeps aligned, at most `max_vector_bits` wide."""
-    if not layout.rank or weights[-1] != 1:
+    sum_d w_d * coord_d: a power of two of registers contiguous along the dim of weight 1 (the last, or
+    another: a tile stored transposed, e.g. a K-contiguous B into an N x K buffer) that every other weight
+    keeps aligned, at most `max_vector_bits` wide."""
+    if not layout.rank or 1 not in weights:
         return 1
-    k = min(layout.local_contiguity(-1), max(1, max_vector_bits // max(bits, 8)))
+    dim = layout.rank - 1 if weights[-1] == 1 else list(weights).index(1)
+    k = min(layout.local_contiguity(dim), max(1, max_vector_bits // max(bits, 8)))
     k = 1 << (k.bit_length() - 1)
-    while k > 1 and any(w % k for w in weights[:-1]):
+    while k > 1 and any(w % k for d, w in enumerate(weights) if d != dim):
         k //= 2
     return k
 

@@ -52,13 +52,34 @@ def ldmatrix_operand(ctx, regs: Regs, want: RegisterLayout, trans: bool) -> Regs
             or regs.element.dtype not in LDMATRIX_DTYPES or regs.layout == want
             or register_map(regs.layout, want, row_major_strides(want.shape)) is not None):
         return None
-    plan = ldmatrix_plan(want, trans, ctx.warp_size, regs.element.dtype.bits // 8)
+    element_bytes = regs.element.dtype.bits // 8
+    plan = ldmatrix_plan(want, trans, ctx.warp_size, element_bytes, row_keyed=True)
+    weights = row_major_strides(want.shape)
+    flipped = _flipped_plan(ctx, regs, want, trans, element_bytes)
+    if flipped is not None and (plan is None or _store_width(ctx, regs, flipped[1]) > _store_width(ctx, regs, weights)):
+        plan, weights = flipped
     if plan is None:
         return None
-    buf = store_swizzled(ctx, regs, plan.smem)
+    buf = store_swizzled(ctx, regs, plan.smem, weights)
     loaded = read_fragment(ctx, buf, plan, regs.element.dtype)
     ctx.threads.barrier()
-    return loaded
+    return Regs(loaded.value, want)
+
+
+def _flipped_plan(ctx, regs: Regs, want: RegisterLayout, trans: bool, element_bytes: int):
+    """(plan, store weights) for a 2-D tile kept transposed in shared memory (its dim 0 contiguous, read
+    with the other ldmatrix flavour), or None. A dequantized B (K x N) whose owners hold runs along K
+    stores 16-byte vectors into an N x K buffer, where the K x N one takes a 2-byte store per element
+    (64 scalar stores a thread per MoE decode K step, 2026-11-26)."""
+    if want.rank != 2 or regs.layout.rank != 2 or (not trans and element_bytes != 2):
+        return None
+    plan = ldmatrix_plan(want.permute((1, 0)), not trans, ctx.warp_size, element_bytes, row_keyed=True)
+    return None if plan is None else (plan, (1, want.shape[0]))
+
+
+def _store_width(ctx, regs: Regs, weights) -> int:
+    """Elements one store of `regs` moves when element (i, j) goes to i * weights[0] + j * weights[1]."""
+    return ctx.smem.vector_width(regs.layout, weights, regs.element.dtype)
 
 
 @dataclass(frozen=True)
@@ -72,15 +93,17 @@ class LdmatrixPlan:
     thread_bits: tuple                  # row address = base[g] + sum_b bit_b(thread) * weight[b]
 
 
-def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2) -> LdmatrixPlan | None:
+def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_bytes: int = 2,
+                  row_keyed: bool = False) -> LdmatrixPlan | None:
     """The ldmatrix reads (and the conflict-free swizzle of the buffer) that give exactly the registers of
     `want` (of `element_bytes`-byte elements) from a row-major buffer of its shape (.trans when `trans`); None
-    when ldmatrix cannot."""
+    when ldmatrix cannot. `row_keyed`: rows wider than 128 bytes may take a swizzle TMA cannot write
+    (`_row_keyed`; for buffers the threads fill)."""
     rows = ldmatrix_rows(want, trans, warp, element_bytes)
     if rows is None:
         return None
     cols = want.shape[1]
-    smem = swizzled_row_major(*want.shape, rows.starts, element_bytes)
+    smem = swizzled_row_major(*want.shape, rows.starts, element_bytes, row_keyed)
     thread_bits = _thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
     if thread_bits is None:
         return None
@@ -154,26 +177,14 @@ def _reproduces(table, starts, nums, trans, warp, per_word=2) -> bool:
     return True
 
 
-# Rows up to this wide get the row-keyed swizzle. Wider rows (head dim 256: 512 bytes) stay plain for now: their
-# reads need twice the distinct swizzled offsets, which LLVM hoists out of the loop, and the decode plan of head
-# dim 256 then spills on sm_80 (16 spill stores at 255 registers).
-WIDE_ROW_BYTES = 256
-
-
-def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2) -> SmemLayout:
-    """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle whose row
-    reads are conflict-free; plain row-major if none is.
-
-    The 128/64/32-byte swizzles key the XOR on the 128-byte line, which is the row only while a row spans at
-    most 128 bytes. Rows wider than that (a 64 x 128 bf16 key block: 256 bytes) put every ldmatrix phase's
-    eight rows on the same banks unless the XOR keys on the row itself: `_wide_row_swizzle` (chunk c of row r
-    moves to c ^ (r % 8) within its 128 bytes), tried after them (a layout they already serve keeps its code)."""
+def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: int = 2,
+                       row_keyed: bool = False) -> SmemLayout:
+    """Row-major rows x cols (`element_bytes`-byte elements) with the widest 128/64/32-byte swizzle (then, if
+    `row_keyed`, `_row_keyed`'s) whose row reads are conflict-free; plain row-major if none is."""
     plain = row_major(rows, cols)
-    candidates = [swizzle_bytes(nbytes, element_bytes) for nbytes in (128, 64, 32) if cols * element_bytes >= nbytes]
-    if 128 < cols * element_bytes <= WIDE_ROW_BYTES:
-        candidates.append(_wide_row_swizzle(cols, element_bytes))
-    for swizzle in candidates:
-        if swizzle is None or (rows * cols) % swizzle.block:
+    extra = _row_keyed(cols, element_bytes) if row_keyed else []
+    for swizzle in [swizzle_bytes(n, element_bytes) for n in (128, 64, 32)] + extra:
+        if cols * element_bytes < 16 << swizzle.bits or (rows * cols) % swizzle.block:
             continue
         layout = SmemLayout(plain.shape, plain.strides, swizzle)
         if row_conflicts(layout, starts, element_bytes) == 1:
@@ -182,18 +193,21 @@ def swizzled_row_major(rows: int, cols: int, starts: np.ndarray, element_bytes: 
 
 
 def is_wide_row_swizzle(swizzle: Swizzle | None) -> bool:
-    """Whether `swizzle` keys on rows wider than 128 bytes (`_wide_row_swizzle`), which TMA cannot write: the
+    """Whether `swizzle` keys on rows wider than 128 bytes (`_row_keyed`), which TMA cannot write: the
     32/64/128-byte swizzles shift by 3 chunks' worth of bits, it by more."""
     return swizzle is not None and swizzle.shift > 3
 
 
-def _wide_row_swizzle(cols: int, element_bytes: int) -> Swizzle | None:
-    """For rows of more than 128 bytes (a power of two): the 3 low bits of the row index XORed into the 16-byte
-    chunk index, in element units (Swizzle<3, log2(16/e), log2(cols) - log2(16/e)>); None for other rows."""
-    if cols & (cols - 1) or element_bytes not in (1, 2, 4):
-        return None
-    base = int(math.log2(16 // element_bytes))
-    return Swizzle(3, base, int(math.log2(cols)) - base)
+def _row_keyed(cols: int, element_bytes: int) -> list[Swizzle]:
+    """For rows wider than 128 bytes (a power of two): the eight 16-byte chunks of each 128 bytes XORed with
+    the row index, not the 128-byte index. The standard 128-byte swizzle keys on bits the row index only
+    partly reaches (256-byte rows: even keys only), so the eight rows of an ldmatrix matrix, 256 bytes
+    apart, fell in two (or, unswizzled, one) 16-byte bank groups: 8-way conflicts (the int4/fp8 MoE
+    decode's dequantized 64 x 128 bf16 B, 2026-11-26). TMA cannot write this swizzle (cp.async can)."""
+    row_bytes = cols * element_bytes
+    if row_bytes <= 128 or row_bytes & (row_bytes - 1):
+        return []
+    return [Swizzle(3, 4 - (element_bytes.bit_length() - 1), row_bytes.bit_length() - 1 - 4)]
 
 
 def row_conflicts(layout: SmemLayout, starts: np.ndarray, element_bytes: int = 2) -> int:
@@ -242,7 +256,7 @@ def _thread_offset(ctx, weights: list[int]):
 
 def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     """This lane's (swizzled) element offset of its row for ldmatrix number g. Unswizzled or under a
-    32/64/128-byte swizzle: hoisted. Under a wide-row swizzle (`_wide_row_swizzle`, rows over 128 bytes):
+    32/64/128-byte swizzle: hoisted. Under a row-keyed swizzle (`_row_keyed`, rows over 128 bytes):
     g's base splits into a multiple of the swizzle's period, added after the XOR (the swizzle of o + k * period
     is o's plus k * period: it folds into the ldmatrix's address immediate), and a remainder; where the
     remainder's bits are clear in every lane's offset and leave the XOR's key alone, it is XORed into the one
@@ -305,17 +319,19 @@ def wgmma_tile_offsets(ctx, tile: WgmmaTileLayout, layout: RegisterLayout, row_w
     return swizzle_offsets(ctx, index, swizzle_bytes(tile.swizzle, tile.element_bytes) if tile.swizzle else None)
 
 
-def store_swizzled(ctx, regs: Regs, smem: SmemLayout):
+def store_swizzled(ctx, regs: Regs, smem: SmemLayout, weights=None):
     """Store the tile into a fresh buffer at `smem` offsets (owners only, vectors within 16-byte chunks),
-    then a barrier; the buffer."""
+    then a barrier; the buffer. `weights`: element (i, j, ..) goes to sum_d w_d * coord_d of the buffer's
+    row-major order (default: the tile's own row-major strides; (1, rows) stores a 2-D tile transposed)."""
     layout, dtype = regs.layout, regs.element.dtype
+    weights = tuple(weights or row_major_strides(layout.shape))
     buf = ctx.smem.alloc(dtype, smem.cosize)
     count = regs.count
-    index = swizzle_offsets(ctx, ctx.index.regs(layout, row_major_strides(layout.shape)), smem.swizzle)
+    index = swizzle_offsets(ctx, ctx.index.regs(layout, weights), smem.swizzle)
     ptrs = ctx.emit("addptr", ctx.splat(buf, count), index)
     owner = ctx.index.owner_predicate(layout)
     mask = [ctx.splat(owner, count)] if owner is not None else []
-    k = min(ctx.smem.vector_width(layout, row_major_strides(layout.shape), dtype), 16 // (dtype.bits // 8))
+    k = min(_store_width(ctx, regs, weights), 16 // (dtype.bits // 8))
     ctx.create("store", [ptrs, regs.value, *mask], {"vector": k} if k > 1 else None)
     ctx.threads.barrier()
     return buf

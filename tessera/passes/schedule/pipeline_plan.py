@@ -14,7 +14,7 @@ comment above `pipeline_plan`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout, local, spatial
@@ -27,7 +27,7 @@ from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzl
 from .. import alignment
 from ..mma import MmaPlan, mma_plan
 from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, is_wide_row_swizzle, ldmatrix_plan
-from .tma_fill import TmaBox, tma_plan
+from .tma_fill import NO_BOX, TmaBox, tma_plan
 from .shortfalls import place, refuse
 
 # ldmatrix reads 16-bit elements plain or transposed, 8-bit and tf32 (f32) ones plain only (`_slot_layout`).
@@ -290,11 +290,12 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
                 copies = copies.permute((1, 0))
             no_tma: list[str] = []
             tma = tma_plan(load, dim, slot_layout, target, facts, no_tma)
-            if tma is None and fragment is not None and is_wide_row_swizzle(slot_layout.swizzle):
-                # TMA writes no row-keyed swizzle: where it could fill the plain slot, keep TMA (as before
-                # that swizzle existed) over conflict-free reads
-                plain = replace(fragment, smem=SmemLayout(slot_layout.shape, slot_layout.strides))
-                retried = tma_plan(load, dim, plain.smem, target, facts, [])
+            if tma is None and fragment is not None and is_wide_row_swizzle(slot_layout.swizzle) and \
+                    no_tma and no_tma[0].endswith(NO_BOX):
+                # TMA writes no row-keyed swizzle: where it could fill the slot under one it writes, keep TMA
+                # (as before the ring took that swizzle) over conflict-free reads
+                plain = ldmatrix_plan(fragment.want, fragment.trans, target.warp_size, dtype.bits // 8)
+                retried = tma_plan(load, dim, plain.smem, target, facts, []) if plain is not None else None
                 if retried is not None:
                     fragment, slot_layout, tma, no_tma = plain, plain.smem, retried, []
             return PipelinedLoad(load, slice_ops, dot, operand, want, dim, width, copies, slot_layout, fragment, tma,
@@ -302,6 +303,13 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         width //= 2
     return refuse(why, f"is too small to deal its copies evenly to {num_threads} threads")
 
+
+
+# A cp.async ring's ldmatrix slots with rows up to this wide take the row-keyed swizzle (conflict-free reads of a
+# 64 x 128 bf16 K or V block: 8-way conflicted before, which held paged decode to 18% of HBM bandwidth on an H100,
+# bench/results/2026-11-26-h100-run9). Wider rows (head dim 256) stay off it: their reads need twice the
+# distinct swizzled offsets, which LLVM hoists out of the loop, and the decode plan of head dim 256 then spills.
+ROW_KEYED_MAX_BYTES = 256
 
 
 def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, int], element_bytes: int,
@@ -320,7 +328,8 @@ def _slot_layout(mma: MmaPlan, operand: int, dim: int, slot_shape: tuple[int, in
     want = mma.a if operand == 0 else mma.b
     trans = operand == 1
     slot_want = want if dim == 1 else want.permute((1, 0))
-    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, warp_size, element_bytes)
+    row_keyed = slot_want.shape[1] * element_bytes <= ROW_KEYED_MAX_BYTES
+    fragment = ldmatrix_plan(slot_want, trans if dim == 1 else not trans, warp_size, element_bytes, row_keyed)
     if fragment is None:
         return None
     return want, fragment.smem, fragment

@@ -70,6 +70,9 @@ class TmaBox:
         return [*(_i32(ctx, ctx.lookup(v)) for v in self.leading), outer, inner]
 
 
+NO_BOX = "no TMA box writes its slot layout"     # the refusal a TMA-writable swizzle can answer
+
+
 def tma_plan(load: Operation, dim: int, slot: SmemLayout | WgmmaTileLayout, target: Target,
              facts: dict, why: list[str] | None = None) -> TmaBox | None:
     """The TMA fill of pipelined view load `load` (contiguous view dim `dim`, slot layout `slot`), or None
@@ -115,7 +118,7 @@ def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: in
                             "constant), which the host needs to build the tensor map")
     boxes = slot_boxes(slot, shape[outer], shape[dim], size)
     if boxes is None:
-        return refuse(why, "no TMA box writes its slot layout")
+        return refuse(why, NO_BOX)
     swizzle, width, count = boxes
     box = (shape[outer], width)
     if max(box) > MAX_BOX_DIM or width * size % 16 or math.prod(box) * size % SLOT_ALIGN[swizzle]:
