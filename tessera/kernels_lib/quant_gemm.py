@@ -45,18 +45,21 @@ from .quant_fragment import DECODE_TILING
 
 
 @tessera.func
-def dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, DTYPE, SCALE_LAYOUT=None):
-    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own.
-    SCALE_LAYOUT (or None: the compiler's choice) pins the layout the scales and zeros are loaded in."""
+def dequantize(codes, scale, zero, BN, BK, G, ZEROS, HALF, DTYPE):
+    """W's BN x BK block of codes -> (codes - zero) * scale in DTYPE, each group of G along K with its own
+    scale (and zero) from the [BN, groups in the block] blocks `scale_block` loaded."""
     GB = max(BK // G, 1)                        # groups in the block
-    groups = (pid_n, step * BK // G // GB)
     values = tessera.reshape(codes.to(DTYPE), (BN, GB, BK // GB))
-    if ZEROS:
-        values = values - tessera.expand_dims(z.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
-    else:
-        values = values - HALF
-    scale = tessera.expand_dims(s.block((BN, GB), groups).load(layout=SCALE_LAYOUT).to(DTYPE), 2)
-    return tessera.reshape(values * scale, (BN, BK))
+    values = values - (tessera.expand_dims(zero.to(DTYPE), 2) if ZEROS else HALF)
+    return tessera.reshape(values * tessera.expand_dims(scale.to(DTYPE), 2), (BN, BK))
+
+
+@tessera.func
+def scale_block(s, pid_n, step, BN, BK, G, SCALE_LAYOUT=None):
+    """The [BN, groups in the block] scales (or zeros) of W's K step `step`. SCALE_LAYOUT (or None: the
+    compiler's choice) pins the layout they are loaded in."""
+    GB = max(BK // G, 1)
+    return s.block((BN, GB), (pid_n, step * BK // G // GB)).load(layout=SCALE_LAYOUT)
 
 
 @tessera.func
@@ -72,15 +75,23 @@ def write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K):
 
 
 @tessera.func
-def weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER):
-    """W's (BN, BK) block of codes: a block of the plain [N, K] codes, or (fragment order, `quant_fragment`) the
-    block's (threads, L) stored codes, each thread's row one run of bytes, re-read as (BN, BK) in registers."""
+def weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT):
+    """W's codes for K step `step`: the (BN, BK) block of the plain [N, K] codes, or (fragment order,
+    `quant_fragment`) the block's (threads, L) stored codes, each thread's row one run of bytes (`as_block`
+    re-reads them as (BN, BK))."""
     if FRAGMENT:    # step < K // BK always (fragment_plan splits K in whole steps): rows never reach the next block
         threads, per_thread = LOAD_LAYOUT.shape
         stored = tessera.view(w_ptr, (N // BN * (K // BK) * threads, per_thread))
-        tile = stored.block((threads, per_thread), (pid_n * (K // BK) + step, 0)).load(layout=LOAD_LAYOUT)
-        return tessera.reshape(tessera.permute(tessera.reshape(tile, DIGITS), ORDER), (BN, BK))
+        return stored.block((threads, per_thread), (pid_n * (K // BK) + step, 0)).load(layout=LOAD_LAYOUT)
     return tessera.view(w_ptr, (N, K)).block((BN, BK), (pid_n, step)).load()
+
+
+@tessera.func
+def as_block(codes, BN, BK, FRAGMENT, DIGITS, ORDER):
+    """`weight_block`'s codes as the (BN, BK) block (fragment order: a permutation held in registers)."""
+    if FRAGMENT:
+        return tessera.reshape(tessera.permute(tessera.reshape(codes, DIGITS), ORDER), (BN, BK))
+    return codes
 
 
 @tessera.kernel
@@ -97,11 +108,20 @@ def quant_gemm_kernel(x_ptr, w_ptr, s_ptr, z_ptr, out_ptr, M, N, K, G: tessera.c
     x = tessera.view(x_ptr, (M, K))
     s, z = tessera.view(s_ptr, (N, K // G)), tessera.view(z_ptr, (N, K // G))
     steps = tessera.cdiv(K, BK * SPLIT_K)
+    first, last = split * steps, tessera.minimum(split * steps + steps, tessera.cdiv(K, BK)) - 1
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for step in tessera.pipeline(split * steps, split * steps + steps, stages=STAGES):
-        codes = weight_block(w_ptr, pid_n, step, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT, DIGITS, ORDER)
-        wt = dequantize(codes, s, z, pid_n, step, BN, BK, G, ZEROS, HALF, x.dtype, SCALE_LAYOUT)
+    codes = weight_block(w_ptr, pid_n, first, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT)
+    scale = scale_block(s, pid_n, first, BN, BK, G, SCALE_LAYOUT)
+    zero = scale_block(z, pid_n, first, BN, BK, G, SCALE_LAYOUT) if ZEROS else scale
+    for step in tessera.pipeline(first, split * steps + steps, stages=STAGES):
+        ahead = tessera.minimum(step + 1, last)     # the split's last step re-reads its own block (a cache hit)
+        codes_ahead = weight_block(w_ptr, pid_n, ahead, N, K, BN, BK, FRAGMENT, LOAD_LAYOUT)
+        scale_ahead = scale_block(s, pid_n, ahead, BN, BK, G, SCALE_LAYOUT)
+        zero_ahead = scale_block(z, pid_n, ahead, BN, BK, G, SCALE_LAYOUT) if ZEROS else scale_ahead
+        wt = dequantize(as_block(codes, BN, BK, FRAGMENT, DIGITS, ORDER), scale, zero, BN, BK, G, ZEROS, HALF,
+                        x.dtype)
         acc = tessera.dot(x.block((BM, BK), (pid_m, step)).load(), wt.T, acc)
+        codes, scale, zero = codes_ahead, scale_ahead, zero_ahead
     write(out_ptr, acc, pid_m, pid_n, M, N, BM, BN, SPLIT_K)
 
 
