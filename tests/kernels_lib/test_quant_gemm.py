@@ -301,3 +301,53 @@ def test_on_the_gpu_every_format_matches_the_dequantized_product(case, M):
         y = quant_gemm(x, cuda)
         expected = x.float() @ w.dequantize().cuda().t()
     _close(y.cpu(), expected.cpu(), dtype)
+
+
+def _loop_loads(code, mma):
+    """(bytes, computed_on) for each global load in the K loop of `code` (SASS): computed_on when something
+    later in the same iteration other than a register move (the loop's carry: MOV, PRMT) reads its result."""
+    import re
+    from tessera.backends.nvptx.sass import loop_containing
+    body = loop_containing(code, mma)
+    loads = []
+    for i, inst in enumerate(body):
+        if not inst.opcode.startswith("LDG") or inst.opcode == "LDGDEPBAR" or inst.opcode.startswith("LDGSTS"):
+            continue
+        first = int(re.search(r"LDG\S*\s+R(\d+)", inst.text).group(1))
+        words = 4 if ".128" in inst.opcode else 2 if ".64" in inst.opcode else 1
+        written = [f"R{first + j}" for j in range(words)]
+        later = [(x.opcode, x.text.split(None, 1 + x.text.startswith("@"))[-1]) for x in body[i + 1:]]
+        used = any(re.search(rf"\b{r}\b", text) and not re.match(r"(IMAD\.MOV|MOV|PRMT)", op)
+                   for op, text in later for r in written)
+        loads.append((4 * words if words > 1 else 2, used))
+    return loads
+
+
+@pytest.mark.parametrize("case", ["decode", "decode-fragment", "prefill"])
+def test_weight_codes_and_scales_are_loaded_a_k_step_ahead(case):
+    """sm_90a SASS: the K loop's loads of W's codes, scales and zeros land in registers that the rest of the
+    iteration only moves into the loop's carry -- they are the next step's, so their DRAM latency overlaps a
+    step's unpacking, shared-memory exchange and multiplies (main, 2026-11-26: every step waited for its own,
+    the decode GEMM at 9% of HBM on an H100). Only x's block (decode: no ring, BM * BK f16) is read in its own
+    step; the prefill plan's x arrives by TMA."""
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump
+    from tessera.kernels_lib.quant_fragment import DECODE_TILING
+    from tessera.kernels_lib.quant_gemm import fragment_plan
+    if find_cuobjdump() is None:
+        pytest.skip("cuobjdump not found (nvidia-cuda-cuobjdump wheel)")
+    M = 256 if case == "prefill" else 1
+    p = plan(M, 4096, 4096, 128, 132)
+    extra = {}
+    if case == "decode-fragment":
+        p, extra = fragment_plan(p, M, 4096), dict(DECODE_TILING.constexprs(128))
+    signature, more = _signature(quant_gemm_kernel, p, None)
+    compiled = quant_gemm_kernel.compile(signature=signature, target="sm_90a", strict=True, G=128, BM=p.BM,
+                                         BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps,
+                                         **more, **extra)
+    code = disassemble(compiled.binary)
+    assert not any(inst.opcode.startswith("I2F") for inst in code)
+    loads = _loop_loads(code, "HGMMA" if p.BM >= 64 else "HMMA")
+    threads = 32 * p.num_warps
+    x_bytes = 0 if p.stages > 1 else p.BM * p.BK * 2 // threads
+    assert sum(n for n, used in loads if used) == x_bytes, loads
+    assert sum(n for n, used in loads if not used) >= p.BN * p.BK * 4 // 8 // threads + 2, loads
