@@ -55,6 +55,20 @@ def test_integer_weights_on_the_interpreter(bits, group, symmetric):
     _close(quant_gemm(x, w), x.float() @ w.dequantize().t())
 
 
+
+@pytest.mark.parametrize("k", [96, 160, 256])
+def test_the_split_k_steps_carried_ahead_match_numpy(k):
+    """The K loop loads each step's codes, scales and zeros a step ahead and a split's last step re-reads its
+    own (`quant_gemm_kernel`): with the CPU plan (steps of 32, two K splits) K = 96 and 160 leave the second
+    split a step past K, K = 256 splits evenly. The interpreter's product equals numpy's float64 one of the
+    dequantized weights."""
+    w = quant.quantize(torch.randn(N, k, generator=torch.Generator().manual_seed(k)), bits=4, group_size=32,
+                       symmetric=False)
+    x = torch.randn(5, k, dtype=torch.float16, generator=torch.Generator().manual_seed(1))
+    expected = x.numpy().astype(np.float64) @ w.dequantize().numpy().astype(np.float64).T
+    got = quant_gemm(x, w, out_dtype=torch.float32).numpy()
+    np.testing.assert_allclose(got, expected, rtol=1e-3, atol=1e-3 * np.abs(expected).max())
+
 def test_bfloat16_activations_and_leading_dims():
     w = quant.quantize(_weight(), bits=4, group_size=128, scale_dtype=torch.bfloat16)
     x = torch.randn(2, 2, K, dtype=torch.bfloat16)
