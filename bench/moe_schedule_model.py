@@ -14,7 +14,6 @@ no waits, plus one launch boundary between them. Routing is uniform top-k (DeepS
 from __future__ import annotations
 
 import argparse
-import heapq
 import random
 
 MODELS = {"mixtral": (4096, 14336, 8, 2), "deepseek_v3": (7168, 2048, 256, 8), "qwen3": (2048, 768, 128, 8)}

@@ -214,7 +214,7 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     spec = Specialization.load(manifest)
     metadata = json.loads(manifest.read_text())
     assert [len(m["shape"]) for m in metadata["tensor_maps"]] == [4, 4]
-    B, S, H, D = 2, 1000, 8, 64
+    S, H, D = 1000, 8, 64
     strides = [S * H * D, H * D, D, 1]
     values = [0x10000 * (i + 1) for i in range(7)] + [S, S, H, H, 0.125, 0.0, 0, 0] + strides * 4 + [H * S, S] \
         + [0x80000, 0x90000, 0.0, 0.0, 0xA0000, 0, 0, 0, 0, 0.0, 0xB0000, S]

@@ -19,7 +19,6 @@ Forward only.
 from __future__ import annotations
 
 import os
-from typing import Optional
 
 import torch
 

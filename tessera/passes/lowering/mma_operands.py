@@ -28,7 +28,6 @@ them so that wgmma reads them through descriptors.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import numpy as np
