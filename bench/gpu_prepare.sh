@@ -23,6 +23,9 @@ tree_kib=$(git ls-files -z --cached --others --exclude-standard | du -ck --files
 wheels_kib=$(du -sk .wheels | cut -f1)
 total_mib=$(( (tree_kib + wheels_kib) / 1024 ))
 echo "travels: tree ${tree_kib} KiB + wheels ${wheels_kib} KiB = ${total_mib} MiB (limit 64)"
-[ "$total_mib" -lt 64 ] || { echo "over the 64 MiB limit: try --no-llvmlite if the machine's llvmlite matches"; exit 1; }
+results_kib=$(git ls-files -z bench/results | du -ck --files0-from=- | tail -1 | cut -f1)
+[ "$total_mib" -lt 64 ] || { echo "over the 64 MiB limit: try --no-llvmlite if the machine's llvmlite matches, or move" \
+  "the committed session folders aside for the device call (${results_kib} KiB; the session does not read them):" \
+  "mkdir -p /tmp/parked && mv bench/results/20*/ /tmp/parked/, and back with mv /tmp/parked/* bench/results/"; exit 1; }
 python3 bench/gpu_session.py --dry-run --out "${TMPDIR:-/tmp}/tessera-dry-run" --tier 2 >/dev/null \
   && echo "dry run of both tiers: ok (${TMPDIR:-/tmp}/tessera-dry-run)"
