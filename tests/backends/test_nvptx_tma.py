@@ -15,20 +15,13 @@ from tessera.backends.nvptx.compile import _run_llvm_isolated
 from tessera.backends.nvptx.errors import CodegenError
 from tessera.backends.llvm.types import I32
 from tessera.backends.nvptx.ptxas import assemble
-from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
-from tessera.ir.verifier import verify_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simt"))
 from tma_kernels import ring, tile_copy  # noqa: E402
+from ir_text import kernel  # noqa: E402
 
 HAS_PTXAS = find_ptxas() is not None
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
 
 
 @pytest.mark.parametrize("swizzled", [False, True])

@@ -11,20 +11,13 @@ import pytest
 
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.backends.nvptx.errors import CodegenError
-from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
-from tessera.ir.verifier import verify_module
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "simt"))
 from tma_store_kernels import tile_store  # noqa: E402
+from ir_text import kernel  # noqa: E402
 
 HAS_PTXAS = find_ptxas() is not None
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
 
 
 @pytest.mark.parametrize("swizzled", [False, True])

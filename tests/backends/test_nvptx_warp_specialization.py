@@ -11,16 +11,9 @@ from ws_gemm_programs import ws_gemm
 from tessera.backends.amdgpu import compile_thread_ir as compile_for_amd
 from tessera.backends.nvptx import compile_thread_ir, find_ptxas
 from tessera.backends.nvptx.errors import CodegenError
-from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
+from ir_text import kernel
 
 HAS_PTXAS = find_ptxas() is not None
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
 
 
 def ops_kernel(*body: str, threads: int = 384) -> str:

@@ -18,13 +18,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.errors import VerifyError
 from tessera.ir.ops import OPS
 from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
-
-
-def kernel(text: str):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
+from ir_text import kernel
 
 
 # -- shuffles ------------------------------------------------------------------

@@ -12,11 +12,10 @@ from tessera.backends.interp import InterpreterError
 
 from tessera.backends.simt import run_threads
 from tessera.ir import dtypes as dt
-from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
 from tessera.runtime.tensor_map import TensorMapDescription
 
 from tma_kernels import BOX_COLS, BOX_ROWS, ring, tile_copy
+from ir_text import kernel
 
 RNG = np.random.default_rng(5)
 
@@ -24,12 +23,6 @@ RNG = np.random.default_rng(5)
 def bf16_matrix(rows, cols):
     """A bf16 tensor stored as uint16 bit patterns, of values that survive a load/store round trip."""
     return dt.bf16.encode(RNG.standard_normal((rows, cols)).astype(np.float32)).astype(np.uint16)
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
 
 
 def box_of(x, row, col):

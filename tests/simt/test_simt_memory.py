@@ -7,14 +7,7 @@ import pytest
 from tessera.backends.interp import InterpreterError
 
 from tessera.backends.simt import run_threads
-from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
-
-
-def kernel(text: str):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
+from ir_text import kernel
 
 
 # -- vectorized global access ---------------------------------------------------

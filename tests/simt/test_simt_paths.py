@@ -8,16 +8,9 @@ import pytest
 from tessera.backends.interp import InterpreterError
 
 from tessera.backends.simt import run_threads
-from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
 
 from ws_kernels import handoff
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
+from ir_text import kernel
 
 
 def run(text, rounds):

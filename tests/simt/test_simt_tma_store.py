@@ -12,20 +12,13 @@ import pytest
 from tessera.backends.interp import InterpreterError
 from tessera.backends.simt import run_threads
 from tessera.ir import dtypes as dt
-from tessera.ir.parser import parse_module
-from tessera.ir.verifier import verify_module
 from tessera.runtime.tensor_map import TensorMapDescription
 
 from tma_store_kernels import BOX_COLS, BOX_ROWS, tile_store
+from ir_text import kernel
 
 RNG = np.random.default_rng(19)
 SENTINEL = 0x7FC1       # a bf16 NaN pattern no tile value has: shows which elements were written
-
-
-def kernel(text):
-    module = parse_module(text)
-    verify_module(module)
-    return module.functions[0]
 
 
 def run_store(text, rows, cols, row, col, swizzle="none"):
