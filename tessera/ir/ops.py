@@ -685,7 +685,7 @@ define("breakpoint", "Stop in the CPU interpreter with the named operands as loc
 
 # Thread-level ops live in their own file and register into OPS on import.
 from . import thread_ops  # noqa: E402,F401
-from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
+from . import bulk_async_ops, cluster_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401
