@@ -26,6 +26,7 @@ from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..lowering.values import I32
+from .multicast import ClusterMulticast, cluster_size, why_not
 from .shortfalls import refuse
 
 TMA_ELEMENT_BYTES = (1, 2, 4)
@@ -276,9 +277,12 @@ def _function_of(op: Operation) -> Function | None:
 class TmaRing:
     """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
 
-    def __init__(self, ctx, loads, stages: int, once: bool = False):
+    def __init__(self, ctx, loads, stages: int, once: bool = False, *, specialized: bool = False,
+                 prefetch: int | None = None):
         """`once`: the mbarriers are created in the kernel's prologue and live for the whole kernel (a persistent
-        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone."""
+        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone. `specialized`: a
+        producer warpgroup issues the fills; `prefetch`: how many iterations ahead they run (multicast:
+        `multicast.py`)."""
         self.loads = [load for load in loads if load.tma is not None]
         self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
@@ -296,14 +300,34 @@ class TmaRing:
                 self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
         else:
             self.bars = ctx.smem.mbarriers(stages, 1)
+        self.cluster = self._multicast(ctx, specialized, prefetch)
+
+    def _multicast(self, ctx, specialized: bool, prefetch: int | None) -> ClusterMulticast | None:
+        """The cluster side of the ring when loads marked `multicast` can share their slots (`multicast.py`)."""
+        shared = [load for load in self.loads if load.load.attrs.get("multicast")]
+        size = cluster_size(ctx.src)
+        if not shared or size == 1:
+            return None
+        why = why_not(ctx, shared, once=self.once, specialized=specialized,
+                      prefetch=self.stages - 1 if prefetch is None else prefetch, stages=self.stages)
+        if why is not None:
+            ctx.notes.append(f"multicast loads are issued by every block of the cluster: {why}")
+            return None
+        return ClusterMulticast(ctx, self, shared, size)
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
 
-    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
+    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value, refill_phase: Value | None = None) \
+            -> None:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
-        (`rings`, `offsets`: per tile-IR load op)."""
+        (`rings`, `offsets`: per tile-IR load op). `refill_phase`: the slot is refilled in the loop, the loop's
+        phase parity then (a cluster ring first waits until every block is done with the slot)."""
         with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
+            if self.cluster is not None and refill_phase is not None:
+                if self.fence_before_fill:      # this block's generic reads before the peers' async writes
+                    ctx.create("fence_proxy_async")
+                self.cluster.release_slot(ctx, slot, refill_phase)
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
 
     def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
@@ -318,6 +342,10 @@ class TmaRing:
         for load in self.loads:
             starts = [ctx.lookup(v) for v in load.load.operands[1:]]
             box = load.tma
+            if self.cluster is not None and load.load in self.cluster.shares:    # this block's share, to all
+                self.cluster.issue_share(ctx, load, ctx.emit("addptr", rings[load.load], offsets[load.load]),
+                                         starts, bar)
+                continue
             for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
                 offset = offsets[load.load] if j == 0 else \
                     ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
@@ -328,6 +356,8 @@ class TmaRing:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
         barrier orders this before any reuse. Mbarriers made `once` stay for the next tile."""
+        if self.cluster is not None:            # no peer writes into this block or arrives on its barriers now
+            self.cluster.sync(ctx)
         if self.once:
             return
         with ctx.when(ctx.index.first_thread()):

@@ -124,7 +124,7 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     stages = plan.stages
     rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
-    full = TmaRing(ctx, plan.loads, stages)
+    full = TmaRing(ctx, plan.loads, stages, specialized=True)
     # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot
     empty = ctx.smem.mbarriers(stages, _releasers(plan, consumers))
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
