@@ -23,7 +23,11 @@ TMA targets its tiles share the K loop's mbarriers, set up once:
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
-No shipped config sets it; it defaults to False.
+No shipped config sets it; it defaults to False. A config with CLUSTER_M = 2
+(sm_90a, not with PERSISTENT or WS) runs pairs of programs as one thread-block
+cluster on the two rows of tiles (pid_m, pid_n) that share B's column
+(`cluster_tile`): each loads its own A block and half of the shared B block,
+TMA-multicast to both, halving B's L2 -> SM traffic.
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
@@ -100,14 +104,30 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
 
 
 @tessera.func
+def cluster_tile(program, num_pid_m, num_pid_n, GROUP_M, CLUSTER_M):
+    """Program -> (pid_m, pid_n) when CLUSTER_M programs in a row form a cluster (`tessera.cluster_dims`): the
+    cluster takes a CLUSTER_M x 1 column of tiles in grouped order (rows of tiles rounded up to a whole number of
+    clusters), its programs the rows, so they share pid_n and with it every block of B. A row past the last
+    (num_pid_m odd) loads zeros and stores nothing, but still issues its share of B for its peer."""
+    if CLUSTER_M == 1:
+        return grouped_tile(program, num_pid_m, num_pid_n, GROUP_M)
+    tessera.static_assert(GROUP_M % CLUSTER_M == 0, "GROUP_M must be a multiple of CLUSTER_M")
+    pid_mc, pid_n = grouped_tile(program // CLUSTER_M, tessera.cdiv(num_pid_m, CLUSTER_M), num_pid_n,
+                                 GROUP_M // CLUSTER_M)
+    return pid_mc * CLUSTER_M + program % CLUSTER_M, pid_n
+
+
+@tessera.func
 def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS):
+              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M=1):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     # blocks copied ahead (see above); WS: by a producer warpgroup of their own
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):
         a_block = a.block((BM, BK), (pid_m, k)).load()
-        b_block = b.block((BK, BN), (k, pid_n)).load()
+        # CLUSTER_M > 1: the cluster's programs share pid_n (`cluster_tile`), so B's block is loaded once per
+        # cluster, each program a share multicast to all (`passes/schedule/multicast.py`)
+        b_block = b.block((BK, BN), (k, pid_n)).load(multicast=CLUSTER_M > 1)
         acc = tessera.dot(a_block, b_block, acc)
 
     acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
@@ -125,11 +145,15 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                 GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
                 WS: tessera.constexpr = False, ALIGN: tessera.constexpr = NOTHING_STATED,
-                PIPELINED: tessera.constexpr = True):
+                PIPELINED: tessera.constexpr = True, CLUSTER_M: tessera.constexpr = 1):
     # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
+    # CLUSTER_M programs in a row run as one cluster sharing B's blocks (`cluster_tile`; not persistent, not WS)
+    tessera.static_assert(CLUSTER_M == 1 or not (PERSISTENT or WS), "CLUSTER_M > 1 is for the one-tile-per-program "
+                          "kernel without warp specialization")
+    tessera.cluster_dims(CLUSTER_M)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -141,9 +165,9 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
             gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
                       HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
     else:               # one program per tile
-        pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
+                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M)
 
 
 # The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of
@@ -266,8 +290,12 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
 
 
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
-    """One program per tile, or per SM (at most one per tile) for persistent configs."""
-    num_tiles = -(-M // meta["BM"]) * -(-N // meta["BN"])         # ceiling divisions, on every launch
+    """One program per tile, or per SM (at most one per tile) for persistent configs; with CLUSTER_M, rows of
+    tiles rounded up to whole clusters (`cluster_tile`)."""
+    rows, cluster = -(-M // meta["BM"]), meta.get("CLUSTER_M", 1)   # ceiling divisions, on every launch
+    if cluster > 1:
+        rows = -(-rows // cluster) * cluster
+    num_tiles = rows * -(-N // meta["BN"])
     return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
 
 

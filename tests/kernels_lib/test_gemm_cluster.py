@@ -1,0 +1,153 @@
+"""The library GEMM in thread-block clusters of 2 with TMA multicast of B (issue 19: CLUSTER_M configs).
+
+Specification:
+
+* the sm_90 configs with CLUSTER_M = 2 (gemm_configs.json) compile for sm_90a with the cluster in the PTX
+  (.explicitcluster, .reqnctapercluster 2, 1, 1), the cluster barrier after the mbarrier inits and after the K
+  loop, half of B's boxes per fill issued by each program with .multicast::cluster to both (A's whole), and
+  before each refill the empty-slot handshake (mapa + remote arrive on both programs' barriers); ptxas
+  assembles them without spills; in the SASS the refill (UTMALDG) still follows `wgmma.wait_group 1`;
+* on the SIMT simulator a pair of programs computes what the same kernel without clusters computes, bit for
+  bit, and what numpy does, with an odd number of row tiles (the last cluster's second program is past M);
+* on the tile interpreter the kernel agrees with torch, which also checks that the programs of a cluster load
+  the same B blocks (the multicast promise);
+* the configs are shipped for the autotuner to time (and bench/gemm.py --part configs to record) but are
+  never what the untimed model picks (`gemm_configs.predicted`), until a GPU has measured them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.kernels_lib import gemm_configs
+from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
+
+from hopper_gemm import compile_gemm, first, last, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop, simulate
+
+torch = pytest.importorskip("torch")
+gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
+
+CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}": c for c in HOPPER_CONFIGS if c.kwargs.get("CLUSTER_M", 1) > 1}
+
+
+def test_the_cluster_configs_are_shipped_with_a_bandwidth_model_reason():
+    assert set(CLUSTERED) == {"128x256", "128x128"}
+    entries = [e for e in gemm_configs._DATA["sm_90"] if e["meta"].get("CLUSTER_M", 1) > 1]
+    for entry in entries:
+        assert "B/clk/SM" in entry["why"] and "until measured" in entry["why"]
+        twin = {k: v for k, v in entry["meta"].items() if k != "CLUSTER_M"}
+        assert any(c.kwargs == twin for c in gemm_configs.configs_for("sm_90")), "timed next to its twin"
+
+
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_the_untimed_model_never_picks_a_cluster_config(name):
+    for M, N in ((8192, 8192), (4096, 1024), (256, 256), (1000, 3000)):
+        chosen = gemm_configs.predicted(gemm_configs.configs_for("sm_90"), {"M": M, "N": N})
+        assert chosen.kwargs.get("CLUSTER_M", 1) == 1
+
+
+def test_bench_records_the_cluster_configs_and_does_not_warp_specialize_them():
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    bench = importlib.import_module("gemm")
+    variants = bench.config_variants(None)
+    clustered = [v for v in variants if v.kwargs.get("CLUSTER_M", 1) > 1]
+    assert len(clustered) == len(CLUSTERED) and not any(v.kwargs.get("WS") for v in clustered)
+
+
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_cluster_configs_multicast_b_in_the_ptx_and_assemble_without_spills(name):
+    needs_ptxas()
+    config = CLUSTERED[name]
+    compiled = compile_gemm(config)
+    ptx, meta = compiled.stages["ptx"], compiled.metadata
+    assert meta["cluster_dims"] == [2, 1, 1] and re.search(r"\.explicitcluster\s+\.reqnctapercluster 2, 1, 1", ptx)
+    assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["registers"] <= 255
+    assert meta["shared_bytes"] <= 227 * 1024
+    arrive, wait = ptx_lines(ptx, r"barrier\.cluster\.arrive\.aligned"), ptx_lines(ptx, r"barrier\.cluster\.wait")
+    inits, loop_wait = ptx_lines(ptx, r"mbarrier\.init\.shared"), ptx_lines(ptx, r"mbarrier\.try_wait")[0]
+    assert len(arrive) == len(wait) == 2 and max(inits) < arrive[0] < wait[0] < loop_wait < arrive[1]
+    # each fill: A's boxes from this program alone, half of B's (64-column boxes) multicast to both programs
+    stages, bk, bn = config.kwargs["STAGES"], config.kwargs["BK"], config.kwargs["BN"]
+    multicast = [i for i in ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster") if i < loop_wait]
+    own = [i for i in ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d") if i < loop_wait and i not in multicast]
+    assert len(multicast) == (stages - 1) * (bn // 64) // 2 and len(own) == (stages - 1) * (bk // 64)
+    # the refill's handshake: arrive on both programs' empty slot (mapa + remote arrive), then wait for both
+    assert len(ptx_lines(ptx, r"mapa\.shared::cluster")) == 2
+    assert len(ptx_lines(ptx, r"mbarrier\.arrive\.release\.cluster\.shared::cluster\.b64")) == 2
+    # empty mbarriers count the cluster's 2 programs
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
+    counts = [int(consts.get(c, c)) for c in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)]
+    assert sorted(counts) == [1] * stages + [2] * stages, counts
+
+
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_the_cluster_refill_still_follows_the_wait_for_the_previous_wgmma_group(name):
+    needs_sass()
+    loop = sass_k_loop(compile_gemm(CLUSTERED[name]))
+    depbar = next(i for i, inst in enumerate(loop) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b", inst.text))
+    refills = [i for i, inst in enumerate(loop) if inst.opcode.startswith("UTMALDG")]
+    assert refills and last(loop, "HGMMA") < depbar < first(loop, "BAR.SYNC") < min(refills)
+    assert any(".MULTICAST" in loop[i].opcode for i in refills), [loop[i].text for i in refills]
+
+
+def small(config, **changes):
+    return tessera.Config({**config.kwargs, "BK": 32, **changes}, num_warps=config.num_warps)
+
+
+@pytest.mark.parametrize("name, M, N, K", [
+    ("128x128", 300, 128, 160),     # three row tiles: the second cluster's second program lies past M
+    ("128x256", 256, 320, 96),      # B of four 64-column boxes, two per program; the second N tile partial
+])
+def test_a_cluster_pair_matches_the_unclustered_kernel_bit_for_bit_on_the_simt_simulator(name, M, N, K):
+    config = small(CLUSTERED[name])
+    fn, args, expected, grid = lowered_gemm(M, N, K, config)
+    assert fn.attrs["cluster_dims"] == (2, 1, 1) and grid[0] % 2 == 0
+    assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
+    alone, alone_args, _, alone_grid = lowered_gemm(M, N, K, small(CLUSTERED[name], CLUSTER_M=1))
+    np.testing.assert_array_equal(simulate(fn, args, grid), simulate(alone, alone_args, alone_grid))
+    np.testing.assert_allclose(args[5], expected, rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("M, N, K", [(48, 32, 40), (64, 48, 32)])
+def test_a_cluster_config_on_the_interpreter_matches_torch(M, N, K):
+    config = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": False, "STAGES": 2,
+                             "CLUSTER_M": 2}, num_warps=4)
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    c = torch.empty(M, N)
+    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    grid = gemm_module._grid(M, N, config.kwargs, 4)
+    assert grid == (-(-M // 32) * 2 * -(-N // 16),)
+    gemm_kernel.kernel[grid](a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1, **flags, **config.as_dict())
+    torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_cluster_m_with_a_persistent_config_is_refused():
+    config = tessera.Config({**CLUSTERED["128x128"].kwargs, "PERSISTENT": True}, num_warps=8)
+    with pytest.raises(tessera.CompileError, match="CLUSTER_M > 1 is for the one-tile-per-program kernel"):
+        compile_gemm(config)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("name", list(CLUSTERED))
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 3000, 520)])
+def test_cluster_configs_match_torch_matmul_on_the_gpu(name, M, N, K):
+    """What the next GPU session shows: each cluster config pinned computes torch.matmul's product (odd row
+    tiles and partial tiles included), launched in clusters of 2 (cuLaunchKernelEx)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (thread-block clusters)")
+    from tessera.kernels_lib.gemm import gemm, pin_config
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    pin_config(CLUSTERED[name])
+    try:
+        out = gemm(a, b)
+    finally:
+        pin_config(None)
+    torch.testing.assert_close(out.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
