@@ -151,3 +151,17 @@ def test_cluster_configs_match_torch_matmul_on_the_gpu(name, M, N, K):
     finally:
         pin_config(None)
     torch.testing.assert_close(out.float(), (a.float() @ b.float()), rtol=2e-2, atol=2e-1)
+
+
+def test_the_fused_kernel_takes_the_cluster_configs_too():
+    """gemm(..., epilogue=...) tunes over the same configs: with CLUSTER_M its K loop multicasts B just the same,
+    and the epilogue's K loop keeps the plain kernel's instructions."""
+    needs_ptxas()
+    from test_gemm_fused_plan import compile_bench_fused, k_loop
+    config = CLUSTERED["128x128"]
+    fused, plain = compile_bench_fused(config), compile_gemm(config)
+    assert fused.metadata["cluster_dims"] == [2, 1, 1] and fused.metadata["spill_stores"] == 0
+    for pattern in (r"\.multicast::cluster", r"mbarrier\.arrive\.release\.cluster", r"barrier\.cluster\.wait"):
+        assert len(re.findall(pattern, fused.stages["ptx"])) == len(re.findall(pattern, plain.stages["ptx"])) > 0
+    needs_sass()
+    assert k_loop(fused)[0] == k_loop(plain)[0]
