@@ -25,7 +25,7 @@ executes them, none in divergent code. Registered into `ops.OPS` like
 from __future__ import annotations
 
 from . import dtypes as dt
-from .ops import SYNCHRONIZES, require
+from .ops import SYNCHRONIZES, define, require
 from .thread_ops import define_thread_op
 from .types import PointerType, ScalarType
 
@@ -46,10 +46,11 @@ def _infer_arrive_cluster(ts, a):
     return []
 
 
-define_thread_op("cluster_rank", "This block's rank in its cluster (%cluster_ctarank), i32: 0 .. cluster size - 1, "
-                 "x fastest.", 0, infer=lambda ts, a: [_I32])
-define_thread_op("cluster_id", "This block's cluster along grid axis `axis` (%clusterid.{x,y,z}), i32.", 0,
-                 attrs={"axis": "int"}, infer=_infer_cluster_id)
+# (tile-level too: `tessera.cluster_rank()` / `tessera.cluster_id(axis)`, scalars every thread computes alike)
+define("cluster_rank", "This program's rank in its cluster (%cluster_ctarank), i32: 0 .. cluster size - 1, x "
+       "fastest; 0 without clusters.", 0, infer=lambda ts, a: [_I32])
+define("cluster_id", "This program's cluster along grid axis `axis` (%clusterid.{x,y,z}): program_id(axis) // "
+       "cluster_dims[axis], i32.", 0, attrs={"axis": "int"}, infer=_infer_cluster_id)
 define_thread_op("cluster_arrive", "This thread arrives on the cluster barrier (barrier.cluster.arrive.aligned, "
                  "release): every thread of every block of the cluster executes it.", 0,
                  infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)

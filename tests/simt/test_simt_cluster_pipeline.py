@@ -123,3 +123,26 @@ def test_multicasting_before_the_cluster_barrier_is_reported(monkeypatch):
     with pytest.raises(InterpreterError, match="of block \\(1, 0, 0\\) \\(cluster rank 1\\), which was never "
                                                "initialized"):
         run_threads(lower(module, SM_90A, 4).functions[0], make(), grid)
+
+
+@tessera.kernel
+def where_am_i(out_ptr, CX: tessera.constexpr, CY: tessera.constexpr):
+    tessera.cluster_dims((CX, CY))
+    x, y = tessera.program_id(0), tessera.program_id(1)
+    value = tessera.cluster_rank() + 100 * tessera.cluster_id(0) + 10000 * tessera.cluster_id(1)
+    tessera.store(out_ptr + y * tessera.num_programs(0) + x, value)
+
+
+def test_cluster_rank_and_id_agree_on_the_interpreter_the_simulator_and_in_the_ptx():
+    expected = np.array([[(x % 2 + 2 * (y % 2)) + 100 * (x // 2) + 10000 * (y // 2) for x in range(4)]
+                         for y in range(4)], np.int32)
+    interpreted = np.zeros((4, 4), np.int32)
+    where_am_i[(4, 4)](interpreted, CX=2, CY=2)
+    np.testing.assert_array_equal(interpreted, expected)
+    module = where_am_i.specialize(interpreted, CX=2, CY=2).module
+    simulated = np.zeros((4, 4), np.int32)
+    run_threads(lower(module, SM_90A, 4).functions[0], [simulated], (4, 4))
+    np.testing.assert_array_equal(simulated, expected)
+    ptx = where_am_i.compile(interpreted, CX=2, CY=2, target="sm_90a").stages["ptx"]
+    assert "%cluster_ctarank" in ptx and "%clusterid.x" in ptx and "%clusterid.y" in ptx
+    assert ".reqnctapercluster 2, 2, 1" in ptx

@@ -124,3 +124,20 @@ def cluster_dims(ctx: Context, dims) -> None:
         ctx.error(f"cluster_dims {dims} contradicts the kernel's earlier cluster_dims {given}; state it once")
     if dims != (1, 1, 1):
         fn.attrs["cluster_dims"] = dims
+
+
+@builtin
+def cluster_rank(ctx: Context) -> Tensor:
+    """cluster_rank() -> i32: this program's rank in its cluster (`tessera.cluster_dims`), 0 .. cluster size - 1,
+    x fastest (%cluster_ctarank); 0 without clusters."""
+    return operators.emit(ctx, "cluster_rank")
+
+
+@builtin
+def cluster_id(ctx: Context, axis=0) -> Tensor:
+    """cluster_id(axis=0) -> i32: this program's cluster along grid axis 0, 1 or 2, program_id(axis) //
+    cluster_dims[axis] (%clusterid)."""
+    axis = static_int(ctx, axis, "cluster_id's axis")
+    if axis not in (0, 1, 2):
+        ctx.error(f"cluster_id's axis must be 0, 1 or 2, got {axis}")
+    return operators.emit(ctx, "cluster_id", axis=axis)
