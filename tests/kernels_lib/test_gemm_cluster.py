@@ -38,8 +38,14 @@ CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}": c for c in HOPPER_CONFIGS if 
 def test_the_cluster_configs_are_shipped_with_a_bandwidth_model_reason():
     assert set(CLUSTERED) == {"128x256", "128x128"}
     entries = [e for e in gemm_configs._DATA["sm_90"] if e["meta"].get("CLUSTER_M", 1) > 1]
+    per_clock = 700e12 / 132 / 1.83e9           # bf16 FLOP per clock per SM at 700 TFLOP/s (the "why"s' model)
     for entry in entries:
-        assert "B/clk/SM" in entry["why"] and "until measured" in entry["why"]
+        m, why = entry["meta"], entry["why"]
+        a, b = m["BM"] * m["BK"] * 2, m["BK"] * m["BN"] * 2            # bf16 bytes of each operand per K step
+        clocks = 2 * m["BM"] * m["BN"] * m["BK"] / per_clock
+        assert f"{(a + b) // 1024} -> {(a + b // 2) // 1024} KB" in why         # B multicast: half per program
+        assert f"~{round((a + b) / clocks)} -> ~{round((a + b / 2) / clocks)} B/clk/SM" in why, why
+        assert f"{round(clocks)} clk of HGMMA" in why and "until measured" in why
         twin = {k: v for k, v in entry["meta"].items() if k != "CLUSTER_M"}
         assert any(c.kwargs == twin for c in gemm_configs.configs_for("sm_90")), "timed next to its twin"
 

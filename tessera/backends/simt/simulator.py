@@ -6,7 +6,9 @@
 Blocks run one after another in the tile interpreter's order (axis 0
 fastest), so a kernel computes the same thing here as in `run_function`;
 blocks that spin on each other's flags are scheduled cooperatively, as there
-(`interp/cooperative.py`).
+(`interp/cooperative.py`), and the blocks of a thread-block cluster
+(`cluster_dims`) run together, one at a time, handing over at waits only a
+peer can end (`cluster.py`).
 Within a block every SSA value is a numpy array over its T threads (see
 `ops.py`): one walk over the IR executes all threads at once, and
 `thread_id` is `arange(T)`. Warps are consecutive runs of `warp_size`
