@@ -52,19 +52,24 @@ def case(M, N, K, BM, BN, BK, stages, cluster=2, skew=0, seed=0):
     return a, b, make, module, grid
 
 
-@pytest.mark.parametrize("M, N, K, BM, BN, BK, stages, warps", [
-    (128, 64, 128, 64, 64, 32, 3, 4),       # B 32 x 64: one box per slot, split by rows (16 each)
-    (128, 128, 192, 64, 128, 64, 3, 4),     # B 64 x 128: two column boxes, one per block
-    (128, 64, 64, 64, 64, 64, 2, 4),        # one K step: the prologue's fill only, no refill
-])
-def test_multicast_pipeline_is_the_unclustered_kernel_bit_for_bit_and_agrees_with_the_interpreter(M, N, K, BM, BN, BK, stages, warps):
+@pytest.mark.parametrize("M, N, K, BM, BN, BK, stages, warps, target", [
+    (128, 64, 128, 64, 64, 32, 3, 4, "sm_90a"),     # B 32 x 64: one box per slot, split by rows (16 each)
+    (128, 128, 192, 64, 128, 64, 3, 4, "sm_90a"),   # B 64 x 128: two column boxes, one per block
+    (128, 64, 64, 64, 64, 64, 2, 4, "sm_90a"),      # one K step: the prologue's fill only, the refill never runs
+    (128, 64, 128, 64, 64, 32, 3, 4, "sm_90"),      # mma.sync: ldmatrix reads the slots (a proxy fence before
+])                                                  # each release), one box per slot, split by rows
+def test_multicast_pipeline_is_the_unclustered_kernel_bit_for_bit_and_agrees_with_the_interpreter(
+        M, N, K, BM, BN, BK, stages, warps, target):
+    target = get_target(target)
     a, b, make, module, grid = case(M, N, K, BM, BN, BK, stages)
-    fn = lower(module, SM_90A, warps).functions[0]
+    fn = lower(module, target, warps).functions[0]
     names = [op.name for op in fn.walk()]
     assert names.count("cluster_arrive") == 2 and names.count("cluster_wait") == 2
     multicast = [op for op in fn.walk() if op.name == "tma_load" and op.attrs.get("multicast")]
     assert multicast and all(op.attrs["multicast"] == 3 for op in multicast)
     assert names.count("mbarrier_arrive_cluster") == 2      # the refill arrives on both blocks' empty slot
+    release = names.index("mbarrier_arrive_cluster")
+    assert ("fence_proxy_async" in names[release - 4:release]) == (target.name == "sm_90")   # ldmatrix reads
     expected, actual, alone = make(), make(), make()
     run_function(module.functions[0], expected, grid)
     run_threads(fn, actual, grid)
@@ -72,7 +77,7 @@ def test_multicast_pipeline_is_the_unclustered_kernel_bit_for_bit_and_agrees_wit
     # the multicast changes where B's bytes come from, not the arithmetic; the interpreter adds the products
     # in another order than wgmma, so it agrees to the f16 result's rounding (as in test_simt_pipelined_wgmma)
     single = case(M, N, K, BM, BN, BK, stages, cluster=1)[3]
-    run_threads(lower(single, SM_90A, warps).functions[0], alone, grid)
+    run_threads(lower(single, target, warps).functions[0], alone, grid)
     np.testing.assert_array_equal(actual[2], alone[2])
     np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), **F16_RESULT)
     np.testing.assert_allclose(expected[2].astype(np.float32), a @ b, rtol=2e-2, atol=2e-2)
