@@ -151,3 +151,18 @@ def test_cluster_rank_and_id_agree_on_the_interpreter_the_simulator_and_in_the_p
     ptx = where_am_i.compile(interpreted, CX=2, CY=2, target="sm_90a").stages["ptx"]
     assert "%cluster_ctarank" in ptx and "%clusterid.x" in ptx and "%clusterid.y" in ptx
     assert ".reqnctapercluster 2, 2, 1" in ptx
+
+
+@pytest.mark.parametrize("target", ["sm_80", "gfx942"])
+def test_without_clusters_cluster_rank_and_id_are_0_and_the_program_id_on_every_target(target):
+    expected = np.array([[100 * x + 10000 * y for x in range(4)] for y in range(4)], np.int32)
+    out = np.zeros((4, 4), np.int32)
+    where_am_i[(4, 4)](out, CX=1, CY=1)
+    np.testing.assert_array_equal(out, expected)
+    module = where_am_i.specialize(out, CX=1, CY=1).module
+    fn = lower(module, get_target(target), 4).functions[0]
+    assert not any(op.name.startswith("cluster") for op in fn.walk())
+    simulated = np.zeros((4, 4), np.int32)
+    run_threads(fn, [simulated], (4, 4))
+    np.testing.assert_array_equal(simulated, expected)
+    where_am_i.compile(out, CX=1, CY=1, target=target)

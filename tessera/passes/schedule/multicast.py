@@ -52,6 +52,8 @@ from dataclasses import dataclass
 
 from tessera.ir.tensor_map import TensorMapRecipe
 
+from ..lowering import copy_scalar_op, lowering
+
 SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}    # as `tma_fill.SLOT_ALIGN` (a box's swizzle period)
 
 
@@ -146,3 +148,24 @@ class ClusterMulticast:
             coords = box.coordinates(ctx, starts, j)
             coords[-2] = ctx.emit("add", coords[-2], row)
             ctx.create("tma_load", [dst, tensor_map, *coords, bar], {"multicast": self.mask})
+
+
+# `tessera.cluster_rank()` / `cluster_id(axis)` in a kernel without clusters (or along an axis the cluster does
+# not span) are 0 / program_id(axis): lowered so, they run on every target; with a cluster they stay the
+# special registers (%cluster_ctarank, %clusterid), which need sm_90+.
+@lowering("cluster_rank")
+def _cluster_rank(ctx, op):
+    if cluster_size(ctx.src) == 1:
+        ctx.define(op.result, ctx.const(0))
+    else:
+        copy_scalar_op(ctx, op)
+
+
+@lowering("cluster_id")
+def _cluster_id(ctx, op):
+    axis = op.attrs["axis"]
+    dims = tuple(ctx.src.attrs.get("cluster_dims") or ()) + (1, 1, 1)
+    if dims[axis] == 1:
+        ctx.define(op.result, ctx.emit("program_id", attrs={"axis": axis}))
+    else:
+        copy_scalar_op(ctx, op)
