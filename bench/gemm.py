@@ -177,7 +177,7 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
 
 def config_variants(torch):
     """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's, the
-    cluster-multicast ones (CLUSTER_M) next to their twins on sm_90), and on sm_90 each non-persistent one without
+    cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one without
     a cluster warp-specialized too."""
     import tessera
     from tessera.kernels_lib import gemm_configs
@@ -187,7 +187,7 @@ def config_variants(torch):
     variants = list(shipped)
     if hopper:
         variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
-                     for c in shipped if not c.kwargs["PERSISTENT"] and c.kwargs.get("CLUSTER_M", 1) == 1]
+                     for c in shipped if not c.kwargs["PERSISTENT"] and not gemm_configs.is_clustered(c)]
     return variants
 
 

@@ -11,6 +11,7 @@ from tessera.testing import assert_close
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
 torch = pytest.importorskip("torch")
+from tessera.kernels_lib import gemm_configs  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm, pin_config  # noqa: E402
 
 M, N, K = 1000, 272, 1008          # rows 16-byte aligned (TMA-eligible), no size a multiple of a block
@@ -21,11 +22,12 @@ def _variants():
     cluster-multicast ones), and each non-persistent one without a cluster with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
               f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}"
-              f"{'-cluster' + str(c.kwargs['CLUSTER_M']) if c.kwargs.get('CLUSTER_M', 1) > 1 else ''}", c,
+              f"{''.join(f'-{k.lower()}{c.kwargs[k]}' for k in ('CLUSTER_M', 'CLUSTER_N') if c.kwargs.get(k, 1) > 1)}",
+              c,
               c in HOPPER_CONFIGS)
              for c in CONFIGS + HOPPER_CONFIGS]
     ws = [(name + "-ws", tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps), True)
-          for name, c, _ in plain if not c.kwargs["PERSISTENT"] and c.kwargs.get("CLUSTER_M", 1) == 1]
+          for name, c, _ in plain if not c.kwargs["PERSISTENT"] and not gemm_configs.is_clustered(c)]
     return plain + ws
 
 

@@ -47,7 +47,7 @@ from sass_checks import assert_wgmma_descriptors_built
 
 # (the cluster-multicast configs, CLUSTER_M, have their own facts: test_gemm_cluster.py)
 SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)},
-           **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS) if c.kwargs.get("CLUSTER_M", 1) == 1}}
+           **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS) if not gemm_configs.is_clustered(c)}}
 
 
 def k_boxes(config, b_layout="b-row-major") -> int:

@@ -105,11 +105,11 @@ class ClusterMulticast:
     """The cluster side of one TMA ring (see the module docstring): empty mbarriers, shares, the barriers."""
 
     def __init__(self, ctx, ring, multicast_loads, size: int):
-        from .tma_fill import map_parameter
+        """`ring`'s `maps` hold each shared load's share map (`share_of(...).recipe`)."""
         self.size = size
         self.mask = (1 << size) - 1
         self.shares = {load.load: share_of(load.tma, size) for load in multicast_loads}
-        self.maps = {op: map_parameter(ctx, share.recipe) for op, share in self.shares.items()}
+        self.maps = {op: ring.maps[op] for op in self.shares}
         self.empty = ctx.smem.mbarriers(ring.stages, size)
         self.rank = ctx.emit("cluster_rank")
         self.sync(ctx)                  # the full and empty barriers' inits, cluster-wide

@@ -26,7 +26,7 @@ from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..lowering.values import I32
-from .multicast import ClusterMulticast, cluster_size, why_not
+from .multicast import ClusterMulticast, cluster_size, share_of, why_not
 from .shortfalls import refuse
 
 TMA_ELEMENT_BYTES = (1, 2, 4)
@@ -284,7 +284,12 @@ class TmaRing:
         producer warpgroup issues the fills; `prefetch`: how many iterations ahead they run (multicast:
         `multicast.py`)."""
         self.loads = [load for load in loads if load.tma is not None]
-        self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
+        self.stages = stages
+        self.once = once
+        shared = self._multicast_loads(ctx, specialized, prefetch)
+        # each load's map; a load the cluster shares by row slices issues only slices, through their map
+        self.maps = {load.load: map_parameter(ctx, share_of(load.tma, cluster_size(ctx.src)).recipe
+                                              if load in shared else load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
         # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
@@ -293,27 +298,25 @@ class TmaRing:
         # may TMA-read global memory another program wrote through the generic proxy in this very launch; the
         # issuing thread orders what it has acquired before its TMA reads with a global proxy fence
         self.fence_global = any(op.name in ("atomic_rmw", "atomic_cas") for op in ctx.src.walk())
-        self.stages = stages
-        self.once = once
         if once:
             with ctx.in_prologue():
                 self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
         else:
             self.bars = ctx.smem.mbarriers(stages, 1)
-        self.cluster = self._multicast(ctx, specialized, prefetch)
+        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src)) if shared else None
 
-    def _multicast(self, ctx, specialized: bool, prefetch: int | None) -> ClusterMulticast | None:
-        """The cluster side of the ring when loads marked `multicast` can share their slots (`multicast.py`)."""
+    def _multicast_loads(self, ctx, specialized: bool, prefetch: int | None) -> list:
+        """The loads marked `multicast` whose slots the cluster's blocks share (`multicast.py`); none when the
+        kernel has no cluster, or (with a lowering note saying why) when this loop cannot share them."""
         shared = [load for load in self.loads if load.load.attrs.get("multicast")]
-        size = cluster_size(ctx.src)
-        if not shared or size == 1:
-            return None
+        if not shared or cluster_size(ctx.src) == 1:
+            return []
         why = why_not(ctx, shared, once=self.once, specialized=specialized,
                       prefetch=self.stages - 1 if prefetch is None else prefetch, stages=self.stages)
         if why is not None:
             ctx.notes.append(f"multicast loads are issued by every block of the cluster: {why}")
-            return None
-        return ClusterMulticast(ctx, self, shared, size)
+            return []
+        return shared
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
