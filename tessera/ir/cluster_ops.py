@@ -58,5 +58,5 @@ define_thread_op("cluster_wait", "Wait until every thread of the cluster has arr
                  "(barrier.cluster.wait.aligned, acquire): afterwards this thread sees what they wrote before "
                  "arriving, mbarrier inits included.", 0, infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("mbarrier_arrive_cluster", "This thread arrives on the mbarrier at `bar`'s shared offset in block "
-                 "`cta` of the cluster, possibly its own (mapa.shared::cluster, then mbarrier.arrive.release."
-                 "cluster.shared::cluster.b64).", 2, infer=_infer_arrive_cluster, pure=False, **SYNCHRONIZES)
+                 "`cta` of the cluster, possibly its own (mapa.shared::cluster, then mbarrier.arrive.shared::cluster"
+                 ".b64: release at CTA scope).", 2, infer=_infer_arrive_cluster, pure=False, **SYNCHRONIZES)

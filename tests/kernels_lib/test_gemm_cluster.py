@@ -98,7 +98,7 @@ def test_cluster_configs_multicast_b_in_the_ptx_and_assemble_without_spills(name
     assert len(multicast) == (stages - 1) * share and len(own) == (stages - 1) * own_boxes
     # the refill's handshake: arrive on both programs' empty slot (mapa + remote arrive), then wait for both
     assert len(ptx_lines(ptx, r"mapa\.shared::cluster")) == 2
-    assert len(ptx_lines(ptx, r"mbarrier\.arrive\.release\.cluster\.shared::cluster\.b64")) == 2
+    assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) == 2
     # empty mbarriers count the cluster's 2 programs
     consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
     counts = [int(consts.get(c, c)) for c in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)]
@@ -106,13 +106,21 @@ def test_cluster_configs_multicast_b_in_the_ptx_and_assemble_without_spills(name
 
 
 @pytest.mark.parametrize("name", list(CLUSTERED))
-def test_the_cluster_refill_still_follows_the_wait_for_the_previous_wgmma_group(name):
+def test_the_cluster_refill_follows_the_wait_for_the_previous_wgmma_group_and_no_fence(name):
     needs_sass()
     loop = sass_k_loop(compile_gemm(CLUSTERED[name]))
     depbar = next(i for i, inst in enumerate(loop) if re.search(r"WARPGROUP\.DEPBAR\.LE gsb0, 0x1\b", inst.text))
     refills = [i for i, inst in enumerate(loop) if inst.opcode.startswith("UTMALDG")]
     assert refills and last(loop, "HGMMA") < depbar < first(loop, "BAR.SYNC") < min(refills)
     assert any(".MULTICAST" in loop[i].opcode for i in refills), [loop[i].text for i in refills]
+    # the empty-slot handshake: two remote arrivals with no GPU-wide fence before them (release at CTA scope)
+    assert sum(inst.opcode.startswith("SYNCS.ARRIVE.TRANS64.RED") for inst in loop) == 2
+    assert not any(inst.opcode.startswith("MEMBAR") for inst in loop), [i.text for i in loop if "MEMBAR" in i.text]
+    # the slot and descriptor arithmetic stays on the uniform datapath, as in the unclustered twin's loop
+    assert not any(inst.opcode.startswith("R2UR") for inst in loop), len(loop)
+    twin = tessera.Config({k: v for k, v in CLUSTERED[name].kwargs.items() if k not in ("CLUSTER_M", "CLUSTER_N")},
+                          num_warps=CLUSTERED[name].num_warps)
+    assert len(loop) <= len(sass_k_loop(compile_gemm(twin))) + 16, len(loop)   # the handshake: 2 arrivals, a wait
 
 
 def small(config, **changes):
@@ -183,7 +191,7 @@ def test_the_fused_kernel_takes_the_cluster_configs_too():
     config = CLUSTERED["128x128-m2"]
     fused, plain = compile_bench_fused(config), compile_gemm(config)
     assert fused.metadata["cluster_dims"] == [2, 1, 1] and fused.metadata["spill_stores"] == 0
-    for pattern in (r"\.multicast::cluster", r"mbarrier\.arrive\.release\.cluster", r"barrier\.cluster\.wait"):
+    for pattern in (r"\.multicast::cluster", r"mbarrier\.arrive\.shared::cluster", r"barrier\.cluster\.wait"):
         assert len(re.findall(pattern, fused.stages["ptx"])) == len(re.findall(pattern, plain.stages["ptx"])) > 0
     needs_sass()
     assert k_loop(fused)[0] == k_loop(plain)[0]

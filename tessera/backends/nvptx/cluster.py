@@ -7,8 +7,14 @@
 | cluster_id {axis}              | mov.u32 r, %clusterid.{x,y,z}                                             |
 | cluster_arrive                 | barrier.cluster.arrive.aligned                                            |
 | cluster_wait                   | barrier.cluster.wait.aligned                                              |
-| mbarrier_arrive_cluster        | mapa.shared::cluster r, bar, cta; mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r], 1 |
+| mbarrier_arrive_cluster        | mapa.shared::cluster r, bar, cta; mbarrier.arrive.shared::cluster.b64 _, [r], 1 |
 | tma_load {multicast = m}       | cp.async.bulk.tensor ... .multicast::cluster [dst], [map, {..}], [bar], m (`bulk_async.py`) |
+
+The remote arrive has PTX's default semantics, release at CTA scope, as
+CUTLASS's `ClusterBarrier::arrive(cta_id)`: what it publishes is that this
+block's reads of a ring slot are over (its wgmma groups retired, its threads
+past a barrier), which the peer's TMA then overwrites. `.release.cluster`
+would make ptxas put MEMBAR.ALL.GPU before every arrival, in the K loop.
 
 `.reqnctapercluster` fixes the cluster shape at compile time, so a launch
 must pass the same dims (CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: the runtime's
@@ -68,4 +74,4 @@ def _wait(lw, op):
 @codegen_for("mbarrier_arrive_cluster")
 def _arrive_remote(lw, op, bar, cta):
     remote = lw.intrinsic("llvm.nvvm.mapa.shared.cluster", [bar, cta])
-    lw.intrinsic("llvm.nvvm.mbarrier.arrive.scope.cluster.space.cluster", [remote, ir.Constant(I32, 1)])
+    lw.intrinsic("llvm.nvvm.mbarrier.arrive.scope.cta.space.cluster", [remote, ir.Constant(I32, 1)])

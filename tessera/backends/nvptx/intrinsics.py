@@ -128,8 +128,8 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.barrier.cluster.arrive.aligned": (VOID, ()),                         # barrier.cluster.arrive.aligned
     "llvm.nvvm.barrier.cluster.wait.aligned": (VOID, ()),                           # barrier.cluster.wait.aligned
     "llvm.nvvm.mapa.shared.cluster": (_CLUSTER_SMEM, (_SMEM, I32)),                  # mapa.shared::cluster
-    # mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote], count
-    "llvm.nvvm.mbarrier.arrive.scope.cluster.space.cluster": (VOID, (_CLUSTER_SMEM, I32)),
+    # mbarrier.arrive.shared::cluster.b64 _, [remote], count (release at CTA scope: `cluster.py`)
+    "llvm.nvvm.mbarrier.arrive.scope.cta.space.cluster": (VOID, (_CLUSTER_SMEM, I32)),
     "llvm.nvvm.cp.async.bulk.commit.group": (VOID, ()),                               # cp.async.bulk.commit_group
     "llvm.nvvm.cp.async.bulk.wait.group.read": (VOID, (I32,)),                        # ...wait_group.read N (immarg)
 }

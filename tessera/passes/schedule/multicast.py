@@ -18,9 +18,10 @@ mbarriers while a peer may still write into it. The emitted protocol:
                                own loads: tma_load as before
                                multicast load: its share r of the boxes (r = cluster_rank), multicast to
                                every block: tma_load {multicast = 2^C - 1}
-    refill of slot s, before the fill (thread 0, after the loop's barrier that follows wgmma_wait {1}):
-                               mbarrier_arrive_cluster empty[s], q   for every rank q: "my reads of s are done"
-                               mbarrier_wait empty[s], phase          every block's reads of s are done
+    refill of slot s, before the fill (after the loop's barrier that follows wgmma_wait {1}):
+                               thread 0: mbarrier_arrive_cluster empty[s], q   for every rank q: "my reads
+                                                                      of s are done"
+                               all: mbarrier_wait empty[s], phase     every block's reads of s are done
     (after the loop)           cluster_arrive; cluster_wait           then the mbarriers end as before
 
 Each block's full[s] counts every byte of the slot, its own share and its
@@ -119,12 +120,21 @@ class ClusterMulticast:
         ctx.create("cluster_arrive")
         ctx.create("cluster_wait")
 
-    def release_slot(self, ctx, slot, phase) -> None:
-        """Thread 0, before refilling `slot`: arrive on every block's empty[slot], then wait for all of theirs."""
+    def release_slot(self, ctx, slot, phase, live, fence: bool) -> None:
+        """Before refilling `slot` (where `live`): thread 0 arrives on every block's empty[slot] (after a proxy
+        fence when `fence`: ldmatrix read the slot), then every thread waits for all of their arrivals. Every
+        thread, not thread 0 alone (nor warp 0): a spin loop under a thread-dependent branch makes ptxas move
+        the K loop's slot and descriptor arithmetic off the uniform datapath (R2UR and IMAD for UIADD3: the
+        128 x 128 cluster loop took 120 SASS instructions that way, 90 so, its unclustered twin 87). The wait
+        costs little more: the loop's next barrier waits for thread 0's warp anyway."""
         bar = ctx.emit("addptr", self.empty, slot)
-        for q in range(self.size):
-            ctx.create("mbarrier_arrive_cluster", [bar, ctx.const(q)])
-        ctx.create("mbarrier_wait", [bar, phase])
+        with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
+            if fence:                           # this block's generic reads before the peers' async writes
+                ctx.create("fence_proxy_async")
+            for q in range(self.size):
+                ctx.create("mbarrier_arrive_cluster", [bar, ctx.const(q)])
+        with ctx.when(live):
+            ctx.create("mbarrier_wait", [bar, phase])
 
     def issue_share(self, ctx, load, ring_slot, starts, bar) -> None:
         """This block's share of `load`'s slot at `ring_slot` (its first element), multicast to the cluster."""

@@ -326,11 +326,9 @@ class TmaRing:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
         (`rings`, `offsets`: per tile-IR load op). `refill_phase`: the slot is refilled in the loop, the loop's
         phase parity then (a cluster ring first waits until every block is done with the slot)."""
+        if self.cluster is not None and refill_phase is not None:     # every block done with the slot first
+            self.cluster.release_slot(ctx, slot, refill_phase, live, self.fence_before_fill)
         with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
-            if self.cluster is not None and refill_phase is not None:
-                if self.fence_before_fill:      # this block's generic reads before the peers' async writes
-                    ctx.create("fence_proxy_async")
-                self.cluster.release_slot(ctx, slot, refill_phase)
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
 
     def start(self, ctx, bar: Value, rings: dict, offsets: dict) -> None:
