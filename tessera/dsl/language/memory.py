@@ -289,6 +289,12 @@ def atomic_add(ctx: Context, pointer, value, mask=None) -> Tensor:
 
     `value` is converted to the element type and broadcast to the pointer's
     shape; lanes where `mask` is false are untouched.
+
+    Every atomic is acquire-release at GPU scope. A scalar one is the whole
+    program's: one thread performs it after a barrier (so it releases every
+    thread's earlier writes), and its old value reaches every thread through
+    shared memory. To wait for a counter, poll with `load(ptr, sem="acquire")`
+    rather than `atomic_add(ptr, 0)`, which writes the line each time.
     """
     return _atomic(ctx, "add", pointer, value, mask)
 
