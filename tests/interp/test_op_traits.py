@@ -147,3 +147,8 @@ def test_pointer_lane_ops_write_memory_exactly_when_marked(name):
     if op.results:      # what it read is what the memory held
         assert contents(out).tolist() == [0, 1, 2, 3], name
         assert opdef.reads_memory, name
+
+
+def test_the_ops_that_order_memory_between_programs_are_the_atomics_and_the_ordered_accesses():
+    """The TMA passes ask this trait to fence the async proxy (fills) or keep the threads' stores (TMA stores)."""
+    assert set(op_names(orders_programs=True)) == {"atomic_rmw", "atomic_cas", "load_acquire", "store_release"}
