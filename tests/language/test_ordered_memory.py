@@ -78,6 +78,9 @@ def test_a_constant_pause_is_an_immediate_on_nvidia_and_units_of_64_clocks_on_am
     # flag is read-only here, but another program writes it: no non-coherent load for it (LLVM aborted selecting
     # one for the acquire), while data keeps its read-only path
     assert re.search(r"ld\.acquire\.gpu(\.global)?\.b32", ptx) and "ld.global.nc.b32" in ptx
+    header = next(line for line in _compiled(sleepy, "sm_80").stages["llvm_ir"].splitlines()
+                  if line.startswith("define"))
+    assert "noalias %\"flag\"" not in header and "noalias %\"data\"" in header
     assert re.search(r"s_sleep 4\b", _compiled(sleepy, "gfx942").stages["amdgcn"])   # ceil(100 / 30)
 
 

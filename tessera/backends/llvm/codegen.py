@@ -41,7 +41,7 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
+from tessera.ir.types import PointerType, ScalarType, TensorMapType, element_of, scalar_dtype
 
 from . import inline_asm, low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
@@ -300,15 +300,16 @@ def _unnamed(value: ir.Instruction) -> bool:
 
 
 def acquired_parameters(fn: Function) -> set[int] | None:
-    """Indices of the parameters the pointers of `fn`'s acquire loads derive from (None: any of them, when a
-    pointer comes through a region's result or a block argument)."""
+    """Indices of the parameters the pointers of `fn`'s acquire loads derive from, following pointer values only
+    (offsets do not change which memory is read); None: any of them, when a pointer comes through a region's
+    result or a block argument."""
     params = {arg: i for i, arg in enumerate(fn.args)}
     roots: set[int] = set()
     work = [op.operands[0] for op in fn.walk() if op.name == "load_acquire"]
     seen: set[Value] = set()
     while work:
         value = work.pop()
-        if value in seen:
+        if value in seen or not isinstance(element_of(value.type), PointerType):
             continue
         seen.add(value)
         if value in params:
