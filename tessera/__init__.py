@@ -61,7 +61,7 @@ from .dsl.language.creation import (
 )
 from .dsl.language.memory import (
     atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_xchg, atomic_xor,
-    load, store, view,
+    load, nanosleep, store, view,
 )
 from .dsl.language.math import (
     abs, ceil, cos, erf, exp, exp2, floor, log, log2, maximum, minimum, rsqrt, sigmoid, sin, sqrt, tanh, where,
