@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Sequence
 
+from .cuda import _NOT_OUR_CONTEXT as NOT_OUR_CONTEXT, driver_error
 from .errors import LaunchError
 from .limits import validate_launch
 
@@ -71,21 +72,26 @@ def prepare_cluster_launch(device: Any, function: Any, block: tuple[int, int, in
             configs[key] = config
         return config
 
+    optimistic = device.only_device
+
     def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
         config = config_for(gx, gy, gz, stream)
         if lock is not None:
             lock.acquire()
         try:
             pack(values)
-            pushed = device._enter()
-            try:
+            err = None
+            if optimistic:          # as the plain path: launch first, make our context current only if refused
                 (err,) = d.cuLaunchKernelEx(config, handle, params, 0)
-            finally:
-                device._exit(pushed)
+            if err is None or int(err) in NOT_OUR_CONTEXT:
+                pushed = device._enter()
+                try:
+                    (err,) = d.cuLaunchKernelEx(config, handle, params, 0)
+                finally:
+                    device._exit(pushed)
         finally:
             if lock is not None:
                 lock.release()
         if int(err) != 0:
-            from .cuda import driver_error
             raise driver_error(err, f"launching kernel '{function.name}' in clusters of {dims} (cuLaunchKernelEx)")
     return launch

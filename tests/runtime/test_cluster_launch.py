@@ -90,3 +90,14 @@ def test_the_interpreter_runs_a_clustered_kernel_on_whole_clusters_only():
 def test_cluster_dims_out_of_range_is_a_compile_error():
     with pytest.raises(tessera.CompileError, match=r"cluster_dims \(32, 1, 1\): .* at most 16 programs"):
         pair_copy[(32,)](np.zeros(4, np.float32), np.zeros(4, np.float32), 4, BLOCK=128, CLUSTER=32)
+
+
+def test_a_warm_cluster_launch_makes_one_driver_call_and_finds_its_context_when_another_is_current(hopper):
+    launcher = Launcher(CLUSTERED, TYPES, names=["x", "n"])
+    launcher((8,), [DeviceArray(0x1000), 3])
+    before = sum(hopper.counts.values())
+    launcher((8,), [DeviceArray(0x1000), 3])
+    assert sum(hopper.counts.values()) - before == 1                  # cuLaunchKernelEx alone
+    hopper.current = 0xAA                     # another library's context: refused, then ours pushed and popped
+    launcher((8,), [DeviceArray(0x1000), 3])
+    assert hopper.launches()[-1][-1] == PRIMARY_CONTEXT and hopper.current == 0xAA
