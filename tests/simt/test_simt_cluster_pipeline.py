@@ -27,7 +27,7 @@ SM_90A = get_target("sm_90a")
 @tessera.kernel
 def cluster_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
                    BK: tessera.constexpr, STAGES: tessera.constexpr, CLUSTER: tessera.constexpr,
-                   SKEW: tessera.constexpr = 0):
+                   SKEW: tessera.constexpr = 0, WS: tessera.constexpr = False):
     tessera.cluster_dims(CLUSTER)
     pid = tessera.program_id(0)
     pid_m = pid % tessera.cdiv(M, BM)          # blocks 2c, 2c + 1 (one cluster): consecutive rows of tiles
@@ -35,19 +35,19 @@ def cluster_matmul(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tess
     a = tessera.view(a_ptr, (M, K), (K, 1))
     b = tessera.view(b_ptr, (K, N), (N, 1))
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES):
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(multicast=True),
                           acc)
     tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
 
 
-def case(M, N, K, BM, BN, BK, stages, cluster=2, skew=0, seed=0):
+def case(M, N, K, BM, BN, BK, stages, cluster=2, skew=0, seed=0, ws=False):
     rng = np.random.default_rng(seed)
     a = _exact(rng.standard_normal((M, K)), tessera.f16)
     b = _exact(rng.standard_normal((K, N)), tessera.f16)
     make = lambda: [_host(a, tessera.f16), _host(b, tessera.f16), np.zeros((M, N), np.float16), M, N, K]  # noqa: E731
     module = cluster_matmul.specialize(*make(), BM=BM, BN=BN, BK=BK, STAGES=stages, CLUSTER=cluster,
-                                       SKEW=skew).module
+                                       SKEW=skew, WS=ws).module
     grid = (tessera.cdiv(M, BM) * tessera.cdiv(N, BN),)
     return a, b, make, module, grid
 
@@ -166,3 +166,17 @@ def test_without_clusters_cluster_rank_and_id_are_0_and_the_program_id_on_every_
     run_threads(fn, [simulated], (4, 4))
     np.testing.assert_array_equal(simulated, expected)
     where_am_i.compile(out, CX=1, CY=1, target=target)
+
+
+def test_a_warp_specialized_loop_keeps_per_block_loads_and_says_why():
+    """Not implemented: multicast from a producer warpgroup. The hint is then ignored (each block loads all of
+    B, still correct in clusters) and the lowering notes say why."""
+    _, _, make, module, grid = case(128, 64, 128, 64, 64, 32, 3, ws=True)
+    fn = lower(module, SM_90A, 4).functions[0]
+    assert not any(op.attrs.get("multicast") or op.name.startswith("cluster_") for op in fn.walk())
+    assert any("multicast loads are issued by every block of the cluster: the loop has a producer warpgroup" in n
+               for n in fn.attrs["lowering_notes"])
+    expected, actual = make(), make()
+    run_function(module.functions[0], expected, grid)
+    run_threads(fn, actual, grid)
+    np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), **F16_RESULT)

@@ -55,8 +55,6 @@ from tessera.ir.tensor_map import TensorMapRecipe
 
 from ..lowering import copy_scalar_op, lowering
 
-SLOT_ALIGN = {"none": 128, "32B": 256, "64B": 512, "128B": 1024}    # as `tma_fill.SLOT_ALIGN` (a box's swizzle period)
-
 
 @dataclass(frozen=True)
 class Share:
@@ -73,12 +71,13 @@ def cluster_size(fn) -> int:
 
 
 def share_of(box, size: int) -> Share | None:
-    """How a block issues 1/`size` of a slot filled by `box`, or None when neither boxes nor rows divide."""
+    """How a block issues 1/`size` of a slot filled by `box` (a `tma_fill.TmaBox`), or None when neither boxes
+    nor rows divide."""
     if box.boxes % size == 0:
         return Share(True, box.recipe, box.recipe.box_shape[-2])
     rows, width = box.recipe.box_shape[-2:]
     element = box.recipe.dtype.bits // 8
-    if rows % size or (rows // size) * width * element % SLOT_ALIGN[box.recipe.swizzle]:
+    if rows % size or (rows // size) * width * element % box.slot_align:      # a slice: whole swizzle periods
         return None
     r = box.recipe
     half = TensorMapRecipe(r.param, r.pointer, r.dtype, r.shape, r.strides, (*r.box_shape[:-2], rows // size, width),
