@@ -177,8 +177,8 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
 
 def config_variants(torch):
     """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's, the
-    cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one without
-    a cluster warp-specialized too."""
+    cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one
+    warp-specialized too (the cluster ones then multicast from the producer warpgroup, as CUTLASS's kernels)."""
     import tessera
     from tessera.kernels_lib import gemm_configs
 
@@ -187,7 +187,7 @@ def config_variants(torch):
     variants = list(shipped)
     if hopper:
         variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
-                     for c in shipped if not c.kwargs["PERSISTENT"] and not gemm_configs.is_clustered(c)]
+                     for c in shipped if not c.kwargs["PERSISTENT"]]
     return variants
 
 

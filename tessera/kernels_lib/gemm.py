@@ -24,7 +24,7 @@ A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
 No shipped config sets it; it defaults to False. A config with CLUSTER_M = 2
-(sm_90a, not with PERSISTENT or WS) runs pairs of programs as one thread-block
+(sm_90a, not with PERSISTENT; with WS too) runs pairs of programs as one thread-block
 cluster on the two rows of tiles (pid_m, pid_n) that share B's column
 (`cluster_tile`): each loads its own A block and half of the shared B block,
 TMA-multicast to both, halving B's L2 -> SM traffic; CLUSTER_N = 2 pairs two
@@ -159,9 +159,9 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
     # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`; not
-    # persistent, not WS)
-    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not (PERSISTENT or WS), "CLUSTER_M / CLUSTER_N > 1 is for "
-                          "the one-tile-per-program kernel without warp specialization")
+    # persistent)
+    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
+                          "one-tile-per-program kernel")
     tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))

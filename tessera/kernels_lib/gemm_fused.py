@@ -190,8 +190,8 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
     # clusters of CLUSTER_M (CLUSTER_N) programs sharing B's (A's) blocks, as in `gemm.gemm_kernel`
-    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not (PERSISTENT or WS), "CLUSTER_M / CLUSTER_N > 1 is for "
-                          "the one-tile-per-program kernel without warp specialization")
+    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
+                          "one-tile-per-program kernel")
     tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
         a = a_ptr

@@ -66,14 +66,14 @@ def test_the_untimed_model_never_picks_a_cluster_config(name):
         assert not gemm_configs.is_clustered(chosen)
 
 
-def test_bench_records_the_cluster_configs_and_does_not_warp_specialize_them():
+def test_bench_records_the_cluster_configs_plain_and_warp_specialized():
     import sys
     from pathlib import Path
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     bench = importlib.import_module("gemm")
     variants = bench.config_variants(None)
     clustered = [v for v in variants if gemm_configs.is_clustered(v)]
-    assert len(clustered) == len(CLUSTERED) and not any(v.kwargs.get("WS") for v in clustered)
+    assert len(clustered) == 2 * len(CLUSTERED) and sum(bool(v.kwargs.get("WS")) for v in clustered) == len(CLUSTERED)
 
 
 @pytest.mark.parametrize("name", list(CLUSTERED))
@@ -164,10 +164,40 @@ def test_cluster_m_with_a_persistent_config_is_refused():
         compile_gemm(config)
 
 
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_warp_specialized_cluster_configs_multicast_from_the_producer_without_spills(name):
+    """WS=True with a cluster: CUTLASS's protocol (`passes/schedule/multicast.py`): the empty barriers count both
+    programs' consumer warpgroups, each warpgroup's release arrives on both programs (mapa + remote arrive, once
+    in the consumers' loop), the producer's fills multicast its share, and the cluster barrier runs after the
+    inits and, after the loop, once on each side of the producer / consumer split."""
+    needs_ptxas()
+    config = CLUSTERED[name]
+    compiled = compile_gemm(config, WS=True)
+    ptx, meta = compiled.stages["ptx"], compiled.metadata
+    assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["cluster_dims"] == [2, 1, 1]
+    stages, warpgroups = config.kwargs["STAGES"], config.num_warps // 4
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
+    counts = [int(consts.get(c, c)) for c in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)]
+    assert sorted(counts) == sorted([1] * stages + [2 * warpgroups] * stages), counts
+    assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) == 2
+    assert ptx_lines(ptx, r"\.multicast::cluster") and len(ptx_lines(ptx, r"barrier\.cluster\.wait")) == 3
+
+
+@pytest.mark.parametrize("name, M, N, K", [("128x128-m2", 300, 128, 160), ("256x128-n2", 200, 384, 96)])
+def test_a_warp_specialized_cluster_pair_matches_the_unclustered_kernel_on_the_simt_simulator(name, M, N, K):
+    fn, args, expected, grid = lowered_gemm(M, N, K, small(CLUSTERED[name], WS=True))
+    assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
+    alone, alone_args, _, alone_grid = lowered_gemm(M, N, K, small(CLUSTERED[name], WS=True, CLUSTER_M=1,
+                                                                   CLUSTER_N=1))
+    np.testing.assert_array_equal(simulate(fn, args, grid), simulate(alone, alone_args, alone_grid))
+    np.testing.assert_allclose(args[5], expected, rtol=1e-4, atol=1e-3)
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
 @pytest.mark.parametrize("name", list(CLUSTERED))
 @pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 3000, 520)])
-def test_cluster_configs_match_torch_matmul_on_the_gpu(name, M, N, K):
+def test_cluster_configs_match_torch_matmul_on_the_gpu(name, M, N, K, ws):
     """What the next GPU session shows: each cluster config pinned computes torch.matmul's product (odd row
     tiles and partial tiles included), launched in clusters of 2 (cuLaunchKernelEx)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -175,7 +205,7 @@ def test_cluster_configs_match_torch_matmul_on_the_gpu(name, M, N, K):
     from tessera.kernels_lib.gemm import gemm, pin_config
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    pin_config(CLUSTERED[name])
+    pin_config(tessera.Config(dict(CLUSTERED[name].kwargs, WS=ws), num_warps=CLUSTERED[name].num_warps))
     try:
         out = gemm(a, b)
     finally:

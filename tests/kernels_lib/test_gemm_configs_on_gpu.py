@@ -11,7 +11,6 @@ from tessera.testing import assert_close
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
 torch = pytest.importorskip("torch")
-from tessera.kernels_lib import gemm_configs  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm, pin_config  # noqa: E402
 
 M, N, K = 1000, 272, 1008          # rows 16-byte aligned (TMA-eligible), no size a multiple of a block
@@ -19,7 +18,7 @@ M, N, K = 1000, 272, 1008          # rows 16-byte aligned (TMA-eligible), no siz
 
 def _variants():
     """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128, and the
-    cluster-multicast ones), and each non-persistent one without a cluster with WS=True."""
+    cluster-multicast ones), and each non-persistent one with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
               f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}"
               f"{''.join(f'-{k.lower()}{c.kwargs[k]}' for k in ('CLUSTER_M', 'CLUSTER_N') if c.kwargs.get(k, 1) > 1)}",
@@ -27,7 +26,7 @@ def _variants():
               c in HOPPER_CONFIGS)
              for c in CONFIGS + HOPPER_CONFIGS]
     ws = [(name + "-ws", tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps), True)
-          for name, c, _ in plain if not c.kwargs["PERSISTENT"] and not gemm_configs.is_clustered(c)]
+          for name, c, _ in plain if not c.kwargs["PERSISTENT"]]
     return plain + ws
 
 

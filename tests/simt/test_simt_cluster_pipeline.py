@@ -168,15 +168,38 @@ def test_without_clusters_cluster_rank_and_id_are_0_and_the_program_id_on_every_
     where_am_i.compile(out, CX=1, CY=1, target=target)
 
 
-def test_a_warp_specialized_loop_keeps_per_block_loads_and_says_why():
-    """Not implemented: multicast from a producer warpgroup. The hint is then ignored (each block loads all of
-    B, still correct in clusters) and the lowering notes say why."""
-    _, _, make, module, grid = case(128, 64, 128, 64, 64, 32, 3, ws=True)
-    fn = lower(module, SM_90A, 4).functions[0]
-    assert not any(op.attrs.get("multicast") or op.name.startswith("cluster_") for op in fn.walk())
-    assert any("multicast loads are issued by every block of the cluster: the loop has a producer warpgroup" in n
-               for n in fn.attrs["lowering_notes"])
-    expected, actual = make(), make()
-    run_function(module.functions[0], expected, grid)
+@pytest.mark.parametrize("M, N, K, BM, BN, BK, stages, target", [
+    (128, 64, 160, 64, 64, 32, 3, "sm_90a"),        # wgmma consumers: one release per warpgroup and block
+    (128, 128, 192, 64, 128, 64, 2, "sm_90a"),      # B of two column boxes, one per producer; a 2-slot ring
+    (128, 64, 128, 64, 64, 32, 3, "sm_90"),         # mma.sync consumers: every thread releases, on both blocks
+])
+def test_a_warp_specialized_multicast_loop_is_the_unclustered_kernel_bit_for_bit(M, N, K, BM, BN, BK, stages,
+                                                                                  target):
+    """CUTLASS's protocol: each block's producer issues its share multicast once its own empty barrier has every
+    consumer release of both blocks; the producer and the consumers each take part in the final cluster barrier
+    on their side of the warp-specialized `if`."""
+    target = get_target(target)
+    a, b, make, module, grid = case(M, N, K, BM, BN, BK, stages, ws=True)
+    fn = lower(module, target, 4).functions[0]
+    names = [op.name for op in fn.walk()]
+    assert fn.attrs["num_threads"] == 4 * 32 + 128                                      # + the producer
+    assert names.count("cluster_arrive") == 3 and names.count("cluster_wait") == 3     # inits; producer; consumers
+    assert any(op.attrs.get("multicast") == 3 for op in fn.walk() if op.name == "tma_load")
+    assert names.count("mbarrier_arrive_cluster") == 2 and "mbarrier_arrive" not in names
+    actual, alone, expected = make(), make(), make()
     run_threads(fn, actual, grid)
+    run_threads(lower(case(M, N, K, BM, BN, BK, stages, cluster=1, ws=True)[3], target, 4).functions[0], alone, grid)
+    np.testing.assert_array_equal(actual[2], alone[2])
+    run_function(module.functions[0], expected, grid)
     np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), **F16_RESULT)
+
+
+def test_a_warp_specialized_consumer_releasing_only_its_own_block_deadlocks(monkeypatch):
+    """The peer's producer waits for this block's consumers too: releasing locally alone never completes its
+    empty barrier (counting both blocks' releases), which the simulator reports rather than hangs."""
+    from tessera.passes.schedule import multicast
+    monkeypatch.setattr(multicast.ClusterMulticast, "release_remote",
+                        lambda self, ctx, bar: ctx.create("mbarrier_arrive", [bar]))
+    _, _, make, module, grid = case(128, 64, 192, 64, 64, 32, 2, ws=True)
+    with pytest.raises(InterpreterError, match="DEADLOCK"):
+        run_threads(lower(module, SM_90A, 4).functions[0], make(), grid)

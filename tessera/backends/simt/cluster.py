@@ -85,7 +85,7 @@ class Cluster:
         for rank, block in enumerate(blocks):
             block.cluster, block.cluster_rank = self, rank
         n = len(blocks)
-        self.arrivals = [0] * n                 # cluster_arrive count per block
+        self.arrivals = [np.zeros(b.num_threads, np.int64) for b in blocks]    # cluster_arrives per thread
         self.exited = [False] * n
         self.started = [False] * n
         self.stamp: list[int | None] = [None] * n          # total steps when the block stalled
@@ -213,9 +213,29 @@ def _cluster_id(ctx, op):
 
 
 def _aligned(ctx, op) -> None:
-    if ctx.mask is not None:
-        raise ctx.error(op, f"{op.name} in divergent code: barrier.cluster is .aligned, so every thread of the block "
-                            "must execute it; move it out of the branch")
+    """barrier.cluster is .aligned: every thread of a warp executes it together (warps may reach it apart, on
+    the two sides of a warp-specialized `if`)."""
+    if ctx.mask is None:
+        return
+    warps = ctx.mask.reshape(-1, ctx.warp_size)
+    split = np.flatnonzero(warps.any(axis=1) & ~warps.all(axis=1))
+    if split.size:
+        raise ctx.error(op, f"{op.name} in divergent code: warp {int(split[0])} runs it with only some of its "
+                            "threads, but barrier.cluster is .aligned (every thread of a warp together); move it "
+                            "out of the branch")
+
+
+def _arrivals(ctx) -> list[np.ndarray]:
+    """Per block of the cluster (just this one without a cluster), how often each thread arrived."""
+    if ctx.cluster is not None:
+        return ctx.cluster.arrivals
+    if "cluster_arrivals" not in ctx.state:
+        ctx.state["cluster_arrivals"] = [np.zeros(ctx.num_threads, np.int64)]
+    return ctx.state["cluster_arrivals"]
+
+
+def _threads(ctx) -> np.ndarray:
+    return np.arange(ctx.num_threads) if ctx.mask is None else np.flatnonzero(ctx.mask)
 
 
 @simt("cluster_arrive")
@@ -223,33 +243,29 @@ def _arrive(ctx, op):
     _aligned(ctx, op)
     from .mbarrier import publish_to_cluster
     publish_to_cluster(ctx)
-    if ctx.cluster is not None:
-        ctx.cluster.arrivals[ctx.cluster_rank] += 1
-    else:
-        ctx.state["cluster_arrivals"] = ctx.state.get("cluster_arrivals", 0) + 1
+    _arrivals(ctx)[ctx.cluster_rank][_threads(ctx)] += 1
 
 
 @simt("cluster_wait")
 def _wait(ctx, op):
+    """Returns once every thread of every block of the cluster has arrived as often as the waiting threads."""
     _aligned(ctx, op)
-    cluster = ctx.cluster
-    if cluster is None:
-        if ctx.state.get("cluster_arrivals", 0) < 1:
-            raise ctx.error(op, "cluster_wait without a cluster_arrive first: the block waits for its own arrival")
-        ctx.state["cluster_arrivals"] -= 1
-        ctx.shared.barrier()
+    from .paths import span, wait_until
+    arrivals, threads = _arrivals(ctx), _threads(ctx)
+    mine = arrivals[ctx.cluster_rank][threads]
+    if threads.size == 0:
         return
-    need = cluster.arrivals[ctx.cluster_rank]
-    if need == 0:
-        raise ctx.error(op, "cluster_wait without a cluster_arrive first: the block waits for its own arrival")
+    need = int(mine.max())
+    if need == 0 or (mine != need).any():
+        raise ctx.error(op, "cluster_wait without a cluster_arrive first: a thread waits for its own arrival")
 
-    def behind() -> list[int]:
-        return [i for i, n in enumerate(cluster.arrivals) if n < need]
+    def behind() -> list[str]:
+        return [f"rank {i}: threads {span(np.flatnonzero(counts < need))}" for i, counts in enumerate(arrivals)
+                if (counts < need).any()]
 
     def describe() -> str:
-        return (f"cluster_wait{f' at {op.loc}' if op.loc else ''} for arrival {need} of every block; blocks of "
-                f"ranks {behind()} have not arrived (or ended without arriving)")
+        return (f"cluster_wait{f' at {op.loc}' if op.loc else ''} for arrival {need} of every thread of the "
+                f"cluster; not yet arrived (or ended without arriving): {'; '.join(behind())}")
 
-    wait_for_peers(ctx, op, lambda: not behind(), describe)
+    wait_until(ctx, op, lambda: not behind(), describe, lambda: f"DEADLOCK: {describe()}")
     ctx.shared.barrier()
-

@@ -43,7 +43,10 @@ element size than the map's.
 A wait that observes a phase orders what the threads that arrived in
 that phase did before (their shared-memory accesses) before what the
 waiting threads do next (`SharedMemory.order_after`): that is how a
-consumer's release lets the producer refill a stage. The ordering is
+consumer's release lets the producer refill a stage. An arrival from a
+cluster peer (`mbarrier_arrive_cluster`) orders the arriving threads'
+accesses of their own block's shared memory the same way, before the
+waiter's multicast writes into it. The ordering is
 approximate: bytes whose accessors since the last `barrier` all arrived
 are forgotten by the race check, including accesses an arriving thread
 made after it arrived.
@@ -163,6 +166,8 @@ class MBarrier:
     seen: dict[int, int] = field(default_factory=dict)   # thread -> newest phase it saw complete
     arriving: list[int] = field(default_factory=list)    # threads that arrived in the current phase
     arrivers: dict[int, np.ndarray] = field(default_factory=dict)   # completed phase -> who arrived in it
+    remote_arriving: list = field(default_factory=list)   # (peer block, thread) arriving from another block
+    remote_arrivers: dict[int, list] = field(default_factory=dict)  # completed phase -> those of its arrivals
 
     def __post_init__(self):
         self.pending = self.expected
@@ -176,6 +181,9 @@ class MBarrier:
             self.arrivers[self.phase] = np.unique(np.asarray(self.arriving, np.int64))
             self.arrivers.pop(self.phase - 2, None)
             self.arriving = []
+            self.remote_arrivers[self.phase] = self.remote_arriving
+            self.remote_arrivers.pop(self.phase - 2, None)
+            self.remote_arriving = []
             self.phase += 1
             self.pending = self.expected
 
@@ -373,6 +381,8 @@ def _arrive_cluster(ctx, op, bar, cta):
                                 "mbarrier_init's count is undefined behaviour")
         if target is ctx:
             b.arriving.append(t)
+        else:
+            b.remote_arriving.append((ctx, t))
         b.pending -= 1
         b.complete_if_done()
     let_others_run(ctx, op)
@@ -444,6 +454,11 @@ def _wait(ctx, op, bar, parity):
     released = b.arrivers.get(b.phase - 1)
     if released is not None:     # what the arriving threads did before arriving is ordered before what we do next
         ctx.shared.order_after(released)
+    peers: dict = {}
+    for peer, thread in b.remote_arrivers.get(b.phase - 1, ()):     # ... in their own block's shared memory
+        peers.setdefault(peer, []).append(thread)                   # too (a cluster peer's release: `cluster.py`)
+    for peer, threads_of_peer in peers.items():
+        peer.shared.order_after(np.unique(np.asarray(threads_of_peer, np.int64)))
 
 
 def _check_phase(ctx, op, b: MBarrier, t: int, p: int) -> None:

@@ -40,10 +40,17 @@ several column blocks: same map, rank r issues boxes r*b/C .. (r+1)*b/C - 1),
 else a 1/C slice of rows of every box through a map of 1/C-high boxes, when
 each slice stays a whole number of swizzle periods (`share_of`).
 
+With a producer warpgroup (`warp_specialization.py`) the protocol is
+CUTLASS's: the empty barriers count every consumer release of every block
+(releasers x C), a consumer releases a slot on every block's empty barrier
+(`release_remote`), the producer waits for its own empty barrier before it
+issues its share, multicast; the cluster barrier follows the inits of full
+and empty, and after the loop the producer and the consumers each arrive on
+and wait for it before the barriers end.
+
 Not multicast (the load is issued by every block, as without the hint, and a
-lowering note says why): pipelines with a producer warpgroup or inside a
-persistent tile loop, copies that are not S-1 ahead, cp.async-filled loads,
-and slots no share divides.
+lowering note says why): pipelines inside a persistent tile loop, copies
+that are not S-1 ahead, cp.async-filled loads, and slots no share divides.
 """
 
 from __future__ import annotations
@@ -86,12 +93,11 @@ def share_of(box, size: int) -> Share | None:
 
 
 def why_not(ctx, multicast_loads, *, once: bool, specialized: bool, prefetch: int, stages: int) -> str | None:
-    """Why this loop's multicast loads stay per block (None: they are multicast)."""
-    if specialized:
-        return "the loop has a producer warpgroup (warp specialization)"
+    """Why this loop's multicast loads stay per block (None: they are multicast). A producer warpgroup
+    (`specialized`) runs ahead by its empty barriers, not by a prefetch distance."""
     if once:
         return "the loop is inside a persistent tile loop"
-    if prefetch != stages - 1:
+    if not specialized and prefetch != stages - 1:
         return f"its copies run {prefetch} iterations ahead of a {stages}-stage ring, not {stages - 1}"
     size = cluster_size(ctx.src)
     for load in multicast_loads:
@@ -104,20 +110,29 @@ def why_not(ctx, multicast_loads, *, once: bool, specialized: bool, prefetch: in
 class ClusterMulticast:
     """The cluster side of one TMA ring (see the module docstring): empty mbarriers, shares, the barriers."""
 
-    def __init__(self, ctx, ring, multicast_loads, size: int):
-        """`ring`'s `maps` hold each shared load's share map (`share_of(...).recipe`)."""
+    def __init__(self, ctx, ring, multicast_loads, size: int, specialized: bool = False):
+        """`ring`'s `maps` hold each shared load's share map (`share_of(...).recipe`). `specialized`: the warp-
+        specialized loop makes its own empty barriers (one arrival per releaser and block: `release_remote`)
+        and then the cluster barrier that publishes them (`sync`)."""
         self.size = size
         self.mask = (1 << size) - 1
         self.shares = {load.load: share_of(load.tma, size) for load in multicast_loads}
         self.maps = {op: ring.maps[op] for op in self.shares}
-        self.empty = ctx.smem.mbarriers(ring.stages, size)
         self.rank = ctx.emit("cluster_rank")
-        self.sync(ctx)                  # the full and empty barriers' inits, cluster-wide
+        if not specialized:
+            self.empty = ctx.smem.mbarriers(ring.stages, size)
+            self.sync(ctx)              # the full and empty barriers' inits, cluster-wide
 
     @staticmethod
     def sync(ctx) -> None:
         ctx.create("cluster_arrive")
         ctx.create("cluster_wait")
+
+    def release_remote(self, ctx, bar) -> None:
+        """A consumer's release of a slot in a warp-specialized loop: an arrival on the empty mbarrier `bar`'s
+        offset in every block of the cluster, whose producers all write the slot (their multicast shares)."""
+        for q in range(self.size):
+            ctx.create("mbarrier_arrive_cluster", [bar, ctx.const(q)])
 
     def release_slot(self, ctx, slot, phase, live, fence: bool) -> None:
         """Before refilling `slot` (where `live`): thread 0 arrives on every block's empty[slot] (after a proxy

@@ -307,7 +307,7 @@ class TmaRing:
                 self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
         else:
             self.bars = ctx.smem.mbarriers(stages, 1)
-        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src)) if shared else None
+        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src), specialized) if shared else None
 
     def _multicast_loads(self, ctx, specialized: bool, prefetch: int | None) -> list:
         """The loads marked `multicast` whose slots the cluster's blocks share (`multicast.py`); none when the
