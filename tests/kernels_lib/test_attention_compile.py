@@ -425,39 +425,47 @@ DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16",
 
 
 def decode_tiles(vendor):
-    """(softmax, D, rows, keys, stages) of each of `vendor`'s plans at its largest tile and its narrowest ones
-    (16 rows: one query head group; 16 keys: pages of 16 tokens)."""
+    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans at every row count it launches
+    (16 .. its rows: with a warp per 16 rows each is another warp count) and its widest and narrowest blocks
+    (16 keys: pages of 16 tokens)."""
     from tessera.kernels_lib.attention_decode import DECODE_PLANS, UNIFIED_DECODE_PLANS, gpu_decode_plan
     for softmax, plans in (("online", DECODE_PLANS), ("unified", UNIFIED_DECODE_PLANS)):
         for D in plans:
             plan = gpu_decode_plan(D, softmax == "unified", vendor)
-            for rows, keys in sorted({(plan.rows, plan.keys), (16, plan.keys), (plan.rows, 16)}):
-                yield softmax, D, rows, keys, plan.stages
+            rows = [16 << i for i in range(plan.rows.bit_length()) if 16 << i <= plan.rows]
+            for r, keys in sorted({(r, k) for r in rows for k in (plan.keys, 16)}):
+                yield softmax, D, r, keys, plan.stages, plan.num_warps(r)
 
 
-def compile_decode(target, softmax, D, rows, keys, stages):
+def compile_decode(target, softmax, D, rows, keys, stages, num_warps):
     """The split kernel with every option compiled in (the most registers)."""
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
     return compile_checked(
-        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=4, D=D, BM=rows, BN=keys,
-        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
+        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=num_warps, D=D, BM=rows, BN=keys,
+        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified",
+        FALLBACK=True)
 
 
 @needs_ptxas
-@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("nvidia")))
+@pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("nvidia")))
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
-def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D, rows, keys, stages):
-    """The K and V blocks stream through cp.async rings although their pages come from the block table."""
-    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D, rows, keys, stages, num_warps):
+    """The K and V blocks stream through cp.async rings although their pages come from the block table. The
+    registers are printed (-s shows them): a one-warp program has the whole tile to itself, so ptxas takes up
+    to 255."""
+    compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     metadata = compiled.metadata
+    print(f"{target} {softmax} D={D} {rows}x{keys} stages={stages} warps={num_warps}: "
+          f"{metadata['registers']} registers")
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["registers"]
     assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
 
 
-@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("amd")))
+@pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("amd")))
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages):
-    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages,
+                                                                  num_warps):
+    compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     shapes = set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)_bf16", compiled.stages["amdgcn"]))
     assert shapes and shapes <= set(MFMA[target])
     if target == "gfx950":
@@ -465,10 +473,11 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9)):
+def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
+                            stages=2):
     """attention_decode's two kernels lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed,
     2 new queries, pages of 16, sequences of 37 and 9 tokens, unless told): (O, LSE) and the float64
-    reference's. Blocks are one page (BN = page)."""
+    reference's. Blocks are one page (BN = page) unless `keys` says."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
     from tessera.passes.thread_passes import lower
@@ -481,7 +490,7 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
     args += [Sq, H, 1, page, LOG2E / math.sqrt(D), 0.0, (unified_max or 0.0) * LOG2E, 8.0, 15.0, 0, 0, splits,
              *q.stride(), *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_part.stride()[:4],
              *lse_part.stride()[:3]]
-    options = dict(D=D, BM=16, BN=page, STAGES=2, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+    options = dict(D=D, BM=16, BN=keys or page, STAGES=stages, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
                    UNIFIED=unified_max is not None, FALLBACK=True)
     module = attention_decode_kernel.specialize(*args, **options).module
     run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
@@ -493,27 +502,38 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
 
 
 @pytest.mark.parametrize("unified_max", [None, 2.0, -30.0], ids=["online", "unified", "unified-falls-back"])
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2), ("gfx950", 2)])
+@pytest.mark.parametrize("target, num_warps", [("sm_80", 1), ("sm_90a", 1), ("sm_80", 4), ("sm_90a", 4),
+                                               ("gfx942", 2), ("gfx950", 2)])
 def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps, unified_max):
+    """One warp per 16 packed rows (the shipped plans: a program of its own keys) and 4 warps over one 16-row
+    tile (the plans that keep them: warps repeating the products)."""
     o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps, unified_max)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
 
-def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention():
-    """The shipped shape's 256-byte K and V rows (head dim 128, pages of 64 tokens): the ring's row-keyed
-    swizzle (cp.async writes, ldmatrix reads) on the simulator, which also checks shared-memory races."""
-    o, lse, expected_o, expected_lse = decode_on_the_simulator("sm_90a", 4, D=128, page=64, seqlens=(150, 70))
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention(softmax):
+    """The shipped head-dim-128 tile of each softmax (its keys, stages and warps) over pages of 64 tokens: the
+    ring's 256-byte K and V rows under the row-keyed swizzle (cp.async writes, ldmatrix reads) on the
+    simulator, which also checks shared-memory races; sequences not a multiple of the block."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
+    plan = gpu_decode_plan(128, softmax == "unified", "nvidia")
+    o, lse, expected_o, expected_lse = decode_on_the_simulator(
+        "sm_90a", plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
+        keys=plan.keys, stages=plan.stages)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
-def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch):
-    """Every ldmatrix buffer of the shipped decode tile (16 packed rows, 64 keys, head dim 128 on sm_90a) is
-    laid out so that its row reads are conflict-free: the 64 x 128 bf16 K and V blocks (256-byte rows) read
-    8-way conflicted when they were plain row-major, which made the loop shared-memory bound (about 9 us a
-    block on an H100, against 2.6 us of HBM time)."""
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch, softmax):
+    """Every ldmatrix buffer of the shipped head-dim-128 tile of each softmax (16 packed rows, its keys, warps
+    and stages, pages of 64, sm_90a) is laid out so that its row reads are conflict-free: the 64 x 128 bf16
+    K and V blocks (256-byte rows) read 8-way conflicted when they were plain row-major, which made the loop
+    shared-memory bound (about 9 us a block on an H100, against 2.6 us of HBM time)."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
     from tessera.passes.lowering import mma_operands
     from tessera.passes.thread_passes import lower
@@ -530,7 +550,9 @@ def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch):
             np.zeros((splits, 1, 1, 4, D), np.float32), np.zeros((splits, 1, 4, 1), np.float32),
             1, 4, 1, page, 0.1, 0.0, 0.0, 64.0, 64.0, 0, 0, splits, 4 * D, 4 * D, D, 1, page * D, D, D, 1,
             page * D, D, D, 1, 4, 4 * D, 4 * D, 4 * D, D, 4, 4, 1]
-    module = attention_decode_kernel.specialize(*args, D=D, BM=16, BN=page, STAGES=3, SPLIT=True, HAS_LEFT=False,
-                                                HAS_RIGHT=True, SOFTCAP=False, UNIFIED=False, FALLBACK=True).module
-    lower(module, "sm_90a", 4)
-    assert ((64, 128), 1) in chosen and all(conflicts == 1 for _, conflicts in chosen), chosen
+    plan = gpu_decode_plan(D, softmax == "unified", "nvidia")
+    module = attention_decode_kernel.specialize(*args, D=D, BM=16, BN=plan.keys, STAGES=plan.stages, SPLIT=True,
+                                                HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+                                                UNIFIED=softmax == "unified", FALLBACK=True).module
+    lower(module, "sm_90a", plan.num_warps(16))
+    assert ((plan.keys, D), 1) in chosen and all(conflicts == 1 for _, conflicts in chosen), chosen

@@ -48,6 +48,8 @@ CASES = {   # seqlens, case options, op options
     "softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "num_splits": 2}),
     "bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"num_splits": 2}),
     "pages-of-64-partly-filled": ([1, 65, 130], {"page": 64, "H": 2, "H_kv": 1}, {"num_splits": 2}),
+    "pages-of-128-gqa-8": ([129, 300], {"page": 128, "H": 8, "H_kv": 1}, {"num_splits": 3}),
+    "pages-of-256-mqa-16": ([257, 90], {"page": 256, "H": 16, "H_kv": 1}, {"num_splits": 4}),
     "unified-max-gqa-split-in-3": ([37, 1, 70], {}, {"num_splits": 3, "unified_max": 2.0}),
     "unified-max-lengths-0-and-1": ([0, 1, 16], {"Sq": 1, "H": 8, "H_kv": 2}, {"num_splits": 2, "unified_max": 1.0}),
     "unified-max-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2, "unified_max": 2.0}),
@@ -68,6 +70,33 @@ def test_matches_float64_attention_over_the_gathered_cache(name):
     window = options.get("window", -1)
     assert out.shape == tensors[0].shape and lse.shape == (len(seqlens), tensors[0].shape[2], tensors[0].shape[1])
     check(out, lse, *expected(*tensors, options.get("causal", True), (window, window), options.get("softcap", 0.0)))
+
+
+GPU_PLAN_CASES = {  # seqlens, case options, op options: every shipped tile's shapes, on the interpreter
+    "pages-of-16-gqa-4": ([37, 70], {"page": 16, "H": 8, "H_kv": 2}, {"num_splits": 3}),
+    "pages-of-64-gqa-4-not-a-block-multiple": ([150, 70], {"page": 64, "H": 8, "H_kv": 2}, {"num_splits": 2}),
+    "pages-of-256-gqa-16-two-tokens-two-groups": ([300, 5], {"page": 256, "Sq": 2, "H": 16, "H_kv": 1}, {}),
+    "pages-of-32-one-split": ([45], {"page": 32, "H": 4, "H_kv": 4}, {"num_splits": 1}),
+}
+
+
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", list(GPU_PLAN_CASES))
+def test_every_gpu_plan_tile_matches_float64_attention_on_the_interpreter(monkeypatch, name, D, softmax):
+    """The tiles the GPU plans launch (their rows, keys per step and stages; one warp or four is the same
+    program to the interpreter) split the keys and combine them right: page sizes 16 to 256, GQA 1:1 to
+    16:1, lengths that are no multiple of the block, one split or several (chosen, or by the model's rule)."""
+    import importlib
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    plans = module.UNIFIED_DECODE_PLANS if softmax == "unified" else module.DECODE_PLANS
+    monkeypatch.setattr(module, "decode_plan", lambda shape, q, unified: plans[D])
+    seqlens, case, options = GPU_PLAN_CASES[name]
+    tensors = paged_case(seqlens, **case, D=D, seed=len(name) + D)
+    if softmax == "unified":
+        options = {**options, "unified_max": 2.0}
+    out, lse = attention_decode(*tensors, **options)
+    check(out, lse, *expected(*tensors))
 
 
 def run_unified(tensors, unified_max, fallback, splits=2):
