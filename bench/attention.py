@@ -251,6 +251,21 @@ def sdpa_decode(torch, q, k, v):
     return o.transpose(1, 2)
 
 
+def modelled_decode(case: dict) -> dict:
+    """The decode model's figures for the online plan this row launches (tessera.kernels_lib.attention_decode_model,
+    H100 SXM constants): its microseconds in a graph and share of HBM, to set beside the measured ones."""
+    from tessera.kernels_lib import attention_decode_model as model
+    from tessera.kernels_lib.attention_decode import DecodeShape, gpu_decode_plan
+    shape = DecodeShape(case["B"], 1, case["H"], case["H_kv"], case["D"], case["page"], case["context"] // case["page"])
+    plan = gpu_decode_plan(case["D"], False, "nvidia")
+    rows, keys = shape.tile(plan)
+    decode = model.Decode(case["B"], case["H"], case["H_kv"], case["D"], case["context"])
+    tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows))
+    splits = model.splits_for(decode, tile)
+    cost = model.modelled(decode, tile, splits)
+    return {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits}
+
+
 def measure_decode(torch, case: dict, peak_gbps) -> dict:
     """One decode row: tessera (online softmax; unified max) against SDPA and the plain reference."""
     from tessera.kernels_lib import attention_decode
@@ -274,6 +289,7 @@ def measure_decode(torch, case: dict, peak_gbps) -> dict:
             row[f"{who}_gbps"] = moved / (row[f"{who}_graph_us"] * 1e-6) / 1e9
         except Exception as error:
             row[f"{who}_error"] = f"{type(error).__name__}: {error}"[:500]
+    row.update(modelled_decode(case))
     if "tessera_gbps" in row and peak_gbps:
         row["hbm_share"] = row["tessera_gbps"] / peak_gbps
     if "tessera_graph_us" in row and "sdpa_graph_us" in row:
@@ -288,7 +304,9 @@ def describe(row: dict) -> str:
         parts = [f"{who} {row[who + '_graph_us']:.1f} us ({row[who + '_gbps']:.0f} GB/s)"
                  for who in ("tessera", "tessera_unified", "sdpa", "plain") if who + "_graph_us" in row]
         parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
-        return head + "; ".join(parts) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row else "")
+        parts.append(f"model {row['model_us']:.1f} us ({row['model_hbm_share']:.0%})" if "model_us" in row else "")
+        return head + "; ".join(p for p in parts if p) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row
+                                                          else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
     whos = (("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8"

@@ -94,3 +94,13 @@ def test_the_dry_run_checks_each_part_on_the_interpreter():
     for line in ("attention forward: 36 rows", "backward on the CPU interpreter: dQ, dK, dV match",
                  "decode on the CPU interpreter", "attention fp8: 12 rows", "fp8 forward on the CPU interpreter"):
         assert line in done.stdout
+
+
+def test_each_decode_row_carries_the_models_prediction():
+    """The GPU run sets the measured decode time beside the model's (attention_decode_model), for the plan the op
+    launches, so a session shows how far the model is off; the description prints both."""
+    rows = [{"part": "decode", **case, **bench.modelled_decode(case)} for case in bench.cases("decode")]
+    assert all(0 < r["model_us"] and 0 < r["model_hbm_share"] < 1 and r["model_splits"] >= 1 for r in rows)
+    by_shape = {(r["B"], r["context"]): r for r in rows}
+    assert by_shape[(1, 4096)]["model_us"] < by_shape[(1, 16384)]["model_us"] < by_shape[(1, 65536)]["model_us"]
+    assert "model " in bench.describe(by_shape[(1, 16384)])
