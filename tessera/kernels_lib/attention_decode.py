@@ -55,29 +55,30 @@ class DecodePlan:
 
 MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns of the packed rows
 
-# Per head dim, for the online softmax and for the unified max (whose kernel also holds the fallback's loop, so
-# it needs smaller tiles); none for the unified max at head dim 256, where even 16 x 16 tiles spill on sm_80.
-# A program of 4 warps over one 16-row query group (G * Sq <= 16 packed rows) made every warp repeat the same
-# products over the same keys and read the whole K and V block from shared memory: 4x the ldmatrix traffic and
-# 4x the mma.sync of the data. A plan with `warp_per_rows` runs one warp per 16 rows instead: a single-group
-# program is one warp, and the split count (`attention_decode_model.splits_for`) gives each warp its own keys
-# and its own partial softmax (m, l, acc), merged by `attention_decode_combine_kernel`. (The tile language has
-# no batched dot, so warps of one program cannot own different keys of one block without exchanging P through
-# shared memory every step; separate programs need no exchange.) Bytes in flight at head dim 128: (stages - 1)
-# x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8 programs a SM (255 registers x 32 lanes
-# each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency asks for; the model picks the
-# split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches (rows 16 .. `rows`,
-# keys 16 .. `keys`) compiles without spills for sm_80 and sm_90a with every option compiled in
-# (tests/kernels_lib/test_attention_compile.py); one-warp tiles of 32 keys spill at head dim 128 (4-48 bytes),
-# of 16 keys at head dim 256 (144), the unified max's at head dim 128 (16-272): those plans keep 4 warps.
+# Per head dim, for the online softmax and for the unified max (whose kernel also holds the fallback's loop, so it
+# needs smaller tiles); none for the unified max at head dim 256, where even 16 x 16 tiles spill on sm_80. A program
+# of 4 warps over one 16-row query group (G * Sq <= 16 packed rows) made every warp repeat the same products over
+# the same keys and read the whole K and V block from shared memory: 4x the ldmatrix traffic and 4x the mma.sync of
+# the data. A plan with `warp_per_rows` runs one warp per 16 rows instead: a single-group program is one warp, and
+# the split count (`attention_decode_model.splits_for`) gives each warp its own keys and its own partial softmax (m,
+# l, acc), merged by `attention_decode_combine_kernel`: per KB of K and V an SM issues ~64 warp instructions (sm_90a
+# SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared memory is read once
+# where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
+# keys of one block without exchanging P through shared memory every step; separate programs need no exchange.)
+# Bytes in flight at head dim 128: (stages - 1) x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8
+# programs a SM (255 registers x 32 lanes each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency
+# asks for; the model picks the split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches
+# (rows 16 .. `rows`, keys 16 .. `keys`) compiles without spills for sm_80 and sm_90a with every option compiled in
+# (tests/kernels_lib/test_attention_compile.py); one-warp tiles of 32 keys spill at head dim 128 (4-48 bytes), of 16
+# keys at head dim 256 (144), the unified max's at head dim 128 (16-272): those plans keep 4 warps.
 #
-# Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads,
-# D = 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us
-# (81%); B = 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and
-# with the swizzled reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan
-# is modelled level with it (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of
-# 85% is the fixed ~7.4 us a call (launch, three dependent loads before the first block, the combine
-# kernel) against 22.4 us of HBM at 16384. Untimed on a GPU.
+# Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads, D =
+# 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =
+# 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and with the swizzled
+# reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan is modelled level with it
+# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.4 us a call
+# (launch, three dependent loads before the first block, the combine kernel) against 22.4 us of HBM at 16384.
+# Untimed on a GPU.
 DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2),
                 256: DecodePlan(16, 32, 2, warp_per_rows=False)}
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2), 128: DecodePlan(16, 32, 3, warp_per_rows=False)}

@@ -12,18 +12,22 @@ An SM streams at the least of:
 * its shared memory: every block of K and V is written once by cp.async
   and read once by ldmatrix per warp that walks it (times the bank
   conflicts of those reads), 128 bytes a clock;
-* its programs' loops: a step (one block of keys) costs at least STEP_US
-  plus HMMA_US per mma.sync of a warp (each warp's chain of dependent
-  products; estimates in the spirit of `gemm_split_k.STEP_US`, not fitted);
+* its programs' loops: a warp's step (one block of keys) issues
+  `step_instructions` (fitted to the sm_90a SASS of the decode loop: a
+  fixed part, ~3 per mma.sync, ~13 per cp.async of 16 bytes a lane, whose
+  address and bounds each warp computes), one every CLOCKS_PER_INSTRUCTION
+  for a lone warp, and the SM's four schedulers issue at most four a clock;
 * SM_GBPS, what one SM's fills reach whatever is in flight.
 
 Checked against bench/results/2026-11-26-h100-run9 (B = 1, 32 query heads on
 8 KV heads, D = 128, pages of 64, bf16): the run's plan (4 warps repeating
-one 16-row tile, 64-key blocks read 8-way bank-conflicted) models 28.5 us at
-context 4096 and 87.6 us at 16384 (measured 28.2 and 89.1); FIXED_US and
-COMBINE_US were fitted to those two rows, the other constants are the
-card's (shared with `gemm_split_k`'s small-M model). Ratios between plans
-are what it is for; the absolute values hold as far as that fit does.
+one 16-row tile, 64-key blocks read 8-way bank-conflicted) models 28.2 us at
+context 4096 and 89.1 us at 16384 (measured 28.2 and 89.1: FIXED_US +
+COMBINE_US and the clock were fitted to those two rows; the other constants
+are the card's, shared with `gemm_split_k`'s small-M model, or read off the
+SASS). A lone warp's issue rate (CLOCKS_PER_INSTRUCTION) is a guess no run
+has checked; bench/attention.py prints the model beside each measured decode
+row so the next GPU session does. Ratios between plans are what it is for.
 """
 
 from __future__ import annotations
@@ -38,9 +42,10 @@ SHARED_PER_SM = 227 * 1024      # a program's ring: as many as fit
 REGISTERS_PER_SM = 65536
 REGISTERS_PER_THREAD = 256      # the decode kernels use 240-255 (ptxas, every shipped tile)
 PROGRAMS_PER_SM = 32
-SMEM_GBPS = 128 * 1.665         # shared memory, bytes a clock at the loaded clock (GHz, fitted: run 9)
-STEP_US = 0.1                   # a loop step's wait, barrier, table read and softmax shuffles (estimate)
-HMMA_US = 0.005                 # ... and each of a warp's m16n8k16 products (~8 clocks issued back to back)
+SMEM_GBPS = 128 * 1.665         # shared memory: 128 bytes a clock at the loaded clock
+CLOCK_GHZ = 1.665               # the loaded clock (fitted with SMEM_GBPS: run 9)
+STEP_BASE, PER_HMMA, PER_CP_ASYNC = 211, 3.1, 12.8   # a warp's loop instructions a step (sm_90a SASS, D = 128)
+CLOCKS_PER_INSTRUCTION = 2.0    # a lone warp's issue rate through its dependent chains (estimate, not measured)
 CHAIN_LOADS = 3                 # dependent DRAM reads before a program's first block lands: length, table, block
 FIXED_US = 3.0                  # a call in a graph: the split kernel's launch and ramp, its tail (fitted, run 9)
 COMBINE_US = 2.3                # the combine kernel's launch after the split kernel and its dependent reads (fitted)
@@ -94,6 +99,18 @@ def _cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
+def step_instructions(d: Decode, tile: Tile) -> float:
+    """SASS instructions one warp issues per step of the key loop: both products over its 16 rows (m16n8k16)
+    and its share of the block's 16-byte cp.async copies (tests/kernels_lib/test_attention_decode_model.py
+    checks the shipped tiles' counts against it)."""
+    hmma = 2 * MMA_M * tile.keys * d.D // (16 * 8 * 16)
+    copies = 2 * tile.keys * d.D * d.element_bytes // (16 * 32 * tile.warps)
+    return STEP_BASE + PER_HMMA * hmma + PER_CP_ASYNC * copies
+
+
+MMA_M = 16
+
+
 def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS) -> Cost:
     """The model's cost of one call with `tile` and `splits` (see the module docstring)."""
     G = d.H // d.H_kv
@@ -106,9 +123,10 @@ def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS) -> Cost
                    REGISTERS_PER_SM // (REGISTERS_PER_THREAD * 32 * tile.warps), per_sm)
     in_flight = resident * max(tile.stages - 1, 1) * block
     shared = SMEM_GBPS / (1 + tile.warps * tile.conflicts)              # written once, read by every warp
-    mma = 2 * min(tile.rows, 16) * tile.keys * d.D // (16 * 8 * 16)     # a warp's products a step (both dots)
-    loop = resident * block / ((STEP_US + HMMA_US * mma) * 1e3)
-    rate = min(SM_GBPS, in_flight / (LATENCY_US * 1e3), shared, loop)   # GB/s of K and V into one SM
+    instructions = step_instructions(d, tile)
+    loop = resident * block / (instructions * CLOCKS_PER_INSTRUCTION / CLOCK_GHZ)
+    issue = 4 * CLOCK_GHZ * block / (tile.warps * instructions)
+    rate = min(SM_GBPS, in_flight / (LATENCY_US * 1e3), shared, loop, issue)   # GB/s of K and V into one SM
     partials = 0 if splits == 1 else splits * d.B * d.Sq * d.H * (d.D + 1) * 4
     cache = 2 * d.B * d.context * d.H_kv * d.D * d.element_bytes
     return Cost(hbm=(cache * row_tiles + partials) / (HBM_GBPS * 1e3),

@@ -39,10 +39,16 @@ def test_conflict_free_reads_leave_the_run_9_plan_hbm_bound_at_long_context():
 
 def test_one_warp_per_query_group_does_a_quarter_of_the_shared_memory_reads():
     """The shipped plan's warp walks keys no other warp of its program walks: per byte of K and V an SM writes
-    and reads its ring once each, where 4 warps repeating the tile read it 4 times."""
-    tile = shipped_tile()
+    and reads its ring once each, where 4 warps repeating the tile read it 4 times; and it issues fewer
+    instructions per byte (SASS-fitted `step_instructions`: about 64 a KB against 102), though each step is
+    smaller (16 keys: the one-warp tiles of more keys spill), so more programs share an SM."""
+    tile, d = shipped_tile(), model.Decode(1, context=16384, **BENCH)
     assert tile.warps == 1
     assert model.SMEM_GBPS / (1 + tile.warps) > 2 * model.SMEM_GBPS / (1 + RUN9_TILE._replace(conflicts=1).warps)
+
+    def per_kb(t):
+        return t.warps * model.step_instructions(d, t) * 1024 / (2 * t.keys * BENCH["D"] * 2)
+    assert per_kb(tile) < 0.7 * per_kb(RUN9_TILE)
 
 
 @pytest.mark.parametrize("B, context", [(1, 4096), (1, 16384), (1, 65536), (8, 16384), (32, 16384)])
@@ -74,3 +80,24 @@ def test_the_predictions_quoted_in_attention_decode_are_the_models():
         cost = model.modelled(d, tile, model.splits_for(d, tile))
         assert float(quoted.group(us)) == pytest.approx(cost.total, abs=0.6), context
         assert int(quoted.group(share)) == pytest.approx(100 * cost.hbm_share, abs=1), context
+
+
+@pytest.mark.parametrize("warps, keys", [(1, 16), (4, 64)])
+def test_the_loop_instructions_are_the_models(warps, keys):
+    """The model's per-step instruction count (`step_instructions`) against the sm_90a SASS of the decode loop
+    (16 packed rows, head dim 128, no masks): the shipped one-warp tile and run 9's four-warp one."""
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_ptxas() is None or find_cuobjdump() is None:
+        pytest.skip("needs ptxas and cuobjdump")
+    import sys
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_attention_compile import DECODE_SIGNATURE
+    from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
+    compiled = attention_decode_kernel.compile(
+        target="sm_90a", strict=True, signature=DECODE_SIGNATURE, num_warps=warps, D=128, BM=16, BN=keys,
+        STAGES=2, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=False, SOFTCAP=False, UNIFIED=False, FALLBACK=True)
+    loop = loop_containing(disassemble(compiled.binary), "HMMA")
+    tile = model.Tile(16, keys, 2, warps)
+    assert len(loop) == pytest.approx(model.step_instructions(model.Decode(1, context=4096, **BENCH), tile), rel=0.15)
+    assert sum(i.opcode.startswith("HMMA") for i in loop) == 2 * keys * 128 // (8 * 16)
