@@ -463,6 +463,24 @@ def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D,
     assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
 
 
+# o_part, lse_part, o, lse, Sq, H, splits, o_part's (split, b, s, h) strides, lse_part's (split, b, h), o's (b, s, h)
+COMBINE_SIGNATURE = ",".join(["*f32:16"] * 4 + ["i32"] * 3 + ["i32:16"] * 6 + ["i32"] + ["i32:16"] * 3)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("splits", [2, 64])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_the_combine_compiles_without_spills_up_to_the_most_splits(target, D, splits):
+    """The combine kernel at every head dim and up to MAX_SPLITS parts (the model may ask for them all)."""
+    from tessera.kernels_lib.attention_decode import MAX_SPLITS
+    from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel
+    assert splits <= MAX_SPLITS
+    compiled = attention_decode_combine_kernel.compile(target=target, strict=True, signature=COMBINE_SIGNATURE,
+                                                       num_warps=4, D=D, SPLITS=splits)
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+
+
 @pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("amd")))
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages,
