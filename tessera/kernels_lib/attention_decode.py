@@ -70,7 +70,8 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # asks for; the model picks the split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches
 # (rows 16 .. `rows`, keys 16 .. `keys`) compiles without spills for sm_80 and sm_90a with every option compiled in
 # (tests/kernels_lib/test_attention_compile.py); one-warp tiles of 32 keys spill at head dim 128 (4-48 bytes), of 16
-# keys at head dim 256 (144), the unified max's at head dim 128 (16-272): those plans keep 4 warps.
+# keys at head dim 256 (144), the unified max's at head dim 128 (16-272): those plans keep 4 warps (and the unified
+# max's head dim 128 tiles at most 16 rows: 32-row tiles spill with the swizzled K/V reads).
 #
 # Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads, D =
 # 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =

@@ -32,6 +32,7 @@ row so the next GPU session does. Ratios between plans are what it is for.
 
 from __future__ import annotations
 
+import functools
 from typing import NamedTuple
 
 from .gemm_split_k import HBM_GBPS, LATENCY_US, SM_GBPS
@@ -136,9 +137,11 @@ def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS) -> Cost
                 moved=cache + 2 * d.B * d.Sq * d.H * d.D * d.element_bytes)
 
 
+@functools.lru_cache(maxsize=1024)
 def splits_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS) -> int:
     """The split count (1 .. MAX_SPLITS, and no more than the key blocks) the model times fastest; the fewest
-    splits among those within 2% of it (fewer partials to write and combine for the same time)."""
+    splits among those within 2% of it (fewer partials to write and combine for the same time). Remembered
+    per shape: the op asks on every call, and the search costs ~1 ms of host time."""
     most = max(1, min(MAX_SPLITS, _cdiv(d.context, tile.keys)))
     costs = {s: modelled(d, tile, s, num_sms).total for s in range(1, most + 1)}
     best = min(costs.values())
