@@ -158,3 +158,22 @@ def test_errors(change, message):
 def test_a_unified_max_must_be_finite():
     with pytest.raises(ValueError, match="finite"):
         attention_decode(*paged_case([10, 3]), unified_max=float("inf"))
+
+
+@pytest.mark.parametrize("B, context, page", [(1, 16384, 64), (64, 4096, 16), (1, 40, 16)])
+def test_the_gpu_split_count_is_the_models(monkeypatch, B, context, page):
+    """On a GPU (`num_splits=0`) the op asks the decode model for its plan's tile on this device's SMs: within
+    1 .. the key blocks, and one split where the batch alone fills the SMs."""
+    import importlib
+    from types import SimpleNamespace
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    from tessera.kernels_lib import attention_decode_model as model
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    shape = module.DecodeShape(B, 1, 32, 8, 128, page, context // page)
+    plan = module.gpu_decode_plan(128, False, "nvidia")
+    splits = module._num_splits(shape, plan, True, 0, "cuda")
+    rows, keys = shape.tile(plan)
+    assert splits == model.splits_for(model.Decode(B, 32, 8, 128, context), model.Tile(rows, keys, plan.stages, 1))
+    assert 1 <= splits <= -(-context // keys)
+    if B == 64:
+        assert splits == 1
