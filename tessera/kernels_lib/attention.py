@@ -26,6 +26,7 @@ form, `WS_GPU_PLANS`: see `wants_warp_specialization`); CPU tensors run on the t
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from dataclasses import dataclass
@@ -56,6 +57,7 @@ class Plan:
     num_warps: int
     stages: int = 2
     ws: bool = False        # the key loop warp-specialized (sm_90a): a producer warpgroup issues K and V's TMA fills
+    overlap: bool = False   # FlashAttention-3's loop order: block n's softmax under P V of block n - 1 (`OVERLAP_ENV`)
 
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
@@ -79,6 +81,11 @@ WS_GPU_PLANS = {64: Plan(128, 64, 8, ws=True), 128: Plan(128, 64, 8, ws=True)}
 # Head dim -> the fewest keys from which the forward takes the warp-specialized plan unasked (run 9's crossover)
 WS_AUTO_MIN_KEYS = {128: 1024}
 WS_ENV = "TESSERA_ATTENTION_WS"
+# FlashAttention-3's intra-warpgroup overlap (the kernel's OVERLAP: S = Q K_n^T and P V_{n-1} issued together,
+# block n's softmax while P V runs, wgmma_wait {pending = 1}): =1 takes it on Hopper (both plans) and on the
+# interpreter; unset or 0 keeps FlashAttention-2's order until a GPU run times it (bench/attention.py --part
+# forward measures both).
+OVERLAP_ENV = "TESSERA_ATTENTION_OVERLAP"
 
 
 @dataclass(frozen=True)
@@ -164,16 +171,26 @@ def window_bounds(causal: bool, window: Window) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
-def gpu_plan(D: int, warp_specialized: bool = False) -> Plan:
+def gpu_plan(D: int, warp_specialized: bool = False, overlap: bool = False) -> Plan:
     """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's); with `warp_specialized`,
-    Hopper's warp-specialized one where head dim D has one (`WS_GPU_PLANS`)."""
+    Hopper's warp-specialized one where head dim D has one (`WS_GPU_PLANS`); with `overlap`, on Hopper, in
+    FlashAttention-3's loop order (`OVERLAP_ENV`: wgmma is asynchronous there, mma.sync and MFMA are not)."""
     plans = GPU_PLANS["amd" if torch.version.hip else "nvidia"]
     if D not in plans:
         raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
-    if warp_specialized and not torch.version.hip and D in WS_GPU_PLANS \
-            and torch.cuda.get_device_capability()[0] == 9:
-        return WS_GPU_PLANS[D]
-    return plans[D]
+    hopper = not torch.version.hip and torch.cuda.get_device_capability()[0] == 9
+    plan = WS_GPU_PLANS[D] if warp_specialized and hopper and D in WS_GPU_PLANS else plans[D]
+    return dataclasses.replace(plan, overlap=True) if overlap and hopper else plan
+
+
+def wants_overlap() -> bool:
+    """Whether the forward takes FlashAttention-3's loop order where it can (`gpu_plan`; the interpreter too):
+    TESSERA_ATTENTION_OVERLAP=1; unset or 0 not."""
+    setting = os.environ.get(OVERLAP_ENV, "0").strip() or "0"
+    if setting not in ("0", "1"):
+        raise ValueError(f"tessera::attention: {OVERLAP_ENV}={os.environ[OVERLAP_ENV]!r} is not understood; set "
+                         f"it to 1 (FlashAttention-3's overlapped loop on Hopper) or 0 (FlashAttention-2's order)")
+    return setting == "1"
 
 
 def wants_warp_specialization(D: int, Sk: int) -> bool:
@@ -268,7 +285,11 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
         return o, lse.fill_(float("inf"))
     plain_call = not problem.varlen and descales is None and hooks is NO_HOOKS
     ws = plain_call and wants_warp_specialization(problem.D, problem.Sk)
-    plan = CPU_PLAN if _on_interpreter(q) else plan or gpu_plan(problem.D, ws)
+    overlap = descales is None and wants_overlap()
+    if _on_interpreter(q):
+        plan = dataclasses.replace(CPU_PLAN, overlap=overlap)
+    else:
+        plan = plan or gpu_plan(problem.D, ws, overlap)
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
@@ -277,6 +298,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,
+                                   OVERLAP=plan.overlap,
                                    num_warps=plan.num_warps, FP8=descales is not None,
                                    POSITIVE_SCALE=p.scale > 0, **p.masks(),
                                    **hooks.constexprs())

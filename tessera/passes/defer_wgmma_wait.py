@@ -11,15 +11,17 @@ issued, then O += P V, then the softmax of S_next after `wgmma_wait {pending = 1
 
 A wait stops before the first op that
 * reads a value the wait retires (the results of the wgmmas between the previous wait of the block, or its
-  start, and the wait: with no earlier wait in the block, its arguments too, which a loop may carry in flight);
+  start, and the wait: with no earlier wait in the block, also the loop-carried arguments a loop that keeps its
+  group in flight may hold in flight: those its yield hands a wgmma result);
 * writes memory or synchronizes (stores, barriers, mbarrier arrivals, async copies, fences: the wgmmas in
   flight may read the shared memory they would release or overwrite), other than the wgmma protocol's
-  `wgmma_fence` and `wgmma_commit`; or holds a region; or ends the block;
+  `wgmma_fence` and `wgmma_commit`; or ends the block;
+* holds a region that does any of these or any wgmma op (a masking `if` over other values is passed);
 * is another wait: the two become one, with the smaller `pending`.
 A wait that would stop between a `wgmma_fence` and the wgmmas it fences goes before the fence instead (the
 fence orders the wait's register reads before those wgmmas). Waits whose segment holds a region op (a loop
 whose result may be in flight) and waits with `pending` > 0 (a loop that keeps its group in flight on purpose)
-stay where they are. Waits are placed from the block's last to its first, so each one that moves meets the
+stay where they are (a region without wgmma ops, a TMA refill's `if`, is fine). Waits are placed from the block's last to its first, so each one that moves meets the
 later ones at their new places.
 
 Guarantee: every read of a wgmma result still follows a wait that retires its group, and no shared memory
@@ -33,6 +35,7 @@ from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
 
 PASSABLE_SYNC = frozenset({"wgmma_fence", "wgmma_commit"})  # the wgmma protocol itself: they touch no memory
+GROUP_OPS = frozenset({"wgmma", "wgmma_commit", "wgmma_wait"})  # what changes the count of groups in flight
 
 
 def defer_wgmma_waits(fn: Function) -> int:
@@ -51,22 +54,45 @@ def _defer_in_block(block: Block) -> int:
 
 def _retired(block: Block, wait: Operation) -> set[Value] | None:
     """The values `wait` makes ready: the wgmma results since the block's previous wait (or its start, and then
-    the block's arguments); None when a region op lies in between (its results may be in flight)."""
+    the arguments a loop may carry in flight); None when an op in between issues or waits for wgmmas in a
+    region (a loop: its results may be in flight)."""
     at = block.ops.index(wait)
     start = next((i + 1 for i in range(at - 1, -1, -1) if block.ops[i].name == "wgmma_wait"), 0)
-    retired = set(block.args) if start == 0 else set()
+    retired = _carried_in_flight(block) if start == 0 else set()
     for op in block.ops[start:at]:
-        if op.regions:
+        if op.regions and any(inner.name in GROUP_OPS for inner in op.walk()):
             return None
         if op.name == "wgmma":
             retired.update(op.results)
     return retired
 
 
+def _carried_in_flight(block: Block) -> set[Value]:
+    """The block's arguments that may hold a wgmma result still in flight: those of a `for` body whose yield
+    hands on a wgmma's result (a loop keeping its group in flight); all arguments of other nested blocks; none
+    of the kernel's."""
+    owner = block.parent
+    if not isinstance(owner, Operation):
+        return set()
+    yielded = block.terminator.operands if block.terminator is not None else []
+    if owner.name != "for" or len(block.args) != len(yielded) + 1:
+        return set(block.args)
+    return {arg for arg, value in zip(block.args[1:], yielded)
+            if isinstance(value.owner, Operation) and value.owner.name == "wgmma"}
+
+
 def _stops(op: Operation, retired: set[Value]) -> bool:
-    if op.regions or op is op.parent.terminator or any(v in retired for v in op.operands):
+    """Whether a wait retiring `retired` must come before `op` (an op with regions: before any op in them)."""
+    if op is op.parent.terminator:
         return True
-    return OPS[op.name].writes_memory and op.name not in PASSABLE_SYNC
+    for inner in op.walk():
+        if any(v in retired for v in inner.operands):
+            return True
+        if inner is not op and inner.name in GROUP_OPS:
+            return True     # a group issued or waited for in a region: how many are pending depends on the branch
+        if OPS[inner.name].writes_memory and inner.name not in PASSABLE_SYNC:
+            return True
+    return False
 
 
 def _defer(block: Block, wait: Operation) -> bool:
