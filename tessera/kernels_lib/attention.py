@@ -86,6 +86,9 @@ WS_ENV = "TESSERA_ATTENTION_WS"
 # interpreter; unset or 0 keeps FlashAttention-2's order until a GPU run times it (bench/attention.py --part
 # forward measures both).
 OVERLAP_ENV = "TESSERA_ATTENTION_OVERLAP"
+# (Head dim 256 keeps FlashAttention-2's order: with its 64 x 256 accumulator in flight beside the next block's
+# scores and P, the tile-level register budget refuses the loop, 524 registers a thread of 512.)
+OVERLAP_HEAD_DIMS = (64, 128)
 
 
 @dataclass(frozen=True)
@@ -180,7 +183,7 @@ def gpu_plan(D: int, warp_specialized: bool = False, overlap: bool = False) -> P
         raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
     hopper = not torch.version.hip and torch.cuda.get_device_capability()[0] == 9
     plan = WS_GPU_PLANS[D] if warp_specialized and hopper and D in WS_GPU_PLANS else plans[D]
-    return dataclasses.replace(plan, overlap=True) if overlap and hopper else plan
+    return dataclasses.replace(plan, overlap=True) if overlap and hopper and D in OVERLAP_HEAD_DIMS else plan
 
 
 def wants_overlap() -> bool:

@@ -1,0 +1,103 @@
+"""The forward in FlashAttention-3's loop order (the kernel's OVERLAP, `TESSERA_ATTENTION_OVERLAP=1`): S = Q K_n^T
+and O += P V_{n-1} issued back to back, block n's softmax while P V runs (`passes/defer_wgmma_wait.py` leaves one
+wgmma group in flight there), on every shipped sm_90a plan it applies to: the waits in the thread IR and the
+SASS, no spills, the SIMT simulator and the interpreter against float64 attention, and which launches take it.
+
+Registers (ptxas 13.0, bf16, plain / window-softcap(-varlen)): head dim 128 205 -> 227 / 225 (FA2 order ->
+overlapped; 256 threads, one CTA an SM either way), head dim 64 123; the warp-specialized plans report the
+168 of their 384-thread entry, the consumers running under `setmaxnreg.inc 232`.
+"""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from tessera.backends.nvptx import find_ptxas  # noqa: E402
+from tessera.backends.nvptx.sass import disassemble, find_cuobjdump  # noqa: E402
+from tessera.kernels_lib import attention  # noqa: E402
+from tessera.kernels_lib.attention import GPU_PLANS, OVERLAP_ENV, OVERLAP_HEAD_DIMS, WS_GPU_PLANS  # noqa: E402
+from tessera.kernels_lib.attention_fwd import attention_fwd_kernel  # noqa: E402
+
+from attention_reference import attention as reference  # noqa: E402
+from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
+from test_attention import CASES, check, qkv  # noqa: E402
+from test_attention_compile import FORWARD_SIGNATURE, VARIANTS, WS_VARIANTS, compile_checked  # noqa: E402
+from test_attention_compile import forward_on_the_simulator  # noqa: E402
+
+needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
+
+
+def key_loop_waits(fn) -> list[int]:
+    """The `pending` of each wgmma_wait in the (consumers') key loop of the lowered forward kernel `fn`."""
+    loops = [op for op in fn.walk() if op.name == "for" and any(inner.name == "wgmma" for inner in op.walk())]
+    return [op.attrs["pending"] for op in loops[-1].regions[0].ops if op.name == "wgmma_wait"]
+
+
+HOPPER_PLANS = [(D, ws, variant) for D in OVERLAP_HEAD_DIMS for ws in (False, True)
+                for variant in (WS_VARIANTS if ws else VARIANTS)]
+
+
+@needs_ptxas
+@pytest.mark.parametrize("D, ws, variant", HOPPER_PLANS)
+def test_every_overlapped_hopper_plan_waits_for_s_with_p_v_in_flight_without_spills(D, ws, variant):
+    """In the key loop, the wait before the softmax leaves one group (P V) in flight and the one before the
+    rescale none; ptxas keeps them (one `WARPGROUP.DEPBAR.LE gsb0, 0x1`, no serialization of the wgmmas) and
+    spills nothing."""
+    plan = (WS_GPU_PLANS if ws else GPU_PLANS["nvidia"])[D]
+    options = (WS_VARIANTS if ws else VARIANTS)[variant]
+    compiled = compile_checked(attention_fwd_kernel, "sm_90a", signature=FORWARD_SIGNATURE.format(t="bf16"),
+                               num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=ws,
+                               OVERLAP=True, **options)
+    metadata = compiled.metadata
+    assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{metadata['registers']} registers"
+    assert "serialized" not in metadata["log"], metadata["log"]
+    thread_ir = compiled.stages["thread_ir"]
+    assert thread_ir.count("wgmma_wait {pending = 1}") == 1
+    ptx = compiled.stages["ptx"]
+    assert len(re.findall(r"wgmma\.wait_group\.sync\.aligned\s+1;", ptx)) == 1, "the depth-1 wait survives LLVM"
+    if find_cuobjdump() is None or compiled.binary is None:
+        return
+    sass = [i.text for i in disassemble(compiled.binary)]
+    depbars = [t.strip() for t in sass if "WARPGROUP.DEPBAR" in t]
+    assert depbars.count("WARPGROUP.DEPBAR.LE gsb0, 0x1") == 1, depbars
+    assert_wgmma_descriptors_built(compiled)
+
+
+@pytest.mark.parametrize("ws, num_warps, BM", [(False, 4, 64), (False, 8, 128), (True, 8, 128)])
+def test_overlapped_forward_on_the_simt_simulator_matches_float64_attention(ws, num_warps, BM):
+    """sm_90a, 2 x 70 queries x 50 keys, causal with Sq > Sk (the first 20 rows see no key), GQA 2:1: one and two
+    consumer warpgroups, and warp-specialized. The first block's softmax comes before the loop and the last
+    P V after it; the simulator reports any read of a wgmma result in flight and any ring slot refilled while
+    a wgmma reads it."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("sm_90a", num_warps, BM, ws=ws, overlap=True,
+                                                                check_waits=lambda fn: key_loop_waits(fn) == [1, 0])
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    assert torch.isinf(lse[:, :, :20]).all()
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("name", list(CASES))
+def test_the_overlapped_order_matches_float64_attention_on_the_interpreter(name, monkeypatch):
+    """Every masking corner case of test_attention.py (causal with Sq != Sk, windows, softcap, GQA/MQA, odd
+    lengths, one key) in the overlapped order: a row block that sees no key still runs its peeled first block,
+    fully masked, and comes out O = 0, LSE = +inf."""
+    monkeypatch.setenv(OVERLAP_ENV, "1")
+    B, Sq, Sk, H, H_kv, D, options = CASES[name]
+    q, k, v = qkv(B, Sq, Sk, H, H_kv, D, seed=len(name))
+    out, lse = attention(q, k, v, **options)
+    window = options.get("window", (-1, -1))
+    window = (window, window) if isinstance(window, int) else window
+    check(out, lse, *reference(q, k, v, options.get("causal", False), window, options.get("softcap", 0.0),
+                               options.get("scale")))
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_the_overlapped_order_at_the_gpu_head_dims_on_the_interpreter(D, monkeypatch):
+    monkeypatch.setenv(OVERLAP_ENV, "1")
+    q, k, v = qkv(1, 40, 70, 2, 1, D, dtype=torch.bfloat16, seed=D)
+    out, lse = attention(q, k, v, causal=True)
+    check(out, lse, *reference(q, k, v, True))
