@@ -106,3 +106,49 @@ def test_waits_with_groups_left_in_flight_stay():
     text = HEAD + FIRST_DOT + WAIT1 + SCALAR + SECOND_DOT + WAIT0 + USE_X + USE_Y + TAIL
     out, _ = deferred(text)
     assert out.index("wgmma_wait {pending = 1}") < out.index("%c = add")
+
+
+@tessera.kernel
+def two_products(a_ptr, b_ptr, c_ptr, x_ptr, y_ptr, N, BM: tessera.constexpr, BK: tessera.constexpr,
+                 BN: tessera.constexpr):
+    """x = sum over column blocks k of exp2(A B_k / 8), y = the halving chain y = (y + A C_k) / 2: the two dots
+    of a step are independent, and each result is first read after the other dot is issued."""
+    a = tessera.view(a_ptr, (BM, BK), (BK, 1)).block((BM, BK), (0, 0)).load()
+    b = tessera.view(b_ptr, (BK, N), (N, 1))
+    c = tessera.view(c_ptr, (BK, N), (N, 1))
+    x = tessera.zeros((BM, BN), tessera.f32)
+    y = tessera.zeros((BM, BN), tessera.f32)
+    for k in tessera.pipeline(0, N // BN, stages=2):
+        s = tessera.dot(a, b.block((BK, BN), (0, k)).load())
+        y = tessera.dot(a, c.block((BK, BN), (0, k)).load(), y)
+        x = x + tessera.exp2(s * 0.125)
+        y = y * 0.5
+    tessera.view(x_ptr, (BM, BN), (BN, 1)).block((BM, BN), (0, 0)).store(x)
+    tessera.view(y_ptr, (BM, BN), (BN, 1)).block((BM, BN), (0, 0)).store(y)
+
+
+def test_two_independent_dots_overlap_on_the_simulator():
+    """Lowered for sm_90a (one warpgroup, K and V-like blocks by TMA), the loop waits for the first product with
+    the second in flight (pending = 1) and for the second before its first read (pending = 0); the SIMT
+    simulator, which rejects early reads and operands overwritten in flight, computes what the tile
+    interpreter computes."""
+    from tessera.backends.interp import run_function
+    from tessera.backends.simt import run_threads
+    from tessera.passes.thread_passes import lower
+
+    rng = np.random.default_rng(0)
+    BM, BK, BN, N = 64, 32, 32, 96
+    a, b, c = (rng.standard_normal(shape).astype(np.float16) for shape in ((BM, BK), (BK, N), (BK, N)))
+    expected = [a, b, c, np.zeros((BM, BN), np.float32), np.zeros((BM, BN), np.float32), N]
+    actual = [x.copy() if isinstance(x, np.ndarray) else x for x in expected]
+    module = two_products.specialize(*expected, BM=BM, BK=BK, BN=BN).module
+    run_function(module.functions[0], expected, (1,))
+    fn = lower(module, "sm_90a", num_warps=4).functions[0]
+    loop = next(op for op in fn.walk() if op.name == "for" and any(o.name == "wgmma" for o in op.walk()))
+    body = [op.name + (f" {op.attrs['pending']}" if op.name == "wgmma_wait" else "") for op in loop.regions[0].ops
+            if op.name.startswith("wgmma_") and op.name != "wgmma_desc"]
+    assert body == ["wgmma_fence", "wgmma_commit", "wgmma_fence", "wgmma_commit", "wgmma_wait 1", "wgmma_wait 0"]
+    run_threads(fn, actual, (1,))
+    for want, got in zip(expected[3:5], actual[3:5]):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    assert not np.allclose(expected[3], 0) and not np.allclose(expected[4], 0)
