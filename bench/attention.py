@@ -15,7 +15,8 @@ Parts (`--part`, repeatable; default all):
   the first's speed over the second's (`tessera` is the plan chosen unasked),
   and each in FlashAttention-3's overlapped loop order too
   (TESSERA_ATTENTION_OVERLAP=1: `tessera_ws_overlap`, `tessera_plain_overlap`,
-  with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's);
+  with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's;
+  at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs;
 * decode: `attention_decode` over a paged cache (pages of 64 tokens, one new
@@ -140,15 +141,16 @@ def measure_dense(torch, part: str, case: dict) -> dict:
     """One forward or backward row: tessera (on Hopper's forward at D 64/128 also its warp-specialized plan),
     SDPA flash and SDPA cuDNN, each checked against SDPA flash."""
     from tessera.kernels_lib import attention
-    from tessera.kernels_lib.attention import OVERLAP_ENV, WS_ENV, WS_GPU_PLANS
+    from tessera.kernels_lib.attention import OVERLAP_ENV, OVERLAP_HEAD_DIMS, WS_ENV, WS_GPU_PLANS
     row = {"part": part, **case}
     B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=part == "backward")
                for _ in range(3))
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
-    if part == "forward" and D in WS_GPU_PLANS and torch.cuda.get_device_capability()[0] == 9:
+    if part == "forward" and torch.cuda.get_device_capability()[0] == 9:
         for who, (ws, overlap) in HOPPER_FORWARDS.items():
-            impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap})
+            if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
+                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap})
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None

@@ -86,8 +86,9 @@ WS_ENV = "TESSERA_ATTENTION_WS"
 # interpreter; unset or 0 keeps FlashAttention-2's order until a GPU run times it (bench/attention.py --part
 # forward measures both).
 OVERLAP_ENV = "TESSERA_ATTENTION_OVERLAP"
-# (Head dim 256 keeps FlashAttention-2's order: with its 64 x 256 accumulator in flight beside the next block's
-# scores and P, the tile-level register budget refuses the loop, 524 registers a thread of 512.)
+# Not head dim 256: its one warpgroup's 64 x 256 accumulator in flight beside the next scores and P leaves no
+# headroom: under a `.maxnreg` cap it needs 232 registers (plain) to 248 (window, softcap, varlen), unbounded
+# ptxas takes 254-255, where FlashAttention-2's order fits 200-216.
 OVERLAP_HEAD_DIMS = (64, 128)
 
 

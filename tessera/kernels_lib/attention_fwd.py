@@ -216,20 +216,18 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     rows = (m0, Sq, Sk, left, right, full_lo, full_hi, qk_scale, softcap, b, h, (mod_ptr0, mod_ptr1, mod_s0, mod_s1))
     flags = (BM, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP, POSITIVE_SCALE, FP8, SCORE_MOD, SM_ORDER)
     if OVERLAP:
-        # FlashAttention-3's intra-warpgroup overlap (section 3.2): the loop issues S = Q K_n^T, then
-        # O += P V_{n-1} with the previous block's P, and runs block n's softmax while P V is in flight
-        # (`passes/defer_wgmma_wait.py` puts each wgmma_wait just before the first read: pending = 1 there,
-        # 0 before the rescale). Block lo's softmax comes first, block hi - 1's P V last.
-        m, p, l, _ = online_softmax(tessera.dot(q_block, kT.block((D, BN), (0, lo)).load()), m, l, lo, True, rows,
-                                    flags)
-        p = p.to(v.dtype)
+        # FlashAttention-3's intra-warpgroup overlap (section 3.2): the loop issues S = Q K_n^T, rescales O by
+        # the previous block's alpha while it runs, issues O += P V_{n-1} with the previous block's P, and runs
+        # block n's softmax while P V is in flight (`passes/defer_wgmma_wait.py` puts each wgmma_wait just
+        # before the first read: pending = 1 before the softmax, 0 at the iteration's end). Block lo's softmax
+        # comes first, block hi - 1's P V last.
+        m, p, l, alpha = online_softmax(tessera.dot(q_block, kT.block((D, BN), (0, lo)).load()), m, l, lo, True,
+                                        rows, flags)
         for n in tessera.pipeline(lo + 1, hi, stages=STAGES, warp_specialize=WS):
             s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
-            acc = tessera.dot(p, v.block((BN, D), (n - 1, 0)).load(), acc)
+            acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n - 1, 0)).load(), acc * alpha[:, None])
             m, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
-            p = p.to(v.dtype)
-            acc = acc * alpha[:, None]
-        acc = tessera.dot(p, v.block((BN, D), (hi - 1, 0)).load(), acc)
+        acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (hi - 1, 0)).load(), acc * alpha[:, None])
     else:       # FlashAttention-2's order: each block's softmax between its two products
         for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
             s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())

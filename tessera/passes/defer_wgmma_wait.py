@@ -12,7 +12,7 @@ issued, then O += P V, then the softmax of S_next after `wgmma_wait {pending = 1
 A wait stops before the first op that
 * reads a value the wait retires (the results of the wgmmas between the previous wait of the block, or its
   start, and the wait: with no earlier wait in the block, also the loop-carried arguments a loop that keeps its
-  group in flight may hold in flight: those its yield hands a wgmma result);
+  group in flight may hold in flight: those its yield hands a wgmma result not waited for after it);
 * writes memory or synchronizes (stores, barriers, mbarrier arrivals, async copies, fences: the wgmmas in
   flight may read the shared memory they would release or overwrite), other than the wgmma protocol's
   `wgmma_fence` and `wgmma_commit`; or ends the block;
@@ -69,16 +69,20 @@ def _retired(block: Block, wait: Operation) -> set[Value] | None:
 
 def _carried_in_flight(block: Block) -> set[Value]:
     """The block's arguments that may hold a wgmma result still in flight: those of a `for` body whose yield
-    hands on a wgmma's result (a loop keeping its group in flight); all arguments of other nested blocks; none
-    of the kernel's."""
+    hands on a wgmma's result with no `wgmma_wait {pending = 0}` after it in the body (a loop keeping its group
+    in flight); all arguments of other nested blocks; none of the kernel's."""
     owner = block.parent
     if not isinstance(owner, Operation):
         return set()
     yielded = block.terminator.operands if block.terminator is not None else []
     if owner.name != "for" or len(block.args) != len(yielded) + 1:
         return set(block.args)
+    drained = max((i for i, op in enumerate(block.ops) if op.name == "wgmma_wait" and op.attrs["pending"] == 0),
+                  default=-1)
+    position = {op: i for i, op in enumerate(block.ops)}
     return {arg for arg, value in zip(block.args[1:], yielded)
-            if isinstance(value.owner, Operation) and value.owner.name == "wgmma"}
+            if isinstance(value.owner, Operation) and value.owner.name == "wgmma"
+            and position.get(value.owner, drained + 1) > drained}
 
 
 def _stops(op: Operation, retired: set[Value]) -> bool:

@@ -91,7 +91,7 @@ def test_a_bad_setting_names_the_variable_and_the_values(monkeypatch):
 @pytest.mark.parametrize("D, overlap", [(64, True), (128, True), (256, False)])
 def test_the_overlapped_order_is_taken_on_hopper_when_asked(hopper, ws_setting, D, overlap):
     """TESSERA_ATTENTION_OVERLAP=1: FlashAttention-3's loop order on both Hopper plans of head dims 64 and 128
-    (head dim 256's does not fit the registers); unset: FlashAttention-2's, until a GPU run times it."""
+    (head dim 256's would leave no register headroom); unset: FlashAttention-2's, until a GPU run times it."""
     hopper.setenv(WS_ENV, ws_setting)
     assert launched(4096, D=D)["OVERLAP"] is False
     hopper.setenv(OVERLAP_ENV, "1")

@@ -152,3 +152,45 @@ def test_two_independent_dots_overlap_on_the_simulator():
     for want, got in zip(expected[3:5], actual[3:5]):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     assert not np.allclose(expected[3], 0) and not np.allclose(expected[4], 0)
+
+
+LOOP = """\
+func @loop(%sa: ptr<bf16, shared>, %out: ptr<f32>, %n: i32) attributes {{num_threads = 128}} {{
+  %0 = constant {{value = 0.0}} : f32
+  %c0 = constant {{value = 0}} : i32
+  %c1 = constant {{value = 1}} : i32
+  %z = splat %0 : regs<32xf32>
+  %d = wgmma_desc %sa {{lbo = 16, sbo = 1024, swizzle = 128}} : i64
+  %r = for %c0, %n, %c1, %z : regs<32xf32> {{
+  ^(%i: i32, %y: regs<32xf32>):
+    wgmma_fence
+    %x = wgmma %d, %d, %z {{dtype = "bf16", k = 16, m = 64, n = 64}} : regs<32xf32>
+    wgmma_commit
+{first_wait}    %h = mul %y, %y : regs<32xf32>
+    wgmma_fence
+    %y2 = wgmma %d, %d, %h {{dtype = "bf16", k = 16, m = 64, n = 64}} : regs<32xf32>
+    wgmma_commit
+{second_wait}    %e = exp2 %x : regs<32xf32>
+    yield %y2
+  }}
+  %o = extract %r {{index = 0}} : f32
+  store %out, %o
+  return
+}}
+"""
+
+
+def test_a_carried_result_waited_for_in_the_body_is_not_in_flight():
+    """The loop yields the second product, waited for (pending = 0) before the yield: at the top of the next
+    iteration the carried value is ready, so the first wait passes its read and the second dot's issue."""
+    before = LOOP.format(first_wait="    wgmma_wait {pending = 0}\n", second_wait="    wgmma_wait {pending = 0}\n")
+    after = LOOP.format(first_wait="", second_wait="    wgmma_wait {pending = 1}\n").replace(
+        "    yield %y2", "    wgmma_wait {pending = 0}\n    yield %y2")
+    assert deferred(before) == (canonical(after), 2)
+
+
+def test_a_carried_result_left_in_flight_is_waited_for_before_its_read():
+    """A loop that keeps the second product's group in flight (pending = 1 after it, as a pipelined K loop
+    does): the carried value may be in flight at the top of the body, so the first wait stays before its read."""
+    before = LOOP.format(first_wait="    wgmma_wait {pending = 0}\n", second_wait="    wgmma_wait {pending = 1}\n")
+    assert deferred(before) == (canonical(before), 0)
