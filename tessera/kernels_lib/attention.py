@@ -20,7 +20,8 @@ to 1 / sqrt(D). GQA/MQA: H must be a multiple of H_KV.
 
 CUDA tensors launch the kernel with the plan for their head dim
 (`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
-form, `WS_GPU_PLANS`: see `wants_warp_specialization`); CPU tensors run on the tile interpreter with small tiles
+form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
+overlapped loop order, `OVERLAP_ENV`); CPU tensors run on the tile interpreter with small tiles
 (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 

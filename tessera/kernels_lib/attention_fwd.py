@@ -18,7 +18,10 @@ of sum_j exp(scale * q.k_j). The K and V blocks stream through a
 `tessera.pipeline`, so the next blocks are in flight while this one computes;
 with WS (sm_90a) a producer warpgroup of its own issues their TMA fills and
 the kernel's warps, the consumers, read Q and run the loop behind mbarriers
-(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`).
+(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`). With
+OVERLAP (sm_90a: wgmma is asynchronous) the loop takes FlashAttention-3's
+order (section 3.2): S of block j is issued, then acc * alpha + P V of block
+j - 1, and block j's softmax runs while that P V is in flight.
 
 Masks (FlashAttention's conventions): query i of Sq sees key j of Sk when
 `i + Sk - Sq - left <= j <= i + Sk - Sq + right`, each bound present only if
