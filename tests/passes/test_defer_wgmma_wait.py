@@ -194,3 +194,24 @@ def test_a_carried_result_left_in_flight_is_waited_for_before_its_read():
     does): the carried value may be in flight at the top of the body, so the first wait stays before its read."""
     before = LOOP.format(first_wait="    wgmma_wait {pending = 0}\n", second_wait="    wgmma_wait {pending = 1}\n")
     assert deferred(before) == (canonical(before), 0)
+
+
+def test_the_depth_one_wait_reaches_the_ptx_and_the_sass():
+    """Compiled for sm_90a, the loop's PTX holds `wgmma.wait_group.sync.aligned 1` and ptxas keeps a
+    `WARPGROUP.DEPBAR.LE gsb0, 0x1` in the SASS loop (it would serialize the wgmmas of an ill-formed pipeline,
+    one depth-0 wait after each, and say so in its log)."""
+    import re
+
+    from tessera.backends.nvptx import find_ptxas
+    from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing
+    if find_ptxas() is None:
+        pytest.skip("ptxas not installed")
+    compiled = two_products.compile(target="sm_90a", signature="*f16:16,*f16:16,*f16:16,*f32:16,*f32:16,i32:16",
+                                    BM=64, BK=32, BN=32, num_warps=4)
+    ptx = compiled.stages["ptx"]
+    assert [int(n) for n in re.findall(r"wgmma\.wait_group\.sync\.aligned\s+(\d+);", ptx)].count(1) == 1
+    assert "serialized" not in compiled.metadata["log"]
+    if find_cuobjdump() is None or compiled.binary is None:
+        return
+    loop = loop_containing(disassemble(compiled.binary), "HGMMA")
+    assert [i.text.split()[-1] for i in loop if "WARPGROUP.DEPBAR" in i.text] == ["0x1", "0x0"]
