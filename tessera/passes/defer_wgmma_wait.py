@@ -11,8 +11,9 @@ issued, then O += P V, then the softmax of S_next after `wgmma_wait {pending = 1
 
 A wait stops before the first op that
 * reads a value the wait retires (the results of the wgmmas between the previous wait of the block, or its
-  start, and the wait: with no earlier wait in the block, also the loop-carried arguments a loop that keeps its
-  group in flight may hold in flight: those its yield hands a wgmma result not waited for after it);
+  start, and the wait: with no earlier wait in the block, also the results of wgmmas outside the block and
+  the loop-carried arguments a loop that keeps its group in flight may hold in flight: those its yield hands
+  a wgmma result not waited for after it);
 * writes memory or synchronizes (stores, barriers, mbarrier arrivals, async copies, fences: the wgmmas in
   flight may read the shared memory they would release or overwrite), other than the wgmma protocol's
   `wgmma_fence` and `wgmma_commit`; or ends the block;
@@ -58,13 +59,21 @@ def _retired(block: Block, wait: Operation) -> set[Value] | None:
     region (a loop: its results may be in flight)."""
     at = block.ops.index(wait)
     start = next((i + 1 for i in range(at - 1, -1, -1) if block.ops[i].name == "wgmma_wait"), 0)
-    retired = _carried_in_flight(block) if start == 0 else set()
+    retired = _carried_in_flight(block) | _issued_outside(block) if start == 0 else set()
     for op in block.ops[start:at]:
         if op.regions and any(inner.name in GROUP_OPS for inner in op.walk()):
             return None
         if op.name == "wgmma":
             retired.update(op.results)
     return retired
+
+
+def _issued_outside(block: Block) -> set[Value]:
+    """The results of wgmmas outside `block` that its ops read: a group issued before a region may be retired
+    by the region's first wait."""
+    inside = {op for top in block.ops for op in top.walk()}
+    return {v for top in block.ops for op in top.walk() for v in op.operands
+            if isinstance(v.owner, Operation) and v.owner.name == "wgmma" and v.owner not in inside}
 
 
 def _carried_in_flight(block: Block) -> set[Value]:

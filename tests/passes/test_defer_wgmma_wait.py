@@ -215,3 +215,21 @@ def test_the_depth_one_wait_reaches_the_ptx_and_the_sass():
         return
     loop = loop_containing(disassemble(compiled.binary), "HGMMA")
     assert [i.text.split()[-1] for i in loop if "WARPGROUP.DEPBAR" in i.text] == ["0x1", "0x0"]
+
+
+def test_a_wait_in_a_region_stays_before_a_read_of_a_product_issued_outside_it():
+    """A group issued before an `if` and waited for inside it: the region's wait stays before the read."""
+    text = HEAD + FIRST_DOT + """\
+  %t = constant {value = true} : bool
+  %s = if %t : regs<32xf32> {
+    wgmma_wait {pending = 0}
+    %c = add %0, %0 : f32
+    %e = exp2 %x : regs<32xf32>
+    yield %e
+  } {
+    wgmma_wait {pending = 0}
+    yield %z
+  }
+""" + TAIL
+    out, moved = deferred(text)
+    assert moved == 1 and out.index("wgmma_wait {pending = 0}\n    %e = exp2 %x") > 0, out
