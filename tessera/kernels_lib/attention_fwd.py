@@ -192,7 +192,7 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
                          EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
                          WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True,
-                         OVERLAP: tessera.constexpr = False):
+                         OVERLAP: tessera.constexpr = False, PINGPONG: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -223,10 +223,11 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
         # the previous block's alpha while it runs, issues O += P V_{n-1} with the previous block's P, and runs
         # block n's softmax while P V is in flight (`passes/defer_wgmma_wait.py` puts each wgmma_wait just
         # before the first read: pending = 1 before the softmax, 0 at the iteration's end). Block lo's softmax
-        # comes first, block hi - 1's P V last.
+        # comes first, block hi - 1's P V last. PINGPONG (with WS): the two consumer warpgroups take turns
+        # issuing their products, one's softmax under the other's (section 3.1).
         m, p, l, alpha = online_softmax(tessera.dot(q_block, kT.block((D, BN), (0, lo)).load()), m, l, lo, True,
                                         rows, flags)
-        for n in tessera.pipeline(lo + 1, hi, stages=STAGES, warp_specialize=WS):
+        for n in tessera.pipeline(lo + 1, hi, stages=STAGES, warp_specialize=WS, pingpong=PINGPONG):
             s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
             acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n - 1, 0)).load(), acc * alpha[:, None])
             m, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
