@@ -16,6 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+import tessera  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.backends.nvptx.sass import disassemble, find_cuobjdump, loop_containing  # noqa: E402
 from tessera.kernels_lib import attention  # noqa: E402
@@ -102,3 +103,68 @@ def test_the_overlapped_order_at_the_gpu_head_dims_on_the_interpreter(D, monkeyp
     out, lse = attention(q, k, v, causal=True)
     check(out, lse, *reference(q, k, v, True))
 
+
+
+# -- FlashAttention-3's warpgroup ping-pong (PINGPONG, with WS and OVERLAP) -----------------------------------
+
+def turn_loop(code, barrier: int) -> list:
+    """The innermost loop (a backward branch's range) of the SASS that waits at named barrier `barrier`."""
+    best = []
+    for inst in code:
+        target = inst.branch_target()
+        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
+            continue
+        body = [i for i in code if target <= i.address <= inst.address]
+        if any(i.text.startswith(f"BAR.SYNC.DEFER_BLOCKING {barrier:#x},") for i in body) and \
+                (not best or len(body) < len(best)):
+            best = body
+    return best
+
+
+@needs_ptxas
+@pytest.mark.parametrize("variant", list(WS_VARIANTS))
+@pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
+def test_ping_pong_plans_take_turns_around_their_products_without_spills(D, variant):
+    """Each consumer warpgroup runs a copy of the key loop: warpgroup 0 waits at barrier 3 before issuing S and
+    P V and hands the turn on at barrier 4 right after (`bar.arrive`), warpgroup 1 the other way round; both
+    copies keep the depth-1 wait; no spills, no serialized wgmmas."""
+    plan = WS_GPU_PLANS[D]
+    compiled = compile_checked(attention_fwd_kernel, "sm_90a", signature=FORWARD_SIGNATURE.format(t="bf16"),
+                               num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=True,
+                               OVERLAP=True, PINGPONG=True, **WS_VARIANTS[variant])
+    metadata = compiled.metadata
+    assert metadata["spill_stores"] == metadata["spill_loads"] == 0 and "serialized" not in metadata["log"]
+    thread_ir = compiled.stages["thread_ir"]
+    assert thread_ir.count("pingpong_turn = [3, 4]") == thread_ir.count("pingpong_turn = [4, 3]") == 1
+    assert thread_ir.count("wgmma_wait {pending = 1}") == 2
+    if find_cuobjdump() is None or compiled.binary is None:
+        return
+    code = disassemble(compiled.binary)
+    for mine, other in ((3, 4), (4, 3)):
+        ops = [i.text if "DEPBAR" in i.text else i.text.split(",")[0] for i in turn_loop(code, mine)
+               if i.opcode.startswith(("BAR", "HGMMA", "WARPGROUP.DEPBAR"))]
+        hgmmas = [k for k, o in enumerate(ops) if o.startswith("HGMMA")]
+        assert len(hgmmas) == D // 16 + plan.BN // 16, ops          # S's K slices, then P V's
+        assert ops.index(f"BAR.SYNC.DEFER_BLOCKING {mine:#x}") < hgmmas[0] and hgmmas[-1] < \
+            ops.index(f"BAR.ARV {other:#x}") < ops.index("WARPGROUP.DEPBAR.LE gsb0, 0x1"), ops
+        assert [o for o in ops if o.startswith("WARPGROUP")] == ["WARPGROUP.DEPBAR.LE gsb0, 0x1",
+                                                                 "WARPGROUP.DEPBAR.LE gsb0, 0x0"], ops
+
+
+def test_ping_pong_forward_on_the_simt_simulator_matches_float64_attention():
+    """The two consumer warpgroups run their copies as cooperating paths: a turn that never comes is a DEADLOCK,
+    an arrival never matched an error at the block's end; O and LSE as before."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("sm_90a", 8, 128, ws=True, overlap=True,
+                                                                pingpong=True)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    assert torch.isinf(lse[:, :, :20]).all()
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+def test_ping_pong_with_one_consumer_warpgroup_says_what_it_needs():
+    with pytest.raises(tessera.CompileError, match=r"pingpong=True takes turns between two consumer warpgroups "
+                                                   r"issuing wgmmas; this loop has 1 warpgroup\(s\): launch "
+                                                   r"num_warps=8 on sm_90a, or drop pingpong=True"):
+        attention_fwd_kernel.compile(target="sm_90a", strict=True, signature=FORWARD_SIGNATURE.format(t="bf16"),
+                                     num_warps=4, D=64, BM=64, BN=64, STAGES=2, WS=True, OVERLAP=True,
+                                     PINGPONG=True, **VARIANTS["plain"])

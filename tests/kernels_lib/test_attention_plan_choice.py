@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 import importlib  # noqa: E402
 
 attention_module = importlib.import_module("tessera.kernels_lib.attention")
-from tessera.kernels_lib.attention import (GPU_PLANS, OVERLAP_ENV, WS_ENV, WS_GPU_PLANS, Problem,  # noqa: E402
-                                           wants_warp_specialization)
+from tessera.kernels_lib.attention import (GPU_PLANS, OVERLAP_ENV, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS,  # noqa: E402
+                                           Problem, wants_warp_specialization)
 
 
 class CaughtLaunch(Exception):
@@ -37,6 +37,7 @@ def hopper(monkeypatch):
     monkeypatch.setattr(attention_module, "attention_fwd_kernel", Recorder())
     monkeypatch.delenv(WS_ENV, raising=False)
     monkeypatch.delenv(OVERLAP_ENV, raising=False)
+    monkeypatch.delenv(PINGPONG_ENV, raising=False)
     return monkeypatch
 
 
@@ -107,3 +108,16 @@ def test_the_overlapped_order_is_not_taken_off_hopper_or_for_fp8(hopper):
     hopper.setenv(OVERLAP_ENV, "yes")
     with pytest.raises(ValueError, match="TESSERA_ATTENTION_OVERLAP='yes' is not understood"):
         launched(4096)
+
+
+@pytest.mark.parametrize("ws_setting, pingpong", [("1", True), ("0", False)])
+def test_the_ping_pong_is_taken_with_the_warp_specialized_overlapped_plan(hopper, ws_setting, pingpong):
+    """TESSERA_ATTENTION_PINGPONG=1 (with ..._OVERLAP=1): the warp-specialized plan's two consumer warpgroups
+    take turns; the plan without a producer has no turns to take (its warpgroups meet at a CTA barrier each
+    iteration), and without OVERLAP=1 nothing changes."""
+    hopper.setenv(WS_ENV, ws_setting)
+    hopper.setenv(PINGPONG_ENV, "1")
+    assert launched(4096)["PINGPONG"] is False
+    hopper.setenv(OVERLAP_ENV, "1")
+    options = launched(4096)
+    assert (options["PINGPONG"], options["OVERLAP"], options["WS"]) == (pingpong, True, ws_setting == "1")
