@@ -15,7 +15,9 @@ Parts (`--part`, repeatable; default all):
   the first's speed over the second's (`tessera` is the plan chosen unasked),
   and each in FlashAttention-3's overlapped loop order too
   (TESSERA_ATTENTION_OVERLAP=1: `tessera_ws_overlap`, `tessera_plain_overlap`,
-  with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's;
+  with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's,
+  and `tessera_ws_pingpong` (..._PINGPONG=1 too: the consumer warpgroups take
+  turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`;
   at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs;
@@ -132,25 +134,27 @@ def with_env(fn, settings: dict):
     return run
 
 
-# Hopper's forward plans at D 64/128 timed beside the one chosen unasked: (warp-specialized?, overlapped?)
-HOPPER_FORWARDS = {"tessera_ws": ("1", "0"), "tessera_plain": ("0", "0"),
-                   "tessera_ws_overlap": ("1", "1"), "tessera_plain_overlap": ("0", "1")}
+# Hopper's forward plans at D 64/128 timed beside the one chosen unasked: (warp-specialized?, overlapped?,
+# ping-pong?)
+HOPPER_FORWARDS = {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
+                   "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
+                   "tessera_ws_pingpong": ("1", "1", "1")}
 
 
 def measure_dense(torch, part: str, case: dict) -> dict:
     """One forward or backward row: tessera (on Hopper's forward at D 64/128 also its warp-specialized plan),
     SDPA flash and SDPA cuDNN, each checked against SDPA flash."""
     from tessera.kernels_lib import attention
-    from tessera.kernels_lib.attention import OVERLAP_ENV, OVERLAP_HEAD_DIMS, WS_ENV, WS_GPU_PLANS
+    from tessera.kernels_lib.attention import OVERLAP_ENV, OVERLAP_HEAD_DIMS, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS
     row = {"part": part, **case}
     B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=part == "backward")
                for _ in range(3))
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
     if part == "forward" and torch.cuda.get_device_capability()[0] == 9:
-        for who, (ws, overlap) in HOPPER_FORWARDS.items():
+        for who, (ws, overlap, pingpong) in HOPPER_FORWARDS.items():
             if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
-                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap})
+                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong})
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None
@@ -226,7 +230,8 @@ def _check_all(torch, row: dict, expected) -> None:
         if "tessera_tflops" in row and f"{backend}_tflops" in row:
             row[f"vs_{backend}"] = row["tessera_tflops"] / row[f"{backend}_tflops"]
     for ratio, (faster, base) in {"ws_vs_plain": ("ws", "plain"), "overlap_vs_plain": ("plain_overlap", "plain"),
-                                  "overlap_vs_ws": ("ws_overlap", "ws")}.items():
+                                  "overlap_vs_ws": ("ws_overlap", "ws"),
+                                  "pingpong_vs_overlap": ("ws_pingpong", "ws_overlap")}.items():
         if f"tessera_{faster}_tflops" in row and f"tessera_{base}_tflops" in row:
             row[ratio] = row[f"tessera_{faster}_tflops"] / row[f"tessera_{base}_tflops"]
 

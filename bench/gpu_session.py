@@ -314,7 +314,9 @@ def attention_line(r: dict) -> str:
             + (f"; warp-specialized {r['tessera_ws_tflops']:.0f} ({r['ws_vs_plain']:.2f}x)" if "ws_vs_plain" in r
                else "")
             + "".join(f"; overlapped {r[f'tessera_{plan}_overlap_tflops']:.0f} ({r[f'overlap_vs_{plan}']:.2f}x {plan})"
-                      for plan in ("plain", "ws") if f"overlap_vs_{plan}" in r))
+                      for plan in ("plain", "ws") if f"overlap_vs_{plan}" in r)
+            + (f"; ping-pong {r['tessera_ws_pingpong_tflops']:.0f} ({r['pingpong_vs_overlap']:.2f}x)"
+               if "pingpong_vs_overlap" in r else ""))
 
 
 def main() -> None:
