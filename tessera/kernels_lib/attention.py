@@ -21,7 +21,8 @@ to 1 / sqrt(D). GQA/MQA: H must be a multiple of H_KV.
 CUDA tensors launch the kernel with the plan for their head dim
 (`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
 form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
-overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup ping-pong); CPU tensors run on the tile interpreter with small tiles
+overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup
+ping-pong); CPU tensors run on the tile interpreter with small tiles
 (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
@@ -59,7 +60,7 @@ class Plan:
     stages: int = 2
     ws: bool = False        # the key loop warp-specialized (sm_90a): a producer warpgroup issues K and V's TMA fills
     overlap: bool = False   # FlashAttention-3's loop order: block n's softmax under P V of block n - 1 (`OVERLAP_ENV`)
-    pingpong: bool = False  # with ws and overlap: the consumer warpgroups take turns at the tensor cores (`PINGPONG_ENV`)
+    pingpong: bool = False  # with ws and overlap: the warpgroups take turns at the tensor cores (`PINGPONG_ENV`)
 
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots

@@ -20,9 +20,9 @@ A wait stops before the first op that
 * holds a region that does any of these or any wgmma op (a masking `if` over other values is passed);
 * is another wait: the two become one, with the smaller `pending`.
 A wait that would stop between a `wgmma_fence` and the wgmmas it fences goes before the fence instead (the
-fence orders the wait's register reads before those wgmmas). Waits whose segment holds a region op (a loop
-whose result may be in flight) and waits with `pending` > 0 (a loop that keeps its group in flight on purpose)
-stay where they are (a region without wgmma ops, a TMA refill's `if`, is fine). Waits are placed from the block's last to its first, so each one that moves meets the
+fence orders the wait's register reads before those wgmmas). Waits whose segment holds a region with wgmma
+ops (a loop whose result may be in flight; a TMA refill's `if` is fine) and waits with `pending` > 0 (a loop
+that keeps its group in flight on purpose) stay where they are. Waits are placed from the block's last to its first, so each one that moves meets the
 later ones at their new places.
 
 Guarantee: every read of a wgmma result still follows a wait that retires its group, and no shared memory

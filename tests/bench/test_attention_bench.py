@@ -99,7 +99,8 @@ def test_the_overlapped_columns_are_compared_with_their_fa2_order():
     bench._check_all(None, row, None)
     assert (row["overlap_vs_ws"], row["overlap_vs_plain"]) == (pytest.approx(1.2), pytest.approx(1.1))
     assert row["pingpong_vs_overlap"] == pytest.approx(1.05)
-    assert "tessera_ws_overlap 600, tessera_plain_overlap 440, tessera_ws_pingpong 630, cudnn 480" in bench.describe(row)
+    assert "tessera_ws_overlap 600, tessera_plain_overlap 440, tessera_ws_pingpong 630, cudnn 480" in \
+        bench.describe(row)
     assert gpu_session.attention_line(row).endswith("; overlapped 440 (1.10x plain); overlapped 600 (1.20x ws); "
                                                     "ping-pong 630 (1.05x)")
 

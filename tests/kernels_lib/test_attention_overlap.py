@@ -1,11 +1,14 @@
 """The forward in FlashAttention-3's loop order (the kernel's OVERLAP, `TESSERA_ATTENTION_OVERLAP=1`): S = Q K_n^T
-and O += P V_{n-1} issued back to back, block n's softmax while P V runs (`passes/defer_wgmma_wait.py` leaves one
-wgmma group in flight there), on every shipped sm_90a plan it applies to: the waits in the thread IR and the
-SASS, no spills, the SIMT simulator and the interpreter against float64 attention, and which launches take it.
+and O * alpha + P V_{n-1} issued back to back, block n's softmax while P V runs (`passes/defer_wgmma_wait.py`
+leaves one wgmma group in flight there), on every shipped sm_90a plan it applies to: the waits in the thread IR
+and the SASS, no spills, the SIMT simulator and the interpreter against float64 attention; and its warpgroup
+ping-pong (PINGPONG, with WS: each consumer warpgroup's copy of the loop takes turns at named barriers 3 and 4).
+Which launches take them: test_attention_plan_choice.py.
 
-Registers (ptxas 13.0, bf16, plain / window-softcap(-varlen)): head dim 128 205 -> 227 / 225 (FA2 order ->
-overlapped; 256 threads, one CTA an SM either way), head dim 64 119 -> 123; the warp-specialized plans report the 168 of their 384-thread entry, the consumers
-running under `setmaxnreg.inc 232`. (Head dim 256 stays in FlashAttention-2's order: `OVERLAP_HEAD_DIMS`.)
+Registers (ptxas 13.0, bf16, plain / window-softcap-varlen): head dim 128 205 -> 189 / 240 (FA2 order ->
+overlapped; 256 threads, one CTA an SM either way), head dim 64 119 -> 148 / 189; the warp-specialized plans
+report the 168 of their 384-thread entry, the consumers running under `setmaxnreg.inc 232`. (Head dim 256 stays
+in FlashAttention-2's order: `OVERLAP_HEAD_DIMS`.)
 """
 
 from __future__ import annotations
