@@ -31,6 +31,8 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for reg in ("tid", "ctaid", "nctaid", "ntid") for axis in "xyz"},
     # trap: ends the launch with an error (a failed device_assert, after it printed why).
     "llvm.trap": (VOID, ()),
+    # nanosleep.u32 ns (sm_70+): a spin-wait's backoff; the operand may be a register.
+    "llvm.nvvm.nanosleep": (VOID, (I32,)),
     # bar.sync 0: every thread of the block waits here.
     "llvm.nvvm.barrier.cta.sync.aligned.all": (VOID, (I32,)),
     # shfl.sync.<mode>.b32 (membermask, value, lane/delta, clamp|segmask << 8)
