@@ -210,11 +210,14 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0):
+def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0,
+                             overlap=False, check_waits=None, pingpong=False):
     """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
     2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
     other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
-    would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates."""
+    would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates. `overlap`: in
+    FlashAttention-3's loop order (OVERLAP), `pingpong` with its two consumer warpgroups taking turns
+    (PINGPONG); `check_waits(fn)`, when given, must hold of the lowered kernel."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
@@ -234,9 +237,10 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
-                   STAGES=2, WS=ws)
+                   STAGES=2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits(fn)
     if target.startswith("sm_"):            # warp-specialized: a producer warpgroup beside the num_warps
         assert fn.attrs["num_threads"] == num_warps * 32 + (128 if ws else 0)
     if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
@@ -247,6 +251,12 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     assert len(tma_loads) == ((2 if ws else 4) if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal, window, softcap)
+
+
+def key_loop_waits(fn) -> list[int]:
+    """The `pending` of each wgmma_wait in the (consumers') key loop of lowered forward kernel `fn`."""
+    loops = [op for op in fn.walk() if op.name == "for" and any(inner.name == "wgmma" for inner in op.walk())]
+    return [op.attrs["pending"] for op in loops[-1].regions[0].ops if op.name == "wgmma_wait"]
 
 
 @pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
