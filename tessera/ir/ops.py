@@ -690,8 +690,11 @@ def _check_condition(op):
 define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1; "
        "1: a plain loop; absent: the lowering's choice, pipelined when it feeds a dot and may be): how deep the "
        "lowering may software-pipeline the body's global -> shared copies; "
-       "`warp_specialize`: a producer warpgroup makes those copies (TMA targets).", (3, -1),
-       optional_attrs={"stages": "int", "warp_specialize": "bool"}, regions=1, check=_check_for, pure=False)
+       "`warp_specialize`: a producer warpgroup makes those copies (TMA targets); `pingpong` (with it): two "
+       "consumer warpgroups take turns issuing their wgmmas; `pingpong_turn` (thread IR: [my barrier, the "
+       "other's]): this copy of such a loop is one warpgroup's.", (3, -1),
+       optional_attrs={"stages": "int", "warp_specialize": "bool", "pingpong": "bool", "pingpong_turn": "ints"},
+       regions=1, check=_check_for, pure=False)
 define("if", "Run the then or else region; results are what the taken region yields. `producer_joins_at` "
        "(thread IR, warp-specialized kernels): the then region is a producer warpgroup running beside the "
        "else region, and its shared-memory accesses are over once the else region's op of that index is.", 1,

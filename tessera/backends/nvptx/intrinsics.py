@@ -98,6 +98,7 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.setmaxnreg.dec.sync.aligned.u32": (VOID, (I32,)),
     "llvm.nvvm.elect.sync": (ir.LiteralStructType([I32, I1]), (I32,)),
     "llvm.nvvm.barrier.cta.sync.aligned.count": (VOID, (I32, I32)),
+    "llvm.nvvm.barrier.cta.arrive.aligned.count": (VOID, (I32, I32)),      # bar.arrive id, count
 }
 
 # -- sm_90+ only: mbarriers and TMA (bulk_async.py) --------------------------------
