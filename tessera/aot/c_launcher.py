@@ -147,8 +147,8 @@ def _launch_nvidia(spec: Specialization, prefix: str) -> list[str]:
         pointers.append(f"&map{index}")
     lines.append(f"    void *params[] = {{{', '.join(pointers) or 'NULL'}}};")
     if spec.cluster_dims is None:
-        return lines + [f"    return cuLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, {spec.threads_per_block}, "
-                        f"1, 1, {spec.shared_bytes}, stream, params, NULL);"]
+        return lines + [f"    return cuLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, "
+                        f"{spec.threads_per_block}, 1, 1, {spec.shared_bytes}, stream, params, NULL);"]
     x, y, z = spec.cluster_dims     # .reqnctapercluster: the launch must give these dims, on whole clusters
     return lines + [
         f"    if (grid_x % {x} != 0 || grid_y % {y} != 0 || grid_z % {z} != 0)  /* whole clusters of {x}x{y}x{z} */",

@@ -10,7 +10,8 @@ launch runs in, how many driver calls a warm launch makes), and
 a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
 like an sm_80 GPU, or with `hopper=True` an sm_90a one (`attributes` can be
 changed; the occupancy query answers as the occupancy calculator does for an
-A100 SM). `cuLaunchKernelEx` (cluster launches) records its launch attributes. It counts every call it answers (`counts`), the tensor-map encoder
+A100 SM). `cuLaunchKernelEx` (cluster launches) records its launch
+attributes. It counts every call it answers (`counts`), the tensor-map encoder
 `cuTensorMapEncodeTiled` included (its maps hold what the encoding depends
 on), and it models the one driver rule the launch path relies on:
 `cuLaunchKernel` fails with CUDA_ERROR_INVALID_CONTEXT when no context is

@@ -29,7 +29,8 @@ import tessera
 from tessera.kernels_lib import gemm_configs
 from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
 
-from hopper_gemm import compile_gemm, first, last, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop, simulate
+from hopper_gemm import (compile_gemm, first, last, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop,
+                         simulate)
 
 torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
@@ -101,7 +102,8 @@ def test_cluster_configs_multicast_b_in_the_ptx_and_assemble_without_spills(name
     assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) == 2
     # empty mbarriers count the cluster's 2 programs
     consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
-    counts = [int(consts.get(c, c)) for c in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)]
+    inits = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)
+    counts = [int(consts.get(c, c)) for c in inits]
     assert sorted(counts) == [1] * stages + [2] * stages, counts
 
 
@@ -177,7 +179,8 @@ def test_warp_specialized_cluster_configs_multicast_from_the_producer_without_sp
     assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["cluster_dims"] == [2, 1, 1]
     stages, warpgroups = config.kwargs["STAGES"], config.num_warps // 4
     consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
-    counts = [int(consts.get(c, c)) for c in re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)]
+    inits = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)
+    counts = [int(consts.get(c, c)) for c in inits]
     assert sorted(counts) == sorted([1] * stages + [2 * warpgroups] * stages), counts
     assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) == 2
     assert ptx_lines(ptx, r"\.multicast::cluster") and len(ptx_lines(ptx, r"barrier\.cluster\.wait")) == 3

@@ -1,8 +1,10 @@
 """A cluster-multicast TMA pipeline (`passes/schedule/multicast.py`) on the SIMT simulator: two blocks of a
 cluster compute C tiles (2c, n) and (2c + 1, n), each loading its own A block and half of their shared B block,
 multicast to both; the result is bit for bit the simulator's without the cluster and agrees with the tile
-interpreter (which also checks the multicast promise) to the f16 result's rounding, and the lowered loop has the protocol: the cluster barrier after the inits and after the loop, one
-share of B per block with the cluster's mask, the empty-slot handshake before each refill."""
+interpreter (which also checks the multicast promise) to the f16 result's rounding, and the lowered loop has
+the protocol: the cluster barrier after the inits and after the loop, one share of B per block with the
+cluster's mask, the empty-slot handshake before each refill. The same with a producer warpgroup, and the
+language's cluster_rank / cluster_id."""
 
 from __future__ import annotations
 
@@ -89,7 +91,8 @@ def test_each_block_issues_half_of_b_and_all_of_a():
     _, _, _, module, _ = case(128, 128, 192, 64, 128, 64, 3)
     fn = lower(module, SM_90A, 4).functions[0]
     loads = [op for op in fn.walk() if op.name == "tma_load"]
-    assert sum(bool(op.attrs.get("multicast")) for op in loads) == sum(not op.attrs.get("multicast") for op in loads) == 3
+    shared = sum(bool(op.attrs.get("multicast")) for op in loads)
+    assert shared == len(loads) - shared == 3
     assert len([op for op in fn.walk() if op.name == "cluster_rank"]) == 1
 
 

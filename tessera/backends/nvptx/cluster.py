@@ -8,7 +8,7 @@
 | cluster_arrive                 | barrier.cluster.arrive.aligned                                            |
 | cluster_wait                   | barrier.cluster.wait.aligned                                              |
 | mbarrier_arrive_cluster        | mapa.shared::cluster r, bar, cta; mbarrier.arrive.shared::cluster.b64 _, [r], 1 |
-| tma_load {multicast = m}       | cp.async.bulk.tensor ... .multicast::cluster [dst], [map, {..}], [bar], m (`bulk_async.py`) |
+| tma_load {multicast = m}       | cp.async.bulk.tensor ... .multicast::cluster [dst], [map, {..}], [bar], m |
 
 The remote arrive has PTX's default semantics, release at CTA scope, as
 CUTLASS's `ClusterBarrier::arrive(cta_id)`: what it publishes is that this
