@@ -42,9 +42,8 @@ def compile_checked(kernel, target, **options):
     """`kernel.compile(target=target, **options)`, strict (no schedule shortfall) except where TMA cannot stream
     K and V on sm_90a: with VARLEN the blocks' bounds (each sequence's length) and the decode kernel's (a page's
     tokens) are loaded from memory, which a tensor map, built by the host from the launch's arguments, cannot
-    hold; so those blocks come by cp.async, with that shortfall seen and no other. Strict mode refuses it for
-    VARLEN; the decode kernel accepts it (`tessera.kernel(tolerate=...)`), so it compiles strict, as a user's
-    $TESSERA_STRICT launch does.
+    hold; so those blocks come by cp.async, with that shortfall seen and no other. Both kernels accept it
+    (`tessera.kernel(tolerate=...)`), so they compile strict, as a user's $TESSERA_STRICT launch does.
     (FA3's way, one map over the packed (total, H, D) tensor at row cu_seqlens[b] + n * BN, compiles to TMA here,
     but fails the NaN-neighbour check on the SIMT simulator: the next sequence's K rows in a tail block are
     masked to -inf, while its V rows meet P = 0 in P V, and 0 * Inf or NaN there is NaN in this sequence's O.)"""
@@ -52,8 +51,8 @@ def compile_checked(kernel, target, **options):
     if not (target.startswith("sm_90") and owes_tma):
         return kernel.compile(target=target, strict=True, **options)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")     # decode accepts the shortfall itself (tolerate=): strict compiles it
-        compiled = kernel.compile(target=target, strict=kernel.name == "attention_decode_kernel", **options)
+        warnings.simplefilter("always")     # the kernel accepts the shortfall itself (tolerate=): strict compiles it
+        compiled = kernel.compile(target=target, strict=True, **options)
     shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
     assert shortfalls and all("cp.async instead of TMA" in m and "sizes and row stride are not constants or "
                               "kernel arguments" in m for m in shortfalls), shortfalls   # and no other

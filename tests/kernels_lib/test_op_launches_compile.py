@@ -231,12 +231,6 @@ def test_moe_fp8_activations_on_sm_90a(moe_gpu_tiles):
 
 # --- attention (odd sequence lengths, packed QKV strides), with the GPU's plans --------------------------------
 
-# varlen reads its blocks' bounds from memory: cp.async there, not TMA, on sm_90a (a known shortfall,
-# `test_attention_compile.compile_checked`; in strict mode on an H100 that launch still raises). Decode's is the
-# same shortfall, accepted by its kernel (`attention_split_kv.CACHE_BOUNDS_SHORTFALL`): it compiles strict.
-NO_TMA = {"sm_90a": ("cp.async instead of TMA",)}
-
-
 @pytest.fixture
 def attention_gpu_plans(monkeypatch):
     A = importlib.import_module("tessera.kernels_lib.attention")
@@ -265,9 +259,12 @@ def test_attention_decode_and_varlen(attention_gpu_plans):
     table = torch.arange(16, dtype=torch.int32).reshape(2, 8)
     q = torch.randn(37 + 21, 2, 64).to(BF16)
     cu = torch.tensor([0, 37, 58], dtype=torch.int32)
+    # Both read their blocks' bounds from memory, so on sm_90a they load K and V by cp.async, not TMA: a shortfall
+    # both kernels accept (`attention_fwd.CACHE_BOUNDS_SHORTFALL`), so both compile strict, as a user's
+    # $TESSERA_STRICT launch does.
     with compiled_launches() as decode:
         attention_decode(torch.randn(2, 1, 2, 64).to(BF16), kc, vc, table, torch.tensor([37, 101], dtype=torch.int32))
-    with compiled_launches(allowed=NO_TMA) as varlen:
+    with compiled_launches() as varlen:
         attention_varlen(q, q, q, cu, cu, 37, 37)
     assert "attention_decode_kernel" in {c.kernel for c in decode}
     assert "attention_fwd_kernel" in {c.kernel for c in varlen}
