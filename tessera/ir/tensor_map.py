@@ -57,6 +57,9 @@ class TensorMapDescription:
     box_shape: tuple[int, ...]             # elements of one box per dimension, outermost first
     swizzle: str = "none"
     source: Any = field(default=None, compare=False, repr=False)   # the described array (the simulator reads it)
+    # the simulator: the argument's own bytes where `source` is a zero-padded copy of them (a map whose batch and
+    # head dims are unbounded reaches past the array); a tma_store writes its elements through to them
+    writeback: Any = field(default=None, compare=False, repr=False)
 
     def __post_init__(self):
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))

@@ -246,8 +246,9 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
         want = (32, 32, 16) if target == "gfx950" else (32, 32, 8)
         assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
-    # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only)
-    assert len(tma_loads) == ((2 if ws else 4) if target == "sm_90a" else 0)
+    # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only); Q's one box
+    # (32 x 32, straight into wgmma's tile: `passes/schedule/tma_operand.py`)
+    assert len(tma_loads) == ((2 if ws else 4) + 1 if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal, window, softcap)
 
@@ -322,7 +323,9 @@ def test_the_shipped_hopper_plan_on_the_simt_simulator_at_the_gpu_tests_shape(ca
     with warnings.catch_warnings():
         warnings.simplefilter("error", PipelineWarning)         # the plan gets all it asks for
         fn = lower(module, "sm_90a", plan.num_warps).functions[0]
-    assert fn.attrs["num_threads"] == 256 and len([op for op in fn.walk() if op.name == "tma_load"]) == 4
+    # K and V (prologue and loop) and Q (one 128 x 64 box into wgmma's tile) by TMA; O by one TMA store
+    assert fn.attrs["num_threads"] == 256 and len([op for op in fn.walk() if op.name == "tma_load"]) == 5
+    assert len([op for op in fn.walk() if op.name == "tma_store"]) == 1
     bits = [a.view(np.uint16) if getattr(a, "dtype", None) == np.dtype(ml_dtypes.bfloat16) else a for a in args]
     run_threads(fn, bits, (tessera.cdiv(Sq, plan.BM), B * H))
     expected_o, expected_lse = reference(q, k, v, causal)

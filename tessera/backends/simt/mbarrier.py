@@ -126,9 +126,11 @@ def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
         raise InterpreterError(f"the tensor map of argument '{name}': {e}", kernel=fn.name) from None
     desc, narrowed = _narrowed(desc, recipe, flat.size)
     reach = sum((n - 1) * s for n, s in zip(desc.shape, desc.strides)) + desc.element_bytes
+    writeback = None
     if recipe.is_empty(args):           # nothing to read: its boxes land as zeros, as the view's mask says
         flat = np.zeros(reach, np.uint8)
     elif narrowed and reach > flat.size:    # each unbounded dim reaches the array's end on its own, not together
+        writeback = flat if flat.flags.writeable else None      # a tma_store writes through to the argument
         flat = np.concatenate([flat, np.zeros(reach - flat.size, np.uint8)])
     if reach > flat.size:
         raise InterpreterError(f"the tensor map of argument '{name}' spans {reach} bytes, but the array holds "
@@ -136,11 +138,13 @@ def _describe(fn: Function, recipe, args: list) -> TensorMapDescription:
     if array.dtype.itemsize != desc.element_bytes:
         raise InterpreterError(f"argument '{name}' holds {array.dtype.itemsize}-byte elements, its tensor map "
                                f"{desc.dtype.name}", kernel=fn.name)
-    # writable (for tma_store) only where it is the argument's own memory, not a zero-filled or padded copy
+    # writable (for tma_store) where it is the argument's own memory or a padded copy written through to it
+    # (`writeback`), not where it is a zero-filled stand-in
+    own = np.shares_memory(flat, array) or writeback is not None
     source = np.lib.stride_tricks.as_strided(flat.view(array.dtype), desc.shape, desc.strides,
-                                             writeable=flat.flags.writeable and np.shares_memory(flat, array))
+                                             writeable=flat.flags.writeable and own)
     return TensorMapDescription(desc.global_address, desc.dtype, desc.shape, desc.strides, desc.box_shape,
-                                desc.swizzle, source=source)
+                                desc.swizzle, source=source, writeback=writeback)
 
 
 @dataclass(eq=False)   # compared by identity: it holds arrays

@@ -54,7 +54,10 @@ def _tma_store(ctx, op, src, tensor_map, *coords):
                                 f"aligned, as a box with swizzle {desc.swizzle!r} needs")
         addrs = base + swizzle_offsets(np.arange(numel * desc.element_bytes, dtype=np.int64), desc.swizzle)
         _check_readable(ctx, op, t, addrs)
-        _write_box(desc, target, [int(c[t]) for c in coords], ctx.shared.bytes[addrs])
+        start = [int(c[t]) for c in coords]
+        _write_box(desc, target, start, ctx.shared.bytes[addrs])
+        if desc.writeback is not None:
+            _write_through(ctx, op, desc, start, ctx.shared.bytes[addrs])
         proxy.store_reads[addrs] += 1
         groups = proxy.store_groups.setdefault(t, [[]])
         groups[-1].append(addrs)
@@ -88,6 +91,21 @@ def _write_box(desc, target: np.ndarray, start: list[int], raw: np.ndarray) -> N
     inside = np.all((index >= 0) & (index < np.asarray(desc.shape)[:, None]), axis=0)
     values = raw.astype(np.uint8).view(target.dtype)
     target[tuple(index[:, inside])] = values[inside]
+
+
+def _write_through(ctx, op, desc, start: list[int], raw: np.ndarray) -> None:
+    """The box's elements inside the map, written at their byte offsets (the map's strides) into the argument's
+    own bytes (`desc.writeback`, where `source` is a padded copy); one past the argument's end is an error, as
+    the GPU would write out of bounds there."""
+    index = np.indices(desc.box_shape).reshape(desc.rank, -1) + np.asarray(start)[:, None]
+    inside = np.all((index >= 0) & (index < np.asarray(desc.shape)[:, None]), axis=0)
+    offsets = (index[:, inside] * np.asarray(desc.strides)[:, None]).sum(axis=0)
+    size = desc.element_bytes
+    if offsets.size and int(offsets.max()) + size > desc.writeback.size:
+        raise ctx.error(op, f"tma_store writes byte {int(offsets.max())} of a tensor map over an argument of "
+                            f"{desc.writeback.size} bytes: its coordinates {start} (outermost first) are out of range")
+    elements = raw.astype(np.uint8).reshape(-1, size)[inside]
+    desc.writeback[offsets[:, None] + np.arange(size)] = elements
 
 
 @simt("bulk_commit_group")

@@ -32,7 +32,7 @@ from .mma_operands import LdmatrixPlan, ldmatrix_plan, read_fragment, store_swiz
 
 ROW_KEYED_MAX_BYTES = 256      # the widest rows given the row-keyed swizzle (`pipeline_plan.ROW_KEYED_MAX_BYTES`)
 from .values import Regs
-from .wgmma_dot import SharedOperand, store_operand
+from .wgmma_dot import SharedOperand, await_operands, store_operand
 
 
 @dataclass(frozen=True)
@@ -46,14 +46,17 @@ class StagedFragment:
         return read_fragment(ctx, self.buf, self.plan, dtype)
 
 
-def stage_invariant_operands(ctx, loop: Operation) -> None:
+def stage_invariant_operands(ctx, loop: Operation, await_landing: bool = True) -> None:
     """Before `loop`: store the tensor-core operands its dots take from before the loop (see the module
-    docstring), then fence the async proxy (wgmma) and a barrier."""
+    docstring), then fence the async proxy (wgmma) and a barrier; and wait for those a TMA load is filling
+    (`ctx.landing`) unless not `await_landing` (before a warp-specialized loop's split: the consumers wait)."""
     stored = []
     for op in loop.walk():
         plan = mma_plan(op, ctx.target, ctx.num_threads // ctx.warp_size) if op.name == "dot" else None
         if plan is None:
             continue
+        if await_landing:
+            await_operands(ctx, op)
         for index, want in ((0, plan.a), (1, plan.b)):
             value = op.operands[index]
             if value in ctx.staged or not isinstance(ctx.env.get(value), Regs):

@@ -203,8 +203,15 @@ def is_constant_one(ctx, value) -> bool:
     return getattr(info, "constant", None) == 1
 
 
+# Other ways to load a view block, tried in order before the threads' loads: fn(ctx, op) -> bool (True: done).
+# `passes/schedule/tma_operand.py` adds the TMA load into a wgmma operand tile (sm_90+).
+VIEW_LOAD_STRATEGIES: list = []
+
+
 @lowering("view_load")
 def _view_load(ctx, op):
+    if any(strategy(ctx, op) for strategy in VIEW_LOAD_STRATEGIES):
+        return
     view = ctx.lookup(op.operands[0])
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands))]
     layout = ctx.assignment.layout(op.result)

@@ -51,7 +51,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Value
+from tessera.ir.core import Operation, Value
 from tessera.ir.types import RegsType
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
 from tessera.ir.warpgroup_ops import A_REGISTERS, WGMMA_DTYPES
@@ -176,9 +176,18 @@ def store_operand(ctx, op, index: int, regs: Regs, n: int) -> SharedOperand:
     return SharedOperand(store_k_major(ctx, regs, tile, index == 1), tile)
 
 
+def await_operands(ctx, dot: Operation) -> None:
+    """Wait for the operands of `dot` a TMA load is still filling (`schedule/tma_operand.py`), once each."""
+    for value in dot.operands[:2]:
+        bar = ctx.landing.pop(value, None)
+        if bar is not None:
+            ctx.create("mbarrier_wait", [bar, ctx.const(0)])
+
+
 def wgmma_dot(ctx, op, plan):
     """Lower `op` (a dot) on wgmma as `plan` (from `mma_plan`) says; see the module docstring."""
     inst = plan.instruction
+    await_operands(ctx, op)                 # a TMA-loaded tile no loop's staging waited for (outside loops)
     lowered = [ctx.staged.get(op.operands[i]) or ctx.operand(op, i) for i in (0, 1)]
     rings = [x for x in lowered if isinstance(x, RingOperand)]
     stored = False                          # whether this dot stores a register operand itself

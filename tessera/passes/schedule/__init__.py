@@ -15,4 +15,4 @@ lowering, registering into its op table, and build on its context
 """
 
 # Importing the modules registers the lowerings of `for` and of the smem_* ops.
-from . import loops, mbarriers, multicast, shared_buffers, tma_store  # noqa: F401
+from . import loops, mbarriers, multicast, shared_buffers, tma_operand, tma_store  # noqa: F401

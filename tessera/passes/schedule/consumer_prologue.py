@@ -26,6 +26,8 @@ from tessera.ir.core import Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
 
+from .tma_operand import tma_operand
+
 REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the elementwise ops (a trait)
 
 
@@ -37,6 +39,8 @@ def warp_specialized_loop(body) -> Operation | None:
 def producer_may_run(ctx, op: Operation) -> bool:
     """Whether every thread, the producer's included, may run `op` before the loop: scalar arithmetic, views and
     register-only tile ops (zeros, arange, elementwise) that change no operand's layout."""
+    if tma_operand(ctx, op) is not None:       # thread 0 issues its TMA load; the consumers wait for it
+        return True
     tiles = any(isinstance(v.type, TileType) for v in (*op.operands, *op.results))
     if not tiles:
         return not op.regions and OPS[op.name].pure

@@ -37,7 +37,7 @@ def _for(ctx, op):
     if op.attrs.get("warp_specialize"):
         refusal = warp_specialization_refusal(ctx, op)
         if refusal is None:
-            stage_invariant_operands(ctx, op)
+            stage_invariant_operands(ctx, op, await_landing=False)     # the consumers wait, after the split
             lower_warp_specialized_for(ctx, op)
             return
         lower_deferred(ctx)             # the reads `consumer_prologue` held back for the consumers: here after all

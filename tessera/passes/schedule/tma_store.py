@@ -46,8 +46,6 @@ def tma_store_box(ctx, op):
     tile = op.operands[-1].type
     if not ctx.target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
         return None
-    if ctx.threads.consumers is not None:
-        return None
     # A kernel whose programs hand data to each other (atomics, release stores, acquire loads: MoE's one-launch
     # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those keep
     # the threads' stores.
@@ -62,7 +60,7 @@ def tma_store_box(ctx, op):
     # A view offset from its pointer argument (attention's O at (batch, head): a rank-4 map with unbounded
     # leading dims) keeps the threads' stores for now: the SIMT simulator reads such maps from a padded copy
     # of the array, so it could not check a store through them.
-    return box if box is not None and box.boxes == 1 and not box.leading else None
+    return box if box is not None and box.boxes == 1 else None
 
 
 def _tma_store(ctx, op) -> bool:

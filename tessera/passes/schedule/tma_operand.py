@@ -1,0 +1,118 @@
+"""Block loads that only wgmma reads, put into its shared-memory tile by one TMA load (sm_90+).
+
+Input: a `view_load` of the kernel's body (not in a loop or an `if`) whose
+result every user reads as a wgmma operand from shared memory (A or B of a
+dot `mma_plan` puts on wgmma): attention's Q block before the key loop.
+Without this the threads load it into registers and
+`stage_invariant_operands` stores them into wgmma's tile behind a barrier.
+Job: when the host can build the view's tensor map (`tma_fill.view_block_box`,
+the rules pipelined TMA loads follow) for the tile the pipeline would give
+the block as a ring slot (`pipeline_plan._slot_layout`), emit instead
+
+    bar = shared_alloc (1 mbarrier, whole kernel); init by thread 0 in the kernel's prologue, barrier
+    if thread 0:
+        mbarrier_arrive_expect_tx bar, <bytes of the tile's boxes>
+        tma_load tile + j * <box>, map, <block offsets + (0, j * box width)>, bar     (each box j)
+
+and bind the result to that tile (`ctx.staged`, a `SharedOperand`); its
+wait, `mbarrier_wait bar, 0`, is owed (`ctx.landing`) and emitted by the
+first lowering that reads the tile: `stage_invariant_operands` before a
+loop whose dots read it, or the dot itself outside loops.
+
+Guarantees: the box clips at the tensor's edges and lands zero-filled, as
+the view's bounds mask (fill 0) says; the mbarrier completes one phase in
+the kernel, waited for with parity 0 (hence the top level only: a load in a
+loop would reuse it). The load runs before the loop of a warp-specialized
+kernel, so every thread of the CTA sees the init and thread 0, a consumer,
+issues the load while the producer starts its fills
+(`consumer_prologue.producer_may_run` lets it stay there). Kept out: other
+users of the registers (an elementwise op, a store), a nonzero fill,
+kernels whose programs hand data to each other (their TMA reads would need
+a global proxy fence), and targets without TMA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from tessera.ir.core import Operation
+from tessera.ir.ops import OPS
+from tessera.ir.types import TileType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
+
+from ..lowering.memory import VIEW_LOAD_STRATEGIES
+from ..lowering.wgmma_dot import SharedOperand
+from ..mma import mma_plan
+from .pipeline_plan import _slot_layout
+from .tma_fill import TmaBox, map_parameter, view_block_box
+
+
+@dataclass(frozen=True)
+class TmaOperand:
+    """How one block load lands in wgmma's tile: the tile's layout and the TMA boxes that write it."""
+
+    tile: WgmmaTileLayout
+    box: TmaBox
+
+
+def tma_operand(ctx, op: Operation) -> TmaOperand | None:
+    """The TMA load of `view_load` `op` straight into the wgmma tile its users read, or None (module docstring)."""
+    if op.name != "view_load" or op.parent is not ctx.src.body or not ctx.target.has("tma"):
+        return None
+    if op in ctx.tma_operands:
+        return ctx.tma_operands[op]
+    ctx.tma_operands[op] = plan = _plan(ctx, op)
+    return plan
+
+
+def _plan(ctx, op: Operation) -> TmaOperand | None:
+    tile_type = op.result.type
+    if not isinstance(tile_type, TileType) or len(tile_type.shape) != 2 or op.attrs.get("fill", 0) != 0:
+        return None
+    if any(OPS[o.name].orders_programs for o in ctx.src.walk()):
+        return None
+    info = ctx.facts.facts.get(op.operands[0])
+    if info is None or not any(info.unit_stride):
+        return None
+    dim = 1 if info.unit_stride[1] else 0
+    size = tile_type.element.dtype.bits // 8
+    slot_shape = tile_type.shape if dim == 1 else tile_type.shape[::-1]
+    tiles = set()
+    uses = [(user, i) for user in ctx.src.walk() for i, v in enumerate(user.operands) if v is op.result]
+    for user, index in uses:
+        mma = mma_plan(user, ctx.target, ctx.num_threads // ctx.warp_size) if user.name == "dot" else None
+        if mma is None or index > 1 or mma.a is not None:       # only wgmma reads its operands from shared memory
+            return None
+        slot = _slot_layout(mma, index, dim, slot_shape, size, ctx.target.warp_size)
+        if slot is None:
+            return None
+        tiles.add(slot[1])
+    if len(tiles) != 1:
+        return None
+    tile = tiles.pop()
+    box = view_block_box(op.operands[0], tile_type.shape, tile_type.element.dtype, dim, tile, ctx.target,
+                         ctx.facts.facts)
+    return None if box is None else TmaOperand(tile, box)
+
+
+def _tma_operand_load(ctx, op: Operation) -> bool:
+    plan = tma_operand(ctx, op)
+    if plan is None:
+        return False
+    box, dtype = plan.box, op.result.type.element.dtype
+    with ctx.in_prologue():
+        bar = ctx.smem.mbarriers(1, 1, whole_kernel=True)
+    tensor_map = map_parameter(ctx, box.recipe)
+    buf = ctx.smem.alloc(dtype, plan.tile.rows * plan.tile.cols, align=max(plan.tile.alignment, box.slot_align))
+    starts = [ctx.lookup(v) for v in op.operands[1:]]
+    with ctx.when(ctx.index.first_thread()):
+        ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(box.slot_bytes)])
+        for j in range(box.boxes):
+            dst = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
+            ctx.create("tma_load", [dst, tensor_map, *box.coordinates(ctx, starts, j), bar])
+    ctx.staged[op.result] = SharedOperand(buf, plan.tile)
+    ctx.landing[op.result] = bar
+    return True
+
+
+VIEW_LOAD_STRATEGIES.append(_tma_operand_load)
