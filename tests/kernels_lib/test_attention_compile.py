@@ -85,7 +85,11 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{metadata['registers']} registers"
     if target == "sm_90a" and not VARIANTS[variant]["VARLEN"]:
         assert streams_by_tma(ptx)
-        assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+        # Q loaded and O stored by TMA too (`passes/schedule/tma_operand.py`, `tma_store.py`): no thread reads
+        # Q or writes O itself (the one st.global left is the LSE's)
+        assert [r["pointer"] for r in metadata["tensor_maps"]] == ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
+        assert "ld.global" not in ptx and ptx.count("st.global") == 1
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)) == 1
     else:
         assert "cp.async.cg.shared.global" in ptx and "cp.async.bulk.tensor" not in ptx
     if target == "sm_90a":
@@ -132,12 +136,16 @@ def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, v
     lines = ptx.splitlines()
     dec = next(i for i, line in enumerate(lines) if "setmaxnreg.dec.sync.aligned.u32 \t40;" in line)
     inc = next(i for i, line in enumerate(lines) if "setmaxnreg.inc.sync.aligned.u32 \t232;" in line)
-    tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d" in line]
-    assert tma and all(dec < i < inc for i in tma), "TMA fills issued in the producer's branch only"
-    assert "cp.async.cg" not in ptx and [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+    tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d.shared" in line]
+    assert tma and sum(dec < i < inc for i in tma) == 4, "K and V: TMA fills issued in the producer's branch"
+    assert "cp.async.cg" not in ptx
+    assert [r["pointer"] for r in metadata["tensor_maps"]] == ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
     consumers = "\n".join(lines[inc:])
-    assert not any("ld.global" in line for line in lines[:inc]), "Q is read by the consumers, not before the split"
-    assert "ld.global" in consumers and "mbarrier.try_wait.parity" in consumers and "mbarrier.arrive" in consumers
+    # Q: thread 0 issues its TMA load before the split (ahead of the producer's first fill), the consumers wait
+    assert len([i for i in tma if i < dec]) == D // 64, "Q by TMA: a box of 64 columns (128B swizzle) each"
+    assert "ld.global" not in ptx
+    assert "mbarrier.try_wait.parity" in consumers and "mbarrier.arrive" in consumers
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", consumers)) == 1, "O by TMA store"
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16\S* \{{[^}}]*\}}, %rd", consumers)
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, \{{%r\d+, %r\d+, %r\d+, "
                      r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
@@ -247,8 +255,9 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
         assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only); Q's one box
-    # (32 x 32, straight into wgmma's tile: `passes/schedule/tma_operand.py`)
-    assert len(tma_loads) == ((2 if ws else 4) + 1 if target == "sm_90a" else 0)
+    # (32 x 32, straight into wgmma's tile: `passes/schedule/tma_operand.py`), and with `overlap` so are the
+    # blocks outside the ring (the first K, the last V)
+    assert len(tma_loads) == ((2 if ws else 4) + (3 if overlap else 1) if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal, window, softcap)
 

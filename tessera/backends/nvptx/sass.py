@@ -68,12 +68,17 @@ def disassemble(cubin: bytes) -> list[SassInstruction]:
 
 
 def loops(code: list[SassInstruction]) -> Iterator[list[SassInstruction]]:
-    """Each loop's instructions (a backward BRA's range), in the order of their branches. Loops of one uniform
-    branch (`BRA.U.ANY`, the elect loops ptxas wraps around one thread's TMA issues) are skipped."""
-    for inst in code:
+    """Each loop's instructions (a backward BRA's range), in the order of their branches. Skipped: loops of one
+    uniform branch (`BRA.U.ANY`, the elect loops ptxas wraps around one thread's TMA issues), and the jump back
+    from an mbarrier wait's retry block (`SYNCS.PHASECHK`, its spin, `BRA` back), which ptxas places after the
+    function's end: its range is everything from the wait on, no loop."""
+    for n, inst in enumerate(code):
         target = inst.branch_target()
-        if target is not None and target < inst.address and ".U.ANY" not in inst.opcode:
-            yield [i for i in code if target <= i.address <= inst.address]
+        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
+            continue
+        if not inst.text.lstrip().startswith("@") and n >= 2 and code[n - 2].opcode.startswith("SYNCS.PHASECHK"):
+            continue
+        yield [i for i in code if target <= i.address <= inst.address]
 
 
 def loop_containing(code: list[SassInstruction], holds: str | Callable[[SassInstruction], bool],
