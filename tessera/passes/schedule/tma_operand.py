@@ -10,6 +10,7 @@ the rules pipelined TMA loads follow) for the tile the pipeline would give
 the block as a ring slot (`pipeline_plan._slot_layout`), emit instead
 
     bar = shared_alloc (1 mbarrier, whole kernel); init by thread 0 in the kernel's prologue, barrier
+    tile = shared_alloc (wgmma's tile, whole kernel: no barrier ends its last read, so no buffer reuses it)
     if thread 0:
         mbarrier_arrive_expect_tx bar, <bytes of the tile's boxes>
         tma_load tile + j * <box>, map, <block offsets + (0, j * box width)>, bar     (each box j)
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
@@ -100,10 +102,17 @@ def _tma_operand_load(ctx, op: Operation) -> bool:
     if plan is None:
         return False
     box, dtype = plan.box, op.result.type.element.dtype
-    with ctx.in_prologue():
-        bar = ctx.smem.mbarriers(1, 1, whole_kernel=True)
+    with ctx.in_prologue():         # before any warp-specialized split: every thread of the block runs it
+        bar = ctx.smem.alloc(dt.i64, 1, align=8, whole_kernel=True)
+        with ctx.when(ctx.index.first_thread()):
+            ctx.create("mbarrier_init", [bar, ctx.const(1)])
+            ctx.create("fence_mbarrier_init")
+        ctx.create("barrier")
     tensor_map = map_parameter(ctx, box.recipe)
-    buf = ctx.smem.alloc(dtype, plan.tile.rows * plan.tile.cols, align=max(plan.tile.alignment, box.slot_align))
+    # whole_kernel: no barrier closes the last wgmma read of the tile, so its bytes go to no later buffer
+    # (`passes/shared_memory.py`)
+    buf = ctx.smem.alloc(dtype, plan.tile.rows * plan.tile.cols, align=max(plan.tile.alignment, box.slot_align),
+                         whole_kernel=True)
     starts = [ctx.lookup(v) for v in op.operands[1:]]
     with ctx.when(ctx.index.first_thread()):
         ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(box.slot_bytes)])
