@@ -69,7 +69,8 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     # differs from the accumulator's and needs FA3's byte permutes)
     assert all(a.startswith("%rd") for _, a in wgmmas)
     assert "mma.sync" not in ptx and "cp.async.bulk.tensor.4d" in ptx and "cp.async.cg" not in ptx
-    assert [r["pointer"] for r in metadata["tensor_maps"]] == ["k_ptr", "v_ptr"]
+    # Q's block by one TMA load into wgmma's tile, O by a TMA store (`tma_operand.py`, `tma_store.py`)
+    assert [r["pointer"] for r in metadata["tensor_maps"]] == ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
     assert_wgmma_descriptors_built(compiled)
 
 
@@ -101,7 +102,8 @@ def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num
     dots = [op for op in fn.walk() if op.name in ("wgmma", "mma")]
     assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
-    assert len(tma_loads) == (4 if target == "sm_90a" else 0)     # K and V: the prologue's fill and the loop's
+    # K and V: the prologue's fill and the loop's; Q's block, one box
+    assert len(tma_loads) == (5 if target == "sm_90a" else 0)
     storage = {np.dtype(ml_dtypes.float8_e4m3fn): np.uint8, np.dtype(ml_dtypes.bfloat16): np.uint16}
     bits = [a.view(storage[a.dtype]) if getattr(a, "dtype", None) in storage else a
             for a in args]                                             # the simulator's memory holds bit patterns
