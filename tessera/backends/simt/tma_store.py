@@ -3,7 +3,10 @@
 A `tma_store` is executed when it is issued: the box is read from shared
 memory (through the map's swizzle, as `tma_load` writes it) and the
 elements that lie inside the tensor are written to the map's `source`
-array; the others are dropped, as TMA clips stores. What the GPU does later
+array; the others are dropped, as TMA clips stores. (Where `source` is a
+padded copy, a map whose batch and head dims are unbounded, they are also
+written at their byte offsets into the argument itself, `writeback`; one
+past its end is an error.) What the GPU does later
 is checked instead:
 
 * the bytes it reads must have been written before the last barrier (no

@@ -19,11 +19,13 @@ strides, sizes from arguments or constants), emit
 
 Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
-is read before anyone may overwrite it or the block exits. Kept out: warp
-specialized epilogues (thread 0 is a producer there; their stores stay
-per-thread), kernels with atomics or ordered accesses (their programs may publish what they
-store, and the read-wait does not order the global writes), views offset from their pointer argument by batch/head
-indices (`TmaBox.leading`, see `tma_store_box`), blocks under
+is read before anyone may overwrite it or the block exits. After a warp-specialized
+loop only the consumers run (threads 0 .. consumers-1: thread 0 issues, the
+barriers are the consumers' named one). Views offset from their pointer
+argument by batch/head indices (attention's O at (b, h)) store through a
+map with a dim per index (`TmaBox.leading`). Kept out: kernels with atomics
+or ordered accesses (their programs may publish what they store, and the
+read-wait does not order the global writes), blocks under
 `TMA_STORE_MIN_BYTES`, and every target without TMA (sm_80, AMD), where
 `view_store` lowers as before.
 """
@@ -57,9 +59,8 @@ def tma_store_box(ctx, op):
         return None
     box = view_block_box(op.operands[0], tile.shape, dtype, 1, SmemLayout((rows, cols), (cols, 1), None),
                          ctx.target, ctx.facts.facts)
-    # A view offset from its pointer argument (attention's O at (batch, head): a rank-4 map with unbounded
-    # leading dims) keeps the threads' stores for now: the SIMT simulator reads such maps from a padded copy
-    # of the array, so it could not check a store through them.
+    # (A view offset from its pointer argument, attention's O at (batch, head), gets a rank-4 map with unbounded
+    # leading dims: the SIMT simulator writes such stores through to the argument, `TensorMapDescription.writeback`.)
     return box if box is not None and box.boxes == 1 else None
 
 
