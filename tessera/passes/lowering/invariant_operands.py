@@ -71,6 +71,14 @@ def stage_invariant_operands(ctx, loop: Operation, await_landing: bool = True) -
         ctx.threads.barrier()
 
 
+def await_loop_operands(ctx, loop: Operation) -> None:
+    """Wait for the operands of `loop`'s dots a TMA load is still filling (`ctx.landing`), once each: a
+    pipelined loop calls this after issuing its first fills, so that they are in flight together."""
+    for op in loop.walk():
+        if op.name == "dot":
+            await_operands(ctx, op)
+
+
 def _stage(ctx, op: Operation, index: int, want, n: int):
     """Operand `index` of dot `op` (its instruction's N: `n`) stored where its instruction reads it, or None
     where it stays as it is."""

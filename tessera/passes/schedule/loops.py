@@ -23,7 +23,7 @@ from tessera.ir.core import Operation
 
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for, lower_while
-from ..lowering.invariant_operands import stage_invariant_operands
+from ..lowering.invariant_operands import await_loop_operands, stage_invariant_operands
 from .consumer_prologue import lower_deferred
 from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
@@ -43,13 +43,14 @@ def _for(ctx, op):
         lower_deferred(ctx)             # the reads `consumer_prologue` held back for the consumers: here after all
         where, reason = refusal
         shortfall(ctx, where, f"no warp specialization: {reason} (without it, the loop is pipelined as below)")
-    stage_invariant_operands(ctx, op)
+    # operands a TMA load is filling: waited for after a pipelined loop's first fills (`lower_pipelined_for`)
+    stage_invariant_operands(ctx, op, await_landing=False)
     if "stages" not in op.attrs and not op.attrs.get("warp_specialize"):
         plan = auto_plan(ctx, op)
         if plan is not None:
             lower_pipelined_for(ctx, op, plan)
         else:
-            lower_plain_for(ctx, op)
+            _lower_plain_for(ctx, op)
         return
     stages = op.attrs.get("stages", 1)
     if stages > 1:
@@ -62,6 +63,11 @@ def _for(ctx, op):
             report_partial_plan(ctx, op, plan, why)
             lower_pipelined_for(ctx, op, plan)
             return
+    _lower_plain_for(ctx, op)
+
+
+def _lower_plain_for(ctx, op: Operation) -> None:
+    await_loop_operands(ctx, op)
     lower_plain_for(ctx, op)
 
 

@@ -19,6 +19,7 @@ from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..lowering import lower_op
+from ..lowering.invariant_operands import await_loop_operands
 from ..lowering.memory import view_lanes
 from ..lowering.mma_operands import swizzle_offsets, wgmma_tile_offsets
 from ..lowering.values import I32, Regs, RingOperand
@@ -133,6 +134,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             _prologue(ctx, plan, rings, lb, ub, start, tma)
     else:
         _prologue(ctx, plan, rings, lb, ub, start, tma)
+    await_loop_operands(ctx, op)                # Q's TMA load (`tma_operand.py`) in flight beside the first fills
 
     body = _body(ctx, op, plan, rings, ub, tma)
     extra = [I32] + ([I32] if tma else [])
