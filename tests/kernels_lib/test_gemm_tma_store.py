@@ -7,6 +7,9 @@ Specification (`passes/schedule/tma_store.py`):
   registers (no st.shared, no layout conversion through shared memory first: no ld.shared after the K loop),
   fence.proxy.async and a barrier, followed by one commit_group and wait_group.read 0; no thread stores C
   to global memory itself; ptxas spills nothing and the shared memory (ring + C buffer) fits in 227 KiB;
+* in the SASS of every shipped config the epilogue's shared stores are BM x BN / (32 x 8 x num_warps) STSM
+  (16 bytes a lane each) and nothing else: no STS and no LDS anywhere in the kernel (the accumulator used to
+  go through shared memory as f32 first: 32 STS.64 + 16 LDS.128 + 8 STS.128 a thread at 128 x 128);
 * an f32 C (no stmatrix: 32-bit elements) takes the threads' vectorized st.shared into a row-major tile and
   one TMA store;
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
@@ -31,7 +34,7 @@ from tessera.backends.simt import run_threads
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel
 from tessera.passes.thread_passes import lower
 
-from hopper_gemm import NO_EPILOGUE, compile_gemm, needs_ptxas
+from hopper_gemm import NO_EPILOGUE, compile_gemm, needs_ptxas, needs_sass
 from tma_maps import launcher_map_uses, maps_by_use
 
 SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)}, **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)}}
@@ -48,10 +51,11 @@ def test_sm_90a_stores_c_with_stmatrix_and_a_tma_store_per_column_block_and_no_t
     assert len(stores) == config.kwargs["BN"] // 64                  # one 128-byte-wide box per column block
     assert "st.global" not in ptx
     fence = ptx.rindex("fence.proxy.async.shared::cta", 0, stores[0])
-    epilogue = ptx[ptx.rindex("wgmma.wait_group.sync.aligned", 0, fence):fence]
     per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
-    assert epilogue.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == per_thread, epilogue
-    assert "st.shared" not in epilogue and "ld.shared" not in epilogue     # no conversion through shared memory
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == per_thread
+    # the K loop reads shared memory only through wgmma descriptors, so any st/ld.shared would be the
+    # epilogue's: none, no conversion through shared memory
+    assert "st.shared" not in ptx and "ld.shared" not in ptx
     assert "bar.sync" in ptx[fence:stores[0]]
     commit = ptx.index("cp.async.bulk.commit_group;", stores[-1])
     assert ptx.count("cp.async.bulk.commit_group;") == 1
@@ -59,6 +63,20 @@ def test_sm_90a_stores_c_with_stmatrix_and_a_tma_store_per_column_block_and_no_t
     assert compiled.metadata["spill_stores"] == 0
     assert compiled.metadata["shared_bytes"] <= 227 * 1024
     assert maps_by_use(ptx, compiled.metadata["tensor_maps"]) == {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_sass_epilogue_stores_c_with_stmatrix_only(name):
+    from tessera.backends.nvptx.sass import disassemble
+    needs_sass()
+    config = SHIPPED[name]
+    compiled = compile_gemm(config, target="sm_90a")
+    opcodes = [inst.opcode for inst in disassemble(compiled.cubin)]
+    per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
+    assert opcodes.count("STSM.16.M88.4") == per_thread
+    assert not [o for o in opcodes if o.startswith(("STS.", "LDS")) or o == "STS"]
+    assert opcodes.count("UTMASTG.2D") == config.kwargs["BN"] // 64
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
 
 
 def test_an_f32_c_keeps_the_threads_vectorized_shared_stores_and_one_tma_store():
