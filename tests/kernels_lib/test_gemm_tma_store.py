@@ -10,6 +10,7 @@ Specification (`passes/schedule/tma_store.py`):
 * in the SASS of every shipped config the epilogue's shared stores are BM x BN / (32 x 8 x num_warps) STSM
   (16 bytes a lane each) and nothing else: no STS and no LDS anywhere in the kernel (the accumulator used to
   go through shared memory as f32 first: 32 STS.64 + 16 LDS.128 + 8 STS.128 a thread at 128 x 128);
+* sm_90 (mma.sync accumulators) stores C the same way;
 * an f32 C (no stmatrix: 32-bit elements) takes the threads' vectorized st.shared into a row-major tile and
   one TMA store;
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
@@ -77,6 +78,20 @@ def test_the_sass_epilogue_stores_c_with_stmatrix_only(name):
     assert not [o for o in opcodes if o.startswith(("STS.", "LDS")) or o == "STS"]
     assert opcodes.count("UTMASTG.2D") == config.kwargs["BN"] // 64
     assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+
+
+@pytest.mark.parametrize("name", ["config0", "config3"])
+def test_sm_90_stores_the_mma_sync_accumulator_with_stmatrix_too(name):
+    """sm_90 without the `a` features computes with mma.sync: its m16n8 accumulator fragments are the same 8x8
+    matrices, so C goes out the same way."""
+    needs_ptxas()
+    config = SHIPPED[name]
+    compiled = compile_gemm(config, target="sm_90")
+    ptx = compiled.stages["ptx"]
+    per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == per_thread and "st.shared" not in ptx
+    assert len(re.findall(TMA_STORE, ptx)) == config.kwargs["BN"] // 64
+    assert compiled.metadata["spill_stores"] == 0
 
 
 def test_an_f32_c_keeps_the_threads_vectorized_shared_stores_and_one_tma_store():
