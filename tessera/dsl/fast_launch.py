@@ -36,7 +36,7 @@ import contextvars
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .arguments import DeviceArray
 from .launch_codegen import ARRAY_INTERFACE, DEVICE_ARRAY, GPU_ARRAYS, TORCH, TORCH_DEVICE_ARRAY, generate_entry
@@ -59,6 +59,12 @@ def launches_recorded(recorder: Callable[[Any, Any, tuple, dict], None] | None) 
         yield
     finally:
         _recorder.reset(token)
+
+
+def launching_directly() -> bool:
+    """Whether a launch here runs as it is called: no launch recorder (`tessera.fusion()`) and no skipping (a
+    fake implementation). A caller replaying prepared launches itself (`kernels_lib/gemm_plan.py`) asks first."""
+    return _recorder.get() is None and not _skip_launches.get()
 
 
 def recorder() -> Callable | None:
@@ -119,6 +125,17 @@ def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
     return launch
 
 
+class Resolved(NamedTuple):
+    """A warm launch taken apart (`FastLaunches.resolve`): `launch(*dims, values, stream)` runs it, the stream
+    being `stream_of(ordinal)` (torch's current stream), or 0 when `stream_of` is None."""
+
+    launch: Callable[..., None]
+    dims: tuple[int, int, int]
+    values: tuple
+    ordinal: int
+    stream_of: Callable[[int], int] | None
+
+
 @dataclass(frozen=True)
 class SlowLaunch:
     """What the slow path launched: the launcher, on which device (None: not known without asking the
@@ -172,10 +189,31 @@ class FastLaunches:
         self.entries: dict[tuple, Callable] = {}
         self.entry = self.miss
         self.grids: dict[tuple, Callable] = {}       # grid -> the entry with it bound (`with_grid`)
+        self.kinds: tuple | None = None              # the argument kinds `entry` was generated for
+        self.resolvers: dict[tuple, Callable] = {}   # kinds -> the entry's `resolve` twin
+        self.generation = 0                          # counts `clear()`s: what a caller holding a launch checks
 
     def clear(self) -> None:
-        """Forget every prepared launch (autotune's `pin` changes which config a key launches)."""
+        """Forget every prepared launch (autotune's `pin` changes which config a key launches); launches a
+        caller took from `resolve` are stale from now on (`generation` moved)."""
         self.launches.clear()
+        self.generation += 1
+
+    def resolve(self, grid: Any, *args: Any, **kwargs: Any) -> "Resolved | None":
+        """What a warm launch `entry(grid, *args, **kwargs)` would do, without doing it: the prepared launch, the
+        grid's (x, y, z), the converted argument values, the device and where its stream comes from. None
+        wherever the entry would not take its warm path (a new key, other argument kinds, `stream=` given, a
+        launch recorder active or launches skipped); the caller then launches the usual way. The values are
+        the entry's own (`launch_codegen.generate_entry(..., resolve=True)` is the entry's source with the
+        call replaced by a return), so a library op that replays them for arguments with the same facts runs
+        the binary full binding picks (`kernels_lib/gemm_plan.py`)."""
+        if self.kinds is None or "stream" in kwargs or _recorder.get() is not None or _skip_launches.get():
+            return None
+        resolver = self.resolvers.get(self.kinds)
+        if resolver is None:
+            resolver = self.resolvers[self.kinds] = generate_entry(self, self.kinds, resolve=True)
+        found = resolver(grid, *args, **kwargs)
+        return None if found is None else Resolved(*found)
 
     @dynamo_opaque
     def miss(self, grid: Any, *args: Any, **kwargs: Any) -> None:
@@ -190,7 +228,7 @@ class FastLaunches:
         if entry is None:
             entry = self.entries[kinds] = dynamo_opaque(generate_entry(self, kinds))
         if entry is not self.entry:
-            self.entry = entry
+            self.entry, self.kinds = entry, kinds
             self.grids.clear()
 
     def miss_key(self, key: tuple, grid: Any, args: tuple, kwargs: dict) -> None:

@@ -62,8 +62,10 @@ _I32 = "-2147483648 <= {v} <= 2147483647"
 _I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
 
 
-def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) -> Callable:
-    """The entry function for launches whose leading arguments have `kinds` ((kind, exact type) each)."""
+def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...], resolve: bool = False) -> Callable:
+    """The entry function for launches whose leading arguments have `kinds` ((kind, exact type) each). With
+    `resolve`, its twin for `FastLaunches.resolve`: the same reads, key and lookup, but every miss returns None
+    and a hit returns (launch, dims, values, ordinal, stream_of) instead of calling the launch."""
     sig = fast.signature
     lines: list[str] = []
     emit = lines.append
@@ -72,7 +74,7 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) ->
              "current_stream": _current_stream_function(kinds), "prod": math.prod, "ITEMSIZE": _ITEMSIZES,
              "stated_device": stated_device, "REQUIRED": _REQUIRED, "kernel_name": sig.name,
              "KNOWN": frozenset(p for p in sig.params[sig.leading:] if p not in sig.tuned) | set(sig.options)}
-    miss = "return miss(grid, *args, **kwargs)"
+    miss = "return None" if resolve else "return miss(grid, *args, **kwargs)"
     emit("def entry(grid, *args, **kwargs):")
     emit(f"    if len(args) != {sig.leading} or kwargs and not kwargs.keys() <= KNOWN:")
     emit(f"        {miss}")
@@ -84,8 +86,8 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) ->
     names.update({f"T{i}": t for i, (_, t) in enumerate(kinds)})
     emit(f"    if {' or '.join(guards)}:")
     emit(f"        {miss}")
-    key, ranges, launch_values = _argument_facts(sig, kinds, emit, miss)
-    key += [f"{s} < {e2} and {s2} < {e}" for n, (s, e) in enumerate(ranges) for s2, e2 in ranges[n + 1:]]
+    key, overlaps, launch_values = _argument_facts(sig, kinds, emit, miss)
+    key += overlaps
     key += [f"type({v}), {v}" for v in keyword_values.values()]
     key += [_tuning_value(sig, kinds, p, keyword_values) for p in sig.tuning_key]
     key += ["num_warps"] if "num_warps" in sig.options else []
@@ -95,8 +97,8 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...]) ->
     emit("    except TypeError:                  # an unhashable constexpr: the slow path says what is wrong")
     emit(f"        {miss}")
     emit("    if found is None:")
-    emit("        return miss_key(key, grid, args, kwargs)")
-    _launch(sig, kinds, values, keyword_values, launch_values, emit, miss)
+    emit(f"        {'return None' if resolve else 'return miss_key(key, grid, args, kwargs)'}")
+    _launch(sig, kinds, values, keyword_values, launch_values, emit, miss, resolve)
     return _compile(sig.name, "\n".join(lines) + "\n", names)
 
 
@@ -160,17 +162,19 @@ def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
 def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[str, str]], list[str]]:
     """Emit the reads of each positional argument's facts; returns the key's parts, the arrays' [start, end)
     locals and what each argument passes to the kernel."""
-    key, ranges, launch_values = [], [], []
+    key, overlaps, launch_values = [], [], []
     previous: dict[str, int] = {}            # array kind -> the position of the last array of that kind
+    ranges: list[int] = []                   # the positions of the arrays so far
     for i, (kind, cls) in enumerate(kinds):
         generic = sig.params[i] in sig.generic
         value = f"a{i}"
         if kind in GPU_ARRAYS:
             reads, facts = _array_reads(i, kind, cls)
-            _emit_array_reads(i, previous.get(kind), reads, [f"s{i}", f"e{i}", *facts], emit)
+            _emit_array_reads(i, previous.get(kind), reads, [f"s{i}", f"e{i}", *facts], emit, ranges)
             previous[kind] = i
             key += facts + ([] if generic else [f"not s{i} & 15"])
-            ranges.append((f"s{i}", f"e{i}"))
+            overlaps += [f"o{i}"] if ranges else []
+            ranges.append(i)
             launch_values.append(f"s{i}")
             continue
         if kind == "int" and sig.params[i] in sig.tuning_key:
@@ -185,7 +189,7 @@ def _argument_facts(sig, kinds, emit, miss: str) -> tuple[list[str], list[tuple[
             emit(f"        {miss}")
             key += [f"w{i}"] + ([] if generic else [f"not {value} & 15", f"{value} == 1"])
         launch_values.append(value)
-    return key, ranges, launch_values
+    return key, overlaps, launch_values
 
 
 def _array_reads(i: int, kind: str, cls: type) -> tuple[list[str], list[str]]:
@@ -204,29 +208,38 @@ def _array_reads(i: int, kind: str, cls: type) -> tuple[list[str], list[str]]:
             f"v{i} = {value}.device"], [f"d{i}", f"v{i}"]         # a reinterpreted device array
 
 
-def _emit_array_reads(i: int, j: int | None, reads: list[str], names: list[str], emit) -> None:
-    """Emit `reads`; after an array argument j of the same kind, copy j's locals instead when the same object
-    is passed again (a library op passing its output for every unused operand)."""
+def _emit_array_reads(i: int, j: int | None, reads: list[str], names: list[str], emit, earlier: list[int]) -> None:
+    """Emit `reads`, and o{i}: array i's overlap with each earlier array (positions `earlier`), as the slow
+    path's aliasing check sees it ([start, end) ranges intersecting). After an array argument j of the same
+    kind, when the same object is passed again (a library op passing its output for every unused operand), copy
+    j's locals instead and let o{i} be whether j's range is non-empty: i's overlaps are then j's, and its
+    overlap with j that, so the key (which tells the two cases apart by o{i}'s type) still fixes every fact."""
+    pairs = "".join(f"s{i} < e{k} and s{k} < e{i}, " for k in earlier)
     if j is None:
         for line in reads:
             emit(f"    {line}")
+        if earlier:
+            emit(f"    o{i} = ({pairs})")
         return
     emit(f"    if a{i} is a{j}:")
     emit(f"        {', '.join(names)} = {', '.join(n[0] + str(j) for n in names)}")     # s{i} -> s{j}, ...
+    emit(f"        o{i} = s{j} < e{j}")
     emit("    else:")
     for line in reads:
         emit(f"        {line}")
+    emit(f"        o{i} = ({pairs})")
 
 
-def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str) -> None:
-    """Emit the grid, the stream and the call of the prepared launch."""
+def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str, resolve: bool = False) -> None:
+    """Emit the grid, the stream and the call of the prepared launch (with `resolve`: return them instead)."""
     meta = ", ".join([f"{p!r}: {v}" for p, v in zip(sig.params, values)] +
                      [f"{p!r}: {v}" for p, v in keyword_values.items()])
     emit("    launch, ordinal, tuned = found")
     emit("    if type(grid) is not tuple and type(grid) is not int:")
     emit(f"        meta = {{{meta}}}")
-    emit("        if tuned is not None:")
-    emit("            meta.update(tuned)")
+    if sig.tuned:       # an autotuned kernel's launches carry their config's constexprs
+        emit("        if tuned is not None:")
+        emit("            meta.update(tuned)")
     emit("        grid = grid(meta)")
     emit("    try:")
     emit("        dims = dims_of.get(grid) or grid_dims(grid)")
@@ -235,6 +248,10 @@ def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str) 
     emit("    if dims is None:")
     emit(f"        {miss}")
     torch_args = _on_torch_streams(kinds)
+    if resolve:
+        emit(f"    return launch, dims, ({', '.join(launch_values)},), ordinal, "
+             f"{'current_stream' if torch_args else 'None'}")
+        return
     if "stream" in sig.options:
         emit("    if stream is None:")
         emit(f"        stream = {'current_stream(ordinal)' if torch_args else '0'}")
