@@ -14,7 +14,8 @@ objects, ints, floats, bools). Called as `entry(grid, *args, **kwargs)`, it
    alignment; per int its width bucket, divisibility by 16 and == 1; which
    pairs of arrays overlap; each constexpr's type and value; num_warps --
    plus, for `@tessera.autotune`, the values that choose the config,
-4. finds the prepared launch (`Launcher.prepared`) under that key and calls
+4. finds the prepared launch (`Launcher.prepared`) under that key (one compare
+   when the key is the last one found) and calls
    it with the device addresses, the grid (a tuple or a callable of the
    arguments) and the stream.
 
@@ -43,6 +44,7 @@ from .launch_codegen import ARRAY_INTERFACE, DEVICE_ARRAY, GPU_ARRAYS, TORCH, TO
 from .torch_compile import dynamo_opaque
 
 
+_FORGOTTEN = ((), None)                  # a memo no launch key equals (`FastLaunches.memo`)
 _DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, z); the table starts over when full
 _skip_launches: contextvars.ContextVar[bool] = contextvars.ContextVar("tessera_skip_launches", default=False)
 
@@ -112,16 +114,17 @@ def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
     if record is not None:
         return lambda *args, **kwargs: record(kernel, grid, args, kwargs)
     fast = kernel.fast_launches
-    if type(grid) is not tuple and getattr(grid, "__closure__", True) is not None:
-        return functools.partial(fast.entry, grid)     # not kept: a closure may hold tensors alive
     try:
         launch = fast.grids.get(grid)      # a tuple by value, a function without a closure by identity
     except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
         return functools.partial(fast.entry, grid)
-    if launch is None:
-        if len(fast.grids) >= _DIMS_CAPACITY:
+    if launch is not None:
+        return launch
+    launch = functools.partial(fast.entry, grid)
+    if type(grid) is tuple or getattr(grid, "__closure__", True) is None:    # not kept: a closure may hold
+        if len(fast.grids) >= _DIMS_CAPACITY:                               # tensors alive
             fast.grids.clear()
-        launch = fast.grids[grid] = functools.partial(fast.entry, grid)
+        fast.grids[grid] = launch
     return launch
 
 
@@ -185,6 +188,7 @@ class FastLaunches:
         self.signature = signature
         self.slow = slow
         self.launches: dict[tuple, tuple] = {}       # key -> (prepared launch, ordinal, meta)
+        self.memo: list[tuple] = [_FORGOTTEN]        # [(the last key the entry found, its launch)]
         self.dims: dict[Any, tuple[int, int, int]] = {}
         self.entries: dict[tuple, Callable] = {}
         self.entry = self.miss
@@ -197,6 +201,7 @@ class FastLaunches:
         """Forget every prepared launch (autotune's `pin` changes which config a key launches); launches a
         caller took from `resolve` are stale from now on (`generation` moved)."""
         self.launches.clear()
+        self.memo[0] = _FORGOTTEN
         self.generation += 1
 
     def resolve(self, grid: Any, *args: Any, **kwargs: Any) -> "Resolved | None":

@@ -69,7 +69,8 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...], re
     sig = fast.signature
     lines: list[str] = []
     emit = lines.append
-    names = {"miss": fast.miss, "miss_key": fast.miss_key, "launches": fast.launches, "dims_of": fast.dims,
+    names = {"miss": fast.miss, "miss_key": fast.miss_key, "launches": fast.launches, "memo": fast.memo,
+             "dims_of": fast.dims,
              "grid_dims": fast.grid_dims, "LaunchError": LaunchError, "stream_handle": stream_handle,
              "current_stream": _current_stream_function(kinds), "prod": math.prod, "ITEMSIZE": _ITEMSIZES,
              "stated_device": stated_device, "REQUIRED": _REQUIRED, "kernel_name": sig.name,
@@ -92,12 +93,14 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...], re
     key += [_tuning_value(sig, kinds, p, keyword_values) for p in sig.tuning_key]
     key += ["num_warps"] if "num_warps" in sig.options else []
     emit(f"    key = ({', '.join(key)},)")
+    emit("    last = memo[0]                     # the last key found and its launch: one compare when it repeats")
     emit("    try:")
-    emit("        found = launches.get(key)")
-    emit("    except TypeError:                  # an unhashable constexpr: the slow path says what is wrong")
+    emit("        found = last[1] if key == last[0] else launches.get(key)")
+    emit("    except Exception:                  # an unhashable constexpr: the slow path says what is wrong")
     emit(f"        {miss}")
     emit("    if found is None:")
     emit(f"        {'return None' if resolve else 'return miss_key(key, grid, args, kwargs)'}")
+    emit("    memo[0] = (key, found)")
     _launch(sig, kinds, values, keyword_values, launch_values, emit, miss, resolve)
     return _compile(sig.name, "\n".join(lines) + "\n", names)
 
@@ -200,7 +203,7 @@ def _array_reads(i: int, kind: str, cls: type) -> tuple[list[str], list[str]]:
                 f"v{i} = {value}.device"], [f"d{i}", f"v{i}"]
     if kind == ARRAY_INTERFACE:
         reads = [f"q{i} = {value}.__cuda_array_interface__", f"s{i} = q{i}['data'][0]", f"t{i} = q{i}['typestr']",
-                 f"e{i} = s{i} + prod(q{i}['shape'], start=ITEMSIZE[t{i}])     # as the slow path's aliasing check"]
+                 f"e{i} = s{i} + prod(q{i}['shape']) * ITEMSIZE[t{i}]     # as the slow path's aliasing check"]
         if hasattr(cls, "__dlpack_device__"):       # else it never says which device: no call
             return reads + [f"v{i} = stated_device({value})"], [f"t{i}", f"v{i}"]
         return reads, [f"t{i}"]

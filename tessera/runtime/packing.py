@@ -177,6 +177,7 @@ class ArgumentPacker:
                     pack_into(buffer, start, *values)
                 except fallback:
                     exactly(values)
+            pack.plain = (pack_into, buffer, start, exactly, fallback)     # for a caller inlining the struct call
             return pack
 
         def pack(values):
