@@ -4,7 +4,7 @@ For `add(x_ptr, y_ptr, out_ptr, n, BLOCK: constexpr = 1024)` launched with
 torch tensors and an int, the entry reads (abridged):
 
     def add(grid, *args, **kwargs):
-        if len(args) != 4 or not kwargs.keys() <= KNOWN:
+        if len(args) != 4:
             return miss(grid, *args, **kwargs)
         a0, a1, a2, a3 = args
         c4 = kwargs.get("BLOCK", D4)
@@ -57,7 +57,6 @@ class _ItemSizes(dict):
 
 
 _ITEMSIZES = _ItemSizes()
-_REQUIRED = object()     # a constexpr without a default that the launch did not pass
 _I32 = "-2147483648 <= {v} <= 2147483647"
 _I64 = "-9223372036854775808 <= {v} <= 9223372036854775807"
 
@@ -73,11 +72,11 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...], re
              "dims_of": fast.dims,
              "grid_dims": fast.grid_dims, "LaunchError": LaunchError, "stream_handle": stream_handle,
              "current_stream": _current_stream_function(kinds), "prod": math.prod, "ITEMSIZE": _ITEMSIZES,
-             "stated_device": stated_device, "REQUIRED": _REQUIRED, "kernel_name": sig.name,
+             "stated_device": stated_device, "kernel_name": sig.name,
              "KNOWN": frozenset(p for p in sig.params[sig.leading:] if p not in sig.tuned) | set(sig.options)}
     miss = "return None" if resolve else "return miss(grid, *args, **kwargs)"
     emit("def entry(grid, *args, **kwargs):")
-    emit(f"    if len(args) != {sig.leading} or kwargs and not kwargs.keys() <= KNOWN:")
+    emit(f"    if len(args) != {sig.leading}:")
     emit(f"        {miss}")
     values = [f"a{i}" for i in range(sig.leading)]
     if values:
@@ -128,8 +127,10 @@ def _tuning_value(sig, kinds, param: str, keyword_values: dict[str, str]) -> str
 
 
 def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
-    """Emit the reads of the parameters passed by keyword (or defaulted) and of the launch options;
-    returns {parameter: local} for the parameters. A launch without keywords skips the lookups."""
+    """Emit the reads of the parameters passed by keyword (or defaulted) and of the launch options; returns
+    {parameter: local} for the parameters. The constexprs without a default are read first (a missing one is
+    a miss); a launch passing just those takes every default without looking it up and cannot have passed
+    an unknown keyword, so only longer ones check their keywords against KNOWN."""
     keyword_values, required, reads, defaults = {}, [], [], []
     for i, param in enumerate(sig.params[sig.leading:], start=sig.leading):
         if param in sig.tuned:
@@ -140,25 +141,24 @@ def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
             reads.append(f"c{i} = kwargs.get({param!r}, D{i})")
             defaults.append(f"c{i} = D{i}")
         else:
-            required.append(f"c{i}")
-            reads.append(f"c{i} = kwargs.get({param!r}, REQUIRED)")
+            required.append((f"c{i}", param))
     options = [("num_warps", "4"), ("stream", "None")]
     reads += [f"{o} = kwargs.get({o!r}, {default})" for o, default in options if o in sig.options]
     defaults += [f"{o} = {default}" for o, default in options if o in sig.options]
     if required:            # a constexpr without a default must come as a keyword
-        emit("    if not kwargs:")
+        emit("    try:")
+        for local, param in required:
+            emit(f"        {local} = kwargs[{param!r}]")
+        emit("    except KeyError:")
         emit(f"        {miss}")
-    else:
-        emit("    if not kwargs:")
-        for line in defaults or ["pass"]:
-            emit(f"        {line}")
-        emit("    else:")
-    indent = "    " if required else "        "
+    emit(f"    if len(kwargs) == {len(required)}:")
+    for line in defaults or ["pass"]:
+        emit(f"        {line}")
+    emit("    else:")
+    emit("        if not kwargs.keys() <= KNOWN:")
+    emit(f"            {miss}")
     for line in reads:
-        emit(indent + line)
-    if required:
-        emit(f"    if {' or '.join(f'{c} is REQUIRED' for c in required)}:")
-        emit(f"        {miss}")
+        emit(f"        {line}")
     return keyword_values
 
 
@@ -218,6 +218,8 @@ def _emit_array_reads(i: int, j: int | None, reads: list[str], names: list[str],
     j's locals instead and let o{i} be whether j's range is non-empty: i's overlaps are then j's, and its
     overlap with j that, so the key (which tells the two cases apart by o{i}'s type) still fixes every fact."""
     pairs = "".join(f"s{i} < e{k} and s{k} < e{i}, " for k in earlier)
+    if earlier == [j]:          # one earlier array, j itself: o{i} is that pair's fact in both cases
+        pairs = pairs[:-2]
     if j is None:
         for line in reads:
             emit(f"    {line}")

@@ -47,11 +47,13 @@ CAPACITY = 4096                                  # plans kept; the table starts 
 
 def plan_key(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation, out_dtype, trans_a: bool,
              trans_b: bool) -> tuple[tuple, int, int, int]:
-    """(the plan key of a call, a's, b's and bias's addresses (0 without bias)); see the module docstring."""
+    """(the plan key of a call, a's, b's and bias's addresses (0 without bias)); see the module docstring.
+    `a is b` is part of it: a recording finds each operand's place among the launch arguments by identity,
+    so a plan recorded from gemm(x, x) passes one address twice, right only for calls passing one tensor twice."""
     pa, pb = a.data_ptr(), b.data_ptr()
     ea, eb = pa + a.nbytes, pb + b.nbytes
     key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, pa & 15 == 0,
-           pb & 15 == 0, pa < eb and pb < ea, activation, out_dtype, trans_a, trans_b)
+           pb & 15 == 0, pa < eb and pb < ea, a is b, activation, out_dtype, trans_a, trans_b)
     if bias is None:
         return key, pa, pb, 0
     pc = bias.data_ptr()

@@ -30,6 +30,7 @@ from tessera.ir.tensor_map import (GLOBAL_ALIGN, SWIZZLES, TensorMapDescription,
                                    validate)
 
 from .errors import LaunchError
+from .packing import _Inexact as Inexact
 
 __all__ = ["TensorMapDescription", "TensorMapError", "encode_tensor_map", "prepare_encoding", "driver_data_type",
            "TENSOR_MAP_BYTES", "KernelTensorMaps"]
@@ -162,12 +163,8 @@ class KernelTensorMaps:
         keys_of = operator.itemgetter(*(i for plan in self._plans for i in plan.indices), 0)    # always a tuple
         last = None                             # keys_of(values) of the launch the slots were written for
 
-        def pack(values: Sequence) -> None:
+        def write_maps(values: Sequence, keys: tuple) -> None:
             nonlocal last
-            pack_own(values)
-            keys = keys_of(values)
-            if keys == last:
-                return
             last = None                         # a failed encode leaves the slots unknown
             for i, (plan, key_of, offset) in enumerate(steps):
                 key = key_of(values)
@@ -176,6 +173,28 @@ class KernelTensorMaps:
                     write(offset, blob_of(plan, values, key))
                     written[i] = key
             last = keys
+
+        checked = getattr(pack_own, "checked", None)
+        if checked is not None:             # the own arguments' struct call inlined: one Python frame per launch
+            pack_into, buffer, start, at, kind, exactly, fallback = checked
+
+            def pack(values: Sequence) -> None:
+                try:
+                    if not isinstance(values[at], kind):
+                        raise Inexact
+                    pack_into(buffer, start, *values)
+                except fallback:
+                    exactly(values)
+                keys = keys_of(values)
+                if keys != last:
+                    write_maps(values, keys)
+            return pack
+
+        def pack(values: Sequence) -> None:
+            pack_own(values)
+            keys = keys_of(values)
+            if keys != last:
+                write_maps(values, keys)
         return pack
 
     def _blob(self, plan: "_MapPlan", values: Sequence, key: tuple) -> bytes:
