@@ -27,8 +27,9 @@ ops: `torch.matmul` at 2x2 (dispatch and allocation, next to no compute:
 the floor of its host cost) and at the GEMM's size (its compute included);
 neither is cuBLAS's host path, so the ratios here bracket the GPU's, which
 only a GPU run measures. Stub figures are the best and the median of 15
-batches of 2000 launches. Goals (issue 13): at most 3 µs per warm launch
-with up to 4 tensors, 6 µs for the GEMM's argument list.
+batches of 2000 launches, in the process's CPU time. Goals (issue 13): at
+most 3 µs per warm launch with up to 4 tensors, 6 µs for the GEMM's
+argument list.
 """
 
 from __future__ import annotations
@@ -81,16 +82,17 @@ class StubArray:
 
 
 def launch_us(fn, batches: int = 15, calls: int = 2000) -> tuple[float, float]:
-    """(best, median) over batches of the mean µs per call (no GPU to synchronize: the stub returns at once).
-    The best is the figure to compare runs by: on a shared CPU other work only ever adds time."""
+    """(best, median) over batches of the mean µs per call (no GPU to synchronize: the stub returns at once),
+    in this process's CPU time (`time.process_time_ns`): on a shared machine the time other jobs hold the
+    core is not the launch's (wall time there swings 2x between runs; CPU time within a few percent)."""
     for _ in range(200):
         fn()
     means = []
     for _ in range(batches):
-        start = time.perf_counter_ns()
+        start = time.process_time_ns()
         for _ in range(calls):
             fn()
-        means.append((time.perf_counter_ns() - start) / calls / 1e3)
+        means.append((time.process_time_ns() - start) / calls / 1e3)
     return min(means), statistics.median(means)
 
 

@@ -241,10 +241,10 @@ def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str, 
                      [f"{p!r}: {v}" for p, v in keyword_values.items()])
     emit("    launch, ordinal, tuned = found")
     emit("    if type(grid) is not tuple and type(grid) is not int:")
-    emit(f"        meta = {{{meta}}}")
-    if sig.tuned:       # an autotuned kernel's launches carry their config's constexprs
-        emit("        if tuned is not None:")
-        emit("            meta.update(tuned)")
+    if sig.tuned:       # an autotuned kernel's launches carry their config's constexprs (`SlowLaunch.meta`)
+        emit(f"        meta = {{{meta}, **tuned}}")
+    else:
+        emit(f"        meta = {{{meta}}}")
     emit("        grid = grid(meta)")
     emit("    try:")
     emit("        dims = dims_of.get(grid) or grid_dims(grid)")
