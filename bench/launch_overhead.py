@@ -34,7 +34,6 @@ argument list.
 
 from __future__ import annotations
 
-import itertools
 import os
 import statistics
 import subprocess
@@ -173,8 +172,9 @@ def cache_hit_ms(runs: int = 5) -> float:
     each run would compile the modules the hit imports lazily from source, ~5 ms that no user pays."""
     with tempfile.TemporaryDirectory() as cache:
         here = Path(__file__).resolve().parent
+        path = os.pathsep.join(filter(None, [str(here), str(here.parent), os.environ.get("PYTHONPATH")]))
         env = dict({k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}, TESSERA_CACHE_DIR=cache,
-                   PYTHONPATH=os.pathsep.join(filter(None, [str(here), str(here.parent), os.environ.get("PYTHONPATH")])))
+                   PYTHONPATH=path)
         command = [sys.executable, "-c", CACHE_HIT]
         samples = [float(subprocess.run(command, env=env, capture_output=True, text=True, check=True).stdout)
                    for _ in range(runs + 1)]

@@ -30,6 +30,10 @@ float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
+A warm call on the GPU replays what the first calls of its shape, dtypes,
+alignment and layout launched (`gemm_plan.py`): no checks, binding or
+config selection, one prepared launch per kernel.
+
 On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
 fma contraction, approximate exp2 and division) wherever the output's
 precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
@@ -409,7 +413,8 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     else:
         args = _device_args(args)
         # a plan replays addresses, so only operands passed as they are (dense, not copied), and a non-empty K
-        if planned and K > 0 and a_mem.data_ptr() == pa and b_mem.data_ptr() == pb and bias_mem is (c if bias is None else bias):
+        if planned and K > 0 and a_mem.data_ptr() == pa and b_mem.data_ptr() == pb and \
+                bias_mem is (c if bias is None else bias):
             launches = recording = gemm_plan.Recording(_device_args, args[0], args[1], args[2], args[5], args[9])
         else:
             launches = gemm_plan.Direct(_device_args)
@@ -434,7 +439,7 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
     kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
     ACTIVATION; `device` is where split-K workspaces are allocated; `launches` launches each kernel (and records
     it for a plan: `gemm_plan.Recording`). Returns whether split K sums atomically (None: K not split), which a
-    plan keeps. `bench/launch_overhead.py --stub-driver` times it on arrays of the stub driver."""
+    plan keeps. tests/kernels_lib/test_gemm_launch_calls.py counts its driver calls on the stub's arrays."""
     launches = launches or gemm_plan.Direct(_same)
     capturing = tessera.capturing()
     fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing

@@ -295,3 +295,18 @@ def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode
         before = Counter(driver.counts)
         gemm._gemm(*args)
         assert driver.counts - before == Counter(cuLaunchKernel=1)
+
+
+@pytest.mark.parametrize("M,N,K,launches", [(16, 256, 256, 1), (16, 256, 4096, 2), (256, 256, 64, 1),
+                                             (256, 64, 1024, 2)],
+                         ids=["small-m", "small-m-split", "tiled", "few-tiles-split"])
+def test_a_warm_op_call_is_one_driver_call_per_kernel(M, N, K, launches):
+    with stub_gpu() as driver:
+        a, b = torch.randn(M, K).half(), torch.randn(K, N).half()
+        args = (a, b, None, None, None, None, None, False, False, 1.0)
+        for _ in range(2):
+            gemm._gemm(*args)
+        assert len(gemm._PLANS) == 1
+        before = Counter(driver.counts)
+        gemm._gemm(*args)
+        assert driver.counts - before == Counter(cuLaunchKernel=launches)
