@@ -81,7 +81,8 @@ class Step(NamedTuple):
 class GemmPlan:
     """What one plan key launches: C's shape and dtype, the workspace (if K is split), the steps."""
 
-    __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps")
+    __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "_current",
+                 "_launches")
 
     def __init__(self, out_shape: tuple[int, int], out_dtype: torch.dtype, device: torch.device,
                  workspace: Optional[tuple[tuple[int, int], bool]], atomic: Optional[bool],
@@ -91,13 +92,15 @@ class GemmPlan:
         self.atomic = atomic            # K split: whether it sums with atomics (the env switch at recording)
         self.atomic_now = atomic_now    # ... and the switch now
         self.steps = steps
+        self._current = tuple((s.fast, s.generation) for s in steps)      # plain tuples: read on every call
+        self._launches = tuple(s[2:] for s in steps)
 
     def run(self, pa: int, pb: int, pbias: int, alpha: float) -> Optional[torch.Tensor]:
         """Launch for a call with these addresses and return C; None, with nothing launched, when the plan is
         stale (a kernel's prepared launches were forgotten, the atomic switch moved) or a fresh allocation is
         not 16-byte aligned as at recording: the general path then decides."""
-        for step in self.steps:
-            if step.fast.generation != step.generation:
+        for fast, generation in self._current:
+            if fast.generation != generation:
                 return None
         if self.atomic is not None and self.atomic_now() != self.atomic:
             return None
@@ -113,7 +116,7 @@ class GemmPlan:
             if pw & 15:
                 return None
         pool = (pa, pb, pbias, pc, pw, float(alpha))
-        for _, _, launch, gx, gy, gz, pick, consts, ordinal, stream_of, name in self.steps:
+        for launch, gx, gy, gz, pick, consts, ordinal, stream_of, name in self._launches:
             try:
                 launch(gx, gy, gz, pick(pool + consts), 0 if stream_of is None else stream_of(ordinal))
             except LaunchError as exc:
