@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import operator
 from typing import Any, Callable
 
@@ -29,6 +30,11 @@ class DeviceFunction:
     # Called on the host (a grid function's `tessera.cdiv`), the helper is its function itself: the property
     # hands `fn` to the call, one Python frame fewer than a method forwarding the arguments.
     __call__ = property(operator.attrgetter("fn"))
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The function's own signature (`inspect` and `help` would find only the `__call__` property)."""
+        return inspect.signature(self.fn)
 
     def __tessera_key__(self) -> tuple:
         """What identifies the compiled helper: its qualified name, source hash, callees and globals read."""
