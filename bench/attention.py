@@ -12,7 +12,13 @@ Parts (`--part`, repeatable; default all):
   on Hopper at D in {64, 128} also `tessera_ws`, the warp-specialized plan
   (TESSERA_ATTENTION_WS=1: a producer warpgroup issuing K/V's TMA fills),
   and `tessera_plain`, the other (TESSERA_ATTENTION_WS=0), with `ws_vs_plain`
-  the first's speed over the second's (`tessera` is the plan chosen unasked);
+  the first's speed over the second's (`tessera` is the plan chosen unasked),
+  and each in FlashAttention-3's overlapped loop order too
+  (TESSERA_ATTENTION_OVERLAP=1: `tessera_ws_overlap`, `tessera_plain_overlap`,
+  with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's,
+  and `tessera_ws_pingpong` (..._PINGPONG=1 too: the consumer warpgroups take
+  turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`;
+  at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs;
 * decode: `attention_decode` over a paged cache (pages of 64 tokens, one new
@@ -109,39 +115,46 @@ def timed(torch, row: dict, who: str, fn, flops: float) -> None:
     row[f"{who}_tflops"] = flops / (gpu_common.device_ms(fn, torch, warmup=3, iters=10) * 1e-3) / 1e12
 
 
-def with_ws_setting(fn, setting: str):
-    """`fn` run with TESSERA_ATTENTION_WS=`setting` (1: the forward's warp-specialized plan, 0: the other), the
-    variable restored after."""
+def with_env(fn, settings: dict):
+    """`fn` run with the environment variables `settings` set (TESSERA_ATTENTION_WS, TESSERA_ATTENTION_OVERLAP),
+    each restored after."""
     import os
 
-    from tessera.kernels_lib.attention import WS_ENV
-
     def run(*args):
-        before = os.environ.get(WS_ENV)
-        os.environ[WS_ENV] = setting
+        before = {name: os.environ.get(name) for name in settings}
+        os.environ.update(settings)
         try:
             return fn(*args)
         finally:
-            if before is None:
-                del os.environ[WS_ENV]
-            else:
-                os.environ[WS_ENV] = before
+            for name, value in before.items():
+                if value is None:
+                    del os.environ[name]
+                else:
+                    os.environ[name] = value
     return run
+
+
+# Hopper's forward plans at D 64/128 timed beside the one chosen unasked: (warp-specialized?, overlapped?,
+# ping-pong?)
+HOPPER_FORWARDS = {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
+                   "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
+                   "tessera_ws_pingpong": ("1", "1", "1")}
 
 
 def measure_dense(torch, part: str, case: dict) -> dict:
     """One forward or backward row: tessera (on Hopper's forward at D 64/128 also its warp-specialized plan),
     SDPA flash and SDPA cuDNN, each checked against SDPA flash."""
     from tessera.kernels_lib import attention
-    from tessera.kernels_lib.attention import WS_GPU_PLANS
+    from tessera.kernels_lib.attention import OVERLAP_ENV, OVERLAP_HEAD_DIMS, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS
     row = {"part": part, **case}
     B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=part == "backward")
                for _ in range(3))
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
-    if part == "forward" and D in WS_GPU_PLANS and torch.cuda.get_device_capability()[0] == 9:
-        impls["tessera_ws"] = with_ws_setting(impls["tessera"], "1")
-        impls["tessera_plain"] = with_ws_setting(impls["tessera"], "0")
+    if part == "forward" and torch.cuda.get_device_capability()[0] == 9:
+        for who, (ws, overlap, pingpong) in HOPPER_FORWARDS.items():
+            if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
+                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong})
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None
@@ -216,8 +229,11 @@ def _check_all(torch, row: dict, expected) -> None:
     for backend in SDPA_BACKENDS:
         if "tessera_tflops" in row and f"{backend}_tflops" in row:
             row[f"vs_{backend}"] = row["tessera_tflops"] / row[f"{backend}_tflops"]
-    if "tessera_plain_tflops" in row and "tessera_ws_tflops" in row:
-        row["ws_vs_plain"] = row["tessera_ws_tflops"] / row["tessera_plain_tflops"]
+    for ratio, (faster, base) in {"ws_vs_plain": ("ws", "plain"), "overlap_vs_plain": ("plain_overlap", "plain"),
+                                  "overlap_vs_ws": ("ws_overlap", "ws"),
+                                  "pingpong_vs_overlap": ("ws_pingpong", "ws_overlap")}.items():
+        if f"tessera_{faster}_tflops" in row and f"tessera_{base}_tflops" in row:
+            row[ratio] = row[f"tessera_{faster}_tflops"] / row[f"tessera_{base}_tflops"]
 
 
 def paged_cache(torch, case: dict, device="cuda"):
@@ -251,6 +267,21 @@ def sdpa_decode(torch, q, k, v):
     return o.transpose(1, 2)
 
 
+def modelled_decode(case: dict) -> dict:
+    """The decode model's figures for the online plan this row launches (tessera.kernels_lib.attention_decode_model,
+    H100 SXM constants): its microseconds in a graph and share of HBM, to set beside the measured ones."""
+    from tessera.kernels_lib import attention_decode_model as model
+    from tessera.kernels_lib.attention_decode import DecodeShape, gpu_decode_plan
+    shape = DecodeShape(case["B"], 1, case["H"], case["H_kv"], case["D"], case["page"], case["context"] // case["page"])
+    plan = gpu_decode_plan(case["D"], False, "nvidia")
+    rows, keys = shape.tile(plan)
+    decode = model.Decode(case["B"], case["H"], case["H_kv"], case["D"], case["context"])
+    tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows))
+    splits = model.splits_for(decode, tile)
+    cost = model.modelled(decode, tile, splits)
+    return {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits}
+
+
 def measure_decode(torch, case: dict, peak_gbps) -> dict:
     """One decode row: tessera (online softmax; unified max) against SDPA and the plain reference."""
     from tessera.kernels_lib import attention_decode
@@ -274,6 +305,7 @@ def measure_decode(torch, case: dict, peak_gbps) -> dict:
             row[f"{who}_gbps"] = moved / (row[f"{who}_graph_us"] * 1e-6) / 1e9
         except Exception as error:
             row[f"{who}_error"] = f"{type(error).__name__}: {error}"[:500]
+    row.update(modelled_decode(case))
     if "tessera_gbps" in row and peak_gbps:
         row["hbm_share"] = row["tessera_gbps"] / peak_gbps
     if "tessera_graph_us" in row and "sdpa_graph_us" in row:
@@ -288,11 +320,13 @@ def describe(row: dict) -> str:
         parts = [f"{who} {row[who + '_graph_us']:.1f} us ({row[who + '_gbps']:.0f} GB/s)"
                  for who in ("tessera", "tessera_unified", "sdpa", "plain") if who + "_graph_us" in row]
         parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
-        return head + "; ".join(parts) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row else "")
+        parts.append(f"model {row['model_us']:.1f} us ({row['model_hbm_share']:.0%})" if "model_us" in row else "")
+        return head + "; ".join(p for p in parts if p) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row
+                                                          else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
     whos = (("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8"
-            else ("tessera", "tessera_ws", "tessera_plain", *SDPA_BACKENDS))
+            else ("tessera", *HOPPER_FORWARDS, *SDPA_BACKENDS))
     parts = [f"{who} {row[who + '_tflops']:.0f}" for who in whos if who + "_tflops" in row]
     parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
     return head + ", ".join(parts) + " TFLOP/s" + (f" ({row['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in row else "")

@@ -312,7 +312,11 @@ def attention_line(r: dict) -> str:
         return head + ("WRONG" if "tessera_wrong" in r else "ERROR")
     return (head + f"{r['tessera_tflops']:.0f} TFLOP/s" + (f" ({r['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in r else "")
             + (f"; warp-specialized {r['tessera_ws_tflops']:.0f} ({r['ws_vs_plain']:.2f}x)" if "ws_vs_plain" in r
-               else ""))
+               else "")
+            + "".join(f"; overlapped {r[f'tessera_{plan}_overlap_tflops']:.0f} ({r[f'overlap_vs_{plan}']:.2f}x {plan})"
+                      for plan in ("plain", "ws") if f"overlap_vs_{plan}" in r)
+            + (f"; ping-pong {r['tessera_ws_pingpong_tflops']:.0f} ({r['pingpong_vs_overlap']:.2f}x)"
+               if "pingpong_vs_overlap" in r else ""))
 
 
 def main() -> None:

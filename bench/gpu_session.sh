@@ -11,18 +11,30 @@
 # set (the device tool's output folder), else bench/results/session.
 set -uo pipefail
 cd "$(dirname "$0")/.."
-# A carried wheel is installed only where the machine's own version differs.
+# A carried wheel (or a wheel's files as NAME-VERSION.tar.xz, see gpu_prepare.sh) is installed into
+# /tmp/site only where the machine's own version differs.
+differs() {
+  local have
+  have=$(python3 -c "import importlib.metadata as m; print(m.version('$1'))" 2>/dev/null || echo none)
+  [ "$have" != "$2" ] && echo "installing $1 $2 (machine has $have)"
+}
 wheels=()
 for wheel in .wheels/*.whl; do
   [ -e "$wheel" ] || continue
   IFS=- read -r name version _ <<<"$(basename "$wheel")"
-  have=$(python3 -c "import importlib.metadata as m; print(m.version('$name'))" 2>/dev/null || echo none)
-  [ "$have" = "$version" ] || { echo "installing $name $version (machine has $have)"; wheels+=("$wheel"); }
+  differs "$name" "$version" && wheels+=("$wheel")
 done
+site=0
 if [ ${#wheels[@]} -gt 0 ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site "${wheels[@]}" 2>&1 | tail -2
-  export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
+  site=1
 fi
+for archive in .wheels/*.tar.xz; do
+  [ -e "$archive" ] || continue
+  IFS=- read -r name version <<<"$(basename "$archive" .tar.xz)"
+  differs "$name" "$version" && mkdir -p /tmp/site && tar -xJf "$archive" -C /tmp/site && site=1
+done
+[ "$site" = 0 ] || export PYTHONPATH="/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 exec python3 bench/gpu_session.py "$@"

@@ -60,7 +60,7 @@ from .dsl.stdlib import cdiv, next_power_of_2
 from .dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
 from .dsl.language.memory import (
     atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_xchg, atomic_xor,
-    load, store, view,
+    load, nanosleep, store, view,
 )
 from .dsl.language.math import (
     abs, ceil, cos, erf, exp, exp2, floor, log, log2, maximum, minimum, rsqrt, sigmoid, sin, sqrt, tanh, where,

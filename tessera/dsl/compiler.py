@@ -97,9 +97,11 @@ class CompiledKernel:
 
 
 def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 4,
-                        strict: bool | None = None, debug: bool | None = None) -> CompiledKernel:
+                        strict: bool | None = None, debug: bool | None = None,
+                        tolerate: tuple[str, ...] = ()) -> CompiledKernel:
     """Run a traced tile-IR module through every stage for `target` (NVIDIA or AMD). `strict` (default:
-    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning;
+    $TESSERA_STRICT) makes a `tessera.pipeline` that gets less than it asked for an error, not a warning,
+    except the shortfalls whose messages contain one of `tolerate` (the kernel's accepted ones);
     `debug` (default: $TESSERA_DEBUG) keeps device-side print and assert."""
     description = get_target(target)
     if description.vendor not in BINARY_EXTENSIONS:
@@ -128,7 +130,7 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
             threads = lower(optimized, description, num_warps=num_warps, debug=debug_mode(debug))
     except LoweringError as exc:
         raise _compile_error(exc, fn) from None
-    _report_shortfalls(caught, fn, strict_mode(strict))
+    _report_shortfalls(caught, fn, strict_mode(strict), tolerate)
     stages["thread_ir"] = print_module(threads)
     lap("lower_to_threads")
     thread_fn = threads.functions[0]
@@ -173,10 +175,10 @@ def dump_interpreted(module: Module) -> None:
         (folder / f"{name}.{STAGE_EXTENSIONS['tile_ir']}").write_text(text)
 
 
-def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:
+def _report_shortfalls(caught: list, fn: Function, strict: bool, tolerate: tuple[str, ...] = ()) -> None:
     """Each PipelineWarning of the lowering at the user's source line: shown as a warning, or raised as a
-    CompileError in strict mode (an UnpipelinedLoopWarning, about a loop nobody asked to pipeline, only then).
-    Other warnings pass on as they were."""
+    CompileError in strict mode (an UnpipelinedLoopWarning, about a loop nobody asked to pipeline, only then)
+    unless its message contains one of `tolerate`. Other warnings pass on as they were."""
     for record in caught:
         warning = record.message
         if not isinstance(warning, PipelineWarning):
@@ -184,7 +186,7 @@ def _report_shortfalls(caught: list, fn: Function, strict: bool) -> None:
             continue
         if isinstance(warning, UnpipelinedLoopWarning) and not strict:
             continue
-        if strict:
+        if strict and not any(part in str(warning.message) for part in tolerate):
             raise _located(f"{warning.message} (an error in strict mode: ${STRICT_ENV} or strict=True)",
                            warning.loc, fn)
         loc = warning.loc or fn.loc

@@ -15,7 +15,8 @@
   pipelined by the compiler when it feeds a dot and may be
   (`passes/schedule/auto_pipeline.py`);
   `warp_specialize=True` adds `warp_specialize = true` (a producer
-  warpgroup fills the ring on sm_90/sm_90a).
+  warpgroup fills the ring on sm_90/sm_90a), and `pingpong=True` with it
+  `pingpong = true` (two consumer warpgroups take turns at the tensor cores).
 * `while C:` emits an IR `while` whose condition region evaluates C again
   with the carried values. A compile-time false C emits nothing.
 """
@@ -98,7 +99,7 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
     iterable = node.iter
     func = gen.visit(iterable.func) if isinstance(iterable, ast.Call) else None
     if func is range or func is pipeline:
-        stages, specialize = pipeline_options(gen, iterable) if func is pipeline else (None, False)
+        stages, specialize, pingpong = pipeline_options(gen, iterable) if func is pipeline else (None, False, False)
         bounds = range_bounds(gen, iterable, "tessera.pipeline" if func is pipeline else "range")
         if not isinstance(node.target, ast.Name):
             gen.at(node.target).error("the variable of a runtime `for` loop must be a single name",
@@ -109,7 +110,7 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
                           "iterations); loop over range(...) instead", UnsupportedSyntaxError)
             loop_exits.lower_for_with_break(gen, node, *bounds)
         else:
-            runtime_for(gen, node, *bounds, stages=stages, warp_specialize=specialize)
+            runtime_for(gen, node, *bounds, stages=stages, warp_specialize=specialize, pingpong=pingpong)
         loop_exits.after_loop(gen)
         return
     values = gen.visit(iterable)
@@ -122,15 +123,17 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
     loop_exits.after_loop(gen)
 
 
-def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool]:
-    """The `stages=` (a compile-time int >= 1, default 2) and `warp_specialize=` (a compile-time bool, default
-    False; it needs stages >= 2) of `tessera.pipeline(...)`."""
-    options = {"stages": 2, "warp_specialize": False}
+def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool, bool]:
+    """The `stages=` (a compile-time int >= 1, default 2), `warp_specialize=` (a compile-time bool, default
+    False; it needs stages >= 2) and `pingpong=` (a compile-time bool, default False; it needs
+    warp_specialize=True) of `tessera.pipeline(...)`."""
+    options = {"stages": 2, "warp_specialize": False, "pingpong": False}
     for keyword in call.keywords:
         if keyword.arg not in options:
             gen.at(keyword.value if keyword.arg is None else keyword).error(
-                "tessera.pipeline() takes start/stop/step positionally and only the keywords `stages` and "
-                "`warp_specialize`: tessera.pipeline(start, stop, step, stages=3, warp_specialize=True)")
+                "tessera.pipeline() takes start/stop/step positionally and only the keywords `stages`, "
+                "`warp_specialize` and `pingpong`: tessera.pipeline(start, stop, step, stages=3, "
+                "warp_specialize=True)")
         value = gen.visit(keyword.value)
         name = f"tessera.pipeline({keyword.arg}=...)"
         if isinstance(value, Tensor):
@@ -139,20 +142,23 @@ def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool]:
                                         "parameter or a literal", ConstexprError)
         if keyword.arg == "stages" and (not isinstance(value, int) or isinstance(value, bool) or value < 1):
             gen.at(keyword.value).error(f"{name} must be an int >= 1 (1: no pipelining), got {value!r}")
-        if keyword.arg == "warp_specialize" and not isinstance(value, bool):
+        if keyword.arg in ("warp_specialize", "pingpong") and not isinstance(value, bool):
             gen.at(keyword.value).error(f"{name} must be True or False, got {value!r}")
         options[keyword.arg] = value
     if options["warp_specialize"] and options["stages"] < 2:
         gen.at(call).error("tessera.pipeline(warp_specialize=True) needs a ring of stages >= 2 slots; "
                            "pass stages=2 or more")
-    return options["stages"], options["warp_specialize"]
+    if options["pingpong"] and not options["warp_specialize"]:
+        gen.at(call).error("tessera.pipeline(pingpong=True) takes turns between the consumer warpgroups of a "
+                           "warp-specialized loop; pass warp_specialize=True too")
+    return options["stages"], options["warp_specialize"], options["pingpong"]
 
 
 def range_bounds(gen: "Tracer", call: ast.Call, name: str = "range") -> tuple[Tensor, Tensor, Tensor]:
     """range(...)'s (start, stop, step) as integer scalars of one type: i32, or i64 if a traced bound is 64-bit
     (or u32), or a compile-time bound does not fit in i32."""
     keywords = [k for k in call.keywords
-                if not (name == "tessera.pipeline" and k.arg in ("stages", "warp_specialize"))]
+                if not (name == "tessera.pipeline" and k.arg in ("stages", "warp_specialize", "pingpong"))]
     if keywords or not 1 <= len(call.args) <= 3 or any(isinstance(a, ast.Starred) for a in call.args):
         gen.at(call).error(f"{name}() takes 1 to 3 positional arguments: {name}(stop), {name}(start, stop) "
                            f"or {name}(start, stop, step)")
@@ -185,7 +191,7 @@ def as_index(gen: "Tracer", value: Any, index: ScalarType) -> Tensor:
 
 
 def runtime_for(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step: Tensor,
-                stages: int | None = None, warp_specialize: bool = False) -> None:
+                stages: int | None = None, warp_specialize: bool = False, pingpong: bool = False) -> None:
     target, line = node.target.id, gen.line()
     before = gen.frame.variables
     carried = Carried(gen, node.body, exclude=(target,))
@@ -202,18 +208,18 @@ def runtime_for(gen: "Tracer", node: ast.For, start: Tensor, stop: Tensor, step:
         with gen.builder.at(body):
             gen.builder.create("yield", [v.value for v in yields])
         op = gen.builder.create("for", [start.value, stop.value, step.value, *(t.value for t in carried.inits)],
-                                attrs=_loop_attrs(stages, warp_specialize),
+                                attrs=_loop_attrs(stages, warp_specialize, pingpong),
                                 result_types=carried.types, regions=[body], result_names=carried.hints)
         gen.frame.rebind(carried.leave(before, variables, op.results, line, loop_only=(target,)))
         return
     unsettled(gen, carried)
 
 
-def _loop_attrs(stages: int | None, warp_specialize: bool) -> dict | None:
+def _loop_attrs(stages: int | None, warp_specialize: bool, pingpong: bool = False) -> dict | None:
     """The IR `for`'s attributes: `stages` when given by tessera.pipeline (1: kept plain; None, a `range`
-    loop: the compiler's choice), `warp_specialize = true` when asked for."""
+    loop: the compiler's choice), `warp_specialize = true` and `pingpong = true` when asked for."""
     attrs = ({"stages": stages} if stages is not None else {}) | ({"warp_specialize": True} if warp_specialize else {})
-    return attrs or None
+    return (attrs | ({"pingpong": True} if pingpong else {})) or None
 
 
 def unsettled(gen: "Tracer", carried: Carried) -> None:

@@ -54,7 +54,7 @@ def binary_for(kernel: "Kernel", bound: BoundArguments, target: str, num_warps: 
 
         module = kernel._specialization(bound).module
         return CacheEntry.from_compiled(compile_tile_module(module, target=target, num_warps=num_warps,
-                                                            debug=debug))
+                                                            debug=debug, tolerate=kernel.tolerate))
 
     return BinaryCache().get_or_compile(key, compile_now)
 

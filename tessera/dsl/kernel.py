@@ -67,10 +67,15 @@ class Specialization:
 class Kernel:
     """A traced, launchable tile kernel. Create with `@tessera.kernel`."""
 
-    def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = (), fast_math: bool = False):
+    def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = (), fast_math: bool = False,
+                 tolerate: Iterable[str] = ()):
         self.fn = fn
         self.source = KernelSource.of(fn)
         self.fast_math = bool(fast_math)
+        self.tolerate = tuple(tolerate)
+        if not all(isinstance(t, str) and t for t in self.tolerate):
+            raise KernelArgumentError(f"tolerate takes non-empty strings (parts of shortfall messages), got "
+                                      f"{self.tolerate!r}", kernel=self.name)
         names = self.source.param_names
         self.do_not_specialize = frozenset(names[p] if isinstance(p, int) else p for p in do_not_specialize)
         unknown = self.do_not_specialize - set(names)
@@ -162,7 +167,8 @@ class Kernel:
             module = self._trace(params)
         else:
             module = self.specialize(*args, **kwargs).module
-        return compile_tile_module(module, target=target, num_warps=num_warps, strict=strict, debug=debug)
+        return compile_tile_module(module, target=target, num_warps=num_warps, strict=strict, debug=debug,
+                                   tolerate=self.tolerate)
 
     # -- launching --------------------------------------------------------
 
@@ -245,14 +251,19 @@ class Kernel:
 
 
 def kernel(fn: Callable[..., Any] | None = None, *, do_not_specialize: Iterable[str | int] = (),
-           fast_math: bool = False):
+           fast_math: bool = False, tolerate: Iterable[str] = ()):
     """Decorate a Python function as a tile kernel: `@tessera.kernel` or `@tessera.kernel(do_not_specialize=["n"])`.
 
     `fast_math=True` lets GPU code trade accuracy for speed in f32 math: exp/exp2/log/log2 on the hardware
     approximations (ex2.approx.ftz, lg2.approx.ftz on NVIDIA; the native instructions on AMD), division by a
     reciprocal, and a * b + c fused into one fma. Infinities and NaNs keep their meaning (masks with -inf
     still work). The CPU interpreter computes exactly either way. Library kernels (attention) opt in.
+
+    `tolerate` names shortfalls the kernel's author has accepted (each a part of the `PipelineWarning`'s
+    message): they stay warnings in strict mode ($TESSERA_STRICT, `strict=True`), so a library kernel's
+    documented fallback (decode's cp.async where TMA cannot read the block table's pages) does not fail a
+    user's strict build; every other shortfall still does.
     """
     if fn is None:
-        return lambda f: Kernel(f, do_not_specialize, fast_math)
-    return Kernel(fn, do_not_specialize, fast_math)
+        return lambda f: Kernel(f, do_not_specialize, fast_math, tolerate)
+    return Kernel(fn, do_not_specialize, fast_math, tolerate)

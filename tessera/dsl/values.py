@@ -162,14 +162,17 @@ class pipeline:
     `passes/schedule/auto_pipeline.py`); `tessera.pipeline` sets the depth, or opts out with stages=1. `warp_specialize=True` (sm_90/sm_90a, TMA
     loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
     (`passes/schedule/warp_specialization.py`); it is recorded on the IR `for` as `warp_specialize = true`.
+    `pingpong=True` with it has two consumer warpgroups take turns issuing their wgmmas, so one's softmax (or
+    other non-tensor-core work) runs under the other's (FlashAttention-3's ping-pong; `pingpong = true`).
 
     Outside kernels it behaves like `range`.
     """
 
-    def __init__(self, *args: int, stages: int = 2, warp_specialize: bool = False):
+    def __init__(self, *args: int, stages: int = 2, warp_specialize: bool = False, pingpong: bool = False):
         self.range = range(*args)
         self.stages = stages
         self.warp_specialize = warp_specialize
+        self.pingpong = pingpong
 
     def __iter__(self):
         return iter(self.range)

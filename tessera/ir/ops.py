@@ -13,7 +13,7 @@ Traits say what passes may assume of an op, so that they ask the op instead
 of keeping lists of names (`op_names(elementwise=True)`, `OPS[name].shape_op`):
 `elementwise`, `numerics` (which `ir/numerics.py` family computes its lanes),
 `shape_op`, `commutative`, `pointer_lanes`, `reads_memory`, `writes_memory`,
-and `has_regions`. Adding a lane-wise op is one `define(...)` here, its
+`orders_programs` and `has_regions`. Adding a lane-wise op is one `define(...)` here, its
 numerics, and its LLVM lowering; tests/ir/test_op_traits.py checks the traits
 against what the interpreter computes.
 
@@ -74,6 +74,9 @@ class OpDef:
     pointer_lanes: bool = False          # accesses memory lane by lane: pointer, mask, value and result lanes match
     reads_memory: bool = False           # reads global or shared memory (a synchronization op counts as both,
     writes_memory: bool = False          # so that no access moves across it)
+    orders_programs: bool = False        # orders memory against other programs at GPU scope (atomics, acquire
+                                         # loads, release stores): a kernel with one may hand data between its
+                                         # programs in one launch (the TMA passes fence the async proxy there)
 
     @property
     def has_regions(self) -> bool:
@@ -486,7 +489,36 @@ define("load", "Read through pointers; masked-off lanes yield `other` (zero if a
        optional_attrs={"vector": "int"}, infer=_infer_load, pure=False, pointer_lanes=True, reads_memory=True)
 define("store", "Write through pointers; masked-off lanes are not written.", (2, 3),
        optional_attrs={"vector": "int"}, infer=_infer_store, pure=False, pointer_lanes=True, writes_memory=True)
-READ_MODIFY_WRITE = dict(pure=False, pointer_lanes=True, reads_memory=True, writes_memory=True)
+READ_MODIFY_WRITE = dict(pure=False, pointer_lanes=True, reads_memory=True, writes_memory=True, orders_programs=True)
+
+
+def _infer_ordered_load(ts, a):
+    _check_whole_bytes("load_acquire", element_of(ts[0]))
+    return _infer_load(ts, a)
+
+
+def _infer_ordered_store(ts, a):
+    _check_whole_bytes("store_release", element_of(ts[0]))
+    return _infer_store(ts, a)
+
+
+def _check_whole_bytes(name: str, pointer) -> None:
+    require(isinstance(pointer, PointerType), f"{name} needs a pointer (or tile of pointers), got {pointer}")
+    require(not pointer.pointee.is_subbyte, f"{name} through a pointer to packed {pointer.pointee.name} elements: "
+                                            f"an ordered access is one whole element of 8 bits or more")
+
+
+# The ordered accesses (`tessera.load(..., sem="acquire")`, `tessera.store(..., sem="release")`), GPU scope, one
+# register at a time (never vectorized): ld.acquire.gpu / st.release.gpu on NVIDIA, the agent-scope atomic load
+# and store on AMD. How programs of one launch hand data to each other without a read-modify-write.
+define("load_acquire", "Read through pointers with acquire ordering at GPU scope: this program's later accesses "
+       "see what another program wrote before a release (a release store, an atomic) that this read observes. "
+       "Masked-off lanes are not read and yield `other` (zero if absent).", (1, 3), infer=_infer_ordered_load,
+       pure=False, pointer_lanes=True, reads_memory=True, orders_programs=True)
+define("store_release", "Write through pointers with release ordering at GPU scope: a program whose acquire (a "
+       "load_acquire, an atomic) reads the value sees every write made before it. Masked-off lanes are not "
+       "written.", (2, 3), infer=_infer_ordered_store, pure=False, pointer_lanes=True, writes_memory=True,
+       orders_programs=True)
 define("atomic_rmw", "Atomically combine `value` into memory; returns the old values.", (2, 3),
        attrs={"kind": "str"}, infer=_infer_atomic_rmw, **READ_MODIFY_WRITE)
 define("atomic_cas", "Atomic compare-and-swap; returns the old values.", 3, infer=_infer_atomic_cas,
@@ -656,8 +688,11 @@ def _check_condition(op):
 define("for", "for iv in range(lb, ub, step), threading carried values through the body; `stages` (>= 1; "
        "1: a plain loop; absent: the lowering's choice, pipelined when it feeds a dot and may be): how deep the "
        "lowering may software-pipeline the body's global -> shared copies; "
-       "`warp_specialize`: a producer warpgroup makes those copies (TMA targets).", (3, -1),
-       optional_attrs={"stages": "int", "warp_specialize": "bool"}, regions=1, check=_check_for, pure=False)
+       "`warp_specialize`: a producer warpgroup makes those copies (TMA targets); `pingpong` (with it): two "
+       "consumer warpgroups take turns issuing their wgmmas; `pingpong_turn` (thread IR: [my barrier, the "
+       "other's]): this copy of such a loop is one warpgroup's.", (3, -1),
+       optional_attrs={"stages": "int", "warp_specialize": "bool", "pingpong": "bool", "pingpong_turn": "ints"},
+       regions=1, check=_check_for, pure=False)
 define("if", "Run the then or else region; results are what the taken region yields. `producer_joins_at` "
        "(thread IR, warp-specialized kernels): the then region is a producer warpgroup running beside the "
        "else region, and its shared-memory accesses are over once the else region's op of that index is.", 1,
@@ -669,6 +704,17 @@ define("yield", "End a region, passing values to the parent op.", (0, -1), infer
 define("condition", "End a while's condition region: (keep going?, values for the body or the results).", (1, -1),
        infer=lambda ts, a: [], check=_check_condition, terminator=True, pure=False)
 define("return", "End the kernel.", 0, infer=lambda ts, a: [], terminator=True, pure=False)
+
+
+
+def _infer_nanosleep(ts, a):
+    require(ts[0] == ScalarType(dt.i32), f"nanosleep takes an i32 scalar (nanoseconds), got {ts[0]}")
+    return []
+
+
+# A hint, as on the hardware: the thread sleeps about that long (NVIDIA: within [0, 2 * ns], at most 1 ms).
+define("nanosleep", "Sleep about `ns` nanoseconds (a spin-wait's backoff): nanosleep.u32 on NVIDIA, s_sleep on "
+       "AMD, nothing on the CPU.", 1, infer=_infer_nanosleep, pure=False)
 
 # ---------------------------------------------------------------------------
 # Debugging

@@ -62,5 +62,8 @@ define_thread_op("elect_sync", "True in exactly one lane of each warp (the lowes
                  infer=lambda ts, a: [ScalarType(dt.bool_)], pure=False)
 define_thread_op("named_barrier", "Wait until `count` threads (whole warps) have arrived at barrier `id` (1..15), "
                  "ordering their shared-memory accesses (bar.sync id, count): a barrier for a subset of the "
-                 "block, such as the consumer warpgroups of a warp-specialized kernel.", 0,
-                 attrs={"id": "int", "count": "int"}, infer=_infer_named_barrier, pure=False, **SYNCHRONIZES)
+                 "block, such as the consumer warpgroups of a warp-specialized kernel. With `arrive`, count "
+                 "this thread's arrival and go on without waiting (bar.arrive id, count): the other side of a "
+                 "turn one group of warps hands to another (FlashAttention-3's warpgroup ping-pong).", 0,
+                 attrs={"id": "int", "count": "int"}, optional_attrs={"arrive": "bool"},
+                 infer=_infer_named_barrier, pure=False, **SYNCHRONIZES)

@@ -23,10 +23,11 @@ import torch
 import tessera
 import tessera.torch
 
+from . import attention_decode_model as model
 from .attention_fwd import LOG2E
 from .attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
 
-MAX_SPLITS = 64
+MAX_SPLITS = model.MAX_SPLITS
 # The window [phi - below, phi + above] (base-2 logits) around the unified max phi where the asynchronous softmax
 # is exact to the dtype: p = exp2(s - phi) is rounded to q's dtype for P V, so `above` keeps every p finite (f16
 # ends at 2^16) and `below` keeps the largest terms of a row normal numbers (f16's start at 2^-14; bf16 shares
@@ -36,25 +37,52 @@ UNIFIED_WINDOW = {torch.float16: (8.0, 15.0), torch.bfloat16: (64.0, 64.0)}
 
 @dataclass(frozen=True)
 class DecodePlan:
-    """Packed query rows per program (at most), keys per step (at most: a step stays within a page) and how many
-    steps of K and V are in flight (cp.async ring slots)."""
+    """Packed query rows per program (at most), keys per step (at most: a step stays within a page), how many
+    steps of K and V are in flight (cp.async ring slots), and how the program's warps share the tile:
+    `warp_per_rows` gives each warp its own 16 rows (a program of one query group is one warp, and the keys
+    are shared out between programs, `num_splits`); otherwise 4 warps, those past rows / 16 repeating the
+    products (chained dots split rows only)."""
 
     rows: int
     keys: int
     stages: int
+    warp_per_rows: bool = True
+
+    def num_warps(self, rows: int) -> int:
+        """Warps of a program whose tile has `rows` packed rows (a multiple of 16)."""
+        return max(1, rows // MMA_ROWS) if self.warp_per_rows else 4
 
 
-# Per head dim, for the online softmax and for the unified max (whose kernel also holds the fallback's loop, so
-# it needs smaller tiles); none for the unified max at head dim 256, where even 16 x 16 tiles spill on sm_80. The
-# rows of a tile are few (G * Sq packed query rows, padded to 16): warps past rows / 16 repeat the products
-# (chained dots split rows only) and share the copies, which is what decode is bound by. Every tile a plan
-# launches (rows 16 .. `rows`, keys 16 .. `keys`) compiles without spills for sm_80, sm_90a and gfx942
-# (tests/kernels_lib/test_attention_compile.py checks each plan's largest and narrowest tiles); the unified max's
-# head dim 128 tiles at most 16 rows (a group of more packed rows takes two programs, reading K and V twice):
-# the conflict-free (row-keyed swizzle) K/V reads cost registers, and 32-row tiles spill on sm_80 and sm_90a.
-# Untimed.
-DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 64, 3), 256: DecodePlan(16, 32, 2)}
-UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 64, 2), 128: DecodePlan(16, 32, 3)}
+MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns of the packed rows
+
+# Per head dim, for the online softmax and for the unified max (whose kernel also holds the fallback's loop, so it
+# needs smaller tiles); none for the unified max at head dim 256, where even 16 x 16 tiles spill on sm_80. A program
+# of 4 warps over one 16-row query group (G * Sq <= 16 packed rows) made every warp repeat the same products over
+# the same keys and read the whole K and V block from shared memory: 4x the ldmatrix traffic and 4x the mma.sync of
+# the data. A plan with `warp_per_rows` runs one warp per 16 rows instead: a single-group program is one warp, and
+# the split count (`attention_decode_model.splits_for`) gives each warp its own keys and its own partial softmax (m,
+# l, acc), merged by `attention_decode_combine_kernel`: per KB of K and V an SM issues ~64 warp instructions (sm_90a
+# SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared memory is read once
+# where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
+# keys of one block without exchanging P through shared memory every step; separate programs need no exchange.)
+# Bytes in flight at head dim 128: (stages - 1) x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8
+# programs a SM (255 registers x 32 lanes each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency
+# asks for; the model picks the split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches
+# (rows 16 .. `rows`, keys 16 .. `keys`) compiles without spills for sm_80 and sm_90a with every option compiled in
+# (tests/kernels_lib/test_attention_compile.py); one-warp tiles of 32 keys spill at head dim 128 (4-48 bytes), of 16
+# keys at head dim 256 (144), the unified max's at head dim 128 (16-272): those plans keep 4 warps (and the unified
+# max's head dim 128 tiles at most 16 rows: 32-row tiles spill with the swizzled K/V reads).
+#
+# Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads, D =
+# 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =
+# 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and with the swizzled
+# reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan is modelled level with it
+# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.4 us a call
+# (launch, three dependent loads before the first block, the combine kernel) against 22.4 us of HBM at 16384.
+# Untimed on a GPU.
+DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2),
+                256: DecodePlan(16, 32, 2, warp_per_rows=False)}
+UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2), 128: DecodePlan(16, 32, 3, warp_per_rows=False)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
 
 
@@ -116,14 +144,20 @@ def _check_lengths(shape: DecodeShape, cache_seqlens: torch.Tensor) -> None:
                          f"{capacity} (the block table's {shape.max_pages} pages of {shape.P} tokens)")
 
 
-def _num_splits(shape: DecodeShape, block: int, on_gpu: bool, asked: int, device) -> int:
-    """Splits of each sequence's keys: `asked`, or enough programs for two per SM (one per 2 blocks at most)."""
+def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, device) -> int:
+    """Splits of each sequence's keys: `asked`, else on a GPU the count `attention_decode_model` times fastest
+    for this plan's tile, on the interpreter two programs per (CPU) core's worth (one per 2 blocks at most)."""
+    rows, block = shape.tile(plan)
     blocks = tessera.cdiv(shape.max_pages * shape.P, block)
     if asked > 0:
         return max(1, min(asked, blocks, MAX_SPLITS))
-    programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, 64)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if on_gpu else 2
-    return max(1, min(2 * sms // max(programs, 1), tessera.cdiv(blocks, 2), MAX_SPLITS))
+    if not on_gpu:
+        programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, rows)
+        return max(1, min(4 // max(programs, 1), tessera.cdiv(blocks, 2), MAX_SPLITS))
+    sms = torch.cuda.get_device_properties(device).multi_processor_count
+    decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
+    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows))
+    return model.splits_for(decode, tile, sms)
 
 
 @dataclass(frozen=True)
@@ -168,7 +202,7 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
         block_table.stride(0), *o_strides, *lse_strides,
         D=shape.D, BM=rows, BN=block, HAS_LEFT=softmax.left >= 0, HAS_RIGHT=softmax.right >= 0,
         SOFTCAP=softmax.softcap > 0, SPLIT=splits > 1, UNIFIED=unified, FALLBACK=fallback, STAGES=plan.stages,
-        num_warps=4)
+        num_warps=plan.num_warps(rows))
     if splits > 1:
         attention_decode_combine_kernel[(shape.Sq, shape.B * shape.H)](
             o_out, lse_out, o, lse, shape.Sq, shape.H, splits, *o_out.stride()[:4], *lse_out.stride()[:3],
@@ -209,7 +243,7 @@ def _attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if o.numel() == 0 or shape.max_pages == 0:
         return o.zero_(), lse.fill_(float("inf"))
     plan = decode_plan(shape, q, unified_max is not None)
-    splits = _num_splits(shape, shape.tile(plan)[1], not on_interpreter(q), num_splits, q.device)
+    splits = _num_splits(shape, plan, not on_interpreter(q), num_splits, q.device)
     softmax = Softmax.of(shape, q.dtype, causal, window_left, window_right, softcap, scale, unified_max)
     launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits)
     return o, lse

@@ -18,7 +18,10 @@ of sum_j exp(scale * q.k_j). The K and V blocks stream through a
 `tessera.pipeline`, so the next blocks are in flight while this one computes;
 with WS (sm_90a) a producer warpgroup of its own issues their TMA fills and
 the kernel's warps, the consumers, read Q and run the loop behind mbarriers
-(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`).
+(`passes/schedule/warp_specialization.py`, `consumer_prologue.py`). With
+OVERLAP (sm_90a: wgmma is asynchronous) the loop takes FlashAttention-3's
+order (section 3.2): S of block j is issued, then acc * alpha + P V of block
+j - 1, and block j's softmax runs while that P V is in flight.
 
 Masks (FlashAttention's conventions): query i of Sq sees key j of Sk when
 `i + Sk - Sq - left <= j <= i + Sk - Sq + right`, each bound present only if
@@ -95,6 +98,52 @@ def visible(s, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT):
 
 
 @tessera.func
+def masked_block(s, n, rows, flags):
+    """The scores s of key block n with -inf where `visible` says a query may not see a key."""
+    m0, Sq, Sk, left, right = rows[:5]
+    BM, BN, HAS_LEFT, HAS_RIGHT = flags[:4]
+    queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
+    return visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
+
+
+@tessera.func
+def online_softmax(s, m, l, n, MASK, rows, flags):
+    """One key block's step of the online softmax from its raw scores s = Q K_n^T: (m_new, p, l_new, alpha),
+    alpha = exp2(m - m_new) being what the output so far is rescaled by. The mask is applied where block n
+    straddles a bound (always with MASK); `rows` and `flags` are the kernel's values and constexprs it needs."""
+    m0, Sq, Sk, left, right, full_lo, full_hi, qk_scale, softcap, b, h, mod_values = rows
+    BM, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP, POSITIVE_SCALE, FP8, SCORE_MOD, SM_ORDER = flags
+    if SCORE_MOD is not None:     # the user's function sees natural units (scale * q.k, softcapped)
+        if SOFTCAP:
+            s = softcap * tessera.tanh(s * qk_scale)
+        else:
+            s = s * (qk_scale * LN2)
+        q_idx = tessera.minimum(m0 + tessera.arange(0, BM), tessera.maximum(Sq - 1, 0))[:, None]
+        s = modified_scores(s, SCORE_MOD, SM_ORDER, mod_values, b, h, q_idx, n, Sk, BN)
+    elif SOFTCAP:       # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
+        s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
+    elif not POSITIVE_SCALE:    # qk_scale = scale * log2(e)
+        s = s * qk_scale
+    if MASK:
+        s = masked_block(s, n, rows, flags)
+    elif (n < full_lo) | (n >= full_hi):
+        s = masked_block(s, n, rows, flags)
+    if SCORE_MOD is None and not SOFTCAP and POSITIVE_SCALE:
+        # s is the raw q.k: a positive scale commutes with the row max and folds into exp2's argument,
+        # one fma a score (FlashAttention-3's softmax) where scaling s first took a multiply and a subtract
+        m_new = tessera.maximum(m, tessera.max(s, axis=1) * qk_scale)
+        p = tessera.exp2(s * qk_scale - m_new[:, None])
+    else:
+        m_new = tessera.maximum(m, tessera.max(s, axis=1))
+        p = tessera.exp2(s - m_new[:, None])
+    alpha = tessera.exp2(m - m_new)
+    l = l * alpha + tessera.sum(p, axis=1)
+    if FP8:     # P in [0, 1], into e4m3's range (l has summed it unscaled)
+        p = p * P_SCALE
+    return m_new, p, l, alpha
+
+
+@tessera.func
 def call_hook(HOOK, first, values, ORDER):
     """HOOK(first, values[ORDER[0]], values[ORDER[1]], ...): a fused user function's arguments in its order."""
     picked = ()
@@ -129,7 +178,16 @@ def output_epilogue(out, EPILOGUE, EP_ORDER, EP_TILE, ep_ptr, ep_strides, ep_s0,
     return out
 
 
-@tessera.kernel(fast_math=True)
+# With VARLEN a block's bounds (its sequence's length, from cu_seqlens), and in decode a page's tokens (from the
+# block table), are values the kernel reads, which a tensor map (built by the host) cannot hold: on sm_90a those
+# K and V blocks come by cp.async, not TMA (zero-filled past the length, where TMA would read the neighbour's or
+# the page's stale rows: a NaN there times P = 0 is NaN in O). That shortfall is accepted, so a user's strict
+# mode ($TESSERA_STRICT) still launches varlen and decode; any other one fails as before
+# (tests/kernels_lib/test_attention_compile.py).
+CACHE_BOUNDS_SHORTFALL = "its view's sizes and row stride are not constants or kernel arguments"
+
+
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
 def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
                          Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
                          stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -142,7 +200,8 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                          SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
                          EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
                          EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
-                         WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True):
+                         WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True,
+                         OVERLAP: tessera.constexpr = False, PINGPONG: tessera.constexpr = False):
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
@@ -166,36 +225,28 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
     l = tessera.zeros((BM,), tessera.f32)
     acc = tessera.zeros((BM, D), tessera.f32)
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
-    for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
-        s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
-        if SCORE_MOD is not None:     # the user's function sees natural units (scale * q.k, softcapped)
-            if SOFTCAP:
-                s = softcap * tessera.tanh(s * qk_scale)
-            else:
-                s = s * (qk_scale * LN2)
-            q_idx = tessera.minimum(m0 + tessera.arange(0, BM), tessera.maximum(Sq - 1, 0))[:, None]
-            s = modified_scores(s, SCORE_MOD, SM_ORDER, (mod_ptr0, mod_ptr1, mod_s0, mod_s1), b, h, q_idx, n, Sk, BN)
-        elif SOFTCAP:       # softcap * tanh(scale * qk / softcap), in base 2: qk_scale = scale / softcap
-            s = (softcap * LOG2E) * tessera.tanh(s * qk_scale)
-        elif not POSITIVE_SCALE:    # qk_scale = scale * log2(e)
-            s = s * qk_scale
-        if (n < full_lo) | (n >= full_hi):
-            queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
-            s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
-        if SCORE_MOD is None and not SOFTCAP and POSITIVE_SCALE:
-            # s is the raw q.k: a positive scale commutes with the row max and folds into exp2's argument,
-            # one fma a score (FlashAttention-3's softmax) where scaling s first took a multiply and a subtract
-            m_new = tessera.maximum(m, tessera.max(s, axis=1) * qk_scale)
-            p = tessera.exp2(s * qk_scale - m_new[:, None])
-        else:
-            m_new = tessera.maximum(m, tessera.max(s, axis=1))
-            p = tessera.exp2(s - m_new[:, None])
-        alpha = tessera.exp2(m - m_new)
-        l = l * alpha + tessera.sum(p, axis=1)
-        if FP8:     # P in [0, 1], into e4m3's range (l has summed it unscaled)
-            p = p * P_SCALE
-        acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n, 0)).load(), acc * alpha[:, None])
-        m = m_new
+    rows = (m0, Sq, Sk, left, right, full_lo, full_hi, qk_scale, softcap, b, h, (mod_ptr0, mod_ptr1, mod_s0, mod_s1))
+    flags = (BM, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP, POSITIVE_SCALE, FP8, SCORE_MOD, SM_ORDER)
+    if OVERLAP:
+        # FlashAttention-3's intra-warpgroup overlap (section 3.2): the loop issues S = Q K_n^T, rescales O by
+        # the previous block's alpha while it runs, issues O += P V_{n-1} with the previous block's P, and runs
+        # block n's softmax while P V is in flight (`passes/defer_wgmma_wait.py` puts each wgmma_wait just
+        # before the first read: pending = 1 before the softmax, 0 at the iteration's end). Block lo's softmax
+        # comes first, block hi - 1's P V last. PINGPONG (with WS): the two consumer warpgroups take turns
+        # issuing their products, one's softmax under the other's (section 3.1).
+        m, p, l, alpha = online_softmax(tessera.dot(q_block, kT.block((D, BN), (0, lo)).load()), m, l, lo, True,
+                                        rows, flags)
+        for n in tessera.pipeline(lo + 1, hi, stages=STAGES, warp_specialize=WS, pingpong=PINGPONG):
+            s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
+            acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n - 1, 0)).load(), acc * alpha[:, None])
+            m, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
+        acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (hi - 1, 0)).load(), acc * alpha[:, None])
+    else:       # FlashAttention-2's order: each block's softmax between its two products
+        for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
+            s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
+            m_new, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
+            acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n, 0)).load(), acc * alpha[:, None])
+            m = m_new
 
     empty = l == 0.0                                    # rows that saw no key
     if FP8:

@@ -42,7 +42,7 @@ from __future__ import annotations
 
 import tessera
 
-from .attention_fwd import LN2, LOG2E, NO_MAX, key_blocks, visible
+from .attention_fwd import CACHE_BOUNDS_SHORTFALL, LN2, LOG2E, NO_MAX, key_blocks, visible
 
 
 @tessera.func
@@ -100,7 +100,7 @@ def write_split(o_ptr, lse_ptr, b, kv_h, G, Sq, row0, stride_ob, stride_os, stri
     tessera.store(lse_ptrs, tessera.where(empty, no_key, (m + tessera.log2(l)) * LN2), mask=r < G * Sq)
 
 
-@tessera.kernel(fast_math=True)
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
 def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, Sq, H, H_KV, P,
                             qk_scale, softcap, unified_max, below, above, left, right, splits,
                             stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh, stride_kd,

@@ -6,8 +6,9 @@ For each function: the alignment analysis, `layout_assignment` (with the
 layouts its `convert_layout` ops pin, plus any `overrides`, which win),
 the `register_budget` check (a tile one thread cannot hold is refused here,
 before any per-thread code exists), `lower_to_threads`, `rematerialize_index` (index math used in `while`
-loops recomputed there, then DCE), `low_bit` (sub-byte loads and stores become byte
-accesses), `shared_memory` allocation, and the verifier on the
+loops recomputed there, then DCE), `defer_wgmma_wait` (each wgmma wait moved down to the first read of
+its results), `pingpong` (the turn-taking barriers of a `pingpong` loop), `low_bit` (sub-byte loads
+and stores become byte accesses), `shared_memory` allocation, and the verifier on the
 result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
@@ -22,6 +23,8 @@ from tessera.ir.target import Target, get_target
 from tessera.ir.verifier import verify_function
 
 from .dce import dce_function
+from .defer_wgmma_wait import defer_wgmma_waits
+from .pingpong import insert_pingpong_barriers
 from .layout_assignment import assign_layouts, pinned_layouts
 from .low_bit import unpack_low_bit
 from .lower_to_threads import lower_to_threads
@@ -47,6 +50,8 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug).functions[0]
         if rematerialize_thread_index(lowered):
             dce_function(lowered)
+        defer_wgmma_waits(lowered)
+        insert_pingpong_barriers(lowered)
         unpack_low_bit(lowered, target.max_vector_bits)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)

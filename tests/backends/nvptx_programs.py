@@ -98,6 +98,12 @@ def every_op_kernel(dtype: dt.DType, n: int = 4, libdevice: bool = True, math_su
     keep(t.op(f"atomic_rmw {addr}, {a}, {mask} {{kind = \"{kinds[-1]}\"}}", regs))
     keep(t.op(f"atomic_cas %p, {s}, {s}", d), d)
     keep(t.op(f"atomic_cas {addr}, {a}, {b}", regs))
+    keep(t.op("load_acquire %p", d), d)                     # ordered accesses: one register each, any dtype
+    keep(t.op(f"load_acquire {addr}, {mask}, {b}", regs))
+    t.op(f"store_release %p, {s}")
+    t.op(f"store_release {addr}, {a}, {mask}")
+    t.op("nanosleep %n")                                   # a run-time value (AMD: a loop of s_sleep)
+    t.op(f"nanosleep {t.op('constant {value = 100}', 'i32')}")
     lane = t.op("constant {value = 1}", "i32")
     x = t.op(f"extract {a} {{index = 0}}", d)
     for mode in SHUFFLE_MODES:

@@ -21,6 +21,7 @@ from tessera.backends.llvm.types import I8, I32, I64
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
+SLEEP = "llvm.amdgcn.s.sleep"   # s_sleep's one operand is an immediate too
 
 
 def _table_kernel(target: str) -> str:
@@ -41,7 +42,7 @@ def _table_kernel(target: str) -> str:
 
     def call(callee: ir.Function, name: str):
         types = callee.function_type.args
-        immediates = IMMEDIATE_ARGS if ".mfma." in name else 0
+        immediates = IMMEDIATE_ARGS if ".mfma." in name else 1 if name == SLEEP else 0
         loaded = [b.load(address(src), typ=t) for t in types[:len(types) - immediates]]
         result = b.call(callee, loaded + [ir.Constant(I32, 0)] * immediates)
         if not isinstance(callee.function_type.return_type, ir.VoidType):

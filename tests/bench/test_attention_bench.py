@@ -86,6 +86,25 @@ def test_a_warp_specialized_column_is_compared_with_the_plain_plan():
     assert gpu_session.attention_line(row).endswith("(1.04x cuDNN); warp-specialized 550 (1.10x)")
 
 
+def test_the_overlapped_columns_are_compared_with_their_fa2_order():
+    """... and each of the two in FlashAttention-3's overlapped order (TESSERA_ATTENTION_OVERLAP=1), against
+    the same plan in FlashAttention-2's order, and the warp-specialized one with its warpgroups ping-ponging
+    (..._PINGPONG=1) against it overlapped alone."""
+    assert bench.HOPPER_FORWARDS == {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
+                                     "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
+                                     "tessera_ws_pingpong": ("1", "1", "1")}
+    row = {"part": "forward", "B": 4, "S": 4096, "H": 16, "D": 128, "causal": False, "tessera_tflops": 500.0,
+           "tessera_ws_tflops": 500.0, "tessera_plain_tflops": 400.0, "tessera_ws_overlap_tflops": 600.0,
+           "tessera_plain_overlap_tflops": 440.0, "tessera_ws_pingpong_tflops": 630.0, "cudnn_tflops": 480.0}
+    bench._check_all(None, row, None)
+    assert (row["overlap_vs_ws"], row["overlap_vs_plain"]) == (pytest.approx(1.2), pytest.approx(1.1))
+    assert row["pingpong_vs_overlap"] == pytest.approx(1.05)
+    assert "tessera_ws_overlap 600, tessera_plain_overlap 440, tessera_ws_pingpong 630, cudnn 480" in \
+        bench.describe(row)
+    assert gpu_session.attention_line(row).endswith("; overlapped 440 (1.10x plain); overlapped 600 (1.20x ws); "
+                                                    "ping-pong 630 (1.05x)")
+
+
 def test_the_dry_run_checks_each_part_on_the_interpreter():
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, str(ROOT / "bench/attention.py"), "--dry-run"], capture_output=True,
@@ -94,3 +113,13 @@ def test_the_dry_run_checks_each_part_on_the_interpreter():
     for line in ("attention forward: 36 rows", "backward on the CPU interpreter: dQ, dK, dV match",
                  "decode on the CPU interpreter", "attention fp8: 12 rows", "fp8 forward on the CPU interpreter"):
         assert line in done.stdout
+
+
+def test_each_decode_row_carries_the_models_prediction():
+    """The GPU run sets the measured decode time beside the model's (attention_decode_model), for the plan the op
+    launches, so a session shows how far the model is off; the description prints both."""
+    rows = [{"part": "decode", **case, **bench.modelled_decode(case)} for case in bench.cases("decode")]
+    assert all(0 < r["model_us"] and 0 < r["model_hbm_share"] < 1 and r["model_splits"] >= 1 for r in rows)
+    by_shape = {(r["B"], r["context"]): r for r in rows}
+    assert by_shape[(1, 4096)]["model_us"] < by_shape[(1, 16384)]["model_us"] < by_shape[(1, 65536)]["model_us"]
+    assert "model " in bench.describe(by_shape[(1, 16384)])

@@ -48,3 +48,39 @@ def ticket_prefix_sum(queue, done, out, n):
 def wait_forever(flag):
     while tessera.atomic_add(flag, 0) == 0:
         pass
+
+
+@tessera.kernel
+def polite_handoff(flag, data, out, N: tessera.constexpr):
+    """`handoff` with the ordered accesses: program 1 writes a row of data and publishes it with a release store;
+    program 0 polls with acquire loads, backing off with nanosleep (doubling to 1 us), then reads the row."""
+    offs = tessera.arange(0, N)
+    if tessera.program_id(0) == 0:
+        pause = 32
+        while tessera.load(flag, sem="acquire") < 1:
+            tessera.nanosleep(pause)
+            pause = tessera.minimum(pause * 2, 1024)
+        tessera.store(out + offs, tessera.load(data + offs) + 1)
+    else:
+        tessera.store(data + offs, offs * 3)
+        tessera.store(flag, 1, sem="release")
+
+
+@tessera.kernel
+def gather_when_all_ready(flags, data, out, N: tessera.constexpr):
+    """Every program p > 0 writes its row of data and release-stores flags[p]; program 0 waits until a tile of
+    acquire loads sees every flag set, then sums the rows (a tile of flags, not one counter)."""
+    p = tessera.program_id(0)
+    n = tessera.num_programs(0)
+    offs = tessera.arange(0, N)
+    lanes = tessera.arange(0, 8)
+    if p == 0:
+        while tessera.sum(tessera.load(flags + lanes, mask=(lanes > 0) & (lanes < n), other=1, sem="acquire")) < 8:
+            tessera.nanosleep(100)
+        total = offs * 0
+        for q in range(1, n):
+            total += tessera.load(data + q * N + offs)
+        tessera.store(out + offs, total)
+    else:
+        tessera.store(data + p * N + offs, offs + p)
+        tessera.store(flags + p + lanes * 0, 1, mask=lanes == 0, sem="release")   # a tile: one lane stores

@@ -134,7 +134,8 @@ def test_pointer_lane_ops_write_memory_exactly_when_marked(name):
     held = b.create("arange", attrs={"start": 0, "end": 4}).result          # what the memory holds
     value = b.create("arange", attrs={"start": 10, "end": 14}).result
     operands = {"load": [pointers], "store": [pointers, value], "atomic_rmw": [pointers, value],
-                "atomic_cas": [pointers, held, value]}[name]
+                "atomic_cas": [pointers, held, value], "load_acquire": [pointers],
+                "store_release": [pointers, value]}[name]
     op = b.create(name, operands, attrs={"kind": "add"} if name == "atomic_rmw" else None)
     if op.results:
         store_value(b, fn.args[1], op.result)
@@ -146,3 +147,8 @@ def test_pointer_lane_ops_write_memory_exactly_when_marked(name):
     if op.results:      # what it read is what the memory held
         assert contents(out).tolist() == [0, 1, 2, 3], name
         assert opdef.reads_memory, name
+
+
+def test_the_ops_that_order_memory_between_programs_are_the_atomics_and_the_ordered_accesses():
+    """The TMA passes ask this trait to fence the async proxy (fills) or keep the threads' stores (TMA stores)."""
+    assert set(op_names(orders_programs=True)) == {"atomic_rmw", "atomic_cas", "load_acquire", "store_release"}

@@ -106,8 +106,11 @@ func @memory(%p: ptr<f32>, %n: i32, %s: ptr<i32, shared>) {
   store %addrs, %v, %mask
   %old = atomic_rmw %addrs, %v, %mask {kind = "add"} : tile<128xf32>
   %prev = atomic_cas %addrs, %v, %old : tile<128xf32>
+  %seen = load_acquire %addrs, %mask, %zero : tile<128xf32>
+  store_release %addrs, %seen, %mask
   %x = load %s : i32
   store %s, %x
+  nanosleep %n
   return
 }
 """,

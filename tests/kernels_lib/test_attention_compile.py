@@ -42,7 +42,8 @@ def compile_checked(kernel, target, **options):
     """`kernel.compile(target=target, **options)`, strict (no schedule shortfall) except where TMA cannot stream
     K and V on sm_90a: with VARLEN the blocks' bounds (each sequence's length) and the decode kernel's (a page's
     tokens) are loaded from memory, which a tensor map, built by the host from the launch's arguments, cannot
-    hold; so those blocks come by cp.async, with that shortfall seen (strict mode would refuse it) and no other.
+    hold; so those blocks come by cp.async, with that shortfall seen and no other. Both kernels accept it
+    (`tessera.kernel(tolerate=...)`), so they compile strict, as a user's $TESSERA_STRICT launch does.
     (FA3's way, one map over the packed (total, H, D) tensor at row cu_seqlens[b] + n * BN, compiles to TMA here,
     but fails the NaN-neighbour check on the SIMT simulator: the next sequence's K rows in a tail block are
     masked to -inf, while its V rows meet P = 0 in P V, and 0 * Inf or NaN there is NaN in this sequence's O.)"""
@@ -50,8 +51,8 @@ def compile_checked(kernel, target, **options):
     if not (target.startswith("sm_90") and owes_tma):
         return kernel.compile(target=target, strict=True, **options)
     with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        compiled = kernel.compile(target=target, strict=False, **options)
+        warnings.simplefilter("always")     # the kernel accepts the shortfall itself (tolerate=): strict compiles it
+        compiled = kernel.compile(target=target, strict=True, **options)
     shortfalls = [str(w.message) for w in caught if issubclass(w.category, PipelineWarning)]
     assert shortfalls and all("cp.async instead of TMA" in m and "sizes and row stride are not constants or "
                               "kernel arguments" in m for m in shortfalls), shortfalls   # and no other
@@ -208,11 +209,14 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0):
+def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0,
+                             overlap=False, check_waits=None, pingpong=False):
     """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
     2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
     other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
-    would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates."""
+    would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates. `overlap`: in
+    FlashAttention-3's loop order (OVERLAP), `pingpong` with its two consumer warpgroups taking turns
+    (PINGPONG); `check_waits(fn)`, when given, must hold of the lowered kernel."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
@@ -232,9 +236,10 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
-                   STAGES=2, WS=ws)
+                   STAGES=2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits(fn)
     if target.startswith("sm_"):            # warp-specialized: a producer warpgroup beside the num_warps
         assert fn.attrs["num_threads"] == num_warps * 32 + (128 if ws else 0)
     if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
@@ -245,6 +250,12 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     assert len(tma_loads) == ((2 if ws else 4) if target == "sm_90a" else 0)
     run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
     return o, lse, *reference(q, k, v, causal, window, softcap)
+
+
+def key_loop_waits(fn) -> list[int]:
+    """The `pending` of each wgmma_wait in the (consumers') key loop of lowered forward kernel `fn`."""
+    loops = [op for op in fn.walk() if op.name == "for" and any(inner.name == "wgmma" for inner in op.walk())]
+    return [op.attrs["pending"] for op in loops[-1].regions[0].ops if op.name == "wgmma_wait"]
 
 
 @pytest.mark.parametrize("target, num_warps, BM", [("sm_80", 4, 64), ("sm_90a", 4, 64), ("gfx942", 2, 64),
@@ -425,39 +436,65 @@ DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16",
 
 
 def decode_tiles(vendor):
-    """(softmax, D, rows, keys, stages) of each of `vendor`'s plans at its largest tile and its narrowest ones
-    (16 rows: one query head group; 16 keys: pages of 16 tokens)."""
+    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans at every row count it launches
+    (16 .. its rows: with a warp per 16 rows each is another warp count) and its widest and narrowest blocks
+    (16 keys: pages of 16 tokens)."""
     from tessera.kernels_lib.attention_decode import DECODE_PLANS, UNIFIED_DECODE_PLANS, gpu_decode_plan
     for softmax, plans in (("online", DECODE_PLANS), ("unified", UNIFIED_DECODE_PLANS)):
         for D in plans:
             plan = gpu_decode_plan(D, softmax == "unified", vendor)
-            for rows, keys in sorted({(plan.rows, plan.keys), (16, plan.keys), (plan.rows, 16)}):
-                yield softmax, D, rows, keys, plan.stages
+            rows = [16 << i for i in range(plan.rows.bit_length()) if 16 << i <= plan.rows]
+            for r, keys in sorted({(r, k) for r in rows for k in (plan.keys, 16)}):
+                yield softmax, D, r, keys, plan.stages, plan.num_warps(r)
 
 
-def compile_decode(target, softmax, D, rows, keys, stages):
+def compile_decode(target, softmax, D, rows, keys, stages, num_warps):
     """The split kernel with every option compiled in (the most registers)."""
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
     return compile_checked(
-        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=4, D=D, BM=rows, BN=keys,
-        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified", FALLBACK=True)
+        attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=num_warps, D=D, BM=rows, BN=keys,
+        STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified",
+        FALLBACK=True)
 
 
 @needs_ptxas
-@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("nvidia")))
+@pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("nvidia")))
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
-def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D, rows, keys, stages):
-    """The K and V blocks stream through cp.async rings although their pages come from the block table."""
-    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D, rows, keys, stages, num_warps):
+    """The K and V blocks stream through cp.async rings although their pages come from the block table. The
+    registers are printed (-s shows them): a one-warp program has the whole tile to itself, so ptxas takes up
+    to 255."""
+    compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     metadata = compiled.metadata
+    print(f"{target} {softmax} D={D} {rows}x{keys} stages={stages} warps={num_warps}: "
+          f"{metadata['registers']} registers")
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["registers"]
     assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
 
 
-@pytest.mark.parametrize("softmax, D, rows, keys, stages", list(decode_tiles("amd")))
+# o_part, lse_part, o, lse, Sq, H, splits, o_part's (split, b, s, h) strides, lse_part's (split, b, h), o's (b, s, h)
+COMBINE_SIGNATURE = ",".join(["*f32:16"] * 4 + ["i32"] * 3 + ["i32:16"] * 6 + ["i32"] + ["i32:16"] * 3)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("splits", [2, 64])
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+def test_the_combine_compiles_without_spills_up_to_the_most_splits(target, D, splits):
+    """The combine kernel at every head dim and up to MAX_SPLITS parts (the model may ask for them all)."""
+    from tessera.kernels_lib.attention_decode import MAX_SPLITS
+    from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel
+    assert splits <= MAX_SPLITS
+    compiled = attention_decode_combine_kernel.compile(target=target, strict=True, signature=COMBINE_SIGNATURE,
+                                                       num_warps=4, D=D, SPLITS=splits)
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+
+
+@pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("amd")))
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages):
-    compiled = compile_decode(target, softmax, D, rows, keys, stages)
+def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages,
+                                                                  num_warps):
+    compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     shapes = set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)_bf16", compiled.stages["amdgcn"]))
     assert shapes and shapes <= set(MFMA[target])
     if target == "gfx950":
@@ -465,10 +502,11 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
     assert compiled.metadata["vgpr_spill_count"] == 0
 
 
-def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9)):
+def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
+                            stages=2):
     """attention_decode's two kernels lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed,
     2 new queries, pages of 16, sequences of 37 and 9 tokens, unless told): (O, LSE) and the float64
-    reference's. Blocks are one page (BN = page)."""
+    reference's. Blocks are one page (BN = page) unless `keys` says."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
     from tessera.passes.thread_passes import lower
@@ -481,7 +519,7 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
     args += [Sq, H, 1, page, LOG2E / math.sqrt(D), 0.0, (unified_max or 0.0) * LOG2E, 8.0, 15.0, 0, 0, splits,
              *q.stride(), *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_part.stride()[:4],
              *lse_part.stride()[:3]]
-    options = dict(D=D, BM=16, BN=page, STAGES=2, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+    options = dict(D=D, BM=16, BN=keys or page, STAGES=stages, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
                    UNIFIED=unified_max is not None, FALLBACK=True)
     module = attention_decode_kernel.specialize(*args, **options).module
     run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
@@ -493,27 +531,38 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
 
 
 @pytest.mark.parametrize("unified_max", [None, 2.0, -30.0], ids=["online", "unified", "unified-falls-back"])
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 4), ("sm_90a", 4), ("gfx942", 2), ("gfx950", 2)])
+@pytest.mark.parametrize("target, num_warps", [("sm_80", 1), ("sm_90a", 1), ("sm_80", 4), ("sm_90a", 4),
+                                               ("gfx942", 2), ("gfx950", 2)])
 def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps, unified_max):
+    """One warp per 16 packed rows (the shipped plans: a program of its own keys) and 4 warps over one 16-row
+    tile (the plans that keep them: warps repeating the products)."""
     o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps, unified_max)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
 
-def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention():
-    """The shipped shape's 256-byte K and V rows (head dim 128, pages of 64 tokens): the ring's row-keyed
-    swizzle (cp.async writes, ldmatrix reads) on the simulator, which also checks shared-memory races."""
-    o, lse, expected_o, expected_lse = decode_on_the_simulator("sm_90a", 4, D=128, page=64, seqlens=(150, 70))
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention(softmax):
+    """The shipped head-dim-128 tile of each softmax (its keys, stages and warps) over pages of 64 tokens: the
+    ring's 256-byte K and V rows under the row-keyed swizzle (cp.async writes, ldmatrix reads) on the
+    simulator, which also checks shared-memory races; sequences not a multiple of the block."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
+    plan = gpu_decode_plan(128, softmax == "unified", "nvidia")
+    o, lse, expected_o, expected_lse = decode_on_the_simulator(
+        "sm_90a", plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
+        keys=plan.keys, stages=plan.stages)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
-def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch):
-    """Every ldmatrix buffer of the shipped decode tile (16 packed rows, 64 keys, head dim 128 on sm_90a) is
-    laid out so that its row reads are conflict-free: the 64 x 128 bf16 K and V blocks (256-byte rows) read
-    8-way conflicted when they were plain row-major, which made the loop shared-memory bound (about 9 us a
-    block on an H100, against 2.6 us of HBM time)."""
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch, softmax):
+    """Every ldmatrix buffer of the shipped head-dim-128 tile of each softmax (16 packed rows, its keys, warps
+    and stages, pages of 64, sm_90a) is laid out so that its row reads are conflict-free: the 64 x 128 bf16
+    K and V blocks (256-byte rows) read 8-way conflicted when they were plain row-major, which made the loop
+    shared-memory bound (about 9 us a block on an H100, against 2.6 us of HBM time)."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
     from tessera.passes.lowering import mma_operands
     from tessera.passes.thread_passes import lower
@@ -530,7 +579,9 @@ def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch):
             np.zeros((splits, 1, 1, 4, D), np.float32), np.zeros((splits, 1, 4, 1), np.float32),
             1, 4, 1, page, 0.1, 0.0, 0.0, 64.0, 64.0, 0, 0, splits, 4 * D, 4 * D, D, 1, page * D, D, D, 1,
             page * D, D, D, 1, 4, 4 * D, 4 * D, 4 * D, D, 4, 4, 1]
-    module = attention_decode_kernel.specialize(*args, D=D, BM=16, BN=page, STAGES=3, SPLIT=True, HAS_LEFT=False,
-                                                HAS_RIGHT=True, SOFTCAP=False, UNIFIED=False, FALLBACK=True).module
-    lower(module, "sm_90a", 4)
-    assert ((64, 128), 1) in chosen and all(conflicts == 1 for _, conflicts in chosen), chosen
+    plan = gpu_decode_plan(D, softmax == "unified", "nvidia")
+    module = attention_decode_kernel.specialize(*args, D=D, BM=16, BN=plan.keys, STAGES=plan.stages, SPLIT=True,
+                                                HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
+                                                UNIFIED=softmax == "unified", FALLBACK=True).module
+    lower(module, "sm_90a", plan.num_warps(16))
+    assert ((plan.keys, D), 1) in chosen and all(conflicts == 1 for _, conflicts in chosen), chosen

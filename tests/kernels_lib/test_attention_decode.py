@@ -48,6 +48,8 @@ CASES = {   # seqlens, case options, op options
     "softcap": ([41], {"H": 8, "H_kv": 1}, {"softcap": 4.0, "num_splits": 2}),
     "bfloat16": ([30, 17], {"dtype": torch.bfloat16, "D": 32}, {"num_splits": 2}),
     "pages-of-64-partly-filled": ([1, 65, 130], {"page": 64, "H": 2, "H_kv": 1}, {"num_splits": 2}),
+    "pages-of-128-gqa-8": ([129, 300], {"page": 128, "H": 8, "H_kv": 1}, {"num_splits": 3}),
+    "pages-of-256-mqa-16": ([257, 90], {"page": 256, "H": 16, "H_kv": 1}, {"num_splits": 4}),
     "unified-max-gqa-split-in-3": ([37, 1, 70], {}, {"num_splits": 3, "unified_max": 2.0}),
     "unified-max-lengths-0-and-1": ([0, 1, 16], {"Sq": 1, "H": 8, "H_kv": 2}, {"num_splits": 2, "unified_max": 1.0}),
     "unified-max-window": ([60, 20], {"Sq": 2}, {"window": 9, "num_splits": 2, "unified_max": 2.0}),
@@ -68,6 +70,33 @@ def test_matches_float64_attention_over_the_gathered_cache(name):
     window = options.get("window", -1)
     assert out.shape == tensors[0].shape and lse.shape == (len(seqlens), tensors[0].shape[2], tensors[0].shape[1])
     check(out, lse, *expected(*tensors, options.get("causal", True), (window, window), options.get("softcap", 0.0)))
+
+
+GPU_PLAN_CASES = {  # seqlens, case options, op options: every shipped tile's shapes, on the interpreter
+    "pages-of-16-gqa-4": ([37, 70], {"page": 16, "H": 8, "H_kv": 2}, {"num_splits": 3}),
+    "pages-of-64-gqa-4-not-a-block-multiple": ([150, 70], {"page": 64, "H": 8, "H_kv": 2}, {"num_splits": 2}),
+    "pages-of-256-gqa-16-two-tokens-two-groups": ([300, 5], {"page": 256, "Sq": 2, "H": 16, "H_kv": 1}, {}),
+    "pages-of-32-one-split": ([45], {"page": 32, "H": 4, "H_kv": 4}, {"num_splits": 1}),
+}
+
+
+@pytest.mark.parametrize("softmax", ["online", "unified"])
+@pytest.mark.parametrize("D", [64, 128])
+@pytest.mark.parametrize("name", list(GPU_PLAN_CASES))
+def test_every_gpu_plan_tile_matches_float64_attention_on_the_interpreter(monkeypatch, name, D, softmax):
+    """The tiles the GPU plans launch (their rows, keys per step and stages; one warp or four is the same
+    program to the interpreter) split the keys and combine them right: page sizes 16 to 256, GQA 1:1 to
+    16:1, lengths that are no multiple of the block, one split or several (chosen, or by the model's rule)."""
+    import importlib
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    plans = module.UNIFIED_DECODE_PLANS if softmax == "unified" else module.DECODE_PLANS
+    monkeypatch.setattr(module, "decode_plan", lambda shape, q, unified: plans[D])
+    seqlens, case, options = GPU_PLAN_CASES[name]
+    tensors = paged_case(seqlens, **case, D=D, seed=len(name) + D)
+    if softmax == "unified":
+        options = {**options, "unified_max": 2.0}
+    out, lse = attention_decode(*tensors, **options)
+    check(out, lse, *expected(*tensors))
 
 
 def run_unified(tensors, unified_max, fallback, splits=2):
@@ -129,3 +158,22 @@ def test_errors(change, message):
 def test_a_unified_max_must_be_finite():
     with pytest.raises(ValueError, match="finite"):
         attention_decode(*paged_case([10, 3]), unified_max=float("inf"))
+
+
+@pytest.mark.parametrize("B, context, page", [(1, 16384, 64), (64, 4096, 16), (1, 40, 16)])
+def test_the_gpu_split_count_is_the_models(monkeypatch, B, context, page):
+    """On a GPU (`num_splits=0`) the op asks the decode model for its plan's tile on this device's SMs: within
+    1 .. the key blocks, and one split where the batch alone fills the SMs."""
+    import importlib
+    from types import SimpleNamespace
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    from tessera.kernels_lib import attention_decode_model as model
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    shape = module.DecodeShape(B, 1, 32, 8, 128, page, context // page)
+    plan = module.gpu_decode_plan(128, False, "nvidia")
+    splits = module._num_splits(shape, plan, True, 0, "cuda")
+    rows, keys = shape.tile(plan)
+    assert splits == model.splits_for(model.Decode(B, 32, 8, 128, context), model.Tile(rows, keys, plan.stages, 1))
+    assert 1 <= splits <= -(-context // keys)
+    if B == 64:
+        assert splits == 1

@@ -11,8 +11,8 @@ torch = pytest.importorskip("torch")
 import importlib  # noqa: E402
 
 attention_module = importlib.import_module("tessera.kernels_lib.attention")
-from tessera.kernels_lib.attention import (GPU_PLANS, WS_ENV, WS_GPU_PLANS, Problem,  # noqa: E402
-                                           wants_warp_specialization)
+from tessera.kernels_lib.attention import (GPU_PLANS, OVERLAP_ENV, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS,  # noqa: E402
+                                           Problem, wants_warp_specialization)
 
 
 class CaughtLaunch(Exception):
@@ -36,6 +36,8 @@ def hopper(monkeypatch):
     monkeypatch.setattr(attention_module, "_on_interpreter", lambda q: False)
     monkeypatch.setattr(attention_module, "attention_fwd_kernel", Recorder())
     monkeypatch.delenv(WS_ENV, raising=False)
+    monkeypatch.delenv(OVERLAP_ENV, raising=False)
+    monkeypatch.delenv(PINGPONG_ENV, raising=False)
     return monkeypatch
 
 
@@ -84,3 +86,38 @@ def test_a_bad_setting_names_the_variable_and_the_values(monkeypatch):
     monkeypatch.setenv(WS_ENV, "yes")
     with pytest.raises(ValueError, match=r"TESSERA_ATTENTION_WS='yes' is not understood; set it to 1 .* 0 .* auto"):
         wants_warp_specialization(128, 4096)
+
+
+@pytest.mark.parametrize("ws_setting", ["0", "1"])
+@pytest.mark.parametrize("D, overlap", [(64, True), (128, True), (256, False)])
+def test_the_overlapped_order_is_taken_on_hopper_when_asked(hopper, ws_setting, D, overlap):
+    """TESSERA_ATTENTION_OVERLAP=1: FlashAttention-3's loop order on both Hopper plans of head dims 64 and 128
+    (head dim 256's would leave no register headroom); unset: FlashAttention-2's, until a GPU run times it."""
+    hopper.setenv(WS_ENV, ws_setting)
+    assert launched(4096, D=D)["OVERLAP"] is False
+    hopper.setenv(OVERLAP_ENV, "1")
+    options = launched(4096, D=D)
+    assert options["OVERLAP"] is overlap and options["WS"] is (ws_setting == "1" and D != 256)
+
+
+def test_the_overlapped_order_is_not_taken_off_hopper_or_for_fp8(hopper):
+    hopper.setenv(OVERLAP_ENV, "1")
+    assert launched(4096, descales=torch.ones(3), out_dtype=torch.bfloat16)["OVERLAP"] is False
+    hopper.setattr(torch.cuda, "get_device_capability", lambda *a: (8, 0))
+    assert launched(4096)["OVERLAP"] is False
+    hopper.setenv(OVERLAP_ENV, "yes")
+    with pytest.raises(ValueError, match="TESSERA_ATTENTION_OVERLAP='yes' is not understood"):
+        launched(4096)
+
+
+@pytest.mark.parametrize("ws_setting, pingpong", [("1", True), ("0", False)])
+def test_the_ping_pong_is_taken_with_the_warp_specialized_overlapped_plan(hopper, ws_setting, pingpong):
+    """TESSERA_ATTENTION_PINGPONG=1 (with ..._OVERLAP=1): the warp-specialized plan's two consumer warpgroups
+    take turns; the plan without a producer has no turns to take (its warpgroups meet at a CTA barrier each
+    iteration), and without OVERLAP=1 nothing changes."""
+    hopper.setenv(WS_ENV, ws_setting)
+    hopper.setenv(PINGPONG_ENV, "1")
+    assert launched(4096)["PINGPONG"] is False
+    hopper.setenv(OVERLAP_ENV, "1")
+    options = launched(4096)
+    assert (options["PINGPONG"], options["OVERLAP"], options["WS"]) == (pingpong, True, ws_setting == "1")

@@ -12,10 +12,13 @@ Specification:
   interpreter computes, 1 or more blocks resident;
 * `experts(..., one_launch=True)` and `MoELayer(one_launch=True)` use it; opcheck passes for both ops;
   training through it is refused with the fix;
-* at every shipped plan it compiles for sm_80 and sm_90a without register spills.
+* at every shipped plan it compiles for sm_80 and sm_90a without register spills; its waits poll with acquire
+  loads and nanosleep backoff, and on sm_90a every TMA fill is fenced for the async proxy.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -123,8 +126,12 @@ def test_every_shipped_plan_compiles_without_spills(target, regime, model):
                                         **constexprs_for(p, E, K, 1, route=True, **options))
     assert compiled.metadata.get("spill_stores", 0) == 0, compiled.metadata
     assert compiled.metadata["registers"] <= 200, compiled.metadata
-    if target == "sm_90a" and "cp.async.bulk.tensor" in compiled.stages["ptx"]:    # rows other programs wrote
-        assert "fence.proxy.async.global" in compiled.stages["ptx"]                  # reach TMA through the fence
+    ptx, thread_ir = compiled.stages["ptx"], compiled.stages["thread_ir"]
+    # `wait_for` polls politely: acquire loads and nanosleep, no read-modify-write of the counter
+    assert "ld.acquire.gpu" in ptx and "nanosleep.u32" in ptx and "atom.global.or" not in ptx
+    if target == "sm_90a" and "cp.async.bulk.tensor" in ptx:        # rows other programs wrote reach TMA
+        fills = len(re.findall(r"^\s*mbarrier_arrive_expect_tx ", thread_ir, re.M))   # through the proxy fence,
+        assert fills and len(re.findall(r"^\s*fence_proxy_async_global$", thread_ir, re.M)) == fills  # every fill
 
 
 SIMT_CASES = {   # target -> (plan, tokens, hidden, intermediate): mma.sync tiles, or wgmma tiles on TMA-filled rings

@@ -103,6 +103,30 @@ def test_strict_mode_makes_a_shortfall_a_compile_error_at_the_loop(monkeypatch):
         sized_by_memory.compile(*gemm_args(), HINT="none", target="sm_80", **BLOCKS)
 
 
+# The same kernel, its TMA shortfall on sm_90 accepted by its author (as decode's, in kernels_lib, is).
+sized_by_memory_accepting_cp_async = tessera.kernel(tolerate=("sizes and row stride are not constants",))(
+    sized_by_memory.fn)
+
+
+def test_a_tolerated_shortfall_stays_a_warning_in_strict_mode_and_no_other_does():
+    """`tessera.kernel(tolerate=...)`: the shortfall named stays a PipelineWarning under strict mode; the same
+    kernel's other shortfalls (a plain loop where HINT="none" hides the alignment) still raise, and a kernel
+    that tolerates nothing raises on both."""
+    with pytest.warns(tessera.PipelineWarning, match="cp.async instead of TMA"):
+        sized_by_memory_accepting_cp_async.compile(*gemm_args(), HINT="multiple_of", target="sm_90", strict=True,
+                                                   **BLOCKS)
+    with pytest.raises(tessera.CompileError, match="cp.async instead of TMA"):
+        sized_by_memory.compile(*gemm_args(), HINT="multiple_of", target="sm_90", strict=True, **BLOCKS)
+    with pytest.raises(tessera.CompileError, match="runs as a plain loop"):
+        sized_by_memory_accepting_cp_async.compile(*gemm_args(), HINT="none", target="sm_80", strict=True,
+                                                   **BLOCKS)
+
+
+def test_tolerate_takes_parts_of_messages():
+    with pytest.raises(tessera.KernelArgumentError, match="tolerate takes non-empty strings"):
+        tessera.kernel(tolerate=("",))(sized_by_memory.fn)
+
+
 def test_fewer_stages_than_asked_is_said():
     with pytest.warns(tessera.PipelineWarning, match=r"\d+ of the 64 stages fit in sm_80's shared memory"):
         sized_by_memory.compile(*gemm_args(), HINT="multiple_of", target="sm_80", BM=128, BN=128, BK=64, STAGES=64)

@@ -156,3 +156,16 @@ def test_print_and_a_failed_assert_on_the_gpu(tmp_path):
     failed = subprocess.run([sys.executable, str(script), "3"], env=env, capture_output=True, text=True, timeout=300)
     assert failed.returncode != 0
     assert "device assertion failed" in failed.stdout and "x must be non-negative" in failed.stdout
+
+
+@pytest.mark.parametrize("n", [64, 4096])
+def test_a_release_store_hands_rows_to_programs_polling_with_acquire_loads_on_the_gpu(n):
+    """tests/language/test_ordered_memory.py on the device: st.release.gpu after a barrier publishes every warp's
+    part of the row; ld.acquire.gpu with nanosleep backoff waits for it (both programs are resident)."""
+    from cooperative_kernels import gather_when_all_ready, polite_handoff
+    flag, data, out = on_device([np.zeros(1, np.int32), np.zeros(n, np.int32), np.zeros(n, np.int32)])
+    polite_handoff[(2,)](flag, data, out, N=n)
+    assert back(out).tolist() == (np.arange(n) * 3 + 1).tolist()
+    flags, data, out = on_device([np.zeros(8, np.int32), np.zeros(8 * n, np.int32), np.zeros(n, np.int32)])
+    gather_when_all_ready[(8,)](flags, data, out, N=n)
+    assert back(out).tolist() == sum(np.arange(n) + p for p in range(1, 8)).tolist()

@@ -287,11 +287,27 @@ def matmul_after_flag(a_ptr, b_ptr, c_ptr, flag_ptr, M, N, K, BM: tessera.conste
     tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
-def test_tma_reads_after_an_atomic_handoff_are_fenced_for_the_async_proxy():
+@tessera.kernel
+def matmul_after_acquired_flag(a_ptr, b_ptr, c_ptr, flag_ptr, M, N, K, BM: tessera.constexpr,
+                               BN: tessera.constexpr, BK: tessera.constexpr):
+    """`matmul_after_flag` waiting politely: acquire loads with nanosleep, no atomic anywhere in the kernel."""
+    pid_m, pid_n = tessera.program_id(0), tessera.program_id(1)
+    while tessera.load(flag_ptr, sem="acquire") < 1:
+        tessera.nanosleep(64)
+    a, b = tessera.view(a_ptr, (M, K)), tessera.view(b_ptr, (K, N))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
+
+
+@pytest.mark.parametrize("kernel", [matmul_after_flag, matmul_after_acquired_flag])
+def test_tma_reads_after_an_atomic_handoff_are_fenced_for_the_async_proxy(kernel):
     """fence.proxy.async.global precedes each fill's TMA copies where the kernel synchronizes programs with
-    atomics (their generic-proxy writes, acquired, become visible to its TMA reads); a plain GEMM has none."""
+    atomics or acquire loads (an op with the `orders_programs` trait: their generic-proxy writes, acquired,
+    become visible to its TMA reads); a plain GEMM has none."""
     signature = "*f16:16,*f16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16"
-    ptx = matmul_after_flag.compile(target="sm_90a", signature=signature, BM=64, BN=64, BK=32).stages["ptx"]
+    ptx = kernel.compile(target="sm_90a", signature=signature, BM=64, BN=64, BK=32).stages["ptx"]
     assert "cp.async.bulk.tensor" in ptx
     assert ptx.count("fence.proxy.async.global") >= 2          # the prologue's fill and the loop's refill
     first_copy = ptx.index("cp.async.bulk.tensor")

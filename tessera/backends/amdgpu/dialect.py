@@ -17,7 +17,11 @@
 * a shuffle word moves with `ds_bpermute_b32`: each lane computes the lane
   it reads (the same rule as PTX `shfl.sync` and the SIMT simulator, with
   `width` segments) and asks for its byte address, lane * 4 (wave64);
-* math: `math.py`; atomics use the "agent" scope (the whole GPU).
+* math: `math.py`; atomics use the "agent" scope (the whole GPU);
+* `nanosleep` is `s_sleep`, whose immediate counts 64 clocks (about 30 ns
+  at gfx942's 2.1 GHz): a constant becomes one `s_sleep` of up to 127
+  units, a value known only at run time a loop of `s_sleep 1` per whole unit (at
+  most 1 ms).
 """
 
 from __future__ import annotations
@@ -38,6 +42,9 @@ CODE_OBJECT_VERSION = 500
 LDS_SYMBOL = "tessera_lds"
 LDS_ALIGN = 16
 DYNAMIC_SHARED_BYTES = 0  # all LDS is static: the launch passes no dynamic group segment
+SLEEP_UNIT_NS = 30        # one s_sleep unit: 64 clocks at ~2.1 GHz (gfx942's peak engine clock)
+MAX_SLEEP_UNITS = 127     # s_sleep's immediate is 7 bits
+MAX_SLEEP_NS = 1_000_000  # a sleep known only at run time is cut at 1 ms, NVIDIA's bound
 # hsa_kernel_dispatch_packet_t byte offsets
 WORKGROUP_SIZE_OFFSET = 4   # u16 workgroup_size_{x,y,z}
 GRID_SIZE_OFFSET = 12       # u32 grid_size_{x,y,z}, in work-items
@@ -123,6 +130,30 @@ class AmdgpuDialect(TargetDialect):
         lw.builder.fence("release", "workgroup")
         lw.intrinsic("llvm.amdgcn.s.barrier", [])
         lw.builder.fence("acquire", "workgroup")
+
+    def nanosleep(self, lw, ns: ir.Value) -> None:
+        if isinstance(ns, ir.Constant):
+            units = min(MAX_SLEEP_UNITS, -(-int(ns.constant) // SLEEP_UNIT_NS))
+            if units > 0:
+                lw.intrinsic("llvm.amdgcn.s.sleep", [ir.Constant(I32, units)])
+            return
+        # s_sleep takes only an immediate: sleep one unit at a time, ceil(ns / unit) times
+        bld = lw.builder
+        units = bld.udiv(ns, ir.Constant(I32, SLEEP_UNIT_NS))
+        most = ir.Constant(I32, MAX_SLEEP_NS // SLEEP_UNIT_NS)        # as NVIDIA's, at most 1 ms (ns is unsigned)
+        units = bld.select(bld.icmp_unsigned("<", units, most), units, most)
+        start = bld.block
+        head, body, done = lw.new_block("sleep.head"), lw.new_block("sleep.body"), lw.new_block("sleep.done")
+        bld.branch(head)
+        bld.position_at_end(head)
+        slept = bld.phi(I32)
+        slept.add_incoming(ir.Constant(I32, 0), start)
+        bld.cbranch(bld.icmp_unsigned("<", slept, units), body, done)
+        bld.position_at_end(body)
+        lw.intrinsic("llvm.amdgcn.s.sleep", [ir.Constant(I32, 1)])
+        slept.add_incoming(bld.add(slept, ir.Constant(I32, 1)), bld.block)
+        bld.branch(head)
+        bld.position_at_end(done)
 
     def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:
         bld = lw.builder

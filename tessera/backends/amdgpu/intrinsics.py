@@ -36,6 +36,8 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.amdgcn.workgroup.id.{axis}": (I32, ()) for axis in "xyz"},
     # The HSA kernel dispatch packet (hsa_kernel_dispatch_packet_t): block and grid sizes.
     "llvm.amdgcn.dispatch.ptr": (ir.PointerType(addrspace=CONSTANT_ADDRSPACE), ()),
+    # s_sleep N (an immediate, 0..127): the wave sleeps about N * 64 clocks.
+    "llvm.amdgcn.s.sleep": (VOID, (I32,)),
     # s_barrier: every wave of the work-group waits here (memory ordering comes from fences around it).
     "llvm.amdgcn.s.barrier": (VOID, ()),
     # ds_bpermute_b32 (byte address = source lane * 4, value): each lane reads the value of another lane.

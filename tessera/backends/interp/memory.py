@@ -1,4 +1,4 @@
-"""Memory ops: pointer arithmetic, masked loads and stores, atomics, tensor views.
+"""Memory ops: pointer arithmetic, masked loads and stores (ordered ones too), atomics, tensor views.
 
 Memory safety is the interpreter's main service to a kernel author:
 
@@ -55,7 +55,7 @@ def _zeros(op):
     return np.zeros(shape_of(t), dtype=scalar_dtype(t).compute_dtype)
 
 
-@semantics("load")
+@semantics("load", "load_acquire")      # one program runs at a time here: every access is ordered
 def _load(ctx, op, ptr, mask=None, other=None):
     _check_in_bounds(ctx, op, ptr, mask, "load")
     if mask is None:
@@ -65,13 +65,18 @@ def _load(ctx, op, ptr, mask=None, other=None):
     return result
 
 
-@semantics("store")
+@semantics("store", "store_release")
 def _store(ctx, op, ptr, value, mask=None):
     _check_in_bounds(ctx, op, ptr, mask, "store")
     if mask is None:
         ptr.memory.store(ptr.offsets, value)
     else:
         ptr.memory.store(ptr.offsets[mask], np.broadcast_to(value, mask.shape)[mask])
+
+
+@semantics("nanosleep")
+def _nanosleep(ctx, op, ns):
+    """Nothing to wait for: a spin loop that changes nothing parks in the cooperative scheduler instead."""
 
 
 # -- atomics ---------------------------------------------------------------

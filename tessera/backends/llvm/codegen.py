@@ -9,7 +9,9 @@ The kernel becomes one function, which the dialect makes a kernel
 * parameters: pointers are `ptr addrspace(1)`, and `noalias` where the
   function's `noalias` attribute lists them (the launch found their memory
   disjoint from every other pointer argument's; it lets read-only inputs use
-  non-coherent loads), and a pointer to a sub-byte type becomes its bit
+  non-coherent loads) and no acquire load reads through them (memory that
+  another program of the launch writes is not read-only; LLVM 22's NVPTX
+  aborts selecting an acquire load as a non-coherent one), and a pointer to a sub-byte type becomes its bit
   address (i64) on entry; scalars keep their type, except `bool`, which is
   passed as one byte (i8, 0 or 1) like numpy and torch store it; a
   `tensormap` is the address of a by-value parameter, in the form the dialect
@@ -39,7 +41,7 @@ from llvmlite import ir
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
 from tessera.ir.ops import OPS
-from tessera.ir.types import PointerType, ScalarType, TensorMapType, scalar_dtype
+from tessera.ir.types import PointerType, ScalarType, TensorMapType, element_of, scalar_dtype
 
 from . import inline_asm, low_bit, memory, ops, thread  # noqa: F401  (register the common codegen)
 from .dialect import TargetDialect
@@ -90,6 +92,8 @@ class Codegen:
         function = ir.Function(self.module, ir.FunctionType(ir.VoidType(), params), name=self.fn.name)
         self.dialect.configure_kernel(function, self.fn)
         noalias = set(self.fn.attrs.get("noalias", ()))
+        acquired = acquired_parameters(self.fn)
+        noalias = set() if acquired is None else noalias - acquired
         for index, (arg, param) in enumerate(zip(self.fn.args, function.args)):
             param.name = _llvm_name(arg.name_hint) or "arg"
             if isinstance(arg.type, PointerType) and index in noalias:
@@ -293,6 +297,29 @@ def _is_bool(t) -> bool:
 def _unnamed(value: ir.Instruction) -> bool:
     """llvmlite numbers values created without a name: ".12"."""
     return not value.name or value.name.lstrip(".").isdigit()
+
+
+def acquired_parameters(fn: Function) -> set[int] | None:
+    """Indices of the parameters the pointers of `fn`'s acquire loads derive from, following pointer values only
+    (offsets do not change which memory is read); None: any of them, when a pointer comes through a region's
+    result or a block argument."""
+    params = {arg: i for i, arg in enumerate(fn.args)}
+    roots: set[int] = set()
+    work = [op.operands[0] for op in fn.walk() if op.name == "load_acquire"]
+    seen: set[Value] = set()
+    while work:
+        value = work.pop()
+        if value in seen or not isinstance(element_of(value.type), PointerType):
+            continue
+        seen.add(value)
+        if value in params:
+            roots.add(params[value])
+            continue
+        owner = value.owner
+        if not isinstance(owner, Operation) or owner.regions:
+            return None
+        work.extend(owner.operands)
+    return roots
 
 
 def _llvm_name(hint: str) -> str:

@@ -9,6 +9,7 @@ where the instruction depends on the GPU it asks the function's dialect:
 | `declare_shared_memory`   | dynamic `extern [0 x i8]` addrspace(3) | static LDS `[shared_bytes x i8]` addrspace(3) |
 | `thread_id` / `program_id` / `num_programs` | `%tid`, `%ctaid`, `%nctaid` | workitem/workgroup ids, dispatch packet |
 | `barrier`                 | `bar.sync 0`                           | fence + `s_barrier` + fence                   |
+| `nanosleep`               | `nanosleep.u32`                        | `s_sleep` (64 clocks a unit), or a loop of them |
 | `shuffle_word`            | `shfl.sync` (32-bit)                   | `ds_bpermute` (32-bit)                        |
 | `math`, `float_rem`       | libdevice or MUFU approximations       | LLVM intrinsics and expansions                |
 | `device_syncscope`        | `"device"`                             | `"agent"`                                     |
@@ -74,6 +75,10 @@ class TargetDialect:
         raise NotImplementedError
 
     def barrier(self, lw) -> None:
+        raise NotImplementedError
+
+    def nanosleep(self, lw, ns: ir.Value) -> None:
+        """Sleep about `ns` (an i32) nanoseconds: a hint, never a synchronization."""
         raise NotImplementedError
 
     def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:

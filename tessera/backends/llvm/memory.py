@@ -19,6 +19,12 @@
   fence after), which is right on every target; `cmpxchg` keeps its
   ordering (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits (floats go
   through integers, so NaN can match).
+* `load_acquire` / `store_release` are LLVM's `load atomic` / `store
+  atomic` with acquire / release ordering at the device scope, one per
+  register, on the integer of the element's width (bitcast to and from the
+  register type: no target needs an atomic access of bf16 or fp8):
+  `ld.acquire.gpu` / `st.release.gpu` on NVPTX (sm_70+), a global access
+  with `sc1` and a cache invalidate / write-back on gfx942.
 """
 
 from __future__ import annotations
@@ -183,6 +189,59 @@ def _store_group(lw, address, value, mask, dtype: dt.DType, k: int):
         lw.guarded(mask, store, name="store")
 
 
+# -- ordered accesses ------------------------------------------------------------------------
+
+
+def _bits_type(dtype: dt.DType) -> ir.IntType:
+    return ir.IntType(max(8, dtype.bits))
+
+
+@codegen_for("load_acquire")
+def _load_acquire(lw, op, ptr, mask=None, other=None):
+    dtype = scalar_dtype(op.result.type)
+    bld = lw.builder
+
+    def one(address, fill, m):
+        def load():
+            word = bld.load_atomic(address, _ordering(lw, "acquire"), _alignment(dtype, 1), typ=_bits_type(dtype))
+            if dtype.is_bool:
+                return bld.icmp_unsigned("!=", word, ir.Constant(word.type, 0))
+            return word if dtype.is_int else bld.bitcast(word, scalar_type(dtype))
+
+        if m is None:
+            return load()
+        return lw.guarded(m, load, fill, name="load_acquire")
+
+    if other is None:
+        other = ir.Constant(register_type(op.result.type), None)
+    return _per_register(lw, one, ptr, other, mask)
+
+
+@codegen_for("store_release")
+def _store_release(lw, op, ptr, value, mask=None):
+    dtype = element_of(op.operands[0].type).pointee
+    bld = lw.builder
+
+    def one(address, v, m):
+        def store():
+            if dtype.is_bool:
+                word = bld.zext(v, I8)
+            else:
+                word = v if dtype.is_int else bld.bitcast(v, _bits_type(dtype))
+            # llvmlite's store_atomic compares the typed pointee, which opaque pointers lack: insert it directly
+            bld._insert(ir.instructions.StoreAtomicInstr(bld.block, word, address, _ordering(lw, "release"),
+                                                         _alignment(dtype, 1)))
+
+        if m is None:
+            store()
+        else:
+            lw.guarded(m, store, name="store_release")
+        return None
+
+    _per_register(lw, one, ptr, value, mask)
+    return None
+
+
 # -- atomics -------------------------------------------------------------------------------
 
 
@@ -249,6 +308,8 @@ def _per_register(lw, one, ptr, *operands):
     for i in range(ptr.type.count):
         lane = one(*[bld.extract_element(v, _index(i)) for v in (ptr, *values)],
                    None if mask is None else bld.extract_element(mask, _index(i)))
+        if lane is None:        # a store: nothing to collect
+            continue
         if result is None:
             result = ir.Constant(ir.VectorType(lane.type, ptr.type.count), ir.Undefined)
         result = bld.insert_element(result, lane, _index(i))

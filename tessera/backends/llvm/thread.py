@@ -66,6 +66,11 @@ def _barrier(lw, op):
     lw.dialect.barrier(lw)
 
 
+@codegen_for("nanosleep")
+def _nanosleep(lw, op, ns):
+    lw.dialect.nanosleep(lw, ns)
+
+
 @codegen_for("shared_alloc")
 def _shared_alloc(lw, op):
     return lw.builder.gep(lw.shared_memory, [ir.Constant(I32, op.attrs["offset"])], source_etype=ir.IntType(8))

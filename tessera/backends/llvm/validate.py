@@ -190,6 +190,12 @@ class _Validator:
     def op_atomic_rmw(self, op: Operation) -> None:
         self.packed_access(op)
 
+    def op_load_acquire(self, op: Operation) -> None:
+        self.packed_access(op)
+
+    def op_store_release(self, op: Operation) -> None:
+        self.packed_access(op)
+
     def op_atomic_cas(self, op: Operation) -> None:
         self.packed_access(op)
 

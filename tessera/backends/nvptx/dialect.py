@@ -89,6 +89,9 @@ class NvptxDialect(TargetDialect):
     def barrier(self, lw) -> None:
         lw.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.all", [ir.Constant(I32, 0)])
 
+    def nanosleep(self, lw, ns: ir.Value) -> None:
+        lw.intrinsic("llvm.nvvm.nanosleep", [ns])      # nanosleep.u32 (sm_70+): within [0, 2 * ns], at most 1 ms
+
     def shuffle_word(self, lw, mode: str, word: ir.Value, lane: ir.Value, width: int) -> ir.Value:
         warp = self.target.warp_size
         clamp = ir.Constant(I32, ((warp - width) << 8) | (0 if mode == "up" else warp - 1))

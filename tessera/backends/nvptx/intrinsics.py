@@ -31,6 +31,8 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for reg in ("tid", "ctaid", "nctaid", "ntid") for axis in "xyz"},
     # trap: ends the launch with an error (a failed device_assert, after it printed why).
     "llvm.trap": (VOID, ()),
+    # nanosleep.u32 ns (sm_70+): a spin-wait's backoff; the operand may be a register.
+    "llvm.nvvm.nanosleep": (VOID, (I32,)),
     # bar.sync 0: every thread of the block waits here.
     "llvm.nvvm.barrier.cta.sync.aligned.all": (VOID, (I32,)),
     # shfl.sync.<mode>.b32 (membermask, value, lane/delta, clamp|segmask << 8)
@@ -96,6 +98,7 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.setmaxnreg.dec.sync.aligned.u32": (VOID, (I32,)),
     "llvm.nvvm.elect.sync": (ir.LiteralStructType([I32, I1]), (I32,)),
     "llvm.nvvm.barrier.cta.sync.aligned.count": (VOID, (I32, I32)),
+    "llvm.nvvm.barrier.cta.arrive.aligned.count": (VOID, (I32, I32)),      # bar.arrive id, count
 }
 
 # -- sm_90+ only: mbarriers and TMA (bulk_async.py) --------------------------------

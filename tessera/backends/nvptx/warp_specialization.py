@@ -12,7 +12,8 @@
   simulator checks that): electing among the active lanes of divergent code
   (activemask) could elect two leaders when the warp is not converged.
 * `named_barrier {id, count}` is `bar.sync id, count`
-  (`llvm.nvvm.barrier.cta.sync.aligned.count`, every NVIDIA target).
+  (`llvm.nvvm.barrier.cta.sync.aligned.count`, every NVIDIA target); with
+  `arrive`, `bar.arrive id, count` (`...arrive.aligned.count`).
 
 `check_op` refuses setmaxnreg and elect_sync where the target lacks them,
 before LLVM (which aborts on "Cannot select").
@@ -58,5 +59,6 @@ def _elect_sync(lw, op):
 
 @codegen_for("named_barrier")
 def _named_barrier(lw, op):
-    lw.intrinsic("llvm.nvvm.barrier.cta.sync.aligned.count",
+    name = "arrive" if op.attrs.get("arrive") else "sync"
+    lw.intrinsic(f"llvm.nvvm.barrier.cta.{name}.aligned.count",
                  [ir.Constant(I32, op.attrs["id"]), ir.Constant(I32, op.attrs["count"])])

@@ -114,7 +114,7 @@ def _access(ctx, op, ptr, mask, action: str):
     return live
 
 
-@simt("load")
+@simt("load", "load_acquire")        # lockstep blocks, one running at a time: every access is ordered
 def _load(ctx, op, ptr, mask=None, other=None):
     live = _access(ctx, op, ptr, mask, "load")
     _record_shared(ctx, op, ptr, live)
@@ -128,7 +128,7 @@ def _load(ctx, op, ptr, mask=None, other=None):
     return result
 
 
-@simt("store")
+@simt("store", "store_release")
 def _store(ctx, op, ptr, value, mask=None):
     live = _access(ctx, op, ptr, mask, "store")
     _record_shared(ctx, op, ptr, live, value)
@@ -136,6 +136,11 @@ def _store(ctx, op, ptr, value, mask=None):
         ptr.memory.store(ptr.offsets, value)
     else:
         ptr.memory.store(ptr.offsets[live], value[live])
+
+
+@simt("nanosleep")
+def _nanosleep(ctx, op, ns):
+    """Nothing to wait for: a spin loop that changes nothing parks in the cooperative scheduler instead."""
 
 
 @simt("atomic_rmw")

@@ -104,12 +104,14 @@ class SharedMemory:
             self._group_reads.fill(0)
             self._dirty = False
 
-    def order_after(self, threads: np.ndarray) -> None:
+    def order_after(self, threads: np.ndarray, releasing: np.ndarray | None = None) -> None:
         """Accesses so far by `threads` (ids) are ordered before the accesses of whoever synchronized with them
-        (an observed mbarrier phase they arrived on, a named barrier): forget the bytes only they touched."""
+        (an observed mbarrier phase they arrived on, a named barrier): forget the bytes only they touched. The
+        wgmma reads of the warpgroups of `releasing` (default: `threads`) count as done too (a thread that
+        only arrived at a barrier, `bar.arrive`, may have wgmmas in flight)."""
         if not self._dirty or threads.size == 0:
             return
-        groups = np.unique(threads // WARPGROUP_THREADS)
+        groups = np.unique((threads if releasing is None else releasing) // WARPGROUP_THREADS)
         self._group_reads &= ~np.uint64(sum(1 << int(g) for g in groups))     # a member releases its group's wgmmas
         touched = np.flatnonzero((self._writer_lo != _NONE) | (self._reader_lo != _NONE))
         member = np.zeros(max(int(threads.max()), int(self._writer_hi[touched].max(initial=0)),

@@ -151,6 +151,7 @@ class ThreadBlock:
                                    kernel=self.fn.name, program_id=self.program_id)
         mbarrier.finish_block(self)
         tma_store.finish_block(self)
+        warp_specialization.finish_block(self)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""

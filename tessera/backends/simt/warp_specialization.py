@@ -13,7 +13,11 @@
   of them: `count` = the block is a `barrier`). Threads of other paths may
   arrive meanwhile: the arriving path waits for them (`paths.py`), and
   a barrier that can never fill is a DEADLOCK. More than `count` arrivals
-  is an error.
+  is an error. With `arrive` the threads count toward the round and go on
+  at once (bar.arrive); their shared-memory accesses before it are ordered
+  before those of the threads that wait for the round, but not their
+  warpgroups' wgmmas, which may still be reading. A round left incomplete
+  when the block ends is an error (`finish_block`).
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ import numpy as np
 
 from tessera.ir.wgmma_layouts import WARPGROUP
 
+from ..interp.errors import InterpreterError
 from .ops import live_mask, simt, whole_units
 from .paths import span, wait_until
 
@@ -74,6 +79,7 @@ class _NamedBarrier:
     def __init__(self, num_threads: int, count: int):
         self.count = count
         self.arrived = np.zeros(num_threads, bool)
+        self.only_arrived = np.zeros(num_threads, bool)   # by `arrive`: their wgmmas may still be in flight
         self.rounds = 0
 
 
@@ -95,6 +101,8 @@ def _named_barrier(ctx, op):
     if twice.any():
         raise ctx.error(op, f"thread {int(np.argmax(twice))} arrives at named_barrier {barrier_id} twice in one round")
     bar.arrived |= live
+    if op.attrs.get("arrive"):
+        bar.only_arrived |= live
     arrived = int(bar.arrived.sum())
     if arrived > count:
         raise ctx.error(op, f"{arrived} threads ({span(np.flatnonzero(bar.arrived))}) arrive at named_barrier "
@@ -102,12 +110,16 @@ def _named_barrier(ctx, op):
                             "that use it")
     if arrived == count:
         participants = np.flatnonzero(bar.arrived)
+        waited = np.flatnonzero(bar.arrived & ~bar.only_arrived)
         bar.arrived[:] = False
+        bar.only_arrived[:] = False
         bar.rounds += 1
         if count == ctx.num_threads:
             ctx.shared.barrier()
         else:
-            ctx.shared.order_after(participants)
+            ctx.shared.order_after(participants, releasing=waited)
+        return
+    if op.attrs.get("arrive"):
         return
     round_ = bar.rounds
     mine = np.flatnonzero(live)
@@ -119,3 +131,14 @@ def _named_barrier(ctx, op):
     wait_until(ctx, op, lambda: bar.rounds != round_, waiting,
                lambda: (f"DEADLOCK: threads {span(mine)} wait at {waiting()}, and no other thread of the block is "
                         "running that could arrive; count the threads that reach it"))
+
+
+def finish_block(block) -> None:
+    """At the block's end no named barrier may hold arrivals of a round that never completed: on the GPU a
+    `bar.arrive` nobody waits for is left pending (a ping-pong whose turns do not balance)."""
+    for barrier_id, bar in block.state.get("named_barriers", {}).items():
+        if bar.arrived.any():
+            raise InterpreterError(f"named_barrier {barrier_id} ends the block with threads "
+                                   f"{span(np.flatnonzero(bar.arrived))} arrived and {bar.count} expected: its "
+                                   "last round never completed; match every arrival with a wait",
+                                   kernel=block.fn.name, program_id=block.program_id)

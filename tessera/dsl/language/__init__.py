@@ -4,7 +4,7 @@ import `tessera.ir` and the rest of `tessera.dsl`.
 Importing this package registers every builtin in `values.BUILTINS`:
 
     creation     program_id, num_programs, arange, zeros, full, cast
-    memory       load, store, view (and view.block), atomic_*
+    memory       load, store (and their sem=), view (and view.block), atomic_*, nanosleep
     math         exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh, erf, sigmoid,
                  floor, ceil, abs, minimum, maximum, where
     shape        reshape, permute, trans, expand_dims, broadcast_to

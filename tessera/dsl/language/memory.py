@@ -1,4 +1,4 @@
-"""Reading and writing global memory: views and blocks, raw pointers, atomics.
+"""Reading and writing global memory: views and blocks, raw pointers, atomics, ordered accesses.
 
 Two ways in:
 
@@ -8,6 +8,10 @@ Two ways in:
   read the fill value and are never written: bounds-checked by construction.
 * raw pointers (for experts): `tessera.load(ptr + offs, mask=offs < n)`.
   Masked-off lanes are neither read nor written.
+
+Programs of one launch hand data to each other through memory ordered at
+GPU scope: atomics (acquire-release), `load(..., sem="acquire")` and
+`store(..., sem="release")`; a spin-wait backs off with `nanosleep(ns)`.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir.dtypes import DType, bool_
+from ...ir.dtypes import DType, bool_, i32
 from ...ir.ops import BITWISE_KINDS
 from ...ir.types import element_of
 from .. import operators
@@ -66,15 +70,26 @@ def _mask(ctx: Context, mask: Any, shape: tuple[int, ...], what: str) -> Tensor:
 
 
 @builtin
-def load(ctx: Context, pointer, mask=None, other=None, layout=None) -> Tensor:
-    """load(pointer, mask=None, other=None, layout=None) -> the values `pointer` points to.
+def load(ctx: Context, pointer, mask=None, other=None, layout=None, sem=None) -> Tensor:
+    """load(pointer, mask=None, other=None, layout=None, sem=None) -> the values `pointer` points to.
 
     `pointer` is a pointer or a tile of pointers; the result has its shape
     and its element type. Where the bool `mask` is false, memory is not read
     and the lane is `other` (0 when absent). `mask` and `other` broadcast to
     the pointer's shape; `other` is converted to the element type. `layout`
     pins the result's register layout (see `tessera.convert_layout`).
+
+    `sem="acquire"` makes it an acquire load at GPU scope (`ld.acquire.gpu`;
+    AMD: an agent-scope atomic load): once it reads what another program
+    stored with `sem="release"` or an atomic, this program sees everything
+    that program wrote before. A scalar one is read by one thread and handed
+    to the others through shared memory, so the whole program acquires; poll
+    with it, not with `atomic_add(ptr, 0)`:
+
+        while tessera.load(flag_ptr, sem="acquire") < target:
+            tessera.nanosleep(100)
     """
+    _check_sem(ctx, "load", sem, "acquire")
     pointer = _pointer(ctx, pointer, "load")
     shape = pointer.shape
     operands = [pointer]
@@ -86,23 +101,48 @@ def load(ctx: Context, pointer, mask=None, other=None, layout=None) -> Tensor:
         operands.append(_mask(ctx, mask, shape, "load"))
         if other is not None:
             operands.append(_fit(ctx, other, _pointee(pointer), shape, "load's `other`"))
-    return pin_layout(ctx, operators.emit(ctx, "load", *operands), layout, "load's layout")
+    _check_whole_elements(ctx, pointer, "load", sem)
+    name = "load" if sem is None else "load_acquire"
+    return pin_layout(ctx, operators.emit(ctx, name, *operands), layout, "load's layout")
 
 
 @builtin
-def store(ctx: Context, pointer, value, mask=None) -> None:
-    """store(pointer, value, mask=None): write `value` where `pointer` points.
+def store(ctx: Context, pointer, value, mask=None, sem=None) -> None:
+    """store(pointer, value, mask=None, sem=None): write `value` where `pointer` points.
 
     `value` is converted to the pointer's element type and broadcast to its
     shape (a scalar fills every lane). Lanes where the bool `mask` is false
     are not written.
+
+    `sem="release"` makes it a release store at GPU scope (`st.release.gpu`;
+    AMD: an agent-scope atomic store): a program whose acquire (`load(...,
+    sem="acquire")`, an atomic) reads the value sees everything this program
+    wrote before it. A scalar one is made by one thread after a barrier, so
+    it publishes the whole program's writes.
     """
+    _check_sem(ctx, "store", sem, "release")
     pointer = _pointer(ctx, pointer, "store")
     shape = pointer.shape
     operands = [pointer, _fit(ctx, value, _pointee(pointer), shape, "store's value")]
     if mask is not None:
         operands.append(_mask(ctx, mask, shape, "store"))
-    operators.emit(ctx, "store", *operands)
+    _check_whole_elements(ctx, pointer, "store", sem)
+    operators.emit(ctx, "store" if sem is None else "store_release", *operands)
+
+
+def _check_sem(ctx: Context, what: str, sem: Any, ordered: str) -> None:
+    """`sem` of a load or store: None (a plain access) or its one ordering, a compile-time string."""
+    require_constexpr(ctx, sem, f"{what}'s sem")
+    if sem is not None and sem != ordered:
+        ctx.error(f"{what}'s sem must be {ordered!r} (GPU scope) or None for a plain {what}, got {describe(sem)}; "
+                  f"e.g. tessera.{what}(ptr{', value' if what == 'store' else ''}, sem={ordered!r})")
+
+
+def _check_whole_elements(ctx: Context, pointer: Tensor, what: str, sem: Any) -> None:
+    pointee = _pointee(pointer)
+    if sem is not None and pointee.is_subbyte:
+        ctx.error(f"a {what} with sem={sem!r} accesses whole elements of 8 bits or more, but {pointer.type} points "
+                  f"to packed {pointee.name}; keep the flag in a wider type (e.g. tessera.i32)", TypeMismatchError)
 
 
 # ---------------------------------------------------------------------------
@@ -249,6 +289,12 @@ def atomic_add(ctx: Context, pointer, value, mask=None) -> Tensor:
 
     `value` is converted to the element type and broadcast to the pointer's
     shape; lanes where `mask` is false are untouched.
+
+    Every atomic is acquire-release at GPU scope. A scalar one is the whole
+    program's: one thread performs it after a barrier (so it releases every
+    thread's earlier writes), and its old value reaches every thread through
+    shared memory. To wait for a counter, poll with `load(ptr, sem="acquire")`
+    rather than `atomic_add(ptr, 0)`, which writes the line each time.
     """
     return _atomic(ctx, "add", pointer, value, mask)
 
@@ -302,3 +348,35 @@ def atomic_cas(ctx: Context, pointer, compare, value) -> Tensor:
     expected = _fit(ctx, compare, pointee, shape, "atomic_cas's compare")
     desired = _fit(ctx, value, pointee, shape, "atomic_cas's value")
     return operators.emit(ctx, "atomic_cas", pointer, expected, desired)
+
+
+# ---------------------------------------------------------------------------
+# Waiting for other programs
+
+
+@builtin
+def nanosleep(ctx: Context, ns) -> None:
+    """nanosleep(ns): sleep about `ns` nanoseconds, the backoff of a spin-wait.
+
+    `ns` is an integer (a Python int or an integer scalar, converted to i32).
+    A hint, as on the hardware: NVIDIA's `nanosleep.u32` sleeps within
+    [0, 2 * ns] and at most 1 ms; AMD's `s_sleep` counts 64 clocks a unit
+    (about 30 ns), so it sleeps in those steps. The CPU interpreter and the
+    SIMT simulator do nothing (their scheduler parks a program whose wait
+    loop changes nothing). Polling politely leaves the memory system to the
+    programs being waited for:
+
+        pause = 32
+        while tessera.load(flag_ptr, sem="acquire") == 0:
+            tessera.nanosleep(pause)
+            pause = tessera.minimum(pause * 2, 1024)
+    """
+    is_int = isinstance(ns, int) and not isinstance(ns, bool)
+    is_int_scalar = isinstance(ns, Tensor) and not ns.is_tile and ns.dtype is not None and ns.dtype.is_int
+    if not (is_int or is_int_scalar):
+        ctx.error(f"nanosleep needs an integer number of nanoseconds (a Python int or an integer scalar), got "
+                  f"{describe(ns)}; e.g. tessera.nanosleep(100), or convert it with .to(tessera.i32)",
+                  TypeMismatchError)
+    if is_int and not 0 <= ns < 2 ** 31:
+        ctx.error(f"nanosleep's ns must be in [0, 2**31), got {ns} (the hardware sleeps at most 1 ms anyway)")
+    operators.emit(ctx, "nanosleep", operators.fit(ctx, ns, i32, ()))

@@ -2,7 +2,7 @@
 kernel whose programs take work items by ticket (the FlashMoE idea on one GPU; docs/moe.md).
 
 Each program takes its next item with `ticket = atomic_add(queue, 1)` until the tickets run out. Tickets map to
-items in a fixed order, and an item waits (spinning on a counter) only for items with smaller tickets:
+items in a fixed order, and an item waits (polling a counter: `wait_for`) only for items with smaller tickets:
 
     tickets             item                                             waits for
     0 .. P-1            route chunk p (or count its ids), then routed++  nothing
@@ -51,14 +51,23 @@ from .experts import combine_tile, down_tile, gate_up_tile
 from .mlp import check_experts, pipelining, tiles
 from .routing import check_routing, route_chunk, tokens_per_program
 
+
 QUEUE, ROUTED, PREFIXED, ALIGNED, DOWNS, H_DONE = 0, 1, 2, 3, 4, 5
+FIRST_PAUSE_NS, LONGEST_PAUSE_NS = 32, 512     # a wait's backoff doubles from 32 ns up to 0.5 us
 
 
 @tessera.func
 def wait_for(counter_ptr, target):
-    """Spin until the counter reaches `target` (atomics are acquire-release: what its writers stored is seen)."""
-    while tessera.atomic_add(counter_ptr, 0) < target:
-        pass
+    """Poll until the counter reaches `target`. Each poll is an acquire load (one thread's, handed to the others
+    through shared memory): once it sees the count, this program sees every row the counted items wrote before
+    their acquire-release increment. Between polls the threads sleep, doubling from FIRST_PAUSE_NS to
+    LONGEST_PAUSE_NS, so waiting programs leave the memory system to the ones they wait for. On sm_90a the
+    compiler fences the async proxy before this kernel's TMA fills (`fence.proxy.async.global`), so TMA reads the
+    rows the acquire made visible."""
+    pause = FIRST_PAUSE_NS
+    while tessera.load(counter_ptr, sem="acquire") < target:
+        tessera.nanosleep(pause)
+        pause = tessera.minimum(pause * 2, LONGEST_PAUSE_NS)
 
 
 @tessera.func

@@ -29,6 +29,8 @@ from tessera.ir.core import Operation, Value
 
 from ..mma import mma_plan
 from .mma_operands import LdmatrixPlan, ldmatrix_plan, read_fragment, store_swizzled
+
+ROW_KEYED_MAX_BYTES = 256      # the widest rows given the row-keyed swizzle (`pipeline_plan.ROW_KEYED_MAX_BYTES`)
 from .values import Regs
 from .wgmma_dot import SharedOperand, store_operand
 
@@ -74,7 +76,11 @@ def _stage(ctx, op: Operation, index: int, want, n: int):
     regs = ctx.lookup(op.operands[index])
     if regs.layout == want or not ctx.target.has("ldmatrix"):
         return None                                         # resident in its fragment (or no ldmatrix)
-    plan = ldmatrix_plan(want, index == 1, ctx.warp_size, regs.element.dtype.bits // 8)
+    element_bytes = regs.element.dtype.bits // 8
+    # Rows of 256 bytes (head dim 128) take the row-keyed swizzle, as the cp.async ring's do: the threads fill
+    # this buffer, and the 128-byte swizzle leaves its ldmatrix reads 8-way conflicted (decode's staged Q).
+    row_keyed = want.shape[1] * element_bytes <= ROW_KEYED_MAX_BYTES
+    plan = ldmatrix_plan(want, index == 1, ctx.warp_size, element_bytes, row_keyed)
     if plan is None:
         return None
     return StagedFragment(store_swizzled(ctx, regs, plan.smem), plan)

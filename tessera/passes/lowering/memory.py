@@ -20,6 +20,14 @@
 * Scalars: every thread loads (the same address, one value); stores and
   atomics are done by thread 0 only, and an atomic's old value is handed
   to every thread through shared memory when used.
+* Ordering between programs is the whole program's, though one thread may
+  perform the access: a scalar atomic or any release store follows a
+  barrier, so its release covers every thread's earlier writes (the
+  pattern of CUTLASS's semaphores: `__syncthreads()`, then thread 0
+  releases); a scalar acquire load is thread 0's, handed to every thread
+  through shared memory, and a tile one is followed by a barrier, so every
+  thread's later accesses come after the acquire. Ordered accesses are one
+  register each (never vectorized).
 """
 
 from __future__ import annotations
@@ -77,10 +85,39 @@ def _store(ctx, op):
     ctx.create("store", operands, _vector(ctx, op, layout))
 
 
+@lowering("load_acquire")
+def _load_acquire(ctx, op):
+    if not isinstance(op.result.type, TileType):
+        ptr, *rest = [ctx.thread_value(x) for x in ctx.operands(op)]
+        mask = _and_first_thread(ctx, rest[0] if rest else None)
+        value = ctx.create("load_acquire", [ptr, mask, *rest[1:]], None, [op.result.type]).result
+        ctx.define(op.result, ctx.smem.broadcast_scalar_from_first(value), op)
+        return
+    layout = ctx.assignment.layout(op.result)
+    operands = [r.value for r in ctx.operands(op)]
+    t = RegsType(op.result.type.element, layout.local_size)
+    value = ctx.create("load_acquire", operands, None, [t]).result
+    ctx.threads.barrier()
+    ctx.define(op.result, Regs(value, layout), op)
+
+
+@lowering("store_release")
+def _store_release(ctx, op):
+    ctx.threads.barrier()
+    if not isinstance(op.operands[0].type, TileType):
+        ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
+        ctx.create("store_release", [ptr, value, _and_first_thread(ctx, mask[0] if mask else None)])
+        return
+    ptr, value, *mask = ctx.operands(op)
+    mask = _and_owner(ctx, ptr.layout, mask[0].value if mask else None)
+    ctx.create("store_release", [ptr.value, value.value] + ([mask] if mask is not None else []))
+
+
 @lowering("atomic_rmw")
 def _atomic_rmw(ctx, op):
     attrs = {"kind": op.attrs["kind"]}
     if not isinstance(op.operands[0].type, TileType):
+        ctx.threads.barrier()           # thread 0's release covers every thread's earlier writes
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
         mask = _and_first_thread(ctx, mask[0] if mask else None)
         old = ctx.create("atomic_rmw", [ptr, value, mask], attrs, [op.result.type]).result
@@ -102,6 +139,8 @@ def _atomic_cas(ctx, op):
     lowered = ctx.operands(op)
     operands = [ctx.thread_value(x) for x in lowered]
     layout = ctx.assignment.layout(op.result) if tile else None
+    if not tile:
+        ctx.threads.barrier()           # thread 0's release covers every thread's earlier writes
     pred = ctx.index.owner_predicate(layout) if tile else ctx.index.first_thread()
     t = RegsType(op.result.type.element, layout.local_size) if tile else op.result.type
     if pred is None:

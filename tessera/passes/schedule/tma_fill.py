@@ -18,6 +18,7 @@ from dataclasses import dataclass
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation, Value
+from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
 from tessera.ir.target import Target
 from tessera.ir.tensor_map import (KERNEL_ATTR, MAX_BOX_DIM, MAX_RANK, UNBOUNDED, Extent, TensorMapRecipe,
@@ -231,6 +232,9 @@ def _function_of(op: Operation) -> Function | None:
 #     if thread 0 and iv < ub:
 #         fence_proxy_async                                 the slot's earlier generic (ldmatrix) reads come
 #                                                           first; not for wgmma slots, read by the async proxy
+#         fence_proxy_async_global                          in a kernel with an op that `orders_programs`
+#                                                           (atomics, acquire loads): what it acquired, other
+#                                                           programs wrote through the generic proxy
 #         mbarrier_arrive_expect_tx bars[s], <bytes of the TMA boxes of one slot>
 #         tma_load ring[s] + j * <box>, map, <block offsets + (0, j * box width)>, bars[s]
 #                                                           (one per box j of each TMA load's slot)
@@ -285,10 +289,10 @@ class TmaRing:
         # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
         self.fence_before_fill = any(not load.on_wgmma for load in self.loads)
-        # A kernel whose programs hand data to each other (atomics: a persistent kernel's tickets and counters)
-        # may TMA-read global memory another program wrote through the generic proxy in this very launch; the
-        # issuing thread orders what it has acquired before its TMA reads with a global proxy fence
-        self.fence_global = any(op.name in ("atomic_rmw", "atomic_cas") for op in ctx.src.walk())
+        # A kernel whose programs hand data to each other (atomics, acquire loads: a persistent kernel's tickets
+        # and counters) may TMA-read global memory another program wrote through the generic proxy in this very
+        # launch; the issuing thread orders what it has acquired before its TMA reads with a global proxy fence
+        self.fence_global = any(OPS[op.name].orders_programs for op in ctx.src.walk())
         self.stages = stages
         self.once = once
         if once:

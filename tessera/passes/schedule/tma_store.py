@@ -21,7 +21,7 @@ Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
 is read before anyone may overwrite it or the block exits. Kept out: warp
 specialized epilogues (thread 0 is a producer there; their stores stay
-per-thread), kernels with atomics (their programs may publish what they
+per-thread), kernels with atomics or ordered accesses (their programs may publish what they
 store, and the read-wait does not order the global writes), views offset from their pointer argument by batch/head
 indices (`TmaBox.leading`, see `tma_store_box`), blocks under
 `TMA_STORE_MIN_BYTES`, and every target without TMA (sm_80, AMD), where
@@ -30,6 +30,7 @@ indices (`TmaBox.leading`, see `tma_store_box`), blocks under
 
 from __future__ import annotations
 
+from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
 
@@ -47,9 +48,10 @@ def tma_store_box(ctx, op):
         return None
     if ctx.threads.consumers is not None:
         return None
-    # A kernel whose programs hand data to each other (atomics: MoE's one-launch tickets) may publish the rows
-    # it stores; wait_group.read does not wait for the global writes, so those keep the threads' stores.
-    if any(o.name in ("atomic_rmw", "atomic_cas") for o in ctx.src.walk()):
+    # A kernel whose programs hand data to each other (atomics, release stores, acquire loads: MoE's one-launch
+    # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those keep
+    # the threads' stores.
+    if any(OPS[o.name].orders_programs for o in ctx.src.walk()):
         return None
     rows, cols = tile.shape
     dtype = tile.element.dtype

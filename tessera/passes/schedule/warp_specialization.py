@@ -32,6 +32,7 @@ MAX_CONSUMER_REGISTERS = 240
 MAX_REGISTERS = 255                     # per thread
 REGISTER_FILE = 65536
 EXIT_BARRIER_ID = 2                     # producer and consumers, once, after the loop (1: the consumers')
+PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pingpong=True`)
 
 
 # `tessera.pipeline(lo, hi, stages=S, warp_specialize=True)` asks for the
@@ -141,7 +142,11 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
             ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
         lower_deferred(ctx)                         # the reads before the loop only the consumers need ...
         stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
-        loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
+        if op.attrs.get("pingpong"):
+            results = _pingpong_loops(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
+        else:
+            results = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers).results
+        _after_consumer_loop(ctx, plan, full, empty)
     is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
     # The producer's shared-memory accesses are over once the consumers are past the named barrier both
     # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
@@ -149,7 +154,7 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; the kernel's return closes
     # it (`ThreadGroups.end_kernel`).
     ctx.b.block = consumer
-    for old, result in zip(op.results, loop.results):
+    for old, result in zip(op.results, results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
 
@@ -175,6 +180,11 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
     if plan is None:
         return op, ("warp_specialize=True: no load of this loop qualifies for pipelining (A and B blocks of a "
                     "tensor-core dot, see passes/schedule/pipeline_plan.py); drop warp_specialize=True")
+    if op.attrs.get("pingpong") and (ctx.num_threads != 2 * PRODUCER_THREADS or not plan.on_wgmma):
+        return op, (f"pingpong=True takes turns between two consumer warpgroups issuing wgmmas; this loop has "
+                    f"{ctx.num_threads // PRODUCER_THREADS if ctx.num_threads % PRODUCER_THREADS == 0 else 'no whole'}"
+                    f" warpgroup(s){'' if plan.on_wgmma else ' and no wgmma'}: launch num_warps=8 on sm_90a, or "
+                    f"drop pingpong=True")
     if plan.copy_loads:
         where = ", ".join(str(load.load.loc) if load.load.loc else "a block load" for load in plan.copy_loads)
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
@@ -258,8 +268,43 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
 
     result_types = [ctx.thread_type(r) for r in op.results] + [I32, I32]
-    new = ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
-                     result_types, [body])
+    return ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
+                      result_types, [body])
+
+
+# `pingpong=True` (FlashAttention-3 section 3.1): the two consumer warpgroups take turns issuing their
+# wgmmas, so that one's softmax runs while the other's products occupy the tensor cores. Each warpgroup runs
+# a copy of the consumer loop of its own (`if warpgroup == 0 {loop} else {loop}`: the SIMT simulator runs
+# the two as cooperating paths, where one loop with the barrier ids computed from the warpgroup would run in
+# lockstep and deadlock), marked `pingpong_turn = [its barrier, the other's]`; once the waits are placed
+# (`passes/pingpong.py`, after `defer_wgmma_wait.py`) each iteration syncs on its barrier before its first
+# wgmma and arrives on the other's after its last commit. Warpgroup 1 arrives once before its loop (warpgroup 0
+# goes first) and warpgroup 0 syncs once after its loop (warpgroup 1's last turn), so every arrival is
+# matched.
+def _pingpong_loops(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step,
+                    consumers: int) -> list[Value]:
+    """Both warpgroups' copies of the consumer loop (see the comment above); their results."""
+    first, second = PINGPONG_BARRIERS
+    warpgroup = ctx.index.digit(PRODUCER_THREADS, consumers // PRODUCER_THREADS)
+    is_first = ctx.emit("cmp", warpgroup, ctx.const(0), attrs={"pred": "eq"})
+    branches = []
+    for mine, other in ((first, second), (second, first)):
+        block = Block()
+        with ctx.b.at(block):
+            if mine == second:
+                ctx.create("named_barrier", attrs={"id": first, "count": consumers, "arrive": True})
+            loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
+            loop.attrs["pingpong_turn"] = (mine, other)
+            if mine == first:
+                ctx.create("named_barrier", attrs={"id": first, "count": consumers})
+            ctx.create("yield", loop.results)
+        branches.append(block)
+    return ctx.create("if", [is_first], None, [r.type for r in loop.results], branches).results
+
+
+def _after_consumer_loop(ctx, plan: PipelinePlan, full: TmaRing, empty: Value) -> None:
+    """After the consumers' loop: the last group retired, the mbarriers invalidated once every consumer is
+    done with them, and a barrier before the rings' bytes are reused."""
     if plan.in_flight:
         ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
     _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
@@ -268,7 +313,6 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
         for s in range(plan.stages):
             ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
     ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
-    return new
 
 
 def _releasers(plan: PipelinePlan, consumers: int) -> int:
