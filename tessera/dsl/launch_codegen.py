@@ -7,19 +7,23 @@ torch tensors and an int, the entry reads (abridged):
         if len(args) != 4:
             return miss(grid, *args, **kwargs)
         a0, a1, a2, a3 = args
-        c4 = kwargs.get("BLOCK", D4)
-        num_warps = kwargs.get("num_warps", 4)
+        if len(kwargs) == 0:                             # nothing passed: every default
+            c4, num_warps = D4, 4
+        else:                                            # else no unknown keyword
+            if not kwargs.keys() <= KNOWN: return miss(grid, *args, **kwargs)
+            c4 = kwargs.get("BLOCK", D4); num_warps = kwargs.get("num_warps", 4)
         if type(a0) is not T0 or ... or type(a3) is not int:
             return miss(grid, *args, **kwargs)
         s0 = a0.data_ptr(); e0 = s0 + a0.nbytes          # likewise a1, a2
+        o1 = (s1 < e0 and s0 < e1)                       # a2: o2 = (pairs with a0, a1); a2 is a1: o2 = s1 < e1
         if -2147483648 <= a3 <= 2147483647: w3 = 32 ...
-        key = (a0.dtype, a0.device, not s0 & 15, ..., w3, not a3 & 15, a3 == 1,
-               s0 < e1 and s1 < e0, ..., type(c4), c4, num_warps)
-        found = launches.get(key)
+        key = (a0.dtype, a0.device, not s0 & 15, ..., w3, not a3 & 15, a3 == 1, o1, o2,
+               type(c4), c4, num_warps)
+        found = memo's launch if key is the last key found, else launches.get(key)
         if found is None:
             return miss_key(key, grid, args, kwargs)
         ... grid -> dims, stream -> handle ...
-        found[0](dims[0], dims[1], dims[2], (s0, s1, s2, a3), stream)
+        found[0](gx, gy, gz, (s0, s1, s2, a3), stream)
 
 Locals are numbered (a0, c4, ...), so a parameter may have any name. The
 source is registered with `linecache` under a file name inside this package,
@@ -264,8 +268,9 @@ def _launch(sig, kinds, values, keyword_values, launch_values, emit, miss: str, 
         emit("        stream = stream_handle(stream)")
     else:
         emit(f"    stream = {'current_stream(ordinal)' if torch_args else '0'}")
+    emit("    gx, gy, gz = dims")
     emit("    try:")
-    emit(f"        launch(dims[0], dims[1], dims[2], ({', '.join(launch_values)},), stream)")
+    emit(f"        launch(gx, gy, gz, ({', '.join(launch_values)},), stream)")
     emit("    except LaunchError as exc:")
     emit("        raise exc.with_kernel(kernel_name) from None")
 
