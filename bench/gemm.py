@@ -176,8 +176,9 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
 
 
 def config_variants(torch):
-    """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's), and on
-    sm_90 each non-persistent one warp-specialized too."""
+    """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's, the
+    cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one
+    warp-specialized too (the cluster ones then multicast from the producer warpgroup, as CUTLASS's kernels)."""
     import tessera
     from tessera.kernels_lib import gemm_configs
 

@@ -57,7 +57,9 @@ from .dsl.kernel import Kernel, kernel
 from .dsl.arguments import addresses, reinterpret
 from .dsl.language.pointers import pointer_type
 from .dsl.stdlib import cdiv, next_power_of_2
-from .dsl.language.creation import arange, cast, full, num_programs, program_id, zeros
+from .dsl.language.creation import (
+    arange, cast, cluster_dims, cluster_id, cluster_rank, full, num_programs, program_id, zeros,
+)
 from .dsl.language.memory import (
     atomic_add, atomic_and, atomic_cas, atomic_max, atomic_min, atomic_or, atomic_xchg, atomic_xor,
     load, nanosleep, store, view,

@@ -230,6 +230,8 @@ def _compile(args) -> int:
             "cubin": binary_name,
             # hidden by-value CUtensorMap parameters after the signature's (TMA loads): how to build each
             "tensor_maps": compiled.metadata.get("tensor_maps", []),
+            # thread-block cluster shape (tessera.cluster_dims): the launch passes it (cuLaunchKernelEx)
+            "cluster_dims": compiled.metadata.get("cluster_dims"),
         })
     written.append(out / f"{kernel.name}.json")
     written[-1].write_text(json.dumps(manifest, indent=2) + "\n")

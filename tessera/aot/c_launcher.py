@@ -145,10 +145,24 @@ def _launch_nvidia(spec: Specialization, prefix: str) -> list[str]:
     for index, recipe in enumerate(spec.tensor_maps):
         lines += _encode_map(spec, recipe, f"map{index}")
         pointers.append(f"&map{index}")
-    lines += [f"    void *params[] = {{{', '.join(pointers) or 'NULL'}}};",
-              f"    return cuLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, {spec.threads_per_block}, 1, 1, "
-              f"{spec.shared_bytes}, stream, params, NULL);"]
-    return lines
+    lines.append(f"    void *params[] = {{{', '.join(pointers) or 'NULL'}}};")
+    if spec.cluster_dims is None:
+        return lines + [f"    return cuLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, "
+                        f"{spec.threads_per_block}, 1, 1, {spec.shared_bytes}, stream, params, NULL);"]
+    x, y, z = spec.cluster_dims     # .reqnctapercluster: the launch must give these dims, on whole clusters
+    return lines + [
+        f"    if (grid_x % {x} != 0 || grid_y % {y} != 0 || grid_z % {z} != 0)  /* whole clusters of {x}x{y}x{z} */",
+        "        return CUDA_ERROR_INVALID_VALUE;",
+        "    CUlaunchAttribute cluster;     /* the driver reads clusterDim for this id */",
+        "    cluster.id = CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION;",
+        f"    cluster.value.clusterDim.x = {x};", f"    cluster.value.clusterDim.y = {y};",
+        f"    cluster.value.clusterDim.z = {z};",
+        "    CUlaunchConfig config;         /* every field set below */",
+        "    config.gridDimX = grid_x;", "    config.gridDimY = grid_y;", "    config.gridDimZ = grid_z;",
+        f"    config.blockDimX = {spec.threads_per_block};", "    config.blockDimY = 1;", "    config.blockDimZ = 1;",
+        f"    config.sharedMemBytes = {spec.shared_bytes};", "    config.hStream = stream;",
+        "    config.attrs = &cluster;", "    config.numAttrs = 1;",
+        f"    return cuLaunchKernelEx(&config, {prefix}_function, params, NULL);"]
 
 
 def _launch_amd(spec: Specialization, prefix: str) -> list[str]:

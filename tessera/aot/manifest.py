@@ -81,6 +81,7 @@ class Specialization:
     binary: bytes                  # cubin or hsaco; NUL-terminated PTX text when there is no cubin
     binary_kind: str               # "cubin", "ptx" or "hsaco"
     constexprs: dict
+    cluster_dims: tuple[int, int, int] | None = None   # launched in clusters (cuLaunchKernelEx), or not
 
     @classmethod
     def load(cls, manifest_path: str | Path) -> "Specialization":
@@ -108,7 +109,8 @@ class Specialization:
                                                  manifest.get("shared_memory_bytes", 0)) or 0),
                    parameters=tuple(Parameter(**p) for p in manifest["parameters"]),
                    tensor_maps=tuple(manifest.get("tensor_maps", ())), binary=data, binary_kind=kind,
-                   constexprs=dict(manifest.get("constexprs", {})))
+                   constexprs=dict(manifest.get("constexprs", {})),
+                   cluster_dims=tuple(manifest["cluster_dims"]) if manifest.get("cluster_dims") else None)
 
     @property
     def symbol(self) -> str:

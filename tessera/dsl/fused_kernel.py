@@ -78,7 +78,7 @@ class FusedKernel:
             device_tensor.copy_(host)
 
     def _launch_on_gpu(self, grid, args, num_warps: int, stream) -> None:
-        from ..runtime.launcher import KernelBinary, Launcher
+        from ..runtime.launcher import KernelBinary, Launcher, cluster_shape
         from ..runtime.packing import check_kernarg_layout
 
         if any(isinstance(a, TypedArray) for a in args):
@@ -95,7 +95,7 @@ class FusedKernel:
             metadata = entry.metadata
             shared = metadata.get("dynamic_shared_bytes", metadata.get("shared_bytes"))
             binary = KernelBinary(entry.name, entry.target, entry.binary, entry.ptx or None,
-                                  int(metadata["num_threads"]), int(shared or 0))
+                                  int(metadata["num_threads"]), int(shared or 0), cluster_shape(metadata))
             types, names, recipes = launch_parameters([a.type for a in self.fn.args],
                                                       [a.name_hint or f"arg{i}" for i, a in enumerate(self.fn.args)],
                                                       metadata)

@@ -105,7 +105,7 @@ def launch_on_gpu(kernel: "Kernel", bound: BoundArguments, grid: tuple[int, ...]
 def launcher_for(kernel: "Kernel", bound: BoundArguments, num_warps: int) -> tuple[Any, int | None]:
     """The `Launcher` of this specialization on the arrays' GPU (compiled or taken from the cache), and that
     GPU's ordinal (None when the arrays do not say and there are several)."""
-    from ..runtime.launcher import KernelBinary, Launcher
+    from ..runtime.launcher import KernelBinary, Launcher, cluster_shape
     from ..runtime.packing import check_kernarg_layout
 
     if any(isinstance(a, TypedArray) for a in bound.runtime_args):
@@ -123,7 +123,7 @@ def launcher_for(kernel: "Kernel", bound: BoundArguments, num_warps: int) -> tup
         metadata = entry.metadata
         dynamic_shared = metadata.get("dynamic_shared_bytes", metadata.get("shared_bytes"))
         binary = KernelBinary(entry.name, entry.target, entry.binary, entry.ptx or None,
-                              int(metadata["num_threads"]), int(dynamic_shared or 0))
+                              int(metadata["num_threads"]), int(dynamic_shared or 0), cluster_shape(metadata))
         params = [p for p in bound.params if not p.constexpr]
         types, names, recipes = launch_parameters([p.type for p in params], [p.name for p in params], metadata)
         launcher = Launcher(binary, types, backend=device.backend, names=names, tensor_maps=recipes)

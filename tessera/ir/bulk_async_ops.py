@@ -115,6 +115,8 @@ def _infer_tma_load(ts, a):
     for i, c in enumerate(coords):
         _require_i32(c, "tma_load", f"coordinate {i}")
     _require_bar(bar, "tma_load (last operand)")
+    mask = a.get("multicast", 0)
+    require(0 <= mask < 1 << 16, f"tma_load multicast is a mask of the cluster's (at most 16) block ranks, got {mask}")
     return []
 
 
@@ -167,7 +169,10 @@ define_thread_op("tma_load", "Copy the box at element `coords` (outermost first)
                  "describes into shared memory at `dst` (cp.async.bulk.tensor.<rank>d.shared::cluster.global.tile."
                  "mbarrier::complete_tx::bytes), out-of-bounds elements zero-filled, and count its bytes as "
                  "transactions of `bar`'s current phase. Issued by one thread; `dst` must be 128-byte aligned "
-                 "(1024 with a 128B swizzle).", (4, 3 + TMA_MAX_RANK), infer=_infer_tma_load, pure=False, **SYNCHRONIZES)
+                 "(1024 with a 128B swizzle). `multicast` (a mask of cluster ranks, `cluster_ops.py`): the box "
+                 "lands at `dst`'s offset, and completes the mbarrier at `bar`'s offset, in every block of the "
+                 "cluster whose bit is set (.multicast::cluster).", (4, 3 + TMA_MAX_RANK),
+                 optional_attrs={"multicast": "int"}, infer=_infer_tma_load, pure=False, **SYNCHRONIZES)
 define_thread_op("tma_store", "Write the box of shared memory at `src` to the tensor that `tensor_map` describes "
                  "at element `coords` (outermost first) (cp.async.bulk.tensor.<rank>d.global.shared::cta.tile."
                  "bulk_group); box elements outside the tensor are not written. Issued by one thread, after the "

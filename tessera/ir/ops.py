@@ -562,9 +562,11 @@ def _infer_view_store(ts, a):
 
 define("make_view", "A strided tensor view: base pointer, sizes..., strides... (in elements).", (3, -1),
        infer=_infer_make_view)
-define("view_load", "Load the block at element offsets; lanes outside the view read `fill` (default 0).", (2, -1),
-       attrs={"shape": "ints"}, optional_attrs={"fill": "number"}, infer=_infer_view_load, pure=False,
-       reads_memory=True)
+define("view_load", "Load the block at element offsets; lanes outside the view read `fill` (default 0). "
+       "`multicast`: every block of the kernel's cluster loads this same block here (a promise the interpreter "
+       "checks), so a TMA pipeline may load it once per cluster (`passes/schedule/multicast.py`).", (2, -1),
+       attrs={"shape": "ints"}, optional_attrs={"fill": "number", "multicast": "bool"}, infer=_infer_view_load,
+       pure=False, reads_memory=True)
 define("view_store", "Store a block at element offsets; lanes outside the view are not written.", (3, -1),
        infer=_infer_view_store, pure=False, writes_memory=True)
 
@@ -731,7 +733,7 @@ define("breakpoint", "Stop in the CPU interpreter with the named operands as loc
 
 # Thread-level ops live in their own file and register into OPS on import.
 from . import thread_ops  # noqa: E402,F401
-from . import bulk_async_ops, warpgroup_ops  # noqa: E402,F401
+from . import bulk_async_ops, cluster_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401

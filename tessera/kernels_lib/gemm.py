@@ -23,7 +23,12 @@ TMA targets its tiles share the K loop's mbarriers, set up once:
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
-No shipped config sets it; it defaults to False.
+No shipped config sets it; it defaults to False. A config with CLUSTER_M = 2
+(sm_90a, not with PERSISTENT; with WS too) runs pairs of programs as one thread-block
+cluster on the two rows of tiles (pid_m, pid_n) that share B's column
+(`cluster_tile`): each loads its own A block and half of the shared B block,
+TMA-multicast to both, halving B's L2 -> SM traffic; CLUSTER_N = 2 pairs two
+columns of tiles sharing A's rows the same way.
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
@@ -105,14 +110,36 @@ def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
 
 
 @tessera.func
+def cluster_tile(program, num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N):
+    """Program -> (pid_m, pid_n) when CLUSTER_M (or CLUSTER_N) programs in a row form a cluster
+    (`tessera.cluster_dims`): the cluster takes a CLUSTER_M x 1 column (1 x CLUSTER_N row) of tiles in grouped
+    order, rows (columns) of tiles rounded up to a whole number of clusters, its programs one tile each, so they
+    share pid_n and with it every block of B (pid_m: every block of A). A tile past the last loads zeros and
+    stores nothing, but still issues its share of the shared operand for its peers."""
+    if CLUSTER_M * CLUSTER_N == 1:
+        return grouped_tile(program, num_pid_m, num_pid_n, GROUP_M)
+    tessera.static_assert(CLUSTER_M == 1 or CLUSTER_N == 1, "a cluster shares B (CLUSTER_M) or A (CLUSTER_N), "
+                          "not both")
+    if CLUSTER_M > 1:
+        tessera.static_assert(GROUP_M % CLUSTER_M == 0, "GROUP_M must be a multiple of CLUSTER_M")
+        pid_mc, pid_n = grouped_tile(program // CLUSTER_M, tessera.cdiv(num_pid_m, CLUSTER_M), num_pid_n,
+                                     GROUP_M // CLUSTER_M)
+        return pid_mc * CLUSTER_M + program % CLUSTER_M, pid_n
+    pid_m, pid_nc = grouped_tile(program // CLUSTER_N, num_pid_m, tessera.cdiv(num_pid_n, CLUSTER_N), GROUP_M)
+    return pid_m, pid_nc * CLUSTER_N + program % CLUSTER_N
+
+
+@tessera.func
 def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS):
+              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M=1, CLUSTER_N=1):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     # blocks copied ahead (see above); WS: by a producer warpgroup of their own
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=STAGES, warp_specialize=WS):
-        a_block = a.block((BM, BK), (pid_m, k)).load()
-        b_block = b.block((BK, BN), (k, pid_n)).load()
+        # CLUSTER_M > 1: the cluster's programs share pid_n (`cluster_tile`), so B's block is loaded once per
+        # cluster, each program a share multicast to all (`passes/schedule/multicast.py`); CLUSTER_N: A's
+        a_block = a.block((BM, BK), (pid_m, k)).load(multicast=CLUSTER_N > 1)
+        b_block = b.block((BK, BN), (k, pid_n)).load(multicast=CLUSTER_M > 1)
         acc = tessera.dot(a_block, b_block, acc)
 
     acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
@@ -130,11 +157,17 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                 GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
                 WS: tessera.constexpr = False, ALIGN: tessera.constexpr = NOTHING_STATED,
-                PIPELINED: tessera.constexpr = True):
+                PIPELINED: tessera.constexpr = True, CLUSTER_M: tessera.constexpr = 1,
+                CLUSTER_N: tessera.constexpr = 1):
     # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
+    # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`; not
+    # persistent)
+    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
+                          "one-tile-per-program kernel")
+    tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
@@ -146,9 +179,9 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
             gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
                       HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
     else:               # one program per tile
-        pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N)
         gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
+                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N)
 
 
 # The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of
@@ -271,8 +304,15 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
 
 
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
-    """One program per tile, or per SM (at most one per tile) for persistent configs."""
-    num_tiles = -(-M // meta["BM"]) * -(-N // meta["BN"])         # ceiling divisions, on every launch
+    """One program per tile, or per SM (at most one per tile) for persistent configs; with CLUSTER_M (CLUSTER_N),
+    rows (columns) of tiles rounded up to whole clusters (`cluster_tile`)."""
+    rows, columns = -(-M // meta["BM"]), -(-N // meta["BN"])      # ceiling divisions, on every launch
+    cluster_m, cluster_n = meta.get("CLUSTER_M", 1), meta.get("CLUSTER_N", 1)
+    if cluster_m > 1:
+        rows = -(-rows // cluster_m) * cluster_m
+    if cluster_n > 1:
+        columns = -(-columns // cluster_n) * cluster_n
+    num_tiles = rows * columns
     return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
 
 

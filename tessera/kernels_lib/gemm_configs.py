@@ -61,6 +61,11 @@ def prune_for_device(configs: list[tessera.Config], named_args: dict) -> list[te
     return [c for c in configs if c in wanted]
 
 
+def is_clustered(config: tessera.Config) -> bool:
+    """Whether `config` runs programs in thread-block clusters (CLUSTER_M or CLUSTER_N > 1, sm_90)."""
+    return config.kwargs.get("CLUSTER_M", 1) * config.kwargs.get("CLUSTER_N", 1) > 1
+
+
 # The SM count `predicted` assumes when the arguments do not name a torch CUDA device (an H100 SXM's).
 ASSUMED_SMS = 132
 
@@ -70,8 +75,10 @@ def predicted(configs: list[tessera.Config], named_args: dict) -> tessera.Config
     cannot be timed (inside `tessera.fusion()`) and nothing was tuned for the shape yet. It is the config whose
     waves of tiles compute the least padded area per SM (ceil(tiles / SMs) * BM * BN: tile padding and the
     last wave's idle SMs both count), larger tiles first among equals (more reuse of each loaded block), then
-    the configs' own order."""
+    the configs' own order. Cluster configs (CLUSTER_M / CLUSTER_N > 1) are left to the timed autotuner until a GPU run
+    has measured them (`gemm_configs.json`)."""
     M, N, sms = int(named_args["M"]), int(named_args["N"]), _sm_count(named_args)
+    configs = [c for c in configs if not is_clustered(c)] or configs                  # clusters: not yet measured
 
     def cost(indexed):
         i, config = indexed

@@ -35,7 +35,7 @@ from __future__ import annotations
 import tessera
 
 from . import gemm_configs
-from .gemm import grouped_tile
+from .gemm import cluster_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, state_alignment
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
@@ -93,15 +93,16 @@ def index_tiles(i, j, BR, BC):
 @tessera.func
 def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak, pid_m, pid_n,
                EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT, GATHER_A,
-               BM, BN, BK, STAGES, WS, EPI_BN):
-    """One BM x BN tile of C with the hooks applied."""
+               BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M=1, CLUSTER_N=1):
+    """One BM x BN tile of C with the hooks applied (CLUSTER_M / CLUSTER_N > 1: B's / A's block multicast, as in
+    `gemm.gemm_tile`)."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=1 if GATHER_A else STAGES, warp_specialize=WS):
         if GATHER_A:
             a_block = gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK)
         else:
-            a_block = a.block((BM, BK), (pid_m, k)).load()
-        b_block = b.block((BK, BN), (k, pid_n)).load()
+            a_block = a.block((BM, BK), (pid_m, k)).load(multicast=CLUSTER_N > 1)
+        b_block = b.block((BK, BN), (k, pid_n)).load(multicast=CLUSTER_M > 1)
         if PROLOGUE_A is not None:
             rows, ks = index_tiles(pid_m, k, BM, BK)
             values = role_operands(ptrs, strides, SPECS, "prologue_a", M, K, pid_m, k, BM, BK)
@@ -182,11 +183,16 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
                       BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                       GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
                       WS: tessera.constexpr = False, EPI_BN: tessera.constexpr = EPILOGUE_COLUMNS,
-                      ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
+                      ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True,
+                      CLUSTER_M: tessera.constexpr = 1, CLUSTER_N: tessera.constexpr = 1):
     # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
+    # clusters of CLUSTER_M (CLUSTER_N) programs sharing B's (A's) blocks, as in `gemm.gemm_kernel`
+    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
+                          "one-tile-per-program kernel")
+    tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
         a = a_ptr
     else:
@@ -206,10 +212,10 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
                        pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
                        N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
     else:
-        pid_m, pid_n = grouped_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M)
+        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N)
         fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                    pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
+                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
 
 
 # The same kernel compiled with `fast_math=True` (fma contraction, approximate exp2 and division), which the op

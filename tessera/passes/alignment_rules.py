@@ -96,7 +96,7 @@ def _constant(op, args, shape):
     return constant_info(shape, int(value)) if isinstance(value, (bool, int)) else None
 
 
-@_rule("program_id", "num_programs")
+@_rule("program_id", "num_programs", "cluster_rank", "cluster_id")
 def _program_id(op, args, shape):
     return unknown(shape, nonnegative=True)
 

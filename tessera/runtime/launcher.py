@@ -26,6 +26,10 @@ the kernel's own arguments, and the maps are built from them
 buffer, only when a map's tensor, sizes or strides changed since the last
 launch (a warm launch with the same tensors encodes and copies nothing).
 
+A kernel compiled with a cluster shape (`tessera.cluster_dims`) launches
+through `cluster_launch.py` (cuLaunchKernelEx with the cluster dims), which
+also refuses a grid that is not a whole number of clusters.
+
 An empty grid (a 0 in any dimension) launches nothing, as on the
 interpreter. A launch holds a lock while it packs and launches, so threads
 sharing a launcher cannot interleave their arguments.
@@ -62,6 +66,7 @@ class KernelBinary:
     ptx: str | None = None      # NVIDIA: JIT-compiled by the driver when the cubin is missing or does not fit
     num_threads: int = 128      # threads per block the kernel was lowered for
     shared_bytes: int = 0       # dynamic shared memory per block
+    cluster_dims: tuple[int, int, int] | None = None    # launched in clusters (`cluster_launch.py`)
 
     @classmethod
     def of(cls, compiled: Any) -> "KernelBinary":
@@ -75,7 +80,7 @@ class KernelBinary:
             raise LaunchError(f"compiled kernel '{compiled.name}' does not say how many threads per block it "
                               f"was lowered for (metadata['num_threads'])")
         return cls(compiled.name, getattr(compiled, "target", None), image, stages.get("ptx"), int(threads),
-                   int(metadata.get("shared_bytes") or 0))
+                   int(metadata.get("shared_bytes") or 0), cluster_shape(metadata))
 
 
 class Launcher:
@@ -129,7 +134,14 @@ class Launcher:
         device, block, shared, packer = function.device, self.block, self.binary.shared_bytes, self.packer
         pack = packer.pack if self.tensor_maps is None else self._map_packing()
         prepare = getattr(device, "prepare_launch", None)
-        if prepare is not None:
+        if self.binary.cluster_dims is not None:       # cuLaunchKernelEx with the cluster dims
+            if prepare is None:
+                raise LaunchError(f"the kernel runs in clusters of {self.binary.cluster_dims} programs, which only "
+                                  "NVIDIA GPUs (sm_90+) have")
+            from .cluster_launch import prepare_cluster_launch
+            launch = prepare_cluster_launch(device, function, block, shared, packer, self.binary.cluster_dims,
+                                            pack=pack, lock=self._lock)
+        elif prepare is not None:
             launch = prepare(function, block, shared, packer, pack=pack, lock=self._lock)
         else:       # a backend without prepared launches (HIP): the general call
             lock = self._lock
@@ -249,6 +261,13 @@ class Launcher:
                     raise
         device.check_target(binary.target, cubin=False)
         return device.load_module(ptx=binary.ptx)
+
+
+def cluster_shape(metadata: dict) -> tuple[int, int, int] | None:
+    """The cluster dims a compiled kernel's metadata gives (`cluster_dims`), or None for a plain launch."""
+    dims = tuple(int(d) for d in metadata.get("cluster_dims") or ())
+    dims = dims + (1,) * (3 - len(dims))
+    return None if dims == (1, 1, 1) else dims
 
 
 def stream_handle(stream: Any) -> int:

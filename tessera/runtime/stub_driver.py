@@ -10,7 +10,8 @@ launch runs in, how many driver calls a warm launch makes), and
 a machine without a GPU. It answers only the calls `runtime/cuda.py` makes,
 like an sm_80 GPU, or with `hopper=True` an sm_90a one (`attributes` can be
 changed; the occupancy query answers as the occupancy calculator does for an
-A100 SM). It counts every call it answers (`counts`), the tensor-map encoder
+A100 SM). `cuLaunchKernelEx` (cluster launches) records its launch
+attributes. It counts every call it answers (`counts`), the tensor-map encoder
 `cuTensorMapEncodeTiled` included (its maps hold what the encoding depends
 on), and it models the one driver rule the launch path relies on:
 `cuLaunchKernel` fails with CUDA_ERROR_INVALID_CONTEXT when no context is
@@ -42,6 +43,8 @@ class StubDriver:
         self.CUdevice_attribute = driver.CUdevice_attribute
         self.CUfunction_attribute = driver.CUfunction_attribute
         self.CUpointer_attribute = driver.CUpointer_attribute
+        self.CUlaunchAttribute, self.CUlaunchAttributeID = driver.CUlaunchAttribute, driver.CUlaunchAttributeID
+        self.CUlaunchConfig, self.CUstream = driver.CUlaunchConfig, driver.CUstream
         for name in ("CUtensorMap", "CUtensorMapDataType", "CUtensorMapInterleave", "CUtensorMapSwizzle",
                      "CUtensorMapL2promotion", "CUtensorMapFloatOOBfill", "cuuint32_t", "cuuint64_t"):
             setattr(self, name, getattr(driver, name))      # the tensor-map encoder's argument types
@@ -179,6 +182,33 @@ class StubDriver:
             return (self.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
         return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
 
+    def cuLaunchKernelEx(self, config, f, params, extra):
+        """A launch with attributes: recorded as ("cuLaunchKernelEx", f, grid, block, shared, stream, params,
+        {attribute name: value}, context); cluster dims as an (x, y, z) tuple. Like the driver, it refuses a grid
+        that is not a whole number of clusters (CUDA_ERROR_INVALID_CLUSTER_SIZE), and context rules as above."""
+        current = self.current
+        grid = (int(config.gridDimX), int(config.gridDimY), int(config.gridDimZ))
+        attributes = {}
+        for attribute in list(config.attrs)[:int(config.numAttrs)]:
+            if attribute.id == self.real.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION:
+                cluster = attribute.value.clusterDim
+                attributes["cluster_dims"] = (int(cluster.x), int(cluster.y), int(cluster.z))
+            else:
+                attributes[attribute.id.name] = attribute.value
+        if self.record:
+            self.counts["cuLaunchKernelEx"] += 1
+            self.calls.append(("cuLaunchKernelEx", f, grid, (int(config.blockDimX), int(config.blockDimY),
+                                                             int(config.blockDimZ)),
+                               int(config.sharedMemBytes), int(config.hStream), params, attributes, current))
+        dims = attributes.get("cluster_dims", (1, 1, 1))
+        if any(g % c for g, c in zip(grid, dims)):
+            return (self.CUresult.CUDA_ERROR_INVALID_CLUSTER_SIZE,)
+        if current == f[2][1]:
+            return (self.launch_result,)
+        if current == 0:
+            return (self.CUresult.CUDA_ERROR_INVALID_CONTEXT,)
+        return (self.CUresult.CUDA_ERROR_INVALID_HANDLE,)
+
     def cuPointerGetAttribute(self, attribute, address):
         self._called("cuPointerGetAttribute", address)
         return self.ok, 0
@@ -202,8 +232,8 @@ class StubDriver:
         return self.ok, tensor_map
 
     def launches(self) -> list[tuple]:
-        """The recorded cuLaunchKernel calls that ran (in the function's own context)."""
-        return [c for c in self.calls if c[0] == "cuLaunchKernel" and c[-1] == c[1][2][1]]
+        """The recorded cuLaunchKernel (and cuLaunchKernelEx) calls that ran (in the function's own context)."""
+        return [c for c in self.calls if c[0] in ("cuLaunchKernel", "cuLaunchKernelEx") and c[-1] == c[1][2][1]]
 
 
 @contextlib.contextmanager

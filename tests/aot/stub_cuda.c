@@ -101,3 +101,23 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int gx, unsigned int gy, u
     }
     return CUDA_SUCCESS;
 }
+
+CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction function, void **params, void **extra)
+{
+    (void)function;
+    printf("launch_ex grid %u %u %u block %u %u %u shared %u stream %llu extra %d", config->gridDimX,
+           config->gridDimY, config->gridDimZ, config->blockDimX, config->blockDimY, config->blockDimZ,
+           config->sharedMemBytes, (unsigned long long)(uintptr_t)config->hStream, extra != NULL);
+    for (unsigned int i = 0; i < config->numAttrs; ++i)
+        if (config->attrs[i].id == CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION)
+            printf(" cluster %u %u %u", config->attrs[i].value.clusterDim.x, config->attrs[i].value.clusterDim.y,
+                   config->attrs[i].value.clusterDim.z);
+    printf("\n");
+    for (int i = 0; i < stub_param_count; ++i) {
+        const unsigned char *bytes = params[i];
+        printf("param %d ", i);
+        for (size_t b = 0; b < stub_param_sizes[i]; ++b) printf("%02x", bytes[b]);
+        printf("\n");
+    }
+    return CUDA_SUCCESS;
+}

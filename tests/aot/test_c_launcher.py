@@ -155,6 +155,23 @@ def test_a_tma_gemm_launcher_encodes_its_tensor_maps_as_the_python_launcher_desc
     assert params[14:] == ["a0" * 128, "a1" * 128, "a2" * 128]   # the maps go by value, after the kernel's own
 
 
+def test_a_cluster_gemm_launcher_launches_in_clusters_and_refuses_partial_ones(tmp_path):
+    consts = [c for c in GEMM_CONSTS if not c.startswith("BN=")] + ["BN=256", "CLUSTER_M=2"]
+    manifest = compile_kernel(tmp_path, GEMM, GEMM_SIGNATURE, consts, target="sm_90a", warps=8)
+    spec = Specialization.load(manifest)
+    assert spec.cluster_dims == (2, 1, 1) and json.loads(manifest.read_text())["cluster_dims"] == [2, 1, 1]
+    M, N, K = 1000, 1008, 2000
+    args = (f"0x10000, 0x20000, 0x30000, 0x40000, 0x50000, 0x60000, {M}, {N}, {K}, 1.5f, {K}, 1, {N}, 1")
+    sizes = [8] * 6 + [4] * 8 + [128, 128, 128]
+    lines = run_launch(tmp_path, [tmp_path / "gemm_kernel.c"], f"gemm_kernel_launch((CUstream)9, 64, 1, 1, {args})",
+                       sizes)
+    launch = next(line for line in lines if line.startswith("launch"))
+    assert launch == f"launch_ex grid 64 1 1 block 256 1 1 shared {spec.shared_bytes} stream 9 extra 0 cluster 2 1 1"
+    assert lines[-1] == "status 0"
+    odd = run_launch(tmp_path, [tmp_path / "gemm_kernel.c"], f"gemm_kernel_launch(NULL, 63, 1, 1, {args})", sizes)
+    assert not any(line.startswith("launch") for line in odd) and odd[-1] == "status 1"   # CUDA_ERROR_INVALID_VALUE
+
+
 def test_link_dispatches_to_the_most_specialized_variant_that_fits(tmp_path):
     general = compile_kernel(tmp_path / "general", ADD, "*f32,*f32,*f32,i32", ["BLOCK=1024"])
     aligned = compile_kernel(tmp_path / "aligned", ADD, "*f32:16,*f32:16,*f32:16,i32:16", ["BLOCK=1024"])

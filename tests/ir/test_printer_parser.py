@@ -271,6 +271,19 @@ func @bulk_async(%map: tensormap) {
   return
 }
 """,
+    "cluster": """\
+func @cluster(%map: tensormap) attributes {cluster_dims = [2, 1, 1]} {
+  %bar = shared_alloc {bytes = 8, offset = 8192} : ptr<i64, shared>
+  %box = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>
+  %rank = cluster_rank : i32
+  %cy = cluster_id {axis = 1} : i32
+  cluster_arrive
+  cluster_wait
+  tma_load %box, %map, %rank, %cy, %bar {multicast = 3}
+  mbarrier_arrive_cluster %bar, %rank
+  return
+}
+""",
     "warpgroup": """\
 func @warpgroup(%p: ptr<bf16, shared>) attributes {num_threads = 128} {
   fence_proxy_async

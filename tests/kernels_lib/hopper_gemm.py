@@ -3,6 +3,7 @@ the issue-19 tests (`test_gemm_hopper*.py`)."""
 
 from __future__ import annotations
 
+import importlib
 import re
 
 import pytest
@@ -73,8 +74,7 @@ def lowered_gemm(M, N, K, config, trans_a=False, trans_b=False, seed=0, target="
             sam, sak, sbk, sbn]
     module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
     fn = lower(module, target, config.num_warps).functions[0]
-    tiles = tessera.cdiv(M, config.kwargs["BM"]) * tessera.cdiv(N, config.kwargs["BN"])
-    grid = (min(tiles, 2),) if config.kwargs.get("PERSISTENT") else (tiles,)
+    grid = importlib.import_module("tessera.kernels_lib.gemm")._grid(M, N, config.kwargs, 2)   # persistent: 2 SMs
     return fn, args, a.astype(np.float32) @ b.astype(np.float32), grid
 
 

@@ -8,6 +8,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from tessera.kernels_lib import gemm  # noqa: E402
+from tessera.kernels_lib import gemm_configs  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
 from hopper_gemm import lowered_gemm  # noqa: E402
@@ -131,11 +132,16 @@ def test_errors(call, message):
         call()
 
 
-def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256_and_256_by_128():
+def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256_and_256_by_128_and_clusters():
     assert gemm_kernel.tuner.configs == CONFIGS + HOPPER_CONFIGS
     assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
                for c in CONFIGS)
-    assert {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in HOPPER_CONFIGS} == {(128, 256, 8), (256, 128, 8)}
+    plain = [c for c in HOPPER_CONFIGS if not gemm_configs.is_clustered(c)]
+    clustered = [c for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c)]     # test_gemm_cluster.py
+    assert {(c.kwargs["BM"], c.kwargs["BN"], c.num_warps) for c in plain} == {(128, 256, 8), (256, 128, 8)}
+    assert {(c.kwargs["BM"], c.kwargs["BN"], c.kwargs.get("CLUSTER_M", 1), c.kwargs.get("CLUSTER_N", 1))
+            for c in clustered} == {(128, 256, 2, 1), (128, 128, 2, 1), (256, 128, 1, 2)}
+    assert len(plain) + len(clustered) == len(HOPPER_CONFIGS)
 
 
 def test_kernel_compiles_for_hopper():

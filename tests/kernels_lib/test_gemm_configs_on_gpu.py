@@ -17,10 +17,13 @@ M, N, K = 1000, 272, 1008          # rows 16-byte aligned (TMA-eligible), no siz
 
 
 def _variants():
-    """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128), and each
-    non-persistent one with WS=True."""
+    """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128, and the
+    cluster-multicast ones), and each non-persistent one with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
-              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}", c, c in HOPPER_CONFIGS)
+              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}"
+              f"{''.join(f'-{k.lower()}{c.kwargs[k]}' for k in ('CLUSTER_M', 'CLUSTER_N') if c.kwargs.get(k, 1) > 1)}",
+              c,
+              c in HOPPER_CONFIGS)
              for c in CONFIGS + HOPPER_CONFIGS]
     ws = [(name + "-ws", tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps), True)
           for name, c, _ in plain if not c.kwargs["PERSISTENT"]]

@@ -45,7 +45,9 @@ from hopper_gemm import (compile_gemm, compile_signature, first, last, lowered_g
                          opcode_counts, ptx_lines, sass_k_loop, simulate)
 from sass_checks import assert_wgmma_descriptors_built
 
-SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)}, **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)}}
+# (the cluster-multicast configs, CLUSTER_M, have their own facts: test_gemm_cluster.py)
+SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)},
+           **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS) if not gemm_configs.is_clustered(c)}}
 
 
 def k_boxes(config, b_layout="b-row-major") -> int:
@@ -182,7 +184,7 @@ def test_the_op_uses_fast_math_only_where_the_output_hides_it(out_dtype, activat
 
 # -- 128 x 256 tiles, configs per GPU (facts 2 and 8) ---------------------------------------------------------
 
-@pytest.mark.parametrize("name", [f"hopper{i}" for i in range(len(HOPPER_CONFIGS))])
+@pytest.mark.parametrize("name", [name for name in SHIPPED if name.startswith("hopper")])
 def test_hopper_configs_run_128_by_256_and_256_by_128_tiles_on_two_consumer_warpgroups(name):
     """128 x 256: one HGMMA 64x256x16 per K slice and warpgroup (each its own 64 rows); 256 x 128: two HGMMA
     64x128x16 per K slice and warpgroup (each its own 128 rows)."""

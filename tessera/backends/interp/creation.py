@@ -30,3 +30,20 @@ def _program_id(ctx, op):
 @semantics("num_programs")
 def _num_programs(ctx, op):
     return np.asarray(ctx.grid[op.attrs["axis"]], dtype=np.int32)
+
+
+def _cluster_dims(ctx) -> tuple[int, int, int]:
+    return tuple(int(d) for d in (tuple(ctx.fn.attrs.get("cluster_dims") or ()) + (1, 1, 1))[:3])
+
+
+@semantics("cluster_rank")
+def _cluster_rank(ctx, op):
+    """The program's rank in its cluster (`tessera.cluster_dims`): its coordinates within the cluster, x fastest."""
+    (dx, dy, dz), (x, y, z) = _cluster_dims(ctx), ctx.program_id
+    return np.asarray(x % dx + dx * (y % dy + dy * (z % dz)), dtype=np.int32)
+
+
+@semantics("cluster_id")
+def _cluster_id(ctx, op):
+    axis = op.attrs["axis"]
+    return np.asarray(ctx.program_id[axis] // _cluster_dims(ctx)[axis], dtype=np.int32)

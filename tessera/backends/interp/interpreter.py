@@ -57,6 +57,7 @@ def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...],
     other (see `cooperative.py`; default: all of them).
     """
     grid3 = normalize_grid(grid, minimum=0)
+    check_cluster_grid(fn, grid3)
     bound = bind_arguments(fn, args)
     cache: dict[Operation, Any] = {}
     reachable = AddressSpace(bound)
@@ -66,6 +67,15 @@ def run_function(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...],
             ProgramInstance(fn, pid, grid3, cache, reachable).run(bound)
         return
     _run_cooperatively(fn, bound, programs, grid3, max(len(programs), 1) if resident is None else resident, cache, reachable)
+
+
+def check_cluster_grid(fn: Function, grid3: tuple[int, int, int]) -> None:
+    """A kernel with `cluster_dims` runs on whole clusters: the grid must be a multiple of them along each axis."""
+    dims = tuple(fn.attrs.get("cluster_dims") or ()) + (1, 1, 1)
+    if any(g % d for g, d in zip(grid3, dims[:3])):
+        raise InterpreterError(f"the grid {grid3} is not a whole number of clusters of {dims[:3]} programs "
+                               "(tessera.cluster_dims): launch a grid that is a multiple of them along each axis",
+                               kernel=fn.name)
 
 
 def _may_spin(fn: Function) -> bool:

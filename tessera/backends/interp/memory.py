@@ -166,6 +166,8 @@ def _block_lanes(ctx, op, view: View, starts, shape):
 
 @semantics("view_load")
 def _view_load(ctx, op, view, *starts):
+    if op.attrs.get("multicast"):
+        _check_multicast(ctx, op, view, starts)
     shape = tuple(op.attrs["shape"])
     dtype = view.memory.dtype
     offsets, inside = _block_lanes(ctx, op, view, starts, shape)
@@ -179,3 +181,21 @@ def _view_store(ctx, op, view, *starts_and_value):
     *starts, value = starts_and_value
     offsets, inside = _block_lanes(ctx, op, view, starts, value.shape)
     view.memory.store(offsets[inside], value[inside])
+
+
+def _check_multicast(ctx, op, view, starts) -> None:
+    """`load(multicast=True)` promises that every program of a cluster loads the same block at that load's n-th
+    execution: the first program of the cluster to get there records it, the others must match."""
+    dims = tuple(ctx.fn.attrs.get("cluster_dims") or ()) + (1, 1, 1)
+    if dims[0] * dims[1] * dims[2] == 1:
+        return
+    counts = ctx.__dict__.setdefault("multicast_counts", {})
+    n = counts[op] = counts.get(op, -1) + 1
+    cluster = tuple(p // d for p, d in zip(ctx.program_id, dims))
+    block = (id(view.memory), view.base, tuple(view.sizes), tuple(view.strides), tuple(int(s) for s in starts))
+    first = ctx._cache.setdefault(("multicast", op, cluster, n), (block, ctx.program_id))
+    if first[0] != block:
+        raise ctx.error(op, f"load(multicast=True): program {ctx.program_id} loads the block at offsets {block[4]} "
+                            f"(view base {view.base}), but program {first[1]} of the same cluster loaded the one at "
+                            f"{first[0][4]} (view base {first[0][1]}) there; every program of a cluster must load the "
+                            "same block at a multicast load (or drop multicast=True)")

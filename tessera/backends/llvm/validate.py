@@ -17,6 +17,8 @@ process to keep that set crash-free.
 
 from __future__ import annotations
 
+import math
+
 import re
 
 from tessera.ir.core import Function, Operation
@@ -120,10 +122,35 @@ class _Validator:
         if not _is_int(smem) or not 0 <= smem <= target.shared_memory_bytes:
             raise self.fail(f"attribute shared_bytes must be an int in [0, {target.shared_memory_bytes}] "
                             f"({target.name}'s shared memory per block), got {smem!r}")
+        self.cluster_attribute()
         named = fn.attrs.get("target")
         if named is not None and named != target.name:
             raise self.fail(f"the function was lowered for target {named!r} but is being compiled for "
                             f"{target.name}; lower it again for {target.name}")
+
+    def cluster_attribute(self) -> None:
+        """`cluster_dims` (`tessera/ir/cluster_ops.py`): up to three positive ints, at most 16 blocks, on a target
+        with clusters; and cluster ops only in a kernel that has one."""
+        dims = self.fn.attrs.get("cluster_dims")
+        size = 1
+        if dims is not None:
+            if not isinstance(dims, (tuple, list)) or not 1 <= len(dims) <= 3 or \
+                    not all(_is_int(d) and d >= 1 for d in dims):
+                raise self.fail(f"attribute cluster_dims must be 1 to 3 positive ints (blocks per cluster along x, "
+                                f"y, z), got {dims!r}")
+            size = math.prod(dims)
+            if size > 16:
+                raise self.fail(f"a cluster of {size} blocks ({dims}) is more than the 16 a GPU runs; use smaller "
+                                "cluster_dims")
+            if size > 1 and not self.target.has("cluster"):
+                raise self.fail(f"cluster_dims {tuple(dims)}: {self.target.name} has no thread-block clusters "
+                                "(sm_90+); compile for sm_90a, or with cluster_dims (1, 1, 1)")
+        if size == 1:
+            for op in self.fn.walk():
+                if op.name in ("cluster_arrive", "cluster_wait", "mbarrier_arrive_cluster") or \
+                        (op.name == "tma_load" and op.attrs.get("multicast")):
+                    raise self.fail(f"{op.name} needs a cluster, but the kernel has no cluster_dims (or 1 x 1 x 1): "
+                                    "give it cluster_dims", op)
 
     def argument_type(self, arg) -> None:
         t = arg.type

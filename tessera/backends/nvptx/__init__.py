@@ -13,6 +13,7 @@ this package supplies what is NVIDIA's. Files, in the order they run:
     dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
     codegen_table.py  the NVPTX codegen table: common ops + mma.sync, ldmatrix, cp.async
     bulk_async.py     mbarriers and TMA box copies (sm_90+)
+    cluster.py        thread-block clusters: .reqnctapercluster, %cluster_ctarank, barrier.cluster, remote arrive
     math.py           libdevice calls, or MUFU approximations without it
     intrinsics.py     every llvm.nvvm.* intrinsic and libdevice name
     ptxas.py          ptxas -v -> cubin and register/spill counts

@@ -22,7 +22,8 @@ hardware-chosen time; the loop is the blocking wait CUTLASS and Triton emit.
 intrinsic's addrspace(7), which for a CTA's own shared memory is the same
 location), the tensor map by the address of its kernel parameter, and the
 coordinates innermost first, the reverse of the
-IR's numpy order; multicast and cache hints are off. A kernel using TMA
+IR's numpy order; cache hints are off, and multicast (`{multicast = mask}`)
+is on where the op asks for it (`cluster.py`). A kernel using TMA
 aligns its dynamic shared memory to 1024 bytes, so that 128B-swizzled
 boxes at 1024-byte offsets are 1024-byte aligned.
 
@@ -133,8 +134,10 @@ def _tma_load(lw, op, dst, tensor_map, *rest):
     smem = lw.shared_memory
     smem.align = max(smem.align or 0, TMA_SHARED_ALIGN)
     b = lw.builder
+    mask = op.attrs.get("multicast", 0)     # .multicast::cluster to these cluster ranks (`cluster.py`)
     args = [b.addrspacecast(dst, _CLUSTER_SMEM), bar, tensor_map, *reversed(coords),
-            ir.Constant(I16, 0), ir.Constant(I64, 0), ir.Constant(I1, 0), ir.Constant(I1, 0), ir.Constant(I32, 0)]
+            ir.Constant(I16, mask), ir.Constant(I64, 0), ir.Constant(I1, int(mask != 0)), ir.Constant(I1, 0),
+            ir.Constant(I32, 0)]
     lw.intrinsic(f"llvm.nvvm.cp.async.bulk.tensor.g2s.tile.{len(coords)}d", args)
 
 

@@ -28,6 +28,7 @@ from tessera.ir.target import Target
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import bulk_async  # (also registers the mbarrier and TMA codegen)
+from . import cluster  # (registers the cluster ops' codegen)
 from . import math as nvptx_math
 from . import warp_specialization, warpgroup
 from .bulk_async import REQUIRED_FEATURES
@@ -59,6 +60,8 @@ class NvptxDialect(TargetDialect):
     def configure_kernel(self, function: ir.Function, fn: Function) -> None:
         function.calling_convention = "ptx_kernel"
         add_string_attribute(function, f'"nvvm.maxntid"="{int(fn.attrs["num_threads"])}"')
+        if cluster.cluster_attribute(fn):         # .explicitcluster, .reqnctapercluster X, Y, Z
+            add_string_attribute(function, cluster.cluster_attribute(fn))
         if warp_specialization.uses_setmaxnreg(fn):   # ptxas ignores setmaxnreg unless the entry count is fixed
             add_string_attribute(function, '"nvvm.minctasm"="1"')
 
@@ -129,6 +132,10 @@ class NvptxDialect(TargetDialect):
         if op.name in ("async_copy", "async_commit", "async_wait") and not target.has("cp.async"):
             return (f"{op.name} needs cp.async (sm_80+), which {target.name} lacks; lower the kernel for this "
                     "target (operands then go through registers)")
+        if op.name in cluster.REQUIRED_FEATURES or op.attrs.get("multicast"):
+            if not target.has("cluster"):
+                return (f"{op.name}{' with multicast' if op.name == 'tma_load' else ''} needs thread-block "
+                        f"clusters (sm_90+), which {target.name} lacks; compile for sm_90a or without clusters")
         if op.name in REQUIRED_FEATURES:
             feature, what = REQUIRED_FEATURES[op.name]
             if not target.has(feature):

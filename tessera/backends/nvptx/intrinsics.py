@@ -125,6 +125,14 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     # coordinates innermost first, cache hint, use-cache-hint flag).
     **{f"llvm.nvvm.cp.async.bulk.tensor.s2g.tile.{rank}d":
        (VOID, (_SMEM, ir.PointerType()) + (I32,) * rank + (I64, I1)) for rank in range(1, 6)},
+    # -- thread-block clusters (cluster.py) --
+    "llvm.nvvm.read.ptx.sreg.cluster.ctarank": (I32, ()),                           # %cluster_ctarank
+    **{f"llvm.nvvm.read.ptx.sreg.clusterid.{axis}": (I32, ()) for axis in "xyz"},     # %clusterid.{x,y,z}
+    "llvm.nvvm.barrier.cluster.arrive.aligned": (VOID, ()),                         # barrier.cluster.arrive.aligned
+    "llvm.nvvm.barrier.cluster.wait.aligned": (VOID, ()),                           # barrier.cluster.wait.aligned
+    "llvm.nvvm.mapa.shared.cluster": (_CLUSTER_SMEM, (_SMEM, I32)),                  # mapa.shared::cluster
+    # mbarrier.arrive.shared::cluster.b64 _, [remote], count (release at CTA scope: `cluster.py`)
+    "llvm.nvvm.mbarrier.arrive.scope.cta.space.cluster": (VOID, (_CLUSTER_SMEM, I32)),
     "llvm.nvvm.cp.async.bulk.commit.group": (VOID, ()),                               # cp.async.bulk.commit_group
     "llvm.nvvm.cp.async.bulk.wait.group.read": (VOID, (I32,)),                        # ...wait_group.read N (immarg)
 }

@@ -19,6 +19,7 @@ and deadlocks are `InterpreterError`s. Files:
     low_bit.py       sub-byte addresses, unpack_bits / pack_bits (the low-bit pass's ops)
     shared.py        shared memory and its race detection
     mbarrier.py      mbarriers and TMA box copies
+    cluster.py       thread-block clusters: a cluster's blocks run together (multicast, remote arrivals, barrier)
     tma_store.py     TMA box stores and their bulk groups
     wgmma.py         warpgroup MMA reading shared memory through descriptors
     warp_specialization.py  setmaxnreg, elect_sync, named_barrier

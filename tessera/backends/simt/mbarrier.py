@@ -43,7 +43,10 @@ element size than the map's.
 A wait that observes a phase orders what the threads that arrived in
 that phase did before (their shared-memory accesses) before what the
 waiting threads do next (`SharedMemory.order_after`): that is how a
-consumer's release lets the producer refill a stage. The ordering is
+consumer's release lets the producer refill a stage. An arrival from a
+cluster peer (`mbarrier_arrive_cluster`) orders the arriving threads'
+accesses of their own block's shared memory the same way, before the
+waiter's multicast writes into it. The ordering is
 approximate: bytes whose accessors since the last `barrier` all arrived
 are forgotten by the race check, including accesses an arriving thread
 made after it arrived.
@@ -53,8 +56,8 @@ loop only some threads still run cannot be helped by the threads that
 left it (a divergent `if` is what splits a block into paths). Visibility
 of landed bytes to threads that did not wait themselves is not checked.
 Waits that differ in barrier or parity between threads of one lockstep
-wait are rejected. Multicast, clusters, im2col and TMA stores are not
-modelled.
+wait are rejected. im2col is not modelled; TMA stores are `tma_store.py`'s,
+multicast and remote arrivals across a cluster `cluster.py`'s.
 """
 
 from __future__ import annotations
@@ -72,6 +75,7 @@ from ..interp.storage import Memory
 from ..interp.values import Pointers
 from . import wgmma
 from .ops import simt
+from .cluster import peer_block
 from .paths import let_others_run, span, wait_until
 from .shared import SharedRegion
 
@@ -158,9 +162,12 @@ class MBarrier:
     tx: int = 0
     phase: int = 0
     fenced: bool = False
+    cluster_visible: bool = False       # its fenced init was published by a cluster_arrive (`cluster.py`)
     seen: dict[int, int] = field(default_factory=dict)   # thread -> newest phase it saw complete
     arriving: list[int] = field(default_factory=list)    # threads that arrived in the current phase
     arrivers: dict[int, np.ndarray] = field(default_factory=dict)   # completed phase -> who arrived in it
+    remote_arriving: list = field(default_factory=list)   # (peer block, thread) arriving from another block
+    remote_arrivers: dict[int, list] = field(default_factory=dict)  # completed phase -> those of its arrivals
 
     def __post_init__(self):
         self.pending = self.expected
@@ -174,6 +181,9 @@ class MBarrier:
             self.arrivers[self.phase] = np.unique(np.asarray(self.arriving, np.int64))
             self.arrivers.pop(self.phase - 2, None)
             self.arriving = []
+            self.remote_arrivers[self.phase] = self.remote_arriving
+            self.remote_arrivers.pop(self.phase - 2, None)
+            self.remote_arriving = []
             self.phase += 1
             self.pending = self.expected
 
@@ -317,6 +327,13 @@ def _fence_proxy_async(ctx, op):
     wgmma.snapshot_async_view(ctx)
 
 
+def publish_to_cluster(ctx) -> None:
+    """A cluster_arrive: the block's fenced mbarrier inits become visible to its cluster's peers."""
+    for bar in _proxy(ctx).barriers.values():
+        if bar.fenced:
+            bar.cluster_visible = True
+
+
 def _publish_barrier_inits(ctx) -> None:
     threads = set(_active(ctx).tolist())
     for bar in _proxy(ctx).barriers.values():
@@ -345,6 +362,45 @@ def _expect_tx(ctx, op, bar, tx_bytes):
     for t, address in zip(threads.tolist(), addrs.tolist()):
         _add_tx(ctx, op, _barrier_at(ctx, op, address), int(tx_bytes[t]))
     let_others_run(ctx, op)
+
+
+@simt("mbarrier_arrive_cluster")
+def _arrive_cluster(ctx, op, bar, cta):
+    """Each active thread arrives on the mbarrier at its `bar` offset in block `cta` of the cluster (`cluster.py`);
+    an arrival on the block's own barrier is a local one."""
+    threads = _active(ctx)
+    if threads.size == 0:
+        return
+    addrs = _addresses(ctx, op, bar, threads)
+    for t, address, rank in zip(threads.tolist(), addrs.tolist(), np.asarray(cta)[threads].tolist()):
+        target = peer_block(ctx, op, int(rank), "arrives on an mbarrier of")
+        b = _remote_barrier(ctx, op, target, address)
+        if b.pending == 0:
+            raise ctx.error(op, f"thread {t} arrives on {b.describe()} of cluster rank {rank} in phase {b.phase}, "
+                                f"whose {b.expected} expected arrivals have all happened: more arrivals than "
+                                "mbarrier_init's count is undefined behaviour")
+        if target is ctx:
+            b.arriving.append(t)
+        else:
+            b.remote_arriving.append((ctx, t))
+        b.pending -= 1
+        b.complete_if_done()
+    let_others_run(ctx, op)
+
+
+def _remote_barrier(ctx, op, target, address: int) -> MBarrier:
+    """The mbarrier at shared byte `address` of cluster block `target`: initialized, and, in a peer, published
+    to the cluster."""
+    if target is ctx:
+        return _barrier_at(ctx, op, address)
+    b = _proxy(target).barriers.get(address)
+    if b is None or not b.cluster_visible:
+        state = "was never initialized" if b is None else "has an init not yet visible to the cluster"
+        raise ctx.error(op, f"{op.name} reaches the mbarrier at shared byte {address} of block {target.program_id} "
+                            f"(cluster rank {target.cluster_rank}), which {state}: initialize it there, "
+                            "fence_mbarrier_init, then cluster_arrive and cluster_wait in every block before "
+                            "peers use it")
+    return b
 
 
 def _arrivals(ctx, op, bar, tx_bytes) -> None:
@@ -398,6 +454,11 @@ def _wait(ctx, op, bar, parity):
     released = b.arrivers.get(b.phase - 1)
     if released is not None:     # what the arriving threads did before arriving is ordered before what we do next
         ctx.shared.order_after(released)
+    peers: dict = {}
+    for peer, thread in b.remote_arrivers.get(b.phase - 1, ()):     # ... in their own block's shared memory
+        peers.setdefault(peer, []).append(thread)                   # too (a cluster peer's release: `cluster.py`)
+    for peer, threads_of_peer in peers.items():
+        peer.shared.order_after(np.unique(np.asarray(threads_of_peer, np.int64)))
 
 
 def _check_phase(ctx, op, b: MBarrier, t: int, p: int) -> None:
@@ -464,14 +525,11 @@ def _tma_load(ctx, op, dst, tensor_map, *rest):
     source = _source(ctx, op, desc)
     bar_addrs = _addresses(ctx, op, bar, threads)
     _touch(ctx, op, bar, threads)
-    proxy = _proxy(ctx)
+    mask = op.attrs.get("multicast", 0)
+    ranks = [r for r in range(16) if mask >> r & 1] if mask else [ctx.cluster_rank]
     for i, t in enumerate(threads.tolist()):
         if int(tensor_map.offsets[t]) != 0:
             raise ctx.error(op, "tma_load's tensor map pointer must point at the start of the map")
-        b = _barrier_at(ctx, op, int(bar_addrs[i]))
-        if not b.fenced:
-            raise ctx.error(op, f"tma_load signals {b.describe()}, whose mbarrier_init was not made visible to the "
-                                "async proxy: add fence_mbarrier_init (or fence_proxy_async) after mbarrier_init")
         start = int(dst.offsets[t])
         numel = int(np.prod(desc.box_shape))
         if start < 0 or start + numel > region.size:
@@ -483,8 +541,15 @@ def _tma_load(ctx, op, dst, tensor_map, *rest):
                                 f"aligned, as a box with swizzle {desc.swizzle!r} needs")
         data = _read_box(desc, source, [int(c[t]) for c in coords])
         addrs = base + swizzle_offsets(np.arange(data.size, dtype=np.int64), desc.swizzle)
-        _land(ctx, op, region, proxy, b, t, addrs, data)
-        _add_tx(ctx, op, b, -desc.box_bytes)
+        for rank in ranks:              # multicast: the same offsets in every block of the mask (`cluster.py`)
+            target = ctx if rank == ctx.cluster_rank else peer_block(ctx, op, rank, "multicasts into")
+            b = _remote_barrier(ctx, op, target, int(bar_addrs[i]))
+            if not b.fenced:
+                raise ctx.error(op, f"tma_load signals {b.describe()}, whose mbarrier_init was not made visible to "
+                                    "the async proxy: add fence_mbarrier_init (or fence_proxy_async) after "
+                                    "mbarrier_init")
+            _land(target, op, target.shared, _proxy(target), b, t, addrs, data)
+            _add_tx(target, op, b, -desc.box_bytes)
 
 
 def _narrowed(desc: TensorMapDescription, recipe, nbytes: int) -> tuple[TensorMapDescription, bool]:
@@ -524,9 +589,8 @@ def _read_box(desc: TensorMapDescription, source: np.ndarray, start: list[int]) 
     return values.view(np.uint8).reshape(index.shape[1], desc.element_bytes).reshape(-1)
 
 
-def _land(ctx, op, region: SharedRegion, proxy: AsyncProxy, b: MBarrier, thread: int,
-          addrs: np.ndarray, data: np.ndarray) -> None:
-    shared = region.shared
+def _land(ctx, op, shared, proxy: AsyncProxy, b: MBarrier, thread: int, addrs: np.ndarray, data: np.ndarray) -> None:
+    """The box's bytes land in block `ctx`'s shared memory `shared` (the issuer's, or a multicast peer's)."""
     if (addrs >= shared.size).any():
         raise ctx.error(op, "tma_load box lies beyond the block's shared memory")
     threads = np.full(addrs.size, thread)

@@ -47,6 +47,7 @@ from typing import Callable
 import numpy as np
 
 from ..interp.errors import InterpreterError
+from .cluster import wait_for_peers
 
 BLOCKING_OPS = frozenset({"mbarrier_wait", "named_barrier"})
 
@@ -140,6 +141,10 @@ class Scheduler:
 
     def _suspend(self, me: Path) -> None:
         nxt = self._next(me)
+        if nxt is None and self.ctx.cluster is not None:   # only a peer block can help: let it run (`cluster.py`)
+            while nxt is None and len(self.ctx.cluster.blocks) > 1:
+                self.ctx.cluster.stall(self.ctx, lambda: str(self._deadlock()))
+                nxt = self._next(me)
         if nxt is None:
             error = self._deadlock()
             if me is self.root:
@@ -263,5 +268,7 @@ def wait_until(ctx, op, ready: Callable[[], bool], describe: Callable[[], str], 
         return
     s = ctx.state.get("paths")
     if s is None or not s.forked:
-        raise ctx.error(op, alone())
+        if not wait_for_peers(ctx, op, ready, describe):     # a peer block of the cluster may help (`cluster.py`)
+            raise ctx.error(op, alone())
+        return
     s.block(ready, describe, op)

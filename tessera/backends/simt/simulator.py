@@ -6,7 +6,9 @@
 Blocks run one after another in the tile interpreter's order (axis 0
 fastest), so a kernel computes the same thing here as in `run_function`;
 blocks that spin on each other's flags are scheduled cooperatively, as there
-(`interp/cooperative.py`).
+(`interp/cooperative.py`), and the blocks of a thread-block cluster
+(`cluster_dims`) run together, one at a time, handing over at waits only a
+peer can end (`cluster.py`).
 Within a block every SSA value is a numpy array over its T threads (see
 `ops.py`): one walk over the IR executes all threads at once, and
 `thread_id` is `arange(T)`. Warps are consecutive runs of `warp_size`
@@ -25,6 +27,7 @@ loop fails with InterpreterError instead of hanging.
 from __future__ import annotations
 
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -41,7 +44,8 @@ from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
-from . import control_flow, low_bit, mbarrier, memory, tma_store, warp_specialization, wgmma  # noqa: F401  (fill the SIMT semantics table)
+from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
+from . import warp_specialization, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
 from .thread_checks import TILE_ONLY_OPS, verify_thread_ir
@@ -72,6 +76,14 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
     launch.addresses = AddressSpace(bound)
     blocks = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
+    if math.prod(cluster.cluster_dims(fn)) > 1:     # blocks of a cluster run together (`cluster.py`)
+        if resident is not None or any(op.name == "while" for op in fn.walk()):
+            raise InterpreterError("the simulator does not run clusters whose blocks spin on flags (`while` loops) "
+                                   "or with resident=", kernel=fn.name)
+        for members in cluster.clusters(fn, grid3):
+            cluster.Cluster(fn, cluster.cluster_dims(fn),
+                            [ThreadBlock(fn, pid, grid3, launch) for pid in members]).run(bound)
+        return
     if resident is None and not any(op.name == "while" for op in fn.walk()):
         for pid in blocks:
             ThreadBlock(fn, pid, grid3, launch).run(bound)
@@ -131,6 +143,8 @@ class ThreadBlock:
         self.state: dict[str, Any] = {}
         self.addresses = launch.addresses
         self.park = None        # a cooperative launch's wait for a block spinning on a flag (interp/cooperative.py)
+        self.cluster = None     # the `cluster.Cluster` it runs in, and its rank there (none: a cluster of one)
+        self.cluster_rank = 0
         # NVIDIA targets: float32 arithmetic returns the canonical NaN (`ops.canonical_nans`)
         self.canonical_nans = str(fn.attrs.get("target", "")).startswith("sm_")
 

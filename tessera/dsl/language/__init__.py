@@ -3,7 +3,7 @@ import `tessera.ir` and the rest of `tessera.dsl`.
 
 Importing this package registers every builtin in `values.BUILTINS`:
 
-    creation     program_id, num_programs, arange, zeros, full, cast
+    creation     program_id, num_programs, cluster_dims, cluster_rank, cluster_id, arange, zeros, full, cast
     memory       load, store (and their sem=), view (and view.block), atomic_*, nanosleep
     math         exp, exp2, log, log2, sqrt, rsqrt, sin, cos, tanh, erf, sigmoid,
                  floor, ceil, abs, minimum, maximum, where

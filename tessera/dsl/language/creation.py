@@ -94,3 +94,50 @@ def cast(ctx: Context, x, dtype, bitcast=False) -> Tensor:
     are reinterpreted instead, which needs equal widths (f32 <-> i32).
     """
     return operators.cast(ctx, x, dtype, bitcast)
+
+
+MAX_CLUSTER_BLOCKS = 16         # sm_90 (8 portable; 16 where the driver allows non-portable sizes)
+
+
+@builtin
+def cluster_dims(ctx: Context, dims) -> None:
+    """cluster_dims(dims): launch the kernel's programs in thread-block clusters of `dims` programs (an int:
+    along axis 0; or a tuple of up to three), compile-time ints.
+
+    Programs whose program_id // dims agree along every axis form one
+    cluster, run at once on neighbouring SMs (sm_90+), so that a block load
+    they all make (`block.load(multicast=True)`) can be fetched once per
+    cluster. The grid must be a multiple of `dims` along each axis (the
+    launch says so otherwise); at most 16 programs per cluster; (1, 1, 1)
+    launches without clusters. State it once, at the kernel's top level.
+    """
+    if isinstance(dims, (int, Tensor)):
+        dims = (dims,)
+    if not isinstance(dims, tuple) or not 1 <= len(dims) <= 3:
+        ctx.error(f"cluster_dims takes an int or a tuple of 1 to 3 ints, got {describe(dims)}")
+    dims = tuple(static_int(ctx, d, "cluster_dims") for d in dims) + (1,) * (3 - len(dims))
+    if any(d < 1 for d in dims) or dims[0] * dims[1] * dims[2] > MAX_CLUSTER_BLOCKS:
+        ctx.error(f"cluster_dims {dims}: each must be >= 1 and the cluster at most {MAX_CLUSTER_BLOCKS} programs")
+    fn = ctx.builder.module.functions[0]
+    given = tuple(fn.attrs.get("cluster_dims", (1, 1, 1)))
+    if given != (1, 1, 1) and given != dims:
+        ctx.error(f"cluster_dims {dims} contradicts the kernel's earlier cluster_dims {given}; state it once")
+    if dims != (1, 1, 1):
+        fn.attrs["cluster_dims"] = dims
+
+
+@builtin
+def cluster_rank(ctx: Context) -> Tensor:
+    """cluster_rank() -> i32: this program's rank in its cluster (`tessera.cluster_dims`), 0 .. cluster size - 1,
+    x fastest (%cluster_ctarank); 0 without clusters."""
+    return operators.emit(ctx, "cluster_rank")
+
+
+@builtin
+def cluster_id(ctx: Context, axis=0) -> Tensor:
+    """cluster_id(axis=0) -> i32: this program's cluster along grid axis 0, 1 or 2, program_id(axis) //
+    cluster_dims[axis] (%clusterid)."""
+    axis = static_int(ctx, axis, "cluster_id's axis")
+    if axis not in (0, 1, 2):
+        ctx.error(f"cluster_id's axis must be 0, 1 or 2, got {axis}")
+    return operators.emit(ctx, "cluster_id", axis=axis)

@@ -210,19 +210,27 @@ class BlockRef:
     def dtype(self) -> DType:
         return self.view.type.dtype
 
-    def load(self, fill=0, layout=None) -> Tensor:
+    def load(self, fill=0, layout=None, multicast=False) -> Tensor:
         """The block as a tile; lanes outside the view read `fill` (a compile-time number, default 0).
 
         `layout` pins the tile's register layout (see `tessera.convert_layout`).
+        `multicast=True` promises that every program of the kernel's cluster
+        (`tessera.cluster_dims`) loads this same block here; a TMA-filled
+        `tessera.pipeline` then loads it once per cluster, each block a share
+        multicast to all (the interpreter checks the promise; without a
+        cluster it changes nothing).
         """
         ctx = self.ctx
         require_constexpr(ctx, fill, "load's fill")
+        require_constexpr(ctx, multicast, "load's multicast")
         if not operators.is_python_number(fill):
             ctx.error(f"load's fill must be a number, got {describe(fill)}")
         value = self.dtype.quantize(fill).item()
         attrs = {"shape": self.shape}
         if value != 0:
             attrs["fill"] = int(value) if isinstance(value, bool) else value
+        if multicast:
+            attrs["multicast"] = True
         tile = operators.emit(ctx, "view_load", self.view, *self.offsets, **attrs)
         return pin_layout(ctx, tile, layout, "load's layout")
 

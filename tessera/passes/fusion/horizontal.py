@@ -33,6 +33,8 @@ def refusal(group: Sequence[Launch], candidate: Launch, aliased: frozenset[str])
         return f"grids differ beyond axis 0: {group[0].grid} vs {candidate.grid}"
     if candidate.fn.attrs.get("fast_math") != group[0].fn.attrs.get("fast_math"):
         return "numerics options differ (fast_math)"
+    if any(launch.fn.attrs.get("cluster_dims") for launch in (*group, candidate)):
+        return "a kernel runs in thread-block clusters (tessera.cluster_dims), whose program ids must stay its own"
     theirs = [_touches(l) for l in group]
     mine = _touches(candidate)
     if None in mine[0] or any(None in t[0] for t in theirs):

@@ -4,7 +4,8 @@ They may import `tessera.ir` and the rest of `tessera.passes`, building on `pass
 Where `passes/lowering/` says what each op computes per thread, these
 modules decide when data moves and who moves it: software pipelining of
 `tessera.pipeline` loops (`pipeline_plan.py` plans, `software_pipeline.py`
-emits, `tma_fill.py` fills ring slots by TMA, `persistent.py` lets a
+emits, `tma_fill.py` fills ring slots by TMA, `multicast.py` shares a TMA
+ring's operand across a thread-block cluster, `persistent.py` lets a
 persistent kernel's tiles share one ring's mbarriers), warp specialization
 (`warp_specialization.py`), the explicit shared buffers and their copies
 (`shared_buffers.py`) and the language's mbarriers (`mbarriers.py`);
@@ -14,4 +15,4 @@ lowering, registering into its op table, and build on its context
 """
 
 # Importing the modules registers the lowerings of `for` and of the smem_* ops.
-from . import loops, mbarriers, shared_buffers, tma_store  # noqa: F401
+from . import loops, mbarriers, multicast, shared_buffers, tma_store  # noqa: F401

@@ -126,7 +126,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             rings = _rings(ctx, plan, whole_kernel=True)
     else:
         rings = _rings(ctx, plan)
-    tma = TmaRing(ctx, plan.loads, stages, once=outer is not None) if plan.tma_loads else None
+    tma = TmaRing(ctx, plan.loads, stages, once=outer is not None, prefetch=plan.prefetch) if plan.tma_loads else None
     start = ring_start(ctx, outer, op, stages) if outer is not None else None
     if ahead is not None:
         with ctx.when(start.first):             # later tiles' first fills came from the tile before
@@ -187,7 +187,7 @@ def _body(ctx, op: Operation, plan: PipelinePlan, rings, ub: Value, tma: TmaRing
         if plan.copy_loads or not plan.in_flight:
             ctx.threads.barrier()
         if not plan.in_flight:
-            _refill(ctx, plan, rings, body, ub, slot, tma)
+            _refill(ctx, plan, rings, body, ub, slot, tma, phase)
         carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
         reads = {load.load: RingOperand(ring, _times(ctx, slot, load.slot_elements), load, plan.in_flight)
                  for load, ring in zip(plan.loads, rings)}
@@ -197,16 +197,18 @@ def _body(ctx, op: Operation, plan: PipelinePlan, rings, ub: Value, tma: TmaRing
             lower_body_op(ctx, body_op, reads)
         if plan.in_flight:                      # after the dot's wgmma_wait {pending = 1}: see above
             ctx.threads.barrier()
-            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma))
+            _keeping_env(ctx, plan, lambda: _refill(ctx, plan, rings, body, ub, slot, tma, phase))
         lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)       # the yield carries the slot (and phase) too
     return body
 
 
-def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None) -> None:
-    """Issue the copies of iteration iv + prefetch * step into the slot `prefetch` ahead of `slot`."""
+def _refill(ctx, plan: PipelinePlan, rings, body, ub: Value, slot: Value, tma: TmaRing | None,
+            phase: Value | None = None) -> None:
+    """Issue the copies of iteration iv + prefetch * step into the slot `prefetch` ahead of `slot` (`phase`: this
+    iteration's mbarrier parity, which a cluster's multicast ring also waits on its empty barriers with)."""
     ahead = ctx.emit("add", body.args[0], ctx.const(plan.prefetch * plan.step, body.args[0].type.dtype))
-    _issue(ctx, plan, rings, ahead, ub, slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma)
+    _issue(ctx, plan, rings, ahead, ub, slot_ahead(ctx, slot, plan.prefetch, plan.stages), tma, refill_phase=phase)
 
 
 def _keeping_env(ctx, plan: PipelinePlan, emit) -> None:
@@ -253,7 +255,7 @@ def slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
 
 
 def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None,
-           also: Value | None = None) -> None:
+           also: Value | None = None, refill_phase: Value | None = None) -> None:
     """Copy every pipelined block of iteration `iv` into ring slot `slot`: the cp.async ones as one group, the
     TMA ones on the slot's mbarrier; none past the loop's end, or where `also` is false."""
     live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
@@ -274,7 +276,7 @@ def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tm
     if plan.copy_loads:
         ctx.create("async_commit")
     if tma:
-        tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live)
+        tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live, refill_phase)
 
 
 def _speculative_load(ctx, op: Operation, live: Value) -> None:

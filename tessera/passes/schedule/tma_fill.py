@@ -27,6 +27,7 @@ from tessera.ir.types import ScalarType, TensorMapType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..lowering.values import I32
+from .multicast import ClusterMulticast, cluster_size, share_of, why_not
 from .shortfalls import refuse
 
 TMA_ELEMENT_BYTES = (1, 2, 4)
@@ -280,11 +281,19 @@ def _function_of(op: Operation) -> Function | None:
 class TmaRing:
     """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
 
-    def __init__(self, ctx, loads, stages: int, once: bool = False):
+    def __init__(self, ctx, loads, stages: int, once: bool = False, *, specialized: bool = False,
+                 prefetch: int | None = None):
         """`once`: the mbarriers are created in the kernel's prologue and live for the whole kernel (a persistent
-        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone."""
+        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone. `specialized`: a
+        producer warpgroup issues the fills; `prefetch`: how many iterations ahead they run (multicast:
+        `multicast.py`)."""
         self.loads = [load for load in loads if load.tma is not None]
-        self.maps = {load.load: map_parameter(ctx, load.tma.recipe) for load in self.loads}
+        self.stages = stages
+        self.once = once
+        shared = self._multicast_loads(ctx, specialized, prefetch)
+        # each load's map; a load the cluster shares by row slices issues only slices, through their map
+        self.maps = {load.load: map_parameter(ctx, share_of(load.tma, cluster_size(ctx.src)).recipe
+                                              if load in shared else load.tma.recipe) for load in self.loads}
         self.tx_bytes = sum(load.tma.slot_bytes for load in self.loads)
         # TMA writes through the async proxy: only slots the generic proxy reads (ldmatrix) need their reads
         # ordered before the refill by a proxy fence; wgmma reads through the async proxy itself
@@ -293,20 +302,36 @@ class TmaRing:
         # and counters) may TMA-read global memory another program wrote through the generic proxy in this very
         # launch; the issuing thread orders what it has acquired before its TMA reads with a global proxy fence
         self.fence_global = any(OPS[op.name].orders_programs for op in ctx.src.walk())
-        self.stages = stages
-        self.once = once
         if once:
             with ctx.in_prologue():
                 self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
         else:
             self.bars = ctx.smem.mbarriers(stages, 1)
+        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src), specialized) if shared else None
+
+    def _multicast_loads(self, ctx, specialized: bool, prefetch: int | None) -> list:
+        """The loads marked `multicast` whose slots the cluster's blocks share (`multicast.py`); none when the
+        kernel has no cluster, or (with a lowering note saying why) when this loop cannot share them."""
+        shared = [load for load in self.loads if load.load.attrs.get("multicast")]
+        if not shared or cluster_size(ctx.src) == 1:
+            return []
+        why = why_not(ctx, shared, once=self.once, specialized=specialized,
+                      prefetch=self.stages - 1 if prefetch is None else prefetch, stages=self.stages)
+        if why is not None:
+            ctx.notes.append(f"multicast loads are issued by every block of the cluster: {why}")
+            return []
+        return shared
 
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
 
-    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value) -> None:
+    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value, refill_phase: Value | None = None) \
+            -> None:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
-        (`rings`, `offsets`: per tile-IR load op)."""
+        (`rings`, `offsets`: per tile-IR load op). `refill_phase`: the slot is refilled in the loop, the loop's
+        phase parity then (a cluster ring first waits until every block is done with the slot)."""
+        if self.cluster is not None and refill_phase is not None:     # every block done with the slot first
+            self.cluster.release_slot(ctx, slot, refill_phase, live, self.fence_before_fill)
         with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
 
@@ -322,6 +347,10 @@ class TmaRing:
         for load in self.loads:
             starts = [ctx.lookup(v) for v in load.load.operands[1:]]
             box = load.tma
+            if self.cluster is not None and load.load in self.cluster.shares:    # this block's share, to all
+                self.cluster.issue_share(ctx, load, ctx.emit("addptr", rings[load.load], offsets[load.load]),
+                                         starts, bar)
+                continue
             for j in range(box.boxes):      # column block j: the box j widths along the contiguous dim
                 offset = offsets[load.load] if j == 0 else \
                     ctx.emit("add", offsets[load.load], ctx.const(j * box.box_elements))
@@ -332,6 +361,8 @@ class TmaRing:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
         barrier orders this before any reuse. Mbarriers made `once` stay for the next tile."""
+        if self.cluster is not None:            # no peer writes into this block or arrives on its barriers now
+            self.cluster.sync(ctx)
         if self.once:
             return
         with ctx.when(ctx.index.first_thread()):

@@ -125,15 +125,21 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     stages = plan.stages
     rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
-    full = TmaRing(ctx, plan.loads, stages)
-    # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot
-    empty = ctx.smem.mbarriers(stages, _releasers(plan, consumers))
+    full = TmaRing(ctx, plan.loads, stages, specialized=True)
+    # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot, of every
+    # block of the cluster when the slots are multicast (`multicast.py`)
+    cluster = full.cluster
+    empty = ctx.smem.mbarriers(stages, _releasers(plan, consumers) * (cluster.size if cluster else 1))
+    if cluster is not None:
+        cluster.sync(ctx)                           # the full and empty barriers' inits, cluster-wide
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
 
     producer, consumer = Block(), Block()
     with ctx.b.at(producer):
         _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
         _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
+        if cluster is not None:                     # its part of the cluster barrier before the mbarriers end
+            cluster.sync(ctx)
         ctx.create("yield")
     ctx.threads.keep_only_consumers(consumers)
     with ctx.b.at(consumer):
@@ -260,9 +266,10 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
             lower_body_op(ctx, body_op, reads)
         if plan.in_flight:          # after wgmma_wait {pending = 1}: group i - 1 and its slot are done
             not_first = ctx.emit("cmp", body.args[0], lb, attrs={"pred": "gt"})
-            _release(ctx, plan, empty, slot_ahead(ctx, slot, plan.stages - 1, plan.stages), consumers, not_first)
+            _release(ctx, plan, empty, slot_ahead(ctx, slot, plan.stages - 1, plan.stages), consumers, not_first,
+                     full.cluster)
         else:
-            _release(ctx, plan, empty, slot, consumers)
+            _release(ctx, plan, empty, slot, consumers, cluster=full.cluster)
         carried = next_slot_and_phase(ctx, slot, phase, plan.stages)
         lower_body_op(ctx, region.ops[-1], reads)
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
@@ -322,17 +329,24 @@ def _releasers(plan: PipelinePlan, consumers: int) -> int:
     return consumers // PRODUCER_THREADS if plan.on_wgmma and consumers % PRODUCER_THREADS == 0 else consumers
 
 
-def _release(ctx, plan: PipelinePlan, empty: Value, slot: Value, consumers: int, when: Value | None = None) -> None:
+def _release(ctx, plan: PipelinePlan, empty: Value, slot: Value, consumers: int, when: Value | None = None,
+             cluster=None) -> None:
     """Arrive on empty[slot] (from the first thread of each warpgroup, or from every thread: `_releasers`),
-    only where `when` holds."""
+    only where `when` holds; with a multicast `cluster` (`multicast.ClusterMulticast`), on every block's."""
     if _releasers(plan, consumers) != consumers:
         leader = ctx.emit("cmp", ctx.index.digit(1, PRODUCER_THREADS), ctx.const(0), attrs={"pred": "eq"})
         when = leader if when is None else ctx.emit("and", when, leader)
+
+    def arrive():
+        if cluster is not None:
+            cluster.release_remote(ctx, _bar(ctx, empty, slot))
+        else:
+            ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
     if when is None:
-        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
+        arrive()
         return
     with ctx.when(when):
-        ctx.create("mbarrier_arrive", [_bar(ctx, empty, slot)])
+        arrive()
 
 
 def _all_threads_barrier(ctx, consumers: int) -> None:
