@@ -92,9 +92,9 @@ def generate_entry(fast: "FastLaunches", kinds: tuple[tuple[str, type], ...], re
     emit(f"        {miss}")
     key, overlaps, launch_values = _argument_facts(sig, kinds, emit, miss)
     key += overlaps
-    key += [f"type({v}), {v}" for v in keyword_values.values()]
+    key += [f"type({v}), {v}" for p, v in keyword_values.items() if p not in sig.defaults]
+    key += ["kd"]               # the defaulted constexprs and num_warps (`_unpack_keywords`)
     key += [_tuning_value(sig, kinds, p, keyword_values) for p in sig.tuning_key]
-    key += ["num_warps"] if "num_warps" in sig.options else []
     emit(f"    key = ({', '.join(key)},)")
     emit("    last = memo[0]                     # the last key found and its launch: one compare when it repeats")
     emit("    try:")
@@ -136,6 +136,7 @@ def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
     a miss); a launch passing just those takes every default without looking it up and cannot have passed
     an unknown keyword, so only longer ones check their keywords against KNOWN."""
     keyword_values, required, reads, defaults = {}, [], [], []
+    defaulted, default_facts = [], []       # kd's parts, read and as the defaults make them
     for i, param in enumerate(sig.params[sig.leading:], start=sig.leading):
         if param in sig.tuned:
             continue
@@ -144,11 +145,21 @@ def _unpack_keywords(sig, names: dict, emit, miss: str) -> dict[str, str]:
             names[f"D{i}"] = sig.defaults[param]
             reads.append(f"c{i} = kwargs.get({param!r}, D{i})")
             defaults.append(f"c{i} = D{i}")
+            defaulted.append(f"type(c{i}), c{i}")
+            default_facts += [type(sig.defaults[param]), sig.defaults[param]]
         else:
             required.append((f"c{i}", param))
     options = [("num_warps", "4"), ("stream", "None")]
     reads += [f"{o} = kwargs.get({o!r}, {default})" for o, default in options if o in sig.options]
     defaults += [f"{o} = {default}" for o, default in options if o in sig.options]
+    if "num_warps" in sig.options:
+        defaulted.append("num_warps")
+        default_facts.append(4)
+    # kd: the defaulted constexprs' key part (types and values) and num_warps; a launch passing none of them
+    # takes it whole, made once here (KD), so its key compares them by identity
+    names["KD"] = tuple(default_facts)
+    reads.append(f"kd = ({''.join(part + ', ' for part in defaulted)})")
+    defaults.append("kd = KD")
     if required:            # a constexpr without a default must come as a keyword
         emit("    try:")
         for local, param in required:
