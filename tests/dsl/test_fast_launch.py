@@ -72,7 +72,7 @@ def ran(driver) -> str:
 BASE = 0x7F0000000000
 arrays = st.builds(lambda offset, typestr, n: FakeDeviceArray(n, typestr=typestr, address=BASE + offset),
                    st.sampled_from([0, 4, 16, 32, 4096, 4100]), st.sampled_from(["<f4", "<f2"]),
-                   st.sampled_from([16, 64, 1024]))
+                   st.sampled_from([0, 16, 64, 1024]))
 ints = st.one_of(st.sampled_from([0, 1, 16, 17, 32, 2**31 - 1, 2**31, -(2**31) - 1, 2**64 - 1]),
                  st.integers(-100, 100))
 launches = st.fixed_dictionaries({
