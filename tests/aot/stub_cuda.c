@@ -86,6 +86,17 @@ CUresult cuTensorMapEncodeTiled(CUtensorMap *map, CUtensorMapDataType type, cuui
     return CUDA_SUCCESS;
 }
 
+/* One line per kernel parameter: its bytes in hex, as the launcher packed them. */
+static void print_params(void **params)
+{
+    for (int i = 0; i < stub_param_count; ++i) {
+        const unsigned char *bytes = params[i];
+        printf("param %d ", i);
+        for (size_t b = 0; b < stub_param_sizes[i]; ++b) printf("%02x", bytes[b]);
+        printf("\n");
+    }
+}
+
 CUresult cuLaunchKernel(CUfunction function, unsigned int gx, unsigned int gy, unsigned int gz, unsigned int bx,
                         unsigned int by, unsigned int bz, unsigned int shared, CUstream stream, void **params,
                         void **extra)
@@ -93,12 +104,7 @@ CUresult cuLaunchKernel(CUfunction function, unsigned int gx, unsigned int gy, u
     (void)function;
     printf("launch grid %u %u %u block %u %u %u shared %u stream %llu extra %d\n", gx, gy, gz, bx, by, bz, shared,
            (unsigned long long)(uintptr_t)stream, extra != NULL);
-    for (int i = 0; i < stub_param_count; ++i) {
-        const unsigned char *bytes = params[i];
-        printf("param %d ", i);
-        for (size_t b = 0; b < stub_param_sizes[i]; ++b) printf("%02x", bytes[b]);
-        printf("\n");
-    }
+    print_params(params);
     return CUDA_SUCCESS;
 }
 
@@ -113,11 +119,6 @@ CUresult cuLaunchKernelEx(const CUlaunchConfig *config, CUfunction function, voi
             printf(" cluster %u %u %u", config->attrs[i].value.clusterDim.x, config->attrs[i].value.clusterDim.y,
                    config->attrs[i].value.clusterDim.z);
     printf("\n");
-    for (int i = 0; i < stub_param_count; ++i) {
-        const unsigned char *bytes = params[i];
-        printf("param %d ", i);
-        for (size_t b = 0; b < stub_param_sizes[i]; ++b) printf("%02x", bytes[b]);
-        printf("\n");
-    }
+    print_params(params);
     return CUDA_SUCCESS;
 }

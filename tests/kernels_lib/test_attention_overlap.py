@@ -111,17 +111,8 @@ def test_the_overlapped_order_at_the_gpu_head_dims_on_the_interpreter(D, monkeyp
 # -- FlashAttention-3's warpgroup ping-pong (PINGPONG, with WS and OVERLAP) -----------------------------------
 
 def turn_loop(code, barrier: int) -> list:
-    """The innermost loop (a backward branch's range) of the SASS that waits at named barrier `barrier`."""
-    best = []
-    for inst in code:
-        target = inst.branch_target()
-        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
-            continue
-        body = [i for i in code if target <= i.address <= inst.address]
-        if any(i.text.startswith(f"BAR.SYNC.DEFER_BLOCKING {barrier:#x},") for i in body) and \
-                (not best or len(body) < len(best)):
-            best = body
-    return best
+    """The innermost loop of the SASS that waits at named barrier `barrier`."""
+    return loop_containing(code, lambda inst: inst.text.startswith(f"BAR.SYNC.DEFER_BLOCKING {barrier:#x},"))
 
 
 @needs_ptxas

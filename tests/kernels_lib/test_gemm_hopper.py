@@ -245,19 +245,6 @@ def test_the_autotuner_keeps_the_configs_shipped_for_the_launching_gpu(monkeypat
 PERSISTENT = CONFIGS[5]
 
 
-def outermost_loop_containing(code, prefix: str) -> list:
-    """The instructions of the largest loop (a backward BRA's range) holding an instruction `prefix`."""
-    best = []
-    for inst in code:
-        target = inst.branch_target()
-        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
-            continue
-        body = [i for i in code if target <= i.address <= inst.address]
-        if any(i.opcode.startswith(prefix) for i in body) and len(body) > len(best):
-            best = body
-    return best
-
-
 @pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
 def test_the_persistent_kernel_initializes_its_mbarriers_once(target):
     """The tile loop holds no mbarrier init (SYNCS.EXCH) and no invalidation: the slots' mbarriers are set up
@@ -268,7 +255,7 @@ def test_the_persistent_kernel_initializes_its_mbarriers_once(target):
     ptx = compiled.stages["ptx"]
     assert ptx.count("mbarrier.init") == PERSISTENT.kwargs["STAGES"] and "mbarrier.inval" not in ptx
     code = disassemble(compiled.cubin)
-    tiles = outermost_loop_containing(code, "HGMMA" if target == "sm_90a" else "HMMA")
+    tiles = loop_containing(code, "HGMMA" if target == "sm_90a" else "HMMA", outermost=True)
     inits = [i.address for i in code if i.opcode.startswith("SYNCS.EXCH")]
     assert len(inits) == PERSISTENT.kwargs["STAGES"] and max(inits) < tiles[0].address
     assert not any(i.opcode.startswith("SYNCS.EXCH") for i in tiles)
@@ -305,7 +292,7 @@ def test_the_next_tiles_loads_are_issued_before_the_epilogue(target):
     compiled = compile_gemm(PERSISTENT, target=target)
     code = disassemble(compiled.cubin)
     mma = "HGMMA" if target == "sm_90a" else "HMMA"
-    tiles, k_loop = outermost_loop_containing(code, mma), loop_containing(code, mma)
+    tiles, k_loop = loop_containing(code, mma, outermost=True), loop_containing(code, mma)
     after_k = [i for i in tiles if i.address > k_loop[-1].address]
     assert first(after_k, "STG") == -1
     first_store = first(after_k, "UTMASTG")

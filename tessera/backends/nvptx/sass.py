@@ -15,6 +15,7 @@ import re
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from typing import Callable, Iterator
 from pathlib import Path
 
 from .toolkit import cuda_roots
@@ -66,19 +67,22 @@ def disassemble(cubin: bytes) -> list[SassInstruction]:
     return [SassInstruction(int(m.group(1), 16), m.group(2)) for m in _LINE.finditer(text)]
 
 
-def loop_containing(code: list[SassInstruction], opcode_prefix: str) -> list[SassInstruction]:
-    """The instructions of the innermost loop (a backward BRA's range) holding an instruction whose opcode starts
-    with `opcode_prefix` (e.g. 'HGMMA'); [] when none does. Loops of one uniform branch (`BRA.U.ANY`, the
-    elect loops ptxas wraps around one thread's TMA issues) are skipped."""
-    best: list[SassInstruction] = []
+def loops(code: list[SassInstruction]) -> Iterator[list[SassInstruction]]:
+    """Each loop's instructions (a backward BRA's range), in the order of their branches. Loops of one uniform
+    branch (`BRA.U.ANY`, the elect loops ptxas wraps around one thread's TMA issues) are skipped."""
     for inst in code:
         target = inst.branch_target()
-        if target is None or target >= inst.address or ".U.ANY" in inst.opcode:
-            continue
-        body = [i for i in code if target <= i.address <= inst.address]
-        if any(i.opcode.startswith(opcode_prefix) for i in body) and (not best or len(body) < len(best)):
-            best = body
-    return best
+        if target is not None and target < inst.address and ".U.ANY" not in inst.opcode:
+            yield [i for i in code if target <= i.address <= inst.address]
+
+
+def loop_containing(code: list[SassInstruction], holds: str | Callable[[SassInstruction], bool],
+                    outermost: bool = False) -> list[SassInstruction]:
+    """The instructions of the innermost (or, with `outermost`, the largest) loop holding an instruction whose
+    opcode starts with `holds` (e.g. 'HGMMA'), or for which `holds(instruction)` is true; [] when none does."""
+    test = holds if callable(holds) else (lambda inst: inst.opcode.startswith(holds))
+    bodies = [body for body in loops(code) if any(test(inst) for inst in body)]
+    return (max if outermost else min)(bodies, key=len) if bodies else []
 
 
 # -- where a wgmma's descriptors come from ------------------------------------------------------------------
