@@ -106,12 +106,14 @@ def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool
 
 
 def _tma_store(ctx, op) -> bool:
-    value = ctx.operand(op, len(op.operands) - 1)
+    index = len(op.operands) - 1
+    layout = ctx.assignment.conversions.get((op, index)) or ctx.lookup(op.operands[index]).layout   # as read
     fragments = None if ctx.threads.consumers is not None else \
-        stmatrix_store(op, value.layout, ctx.target, ctx.facts.facts, ctx.warp_size)
+        stmatrix_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
     box = fragments[0] if fragments else tma_store_box(ctx, op)
     if box is None:
         return False
+    value = ctx.operand(op, index)          # (converts, if the assignment says so: only once a strategy is chosen)
     rows, cols = op.operands[-1].type.shape
     dtype = op.operands[-1].type.element.dtype
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands) - 1)]
