@@ -1,7 +1,8 @@
 """`schedule/stmatrix_store.stmatrix_plan`: which register layouts stmatrix x4 stores into the 128B-swizzled
 column blocks a TMA store reads, and that each phase of those stores is free of bank conflicts.
 
-* the wgmma accumulator of the library GEMM's 128 x 128 tile on 8 warps, and the mma.sync one, get a plan:
+* the wgmma accumulator of the library GEMM's 128 x 128 tile on 8 warps gets a plan (the mma.sync one: the sm_90
+  test of tests/kernels_lib/test_gemm_tma_store.py):
   BM x BN / (32 x 8 x warps) stmatrix per thread, every phase's 8 rows in 8 different 16-byte bank groups;
 * the same rows without the swizzle (row-major rows of 128 bytes) would put all 8 in one bank group;
 * a blocked layout (the threads' vector stores) and a layout with replicas get no plan.
