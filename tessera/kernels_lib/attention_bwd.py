@@ -89,7 +89,7 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
                             D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                             VARLEN: tessera.constexpr, ATOMIC_DQ: tessera.constexpr, STAGES: tessera.constexpr,
-                            TRANSPOSED: tessera.constexpr = False):
+                            TRANSPOSED: tessera.constexpr = False, OVERLAP: tessera.constexpr = False):
     """dK, dV of BN keys of one key/value head (summed over its query heads), and with ATOMIC_DQ their share of
     dQ / scale added into the float32 dQ buffer. dK and dV share their strides (dk_*) and, like the dQ buffer, are
     contiguous in the head dim. TRANSPOSED accumulates dK^T = Q^T dS and dV^T = dO^T P (D x BN) instead: their
@@ -118,7 +118,12 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         lse = tessera.view(lse_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         delta = tessera.view(delta_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         for m in tessera.pipeline(lo, hi, stages=STAGES):
-            sT, cap = logits(tessera.dot(k_block, qT.block((D, BM), (0, m)).load()), qk_scale, softcap, SOFTCAP)
+            if OVERLAP:     # both products of the loaded blocks at once: dP^T runs under P^T's exp2
+                sT = tessera.dot(k_block, qT.block((D, BM), (0, m)).load())
+                dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
+                sT, cap = logits(sT, qk_scale, softcap, SOFTCAP)
+            else:
+                sT, cap = logits(tessera.dot(k_block, qT.block((D, BM), (0, m)).load()), qk_scale, softcap, SOFTCAP)
             if (m < full_lo) | (m >= full_hi):
                 queries = m * BM + Sk - Sq + tessera.arange(0, BM)[None, :]
                 sT = visible(sT, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT)
@@ -127,17 +132,22 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
                 dv = tessera.dot(doT.block((D, BM), (0, m)).load(), tessera.trans(pT.to(v.dtype)), dv)
             else:
                 dv = tessera.dot(pT.to(v.dtype), do.block((BM, D), (m, 0)).load(), dv)
-            dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
-            dsT = pT * (dpT - delta.block((1, BM), (0, m)).load()) * cap
+            if not OVERLAP:
+                dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
+            dsT = pT * (dpT - delta.block((1, BM), (0, m)).load()) * cap     # (OVERLAP: dV still in flight)
+            if ATOMIC_DQ and OVERLAP:   # dQ's product before dK's, so that dK runs under the atomics
+                dq_m = tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq)
             if TRANSPOSED:
                 dk = tessera.dot(qT.block((D, BM), (0, m)).load(), tessera.trans(dsT.to(q.dtype)), dk)
             else:
                 dk = tessera.dot(dsT.to(q.dtype), q.block((BM, D), (m, 0)).load(), dk)
             if ATOMIC_DQ:   # dQ / scale: added straight from the product's registers (the caller scales)
+                if not OVERLAP:
+                    dq_m = tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq)
                 rows = m * BM + tessera.arange(0, BM)[:, None]
                 cols = tessera.arange(0, D)[None, :]
                 tessera.atomic_add(dq_ptr + b * stride_dqb + (q_start + rows) * stride_dqs + h * stride_dqh + cols,
-                                   tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq), mask=rows < Sq)
+                                   dq_m, mask=rows < Sq)
     dk_base = b * stride_dkb + k_start * stride_dks + kv_h * stride_dkh
     if TRANSPOSED:
         tessera.view(dk_ptr + dk_base, (D, Sk), (1, stride_dks)).block((D, BN), (0, pid_n)).store(dk * scale)
@@ -155,7 +165,8 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
                            stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
                            D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                            HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
-                           VARLEN: tessera.constexpr, STAGES: tessera.constexpr):
+                           VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
+                           OVERLAP: tessera.constexpr = False):
     """dQ of BM queries of one head, summed over the key blocks in order (the deterministic mode); dQ is
     contiguous in the head dim."""
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
@@ -178,12 +189,18 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
     dq = tessera.zeros((BM, D), tessera.f32)
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
     for n in tessera.pipeline(lo, hi, stages=STAGES):
-        s, cap = logits(tessera.dot(q_block, kT.block((D, BN), (0, n)).load()), qk_scale, softcap, SOFTCAP)
+        if OVERLAP:         # both products of the loaded blocks at once: dP runs under P's exp2
+            s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
+            dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
+            s, cap = logits(s, qk_scale, softcap, SOFTCAP)
+        else:
+            s, cap = logits(tessera.dot(q_block, kT.block((D, BN), (0, n)).load()), qk_scale, softcap, SOFTCAP)
         if (n < full_lo) | (n >= full_hi):
             queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
             s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
         p = tessera.exp2(s - lse[:, None])
-        dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
+        if not OVERLAP:
+            dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
         ds = p * (dp - delta[:, None]) * cap
         dq = tessera.dot(ds.to(q.dtype), k.block((BN, D), (n, 0)).load(), dq)
     dq_view = tessera.view(dq_ptr + b * stride_dqb + q_start * stride_dqs + h * stride_dqh, (Sq, D), (stride_dqs, 1))
