@@ -23,6 +23,13 @@ of the additions varies from run to run), or computed by
 blocks (recomputing S and dP: two more products, but every dQ element is
 summed in one fixed order: the deterministic mode).
 
+OVERLAP (sm_90a, where wgmma is asynchronous; `BWD_OVERLAP_ENV` in attention.py) issues the two products
+that need only the loaded blocks, S and dP, back to back, so that `passes/defer_wgmma_wait.py` leaves dP in
+flight under the masking and exp2 of P (`wgmma_wait {pending = 1}`) and, in the dK/dV kernel, dV under dS
+(another depth-1 wait). The LSE and delta rows are broadcast to the scores' shape before the products (in the
+dQ pass once, before the loop): broadcast where they are used, they go through shared memory there, and a
+shared-memory store stops a wait from moving down.
+
 The mask conventions and the LSE are the forward's (`attention_fwd.py`); a
 row whose LSE is +inf saw no key and gets no gradient. A gradient of the
 LSE itself folds into delta (d LSE / d S = P, so dS = P * (dP - delta + dLSE)).
@@ -119,6 +126,8 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         delta = tessera.view(delta_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         for m in tessera.pipeline(lo, hi, stages=STAGES):
             if OVERLAP:     # both products of the loaded blocks at once: dP^T runs under P^T's exp2
+                lse_m = tessera.broadcast_to(lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E, (BN, BM))
+                delta_m = tessera.broadcast_to(delta.block((1, BM), (0, m)).load(), (BN, BM))
                 sT = tessera.dot(k_block, qT.block((D, BM), (0, m)).load())
                 dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
                 sT, cap = logits(sT, qk_scale, softcap, SOFTCAP)
@@ -127,27 +136,26 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
             if (m < full_lo) | (m >= full_hi):
                 queries = m * BM + Sk - Sq + tessera.arange(0, BM)[None, :]
                 sT = visible(sT, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT)
-            pT = tessera.exp2(sT - lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E)
+            if not OVERLAP:
+                lse_m = lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E
+            pT = tessera.exp2(sT - lse_m)
             if TRANSPOSED:
                 dv = tessera.dot(doT.block((D, BM), (0, m)).load(), tessera.trans(pT.to(v.dtype)), dv)
             else:
                 dv = tessera.dot(pT.to(v.dtype), do.block((BM, D), (m, 0)).load(), dv)
             if not OVERLAP:
                 dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
-            dsT = pT * (dpT - delta.block((1, BM), (0, m)).load()) * cap     # (OVERLAP: dV still in flight)
-            if ATOMIC_DQ and OVERLAP:   # dQ's product before dK's, so that dK runs under the atomics
-                dq_m = tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq)
+                delta_m = delta.block((1, BM), (0, m)).load()
+            dsT = pT * (dpT - delta_m) * cap     # (OVERLAP: dV still in flight)
             if TRANSPOSED:
                 dk = tessera.dot(qT.block((D, BM), (0, m)).load(), tessera.trans(dsT.to(q.dtype)), dk)
             else:
                 dk = tessera.dot(dsT.to(q.dtype), q.block((BM, D), (m, 0)).load(), dk)
             if ATOMIC_DQ:   # dQ / scale: added straight from the product's registers (the caller scales)
-                if not OVERLAP:
-                    dq_m = tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq)
                 rows = m * BM + tessera.arange(0, BM)[:, None]
                 cols = tessera.arange(0, D)[None, :]
                 tessera.atomic_add(dq_ptr + b * stride_dqb + (q_start + rows) * stride_dqs + h * stride_dqh + cols,
-                                   dq_m, mask=rows < Sq)
+                                   tessera.dot(tessera.trans(dsT).to(q.dtype), k_for_dq), mask=rows < Sq)
     dk_base = b * stride_dkb + k_start * stride_dks + kv_h * stride_dkh
     if TRANSPOSED:
         tessera.view(dk_ptr + dk_base, (D, Sk), (1, stride_dks)).block((D, BN), (0, pid_n)).store(dk * scale)
@@ -180,8 +188,10 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
     k, kT = tessera.view(k_base, (Sk, D), (stride_ks, stride_kd)), tessera.view(k_base, (D, Sk), (stride_kd, stride_ks))
     vT = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (D, Sk), (stride_vd, stride_vs))
     rows = b * stride_lb + h * stride_lh + q_start
-    lse = tessera.view(lse_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load(fill=float("inf")) * LOG2E
-    delta = tessera.view(delta_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load()
+    lse = tessera.view(lse_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load(fill=float("inf"))[:, None] * LOG2E
+    delta = tessera.view(delta_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load()[:, None]
+    if OVERLAP:     # in the scores' layout once, not through shared memory in every step (it would stop the waits)
+        lse, delta = tessera.broadcast_to(lse, (BM, BN)), tessera.broadcast_to(delta, (BM, BN))
 
     m0 = pid_m * BM
     q_block = q.block((BM, D), (pid_m, 0)).load()
@@ -198,10 +208,10 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
         if (n < full_lo) | (n >= full_hi):
             queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
             s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
-        p = tessera.exp2(s - lse[:, None])
+        p = tessera.exp2(s - lse)
         if not OVERLAP:
             dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
-        ds = p * (dp - delta[:, None]) * cap
+        ds = p * (dp - delta) * cap
         dq = tessera.dot(ds.to(q.dtype), k.block((BN, D), (n, 0)).load(), dq)
     dq_view = tessera.view(dq_ptr + b * stride_dqb + q_start * stride_dqs + h * stride_dqh, (Sq, D), (stride_dqs, 1))
     dq_view.block((BM, D), (pid_m, 0)).store(dq * scale)
