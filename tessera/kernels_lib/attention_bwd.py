@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import tessera
 
-from .attention_fwd import LOG2E, key_blocks, sequence, visible
+from .attention_fwd import CACHE_BOUNDS_SHORTFALL, LOG2E, key_blocks, sequence, visible
 
 
 @tessera.kernel(fast_math=True)
@@ -86,7 +86,7 @@ def logits(s, qk_scale, softcap, SOFTCAP):
     return s * qk_scale, 1.0
 
 
-@tessera.kernel(fast_math=True)
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))    # varlen: as the forward
 def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, cu_q_ptr,
                             cu_k_ptr, Sq, Sk, H, H_KV, qk_scale, softcap, scale, left, right,
                             stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -165,7 +165,7 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         tessera.view(dv_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dv)
 
 
-@tessera.kernel(fast_math=True)
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
 def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
                            Sq, Sk, H, H_KV, qk_scale, softcap, scale, left, right,
                            stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
