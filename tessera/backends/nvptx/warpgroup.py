@@ -24,7 +24,8 @@
 
   with N/2 "=f" outputs tied to the accumulator inputs ("0", "1", ...: the
   "+f" of CUDA C), the two descriptors as "l" (64-bit) operands, scale-d as an
-  "r" operand (1: D = A*B + D), imm-scale-a/b = 1 and imm-trans-a/b from the
+  "r" operand (1: D = A*B + D; 0, D = A*B, where the accumulator is the constant +0.0, a fresh one,
+  whose inputs are then undefined), imm-scale-a/b = 1 and imm-trans-a/b from the
   op's trans_a/trans_b. The asm has side effects, so it is never moved across
   the fences or dropped.
 
