@@ -6,9 +6,9 @@
 For each kernel a plan of `BWD_GPU_PLANS["sm_90a"]` launches (the dK/dV kernel, with and without atomic dQ,
 and the dQ pass), bf16, plain and window-softcap-varlen: registers, spill bytes, and in the innermost SASS
 loop holding HGMMAs (`sass.loop_containing`: the query loop of dK/dV, the key loop of dQ) its instructions,
-HGMMAs, `WARPGROUP.DEPBAR.LE` waits by depth, MUFU, BAR and global atomics (REDG, ATOMG); then the loop's order as H<n> (n HGMMAs in a
-row), [i]W<depth> (a wait at the loop's i-th instruction) and B (a barrier). docs/perf/attention-backward-h100.md
-tabulates the output. Needs ptxas and cuobjdump (`tessera doctor`).
+HGMMAs, `WARPGROUP.DEPBAR.LE` waits by depth, MUFU, BAR and global atomics (REDG, ATOMG); then the loop's
+order as H<n> (n HGMMAs in a row), [i]W<depth> (a wait at the loop's i-th instruction) and B (a barrier).
+docs/perf/attention-backward-h100.md tabulates the output. Needs ptxas and cuobjdump (`tessera doctor`).
 """
 
 from __future__ import annotations

@@ -22,8 +22,8 @@ CUDA tensors launch the kernel with the plan for their head dim
 (`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
 form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
 overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup
-ping-pong; TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's, `BWD_OVERLAP_ENV`); CPU tensors run on the tile interpreter with small tiles
-(`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
+ping-pong; TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`); CPU tensors
+run on the tile interpreter with small tiles (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
 from __future__ import annotations

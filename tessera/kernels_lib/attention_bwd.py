@@ -126,7 +126,8 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         delta = tessera.view(delta_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         for m in tessera.pipeline(lo, hi, stages=STAGES):
             if OVERLAP:     # both products of the loaded blocks at once: dP^T runs under P^T's exp2
-                lse_m = tessera.broadcast_to(lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E, (BN, BM))
+                lse_m = tessera.broadcast_to(lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E,
+                                             (BN, BM))
                 delta_m = tessera.broadcast_to(delta.block((1, BM), (0, m)).load(), (BN, BM))
                 sT = tessera.dot(k_block, qT.block((D, BM), (0, m)).load())
                 dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
