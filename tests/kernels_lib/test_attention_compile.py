@@ -380,10 +380,11 @@ def test_every_backward_plan_compiles_without_spills(name, target):
                 assert_wgmma_descriptors_built(compiled)
 
 
-def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):
+def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False, overlap=False, check_waits=None):
     """The dK/dV kernel (adding dQ by atomics; `transposed`: accumulating dK^T and dV^T, head dim 256's plan) and
     the dQ pass lowered for `target` on the SIMT simulator, 1 x 40 queries x 50 keys, GQA 2:1, causal: their (dQ
-    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV)."""
+    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV). `overlap`: both kernels in
+    their OVERLAP order; `check_waits(kernel_name, fn)`, when given, must hold of each lowered kernel."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_bwd import attention_bwd_kv_kernel, attention_bwd_q_kernel
     from tessera.passes.thread_passes import lower
@@ -407,11 +408,15 @@ def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False)
                *dk.stride()[:3], *lse.stride()[:2]]
     BN = 32 * num_warps if target.startswith("gfx") else 16 * num_warps
     module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, TRANSPOSED=transposed,
-                                                **masks).module
-    run_threads(lower(module, target, num_warps).functions[0], kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
+                                                OVERLAP=overlap, **masks).module
+    fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits("kv", fn)
+    run_threads(fn, kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
     q_args = [*head, dq.numpy(), *scalars, *strides, *dq.stride()[:3], *lse.stride()[:2]]
-    module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, **masks).module
-    run_threads(lower(module, target, num_warps).functions[0], q_args, (tessera.cdiv(Sq, BN), B * H))
+    module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, OVERLAP=overlap, **masks).module
+    fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits("q", fn)
+    run_threads(fn, q_args, (tessera.cdiv(Sq, BN), B * H))
     return (dq_atomic * scale, dq, dk, dv), [x.grad for x in leaves]
 
 
