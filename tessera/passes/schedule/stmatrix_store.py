@@ -37,7 +37,7 @@ from tessera.ir.layouts import RegisterLayout
 from tessera.ir.smem_layouts import swizzle_bytes
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
-from ..lowering.mma_operands import RowPlan, _row_offset, _thread_bit_weights, ldmatrix_rows
+from ..lowering.mma_operands import RowPlan, row_offset, thread_bit_weights, ldmatrix_rows
 
 SWIZZLE = 128           # bytes: the widest TMA swizzle; a 16-bit column block is 64 elements
 ELEMENT_BYTES = 2
@@ -66,7 +66,7 @@ def stmatrix_plan(layout: RegisterLayout, warp: int = 32) -> StmatrixPlan | None
     tile = WgmmaTileLayout(rows, cols, ELEMENT_BYTES, SWIZZLE)
     starts = plan.starts                                     # (threads, groups, 2): (row, col) of the lane's row
     plain = tile.plain_offset(starts[..., 0], starts[..., 1]) // ELEMENT_BYTES
-    thread_bits = _thread_bit_weights(np.asarray(plain, np.int64))
+    thread_bits = thread_bit_weights(np.asarray(plain, np.int64))
     if thread_bits is None or not conflict_free(tile, starts, warp):
         return None
     return StmatrixPlan(tile, plan, thread_bits)
@@ -87,5 +87,5 @@ def store_fragments(ctx, buf, plan: StmatrixPlan, value) -> None:
     swizzle = swizzle_bytes(SWIZZLE, ELEMENT_BYTES)
     registers = ctx.unpack(value)
     for g in range(len(plan.rows.nums)):
-        row = ctx.emit("addptr", buf, _row_offset(ctx, plan.thread_bits, g, swizzle))
+        row = ctx.emit("addptr", buf, row_offset(ctx, plan.thread_bits, g, swizzle))
         ctx.create("stmatrix", [row, ctx.pack(registers[8 * g:8 * g + 8])], {"num": 4, "trans": False})

@@ -34,6 +34,7 @@ indices (`TmaBox.leading`, see `tma_store_box`), blocks under
 
 from __future__ import annotations
 
+from tessera.ir.core import enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
@@ -42,7 +43,7 @@ from tessera.ir.wgmma_layouts import WgmmaTileLayout
 from ..layout_assignment import STORE_KEEPS_LAYOUT
 from ..lowering.memory import VIEW_STORE_STRATEGIES
 from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
-from .tma_fill import _function_of, map_parameter, view_block_box
+from .tma_fill import map_parameter, view_block_box
 
 TMA_STORE_MIN_BYTES = 4096      # smaller blocks: a few vector stores per thread beat the fence, barriers and wait
 TMA_STORE_ALIGN = 128           # a box without swizzle must start 128-byte aligned in shared memory
@@ -60,7 +61,7 @@ def _store_box(op, target, facts: dict, slot=None):
     tile = op.operands[-1].type
     if not target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
         return None
-    fn = _function_of(op)
+    fn = enclosing_function(op)
     # Warp-specialized kernels keep the threads' stores (thread 0 is a producer there). A kernel whose programs
     # hand data to each other (atomics, release stores, acquire loads: MoE's one-launch tickets) may publish
     # the rows it stores; wait_group.read does not wait for the global writes, so those keep them too.
