@@ -20,7 +20,11 @@ Parts (`--part`, repeatable; default all):
   turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`;
   at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
-  saved forward), TFLOP/s counted as 2.5x the forward's FLOPs;
+  saved forward), TFLOP/s counted as 2.5x the forward's FLOPs; on Hopper
+  also `tessera_overlap`, the backward kernels in their OVERLAP order
+  (TESSERA_ATTENTION_BWD_OVERLAP=1: S and dP issued together, depth-1 waits;
+  docs/perf/attention-backward-h100.md), with `bwd_overlap_vs_fa2` its speed
+  over `tessera` (FlashAttention-2's order);
 * decode: `attention_decode` over a paged cache (pages of 64 tokens, one new
   token, 32 query heads on 8 key/value heads, D = 128) for batch 1..32 and
   context 4k..64k, with the online softmax and with a unified max, against
@@ -139,6 +143,9 @@ def with_env(fn, settings: dict):
 HOPPER_FORWARDS = {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
                    "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
                    "tessera_ws_pingpong": ("1", "1", "1")}
+# Hopper's backward orders timed beside the default (FlashAttention-2's): who -> the environment its backward
+# pass runs under (set around the timed autograd.grad, where `_backward` reads it)
+HOPPER_BACKWARDS = {"tessera_overlap": {"TESSERA_ATTENTION_BWD_OVERLAP": "1"}}
 
 
 def measure_dense(torch, part: str, case: dict) -> dict:
@@ -155,6 +162,8 @@ def measure_dense(torch, part: str, case: dict) -> dict:
         for who, (ws, overlap, pingpong) in HOPPER_FORWARDS.items():
             if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
                 impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong})
+    if part == "backward" and torch.cuda.get_device_capability()[0] == 9:
+        impls.update({who: impls["tessera"] for who in HOPPER_BACKWARDS})
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
     flops = forward_flops(case) * (2.5 if part == "backward" else 1.0)
     expected = None
@@ -167,6 +176,7 @@ def measure_dense(torch, part: str, case: dict) -> dict:
             else:
                 grad = torch.randn_like(out) if grad is None else grad
                 run = lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)  # noqa: E731
+                run = with_env(run, HOPPER_BACKWARDS[who]) if who in HOPPER_BACKWARDS else run
             result = out if part == "forward" else run()[0]
             if expected is None and who != "tessera":
                 expected = result
@@ -234,6 +244,8 @@ def _check_all(torch, row: dict, expected) -> None:
                                   "pingpong_vs_overlap": ("ws_pingpong", "ws_overlap")}.items():
         if f"tessera_{faster}_tflops" in row and f"tessera_{base}_tflops" in row:
             row[ratio] = row[f"tessera_{faster}_tflops"] / row[f"tessera_{base}_tflops"]
+    if row.get("part") == "backward" and "tessera_overlap_tflops" in row and "tessera_tflops" in row:
+        row["bwd_overlap_vs_fa2"] = row["tessera_overlap_tflops"] / row["tessera_tflops"]
 
 
 def paged_cache(torch, case: dict, device="cuda"):
@@ -326,7 +338,7 @@ def describe(row: dict) -> str:
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
             f"{'causal' if row['causal'] else 'full  '}: ")
     whos = (("tessera", "tessera_bf16", "cudnn") if row["part"] == "fp8"
-            else ("tessera", *HOPPER_FORWARDS, *SDPA_BACKENDS))
+            else ("tessera", *HOPPER_FORWARDS, *HOPPER_BACKWARDS, *SDPA_BACKENDS))
     parts = [f"{who} {row[who + '_tflops']:.0f}" for who in whos if who + "_tflops" in row]
     parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
     return head + ", ".join(parts) + " TFLOP/s" + (f" ({row['vs_cudnn']:.2f}x cuDNN)" if "vs_cudnn" in row else "")
@@ -393,10 +405,14 @@ def dry_run(parts: list[str]) -> None:
               " FLOP, matches SDPA")
     if "backward" in parts:
         grad = torch.randn_like(out)
-        ours = torch.autograd.grad(out, (q, k, v), grad)
+        ours = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
         theirs = torch.autograd.grad(expected, (q, k, v), grad.float())
         assert all(close(torch, a, b) for a, b in zip(ours, theirs)), "backward disagrees with SDPA's"
-        print("attention backward on the CPU interpreter: dQ, dK, dV match SDPA's")
+        for who, settings in HOPPER_BACKWARDS.items():
+            ours = with_env(lambda: torch.autograd.grad(out, (q, k, v), grad, retain_graph=True), settings)()
+            assert all(close(torch, a, b) for a, b in zip(ours, theirs)), f"{who}'s backward disagrees with SDPA's"
+        print("attention backward on the CPU interpreter: dQ, dK, dV match SDPA's (and in each Hopper order: "
+              f"{', '.join(HOPPER_BACKWARDS)})")
     if "decode" in parts:
         case = dict(B=2, context=40, H=4, H_kv=2, D=32, page=16)
         tensors, k_gathered, v_gathered = paged_cache(torch, case, device="cpu")

@@ -316,7 +316,9 @@ def attention_line(r: dict) -> str:
             + "".join(f"; overlapped {r[f'tessera_{plan}_overlap_tflops']:.0f} ({r[f'overlap_vs_{plan}']:.2f}x {plan})"
                       for plan in ("plain", "ws") if f"overlap_vs_{plan}" in r)
             + (f"; ping-pong {r['tessera_ws_pingpong_tflops']:.0f} ({r['pingpong_vs_overlap']:.2f}x)"
-               if "pingpong_vs_overlap" in r else ""))
+               if "pingpong_vs_overlap" in r else "")
+            + (f"; overlapped backward {r['tessera_overlap_tflops']:.0f} ({r['bwd_overlap_vs_fa2']:.2f}x)"
+               if "bwd_overlap_vs_fa2" in r else ""))
 
 
 def main() -> None:

@@ -24,7 +24,8 @@ The public API, in one place:
 * `fusion()`, which captures kernel launches in a `with` block and runs them fused where the fusion
   pass (`tessera/passes/fusion/`) proves it safe, `writes_whole`, which a library op uses to
   declare that its launch writes a whole output, and `capturing()`, which says whether a capture is
-  recording (`tessera/dsl/capture.py`);
+  recording (`tessera/dsl/capture.py`); `launching_directly()`, whether launches run as they are called
+  (what a library op that replays prepared launches checks first: `tessera/dsl/fast_launch.py`);
 * `layouts`, the register-layout algebra (`tessera/ir/layouts.py`), whose
   values `convert_layout` and the `layout=` keywords pin on tiles;
 * `Kernel.compile(...)`, which runs the compile driver (`tessera/dsl/compiler.py`:
@@ -82,6 +83,7 @@ from .dsl.language.asm import asm_emulation, inline_asm_elementwise
 from .ir import layouts
 from .dsl.autotune import Config, autotune
 from .dsl.capture import capturing, fusion, writes_whole
+from .dsl.fast_launch import launching_directly
 from .dsl import tracebacks as _tracebacks
 
 _tracebacks.install()

@@ -140,8 +140,9 @@ def test_compile_manifest_lists_the_tensor_maps_a_launcher_must_build(tmp_path, 
          "strides": ["K", "1"], "box": [64, 64], "swizzle": "128B", "oob_fill": "zero"},
         {"param": 9, "name": "b_ptr_tma1", "pointer": "b_ptr", "dtype": "bf16", "shape": ["K", "N"],
          "strides": ["stride_bk", "1"], "box": [64, 64], "swizzle": "128B", "oob_fill": "zero"},
-        # C's, for the epilogue's TMA store (`passes/schedule/tma_store.py`; the fill is unused by a store)
+        # C's, for the epilogue's TMA store (`passes/schedule/tma_store.py`; the fill is unused by a store): a 16-bit
+        # accumulator stmatrix wrote into 128B-swizzled column blocks of 64 (`stmatrix_store.py`)
         {"param": 10, "name": "c_ptr_tma2", "pointer": "c_ptr", "dtype": "f16", "shape": ["M", "N"],
-         "strides": ["N", "1"], "box": [64, 64], "swizzle": "none", "oob_fill": "zero"}]
+         "strides": ["N", "1"], "box": [64, 64], "swizzle": "128B", "oob_fill": "zero"}]
     assert ".param .align 64 .b8 pipelined_matmul_param_8[128]" in (tmp_path / "pipelined_matmul.ptx").read_text()
     capsys.readouterr()

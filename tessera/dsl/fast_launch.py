@@ -14,7 +14,8 @@ objects, ints, floats, bools). Called as `entry(grid, *args, **kwargs)`, it
    alignment; per int its width bucket, divisibility by 16 and == 1; which
    pairs of arrays overlap; each constexpr's type and value; num_warps --
    plus, for `@tessera.autotune`, the values that choose the config,
-4. finds the prepared launch (`Launcher.prepared`) under that key and calls
+4. finds the prepared launch (`Launcher.prepared`) under that key (one compare
+   when the key is the last one found) and calls
    it with the device addresses, the grid (a tuple or a callable of the
    arguments) and the stream.
 
@@ -36,13 +37,14 @@ import contextvars
 import functools
 import sys
 from dataclasses import dataclass
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, NamedTuple
 
 from .arguments import DeviceArray
 from .launch_codegen import ARRAY_INTERFACE, DEVICE_ARRAY, GPU_ARRAYS, TORCH, TORCH_DEVICE_ARRAY, generate_entry
 from .torch_compile import dynamo_opaque
 
 
+_FORGOTTEN = ((), None)                  # a memo no launch key equals (`FastLaunches.memo`)
 _DIMS_CAPACITY = 4096                    # grids remembered as validated (x, y, z); the table starts over when full
 _skip_launches: contextvars.ContextVar[bool] = contextvars.ContextVar("tessera_skip_launches", default=False)
 
@@ -59,6 +61,12 @@ def launches_recorded(recorder: Callable[[Any, Any, tuple, dict], None] | None) 
         yield
     finally:
         _recorder.reset(token)
+
+
+def launching_directly() -> bool:
+    """Whether a launch here runs as it is called: no launch recorder (`tessera.fusion()`) and no skipping (a
+    fake implementation). A caller replaying prepared launches itself (`kernels_lib/gemm_plan.py`) asks first."""
+    return _recorder.get() is None and not _skip_launches.get()
 
 
 def recorder() -> Callable | None:
@@ -106,17 +114,29 @@ def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
     if record is not None:
         return lambda *args, **kwargs: record(kernel, grid, args, kwargs)
     fast = kernel.fast_launches
-    if type(grid) is not tuple and getattr(grid, "__closure__", True) is not None:
-        return functools.partial(fast.entry, grid)     # not kept: a closure may hold tensors alive
     try:
         launch = fast.grids.get(grid)      # a tuple by value, a function without a closure by identity
     except TypeError:           # unhashable sizes (symbolic, while torch.compile traces a fake launch)
         return functools.partial(fast.entry, grid)
-    if launch is None:
-        if len(fast.grids) >= _DIMS_CAPACITY:
+    if launch is not None:
+        return launch
+    launch = functools.partial(fast.entry, grid)
+    if type(grid) is tuple or getattr(grid, "__closure__", True) is None:    # not kept: a closure may hold
+        if len(fast.grids) >= _DIMS_CAPACITY:                               # tensors alive
             fast.grids.clear()
-        launch = fast.grids[grid] = functools.partial(fast.entry, grid)
+        fast.grids[grid] = launch
     return launch
+
+
+class Resolved(NamedTuple):
+    """A warm launch taken apart (`FastLaunches.resolve`): `launch(*dims, values, stream)` runs it, the stream
+    being `stream_of(ordinal)` (torch's current stream), or 0 when `stream_of` is None."""
+
+    launch: Callable[..., None]
+    dims: tuple[int, int, int]
+    values: tuple
+    ordinal: int
+    stream_of: Callable[[int], int] | None
 
 
 @dataclass(frozen=True)
@@ -168,14 +188,37 @@ class FastLaunches:
         self.signature = signature
         self.slow = slow
         self.launches: dict[tuple, tuple] = {}       # key -> (prepared launch, ordinal, meta)
+        self.memo: list[tuple] = [_FORGOTTEN]        # [(the last key the entry found, its launch)]
         self.dims: dict[Any, tuple[int, int, int]] = {}
         self.entries: dict[tuple, Callable] = {}
         self.entry = self.miss
         self.grids: dict[tuple, Callable] = {}       # grid -> the entry with it bound (`with_grid`)
+        self.kinds: tuple | None = None              # the argument kinds `entry` was generated for
+        self.resolvers: dict[tuple, Callable] = {}   # kinds -> the entry's `resolve` twin
+        self.generation = 0                          # counts `clear()`s: what a caller holding a launch checks
 
     def clear(self) -> None:
-        """Forget every prepared launch (autotune's `pin` changes which config a key launches)."""
+        """Forget every prepared launch (autotune's `pin` changes which config a key launches); launches a
+        caller took from `resolve` are stale from now on (`generation` moved)."""
         self.launches.clear()
+        self.memo[0] = _FORGOTTEN
+        self.generation += 1
+
+    def resolve(self, grid: Any, *args: Any, **kwargs: Any) -> "Resolved | None":
+        """What a warm launch `entry(grid, *args, **kwargs)` would do, without doing it: the prepared launch, the
+        grid's (x, y, z), the converted argument values, the device and where its stream comes from. None
+        wherever the entry would not take its warm path (a new key, other argument kinds, `stream=` given, a
+        launch recorder active or launches skipped); the caller then launches the usual way. The values are
+        the entry's own (`launch_codegen.generate_entry(..., resolve=True)` is the entry's source with the
+        call replaced by a return), so a library op that replays them for arguments with the same facts runs
+        the binary full binding picks (`kernels_lib/gemm_plan.py`)."""
+        if self.kinds is None or "stream" in kwargs or _recorder.get() is not None or _skip_launches.get():
+            return None
+        resolver = self.resolvers.get(self.kinds)
+        if resolver is None:
+            resolver = self.resolvers[self.kinds] = generate_entry(self, self.kinds, resolve=True)
+        found = resolver(grid, *args, **kwargs)
+        return None if found is None else Resolved(*found)
 
     @dynamo_opaque
     def miss(self, grid: Any, *args: Any, **kwargs: Any) -> None:
@@ -190,7 +233,7 @@ class FastLaunches:
         if entry is None:
             entry = self.entries[kinds] = dynamo_opaque(generate_entry(self, kinds))
         if entry is not self.entry:
-            self.entry = entry
+            self.entry, self.kinds = entry, kinds
             self.grids.clear()
 
     def miss_key(self, key: tuple, grid: Any, args: tuple, kwargs: dict) -> None:

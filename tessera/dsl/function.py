@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+import operator
 from typing import Any, Callable
 
 from .source import KernelSource
@@ -25,8 +27,14 @@ class DeviceFunction:
         self.__name__ = fn.__name__
         self.__doc__ = fn.__doc__
 
-    def __call__(self, *args, **kwargs):
-        return self.fn(*args, **kwargs)
+    # Called on the host (a grid function's `tessera.cdiv`), the helper is its function itself: the property
+    # hands `fn` to the call, one Python frame fewer than a method forwarding the arguments.
+    __call__ = property(operator.attrgetter("fn"))
+
+    @property
+    def __signature__(self) -> inspect.Signature:
+        """The function's own signature (`inspect` and `help` would find only the `__call__` property)."""
+        return inspect.signature(self.fn)
 
     def __tessera_key__(self) -> tuple:
         """What identifies the compiled helper: its qualified name, source hash, callees and globals read."""

@@ -134,6 +134,14 @@ class Function:
             yield from op.walk()
 
 
+def enclosing_function(item: Operation | Block | None) -> Function | None:
+    """The function whose body holds `item` (an op or a block, at any depth), or None when it is detached."""
+    parent = item.parent if item is not None else None
+    while parent is not None and not isinstance(parent, Function):
+        parent = parent.parent
+    return parent
+
+
 @dataclass
 class Module:
     """A compilation unit: one or more functions."""

@@ -28,7 +28,7 @@ import math
 import re
 from typing import Any
 
-from .core import Block, Function, Location, Module, Operation, Value
+from .core import Block, Function, Location, Module, Operation, Value, enclosing_function
 
 
 def print_module(module: Module, locations: bool = False) -> str:
@@ -56,7 +56,7 @@ def print_op(op: Operation) -> str:
 
     Values are named as `print_module` names them when `op` sits in a function.
     """
-    fn = _enclosing_function(op)
+    fn = enclosing_function(op)
     names = _name_function(fn) if fn is not None else _Names()
     return _op_head(op, names) + " {...}" * len(op.regions)
 
@@ -64,7 +64,7 @@ def print_op(op: Operation) -> str:
 def print_value(value: Value) -> str:
     """`%name` of `value` as `print_module` names it in its function."""
     owner = value.owner
-    fn = _enclosing_function(owner) if owner is not None else None
+    fn = enclosing_function(owner) if owner is not None else None
     names = _name_function(fn) if fn is not None else _Names()
     return names[value]
 
@@ -119,13 +119,6 @@ def _name_block(block: Block, names: _Names) -> None:
             names.define(result)
         for region in op.regions:
             _name_block(region, names)
-
-
-def _enclosing_function(item: Operation | Block) -> Function | None:
-    parent = item.parent
-    while parent is not None and not isinstance(parent, Function):
-        parent = parent.parent
-    return parent
 
 
 # ---------------------------------------------------------------------------

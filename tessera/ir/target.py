@@ -9,7 +9,7 @@ LLVM triple and CPU name, PTX features) through the fields below.
 | ------- | ------ | ---- | --------------------- | ------------------------------------------ |
 | sm_80   | nvidia | 32   | 163 KiB (A100)        | shfl, cp.async, mma.sync, ldmatrix         |
 | sm_89   | nvidia | 32   | 99 KiB (L40/4090)     | sm_80 + fp8 mma                            |
-| sm_90   | nvidia | 32   | 227 KiB (H100/H200)   | sm_89 + tma, mbarrier, clusters            |
+| sm_90   | nvidia | 32   | 227 KiB (H100/H200)   | sm_89 + tma, mbarrier, clusters, stmatrix  |
 | sm_90a  | nvidia | 32   | 227 KiB               | sm_90 + wgmma, setmaxnreg                  |
 | sm_100  | nvidia | 32   | 227 KiB (B200)        | sm_90 + tcgen05 (no wgmma)                 |
 | gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
@@ -44,7 +44,7 @@ class Target:
 
 _SM80 = frozenset({"shfl", "cp.async", "mma.sync", "ldmatrix"})
 _SM89 = _SM80 | {"mma.fp8"}
-_SM90 = _SM89 | {"tma", "mbarrier", "cluster"}
+_SM90 = _SM89 | {"tma", "mbarrier", "cluster", "stmatrix"}
 _GFX90A = frozenset({"dpp", "mfma"})
 _GFX942 = _GFX90A | {"mfma.fp8"}
 

@@ -88,6 +88,18 @@ def _infer_ldmatrix(ts, a):
     return [RegsType(ScalarType(row.pointee), a["num"] * 32 // row.pointee.bits)]
 
 
+def _infer_stmatrix(ts, a):
+    row, regs = ts
+    require(a["num"] in (1, 2, 4), f"stmatrix stores 1, 2 or 4 matrices, got num = {a['num']}")
+    require(isinstance(row, PointerType) and row.address_space == "shared" and row.pointee.bits == 16,
+            f"stmatrix writes 16-byte rows of 16-bit elements to shared memory: its first operand is a "
+            f"ptr<T, shared> with T a 16-bit type, got {row}")
+    require(isinstance(regs, RegsType) and regs.element == ScalarType(row.pointee) and regs.count == 2 * a["num"],
+            f"stmatrix x{a['num']} stores regs<{2 * a['num']} x {row.pointee.name}> (two elements per matrix), "
+            f"got {regs}")
+    return []
+
+
 def _check_shared_alloc(op):
     require(len(op.results) == 1, "shared_alloc has one result")
     t = op.results[0].type
@@ -126,6 +138,11 @@ define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared mem
                  "8j..8j+7 each give the address of one 16-byte-aligned row of matrix j (8 16-bit, 16 8-bit or 4 "
                  "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1,
                  attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False, **READS)
+define_thread_op("stmatrix", "The inverse of `ldmatrix` for 16-bit elements (stmatrix.sync.aligned.m8n8.x{num}[.trans]"
+                 ".shared.b16, sm_90+): registers 2j, 2j + 1 of lane l are elements (l // 4, 2 (l % 4) + e) of "
+                 "8x8 matrix j (.trans: (2 (l % 4) + e, l // 4)); lanes 8j..8j+7 each give the address of one "
+                 "16-byte-aligned row of matrix j; every lane of the warp must execute it together.", 2,
+                 attrs={"num": "int", "trans": "bool"}, infer=_infer_stmatrix, pure=False, **WRITES)
 define_thread_op("barrier", "Wait for every thread of the block; orders shared-memory accesses around it.", 0,
        infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "

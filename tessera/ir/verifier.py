@@ -20,7 +20,7 @@ The first problem found raises `VerifyError` naming the function, the op
 from __future__ import annotations
 
 from .builder import check_type_rule
-from .core import Block, Function, Module, Operation, Value
+from .core import Block, Function, Module, Operation, Value, enclosing_function
 from .errors import TypeRuleError, VerifyError
 from .ops import OPS
 from .printer import print_op, print_value
@@ -134,7 +134,7 @@ class _FunctionVerifier:
             item = item.parent.parent if isinstance(item.parent, Operation) else None
         if any(block is defining_block for block in enclosing):
             return f"{name} is used before it is defined"
-        if _function_of(defining_block) is self.fn:
+        if enclosing_function(defining_block) is self.fn:
             return f"{name} is used outside the region that defines it (values defined in a region are local to it)"
         return f"{name} is not defined in @{self.fn.name}"
 
@@ -147,10 +147,3 @@ class _FunctionVerifier:
         raise VerifyError(f"@{self.fn.name}{where}: {why}")
 
 
-def _function_of(block: Block | None) -> Function | None:
-    while isinstance(block, Block):
-        parent = block.parent
-        if isinstance(parent, Function):
-            return parent
-        block = parent.parent if isinstance(parent, Operation) else None
-    return None

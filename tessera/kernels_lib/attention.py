@@ -22,8 +22,8 @@ CUDA tensors launch the kernel with the plan for their head dim
 (`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
 form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
 overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup
-ping-pong); CPU tensors run on the tile interpreter with small tiles
-(`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
+ping-pong; TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`); CPU tensors
+run on the tile interpreter with small tiles (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
 from __future__ import annotations
@@ -109,6 +109,7 @@ class BackwardPlan:
     q: Plan
     atomic_dq: bool
     transposed: bool = False    # the dK/dV kernel accumulates dK^T and dV^T (head dim 256: see the kernel)
+    overlap: bool = False       # S and dP issued together, dP under P's exp2 and dV under dS (`BWD_OVERLAP_ENV`)
 
 
 DELTA_PLAN = Plan(64, 0, 4)       # rows per program of delta = rowsum(dO * O)
@@ -125,10 +126,16 @@ BWD_GPU_PLANS = {
     "amd": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
 }
 BWD_CPU_PLAN = BackwardPlan(Plan(16, 16, 4, stages=1), Plan(16, 16, 4, stages=1), atomic_dq=True)
+# The backward kernels' OVERLAP order (`attention_bwd.py`): =1 takes it on Hopper (sm_90a plans: wgmma is
+# asynchronous there, mma.sync and MFMA are not) and on the interpreter; unset or 0 keeps FlashAttention-2's
+# order until a GPU run times it (bench/attention.py --part backward: `tessera_overlap`; docs/perf/
+# attention-backward-h100.md has the SASS before and after).
+BWD_OVERLAP_ENV = "TESSERA_ATTENTION_BWD_OVERLAP"
 
 
-def bwd_gpu_plan(D: int, device: torch.device) -> BackwardPlan:
-    """The backward plan for head dim D on `device` (Hopper: sm_90a's; other NVIDIA GPUs: sm_80's)."""
+def bwd_gpu_plan(D: int, device: torch.device, overlap: bool = False) -> BackwardPlan:
+    """The backward plan for head dim D on `device` (Hopper: sm_90a's; other NVIDIA GPUs: sm_80's); with
+    `overlap`, on Hopper, in the OVERLAP order (`BWD_OVERLAP_ENV`)."""
     if torch.version.hip:
         arch = "amd"
     else:
@@ -137,7 +144,13 @@ def bwd_gpu_plan(D: int, device: torch.device) -> BackwardPlan:
     if D not in plans:
         raise ValueError(f"tessera::attention: the backward pass has no GPU plan for head dim {D} on {arch} yet "
                          f"(planned: {sorted(plans)}); run it on the CPU interpreter or use another head dim")
-    return plans[D]
+    return dataclasses.replace(plans[D], overlap=True) if overlap and arch == "sm_90a" else plans[D]
+
+
+def wants_bwd_overlap() -> bool:
+    """Whether the backward takes the OVERLAP order where it can (`bwd_gpu_plan`; the interpreter too):
+    TESSERA_ATTENTION_BWD_OVERLAP=1; unset or 0 not."""
+    return _env_flag(BWD_OVERLAP_ENV, "S and dP issued together on Hopper", "FlashAttention-2's order")
 
 
 # ---------------------------------------------------------------------------
@@ -337,7 +350,11 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     dk, dv = torch.empty(k.shape, dtype=k.dtype, device=k.device), torch.empty(v.shape, dtype=v.dtype, device=v.device)
     if q.numel() == 0 or k.numel() == 0:
         return torch.zeros_like(q), dk.zero_(), dv.zero_()
-    plan = BWD_CPU_PLAN if _on_interpreter(q) else bwd_gpu_plan(p.D, q.device)
+    overlap = wants_bwd_overlap()
+    if _on_interpreter(q):
+        plan = dataclasses.replace(BWD_CPU_PLAN, overlap=overlap)
+    else:
+        plan = bwd_gpu_plan(p.D, q.device, overlap)
     kv_plan, q_plan, delta_plan = plan.kv, plan.q, DELTA_PLAN
     deterministic = deterministic or not plan.atomic_dq
     delta = torch.empty_like(lse)
@@ -355,12 +372,12 @@ def _backward(grad_out, grad_lse, q, k, v, o, lse, problem: Problem,
     attention_bwd_kv_kernel[(tessera.cdiv(p.Sk, kv_plan.BN), p.batch * p.H_kv)](
         *head, dq, dk, dv, *scalars, *strides, *p.strides(dq)[:3], *p.strides(dk)[:3], *p.lse_strides(lse),
         D=p.D, BM=kv_plan.BM, BN=kv_plan.BN, ATOMIC_DQ=not deterministic, STAGES=kv_plan.stages,
-        num_warps=kv_plan.num_warps, TRANSPOSED=plan.transposed, **p.masks())
+        num_warps=kv_plan.num_warps, TRANSPOSED=plan.transposed, OVERLAP=plan.overlap, **p.masks())
     if not deterministic:
         return (dq * p.scale).to(q.dtype), dk, dv
     attention_bwd_q_kernel[(tessera.cdiv(p.Sq, q_plan.BM), p.batch * p.H)](
         *head, dq, *scalars, *strides, *p.strides(dq)[:3], *p.lse_strides(lse), D=p.D, BM=q_plan.BM,
-        BN=q_plan.BN, STAGES=q_plan.stages, num_warps=q_plan.num_warps, **p.masks())
+        BN=q_plan.BN, STAGES=q_plan.stages, num_warps=q_plan.num_warps, OVERLAP=plan.overlap, **p.masks())
     return dq, dk, dv
 
 

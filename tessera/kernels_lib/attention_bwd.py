@@ -23,6 +23,13 @@ of the additions varies from run to run), or computed by
 blocks (recomputing S and dP: two more products, but every dQ element is
 summed in one fixed order: the deterministic mode).
 
+OVERLAP (sm_90a, where wgmma is asynchronous; `BWD_OVERLAP_ENV` in attention.py) issues the two products
+that need only the loaded blocks, S and dP, back to back, so that `passes/defer_wgmma_wait.py` leaves dP in
+flight under the masking and exp2 of P (`wgmma_wait {pending = 1}`) and, in the dK/dV kernel, dV under dS
+(another depth-1 wait). The LSE and delta rows are broadcast to the scores' shape before the products (in the
+dQ pass once, before the loop): broadcast where they are used, they go through shared memory there, and a
+shared-memory store stops a wait from moving down.
+
 The mask conventions and the LSE are the forward's (`attention_fwd.py`); a
 row whose LSE is +inf saw no key and gets no gradient. A gradient of the
 LSE itself folds into delta (d LSE / d S = P, so dS = P * (dP - delta + dLSE)).
@@ -32,7 +39,7 @@ from __future__ import annotations
 
 import tessera
 
-from .attention_fwd import LOG2E, key_blocks, sequence, visible
+from .attention_fwd import CACHE_BOUNDS_SHORTFALL, LOG2E, key_blocks, sequence, visible
 
 
 @tessera.kernel(fast_math=True)
@@ -79,7 +86,7 @@ def logits(s, qk_scale, softcap, SOFTCAP):
     return s * qk_scale, 1.0
 
 
-@tessera.kernel(fast_math=True)
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))    # varlen: as the forward
 def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, dk_ptr, dv_ptr, cu_q_ptr,
                             cu_k_ptr, Sq, Sk, H, H_KV, qk_scale, softcap, scale, left, right,
                             stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -89,7 +96,7 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
                             D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                             VARLEN: tessera.constexpr, ATOMIC_DQ: tessera.constexpr, STAGES: tessera.constexpr,
-                            TRANSPOSED: tessera.constexpr = False):
+                            TRANSPOSED: tessera.constexpr = False, OVERLAP: tessera.constexpr = False):
     """dK, dV of BN keys of one key/value head (summed over its query heads), and with ATOMIC_DQ their share of
     dQ / scale added into the float32 dQ buffer. dK and dV share their strides (dk_*) and, like the dQ buffer, are
     contiguous in the head dim. TRANSPOSED accumulates dK^T = Q^T dS and dV^T = dO^T P (D x BN) instead: their
@@ -118,17 +125,29 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         lse = tessera.view(lse_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         delta = tessera.view(delta_ptr + b * stride_lb + h * stride_lh + q_start, (1, Sq))
         for m in tessera.pipeline(lo, hi, stages=STAGES):
-            sT, cap = logits(tessera.dot(k_block, qT.block((D, BM), (0, m)).load()), qk_scale, softcap, SOFTCAP)
+            if OVERLAP:     # both products of the loaded blocks at once: dP^T runs under P^T's exp2
+                lse_m = tessera.broadcast_to(lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E,
+                                             (BN, BM))
+                delta_m = tessera.broadcast_to(delta.block((1, BM), (0, m)).load(), (BN, BM))
+                sT = tessera.dot(k_block, qT.block((D, BM), (0, m)).load())
+                dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
+                sT, cap = logits(sT, qk_scale, softcap, SOFTCAP)
+            else:
+                sT, cap = logits(tessera.dot(k_block, qT.block((D, BM), (0, m)).load()), qk_scale, softcap, SOFTCAP)
             if (m < full_lo) | (m >= full_hi):
                 queries = m * BM + Sk - Sq + tessera.arange(0, BM)[None, :]
                 sT = visible(sT, queries, keys, Sk, left, right, HAS_LEFT, HAS_RIGHT)
-            pT = tessera.exp2(sT - lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E)
+            if not OVERLAP:
+                lse_m = lse.block((1, BM), (0, m)).load(fill=float("inf")) * LOG2E
+            pT = tessera.exp2(sT - lse_m)
             if TRANSPOSED:
                 dv = tessera.dot(doT.block((D, BM), (0, m)).load(), tessera.trans(pT.to(v.dtype)), dv)
             else:
                 dv = tessera.dot(pT.to(v.dtype), do.block((BM, D), (m, 0)).load(), dv)
-            dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
-            dsT = pT * (dpT - delta.block((1, BM), (0, m)).load()) * cap
+            if not OVERLAP:
+                dpT = tessera.dot(v_block, doT.block((D, BM), (0, m)).load())
+                delta_m = delta.block((1, BM), (0, m)).load()
+            dsT = pT * (dpT - delta_m) * cap     # (OVERLAP: dV still in flight)
             if TRANSPOSED:
                 dk = tessera.dot(qT.block((D, BM), (0, m)).load(), tessera.trans(dsT.to(q.dtype)), dk)
             else:
@@ -147,7 +166,7 @@ def attention_bwd_kv_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_
         tessera.view(dv_ptr + dk_base, (Sk, D), (stride_dks, 1)).block((BN, D), (pid_n, 0)).store(dv)
 
 
-@tessera.kernel(fast_math=True)
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
 def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_ptr, cu_q_ptr, cu_k_ptr,
                            Sq, Sk, H, H_KV, qk_scale, softcap, scale, left, right,
                            stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
@@ -155,7 +174,8 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
                            stride_dqb, stride_dqs, stride_dqh, stride_lb, stride_lh,
                            D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                            HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
-                           VARLEN: tessera.constexpr, STAGES: tessera.constexpr):
+                           VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
+                           OVERLAP: tessera.constexpr = False):
     """dQ of BM queries of one head, summed over the key blocks in order (the deterministic mode); dQ is
     contiguous in the head dim."""
     pid_m, bh = tessera.program_id(0), tessera.program_id(1)
@@ -169,8 +189,10 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
     k, kT = tessera.view(k_base, (Sk, D), (stride_ks, stride_kd)), tessera.view(k_base, (D, Sk), (stride_kd, stride_ks))
     vT = tessera.view(v_ptr + b * stride_vb + k_start * stride_vs + kv_h * stride_vh, (D, Sk), (stride_vd, stride_vs))
     rows = b * stride_lb + h * stride_lh + q_start
-    lse = tessera.view(lse_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load(fill=float("inf")) * LOG2E
-    delta = tessera.view(delta_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load()
+    lse = tessera.view(lse_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load(fill=float("inf"))[:, None] * LOG2E
+    delta = tessera.view(delta_ptr + rows, (Sq,)).block((BM,), (pid_m,)).load()[:, None]
+    if OVERLAP:     # in the scores' layout once, not through shared memory in every step (it would stop the waits)
+        lse, delta = tessera.broadcast_to(lse, (BM, BN)), tessera.broadcast_to(delta, (BM, BN))
 
     m0 = pid_m * BM
     q_block = q.block((BM, D), (pid_m, 0)).load()
@@ -178,13 +200,19 @@ def attention_bwd_q_kernel(q_ptr, k_ptr, v_ptr, do_ptr, lse_ptr, delta_ptr, dq_p
     dq = tessera.zeros((BM, D), tessera.f32)
     lo, hi, full_lo, full_hi = key_blocks(m0, Sq, Sk, left, right, BM, BN, HAS_LEFT, HAS_RIGHT)
     for n in tessera.pipeline(lo, hi, stages=STAGES):
-        s, cap = logits(tessera.dot(q_block, kT.block((D, BN), (0, n)).load()), qk_scale, softcap, SOFTCAP)
+        if OVERLAP:         # both products of the loaded blocks at once: dP runs under P's exp2
+            s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
+            dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
+            s, cap = logits(s, qk_scale, softcap, SOFTCAP)
+        else:
+            s, cap = logits(tessera.dot(q_block, kT.block((D, BN), (0, n)).load()), qk_scale, softcap, SOFTCAP)
         if (n < full_lo) | (n >= full_hi):
             queries = m0 + Sk - Sq + tessera.arange(0, BM)[:, None]
             s = visible(s, queries, n * BN + tessera.arange(0, BN)[None, :], Sk, left, right, HAS_LEFT, HAS_RIGHT)
-        p = tessera.exp2(s - lse[:, None])
-        dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
-        ds = p * (dp - delta[:, None]) * cap
+        p = tessera.exp2(s - lse)
+        if not OVERLAP:
+            dp = tessera.dot(do_block, vT.block((D, BN), (0, n)).load())
+        ds = p * (dp - delta) * cap
         dq = tessera.dot(ds.to(q.dtype), k.block((BN, D), (n, 0)).load(), dq)
     dq_view = tessera.view(dq_ptr + b * stride_dqb + q_start * stride_dqs + h * stride_dqh, (Sq, D), (stride_dqs, 1))
     dq_view.block((BM, D), (pid_m, 0)).store(dq * scale)

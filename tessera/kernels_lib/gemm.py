@@ -35,6 +35,10 @@ float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
+A warm call on the GPU replays what the first calls of its shape, dtypes,
+alignment and layout launched (`gemm_plan.py`): no checks, binding or
+config selection, one prepared launch per kernel.
+
 On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
 fma contraction, approximate exp2 and division) wherever the output's
 precision hides the difference (`_fast_math_allows`); `gemm_kernel` itself
@@ -69,6 +73,7 @@ import tessera
 import tessera.torch
 
 from . import gemm_configs
+from . import gemm_plan
 from . import gemm_split_k
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
@@ -392,8 +397,40 @@ def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
     return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
 
 
+# The op's plans (`gemm_plan.py`): plan key -> what a warm call of that key launches.
+_PLANS = gemm_plan.Plans()
+
+
+def _runs_on_gpu(a: torch.Tensor) -> bool:
+    """Whether the op launches GPU kernels for `a` (else the CPU interpreter: CPU tensors, $TESSERA_INTERPRET)."""
+    return a.device.type != "cpu" and os.environ.get("TESSERA_INTERPRET", "0") != "1"
+
+
+def _same(args: tuple) -> tuple:
+    return args
+
+
+# The op's tensors -> what its GPU launches take: the tensors themselves (`gemm_plan.stub_gpu_operands` swaps in
+# `__cuda_array_interface__` views of CPU tensors, to run this path on the stub driver).
+_device_args = _same
+
+
+def _atomic_split_k() -> bool:
+    return os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1"
+
+
 def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha) -> torch.Tensor:
-    """The implementation: check, allocate the output, launch (the interpreter for CPU tensors)."""
+    """The implementation: a warm call replays its plan (`gemm_plan.py`); otherwise check, allocate the output,
+    launch (the interpreter for CPU tensors), and on the GPU record the launches as the key's plan."""
+    planned = scale_a is None and scale_b is None and tessera.launching_directly()
+    if planned:
+        key, pa, pb, pbias = gemm_plan.plan_key(a, b, bias, activation, out_dtype, trans_a, trans_b)
+        plan = _PLANS.get(key)
+        if plan is not None:
+            c = plan.run(pa, pb, pbias, alpha)
+            if c is not None:
+                return c
+            _PLANS.pop(key, None)          # recorded again below
     M, N, K, out_dtype = _check(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
     c = torch.empty((M, N), dtype=out_dtype, device=a.device)
     if M == 0 or N == 0:
@@ -408,31 +445,53 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     activation = activation or "none"
     flags = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
                  ACTIVATION=activation)
-    cpu = a.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
+    cpu = not _runs_on_gpu(a)
+    recording = None
     if cpu:
         args = tuple(_host(x) if isinstance(x, torch.Tensor) else x for x in args)
-    launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
-                   CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu)
+        launches = gemm_plan.Direct(_same)
+    else:
+        args = _device_args(args)
+        # a plan replays addresses, so only operands passed as they are (dense, not copied), and a non-empty K
+        if planned and K > 0 and a_mem.data_ptr() == pa and b_mem.data_ptr() == pb and \
+                bias_mem is (c if bias is None else bias):
+            launches = recording = gemm_plan.Recording(_device_args, args[0], args[1], args[2], args[5], args[9])
+        else:
+            launches = gemm_plan.Direct(_device_args)
+    atomic = launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
+                            CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu, launches=launches)
+    if recording is not None:
+        _PLANS.remember(key, recording, c, atomic, _atomic_split_k)
     return c
 
 
+def clear_plans() -> None:
+    """Forget the op's plans (`gemm_plan.py`): after changing what decides its launches in place (a test patching
+    the split-K model or the configs); pinning a config and forgetting prepared launches need not."""
+    _PLANS.clear()
+
+
 def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: torch.dtype, element_bytes: int,
-                   device, num_sms: int, *, cpu: bool = False) -> None:
+                   device, num_sms: int, *, cpu: bool = False,
+                   launches: Optional[gemm_plan.Direct] = None) -> Optional[bool]:
     """The op's launches for `gemm_kernel`'s 14 arguments `args` (tensors already laid out; C at index 5, host
     arrays for the interpreter when `cpu`): the split-K plan when the shape takes one, else the autotuned tiled
     kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
-    ACTIVATION; `device` is where split-K workspaces are allocated. `bench/launch_overhead.py --stub-driver`
-    times it on arrays of the stub driver, since the op's own tensors would need a GPU."""
+    ACTIVATION; `device` is where split-K workspaces are allocated; `launches` launches each kernel (and records
+    it for a plan: `gemm_plan.Recording`). Returns whether split K sums atomically (None: K not split), which a
+    plan keeps. tests/kernels_lib/test_gemm_launch_calls.py counts its driver calls on the stub's arrays."""
+    launches = launches or gemm_plan.Direct(_same)
     capturing = tessera.capturing()
     fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing
     c = args[5]
     split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu)
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
+        atomic = split.split_k > 1 and _atomic_split_k()
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
             gemm_split_k.launch(args, split, M, N, flags, device, element_bytes=element_bytes, fast=fast,
-                                atomic=split.split_k > 1 and os.environ.get(ATOMIC_SPLIT_K_ENV, "0") == "1")
-        return c
+                                atomic=atomic, launches=launches)
+        return atomic if split.split_k > 1 else None
     # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop
     align, pipelined = operand_alignment(M, N, K, args[10:14], element_bytes, pointers_aligned(args[0], args[1]))
     if cpu:
@@ -441,20 +500,26 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
                                                                         ALIGN=align, PIPELINED=pipelined)
     else:
         launch_tuned(gemm_kernel_fast if fast else gemm_kernel, args, c, M, N, num_sms, capturing, **flags,
-                     ALIGN=align, PIPELINED=pipelined)
+                     ALIGN=align, PIPELINED=pipelined, launches=launches)
+    return None
 
 
-def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool, **constexprs) -> None:
+def launch_tuned(kernel, args: tuple, c, M: int, N: int, num_sms: int, capturing: bool,
+                 launches: Optional[gemm_plan.Direct] = None, **constexprs) -> None:
     """Launch an autotuned GEMM kernel (`gemm_kernel*`, `gemm_fused_kernel`) over C's M x N tiles. `capturing`
     (`tessera.capturing()`): inside `tessera.fusion()` the launch declares that it writes all of `c`, is recorded
     with a tuned or predicted config (`predicted_config`), and elementwise consumers of C become its epilogue;
     the op then passes the exact kernel, not the fast-math one, since a consumer fused into it keeps its own
-    numerics. Outside a capture nothing is declared (the context manager would cost the launch ~3 µs)."""
+    numerics. Outside a capture nothing is declared (the context manager would cost the launch ~3 µs).
+    `launches` launches it (`gemm_plan.Direct`, or a `Recording` for the op's plan)."""
+    grid = lambda meta: _grid(M, N, meta, num_sms)  # noqa: E731
     if capturing:
         with tessera.writes_whole(c):
-            kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+            kernel[grid](*args, **constexprs)
+    elif launches is None:
+        kernel[grid](*args, **constexprs)
     else:
-        kernel[lambda meta: _grid(M, N, meta, num_sms)](*args, **constexprs)
+        launches.launch(kernel, grid, args, constexprs)
 
 
 @gemm_op.register_fake

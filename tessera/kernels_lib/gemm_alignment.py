@@ -83,9 +83,16 @@ def operand_alignment(M: int, N: int, K: int, strides: tuple[int, int, int, int]
 
 
 def pointers_aligned(*tensors) -> bool:
-    """Whether every torch tensor among `tensors` starts on a 16-byte boundary (host arrays: the interpreter
-    copies nothing asynchronously, so they count as aligned)."""
-    return all(t.data_ptr() % ROW_BYTES == 0 for t in tensors if isinstance(t, torch.Tensor) and t.is_cuda)
+    """Whether every GPU array among `tensors` (a torch CUDA tensor, or a `__cuda_array_interface__` object)
+    starts on a 16-byte boundary (host arrays: the interpreter copies nothing asynchronously, so they count as
+    aligned)."""
+    for t in tensors:
+        if isinstance(t, torch.Tensor):
+            if t.is_cuda and t.data_ptr() % ROW_BYTES:
+                return False
+        elif hasattr(t, "__cuda_array_interface__") and t.__cuda_array_interface__["data"][0] % ROW_BYTES:
+            return False
+    return True
 
 
 def rows_alignment(sizes: tuple[int, ...], element_bits: int, pointers_aligned: bool) -> tuple[tuple[int, ...], bool]:

@@ -288,14 +288,19 @@ def main_constexprs(p: SplitKPlan, M: int, N: int, K: int, strides: tuple[int, i
 # The launch
 
 
+def _direct(kernel, grid, args: tuple, kwargs: dict) -> None:
+    kernel[grid](*args, **kwargs)
+
+
 def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, element_bytes: int,
-           fast: bool = False, atomic: bool = False) -> SplitKPlan:
+           fast: bool = False, atomic: bool = False, launches=None) -> SplitKPlan:
     """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`.
 
     `args` are `gemm.gemm_kernel`'s 14 arguments (C at index 5), already host arrays for the interpreter;
     `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION; `element_bytes` the size of A's and B's
     elements (ALIGN and STAGES follow from it and the arguments: `main_constexprs`). `atomic` sums the splits with atomics
-    instead of the deterministic workspace; `fast` runs the fast-math compilations."""
+    instead of the deterministic workspace; `fast` runs the fast-math compilations. `launches` (the op's
+    `gemm_plan.Direct` or `Recording`) launches each kernel and hands the workspace to the kernels."""
     c, (bias, scale_a, scale_b), alpha = args[5], args[2:5], args[9]
     atomic = atomic and p.split_k > 1
     row_tiles = -(-M // p.BM)              # ceiling divisions inline: tessera.cdiv is a host call each
@@ -305,14 +310,17 @@ def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, e
         partials = torch.zeros((row_tiles * p.BM, N), dtype=torch.float32, device=device)
     else:
         partials = torch.empty((p.split_k * row_tiles * p.BM, N), dtype=torch.float32, device=device)
+    if partials is not c and launches is not None:
+        partials = launches.workspace(partials, atomic)
     strips = -(-N // p.BN)
     tile = dict(BM=p.BM, BN=p.BN, num_warps=p.num_warps)
     main = gemm_split_k_kernel_fast if fast else gemm_split_k_kernel
     chosen = main_constexprs(p, M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
-    main[(strips, p.split_k, row_tiles)](*args[:6], partials, *args[6:], p.steps, **flags, BK=p.BK,
-                                         SPLIT_K=p.split_k, ATOMIC=atomic, **chosen, **tile)
+    run = launches.launch if launches is not None else _direct
+    run(main, (strips, p.split_k, row_tiles), (*args[:6], partials, *args[6:], p.steps),
+        dict(**flags, BK=p.BK, SPLIT_K=p.split_k, ATOMIC=atomic, **chosen, **tile))
     if p.split_k > 1:
         reduce = gemm_split_k_reduce_kernel_fast if fast else gemm_split_k_reduce_kernel
-        reduce[(strips, row_tiles)](partials, bias, scale_a, scale_b, c, M, N, alpha, **flags,
-                                    SPLITS=1 if atomic else p.split_k, **tile)
+        run(reduce, (strips, row_tiles), (partials, bias, scale_a, scale_b, c, M, N, alpha),
+            dict(**flags, SPLITS=1 if atomic else p.split_k, **tile))
     return p

@@ -79,7 +79,11 @@ for that operand in `conversions`: the lowering moves it through shared
 memory (or, when each thread already holds what it needs, by renaming
 registers). A view store whose anchor gave its value a layout that the
 loops-first rule then overruled (the value is a loop's result) converts
-the value back to the anchor's layout, once, after the loop. Shape ops
+the value back to the anchor's layout, once, after the loop. A store that
+may take its value as it is (`STORE_KEEPS_LAYOUT`: a 16-bit accumulator
+stored by stmatrix for a TMA store) anchors softly: the value takes what
+propagation gives it, and converts to the anchor's layout only if the store
+cannot take that. Shape ops
 (broadcast, expand_dims, reshape, permute, convert_layout), reduce operands and FMA dot operands accept any layout: the
 lowering re-indexes or goes through shared memory as needed, so they never
 need a conversion; tensor-core dot operands are converted to their
@@ -106,6 +110,14 @@ from .errors import LoweringError
 from .mma import RESIDENT_OPERAND_REGISTERS, mma_plan
 
 LOOPS = frozenset(["for", "while"])
+
+# Predicates (view_store, the layout its value ended up with, target, `VectorFacts`, num_warps) -> whether the
+# store takes the value in that layout as it is, so the anchor's conversion back is not recorded: the TMA
+# store's stmatrix path (`schedule/tma_store.py`) stores a 16-bit accumulator straight from its registers.
+# Asked with layout None first (may the store take some layout as it is?): if so the store's anchor is soft,
+# it gives the value no layout and only converts back to it after propagation when the store cannot take
+# what the value got.
+STORE_KEEPS_LAYOUT: list = []
 
 
 def element_bits(t: Type) -> int:
@@ -357,8 +369,13 @@ class _Assigner:
             value = op.operands[-1]
             layout = self.blocked(value.type.shape, self.facts.view_layout_width(
                 op, element_bits(value.type), self.target.max_vector_bits))
-            if self.set(value, layout):
+            if self._store_keeps(op, None):
+                self.store_anchors[(op, len(op.operands) - 1)] = layout     # soft: see STORE_KEEPS_LAYOUT
+            elif self.set(value, layout):
                 self.store_anchors[(op, len(op.operands) - 1)] = layout
+
+    def _store_keeps(self, op: Operation, layout: RegisterLayout | None) -> bool:
+        return any(keeps(op, layout, self.target, self.facts, self.out.num_warps) for keeps in STORE_KEEPS_LAYOUT)
 
     # -- rule 3: propagation ----------------------------------------------------
 
@@ -412,7 +429,8 @@ class _Assigner:
                     self.out.conversions[(site, index)] = want
         # A view store whose anchor a loop-carried group overruled converts its value back (once, after the loop).
         for (op, index), want in self.store_anchors.items():
-            if self.layouts[op.operands[index]] != want:
+            have = self.layouts[op.operands[index]]
+            if have != want and not self._store_keeps(op, have):
                 self.out.conversions[(op, index)] = want
 
     def _tile_groups(self):

@@ -23,6 +23,7 @@ docstrings give the rules), and for loops and explicit shared memory in
 | broadcast, expand_dims, reshape, permute, convert_layout | register renaming, or through shared memory (pointer tiles: rebuilt) |
 | load, store, atomics (pointer tiles)  | per-register pointers, `vector = k` where proven; replicas masked |
 | make_view, view_load, view_store      | per-register offsets and bounds masks; vectorized where proven |
+|                                       | (sm_90+: block stores by TMA, 16-bit accumulators via stmatrix) |
 | reduce, arg_reduce                    | registers, then shuffles (bfly), then shared memory across warps |
 | scan                                  | through shared memory, a sequential fold per register          |
 | dot                                   | mma.sync (ldmatrix), wgmma (sm_90a) or MFMA; else FMA over k  |

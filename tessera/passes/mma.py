@@ -74,7 +74,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Function, Operation
+from tessera.ir.core import Operation, enclosing_function
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
 from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
@@ -221,7 +221,7 @@ def chained(op: Operation) -> bool:
     other than transposes, convert_layout and `if` results, within the function)."""
     if _source_dots(op.operands[0]):
         return True
-    fn = _function_of(op)
+    fn = enclosing_function(op)
     return fn is not None and any(other is not op and op in _source_dots(other.operands[0])
                                   for other in fn.walk() if other.name == "dot")
 
@@ -248,8 +248,3 @@ def _source_dots(value) -> set[Operation]:
     return found
 
 
-def _function_of(op: Operation) -> Function | None:
-    item = op.parent
-    while item is not None and not isinstance(item, Function):
-        item = item.parent
-    return item

@@ -352,6 +352,46 @@ class CudaDevice:
         success, optimistic = self._driver.CUresult.CUDA_SUCCESS, self.only_device
         pack = pack or (lambda values: None)
         acquire, release = (lock.acquire, lock.release) if lock is not None else (_no_lock, _no_lock)
+        name = function.name
+
+        def in_context(gx: int, gy: int, gz: int, stream: int, err: Any) -> None:
+            """After an optimistic launch that returned `err` other than CUDA_SUCCESS (None: none was tried):
+            done if it was a success after all, else launch again with the function's context pushed."""
+            if err is not None:
+                if int(err) == 0:       # a result object other than the CUDA_SUCCESS member
+                    return
+                if int(err) not in _NOT_OUR_CONTEXT:
+                    raise driver_error(err, f"launching kernel '{name}' (cuLaunchKernel)")
+            pushed = self._enter()
+            try:
+                (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
+            finally:
+                self._exit(pushed)
+            if int(err) != 0:
+                raise driver_error(err, f"launching kernel '{name}' (cuLaunchKernel)")
+
+        plain = getattr(pack, "plain", None)
+        if plain is not None:       # pointers and ints only: the packer's one struct call, inlined
+            pack_into, buffer, start, exactly, fallback = plain
+
+            def launch_plain(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
+                if gx > most_x or gy > most_y or gz > most_z:
+                    validate_launch((gx, gy, gz), block, shared_bytes + function.static_shared_bytes, self.limits)
+                acquire()       # threads sharing the buffer must not interleave pack and launch
+                try:
+                    try:
+                        pack_into(buffer, start, *values)
+                    except fallback:
+                        exactly(values)
+                    if optimistic:
+                        (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
+                        if err is not success:
+                            in_context(gx, gy, gz, stream, err)
+                    else:
+                        in_context(gx, gy, gz, stream, None)
+                finally:
+                    release()
+            return launch_plain
 
         def launch(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
             if gx > most_x or gy > most_y or gz > most_z:
@@ -361,21 +401,12 @@ class CudaDevice:
                 pack(values)
                 if optimistic:
                     (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
-                    if err is success:
-                        return
-                    if int(err) == 0:       # a result object other than the CUDA_SUCCESS member
-                        return
-                    if int(err) not in _NOT_OUR_CONTEXT:
-                        raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
-                pushed = self._enter()
-                try:
-                    (err,) = launch_kernel(handle, gx, gy, gz, bx, by, bz, shared_bytes, stream, params, 0)
-                finally:
-                    self._exit(pushed)
+                    if err is not success:
+                        in_context(gx, gy, gz, stream, err)
+                else:
+                    in_context(gx, gy, gz, stream, None)
             finally:
                 release()
-            if int(err) != 0:
-                raise driver_error(err, f"launching kernel '{function.name}' (cuLaunchKernel)")
         return launch
 
     def _opt_in_shared_bytes(self, function: CudaFunction, shared_bytes: int) -> None:

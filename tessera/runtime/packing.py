@@ -177,6 +177,21 @@ class ArgumentPacker:
                     pack_into(buffer, start, *values)
                 except fallback:
                     exactly(values)
+            pack.plain = (pack_into, buffer, start, exactly, fallback)     # for a caller inlining the struct call
+            pack.checked = (pack_into, buffer, start, 0, object, exactly, fallback)     # (values[0] is an object)
+            return pack
+
+        if len(checks) == 1 and not converters:      # one float scalar (a GEMM's alpha): no loop
+            (at, kind), = checks
+
+            def pack(values):
+                try:
+                    if not isinstance(values[at], kind):
+                        raise _Inexact
+                    pack_into(buffer, start, *values)
+                except fallback:
+                    exactly(values)
+            pack.checked = (pack_into, buffer, start, at, kind, exactly, fallback)   # for a caller inlining it
             return pack
 
         def pack(values):

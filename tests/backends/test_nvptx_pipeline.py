@@ -41,7 +41,9 @@ def test_pipelined_matmul_on_tma_targets_assembles_with_tma_fills_and_no_spills(
         boxes * stages
     assert "cp.async.cg" not in ptx and "cp.async.wait_group" not in ptx
     assert len(re.findall(r"\.param \.align 64 \.b8 pipelined_matmul_param_\d+\[128\]", ptx)) == 3
-    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group") == 1 and "st.global" not in ptx
+    # C (128 x 128, 16-bit): stmatrix into 128B-swizzled column blocks, one TMA store per 64 columns
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta.tile.bulk_group") == 2 and "st.global" not in ptx
+    assert "stmatrix.sync.aligned.m8n8.x4" in ptx
     assert "st.local" not in ptx and "mbarrier.try_wait.parity.shared.b64" in ptx
     assert ptx.count("mbarrier.init.shared.b64") == ptx.count("mbarrier.inval.shared.b64") == stages
     if target == "sm_90a":

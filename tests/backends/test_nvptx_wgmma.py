@@ -61,3 +61,16 @@ def test_inline_asm_operands_with_a_in_registers():
     assert ("wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 {$0, $1, $2, $3}, {$4, $5, $6, $7}, $8, p, 1, 1, 1;"
             in asm)
     assert "setp.ne.b32 p, $9, 0;" in asm
+
+
+def test_a_fresh_accumulator_is_scale_d_0_not_zero_registers():
+    """The chain's first wgmma accumulates into zeros: it computes D = A*B (scale-d 0, its accumulator inputs
+    undefined) rather than reading zero registers, which LLVM makes one register that ptxas may tie to another
+    group's accumulator in flight (and then injects a wait between independent groups:
+    docs/perf/attention-backward-h100.md); the chained steps accumulate (scale-d 1)."""
+    llvm_ir = compile_thread_ir(kernel(64), "sm_90a", assemble=False).llvm_ir
+    calls = re.findall(r'asm sideeffect "\{.*?wgmma\.mma_async.*?"\((.*?)\)\s*\n', llvm_ir, re.S)
+    assert len(calls) == 4
+    first, *chained = [[arg.strip() for arg in call.split(",")] for call in calls]
+    assert first[2] == "i32 0" and set(first[3:]) == {"float undef"}, first[:4]
+    assert all(args[2] == "i32 1" and "float undef" not in args for args in chained)

@@ -105,6 +105,19 @@ def test_the_overlapped_columns_are_compared_with_their_fa2_order():
                                                     "ping-pong 630 (1.05x)")
 
 
+def test_the_overlapped_backward_column_is_compared_with_the_fa2_order():
+    """Hopper's backward rows time `tessera_overlap` (TESSERA_ATTENTION_BWD_OVERLAP=1, set around the timed
+    autograd.grad, where the backward reads it) beside `tessera`; its speed over the FA2 order is in the row,
+    the log line and the report."""
+    assert bench.HOPPER_BACKWARDS == {"tessera_overlap": {"TESSERA_ATTENTION_BWD_OVERLAP": "1"}}
+    row = {"part": "backward", "B": 4, "S": 4096, "H": 16, "D": 128, "causal": True, "tessera_tflops": 300.0,
+           "tessera_overlap_tflops": 330.0, "flash_tflops": 320.0, "cudnn_tflops": 400.0}
+    bench._check_all(None, row, None)
+    assert row["bwd_overlap_vs_fa2"] == pytest.approx(1.1) and "ws_vs_plain" not in row
+    assert "tessera 300, tessera_overlap 330, flash 320, cudnn 400 TFLOP/s" in bench.describe(row)
+    assert gpu_session.attention_line(row).endswith("(0.75x cuDNN); overlapped backward 330 (1.10x)")
+
+
 def test_the_dry_run_checks_each_part_on_the_interpreter():
     pytest.importorskip("torch")
     done = subprocess.run([sys.executable, str(ROOT / "bench/attention.py"), "--dry-run"], capture_output=True,

@@ -72,7 +72,7 @@ def ran(driver) -> str:
 BASE = 0x7F0000000000
 arrays = st.builds(lambda offset, typestr, n: FakeDeviceArray(n, typestr=typestr, address=BASE + offset),
                    st.sampled_from([0, 4, 16, 32, 4096, 4100]), st.sampled_from(["<f4", "<f2"]),
-                   st.sampled_from([16, 64, 1024]))
+                   st.sampled_from([0, 16, 64, 1024]))
 ints = st.one_of(st.sampled_from([0, 1, 16, 17, 32, 2**31 - 1, 2**31, -(2**31) - 1, 2**64 - 1]),
                  st.integers(-100, 100))
 launches = st.fixed_dictionaries({
@@ -123,6 +123,41 @@ def test_every_warm_autotuned_launch_runs_the_binary_of_its_tuned_config(first, 
             config = tuned_copy.best_config(*launch["args"], **kwargs)
             assert ran(stub) == expected(tuned_copy.kernel, launch["args"], {**kwargs, **config.kwargs},
                                          config.num_warps)
+
+
+def last_values(driver, kernel) -> list:
+    """The argument values the last launch's parameter buffer held (its launcher's packer, decoded)."""
+    params = driver.launches()[-1][6]
+    return next(launcher.packer for launcher in kernel.launchers.values()
+                if launcher.packer.kernel_params == params).decode()
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(first=launches, second=launches)
+def test_resolve_takes_apart_exactly_the_launch_the_warm_entry_makes(first, second):
+    """`FastLaunches.resolve` (what `tessera::gemm`'s plans record) gives the warm entry's own launch: the same
+    binary, grid and argument values; None wherever the entry would not launch warm."""
+    with stub_gpu() as stub:
+        fast = scaled_copy.fast_launches
+        slow = []
+        real_slow = fast.slow
+        fast.slow = lambda *a: slow.append(1) or real_slow(*a)
+        for launch in [first, second] * 2:
+            scaled_copy[grid_of(launch)](*launch["args"], **keywords(launch))
+        for launch in (first, second):
+            kwargs, grid = keywords(launch), grid_of(launch)
+            found = fast.resolve(grid, *launch["args"], **kwargs)
+            slow.clear()
+            scaled_copy[grid](*launch["args"], **kwargs)
+            if found is None:
+                assert slow or launch["stream"] is not None, "resolve refused a launch the entry took warm"
+                continue
+            assert not slow
+            entry_launch, entry_values = stub.launches()[-1], last_values(stub, scaled_copy)
+            found.launch(*found.dims, found.values, 0 if found.stream_of is None else found.stream_of(found.ordinal))
+            assert stub.launches()[-1][1:5] == entry_launch[1:5]          # binary, grid, block, shared memory
+            assert last_values(stub, scaled_copy) == entry_values
+            assert ran(stub) == expected(scaled_copy, launch["args"], kwargs)
 
 
 def warm_calls(driver, launch):

@@ -89,7 +89,9 @@ def test_every_nvidia_plan_compiles_without_spills(target, D, variant):
         # Q or writes O itself (the one st.global left is the LSE's)
         assert [r["pointer"] for r in metadata["tensor_maps"]] == ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
         assert "ld.global" not in ptx and ptx.count("st.global") == 1
-        assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)) == 1
+        # O: stmatrix into a 128B-swizzled tile, one TMA store per 64-column block (`stmatrix_store.py`)
+        assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", ptx)) == D // 64
+        assert "stmatrix.sync.aligned" in ptx
     else:
         assert "cp.async.cg.shared.global" in ptx and "cp.async.bulk.tensor" not in ptx
     if target == "sm_90a":
@@ -145,7 +147,9 @@ def test_warp_specialized_plans_split_producer_and_consumers_without_spills(D, v
     assert len([i for i in tma if i < dec]) == D // 64, "Q by TMA: a box of 64 columns (128B swizzle) each"
     assert "ld.global" not in ptx
     assert "mbarrier.try_wait.parity" in consumers and "mbarrier.arrive" in consumers
-    assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", consumers)) == 1, "O by TMA store"
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.4d\.global\.shared::cta", consumers)) == D // 64, \
+        "O by TMA store, a box per 64 columns"
+    assert "stmatrix.sync.aligned" in consumers
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{plan.BN}k16\S* \{{[^}}]*\}}, %rd", consumers)
     assert re.search(rf"wgmma\.mma_async\.sync\.aligned\.m64n{D}k16\S* \{{[^}}]*\}}, \{{%r\d+, %r\d+, %r\d+, "
                      r"%r\d+\}, %rd\d+", consumers), "O += P V with P from registers"
@@ -392,10 +396,11 @@ def test_every_backward_plan_compiles_without_spills(name, target):
                 assert_wgmma_descriptors_built(compiled)
 
 
-def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False):
+def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False, overlap=False, check_waits=None):
     """The dK/dV kernel (adding dQ by atomics; `transposed`: accumulating dK^T and dV^T, head dim 256's plan) and
     the dQ pass lowered for `target` on the SIMT simulator, 1 x 40 queries x 50 keys, GQA 2:1, causal: their (dQ
-    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV)."""
+    by atomics, dQ by the pass, dK, dV), and the float64 reference's (dQ, dK, dV). `overlap`: both kernels in
+    their OVERLAP order; `check_waits(kernel_name, fn)`, when given, must hold of each lowered kernel."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_bwd import attention_bwd_kv_kernel, attention_bwd_q_kernel
     from tessera.passes.thread_passes import lower
@@ -419,11 +424,15 @@ def backward_on_the_simulator(target, num_warps, seed=0, D=32, transposed=False)
                *dk.stride()[:3], *lse.stride()[:2]]
     BN = 32 * num_warps if target.startswith("gfx") else 16 * num_warps
     module = attention_bwd_kv_kernel.specialize(*kv_args, BM=16, BN=BN, ATOMIC_DQ=True, TRANSPOSED=transposed,
-                                                **masks).module
-    run_threads(lower(module, target, num_warps).functions[0], kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
+                                                OVERLAP=overlap, **masks).module
+    fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits("kv", fn)
+    run_threads(fn, kv_args, (tessera.cdiv(Sk, BN), B * H_kv))
     q_args = [*head, dq.numpy(), *scalars, *strides, *dq.stride()[:3], *lse.stride()[:2]]
-    module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, **masks).module
-    run_threads(lower(module, target, num_warps).functions[0], q_args, (tessera.cdiv(Sq, BN), B * H))
+    module = attention_bwd_q_kernel.specialize(*q_args, BM=BN, BN=32, OVERLAP=overlap, **masks).module
+    fn = lower(module, target, num_warps).functions[0]
+    assert check_waits is None or check_waits("q", fn)
+    run_threads(fn, q_args, (tessera.cdiv(Sq, BN), B * H))
     return (dq_atomic * scale, dq, dk, dv), [x.grad for x in leaves]
 
 

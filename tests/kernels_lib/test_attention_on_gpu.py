@@ -97,6 +97,27 @@ def test_backward_matches_float64_gradients(D, deterministic):
         torch.testing.assert_close(g.cpu().double(), e, rtol=3e-2, atol=3e-2)
 
 
+@pytest.mark.parametrize("D", [64, 128, 256])
+@pytest.mark.parametrize("deterministic", [False, True])
+def test_overlapped_backward_matches_float64_gradients(D, deterministic, monkeypatch):
+    """TESSERA_ATTENTION_BWD_OVERLAP=1 on Hopper: the backward kernels with S and dP issued together and dP
+    (dK/dV kernel: and dV) left in flight at depth-1 waits (`attention_bwd.py` OVERLAP) give the gradients of
+    test_backward_matches_float64_gradients; the deterministic mode gives the same dQ, dK, dV twice."""
+    from tessera.kernels_lib.attention import BWD_OVERLAP_ENV, bwd_gpu_plan
+    if torch.cuda.get_device_capability()[0] != 9:
+        pytest.skip("the overlap order is for sm_90a's asynchronous wgmma")
+    assert bwd_gpu_plan(D, torch.device("cuda"), True).overlap
+    monkeypatch.setenv(BWD_OVERLAP_ENV, "1")
+    test_backward_matches_float64_gradients(D, deterministic)
+    if deterministic:
+        q, k, v = randn(1, 300, 4, D, grad=True), randn(1, 300, 2, D, grad=True), randn(1, 300, 2, D, grad=True)
+        out, _ = attention(q, k, v, causal=True, deterministic=True)
+        grad = randn(1, 300, 4, D)
+        first = torch.autograd.grad(out, (q, k, v), grad, retain_graph=True)
+        second = torch.autograd.grad(out, (q, k, v), grad)
+        assert all(torch.equal(a, b) for a, b in zip(first, second))
+
+
 def paged_case(seqlens, Sq, H, H_kv, D, page):
     """(q, k_cache, v_cache, block_table, cache_seqlens) on the GPU, pages scattered over the cache."""
     per_sequence = max(math.ceil(s / page) for s in seqlens) + 1

@@ -194,11 +194,13 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
         if target in ("sm_90", "sm_90a"):
             assert "cp.async.cg" not in ptx and "cp.async.wait_group" not in ptx and "cp.async.bulk.tensor.2d" in ptx
-            # A's and B's maps, and C's: the epilogue stores C by one TMA store (`passes/schedule/tma_store.py`)
+            # A's and B's maps, and C's: the epilogue stores C by TMA (`passes/schedule/tma_store.py`)
             assert len(re.findall(r"\.param \.align 64 \.b8 gemm_kernel_param_\d+\[128\]", ptx)) == 3
             assert "st.local" not in ptx and "__local_depot" not in ptx       # the maps are read in place
             assert maps_by_use(ptx, metadata["tensor_maps"]) == {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
-            assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 1 and "st.global" not in ptx
+            # one store per 64-column block of the 128B-swizzled tile stmatrix wrote (`stmatrix_store.py`)
+            assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == config.kwargs["BN"] // 64
+            assert "st.global" not in ptx and "stmatrix.sync.aligned.m8n8.x4" in ptx
         # a persistent config also starts the next tile's first STAGES - 1 fills before its epilogue
         fills = stages + (stages - 1 if config.kwargs["PERSISTENT"] else 0)
         if target == "sm_90":
@@ -210,7 +212,7 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
             k_boxes = max(1, config.kwargs["BK"] // 64)
             n_boxes = k_boxes if b_layout == "b-transposed" else config.kwargs["BN"] // 64
             assert ptx.count("cp.async.bulk.tensor.2d.shared::cluster") == fills * (k_boxes + n_boxes), config
-            assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"][:2]}     # C's store map: unswizzled
+            assert "none" not in {m["swizzle"] for m in metadata["tensor_maps"][:2]}
             trans_b = int(b_layout == "b-row-major")
             mma = re.findall(r"wgmma\.mma_async\.sync\.aligned\.m64n(\d+)k16\.f32\.bf16\.bf16 .*, p, 1, 1, 0, (\d);", ptx)
             assert len(mma) == config.kwargs["BK"] // 16 and {int(t) for _, t in mma} == {trans_b}, config
@@ -295,9 +297,10 @@ def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
         expected_b = dict(shape=["N", "K"], strides=["stride_bn", "1"], box=[128, 64], swizzle="128B")
     assert b_map == {"param": 15, "name": "b_ptr_tma1", "pointer": "b_ptr", "dtype": "bf16", "oob_fill": "zero",
                      **expected_b}
-    # C's, for the epilogue's TMA store of the whole 128 x 128 block (`passes/schedule/tma_store.py`)
+    # C's, for the epilogue's TMA stores of the 128 x 128 block, one per 128B-swizzled column block of 64
+    # (`passes/schedule/tma_store.py`)
     assert c_map == {"param": 16, "name": "c_ptr_tma2", "pointer": "c_ptr", "dtype": "bf16", "shape": ["M", "N"],
-                     "strides": ["N", "1"], "box": [128, 128], "swizzle": "none", "oob_fill": "zero"}
+                     "strides": ["N", "1"], "box": [128, 64], "swizzle": "128B", "oob_fill": "zero"}
     # a launcher appends the maps to the kernel's own parameters and rebuilds the recipes from the metadata
     own_types = [a.type for a in fn.args[:len(GEMM_ARGS)]]
     types, launch_names, recipes = launch_parameters(own_types, GEMM_ARGS, compiled.metadata)

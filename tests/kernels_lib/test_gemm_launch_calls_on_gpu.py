@@ -51,3 +51,23 @@ def test_a_warm_gemm_op_is_one_driver_call_and_a_new_output_one_encode(driver):
     out = gemm(a, b)
     assert driver.counts - before == Counter(cuLaunchKernel=1)
     assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.parametrize("M,N,K", [(16, 256, 256), (16, 1024, 8192), (512, 512, 256), (256, 4096, 4096)],
+                         ids=["small-m", "small-m-split", "tiled", "few-tiles-split"])
+@pytest.mark.parametrize("trans_b", [False, True], ids=["b", "b-weight"])
+def test_replayed_plans_compute_the_product(M, N, K, trans_b):
+    """Warm calls replay their shape's plan (`gemm_plan.py`): each call's output is right, not only the first."""
+    import importlib
+
+    gemm = importlib.import_module("tessera.kernels_lib.gemm")
+    g = torch.Generator().manual_seed(M + N)
+    a = torch.randn((M, K), generator=g).to(torch.bfloat16).cuda()
+    b = torch.randn((N, K) if trans_b else (K, N), generator=g).to(torch.bfloat16).cuda()
+    bias = torch.randn(N, generator=g).cuda()
+    reference = torch.relu(a.float() @ (b.float().t() if trans_b else b.float()) + bias)
+    plans = len(gemm._PLANS)
+    for _ in range(4):
+        out = gemm.gemm(a, b, bias, activation="relu", trans_b=trans_b)
+        assert_close(out.float(), reference, rtol=2e-2, atol=2e-1)
+    assert len(gemm._PLANS) == plans + 1, "the warm calls were planned"

@@ -2,16 +2,25 @@
 
 Specification (`passes/schedule/tma_store.py`):
 
-* on sm_90a every shipped config stores C with one cp.async.bulk.tensor ... global.shared::cta ... bulk_group,
-  after the threads' st.shared, fence.proxy.async and a barrier, followed by commit_group and
-  wait_group.read 0; no thread stores C to global memory itself; ptxas spills nothing and the shared memory
-  (ring + C buffer) fits in 227 KiB;
+* on sm_90a every shipped config stores its bf16 C tile with one cp.async.bulk.tensor ... global.shared::cta ...
+  bulk_group per 64-column block (a 128-byte box row, 128B swizzle), after stmatrix x4 of the accumulator's
+  registers (no st.shared, no layout conversion through shared memory first: no ld.shared after the K loop),
+  fence.proxy.async and a barrier, followed by one commit_group and wait_group.read 0; no thread stores C
+  to global memory itself; ptxas spills nothing and the shared memory (ring + C buffer) fits in 227 KiB;
+* in the SASS of every shipped config the epilogue's shared stores are BM x BN / (32 x 8 x num_warps) STSM
+  (16 bytes a lane each) and nothing else: no STS and no LDS anywhere in the kernel (the accumulator used to
+  go through shared memory as f32 first: 32 STS.64 + 16 LDS.128 + 8 STS.128 a thread at 128 x 128);
+* sm_90 (mma.sync accumulators) stores C the same way;
+* an f32 C (no stmatrix: 32-bit elements) takes the threads' vectorized st.shared into a row-major tile and
+  one TMA store;
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
   loop's TMA loads) and C's (written by the store); where C's rows are not provably 16-byte aligned the
   epilogue keeps the threads' stores and there is no map of C;
 * sm_80 keeps the threads' st.global (no TMA there);
 * the store clips at the matrix edges: on the SIMT simulator a GEMM whose M and N are not multiples of the
-  tile writes what the tile interpreter writes (to f32 rounding of the sums' order), every element of C.
+  tile writes what the tile interpreter writes (to f32 rounding of the sums' order), every element of C;
+  a bf16 C stored through stmatrix is bit for bit what the threads' st.shared path (the kernel before
+  stmatrix: the target without the feature) stores.
 """
 
 from __future__ import annotations
@@ -26,7 +35,7 @@ from tessera.backends.simt import run_threads
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel
 from tessera.passes.thread_passes import lower
 
-from hopper_gemm import NO_EPILOGUE, compile_gemm, needs_ptxas
+from hopper_gemm import NO_EPILOGUE, compile_gemm, needs_ptxas, needs_sass
 from tma_maps import launcher_map_uses, maps_by_use
 
 SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)}, **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)}}
@@ -34,21 +43,70 @@ TMA_STORE = r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta\.tile\.bulk_group
 
 
 @pytest.mark.parametrize("name", SHIPPED)
-def test_sm_90a_stores_c_with_one_tma_store_and_no_thread_global_stores(name):
+def test_sm_90a_stores_c_with_stmatrix_and_a_tma_store_per_column_block_and_no_thread_global_stores(name):
     needs_ptxas()
-    compiled = compile_gemm(SHIPPED[name], target="sm_90a")
+    config = SHIPPED[name]
+    compiled = compile_gemm(config, target="sm_90a")
     ptx = compiled.stages["ptx"]
     stores = [m.start() for m in re.finditer(TMA_STORE, ptx)]
-    assert len(stores) == 1
+    assert len(stores) == config.kwargs["BN"] // 64                  # one 128-byte-wide box per column block
     assert "st.global" not in ptx
     fence = ptx.rindex("fence.proxy.async.shared::cta", 0, stores[0])
-    assert re.search(r"st\.shared\.v\d", ptx[:fence])            # the tile reaches shared memory vectorized
+    per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == per_thread
+    # the K loop reads shared memory only through wgmma descriptors, so any st/ld.shared would be the
+    # epilogue's: none, no conversion through shared memory
+    assert "st.shared" not in ptx and "ld.shared" not in ptx
     assert "bar.sync" in ptx[fence:stores[0]]
-    commit = ptx.index("cp.async.bulk.commit_group;", stores[0])
+    commit = ptx.index("cp.async.bulk.commit_group;", stores[-1])
+    assert ptx.count("cp.async.bulk.commit_group;") == 1
     assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx[commit:])
     assert compiled.metadata["spill_stores"] == 0
     assert compiled.metadata["shared_bytes"] <= 227 * 1024
     assert maps_by_use(ptx, compiled.metadata["tensor_maps"]) == {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
+
+
+@pytest.mark.parametrize("name", SHIPPED)
+def test_the_sass_epilogue_stores_c_with_stmatrix_only(name):
+    from tessera.backends.nvptx.sass import disassemble
+    needs_sass()
+    config = SHIPPED[name]
+    compiled = compile_gemm(config, target="sm_90a")
+    opcodes = [inst.opcode for inst in disassemble(compiled.cubin)]
+    per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
+    assert opcodes.count("STSM.16.M88.4") == per_thread
+    assert not [o for o in opcodes if o.startswith(("STS.", "LDS")) or o == "STS"]
+    assert opcodes.count("UTMASTG.2D") == config.kwargs["BN"] // 64
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+
+
+@pytest.mark.parametrize("name", ["config0", "config3"])
+def test_sm_90_stores_the_mma_sync_accumulator_with_stmatrix_too(name):
+    """sm_90 without the `a` features computes with mma.sync: its m16n8 accumulator fragments are the same 8x8
+    matrices, so C goes out the same way."""
+    needs_ptxas()
+    config = SHIPPED[name]
+    compiled = compile_gemm(config, target="sm_90")
+    ptx = compiled.stages["ptx"]
+    per_thread = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 8
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == per_thread and "st.shared" not in ptx
+    assert len(re.findall(TMA_STORE, ptx)) == config.kwargs["BN"] // 64
+    assert compiled.metadata["spill_stores"] == 0
+
+
+def test_an_f32_c_keeps_the_threads_vectorized_shared_stores_and_one_tma_store():
+    needs_ptxas()
+    compiled = gemm_kernel.kernel.compile(signature=F32_C, target="sm_90a", num_warps=CONFIGS[0].num_warps,
+                                          **NO_EPILOGUE, **CONFIGS[0].kwargs)
+    ptx = compiled.stages["ptx"]
+    stores = [m.start() for m in re.finditer(TMA_STORE, ptx)]
+    assert len(stores) == 1 and "stmatrix" not in ptx
+    fence = ptx.rindex("fence.proxy.async.shared::cta", 0, stores[0])
+    assert re.search(r"st\.shared\.v\d", ptx[:fence])
+    assert compiled.metadata["spill_stores"] == 0
+
+
+F32_C = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
 
 
 # B stored transposed ([N, K], rows of K elements), so B's rows stay 16-byte aligned when N is not
@@ -113,3 +171,51 @@ def test_a_gemm_with_ragged_m_and_n_stores_what_the_interpreter_stores_on_the_si
     # the same sums, in the tensor cores' order on the simulator and the interpreter's: f32 rounding apart
     np.testing.assert_allclose(args[5], want[5], rtol=1e-5, atol=1e-4)
 
+
+
+def _bf16_gemm_args(M, N, K, seed=0, typed=False):
+    """The GEMM's arguments with bf16 A, B and C as the interpreter and simulator take them (`Memory`s of bit
+    patterns), or as `specialize` reads their dtype (`typed`)."""
+    from tessera.backends.interp.storage import Memory
+    from tessera.dsl.arguments import TypedArray
+    from tessera.ir import dtypes as dt
+    rng = np.random.default_rng(seed)
+    a = dt.bf16.encode(rng.standard_normal((M, K)).astype(np.float32))
+    b = dt.bf16.encode(rng.standard_normal((K, N)).astype(np.float32))
+    unused = np.zeros(1, np.float32)
+    c = np.full((M, N), 0x7FC0, np.uint16)                      # bf16 NaN: what no element of C may keep
+    a, b, c = ((TypedArray if typed else Memory)(x, dt.bf16) for x in (a, b, c))
+    return [a, b, unused, unused, unused, c, M, N, K, 1.0, K, 1, N, 1]
+
+
+@pytest.mark.parametrize("name", ["config0", "config5"])
+def test_a_bf16_c_stored_through_stmatrix_is_bit_for_bit_the_threads_shared_stores_on_the_simt_simulator(name):
+    """config0 (128 x 128, 8 warps) and config5 (the persistent one) at M = 160, N = 144 (ragged in both: the
+    last column block's second box lies wholly outside C), against the same kernel lowered for an sm_90a
+    without stmatrix (the row-major st.shared tile of the kernel before it) and against the tile interpreter."""
+    import dataclasses
+
+    from tessera.ir import dtypes as dt
+    from tessera.ir.target import get_target
+    config, (M, N, K) = SHIPPED[name], (160, 144, 64)
+    bm, bn = config.kwargs["BM"], config.kwargs["BN"]
+    module = gemm_kernel.kernel.specialize(*_bf16_gemm_args(M, N, K, typed=True),
+                                           **{**NO_EPILOGUE, **config.kwargs}).module
+    tiles = -(-M // bm) * -(-N // bn)
+    grid = (min(tiles, 2),) if config.kwargs["PERSISTENT"] else (tiles,)
+    sm_90a = get_target("sm_90a")
+    results = []
+    for target in (sm_90a, dataclasses.replace(sm_90a, features=sm_90a.features - {"stmatrix"})):
+        fn = lower(module, target, config.num_warps).functions[0]
+        names = [op.name for op in fn.walk()]
+        assert ("stmatrix" in names) == (target is sm_90a)
+        assert names.count("tma_store") == (bn // 64 if target is sm_90a else 1)
+        run = _bf16_gemm_args(M, N, K)
+        run_threads(fn, run, grid)
+        results.append(run[5].array.reshape(M, N))
+    assert (results[0] != 0x7FC0).all()                       # every element written
+    np.testing.assert_array_equal(results[0], results[1])
+    want = _bf16_gemm_args(M, N, K)
+    run_function(module.functions[0], want, (tiles,))
+    np.testing.assert_allclose(dt.bf16.decode(results[0]), dt.bf16.decode(want[5].array.reshape(M, N)),
+                               rtol=1e-2, atol=1e-2)

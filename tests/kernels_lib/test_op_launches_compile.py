@@ -253,6 +253,21 @@ def test_attention_forward_and_backward(attention_gpu_plans):
     assert o.shape == (2, 32, 2, 64) and torch.isfinite(q.grad).all()
 
 
+def test_attention_backward_in_the_overlap_order(attention_gpu_plans, monkeypatch):
+    """TESSERA_ATTENTION_BWD_OVERLAP=1: the op launches both backward kernels with OVERLAP, as compiled."""
+    from tessera.kernels_lib import attention
+    monkeypatch.setenv("TESSERA_ATTENTION_BWD_OVERLAP", "1")
+    q, k, v = (torch.randn(1, 37, 2, 64, generator=torch.Generator().manual_seed(i)).to(BF16).requires_grad_()
+               for i in range(3))
+    with compiled_launches(["sm_90a"]) as seen:
+        attention(q, k, v, causal=True, deterministic=True)[0].float().sum().backward()
+    backward = [c for c in seen if c.kernel.startswith("attention_bwd_") and c.kernel != "attention_bwd_delta_kernel"]
+    assert {c.kernel for c in backward} == {"attention_bwd_kv_kernel", "attention_bwd_q_kernel"}
+    assert all(c.constexprs["OVERLAP"] and "wgmma_wait {pending = 1}" in c.compiled.stages["thread_ir"]
+               for c in backward)
+    assert torch.isfinite(q.grad).all()
+
+
 def test_attention_decode_and_varlen(attention_gpu_plans):
     from tessera.kernels_lib import attention_decode, attention_varlen
     kc, vc = torch.randn(16, 16, 1, 64).to(BF16), torch.randn(16, 16, 1, 64).to(BF16)

@@ -54,6 +54,7 @@ _NVIDIA_ONLY = "is an NVIDIA instruction that AMD GPUs lack; lower the kernel fo
 UNSUPPORTED_OPS = {
     "mma": "mma (mma.sync) " + _NVIDIA_ONLY + "dot uses MFMA or FMA",
     "ldmatrix": "ldmatrix " + _NVIDIA_ONLY + "dot operands go through plain LDS loads",
+    "stmatrix": "stmatrix " + _NVIDIA_ONLY + "tiles reach LDS through plain stores",
     "async_copy": "async_copy (cp.async) " + _NVIDIA_ONLY + "copies go through registers",
     "async_commit": "async_commit (cp.async.commit_group) " + _NVIDIA_ONLY + "copies go through registers",
     "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",

@@ -11,7 +11,7 @@ this package supplies what is NVIDIA's. Files, in the order they run:
 
     validate.py       NVIDIA targets (triple, CPU, PTX features)
     dialect.py        NvptxDialect: ptx_kernel, %tid/%ctaid, bar.sync, shfl.sync, dynamic smem
-    codegen_table.py  the NVPTX codegen table: common ops + mma.sync, ldmatrix, cp.async
+    codegen_table.py  the NVPTX codegen table: common ops + mma.sync, ldmatrix, stmatrix, cp.async
     bulk_async.py     mbarriers and TMA box copies (sm_90+)
     cluster.py        thread-block clusters: .reqnctapercluster, %cluster_ctarank, barrier.cluster, remote arrive
     math.py           libdevice calls, or MUFU approximations without it

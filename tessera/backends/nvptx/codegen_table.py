@@ -16,7 +16,10 @@
   `async_commit` / `async_wait` are `cp.async.commit_group` /
   `cp.async.wait_group N` (needs sm_80+).
 
-The target checks (sm_75+ for ldmatrix, ...) are `NvptxDialect.check_op`'s.
+* `stmatrix` is `stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16`:
+  registers 2j, 2j + 1 packed (low, high) into the 32-bit word of matrix j.
+
+The target checks (sm_75+ for ldmatrix, sm_90+ for stmatrix, ...) are `NvptxDialect.check_op`'s.
 """
 
 from __future__ import annotations
@@ -93,6 +96,22 @@ def _ldmatrix(lw, op, row):
     for i, element in enumerate(e for part in parts for e in part):
         result = bld.insert_element(result, element, ir.Constant(I32, i))
     return result
+
+
+@codegen_for("stmatrix")
+def _stmatrix(lw, op, row, regs):
+    """Registers 2j, 2j + 1 (low, high half) become word j: bitcast <2 x half/bfloat/i16> -> i32."""
+    num, trans = op.attrs["num"], ".trans" if op.attrs["trans"] else ""
+    bld = lw.builder
+    element = register_type(op.operands[1].type).element
+    pair = ir.VectorType(element, 2)
+    words = []
+    for j in range(num):
+        word = ir.Constant(pair, ir.Undefined)
+        for e in range(2):
+            word = bld.insert_element(word, bld.extract_element(regs, ir.Constant(I32, 2 * j + e)), ir.Constant(I32, e))
+        words.append(bld.bitcast(word, I32))
+    lw.intrinsic(f"llvm.nvvm.stmatrix.sync.aligned.m8n8.x{num}{trans}.b16.p3", [row, *words])
 
 
 @codegen_for("async_copy")

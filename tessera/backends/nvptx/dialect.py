@@ -129,6 +129,9 @@ class NvptxDialect(TargetDialect):
         if op.name == "ldmatrix" and not target.has("ldmatrix"):
             return (f"ldmatrix needs sm_75+, which {target.name} is not; lower the kernel for this target "
                     "(dot operands then go through plain shared-memory loads)")
+        if op.name == "stmatrix" and not target.has("stmatrix"):
+            return (f"stmatrix needs sm_90+, which {target.name} is not; lower the kernel for this target "
+                    "(tiles then reach shared memory through st.shared)")
         if op.name in ("async_copy", "async_commit", "async_wait") and not target.has("cp.async"):
             return (f"{op.name} needs cp.async (sm_80+), which {target.name} lacks; lower the kernel for this "
                     "target (operands then go through registers)")

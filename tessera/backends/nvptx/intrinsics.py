@@ -74,6 +74,11 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.nvvm.ldmatrix.sync.aligned.m8n8.x{num}{trans}.b16":
        (I32 if num == 1 else ir.LiteralStructType([I32] * num), (ir.PointerType(addrspace=3),))
        for num in (1, 2, 4) for trans in ("", ".trans")},
+    # stmatrix.sync.aligned.m8n8.x{1,2,4}[.trans].shared.b16 [row address in shared memory], {r0, ..}: one 32-bit
+    # register (two 16-bit elements) per matrix; sm_90+ (`dialect.check_op`). Overloaded on the pointer: .p3.
+    **{f"llvm.nvvm.stmatrix.sync.aligned.m8n8.x{num}{trans}.b16.p3":
+       (VOID, (ir.PointerType(addrspace=3),) + (I32,) * num)
+       for num in (1, 2, 4) for trans in ("", ".trans")},
     # cp.async.{cg,ca}.shared.global [dst], [src], bytes, src_size: the `.s` variants take the number of bytes
     # to read (the rest are zero-filled), which is how a false predicate becomes a zero fill. .cg (L2 only)
     # exists for 16 bytes; 4 and 8 go through .ca.

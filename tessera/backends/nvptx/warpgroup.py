@@ -24,7 +24,8 @@
 
   with N/2 "=f" outputs tied to the accumulator inputs ("0", "1", ...: the
   "+f" of CUDA C), the two descriptors as "l" (64-bit) operands, scale-d as an
-  "r" operand (1: D = A*B + D), imm-scale-a/b = 1 and imm-trans-a/b from the
+  "r" operand (1: D = A*B + D; 0, D = A*B, where the accumulator is the constant +0.0, a fresh one,
+  whose inputs are then undefined), imm-scale-a/b = 1 and imm-trans-a/b from the
   op's trans_a/trans_b. The asm has side effects, so it is never moved across
   the fences or dropped.
 
@@ -126,8 +127,21 @@ def _wgmma(lw, op, a, b_desc, acc):
     constraints = ",".join(["=f"] * count + a_types + ["l", "r"] + [str(i) for i in range(count)])
     asm = wgmma_asm(n, op.attrs["dtype"], op.attrs.get("trans_a", False), op.attrs.get("trans_b", False),
                     op.attrs.get("dtype_b"), in_registers)
-    d = bld.asm(ftype, asm, constraints, [*a_args, b_desc, ir.Constant(I32, 1), *accumulators], side_effect=True)
+    fresh = _is_zero(acc)   # D = A*B (scale-d 0) and no zero registers: LLVM made one zero register of them all,
+    if fresh:               # which ptxas tied to another group's accumulator in flight (an injected wait)
+        accumulators = [ir.Constant(F32, ir.Undefined)] * count
+    scale_d = ir.Constant(I32, 0 if fresh else 1)
+    d = bld.asm(ftype, asm, constraints, [*a_args, b_desc, scale_d, *accumulators], side_effect=True)
     result = acc if "offset" in op.attrs else ir.Constant(acc.type, ir.Undefined)  # a stack: the rest passes
     for i in range(count):
         result = bld.insert_element(result, bld.extract_value(d, i), ir.Constant(I32, offset + i))
     return result
+
+
+def _is_zero(value) -> bool:
+    """Whether an LLVM value is +0.0 in every lane (a fresh accumulator: `tessera.zeros`, a `constant` op)."""
+    if not isinstance(value, ir.Constant):
+        return False
+    if isinstance(value.constant, (list, tuple)):
+        return all(_is_zero(lane) for lane in value.constant)
+    return value.constant is None or value.constant in (0, "0x0000000000000000")    # zeroinitializer, or +0.0

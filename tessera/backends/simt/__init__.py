@@ -12,7 +12,8 @@ and deadlocks are `InterpreterError`s. Files:
 
     simulator.py     run_threads: blocks, the walk over regions, the active mask
     thread_checks.py verify_thread_ir: what the simulator (and a backend) can run
-    ops.py           the SIMT semantics table, thread ids, registers, shuffles, mma/mfma, barriers, cp.async
+    ops.py           the SIMT semantics table, thread ids, registers, shuffles, mma/mfma, ld/stmatrix,
+                     barriers, cp.async
     control_flow.py  for / if / while under a mask of active threads
     paths.py         cooperative scheduling of divergent paths that wait for each other (warp specialization)
     memory.py        loads, stores and atomics, checked for bounds, races and vector alignment

@@ -323,6 +323,50 @@ def _ldmatrix(ctx, op, rows):
     return result
 
 
+@simt("stmatrix")
+def _stmatrix(ctx, op, rows, regs):
+    """stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 per warp: `ldmatrix` backwards (16-bit only).
+
+    Lane 8j + r gives the address of row r of matrix j (16 contiguous bytes,
+    16-byte aligned). Lane l's registers 2j, 2j + 1 land at elements (l // 4,
+    2 (l % 4) + e) of matrix j; with .trans at (2 (l % 4) + e, l // 4). The
+    writes count as writes of the lane that held the registers, so the race
+    check sees which thread's data went where.
+    """
+    warp, num, trans = ctx.warp_size, op.attrs["num"], op.attrs["trans"]
+    _require_whole_warps(ctx, op)
+    region = rows.memory
+    if not isinstance(region, SharedRegion):
+        raise ctx.error(op, "stmatrix writes shared memory, but its operand points into global memory")
+    warps = ctx.num_threads // warp
+    live = live_mask(ctx)
+    starts = np.where(live, rows.offsets, 0).reshape(warps, warp)[:, :8 * num].reshape(warps, num, 8)
+    if (starts % 8).any():
+        w, j, r = (int(i) for i in np.argwhere(starts % 8)[0])
+        raise ctx.error(op, f"stmatrix row address of lane {8 * j + r} of warp {w} (element {int(starts[w, j, r])}) "
+                            "is not 16-byte aligned")
+    lane = np.arange(warp)
+    element = np.arange(2)
+    if trans:   # lane l, element e: stored row 2 * (l % 4) + e, column l // 4
+        dst_row, dst_col = 2 * (lane % 4)[:, None] + element, np.broadcast_to((lane // 4)[:, None], (warp, 2))
+    else:
+        dst_row, dst_col = np.broadcast_to((lane // 4)[:, None], (warp, 2)), 2 * (lane % 4)[:, None] + element
+    offsets = np.empty((warps, warp, num, 2), np.int64)
+    for j in range(num):
+        offsets[:, :, j, :] = starts[:, j, :][:, dst_row] + dst_col
+    offsets = offsets.reshape(ctx.num_threads, 2 * num)
+    outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
+    if outside.any():
+        raise ctx.error(op, f"stmatrix writes outside {region.name} (elements {int(offsets.min())}.."
+                            f"{int(offsets.max())} of {region.size})")
+    values = np.asarray(regs).reshape(ctx.num_threads, 2 * num)
+    threads = np.broadcast_to(np.arange(ctx.num_threads)[:, None], offsets.shape)
+    race = region.shared.record_write(region, threads[live], offsets[live], values[live])
+    if race is not None:
+        raise ctx.error(op, f"shared-memory race: {race}")
+    region.store(offsets[live], values[live])
+
+
 def live_mask(ctx) -> np.ndarray:
     """Which threads execute the current op: all of them outside divergent code."""
     return np.ones(ctx.num_threads, bool) if ctx.mask is None else ctx.mask

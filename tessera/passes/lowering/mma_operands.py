@@ -103,7 +103,7 @@ def ldmatrix_plan(want: RegisterLayout, trans: bool, warp: int = 32, element_byt
         return None
     cols = want.shape[1]
     smem = swizzled_row_major(*want.shape, rows.starts, element_bytes, row_keyed)
-    thread_bits = _thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
+    thread_bits = thread_bit_weights(np.asarray(rows.starts[..., 0] * cols + rows.starts[..., 1], np.int64))
     if thread_bits is None:
         return None
     return LdmatrixPlan(want, trans, rows, smem, thread_bits)
@@ -113,7 +113,7 @@ def read_fragment(ctx, buf, plan: LdmatrixPlan, dtype: dt.DType) -> Regs:
     """The registers of `plan.want` read from `buf` (laid out as `plan.smem`) with ldmatrix; no barrier."""
     loaded = []
     for g, num in enumerate(plan.rows.nums):
-        row = ctx.emit("addptr", buf, _row_offset(ctx, plan.thread_bits, g, plan.smem.swizzle))
+        row = ctx.emit("addptr", buf, row_offset(ctx, plan.thread_bits, g, plan.smem.swizzle))
         frag = ctx.emit("ldmatrix", row, attrs={"num": num, "trans": plan.trans})
         loaded += ctx.unpack(frag) if len(plan.rows.nums) > 1 else [frag]
     value = loaded[0] if len(loaded) == 1 else ctx.pack(loaded)
@@ -222,7 +222,7 @@ def row_conflicts(layout: SmemLayout, starts: np.ndarray, element_bytes: int = 2
     return worst
 
 
-def _thread_bit_weights(offsets: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
+def thread_bit_weights(offsets: np.ndarray) -> tuple[np.ndarray, list[int]] | None:
     """offsets[t, g] = base[g] + sum_b bit_b(t) * weight[b] (the row address is linear in thread-id bits)."""
     threads = offsets.shape[0]
     if threads & (threads - 1):
@@ -253,7 +253,7 @@ def _thread_offset(ctx, weights: list[int]):
     return total
 
 
-def _row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
+def row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     """This lane's (swizzled) element offset of its row for ldmatrix number g. Unswizzled or under a
     32/64/128-byte swizzle: hoisted. Under a row-keyed swizzle (`_row_keyed`, rows over 128 bytes):
     g's base splits into a multiple of the swizzle's period, added after the XOR (the swizzle of o + k * period

@@ -17,7 +17,7 @@ import math
 from dataclasses import dataclass
 
 from tessera.ir import dtypes as dt
-from tessera.ir.core import Function, Operation, Value
+from tessera.ir.core import Function, Operation, Value, enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout, swizzle_bytes
 from tessera.ir.target import Target
@@ -96,7 +96,7 @@ def view_block_box(view: Value, shape: tuple[int, ...], dtype: dt.DType, dim: in
     make_view = view.owner
     if not isinstance(make_view, Operation) or make_view.name != "make_view":
         return refuse(why, "its view is not a tessera.view made in the kernel")
-    fn = _function_of(make_view)
+    fn = enclosing_function(make_view)
     size = dtype.bits // 8
     if fn is None or len(shape) != 2 or dtype.bits % 8 or size not in TMA_ELEMENT_BYTES:
         return refuse(why, f"TMA copies 2-D blocks of 1-, 2-, 4- or 8-byte elements, not {shape} of {dtype.name}")
@@ -210,13 +210,6 @@ def _extent(value: Value, fn: Function, facts: dict) -> Extent | None:
             param = a.param if a.param is not None else b.param
             return Extent(param, a.scale * b.scale)
     return None
-
-
-def _function_of(op: Operation) -> Function | None:
-    item = op.parent
-    while item is not None and not isinstance(item, Function):
-        item = item.parent
-    return item
 
 
 # `software_pipeline.py` fills the ring slots of a pipelined view load with

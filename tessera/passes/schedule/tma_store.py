@@ -9,10 +9,14 @@ strides, sizes from arguments or constants), emit
 
     buf = shared_alloc (rows x cols, row-major, 128-byte aligned)
     st.shared of each element by its owner (vectorized where registers are contiguous)
+      -- or, for a 16-bit tile in a tensor-core accumulator layout on sm_90+ (`stmatrix_store.py`):
+    buf = shared_alloc (column blocks of 64 elements, 128B swizzle, 1024-byte aligned)
+    stmatrix x4 of each eight registers            (no layout conversion before: `STORE_KEEPS_LAYOUT`)
     fence_proxy_async                  every writer: its writes become visible to the async proxy
     barrier
     if thread 0:
-        tma_store buf, map, <block offsets>      (cp.async.bulk.tensor ... global.shared::cta ... bulk_group)
+        tma_store buf, map, <block offsets>      (cp.async.bulk.tensor ... global.shared::cta ... bulk_group;
+                                                  one per 64-column block with stmatrix: a 128B box row)
         bulk_commit_group
         bulk_wait_group_read {pending = 0}       the buffer has been read
     barrier                            no thread reuses the bytes (the allocator may) before that
@@ -32,60 +36,107 @@ read-wait does not order the global writes), blocks under
 
 from __future__ import annotations
 
+from tessera.ir.core import enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
+from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
+from ..layout_assignment import STORE_KEEPS_LAYOUT
 from ..lowering.memory import VIEW_STORE_STRATEGIES
+from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
 from .tma_fill import map_parameter, view_block_box
 
 TMA_STORE_MIN_BYTES = 4096      # smaller blocks: a few vector stores per thread beat the fence, barriers and wait
 TMA_STORE_ALIGN = 128           # a box without swizzle must start 128-byte aligned in shared memory
 
 
-def tma_store_box(ctx, op):
-    """The TMA box that stores `view_store` `op`'s block whole, or None when it takes the threads' stores."""
+def tma_store_box(ctx, op, slot=None):
+    """The TMA box that stores `view_store` `op`'s block whole from a shared tile laid out as `slot` (default:
+    row-major), or None when it takes the threads' stores."""
+    return _store_box(op, ctx.target, ctx.facts.facts, slot)
+
+
+def _store_box(op, target, facts: dict, slot=None):
     tile = op.operands[-1].type
-    if not ctx.target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
+    if not target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
         return None
+    fn = enclosing_function(op)
     # A kernel whose programs hand data to each other (atomics, release stores, acquire loads: MoE's one-launch
-    # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those keep
-    # the threads' stores.
-    if any(OPS[o.name].orders_programs for o in ctx.src.walk()):
+    # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those
+    # keep the threads' stores.
+    if fn is None or any(OPS[o.name].orders_programs for o in fn.walk()):
         return None
     rows, cols = tile.shape
     dtype = tile.element.dtype
     if dtype.bits % 8 or rows * cols * dtype.bits // 8 < TMA_STORE_MIN_BYTES:
         return None
-    box = view_block_box(op.operands[0], tile.shape, dtype, 1, SmemLayout((rows, cols), (cols, 1), None),
-                         ctx.target, ctx.facts.facts)
+    slot = slot or SmemLayout((rows, cols), (cols, 1), None)
+    box = view_block_box(op.operands[0], tile.shape, dtype, 1, slot, target, facts)
     # (A view offset from its pointer argument, attention's O at (batch, head), gets a rank-4 map with unbounded
     # leading dims: the SIMT simulator writes such stores through to the argument, `TensorMapDescription.writeback`.)
-    return box if box is not None and box.boxes == 1 else None
+    if box is None or box.boxes != (1 if isinstance(slot, SmemLayout) else cols // slot.atom):
+        return None
+    return box
+
+
+def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
+    """(box, plan) of a TMA store of `view_store` `op` whose 16-bit value is in register layout `layout`,
+    written to shared memory by stmatrix (`stmatrix_store.py`), or None."""
+    tile = op.operands[-1].type
+    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16:
+        return None
+    plan = stmatrix_plan(layout, warp)
+    if plan is None:
+        return None
+    box = _store_box(op, target, facts, plan.tile)
+    return None if box is None else (box, plan)
+
+
+def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool:
+    """`STORE_KEEPS_LAYOUT`: with a layout, whether stmatrix stores it for the TMA store; without, whether
+    some layout could be (a 16-bit 2-D block whose 128B-swizzled column blocks TMA can store)."""
+    if layout is not None:
+        return stmatrix_store(op, layout, target, facts.facts, target.warp_size) is not None
+    tile = op.operands[-1].type
+    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16 \
+            or len(tile.shape) != 2 or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // 2):
+        return False
+    return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, 2, SWIZZLE)) is not None
 
 
 def _tma_store(ctx, op) -> bool:
-    box = tma_store_box(ctx, op)
+    index = len(op.operands) - 1
+    layout = ctx.assignment.conversions.get((op, index)) or ctx.lookup(op.operands[index]).layout   # as read
+    fragments = stmatrix_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
+    box = fragments[0] if fragments else tma_store_box(ctx, op)
     if box is None:
         return False
-    value = ctx.operand(op, len(op.operands) - 1)
-    layout = value.layout
+    value = ctx.operand(op, index)          # (converts, if the assignment says so: only once a strategy is chosen)
     rows, cols = op.operands[-1].type.shape
     dtype = op.operands[-1].type.element.dtype
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands) - 1)]
     tensor_map = map_parameter(ctx, box.recipe)
-    buf = ctx.smem.alloc(dtype, rows * cols, align=TMA_STORE_ALIGN)
-    owner = ctx.index.owner_predicate(layout)
-    mask = None if owner is None else ctx.splat(owner, layout.local_size)
-    ctx.smem.access("store", buf, layout, (cols, 1), value=value.value, mask=mask)
+    if fragments:
+        plan: StmatrixPlan = fragments[1]
+        buf = ctx.smem.alloc(dtype, rows * cols, align=plan.tile.alignment)
+        store_fragments(ctx, buf, plan, value.value)
+    else:
+        buf = ctx.smem.alloc(dtype, rows * cols, align=TMA_STORE_ALIGN)
+        owner = ctx.index.owner_predicate(value.layout)
+        mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
+        ctx.smem.access("store", buf, value.layout, (cols, 1), value=value.value, mask=mask)
     ctx.create("fence_proxy_async")
     ctx.threads.barrier()
     with ctx.when(ctx.index.first_thread()):
-        ctx.create("tma_store", [buf, tensor_map, *box.coordinates(ctx, starts)])
+        for j in range(box.boxes):          # column block j: its own box, j box widths along the rows
+            src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
+            ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
         ctx.create("bulk_commit_group")
         ctx.create("bulk_wait_group_read", attrs={"pending": 0})
     ctx.threads.barrier()
     return True
 
 
+STORE_KEEPS_LAYOUT.append(_keeps_accumulator_layout)
 VIEW_STORE_STRATEGIES.append(_tma_store)

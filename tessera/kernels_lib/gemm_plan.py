@@ -1,0 +1,239 @@
+"""`tessera::gemm`'s warm path: one plan per call shape, replayed without checks, binding or config selection.
+
+The general path (`gemm._gemm`) checks the arguments, lays them out, picks
+the kernels (a split-K plan or the autotuned tiled kernel, fast math or
+not), states the operands' alignment and launches through each kernel's warm
+entry. All of that depends only on what `plan_key` holds -- per operand its
+shape, strides, dtype, device and whether its address is 16-byte aligned;
+whether the operands overlap; the bias's layout, the activation, the output
+dtype and the transposes -- so the first warm call of a key records what it
+launched (`Recording`: each kernel's prepared launch, grid and argument
+values, from the entry's `resolve` twin) and later calls replay it
+(`GemmPlan.run`): allocate C (and a split-K workspace), read three addresses,
+one prepared launch per kernel.
+
+Why a replay runs the binary full binding picks: a kernel's warm entry keys
+its launch on each array's dtype, device, 16-byte alignment and pairwise
+overlap, each int's value class, and the constexprs and tuning values. The
+plan key fixes all of them: the ints (sizes, strides, split steps) and
+constexprs (tile, ALIGN, PIPELINED, flags) follow from the shapes, strides,
+dtypes and alignment; C and the workspace are fresh allocations, so they
+overlap no operand, and a replay checks that they are aligned as when the
+plan was recorded. A plan keeps the `generation` of each kernel's warm
+launches and is dropped when one moved (autotune's `pin`, a test forgetting
+prepared launches). tests/kernels_lib/test_gemm_plan.py checks replays
+against the general path for random calls.
+
+Not planned (the general path runs every time): fp8 scales, operands that
+need a copy (not dense), an empty K, calls inside `tessera.fusion()`.
+$TESSERA_GEMM_ATOMIC_SPLIT_K is read on each call of a plan that splits K;
+$TESSERA_INTERPRET when a key is first planned (as for kernels' warm path).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import operator
+from typing import Any, Callable, Iterator, NamedTuple, Optional
+
+import torch
+
+from tessera import LaunchError
+
+A, B, BIAS, C, WORKSPACE, ALPHA = range(6)      # a replay's pool: the addresses of a call, and alpha
+_POOL = 6
+CAPACITY = 4096                                  # plans kept; the table starts over when full
+
+
+def plan_key(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], activation, out_dtype, trans_a: bool,
+             trans_b: bool) -> tuple[tuple, int, int, int]:
+    """(the plan key of a call, a's, b's and bias's addresses (0 without bias)); see the module docstring.
+    `a is b` is part of it: a recording finds each operand's place among the launch arguments by identity,
+    so a plan recorded from gemm(x, x) passes one address twice, right only for calls passing one tensor twice."""
+    pa, pb = a.data_ptr(), b.data_ptr()
+    ea, eb = pa + a.nbytes, pb + b.nbytes
+    key = (a.shape, a.stride(), a.dtype, a.device, b.shape, b.stride(), b.dtype, b.device, pa & 15 == 0,
+           pb & 15 == 0, pa < eb and pb < ea, a is b, activation, out_dtype, trans_a, trans_b)
+    if bias is None:
+        return key, pa, pb, 0
+    pc = bias.data_ptr()
+    ec = pc + bias.nbytes
+    return (*key, bias.shape, bias.stride(), bias.dtype, bias.device, pc & 15 == 0, pa < ec and pc < ea,
+            pb < ec and pc < eb), pa, pb, pc
+
+
+class Step(NamedTuple):
+    """One recorded launch: `launch(gx, gy, gz, pick(pool + consts), stream)` with the call's pool."""
+
+    fast: Any                   # the kernel's FastLaunches: its generation says whether `launch` is current
+    generation: int
+    launch: Callable[..., None]
+    gx: int
+    gy: int
+    gz: int
+    pick: Callable[[tuple], tuple]
+    consts: tuple
+    ordinal: int
+    stream_of: Optional[Callable[[int], int]]
+    name: str
+
+
+class GemmPlan:
+    """What one plan key launches: C's shape and dtype, the workspace (if K is split), the steps."""
+
+    __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "_current",
+                 "_launches")
+
+    def __init__(self, out_shape: tuple[int, int], out_dtype: torch.dtype, device: torch.device,
+                 workspace: Optional[tuple[tuple[int, int], bool]], atomic: Optional[bool],
+                 atomic_now: Callable[[], bool], steps: tuple[Step, ...]):
+        self.out_shape, self.out_dtype, self.device = out_shape, out_dtype, device
+        self.workspace = workspace      # (shape, zeroed) of the float32 split-K partials, or None
+        self.atomic = atomic            # K split: whether it sums with atomics (the env switch at recording)
+        self.atomic_now = atomic_now    # ... and the switch now
+        self.steps = steps
+        self._current = tuple((s.fast, s.generation) for s in steps)      # plain tuples: read on every call
+        self._launches = tuple(s[2:] for s in steps)
+
+    def run(self, pa: int, pb: int, pbias: int, alpha: float) -> Optional[torch.Tensor]:
+        """Launch for a call with these addresses and return C; None, with nothing launched, when the plan is
+        stale (a kernel's prepared launches were forgotten, the atomic switch moved) or a fresh allocation is
+        not 16-byte aligned as at recording: the general path then decides."""
+        for fast, generation in self._current:
+            if fast.generation != generation:
+                return None
+        if self.atomic is not None and self.atomic_now() != self.atomic:
+            return None
+        c = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        pc = c.data_ptr()
+        if pc & 15:
+            return None
+        pw = 0
+        if self.workspace is not None:
+            shape, zeroed = self.workspace
+            work = (torch.zeros if zeroed else torch.empty)(shape, dtype=torch.float32, device=self.device)
+            pw = work.data_ptr()
+            if pw & 15:
+                return None
+        pool = (pa, pb, pbias, pc, pw, float(alpha))
+        for launch, gx, gy, gz, pick, consts, ordinal, stream_of, name in self._launches:
+            try:
+                launch(gx, gy, gz, pick(pool + consts), 0 if stream_of is None else stream_of(ordinal))
+            except LaunchError as exc:
+                raise exc.with_kernel(name) from None
+        return c
+
+
+class Direct:
+    """How the general path launches: `kernel[grid](*args, **kwargs)`; `adapt` turns its tensors into the arrays
+    the kernels take (the identity, but for `stub_gpu_operands`)."""
+
+    def __init__(self, adapt: Callable[[tuple], tuple]):
+        self.adapt = adapt
+
+    def launch(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
+        kernel[grid](*args, **kwargs)
+
+    def workspace(self, tensor: torch.Tensor, zeroed: bool) -> Any:
+        """A split-K workspace the launch allocated (zeroed or not), as the kernels take it."""
+        return self.adapt((tensor,))[0]
+
+
+class Recording(Direct):
+    """Launches like `Direct`, recording each launch as a plan step (`complete` when every one was warm)."""
+
+    def __init__(self, adapt: Callable[[tuple], tuple], a_mem: Any, b_mem: Any, bias_mem: Any, c: Any,
+                 alpha: float):
+        super().__init__(adapt)
+        self.slots = {id(a_mem): A, id(b_mem): B, id(c): C, id(alpha): ALPHA}
+        if bias_mem is not c:
+            self.slots[id(bias_mem)] = BIAS
+        self.alive = [a_mem, b_mem, bias_mem, c, alpha]     # kept while recording: their ids stay theirs
+        self.steps: list[Step] = []
+        self.complete = True
+        self.workspace_of: Optional[tuple[tuple[int, int], bool]] = None
+        self.workspace_aligned = True
+
+    def workspace(self, tensor: torch.Tensor, zeroed: bool) -> Any:
+        array = super().workspace(tensor, zeroed)
+        self.slots[id(array)] = WORKSPACE
+        self.alive.append(array)
+        self.workspace_of = (tuple(tensor.shape), zeroed)
+        self.workspace_aligned = tensor.data_ptr() & 15 == 0
+        return array
+
+    def launch(self, kernel: Any, grid: Any, args: tuple, kwargs: dict) -> None:
+        """`kernel[grid](*args, **kwargs)`, recorded as a step when it takes the warm path."""
+        fast = kernel.fast_launches
+        generation = fast.generation
+        found = fast.resolve(grid, *args, **kwargs)
+        if found is None:
+            self.complete = False
+            kernel[grid](*args, **kwargs)
+            return
+        indices, consts = [], []
+        for arg, value in zip(args, found.values):
+            slot = self.slots.get(id(arg))
+            if slot is None:
+                indices.append(_POOL + len(consts))
+                consts.append(value)
+            else:
+                indices.append(slot)
+        self.steps.append(Step(fast, generation, found.launch, *found.dims, operator.itemgetter(*indices),
+                               tuple(consts), found.ordinal, found.stream_of, kernel.name))
+        try:
+            found.launch(*found.dims, found.values,
+                         0 if found.stream_of is None else found.stream_of(found.ordinal))
+        except LaunchError as exc:
+            raise exc.with_kernel(kernel.name) from None
+
+
+class Plans(dict):
+    """Plan key -> GemmPlan, emptied when full."""
+
+    def remember(self, key: tuple, recording: Recording, c: torch.Tensor, atomic: Optional[bool],
+                 atomic_now: Callable[[], bool]) -> None:
+        """Keep what `recording` launched under `key`, if every launch was warm and C and the workspace are
+        16-byte aligned (what a replay checks its own allocations against)."""
+        if not (recording.complete and recording.steps and recording.workspace_aligned) or c.data_ptr() & 15:
+            return
+        if len(self) >= CAPACITY:
+            self.clear()
+        self[key] = GemmPlan(tuple(c.shape), c.dtype, c.device, recording.workspace_of, atomic, atomic_now,
+                             tuple(recording.steps))
+
+
+class _CudaView:
+    """A CPU tensor as a GPU array (`__cuda_array_interface__` at its host address), for `stub_gpu_operands`."""
+
+    def __init__(self, t: torch.Tensor):
+        self.tensor = t
+        typestr = {torch.float16: "<f2", torch.float32: "<f4", torch.uint8: "|u1"}[t.dtype]
+        self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": typestr, "data": (t.data_ptr(), False),
+                                         "version": 3, "strides": tuple(s * t.element_size() for s in t.stride())}
+
+
+def _cuda_views(args: tuple) -> tuple:
+    """`args` with each tensor as a `_CudaView`, one per tensor (a tensor passed twice is one array twice)."""
+    views: dict[int, _CudaView] = {}
+    return tuple(views.setdefault(id(x), _CudaView(x)) if isinstance(x, torch.Tensor) else x for x in args)
+
+
+@contextlib.contextmanager
+def stub_gpu_operands(num_sms: int = 132) -> Iterator[None]:
+    """Inside, the op runs CPU float16 / float32 tensors as if they were on a GPU of `num_sms` SMs: its launches
+    get them as `__cuda_array_interface__` arrays at their host addresses. With `runtime.stub_driver` in place
+    this is the op's whole GPU path -- checks, plans, allocation (on the CPU), launches -- without a GPU:
+    bench/launch_overhead.py --stub-driver times it and tests/kernels_lib/test_gemm_plan.py checks it."""
+    import importlib
+
+    gemm = importlib.import_module(__package__ + ".gemm")     # the package exports the function `gemm`
+
+    saved = gemm._runs_on_gpu, gemm._device_args, gemm._num_sms
+    gemm._runs_on_gpu = lambda a: True
+    gemm._device_args = _cuda_views
+    gemm._num_sms = lambda ordinal: num_sms
+    try:
+        yield
+    finally:
+        gemm._runs_on_gpu, gemm._device_args, gemm._num_sms = saved
