@@ -47,9 +47,10 @@ def test_ws_config_on_sm_90_assembles_without_spills():
                                           **EPILOGUE, **dict(config.kwargs, WS=True))
     ptx, meta = compiled.stages["ptx"], compiled.metadata
     assert meta["num_threads"] == 384 and re.search(r"\.maxntid 384\b", ptx)
-    # A's and B's fills (the producer's), C's TMA store (the consumers', thread 0 among them)
+    # A's and B's fills (the producer's); C's TMA stores (the consumers', thread 0 among them): stmatrix into a
+    # 128B-swizzled tile, one store per 64-column block of BN = 128
     assert ptx.count("cp.async.bulk.tensor.2d.shared") == 2 and "mma.sync.aligned.m16n8k16" in ptx
-    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 1
+    assert ptx.count("cp.async.bulk.tensor.2d.global.shared::cta") == 2 and "stmatrix.sync.aligned" in ptx
     assert meta["spill_stores"] == meta["spill_loads"] == 0, meta["log"]
     # the epilogue's buffers reuse the rings' bytes as without WS: only the 2 x 3 mbarriers are extra
     plain = gemm_kernel.kernel.compile(signature=SIGNATURE, target="sm_90", num_warps=config.num_warps, **EPILOGUE,
