@@ -82,8 +82,8 @@ loops-first rule then overruled (the value is a loop's result) converts
 the value back to the anchor's layout, once, after the loop. A store that
 may take its value as it is (`STORE_KEEPS_LAYOUT`: a 16-bit accumulator
 stored by stmatrix for a TMA store) anchors softly: the value takes what
-propagation gives it, and converts to the anchor's layout only if the store
-cannot take that. Shape ops
+propagation gives it; if the store cannot take that, the assignment runs
+again with that store anchored like any other. Shape ops
 (broadcast, expand_dims, reshape, permute, convert_layout), reduce operands and FMA dot operands accept any layout: the
 lowering re-indexes or goes through shared memory as needed, so they never
 need a conversion; tensor-core dot operands are converted to their
@@ -233,19 +233,28 @@ def assign_layouts(fn: Function, target: Target, num_warps: int = 4,
         from .lowering.vector_facts import VectorFacts   # (lowering imports this module)
         facts = VectorFacts(fn)
     result = LayoutAssignment(fn, num_warps, target.warp_size)
-    _Assigner(result, target, facts, dict(overrides or {})).run()
+    assigner = _Assigner(result, target, facts, dict(overrides or {}))
+    assigner.run()
+    if assigner.unkept_soft_stores:     # anchored softly, the store could not take what its value got:
+        result = LayoutAssignment(fn, num_warps, target.warp_size)      # anchor those as every other store
+        _Assigner(result, target, facts, dict(overrides or {}), hard_stores=assigner.unkept_soft_stores).run()
     return result
 
 
 class _Assigner:
     def __init__(self, out: LayoutAssignment, target: Target, facts,
-                 overrides: dict[Value, RegisterLayout]):
+                 overrides: dict[Value, RegisterLayout], hard_stores: frozenset[Operation] = frozenset()):
         self.out = out
         self.target = target
         self.facts = facts
         self.layouts = out.layouts
         # (view_store, value index) -> the layout the store's anchor gave its value
         self.store_anchors: dict[tuple[Operation, int], RegisterLayout] = {}
+        # view stores anchored softly (`STORE_KEEPS_LAYOUT`) unless listed in `hard_stores`, and those of them
+        # that could not take their value's layout after all (`assign_layouts` then anchors them hard: a
+        # conversion at the store would undo what the soft anchor was for, and costs more than one made early)
+        self.hard_stores = hard_stores
+        self.unkept_soft_stores: frozenset[Operation] = frozenset()
         for value, layout in overrides.items():
             self._check_pinned(value, layout)
         out.overrides = overrides
@@ -369,7 +378,7 @@ class _Assigner:
             value = op.operands[-1]
             layout = self.blocked(value.type.shape, self.facts.view_layout_width(
                 op, element_bits(value.type), self.target.max_vector_bits))
-            if self._store_keeps(op, None):
+            if op not in self.hard_stores and self._store_keeps(op, None):
                 self.store_anchors[(op, len(op.operands) - 1)] = layout     # soft: see STORE_KEEPS_LAYOUT
             elif self.set(value, layout):
                 self.store_anchors[(op, len(op.operands) - 1)] = layout
@@ -428,10 +437,14 @@ class _Assigner:
                 if site is not None and self.layouts[v] != want:
                     self.out.conversions[(site, index)] = want
         # A view store whose anchor a loop-carried group overruled converts its value back (once, after the loop).
+        unkept = set()
         for (op, index), want in self.store_anchors.items():
             have = self.layouts[op.operands[index]]
             if have != want and not self._store_keeps(op, have):
                 self.out.conversions[(op, index)] = want
+                if op not in self.hard_stores and self._store_keeps(op, None):
+                    unkept.add(op)
+        self.unkept_soft_stores = frozenset(unkept)
 
     def _tile_groups(self):
         """(the group's layout, its slots) for every layout group of tiles, read as the walk goes."""

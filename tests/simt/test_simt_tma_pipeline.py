@@ -89,11 +89,15 @@ def test_tma_filled_pipeline_matches_numpy(name, target):
     tma_loads, copies = fills(fn)
     # `prefetch` prologue issues and one in the loop, each a box per column block of each slot
     assert copies == 0 and tma_loads == (plan.prefetch + 1) * sum(load.tma.boxes for load in plan.loads)
-    # one map per pipelined load, then C's, unswizzled, for the epilogue's TMA store (`schedule/tma_store.py`);
-    # N = 37 gives C rows no 16-byte stride, so there C keeps the threads' stores
-    stores = [op.name for op in fn.walk()].count("tma_store")
-    assert stores == (0 if N == 37 else 1) and len(recipes) == len(plan.loads) + stores
-    assert all(r.pointer == 2 and r.swizzle == "none" for r in recipes[len(plan.loads):])
+    # one map per pipelined load, then C's for the epilogue's TMA store (`schedule/tma_store.py`), 128B-swizzled:
+    # stmatrix writes the bf16 accumulator into 64-column swizzled blocks (`schedule/stmatrix_store.py`);
+    # and one TMA store per 64 columns of the tile; N = 37 gives C rows no 16-byte stride, so there C keeps the
+    # threads' stores
+    ops = [op.name for op in fn.walk()]
+    by_tma = N != 37
+    assert ops.count("tma_store") == (BN // 64 if by_tma else 0) and len(recipes) == len(plan.loads) + by_tma
+    assert all(r.pointer == 2 and r.swizzle == "128B" for r in recipes[len(plan.loads):])
+    assert ("stmatrix" in ops) == by_tma
     assert {r.swizzle for r in recipes[:len(plan.loads)]} == swizzles[target == "sm_90a"]
     assert ("wgmma" in [op.name for op in fn.walk()]) == (target == "sm_90a")
     assert [a.type for a in fn.args[-len(recipes):]] == [TensorMapType()] * len(recipes)
