@@ -218,8 +218,8 @@ def test_an_amd_launcher_compiles_against_hip(tmp_path):
 
 
 def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_describes_them(tmp_path):
-    """K and V at per-(batch, head) offsets: 4-D maps whose leading (batch, head) dims are unbounded, cut to the
-    address space alike in C and in Python."""
+    """Q, K, V (TMA loads) and O (TMA store) at per-(batch, head) offsets: 4-D maps whose leading (batch, head)
+    dims are unbounded, cut to the address space alike in C and in Python."""
     import sys
     sys.path.insert(0, str(ROOT / "tests" / "kernels_lib"))
     from test_attention_compile import FORWARD_SIGNATURE
@@ -230,14 +230,14 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     manifest = compile_kernel(tmp_path, kernel, FORWARD_SIGNATURE.format(t="bf16"), consts, target="sm_90a", warps=8)
     spec = Specialization.load(manifest)
     metadata = json.loads(manifest.read_text())
-    assert [len(m["shape"]) for m in metadata["tensor_maps"]] == [4, 4]
+    assert [len(m["shape"]) for m in metadata["tensor_maps"]] == [4, 4, 4, 4]
     S, H, D = 1000, 8, 64
     strides = [S * H * D, H * D, D, 1]
     values = [0x10000 * (i + 1) for i in range(7)] + [S, S, H, H, 0.125, 0.0, 0, 0] + strides * 4 + [H * S, S] \
         + [0x80000, 0x90000, 0.0, 0.0, 0xA0000, 0, 0, 0, 0, 0.0, 0xB0000, S]
     literal = lambda v: f"{v}f" if isinstance(v, float) else str(v)   # noqa: E731
     call = f"attention_fwd_kernel_launch(NULL, 8, 16, 1, {', '.join(map(literal, values))})"
-    sizes = [8 if p.is_pointer else 4 for p in spec.parameters] + [128, 128]
+    sizes = [8 if p.is_pointer else 4 for p in spec.parameters] + [128] * len(metadata["tensor_maps"])
     lines = run_launch(tmp_path, [tmp_path / "attention_fwd_kernel.c"], call, sizes)
     assert_maps_described_alike(lines, spec, metadata, values)
     assert lines[-1] == "status 0"
