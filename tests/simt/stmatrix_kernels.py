@@ -29,7 +29,7 @@ def matrices(num: int = 4, trans: bool = False, dtype: str = "f16", misaligned: 
     values = ", ".join(f"%v{i}" for i in range(regs))
     lines.append(f"  %regs = pack {values} : regs<{regs}x{dtype}>")
     # lanes past 8 num repeat the rows (x1 / x2 ignore them); a misaligned row start is 1 element in
-    row = f"%rowl" if not misaligned else "%rowm"
+    row = "%rowl" if not misaligned else "%rowm"
     lines += ["  %lane_row = rem %tid, %cmats : i32",
               "  %rowl = mul %lane_row, %c8 : i32",
               "  %one = constant {value = 1} : i32",
