@@ -290,11 +290,19 @@ def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode
         kept.append(gemm._gemm(*args))                 # C at a new address: its map is encoded
         assert driver.counts - before == Counter(cuTensorMapEncodeTiled=1, cuLaunchKernel=1)
         del kept
-        for _ in range(2):                             # C where the last one was (freed): its map is kept
-            gemm._gemm(*args)
-        before = Counter(driver.counts)
-        gemm._gemm(*args)
-        assert driver.counts - before == Counter(cuLaunchKernel=1)
+        # C where the last one was (freed, so the allocator usually hands its bytes back): its map is kept, and
+        # a moved C costs at most one encode. Whether C moved is read from its address, not assumed (under xdist
+        # the allocator sometimes hands out other bytes).
+        last = gemm._gemm(*args).data_ptr()
+        for _ in range(8):
+            before = Counter(driver.counts)
+            c = gemm._gemm(*args)
+            moved = c.data_ptr() != last
+            last = c.data_ptr()
+            del c
+            calls = driver.counts - before
+            assert calls["cuLaunchKernel"] == 1 and calls["cuTensorMapEncodeTiled"] <= moved
+            assert set(calls) <= {"cuLaunchKernel", "cuTensorMapEncodeTiled"}
 
 
 @pytest.mark.parametrize("M,N,K,launches", [(16, 256, 256, 1), (16, 256, 4096, 2), (256, 256, 64, 1),
