@@ -6,8 +6,10 @@ Input: a tile-IR `for` and its attributes, `stages = S` (from
 feeds a dot, and where not says why in strict mode; `while` loops are never
 pipelined, and say so the same way) and `warp_specialize`. A loop with
 `warp_specialize` gets a producer warpgroup filling its rings by TMA
-(`warp_specialization.py`; where it cannot, a warning says why and the
-loop is scheduled as if it had not asked); a loop with
+(`warp_specialization.py`; inside a persistent kernel's tile loop the
+producer walks the tiles too, `warp_specialized_tiles.py`; where it
+cannot, a warning says why and the loop is scheduled as if it had not
+asked); a loop with
 S > 1 whose tensor-core dot operands qualify (`pipeline_plan.py`) gets
 ring buffers filled S - 1 iterations ahead (`software_pipeline.py`);
 anything else is the plain loop of `lowering/control_flow.py`. Guarantee:
@@ -24,16 +26,23 @@ from tessera.ir.core import Operation
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for, lower_while
 from ..lowering.invariant_operands import await_loop_operands, stage_invariant_operands
-from .consumer_prologue import lower_deferred
+from .consumer_prologue import lower_deferred, specialized_in
 from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
 from .warp_specialization import lower_warp_specialized_for, warp_specialization_refusal
+from .warp_specialized_tiles import lower_specialized_tile_loop
 
 
 @lowering("for")
 def _for(ctx, op):
+    inner = specialized_in(op) if op.parent is ctx.src.body and ctx.threads.consumers is None else None
+    if inner is not None:               # a persistent tile loop around a warp-specialized K loop
+        if warp_specialization_refusal(ctx, inner) is None:
+            lower_specialized_tile_loop(ctx, op, inner)
+            return
+        lower_deferred(ctx)             # refused: the K loop says why when it is lowered, in the plain tile loop
     if op.attrs.get("warp_specialize"):
         refusal = warp_specialization_refusal(ctx, op)
         if refusal is None:

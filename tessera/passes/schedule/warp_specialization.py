@@ -22,6 +22,7 @@ from tessera.ir.types import TileType
 
 from ..lowering.invariant_operands import stage_invariant_operands
 from ..lowering.values import I32, Regs, RingOperand
+from .persistent import specialized_tile_loop_refusal, tile_loop_of
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
 from .consumer_prologue import lower_deferred, producer_may_run, producer_reads_deferred
@@ -222,17 +223,24 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
     if ctx.threads.consumers is not None:
         return op, ("only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its producer "
                     "warpgroup has exited after the first); drop warp_specialize=True here")
+    outer = None
     if op.parent is not ctx.src.body:
-        return op, ("a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel itself, not "
-                    "nested in a loop or an `if` (persistent kernels are not supported); drop "
-                    "warp_specialize=True or move the loop out")
-    prologue = _prologue_refusal(ctx, op)
+        outer = tile_loop_of(op)
+        if outer is None or outer.parent is not ctx.src.body:
+            return op, ("a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel, or of the "
+                        "body of a loop over tiles that is one (a persistent kernel), not nested in an `if`, a "
+                        "`while` or two loops; drop warp_specialize=True or move the loop")
+    prologue = _prologue_refusal(ctx, outer or op)
     if prologue is not None:
         return prologue
     plan = pipeline_plan(op, target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
     if plan is None:
         return op, ("warp_specialize=True: no load of this loop qualifies for pipelining (A and B blocks of a "
                     "tensor-core dot, see passes/schedule/pipeline_plan.py); drop warp_specialize=True")
+    if outer is not None:
+        nesting = specialized_tile_loop_refusal(ctx, outer, op, plan)
+        if nesting is not None:
+            return nesting
     if op.attrs.get("pingpong") and (ctx.num_threads != 2 * PRODUCER_THREADS or not plan.on_wgmma):
         return op, (f"pingpong=True takes turns between two consumer warpgroups issuing wgmmas; this loop has "
                     f"{ctx.num_threads // PRODUCER_THREADS if ctx.num_threads % PRODUCER_THREADS == 0 else 'no whole'}"
@@ -243,7 +251,7 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
                "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
         return op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at {where} cannot be: {why}"
-    needed = producer_reads_deferred(ctx, op, plan)
+    needed = producer_reads_deferred(ctx, op, plan, outer)
     if needed is not None:
         return needed.owner, (f"the producer warpgroup needs '{needed.name_hint or needed.owner.name}' (a loop "
                               "bound or a pipelined block's address), which is read from memory before the loop; "
@@ -252,8 +260,8 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
 
 
 def _prologue_refusal(ctx, loop: Operation) -> tuple[Operation, str] | None:
-    """The producer runs what precedes the loop too: anything there but pure computation, and not deferred to
-    the consumers (`consumer_prologue.py`), is refused."""
+    """The producer runs what precedes the loop (or the tile loop holding it) too: anything there but pure
+    computation, and not deferred to the consumers (`consumer_prologue.py`), is refused."""
     body = ctx.src.body
     for top in body.ops[:body.ops.index(loop)]:
         if top in ctx.deferred:
