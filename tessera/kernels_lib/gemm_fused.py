@@ -188,7 +188,7 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     # what the op checked of the sizes and strides, and whether the rows allow a pipeline (`gemm_alignment.py`)
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
-    WS = WS and PIPELINED
+    WS = WS and PIPELINED and not GATHER_A      # a gathered A's K loop is plain (below): no ring to fill
     # clusters of CLUSTER_M (CLUSTER_N) programs sharing B's (A's) blocks, as in `gemm.gemm_kernel`
     tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
                           "one-tile-per-program kernel")

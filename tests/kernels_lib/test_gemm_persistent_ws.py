@@ -1,0 +1,230 @@
+"""The persistent warp-specialized library GEMM (PERSISTENT and WS, sm_90a): CUTLASS's cooperative persistent kernel.
+
+Specification (`passes/schedule/warp_specialized_tiles.py`):
+
+* on the SIMT simulator the kernel computes what the tile interpreter computes (and numpy) with more tiles than
+  programs (six per program), partial tiles along M, N and K, one and two consumer warpgroups, and ring depths
+  2 and 3, so the slot and phase wrap inside tiles and across tile boundaries; the simulator rejects the
+  schedule when the consumers restart the ring at every tile (a phase error), when the tile's last slot is not
+  released (a deadlock) or when the producer does not wait for releases (a refill under a wgmma's reads);
+* in the thread IR the mbarriers are initialized outside every loop and invalidated once, after the branches
+  meet; the producer's branch holds the tile loop around the K loop that issues the TMA loads; the consumers'
+  tile loop holds the K loop with `wgmma_wait {pending = 1}`, then the drain and the last slot's release; in
+  the PTX every mbarrier.init precedes the branches (setmaxnreg) and the loop has `wgmma.wait_group 1`;
+* the shipped config (sm_90, 128 x 256) assembles without spills, consumers at 232 registers, and is left to
+  the timed autotuner (`gemm_configs.awaits_measurement`), recorded by bench/gemm.py next to its twin;
+* nestings the producer cannot follow stay a CompileError in strict mode naming the reason and the fix;
+* on an H100 the shipped config pinned equals torch.matmul (`@pytest.mark.gpu`, more tiles than SMs).
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.backends.simt import run_threads
+from tessera.ir.core import Operation
+from tessera.kernels_lib import gemm_configs
+from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
+
+from hopper_gemm import NO_EPILOGUE, compile_gemm, lowered_gemm, needs_ptxas, ptx_lines, simulate
+
+torch = pytest.importorskip("torch")
+gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
+tiles_module = importlib.import_module("tessera.passes.schedule.warp_specialized_tiles")
+
+SHIPPED = next(c for c in HOPPER_CONFIGS if gemm_configs.is_persistent_specialized(c))
+# 197 x 144 x 112 in 64 x 64 tiles, BK = 32: 4 x 3 = 12 tiles on 2 programs (lowered_gemm's 2 SMs), 6 each, 4 K
+# steps per tile, none of them whole along K, the last row and column of tiles partial
+M, N, K = 197, 144, 112
+
+
+def small(stages: int, bm: int = 64, num_warps: int = 4) -> tessera.Config:
+    return tessera.Config(dict(BM=bm, BN=64, BK=32, GROUP_M=2, PERSISTENT=True, STAGES=stages, WS=True),
+                          num_warps=num_warps)
+
+
+def interpreted(args, config, grid) -> np.ndarray:
+    """C as the tile interpreter computes it (one program at a time, the same grid)."""
+    mine = [np.zeros_like(x) if i == 5 else x for i, x in enumerate(args)]
+    gemm_kernel.kernel.interpret(*mine, grid=grid, **NO_EPILOGUE, **config.kwargs)
+    return mine[5]
+
+
+@pytest.mark.parametrize("config", [small(2), small(3), small(2, bm=128, num_warps=8)],
+                         ids=["s2-1wg", "s3-1wg", "s2-2wg"])
+def test_the_simulator_agrees_with_the_interpreter(config):
+    fn, args, expected, grid = lowered_gemm(M, N, K, config)
+    assert grid == (2,) and fn.attrs["num_threads"] == config.num_warps * 32 + 128
+    tiles = -(-M // config.kwargs["BM"]) * -(-N // 64)
+    assert tiles >= 3 * grid[0]                 # several tiles per program: the ring runs across them
+    simulated = simulate(fn, args, grid)
+    np.testing.assert_allclose(simulated, interpreted(args, config, grid), rtol=1e-5, atol=1e-4)
+    np.testing.assert_allclose(simulated, expected, rtol=1e-3, atol=1e-2)
+
+
+def _restarting_consumers(monkeypatch):
+    """The consumers' K loop starts every tile at slot 0, parity 0, while the producer counts on."""
+    loop = tiles_module.consumer_loop
+    monkeypatch.setattr(tiles_module, "consumer_loop",
+                        lambda ctx, op, ring, lb, ub, step, start=None: loop(ctx, op, ring, lb, ub, step))
+
+
+def _no_last_release(monkeypatch):
+    """The tile's last slot is never released (as in the one-tile kernel, where no fill waits for it)."""
+    monkeypatch.setattr(tiles_module, "release", lambda *args, **kwargs: None)
+
+
+def _releases_the_wrong_slot(monkeypatch):
+    """After the K loop the consumers release the slot two iterations back (a ring count off by one) instead of the
+    tile's last."""
+    ahead = tiles_module.slot_ahead
+    monkeypatch.setattr(tiles_module, "slot_ahead", lambda ctx, slot, by, stages: ahead(ctx, slot, by - 1, stages))
+
+
+@pytest.mark.parametrize("mutation, message", [
+    (_restarting_consumers, "phase error|DEADLOCK"),
+    (_no_last_release, "DEADLOCK"),
+    (_releases_the_wrong_slot, "DEADLOCK"),
+])
+def test_the_simulator_rejects_a_ring_that_does_not_run_across_tiles(monkeypatch, mutation, message):
+    mutation(monkeypatch)
+    fn, args, _, grid = lowered_gemm(M, N, K, small(3))
+    with pytest.raises(Exception, match=message):
+        run_threads(fn, args, grid)
+
+
+def _enclosing(op) -> list[str]:
+    """The names of the ops holding `op`, innermost first, with the split's branch: 'producer' or 'consumers'."""
+    names = []
+    while isinstance(getattr(op.parent, "parent", None), Operation):
+        holder = op.parent.parent
+        if holder.name == "if" and "producer_joins_at" in holder.attrs:
+            names.append("producer" if op.parent is holder.regions[0] else "consumers")
+        names.append(holder.name)
+        op = holder
+    return names
+
+
+def test_the_thread_ir_has_one_ring_for_the_program_and_both_roles_walk_the_tiles():
+    fn, *_ = lowered_gemm(M, N, K, small(3))
+    ops = list(fn.walk())
+    inits = [op for op in ops if op.name == "mbarrier_init"]
+    invals = [op for op in ops if op.name == "mbarrier_inval"]
+    assert len(inits) == len(invals) == 2 * 3                   # full[3] and empty[3], once each
+    assert all("for" not in _enclosing(op) and "producer" not in _enclosing(op) for op in inits + invals)
+    assert all("consumers" in _enclosing(op) for op in invals)  # after the branches met
+    (split,) = [op for op in ops if op.name == "if" and "producer_joins_at" in op.attrs]
+    assert split.parent is fn.body
+    fills = [op for op in ops if op.name == "tma_load"]
+    assert fills and all(_enclosing(op).count("for") == 2 and "producer" in _enclosing(op) for op in fills)
+    waits = [op for op in ops if op.name == "wgmma_wait"]
+    assert {op.attrs["pending"] for op in waits} == {0, 1}
+    assert all(_enclosing(op)[:2] == ["for", "for"] for op in waits if op.attrs["pending"] == 1)   # the K loop's
+    drain = next(op for op in waits if op.attrs["pending"] == 0)
+    assert _enclosing(drain)[0] == "for" and "consumers" in _enclosing(drain)  # once per tile, in the tile loop
+    after = drain.parent.ops[drain.parent.ops.index(drain) + 1:]
+    first_if = next(op for op in after if op.regions)          # the tile's last slot's release, before the epilogue
+    assert [inner.name for inner in first_if.walk()].count("mbarrier_arrive") == 1
+
+
+def test_the_shipped_config_assembles_without_spills_with_the_ring_set_up_once():
+    needs_ptxas()
+    compiled = compile_gemm(SHIPPED)
+    ptx, meta = compiled.stages["ptx"], compiled.metadata
+    assert meta["spill_stores"] == meta["spill_loads"] == 0, meta["log"]
+    # the producer warpgroup's 40 registers leave the two consumer warpgroups 232 each (of 65536)
+    assert meta["num_threads"] == 384 and ptx_lines(ptx, r"setmaxnreg\.inc\.sync\.aligned\.u32\s+232;")
+    stages = SHIPPED.kwargs["STAGES"]
+    inits, branches = ptx_lines(ptx, r"mbarrier\.init"), ptx_lines(ptx, r"setmaxnreg")
+    assert len(inits) == 2 * stages and max(inits) < min(branches)           # before the split, once
+    assert len(ptx_lines(ptx, r"mbarrier\.inval")) == 2 * stages
+    assert ptx_lines(ptx, r"wgmma\.wait_group\.sync\.aligned\s+1;") and ptx_lines(ptx, r"cp\.async\.bulk\.tensor")
+    # the epilogue's C tile (128 x 256 bf16 through stmatrix) cannot reuse the rings' bytes: both fit in 227 KB
+    rings = stages * (128 + 256) * 64 * 2
+    assert rings + 128 * 256 * 2 <= meta["shared_bytes"] <= 227 * 1024
+
+
+def test_the_shipped_config_awaits_measurement_next_to_its_twin():
+    (entry,) = [e for e in gemm_configs._DATA["sm_90"] if e["meta"].get("PERSISTENT") and e["meta"].get("WS")]
+    assert "Model only" in entry["why"] and "until measured" in entry["why"]
+    assert gemm_configs.awaits_measurement(SHIPPED) and not gemm_configs.awaits_measurement(HOPPER_CONFIGS[0])
+    twin = dict(SHIPPED.kwargs, PERSISTENT=False)
+    del twin["WS"]
+    assert any(c.kwargs == twin for c in gemm_configs.configs_for("sm_90"))
+    for M_, N_ in ((8192, 8192), (4096, 4096), (128, 14336), (1000, 272)):
+        chosen = gemm_configs.predicted(gemm_configs.configs_for("sm_90"), {"M": M_, "N": N_})
+        assert not gemm_configs.awaits_measurement(chosen)
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    bench = importlib.import_module("gemm")         # bench/gemm.py
+    variants = [c.kwargs for c in bench.config_variants(None)]
+    at = variants.index(SHIPPED.kwargs)
+    assert variants[at - 1] == dict(twin, WS=True) and variants[at - 2] == twin
+
+
+def _tile_loop_kernel(nesting: str):
+    """A persistent GEMM whose K loop the producer cannot follow: `nesting` = "loaded-bound" (the K loop's bound
+    read from memory per tile) or "loop-in-loop" (the K loop two loops deep)."""
+
+    @tessera.kernel
+    def tiles(a_ptr, b_ptr, c_ptr, k_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
+              BK: tessera.constexpr, NESTING: tessera.constexpr):
+        a = tessera.view(a_ptr, (M, K), (K, 1))
+        b = tessera.view(b_ptr, (K, N), (N, 1))
+        c = tessera.view(c_ptr, (M, N))
+        tiles_n = tessera.cdiv(N, BN)
+        for tile in range(tessera.program_id(0), tessera.cdiv(M, BM) * tiles_n, tessera.num_programs(0)):
+            steps = tessera.cdiv(K, BK)
+            if NESTING == "loaded-bound":
+                steps = tessera.load(k_ptr + tile)
+            for half in range(0, 2 if NESTING == "loop-in-loop" else 1):
+                acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+                for k in tessera.pipeline(0, steps, stages=3, warp_specialize=True):
+                    acc = tessera.dot(a.block((BM, BK), (tile // tiles_n, k)).load(),
+                                      b.block((BK, BN), (k, tile % tiles_n)).load(), acc)
+                c.block((BM, BN), (tile // tiles_n, tile % tiles_n)).store(acc + half)
+    return tiles
+
+
+@pytest.mark.parametrize("nesting, message", [
+    ("loaded-bound", r"the producer warpgroup runs the tile loop at line \d+.*need 'load'.*compute them from the "
+                     r"tile index with scalar arithmetic, or drop warp_specialize=True"),
+    ("loop-in-loop", r"must be a statement of the kernel, or of the body of a loop over tiles.*drop "
+                     r"warp_specialize=True or move the loop"),
+])
+def test_a_nesting_the_producer_cannot_follow_is_a_compile_error(nesting, message):
+    kernel = _tile_loop_kernel(nesting)
+    with pytest.raises(tessera.CompileError, match=message):
+        kernel.compile(signature="*bf16:16,*bf16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16", target="sm_90a",
+                       num_warps=4, strict=True, BM=64, BN=64, BK=64, NESTING=nesting)
+
+
+@pytest.mark.gpu
+def test_the_shipped_config_equals_torch_matmul_on_a_gpu():
+    """On an H100 (the next GPU session): the shipped config pinned, with more tiles than SMs (several per program)
+    and partial tiles along M, N and K; bias and GELU in the consumers' epilogue."""
+    from tessera.runtime import cuda
+    from tessera.testing import assert_close
+    if cuda.device_count() == 0 or cuda.get_device(0).capability < (9, 0):
+        pytest.skip("needs a Hopper GPU")
+    from tessera.kernels_lib.gemm import gemm, pin_config
+    g = torch.Generator().manual_seed(4)
+    pin_config(SHIPPED)
+    try:
+        for m, n, k in ((4096, 4096, 4096), (3000, 2056, 1000), (1000, 272, 1008)):
+            a = torch.randn((m, k), generator=g).to(torch.bfloat16).cuda()
+            b = torch.randn((k, n), generator=g).to(torch.bfloat16).cuda()
+            assert_close(gemm(a, b).float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1,
+                         matmul=(a.float(), b.float(), SHIPPED.kwargs["BK"]))
+            bias = torch.randn(n, generator=g).cuda()
+            pre = a.float() @ b.float() + bias
+            assert_close(gemm(a, b, bias, activation="gelu").float(), torch.nn.functional.gelu(pre, approximate="tanh"),
+                         rtol=2e-2, atol=2e-1)
+            assert_close(gemm(a, b).float(), torch.matmul(a, b).float(), rtol=2e-2, atol=2e-1)
+    finally:
+        pin_config(None)
