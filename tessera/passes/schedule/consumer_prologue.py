@@ -1,7 +1,8 @@
 """The consumers' prologue of a warp-specialized loop: the reads before it that only the consumers need.
 
 Input: a tile-IR kernel whose body holds a `for {warp_specialize = true}`
-(`warp_specialization.py`). Every thread, the producer warpgroup included,
+(`warp_specialization.py`), or a loop over tiles holding one
+(`warp_specialized_tiles.py`). Every thread, the producer warpgroup included,
 runs what precedes that loop, so a load there (attention's Q block, an fp8
 descale) would be executed by the producer's 128 threads too, which have no
 place in the tile layouts. `consumer_prologue` picks the ops before the loop

@@ -29,6 +29,11 @@ barrier after the loop), so no slot is refilled while read, and the
 epilogue's buffers cannot be the rings' bytes. Without an
 outer loop, or with bounds that vary per tile, the loop keeps its own
 mbarriers (initialized before it, invalidated after).
+
+A warp-specialized loop in a tile loop is `warp_specialized_tiles.py`'s:
+its producer warpgroup runs the tile loop too, with only the scalar ops
+`tile_slice` picks, and counts the same ring on; which nestings it takes is
+`specialized_tile_loop_refusal`.
 """
 
 from __future__ import annotations

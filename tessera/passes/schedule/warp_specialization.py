@@ -8,8 +8,10 @@ behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
 where it pays; the rest of the kernel runs in the consumers' branch.
 Guarantees: the producer runs at most S fills ahead of the slowest
 consumer; the two branches meet only at one named barrier after the loop;
-what cannot be warp-specialized (no TMA, nested loop, a memory write before
-the loop, ...) is a LoweringError saying what to change. The emitted code
+what cannot be warp-specialized (no TMA, a loop in an `if`, a memory write
+before the loop, ...) is a LoweringError saying what to change. Inside a
+persistent kernel's loop over tiles, `warp_specialized_tiles.py` lowers the
+tile loop with the same pieces. The emitted code
 is the comment above `lower_warp_specialized_for`.
 """
 
@@ -107,8 +109,10 @@ PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pi
 # instead, and the loop's invariant dot operands among them staged there
 # (`consumer_prologue.py`); a loop bound or block address the producer needs
 # may not be read from memory. The loop must be an op of the kernel's
-# body itself (not nested in a loop or an `if`: persistent kernels are not
-# supported), one per kernel, and every pipelined load must be TMA-filled
+# body itself, or of the body of a loop over tiles that is (a persistent
+# kernel: both roles then walk the tiles, `warp_specialized_tiles.py`; the
+# nestings it takes are `persistent.specialized_tile_loop_refusal`'s), not
+# in an `if`; one per kernel, and every pipelined load must be TMA-filled
 # (a view load `pipeline_plan` does not pipeline at all stays an ordinary
 # load of the consumers' body).
 #
