@@ -3,8 +3,8 @@
 Specification (`passes/schedule/warp_specialized_tiles.py`):
 
 * on the SIMT simulator the kernel computes what the tile interpreter computes (and numpy) with more tiles than
-  programs (six per program), partial tiles along M, N and K, one and two consumer warpgroups, and ring depths
-  2 and 3, so the slot and phase wrap inside tiles and across tile boundaries; the simulator rejects the
+  programs (three to six per program), partial tiles along M, N and K, odd M, N or K (A or B stored transposed),
+  one and two consumer warpgroups, and ring depths 2 and 3, so the slot and phase wrap inside tiles and across tile boundaries; the simulator rejects the
   schedule when the consumers restart the ring at every tile (a phase error), when the tile's last slot is not
   released (a deadlock) or when the producer does not wait for releases (a refill under a wgmma's reads);
 * in the thread IR the mbarriers are initialized outside every loop and invalidated once, after the branches
@@ -56,12 +56,25 @@ def interpreted(args, config, grid) -> np.ndarray:
     return mine[5]
 
 
-@pytest.mark.parametrize("config", [small(2), small(3), small(2, bm=128, num_warps=8)],
-                         ids=["s2-1wg", "s3-1wg", "s2-2wg"])
-def test_the_simulator_agrees_with_the_interpreter(config):
-    fn, args, expected, grid = lowered_gemm(M, N, K, config)
+# (config, trans_a, trans_b, M, N, K): TMA needs 16-byte rows, so the odd size is one no row stride depends on:
+# M with A and B row-major, N with B stored transposed (N x K), K with A stored transposed (K x M; the
+# pipeline leaves that A to the consumers' own loads, the ring holds B alone)
+CASES = {
+    "s2-1wg-odd-m": (small(2), False, False, M, N, K),
+    "s3-1wg-odd-m": (small(3), False, False, M, N, K),
+    "s2-2wg-odd-m": (small(2, bm=128, num_warps=8), False, False, M, N, K),
+    "s3-1wg-odd-n-b-transposed": (small(3), False, True, M, 143, K),
+    "s2-1wg-odd-k-a-transposed": (small(2), True, False, 200, N, 113),
+}
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_simulator_agrees_with_the_interpreter(case):
+    config, trans_a, trans_b, m, n, k = CASES[case]
+    fn, args, expected, grid = lowered_gemm(m, n, k, config, trans_a=trans_a, trans_b=trans_b)
     assert grid == (2,) and fn.attrs["num_threads"] == config.num_warps * 32 + 128
-    tiles = -(-M // config.kwargs["BM"]) * -(-N // 64)
+    assert any(op.name == "tma_load" for op in fn.walk())      # warp-specialized: the pipelined blocks by TMA
+    tiles = -(-m // config.kwargs["BM"]) * -(-n // 64)
     assert tiles >= 3 * grid[0]                 # several tiles per program: the ring runs across them
     simulated = simulate(fn, args, grid)
     np.testing.assert_allclose(simulated, interpreted(args, config, grid), rtol=1e-5, atol=1e-4)
