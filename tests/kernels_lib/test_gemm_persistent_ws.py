@@ -182,7 +182,8 @@ def test_the_shipped_config_awaits_measurement_next_to_its_twin():
 
 def _tile_loop_kernel(nesting: str):
     """A persistent GEMM whose K loop the producer cannot follow: `nesting` = "loaded-bound" (the K loop's bound
-    read from memory per tile) or "loop-in-loop" (the K loop two loops deep)."""
+    read from memory per tile), "bound-loaded-before" (read before the tile loop, where only the consumers read
+    memory) or "loop-in-loop" (the K loop two loops deep)."""
 
     @tessera.kernel
     def tiles(a_ptr, b_ptr, c_ptr, k_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
@@ -191,8 +192,9 @@ def _tile_loop_kernel(nesting: str):
         b = tessera.view(b_ptr, (K, N), (N, 1))
         c = tessera.view(c_ptr, (M, N))
         tiles_n = tessera.cdiv(N, BN)
+        first_steps = tessera.load(k_ptr)           # read before the tile loop: only the consumers may
         for tile in range(tessera.program_id(0), tessera.cdiv(M, BM) * tiles_n, tessera.num_programs(0)):
-            steps = tessera.cdiv(K, BK)
+            steps = tessera.cdiv(K, BK) if NESTING != "bound-loaded-before" else first_steps
             if NESTING == "loaded-bound":
                 steps = tessera.load(k_ptr + tile)
             for half in range(0, 2 if NESTING == "loop-in-loop" else 1):
@@ -207,6 +209,8 @@ def _tile_loop_kernel(nesting: str):
 @pytest.mark.parametrize("nesting, message", [
     ("loaded-bound", r"the producer warpgroup runs the tile loop at line \d+.*need 'load'.*compute them from the "
                      r"tile index with scalar arithmetic, or drop warp_specialize=True"),
+    ("bound-loaded-before", r"the producer warpgroup needs 'first_steps' \(a loop bound or a pipelined block's "
+                            r"address\), which is read from memory before the loop"),
     ("loop-in-loop", r"must be a statement of the kernel, or of the body of a loop over tiles.*drop "
                      r"warp_specialize=True or move the loop"),
 ])

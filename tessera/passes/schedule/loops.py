@@ -39,12 +39,16 @@ from .warp_specialized_tiles import lower_specialized_tile_loop
 def _for(ctx, op):
     inner = specialized_in(op) if op.parent is ctx.src.body and ctx.threads.consumers is None else None
     if inner is not None:               # a persistent tile loop around a warp-specialized K loop
-        if warp_specialization_refusal(ctx, inner) is None:
+        refusal = warp_specialization_refusal(ctx, inner)
+        if refusal is None:
             lower_specialized_tile_loop(ctx, op, inner)
             return
-        lower_deferred(ctx)             # refused: the K loop says why when it is lowered, in the plain tile loop
+        # refused: the K loop says why when it is lowered, in the plain tile loop (after the held-back reads,
+        # which the refusal may have been about)
+        ctx.refused_specializations[inner] = refusal
+        lower_deferred(ctx)
     if op.attrs.get("warp_specialize"):
-        refusal = warp_specialization_refusal(ctx, op)
+        refusal = ctx.refused_specializations.pop(op, None) or warp_specialization_refusal(ctx, op)
         if refusal is None:
             stage_invariant_operands(ctx, op, await_landing=False)     # the consumers wait, after the split
             lower_warp_specialized_for(ctx, op)
