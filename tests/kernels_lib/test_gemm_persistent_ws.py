@@ -144,6 +144,13 @@ def test_the_thread_ir_has_one_ring_for_the_program_and_both_roles_walk_the_tile
     after = drain.parent.ops[drain.parent.ops.index(drain) + 1:]
     first_if = next(op for op in after if op.regions)          # the tile's last slot's release, before the epilogue
     assert [inner.name for inner in first_if.walk()].count("mbarrier_arrive") == 1
+    # after the split no block-wide barrier (the producer never reaches one): the epilogue's are the consumers'
+    # named barrier 1; barrier 2 is where both roles meet, once each
+    inside = list(split.walk())
+    assert not any(op.name == "barrier" for op in inside)
+    named = [(op.attrs["id"], op.attrs["count"], "for" in _enclosing(op)) for op in inside if op.name == "named_barrier"]
+    assert (1, 128, True) in named and set(named) <= {(1, 128, True), (1, 128, False), (2, 256, False)}
+    assert named.count((2, 256, False)) == 2
 
 
 def test_the_shipped_config_assembles_without_spills_with_the_ring_set_up_once():
