@@ -1,6 +1,7 @@
-"""Every shipped library GEMM config, pinned, on a real GPU (the persistent warp-specialized one too): bf16 with and without warp specialization (Hopper),
-and fp8 with scales (sm_89+), against a float32 product. The shapes leave partial tiles along M, N and K, and a
-wrong product names its wrong rows, columns and K-steps (tessera.testing). Skipped without an NVIDIA driver."""
+"""Every shipped library GEMM config, pinned, on a real GPU (the persistent warp-specialized one too): bf16 with
+and without warp specialization (Hopper), and fp8 with scales (sm_89+), against a float32 product. The shapes
+leave partial tiles along M, N and K, and a wrong product names its wrong rows, columns and K-steps
+(tessera.testing). Skipped without an NVIDIA driver."""
 
 import pytest
 

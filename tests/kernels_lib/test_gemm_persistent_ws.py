@@ -4,9 +4,9 @@ Specification (`passes/schedule/warp_specialized_tiles.py`):
 
 * on the SIMT simulator the kernel computes what the tile interpreter computes (and numpy) with more tiles than
   programs (three to six per program), partial tiles along M, N and K, odd M, N or K (A or B stored transposed),
-  one and two consumer warpgroups, and ring depths 2 and 3, so the slot and phase wrap inside tiles and across tile boundaries; the simulator rejects the
-  schedule when the consumers restart the ring at every tile (a phase error), when the tile's last slot is not
-  released (a deadlock) or when the producer does not wait for releases (a refill under a wgmma's reads);
+  one and two consumer warpgroups, and ring depths 2 and 3, so the slot and phase wrap inside tiles and across
+  tile boundaries; the simulator rejects the schedule when the consumers restart the ring at every tile (a phase
+  error), when the tile's last slot is not released, or another slot instead (a deadlock);
 * in the thread IR the mbarriers are initialized outside every loop and invalidated once, after the branches
   meet; the producer's branch holds the tile loop around the K loop that issues the TMA loads; the consumers'
   tile loop holds the K loop with `wgmma_wait {pending = 1}`, then the drain and the last slot's release; in
@@ -148,7 +148,8 @@ def test_the_thread_ir_has_one_ring_for_the_program_and_both_roles_walk_the_tile
     # named barrier 1; barrier 2 is where both roles meet, once each
     inside = list(split.walk())
     assert not any(op.name == "barrier" for op in inside)
-    named = [(op.attrs["id"], op.attrs["count"], "for" in _enclosing(op)) for op in inside if op.name == "named_barrier"]
+    named = [(op.attrs["id"], op.attrs["count"], "for" in _enclosing(op))
+             for op in inside if op.name == "named_barrier"]
     assert (1, 128, True) in named and set(named) <= {(1, 128, True), (1, 128, False), (2, 256, False)}
     assert named.count((2, 256, False)) == 2
 
