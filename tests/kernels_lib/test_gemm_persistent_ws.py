@@ -31,6 +31,7 @@ from tessera.backends.simt import run_threads
 from tessera.ir.core import Operation
 from tessera.kernels_lib import gemm_configs
 from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
+from tessera.passes.thread_passes import lower
 
 from hopper_gemm import NO_EPILOGUE, compile_gemm, lowered_gemm, needs_ptxas, ptx_lines, simulate
 
@@ -79,6 +80,23 @@ def test_the_simulator_agrees_with_the_interpreter(case):
     simulated = simulate(fn, args, grid)
     np.testing.assert_allclose(simulated, interpreted(args, config, grid), rtol=1e-5, atol=1e-4)
     np.testing.assert_allclose(simulated, expected, rtol=1e-3, atol=1e-2)
+
+
+def test_the_epilogue_reads_each_tiles_bias_in_the_consumers_tile_loop():
+    """alpha, a bias and ReLU (the bias block read per tile by the consumers, after their K loop) on the simulator."""
+    rng = np.random.default_rng(5)
+    a = rng.standard_normal((M, K)).astype(np.float16)
+    b = rng.standard_normal((K, N)).astype(np.float16)
+    bias = rng.standard_normal(N).astype(np.float32)
+    unused = np.zeros(1, np.float32)
+    args = [a, b, bias, unused, unused, np.zeros((M, N), np.float32), M, N, K, 0.5, K, 1, N, 1]
+    config = small(3)
+    flags = dict(NO_EPILOGUE, HAS_BIAS=True, ACTIVATION="relu")
+    module = gemm_kernel.kernel.specialize(*args, **flags, **config.kwargs).module
+    fn = lower(module, "sm_90a", config.num_warps).functions[0]
+    run_threads(fn, args, (2,))
+    expected = np.maximum(0.5 * (a.astype(np.float32) @ b.astype(np.float32)) + bias, 0.0)
+    np.testing.assert_allclose(args[5], expected, rtol=1e-3, atol=1e-2)
 
 
 def _restarting_consumers(monkeypatch):
@@ -169,6 +187,12 @@ def test_the_shipped_config_assembles_without_spills_with_the_ring_set_up_once()
     # the epilogue's C tile (128 x 256 bf16 through stmatrix) cannot reuse the rings' bytes: both fit in 227 KB
     rings = stages * (128 + 256) * 64 * 2
     assert rings + 128 * 256 * 2 <= meta["shared_bytes"] <= 227 * 1024
+
+
+def test_the_shipped_config_assembles_without_spills_with_b_transposed_and_a_bias_gelu_epilogue():
+    needs_ptxas()
+    meta = compile_gemm(SHIPPED, b_layout="b-transposed", HAS_BIAS=True, ACTIVATION="gelu").metadata
+    assert meta["spill_stores"] == meta["spill_loads"] == 0, meta["log"]
 
 
 def test_the_shipped_config_awaits_measurement_next_to_its_twin():
