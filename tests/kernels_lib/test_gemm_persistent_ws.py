@@ -11,6 +11,7 @@ Specification (`passes/schedule/warp_specialized_tiles.py`):
   meet; the producer's branch holds the tile loop around the K loop that issues the TMA loads; the consumers'
   tile loop holds the K loop with `wgmma_wait {pending = 1}`, then the drain and the last slot's release; in
   the PTX every mbarrier.init precedes the branches (setmaxnreg) and the loop has `wgmma.wait_group 1`;
+* the consumers' K loop in the SASS is the non-persistent WS twin's, within a few instructions;
 * the shipped config (sm_90, 128 x 256) assembles without spills, consumers at 232 registers, and is left to
   the timed autotuner (`gemm_configs.awaits_measurement`), recorded by bench/gemm.py next to its twin;
 * nestings the producer cannot follow stay a CompileError in strict mode naming the reason and the fix;
@@ -33,7 +34,8 @@ from tessera.kernels_lib import gemm_configs
 from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
 from tessera.passes.thread_passes import lower
 
-from hopper_gemm import NO_EPILOGUE, compile_gemm, lowered_gemm, needs_ptxas, ptx_lines, simulate
+from hopper_gemm import (NO_EPILOGUE, compile_gemm, lowered_gemm, needs_ptxas, needs_sass, opcode_counts, ptx_lines,
+                         sass_k_loop, simulate)
 
 torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
@@ -193,6 +195,19 @@ def test_the_shipped_config_assembles_without_spills_with_b_transposed_and_a_bia
     needs_ptxas()
     meta = compile_gemm(SHIPPED, b_layout="b-transposed", HAS_BIAS=True, ACTIVATION="gelu").metadata
     assert meta["spill_stores"] == meta["spill_loads"] == 0, meta["log"]
+
+
+def test_the_consumers_k_loop_is_the_one_tile_kernels_in_the_sass():
+    """Walking tiles costs the consumers' K loop nothing but a register move or two (SASS, ptxas 13.0: 45
+    instructions against the non-persistent WS twin's 43, four HGMMAs, no TMA issue and no CTA barrier in it; the
+    plain twin's loop, which issues the fills itself, is 116)."""
+    needs_sass()
+    twin = tessera.Config(dict(SHIPPED.kwargs, PERSISTENT=False), num_warps=SHIPPED.num_warps)
+    mine, theirs = sass_k_loop(compile_gemm(SHIPPED)), sass_k_loop(compile_gemm(twin))
+    counts = opcode_counts(mine)
+    assert counts["HGMMA"] == opcode_counts(theirs)["HGMMA"] == 4
+    assert "UTMALDG" not in counts and "BAR" not in counts
+    assert len(mine) <= len(theirs) + 4, (len(mine), len(theirs))
 
 
 def test_the_shipped_config_awaits_measurement_next_to_its_twin():
