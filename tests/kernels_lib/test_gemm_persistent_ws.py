@@ -227,10 +227,19 @@ def test_the_shipped_config_awaits_measurement_next_to_its_twin():
     assert variants[at - 1] == dict(twin, WS=True) and variants[at - 2] == twin
 
 
+@tessera.func
+def _product(a, b, acc, pid_m, pid_n, steps, BM, BN, BK):
+    """acc + A[pid_m, :steps] @ B[:steps, pid_n], the K loop warp-specialized."""
+    for k in tessera.pipeline(0, steps, stages=3, warp_specialize=True):
+        acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    return acc
+
+
 def _tile_loop_kernel(nesting: str):
-    """A persistent GEMM whose K loop the producer cannot follow: `nesting` = "loaded-bound" (the K loop's bound
-    read from memory per tile), "bound-loaded-before" (read before the tile loop, where only the consumers read
-    memory) or "loop-in-loop" (the K loop two loops deep)."""
+    """A persistent GEMM C += A @ B whose K loop the producer cannot follow: `nesting` = "loaded-bound" (the K
+    loop's bound read from memory per tile), "bound-loaded-before" (read before the tile loop, where only the
+    consumers read memory) or "loop-in-loop" (the K loop two loops deep); or can: "accumulate" (C's tile read
+    into the accumulator before the K loop, by the consumers alone)."""
 
     @tessera.kernel
     def tiles(a_ptr, b_ptr, c_ptr, k_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
@@ -241,15 +250,21 @@ def _tile_loop_kernel(nesting: str):
         tiles_n = tessera.cdiv(N, BN)
         first_steps = tessera.load(k_ptr)           # read before the tile loop: only the consumers may
         for tile in range(tessera.program_id(0), tessera.cdiv(M, BM) * tiles_n, tessera.num_programs(0)):
+            pid_m, pid_n = tile // tiles_n, tile % tiles_n
             steps = tessera.cdiv(K, BK) if NESTING != "bound-loaded-before" else first_steps
             if NESTING == "loaded-bound":
                 steps = tessera.load(k_ptr + tile)
-            for half in range(0, 2 if NESTING == "loop-in-loop" else 1):
+            if NESTING == "loop-in-loop":
+                for half in range(0, 2):
+                    acc = _product(a, b, tessera.zeros((BM, BN), dtype=tessera.f32), pid_m, pid_n, steps, BM, BN,
+                                   BK)
+                    c.block((BM, BN), (pid_m, pid_n)).store(acc + half)
+            else:
                 acc = tessera.zeros((BM, BN), dtype=tessera.f32)
-                for k in tessera.pipeline(0, steps, stages=3, warp_specialize=True):
-                    acc = tessera.dot(a.block((BM, BK), (tile // tiles_n, k)).load(),
-                                      b.block((BK, BN), (k, tile % tiles_n)).load(), acc)
-                c.block((BM, BN), (tile // tiles_n, tile % tiles_n)).store(acc + half)
+                if NESTING == "accumulate":
+                    acc = c.block((BM, BN), (pid_m, pid_n)).load()
+                acc = _product(a, b, acc, pid_m, pid_n, steps, BM, BN, BK)
+                c.block((BM, BN), (pid_m, pid_n)).store(acc)
     return tiles
 
 
@@ -266,6 +281,40 @@ def test_a_nesting_the_producer_cannot_follow_is_a_compile_error(nesting, messag
     with pytest.raises(tessera.CompileError, match=message):
         kernel.compile(signature="*bf16:16,*bf16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16", target="sm_90a",
                        num_warps=4, strict=True, BM=64, BN=64, BK=64, NESTING=nesting)
+
+
+def test_a_tile_read_before_the_k_loop_is_the_consumers_alone():
+    """What the tile body does before the K loop (here: C's tile read into the accumulator) runs in the consumers'
+    tile loop only; the producer needs none of it. 2 programs, 4 tiles, 3 K steps each on a 3-slot ring."""
+    rng = np.random.default_rng(6)
+    m, n, k = 100, 128, 96
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    expected = c + a.astype(np.float32) @ b.astype(np.float32)
+    args = [a, b, c, np.zeros(1, np.int32), m, n, k]
+    module = _tile_loop_kernel("accumulate").specialize(*args, BM=64, BN=64, BK=32, NESTING="accumulate").module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    assert fn.attrs["num_threads"] == 256
+    run_threads(fn, args, (2,))
+    np.testing.assert_allclose(c, expected, rtol=1e-3, atol=1e-2)
+
+
+def test_a_tile_read_before_the_k_loop_is_the_consumers_alone():
+    """What the tile body does before the K loop (here: C's tile read into the accumulator) runs in the consumers'
+    tile loop only; the producer needs none of it. 2 programs, 4 tiles, 3 K steps each on a 3-slot ring."""
+    rng = np.random.default_rng(6)
+    m, n, k = 100, 128, 96
+    a = rng.standard_normal((m, k)).astype(np.float16)
+    b = rng.standard_normal((k, n)).astype(np.float16)
+    c = rng.standard_normal((m, n)).astype(np.float32)
+    expected = c + a.astype(np.float32) @ b.astype(np.float32)
+    args = [a, b, c, np.zeros(1, np.int32), m, n, k]
+    module = _tile_loop_kernel("accumulate").specialize(*args, BM=64, BN=64, BK=32, NESTING="accumulate").module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    assert fn.attrs["num_threads"] == 256
+    run_threads(fn, args, (2,))
+    np.testing.assert_allclose(c, expected, rtol=1e-3, atol=1e-2)
 
 
 @pytest.mark.gpu
