@@ -3,7 +3,7 @@ writes its staging buffer, so the store's read of shared memory overlaps the nex
 
 * a block store in a plain tile loop (any kernel, not only the library GEMM: here a persistent elementwise
   kernel whose blocks take the threads' st.shared): the staging buffer is allocated once, before the loop
-  (`async_reads`), and never shares bytes with what the loop allocates; in the body thread 0 waits
+  (`async_reads`, which prints and parses back), and never shares bytes with what the loop allocates; in the body thread 0 waits
   (`bulk_wait_group_read {pending = 0}`, then a barrier) before the writes, the store's `if` commits without
   waiting, and one more wait and barrier follow the loop; on the SIMT simulator the result is numpy's, the last
   tile ragged;
@@ -19,6 +19,8 @@ import numpy as np
 
 import tessera
 from tessera.backends.simt import run_threads
+from tessera.ir.parser import parse_module
+from tessera.ir.printer import print_function
 from tessera.ir.target import get_target
 from tessera.passes.thread_passes import lower
 
@@ -79,6 +81,8 @@ def test_a_store_in_a_tile_loop_waits_for_its_read_only_before_the_next_iteratio
     assert body[issue + 1:] == [body[-1]]            # nothing after the store in the body but the yield
     after = top[top.index(loop) + 1:]
     assert _wait_if(after[0]) and after[1].name == "barrier"
+    text = print_function(fn)                        # `async_reads` prints and parses back
+    assert "async_reads = true" in text and print_function(parse_module(text).functions[0]) == text
     run_threads(fn, args, (2,))                      # 3 and 2 row blocks a program
     np.testing.assert_array_equal(args[1], args[0] * 2)
 
