@@ -31,12 +31,18 @@ from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
+from .tma_store import finish_overlapped_stores
 from .warp_specialization import lower_warp_specialized_for, warp_specialization_refusal
 from .warp_specialized_tiles import lower_specialized_tile_loop
 
 
 @lowering("for")
 def _for(ctx, op):
+    _schedule_for(ctx, op)
+    finish_overlapped_stores(ctx, op)          # TMA stores in the body still reading: wait before what follows
+
+
+def _schedule_for(ctx, op):
     inner = specialized_in(op) if op.parent is ctx.src.body and ctx.threads.consumers is None else None
     if inner is not None:               # a persistent tile loop around a warp-specialized K loop
         refusal = warp_specialization_refusal(ctx, inner)
