@@ -174,6 +174,11 @@ def test_the_thread_ir_has_one_ring_for_the_program_and_both_roles_walk_the_tile
              for op in inside if op.name == "named_barrier"]
     assert (1, 128, True) in named and set(named) <= {(1, 128, True), (1, 128, False), (2, 256, False)}
     assert named.count((2, 256, False)) == 2
+    # C's TMA store reads its buffer while the next tile's K loop runs (`tma_store.overlap_loop`): in the
+    # consumers' tile loop its read-wait comes before the next tile's writes, and once more after the loop
+    reads = [op for op in inside if op.name == "bulk_wait_group_read"]
+    assert [_enclosing(op).count("for") for op in reads] == [1, 0]
+    assert all("consumers" in _enclosing(op) for op in reads)
 
 
 def test_the_shipped_config_assembles_without_spills_with_the_ring_set_up_once():
