@@ -16,7 +16,8 @@ threads. Divergent control flow runs under a mask of active threads
 (`control_flow.py`), and the two sides of a divergent `if` that waits for
 other threads run as cooperatively scheduled paths (`paths.py`: warp
 specialization); memory ops are bounds-, race- and vector-checked
-(`memory.py`, `shared.py`).
+(`memory.py`, `shared.py`), and a release/acquire pair between blocks
+whose scopes do not hold each other is reported (`scopes.py`).
 
 Launch parameters come from the function's attributes unless given:
 `num_threads` (required), `warp_size` (default 32), `shared_bytes` (default
@@ -44,7 +45,7 @@ from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
-from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
+from . import cluster, control_flow, low_bit, mbarrier, memory, scopes, tma_store  # noqa: F401  (fill the SIMT semantics table)
 from . import warp_specialization, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
@@ -75,6 +76,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
     launch.addresses = AddressSpace(bound)
+    launch.scoped = scopes.new_record(fn)
     blocks = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
     if math.prod(cluster.cluster_dims(fn)) > 1:     # blocks of a cluster run together (`cluster.py`)
         if resident is not None or any(op.name == "while" for op in fn.walk()):
@@ -109,6 +111,7 @@ class Launch:
     max_steps: int
     cache: dict[Operation, Any] = field(default_factory=dict)
     addresses: AddressSpace | None = None      # the arrays reached by address (int_to_ptr), set per launch
+    scoped: dict | None = None                 # ordered writes by address, where scopes can fail (`scopes.py`)
 
 
 def _launch_attr(fn: Function, name: str, given: int | None, default: int | None) -> int:
