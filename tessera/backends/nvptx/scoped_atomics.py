@@ -5,10 +5,10 @@ whatever its syncscope, while the compare-and-swap loop it expands the other ato
 syncscope (`atom.relaxed.cta.global.cas.b32`). The GPU scope's atomics are fine that way; a "cta" or
 "cluster" one would merely be stronger than asked, but a "sys" one would not be atomic against the host
 or a peer GPU. So for the scopes other than "gpu" the instructions PTX has natively (`native_op`) are
-written here, one register each (a bitwise op on 8 or 16 bits, which LLVM widens to the 32-bit word
-holding it, is widened the same way here: the other bytes or-ed / xor-ed with 0, and-ed with 1s), between the fences the LLVM core puts around every `atomic_rmw`
-(`fence.acq_rel.<scope>`); the rest go to LLVM. Shared memory is never reached by another block, so its
-atomics keep LLVM's (GPU-scope) form. PTX ISA 9.0, "atom": `.sem` and `.scope` need sm_70, `.cluster`
+written here, one register each, between the fences the LLVM core puts around every `atomic_rmw`
+(`fence.acq_rel.<scope>`); an 8- or 16-bit and/or/xor, which LLVM widens to the 32-bit word holding it,
+is widened the same way (the word's other bytes or-ed / xor-ed with 0, and-ed with 1s); the rest go to
+LLVM. Shared memory is never reached by another block, so its atomics keep LLVM's (GPU-scope) form. PTX ISA 9.0, "atom": `.sem` and `.scope` need sm_70, `.cluster`
 sm_90; `.add.noftz.f16` sm_70, `.add.noftz.bf16` sm_90.
 """
 
