@@ -8,7 +8,8 @@ the `register_budget` check (a tile one thread cannot hold is refused here,
 before any per-thread code exists), `lower_to_threads`, `rematerialize_index` (index math used in `while`
 loops recomputed there, then DCE), `defer_wgmma_wait` (each wgmma wait moved down to the first read of
 its results), `pingpong` (the turn-taking barriers of a `pingpong` loop), `low_bit` (sub-byte loads
-and stores become byte accesses), `shared_memory` allocation, and the verifier on the
+and stores become byte accesses), `merge_mbarrier_inits` (the top-level mbarrier inits behind one fence and
+one barrier), `shared_memory` allocation, and the verifier on the
 result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
@@ -29,6 +30,7 @@ from .layout_assignment import assign_layouts, pinned_layouts
 from .low_bit import unpack_low_bit
 from .lower_to_threads import lower_to_threads
 from .lowering.vector_facts import VectorFacts
+from .merge_mbarrier_inits import merge_mbarrier_inits
 from .register_budget import check_register_budget
 from .rematerialize_index import rematerialize_thread_index
 from .shared_memory import allocate_shared_memory
@@ -53,6 +55,7 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         defer_wgmma_waits(lowered)
         insert_pingpong_barriers(lowered)
         unpack_low_bit(lowered, target.max_vector_bits)
+        merge_mbarrier_inits(lowered)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         verify_function(lowered)
         out.functions.append(lowered)
