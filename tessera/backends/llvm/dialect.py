@@ -12,7 +12,7 @@ where the instruction depends on the GPU it asks the function's dialect:
 | `nanosleep`               | `nanosleep.u32`                        | `s_sleep` (64 clocks a unit), or a loop of them |
 | `shuffle_word`            | `shfl.sync` (32-bit)                   | `ds_bpermute` (32-bit)                        |
 | `math`, `float_rem`       | libdevice or MUFU approximations       | LLVM intrinsics and expansions                |
-| `syncscopes`              | cta/cluster/gpu/sys: `"block"`, `"cluster"`, `"device"`, `""` | cta/gpu/sys: `"workgroup"`, `"agent"`, `""` |
+| `syncscopes`              | `"block"`, `"cluster"`, `"device"`, `""` | `"workgroup"`, `"agent"`, `""` (no cluster)   |
 | `scoped_atomic`           | `atom.relaxed.<scope>` (inline PTX)    | none: LLVM's `atomicrmw` keeps its syncscope  |
 
 A dialect also names its `codegen_table` (the common table plus its own ops),

@@ -8,8 +8,9 @@ or a peer GPU. So for the scopes other than "gpu" the instructions PTX has nativ
 written here, one register each, between the fences the LLVM core puts around every `atomic_rmw`
 (`fence.acq_rel.<scope>`); an 8- or 16-bit and/or/xor, which LLVM widens to the 32-bit word holding it,
 is widened the same way (the word's other bytes or-ed / xor-ed with 0, and-ed with 1s); the rest go to
-LLVM. Shared memory is never reached by another block, so its atomics keep LLVM's (GPU-scope) form. PTX ISA 9.0, "atom": `.sem` and `.scope` need sm_70, `.cluster`
-sm_90; `.add.noftz.f16` sm_70, `.add.noftz.bf16` sm_90.
+LLVM. Shared memory is never reached by another block, so its atomics keep LLVM's (GPU-scope) form.
+PTX ISA 9.0, "atom": `.sem` and `.scope` need sm_70, `.cluster` sm_90; `.add.noftz.f16` sm_70,
+`.add.noftz.bf16` sm_90.
 """
 
 from __future__ import annotations

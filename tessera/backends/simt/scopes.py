@@ -23,6 +23,7 @@ shared memory between the blocks of a cluster.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
 from tessera.ir.core import Operation
@@ -36,14 +37,16 @@ _NARROW = ("cta", "cluster")          # the scopes that leave some blocks of the
 
 
 @dataclass(frozen=True)
-class _Writer:
+class _Access:
+    """An ordered access: the block and cluster it ran in, its scope and its op."""
+
     block: tuple[int, int, int]
     cluster: tuple[int, ...]
     scope: str
     op: Operation
 
 
-def new_record(fn) -> dict[int, _Writer] | None:
+def new_record(fn) -> dict[int, _Access] | None:
     """A launch's record of ordered writes (byte address -> writer), or None when no op of kernel `fn` has a
     narrow scope (then no pair can fail the check)."""
     narrow = any(op.name in OPS and OPS[op.name].orders_programs and scope_of(op) in _NARROW for op in fn.walk())
@@ -65,7 +68,7 @@ def _addresses(ptr: Pointers, live) -> list[int] | None:
     return (base + np.asarray(offsets, dtype=np.int64).reshape(-1) * (memory.dtype.bits // 8)).tolist()
 
 
-def _holds(a: _Writer, b: _Writer) -> bool:
+def _holds(a: _Access, b: _Access) -> bool:
     """Whether `a`'s scope holds `b`'s thread."""
     if a.scope == "cta":
         return a.block == b.block
@@ -83,13 +86,13 @@ def observe(ctx, op: Operation, ptr: Pointers, live) -> None:
     addresses = _addresses(ptr, live)
     if addresses is None:
         return
-    me = _Writer(tuple(ctx.program_id), _cluster_of(ctx), scope_of(op), op)
+    me = _Access(tuple(ctx.program_id), _cluster_of(ctx), scope_of(op), op)
     for address in addresses:
         writer = writes.get(address)
         if writer is None or writer.block == me.block:
             continue
         if not (_holds(writer, me) and _holds(me, writer)):
-            raise ctx.error(op, _message(ctx, me, writer, ptr))
+            raise ctx.error(op, _message(me, writer, ptr))
 
 
 def record(ctx, op: Operation, ptr: Pointers, live) -> None:
@@ -102,7 +105,7 @@ def record(ctx, op: Operation, ptr: Pointers, live) -> None:
     if addresses is None:
         return
     if OPS[op.name].orders_programs:
-        writer = _Writer(tuple(ctx.program_id), _cluster_of(ctx), scope_of(op), op)
+        writer = _Access(tuple(ctx.program_id), _cluster_of(ctx), scope_of(op), op)
         writes.update(dict.fromkeys(addresses, writer))
     else:
         for address in addresses:
@@ -113,7 +116,7 @@ def _where(op: Operation) -> str:
     return f" at {op.loc}" if op.loc is not None else ""
 
 
-def _message(ctx, reader: _Writer, writer: _Writer, ptr: Pointers) -> str:
+def _message(reader: _Access, writer: _Access, ptr: Pointers) -> str:
     name = ptr.memory.name or "memory"
     narrow = writer if not _holds(writer, reader) else reader
     holds = "its own block" if narrow.scope == "cta" else "the blocks of its own cluster"

@@ -45,7 +45,8 @@ from ..interp.errors import InterpreterError
 from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
-from . import cluster, control_flow, low_bit, mbarrier, memory, scopes, tma_store  # noqa: F401  (fill the SIMT semantics table)
+from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
+from . import scopes
 from . import warp_specialization, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory

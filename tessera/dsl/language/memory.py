@@ -169,9 +169,9 @@ def _check_scope(ctx: Context, what: str, scope: Any, sem: Any = "acq_rel") -> s
     require_constexpr(ctx, scope, f"{what}'s scope")
     if scope is None:
         return DEFAULT_SCOPE
-    example = {"load": "tessera.load(ptr, sem='acquire', scope='cta')",
-               "store": "tessera.store(ptr, value, sem='release', scope='cta')"}.get(what, f"tessera.{what}(ptr, value, "
-                                                                                           "scope='cta')")
+    examples = {"load": "tessera.load(ptr, sem='acquire', scope='cta')",
+                "store": "tessera.store(ptr, value, sem='release', scope='cta')"}
+    example = examples.get(what, f"tessera.{what}(ptr, value, scope='cta')")
     if scope not in SCOPES:
         ctx.error(f"{what}'s scope must be one of {', '.join(map(repr, SCOPES))}, got {describe(scope)}; "
                   f"e.g. {example}")
@@ -369,31 +369,36 @@ def atomic_add(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> 
 
 @builtin
 def atomic_max(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
-    """atomic_max(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer = max(*pointer, value)`."""
+    """atomic_max(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer = max(*pointer, value)`."""
     return _atomic(ctx, "max", pointer, value, mask, scope)
 
 
 @builtin
 def atomic_min(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
-    """atomic_min(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer = min(*pointer, value)`."""
+    """atomic_min(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer = min(*pointer, value)`."""
     return _atomic(ctx, "min", pointer, value, mask, scope)
 
 
 @builtin
 def atomic_and(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
-    """atomic_and(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer &= value` (integers, bool)."""
+    """atomic_and(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer &= value` (integers, bool)."""
     return _atomic(ctx, "and", pointer, value, mask, scope)
 
 
 @builtin
 def atomic_or(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
-    """atomic_or(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer |= value` (integers, bool)."""
+    """atomic_or(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer |= value` (integers, bool)."""
     return _atomic(ctx, "or", pointer, value, mask, scope)
 
 
 @builtin
 def atomic_xor(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
-    """atomic_xor(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer ^= value` (integers, bool)."""
+    """atomic_xor(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer ^= value` (integers, bool)."""
     return _atomic(ctx, "xor", pointer, value, mask, scope)
 
 
