@@ -736,6 +736,7 @@ from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, cluster_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
+from . import wave_schedule_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401
 from . import hint_ops  # noqa: E402,F401
 from . import pointer_ops  # noqa: E402,F401

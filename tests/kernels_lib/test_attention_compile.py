@@ -248,7 +248,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
-                   STAGES=2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
+                   STAGES=1 if pingpong and target.startswith("gfx") else 2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
     assert check_waits is None or check_waits(fn)
