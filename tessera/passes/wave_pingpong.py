@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Block, Function, Operation, Value
+from tessera.ir.ops import OPS
 from tessera.ir.types import ScalarType
 
 from .errors import LoweringError
@@ -47,7 +48,8 @@ I32 = ScalarType(dt.i32)
 
 def pingpong_loop(fn: Function) -> Operation | None:
     """The `for {pingpong}` of `fn` that this pass staggers around (None when there is none)."""
-    loops = [op for op in fn.walk() if op.name == "for" and op.attrs.get("pingpong") and "pingpong_turn" not in op.attrs]
+    loops = [op for op in fn.walk()
+             if op.name == "for" and op.attrs.get("pingpong") and "pingpong_turn" not in op.attrs]
     if len(loops) > 1:
         raise LoweringError("one tessera.pipeline(pingpong=True) loop per kernel: the wave groups are staggered "
                             "around one loop; drop pingpong=True from the others", loops[1], fn.name)
@@ -65,8 +67,8 @@ def stagger_wave_groups(fn: Function, shared_memory_bytes: int) -> bool:
     if GROUPS * threads > MAX_BLOCK_THREADS:
         raise LoweringError(f"the wave-group ping-pong doubles the block to {GROUPS * threads} threads, more than "
                             f"{MAX_BLOCK_THREADS}; launch fewer warps", loop, fn.name)
-    b = _Builder(fn.body)
-    group = b.at_entry(lambda: b.emit("wave_uniform", [b.emit("div", [b.emit("thread_id", []), b.const(threads)])]))
+    b = _Builder(fn.body, at=0)
+    group = b.emit("wave_uniform", [b.emit("div", [b.emit("thread_id", []), b.const(threads)])])
     programs = _split_ids(fn, b, group, threads)
     _split_shared_memory(fn, b, group, loop, shared_memory_bytes)
     _stagger(fn, b, loop, group, programs)
@@ -228,7 +230,7 @@ def _clone_bounds(fn: Function, b: "_Builder", loop: Operation, programs: dict[V
             return
         op = value.owner
         seen.add(id(op))
-        if op.regions or op.name == "thread_id" or (op.name not in ("load",) and _writes(op)):
+        if op.regions or op.name == "thread_id" or OPS[op.name].writes_memory:
             raise LoweringError(f"the loop's bounds depend on '{op.name}', which the wave-group ping-pong cannot "
                                 "recompute for the other group's program (it balances their barrier counts by "
                                 "the trip counts); compute the bounds from scalars and program ids", loop, fn.name)
@@ -247,18 +249,12 @@ def _clone_bounds(fn: Function, b: "_Builder", loop: Operation, programs: dict[V
     return [mapping.get(v, v) for v in loop.operands[:2]]
 
 
-def _writes(op: Operation) -> bool:
-    from tessera.ir.ops import OPS
-    definition = OPS.get(op.name) if hasattr(OPS, "get") else None
-    return bool(definition is not None and definition.writes_memory)
-
-
 class _Builder:
     """Inserts thread ops into a block at a moving position, remembering every op it made (`made`)."""
 
-    def __init__(self, block: Block, made: set[int] | None = None):
+    def __init__(self, block: Block, made: set[int] | None = None, at: int | None = None):
         self.block = block
-        self.index = len(block.ops)
+        self.index = len(block.ops) if at is None else at
         self.made = made if made is not None else set()
 
     def insert(self, op: Operation) -> Operation:
@@ -270,7 +266,6 @@ class _Builder:
 
     def emit(self, name: str, operands: list[Value], type=None, attrs: dict | None = None) -> Value:
         if type is None:
-            from tessera.ir.ops import OPS
             type = OPS[name].infer([v.type for v in operands], attrs or {})[0]
         return self.insert(Operation(name, operands, [type], attrs)).result
 
@@ -281,10 +276,6 @@ class _Builder:
         for op in (Operation("sched_fence", [], []), Operation("phase_barrier", [], [], {"fenced": fenced}),
                    Operation("sched_fence", [], [])):
             self.insert(op)
-
-    def at_entry(self, build):
-        self.block, self.index = self.block, 0
-        return build()
 
     def after(self, op: Operation, build) -> Value:
         """What `build()` emits, inserted just after `op` in op's block (the builder's position is kept)."""

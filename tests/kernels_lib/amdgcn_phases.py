@@ -31,7 +31,8 @@ class Phase:
 
     def short(self) -> str:
         prio = "".join(f" prio{p}" for p in self.priority)
-        return f"mfma {self.mfma}, global {self.global_loads}, ds_read {self.lds_reads}, ds_write {self.lds_writes}{prio}"
+        return (f"mfma {self.mfma}, global {self.global_loads}, ds_read {self.lds_reads}, "
+                f"ds_write {self.lds_writes}{prio}")
 
 
 def instructions(assembly: str) -> list[str]:
@@ -66,11 +67,10 @@ def phases(assembly: str) -> list[Phase]:
 
 
 def mfmas_outside_priority(assembly: str) -> list[str]:
-    """v_mfma lines not between an `s_setprio 1` and the next `s_setprio 0` within one phase."""
+    """v_mfma lines not between an `s_setprio 1` and the next `s_setprio 0`, and a note for each s_barrier inside
+    such a window (a window must stay within one phase)."""
     raised, outside = False, []
     for line in instructions(assembly):
-        if BARRIER.match(line):
-            raised = False if not raised else raised       # a window never spans a barrier: checked below
         match = SETPRIO.match(line)
         if match:
             raised = int(match.group(1)) > 0

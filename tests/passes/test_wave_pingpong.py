@@ -85,7 +85,7 @@ def test_an_odd_grid_runs_one_program_past_its_end():
 
 
 def test_what_cannot_be_balanced_is_refused():
-    with pytest.raises(LoweringError, match="each group its own shared memory: 2 x 256 bytes, more than the target's 300"):
+    with pytest.raises(LoweringError, match="its own shared memory: 2 x 256 bytes, more than the target's 300"):
         stagger_wave_groups(kernel(EXCHANGE.format(hi="%hi")), shared_memory_bytes=300)
     nested = EXCHANGE.format(hi="%hi").replace("    barrier\n    %acc2", "    %q = if %c1 : i32 {\n      barrier\n"
                                               "      yield %c0\n    } {\n      yield %c0\n    }\n    %acc2", 1)
