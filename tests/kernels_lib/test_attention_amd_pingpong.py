@@ -145,3 +145,46 @@ def test_the_plans_are_the_4_wave_tiles_doubled_where_they_fit():
     for D, plan in AMD_PINGPONG_PLANS.items():
         assert plan.num_warps == 8 and plan.stages == 1 and plan.pingpong and not plan.ws
         assert plan.programs_per_block == 2 and GPU_PLANS["amd"][D].programs_per_block == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+@pytest.mark.parametrize("D", sorted(AMD_PINGPONG_PLANS))
+@pytest.mark.parametrize("causal", [False, True])
+def test_pingpong_forward_matches_the_reference_on_an_amd_gpu(D, causal, monkeypatch):
+    """On an MI300/MI355 (never run yet: this project has no AMD GPU): TESSERA_ATTENTION_AMD_PINGPONG=1 launches
+    the 8-wave plan (grid axis 0 halved), which must match float64 attention on the problem the Hopper GPU tests
+    use (odd lengths, Sq != Sk, GQA 2:1). What a timing run should show next: bench/attention.py --part forward
+    with the variable set and unset, in one session."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib import attention
+    from tessera.kernels_lib.attention import AMD_PINGPONG_ENV
+    from attention_reference import attention as reference
+    monkeypatch.setenv(AMD_PINGPONG_ENV, "1")
+    monkeypatch.delenv("TESSERA_STRICT", raising=False)
+    q, k, v = (torch.randn(2, n, h, D, device="cuda", dtype=torch.bfloat16) for n, h in ((200, 4), (333, 2), (333, 2)))
+    out, lse = attention(q, k, v, causal=causal)
+    expected, expected_lse = reference(q.cpu(), k.cpu(), v.cpu(), causal)
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-2, atol=2e-2)
+    finite = ~torch.isinf(expected_lse)
+    torch.testing.assert_close(lse.cpu().double()[finite], expected_lse[finite], rtol=1e-3, atol=1e-3)
+
+
+def test_the_amd_pingpong_variable_takes_the_plan(monkeypatch):
+    """On a ROCm build (faked here), TESSERA_ATTENTION_AMD_PINGPONG=1 gives the ping-pong plan for head dims 64
+    and 128 and the 4-wave plan otherwise; unset, always the 4-wave plan; anything but 0/1 is an error."""
+    import importlib
+    attention_module = importlib.import_module("tessera.kernels_lib.attention")    # (the package exports the op)
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.setenv(attention_module.AMD_PINGPONG_ENV, "1")
+    assert attention_module.wants_amd_pingpong()
+    for D in (64, 128, 256):
+        want = AMD_PINGPONG_PLANS.get(D, GPU_PLANS["amd"][D])
+        assert attention_module.gpu_plan(D, amd_pingpong=attention_module.wants_amd_pingpong()) == want
+    monkeypatch.delenv(attention_module.AMD_PINGPONG_ENV)
+    assert not attention_module.wants_amd_pingpong()
+    assert attention_module.gpu_plan(64, amd_pingpong=False) == GPU_PLANS["amd"][64]
+    monkeypatch.setenv(attention_module.AMD_PINGPONG_ENV, "yes")
+    with pytest.raises(ValueError, match="TESSERA_ATTENTION_AMD_PINGPONG='yes' is not understood"):
+        attention_module.wants_amd_pingpong()
