@@ -62,12 +62,8 @@ class Plan:
     ws: bool = False        # the key loop warp-specialized (sm_90a): a producer warpgroup issues K and V's TMA fills
     overlap: bool = False   # FlashAttention-3's loop order: block n's softmax under P V of block n - 1 (`OVERLAP_ENV`)
     pingpong: bool = False  # with ws and overlap: the warpgroups take turns at the tensor cores (`PINGPONG_ENV`);
-    # without ws (AMD): two groups of num_warps / 2 waves, one program each, one phase apart (`AMD_PINGPONG_ENV`)
-
-    @property
-    def programs_per_block(self) -> int:
-        """Programs one launched block runs: 2 with AMD's wave-group ping-pong (`passes/wave_pingpong.py`)."""
-        return 2 if self.pingpong and not self.ws else 1
+    # without ws (AMD): two groups of num_warps / 2 waves, one program each, one phase apart (`AMD_PINGPONG_ENV`;
+    # a block runs two programs, so the launcher halves grid axis 0: `KernelBinary.programs_per_block`)
 
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
@@ -356,7 +352,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
             *hooks.args(o, p.strides), lse if descales is None else descales,     # (lse: an unused pointer)
             v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
-    grid = (tessera.cdiv(tessera.cdiv(p.Sq, plan.BM), plan.programs_per_block), p.batch * p.H)
+    grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,
                                    OVERLAP=plan.overlap, PINGPONG=plan.pingpong,
