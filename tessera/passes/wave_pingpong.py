@@ -27,7 +27,13 @@ barriers, T_other computed from the other program's loop bounds. Both totals are
 Limits: the kernel must tolerate program `2 * program_id(0) + 1` past its grid's end (the launch rounds the
 programs up to whole workgroups: `programs_per_block`), as bounds-checked views do; each group stages its own
 K/V blocks (HipKittens' groups share them, through an LDS ring read one phase late, which needs asynchronous
-global->LDS copies that Tessera does not emit on AMD yet), so the LDS a program uses doubles.
+global->LDS copies that Tessera does not emit on AMD yet), so the LDS a program uses doubles. The phases are the
+plain loop's (its LDS exchanges), not clusters chosen for balance: an MFMA phase also issues the next block's
+global loads and LDS writes that the body places there, only the MFMAs are under s_setprio 1. What LLVM does
+with it (`bench/attention_amd_pingpong.py`): every MFMA stays in its phase's priority window (LLVM treats
+s_setprio as a scheduling boundary, so at the shipped tiles the sched_barriers change nothing; they keep the
+guarantee where a window's edge has no s_setprio), where the plain kernel's fenced s_barriers let MFMAs move
+into the neighbouring phase.
 """
 
 from __future__ import annotations
