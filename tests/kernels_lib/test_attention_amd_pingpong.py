@@ -15,7 +15,7 @@ from tessera.backends.interp.errors import InterpreterError  # noqa: E402
 from tessera.kernels_lib.attention import AMD_PINGPONG_PLANS, GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import attention_fwd_kernel  # noqa: E402
 
-from amdgcn_phases import barrier_count, mfmas_outside_priority, phases  # noqa: E402
+from amdgcn_phases import barrier_count, instructions, mfmas_outside_priority, phases  # noqa: E402
 from test_attention_compile import FORWARD_SIGNATURE, VARIANTS, forward_on_the_simulator  # noqa: E402
 
 AMD_TARGETS = ("gfx942", "gfx950")
@@ -121,6 +121,9 @@ def test_every_amd_pingpong_plan_compiles_without_scratch(target, D, variant):
     assert metadata["vgpr_count"] + metadata.get("agpr_count", 0) <= 256, "8 waves: 2 a SIMD, 256 registers each"
     assert re.findall(r"\bv_mfma_f32_\w+", assembly) and mfmas_outside_priority(assembly) == []
     assert "v_readfirstlane_b32" in assembly, "the group id is a scalar: the branches around the barriers are too"
+    lines = instructions(assembly)
+    assert any(re.match(r"s_cbranch_scc[01] ", a) and b == "s_barrier" for a, b in zip(lines, lines[1:])), \
+        "the stagger: a scalar branch on the group, one side opening with an s_barrier"
     thread_ir = compiled.stages["thread_ir"]
     loop_barriers = _loop_barriers(thread_ir)
     plain = attention_fwd_kernel.compile(target=target, strict=True, signature=FORWARD_SIGNATURE.format(t="bf16"),
