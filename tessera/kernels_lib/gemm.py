@@ -19,7 +19,9 @@ at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
 PERSISTENT one program per SM that loops over tiles num_programs apart (on
 TMA targets its tiles share the K loop's mbarriers, set up once:
-`passes/schedule/persistent.py`).
+`passes/schedule/persistent.py`; a tile's C leaves by a TMA store that
+reads its shared-memory buffer while the next tile's K loop runs:
+`passes/schedule/tma_store.py`).
 A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
 PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
 num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).

@@ -29,11 +29,17 @@ from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
+from .tma_store import finish_overlapped_stores
 from .warp_specialization import lower_warp_specialized_for, warp_specialization_refusal
 
 
 @lowering("for")
 def _for(ctx, op):
+    _schedule_for(ctx, op)
+    finish_overlapped_stores(ctx, op)          # TMA stores in the body still reading: wait before what follows
+
+
+def _schedule_for(ctx, op):
     if op.attrs.get("pingpong") and not op.attrs.get("warp_specialize"):
         _lower_wave_pingpong_for(ctx, op)
         return

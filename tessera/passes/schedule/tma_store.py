@@ -21,6 +21,27 @@ strides, sizes from arguments or constants), emit
         bulk_wait_group_read {pending = 0}       the buffer has been read
     barrier                            no thread reuses the bytes (the allocator may) before that
 
+A store in the body of a `for` loop (a persistent kernel's loop over
+tiles; `overlap_loop`) instead lets TMA read the buffer while the next
+iteration runs (its K loop):
+
+    buf = shared_alloc {async_reads}   in the kernel's prologue: bytes of its own for the whole loop
+    for ... {
+        ...                            (the next tile's K loop runs while TMA reads the last tile's buf)
+        if thread 0: bulk_wait_group_read {pending = 0}     the previous iteration's store has read buf
+        barrier
+        <writes of buf>, fence_proxy_async, barrier
+        if thread 0: tma_store ...; bulk_commit_group       no wait, no barrier
+    }
+    if thread 0: bulk_wait_group_read {pending = 0}         before the block exits or buf's bytes are reused
+    barrier
+
+Nothing else touches buf (it is this store's alone), so its only hazard
+is the next write of it, which the wait before the writes orders. When
+the buffer's own bytes do not fit beside what the loop needs,
+`thread_passes.lower` lowers the kernel again with the immediate wait
+(`Lowering.overlap_stores` off).
+
 Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
 is read before anyone may overwrite it or the block exits. After a warp-specialized
@@ -36,7 +57,7 @@ read-wait does not order the global writes), blocks under
 
 from __future__ import annotations
 
-from tessera.ir.core import enclosing_function
+from tessera.ir.core import Operation, enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
@@ -117,12 +138,20 @@ def _tma_store(ctx, op) -> bool:
     dtype = op.operands[-1].type.element.dtype
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands) - 1)]
     tensor_map = map_parameter(ctx, box.recipe)
-    if fragments:
-        plan: StmatrixPlan = fragments[1]
-        buf = ctx.smem.alloc(dtype, rows * cols, align=plan.tile.alignment)
+    plan: StmatrixPlan | None = fragments[1] if fragments else None
+    align = plan.tile.alignment if plan else TMA_STORE_ALIGN
+    loop = overlap_loop(ctx, op)
+    if loop is None:
+        buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+    else:                                   # its own bytes across the loop: TMA may read them into the next iteration
+        with ctx.in_prologue():
+            buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+        buf.owner.attrs["async_reads"] = True
+        ctx.overlapped_stores.add(loop)
+        wait_for_store_reads(ctx)           # the previous iteration's store has read buf
+    if plan:
         store_fragments(ctx, buf, plan, value.value)
     else:
-        buf = ctx.smem.alloc(dtype, rows * cols, align=TMA_STORE_ALIGN)
         owner = ctx.index.owner_predicate(value.layout)
         mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
         ctx.smem.access("store", buf, value.layout, (cols, 1), value=value.value, mask=mask)
@@ -133,9 +162,43 @@ def _tma_store(ctx, op) -> bool:
             src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
             ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
         ctx.create("bulk_commit_group")
+        if loop is None:
+            ctx.create("bulk_wait_group_read", attrs={"pending": 0})
+    if loop is None:
+        ctx.threads.barrier()
+    return True
+
+
+def overlap_loop(ctx, op: Operation) -> Operation | None:
+    """The tile-IR `for` whose next iteration may run while TMA still reads `view_store` `op`'s staging buffer:
+    the loop whose body holds the store (directly or under `if`s), a plain loop (no `stages`, not
+    warp-specialized: the tile loop of a persistent kernel) with no `return` in it; None where the store waits
+    for its read at once (no such loop, or `ctx.overlap_stores` off)."""
+    if not ctx.overlap_stores:
+        return None
+    holder = op.parent.parent
+    while isinstance(holder, Operation) and holder.name == "if":
+        holder = holder.parent.parent
+    if not isinstance(holder, Operation) or holder.name != "for" or "stages" in holder.attrs \
+            or holder.attrs.get("warp_specialize") or any(o.name == "return" for o in holder.walk()):
+        return None
+    return holder
+
+
+def wait_for_store_reads(ctx) -> None:
+    """Thread 0 waits until every TMA store it issued has read its shared memory, then every running thread
+    waits for it (the block's barrier, or the consumers' after a warp-specialized loop)."""
+    with ctx.when(ctx.index.first_thread()):
         ctx.create("bulk_wait_group_read", attrs={"pending": 0})
     ctx.threads.barrier()
-    return True
+
+
+def finish_overlapped_stores(ctx, loop: Operation) -> None:
+    """After lowering tile-IR `for` `loop`: if stores in it left TMA reading their buffers (`overlap_loop`),
+    the final wait, so that the block exits, or the bytes are reused, only once they are read."""
+    if loop in ctx.overlapped_stores:
+        ctx.overlapped_stores.discard(loop)
+        wait_for_store_reads(ctx)
 
 
 STORE_KEEPS_LAYOUT.append(_keeps_accumulator_layout)
