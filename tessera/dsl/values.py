@@ -166,6 +166,9 @@ class pipeline:
     tile's slots during this one's epilogue (`passes/schedule/warp_specialized_tiles.py`).
     `pingpong=True` with it has two consumer warpgroups take turns issuing their wgmmas, so one's softmax (or
     other non-tensor-core work) runs under the other's (FlashAttention-3's ping-pong; `pingpong = true`).
+    On AMD (gfx942, gfx950), `pingpong=True` without it and with stages=1 is HipKittens' wave-group ping-pong:
+    the block's `num_warps` waves are two groups, each running one program (launch half the programs along
+    axis 0), one s_barrier apart, so one group's MFMAs run under the other's loads (`passes/wave_pingpong.py`).
 
     Outside kernels it behaves like `range`.
     """

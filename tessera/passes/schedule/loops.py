@@ -53,6 +53,9 @@ def _schedule_for(ctx, op):
         # which the refusal may have been about)
         ctx.refused_specializations[inner] = refusal
         lower_deferred(ctx)
+    if op.attrs.get("pingpong") and not op.attrs.get("warp_specialize"):
+        _lower_wave_pingpong_for(ctx, op)
+        return
     if op.attrs.get("warp_specialize"):
         refusal = ctx.refused_specializations.pop(op, None) or warp_specialization_refusal(ctx, op)
         if refusal is None:
@@ -85,9 +88,25 @@ def _schedule_for(ctx, op):
     _lower_plain_for(ctx, op)
 
 
-def _lower_plain_for(ctx, op: Operation) -> None:
+def _lower_plain_for(ctx, op: Operation) -> Operation:
     await_loop_operands(ctx, op)
-    lower_plain_for(ctx, op)
+    return lower_plain_for(ctx, op)
+
+
+def _lower_wave_pingpong_for(ctx, op: Operation) -> None:
+    """`tessera.pipeline(..., stages=1, pingpong=True)` without warp specialization: AMD's wave-group ping-pong.
+    The loop is lowered plainly, marked `pingpong`, for `passes/wave_pingpong.py` to stagger the two groups of
+    waves around it once shared memory is placed. Elsewhere (NVIDIA takes turns between warp-specialized
+    warpgroups) and with stages > 1 (its ring would be shared by groups one phase apart) it is refused."""
+    if ctx.target.vendor != "amd":
+        raise ctx.error(op, f"tessera.pipeline(pingpong=True) without warp_specialize=True is AMD's wave-group "
+                            f"ping-pong, which {ctx.target.name} does not run; on sm_90a pass "
+                            f"warp_specialize=True too (two consumer warpgroups take turns)")
+    if op.attrs.get("stages", 1) != 1:
+        raise ctx.error(op, f"the wave-group ping-pong on {ctx.target.name} needs tessera.pipeline(stages=1): its "
+                            f"two groups run one phase apart, each staging its own blocks, so there is no ring "
+                            f"to fill ahead; pass stages=1")
+    _lower_plain_for(ctx, op).attrs["pingpong"] = True
 
 
 @lowering("while")
