@@ -30,11 +30,13 @@ while the consumers run this one's epilogue (CUTLASS's cooperative
 persistent kernel: `passes/schedule/warp_specialized_tiles.py`). It defaults
 to False; the one shipped config that sets it (sm_90, persistent 128 x 256)
 is left to the timed autotuner until measured. A config with CLUSTER_M = 2
-(sm_90a, not with PERSISTENT; with WS too) runs pairs of programs as one thread-block
+(sm_90a; with WS too, or with PERSISTENT without WS) runs pairs of programs as one thread-block
 cluster on the two rows of tiles (pid_m, pid_n) that share B's column
 (`cluster_tile`): each loads its own A block and half of the shared B block,
 TMA-multicast to both, halving B's L2 -> SM traffic; CLUSTER_N = 2 pairs two
-columns of tiles sharing A's rows the same way.
+columns of tiles sharing A's rows the same way. Persistent, a cluster walks cluster-tiles
+(CUTLASS's persistent cluster kernels): cluster c takes c, c + num_clusters, ..., each program its member tile,
+the multicast ring counting on across tiles (`passes/schedule/multicast.py`).
 
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
@@ -169,17 +171,29 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
-    # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`; not
-    # persistent)
-    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
-                          "one-tile-per-program kernel")
+    # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`);
+    # persistent: not yet with a producer warpgroup
+    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not (PERSISTENT and WS), "CLUSTER_M / CLUSTER_N > 1 with "
+                          "PERSISTENT needs WS=False (the persistent warp-specialized kernel has no clusters yet)")
     tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))
     c = tessera.view(c_ptr, (M, N))
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
-    if PERSISTENT:      # one program per SM, each taking every num_programs-th tile
+    if PERSISTENT and CLUSTER_M * CLUSTER_N > 1:
+        # one cluster per CLUSTER_M * CLUSTER_N SMs, each taking every (num_programs / cluster size)-th
+        # cluster-tile, its programs their member tiles of it (`cluster_tile`'s numbering): the programs of a
+        # cluster run the same cluster-tiles, so their multicast fills stay in lockstep; a member tile past C
+        # loads zeros, stores nothing, and still issues its share of the shared operand for its peer
+        CLUSTER = CLUSTER_M * CLUSTER_N
+        cluster_tiles = tessera.cdiv(num_pid_m, CLUSTER_M) * tessera.cdiv(num_pid_n, CLUSTER_N)
+        for ct in range(tessera.program_id(0) // CLUSTER, cluster_tiles, tessera.num_programs(0) // CLUSTER):
+            pid_m, pid_n = cluster_tile(ct * CLUSTER + tessera.program_id(0) % CLUSTER, num_pid_m, num_pid_n,
+                                        GROUP_M, CLUSTER_M, CLUSTER_N)
+            gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N)
+    elif PERSISTENT:    # one program per SM, each taking every num_programs-th tile
         for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
@@ -311,7 +325,8 @@ def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.
 
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
     """One program per tile, or per SM (at most one per tile) for persistent configs; with CLUSTER_M (CLUSTER_N),
-    rows (columns) of tiles rounded up to whole clusters (`cluster_tile`)."""
+    rows (columns) of tiles rounded up to whole clusters (`cluster_tile`), and persistent programs a whole number
+    of clusters (num_sms rounded down to one, at least one cluster)."""
     rows, columns = -(-M // meta["BM"]), -(-N // meta["BN"])      # ceiling divisions, on every launch
     cluster_m, cluster_n = meta.get("CLUSTER_M", 1), meta.get("CLUSTER_N", 1)
     if cluster_m > 1:
@@ -319,7 +334,10 @@ def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
     if cluster_n > 1:
         columns = -(-columns // cluster_n) * cluster_n
     num_tiles = rows * columns
-    return (min(num_tiles, num_sms) if meta["PERSISTENT"] else num_tiles,)
+    if not meta["PERSISTENT"]:
+        return (num_tiles,)
+    size = cluster_m * cluster_n        # persistent clusters: whole clusters, at most one per SM each
+    return (max(min(num_tiles, num_sms) // size, 1) * size,)
 
 
 @torch.library.custom_op("tessera::gemm", mutates_args=())

@@ -160,9 +160,10 @@ def test_a_cluster_config_on_the_interpreter_matches_torch(M, N, K, axis):
     torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_cluster_m_with_a_persistent_config_is_refused():
-    config = tessera.Config({**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True}, num_warps=8)
-    with pytest.raises(tessera.CompileError, match="CLUSTER_M / CLUSTER_N > 1 is for the one-tile-per-program"):
+def test_cluster_m_with_a_persistent_warp_specialized_config_is_refused():
+    """(PERSISTENT without WS runs in clusters: test_gemm_persistent_cluster.py.)"""
+    config = tessera.Config({**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True, "WS": True}, num_warps=8)
+    with pytest.raises(tessera.CompileError, match="CLUSTER_M / CLUSTER_N > 1 with PERSISTENT needs WS=False"):
         compile_gemm(config)
 
 

@@ -48,9 +48,21 @@ issues its share, multicast; the cluster barrier follows the inits of full
 and empty, and after the loop the producer and the consumers each arrive on
 and wait for it before the barriers end.
 
+In a persistent kernel's tile loop (`persistent.py`: one ring for all of a
+program's tiles, its mbarriers, full and empty, set up once in the prologue,
+with the cluster barrier after them) the blocks of a cluster run the same
+tiles (the kernel walks cluster-tiles: `kernels_lib/gemm.py`), so they fill
+the same slots in the same order. The empty barriers' phases count across
+tiles: every fill of program-wide iteration f >= S-1 releases its slot as
+the refill of an unbroken pipeline in iteration g = f - (S-1) would, with
+parity (g div S) mod 2, also a tile's first S-1 fills, which come before its
+loop or after the tile before's (`software_pipeline._prologue_release`).
+After each tile's loop the cluster barrier runs as after a lone loop (both
+blocks run it once per tile), before the next tile's first fills.
+
 Not multicast (the load is issued by every block, as without the hint, and a
-lowering note says why): pipelines inside a persistent tile loop, copies
-that are not S-1 ahead, cp.async-filled loads, and slots no share divides.
+lowering note says why): copies that are not S-1 ahead, cp.async-filled
+loads, and slots no share divides.
 """
 
 from __future__ import annotations
@@ -92,11 +104,9 @@ def share_of(box, size: int) -> Share | None:
     return Share(False, half, rows // size)
 
 
-def why_not(ctx, multicast_loads, *, once: bool, specialized: bool, prefetch: int, stages: int) -> str | None:
+def why_not(ctx, multicast_loads, *, specialized: bool, prefetch: int, stages: int) -> str | None:
     """Why this loop's multicast loads stay per block (None: they are multicast). A producer warpgroup
     (`specialized`) runs ahead by its empty barriers, not by a prefetch distance."""
-    if once:
-        return "the loop is inside a persistent tile loop"
     if not specialized and prefetch != stages - 1:
         return f"its copies run {prefetch} iterations ahead of a {stages}-stage ring, not {stages - 1}"
     size = cluster_size(ctx.src)
@@ -110,16 +120,24 @@ def why_not(ctx, multicast_loads, *, once: bool, specialized: bool, prefetch: in
 class ClusterMulticast:
     """The cluster side of one TMA ring (see the module docstring): empty mbarriers, shares, the barriers."""
 
-    def __init__(self, ctx, ring, multicast_loads, size: int, specialized: bool = False):
+    def __init__(self, ctx, ring, multicast_loads, size: int, specialized: bool = False, once: bool = False):
         """`ring`'s `maps` hold each shared load's share map (`share_of(...).recipe`). `specialized`: the warp-
         specialized loop makes its own empty barriers (one arrival per releaser and block: `release_remote`)
-        and then the cluster barrier that publishes them (`sync`)."""
+        and then the cluster barrier that publishes them (`sync`). `once`: a persistent kernel's ring, whose
+        empty barriers, like its full ones, are set up once in the kernel's prologue (see the module docstring)."""
         self.size = size
         self.mask = (1 << size) - 1
         self.shares = {load.load: share_of(load.tma, size) for load in multicast_loads}
         self.maps = {op: ring.maps[op] for op in self.shares}
-        self.rank = ctx.emit("cluster_rank")
-        if not specialized:
+        if specialized:
+            self.rank = ctx.emit("cluster_rank")
+        elif once:
+            with ctx.in_prologue():
+                self.rank = ctx.emit("cluster_rank")
+                self.empty = ctx.smem.mbarriers(ring.stages, size, whole_kernel=True)
+                self.sync(ctx)          # the full and empty barriers' inits, cluster-wide
+        else:
+            self.rank = ctx.emit("cluster_rank")
             self.empty = ctx.smem.mbarriers(ring.stages, size)
             self.sync(ctx)              # the full and empty barriers' inits, cluster-wide
 

@@ -57,6 +57,8 @@ class RingStart:
     slot: Value
     phase: Value
     first: Value
+    count: Value | None = None      # the program-wide index of the tile's first iteration (i32)
+    per_tile: Value | None = None   # iterations per tile (i32)
 
     def slot_after(self, ctx, n: int, stages: int) -> Value:
         """The slot `n` iterations after the tile's first (0 <= n < stages)."""
@@ -98,10 +100,11 @@ def ring_start(ctx, outer: Operation, op: Operation, stages: int) -> RingStart:
     per_tile = ctx.emit("div", ctx.emit("sub", ctx.emit("add", span, step), ctx.const(1, lb.type.dtype)), step)
     count = ctx.emit("mul", tiles_before, per_tile)
     count = count if count.type.dtype == dt.i32 else ctx.cast(count, dt.i32)
+    per_tile = per_tile if per_tile.type.dtype == dt.i32 else ctx.cast(per_tile, dt.i32)
     s = ctx.const(stages)
     phase = ctx.emit("and", ctx.emit("div", count, s), ctx.const(1))
     first = ctx.emit("cmp", tiles_before, ctx.const(0, tiles_before.type.dtype), attrs={"pred": "eq"})
-    return RingStart(ctx.emit("rem", count, s), phase, first)
+    return RingStart(ctx.emit("rem", count, s), phase, first, count, per_tile)
 
 
 def next_tile_slice(outer: Operation, loads) -> tuple[Operation, ...] | None:

@@ -133,7 +133,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
         with ctx.when(start.first):             # later tiles' first fills came from the tile before
             _prologue(ctx, plan, rings, lb, ub, start, tma)
     else:
-        _prologue(ctx, plan, rings, lb, ub, start, tma)
+        _prologue(ctx, plan, rings, lb, ub, start, tma, released=start is not None)
     await_loop_operands(ctx, op)                # Q's TMA load (`tma_operand.py`) in flight beside the first fills
 
     body = _body(ctx, op, plan, rings, ub, tma)
@@ -149,8 +149,11 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
         tma.release(ctx)                           # the slots' mbarriers end before the bytes are reused
     ctx.threads.barrier()
     if ahead is not None:
-        end = RingStart(new.results[len(op.results)], new.results[len(op.results) + 1], None)
-        for_next_tile(ctx, outer, ahead, lambda live: _prologue(ctx, plan, rings, lb, ub, end, tma, live))
+        multicast = tma is not None and tma.cluster is not None      # (the count only a multicast ring uses)
+        end = RingStart(new.results[len(op.results)], new.results[len(op.results) + 1], None,
+                        ctx.emit("add", start.count, start.per_tile) if multicast else None)
+        for_next_tile(ctx, outer, ahead,
+                      lambda live: _prologue(ctx, plan, rings, lb, ub, end, tma, live, released=True))
     for old, result in zip(op.results, new.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
@@ -164,13 +167,32 @@ def _rings(ctx, plan: PipelinePlan, whole_kernel: bool = False) -> list[Value]:
 
 
 def _prologue(ctx, plan: PipelinePlan, rings, lb: Value, ub: Value, start, tma: TmaRing | None,
-              also: Value | None = None) -> None:
+              also: Value | None = None, released: bool = False) -> None:
     """The fills of the loop's first `plan.prefetch` iterations, into slots 0, 1, ... (or from `start.slot`
-    on); `also`: a further condition on them (the tile they are for exists)."""
+    on); `also`: a further condition on them (the tile they are for exists). `released`: a persistent tile's
+    fills, which on a multicast ring (`multicast.py`) release their slots as the loop's refills do (below)."""
+    cluster = released and tma is not None and tma.cluster is not None
     for stage in range(plan.prefetch):
         iv = lb if stage == 0 else ctx.emit("add", lb, ctx.const(stage * plan.step, lb.type.dtype))
         slot = start.slot_after(ctx, stage, plan.stages) if start else ctx.const(stage)
-        _issue(ctx, plan, rings, iv, ub, slot, tma, also)
+        phase, when = _prologue_release(ctx, start, stage, plan) if cluster else (None, None)
+        _issue(ctx, plan, rings, iv, ub, slot, tma, also, phase, when)
+
+
+# A multicast ring in a persistent kernel (`multicast.py`) counts its empty barriers' phases across tiles: the
+# fill of program-wide iteration f (slot f mod S) is the one that an unbroken pipeline would have issued in
+# iteration g = f - D (D = S - 1 ahead), so it releases its slot as that refill would, waiting for parity
+# (g div S) mod 2, when g >= 0; the program's first D fills (g < 0) take fresh slots and release nothing. A
+# tile's own first D fills come outside its loop (its prologue, or the tile before's `for_next_tile`), yet
+# keep that count, so every fill of every block of the cluster passes the empty barrier of its slot in the same
+# order, and the loop's refills wait for the parity they would without tiles.
+def _prologue_release(ctx, start: RingStart, stage: int, plan: PipelinePlan) -> tuple[Value, Value]:
+    """(parity, condition) of the empty-slot wait before the tile's fill `stage` (see above)."""
+    g = ctx.emit("add", start.count, ctx.const(stage - plan.prefetch))
+    when = ctx.emit("cmp", g, ctx.const(0), attrs={"pred": "ge"})
+    parity = ctx.emit("and", ctx.emit("div", ctx.emit("max", g, ctx.const(0)), ctx.const(plan.stages)),
+                      ctx.const(1))
+    return parity, when
 
 
 def _body(ctx, op: Operation, plan: PipelinePlan, rings, ub: Value, tma: TmaRing | None) -> Block:
@@ -257,9 +279,10 @@ def slot_ahead(ctx, slot: Value, ahead_by: int, stages: int) -> Value:
 
 
 def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tma: TmaRing | None,
-           also: Value | None = None, refill_phase: Value | None = None) -> None:
+           also: Value | None = None, refill_phase: Value | None = None, release_when: Value | None = None) -> None:
     """Copy every pipelined block of iteration `iv` into ring slot `slot`: the cp.async ones as one group, the
-    TMA ones on the slot's mbarrier; none past the loop's end, or where `also` is false."""
+    TMA ones on the slot's mbarrier; none past the loop's end, or where `also` is false. `refill_phase`,
+    `release_when`: a multicast ring's empty-slot wait (`TmaRing.issue`)."""
     live = ctx.emit("cmp", iv, ub, attrs={"pred": "lt"})
     if also is not None:
         live = ctx.emit("and", live, also)
@@ -278,7 +301,8 @@ def _issue(ctx, plan: PipelinePlan, rings, iv: Value, ub: Value, slot: Value, tm
     if plan.copy_loads:
         ctx.create("async_commit")
     if tma:
-        tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live, refill_phase)
+        tma.issue(ctx, {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets, slot, live, refill_phase,
+                  release_when)
 
 
 def _speculative_load(ctx, op: Operation, live: Value) -> None:

@@ -300,7 +300,8 @@ class TmaRing:
                 self.bars = ctx.smem.mbarriers(stages, 1, whole_kernel=True)
         else:
             self.bars = ctx.smem.mbarriers(stages, 1)
-        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src), specialized) if shared else None
+        self.cluster = ClusterMulticast(ctx, self, shared, cluster_size(ctx.src), specialized, once) \
+            if shared else None
 
     def _multicast_loads(self, ctx, specialized: bool, prefetch: int | None) -> list:
         """The loads marked `multicast` whose slots the cluster's blocks share (`multicast.py`); none when the
@@ -308,7 +309,7 @@ class TmaRing:
         shared = [load for load in self.loads if load.load.attrs.get("multicast")]
         if not shared or cluster_size(ctx.src) == 1:
             return []
-        why = why_not(ctx, shared, once=self.once, specialized=specialized,
+        why = why_not(ctx, shared, specialized=specialized,
                       prefetch=self.stages - 1 if prefetch is None else prefetch, stages=self.stages)
         if why is not None:
             ctx.notes.append(f"multicast loads are issued by every block of the cluster: {why}")
@@ -318,13 +319,15 @@ class TmaRing:
     def _bar(self, ctx, slot: Value) -> Value:
         return ctx.emit("addptr", self.bars, slot)
 
-    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value, refill_phase: Value | None = None) \
-            -> None:
+    def issue(self, ctx, rings: dict, offsets: dict, slot: Value, live: Value, refill_phase: Value | None = None,
+              release_when: Value | None = None) -> None:
         """Thread 0 starts the TMA boxes of the iteration whose slice was just lowered into `slot`, if `live`
-        (`rings`, `offsets`: per tile-IR load op). `refill_phase`: the slot is refilled in the loop, the loop's
-        phase parity then (a cluster ring first waits until every block is done with the slot)."""
+        (`rings`, `offsets`: per tile-IR load op). `refill_phase`: the slot is refilled, the loop's phase parity
+        then (a cluster ring first waits until every block is done with the slot; only where `release_when`
+        holds too, if given: a persistent tile's first fills, `software_pipeline._prologue_release`)."""
         if self.cluster is not None and refill_phase is not None:     # every block done with the slot first
-            self.cluster.release_slot(ctx, slot, refill_phase, live, self.fence_before_fill)
+            when = live if release_when is None else ctx.emit("and", live, release_when)
+            self.cluster.release_slot(ctx, slot, refill_phase, when, self.fence_before_fill)
         with ctx.when(ctx.emit("and", ctx.index.first_thread(), live)):
             self.start(ctx, self._bar(ctx, slot), rings, offsets)
 
@@ -355,7 +358,7 @@ class TmaRing:
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
         barrier orders this before any reuse. Mbarriers made `once` stay for the next tile."""
         if self.cluster is not None:            # no peer writes into this block or arrives on its barriers now
-            self.cluster.sync(ctx)
+            self.cluster.sync(ctx)              # (every tile of a persistent kernel: its blocks run as many)
         if self.once:
             return
         with ctx.when(ctx.index.first_thread()):

@@ -1,0 +1,174 @@
+"""The persistent library GEMM in thread-block clusters of 2 with TMA multicast (issue 19: PERSISTENT with CLUSTER_M
+or CLUSTER_N = 2, WS=False).
+
+Specification:
+
+* the grid is a whole number of clusters, at most one program per SM (and per tile); cluster c walks the
+  cluster-tiles c, c + num_clusters, ..., each program its member tile (`cluster_tile`'s numbering), so the two
+  programs of a cluster run the same number of tiles, a member tile past C loading zeros and storing nothing;
+* on the SIMT simulator the clustered persistent kernel computes what the unclustered persistent kernel
+  computes, bit for bit, and what numpy does, with several cluster-tiles per cluster whose second member is
+  partly or wholly past M or N, K loops shorter than the prefetch distance included, one or two clusters;
+* the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile, or a
+  tile's first fills not releasing their slots on the (cluster-wide) empty barriers;
+* for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
+  initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
+  once per tile, and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
+  and the next tile's fills, which are multicast;
+* on the tile interpreter the kernel agrees with torch (which checks the multicast promise, too);
+* with WS=True the kernel refuses, naming the line and the fix.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+
+import numpy as np
+import pytest
+
+import tessera
+from tessera.backends.interp import InterpreterError
+from tessera.kernels_lib import gemm_configs
+from tessera.kernels_lib.gemm import HOPPER_CONFIGS, cluster_tile, gemm_kernel, gemm_tile
+
+from hopper_gemm import compile_gemm, lowered_gemm, needs_ptxas, ptx_lines, simulate
+
+torch = pytest.importorskip("torch")
+gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
+pipeline_module = importlib.import_module("tessera.passes.schedule.software_pipeline")
+
+CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}-{'m' if c.kwargs.get('CLUSTER_M', 1) > 1 else 'n'}2": c
+             for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c)}
+
+
+def persistent(config, **changes):
+    """`config` made persistent, with BK = 32 (cheaper to simulate)."""
+    return tessera.Config({**config.kwargs, "BK": 32, "PERSISTENT": True, **changes}, num_warps=config.num_warps)
+
+
+def lowered(M, N, K, config, num_sms):
+    fn, args, expected, _ = lowered_gemm(M, N, K, config)
+    return fn, args, expected, gemm_module._grid(M, N, config.kwargs, num_sms)
+
+
+@pytest.mark.parametrize("M, N, num_sms, grid", [(300, 256, 132, 8), (300, 256, 7, 6), (300, 256, 1, 2),
+                                                 (100, 100, 132, 2)])
+def test_the_persistent_cluster_grid_is_whole_clusters_at_most_one_per_sm_and_tile(M, N, num_sms, grid):
+    kwargs = {**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True}
+    assert gemm_module._grid(M, N, kwargs, num_sms) == (grid,)
+
+
+@pytest.mark.parametrize("name, M, N, K, num_sms", [
+    ("128x128-m2", 300, 256, 160, 2),   # 3 row tiles -> 2 x 2 cluster-tiles, one cluster: its 2nd program's
+                                        # tiles of the second row pair lie wholly past M; 5 K steps per tile
+    ("128x128-m2", 300, 256, 32, 4),    # two clusters; one K step per tile (fewer than the prefetch distance)
+    ("128x256-m2", 256, 320, 96, 2),    # B's four boxes, two per program; the second column tile partial
+    ("256x128-n2", 200, 384, 64, 2),    # A's box split by rows; 3 column tiles: the 2nd cluster-tile's 2nd
+                                        # program past N
+])
+def test_a_persistent_cluster_matches_the_unclustered_persistent_kernel_on_the_simt_simulator(name, M, N, K,
+                                                                                            num_sms):
+    config = persistent(CLUSTERED[name])
+    fn, args, expected, grid = lowered(M, N, K, config, num_sms)
+    assert fn.attrs["cluster_dims"] == (2, 1, 1) and grid[0] == num_sms
+    assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
+    alone, alone_args, _, alone_grid = lowered(M, N, K, persistent(CLUSTERED[name], CLUSTER_M=1, CLUSTER_N=1),
+                                               num_sms)
+    np.testing.assert_array_equal(simulate(fn, args, grid), simulate(alone, alone_args, alone_grid))
+    np.testing.assert_allclose(args[5], expected, rtol=1e-4, atol=1e-3)
+
+
+def test_the_simulator_catches_a_tiles_first_fills_not_releasing_their_slots(monkeypatch):
+    """Without the empty-slot handshake on a tile's first fills (`software_pipeline._prologue_release`), the
+    empty barriers' phases drift from the loop's: the programs fall out of lockstep."""
+    def never(ctx, start, stage, plan):
+        return ctx.const(0), ctx.emit("cmp", ctx.const(0), ctx.const(1), attrs={"pred": "eq"})
+
+    monkeypatch.setattr(pipeline_module, "_prologue_release", never)
+    fn, args, expected, grid = lowered(300, 256, 160, persistent(CLUSTERED["128x128-m2"]), 2)
+    with pytest.raises(InterpreterError):
+        simulate(fn, args, grid)
+
+
+@tessera.kernel
+def persistent_cluster_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
+                            BK: tessera.constexpr, STAGES: tessera.constexpr, SKIP_LAST: tessera.constexpr):
+    """The library's persistent CLUSTER_M = 2 tile loop; SKIP_LAST: the cluster's second program stops one
+    cluster-tile early (the mutation the simulator must catch)."""
+    tessera.cluster_dims(2)
+    a = tessera.view(a_ptr, (M, K), (K, 1))
+    b = tessera.view(b_ptr, (K, N), (N, 1))
+    c = tessera.view(c_ptr, (M, N))
+    num_pid_m, num_pid_n = tessera.cdiv(M, BM), tessera.cdiv(N, BN)
+    last = tessera.cdiv(num_pid_m, 2) * num_pid_n - SKIP_LAST * (tessera.program_id(0) % 2)
+    for ct in range(tessera.program_id(0) // 2, last, tessera.num_programs(0) // 2):
+        pid_m, pid_n = cluster_tile(ct * 2 + tessera.program_id(0) % 2, num_pid_m, num_pid_n, 2, 2, 1)
+        gemm_tile(a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, pid_m, pid_n, False, False, False, "none",
+                  BM, BN, BK, STAGES, False, 2, 1)
+
+
+@pytest.mark.parametrize("skip", [0, 1])
+def test_the_simulator_catches_a_program_of_the_cluster_skipping_its_last_tile(skip):
+    from tessera.backends.simt import run_threads
+    from tessera.passes.thread_passes import lower
+    M, N, K = 192, 128, 128
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
+    args = [a, b, np.zeros((M, N), np.float32), M, N, K]
+    module = persistent_cluster_gemm.specialize(*args, BM=64, BN=64, BK=32, STAGES=3, SKIP_LAST=skip).module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
+    if skip:        # the first program's last tile waits for its peer's fills and releases forever
+        with pytest.raises(InterpreterError):
+            run_threads(fn, args, (2,))
+    else:           # 2 x 2 cluster-tiles on one cluster, the second row pair's second program past M
+        run_threads(fn, args, (2,))
+        np.testing.assert_allclose(args[2], a.astype(np.float32) @ b.astype(np.float32), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_persistent_cluster_configs_set_the_barriers_up_once_and_multicast_without_spills(name):
+    needs_ptxas()
+    config = CLUSTERED[name]
+    compiled = compile_gemm(config, PERSISTENT=True)
+    ptx, meta = compiled.stages["ptx"], compiled.metadata
+    assert meta["cluster_dims"] == [2, 1, 1] and re.search(r"\.explicitcluster\s+\.reqnctapercluster 2, 1, 1", ptx)
+    assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["registers"] <= 255
+    stages = config.kwargs["STAGES"]
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
+    inits = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)
+    assert sorted(int(consts.get(c, c)) for c in inits) == [1] * stages + [2] * stages
+    # inits, then the cluster barrier, all before the first wait (the tile loop's K loop), never again
+    arrive, wait = ptx_lines(ptx, r"barrier\.cluster\.arrive\.aligned"), ptx_lines(ptx, r"barrier\.cluster\.wait")
+    waits = ptx_lines(ptx, r"mbarrier\.try_wait")
+    init_lines = ptx_lines(ptx, r"mbarrier\.init\.shared")
+    assert len(arrive) == len(wait) == 2 and max(init_lines) < arrive[0] < wait[0] < waits[0] < arrive[1]
+    assert not ptx_lines(ptx, r"mbarrier\.inval")
+    # the handshake (2 remote arrivals) before the loop's refill and before each of the next tile's S - 1 fills
+    # (issued after the tile's cluster barrier); all of those fills and the first tile's are multicast
+    remote = ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")
+    assert len(remote) == 2 * stages and len(ptx_lines(ptx, r"mapa\.shared::cluster")) == 2 * stages
+    assert sum(line > arrive[1] for line in remote) == 2 * (stages - 1)
+    multicast = ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")
+    assert sum(line > arrive[1] for line in multicast) >= stages - 1 and min(multicast) < waits[0]
+
+
+@pytest.mark.parametrize("axis", ["CLUSTER_M", "CLUSTER_N"])
+@pytest.mark.parametrize("M, N, K", [(48, 32, 40), (80, 48, 32)])
+def test_a_persistent_cluster_config_on_the_interpreter_matches_torch(M, N, K, axis):
+    config = tessera.Config({"BM": 16, "BN": 16, "BK": 16, "GROUP_M": 2, "PERSISTENT": True, "STAGES": 2,
+                             axis: 2}, num_warps=4)
+    a, b = torch.randn(M, K), torch.randn(K, N)
+    c = torch.empty(M, N)
+    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    grid = gemm_module._grid(M, N, config.kwargs, 4)
+    assert grid == (4,)         # two clusters, several cluster-tiles each
+    gemm_kernel.kernel[grid](a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1, **flags, **config.as_dict())
+    torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
+
+
+def test_a_persistent_warp_specialized_cluster_config_is_refused():
+    config = tessera.Config({**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True, "WS": True}, num_warps=8)
+    with pytest.raises(tessera.CompileError, match=r"(?s)gemm\.py:\d+.*PERSISTENT needs WS=False"):
+        compile_gemm(config)
