@@ -30,7 +30,7 @@ while the consumers run this one's epilogue (CUTLASS's cooperative
 persistent kernel: `passes/schedule/warp_specialized_tiles.py`). It defaults
 to False; the one shipped config that sets it (sm_90, persistent 128 x 256)
 is left to the timed autotuner until measured. A config with CLUSTER_M = 2
-(sm_90a; with WS too, or with PERSISTENT without WS) runs pairs of programs as one thread-block
+(sm_90a; with WS, PERSISTENT or both) runs pairs of programs as one thread-block
 cluster on the two rows of tiles (pid_m, pid_n) that share B's column
 (`cluster_tile`): each loads its own A block and half of the shared B block,
 TMA-multicast to both, halving B's L2 -> SM traffic; CLUSTER_N = 2 pairs two
@@ -171,10 +171,7 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED
-    # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`);
-    # persistent: not yet with a producer warpgroup
-    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not (PERSISTENT and WS), "CLUSTER_M / CLUSTER_N > 1 with "
-                          "PERSISTENT needs WS=False (the persistent warp-specialized kernel has no clusters yet)")
+    # CLUSTER_M (CLUSTER_N) programs in a row run as one cluster sharing B's (A's) blocks (`cluster_tile`)
     tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
     b = tessera.view(b_ptr, (K, N), (stride_bk, stride_bn))

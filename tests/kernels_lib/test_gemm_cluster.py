@@ -15,6 +15,8 @@ Specification:
   the same B blocks (the multicast promise);
 * the configs are shipped for the autotuner to time (and bench/gemm.py --part configs to record) but are
   never what the untimed model picks (`gemm_configs.predicted`), until a GPU has measured them.
+
+(The persistent kernel in clusters: test_gemm_persistent_cluster.py.)
 """
 
 from __future__ import annotations
@@ -158,13 +160,6 @@ def test_a_cluster_config_on_the_interpreter_matches_torch(M, N, K, axis):
     assert grid == (-(-rows // 2) * 2 * columns if axis == "CLUSTER_M" else rows * -(-columns // 2) * 2,)
     gemm_kernel.kernel[grid](a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1, **flags, **config.as_dict())
     torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
-
-
-def test_cluster_m_with_a_persistent_warp_specialized_config_is_refused():
-    """(PERSISTENT without WS runs in clusters: test_gemm_persistent_cluster.py.)"""
-    config = tessera.Config({**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True, "WS": True}, num_warps=8)
-    with pytest.raises(tessera.CompileError, match="CLUSTER_M / CLUSTER_N > 1 with PERSISTENT needs WS=False"):
-        compile_gemm(config)
 
 
 @pytest.mark.parametrize("name", list(CLUSTERED))

@@ -1,22 +1,24 @@
 """The persistent library GEMM in thread-block clusters of 2 with TMA multicast (issue 19: PERSISTENT with CLUSTER_M
-or CLUSTER_N = 2, WS=False).
+or CLUSTER_N = 2, WS=False and WS=True).
 
 Specification:
 
 * the grid is a whole number of clusters, at most one program per SM (and per tile); cluster c walks the
   cluster-tiles c, c + num_clusters, ..., each program its member tile (`cluster_tile`'s numbering), so the two
   programs of a cluster run the same number of tiles, a member tile past C loading zeros and storing nothing;
-* on the SIMT simulator the clustered persistent kernel computes what the unclustered persistent kernel
-  computes, bit for bit, and what numpy does, with several cluster-tiles per cluster whose second member is
+* on the SIMT simulator the clustered persistent kernel (also warp-specialized: the producer warpgroup walks the
+  cluster-tiles, multicasting its share, the consumers release on both programs' empty barriers) computes what
+  the unclustered persistent kernel computes, bit for bit, and what numpy does, with several cluster-tiles per cluster whose second member is
   partly or wholly past M or N, K loops shorter than the prefetch distance included, one or two clusters;
-* the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile, or a
-  tile's first fills not releasing their slots on the (cluster-wide) empty barriers;
+* the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile (with a
+  producer warpgroup too), or a tile's first fills not releasing their slots on the (cluster-wide) empty
+  barriers;
 * for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
   initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
   once per tile, and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
-  and the next tile's fills, which are multicast;
+  and the next tile's fills, which are multicast; warp-specialized: the empty barriers count both programs'
+  consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
 * on the tile interpreter the kernel agrees with torch (which checks the multicast promise, too);
-* with WS=True the kernel refuses, naming the line and the fix.
 """
 
 from __future__ import annotations
@@ -47,6 +49,9 @@ def persistent(config, **changes):
     return tessera.Config({**config.kwargs, "BK": 32, "PERSISTENT": True, **changes}, num_warps=config.num_warps)
 
 
+WS = pytest.mark.parametrize("ws", [False, True], ids=["pipelined", "warp-specialized"])
+
+
 def lowered(M, N, K, config, num_sms):
     fn, args, expected, _ = lowered_gemm(M, N, K, config)
     return fn, args, expected, gemm_module._grid(M, N, config.kwargs, num_sms)
@@ -67,14 +72,15 @@ def test_the_persistent_cluster_grid_is_whole_clusters_at_most_one_per_sm_and_ti
     ("256x128-n2", 200, 384, 64, 2),    # A's box split by rows; 3 column tiles: the 2nd cluster-tile's 2nd
                                         # program past N
 ])
+@WS
 def test_a_persistent_cluster_matches_the_unclustered_persistent_kernel_on_the_simt_simulator(name, M, N, K,
-                                                                                            num_sms):
-    config = persistent(CLUSTERED[name])
+                                                                                            num_sms, ws):
+    config = persistent(CLUSTERED[name], WS=ws)
     fn, args, expected, grid = lowered(M, N, K, config, num_sms)
     assert fn.attrs["cluster_dims"] == (2, 1, 1) and grid[0] == num_sms
     assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
-    alone, alone_args, _, alone_grid = lowered(M, N, K, persistent(CLUSTERED[name], CLUSTER_M=1, CLUSTER_N=1),
-                                               num_sms)
+    alone, alone_args, _, alone_grid = lowered(M, N, K, persistent(CLUSTERED[name], WS=ws, CLUSTER_M=1,
+                                                                   CLUSTER_N=1), num_sms)
     np.testing.assert_array_equal(simulate(fn, args, grid), simulate(alone, alone_args, alone_grid))
     np.testing.assert_allclose(args[5], expected, rtol=1e-4, atol=1e-3)
 
@@ -93,7 +99,8 @@ def test_the_simulator_catches_a_tiles_first_fills_not_releasing_their_slots(mon
 
 @tessera.kernel
 def persistent_cluster_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr,
-                            BK: tessera.constexpr, STAGES: tessera.constexpr, SKIP_LAST: tessera.constexpr):
+                            BK: tessera.constexpr, STAGES: tessera.constexpr, SKIP_LAST: tessera.constexpr,
+                            WS: tessera.constexpr = False):
     """The library's persistent CLUSTER_M = 2 tile loop; SKIP_LAST: the cluster's second program stops one
     cluster-tile early (the mutation the simulator must catch)."""
     tessera.cluster_dims(2)
@@ -105,18 +112,19 @@ def persistent_cluster_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr,
     for ct in range(tessera.program_id(0) // 2, last, tessera.num_programs(0) // 2):
         pid_m, pid_n = cluster_tile(ct * 2 + tessera.program_id(0) % 2, num_pid_m, num_pid_n, 2, 2, 1)
         gemm_tile(a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, pid_m, pid_n, False, False, False, "none",
-                  BM, BN, BK, STAGES, False, 2, 1)
+                  BM, BN, BK, STAGES, WS, 2, 1)
 
 
+@WS
 @pytest.mark.parametrize("skip", [0, 1])
-def test_the_simulator_catches_a_program_of_the_cluster_skipping_its_last_tile(skip):
+def test_the_simulator_catches_a_program_of_the_cluster_skipping_its_last_tile(skip, ws):
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     M, N, K = 192, 128, 128
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
     args = [a, b, np.zeros((M, N), np.float32), M, N, K]
-    module = persistent_cluster_gemm.specialize(*args, BM=64, BN=64, BK=32, STAGES=3, SKIP_LAST=skip).module
+    module = persistent_cluster_gemm.specialize(*args, BM=64, BN=64, BK=32, STAGES=3, SKIP_LAST=skip, WS=ws).module
     fn = lower(module, "sm_90a", 4).functions[0]
     assert any(op.attrs.get("multicast") for op in fn.walk() if op.name == "tma_load")
     if skip:        # the first program's last tile waits for its peer's fills and releases forever
@@ -168,7 +176,20 @@ def test_a_persistent_cluster_config_on_the_interpreter_matches_torch(M, N, K, a
     torch.testing.assert_close(c, a @ b, rtol=1e-5, atol=1e-4)
 
 
-def test_a_persistent_warp_specialized_cluster_config_is_refused():
-    config = tessera.Config({**CLUSTERED["128x128-m2"].kwargs, "PERSISTENT": True, "WS": True}, num_warps=8)
-    with pytest.raises(tessera.CompileError, match=r"(?s)gemm\.py:\d+.*PERSISTENT needs WS=False"):
-        compile_gemm(config)
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_persistent_warp_specialized_cluster_configs_multicast_from_the_producer_without_spills(name):
+    needs_ptxas()
+    config = CLUSTERED[name]
+    compiled = compile_gemm(config, PERSISTENT=True, WS=True)
+    ptx, meta = compiled.stages["ptx"], compiled.metadata
+    assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["cluster_dims"] == [2, 1, 1]
+    stages, warpgroups = config.kwargs["STAGES"], config.num_warps // 4
+    consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
+    inits = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)
+    assert sorted(int(consts.get(c, c)) for c in inits) == sorted([1] * stages + [2 * warpgroups] * stages)
+    # the inits and their cluster barrier before the tile loops (the first wait), then one per role at the end
+    arrive, wait = ptx_lines(ptx, r"barrier\.cluster\.arrive\.aligned"), ptx_lines(ptx, r"barrier\.cluster\.wait")
+    assert len(arrive) == len(wait) == 3 and max(ptx_lines(ptx, r"mbarrier\.init")) < wait[0] < \
+        min(ptx_lines(ptx, r"mbarrier\.try_wait"))
+    assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) >= 2
+    assert ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")

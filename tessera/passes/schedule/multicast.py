@@ -46,7 +46,11 @@ CUTLASS's: the empty barriers count every consumer release of every block
 (`release_remote`), the producer waits for its own empty barrier before it
 issues its share, multicast; the cluster barrier follows the inits of full
 and empty, and after the loop the producer and the consumers each arrive on
-and wait for it before the barriers end.
+and wait for it before the barriers end. Inside a persistent tile loop
+(`warp_specialized_tiles.py`) nothing changes: the ring is set up once
+before the role split, both blocks' producers walk the same tiles and fill
+the same slots in the same order, so each empty barrier's phases count the
+same releases in every block.
 
 In a persistent kernel's tile loop (`persistent.py`: one ring for all of a
 program's tiles, its mbarriers, full and empty, set up once in the prologue,

@@ -45,7 +45,6 @@ from tessera.ir.core import Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
 
-from .multicast import cluster_size
 from .shortfalls import place
 
 
@@ -175,9 +174,6 @@ def specialized_tile_loop_refusal(ctx, outer: Operation, op: Operation, plan) ->
     if op.attrs.get("pingpong"):
         return op, (f"pingpong=True is not supported inside {at} (a persistent kernel); drop pingpong=True or "
                     "launch one tile per program")
-    if cluster_size(ctx.src) > 1:
-        return op, (f"a warp-specialized loop inside {at} is not supported in thread-block clusters; drop "
-                    "tessera.cluster_dims or launch one tile per program")
     values = list(op.operands[:3])
     for load in plan.loads:
         values += [v for o in (load.load, *load.slice) for v in o.operands]

@@ -12,7 +12,10 @@ slots while the consumers run this tile's epilogue, held back only by the
 empty barriers. Guarantees: as `warp_specialization.py`'s, with the
 mbarriers initialized once before the split and invalidated once after
 both branches meet; the emitted code is the comment above
-`lower_specialized_tile_loop`.
+`lower_specialized_tile_loop`. In a thread-block cluster with multicast
+loads the ring is `multicast.py`'s (the producer issues its share to every
+block, consumers release on every block's empty barriers); the kernel must
+run the same tiles on every block of a cluster (the GEMM walks cluster-tiles).
 """
 
 from __future__ import annotations
