@@ -38,7 +38,7 @@ torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
 
 CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}-{'m' if c.kwargs.get('CLUSTER_M', 1) > 1 else 'n'}2": c
-             for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c)}
+             for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c) and not c.kwargs["PERSISTENT"]}
 
 
 def shares_b(config) -> bool:
@@ -48,7 +48,8 @@ def shares_b(config) -> bool:
 
 def test_the_cluster_configs_are_shipped_with_a_bandwidth_model_reason():
     assert set(CLUSTERED) == {"128x256-m2", "128x128-m2", "256x128-n2"}
-    entries = [e for e in gemm_configs._DATA["sm_90"] if gemm_configs.is_clustered(tessera.Config(e["meta"]))]
+    entries = [e for e in gemm_configs._DATA["sm_90"] if gemm_configs.is_clustered(tessera.Config(e["meta"]))
+               and not e["meta"]["PERSISTENT"]]        # (the persistent one: test_gemm_persistent_cluster.py)
     per_clock = 700e12 / 132 / 1.83e9           # bf16 FLOP per clock per SM at 700 TFLOP/s (the "why"s' model)
     for entry in entries:
         m, why = entry["meta"], entry["why"]
@@ -75,7 +76,7 @@ def test_bench_records_the_cluster_configs_plain_and_warp_specialized():
     sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
     bench = importlib.import_module("gemm")
     variants = bench.config_variants(None)
-    clustered = [v for v in variants if gemm_configs.is_clustered(v)]
+    clustered = [v for v in variants if gemm_configs.is_clustered(v) and not v.kwargs["PERSISTENT"]]
     assert len(clustered) == 2 * len(CLUSTERED) and sum(bool(v.kwargs.get("WS")) for v in clustered) == len(CLUSTERED)
 
 

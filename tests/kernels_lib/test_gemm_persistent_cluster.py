@@ -8,8 +8,8 @@ Specification:
   programs of a cluster run the same number of tiles, a member tile past C loading zeros and storing nothing;
 * on the SIMT simulator the clustered persistent kernel (also warp-specialized: the producer warpgroup walks the
   cluster-tiles, multicasting its share, the consumers release on both programs' empty barriers) computes what
-  the unclustered persistent kernel computes, bit for bit, and what numpy does, with several cluster-tiles per cluster whose second member is
-  partly or wholly past M or N, K loops shorter than the prefetch distance included, one or two clusters;
+  the unclustered persistent kernel computes, bit for bit, and what numpy does, with several cluster-tiles per
+  cluster whose second member is partly or wholly past M or N, K loops shorter than the prefetch distance included, one or two clusters;
 * the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile (with a
   producer warpgroup too), or a tile's first fills not releasing their slots on the (cluster-wide) empty
   barriers;
@@ -19,6 +19,9 @@ Specification:
   and the next tile's fills, which are multicast; warp-specialized: the empty barriers count both programs'
   consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
 * on the tile interpreter the kernel agrees with torch (which checks the multicast promise, too);
+* one such config is shipped (persistent, warp-specialized, 128 x 256, CLUSTER_M = 2), for the timed autotuner
+  only (`gemm_configs.awaits_measurement`), recorded by bench/gemm.py --part configs right after its twins; on a
+  GPU (the next session) it computes torch.matmul's product.
 """
 
 from __future__ import annotations
@@ -40,8 +43,11 @@ torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
 pipeline_module = importlib.import_module("tessera.passes.schedule.software_pipeline")
 
+# the shipped one-tile-per-program cluster configs (test_gemm_cluster.py), made persistent here
 CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}-{'m' if c.kwargs.get('CLUSTER_M', 1) > 1 else 'n'}2": c
-             for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c)}
+             for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c) and not c.kwargs["PERSISTENT"]}
+# the shipped persistent one: 128 x 256, warp-specialized, CLUSTER_M = 2
+SHIPPED = next(c for c in HOPPER_CONFIGS if gemm_configs.is_clustered(c) and c.kwargs["PERSISTENT"])
 
 
 def persistent(config, **changes):
@@ -193,3 +199,44 @@ def test_persistent_warp_specialized_cluster_configs_multicast_from_the_producer
         min(ptx_lines(ptx, r"mbarrier\.try_wait"))
     assert len(ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")) >= 2
     assert ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")
+
+
+def test_the_shipped_persistent_cluster_config_awaits_measurement_next_to_its_twins():
+    import sys
+    from pathlib import Path
+    assert SHIPPED.kwargs == {**CLUSTERED["128x256-m2"].kwargs, "PERSISTENT": True, "WS": True}
+    assert gemm_configs.awaits_measurement(SHIPPED) and "until measured" in next(
+        e["why"] for e in gemm_configs._DATA["sm_90"] if e["meta"] == SHIPPED.kwargs)
+    for M, N in ((8192, 8192), (4096, 1024), (256, 256), (1000, 3000)):
+        assert not gemm_configs.awaits_measurement(
+            gemm_configs.predicted(gemm_configs.configs_for("sm_90"), {"M": M, "N": N}))
+    sys.path.insert(0, str(Path(__file__).parents[2] / "bench"))
+    variants = [v.kwargs for v in importlib.import_module("gemm").config_variants(None)]
+    at = variants.index(SHIPPED.kwargs)         # after the one-tile-per-program cluster config and its WS variant
+    assert variants[at - 2:at] == [CLUSTERED["128x256-m2"].kwargs, {**CLUSTERED["128x256-m2"].kwargs, "WS": True}]
+
+
+def test_the_shipped_persistent_cluster_config_assembles_without_spills_in_either_b_layout():
+    needs_ptxas()
+    for layout in ("b-row-major", "b-transposed"):
+        meta = compile_gemm(SHIPPED, b_layout=layout).metadata
+        assert meta["spill_stores"] == meta["spill_loads"] == 0 and meta["cluster_dims"] == [2, 1, 1]
+        assert meta["shared_bytes"] <= 227 * 1024
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 3000, 520), (8192, 8192, 8192)])
+def test_the_shipped_persistent_cluster_config_matches_torch_matmul_on_the_gpu(M, N, K):
+    """What the next GPU session shows: the config pinned computes torch.matmul's product (odd row tiles, partial
+    tiles, several cluster-tiles per cluster), launched as 66 clusters of 2 on an H100 (cuLaunchKernelEx)."""
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (thread-block clusters)")
+    from tessera.kernels_lib.gemm import gemm, pin_config
+    a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
+    pin_config(SHIPPED)
+    try:
+        out = gemm(a, b)
+    finally:
+        pin_config(None)
+    torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
