@@ -189,9 +189,7 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     WS = WS and PIPELINED and not GATHER_A      # a gathered A's K loop is plain (below): no ring to fill
-    # clusters of CLUSTER_M (CLUSTER_N) programs sharing B's (A's) blocks, as in `gemm.gemm_kernel`
-    tessera.static_assert(CLUSTER_M * CLUSTER_N == 1 or not PERSISTENT, "CLUSTER_M / CLUSTER_N > 1 is for the "
-                          "one-tile-per-program kernel")
+    # clusters of CLUSTER_M (CLUSTER_N) programs sharing B's (A's) blocks, as in `gemm.gemm_kernel` (persistent too)
     tessera.cluster_dims(CLUSTER_M * CLUSTER_N)
     if GATHER_A:        # row m of op(A) is a_ptr's row idx[m]: pointer arithmetic from the base
         a = a_ptr
@@ -205,7 +203,16 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     scalars = (s0, s1, s2, s3)
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
-    if PERSISTENT:
+    if PERSISTENT and CLUSTER_M * CLUSTER_N > 1:     # clusters walking cluster-tiles, as in `gemm.gemm_kernel`
+        CLUSTER = CLUSTER_M * CLUSTER_N
+        cluster_tiles = tessera.cdiv(num_pid_m, CLUSTER_M) * tessera.cdiv(num_pid_n, CLUSTER_N)
+        for ct in range(tessera.program_id(0) // CLUSTER, cluster_tiles, tessera.num_programs(0) // CLUSTER):
+            pid_m, pid_n = cluster_tile(ct * CLUSTER + tessera.program_id(0) % CLUSTER, num_pid_m, num_pid_n,
+                                        GROUP_M, CLUSTER_M, CLUSTER_N)
+            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
+                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
+                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
+    elif PERSISTENT:
         for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
             pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
             fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,

@@ -240,3 +240,21 @@ def test_the_shipped_persistent_cluster_config_matches_torch_matmul_on_the_gpu(M
     finally:
         pin_config(None)
     torch.testing.assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
+
+
+@WS
+def test_the_fused_kernel_walks_cluster_tiles_too(ws):
+    """gemm(..., epilogue=...) tunes over the same configs: its persistent tile loop walks cluster-tiles as well,
+    multicasting B (from the producer warpgroup with WS), without spills. (The 128 x 256 configs, persistent or
+    not, clustered or not, exceed the unroll limit with bench/fusion.py's GELU epilogue: a limit of the fused
+    kernel's epilogue, not of clusters.)"""
+    needs_ptxas()
+    from test_gemm_fused_plan import compile_bench_fused
+    config = CLUSTERED["128x128-m2"]
+    fused = compile_bench_fused(tessera.Config({**config.kwargs, "PERSISTENT": True, "WS": ws},
+                                               num_warps=config.num_warps))
+    ptx, meta = fused.stages["ptx"], fused.metadata
+    assert meta["cluster_dims"] == [2, 1, 1] and meta["spill_stores"] == meta["spill_loads"] == 0
+    assert ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")
+    assert len(ptx_lines(ptx, r"barrier\.cluster\.wait")) == (3 if ws else 2)
+    assert len(ptx_lines(ptx, r"mbarrier\.init\.shared")) == 2 * config.kwargs["STAGES"]
