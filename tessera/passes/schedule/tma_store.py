@@ -106,7 +106,7 @@ def _store_box(op, target, facts: dict, slot=None):
     return box
 
 
-def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
+def register_store(op, layout, target, facts: dict, warp: int = 32):
     """(box, plan) of a TMA store of `view_store` `op` whose value is in register layout `layout`, written to a
     128B-swizzled shared tile straight from its registers: by stmatrix for 16 bits (`stmatrix_store.py`), by
     st.shared.v2 of register pairs for 32 bits (`pair_store.py`); or None."""
@@ -132,13 +132,13 @@ def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool
     128B-swizzled column blocks TMA can store). A 32-bit value that then gets a layout the threads store wider
     than pairs (a blocked one) is not kept, and the assignment anchors the store as before."""
     if layout is not None:
-        return stmatrix_store(op, layout, target, facts.facts, target.warp_size) is not None
+        return register_store(op, layout, target, facts.facts, target.warp_size) is not None
     tile = op.operands[-1].type
     if not isinstance(tile, TileType) or len(tile.shape) != 2:
         return False
     size = tile.element.dtype.bits // 8
     if not (size == 2 and target.has("stmatrix") or size == 4 and target.has("tma")) \
-            or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // size) or tile.element.dtype.bits % 8:
+            or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // size):
         return False
     return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, size, SWIZZLE)) is not None
 
@@ -146,7 +146,7 @@ def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool
 def _tma_store(ctx, op) -> bool:
     index = len(op.operands) - 1
     layout = ctx.assignment.conversions.get((op, index)) or ctx.lookup(op.operands[index]).layout   # as read
-    fragments = stmatrix_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
+    fragments = register_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
     box = fragments[0] if fragments else tma_store_box(ctx, op)
     if box is None:
         return False
