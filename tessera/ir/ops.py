@@ -723,7 +723,8 @@ define("for", "for iv in range(lb, ub, step), threading carried values through t
        "1: a plain loop; absent: the lowering's choice, pipelined when it feeds a dot and may be): how deep the "
        "lowering may software-pipeline the body's global -> shared copies; "
        "`warp_specialize`: a producer warpgroup makes those copies (TMA targets); `pingpong` (with it): two "
-       "consumer warpgroups take turns issuing their wgmmas; `pingpong_turn` (thread IR: [my barrier, the "
+       "consumer warpgroups take turns issuing their wgmmas; without it (AMD, stages = 1): two programs' wave "
+       "groups run the loop one s_barrier apart (`passes/wave_pingpong.py`); `pingpong_turn` (thread IR: [my barrier, the "
        "other's]): this copy of such a loop is one warpgroup's.", (3, -1),
        optional_attrs={"stages": "int", "warp_specialize": "bool", "pingpong": "bool", "pingpong_turn": "ints"},
        regions=1, check=_check_for, pure=False)
@@ -768,6 +769,7 @@ from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, cluster_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
+from . import wave_schedule_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401
 from . import hint_ops  # noqa: E402,F401
 from . import pointer_ops  # noqa: E402,F401

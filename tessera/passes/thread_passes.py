@@ -11,7 +11,9 @@ its results), `pingpong` (the turn-taking barriers of a `pingpong` loop), `low_b
 and stores become byte accesses), `merge_mbarrier_inits` (the top-level mbarrier inits behind one fence and
 one barrier), `shared_memory` allocation (lowering again with every TMA store
 waiting for its read at once when the staging buffers that loops overlap with the next iteration do
-not fit), and the verifier on the result. Returns a new module of thread-IR functions; the input is not
+not fit), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
+programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
+verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
 
@@ -36,6 +38,7 @@ from .merge_mbarrier_inits import merge_mbarrier_inits
 from .register_budget import check_register_budget
 from .rematerialize_index import rematerialize_thread_index
 from .shared_memory import allocate_shared_memory
+from .wave_pingpong import GROUPS, pingpong_loop, stagger_wave_groups
 
 
 def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int = 4,
@@ -49,12 +52,15 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
     for fn in functions:
         facts = VectorFacts(fn)
         pins = {**pinned_layouts(fn), **(overrides or {})}
-        assignment = assign_layouts(fn, target, num_warps, pins, facts)
+        warps = _warps_per_program(fn, target, num_warps)
+        assignment = assign_layouts(fn, target, warps, pins, facts)
         check_register_budget(assignment, target)
-        lowered = _to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores=True)
+        lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True)
         if _overlapped_stores_overflow(lowered, target):
-            lowered = _to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores=False)
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=False)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
+        if warps != num_warps:
+            stagger_wave_groups(lowered, target.shared_memory_bytes)
         verify_function(lowered)
         out.functions.append(lowered)
     return out
@@ -83,3 +89,15 @@ def _overlapped_stores_overflow(lowered: Function, target: Target) -> bool:
     except LoweringError:           # (the allocator's only error: more bytes than the target has)
         return True
     return False
+
+
+def _warps_per_program(fn: Function, target: Target, num_warps: int) -> int:
+    """`num_warps`, or half of it for AMD's wave-group ping-pong (a `pingpong` loop without warp specialization):
+    the block's waves are two groups, each running one program (`wave_pingpong.py`)."""
+    loop = pingpong_loop(fn) if target.vendor == "amd" else None
+    if loop is None or loop.attrs.get("warp_specialize"):
+        return num_warps
+    if num_warps % GROUPS:
+        raise LoweringError(f"the wave-group ping-pong splits the block's waves into {GROUPS} groups, so num_warps "
+                            f"must be even, got {num_warps}; launch num_warps=8 (two groups of 4 waves)", loop, fn.name)
+    return num_warps // GROUPS

@@ -1,6 +1,7 @@
-"""Every shipped library GEMM config, pinned, on a real GPU: bf16 with and without warp specialization (Hopper),
-and fp8 with scales (sm_89+), against a float32 product. The shapes leave partial tiles along M, N and K, and a
-wrong product names its wrong rows, columns and K-steps (tessera.testing). Skipped without an NVIDIA driver."""
+"""Every shipped library GEMM config, pinned, on a real GPU (the persistent warp-specialized one too): bf16 with
+and without warp specialization (Hopper), and fp8 with scales (sm_89+), against a float32 product. The shapes
+leave partial tiles along M, N and K, and a wrong product names its wrong rows, columns and K-steps
+(tessera.testing). Skipped without an NVIDIA driver."""
 
 import pytest
 
@@ -20,7 +21,7 @@ def _variants():
     """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128, and the
     cluster-multicast ones), and each non-persistent one with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
-              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}"
+              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}{'-ws' if c.kwargs.get('WS') else ''}"
               f"{''.join(f'-{k.lower()}{c.kwargs[k]}' for k in ('CLUSTER_M', 'CLUSTER_N') if c.kwargs.get(k, 1) > 1)}",
               c,
               c in HOPPER_CONFIGS)

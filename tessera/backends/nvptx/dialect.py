@@ -55,6 +55,10 @@ class NvptxDialect(TargetDialect):
     unsupported_ops = {
         "mfma": "mfma is an AMD matrix-core instruction that NVIDIA GPUs lack; lower the kernel for this "
                 "target (dot then uses mma.sync or FMA)",
+        **{name: f"{name} is part of AMD's wave-group ping-pong (s_barrier / s_setprio / sched_barrier / "
+                 f"readfirstlane), which NVIDIA GPUs do not run; on sm_90a take turns with "
+                 f"tessera.pipeline(warp_specialize=True, pingpong=True)"
+           for name in ("phase_barrier", "set_priority", "sched_fence", "wave_uniform")},
     }
 
     def __init__(self, target: Target, *, use_libdevice: bool):

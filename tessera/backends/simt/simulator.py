@@ -47,7 +47,7 @@ from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
 from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
 from . import scopes
-from . import warp_specialization, wgmma  # noqa: F401
+from . import warp_specialization, wave_schedule, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
 from .thread_checks import TILE_ONLY_OPS, verify_thread_ir
@@ -170,6 +170,7 @@ class ThreadBlock:
         mbarrier.finish_block(self)
         tma_store.finish_block(self)
         warp_specialization.finish_block(self)
+        wave_schedule.finish_block(self)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""
