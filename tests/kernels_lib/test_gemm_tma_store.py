@@ -147,7 +147,24 @@ def _compile_f32_c(config, target="sm_90a"):
                                       **NO_EPILOGUE, **config.kwargs)
 
 
-@pytest.mark.parametrize("name", SHIPPED)
+# The persistent warp-specialized 128 x 256 config keeps its rings (144 KiB) for the whole kernel and its C tile's
+# own bytes (128 KiB of f32) across the tile loop: more than a block has, with or without the pair stores (main
+# before them: 278576 bytes too, with a 128 KiB conversion buffer besides). Storing C a column block at a time
+# through a smaller buffer would fit; not done.
+F32_C_TOO_BIG = {name for name, config in SHIPPED.items()
+                 if config.kwargs["PERSISTENT"] and config.kwargs.get("WS") and config.kwargs["BN"] == 256}
+F32_C_CONFIGS = [name for name in SHIPPED if name not in F32_C_TOO_BIG]
+
+
+@pytest.mark.parametrize("name", sorted(F32_C_TOO_BIG))
+def test_an_f32_c_of_the_persistent_ws_128x256_config_is_refused_for_its_shared_bytes(name):
+    from tessera import CompileError
+    needs_ptxas()
+    with pytest.raises(CompileError, match=r"needs 278576 bytes of shared memory, more than the 232448 a block has"):
+        _compile_f32_c(SHIPPED[name])
+
+
+@pytest.mark.parametrize("name", F32_C_CONFIGS)
 def test_an_f32_c_is_stored_by_register_pairs_into_a_swizzled_tile_and_a_tma_store_per_32_columns(name):
     needs_ptxas()
     config = SHIPPED[name]
