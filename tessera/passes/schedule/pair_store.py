@@ -19,9 +19,14 @@ stmatrix cannot move (it is 16-bit only). In the accumulator a quad of lanes
 holds 8 consecutive columns of one row and a warp 8 rows, so a half-warp
 phase of v2 stores (16 lanes x 8 bytes) touches 4 rows x 32 bytes: without
 swizzle the rows, 128 bytes apart, would fall on the same 8 banks (4-way
-conflict); the swizzle's XOR with the row spreads them over all 32 banks.
-`PairPlan.conflicts` is the worst phase's degree (`bank_conflicts`): 1 for the
-wgmma and mma.sync accumulators.
+conflict); the swizzle XORs the 16-byte chunk with row % 8, which moves rows
+2i and 2i + 1 onto the same two chunks (swapped), so 2-way remains.
+`PairPlan.conflicts` is the worst phase's degree (`bank_conflicts`): 2 for the
+wgmma and mma.sync accumulators. (Conflict-free would need the odd rows'
+lanes to store the column group 16 columns over in the same instruction:
+two selects per register pair, not done.) A plan is made whatever its
+degree: the alternative, a conversion through shared memory and a second
+write, costs more.
 
 Guarantees: every register is written exactly once (a bijective layout, each
 pair two adjacent columns from an even one); the row addresses are linear in
