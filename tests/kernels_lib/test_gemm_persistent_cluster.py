@@ -9,14 +9,16 @@ Specification:
 * on the SIMT simulator the clustered persistent kernel (also warp-specialized: the producer warpgroup walks the
   cluster-tiles, multicasting its share, the consumers release on both programs' empty barriers) computes what
   the unclustered persistent kernel computes, bit for bit, and what numpy does, with several cluster-tiles per
-  cluster whose second member is partly or wholly past M or N, K loops shorter than the prefetch distance included, one or two clusters;
+  cluster whose second member is partly or wholly past M or N, K loops shorter than the prefetch distance
+  included, one or two clusters;
 * the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile (with a
   producer warpgroup too), or a tile's first fills not releasing their slots on the (cluster-wide) empty
   barriers;
 * for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
   initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
   once per tile, and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
-  and the next tile's fills, which are multicast; warp-specialized: the empty barriers count both programs'
+  and the next tile's fills, which are multicast; the K loop's SASS is the one-tile cluster kernel's within 4
+  instructions; warp-specialized: the empty barriers count both programs'
   consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
 * on the tile interpreter the kernel agrees with torch (which checks the multicast promise, too);
 * one such config is shipped (persistent, warp-specialized, 128 x 256, CLUSTER_M = 2), for the timed autotuner
@@ -37,7 +39,8 @@ from tessera.backends.interp import InterpreterError
 from tessera.kernels_lib import gemm_configs
 from tessera.kernels_lib.gemm import HOPPER_CONFIGS, cluster_tile, gemm_kernel, gemm_tile
 
-from hopper_gemm import compile_gemm, lowered_gemm, needs_ptxas, ptx_lines, simulate
+from hopper_gemm import (compile_gemm, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop,
+                         simulate)
 
 torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
@@ -166,6 +169,20 @@ def test_persistent_cluster_configs_set_the_barriers_up_once_and_multicast_witho
     assert sum(line > arrive[1] for line in remote) == 2 * (stages - 1)
     multicast = ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")
     assert sum(line > arrive[1] for line in multicast) >= stages - 1 and min(multicast) < waits[0]
+
+
+@pytest.mark.parametrize("name", list(CLUSTERED))
+def test_the_persistent_cluster_k_loop_is_the_one_tile_cluster_loop(name):
+    """In the SASS the persistent kernel's K loop is its one-tile-per-program twin's within 4 instructions (ptxas
+    13.0: 110 vs 108, 90 vs 90, 114 vs 115): the multicast refill and its handshake, the slot arithmetic on the
+    uniform datapath (no R2UR)."""
+    needs_sass()
+    config = CLUSTERED[name]
+    loop = sass_k_loop(compile_gemm(config, PERSISTENT=True))
+    assert any(inst.opcode.startswith("UTMALDG") and ".MULTICAST" in inst.opcode for inst in loop)
+    assert sum(inst.opcode.startswith("SYNCS.ARRIVE.TRANS64.RED") for inst in loop) == 2
+    assert not any(inst.opcode.startswith("R2UR") for inst in loop)
+    assert len(loop) <= len(sass_k_loop(compile_gemm(config))) + 4, len(loop)
 
 
 @pytest.mark.parametrize("axis", ["CLUSTER_M", "CLUSTER_N"])
