@@ -182,31 +182,82 @@ class Softmax:
                    0 if causal else right)
 
 
+SEPARATE_COMBINE_ENV = "TESSERA_DECODE_SEPARATE_COMBINE"
+MERGE_REGISTERS = 128   # float32 registers a thread gives a chunk of partials in the merge (`merge_chunk`)
+
+
+def separate_combine() -> bool:
+    """Whether $TESSERA_DECODE_SEPARATE_COMBINE=1 asks for the two-launch path (the combine kernel after the
+    split kernel) instead of the merge in the split launch: for timing one against the other."""
+    return os.environ.get(SEPARATE_COMBINE_ENV, "0") == "1"
+
+
+def merge_rows(shape: DecodeShape, rows: int) -> int:
+    """Rows of the merge's tile: a program's packed rows that exist, padded to a power of two."""
+    return min(rows, tessera.next_power_of_2(shape.packed))
+
+
+def merge_chunk(shape: DecodeShape, rows: int, splits: int, warps: int) -> int:
+    """Splits merged per step (`merge_splits`): as many as MERGE_REGISTERS float32 registers a thread hold, so
+    that one step's loads are in flight together (a power of two, at most the splits' padded count)."""
+    per_split = merge_rows(shape, rows) * shape.D
+    fit = max(1, MERGE_REGISTERS * 32 * warps // per_split)
+    return min(1 << (fit.bit_length() - 1), tessera.next_power_of_2(splits))
+
+
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """`count` int32 counters for the split launch's merge, zeroed once when made: every launch leaves them at 0
+    (the merging program resets its own), so no launch clears them. One set per device, stream and size, kept
+    for the process (a CUDA graph that captured a launch keeps using its set); two launches at once on one
+    stream cannot share one, since a stream runs them in order."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, count)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = _COUNTERS[key] = torch.zeros(count, dtype=torch.int32, device=device)
+    return counters
+
+
 def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: DecodeShape, plan: DecodePlan,
-           softmax: Softmax, splits: int, fallback: bool = True) -> None:
-    """Run the split kernel (and, with several splits, the combine) into o and lse. `fallback=False` skips the
-    unified max's recomputation: only for the tests that show it is needed."""
+           softmax: Softmax, splits: int, fallback: bool = True, combine_in_launch: Optional[bool] = None) -> None:
+    """Run the split kernel into o and lse: with one split, directly; with several, into float32 partials
+    merged either by the split launch's last program per row group (`combine_in_launch`, the default unless
+    $TESSERA_DECODE_SEPARATE_COMBINE=1) or by the combine kernel after it, to the same bits. `fallback=False`
+    skips the unified max's recomputation: only for the tests that show it is needed."""
     rows, block = shape.tile(plan)
+    row_groups, warps = tessera.cdiv(shape.packed, rows), plan.num_warps(rows)
+    if combine_in_launch is None:
+        combine_in_launch = not separate_combine()
+    combine = splits > 1 and combine_in_launch
     if splits == 1:
-        o_out, lse_out = o, lse
+        o_out, lse_out, counters = o, lse, lse
         o_strides, lse_strides = (0, *o.stride()[:3]), (0, *lse.stride()[:2])
-    else:
-        o_out = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+    else:       # packed-row-major partials: (splits, B, H, Sq, D), a (b, kv_h) group's rows contiguous
+        o_out = torch.empty((splits, shape.B, shape.H, shape.Sq, shape.D), dtype=torch.float32, device=q.device)
         lse_out = torch.empty((splits, *lse.shape), dtype=torch.float32, device=q.device)
-        o_strides, lse_strides = o_out.stride()[:4], lse_out.stride()[:3]
+        o_strides = (o_out.stride(0), o_out.stride(1), o_out.stride(3), o_out.stride(2))    # split, b, s, h
+        lse_strides = lse_out.stride()[:3]
+        counters = arrival_counters(q.device, shape.B * shape.H_kv * row_groups) if combine else lse
+    merge = dict(MR=merge_rows(shape, rows), SPLITS=tessera.next_power_of_2(splits),
+                 CHUNK=merge_chunk(shape, rows, splits, warps)) if splits > 1 else {}
     unified = softmax.unified_max is not None
-    attention_decode_kernel[(splits, shape.B * shape.H_kv, tessera.cdiv(shape.packed, rows))](
-        q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, shape.Sq, shape.H, shape.H_kv, shape.P,
-        softmax.qk_scale, softmax.softcap, softmax.unified_max if unified else 0.0, softmax.below, softmax.above,
-        max(softmax.left, 0), max(softmax.right, 0), splits, *q.stride(), *k_cache.stride(), *v_cache.stride(),
-        block_table.stride(0), *o_strides, *lse_strides,
+    attention_decode_kernel[(splits, shape.B * shape.H_kv, row_groups)](
+        q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, o, lse, counters, shape.Sq, shape.H,
+        shape.H_kv, shape.P, softmax.qk_scale, softmax.softcap, softmax.unified_max if unified else 0.0,
+        softmax.below, softmax.above, max(softmax.left, 0), max(softmax.right, 0), splits, *q.stride(),
+        *k_cache.stride(), *v_cache.stride(), block_table.stride(0), *o_strides, *lse_strides, *o.stride()[:3],
+        *lse.stride()[:2],
         D=shape.D, BM=rows, BN=block, HAS_LEFT=softmax.left >= 0, HAS_RIGHT=softmax.right >= 0,
         SOFTCAP=softmax.softcap > 0, SPLIT=splits > 1, UNIFIED=unified, FALLBACK=fallback, STAGES=plan.stages,
-        num_warps=plan.num_warps(rows))
-    if splits > 1:
-        attention_decode_combine_kernel[(shape.Sq, shape.B * shape.H)](
-            o_out, lse_out, o, lse, shape.Sq, shape.H, splits, *o_out.stride()[:4], *lse_out.stride()[:3],
-            *o.stride()[:3], D=shape.D, SPLITS=tessera.next_power_of_2(splits), num_warps=4)
+        COMBINE=combine, **merge, num_warps=warps)
+    if splits > 1 and not combine:
+        attention_decode_combine_kernel[(row_groups, shape.B * shape.H_kv)](
+            o_out, lse_out, o, lse, shape.Sq, shape.H, shape.H_kv, splits, o_strides[0], o_strides[1],
+            o_strides[3], *lse_strides, *o.stride()[:3], *lse.stride()[:2], D=shape.D, BM=rows, **merge,
+            num_warps=warps)
 
 
 def on_interpreter(q: torch.Tensor) -> bool:

@@ -101,19 +101,23 @@ def write_split(o_ptr, lse_ptr, b, kv_h, G, Sq, row0, stride_ob, stride_os, stri
 
 
 @tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
-def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, Sq, H, H_KV, P,
-                            qk_scale, softcap, unified_max, below, above, left, right, splits,
-                            stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh, stride_kd,
-                            stride_vp, stride_vt, stride_vh, stride_vd, stride_tb,
+def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, out_ptr, out_lse_ptr,
+                            counter_ptr, Sq, H, H_KV, P, qk_scale, softcap, unified_max, below, above, left, right,
+                            splits, stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh,
+                            stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_tb,
                             stride_o_split, stride_ob, stride_os, stride_oh, stride_l_split, stride_lb, stride_lh,
+                            stride_out_b, stride_out_s, stride_out_h, stride_out_lb, stride_out_lh,
                             D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                             SPLIT: tessera.constexpr, UNIFIED: tessera.constexpr, FALLBACK: tessera.constexpr,
-                            STAGES: tessera.constexpr):
+                            STAGES: tessera.constexpr, COMBINE: tessera.constexpr = False, MR: tessera.constexpr = 16,
+                            SPLITS: tessera.constexpr = 1, CHUNK: tessera.constexpr = 1):
     """Split `split` of the key blocks of key/value head kv_h of sequence b, for BM of its G * Sq packed query
     rows (program_id(2) picks which): the partial O (float32) and LSE with SPLIT, else the final ones. UNIFIED:
     the asynchronous softmax around the base-2 max `unified_max`, valid for row maxima within [unified_max -
-    below, unified_max + above], with the synchronized one as the FALLBACK outside."""
+    below, unified_max + above], with the synchronized one as the FALLBACK outside. COMBINE (with SPLIT): the
+    last split of the rows to finish merges all the splits into out and out_lse (`merge_splits`); the others
+    only count themselves in (counter_ptr: one int32 per (b, kv_h, row group), 0 before and after a launch)."""
     split, bh, row0 = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2) * BM
     b, kv_h = bh // H_KV, bh % H_KV
     G = H // H_KV
@@ -169,26 +173,60 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
         write_split(o_split, lse_split, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                     acc, l, m, BM, D, SPLIT)
 
+    if COMBINE:         # FlashDecoding's combine in this launch: the rows' last split to finish merges them all
+        counter = counter_ptr + bh * tessera.num_programs(2) + tessera.program_id(2)
+        # acquire-release at GPU scope, after a barrier: it publishes this program's partial (every thread's
+        # stores) and, for the last to arrive, makes every other split's visible before the merge reads them
+        if tessera.atomic_add(counter, 1) == splits - 1:
+            merge_splits(o_ptr, lse_ptr, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split,
+                         stride_ob, stride_oh, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s,
+                         stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
+            tessera.store(counter, 0)                   # every split has counted: ready for the next launch
+
+
+@tessera.func
+def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split, stride_pb,
+                 stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s, stride_out_h,
+                 stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK):
+    """O and LSE of packed rows row0 .. row0+MR-1 of key/value head kv_h of sequence b from the `splits` partial
+    ones: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s - LSE) O_s, rows of the final (B, Sq, H, D) O and
+    (B, H, Sq) LSE. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)), so a
+    group's rows of one split are contiguous. The reference max comes first (all splits at once: a max is exact
+    in any order); then the splits are summed CHUNK at a time, in split order, each chunk's loads issued together.
+    Both paths (the split launch's last program and `attention_decode_combine_kernel`) merge with this function
+    and the same tiles, so their results are the same bits."""
+    packed = G * Sq
+    o_parts = tessera.view(o_part + b * stride_pb + kv_h * G * stride_ph, (splits, packed, D), (stride_o_split, D, 1))
+    lse_parts = tessera.view(lse_part + b * stride_lb + kv_h * G * stride_lh, (splits, packed), (stride_l_split, 1))
+    top = tessera.max(lse_parts.block((SPLITS, MR), offsets=(0, row0)).load(fill=-float("inf")), axis=0)
+    empty = top == -float("inf")                        # no split saw a key (or the row does not exist)
+    ref = tessera.where(empty, 0.0, top)
+    total = tessera.zeros((MR,), tessera.f32)
+    acc = tessera.zeros((MR, D), tessera.f32)
+    for s0 in range(0, splits, CHUNK):
+        parts = o_parts.block((CHUNK, MR, D), offsets=(s0, row0, 0)).load()
+        weights = tessera.exp2((lse_parts.block((CHUNK, MR), offsets=(s0, row0)).load(fill=-float("inf"))
+                                - ref[None, :]) * LOG2E)
+        total = total + tessera.sum(weights, axis=0)
+        acc = acc + tessera.sum(parts * weights[:, :, None], axis=0)
+    o_ptrs, rows = packed_rows(out_ptr, b, kv_h, G, Sq, row0, stride_out_b, stride_out_s, stride_out_h, 1, MR, D)
+    tessera.store(o_ptrs, acc / tessera.where(empty, 1.0, total)[:, None], mask=rows)
+    r = row0 + tessera.arange(0, MR)
+    lse_ptrs = out_lse_ptr + b * stride_out_lb + (kv_h * G + r // Sq) * stride_out_lh + r % Sq
+    tessera.store(lse_ptrs, tessera.where(empty, float("inf"), top + tessera.log(tessera.where(empty, 1.0, total))),
+                  mask=r < packed)
+
 
 @tessera.kernel(fast_math=True)
-def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, Sq, H, splits,
-                                    stride_o_split, stride_pb, stride_ps, stride_ph, stride_l_split, stride_lb,
-                                    stride_lh, stride_ob, stride_os, stride_oh,
-                                    D: tessera.constexpr, SPLITS: tessera.constexpr):
-    """One query row (b, i, h): O and LSE from the `splits` partial ones (SPLITS: a power of two >= splits). The
-    final LSE shares the partials' (batch, head) strides."""
-    i, bh = tessera.program_id(0), tessera.program_id(1)
-    b, h = bh // H, bh % H
-    row = b * stride_lb + h * stride_lh + i
-    lse_parts = tessera.view(lse_part_ptr + row, (splits,), (stride_l_split,)).block((SPLITS,), (0,)).load(
-        fill=-float("inf"))
-    top = tessera.max(lse_parts, axis=0)
-    empty = top == -float("inf")
-    weights = tessera.exp2((lse_parts - tessera.where(empty, 0.0, top)) * LOG2E)
-    total = tessera.sum(weights, axis=0)
-    parts = tessera.view(o_part_ptr + b * stride_pb + i * stride_ps + h * stride_ph, (splits, D),
-                         (stride_o_split, 1)).block((SPLITS, D), (0, 0)).load()
-    o = tessera.sum(parts * weights[:, None], axis=0) / tessera.where(empty, 1.0, total)
-    tessera.view(o_ptr + b * stride_ob + i * stride_os + h * stride_oh, (D,)).block((D,), (0,)).store(o)
-    lse = tessera.where(empty, float("inf"), top + tessera.log(tessera.where(empty, 1.0, total)))
-    tessera.view(lse_ptr + row, (1,)).block((1,), (0,)).store(lse)
+def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, Sq, H, H_KV, splits,
+                                    stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh,
+                                    stride_out_b, stride_out_s, stride_out_h, stride_out_lb, stride_out_lh,
+                                    D: tessera.constexpr, BM: tessera.constexpr, MR: tessera.constexpr,
+                                    SPLITS: tessera.constexpr, CHUNK: tessera.constexpr):
+    """The two-launch path's second kernel: packed rows program_id(0) * BM .. + MR - 1 of key/value head kv_h of
+    sequence b (program_id(1) = b * H_KV + kv_h), merged from the split kernel's partials by `merge_splits`,
+    as the split launch's last program merges them (the same tiles and warps: the same bits)."""
+    bh, row0 = tessera.program_id(1), tessera.program_id(0) * BM
+    merge_splits(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, bh // H_KV, bh % H_KV, H // H_KV, Sq, row0, splits,
+                 stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b,
+                 stride_out_s, stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
