@@ -47,6 +47,7 @@ class DecodePlan:
     keys: int
     stages: int
     warp_per_rows: bool = True
+    merge_registers: int = 144      # float32 registers a thread may give the merge's sum and chunk (`merge_chunk`)
 
     def num_warps(self, rows: int) -> int:
         """Warps of a program whose tile has `rows` packed rows (a multiple of 16)."""
@@ -82,7 +83,8 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # Untimed on a GPU.
 DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2),
                 256: DecodePlan(16, 32, 2, warp_per_rows=False)}
-UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2), 128: DecodePlan(16, 32, 3, warp_per_rows=False)}
+UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
+                        128: DecodePlan(16, 32, 3, warp_per_rows=False)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
 
 
@@ -183,7 +185,6 @@ class Softmax:
 
 
 SEPARATE_COMBINE_ENV = "TESSERA_DECODE_SEPARATE_COMBINE"
-MERGE_REGISTERS = 128   # float32 registers a thread gives a chunk of partials in the merge (`merge_chunk`)
 
 
 def separate_combine() -> bool:
@@ -197,12 +198,18 @@ def merge_rows(shape: DecodeShape, rows: int) -> int:
     return min(rows, tessera.next_power_of_2(shape.packed))
 
 
-def merge_chunk(shape: DecodeShape, rows: int, splits: int, warps: int) -> int:
-    """Splits merged per step (`merge_splits`): as many as MERGE_REGISTERS float32 registers a thread hold, so
-    that one step's loads are in flight together (a power of two, at most the splits' padded count)."""
-    per_split = merge_rows(shape, rows) * shape.D
-    fit = max(1, MERGE_REGISTERS * 32 * warps // per_split)
+def merge_chunk(shape: DecodeShape, rows: int, warps: int, splits: int, registers: int) -> int:
+    """Splits merged per step (`merge_splits`): as many of `rows` packed rows' partials as fit `registers`
+    float32 registers a thread beside the running sum, so that one step's loads (one round trip to L2) are in
+    flight together; a power of two, at most the splits' padded count. (The plans' budgets are ptxas's:
+    tests/kernels_lib/test_attention_compile.py compiles every tile at the most splits without spills.)"""
+    per_split = min(rows, tessera.next_power_of_2(shape.packed)) * shape.D / (32 * warps)   # a thread's share
+    fit = max(1, int((registers - per_split) // per_split))
     return min(1 << (fit.bit_length() - 1), tessera.next_power_of_2(splits))
+
+
+COMBINE_WARPS = 4           # the combine kernel's programs (one packed row each)
+COMBINE_REGISTERS = 72      # ... and what each thread gives the merge: at head dim 128, all 64 splits in one step
 
 
 _COUNTERS: dict = {}
@@ -242,7 +249,8 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
         lse_strides = lse_out.stride()[:3]
         counters = arrival_counters(q.device, shape.B * shape.H_kv * row_groups) if combine else lse
     merge = dict(MR=merge_rows(shape, rows), SPLITS=tessera.next_power_of_2(splits),
-                 CHUNK=merge_chunk(shape, rows, splits, warps)) if splits > 1 else {}
+                 CHUNK=merge_chunk(shape, rows, plan.num_warps(rows), splits, plan.merge_registers)) \
+        if splits > 1 else {}
     unified = softmax.unified_max is not None
     attention_decode_kernel[(splits, shape.B * shape.H_kv, row_groups)](
         q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, o, lse, counters, shape.Sq, shape.H,
@@ -253,11 +261,12 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
         D=shape.D, BM=rows, BN=block, HAS_LEFT=softmax.left >= 0, HAS_RIGHT=softmax.right >= 0,
         SOFTCAP=softmax.softcap > 0, SPLIT=splits > 1, UNIFIED=unified, FALLBACK=fallback, STAGES=plan.stages,
         COMBINE=combine, **merge, num_warps=warps)
-    if splits > 1 and not combine:
-        attention_decode_combine_kernel[(row_groups, shape.B * shape.H_kv)](
+    if splits > 1 and not combine:      # one packed row a program, as many programs as query rows
+        attention_decode_combine_kernel[(shape.packed, shape.B * shape.H_kv)](
             o_out, lse_out, o, lse, shape.Sq, shape.H, shape.H_kv, splits, o_strides[0], o_strides[1],
-            o_strides[3], *lse_strides, *o.stride()[:3], *lse.stride()[:2], D=shape.D, BM=rows, **merge,
-            num_warps=warps)
+            o_strides[3], *lse_strides, *o.stride()[:3], *lse.stride()[:2], D=shape.D, MR=1,
+            SPLITS=merge["SPLITS"], CHUNK=merge_chunk(shape, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS),
+            num_warps=COMBINE_WARPS)
 
 
 def on_interpreter(q: torch.Tensor) -> bool:

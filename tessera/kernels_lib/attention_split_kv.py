@@ -177,11 +177,16 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
         counter = counter_ptr + bh * tessera.num_programs(2) + tessera.program_id(2)
         # acquire-release at GPU scope, after a barrier: it publishes this program's partial (every thread's
         # stores) and, for the last to arrive, makes every other split's visible before the merge reads them
-        if tessera.atomic_add(counter, 1) == splits - 1:
+        last = tessera.atomic_add(counter, 1) == splits - 1
+        # a loop run at most once: as a `while`, the merge's per-thread index math is computed here, not hoisted
+        # to the kernel's start and kept live through the key loop (`passes/rematerialize_index.py`; hoisted, it
+        # spilled the unified max's head-dim-128 tile)
+        while last:
             merge_splits(o_ptr, lse_ptr, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split,
                          stride_ob, stride_oh, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s,
                          stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
             tessera.store(counter, 0)                   # every split has counted: ready for the next launch
+            last = False
 
 
 @tessera.func
@@ -189,26 +194,34 @@ def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, s
                  stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s, stride_out_h,
                  stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK):
     """O and LSE of packed rows row0 .. row0+MR-1 of key/value head kv_h of sequence b from the `splits` partial
-    ones: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s - LSE) O_s, rows of the final (B, Sq, H, D) O and
-    (B, H, Sq) LSE. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)), so a
-    group's rows of one split are contiguous. The reference max comes first (all splits at once: a max is exact
-    in any order); then the splits are summed CHUNK at a time, in split order, each chunk's loads issued together.
-    Both paths (the split launch's last program and `attention_decode_combine_kernel`) merge with this function
-    and the same tiles, so their results are the same bits."""
+    ones, into the final (B, Sq, H, D) O and (B, H, Sq) LSE: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s -
+    LSE) O_s. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)): a group's rows
+    of one split are contiguous. The reference max comes first (every split at once: a max is exact in any
+    order); then the splits are added one by one in split order, 0, 1, 2, ..., CHUNK of them a step with the
+    step's loads issued together. Every element is the same chain of float operations whatever the tile,
+    warps or program that computes it, so the split launch's last program and `attention_decode_combine_kernel`
+    (another tiling) give the same bits."""
     packed = G * Sq
-    o_parts = tessera.view(o_part + b * stride_pb + kv_h * G * stride_ph, (splits, packed, D), (stride_o_split, D, 1))
-    lse_parts = tessera.view(lse_part + b * stride_lb + kv_h * G * stride_lh, (splits, packed), (stride_l_split, 1))
+    o_group = o_part + b * stride_pb + kv_h * G * stride_ph
+    lse_group = lse_part + b * stride_lb + kv_h * G * stride_lh
+    lse_parts = tessera.view(lse_group, (splits, packed), (stride_l_split, 1))
     top = tessera.max(lse_parts.block((SPLITS, MR), offsets=(0, row0)).load(fill=-float("inf")), axis=0)
     empty = top == -float("inf")                        # no split saw a key (or the row does not exist)
     ref = tessera.where(empty, 0.0, top)
     total = tessera.zeros((MR,), tessera.f32)
     acc = tessera.zeros((MR, D), tessera.f32)
     for s0 in range(0, splits, CHUNK):
-        parts = o_parts.block((CHUNK, MR, D), offsets=(s0, row0, 0)).load()
-        weights = tessera.exp2((lse_parts.block((CHUNK, MR), offsets=(s0, row0)).load(fill=-float("inf"))
-                                - ref[None, :]) * LOG2E)
-        total = total + tessera.sum(weights, axis=0)
-        acc = acc + tessera.sum(parts * weights[:, :, None], axis=0)
+        parts, lses = (), ()
+        for j in tessera.static_range(CHUNK):           # a split past the last reads nothing: O 0, LSE -inf
+            rows = tessera.where(s0 + j < splits, packed, 0)
+            parts = parts + (tessera.view(o_group + (s0 + j) * stride_o_split, (rows, D), (D, 1)).block(
+                (MR, D), offsets=(row0, 0)).load(),)
+            lses = lses + (tessera.view(lse_group + (s0 + j) * stride_l_split, (rows,), (1,)).block(
+                (MR,), offsets=(row0,)).load(fill=-float("inf")),)
+        for j in tessera.static_range(CHUNK):
+            weight = tessera.exp2((lses[j] - ref) * LOG2E)
+            total = total + weight
+            acc = acc + parts[j] * weight[:, None]
     o_ptrs, rows = packed_rows(out_ptr, b, kv_h, G, Sq, row0, stride_out_b, stride_out_s, stride_out_h, 1, MR, D)
     tessera.store(o_ptrs, acc / tessera.where(empty, 1.0, total)[:, None], mask=rows)
     r = row0 + tessera.arange(0, MR)
@@ -221,12 +234,13 @@ def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, s
 def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, Sq, H, H_KV, splits,
                                     stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh,
                                     stride_out_b, stride_out_s, stride_out_h, stride_out_lb, stride_out_lh,
-                                    D: tessera.constexpr, BM: tessera.constexpr, MR: tessera.constexpr,
-                                    SPLITS: tessera.constexpr, CHUNK: tessera.constexpr):
-    """The two-launch path's second kernel: packed rows program_id(0) * BM .. + MR - 1 of key/value head kv_h of
-    sequence b (program_id(1) = b * H_KV + kv_h), merged from the split kernel's partials by `merge_splits`,
-    as the split launch's last program merges them (the same tiles and warps: the same bits)."""
-    bh, row0 = tessera.program_id(1), tessera.program_id(0) * BM
+                                    D: tessera.constexpr, MR: tessera.constexpr, SPLITS: tessera.constexpr,
+                                    CHUNK: tessera.constexpr):
+    """The two-launch path's second kernel: packed rows program_id(0) * MR .. + MR - 1 of key/value head kv_h
+    of sequence b (program_id(1) = b * H_KV + kv_h), merged from the split kernel's partials by
+    `merge_splits`: the bits of the split launch's own merge, in programs of their own (one row each, as many
+    as the query rows, so the merge's reads are spread over the GPU)."""
+    bh, row0 = tessera.program_id(1), tessera.program_id(0) * MR
     merge_splits(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, bh // H_KV, bh % H_KV, H // H_KV, Sq, row0, splits,
                  stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b,
                  stride_out_s, stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
