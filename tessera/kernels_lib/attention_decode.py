@@ -146,20 +146,28 @@ def _check_lengths(shape: DecodeShape, cache_seqlens: torch.Tensor) -> None:
                          f"{capacity} (the block table's {shape.max_pages} pages of {shape.P} tokens)")
 
 
-def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, device) -> int:
-    """Splits of each sequence's keys: `asked`, else on a GPU the count `attention_decode_model` times fastest
-    for this plan's tile, on the interpreter two programs per (CPU) core's worth (one per 2 blocks at most)."""
+def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, device) -> tuple[int, bool]:
+    """(splits of each sequence's keys, whether the split launch merges them): `asked` splits, else on a GPU the
+    count `attention_decode_model` times fastest for this plan's tile, on the interpreter two programs per (CPU)
+    core's worth (one per 2 blocks at most); the merge $TESSERA_DECODE_SEPARATE_COMBINE asks for, else on a GPU
+    the model's faster one, on the interpreter the merge in the launch."""
     rows, block = shape.tile(plan)
     blocks = tessera.cdiv(shape.max_pages * shape.P, block)
-    if asked > 0:
-        return max(1, min(asked, blocks, MAX_SPLITS))
+    in_launch = merge_in_launch_asked()
     if not on_gpu:
         programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, rows)
-        return max(1, min(4 // max(programs, 1), tessera.cdiv(blocks, 2), MAX_SPLITS))
+        splits = asked if asked > 0 else min(4 // max(programs, 1), tessera.cdiv(blocks, 2))
+        return max(1, min(splits, blocks, MAX_SPLITS)), in_launch is not False
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
-    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows))
-    return model.splits_for(decode, tile, sms)
+    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers)
+    if asked > 0:
+        splits = max(1, min(asked, blocks, MAX_SPLITS))
+        if in_launch is None:
+            in_launch = model.modelled(decode, tile, splits, sms, True).total <= \
+                model.modelled(decode, tile, splits, sms, False).total
+        return splits, in_launch
+    return model.plan_for(decode, tile, sms, in_launch)
 
 
 @dataclass(frozen=True)
@@ -185,12 +193,17 @@ class Softmax:
 
 
 SEPARATE_COMBINE_ENV = "TESSERA_DECODE_SEPARATE_COMBINE"
+COMBINE_WARPS, COMBINE_REGISTERS = model.COMBINE_WARPS, model.COMBINE_REGISTERS
 
 
-def separate_combine() -> bool:
-    """Whether $TESSERA_DECODE_SEPARATE_COMBINE=1 asks for the two-launch path (the combine kernel after the
-    split kernel) instead of the merge in the split launch: for timing one against the other."""
-    return os.environ.get(SEPARATE_COMBINE_ENV, "0") == "1"
+def merge_in_launch_asked() -> Optional[bool]:
+    """What $TESSERA_DECODE_SEPARATE_COMBINE asks: "1" the two-launch path (the combine kernel after the split
+    kernel: False), "0" the merge in the split launch (True), unset or "auto" neither (None: the model picks)."""
+    value = os.environ.get(SEPARATE_COMBINE_ENV, "auto")
+    if value not in ("0", "1", "auto", ""):
+        raise ValueError(f"tessera::attention_decode: ${SEPARATE_COMBINE_ENV} must be 1 (two launches), 0 (the "
+                         f"merge in the split launch) or auto, got {value!r}")
+    return {"1": False, "0": True}.get(value)
 
 
 def merge_rows(shape: DecodeShape, rows: int) -> int:
@@ -199,17 +212,8 @@ def merge_rows(shape: DecodeShape, rows: int) -> int:
 
 
 def merge_chunk(shape: DecodeShape, rows: int, warps: int, splits: int, registers: int) -> int:
-    """Splits merged per step (`merge_splits`): as many of `rows` packed rows' partials as fit `registers`
-    float32 registers a thread beside the running sum, so that one step's loads (one round trip to L2) are in
-    flight together; a power of two, at most the splits' padded count. (The plans' budgets are ptxas's:
-    tests/kernels_lib/test_attention_compile.py compiles every tile at the most splits without spills.)"""
-    per_split = min(rows, tessera.next_power_of_2(shape.packed)) * shape.D / (32 * warps)   # a thread's share
-    fit = max(1, int((registers - per_split) // per_split))
-    return min(1 << (fit.bit_length() - 1), tessera.next_power_of_2(splits))
-
-
-COMBINE_WARPS = 4           # the combine kernel's programs (one packed row each)
-COMBINE_REGISTERS = 72      # ... and what each thread gives the merge: at head dim 128, all 64 splits in one step
+    """Splits merged per step by a program of `rows` packed rows (`attention_decode_model.merge_chunk`)."""
+    return model.merge_chunk(shape.packed, shape.D, rows, warps, splits, registers)
 
 
 _COUNTERS: dict = {}
@@ -229,16 +233,14 @@ def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
 
 
 def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: DecodeShape, plan: DecodePlan,
-           softmax: Softmax, splits: int, fallback: bool = True, combine_in_launch: Optional[bool] = None) -> None:
+           softmax: Softmax, splits: int, fallback: bool = True, in_launch: bool = True) -> None:
     """Run the split kernel into o and lse: with one split, directly; with several, into float32 partials
-    merged either by the split launch's last program per row group (`combine_in_launch`, the default unless
-    $TESSERA_DECODE_SEPARATE_COMBINE=1) or by the combine kernel after it, to the same bits. `fallback=False`
-    skips the unified max's recomputation: only for the tests that show it is needed."""
+    merged either by the split launch's last program per row group (`in_launch`) or by the combine kernel
+    after it, to the same bits. `fallback=False` skips the unified max's recomputation: only for the tests
+    that show it is needed."""
     rows, block = shape.tile(plan)
     row_groups, warps = tessera.cdiv(shape.packed, rows), plan.num_warps(rows)
-    if combine_in_launch is None:
-        combine_in_launch = not separate_combine()
-    combine = splits > 1 and combine_in_launch
+    combine = splits > 1 and in_launch
     if splits == 1:
         o_out, lse_out, counters = o, lse, lse
         o_strides, lse_strides = (0, *o.stride()[:3]), (0, *lse.stride()[:2])
@@ -303,9 +305,9 @@ def _attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if o.numel() == 0 or shape.max_pages == 0:
         return o.zero_(), lse.fill_(float("inf"))
     plan = decode_plan(shape, q, unified_max is not None)
-    splits = _num_splits(shape, plan, not on_interpreter(q), num_splits, q.device)
+    splits, in_launch = _num_splits(shape, plan, not on_interpreter(q), num_splits, q.device)
     softmax = Softmax.of(shape, q.dtype, causal, window_left, window_right, softcap, scale, unified_max)
-    launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits)
+    launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits, in_launch=in_launch)
     return o, lse
 
 
