@@ -48,6 +48,7 @@ class DecodePlan:
     stages: int
     warp_per_rows: bool = True
     merge_registers: int = 144      # float32 registers a thread may give the merge's sum and chunk (`merge_chunk`)
+    in_launch_rows: int = 64        # tiles of at most this many rows may merge in the split launch (0: none)
 
     def num_warps(self, rows: int) -> int:
         """Warps of a program whose tile has `rows` packed rows (a multiple of 16)."""
@@ -81,10 +82,13 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.4 us a call
 # (launch, three dependent loads before the first block, the combine kernel) against 22.4 us of HBM at 16384.
 # Untimed on a GPU.
-DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2),
+# The merge in the split launch (`attention_split_kv.merge_splits`) adds registers that stay live through the key
+# loop (its pointers and sizes): the head-dim-128 plans' 4-warp tiles spill with it on sm_80 (16-88 bytes; the
+# unified max's on sm_90a too), so those tiles merge in the combine kernel (`in_launch_rows`).
+DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_rows=32),
                 256: DecodePlan(16, 32, 2, warp_per_rows=False)}
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
-                        128: DecodePlan(16, 32, 3, warp_per_rows=False)}
+                        128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
 
 
@@ -153,20 +157,22 @@ def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, 
     the model's faster one, on the interpreter the merge in the launch."""
     rows, block = shape.tile(plan)
     blocks = tessera.cdiv(shape.max_pages * shape.P, block)
+    can = rows <= plan.in_launch_rows               # the tile's split launch may merge (no spills with it)
     in_launch = merge_in_launch_asked()
     if not on_gpu:
         programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, rows)
         splits = asked if asked > 0 else min(4 // max(programs, 1), tessera.cdiv(blocks, 2))
-        return max(1, min(splits, blocks, MAX_SPLITS)), in_launch is not False
+        return max(1, min(splits, blocks, MAX_SPLITS)), can and in_launch is not False
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
-    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers)
+    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
+                      in_launch=can)
     if asked > 0:
         splits = max(1, min(asked, blocks, MAX_SPLITS))
         if in_launch is None:
             in_launch = model.modelled(decode, tile, splits, sms, True).total <= \
                 model.modelled(decode, tile, splits, sms, False).total
-        return splits, in_launch
+        return splits, can and in_launch
     return model.plan_for(decode, tile, sms, in_launch)
 
 
@@ -211,9 +217,10 @@ def merge_rows(shape: DecodeShape, rows: int) -> int:
     return min(rows, tessera.next_power_of_2(shape.packed))
 
 
-def merge_chunk(shape: DecodeShape, rows: int, warps: int, splits: int, registers: int) -> int:
+def merge_chunk(shape: DecodeShape, rows: int, warps: int, splits: int, registers: int,
+                most: int = MAX_SPLITS) -> int:
     """Splits merged per step by a program of `rows` packed rows (`attention_decode_model.merge_chunk`)."""
-    return model.merge_chunk(shape.packed, shape.D, rows, warps, splits, registers)
+    return model.merge_chunk(shape.packed, shape.D, rows, warps, splits, registers, most)
 
 
 _COUNTERS: dict = {}
@@ -240,7 +247,7 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
     that show it is needed."""
     rows, block = shape.tile(plan)
     row_groups, warps = tessera.cdiv(shape.packed, rows), plan.num_warps(rows)
-    combine = splits > 1 and in_launch
+    combine = splits > 1 and in_launch and rows <= plan.in_launch_rows
     if splits == 1:
         o_out, lse_out, counters = o, lse, lse
         o_strides, lse_strides = (0, *o.stride()[:3]), (0, *lse.stride()[:2])
@@ -251,7 +258,7 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
         lse_strides = lse_out.stride()[:3]
         counters = arrival_counters(q.device, shape.B * shape.H_kv * row_groups) if combine else lse
     merge = dict(MR=merge_rows(shape, rows), SPLITS=tessera.next_power_of_2(splits),
-                 CHUNK=merge_chunk(shape, rows, plan.num_warps(rows), splits, plan.merge_registers)) \
+                 CHUNK=merge_chunk(shape, rows, warps, splits, plan.merge_registers, model.MERGE_MOST)) \
         if splits > 1 else {}
     unified = softmax.unified_max is not None
     attention_decode_kernel[(splits, shape.B * shape.H_kv, row_groups)](

@@ -83,6 +83,7 @@ ROUND_TRIP_US = LATENCY_US      # a merge step's loads of the partials (L2 hits:
 FIXED_US = 2.4                  # a call in a graph: the split kernel's launch, ramp and tail (run 9, see above)
 MAX_SPLITS = 64                 # the merge's widest reference-max tile (attention_decode.MAX_SPLITS)
 MERGE_REGISTERS = 144           # float32 registers a thread of the split kernel gives the merge (`merge_chunk`)
+MERGE_MOST = 16                 # ... and at most this many splits a step (its loads unrolled: more spilled at D = 64)
 COMBINE_WARPS = 4               # the combine kernel's programs (one packed row each)
 COMBINE_REGISTERS = 72          # ... and what each thread gives the merge: at head dim 128, all 64 splits a step
 
@@ -102,7 +103,7 @@ class Decode(NamedTuple):
 class Tile(NamedTuple):
     """A launch's tile: packed rows per program, keys per step, ring slots, warps, and how many warps read
     each K/V block from shared memory (all of them: each walks every key of the block), times the reads' bank
-    conflicts (1: conflict-free); the registers a thread gives the merge in the launch."""
+    conflicts (1: conflict-free); the registers a thread gives the merge in the launch, and whether it may."""
 
     rows: int
     keys: int
@@ -110,6 +111,7 @@ class Tile(NamedTuple):
     warps: int
     conflicts: int = 1
     merge_registers: int = MERGE_REGISTERS
+    in_launch: bool = True      # whether the split launch may merge (the plan's tile has the registers for it)
 
 
 class Cost(NamedTuple):
@@ -139,14 +141,14 @@ def _next_power_of_2(n: int) -> int:
     return 1 << max(n - 1, 0).bit_length()
 
 
-def merge_chunk(packed: int, D: int, rows: int, warps: int, splits: int, registers: int) -> int:
+def merge_chunk(packed: int, D: int, rows: int, warps: int, splits: int, registers: int, most: int = MAX_SPLITS) -> int:
     """Splits `merge_splits` adds per step for a program of `rows` packed rows of which `packed` exist: as many
     as fit `registers` float32 registers a thread beside the running sum, so that one step's loads (one round
     trip to L2) are in flight together; a power of two, at most the splits' padded count. (The plans' budgets
     are ptxas's: tests/kernels_lib/test_attention_compile.py compiles every tile at the most splits without
     spills.)"""
     per_split = min(rows, _next_power_of_2(packed)) * D / (32 * warps)          # a thread's share of a split
-    fit = max(1, int((registers - per_split) // per_split))
+    fit = max(1, min(int((registers - per_split) // per_split), most))
     return min(1 << (fit.bit_length() - 1), _next_power_of_2(splits))
 
 
@@ -157,7 +159,8 @@ def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool) -> float:
         return 0.0
     packed = d.H // d.H_kv * d.Sq
     if in_launch:
-        steps = _cdiv(splits, merge_chunk(packed, d.D, tile.rows, tile.warps, splits, tile.merge_registers))
+        steps = _cdiv(splits, merge_chunk(packed, d.D, tile.rows, tile.warps, splits, tile.merge_registers,
+                                          MERGE_MOST))
         return (2 + steps) * ROUND_TRIP_US                      # the counter's atomic, the max, the steps
     steps = _cdiv(splits, merge_chunk(packed, d.D, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS))
     return LAUNCH_US + (1 + steps) * ROUND_TRIP_US
@@ -204,11 +207,12 @@ def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS, in_laun
 @functools.lru_cache(maxsize=1024)
 def plan_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS, in_launch: bool | None = None) -> tuple[int, bool]:
     """(splits, whether the split launch merges them) the model times fastest: the split count 1 .. MAX_SPLITS
-    (no more than the key blocks) and the merge (`in_launch`: only that one); the fewest splits among those
+    (no more than the key blocks) and the merge (`in_launch`: only that one; none in the launch where the tile
+    may not); the fewest splits among those
     within 2% of the best (fewer partials to write and merge for the same time), in the launch on a tie.
     Remembered per shape: the op asks on every call, and the search costs ~1 ms of host time."""
     most = max(1, min(MAX_SPLITS, _cdiv(d.context, tile.keys)))
-    merges = (True, False) if in_launch is None else (in_launch,)
+    merges = ((True, False) if in_launch is None else (in_launch,)) if tile.in_launch else (False,)
     costs = {(s, m): modelled(d, tile, s, num_sms, m).total for s in range(1, most + 1) for m in merges}
     best = min(costs.values())
     splits, two_launches = min((s, not m) for (s, m), t in costs.items() if t <= best * 1.02)

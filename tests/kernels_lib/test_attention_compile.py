@@ -477,10 +477,13 @@ def merge_options(D, rows, num_warps, packed=None, splits=MOST_SPLITS, unified=F
     them unless told), at `splits` splits: as the op picks them."""
     from tessera.kernels_lib.attention_decode import (DECODE_PLANS, UNIFIED_DECODE_PLANS, DecodeShape,
                                                       merge_chunk, merge_rows)
+    from tessera.kernels_lib.attention_decode_model import MERGE_MOST
     plan = (UNIFIED_DECODE_PLANS if unified else DECODE_PLANS)[D]
     shape = DecodeShape(1, 1, packed or rows, 1, D, 64, 64)
+    if rows > plan.in_launch_rows:          # the op merges this tile's splits in the combine kernel
+        return dict(COMBINE=False)
     return dict(COMBINE=True, MR=merge_rows(shape, rows), SPLITS=splits,
-                CHUNK=merge_chunk(shape, rows, num_warps, splits, plan.merge_registers))
+                CHUNK=merge_chunk(shape, rows, num_warps, splits, plan.merge_registers, MERGE_MOST))
 
 
 def compile_decode(target, softmax, D, rows, keys, stages, num_warps, packed=None):
@@ -508,15 +511,23 @@ def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D,
     assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
 
 
+def sixteen_row_tiles():
+    """(softmax, D, keys, stages, num_warps) of each NVIDIA plan's 16-row tile: the one every group of up to 16
+    packed rows launches, whose merge tile is the rows that exist (1 .. 16)."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
+    for softmax, D, rows, keys, stages, num_warps in decode_tiles("nvidia"):
+        if rows == 16 and gpu_decode_plan(D, softmax == "unified", "nvidia").in_launch_rows >= 16:
+            yield softmax, D, keys, stages, num_warps
+
+
 @needs_ptxas
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 @pytest.mark.parametrize("packed", [1, 4])
-def test_the_head_dim_128_plan_merges_few_rows_without_spills(target, packed):
-    """The shipped head-dim-128 tile (16 rows, one warp) where only 1 or 4 packed rows exist (MQA / GQA 4:1 at
-    one token: the benchmark's shape): its merge takes the most splits a step, the most registers."""
-    from tessera.kernels_lib.attention_decode import gpu_decode_plan
-    plan = gpu_decode_plan(128, False, "nvidia")
-    compiled = compile_decode(target, "online", 128, 16, plan.keys, plan.stages, plan.num_warps(16), packed)
+@pytest.mark.parametrize("softmax, D, keys, stages, num_warps", list(sixteen_row_tiles()))
+def test_every_sixteen_row_tile_merges_few_rows_without_spills(target, packed, softmax, D, keys, stages, num_warps):
+    """A 16-row tile where only 1 or 4 packed rows exist (MQA, or GQA 4:1 at one token: the benchmark's shape):
+    its merge takes the most splits a step, the most loads in flight."""
+    compiled = compile_decode(target, softmax, D, 16, keys, stages, num_warps, packed)
     assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, compiled.metadata
 
 

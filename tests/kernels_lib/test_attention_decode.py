@@ -182,3 +182,19 @@ def test_the_gpu_split_count_is_the_models(monkeypatch, B, context, page):
     assert 1 <= splits <= -(-context // keys)
     if B == 64:
         assert splits == 1
+
+
+def test_a_tile_that_spills_with_the_merge_merges_in_the_combine_kernel(monkeypatch):
+    """The unified max's head-dim-128 tile (4 warps) has no registers for the merge in its launch: asked for it
+    ($TESSERA_DECODE_SEPARATE_COMBINE=0), the op still plans two launches; the online one's 16-row tile merges
+    in its launch."""
+    import importlib
+    from types import SimpleNamespace
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", "0")
+    shape = module.DecodeShape(1, 1, 32, 8, 128, 64, 256)
+    for unified, merges in ((True, False), (False, True)):
+        plan = module.gpu_decode_plan(128, unified, "nvidia")
+        assert module._num_splits(shape, plan, True, 0, "cuda")[1] is merges
+        assert module._num_splits(shape, plan, True, 8, "cuda") == (8, merges)
