@@ -62,10 +62,10 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # of 4 warps over one 16-row query group (G * Sq <= 16 packed rows) made every warp repeat the same products over
 # the same keys and read the whole K and V block from shared memory: 4x the ldmatrix traffic and 4x the mma.sync of
 # the data. A plan with `warp_per_rows` runs one warp per 16 rows instead: a single-group program is one warp, and
-# the split count (`attention_decode_model.splits_for`) gives each warp its own keys and its own partial softmax (m,
-# l, acc), merged by `attention_decode_combine_kernel`: per KB of K and V an SM issues ~64 warp instructions (sm_90a
-# SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared memory is read once
-# where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
+# the split count (`attention_decode_model.plan_for`) gives each warp its own keys and its own partial softmax (m,
+# l, acc), merged by `merge_splits` (in the launch or the combine kernel): per KB of K and V an SM issues ~64 warp
+# instructions (sm_90a SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared
+# memory is read once where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
 # keys of one block without exchanging P through shared memory every step; separate programs need no exchange.)
 # Bytes in flight at head dim 128: (stages - 1) x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8
 # programs a SM (255 registers x 32 lanes each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency
@@ -79,8 +79,13 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =
 # 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and with the swizzled
 # reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan is modelled level with it
-# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.4 us a call
-# (launch, three dependent loads before the first block, the combine kernel) against 22.4 us of HBM at 16384.
+# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.7 us a call
+# against 22.4 us of HBM at 16384: the split kernel's launch, ramp and tail (2.4), three dependent loads before
+# the first block (2.4) and the merge (2.9: the combine kernel's launch, 1.3, and two round trips). Merging in the
+# split launch instead saves the launch but costs the merging program's round trips: the counter's atomic, the
+# max, and a step per 8 splits at 4 packed rows a one-warp program (5 at the ~37 splits B = 1 takes), so the model
+# keeps two launches at B = 1 (in the launch: 16.2 / 33.8 / 101.8 us) and merges in the launch at B = 8 (5 splits,
+# one step: 186.6 us, 86%).
 # Untimed on a GPU.
 # The merge in the split launch (`attention_split_kv.merge_splits`) adds registers that stay live through the key
 # loop (its pointers and sizes): the head-dim-128 plans' 4-warp tiles spill with it on sm_80 (16-88 bytes; the
@@ -341,7 +346,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     int32 gives its length, the new tokens included (they are its last Sq
     positions). Masks as `attention` (causal by default). The keys are split
     into `num_splits` parts per sequence and head (0: enough to fill the
-    GPU) whose partial results a second kernel combines.
+    GPU) whose partial results are merged, by the last program of each
+    query group to finish or by a second kernel
+    ($TESSERA_DECODE_SEPARATE_COMBINE; by default what the decode model
+    times faster), to the same bits either way.
 
     `unified_max` (FlashDecoding++): an estimate of the largest logit
     scale * q.k (after the softcap) of typical rows, e.g. measured offline

@@ -1,4 +1,4 @@
-"""Decode attention over a paged KV cache, split along the keys (FlashDecoding), and the combine of the splits.
+"""Decode attention over a paged KV cache, split along the keys (FlashDecoding), and the merge of the splits.
 
 The cache holds each sequence's keys and values in pages of P tokens
 (k_cache, v_cache: (pages, P, H_KV, D)); block_table[b, j] is the page
@@ -31,11 +31,19 @@ Softmax, two ways (both in base 2, log2(e) folded into the scale):
   split with the synchronized softmax and writes that instead (the
   fallback: correct for any phi, paid only where the estimate was wrong).
 
-`attention_decode_combine_kernel` merges the splits of one query row:
-LSE = log sum_s exp(LSE_s) and O = sum_s exp(LSE_s - LSE) O_s (with a
-unified max, exp(LSE_s - LSE) = l_s / sum l). A split that saw no key has
-LSE_s = -inf and weight 0; a row that saw none in any split gets O = 0 and
-LSE = +inf (the forward's convention).
+`merge_splits` merges the splits of packed rows: LSE = log sum_s exp(LSE_s)
+and O = sum_s exp(LSE_s - LSE) O_s (with a unified max, exp(LSE_s - LSE) =
+l_s / sum l). A split that saw no key has LSE_s = -inf and weight 0; a row
+that saw none in any split gets O = 0 and LSE = +inf (the forward's
+convention). It runs in one of two places, to the same bits:
+
+* in the split launch (COMBINE, FlashDecoding's "split-K with a semaphore"):
+  every split writes its partial, then counts itself in with an
+  acquire-release atomic on its row group's counter; the program that
+  counts last (old value splits - 1) has every other split's partial
+  visible, merges them in split order, whichever split it is, and resets
+  the counter to 0 for the next launch (so no launch clears the counters);
+* in `attention_decode_combine_kernel`, launched after the split kernel.
 """
 
 from __future__ import annotations
