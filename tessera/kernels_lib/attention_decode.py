@@ -76,16 +76,17 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # max's head dim 128 tiles at most 16 rows: 32-row tiles spill with the swizzled K/V reads).
 #
 # Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads, D =
-# 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =
-# 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and with the swizzled
-# reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan is modelled level with it
-# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.7 us a call
-# against 22.4 us of HBM at 16384: the split kernel's launch, ramp and tail (2.4), three dependent loads before
-# the first block (2.4) and the merge (2.9: the combine kernel's launch, 1.3, and two round trips). Merging in the
-# split launch instead saves the launch but costs the merging program's round trips: the counter's atomic, the
-# max, and a step per 8 splits at 4 packed rows a one-warp program (5 at the ~37 splits B = 1 takes), so the model
-# keeps two launches at B = 1 (in the launch: 16.2 / 33.8 / 101.8 us) and merges in the launch at B = 8 (5 splits,
-# one step: 186.6 us, 86%).
+# 128, pages of 64, bf16, H100 SXM): context 4096 12.9 us (39% of HBM), 16384 29.7 us (68%), 65536 98 us (82%); B =
+# 8 at 16384 186 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit, with its combine
+# kernel of two dependent round trips) and with the swizzled reads 13.6 / 30.4: after the swizzle the loop is
+# HBM-bound in the model, so this plan is modelled level with it (less shared-memory and tensor-core work, same
+# bytes). What keeps B = 1 short of 85% is the fixed ~6.9 us a call against 22.4 us of HBM at 16384: the split
+# kernel's launch, ramp and tail (2.4), three dependent loads before the first block (2.4), and the merge (2.1:
+# the combine kernel's launch, 1.3, and one round trip, the max's loads issued with the partials'; it was 2.9 with
+# the old kernel's two). Merging in the split launch instead saves the launch but costs the merging program's
+# round trips: the counter's atomic and a step per 8 splits at 4 packed rows a one-warp program (5 at the ~37
+# splits B = 1 takes), so the model keeps two launches at B = 1 (in the launch: 15.4 / 33.0 / 101.0 us) and merges
+# in the launch at B = 8 (5 splits, one step: 185.8 us against 186.3).
 # Untimed on a GPU.
 # The merge in the split launch (`attention_split_kv.merge_splits`) adds registers that stay live through the key
 # loop (its pointers and sizes): the head-dim-128 plans' 4-warp tiles spill with it on sm_80 (16-88 bytes; the

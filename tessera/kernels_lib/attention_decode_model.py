@@ -22,15 +22,18 @@ An SM streams at the least of:
 * SM_GBPS, what one SM's fills reach whatever is in flight.
 
 The merge (`merge_splits` in attention_split_kv.py) reads every split's
-partial rows once, `merge_chunk` splits a step (one round trip), after one
-round trip for the reference max. Two ways:
+partial rows once, `merge_chunk` splits a step (one round trip; the first
+step's loads go out with the reference max's). Two ways:
 * two launches: the combine kernel, one packed row a program over 4 warps
-  (a step holds all 64 splits at head dim 128): LAUNCH_US, then 1 + steps
-  round trips;
+  (a step holds all 64 splits at head dim 128): LAUNCH_US, then the steps'
+  round trips (one);
 * in the split launch: the last program of each row group to count itself
   in (one acquire-release atomic, a round trip) merges its rows' splits; no
   launch, but one program (one warp in the shipped head-dim-128 plan) reads
-  them all: 1 + 1 + steps round trips, steps ~ splits / 8 at 4 packed rows.
+  them all: 1 + steps round trips, steps ~ splits / 8 at 4 packed rows.
+  It breaks even with the combine kernel where steps round trips cost
+  LAUNCH_US: at ~37 splits (B = 1) that is a round trip of 1.3 / 5 = 0.26
+  us, at 5 splits (B = 8, one step) any.
 
 Constants and where they come from:
 * LAUNCH_US = 1.3: one more kernel in a CUDA graph, from
@@ -161,9 +164,9 @@ def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool) -> float:
     if in_launch:
         steps = _cdiv(splits, merge_chunk(packed, d.D, tile.rows, tile.warps, splits, tile.merge_registers,
                                           MERGE_MOST))
-        return (2 + steps) * ROUND_TRIP_US                      # the counter's atomic, the max, the steps
+        return (1 + steps) * ROUND_TRIP_US          # the counter's atomic, the steps (the max's with the first)
     steps = _cdiv(splits, merge_chunk(packed, d.D, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS))
-    return LAUNCH_US + (1 + steps) * ROUND_TRIP_US
+    return LAUNCH_US + steps * ROUND_TRIP_US
 
 
 def step_instructions(d: Decode, tile: Tile) -> float:

@@ -198,38 +198,57 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
 
 
 @tessera.func
+def load_step(o_group, lse_group, s0, splits, packed, row0, stride_o_split, stride_l_split, MR, D, CHUNK):
+    """Partial O rows (MR x D each) and LSEs (MR) of splits s0 .. s0+CHUNK-1 of a row group, all loads issued
+    together; a split past the last reads nothing (O 0, LSE -inf)."""
+    parts, lses = (), ()
+    for j in tessera.static_range(CHUNK):
+        rows = tessera.where(s0 + j < splits, packed, 0)
+        parts = parts + (tessera.view(o_group + (s0 + j) * stride_o_split, (rows, D), (D, 1)).block(
+            (MR, D), offsets=(row0, 0)).load(),)
+        lses = lses + (tessera.view(lse_group + (s0 + j) * stride_l_split, (rows,), (1,)).block(
+            (MR,), offsets=(row0,)).load(fill=-float("inf")),)
+    return parts, lses
+
+
+@tessera.func
+def add_step(parts, lses, ref, total, acc, CHUNK):
+    """total and acc with the step's splits added one by one, in split order: weight exp(LSE_s - ref)."""
+    for j in tessera.static_range(CHUNK):
+        weight = tessera.exp2((lses[j] - ref) * LOG2E)
+        total = total + weight
+        acc = acc + parts[j] * weight[:, None]
+    return total, acc
+
+
+@tessera.func
 def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split, stride_pb,
                  stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s, stride_out_h,
                  stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK):
     """O and LSE of packed rows row0 .. row0+MR-1 of key/value head kv_h of sequence b from the `splits` partial
     ones, into the final (B, Sq, H, D) O and (B, H, Sq) LSE: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s -
     LSE) O_s. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)): a group's rows
-    of one split are contiguous. The reference max comes first (every split at once: a max is exact in any
-    order); then the splits are added one by one in split order, 0, 1, 2, ..., CHUNK of them a step with the
-    step's loads issued together. Every element is the same chain of float operations whatever the tile,
-    warps or program that computes it, so the split launch's last program and `attention_decode_combine_kernel`
-    (another tiling) give the same bits."""
+    of one split are contiguous. The reference max takes every split's LSE at once (a max is exact in any
+    order), its loads issued with the first step's; then the splits are added one by one in split order, 0, 1,
+    2, ..., CHUNK of them a step, each step's loads issued together (one round trip a step, the first shared
+    with the max's). Every element is the same chain of float operations whatever the tile, warps or program
+    that computes it, so the split launch's last program and `attention_decode_combine_kernel` (another
+    tiling) give the same bits."""
     packed = G * Sq
     o_group = o_part + b * stride_pb + kv_h * G * stride_ph
     lse_group = lse_part + b * stride_lb + kv_h * G * stride_lh
-    lse_parts = tessera.view(lse_group, (splits, packed), (stride_l_split, 1))
-    top = tessera.max(lse_parts.block((SPLITS, MR), offsets=(0, row0)).load(fill=-float("inf")), axis=0)
+    parts, lses = load_step(o_group, lse_group, 0, splits, packed, row0, stride_o_split, stride_l_split, MR, D,
+                            CHUNK)
+    every = tessera.view(lse_group, (splits, packed), (stride_l_split, 1)).block((SPLITS, MR), offsets=(0, row0))
+    top = tessera.max(every.load(fill=-float("inf")), axis=0)
     empty = top == -float("inf")                        # no split saw a key (or the row does not exist)
     ref = tessera.where(empty, 0.0, top)
-    total = tessera.zeros((MR,), tessera.f32)
-    acc = tessera.zeros((MR, D), tessera.f32)
-    for s0 in range(0, splits, CHUNK):
-        parts, lses = (), ()
-        for j in tessera.static_range(CHUNK):           # a split past the last reads nothing: O 0, LSE -inf
-            rows = tessera.where(s0 + j < splits, packed, 0)
-            parts = parts + (tessera.view(o_group + (s0 + j) * stride_o_split, (rows, D), (D, 1)).block(
-                (MR, D), offsets=(row0, 0)).load(),)
-            lses = lses + (tessera.view(lse_group + (s0 + j) * stride_l_split, (rows,), (1,)).block(
-                (MR,), offsets=(row0,)).load(fill=-float("inf")),)
-        for j in tessera.static_range(CHUNK):
-            weight = tessera.exp2((lses[j] - ref) * LOG2E)
-            total = total + weight
-            acc = acc + parts[j] * weight[:, None]
+    total, acc = add_step(parts, lses, ref, tessera.zeros((MR,), tessera.f32), tessera.zeros((MR, D), tessera.f32),
+                          CHUNK)
+    for s0 in range(CHUNK, splits, CHUNK):
+        parts, lses = load_step(o_group, lse_group, s0, splits, packed, row0, stride_o_split, stride_l_split, MR,
+                                D, CHUNK)
+        total, acc = add_step(parts, lses, ref, total, acc, CHUNK)
     o_ptrs, rows = packed_rows(out_ptr, b, kv_h, G, Sq, row0, stride_out_b, stride_out_s, stride_out_h, 1, MR, D)
     tessera.store(o_ptrs, acc / tessera.where(empty, 1.0, total)[:, None], mask=rows)
     r = row0 + tessera.arange(0, MR)
