@@ -295,7 +295,7 @@ def modelled_decode(case: dict) -> dict:
     rows, keys = shape.tile(plan)
     decode = model.Decode(case["B"], case["H"], case["H_kv"], case["D"], case["context"])
     tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
-                      in_launch=rows <= plan.in_launch_rows)
+                      in_launch=rows <= plan.in_launch_rows, merge_early=plan.merge_early)
     splits, in_launch = model.plan_for(decode, tile)
     cost = model.modelled(decode, tile, splits, in_launch=in_launch)
     row = {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits,

@@ -49,6 +49,7 @@ class DecodePlan:
     warp_per_rows: bool = True
     merge_registers: int = 144      # float32 registers a thread may give the merge's sum and chunk (`merge_chunk`)
     in_launch_rows: int = 64        # tiles of at most this many rows may merge in the split launch (0: none)
+    merge_early: bool = True        # ... issuing the first step's loads with the max's (`merge_splits`' EARLY)
 
     def num_warps(self, rows: int) -> int:
         """Warps of a program whose tile has `rows` packed rows (a multiple of 16)."""
@@ -65,8 +66,9 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # the split count (`attention_decode_model.plan_for`) gives each warp its own keys and its own partial softmax (m,
 # l, acc), merged by `merge_splits` (in the launch or the combine kernel): per KB of K and V an SM issues ~64 warp
 # instructions (sm_90a SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared
-# memory is read once where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
-# keys of one block without exchanging P through shared memory every step; separate programs need no exchange.)
+# memory is read once where it was read 4 times. (The tile language has no batched dot, so warps of one program
+# cannot own different keys of one block without exchanging P through shared memory every step; separate programs
+# need no exchange.)
 # Bytes in flight at head dim 128: (stages - 1) x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8
 # programs a SM (255 registers x 32 lanes each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency
 # asks for; the model picks the split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches
@@ -90,9 +92,10 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # Untimed on a GPU.
 # The merge in the split launch (`attention_split_kv.merge_splits`) adds registers that stay live through the key
 # loop (its pointers and sizes): the head-dim-128 plans' 4-warp tiles spill with it on sm_80 (16-88 bytes; the
-# unified max's on sm_90a too), so those tiles merge in the combine kernel (`in_launch_rows`).
+# unified max's on sm_90a too), so those tiles merge in the combine kernel (`in_launch_rows`); the head-dim-256
+# tiles spill (sm_80 and sm_90a) with two steps of the merge in registers, so they issue the first after the max.
 DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_rows=32),
-                256: DecodePlan(16, 32, 2, warp_per_rows=False)}
+                256: DecodePlan(16, 32, 2, warp_per_rows=False, merge_early=False)}
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
                         128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
@@ -172,7 +175,7 @@ def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, 
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
     tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
-                      in_launch=can)
+                      in_launch=can, merge_early=plan.merge_early)
     if asked > 0:
         splits = max(1, min(asked, blocks, MAX_SPLITS))
         if in_launch is None:
@@ -264,8 +267,8 @@ def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: Decod
         lse_strides = lse_out.stride()[:3]
         counters = arrival_counters(q.device, shape.B * shape.H_kv * row_groups) if combine else lse
     merge = dict(MR=merge_rows(shape, rows), SPLITS=tessera.next_power_of_2(splits),
-                 CHUNK=merge_chunk(shape, rows, warps, splits, plan.merge_registers, model.MERGE_MOST)) \
-        if splits > 1 else {}
+                 CHUNK=merge_chunk(shape, rows, warps, splits, plan.merge_registers, model.MERGE_MOST),
+                 EARLY=plan.merge_early) if splits > 1 else {}
     unified = softmax.unified_max is not None
     attention_decode_kernel[(splits, shape.B * shape.H_kv, row_groups)](
         q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, o, lse, counters, shape.Sq, shape.H,

@@ -115,6 +115,7 @@ class Tile(NamedTuple):
     conflicts: int = 1
     merge_registers: int = MERGE_REGISTERS
     in_launch: bool = True      # whether the split launch may merge (the plan's tile has the registers for it)
+    merge_early: bool = True    # ... with the first step's loads issued with the max's
 
 
 class Cost(NamedTuple):
@@ -164,7 +165,8 @@ def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool) -> float:
     if in_launch:
         steps = _cdiv(splits, merge_chunk(packed, d.D, tile.rows, tile.warps, splits, tile.merge_registers,
                                           MERGE_MOST))
-        return (1 + steps) * ROUND_TRIP_US          # the counter's atomic, the steps (the max's with the first)
+        # the counter's atomic, the steps (the max's loads with the first, or a round trip of their own)
+        return (1 + steps + (0 if tile.merge_early else 1)) * ROUND_TRIP_US
     steps = _cdiv(splits, merge_chunk(packed, d.D, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS))
     return LAUNCH_US + steps * ROUND_TRIP_US
 

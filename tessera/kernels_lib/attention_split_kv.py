@@ -119,7 +119,8 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                             SPLIT: tessera.constexpr, UNIFIED: tessera.constexpr, FALLBACK: tessera.constexpr,
                             STAGES: tessera.constexpr, COMBINE: tessera.constexpr = False, MR: tessera.constexpr = 16,
-                            SPLITS: tessera.constexpr = 1, CHUNK: tessera.constexpr = 1):
+                            SPLITS: tessera.constexpr = 1, CHUNK: tessera.constexpr = 1,
+                            EARLY: tessera.constexpr = True):
     """Split `split` of the key blocks of key/value head kv_h of sequence b, for BM of its G * Sq packed query
     rows (program_id(2) picks which): the partial O (float32) and LSE with SPLIT, else the final ones. UNIFIED:
     the asynchronous softmax around the base-2 max `unified_max`, valid for row maxima within [unified_max -
@@ -192,7 +193,7 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
         while last:
             merge_splits(o_ptr, lse_ptr, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split,
                          stride_ob, stride_oh, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s,
-                         stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
+                         stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, EARLY)
             tessera.store(counter, 0)                   # every split has counted: ready for the next launch
             last = False
 
@@ -224,28 +225,33 @@ def add_step(parts, lses, ref, total, acc, CHUNK):
 @tessera.func
 def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split, stride_pb,
                  stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s, stride_out_h,
-                 stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK):
+                 stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, EARLY):
     """O and LSE of packed rows row0 .. row0+MR-1 of key/value head kv_h of sequence b from the `splits` partial
     ones, into the final (B, Sq, H, D) O and (B, H, Sq) LSE: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s -
     LSE) O_s. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)): a group's rows
     of one split are contiguous. The reference max takes every split's LSE at once (a max is exact in any
-    order), its loads issued with the first step's; then the splits are added one by one in split order, 0, 1,
-    2, ..., CHUNK of them a step, each step's loads issued together (one round trip a step, the first shared
-    with the max's). Every element is the same chain of float operations whatever the tile, warps or program
+    order), with EARLY its loads issued with the first step's; then the splits are added one by one in split
+    order, 0, 1, 2, ..., CHUNK of them a step, each step's loads issued together (one round trip a step, with
+    EARLY the first shared with the max's: two steps' registers live at once, which spill the head-dim-256
+    tiles). Every element is the same chain of float operations whatever the tile, warps or program
     that computes it, so the split launch's last program and `attention_decode_combine_kernel` (another
     tiling) give the same bits."""
     packed = G * Sq
     o_group = o_part + b * stride_pb + kv_h * G * stride_ph
     lse_group = lse_part + b * stride_lb + kv_h * G * stride_lh
-    parts, lses = load_step(o_group, lse_group, 0, splits, packed, row0, stride_o_split, stride_l_split, MR, D,
-                            CHUNK)
     every = tessera.view(lse_group, (splits, packed), (stride_l_split, 1)).block((SPLITS, MR), offsets=(0, row0))
-    top = tessera.max(every.load(fill=-float("inf")), axis=0)
+    total, acc = tessera.zeros((MR,), tessera.f32), tessera.zeros((MR, D), tessera.f32)
+    if EARLY:
+        parts, lses = load_step(o_group, lse_group, 0, splits, packed, row0, stride_o_split, stride_l_split, MR,
+                                D, CHUNK)
+        top = tessera.max(every.load(fill=-float("inf")), axis=0)
+        ref = tessera.where(top == -float("inf"), 0.0, top)
+        total, acc = add_step(parts, lses, ref, total, acc, CHUNK)
+    else:
+        top = tessera.max(every.load(fill=-float("inf")), axis=0)
+        ref = tessera.where(top == -float("inf"), 0.0, top)
     empty = top == -float("inf")                        # no split saw a key (or the row does not exist)
-    ref = tessera.where(empty, 0.0, top)
-    total, acc = add_step(parts, lses, ref, tessera.zeros((MR,), tessera.f32), tessera.zeros((MR, D), tessera.f32),
-                          CHUNK)
-    for s0 in range(CHUNK, splits, CHUNK):
+    for s0 in range(CHUNK if EARLY else 0, splits, CHUNK):
         parts, lses = load_step(o_group, lse_group, s0, splits, packed, row0, stride_o_split, stride_l_split, MR,
                                 D, CHUNK)
         total, acc = add_step(parts, lses, ref, total, acc, CHUNK)
@@ -270,4 +276,4 @@ def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, out_ptr, out_lse_p
     bh, row0 = tessera.program_id(1), tessera.program_id(0) * MR
     merge_splits(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, bh // H_KV, bh % H_KV, H // H_KV, Sq, row0, splits,
                  stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b,
-                 stride_out_s, stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK)
+                 stride_out_s, stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, True)

@@ -483,7 +483,8 @@ def merge_options(D, rows, num_warps, packed=None, splits=MOST_SPLITS, unified=F
     if rows > plan.in_launch_rows:          # the op merges this tile's splits in the combine kernel
         return dict(COMBINE=False)
     return dict(COMBINE=True, MR=merge_rows(shape, rows), SPLITS=splits,
-                CHUNK=merge_chunk(shape, rows, num_warps, splits, plan.merge_registers, MERGE_MOST))
+                CHUNK=merge_chunk(shape, rows, num_warps, splits, plan.merge_registers, MERGE_MOST),
+                EARLY=plan.merge_early)
 
 
 def compile_decode(target, softmax, D, rows, keys, stages, num_warps, packed=None):
@@ -585,7 +586,7 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
-                            stages=2, combine_in_launch=True, splits=3):
+                            stages=2, combine_in_launch=True, splits=3, early=True):
     """attention_decode lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed, 2 new queries,
     pages of 16, sequences of 37 and 9 tokens, unless told): the split kernel merging in its own launch (its
     last program per row group), or the split kernel and then the combine kernel; (O, LSE), the float64
@@ -607,7 +608,7 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
     shape = DecodeShape(B, Sq, H, 1, D, page, table.shape[1])
     options = dict(D=D, BM=16, BN=keys or page, STAGES=stages, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True,
                    SOFTCAP=False, UNIFIED=unified_max is not None, FALLBACK=True, COMBINE=combine_in_launch, MR=packed,
-                   SPLITS=4, CHUNK=2)     # 2 steps of 2 splits, the last one's second past the splits
+                   SPLITS=4, CHUNK=2, EARLY=early)    # 2 steps of 2 splits, the last one's second past the splits
     module = attention_decode_kernel.specialize(*args, **options).module
     run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
     if not combine_in_launch:
@@ -631,12 +632,14 @@ def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warp
     assert counters.tolist() == [0, 0]          # the merging programs reset them for the next launch
 
 
-@pytest.mark.parametrize("target, num_warps", [("sm_80", 1), ("sm_90a", 1), ("gfx942", 2)])
-def test_the_split_launchs_merge_is_the_combine_kernels_bit_for_bit_on_the_simt_simulator(target, num_warps):
-    """The merge in the split launch (one warp, 8 packed rows, 2 splits a step) and the combine kernel (4
-    warps, one row a program, 4 splits a step) lowered for the target: the same bits, although their tiles,
-    layouts and steps differ (the splits are added one by one, in split order, either way)."""
-    fused = decode_on_the_simulator(target, num_warps, combine_in_launch=True)
+@pytest.mark.parametrize("target, num_warps, early", [("sm_80", 1, True), ("sm_80", 1, False), ("sm_90a", 1, True),
+                                                      ("gfx942", 2, True)])
+def test_the_split_launchs_merge_is_the_combine_kernels_bit_for_bit_on_the_simt_simulator(target, num_warps, early):
+    """The merge in the split launch (one warp, 8 packed rows, 2 splits a step, the first step's loads with the
+    max's or after it) and the combine kernel (4 warps, one row a program, 4 splits a step) lowered for the
+    target: the same bits, although their tiles, layouts and steps differ (the splits are added one by one, in
+    split order, either way)."""
+    fused = decode_on_the_simulator(target, num_warps, combine_in_launch=True, early=early)
     separate = decode_on_the_simulator(target, num_warps, combine_in_launch=False)
     assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
     assert fused[4].tolist() == [0, 0]
