@@ -19,8 +19,9 @@ Parts (`--part`, repeatable; default all):
   scales, bf16 out, against torch._scaled_mm (skipped where this torch lacks
   it or the GPU has no fp8 GEMM).
 * configs: every shipped config pinned in turn at 4096^3 and 8192^3 (bf16),
-  plus, on Hopper, each non-persistent one warp-specialized (WS=True): the data
-  to tune the shipped configs from.
+  plus, on Hopper, each non-persistent one warp-specialized (WS=True), and the
+  persistent warp-specialized one next to them: the data to tune the shipped
+  configs from.
 
 Every row is checked against the reference before it is timed (a wrong result
 is recorded with `tessera.testing.diagnose`'s description, not timed), and is
@@ -178,16 +179,24 @@ def fp8_rows(torch, gemm, shapes) -> list[dict] | None:
 def config_variants(torch):
     """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's, the
     cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one
-    warp-specialized too (the cluster ones then multicast from the producer warpgroup, as CUTLASS's kernels)."""
+    warp-specialized too, right after it (the cluster ones then multicast from the producer warpgroup, as CUTLASS's
+    kernels); a persistent warp-specialized config comes right after its non-persistent twin's two rows."""
     import tessera
     from tessera.kernels_lib import gemm_configs
 
     hopper = torch is None or torch.cuda.get_device_capability() == (9, 0)
     shipped = gemm_configs.configs_for("sm_90" if hopper else gemm_configs.family_of(torch.cuda.get_device_capability()))
-    variants = list(shipped)
-    if hopper:
-        variants += [tessera.Config(dict(c.kwargs, WS=True), num_warps=c.num_warps)
-                     for c in shipped if not c.kwargs["PERSISTENT"]]
+    variants = []
+    for config in shipped:
+        if gemm_configs.is_persistent_specialized(config):
+            continue
+        variants.append(config)
+        if hopper and not config.kwargs["PERSISTENT"] and not config.kwargs.get("WS"):
+            variants.append(tessera.Config(dict(config.kwargs, WS=True), num_warps=config.num_warps))
+    for config in filter(gemm_configs.is_persistent_specialized, shipped):
+        twin = dict(config.kwargs, PERSISTENT=False)
+        at = next((i for i, c in enumerate(variants) if c.kwargs == twin), len(variants) - 1)
+        variants.insert(at + 1, config)
     return variants
 
 

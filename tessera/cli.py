@@ -213,6 +213,8 @@ def _compile(args) -> int:
                                                              compiled.metadata.get("shared_bytes", 0)),
         "compiler_version": __version__,
     }
+    if compiled.metadata.get("programs_per_block"):     # AMD's wave-group ping-pong: the launch divides grid_x
+        manifest["programs_per_block"] = compiled.metadata["programs_per_block"]
     if amd:
         manifest.update({
             "sgprs": compiled.metadata.get("sgpr_count"),

@@ -24,7 +24,7 @@ def test_every_builtin_has_its_docstring_and_signature(name):
 
 def test_help_shows_the_language_function_not_the_builtin_class():
     text = __import__("pydoc").render_doc(tessera.load, renderer=__import__("pydoc").plaintext)
-    assert "load(pointer, mask=None, other=None, layout=None, sem=None)" in text
+    assert "load(pointer, mask=None, other=None, layout=None, sem=None, scope=None)" in text
     assert "A language function usable inside kernels" not in text
     assert repr(tessera.load) == "<tessera.load>" and repr(tessera.f32) == "tessera.f32"
 

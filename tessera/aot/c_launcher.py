@@ -168,8 +168,9 @@ def _launch_nvidia(spec: Specialization, prefix: str) -> list[str]:
 def _launch_amd(spec: Specialization, prefix: str) -> list[str]:
     if spec.tensor_maps:
         raise AotError(f"kernel {spec.kernel!r} takes tensor maps, which AMD targets do not have")
+    blocks = _blocks_x(spec)
     if not spec.parameters:
-        return [f"    return hipModuleLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, "
+        return [f"    return hipModuleLaunchKernel({prefix}_function, {blocks}, grid_y, grid_z, "
                 f"{spec.threads_per_block}, 1, 1, {spec.shared_bytes}, stream, NULL, NULL);"]
     # members in order at the next multiple of their size: the kernarg layout (runtime/packing.py)
     # the size is where the last member ends (the kernarg segment's), not sizeof's padded size
@@ -180,8 +181,15 @@ def _launch_amd(spec: Specialization, prefix: str) -> list[str]:
             f"    size_t size = offsetof(struct {prefix}_args, {last}) + sizeof(args.{last});",
             "    void *config[] = {HIP_LAUNCH_PARAM_BUFFER_POINTER, &args, HIP_LAUNCH_PARAM_BUFFER_SIZE, &size,",
             "                      HIP_LAUNCH_PARAM_END};",
-            f"    return hipModuleLaunchKernel({prefix}_function, grid_x, grid_y, grid_z, {spec.threads_per_block}, "
+            f"    return hipModuleLaunchKernel({prefix}_function, {blocks}, grid_y, grid_z, {spec.threads_per_block}, "
             f"1, 1, {spec.shared_bytes}, stream, NULL, config);"]
+
+
+def _blocks_x(spec: Specialization) -> str:
+    """The C expression of the blocks along x: grid_x programs, `programs_per_block` of them a block (AMD's
+    wave-group ping-pong runs two)."""
+    n = spec.programs_per_block
+    return "grid_x" if n == 1 else f"(grid_x + {n - 1}u) / {n}u"
 
 
 def _encode_map(spec: Specialization, recipe: dict, var: str) -> list[str]:

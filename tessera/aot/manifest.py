@@ -82,6 +82,7 @@ class Specialization:
     binary_kind: str               # "cubin", "ptx" or "hsaco"
     constexprs: dict
     cluster_dims: tuple[int, int, int] | None = None   # launched in clusters (cuLaunchKernelEx), or not
+    programs_per_block: int = 1    # programs along grid axis 0 one block runs (AMD's wave-group ping-pong: 2)
 
     @classmethod
     def load(cls, manifest_path: str | Path) -> "Specialization":
@@ -110,7 +111,8 @@ class Specialization:
                    parameters=tuple(Parameter(**p) for p in manifest["parameters"]),
                    tensor_maps=tuple(manifest.get("tensor_maps", ())), binary=data, binary_kind=kind,
                    constexprs=dict(manifest.get("constexprs", {})),
-                   cluster_dims=tuple(manifest["cluster_dims"]) if manifest.get("cluster_dims") else None)
+                   cluster_dims=tuple(manifest["cluster_dims"]) if manifest.get("cluster_dims") else None,
+                   programs_per_block=int(manifest.get("programs_per_block", 1)))
 
     @property
     def symbol(self) -> str:

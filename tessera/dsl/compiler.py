@@ -140,6 +140,8 @@ def compile_tile_module(module: Module, target: str = "sm_80", num_warps: int = 
         "shared_bytes": thread_fn.attrs.get("shared_bytes", 0),
         "stage_seconds": seconds,
     }
+    if thread_fn.attrs.get("programs_per_block", 1) > 1:   # AMD's wave-group ping-pong: a block runs two programs
+        metadata["programs_per_block"] = int(thread_fn.attrs["programs_per_block"])
     if thread_fn.attrs.get("cluster_dims"):     # launched in clusters (`runtime/cluster_launch.py`)
         metadata["cluster_dims"] = [int(d) for d in thread_fn.attrs["cluster_dims"]]
     recipes = kernel_recipes(thread_fn.attrs)

@@ -125,8 +125,9 @@ def lower_for(gen: "Tracer", node: ast.For) -> None:
 
 def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool, bool]:
     """The `stages=` (a compile-time int >= 1, default 2), `warp_specialize=` (a compile-time bool, default
-    False; it needs stages >= 2) and `pingpong=` (a compile-time bool, default False; it needs
-    warp_specialize=True) of `tessera.pipeline(...)`."""
+    False; it needs stages >= 2) and `pingpong=` (a compile-time bool, default False: with
+    warp_specialize=True two consumer warpgroups take turns (sm_90a); without it, on AMD, two groups of waves
+    run one phase apart (`passes/wave_pingpong.py`)) of `tessera.pipeline(...)`."""
     options = {"stages": 2, "warp_specialize": False, "pingpong": False}
     for keyword in call.keywords:
         if keyword.arg not in options:
@@ -148,9 +149,6 @@ def pipeline_options(gen: "Tracer", call: ast.Call) -> tuple[int, bool, bool]:
     if options["warp_specialize"] and options["stages"] < 2:
         gen.at(call).error("tessera.pipeline(warp_specialize=True) needs a ring of stages >= 2 slots; "
                            "pass stages=2 or more")
-    if options["pingpong"] and not options["warp_specialize"]:
-        gen.at(call).error("tessera.pipeline(pingpong=True) takes turns between the consumer warpgroups of a "
-                           "warp-specialized loop; pass warp_specialize=True too")
     return options["stages"], options["warp_specialize"], options["pingpong"]
 
 

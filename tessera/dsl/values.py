@@ -162,8 +162,13 @@ class pipeline:
     `passes/schedule/auto_pipeline.py`); `tessera.pipeline` sets the depth, or opts out with stages=1. `warp_specialize=True` (sm_90/sm_90a, TMA
     loads only) adds a producer warpgroup that fills the ring while the `num_warps` consumer warps compute
     (`passes/schedule/warp_specialization.py`); it is recorded on the IR `for` as `warp_specialize = true`.
+    Directly in a persistent kernel's loop over tiles, the producer walks the tiles too, filling the next
+    tile's slots during this one's epilogue (`passes/schedule/warp_specialized_tiles.py`).
     `pingpong=True` with it has two consumer warpgroups take turns issuing their wgmmas, so one's softmax (or
     other non-tensor-core work) runs under the other's (FlashAttention-3's ping-pong; `pingpong = true`).
+    On AMD (gfx942, gfx950), `pingpong=True` without it and with stages=1 is HipKittens' wave-group ping-pong:
+    the block's `num_warps` waves are two groups, each running one program (launch half the programs along
+    axis 0), one s_barrier apart, so one group's MFMAs run under the other's loads (`passes/wave_pingpong.py`).
 
     Outside kernels it behaves like `range`.
     """

@@ -74,7 +74,7 @@ class OpDef:
     pointer_lanes: bool = False          # accesses memory lane by lane: pointer, mask, value and result lanes match
     reads_memory: bool = False           # reads global or shared memory (a synchronization op counts as both,
     writes_memory: bool = False          # so that no access moves across it)
-    orders_programs: bool = False        # orders memory against other programs at GPU scope (atomics, acquire
+    orders_programs: bool = False        # orders memory against other threads at a scope (atomics, acquire
                                          # loads, release stores): a kernel with one may hand data between its
                                          # programs in one launch (the TMA passes fence the async proxy there)
 
@@ -490,16 +490,45 @@ define("load", "Read through pointers; masked-off lanes yield `other` (zero if a
 define("store", "Write through pointers; masked-off lanes are not written.", (2, 3),
        optional_attrs={"vector": "int"}, infer=_infer_store, pure=False, pointer_lanes=True, writes_memory=True)
 READ_MODIFY_WRITE = dict(pure=False, pointer_lanes=True, reads_memory=True, writes_memory=True, orders_programs=True)
+# The scope of an ordered access or atomic: which threads it orders against (and, for an atomic, is atomic
+# against). Narrowest first: the block ("cta"), its thread-block cluster, the whole GPU (the default, meant when
+# the attribute is absent) and the system (the host and peer GPUs too). An access synchronizes with another only
+# when each one's scope holds the other's thread: a "cta" release and acquire of two blocks do not.
+SCOPES = ("cta", "cluster", "gpu", "sys")
+DEFAULT_SCOPE = "gpu"
+SCOPED = {"scope": "str"}
+
+
+def scope_of(op) -> str:
+    """The scope of an ordered access or atomic (`SCOPES`); "gpu" when the op has no `scope` attribute."""
+    return op.attrs.get("scope", DEFAULT_SCOPE)
+
+
+def _check_scope(name: str, a) -> None:
+    scope = a.get("scope", DEFAULT_SCOPE)
+    require(scope in SCOPES, f"{name} scope must be one of {SCOPES}, got {scope!r}")
 
 
 def _infer_ordered_load(ts, a):
     _check_whole_bytes("load_acquire", element_of(ts[0]))
+    _check_scope("load_acquire", a)
     return _infer_load(ts, a)
 
 
 def _infer_ordered_store(ts, a):
     _check_whole_bytes("store_release", element_of(ts[0]))
+    _check_scope("store_release", a)
     return _infer_store(ts, a)
+
+
+def _infer_scoped_rmw(ts, a):
+    _check_scope("atomic_rmw", a)
+    return _infer_atomic_rmw(ts, a)
+
+
+def _infer_scoped_cas(ts, a):
+    _check_scope("atomic_cas", a)
+    return _infer_atomic_cas(ts, a)
 
 
 def _check_whole_bytes(name: str, pointer) -> None:
@@ -508,21 +537,24 @@ def _check_whole_bytes(name: str, pointer) -> None:
                                             f"an ordered access is one whole element of 8 bits or more")
 
 
-# The ordered accesses (`tessera.load(..., sem="acquire")`, `tessera.store(..., sem="release")`), GPU scope, one
-# register at a time (never vectorized): ld.acquire.gpu / st.release.gpu on NVIDIA, the agent-scope atomic load
-# and store on AMD. How programs of one launch hand data to each other without a read-modify-write.
-define("load_acquire", "Read through pointers with acquire ordering at GPU scope: this program's later accesses "
-       "see what another program wrote before a release (a release store, an atomic) that this read observes. "
-       "Masked-off lanes are not read and yield `other` (zero if absent).", (1, 3), infer=_infer_ordered_load,
-       pure=False, pointer_lanes=True, reads_memory=True, orders_programs=True)
-define("store_release", "Write through pointers with release ordering at GPU scope: a program whose acquire (a "
-       "load_acquire, an atomic) reads the value sees every write made before it. Masked-off lanes are not "
-       "written.", (2, 3), infer=_infer_ordered_store, pure=False, pointer_lanes=True, writes_memory=True,
+# The ordered accesses (`tessera.load(..., sem="acquire")`, `tessera.store(..., sem="release")`) at their `scope`
+# (GPU by default), one register at a time (never vectorized): ld.acquire.<scope> / st.release.<scope> on NVIDIA,
+# the atomic load and store at the scope's syncscope on AMD. How programs of one launch hand data to each other
+# without a read-modify-write.
+define("load_acquire", "Read through pointers with acquire ordering at `scope` (default GPU): this program's later "
+       "accesses see what another thread of the scope wrote before a release (a release store, an atomic) that "
+       "this read observes. Masked-off lanes are not read and yield `other` (zero if absent).", (1, 3),
+       optional_attrs=SCOPED, infer=_infer_ordered_load, pure=False, pointer_lanes=True, reads_memory=True,
        orders_programs=True)
-define("atomic_rmw", "Atomically combine `value` into memory; returns the old values.", (2, 3),
-       attrs={"kind": "str"}, infer=_infer_atomic_rmw, **READ_MODIFY_WRITE)
-define("atomic_cas", "Atomic compare-and-swap; returns the old values.", 3, infer=_infer_atomic_cas,
+define("store_release", "Write through pointers with release ordering at `scope` (default GPU): a thread of the "
+       "scope whose acquire (a load_acquire, an atomic) reads the value sees every write made before it. "
+       "Masked-off lanes are not written.", (2, 3), optional_attrs=SCOPED, infer=_infer_ordered_store, pure=False,
+       pointer_lanes=True, writes_memory=True, orders_programs=True)
+define("atomic_rmw", "Atomically combine `value` into memory (acquire-release at `scope`, default GPU); returns the "
+       "old values.", (2, 3), attrs={"kind": "str"}, optional_attrs=SCOPED, infer=_infer_scoped_rmw,
        **READ_MODIFY_WRITE)
+define("atomic_cas", "Atomic compare-and-swap (acquire-release at `scope`, default GPU); returns the old values.", 3,
+       optional_attrs=SCOPED, infer=_infer_scoped_cas, **READ_MODIFY_WRITE)
 
 
 def _infer_make_view(ts, a):
@@ -691,7 +723,8 @@ define("for", "for iv in range(lb, ub, step), threading carried values through t
        "1: a plain loop; absent: the lowering's choice, pipelined when it feeds a dot and may be): how deep the "
        "lowering may software-pipeline the body's global -> shared copies; "
        "`warp_specialize`: a producer warpgroup makes those copies (TMA targets); `pingpong` (with it): two "
-       "consumer warpgroups take turns issuing their wgmmas; `pingpong_turn` (thread IR: [my barrier, the "
+       "consumer warpgroups take turns issuing their wgmmas; without it (AMD, stages = 1): two programs' wave "
+       "groups run the loop one s_barrier apart (`passes/wave_pingpong.py`); `pingpong_turn` (thread IR: [my barrier, the "
        "other's]): this copy of such a loop is one warpgroup's.", (3, -1),
        optional_attrs={"stages": "int", "warp_specialize": "bool", "pingpong": "bool", "pingpong_turn": "ints"},
        regions=1, check=_check_for, pure=False)
@@ -736,6 +769,7 @@ from . import thread_ops  # noqa: E402,F401
 from . import bulk_async_ops, cluster_ops, warpgroup_ops  # noqa: E402,F401
 from . import shared_ops  # noqa: E402,F401
 from . import warp_specialization_ops  # noqa: E402,F401
+from . import wave_schedule_ops  # noqa: E402,F401
 from . import low_bit_ops  # noqa: E402,F401
 from . import hint_ops  # noqa: E402,F401
 from . import pointer_ops  # noqa: E402,F401

@@ -147,8 +147,11 @@ define_thread_op("barrier", "Wait for every thread of the block; orders shared-m
        infer=lambda ts, a: [], pure=False, **SYNCHRONIZES)
 define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset` (-1 until the allocator assigns it), "
                  "a multiple of `align` (default 16; 1024 for a 128B-swizzled wgmma tile); `whole_kernel`: live "
-                 "for the whole kernel, sharing bytes with no other buffer (explicit `tessera.shared` buffers).", 0,
-       attrs={"bytes": "int", "offset": "int"}, optional_attrs={"align": "int", "whole_kernel": "bool"},
+                 "for the whole kernel, sharing bytes with no other buffer (explicit `tessera.shared` buffers); "
+                 "`async_reads`: a TMA store's staging buffer that the store may still read after the loop "
+                 "holding it, until a bulk_wait_group_read after that loop (`schedule/tma_store.py`).", 0,
+       attrs={"bytes": "int", "offset": "int"},
+       optional_attrs={"align": "int", "whole_kernel": "bool", "async_reads": "bool"},
        check=_check_shared_alloc,
        pure=False)
 

@@ -22,7 +22,8 @@ CUDA tensors launch the kernel with the plan for their head dim
 (`GPU_PLANS`; on Hopper from 1024 keys at head dim 128 its warp-specialized
 form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
 overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup
-ping-pong; TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`); CPU tensors
+ping-pong; on AMD TESSERA_ATTENTION_AMD_PINGPONG=1 the 8-wave ping-pong, `AMD_PINGPONG_ENV`;
+TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`); CPU tensors
 run on the tile interpreter with small tiles (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
@@ -60,7 +61,9 @@ class Plan:
     stages: int = 2
     ws: bool = False        # the key loop warp-specialized (sm_90a): a producer warpgroup issues K and V's TMA fills
     overlap: bool = False   # FlashAttention-3's loop order: block n's softmax under P V of block n - 1 (`OVERLAP_ENV`)
-    pingpong: bool = False  # with ws and overlap: the warpgroups take turns at the tensor cores (`PINGPONG_ENV`)
+    pingpong: bool = False  # with ws and overlap: the warpgroups take turns at the tensor cores (`PINGPONG_ENV`);
+    # without ws (AMD): two groups of num_warps / 2 waves, one program each, one phase apart (`AMD_PINGPONG_ENV`;
+    # a block runs two programs, so the launcher halves grid axis 0: `KernelBinary.programs_per_block`)
 
 
 # Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
@@ -97,6 +100,15 @@ OVERLAP_HEAD_DIMS = (64, 128)
 # of the warp-specialized overlapped plan take turns issuing their products (named barriers), so one's softmax
 # runs under the other's GEMMs; taken only together with TESSERA_ATTENTION_WS=1 (or auto) and ..._OVERLAP=1.
 PINGPONG_ENV = "TESSERA_ATTENTION_PINGPONG"
+# HipKittens' 8-wave ping-pong on AMD (gfx942/gfx950; `passes/wave_pingpong.py`): =1 launches 8 waves a block in two
+# groups of 4, each group one program (BM rows) with its own LDS, group 1 one s_barrier behind, each phase's MFMAs
+# under s_setprio 1. Batched calls only (not varlen, fp8 or fused hooks). Off by default: never run on an AMD GPU
+# (this project has none). Tiles: the largest whose 8 waves fit 256 VGPRs a wave without spilling (a workgroup of 8
+# waves leaves 2 waves a SIMD, 256 of the 512 registers each): head dim 64, BM = 128 and BN = 16 (182-201 VGPRs);
+# 128, BM = 64 (16x16 MFMA) and BN = 16 (256 VGPRs, no scratch); BN = 32 spills at 128 (25-27 VGPRs), and at 64
+# on gfx950 with every option compiled in (42).
+AMD_PINGPONG_ENV = "TESSERA_ATTENTION_AMD_PINGPONG"
+AMD_PINGPONG_PLANS = {64: Plan(128, 16, 8, stages=1, pingpong=True), 128: Plan(64, 16, 8, stages=1, pingpong=True)}
 
 
 @dataclass(frozen=True)
@@ -195,14 +207,18 @@ def window_bounds(causal: bool, window: Window) -> tuple[int, int]:
     return left, 0 if causal else right
 
 
-def gpu_plan(D: int, warp_specialized: bool = False, overlap: bool = False, pingpong: bool = False) -> Plan:
+def gpu_plan(D: int, warp_specialized: bool = False, overlap: bool = False, pingpong: bool = False,
+             amd_pingpong: bool = False) -> Plan:
     """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's); with `warp_specialized`,
     Hopper's warp-specialized one where head dim D has one (`WS_GPU_PLANS`); with `overlap`, on Hopper, in
     FlashAttention-3's loop order (`OVERLAP_ENV`: wgmma is asynchronous there, mma.sync and MFMA are not); with
-    `pingpong` too, a warp-specialized overlapped plan's warpgroups take turns (`PINGPONG_ENV`)."""
+    `pingpong` too, a warp-specialized overlapped plan's warpgroups take turns (`PINGPONG_ENV`); with
+    `amd_pingpong`, on AMD, the 8-wave ping-pong where head dim D has one (`AMD_PINGPONG_PLANS`)."""
     plans = GPU_PLANS["amd" if torch.version.hip else "nvidia"]
     if D not in plans:
         raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
+    if torch.version.hip:
+        return AMD_PINGPONG_PLANS[D] if amd_pingpong and D in AMD_PINGPONG_PLANS else plans[D]
     hopper = not torch.version.hip and torch.cuda.get_device_capability()[0] == 9
     plan = WS_GPU_PLANS[D] if warp_specialized and hopper and D in WS_GPU_PLANS else plans[D]
     if not (overlap and hopper and D in OVERLAP_HEAD_DIMS):
@@ -219,6 +235,11 @@ def wants_overlap() -> bool:
 def wants_pingpong() -> bool:
     """Whether a warp-specialized overlapped forward has its warpgroups take turns: TESSERA_ATTENTION_PINGPONG=1."""
     return _env_flag(PINGPONG_ENV, "the consumer warpgroups take turns at the tensor cores", "they do not")
+
+
+def wants_amd_pingpong() -> bool:
+    """Whether the forward on AMD takes the 8-wave ping-pong (`gpu_plan`): TESSERA_ATTENTION_AMD_PINGPONG=1."""
+    return _env_flag(AMD_PINGPONG_ENV, "8 waves in two staggered groups on AMD", "4 waves, one program a block")
 
 
 def _env_flag(name: str, on: str, off: str) -> bool:
@@ -325,7 +346,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     if _on_interpreter(q):
         plan = dataclasses.replace(CPU_PLAN, overlap=overlap)
     else:
-        plan = plan or gpu_plan(problem.D, ws, overlap, wants_pingpong())
+        plan = plan or gpu_plan(problem.D, ws, overlap, wants_pingpong(), plain_call and wants_amd_pingpong())
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),

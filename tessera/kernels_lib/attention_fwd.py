@@ -241,8 +241,9 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
             acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n - 1, 0)).load(), acc * alpha[:, None])
             m, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
         acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (hi - 1, 0)).load(), acc * alpha[:, None])
-    else:       # FlashAttention-2's order: each block's softmax between its two products
-        for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS):
+    else:       # FlashAttention-2's order: each block's softmax between its two products (PINGPONG on AMD: two
+        # groups of waves, each on its own row block, one phase apart: `passes/wave_pingpong.py`)
+        for n in tessera.pipeline(lo, hi, stages=STAGES, warp_specialize=WS, pingpong=PINGPONG):
             s = tessera.dot(q_block, kT.block((D, BN), (0, n)).load())
             m_new, p, l, alpha = online_softmax(s, m, l, n, False, rows, flags)
             acc = tessera.dot(p.to(v.dtype), v.block((BN, D), (n, 0)).load(), acc * alpha[:, None])

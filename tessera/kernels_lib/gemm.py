@@ -19,11 +19,17 @@ at a time, column by column, so programs running together share rows of A
 and columns of B in L2. The grid is 1-D: one program per tile, or with
 PERSISTENT one program per SM that loops over tiles num_programs apart (on
 TMA targets its tiles share the K loop's mbarriers, set up once:
-`passes/schedule/persistent.py`).
-A config with WS = True (sm_90/sm_90a, TMA-filled K loop; not with
-PERSISTENT) warp-specializes the K loop: a producer warpgroup beyond
-num_warps issues the TMA loads (`passes/schedule/warp_specialization.py`).
-No shipped config sets it; it defaults to False. A config with CLUSTER_M = 2
+`passes/schedule/persistent.py`; a tile's C leaves by a TMA store that
+reads its shared-memory buffer while the next tile's K loop runs:
+`passes/schedule/tma_store.py`).
+A config with WS = True (sm_90/sm_90a, TMA-filled K loop) warp-specializes
+the K loop: a producer warpgroup beyond num_warps issues the TMA loads
+(`passes/schedule/warp_specialization.py`); with PERSISTENT too, the
+producer walks the program's tiles as well, filling the next tile's stages
+while the consumers run this one's epilogue (CUTLASS's cooperative
+persistent kernel: `passes/schedule/warp_specialized_tiles.py`). It defaults
+to False; the one shipped config that sets it (sm_90, persistent 128 x 256)
+is left to the timed autotuner until measured. A config with CLUSTER_M = 2
 (sm_90a, not with PERSISTENT; with WS too) runs pairs of programs as one thread-block
 cluster on the two rows of tiles (pid_m, pid_n) that share B's column
 (`cluster_tile`): each loads its own A block and half of the shared B block,
@@ -83,9 +89,9 @@ from .hooks import outside_graphs
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
 # 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
 # sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a), and per GPU family its own
-# (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups); the autotuner gets all of them and keeps the
-# launching device's (`prune_for_device`), then prunes by what ptxas reports. Each compiles without register
-# spills; not yet timed on a GPU.
+# (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups, clusters, a persistent warp-specialized kernel);
+# the autotuner gets all of them and keeps the launching device's (`prune_for_device`), then prunes by what
+# ptxas reports. Each compiles without register spills; not yet timed on a GPU.
 CONFIGS = gemm_configs.COMMON
 HOPPER_CONFIGS = gemm_configs.BY_FAMILY["sm_90"]
 # The CPU interpreter's config: small blocks keep the interpreted tiles cheap.

@@ -66,6 +66,19 @@ def is_clustered(config: tessera.Config) -> bool:
     return config.kwargs.get("CLUSTER_M", 1) * config.kwargs.get("CLUSTER_N", 1) > 1
 
 
+def is_persistent_specialized(config: tessera.Config) -> bool:
+    """Whether `config` is a persistent warp-specialized kernel (PERSISTENT and WS: the producer warpgroup walks
+    the tiles too, `passes/schedule/warp_specialized_tiles.py`)."""
+    return bool(config.kwargs.get("PERSISTENT") and config.kwargs.get("WS"))
+
+
+def awaits_measurement(config: tessera.Config) -> bool:
+    """Whether `config` is shipped for the timed autotuner only, its "why" a model no GPU has measured yet: the
+    cluster configs and the persistent warp-specialized ones. The untimed model (`predicted`) never picks
+    them."""
+    return is_clustered(config) or is_persistent_specialized(config)
+
+
 # The SM count `predicted` assumes when the arguments do not name a torch CUDA device (an H100 SXM's).
 ASSUMED_SMS = 132
 
@@ -75,10 +88,10 @@ def predicted(configs: list[tessera.Config], named_args: dict) -> tessera.Config
     cannot be timed (inside `tessera.fusion()`) and nothing was tuned for the shape yet. It is the config whose
     waves of tiles compute the least padded area per SM (ceil(tiles / SMs) * BM * BN: tile padding and the
     last wave's idle SMs both count), larger tiles first among equals (more reuse of each loaded block), then
-    the configs' own order. Cluster configs (CLUSTER_M / CLUSTER_N > 1) are left to the timed autotuner until a GPU run
-    has measured them (`gemm_configs.json`)."""
+    the configs' own order. Cluster configs (CLUSTER_M / CLUSTER_N > 1) and persistent warp-specialized ones are left
+    to the timed autotuner until a GPU run has measured them (`awaits_measurement`, `gemm_configs.json`)."""
     M, N, sms = int(named_args["M"]), int(named_args["N"]), _sm_count(named_args)
-    configs = [c for c in configs if not is_clustered(c)] or configs                  # clusters: not yet measured
+    configs = [c for c in configs if not awaits_measurement(c)] or configs            # not yet measured
 
     def cost(indexed):
         i, config = indexed

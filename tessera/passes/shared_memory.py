@@ -11,7 +11,11 @@ lowering ends every use of a buffer with a barrier, so the next buffer's
 writes cannot race with the last reads of the one before. Explicit buffers
 (`tessera.shared`, `whole_kernel = true`) are read and filled by async
 copies on the author's schedule, with no closing barrier, so they are live
-for the whole kernel and share bytes with nothing.
+for the whole kernel and share bytes with nothing. A TMA store's staging
+buffer in a loop (`async_reads`, `schedule/tma_store.py`) has no closing
+barrier either, but its alloc sits before the loop, so it is live across
+it, and the wait and barrier right after the loop come before any later
+buffer's first use.
 
 Placement is first-fit, largest allocation first, at 16-byte alignment (the
 widest vector access) or the allocation's own `align` (swizzled wgmma tiles:

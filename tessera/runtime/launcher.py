@@ -67,6 +67,7 @@ class KernelBinary:
     num_threads: int = 128      # threads per block the kernel was lowered for
     shared_bytes: int = 0       # dynamic shared memory per block
     cluster_dims: tuple[int, int, int] | None = None    # launched in clusters (`cluster_launch.py`)
+    programs_per_block: int = 1     # programs along grid axis 0 one block runs (AMD's wave-group ping-pong: 2)
 
     @classmethod
     def of(cls, compiled: Any) -> "KernelBinary":
@@ -80,7 +81,8 @@ class KernelBinary:
             raise LaunchError(f"compiled kernel '{compiled.name}' does not say how many threads per block it "
                               f"was lowered for (metadata['num_threads'])")
         return cls(compiled.name, getattr(compiled, "target", None), image, stages.get("ptx"), int(threads),
-                   int(metadata.get("shared_bytes") or 0), cluster_shape(metadata))
+                   int(metadata.get("shared_bytes") or 0), cluster_shape(metadata),
+                   int(metadata.get("programs_per_block") or 1))
 
 
 class Launcher:
@@ -113,6 +115,9 @@ class Launcher:
             grid = as_dim3(grid, "grid")
             if 0 in grid:
                 return
+            per_block = self.binary.programs_per_block
+            if per_block > 1:       # the grid counts programs; a block runs `per_block` of them along axis 0
+                grid = (-(-grid[0] // per_block), grid[1], grid[2])
             values, ordinal, torch_args, exported = self._arguments(args)
             launch = self._prepared.get(ordinal) or self.prepared(ordinal)
             handle = stream_handle(stream) if stream is not None else (

@@ -241,3 +241,20 @@ def test_the_attention_launcher_encodes_its_4d_maps_as_the_python_launcher_descr
     lines = run_launch(tmp_path, [tmp_path / "attention_fwd_kernel.c"], call, sizes)
     assert_maps_described_alike(lines, spec, metadata, values)
     assert lines[-1] == "status 0"
+
+
+def test_an_amd_pingpong_launcher_launches_two_programs_a_block(tmp_path):
+    """The attention forward with AMD's wave-group ping-pong (PINGPONG on gfx942): the manifest says a block runs
+    two programs, and the C launcher turns grid_x programs into (grid_x + 1) / 2 blocks of 512 threads."""
+    import sys
+    sys.path.insert(0, str(ROOT / "tests" / "kernels_lib"))
+    from test_attention_compile import FORWARD_SIGNATURE
+
+    kernel = f"{ROOT / 'tessera' / 'kernels_lib' / 'attention_fwd.py'}:attention_fwd_kernel"
+    consts = ["D=64", "BM=128", "BN=16", "STAGES=1", "HAS_LEFT=False", "HAS_RIGHT=False", "SOFTCAP=False",
+              "VARLEN=False", "PINGPONG=True"]
+    manifest = compile_kernel(tmp_path, kernel, FORWARD_SIGNATURE.format(t="bf16"), consts, target="gfx942", warps=8)
+    metadata = json.loads(manifest.read_text())
+    assert metadata["programs_per_block"] == 2 and metadata["threads_per_block"] == 512
+    source = (tmp_path / "attention_fwd_kernel.c").read_text()
+    assert "hipModuleLaunchKernel(attention_fwd_kernel_function, (grid_x + 1u) / 2u, grid_y, grid_z, 512," in source

@@ -21,7 +21,8 @@ from tessera.backends.llvm.types import I8, I32, I64
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
-SLEEP = "llvm.amdgcn.s.sleep"   # s_sleep's one operand is an immediate too
+# s_sleep's, s_setprio's and sched_barrier's one operand is an immediate too
+ONE_IMMEDIATE = ("llvm.amdgcn.s.sleep", "llvm.amdgcn.s.setprio", "llvm.amdgcn.sched.barrier")
 
 
 def _table_kernel(target: str) -> str:
@@ -42,9 +43,9 @@ def _table_kernel(target: str) -> str:
 
     def call(callee: ir.Function, name: str):
         types = callee.function_type.args
-        immediates = IMMEDIATE_ARGS if ".mfma." in name else 1 if name == SLEEP else 0
+        immediates = IMMEDIATE_ARGS if ".mfma." in name else 1 if name in ONE_IMMEDIATE else 0
         loaded = [b.load(address(src), typ=t) for t in types[:len(types) - immediates]]
-        result = b.call(callee, loaded + [ir.Constant(I32, 0)] * immediates)
+        result = b.call(callee, loaded + [ir.Constant(t, 0) for t in types[len(types) - immediates:]])
         if not isinstance(callee.function_type.return_type, ir.VoidType):
             b.store(result, address(dst))
 

@@ -74,7 +74,7 @@ def gemm_cases() -> list[Case]:
     for i, config in enumerate(CONFIGS):
         meta = dict(config.kwargs)
         cases.append(Case(f"gemm/bf16/config{i}", kernel, GEMM_BF16, {**NO_EPILOGUE, **meta}, config.num_warps))
-        if not meta["PERSISTENT"]:      # WS with PERSISTENT is a compile error everywhere
+        if not meta["PERSISTENT"]:      # (WS with PERSISTENT: test_gemm_persistent_ws.py)
             cases.append(Case(f"gemm/bf16/config{i}/ws", kernel, GEMM_BF16, {**NO_EPILOGUE, **meta, "WS": True},
                               config.num_warps))
         cases.append(Case(f"gemm/fp8/config{i}", kernel, GEMM_FP8.format(b=B_ROW_MAJOR), {**NO_EPILOGUE, **meta},

@@ -248,7 +248,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
-                   STAGES=2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
+                   STAGES=1 if pingpong and target.startswith("gfx") else 2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
     assert check_waits is None or check_waits(fn)
@@ -262,7 +262,8 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     # (32 x 32, straight into wgmma's tile: `passes/schedule/tma_operand.py`), and with `overlap` so are the
     # blocks outside the ring (the first K, the last V)
     assert len(tma_loads) == ((2 if ws else 4) + (3 if overlap else 1) if target == "sm_90a" else 0)
-    run_threads(fn, args, (tessera.cdiv(Sq, BM), B * H))
+    # AMD's wave-group ping-pong runs two programs a block: the launch halves axis 0 (as `attention._forward`)
+    run_threads(fn, args, (tessera.cdiv(tessera.cdiv(Sq, BM), fn.attrs.get("programs_per_block", 1)), B * H))
     return o, lse, *reference(q, k, v, causal, window, softcap)
 
 

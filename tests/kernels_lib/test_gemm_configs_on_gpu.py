@@ -1,6 +1,7 @@
-"""Every shipped library GEMM config, pinned, on a real GPU: bf16 with and without warp specialization (Hopper),
-and fp8 with scales (sm_89+), against a float32 product. The shapes leave partial tiles along M, N and K, and a
-wrong product names its wrong rows, columns and K-steps (tessera.testing). Skipped without an NVIDIA driver."""
+"""Every shipped library GEMM config, pinned, on a real GPU (the persistent warp-specialized one too): bf16 with
+and without warp specialization (Hopper), and fp8 with scales (sm_89+), against a float32 product. The shapes
+leave partial tiles along M, N and K, and a wrong product names its wrong rows, columns and K-steps
+(tessera.testing). Skipped without an NVIDIA driver."""
 
 import pytest
 
@@ -20,7 +21,7 @@ def _variants():
     """(id, config, needs Hopper): each shipped config (the sm_90 family's too: 128 x 256, 256 x 128, and the
     cluster-multicast ones), and each non-persistent one with WS=True."""
     plain = [(f"{'x'.join(str(c.kwargs[k]) for k in ('BM', 'BN', 'BK'))}-s{c.kwargs['STAGES']}"
-              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}"
+              f"{'-persistent' if c.kwargs['PERSISTENT'] else ''}{'-ws' if c.kwargs.get('WS') else ''}"
               f"{''.join(f'-{k.lower()}{c.kwargs[k]}' for k in ('CLUSTER_M', 'CLUSTER_N') if c.kwargs.get(k, 1) > 1)}",
               c,
               c in HOPPER_CONFIGS)
@@ -76,3 +77,20 @@ def test_fp8_with_per_tensor_and_per_row_scales(pinned):
     out = gemm(a, b_t, None, scale_a, scale_b, trans_b=True)
     expected = (a.float() @ b_t.float().t()) * scale_a[:, None] * scale_b
     assert_close(out.float(), expected, rtol=2e-2, atol=2e-1)
+
+
+PERSISTENT = [v for v in VARIANTS if v[1].kwargs["PERSISTENT"]]
+
+
+@pytest.mark.parametrize("pinned", PERSISTENT, ids=[v[0] for v in PERSISTENT], indirect=True)
+@pytest.mark.parametrize("out_dtype", [torch.bfloat16, torch.float32])
+def test_the_persistent_config_with_several_tiles_per_program_matches_a_float32_product(pinned, out_dtype):
+    """2000 x 4000: 16 x 32 tiles of 128 x 128 (the last row and column ragged), ~4 per SM, so each program's
+    C store is read by TMA while its next tile's K loop runs (`passes/schedule/tma_store.py`); bf16 C leaves
+    through stmatrix, float32 C through the threads' st.shared."""
+    g = torch.Generator().manual_seed(4)
+    a = torch.randn((2000, 520), generator=g).to(torch.bfloat16).cuda()
+    b = torch.randn((520, 4000), generator=g).to(torch.bfloat16).cuda()
+    out = gemm(a, b, out_dtype=out_dtype)
+    assert_close(out.float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1,
+                 matmul=(a.float(), b.float(), pinned.kwargs["BK"]))

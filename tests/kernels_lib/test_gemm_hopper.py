@@ -45,9 +45,11 @@ from hopper_gemm import (compile_gemm, compile_signature, first, last, lowered_g
                          opcode_counts, ptx_lines, sass_k_loop, simulate)
 from sass_checks import assert_wgmma_descriptors_built
 
-# (the cluster-multicast configs, CLUSTER_M, have their own facts: test_gemm_cluster.py)
+# (the cluster-multicast configs, CLUSTER_M, have their own facts: test_gemm_cluster.py; the persistent
+# warp-specialized one, whose producer warpgroup fills the ring, test_gemm_persistent_ws.py)
 SHIPPED = {**{f"config{i}": c for i, c in enumerate(CONFIGS)},
-           **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS) if not gemm_configs.is_clustered(c)}}
+           **{f"hopper{i}": c for i, c in enumerate(HOPPER_CONFIGS)
+              if not gemm_configs.awaits_measurement(c)}}
 
 
 def k_boxes(config, b_layout="b-row-major") -> int:

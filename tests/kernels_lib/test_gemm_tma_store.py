@@ -5,14 +5,27 @@ Specification (`passes/schedule/tma_store.py`):
 * on sm_90a every shipped config stores its bf16 C tile with one cp.async.bulk.tensor ... global.shared::cta ...
   bulk_group per 64-column block (a 128-byte box row, 128B swizzle), after stmatrix x4 of the accumulator's
   registers (no st.shared, no layout conversion through shared memory first: no ld.shared after the K loop),
-  fence.proxy.async and a barrier, followed by one commit_group and wait_group.read 0; no thread stores C
-  to global memory itself; ptxas spills nothing and the shared memory (ring + C buffer) fits in 227 KiB;
+  fence.proxy.async and a barrier, followed by one commit_group and, in the one-tile-per-program configs, at
+  once by wait_group.read 0; no thread stores C to global memory itself; ptxas spills nothing and the shared
+  memory (ring + C buffer) fits in 227 KiB;
+* the persistent config lets TMA read a tile's C buffer while the next tile's K loop runs: the tile loop's
+  one wait_group.read comes before the next tile's stmatrix (then a barrier), none after the commit_group,
+  and one more after the tile loop (SASS: DEPBAR.LE SB0 before the STSMs and after the loop, none between
+  UTMACMDFLUSH and the back edge); the C buffer has bytes of its own, 131096 bytes in all (96 KiB of ring,
+  32 KiB of C), as before; on the SIMT simulator a bf16 C over ragged tiles, several per program, is what
+  the interpreter computes, and dropping that wait, placing it after the stmatrix, or dropping the barrier
+  after it is reported as a race;
 * in the SASS of every shipped config the epilogue's shared stores are BM x BN / (32 x 8 x num_warps) STSM
   (16 bytes a lane each) and nothing else: no STS and no LDS anywhere in the kernel (the accumulator used to
   go through shared memory as f32 first: 32 STS.64 + 16 LDS.128 + 8 STS.128 a thread at 128 x 128);
 * sm_90 (mma.sync accumulators) stores C the same way;
-* an f32 C (no stmatrix: 32-bit elements) takes the threads' vectorized st.shared into a row-major tile and
-  one TMA store;
+* an f32 C (no stmatrix: 32-bit elements) goes the same way with st.shared.v2 of the accumulator's register
+  pairs (`pair_store.py`) into a 128B-swizzled tile, one TMA store per 32-column block (box [BM, 32]): in
+  every shipped config's PTX BM x BN / (64 x warps) st.shared.v2.b32 a thread, no other st.shared and no
+  ld.shared (no layout conversion through shared memory), no spills; in the SASS as many STS.64, no LDS.
+  The allocator's shared bytes: the persistent config 163864 (96 KiB of ring + the 64 KiB C tile + 24 of
+  mbarriers; 229400 with the conversion's 64 KiB buffer before), config0 98328 before and after (both
+  buffers reuse the ring's bytes after the K loop);
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
   loop's TMA loads) and C's (written by the store); where C's rows are not provably 16-byte aligned the
   epilogue keeps the threads' stores and there is no map of C;
@@ -60,10 +73,45 @@ def test_sm_90a_stores_c_with_stmatrix_and_a_tma_store_per_column_block_and_no_t
     assert "bar.sync" in ptx[fence:stores[0]]
     commit = ptx.index("cp.async.bulk.commit_group;", stores[-1])
     assert ptx.count("cp.async.bulk.commit_group;") == 1
-    assert re.search(r"cp\.async\.bulk\.wait_group\.read\s+0;", ptx[commit:])
+    following = ptx[commit:].splitlines()[1].strip()
+    if config.kwargs["PERSISTENT"]:                 # waited for before the next tile's writes (test below)
+        assert not following.startswith("cp.async.bulk.wait_group.read")
+    else:                                           # one tile: the program waits for the read at once
+        assert re.fullmatch(r"cp\.async\.bulk\.wait_group\.read\s+0;", following)
     assert compiled.metadata["spill_stores"] == 0
     assert compiled.metadata["shared_bytes"] <= 227 * 1024
     assert maps_by_use(ptx, compiled.metadata["tensor_maps"]) == {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]}
+
+
+PERSISTENT = next(name for name, config in SHIPPED.items() if config.kwargs["PERSISTENT"])
+READ_WAIT = re.compile(r"cp\.async\.bulk\.wait_group\.read\s+0;")
+
+
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_the_persistent_kernel_waits_for_a_tiles_c_store_only_before_writing_the_next_tiles(target):
+    from tessera.backends.nvptx.sass import disassemble, loop_containing
+    needs_sass()
+    compiled = compile_gemm(SHIPPED[PERSISTENT], target=target)
+    lines = compiled.stages["ptx"].splitlines()
+    waits = [i for i, line in enumerate(lines) if READ_WAIT.search(line)]
+    stmatrix = [i for i, line in enumerate(lines) if "stmatrix" in line]
+    commit = next(i for i, line in enumerate(lines) if "cp.async.bulk.commit_group;" in line)
+    mma = max(i for i, line in enumerate(lines) if re.search(r"\b(wgmma\.mma_async|mma\.sync)", line))
+    assert len(waits) == 2 and mma < waits[0] < stmatrix[0] < commit < waits[1]
+    assert any("bar.sync" in line for line in lines[waits[0]:stmatrix[0]])     # the others wait for thread 0's
+    code = disassemble(compiled.cubin)
+    tiles = loop_containing(code, "HGMMA" if target == "sm_90a" else "HMMA", outermost=True)
+    opcodes = [i.text for i in tiles]
+    in_loop = [i for i, text in enumerate(opcodes) if text.startswith("DEPBAR.LE SB0")]
+    flush = next(i for i, text in enumerate(opcodes) if text.startswith("UTMACMDFLUSH"))
+    first_stsm = next(i for i, text in enumerate(opcodes) if text.startswith("STSM"))
+    assert len(in_loop) == 1 and in_loop[0] < first_stsm < flush      # nothing waits between the store and the K loop
+    after = [i for i in code if i.address > tiles[-1].address]
+    assert any(i.text.startswith("DEPBAR.LE SB0") for i in after)       # the last tile's store, before EXIT
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    # the C buffer's own 32 KiB beside the whole-kernel rings (96 KiB) and the 3 mbarriers: as before, since the
+    # rings never shared bytes with it
+    assert compiled.metadata["shared_bytes"] == 3 * 32768 + 32768 + 24 <= 227 * 1024
 
 
 @pytest.mark.parametrize("name", SHIPPED)
@@ -94,16 +142,83 @@ def test_sm_90_stores_the_mma_sync_accumulator_with_stmatrix_too(name):
     assert compiled.metadata["spill_stores"] == 0
 
 
-def test_an_f32_c_keeps_the_threads_vectorized_shared_stores_and_one_tma_store():
+def _compile_f32_c(config, target="sm_90a"):
+    return gemm_kernel.kernel.compile(signature=F32_C, target=target, num_warps=config.num_warps,
+                                      **NO_EPILOGUE, **config.kwargs)
+
+
+# The persistent warp-specialized 128 x 256 config keeps its rings (144 KiB) for the whole kernel and its C tile's
+# own bytes (128 KiB of f32) across the tile loop: more than a block has, with or without the pair stores (main
+# before them: 278576 bytes too, with a 128 KiB conversion buffer besides). Storing C a column block at a time
+# through a smaller buffer would fit; not done.
+F32_C_TOO_BIG = {name for name, config in SHIPPED.items()
+                 if config.kwargs["PERSISTENT"] and config.kwargs.get("WS") and config.kwargs["BN"] == 256}
+F32_C_CONFIGS = [name for name in SHIPPED if name not in F32_C_TOO_BIG]
+
+
+@pytest.mark.parametrize("name", sorted(F32_C_TOO_BIG))
+def test_an_f32_c_of_the_persistent_ws_128x256_config_is_refused_for_its_shared_bytes(name):
+    from tessera import CompileError
     needs_ptxas()
-    compiled = gemm_kernel.kernel.compile(signature=F32_C, target="sm_90a", num_warps=CONFIGS[0].num_warps,
-                                          **NO_EPILOGUE, **CONFIGS[0].kwargs)
+    with pytest.raises(CompileError, match=r"needs 278576 bytes of shared memory, more than the 232448 a block has"):
+        _compile_f32_c(SHIPPED[name])
+
+
+@pytest.mark.parametrize("name", F32_C_CONFIGS)
+def test_an_f32_c_is_stored_by_register_pairs_into_a_swizzled_tile_and_a_tma_store_per_32_columns(name):
+    needs_ptxas()
+    config = SHIPPED[name]
+    compiled = _compile_f32_c(config)
     ptx = compiled.stages["ptx"]
     stores = [m.start() for m in re.finditer(TMA_STORE, ptx)]
-    assert len(stores) == 1 and "stmatrix" not in ptx
+    assert len(stores) == config.kwargs["BN"] // 32 and "stmatrix" not in ptx and "st.global" not in ptx
     fence = ptx.rindex("fence.proxy.async.shared::cta", 0, stores[0])
-    assert re.search(r"st\.shared\.v\d", ptx[:fence])
-    assert compiled.metadata["spill_stores"] == 0
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert len(re.findall(r"st\.shared\.v2\.b32", ptx[:fence])) == len(re.findall(r"st\.shared", ptx)) == pairs
+    assert "ld.shared" not in ptx                    # no conversion of the accumulator through shared memory
+    (c_map,) = [m for m in compiled.metadata["tensor_maps"] if m["pointer"] == "c_ptr"]
+    assert c_map["box"] == [config.kwargs["BM"], 32] and c_map["swizzle"] == "128B" and c_map["dtype"] == "f32"
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    assert compiled.metadata["shared_bytes"] <= 227 * 1024
+
+
+@pytest.mark.parametrize("name, shared_bytes", [("config0", 3 * 32768 + 24), (PERSISTENT, 3 * 32768 + 65536 + 24)])
+def test_an_f32_c_allocates_no_conversion_buffer(name, shared_bytes):
+    """Before: the persistent config took 229400 bytes (its own 64 KiB C tile beside a 64 KiB conversion
+    buffer); config0's conversion and C tile reused the ring's bytes (98328 either way)."""
+    needs_ptxas()
+    config = SHIPPED[name]
+    args = _gemm_args(160, 144, 64)
+    module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
+    fn = lower(module, "sm_90a", config.num_warps).functions[0]
+    tile = config.kwargs["BM"] * config.kwargs["BN"] * 4
+    buffers = sorted(op.attrs["bytes"] for op in fn.walk() if op.name == "shared_alloc")
+    assert buffers.count(tile) == 1              # the C tile; no conversion buffer (a row-major f32 tile, as big)
+    assert [op.name for op in fn.walk()].count("tma_store") == config.kwargs["BN"] // 32
+    assert _compile_f32_c(config).metadata["shared_bytes"] == shared_bytes
+
+
+@pytest.mark.parametrize("name", ["config0", PERSISTENT, "hopper0"])
+def test_the_sass_of_an_f32_c_epilogue_is_sts64_only(name):
+    from tessera.backends.nvptx.sass import disassemble
+    needs_sass()
+    config = SHIPPED[name]
+    compiled = _compile_f32_c(config)
+    opcodes = [inst.opcode for inst in disassemble(compiled.cubin)]
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert opcodes.count("STS.64") == pairs
+    assert not [o for o in opcodes if o.startswith(("STS", "LDS")) and o != "STS.64"]
+    assert opcodes.count("UTMASTG.2D") == config.kwargs["BN"] // 32
+
+
+@pytest.mark.parametrize("name", ["config0", "config3"])
+def test_sm_90_stores_an_f32_mma_sync_accumulator_by_pairs_too(name):
+    needs_ptxas()
+    config = SHIPPED[name]
+    ptx = _compile_f32_c(config, target="sm_90").stages["ptx"]
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert len(re.findall(r"st\.shared\.v2\.b32", ptx)) == pairs and "ld.shared" not in ptx
+    assert len(re.findall(TMA_STORE, ptx)) == config.kwargs["BN"] // 32
 
 
 F32_C = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
@@ -162,7 +277,7 @@ def test_a_gemm_with_ragged_m_and_n_stores_what_the_interpreter_stores_on_the_si
     args = _gemm_args(M, N, K)
     module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
     fn = lower(module, "sm_90a", config.num_warps).functions[0]
-    assert [op.name for op in fn.walk()].count("tma_store") == 1
+    assert [op.name for op in fn.walk()].count("tma_store") == bn // 32          # f32 C: a box per 32 columns
     tiles = -(-M // bm) * -(-N // bn)
     run_threads(fn, args, (min(tiles, 2),) if config.kwargs["PERSISTENT"] else (tiles,))
     want = _gemm_args(M, N, K)
@@ -219,3 +334,68 @@ def test_a_bf16_c_stored_through_stmatrix_is_bit_for_bit_the_threads_shared_stor
     run_function(module.functions[0], want, (tiles,))
     np.testing.assert_allclose(dt.bf16.decode(results[0]), dt.bf16.decode(want[5].array.reshape(M, N)),
                                rtol=1e-2, atol=1e-2)
+
+
+# -- the persistent kernel's store overlapped with the next tile (its schedule on the simulator) -------------
+
+def _lowered_persistent_bf16(M, N, K):
+    """(the persistent config lowered for sm_90a with a bf16 C, the tile module, its tile loop)."""
+    config = SHIPPED[PERSISTENT]
+    module = gemm_kernel.kernel.specialize(*_bf16_gemm_args(M, N, K, typed=True),
+                                           **{**NO_EPILOGUE, **config.kwargs}).module
+    fn = lower(module, "sm_90a", config.num_warps).functions[0]
+    tiles = next(op for op in fn.body.ops if op.name == "for")
+    return fn, module, tiles
+
+
+def _read_wait(tiles):
+    """Index in the tile loop's body of the `if` in which thread 0 waits for the last tile's store to read C."""
+    ops = tiles.regions[0].ops
+    return next(i for i, op in enumerate(ops) if op.name == "if"
+                and [o.name for o in op.regions[0].ops] == ["bulk_wait_group_read", "yield"])
+
+
+def test_the_persistent_kernel_stores_c_while_the_next_tile_runs_as_the_interpreter_on_the_simt_simulator():
+    """300 x 272: 3 x 3 tiles, the last row and column of them ragged, on 2 programs (5 and 4 tiles each)."""
+    from tessera.ir import dtypes as dt
+    M, N, K = 300, 272, 96
+    fn, module, tiles = _lowered_persistent_bf16(M, N, K)
+    body = tiles.regions[0].ops
+    wait = _read_wait(tiles)
+    store = next(i for i, op in enumerate(body) if any(o.name == "tma_store" for o in op.walk()))
+    first_write = next(i for i, op in enumerate(body) if op.name == "stmatrix")
+    assert body[wait + 1].name == "barrier" and wait < first_write < store
+    assert not any(o.name == "bulk_wait_group_read" for o in body[store].walk())      # the store does not wait
+    after = fn.body.ops[fn.body.ops.index(tiles) + 1:]
+    assert any(o.name == "bulk_wait_group_read" for op in after for o in op.walk())
+    staging = [op for op in fn.walk() if op.name == "shared_alloc" and op.attrs.get("async_reads")]
+    assert len(staging) == 1 and staging[0].parent is fn.body                      # its bytes span the tile loop
+    run = _bf16_gemm_args(M, N, K)
+    run_threads(fn, run, (2,))
+    got = run[5].array.reshape(M, N)
+    assert (got != 0x7FC0).all()
+    want = _bf16_gemm_args(M, N, K)
+    run_function(module.functions[0], want, (9,))
+    np.testing.assert_allclose(dt.bf16.decode(got), dt.bf16.decode(want[5].array.reshape(M, N)), rtol=1e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("change, error", [
+    ("drop the wait", r"writes shared byte \d+ .*which a tma_store may still be reading"),
+    ("wait after the writes", r"writes shared byte \d+ .*which a tma_store may still be reading"),
+    ("drop the barrier after the wait", r"thread [1-9]\d* writes shared byte \d+ .*which thread 0 read since the "
+                                        r"last barrier"),
+])
+def test_a_persistent_tile_rewriting_c_before_the_last_store_has_read_it_is_reported(change, error):
+    from tessera.backends.interp import InterpreterError
+    M, N, K = 256, 256, 64                           # 4 tiles on one program: the second tile's C rewrites the first's
+    fn, _, tiles = _lowered_persistent_bf16(M, N, K)
+    body = tiles.regions[0].ops
+    wait = _read_wait(tiles)
+    if change == "drop the barrier after the wait":
+        del body[wait + 1]
+    else:
+        op = body.pop(wait)
+        if change == "wait after the writes":
+            body.insert(max(i for i, o in enumerate(body) if o.name == "stmatrix") + 1, op)
+    with pytest.raises(InterpreterError, match=error):
+        run_threads(fn, _bf16_gemm_args(M, N, K), (1,))

@@ -1,11 +1,11 @@
 """The library GEMM with WS = True (a warp-specialized K loop, sm_90): a config flag, False by default.
 
-Specification: no shipped config sets WS, and their tile IR carries no `warp_specialize`; with WS = True
+Specification: no common shipped config sets WS, and their tile IR carries no `warp_specialize` (the sm_90
+family's persistent one does: test_gemm_persistent_ws.py); with WS = True
 the K loop is `tessera.pipeline(..., warp_specialize=True)`: on sm_90 (mma.sync consumers) and sm_90a
 (wgmma consumers) the kernel launches num_warps * 32 + 128 threads and every non-persistent config
 assembles without spills; it needs no more shared memory than without WS but its mbarriers, and on the
-SIMT simulator equals numpy (odd sizes, B transposed, bias and activation in the consumers' epilogue);
-with PERSISTENT the nested K loop is a CompileError.
+SIMT simulator equals numpy (odd sizes, B transposed, bias and activation in the consumers' epilogue).
 """
 
 import re
@@ -28,7 +28,7 @@ def bf16_bits(x):
     return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
 
 
-def test_no_shipped_config_warp_specializes():
+def test_no_common_config_warp_specializes():
     assert all("WS" not in config.kwargs for config in CONFIGS)
     module = gemm_kernel.kernel.specialize(
         *[tessera.reinterpret(np.zeros((64, 64), np.uint16), tessera.bf16)] * 2, np.zeros(64, np.float32),
@@ -101,11 +101,3 @@ def test_ws_gemm_equals_numpy_on_the_simt_simulator(trans_b, target):
 
     expected = np.maximum(0.5 * (real(a) @ real(b)) + bias, 0.0)
     np.testing.assert_allclose(args[5], expected, rtol=1e-4, atol=1e-3)
-
-
-def test_ws_with_persistent_is_a_compile_error():
-    config = dict(CONFIGS[5].kwargs, WS=True)
-    assert config["PERSISTENT"]
-    with pytest.raises(tessera.CompileError, match="persistent kernels are not supported"):
-        gemm_kernel.kernel.compile(signature=SIGNATURE, target="sm_90", num_warps=8, strict=True, **EPILOGUE,
-                                   **config)

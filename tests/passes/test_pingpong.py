@@ -70,7 +70,11 @@ def turns_without_producer(a_ptr, N, BK: tessera.constexpr):
     tessera.view(a_ptr, (64, 64), (64, 1)).block((64, 64), (0, 0)).store(acc)
 
 
-def test_pingpong_needs_warp_specialization():
-    with pytest.raises(tessera.CompileError, match=r"pingpong=True\) takes turns between the consumer warpgroups "
-                                                   r"of a warp-specialized loop; pass warp_specialize=True too"):
+def test_pingpong_needs_warp_specialization_on_nvidia_and_one_stage_on_amd():
+    """Without warp_specialize=True, pingpong=True is AMD's wave-group ping-pong (`passes/wave_pingpong.py`):
+    refused on NVIDIA (its ping-pong is between warp-specialized warpgroups), and with a ring (stages=2) on AMD."""
+    with pytest.raises(tessera.CompileError, match=r"without warp_specialize=True is AMD's wave-group ping-pong, "
+                                                   r"which sm_90a does not run; on sm_90a pass warp_specialize=True"):
         turns_without_producer.compile(target="sm_90a", signature="*f32:16,i32", BK=16)
+    with pytest.raises(tessera.CompileError, match=r"needs tessera.pipeline\(stages=1\)"):
+        turns_without_producer.compile(target="gfx942", signature="*f32:16,i32", BK=16, num_warps=8)

@@ -17,8 +17,11 @@ Specification:
   for the shared-memory allocator); the kernel's `return` follows it;
 * setmaxnreg only on sm_90a, and only when it raises the consumers' budget
   (whole consumer warpgroups, at least two);
+* directly in a loop over tiles (a persistent kernel) the producer walks the
+  tiles too (`warp_specialized_tiles.py`; test_gemm_persistent_ws.py has
+  the library GEMM's);
 * CompileErrors naming the kernel, the line and the fix: no TMA on the
-  target, the loop nested in another loop, memory writes before the loop
+  target, the loop nested in an `if`, memory writes before the loop
   (the producer would run them; reads only the consumers need are moved into
   their branch: test_ws_consumer_prologue.py), a load TMA cannot fill.
 """
@@ -240,12 +243,51 @@ def bf16(*shape):
     return tessera.reinterpret(np.zeros(shape, np.uint16), tessera.bf16)
 
 
-def test_a_loop_nested_in_another_loop_is_refused():
-    module = persistent_ws.specialize(bf16(128, 64), bf16(64, 64), np.zeros((128, 64), np.float16), 128, 64, 64,
-                                      BM=64, BN=64, BK=64).module
+@pytest.mark.parametrize("target", ["sm_90", "sm_90a"])
+def test_a_loop_in_a_loop_over_tiles_is_specialized_with_the_producer_walking_the_tiles(target):
+    """Directly in a loop over tiles (a persistent kernel's), the producer runs the tile loop too and the ring
+    counts on across tiles (`warp_specialized_tiles.py`): on the SIMT simulator the kernel computes what numpy
+    does with 4 tiles of 3 K steps on a 2-slot ring, with mma.sync consumers (sm_90: each iteration releases its
+    own slot) and wgmma ones (sm_90a: the tile's last slot released after the drain)."""
+    from tessera.backends.simt import run_threads
+    from pipeline_kernels import _exact, _host
+    M, N, K = 200, 64, 160
+    rng = np.random.default_rng(0)
+    a, b = _exact(rng.standard_normal((M, K)), tessera.bf16), _exact(rng.standard_normal((K, N)), tessera.bf16)
+    args = [_host(a, tessera.bf16), _host(b, tessera.bf16), np.zeros((M, N), np.float16), M, N, K]
+    module = persistent_ws.specialize(tessera.reinterpret(args[0], tessera.bf16),
+                                      tessera.reinterpret(args[1], tessera.bf16), *args[2:], BM=64, BN=64,
+                                      BK=64).module
+    fn = lower(module, target, 4).functions[0]
+    before, producer, consumers, _ = split_of(fn)
+    assert fn.attrs["num_threads"] == 256 and "mbarrier_init" in walk_names(fn.body) and not any(
+        op.name == "for" for op in before)      # the ring is set up once, before the split and every loop
+    # each role's tile loop around its K loop: the producer's fills the slots, the consumers' reads them
+    assert walk_names(producer).count("for") == walk_names(consumers).count("for") == 2
+    run_threads(fn, args, (1,))
+    np.testing.assert_allclose(args[2].astype(np.float32), (a.astype(np.float64) @ b).astype(np.float16),
+                               rtol=2e-3, atol=2e-2)
+
+
+@tessera.kernel
+def ws_in_an_if(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr):
+    pid_m = tessera.program_id(0)
+    pid_n = tessera.program_id(1)
+    a = tessera.view(a_ptr, (M, K))
+    b = tessera.view(b_ptr, (K, N))
+    acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+    if K > 0:
+        for k in tessera.pipeline(0, tessera.cdiv(K, BK), stages=2, warp_specialize=True):
+            acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
+    tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc.to(tessera.f16))
+
+
+def test_a_loop_nested_in_an_if_is_refused():
+    module = ws_in_an_if.specialize(bf16(128, 64), bf16(64, 64), np.zeros((128, 64), np.float16), 128, 64, 64,
+                                    BM=64, BN=64, BK=64).module
     message = compile_error(module)
-    assert "kernel 'persistent_ws'" in message and "not nested in a loop or an `if`" in message
-    assert "persistent kernels are not supported" in message
+    assert "kernel 'ws_in_an_if'" in message and "not nested in an `if`, a `while` or two loops" in message
+    assert "drop warp_specialize=True or move the loop" in message
 
 
 @tessera.kernel

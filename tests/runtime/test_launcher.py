@@ -209,6 +209,16 @@ def test_cuda_launch_passes_the_prepared_parameters(fake_driver):
     assert launcher.packer.decode() == [0x1000, 0x2000, 0x3000, 500]
 
 
+def test_a_block_running_two_programs_launches_half_the_grid_rounded_up(fake_driver):
+    """AMD's wave-group ping-pong (`passes/wave_pingpong.py`) runs programs 2b and 2b + 1 in block b: the grid
+    the caller gives counts programs, the launch gives the driver blocks (the stub driver stands for any)."""
+    import dataclasses
+    launcher = Launcher(dataclasses.replace(ADD, programs_per_block=2), ADD_TYPES, names=["x", "y", "out", "n"])
+    for programs, blocks in ((4, 2), (5, 3), (1, 1)):
+        launcher((programs, 3), [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000), 500], stream=7)
+        assert fake_driver.launches()[-1][2] == (blocks, 3, 1)
+
+
 def test_cuda_launch_restores_another_current_context(fake_driver):
     fake_driver.current = 0xAA            # e.g. torch made another device's context current
     device = cuda.get_device(0)

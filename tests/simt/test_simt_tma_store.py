@@ -3,7 +3,10 @@
 The store writes the box where it lies inside the tensor and nothing
 outside it (TMA clips stores), reads through the map's swizzle; missing
 fences, barriers and waits, and rewriting the tile while the store may
-still read it, are reported with what to add.
+still read it, are reported with what to add. In a loop (a persistent
+kernel's tiles) the wait may move to just before the next iteration's
+writes, if a barrier follows it; placed after those writes, missing, not
+followed by a barrier, or missing after the loop, it is reported.
 """
 
 import numpy as np
@@ -14,7 +17,7 @@ from tessera.backends.simt import run_threads
 from tessera.ir import dtypes as dt
 from tessera.runtime.tensor_map import TensorMapDescription
 
-from tma_store_kernels import BOX_COLS, BOX_ROWS, tile_store
+from tma_store_kernels import BOX_COLS, BOX_ROWS, tile_store, tile_store_loop
 from ir_text import kernel
 
 RNG = np.random.default_rng(19)
@@ -89,3 +92,37 @@ def test_waiting_without_commit_does_not_retire_the_open_group():
     # PTX: wait_group waits for committed groups only, so the store stays in flight until the block ends.
     with pytest.raises(InterpreterError, match="1 tma_store copies of thread 0 never waited for"):
         run_store(tile_store(commit=False), 64, 64, 0, 0)
+
+
+def run_store_loop(text):
+    """Run `tile_store_loop` text: two random tiles stored side by side at (0, 0) of a 64 x 128 tensor; (the
+    tiles side by side, the tensor)."""
+    tiles = dt.bf16.encode(RNG.standard_normal((2, BOX_ROWS, BOX_COLS)).astype(np.float32)).astype(np.uint16)
+    out = np.full((BOX_ROWS, 2 * BOX_COLS), SENTINEL, np.uint16)
+    desc = TensorMapDescription.for_array(out, (BOX_ROWS, BOX_COLS), dtype=dt.bf16)
+    run_threads(kernel(text), [desc, tiles.reshape(-1).copy(), 0, 0], grid=1)
+    return np.concatenate(list(tiles), axis=1), out
+
+
+def test_a_loop_may_wait_for_the_last_store_just_before_rewriting_its_tile():
+    tiles, out = run_store_loop(tile_store_loop())
+    np.testing.assert_array_equal(out, tiles)
+
+
+@pytest.mark.parametrize("wait", ["after_write", "none"])
+def test_a_loop_rewriting_the_tile_before_waiting_for_the_last_store_is_a_race(wait):
+    with pytest.raises(InterpreterError, match=r"thread \d+ writes shared byte \d+ .*which a tma_store may still "
+                                               r"be reading"):
+        run_store_loop(tile_store_loop(wait=wait))
+
+
+def test_other_threads_rewriting_the_tile_without_a_barrier_after_the_issuers_wait_is_a_race():
+    # only thread 0 knows its store has read the tile: the others must wait for it at a barrier
+    with pytest.raises(InterpreterError, match=r"thread [1-9]\d* writes shared byte \d+ .*which thread 0 read since "
+                                               r"the last barrier"):
+        run_store_loop(tile_store_loop(barrier_after_wait=False))
+
+
+def test_a_loop_without_the_wait_after_it_ends_the_kernel_with_the_last_store_unread():
+    with pytest.raises(InterpreterError, match="1 tma_store copies of thread 0 never waited for"):
+        run_store_loop(tile_store_loop(final_wait=False))

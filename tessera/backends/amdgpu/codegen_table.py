@@ -53,6 +53,31 @@ def _mfma(lw, op, a, b, c):
     return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])
 
 
+@codegen_for("phase_barrier")
+def _phase_barrier(lw, op):
+    """s_barrier, between workgroup release and acquire fences when `fenced` (as `barrier`), bare otherwise:
+    a bare one orders execution only, so loads in flight stay in flight across it."""
+    if op.attrs.get("fenced"):
+        lw.dialect.barrier(lw)
+    else:
+        lw.intrinsic("llvm.amdgcn.s.barrier", [])
+
+
+@codegen_for("set_priority")
+def _set_priority(lw, op):
+    lw.intrinsic("llvm.amdgcn.s.setprio", [ir.Constant(I16, op.attrs["level"])])
+
+
+@codegen_for("sched_fence")
+def _sched_fence(lw, op):
+    lw.intrinsic("llvm.amdgcn.sched.barrier", [ir.Constant(I32, 0)])     # mask 0: nothing may cross
+
+
+@codegen_for("wave_uniform")
+def _wave_uniform(lw, op, x):
+    return lw.intrinsic("llvm.amdgcn.readfirstlane.i32", [x])
+
+
 @codegen_for("assert")
 def _assert(lw, op, cond):
     """A thread where any register of the condition is false traps (s_trap), ending the launch with an error;

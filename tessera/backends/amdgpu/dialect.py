@@ -17,7 +17,9 @@
 * a shuffle word moves with `ds_bpermute_b32`: each lane computes the lane
   it reads (the same rule as PTX `shfl.sync` and the SIMT simulator, with
   `width` segments) and asks for its byte address, lane * 4 (wave64);
-* math: `math.py`; atomics use the "agent" scope (the whole GPU);
+* math: `math.py`; ordered accesses and atomics use their scope's
+  syncscope: "workgroup" (cta), "agent" (gpu, the default), "" (sys); no
+  cluster scope (gfx9 has no clusters);
 * `nanosleep` is `s_sleep`, whose immediate counts 64 clocks (about 30 ns
   at gfx942's 2.1 GHz): a constant becomes one `s_sleep` of up to 127
   units, a value known only at run time a loop of `s_sleep 1` per whole unit (at
@@ -79,7 +81,14 @@ class AmdgpuDialect(TargetDialect):
     name = "AMDGPU"
     codegen_table = CODEGEN
     intrinsics = AMDGPU_INTRINSICS
-    device_syncscope = "agent"
+    syncscopes = {"cta": "workgroup", "gpu": "agent", "sys": ""}
+
+    def scope_problem(self, scope: str) -> str | None:
+        if scope == "cluster":
+            return (f"scope='cluster' has no meaning on {self.target.name}: AMD GPUs of this generation have no "
+                    f"thread-block clusters (nor LLVM a cluster syncscope for them); use scope='cta' (the "
+                    f"workgroup) if only this program's threads take part, else scope='gpu' (the agent)")
+        return super().scope_problem(scope)
 
     @property
     def unsupported_ops(self) -> dict[str, str]:

@@ -40,6 +40,12 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.amdgcn.s.sleep": (VOID, (I32,)),
     # s_barrier: every wave of the work-group waits here (memory ordering comes from fences around it).
     "llvm.amdgcn.s.barrier": (VOID, ()),
+    # The wave-group ping-pong (`passes/wave_pingpong.py`): s_setprio N (an immediate, 0..3: the wave's issue
+    # priority), sched_barrier(0) (LLVM's scheduler moves nothing across it; emits no instruction), and
+    # readfirstlane (the first active lane's value, in an SGPR: a branch on it is a scalar branch).
+    "llvm.amdgcn.s.setprio": (VOID, (I16,)),
+    "llvm.amdgcn.sched.barrier": (VOID, (I32,)),
+    "llvm.amdgcn.readfirstlane.i32": (I32, (I32,)),
     # ds_bpermute_b32 (byte address = source lane * 4, value): each lane reads the value of another lane.
     "llvm.amdgcn.ds.bpermute": (I32, (I32, I32)),
     # This lane's index in the wave: mbcnt_hi(~0, mbcnt_lo(~0, 0)) counts the lanes below it.

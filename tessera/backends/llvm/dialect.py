@@ -12,7 +12,8 @@ where the instruction depends on the GPU it asks the function's dialect:
 | `nanosleep`               | `nanosleep.u32`                        | `s_sleep` (64 clocks a unit), or a loop of them |
 | `shuffle_word`            | `shfl.sync` (32-bit)                   | `ds_bpermute` (32-bit)                        |
 | `math`, `float_rem`       | libdevice or MUFU approximations       | LLVM intrinsics and expansions                |
-| `device_syncscope`        | `"device"`                             | `"agent"`                                     |
+| `syncscopes`              | `"block"`, `"cluster"`, `"device"`, `""` | `"workgroup"`, `"agent"`, `""` (no cluster)   |
+| `scoped_atomic`           | `atom.relaxed.<scope>` (inline PTX)    | none: LLVM's `atomicrmw` keeps its syncscope  |
 
 A dialect also names its `codegen_table` (the common table plus its own ops),
 its `intrinsics` table, and the checks the validator runs for it
@@ -41,7 +42,8 @@ class TargetDialect:
     name: str = "?"                     # "NVPTX", "AMDGPU": how messages name the backend
     codegen_table: OpTable
     intrinsics: IntrinsicTable
-    device_syncscope: str = ""          # LLVM syncscope of device-wide atomics and fences
+    syncscopes: dict[str, str] = {}     # scope (tessera.ir.ops.SCOPES) -> LLVM syncscope ("": system); a scope
+                                        # missing here is one the target lacks (`scope_problem` says why)
     unsupported_ops: dict[str, str] = {}  # op name -> why this target has no codegen for it and what to do
 
     def __init__(self, target: Target):
@@ -61,6 +63,25 @@ class TargetDialect:
         """Make `param` (an opaque pointer) a by-value tensor-map parameter; only targets with TMA have one
         (the validator refuses `tensormap` parameters elsewhere)."""
         raise NotImplementedError
+
+    # -- memory scopes -------------------------------------------------------------------
+
+    def syncscope(self, scope: str) -> str:
+        """The LLVM syncscope of `scope` ("" is the system's); the validator has refused scopes the target lacks."""
+        return self.syncscopes[scope]
+
+    def scope_problem(self, scope: str) -> str | None:
+        """Why this target has no `scope` (an ordered access's or atomic's), with the fix; None when it has it."""
+        if scope in self.syncscopes:
+            return None
+        return (f"scope={scope!r} has no meaning on {self.target.name}; use one of "
+                f"{', '.join(map(repr, self.syncscopes))}")
+
+    def scoped_atomic(self, lw, kind: str, dtype: dt.DType, address: ir.Value, value: ir.Value,
+                      scope: str) -> ir.Value | None:
+        """One register's relaxed read-modify-write at `scope` where LLVM's `atomicrmw` would lose the scope
+        (the old value, in memory form); None to let `atomicrmw` with the scope's syncscope do it."""
+        return None
 
     # -- thread ops ------------------------------------------------------------------------
 

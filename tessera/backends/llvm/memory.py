@@ -10,21 +10,24 @@
   it every register is its own group. A masked group is a branch around the
   access (ptxas predicates it); masked-off loads yield `other` (or zero).
 * `bool` is one byte in memory: loads compare with 0, stores zero-extend.
-* atomics are acquire-release at device scope (the default Triton uses
-  too; the scope is the dialect's `device_syncscope`: "device" on NVPTX,
-  "agent" on AMDGPU), one per register; masked-off registers are not touched
-  and read as 0. NVPTX (LLVM 22) lowers an `atomicrmw` to a relaxed `atom`
-  whatever its ordering, so `atomic_rmw` is a relaxed atomic between
-  device-scope fences (one release fence before the registers, one acquire
-  fence after), which is right on every target; `cmpxchg` keeps its
-  ordering (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits (floats go
-  through integers, so NaN can match).
+* atomics are acquire-release at the op's `scope` (default "gpu", the one
+  Triton uses too; the dialect's `syncscope(scope)` names it for LLVM:
+  "device" on NVPTX, "agent" on AMDGPU), one per register; masked-off
+  registers are not touched and read as 0. NVPTX (LLVM 22) lowers an
+  `atomicrmw` to a relaxed `atom` whatever its ordering, so `atomic_rmw` is
+  a relaxed atomic between fences at the scope (one release fence before
+  the registers, one acquire fence after), which is right on every target;
+  the dialect writes the relaxed atomic itself where LLVM would lose its
+  scope (`scoped_atomic`). `cmpxchg` keeps its ordering and scope
+  (`atom.acq_rel.gpu.cas`). `atomic_cas` compares bits (floats go through
+  integers, so NaN can match).
 * `load_acquire` / `store_release` are LLVM's `load atomic` / `store
-  atomic` with acquire / release ordering at the device scope, one per
+  atomic` with acquire / release ordering at the op's scope, one per
   register, on the integer of the element's width (bitcast to and from the
   register type: no target needs an atomic access of bf16 or fp8):
-  `ld.acquire.gpu` / `st.release.gpu` on NVPTX (sm_70+), a global access
-  with `sc1` and a cache invalidate / write-back on gfx942.
+  `ld.acquire.<scope>` / `st.release.<scope>` on NVPTX (sm_70+), a global
+  access with the scope's cache bits (gfx942 at agent scope: `sc1` and a
+  cache invalidate / write-back).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from tessera.ir import dtypes as dt
+from tessera.ir.ops import scope_of
 from tessera.ir.types import RegsType, element_of, scalar_dtype
 
 from .codegen_table import codegen_for
@@ -40,9 +44,14 @@ from .types import I8, I32, int_constant, memory_type, register_type, scalar_typ
 CAS_FAILURE_ORDERING = "acquire"
 
 
-def _ordering(lw, ordering: str) -> str:
-    """`ordering` at the dialect's device scope (llvmlite prints the ordering verbatim, so it can carry it)."""
-    return f'syncscope("{lw.dialect.device_syncscope}") {ordering}'
+def _ordering(lw, op, ordering: str) -> str:
+    """`ordering` at `op`'s scope (llvmlite prints the ordering verbatim, so it can carry the syncscope)."""
+    syncscope = lw.dialect.syncscope(scope_of(op))
+    return f'syncscope("{syncscope}") {ordering}' if syncscope else ordering
+
+
+def _fence(lw, op, ordering: str) -> None:
+    lw.builder.fence(ordering, lw.dialect.syncscope(scope_of(op)) or None)
 
 
 def _index(i: int) -> ir.Constant:
@@ -203,7 +212,7 @@ def _load_acquire(lw, op, ptr, mask=None, other=None):
 
     def one(address, fill, m):
         def load():
-            word = bld.load_atomic(address, _ordering(lw, "acquire"), _alignment(dtype, 1), typ=_bits_type(dtype))
+            word = bld.load_atomic(address, _ordering(lw, op, "acquire"), _alignment(dtype, 1), typ=_bits_type(dtype))
             if dtype.is_bool:
                 return bld.icmp_unsigned("!=", word, ir.Constant(word.type, 0))
             return word if dtype.is_int else bld.bitcast(word, scalar_type(dtype))
@@ -229,7 +238,7 @@ def _store_release(lw, op, ptr, value, mask=None):
             else:
                 word = v if dtype.is_int else bld.bitcast(v, _bits_type(dtype))
             # llvmlite's store_atomic compares the typed pointee, which opaque pointers lack: insert it directly
-            bld._insert(ir.instructions.StoreAtomicInstr(bld.block, word, address, _ordering(lw, "release"),
+            bld._insert(ir.instructions.StoreAtomicInstr(bld.block, word, address, _ordering(lw, op, "release"),
                                                          _alignment(dtype, 1)))
 
         if m is None:
@@ -258,21 +267,24 @@ def _rmw_operation(kind: str, dtype: dt.DType) -> str:
 @codegen_for("atomic_rmw")
 def _atomic_rmw(lw, op, ptr, value, mask=None):
     dtype = scalar_dtype(op.result.type)
-    operation = _rmw_operation(op.attrs["kind"], dtype)
+    kind, scope = op.attrs["kind"], scope_of(op)
+    operation = _rmw_operation(kind, dtype)
 
     def one(address, v, m):
         def rmw():
-            old = lw.builder.atomic_rmw(operation, address, _to_memory(lw, v, dtype),
-                                         _ordering(lw, "monotonic"))
+            word = _to_memory(lw, v, dtype)
+            old = lw.dialect.scoped_atomic(lw, kind, dtype, address, word, scope)
+            if old is None:
+                old = lw.builder.atomic_rmw(operation, address, word, _ordering(lw, op, "monotonic"))
             return _from_memory(lw, old, dtype)
 
         if m is None:
             return rmw()
         return lw.guarded(m, rmw, ir.Constant(scalar_type(dtype), None), name="atomic")
 
-    lw.builder.fence("release", lw.dialect.device_syncscope)
+    _fence(lw, op, "release")
     result = _per_register(lw, one, ptr, value, mask)
-    lw.builder.fence("acquire", lw.dialect.device_syncscope)
+    _fence(lw, op, "acquire")
     return result
 
 
@@ -288,7 +300,7 @@ def _atomic_cas(lw, op, ptr, compare, value):
         return bld.bitcast(v, bits) if dtype.is_float else v
 
     def one(address, expected, new, _mask):
-        pair = bld.cmpxchg(address, as_bits(expected), as_bits(new), _ordering(lw, "acq_rel"),
+        pair = bld.cmpxchg(address, as_bits(expected), as_bits(new), _ordering(lw, op, "acq_rel"),
                              CAS_FAILURE_ORDERING)
         old = bld.extract_value(pair, 0)
         if dtype.is_bool:

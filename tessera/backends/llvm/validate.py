@@ -23,7 +23,7 @@ import re
 
 from tessera.ir.core import Function, Operation
 from tessera.ir.errors import VerifyError
-from tessera.ir.ops import OPS
+from tessera.ir.ops import OPS, scope_of
 from tessera.ir.printer import print_op
 from tessera.ir.target import TARGETS, Target, get_target
 from tessera.ir.types import PointerType, RegsType, ScalarType, TensorMapType, Type, element_of, scalar_dtype
@@ -216,15 +216,26 @@ class _Validator:
 
     def op_atomic_rmw(self, op: Operation) -> None:
         self.packed_access(op)
+        self.scope(op)
 
     def op_load_acquire(self, op: Operation) -> None:
         self.packed_access(op)
+        self.scope(op)
 
     def op_store_release(self, op: Operation) -> None:
         self.packed_access(op)
+        self.scope(op)
 
     def op_atomic_cas(self, op: Operation) -> None:
         self.packed_access(op)
+        self.scope(op)
+
+    def scope(self, op: Operation) -> None:
+        """An ordered access's or atomic's scope must be one the target has (no clusters before sm_90, none on
+        AMD): LLVM would take an unknown syncscope and the assembler refuse it far from the user's line."""
+        reason = self.dialect.scope_problem(scope_of(op))
+        if reason:
+            raise self.fail(reason, op)
 
     def packed_access(self, op: Operation) -> None:
         pointee = element_of(op.operands[0].type).pointee

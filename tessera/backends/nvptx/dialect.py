@@ -12,7 +12,10 @@
 * math: `math.py` (libdevice, or MUFU approximations without it);
 * an int -> bf16 conversion before sm_90 rounds to odd in f32 first, because
   there is no direct convert and LLVM's int -> f32 -> bf16 rounds twice;
-* atomics use the "device" scope (PTX `.gpu`).
+* ordered accesses and atomics use their scope's syncscope ("block",
+  "cluster" (sm_90+), "device" by default, "" for the system: PTX `.cta`,
+  `.cluster`, `.gpu`, `.sys`); a native atomic at a scope other than the
+  GPU's is inline PTX (`scoped_atomics.py`), since LLVM drops its scope.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from ..llvm.types import F32, I8, I32, SHARED_ADDRSPACE, scalar_type
 from . import bulk_async  # (also registers the mbarrier and TMA codegen)
 from . import cluster  # (registers the cluster ops' codegen)
 from . import math as nvptx_math
+from . import scoped_atomics
 from . import warp_specialization, warpgroup
 from .bulk_async import REQUIRED_FEATURES
 from .intrinsics import NVPTX_INTRINSICS
@@ -47,15 +51,29 @@ class NvptxDialect(TargetDialect):
     name = "NVPTX"
     codegen_table = CODEGEN
     intrinsics = NVPTX_INTRINSICS
-    device_syncscope = "device"
+    syncscopes = {"cta": "block", "cluster": "cluster", "gpu": "device", "sys": ""}
     unsupported_ops = {
         "mfma": "mfma is an AMD matrix-core instruction that NVIDIA GPUs lack; lower the kernel for this "
                 "target (dot then uses mma.sync or FMA)",
+        **{name: f"{name} is part of AMD's wave-group ping-pong (s_barrier / s_setprio / sched_barrier / "
+                 f"readfirstlane), which NVIDIA GPUs do not run; on sm_90a take turns with "
+                 f"tessera.pipeline(warp_specialize=True, pingpong=True)"
+           for name in ("phase_barrier", "set_priority", "sched_fence", "wave_uniform")},
     }
 
     def __init__(self, target: Target, *, use_libdevice: bool):
         super().__init__(target)
         self.use_libdevice = use_libdevice
+
+    def scope_problem(self, scope: str) -> str | None:
+        if scope == "cluster" and not self.target.has("cluster"):
+            return (f"scope='cluster' needs thread-block clusters (sm_90+), which {self.target.name} lacks; use "
+                    f"scope='gpu' (every program), or 'cta' if only this program's threads take part, or compile "
+                    f"for sm_90a")
+        return super().scope_problem(scope)
+
+    def scoped_atomic(self, lw, kind, dtype, address, value, scope):
+        return scoped_atomics.scoped_atomic(lw, self.target, kind, dtype, address, value, scope)
 
     def configure_kernel(self, function: ir.Function, fn: Function) -> None:
         function.calling_convention = "ptx_kernel"

@@ -24,6 +24,7 @@ and deadlocks are `InterpreterError`s. Files:
     tma_store.py     TMA box stores and their bulk groups
     wgmma.py         warpgroup MMA reading shared memory through descriptors
     warp_specialization.py  setmaxnreg, elect_sync, named_barrier
+    wave_schedule.py phase_barrier (s_barrier: counts waves), set_priority, sched_fence, wave_uniform
 """
 
 from .simulator import run_threads

@@ -23,6 +23,7 @@ import numpy as np
 
 from ..interp.memory import apply_in_lane_order, combine_atomic
 from ..interp.values import Pointers
+from . import scopes
 from .ops import describe_lane, simt, thread_index
 from .shared import SharedRegion
 
@@ -115,9 +116,11 @@ def _access(ctx, op, ptr, mask, action: str):
 
 
 @simt("load", "load_acquire")        # lockstep blocks, one running at a time: every access is ordered
-def _load(ctx, op, ptr, mask=None, other=None):
+def _load(ctx, op, ptr, mask=None, other=None):     # (but an acquire's scope may not reach the writer: scopes.py)
     live = _access(ctx, op, ptr, mask, "load")
     _record_shared(ctx, op, ptr, live)
+    if op.name == "load_acquire":
+        scopes.observe(ctx, op, ptr, live)
     if live is None:
         return ptr.memory.load(ptr.offsets)
     if other is None:
@@ -136,6 +139,7 @@ def _store(ctx, op, ptr, value, mask=None):
         ptr.memory.store(ptr.offsets, value)
     else:
         ptr.memory.store(ptr.offsets[live], value[live])
+    scopes.record(ctx, op, ptr, live)
 
 
 @simt("nanosleep")
@@ -150,9 +154,11 @@ def _atomic_rmw(ctx, op, ptr, value, mask=None):
     if live is None:
         live = np.ones(ptr.offsets.shape, dtype=bool)
     values = value[live]
+    scopes.observe(ctx, op, ptr, live)
     result = np.zeros(ptr.offsets.shape, dtype=dtype.compute_dtype)
     result[live] = apply_in_lane_order(ptr.memory, ptr.offsets[live],
                                        lambda old, lane: combine_atomic(kind, old, values[lane], dtype))
+    scopes.record(ctx, op, ptr, live)
     return result
 
 
@@ -168,6 +174,8 @@ def _atomic_cas(ctx, op, ptr, compare, value):
     def swap(old, lane):
         return np.where(dtype.encode(old) == expected[lane], values[lane], old)
 
+    scopes.observe(ctx, op, ptr, live)
     result = np.zeros(ptr.offsets.shape, dtype=dtype.compute_dtype)
     result[live] = apply_in_lane_order(ptr.memory, ptr.offsets[live], swap)
+    scopes.record(ctx, op, ptr, live)
     return result

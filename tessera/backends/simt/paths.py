@@ -9,7 +9,7 @@ consumers arrive on, and the consumers wait on "full" barriers only the
 producer's copies complete.
 
 So an `if` whose regions contain an op that can block (`BLOCKING_OPS`:
-mbarrier_wait, named_barrier) runs its two sides as *paths*: each side is a
+mbarrier_wait, named_barrier, phase_barrier) runs its two sides as *paths*: each side is a
 region walk for its threads' mask, on its own Python thread, but only one
 path runs at any time, so the simulation stays deterministic. A path runs
 until it finishes, reaches a wait that cannot complete yet
@@ -49,7 +49,7 @@ import numpy as np
 from ..interp.errors import InterpreterError
 from .cluster import wait_for_peers
 
-BLOCKING_OPS = frozenset({"mbarrier_wait", "named_barrier"})
+BLOCKING_OPS = frozenset({"mbarrier_wait", "named_barrier", "phase_barrier"})
 
 
 def may_block(ctx, op) -> bool:

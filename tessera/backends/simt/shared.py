@@ -18,6 +18,10 @@ order:
 * a thread reads a byte another thread wrote, or writes a byte another
   thread read.
 
+A tma_store's reads count as its issuing thread's once its
+bulk_wait_group_read retires them (`record_retired_read`): the other
+threads may overwrite the buffer only after a barrier with that thread.
+
 A wgmma's reads (`record_warpgroup_read`) belong to its warpgroup as a
 whole: once a wgmma_wait of that warpgroup has retired it, any thread of the
 warpgroup may release them (an mbarrier arrive, a named barrier), as
@@ -147,6 +151,14 @@ class SharedMemory:
                     f"the last barrier{_ADVICE}")
         self._merge(self._reader_lo, self._reader_hi, addrs, lo, hi)
         return None
+
+    def record_retired_read(self, addrs: np.ndarray, thread: int) -> None:
+        """Note that `thread` has read byte addresses `addrs`: a tma_store it issued, whose read its
+        bulk_wait_group_read has just retired. The read is ordered before the thread's next op only, so
+        another thread writing those bytes before a barrier with it races (`tma_store.py`)."""
+        addrs = np.unique(addrs)
+        threads = np.full(addrs.size, thread, dtype=np.int64)
+        self._merge(self._reader_lo, self._reader_hi, addrs, threads, threads)
 
     def record_warpgroup_read(self, addrs: np.ndarray, group: int) -> str | None:
         """Note that a wgmma of warpgroup `group` reads byte addresses `addrs`; a race description or None."""

@@ -16,7 +16,8 @@ threads. Divergent control flow runs under a mask of active threads
 (`control_flow.py`), and the two sides of a divergent `if` that waits for
 other threads run as cooperatively scheduled paths (`paths.py`: warp
 specialization); memory ops are bounds-, race- and vector-checked
-(`memory.py`, `shared.py`).
+(`memory.py`, `shared.py`), and a release/acquire pair between blocks
+whose scopes do not hold each other is reported (`scopes.py`).
 
 Launch parameters come from the function's attributes unless given:
 `num_threads` (required), `warp_size` (default 32), `shared_bytes` (default
@@ -45,7 +46,8 @@ from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
 from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
-from . import warp_specialization, wgmma  # noqa: F401
+from . import scopes
+from . import warp_specialization, wave_schedule, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
 from .thread_checks import TILE_ONLY_OPS, verify_thread_ir
@@ -75,6 +77,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     grid3 = normalize_grid(grid, minimum=0)
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
     launch.addresses = AddressSpace(bound)
+    launch.scoped = scopes.new_record(fn)
     blocks = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
     if math.prod(cluster.cluster_dims(fn)) > 1:     # blocks of a cluster run together (`cluster.py`)
         if resident is not None or any(op.name == "while" for op in fn.walk()):
@@ -109,6 +112,7 @@ class Launch:
     max_steps: int
     cache: dict[Operation, Any] = field(default_factory=dict)
     addresses: AddressSpace | None = None      # the arrays reached by address (int_to_ptr), set per launch
+    scoped: dict | None = None                 # ordered writes by address, where scopes can fail (`scopes.py`)
 
 
 def _launch_attr(fn: Function, name: str, given: int | None, default: int | None) -> int:
@@ -166,6 +170,7 @@ class ThreadBlock:
         mbarrier.finish_block(self)
         tma_store.finish_block(self)
         warp_specialization.finish_block(self)
+        wave_schedule.finish_block(self)
 
     def run_region(self, block: Block, args: Sequence[Any], mask: np.ndarray | None = None) -> list[Any]:
         """Run `block` for the threads in `mask` (None: all); return what its terminator passes on."""

@@ -14,9 +14,15 @@ is checked instead:
   i.e. unchanged since the last `fence_proxy_async` (the view `wgmma.py`
   keeps for the same rule);
 * until the issuing thread's `bulk_wait_group_read` retires the store's
-  group, the copy may still be reading: any write to those bytes is a race
-  (`AsyncProxy.describe_in_flight`), and a block that ends with stores
-  not retired is an error (the GPU would free the shared memory under them).
+  group, the copy may still be reading: any write to those bytes, by any
+  thread, a cp.async or a tma_load, is a race (`AsyncProxy.describe_in_flight`),
+  and a block that ends with stores not retired is an error (the GPU would
+  free the shared memory under them). The wait may come late -- a loop's
+  next iteration may run first (`passes/schedule/tma_store.py`) -- as long
+  as it comes before the next write;
+* once retired, the reads are the issuing thread's (`SharedMemory.record_retired_read`):
+  another thread writing those bytes before a barrier with it races, as
+  only the issuer knows the read is over.
 """
 
 from __future__ import annotations
@@ -131,6 +137,7 @@ def _bulk_wait_group_read(ctx, op):
         for group in retire:
             for addrs in group:
                 proxy.store_reads[addrs] -= 1
+                ctx.shared.record_retired_read(addrs, t)     # the others write them after a barrier with t
         proxy.store_groups[t] = committed[len(retire):] + [open_group]
 
 

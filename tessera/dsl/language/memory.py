@@ -9,9 +9,15 @@ Two ways in:
 * raw pointers (for experts): `tessera.load(ptr + offs, mask=offs < n)`.
   Masked-off lanes are neither read nor written.
 
-Programs of one launch hand data to each other through memory ordered at
-GPU scope: atomics (acquire-release), `load(..., sem="acquire")` and
+Programs of one launch hand data to each other through ordered memory:
+atomics (acquire-release), `load(..., sem="acquire")` and
 `store(..., sem="release")`; a spin-wait backs off with `nanosleep(ns)`.
+Each takes `scope=`, the threads it orders against: "cta" (this program's
+block), "cluster" (its thread-block cluster, sm_90+), "gpu" (every program
+of the launch: the default) or "sys" (the host and peer GPUs too). A release
+and an acquire synchronize only when each one's scope holds the other's
+thread, so a "cta" pair between two programs hands nothing over (the SIMT
+simulator reports it); a narrower scope is cheaper where it suffices.
 """
 
 from __future__ import annotations
@@ -20,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...ir.dtypes import DType, bool_, i32
-from ...ir.ops import BITWISE_KINDS
+from ...ir.ops import BITWISE_KINDS, DEFAULT_SCOPE, SCOPES
 from ...ir.types import element_of
 from .. import operators
 from ..constexpr_args import describe, require_constexpr, static_shape
@@ -70,8 +76,8 @@ def _mask(ctx: Context, mask: Any, shape: tuple[int, ...], what: str) -> Tensor:
 
 
 @builtin
-def load(ctx: Context, pointer, mask=None, other=None, layout=None, sem=None) -> Tensor:
-    """load(pointer, mask=None, other=None, layout=None, sem=None) -> the values `pointer` points to.
+def load(ctx: Context, pointer, mask=None, other=None, layout=None, sem=None, scope=None) -> Tensor:
+    """load(pointer, mask=None, other=None, layout=None, sem=None, scope=None) -> the values `pointer` points to.
 
     `pointer` is a pointer or a tile of pointers; the result has its shape
     and its element type. Where the bool `mask` is false, memory is not read
@@ -88,8 +94,17 @@ def load(ctx: Context, pointer, mask=None, other=None, layout=None, sem=None) ->
 
         while tessera.load(flag_ptr, sem="acquire") < target:
             tessera.nanosleep(100)
+
+    `scope` (with `sem` only) narrows or widens whom it acquires from:
+    "cta" (this program's threads), "cluster" (its thread-block cluster,
+    sm_90+), "gpu" (every program; None means this) or "sys" (the host and
+    peer GPUs too): `ld.acquire.<scope>`; AMD: the "workgroup", "agent" or
+    system syncscope. A release and an acquire synchronize only when each
+    one's scope holds the other's thread: a "cta" pair between two programs
+    hands nothing over (the SIMT simulator reports it).
     """
     _check_sem(ctx, "load", sem, "acquire")
+    scope = _check_scope(ctx, "load", scope, sem)
     pointer = _pointer(ctx, pointer, "load")
     shape = pointer.shape
     operands = [pointer]
@@ -102,13 +117,15 @@ def load(ctx: Context, pointer, mask=None, other=None, layout=None, sem=None) ->
         if other is not None:
             operands.append(_fit(ctx, other, _pointee(pointer), shape, "load's `other`"))
     _check_whole_elements(ctx, pointer, "load", sem)
-    name = "load" if sem is None else "load_acquire"
-    return pin_layout(ctx, operators.emit(ctx, name, *operands), layout, "load's layout")
+    if sem is None:
+        return pin_layout(ctx, operators.emit(ctx, "load", *operands), layout, "load's layout")
+    return pin_layout(ctx, operators.emit(ctx, "load_acquire", *operands, **_scope_attrs(scope)), layout,
+                      "load's layout")
 
 
 @builtin
-def store(ctx: Context, pointer, value, mask=None, sem=None) -> None:
-    """store(pointer, value, mask=None, sem=None): write `value` where `pointer` points.
+def store(ctx: Context, pointer, value, mask=None, sem=None, scope=None) -> None:
+    """store(pointer, value, mask=None, sem=None, scope=None): write `value` where `pointer` points.
 
     `value` is converted to the pointer's element type and broadcast to its
     shape (a scalar fills every lane). Lanes where the bool `mask` is false
@@ -119,15 +136,23 @@ def store(ctx: Context, pointer, value, mask=None, sem=None) -> None:
     sem="acquire")`, an atomic) reads the value sees everything this program
     wrote before it. A scalar one is made by one thread after a barrier, so
     it publishes the whole program's writes.
+
+    `scope` (with `sem` only) narrows or widens whom it releases to, as for
+    `load`: "cta", "cluster" (sm_90+), "gpu" (None means this) or "sys"
+    (`st.release.<scope>`; AMD: the scope's syncscope).
     """
     _check_sem(ctx, "store", sem, "release")
+    scope = _check_scope(ctx, "store", scope, sem)
     pointer = _pointer(ctx, pointer, "store")
     shape = pointer.shape
     operands = [pointer, _fit(ctx, value, _pointee(pointer), shape, "store's value")]
     if mask is not None:
         operands.append(_mask(ctx, mask, shape, "store"))
     _check_whole_elements(ctx, pointer, "store", sem)
-    operators.emit(ctx, "store" if sem is None else "store_release", *operands)
+    if sem is None:
+        operators.emit(ctx, "store", *operands)
+    else:
+        operators.emit(ctx, "store_release", *operands, **_scope_attrs(scope))
 
 
 def _check_sem(ctx: Context, what: str, sem: Any, ordered: str) -> None:
@@ -136,6 +161,30 @@ def _check_sem(ctx: Context, what: str, sem: Any, ordered: str) -> None:
     if sem is not None and sem != ordered:
         ctx.error(f"{what}'s sem must be {ordered!r} (GPU scope) or None for a plain {what}, got {describe(sem)}; "
                   f"e.g. tessera.{what}(ptr{', value' if what == 'store' else ''}, sem={ordered!r})")
+
+
+def _check_scope(ctx: Context, what: str, scope: Any, sem: Any = "acq_rel") -> str:
+    """`scope` of an ordered access or atomic: one of SCOPES, a compile-time string (None: the default, "gpu").
+    A plain load or store (`sem` None) orders nothing, so a scope there is a mistake, not a no-op."""
+    require_constexpr(ctx, scope, f"{what}'s scope")
+    if scope is None:
+        return DEFAULT_SCOPE
+    examples = {"load": "tessera.load(ptr, sem='acquire', scope='cta')",
+                "store": "tessera.store(ptr, value, sem='release', scope='cta')"}
+    example = examples.get(what, f"tessera.{what}(ptr, value, scope='cta')")
+    if scope not in SCOPES:
+        ctx.error(f"{what}'s scope must be one of {', '.join(map(repr, SCOPES))}, got {describe(scope)}; "
+                  f"e.g. {example}")
+    if sem is None:
+        ordered = "acquire" if what == "load" else "release"
+        ctx.error(f"{what}'s scope={scope!r} says whom an ordered {what} synchronizes with, but this {what} has no "
+                  f"sem, so it orders nothing: add sem={ordered!r} ({example}), or drop scope")
+    return scope
+
+
+def _scope_attrs(scope: str) -> dict:
+    """The op attributes of `scope`: none for the default, so that GPU-scope IR reads as before scopes existed."""
+    return {} if scope == DEFAULT_SCOPE else {"scope": scope}
 
 
 def _check_whole_elements(ctx: Context, pointer: Tensor, what: str, sem: Any) -> None:
@@ -277,8 +326,9 @@ def view_block(ctx: Context, view: Tensor, shape, index=None, *, offsets=None) -
 _NUMERIC_KINDS = ("add", "max", "min")
 
 
-def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Tensor:
+def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any, scope: Any) -> Tensor:
     name = f"atomic_{kind}"
+    scope = _check_scope(ctx, name, scope)
     pointer = _pointer(ctx, pointer, name)
     pointee = _pointee(pointer)
     if kind in _NUMERIC_KINDS and pointee.is_bool:
@@ -288,74 +338,92 @@ def _atomic(ctx: Context, kind: str, pointer: Any, value: Any, mask: Any) -> Ten
     operands = [pointer, _fit(ctx, value, pointee, pointer.shape, f"{name}'s value")]
     if mask is not None:
         operands.append(_mask(ctx, mask, pointer.shape, name))
-    return operators.emit(ctx, "atomic_rmw", *operands, kind=kind)
+    return operators.emit(ctx, "atomic_rmw", *operands, kind=kind, **_scope_attrs(scope))
 
 
 @builtin
-def atomic_add(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_add(pointer, value, mask=None) -> old values: atomically `*pointer += value` lane by lane.
+def atomic_add(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_add(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer += value` lane by lane.
 
     `value` is converted to the element type and broadcast to the pointer's
     shape; lanes where `mask` is false are untouched.
 
-    Every atomic is acquire-release at GPU scope. A scalar one is the whole
+    Every atomic is acquire-release at its `scope`, the threads it is
+    atomic and ordered against: "gpu" (the default: every program),
+    "cta" (this program's threads only: cheaper fences, and a race between
+    programs, which the SIMT simulator reports), "cluster" (its
+    thread-block cluster, sm_90+) or "sys" (the host and peer GPUs too).
+    NVIDIA: a relaxed `atom` at the scope between `fence.acq_rel.<scope>`
+    fences (`atom.relaxed.cta.global.add.u32`; the GPU scope's is LLVM's
+    bare `atom.global.add.u32`); AMD: the scope's syncscope. Every atomic
+    below takes `scope` the same way.
+
+    A scalar atomic is the whole
     program's: one thread performs it after a barrier (so it releases every
     thread's earlier writes), and its old value reaches every thread through
     shared memory. To wait for a counter, poll with `load(ptr, sem="acquire")`
     rather than `atomic_add(ptr, 0)`, which writes the line each time.
     """
-    return _atomic(ctx, "add", pointer, value, mask)
+    return _atomic(ctx, "add", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_max(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_max(pointer, value, mask=None) -> old values: atomically `*pointer = max(*pointer, value)`."""
-    return _atomic(ctx, "max", pointer, value, mask)
+def atomic_max(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_max(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer = max(*pointer, value)`."""
+    return _atomic(ctx, "max", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_min(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_min(pointer, value, mask=None) -> old values: atomically `*pointer = min(*pointer, value)`."""
-    return _atomic(ctx, "min", pointer, value, mask)
+def atomic_min(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_min(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer = min(*pointer, value)`."""
+    return _atomic(ctx, "min", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_and(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_and(pointer, value, mask=None) -> old values: atomically `*pointer &= value` (integers, bool)."""
-    return _atomic(ctx, "and", pointer, value, mask)
+def atomic_and(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_and(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer &= value` (integers, bool)."""
+    return _atomic(ctx, "and", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_or(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_or(pointer, value, mask=None) -> old values: atomically `*pointer |= value` (integers, bool)."""
-    return _atomic(ctx, "or", pointer, value, mask)
+def atomic_or(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_or(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer |= value` (integers, bool)."""
+    return _atomic(ctx, "or", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_xor(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_xor(pointer, value, mask=None) -> old values: atomically `*pointer ^= value` (integers, bool)."""
-    return _atomic(ctx, "xor", pointer, value, mask)
+def atomic_xor(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_xor(pointer, value, mask=None, scope="gpu") -> old values:
+    atomically `*pointer ^= value` (integers, bool)."""
+    return _atomic(ctx, "xor", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_xchg(ctx: Context, pointer, value, mask=None) -> Tensor:
-    """atomic_xchg(pointer, value, mask=None) -> old values: atomically `*pointer = value`."""
-    return _atomic(ctx, "xchg", pointer, value, mask)
+def atomic_xchg(ctx: Context, pointer, value, mask=None, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_xchg(pointer, value, mask=None, scope="gpu") -> old values: atomically `*pointer = value`."""
+    return _atomic(ctx, "xchg", pointer, value, mask, scope)
 
 
 @builtin
-def atomic_cas(ctx: Context, pointer, compare, value) -> Tensor:
-    """atomic_cas(pointer, compare, value) -> old values: atomically, where `*pointer == compare`, `*pointer = value`.
+def atomic_cas(ctx: Context, pointer, compare, value, scope=DEFAULT_SCOPE) -> Tensor:
+    """atomic_cas(pointer, compare, value, scope="gpu") -> old values: atomically, where `*pointer == compare`,
+    `*pointer = value`.
 
     `compare` and `value` are converted to the element type and broadcast to
     the pointer's shape. A lane succeeded when the returned old value equals
-    `compare`.
+    `compare`. Acquire-release at `scope`, as `atomic_add` describes
+    (NVIDIA: `atom.acq_rel.<scope>.cas`).
     """
+    scope = _check_scope(ctx, "atomic_cas", scope)
     pointer = _pointer(ctx, pointer, "atomic_cas")
     pointee, shape = _pointee(pointer), pointer.shape
     expected = _fit(ctx, compare, pointee, shape, "atomic_cas's compare")
     desired = _fit(ctx, value, pointee, shape, "atomic_cas's value")
-    return operators.emit(ctx, "atomic_cas", pointer, expected, desired)
+    return operators.emit(ctx, "atomic_cas", pointer, expected, desired, **_scope_attrs(scope))
 
 
 # ---------------------------------------------------------------------------

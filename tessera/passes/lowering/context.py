@@ -70,7 +70,14 @@ class Lowering(Emitter):
         self.notes: list[str] = []
         # ops before a warp-specialized loop lowered in its consumers' branch instead (`schedule/consumer_prologue.py`)
         self.deferred: frozenset[Operation] = frozenset()
+        # warp-specialized loops their tile loop could not specialize, with the reason (op to point at, message),
+        # reported when the loop itself is lowered (`schedule/loops.py`)
+        self.refused_specializations: dict[Operation, tuple[Operation, str]] = {}
         self.debug = False          # keep print and assert (a debug build); set by lower_to_threads
+        # TMA stores in a loop body leave their read-wait to the next iteration's write (`schedule/tma_store.py`;
+        # off: each store waits at once); the tile-IR loops whose final wait is still to come after them
+        self.overlap_stores = True
+        self.overlapped_stores: set[Operation] = set()
         # wgmma operands computed before a loop and stored into shared memory once, before it
         # (`wgmma_dot.stage_invariant_operands`): tile-IR value -> its `SharedOperand`
         self.staged: dict[Value, Any] = {}

@@ -14,6 +14,7 @@ as here (`lower_while`), after it says in strict mode why it is not pipelined.
 
 from __future__ import annotations
 
+from tessera.ir.core import Operation
 from tessera.ir.types import TileType
 
 from . import lowering
@@ -45,14 +46,15 @@ def _return(ctx, op):
     ctx.create("return")
 
 
-def lower_plain_for(ctx, op) -> None:
-    """A `for` as the same loop over threads' registers (its `stages`, if any, dropped)."""
+def lower_plain_for(ctx, op) -> Operation:
+    """A `for` as the same loop over threads' registers (its `stages`, if any, dropped); returned."""
     operands = _terminator_values(ctx, op)
     (region,) = op.regions
     body = ctx.new_block(region)
     ctx.lower_block(region, body, ctx.region_args(region, body))
     new = ctx.create("for", operands, None, [ctx.thread_type(r) for r in op.results], [body])
     define_results(ctx, op, new)
+    return new
 
 
 @lowering("if")

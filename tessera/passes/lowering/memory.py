@@ -27,7 +27,9 @@
   releases); a scalar acquire load is thread 0's, handed to every thread
   through shared memory, and a tile one is followed by a barrier, so every
   thread's later accesses come after the acquire. Ordered accesses are one
-  register each (never vectorized).
+  register each (never vectorized). Their `scope` attribute (and an
+  atomic's) goes to the thread op unchanged: the barriers are the block's
+  whatever the scope.
 """
 
 from __future__ import annotations
@@ -53,6 +55,13 @@ def _and_owner(ctx, layout, mask):
         return mask
     owner = ctx.splat(owner, layout.local_size)
     return owner if mask is None else ctx.emit("and", mask, owner)
+
+
+def _scoped(op, attrs: dict | None = None) -> dict | None:
+    """`attrs` plus the tile op's `scope`, if it has one (absent: the default GPU scope)."""
+    if "scope" not in op.attrs:
+        return attrs
+    return {**(attrs or {}), "scope": op.attrs["scope"]}
 
 
 def _and_first_thread(ctx, mask):
@@ -90,13 +99,13 @@ def _load_acquire(ctx, op):
     if not isinstance(op.result.type, TileType):
         ptr, *rest = [ctx.thread_value(x) for x in ctx.operands(op)]
         mask = _and_first_thread(ctx, rest[0] if rest else None)
-        value = ctx.create("load_acquire", [ptr, mask, *rest[1:]], None, [op.result.type]).result
+        value = ctx.create("load_acquire", [ptr, mask, *rest[1:]], _scoped(op), [op.result.type]).result
         ctx.define(op.result, ctx.smem.broadcast_scalar_from_first(value), op)
         return
     layout = ctx.assignment.layout(op.result)
     operands = [r.value for r in ctx.operands(op)]
     t = RegsType(op.result.type.element, layout.local_size)
-    value = ctx.create("load_acquire", operands, None, [t]).result
+    value = ctx.create("load_acquire", operands, _scoped(op), [t]).result
     ctx.threads.barrier()
     ctx.define(op.result, Regs(value, layout), op)
 
@@ -106,16 +115,16 @@ def _store_release(ctx, op):
     ctx.threads.barrier()
     if not isinstance(op.operands[0].type, TileType):
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
-        ctx.create("store_release", [ptr, value, _and_first_thread(ctx, mask[0] if mask else None)])
+        ctx.create("store_release", [ptr, value, _and_first_thread(ctx, mask[0] if mask else None)], _scoped(op))
         return
     ptr, value, *mask = ctx.operands(op)
     mask = _and_owner(ctx, ptr.layout, mask[0].value if mask else None)
-    ctx.create("store_release", [ptr.value, value.value] + ([mask] if mask is not None else []))
+    ctx.create("store_release", [ptr.value, value.value] + ([mask] if mask is not None else []), _scoped(op))
 
 
 @lowering("atomic_rmw")
 def _atomic_rmw(ctx, op):
-    attrs = {"kind": op.attrs["kind"]}
+    attrs = _scoped(op, {"kind": op.attrs["kind"]})
     if not isinstance(op.operands[0].type, TileType):
         ctx.threads.barrier()           # thread 0's release covers every thread's earlier writes
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
@@ -144,11 +153,11 @@ def _atomic_cas(ctx, op):
     pred = ctx.index.owner_predicate(layout) if tile else ctx.index.first_thread()
     t = RegsType(op.result.type.element, layout.local_size) if tile else op.result.type
     if pred is None:
-        old = ctx.create("atomic_cas", operands, None, [t]).result
+        old = ctx.create("atomic_cas", operands, _scoped(op), [t]).result
     else:
         then_block, else_block = Block(), Block()
         with ctx.b.at(then_block):
-            swapped = ctx.create("atomic_cas", operands, None, [t]).result
+            swapped = ctx.create("atomic_cas", operands, _scoped(op), [t]).result
             ctx.create("yield", [swapped])
         dtype = op.result.type.element.dtype if tile else op.result.type.dtype
         zero = ctx.const_regs([0] * t.count, dtype) if tile else ctx.const(0, dtype)

@@ -1,7 +1,8 @@
 """The consumers' prologue of a warp-specialized loop: the reads before it that only the consumers need.
 
 Input: a tile-IR kernel whose body holds a `for {warp_specialize = true}`
-(`warp_specialization.py`). Every thread, the producer warpgroup included,
+(`warp_specialization.py`), or a loop over tiles holding one
+(`warp_specialized_tiles.py`). Every thread, the producer warpgroup included,
 runs what precedes that loop, so a load there (attention's Q block, an fp8
 descale) would be executed by the producer's 128 threads too, which have no
 place in the tile layouts. `consumer_prologue` picks the ops before the loop
@@ -32,8 +33,18 @@ REGISTER_ONLY_TILE_OPS = frozenset({"constant", "splat", "arange"})   # plus the
 
 
 def warp_specialized_loop(body) -> Operation | None:
-    """The first `for {warp_specialize = true}` among the kernel body's own ops, or None."""
-    return next((op for op in body.ops if op.name == "for" and op.attrs.get("warp_specialize")), None)
+    """The first of the kernel body's own ops that is a `for {warp_specialize = true}` or a loop over tiles
+    directly holding one (a persistent kernel: `warp_specialized_tiles.py`), or None."""
+    for op in body.ops:
+        if op.name == "for" and (op.attrs.get("warp_specialize") or specialized_in(op) is not None):
+            return op
+    return None
+
+
+def specialized_in(op: Operation) -> Operation | None:
+    """The `for {warp_specialize = true}` among the ops of `for` `op`'s body, or None."""
+    return next((inner for inner in op.regions[0].ops if inner.name == "for" and inner.attrs.get("warp_specialize")),
+                None)
 
 
 def producer_may_run(ctx, op: Operation) -> bool:
@@ -67,13 +78,13 @@ def consumer_prologue(ctx) -> frozenset[Operation]:
     return frozenset(deferred)
 
 
-def producer_reads_deferred(ctx, loop: Operation, plan) -> Value | None:
-    """A value computed by a deferred op that the producer needs (a loop bound, or the address of a block it
-    fills: `plan.loads`' slices and views), or None."""
+def producer_reads_deferred(ctx, loop: Operation, plan, outer: Operation | None = None) -> Value | None:
+    """A value computed by a deferred op that the producer needs (a loop bound, the bounds of the tile loop
+    `outer` around it, or the address of a block it fills: `plan.loads`' slices and views), or None."""
     produced = {v for op in ctx.deferred for v in op.results}
     if not produced:
         return None
-    todo = list(loop.operands[:3])
+    todo = list(loop.operands[:3]) + (list(outer.operands[:3]) if outer is not None else [])
     for load in plan.loads:
         todo += load.load.operands
         for op in load.slice:

@@ -6,8 +6,10 @@ Input: a tile-IR `for` and its attributes, `stages = S` (from
 feeds a dot, and where not says why in strict mode; `while` loops are never
 pipelined, and say so the same way) and `warp_specialize`. A loop with
 `warp_specialize` gets a producer warpgroup filling its rings by TMA
-(`warp_specialization.py`; where it cannot, a warning says why and the
-loop is scheduled as if it had not asked); a loop with
+(`warp_specialization.py`; inside a persistent kernel's tile loop the
+producer walks the tiles too, `warp_specialized_tiles.py`; where it
+cannot, a warning says why and the loop is scheduled as if it had not
+asked); a loop with
 S > 1 whose tensor-core dot operands qualify (`pipeline_plan.py`) gets
 ring buffers filled S - 1 iterations ahead (`software_pipeline.py`);
 anything else is the plain loop of `lowering/control_flow.py`. Guarantee:
@@ -24,18 +26,38 @@ from tessera.ir.core import Operation
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for, lower_while
 from ..lowering.invariant_operands import await_loop_operands, stage_invariant_operands
-from .consumer_prologue import lower_deferred
+from .consumer_prologue import lower_deferred, specialized_in
 from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .shortfalls import place, shortfall
 from .software_pipeline import lower_pipelined_for
+from .tma_store import finish_overlapped_stores
 from .warp_specialization import lower_warp_specialized_for, warp_specialization_refusal
+from .warp_specialized_tiles import lower_specialized_tile_loop
 
 
 @lowering("for")
 def _for(ctx, op):
+    _schedule_for(ctx, op)
+    finish_overlapped_stores(ctx, op)          # TMA stores in the body still reading: wait before what follows
+
+
+def _schedule_for(ctx, op):
+    inner = specialized_in(op) if op.parent is ctx.src.body and ctx.threads.consumers is None else None
+    if inner is not None:               # a persistent tile loop around a warp-specialized K loop
+        refusal = warp_specialization_refusal(ctx, inner)
+        if refusal is None:
+            lower_specialized_tile_loop(ctx, op, inner)
+            return
+        # refused: the K loop says why when it is lowered, in the plain tile loop (after the held-back reads,
+        # which the refusal may have been about)
+        ctx.refused_specializations[inner] = refusal
+        lower_deferred(ctx)
+    if op.attrs.get("pingpong") and not op.attrs.get("warp_specialize"):
+        _lower_wave_pingpong_for(ctx, op)
+        return
     if op.attrs.get("warp_specialize"):
-        refusal = warp_specialization_refusal(ctx, op)
+        refusal = ctx.refused_specializations.pop(op, None) or warp_specialization_refusal(ctx, op)
         if refusal is None:
             stage_invariant_operands(ctx, op, await_landing=False)     # the consumers wait, after the split
             lower_warp_specialized_for(ctx, op)
@@ -66,9 +88,25 @@ def _for(ctx, op):
     _lower_plain_for(ctx, op)
 
 
-def _lower_plain_for(ctx, op: Operation) -> None:
+def _lower_plain_for(ctx, op: Operation) -> Operation:
     await_loop_operands(ctx, op)
-    lower_plain_for(ctx, op)
+    return lower_plain_for(ctx, op)
+
+
+def _lower_wave_pingpong_for(ctx, op: Operation) -> None:
+    """`tessera.pipeline(..., stages=1, pingpong=True)` without warp specialization: AMD's wave-group ping-pong.
+    The loop is lowered plainly, marked `pingpong`, for `passes/wave_pingpong.py` to stagger the two groups of
+    waves around it once shared memory is placed. Elsewhere (NVIDIA takes turns between warp-specialized
+    warpgroups) and with stages > 1 (its ring would be shared by groups one phase apart) it is refused."""
+    if ctx.target.vendor != "amd":
+        raise ctx.error(op, f"tessera.pipeline(pingpong=True) without warp_specialize=True is AMD's wave-group "
+                            f"ping-pong, which {ctx.target.name} does not run; on sm_90a pass "
+                            f"warp_specialize=True too (two consumer warpgroups take turns)")
+    if op.attrs.get("stages", 1) != 1:
+        raise ctx.error(op, f"the wave-group ping-pong on {ctx.target.name} needs tessera.pipeline(stages=1): its "
+                            f"two groups run one phase apart, each staging its own blocks, so there is no ring "
+                            f"to fill ahead; pass stages=1")
+    _lower_plain_for(ctx, op).attrs["pingpong"] = True
 
 
 @lowering("while")

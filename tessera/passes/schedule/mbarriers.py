@@ -14,7 +14,8 @@ argument, unit-stride rows, the destination buffer laid out as a TMA box
 lands: `shared_buffers.tma_swizzles` restricts its swizzle to those). Then
 
     smem_mbarriers        -> shared_alloc n x 8 bytes; thread 0: mbarrier_init (count 1) each,
-                             fence_mbarrier_init; barrier
+                             fence_mbarrier_init; barrier (at the top level, merged with the kernel's
+                             first such group: `passes/merge_mbarrier_inits.py`)
     copy onto bars[s]     -> thread 0: fence_proxy_async (earlier generic reads of the slot first),
                              mbarrier_expect_tx bars[s], <box bytes>; tma_load (one per box)
     bars[s].wait(p)       -> thread 0: mbarrier_arrive bars[s] (the phase's one arrival);

@@ -29,6 +29,11 @@ barrier after the loop), so no slot is refilled while read, and the
 epilogue's buffers cannot be the rings' bytes. Without an
 outer loop, or with bounds that vary per tile, the loop keeps its own
 mbarriers (initialized before it, invalidated after).
+
+A warp-specialized loop in a tile loop is `warp_specialized_tiles.py`'s:
+its producer warpgroup runs the tile loop too, with only the scalar ops
+`tile_slice` picks, and counts the same ring on; which nestings it takes is
+`specialized_tile_loop_refusal`.
 """
 
 from __future__ import annotations
@@ -39,6 +44,9 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, Value
 from tessera.ir.ops import OPS
 from tessera.ir.types import TileType
+
+from .multicast import cluster_size
+from .shortfalls import place
 
 
 @dataclass(frozen=True)
@@ -100,24 +108,33 @@ def next_tile_slice(outer: Operation, loads) -> tuple[Operation, ...] | None:
     """The ops of the outer loop's body that compute what the pipelined `loads` (their views, offsets and
     address slices) take from the tile: pure scalar ops from the tile index and values defined outside, in
     body order; None when a carried value or anything else feeds them."""
+    ops, blocker = tile_slice(outer, [v for load in loads for o in (load.load, *load.slice) for v in o.operands])
+    return None if blocker is not None else ops
+
+
+def tile_slice(outer: Operation, values) -> tuple[tuple[Operation, ...], Operation | Value | None]:
+    """The ops of the outer loop's body that compute `values` from the tile index: (those ops in body order,
+    None), or ((), what keeps them from being pure scalar math of the tile index and values defined outside
+    the loop: a carried argument, or the op that reads memory, holds a region or makes a tile). Values made
+    inside nested loops' bodies are followed no further (the loops' own lowering computes them)."""
     block = outer.regions[0]
     made_by = {r: top for top in block.ops for r in top.results}
     needed: set[Operation] = set()
-    work = [v for load in loads for o in (load.load, *load.slice) for v in o.operands]
+    work = list(values)
     while work:
         value = work.pop()
         if value is block.args[0]:
             continue
         if value in block.args:
-            return None
+            return (), value
         maker = made_by.get(value)
         if maker is None or maker in needed:
-            continue                        # defined outside the outer loop, or in the pipelined loop's body
+            continue                        # defined outside the outer loop, or in a nested loop's body
         if maker.regions or not OPS[maker.name].pure or any(isinstance(r.type, TileType) for r in maker.results):
-            return None
+            return (), maker
         needed.add(maker)
         work.extend(maker.operands)
-    return tuple(op for op in block.ops if op in needed)
+    return tuple(op for op in block.ops if op in needed), None
 
 
 def for_next_tile(ctx, outer: Operation, slice_ops, issue) -> None:
@@ -135,3 +152,40 @@ def for_next_tile(ctx, outer: Operation, slice_ops, issue) -> None:
         lower_op(ctx, op)
     issue(live)
     ctx.env.update(saved)
+
+
+def tile_loop_of(op: Operation) -> Operation | None:
+    """The `for` whose body holds `op` directly (a persistent kernel's loop over tiles), or None."""
+    outer = getattr(op.parent, "parent", None)
+    return outer if isinstance(outer, Operation) and outer.name == "for" else None
+
+
+def specialized_tile_loop_refusal(ctx, outer: Operation, op: Operation, plan) -> tuple[Operation, str] | None:
+    """Why warp-specialized loop `op` (pipeline plan `plan`) cannot run inside tile loop `outer` with its producer
+    warpgroup running the tile loop too (`warp_specialized_tiles.py`): (the op to point at, the reason and the
+    fix), or None when it can. The producer runs only the scalar math of the tile index that the K loop's
+    bounds and the pipelined blocks' addresses need (`tile_slice`); the consumers run the whole body."""
+    at = f"the tile loop at {place(outer)}"
+    if "stages" in outer.attrs or outer.attrs.get("warp_specialize"):
+        return outer, (f"{at} around a tessera.pipeline(warp_specialize=True) loop is itself a tessera.pipeline; "
+                       "make it a plain range loop over tiles")
+    if op.attrs.get("pingpong"):
+        return op, (f"pingpong=True is not supported inside {at} (a persistent kernel); drop pingpong=True or "
+                    "launch one tile per program")
+    if cluster_size(ctx.src) > 1:
+        return op, (f"a warp-specialized loop inside {at} is not supported in thread-block clusters; drop "
+                    "tessera.cluster_dims or launch one tile per program")
+    values = list(op.operands[:3])
+    for load in plan.loads:
+        values += [v for o in (load.load, *load.slice) for v in o.operands]
+    _, blocker = tile_slice(outer, values)
+    if blocker is None:
+        return None
+    if isinstance(blocker, Operation):
+        what, where = f"'{blocker.name}'", blocker
+    else:
+        what, where = f"'{blocker.name_hint or 'a value'}', a value the tile loop carries", outer
+    return where, (f"the producer warpgroup runs {at} with only the scalar math of the tile index, but the K loop's "
+                   f"bounds or a pipelined block's address need {what}, which is not that (it reads memory, makes a "
+                   "tile, holds a region or is carried); compute them from the tile index with scalar arithmetic, "
+                   "or drop warp_specialize=True")

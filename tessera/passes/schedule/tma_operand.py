@@ -10,6 +10,7 @@ the rules pipelined TMA loads follow) for the tile the pipeline would give
 the block as a ring slot (`pipeline_plan._slot_layout`), emit instead
 
     bar = shared_alloc (1 mbarrier, whole kernel); init by thread 0 in the kernel's prologue, barrier
+          (the ring's inits join it there, behind the same fence and barrier: `merge_mbarrier_inits`)
     tile = shared_alloc (wgmma's tile, whole kernel: no barrier ends its last read, so no buffer reuses it)
     if thread 0:
         mbarrier_arrive_expect_tx bar, <bytes of the tile's boxes>

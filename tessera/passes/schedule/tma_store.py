@@ -12,14 +12,39 @@ strides, sizes from arguments or constants), emit
       -- or, for a 16-bit tile in a tensor-core accumulator layout on sm_90+ (`stmatrix_store.py`):
     buf = shared_alloc (column blocks of 64 elements, 128B swizzle, 1024-byte aligned)
     stmatrix x4 of each eight registers            (no layout conversion before: `STORE_KEEPS_LAYOUT`)
+      -- or, for a 32-bit tile in such a layout (an f32 C; `pair_store.py`):
+    buf = shared_alloc (column blocks of 32 elements, 128B swizzle, 1024-byte aligned)
+    st.shared.v2 of each register pair             (no layout conversion before either)
     fence_proxy_async                  every writer: its writes become visible to the async proxy
     barrier
     if thread 0:
         tma_store buf, map, <block offsets>      (cp.async.bulk.tensor ... global.shared::cta ... bulk_group;
-                                                  one per 64-column block with stmatrix: a 128B box row)
+                                                  one per 64-column block with stmatrix, 32 with pairs:
+                                                  a 128B box row)
         bulk_commit_group
         bulk_wait_group_read {pending = 0}       the buffer has been read
     barrier                            no thread reuses the bytes (the allocator may) before that
+
+A store in the body of a `for` loop (a persistent kernel's loop over
+tiles; `overlap_loop`) instead lets TMA read the buffer while the next
+iteration runs (its K loop):
+
+    buf = shared_alloc {async_reads}   in the kernel's prologue: bytes of its own for the whole loop
+    for ... {
+        ...                            (the next tile's K loop runs while TMA reads the last tile's buf)
+        if thread 0: bulk_wait_group_read {pending = 0}     the previous iteration's store has read buf
+        barrier
+        <writes of buf>, fence_proxy_async, barrier
+        if thread 0: tma_store ...; bulk_commit_group       no wait, no barrier
+    }
+    if thread 0: bulk_wait_group_read {pending = 0}         before the block exits or buf's bytes are reused
+    barrier
+
+Nothing else touches buf (it is this store's alone), so its only hazard
+is the next write of it, which the wait before the writes orders. When
+the buffer's own bytes do not fit beside what the loop needs,
+`thread_passes.lower` lowers the kernel again with the immediate wait
+(`Lowering.overlap_stores` off).
 
 Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
@@ -36,7 +61,7 @@ read-wait does not order the global writes), blocks under
 
 from __future__ import annotations
 
-from tessera.ir.core import enclosing_function
+from tessera.ir.core import Operation, enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
@@ -44,6 +69,7 @@ from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..layout_assignment import STORE_KEEPS_LAYOUT
 from ..lowering.memory import VIEW_STORE_STRATEGIES
+from .pair_store import PairPlan, pair_plan, store_pairs
 from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
 from .tma_fill import map_parameter, view_block_box
 
@@ -80,13 +106,20 @@ def _store_box(op, target, facts: dict, slot=None):
     return box
 
 
-def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
-    """(box, plan) of a TMA store of `view_store` `op` whose 16-bit value is in register layout `layout`,
-    written to shared memory by stmatrix (`stmatrix_store.py`), or None."""
+def register_store(op, layout, target, facts: dict, warp: int = 32):
+    """(box, plan) of a TMA store of `view_store` `op` whose value is in register layout `layout`, written to a
+    128B-swizzled shared tile straight from its registers: by stmatrix for 16 bits (`stmatrix_store.py`), by
+    st.shared.v2 of register pairs for 32 bits (`pair_store.py`); or None."""
     tile = op.operands[-1].type
-    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16:
+    if layout is None or not isinstance(tile, TileType):
         return None
-    plan = stmatrix_plan(layout, warp)
+    bits = tile.element.dtype.bits
+    if bits == 16 and target.has("stmatrix"):
+        plan = stmatrix_plan(layout, warp)
+    elif bits == 32 and target.has("tma"):
+        plan = pair_plan(layout, target.max_vector_bits, warp, target.shared_memory_banks)
+    else:
+        return None
     if plan is None:
         return None
     box = _store_box(op, target, facts, plan.tile)
@@ -94,21 +127,26 @@ def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
 
 
 def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool:
-    """`STORE_KEEPS_LAYOUT`: with a layout, whether stmatrix stores it for the TMA store; without, whether
-    some layout could be (a 16-bit 2-D block whose 128B-swizzled column blocks TMA can store)."""
+    """`STORE_KEEPS_LAYOUT`: with a layout, whether stmatrix (16-bit) or pair stores (32-bit) write it straight
+    into the TMA store's tile; without, whether some layout could be (a 16-bit or 32-bit 2-D block whose
+    128B-swizzled column blocks TMA can store). A 32-bit value that then gets a layout the threads store wider
+    than pairs (a blocked one) is not kept, and the assignment anchors the store as before."""
     if layout is not None:
-        return stmatrix_store(op, layout, target, facts.facts, target.warp_size) is not None
+        return register_store(op, layout, target, facts.facts, target.warp_size) is not None
     tile = op.operands[-1].type
-    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16 \
-            or len(tile.shape) != 2 or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // 2):
+    if not isinstance(tile, TileType) or len(tile.shape) != 2:
         return False
-    return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, 2, SWIZZLE)) is not None
+    size = tile.element.dtype.bits // 8
+    if not (size == 2 and target.has("stmatrix") or size == 4 and target.has("tma")) \
+            or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // size):
+        return False
+    return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, size, SWIZZLE)) is not None
 
 
 def _tma_store(ctx, op) -> bool:
     index = len(op.operands) - 1
     layout = ctx.assignment.conversions.get((op, index)) or ctx.lookup(op.operands[index]).layout   # as read
-    fragments = stmatrix_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
+    fragments = register_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
     box = fragments[0] if fragments else tma_store_box(ctx, op)
     if box is None:
         return False
@@ -117,12 +155,22 @@ def _tma_store(ctx, op) -> bool:
     dtype = op.operands[-1].type.element.dtype
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands) - 1)]
     tensor_map = map_parameter(ctx, box.recipe)
-    if fragments:
-        plan: StmatrixPlan = fragments[1]
-        buf = ctx.smem.alloc(dtype, rows * cols, align=plan.tile.alignment)
+    plan: StmatrixPlan | PairPlan | None = fragments[1] if fragments else None
+    align = plan.tile.alignment if plan else TMA_STORE_ALIGN
+    loop = overlap_loop(ctx, op)
+    if loop is None:
+        buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+    else:                                   # its own bytes across the loop: TMA may read them into the next iteration
+        with ctx.in_prologue():
+            buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+        buf.owner.attrs["async_reads"] = True
+        ctx.overlapped_stores.add(loop)
+        wait_for_store_reads(ctx)           # the previous iteration's store has read buf
+    if isinstance(plan, StmatrixPlan):
         store_fragments(ctx, buf, plan, value.value)
+    elif plan:
+        store_pairs(ctx, buf, plan, value.value)
     else:
-        buf = ctx.smem.alloc(dtype, rows * cols, align=TMA_STORE_ALIGN)
         owner = ctx.index.owner_predicate(value.layout)
         mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
         ctx.smem.access("store", buf, value.layout, (cols, 1), value=value.value, mask=mask)
@@ -133,9 +181,43 @@ def _tma_store(ctx, op) -> bool:
             src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
             ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
         ctx.create("bulk_commit_group")
+        if loop is None:
+            ctx.create("bulk_wait_group_read", attrs={"pending": 0})
+    if loop is None:
+        ctx.threads.barrier()
+    return True
+
+
+def overlap_loop(ctx, op: Operation) -> Operation | None:
+    """The tile-IR `for` whose next iteration may run while TMA still reads `view_store` `op`'s staging buffer:
+    the loop whose body holds the store (directly or under `if`s), a plain loop (no `stages`, not
+    warp-specialized: the tile loop of a persistent kernel) with no `return` in it; None where the store waits
+    for its read at once (no such loop, or `ctx.overlap_stores` off)."""
+    if not ctx.overlap_stores:
+        return None
+    holder = op.parent.parent
+    while isinstance(holder, Operation) and holder.name == "if":
+        holder = holder.parent.parent
+    if not isinstance(holder, Operation) or holder.name != "for" or "stages" in holder.attrs \
+            or holder.attrs.get("warp_specialize") or any(o.name == "return" for o in holder.walk()):
+        return None
+    return holder
+
+
+def wait_for_store_reads(ctx) -> None:
+    """Thread 0 waits until every TMA store it issued has read its shared memory, then every running thread
+    waits for it (the block's barrier, or the consumers' after a warp-specialized loop)."""
+    with ctx.when(ctx.index.first_thread()):
         ctx.create("bulk_wait_group_read", attrs={"pending": 0})
     ctx.threads.barrier()
-    return True
+
+
+def finish_overlapped_stores(ctx, loop: Operation) -> None:
+    """After lowering tile-IR `for` `loop`: if stores in it left TMA reading their buffers (`overlap_loop`),
+    the final wait, so that the block exits, or the bytes are reused, only once they are read."""
+    if loop in ctx.overlapped_stores:
+        ctx.overlapped_stores.discard(loop)
+        wait_for_store_reads(ctx)
 
 
 STORE_KEEPS_LAYOUT.append(_keeps_accumulator_layout)

@@ -8,18 +8,23 @@ behind "full" and "empty" mbarriers, with `setmaxnreg` register hand-over
 where it pays; the rest of the kernel runs in the consumers' branch.
 Guarantees: the producer runs at most S fills ahead of the slowest
 consumer; the two branches meet only at one named barrier after the loop;
-what cannot be warp-specialized (no TMA, nested loop, a memory write before
-the loop, ...) is a LoweringError saying what to change. The emitted code
+what cannot be warp-specialized (no TMA, a loop in an `if`, a memory write
+before the loop, ...) is a LoweringError saying what to change. Inside a
+persistent kernel's loop over tiles, `warp_specialized_tiles.py` lowers the
+tile loop with the same pieces. The emitted code
 is the comment above `lower_warp_specialized_for`.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from tessera.ir.core import Block, Operation, Value
 from tessera.ir.types import TileType
 
 from ..lowering.invariant_operands import stage_invariant_operands
 from ..lowering.values import I32, Regs, RingOperand
+from .persistent import specialized_tile_loop_refusal, tile_loop_of
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
 from .consumer_prologue import lower_deferred, producer_may_run, producer_reads_deferred
@@ -104,8 +109,10 @@ PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pi
 # instead, and the loop's invariant dot operands among them staged there
 # (`consumer_prologue.py`); a loop bound or block address the producer needs
 # may not be read from memory. The loop must be an op of the kernel's
-# body itself (not nested in a loop or an `if`: persistent kernels are not
-# supported), one per kernel, and every pipelined load must be TMA-filled
+# body itself, or of the body of a loop over tiles that is (a persistent
+# kernel: both roles then walk the tiles, `warp_specialized_tiles.py`; the
+# nestings it takes are `persistent.specialized_tile_loop_refusal`'s), not
+# in an `if`; one per kernel, and every pipelined load must be TMA-filled
 # (a view load `pipeline_plan` does not pipeline at all stays an ordinary
 # load of the consumers' body).
 #
@@ -113,53 +120,98 @@ PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pi
 # the consumers' waits on full[] say that every fill has been issued and has
 # landed, and the barrier orders the producer's last mbarrier accesses before
 # thread 0 invalidates them (the SIMT simulator checks both).
-def lower_warp_specialized_for(ctx, op: Operation) -> None:
-    """Lower `op` (a `for {warp_specialize = true}`, which `warp_specialization_refusal` accepted) as the comment
-    above says."""
+@dataclass(frozen=True)
+class SpecializedRing:
+    """What both warp roles of a warp-specialized loop share: the plan, the rings, their full (TMA) and empty
+    mbarriers, and the number of consumer threads."""
+
+    plan: PipelinePlan
+    rings: list
+    full: TmaRing
+    empty: Value
+    consumers: int
+
+
+def specialized_ring(ctx, op: Operation) -> SpecializedRing:
+    """Plan `op`'s ring, add the producer warpgroup to the kernel's threads, and allocate and initialize the rings'
+    full and empty mbarriers here, before the split (so once per kernel)."""
     plan = pipeline_plan(op, ctx.target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
     if plan.stages < plan.requested_stages:
         shortfall(ctx, op, f"{plan.stages} of the {plan.requested_stages} stages fit in {ctx.target.name}'s shared "
                            f"memory; use smaller blocks or fewer stages")
     consumers = ctx.num_threads
     ctx.fn.attrs["num_threads"] = consumers + PRODUCER_THREADS
-    stages = plan.stages
-    rings = [ctx.smem.alloc(load.dtype, stages * load.slot_elements, align=load.slot_alignment)
+    rings = [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, align=load.slot_alignment)
              for load in plan.loads]
-    full = TmaRing(ctx, plan.loads, stages, specialized=True)
+    full = TmaRing(ctx, plan.loads, plan.stages, specialized=True)
     # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot, of every
     # block of the cluster when the slots are multicast (`multicast.py`)
     cluster = full.cluster
-    empty = ctx.smem.mbarriers(stages, _releasers(plan, consumers) * (cluster.size if cluster else 1))
+    empty = ctx.smem.mbarriers(plan.stages, _releasers(plan, consumers) * (cluster.size if cluster else 1))
     if cluster is not None:
         cluster.sync(ctx)                           # the full and empty barriers' inits, cluster-wide
-    lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
+    return SpecializedRing(plan, rings, full, empty, consumers)
 
-    producer, consumer = Block(), Block()
-    with ctx.b.at(producer):
-        _producer(ctx, plan, rings, full, empty, lb, ub, step, consumers)
-        _all_threads_barrier(ctx, consumers)       # the producer's last barrier accesses come first
-        if cluster is not None:                     # its part of the cluster barrier before the mbarriers end
-            cluster.sync(ctx)
-        ctx.create("yield")
-    ctx.threads.keep_only_consumers(consumers)
-    with ctx.b.at(consumer):
-        inc = _consumer_registers(ctx, consumers)
-        if inc:
-            ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
-        lower_deferred(ctx)                         # the reads before the loop only the consumers need ...
-        stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
-        if op.attrs.get("pingpong"):
-            results = _pingpong_loops(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
-        else:
-            results = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers).results
-        _after_consumer_loop(ctx, plan, full, empty)
-    is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "ge"})
+
+def split_roles(ctx, ring: SpecializedRing, producer: Block, consumer: Block) -> None:
+    """Close the two branches (the producer's ends at the exit barrier, the consumers' after the mbarriers'
+    end) into `if thread_id >= consumers {producer} else {consumers}`, and go on in the consumers' branch."""
+    is_producer = ctx.emit("cmp", ctx.index.thread_id, ctx.const(ring.consumers), attrs={"pred": "ge"})
     # The producer's shared-memory accesses are over once the consumers are past the named barrier both
     # branches meet at (the last op so far): the allocator may give the rings' bytes to later buffers.
     ctx.create("if", [is_producer], {"producer_joins_at": len(consumer.ops) - 1}, [], [producer, consumer])
     # The rest of the kernel runs in the consumers' branch, under their setmaxnreg; the kernel's return closes
     # it (`ThreadGroups.end_kernel`).
     ctx.b.block = consumer
+
+
+def producer_entry(ctx, ring: SpecializedRing) -> None:
+    """The producer branch's first op: give registers back where the consumers take more."""
+    if _consumer_registers(ctx, ring.consumers):
+        ctx.create("setmaxnreg", attrs={"action": "dec", "count": PRODUCER_REGISTERS})
+
+
+def producer_exit(ctx, ring: SpecializedRing) -> None:
+    """The producer branch's last ops: meet the consumers once (the mbarriers may be invalidated after it)."""
+    _all_threads_barrier(ctx, ring.consumers)      # the producer's last barrier accesses come first
+    if ring.full.cluster is not None:               # its part of the cluster barrier before the mbarriers end
+        ring.full.cluster.sync(ctx)
+    ctx.create("yield")
+
+
+def consumer_entry(ctx, ring: SpecializedRing) -> None:
+    """The consumers' branch's first ops: take the registers, and lower the reads held back for them."""
+    ctx.threads.keep_only_consumers(ring.consumers)
+    inc = _consumer_registers(ctx, ring.consumers)
+    if inc:
+        ctx.create("setmaxnreg", attrs={"action": "inc", "count": inc})
+    lower_deferred(ctx)                             # the reads before the loop only the consumers need
+
+
+def lower_warp_specialized_for(ctx, op: Operation) -> None:
+    """Lower `op` (a `for {warp_specialize = true}`, which `warp_specialization_refusal` accepted) as the comment
+    above says."""
+    ring = specialized_ring(ctx, op)
+    plan, consumers = ring.plan, ring.consumers
+    lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
+
+    producer, consumer = Block(), Block()
+    with ctx.b.at(producer):
+        producer_entry(ctx, ring)
+        with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
+            producer_fills(ctx, ring, lb, ub, step)
+        producer_exit(ctx, ring)
+    with ctx.b.at(consumer):
+        consumer_entry(ctx, ring)
+        stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
+        if op.attrs.get("pingpong"):
+            results = _pingpong_loops(ctx, op, ring, lb, ub, step)
+        else:
+            results = consumer_loop(ctx, op, ring, lb, ub, step).results
+        if plan.in_flight:
+            ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
+        end_ring(ctx, ring)
+    split_roles(ctx, ring, producer, consumer)
     for old, result in zip(op.results, results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
@@ -175,17 +227,24 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
     if ctx.threads.consumers is not None:
         return op, ("only one tessera.pipeline(warp_specialize=True) loop per kernel is supported (its producer "
                     "warpgroup has exited after the first); drop warp_specialize=True here")
+    outer = None
     if op.parent is not ctx.src.body:
-        return op, ("a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel itself, not "
-                    "nested in a loop or an `if` (persistent kernels are not supported); drop "
-                    "warp_specialize=True or move the loop out")
-    prologue = _prologue_refusal(ctx, op)
+        outer = tile_loop_of(op)
+        if outer is None or outer.parent is not ctx.src.body:
+            return op, ("a tessera.pipeline(warp_specialize=True) loop must be a statement of the kernel, or of the "
+                        "body of a loop over tiles that is one (a persistent kernel), not nested in an `if`, a "
+                        "`while` or two loops; drop warp_specialize=True or move the loop")
+    prologue = _prologue_refusal(ctx, outer or op)
     if prologue is not None:
         return prologue
     plan = pipeline_plan(op, target, ctx.num_threads // ctx.warp_size, ctx.facts.facts)
     if plan is None:
         return op, ("warp_specialize=True: no load of this loop qualifies for pipelining (A and B blocks of a "
                     "tensor-core dot, see passes/schedule/pipeline_plan.py); drop warp_specialize=True")
+    if outer is not None:
+        nesting = specialized_tile_loop_refusal(ctx, outer, op, plan)
+        if nesting is not None:
+            return nesting
     if op.attrs.get("pingpong") and (ctx.num_threads != 2 * PRODUCER_THREADS or not plan.on_wgmma):
         return op, (f"pingpong=True takes turns between two consumer warpgroups issuing wgmmas; this loop has "
                     f"{ctx.num_threads // PRODUCER_THREADS if ctx.num_threads % PRODUCER_THREADS == 0 else 'no whole'}"
@@ -196,7 +255,7 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
         why = ("its view must be a tessera.view of a pointer parameter with 16-byte aligned rows and a "
                "unit-stride dim (see passes/schedule/tma_fill.py); fix the view or drop warp_specialize=True")
         return op, f"warp_specialize=True needs every pipelined load filled by TMA, but the load at {where} cannot be: {why}"
-    needed = producer_reads_deferred(ctx, op, plan)
+    needed = producer_reads_deferred(ctx, op, plan, outer)
     if needed is not None:
         return needed.owner, (f"the producer warpgroup needs '{needed.name_hint or needed.owner.name}' (a loop "
                               "bound or a pipelined block's address), which is read from memory before the loop; "
@@ -205,8 +264,8 @@ def warp_specialization_refusal(ctx, op: Operation) -> tuple[Operation, str] | N
 
 
 def _prologue_refusal(ctx, loop: Operation) -> tuple[Operation, str] | None:
-    """The producer runs what precedes the loop too: anything there but pure computation, and not deferred to
-    the consumers (`consumer_prologue.py`), is refused."""
+    """The producer runs what precedes the loop (or the tile loop holding it) too: anything there but pure
+    computation, and not deferred to the consumers (`consumer_prologue.py`), is refused."""
     body = ctx.src.body
     for top in body.ops[:body.ops.index(loop)]:
         if top in ctx.deferred:
@@ -220,21 +279,34 @@ def _prologue_refusal(ctx, loop: Operation) -> tuple[Operation, str] | None:
     return None
 
 
-def _producer(ctx, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step, consumers: int) -> None:
-    """The producer warpgroup's branch: one thread walks the iterations and fills slot after slot."""
-    if _consumer_registers(ctx, consumers):
-        ctx.create("setmaxnreg", attrs={"action": "dec", "count": PRODUCER_REGISTERS})
+def producer_fills(ctx, ring: SpecializedRing, lb, ub, step, start: tuple[Value, Value, Value] | None = None) \
+        -> Operation:
+    """The issuing thread's loop over iterations lb .. ub: fill slot after slot (returned). From the ring's
+    start (slot 0, parity 0; its first S fills wait for no release), or from `start` = (slot, parity, whether
+    the ring has been gone round once), carried on as the last three results (a persistent tile loop's
+    producer: `warp_specialized_tiles.py`)."""
+    plan, stages = ring.plan, ring.plan.stages
     index = lb.type
-    with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
-        first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(plan.stages, index.dtype)))
-        body = Block([index, I32, I32], ["iv", "slot", "phase"])
-        iv, slot, phase = body.args
-        with ctx.b.at(body):
-            with ctx.when(ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})):
-                ctx.create("mbarrier_wait", [_bar(ctx, empty, slot), ctx.emit("sub", ctx.const(1), phase)])
-            _issue(ctx, plan, rings, full, iv, slot)
-            ctx.create("yield", next_slot_and_phase(ctx, slot, phase, plan.stages))
-        ctx.create("for", [lb, ub, step, ctx.const(0), ctx.const(0)], None, [I32, I32], [body])
+    if start is None:
+        first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(stages, index.dtype)))
+    names = ["iv", "slot", "phase"] + (["wrapped"] if start is not None else [])
+    body = Block([index] + [I32] * (len(names) - 1), names)
+    iv, slot, phase, *wrapped = body.args
+    with ctx.b.at(body):
+        if start is None:           # skipped on the first round through the ring: nothing to wait for yet
+            reused = ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})
+        else:
+            reused = ctx.emit("cmp", wrapped[0], ctx.const(0), attrs={"pred": "ne"})
+        with ctx.when(reused):      # the previous use's release
+            ctx.create("mbarrier_wait", [_bar(ctx, ring.empty, slot), ctx.emit("sub", ctx.const(1), phase)])
+        _issue(ctx, plan, ring.rings, ring.full, iv, slot)
+        carried = next_slot_and_phase(ctx, slot, phase, stages)
+        if start is not None:
+            at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
+            carried.append(ctx.emit("select", at_last, ctx.const(1), wrapped[0]))
+        ctx.create("yield", carried)
+    inits = [ctx.const(0), ctx.const(0)] if start is None else list(start)
+    return ctx.create("for", [lb, ub, step, *inits], None, [I32] * len(inits), [body])
 
 
 def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value) -> None:
@@ -248,18 +320,20 @@ def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value
     full.start(ctx, _bar(ctx, full.bars, slot), {load.load: ring for load, ring in zip(plan.loads, rings)}, offsets)
 
 
-def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub,
-                   step, consumers: int) -> Operation:
+def consumer_loop(ctx, op: Operation, ring: SpecializedRing, lb, ub, step,
+                  start: tuple[Value, Value] | None = None) -> Operation:
     """The loop the consumer warps run (returned): wait for the slot, compute on it, release it (or, with a
-    wgmma group in flight, release the slot of the iteration before, whose group the dot's wait retired)."""
+    wgmma group in flight, release the slot of the iteration before, whose group the dot's wait retired).
+    The ring's slot and parity start at 0, or at `start`, and are its last two results."""
+    plan, rings, full, empty, consumers = ring.plan, ring.rings, ring.full, ring.empty, ring.consumers
     inits = [ctx.thread_value(ctx.operand(op, i)) for i in range(3, len(op.operands))]
     region = op.regions[0]
     body = ctx.new_block(region)
     slot, phase = body.add_arg(I32, "slot"), body.add_arg(I32, "phase")
     with ctx.b.at(body):
         full.wait(ctx, slot, phase)
-        reads = {load.load: RingOperand(ring, ctx.emit("mul", slot, ctx.const(load.slot_elements)), load,
-                                        plan.in_flight) for load, ring in zip(plan.loads, rings)}
+        reads = {load.load: RingOperand(buf, ctx.emit("mul", slot, ctx.const(load.slot_elements)), load,
+                                        plan.in_flight) for load, buf in zip(plan.loads, rings)}
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops[:-1]:
@@ -275,8 +349,8 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
     body.ops[-1].operands.extend(carried)           # the yield carries the slot and phase too
 
     result_types = [ctx.thread_type(r) for r in op.results] + [I32, I32]
-    return ctx.create("for", [lb, ub, step, *inits, ctx.const(0), ctx.const(0)], {"stages": plan.stages},
-                      result_types, [body])
+    starts = list(start) if start is not None else [ctx.const(0), ctx.const(0)]
+    return ctx.create("for", [lb, ub, step, *inits, *starts], {"stages": plan.stages}, result_types, [body])
 
 
 # `pingpong=True` (FlashAttention-3 section 3.1): the two consumer warpgroups take turns issuing their
@@ -288,10 +362,10 @@ def _consumer_loop(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing,
 # wgmma and arrives on the other's after its last commit. Warpgroup 1 arrives once before its loop (warpgroup 0
 # goes first) and warpgroup 0 syncs once after its loop (warpgroup 1's last turn), so every arrival is
 # matched.
-def _pingpong_loops(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing, empty: Value, lb, ub, step,
-                    consumers: int) -> list[Value]:
+def _pingpong_loops(ctx, op: Operation, ring: SpecializedRing, lb, ub, step) -> list[Value]:
     """Both warpgroups' copies of the consumer loop (see the comment above); their results."""
     first, second = PINGPONG_BARRIERS
+    consumers = ring.consumers
     warpgroup = ctx.index.digit(PRODUCER_THREADS, consumers // PRODUCER_THREADS)
     is_first = ctx.emit("cmp", warpgroup, ctx.const(0), attrs={"pred": "eq"})
     branches = []
@@ -300,7 +374,7 @@ def _pingpong_loops(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing
         with ctx.b.at(block):
             if mine == second:
                 ctx.create("named_barrier", attrs={"id": first, "count": consumers, "arrive": True})
-            loop = _consumer_loop(ctx, op, plan, rings, full, empty, lb, ub, step, consumers)
+            loop = consumer_loop(ctx, op, ring, lb, ub, step)
             loop.attrs["pingpong_turn"] = (mine, other)
             if mine == first:
                 ctx.create("named_barrier", attrs={"id": first, "count": consumers})
@@ -309,16 +383,14 @@ def _pingpong_loops(ctx, op: Operation, plan: PipelinePlan, rings, full: TmaRing
     return ctx.create("if", [is_first], None, [r.type for r in loop.results], branches).results
 
 
-def _after_consumer_loop(ctx, plan: PipelinePlan, full: TmaRing, empty: Value) -> None:
-    """After the consumers' loop: the last group retired, the mbarriers invalidated once every consumer is
-    done with them, and a barrier before the rings' bytes are reused."""
-    if plan.in_flight:
-        ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
+def end_ring(ctx, ring: SpecializedRing) -> None:
+    """After the consumers' last loop (its last group retired): the mbarriers invalidated once every thread, the
+    producer's included, is done with them, and a barrier before the rings' bytes are reused."""
     _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
-    full.release(ctx)
+    ring.full.release(ctx)
     with ctx.when(ctx.index.first_thread()):
-        for s in range(plan.stages):
-            ctx.create("mbarrier_inval", [_bar(ctx, empty, ctx.const(s))])
+        for s in range(ring.plan.stages):
+            ctx.create("mbarrier_inval", [_bar(ctx, ring.empty, ctx.const(s))])
     ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
 
 
@@ -327,6 +399,11 @@ def _releasers(plan: PipelinePlan, consumers: int) -> int:
     warpgroup-wide, as in CUTLASS's consumer_release), else one per consumer thread (each thread's ldmatrix
     reads are its own)."""
     return consumers // PRODUCER_THREADS if plan.on_wgmma and consumers % PRODUCER_THREADS == 0 else consumers
+
+
+def release(ctx, ring: SpecializedRing, slot: Value, when: Value | None = None) -> None:
+    """The consumers release `slot` (where `when` holds): see `_release`."""
+    _release(ctx, ring.plan, ring.empty, slot, ring.consumers, when, ring.full.cluster)
 
 
 def _release(ctx, plan: PipelinePlan, empty: Value, slot: Value, consumers: int, when: Value | None = None,
