@@ -587,11 +587,12 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
-                            stages=2, combine_in_launch=True, splits=3, early=True):
+                            stages=2, combine_in_launch=True, splits=3, early=True, edit=None):
     """attention_decode lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed, 2 new queries,
     pages of 16, sequences of 37 and 9 tokens, unless told): the split kernel merging in its own launch (its
     last program per row group), or the split kernel and then the combine kernel; (O, LSE), the float64
-    reference's, and the counters after the launch. Blocks are one page (BN = page) unless `keys` says."""
+    reference's, and the counters after the launch. Blocks are one page (BN = page) unless `keys` says; `edit`
+    changes the split kernel's tile IR before it is lowered."""
     from tessera.backends.simt import run_threads
     from tessera.kernels_lib.attention_decode import COMBINE_WARPS, DecodeShape, merge_chunk
     from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
@@ -611,6 +612,8 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
                    SOFTCAP=False, UNIFIED=unified_max is not None, FALLBACK=True, COMBINE=combine_in_launch, MR=packed,
                    SPLITS=4, CHUNK=2, EARLY=early)    # 2 steps of 2 splits, the last one's second past the splits
     module = attention_decode_kernel.specialize(*args, **options).module
+    if edit is not None:
+        edit(module.functions[0])
     run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
     if not combine_in_launch:
         args = [o_part.numpy(), lse_part.numpy(), o.numpy(), lse.numpy(), Sq, H, 1, splits, o_strides[0],
@@ -645,6 +648,22 @@ def test_the_split_launchs_merge_is_the_combine_kernels_bit_for_bit_on_the_simt_
     assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
     assert fused[4].tolist() == [0, 0]
 
+
+
+def test_the_merge_counter_at_cta_scope_is_a_scope_race_on_the_simt_simulator():
+    """The hand-off works between programs because the counter's atomic is at GPU scope (acquire-release,
+    every program of the launch): the same split kernel with that atomic narrowed to scope "cta" (its IR
+    edited after tracing) is a race the simulator names, since a CTA-scope release does not reach the
+    program that acquires. (A missing fence, a plain access, is not modelled: the PTX test above checks the
+    fences.)"""
+    from tessera.backends.interp.errors import InterpreterError
+
+    def narrow(fn):
+        atomics = [op for op in fn.walk() if op.name == "atomic_rmw"]
+        assert len(atomics) == 1
+        atomics[0].attrs["scope"] = "cta"
+    with pytest.raises(InterpreterError, match=r"scope race: this atomic_rmw \(scope 'cta'\)"):
+        decode_on_the_simulator("sm_80", 1, edit=narrow)
 
 
 @pytest.mark.parametrize("softmax", ["online", "unified"])
