@@ -27,7 +27,11 @@ Parts (`--part`, repeatable; default all):
   over `tessera` (FlashAttention-2's order);
 * decode: `attention_decode` over a paged cache (pages of 64 tokens, one new
   token, 32 query heads on 8 key/value heads, D = 128) for batch 1..32 and
-  context 4k..64k, with the online softmax and with a unified max, against
+  context 4k..64k, with the online softmax and with a unified max (and the
+  online one with its splits merged in the split launch, `tessera_in_launch`,
+  and by the combine kernel after it, `tessera_two_launch`:
+  $TESSERA_DECODE_SEPARATE_COMBINE 0 and 1, side by side; `tessera` is the
+  op's own pick, the decode model's), against
   SDPA over the same keys gathered contiguously and a plain
   matmul-softmax-matmul: latency (per eager call and in a CUDA graph) and
   the cache's bytes per second, also as a share of HBM bandwidth;
@@ -52,6 +56,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import os
 import time
 
 import gpu_common
@@ -281,17 +286,44 @@ def sdpa_decode(torch, q, k, v):
 
 def modelled_decode(case: dict) -> dict:
     """The decode model's figures for the online plan this row launches (tessera.kernels_lib.attention_decode_model,
-    H100 SXM constants): its microseconds in a graph and share of HBM, to set beside the measured ones."""
+    H100 SXM constants): its microseconds in a graph and share of HBM, to set beside the measured ones; for the
+    merge it picks (model_*) and for each merge at its own best split count (model_in_launch_*, model_two_launch_*)."""
     from tessera.kernels_lib import attention_decode_model as model
     from tessera.kernels_lib.attention_decode import DecodeShape, gpu_decode_plan
     shape = DecodeShape(case["B"], 1, case["H"], case["H_kv"], case["D"], case["page"], case["context"] // case["page"])
     plan = gpu_decode_plan(case["D"], False, "nvidia")
     rows, keys = shape.tile(plan)
     decode = model.Decode(case["B"], case["H"], case["H_kv"], case["D"], case["context"])
-    tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows))
-    splits = model.splits_for(decode, tile)
-    cost = model.modelled(decode, tile, splits)
-    return {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits}
+    tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
+                      in_launch=rows <= plan.in_launch_rows, merge_early=plan.merge_early)
+    splits, in_launch = model.plan_for(decode, tile)
+    cost = model.modelled(decode, tile, splits, in_launch=in_launch)
+    row = {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits,
+           "model_merge": "in_launch" if in_launch else "two_launch"}
+    for merge, flag in (("in_launch", True), ("two_launch", False)):
+        s, merged_in_launch = model.plan_for(decode, tile, in_launch=flag)
+        row[f"model_{merge}_us"] = model.modelled(decode, tile, s, in_launch=merged_in_launch).total
+        row[f"model_{merge}_splits"] = s
+    return row
+
+
+MERGES = {"tessera_in_launch": "0", "tessera_two_launch": "1"}    # $TESSERA_DECODE_SEPARATE_COMBINE for each
+
+
+def with_merge(value: str, fn):
+    """`fn` run with $TESSERA_DECODE_SEPARATE_COMBINE = value (read by the op on every call, so also while a
+    CUDA graph captures it), the variable restored after."""
+    def run():
+        before = os.environ.get("TESSERA_DECODE_SEPARATE_COMBINE")
+        os.environ["TESSERA_DECODE_SEPARATE_COMBINE"] = value
+        try:
+            return fn()
+        finally:
+            if before is None:
+                del os.environ["TESSERA_DECODE_SEPARATE_COMBINE"]
+            else:
+                os.environ["TESSERA_DECODE_SEPARATE_COMBINE"] = before
+    return run
 
 
 def measure_decode(torch, case: dict, peak_gbps) -> dict:
@@ -301,6 +333,8 @@ def measure_decode(torch, case: dict, peak_gbps) -> dict:
     tensors, k, v = paged_cache(torch, case)
     q = tensors[0]
     impls = {"tessera": lambda: attention_decode(*tensors)[0],
+             # the splits merged in the split launch, and by a second kernel: side by side in the same run
+             **{who: with_merge(value, lambda: attention_decode(*tensors)[0]) for who, value in MERGES.items()},
              # random unit-variance logits: the largest of a row lies near 4 (its estimate from statistics)
              "tessera_unified": lambda: attention_decode(*tensors, unified_max=4.0)[0],
              "sdpa": lambda: sdpa_decode(torch, q, k, v), "plain": lambda: plain_decode(torch, q, k, v)}
@@ -330,9 +364,11 @@ def describe(row: dict) -> str:
     if row["part"] == "decode":
         head = f"decode B={row['B']:>2} context={row['context']:>6}: "
         parts = [f"{who} {row[who + '_graph_us']:.1f} us ({row[who + '_gbps']:.0f} GB/s)"
-                 for who in ("tessera", "tessera_unified", "sdpa", "plain") if who + "_graph_us" in row]
+                 for who in ("tessera", *MERGES, "tessera_unified", "sdpa", "plain") if who + "_graph_us" in row]
         parts += [f"{k} {row[k]}" for k in row if k.endswith(("_error", "_wrong"))]
-        parts.append(f"model {row['model_us']:.1f} us ({row['model_hbm_share']:.0%})" if "model_us" in row else "")
+        parts.append(f"model {row['model_us']:.1f} us ({row['model_hbm_share']:.0%}, {row['model_merge']}; in launch "
+                     f"{row['model_in_launch_us']:.1f}, two launches {row['model_two_launch_us']:.1f})"
+                     if "model_us" in row else "")
         return head + "; ".join(p for p in parts if p) + (f"; {row['hbm_share']:.0%} of HBM" if "hbm_share" in row
                                                           else "")
     head = (f"{row['part']:>8} B={row['B']:>2} S={row['S']:>5} H={row['H']:>2} D={row['D']:>3} "
@@ -417,12 +453,16 @@ def dry_run(parts: list[str]) -> None:
         case = dict(B=2, context=40, H=4, H_kv=2, D=32, page=16)
         tensors, k_gathered, v_gathered = paged_cache(torch, case, device="cpu")
         expected = plain_decode(torch, tensors[0], k_gathered, v_gathered)
-        for name, got in (("online", attention_decode(*tensors)[0]),
+        merged = {who: with_merge(value, lambda: attention_decode(*tensors, num_splits=2)[0])()
+                  for who, value in MERGES.items()}
+        assert torch.equal(*merged.values()), "decode's two merges disagree"
+        for name, got in (("online", attention_decode(*tensors)[0]), *merged.items(),
                           ("unified max", attention_decode(*tensors, unified_max=4.0)[0]),
                           ("sdpa", sdpa_decode(torch, tensors[0], k_gathered, v_gathered))):
             assert close(torch, got, expected), f"decode ({name}) disagrees with the plain reference"
-        print(f"attention decode on the CPU interpreter: {decode_bytes(case)} bytes a step, online and unified "
-              "max match the plain reference and SDPA")
+        print(f"attention decode on the CPU interpreter: {decode_bytes(case)} bytes a step, online (its splits "
+              "merged in the launch and by a second kernel: the same bits) and unified max match the plain "
+              "reference and SDPA")
     if "fp8" in parts:
         codes = [quantized(torch, torch.randn(1, 48, 2, 32)) for _ in range(3)]
         real = [(c.float() * d).to(torch.bfloat16) for c, d in codes]

@@ -47,6 +47,9 @@ class DecodePlan:
     keys: int
     stages: int
     warp_per_rows: bool = True
+    merge_registers: int = 144      # float32 registers a thread may give the merge's sum and chunk (`merge_chunk`)
+    in_launch_rows: int = 64        # tiles of at most this many rows may merge in the split launch (0: none)
+    merge_early: bool = True        # ... issuing the first step's loads with the max's (`merge_splits`' EARLY)
 
     def num_warps(self, rows: int) -> int:
         """Warps of a program whose tile has `rows` packed rows (a multiple of 16)."""
@@ -60,11 +63,12 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # of 4 warps over one 16-row query group (G * Sq <= 16 packed rows) made every warp repeat the same products over
 # the same keys and read the whole K and V block from shared memory: 4x the ldmatrix traffic and 4x the mma.sync of
 # the data. A plan with `warp_per_rows` runs one warp per 16 rows instead: a single-group program is one warp, and
-# the split count (`attention_decode_model.splits_for`) gives each warp its own keys and its own partial softmax (m,
-# l, acc), merged by `attention_decode_combine_kernel`: per KB of K and V an SM issues ~64 warp instructions (sm_90a
-# SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared memory is read once
-# where it was read 4 times. (The tile language has no batched dot, so warps of one program cannot own different
-# keys of one block without exchanging P through shared memory every step; separate programs need no exchange.)
+# the split count (`attention_decode_model.plan_for`) gives each warp its own keys and its own partial softmax (m,
+# l, acc), merged by `merge_splits` (in the launch or the combine kernel): per KB of K and V an SM issues ~64 warp
+# instructions (sm_90a SASS) where the 4 repeating warps issued ~102, 4 HMMA where they issued 16, and its shared
+# memory is read once where it was read 4 times. (The tile language has no batched dot, so warps of one program
+# cannot own different keys of one block without exchanging P through shared memory every step; separate programs
+# need no exchange.)
 # Bytes in flight at head dim 128: (stages - 1) x 16 keys x 2 x 256 bytes = 8 KB a program (a 16 KB ring), up to 8
 # programs a SM (255 registers x 32 lanes each), against the ~18 KB a SM (3 TB/s x 0.8 us / 132) that HBM's latency
 # asks for; the model picks the split count, at B = 1 about 2-3 programs a SM (16-24 KB). Every tile a plan launches
@@ -74,15 +78,26 @@ MMA_ROWS = 16       # an mma.sync / MFMA 16 x 16 tile's rows: what one warp owns
 # max's head dim 128 tiles at most 16 rows: 32-row tiles spill with the swizzled K/V reads).
 #
 # Modelled (`attention_decode_model`, bench/attention.py --part decode: B = 1, 32 query heads on 8 KV heads, D =
-# 128, pages of 64, bf16, H100 SXM): context 4096 13.7 us (37% of HBM), 16384 30.5 us (66%), 65536 99 us (81%); B =
-# 8 at 16384 187 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit) and with the swizzled
-# reads 13.6 / 30.4: after the swizzle the loop is HBM-bound in the model, so this plan is modelled level with it
-# (less shared-memory and tensor-core work, same bytes); what keeps B = 1 short of 85% is the fixed ~7.4 us a call
-# (launch, three dependent loads before the first block, the combine kernel) against 22.4 us of HBM at 16384.
+# 128, pages of 64, bf16, H100 SXM): context 4096 12.9 us (39% of HBM), 16384 29.7 us (68%), 65536 98 us (82%); B =
+# 8 at 16384 186 us (86%). Run 9's plan models 28.2 / 89.1 us (measured 28.2 / 89.1, the fit, with its combine
+# kernel of two dependent round trips) and with the swizzled reads 13.6 / 30.4: after the swizzle the loop is
+# HBM-bound in the model, so this plan is modelled level with it (less shared-memory and tensor-core work, same
+# bytes). What keeps B = 1 short of 85% is the fixed ~6.9 us a call against 22.4 us of HBM at 16384: the split
+# kernel's launch, ramp and tail (2.4), three dependent loads before the first block (2.4), and the merge (2.1:
+# the combine kernel's launch, 1.3, and one round trip, the max's loads issued with the partials'; it was 2.9 with
+# the old kernel's two). Merging in the split launch instead saves the launch but costs the merging program's
+# round trips: the counter's atomic and a step per 8 splits at 4 packed rows a one-warp program (5 at the ~37
+# splits B = 1 takes), so the model keeps two launches at B = 1 (in the launch: 15.4 / 33.0 / 101.0 us) and merges
+# in the launch at B = 8 (5 splits, one step: 185.8 us against 186.3).
 # Untimed on a GPU.
-DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2),
-                256: DecodePlan(16, 32, 2, warp_per_rows=False)}
-UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2), 128: DecodePlan(16, 32, 3, warp_per_rows=False)}
+# The merge in the split launch (`attention_split_kv.merge_splits`) adds registers that stay live through the key
+# loop (its pointers and sizes): the head-dim-128 plans' 4-warp tiles spill with it on sm_80 (16-88 bytes; the
+# unified max's on sm_90a too), so those tiles merge in the combine kernel (`in_launch_rows`); the head-dim-256
+# tiles spill (sm_80 and sm_90a) with two steps of the merge in registers, so they issue the first after the max.
+DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_rows=32),
+                256: DecodePlan(16, 32, 2, warp_per_rows=False, merge_early=False)}
+UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
+                        128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
 
 
@@ -144,20 +159,30 @@ def _check_lengths(shape: DecodeShape, cache_seqlens: torch.Tensor) -> None:
                          f"{capacity} (the block table's {shape.max_pages} pages of {shape.P} tokens)")
 
 
-def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, device) -> int:
-    """Splits of each sequence's keys: `asked`, else on a GPU the count `attention_decode_model` times fastest
-    for this plan's tile, on the interpreter two programs per (CPU) core's worth (one per 2 blocks at most)."""
+def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, device) -> tuple[int, bool]:
+    """(splits of each sequence's keys, whether the split launch merges them): `asked` splits, else on a GPU the
+    count `attention_decode_model` times fastest for this plan's tile, on the interpreter two programs per (CPU)
+    core's worth (one per 2 blocks at most); the merge $TESSERA_DECODE_SEPARATE_COMBINE asks for, else on a GPU
+    the model's faster one, on the interpreter the merge in the launch."""
     rows, block = shape.tile(plan)
     blocks = tessera.cdiv(shape.max_pages * shape.P, block)
-    if asked > 0:
-        return max(1, min(asked, blocks, MAX_SPLITS))
+    can = rows <= plan.in_launch_rows               # the tile's split launch may merge (no spills with it)
+    in_launch = merge_in_launch_asked()
     if not on_gpu:
         programs = shape.B * shape.H_kv * tessera.cdiv(shape.packed, rows)
-        return max(1, min(4 // max(programs, 1), tessera.cdiv(blocks, 2), MAX_SPLITS))
+        splits = asked if asked > 0 else min(4 // max(programs, 1), tessera.cdiv(blocks, 2))
+        return max(1, min(splits, blocks, MAX_SPLITS)), can and in_launch is not False
     sms = torch.cuda.get_device_properties(device).multi_processor_count
     decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
-    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows))
-    return model.splits_for(decode, tile, sms)
+    tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
+                      in_launch=can, merge_early=plan.merge_early)
+    if asked > 0:
+        splits = max(1, min(asked, blocks, MAX_SPLITS))
+        if in_launch is None:
+            in_launch = model.modelled(decode, tile, splits, sms, True).total <= \
+                model.modelled(decode, tile, splits, sms, False).total
+        return splits, can and in_launch
+    return model.plan_for(decode, tile, sms, in_launch)
 
 
 @dataclass(frozen=True)
@@ -182,31 +207,84 @@ class Softmax:
                    0 if causal else right)
 
 
+SEPARATE_COMBINE_ENV = "TESSERA_DECODE_SEPARATE_COMBINE"
+COMBINE_WARPS, COMBINE_REGISTERS = model.COMBINE_WARPS, model.COMBINE_REGISTERS
+
+
+def merge_in_launch_asked() -> Optional[bool]:
+    """What $TESSERA_DECODE_SEPARATE_COMBINE asks: "1" the two-launch path (the combine kernel after the split
+    kernel: False), "0" the merge in the split launch (True), unset or "auto" neither (None: the model picks)."""
+    value = os.environ.get(SEPARATE_COMBINE_ENV, "auto")
+    if value not in ("0", "1", "auto", ""):
+        raise ValueError(f"tessera::attention_decode: ${SEPARATE_COMBINE_ENV} must be 1 (two launches), 0 (the "
+                         f"merge in the split launch) or auto, got {value!r}")
+    return {"1": False, "0": True}.get(value)
+
+
+def merge_rows(shape: DecodeShape, rows: int) -> int:
+    """Rows of the merge's tile: a program's packed rows that exist, padded to a power of two."""
+    return min(rows, tessera.next_power_of_2(shape.packed))
+
+
+def merge_chunk(shape: DecodeShape, rows: int, warps: int, splits: int, registers: int,
+                most: int = MAX_SPLITS) -> int:
+    """Splits merged per step by a program of `rows` packed rows (`attention_decode_model.merge_chunk`)."""
+    return model.merge_chunk(shape.packed, shape.D, rows, warps, splits, registers, most)
+
+
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """`count` int32 counters for the split launch's merge, zeroed once when made: every launch leaves them at 0
+    (the merging program resets its own), so no launch clears them. One set per device, stream and size, kept
+    for the process (a CUDA graph that captured a launch keeps using its set); two launches at once on one
+    stream cannot share one, since a stream runs them in order."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream, count)
+    counters = _COUNTERS.get(key)
+    if counters is None:
+        counters = _COUNTERS[key] = torch.zeros(count, dtype=torch.int32, device=device)
+    return counters
+
+
 def launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape: DecodeShape, plan: DecodePlan,
-           softmax: Softmax, splits: int, fallback: bool = True) -> None:
-    """Run the split kernel (and, with several splits, the combine) into o and lse. `fallback=False` skips the
-    unified max's recomputation: only for the tests that show it is needed."""
+           softmax: Softmax, splits: int, fallback: bool = True, in_launch: bool = True) -> None:
+    """Run the split kernel into o and lse: with one split, directly; with several, into float32 partials
+    merged either by the split launch's last program per row group (`in_launch`) or by the combine kernel
+    after it, to the same bits. `fallback=False` skips the unified max's recomputation: only for the tests
+    that show it is needed."""
     rows, block = shape.tile(plan)
+    row_groups, warps = tessera.cdiv(shape.packed, rows), plan.num_warps(rows)
+    combine = splits > 1 and in_launch and rows <= plan.in_launch_rows
     if splits == 1:
-        o_out, lse_out = o, lse
+        o_out, lse_out, counters = o, lse, lse
         o_strides, lse_strides = (0, *o.stride()[:3]), (0, *lse.stride()[:2])
-    else:
-        o_out = torch.empty((splits, *q.shape), dtype=torch.float32, device=q.device)
+    else:       # packed-row-major partials: (splits, B, H, Sq, D), a (b, kv_h) group's rows contiguous
+        o_out = torch.empty((splits, shape.B, shape.H, shape.Sq, shape.D), dtype=torch.float32, device=q.device)
         lse_out = torch.empty((splits, *lse.shape), dtype=torch.float32, device=q.device)
-        o_strides, lse_strides = o_out.stride()[:4], lse_out.stride()[:3]
+        o_strides = (o_out.stride(0), o_out.stride(1), o_out.stride(3), o_out.stride(2))    # split, b, s, h
+        lse_strides = lse_out.stride()[:3]
+        counters = arrival_counters(q.device, shape.B * shape.H_kv * row_groups) if combine else lse
+    merge = dict(MR=merge_rows(shape, rows), SPLITS=tessera.next_power_of_2(splits),
+                 CHUNK=merge_chunk(shape, rows, warps, splits, plan.merge_registers, model.MERGE_MOST),
+                 EARLY=plan.merge_early) if splits > 1 else {}
     unified = softmax.unified_max is not None
-    attention_decode_kernel[(splits, shape.B * shape.H_kv, tessera.cdiv(shape.packed, rows))](
-        q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, shape.Sq, shape.H, shape.H_kv, shape.P,
-        softmax.qk_scale, softmax.softcap, softmax.unified_max if unified else 0.0, softmax.below, softmax.above,
-        max(softmax.left, 0), max(softmax.right, 0), splits, *q.stride(), *k_cache.stride(), *v_cache.stride(),
-        block_table.stride(0), *o_strides, *lse_strides,
+    attention_decode_kernel[(splits, shape.B * shape.H_kv, row_groups)](
+        q, k_cache, v_cache, block_table, cache_seqlens, o_out, lse_out, o, lse, counters, shape.Sq, shape.H,
+        shape.H_kv, shape.P, softmax.qk_scale, softmax.softcap, softmax.unified_max if unified else 0.0,
+        softmax.below, softmax.above, max(softmax.left, 0), max(softmax.right, 0), splits, *q.stride(),
+        *k_cache.stride(), *v_cache.stride(), block_table.stride(0), *o_strides, *lse_strides, *o.stride()[:3],
+        *lse.stride()[:2],
         D=shape.D, BM=rows, BN=block, HAS_LEFT=softmax.left >= 0, HAS_RIGHT=softmax.right >= 0,
         SOFTCAP=softmax.softcap > 0, SPLIT=splits > 1, UNIFIED=unified, FALLBACK=fallback, STAGES=plan.stages,
-        num_warps=plan.num_warps(rows))
-    if splits > 1:
-        attention_decode_combine_kernel[(shape.Sq, shape.B * shape.H)](
-            o_out, lse_out, o, lse, shape.Sq, shape.H, splits, *o_out.stride()[:4], *lse_out.stride()[:3],
-            *o.stride()[:3], D=shape.D, SPLITS=tessera.next_power_of_2(splits), num_warps=4)
+        COMBINE=combine, **merge, num_warps=warps)
+    if splits > 1 and not combine:      # one packed row a program, as many programs as query rows
+        attention_decode_combine_kernel[(shape.packed, shape.B * shape.H_kv)](
+            o_out, lse_out, o, lse, shape.Sq, shape.H, shape.H_kv, splits, o_strides[0], o_strides[1],
+            o_strides[3], *lse_strides, *o.stride()[:3], *lse.stride()[:2], D=shape.D, MR=1,
+            SPLITS=merge["SPLITS"], CHUNK=merge_chunk(shape, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS),
+            num_warps=COMBINE_WARPS)
 
 
 def on_interpreter(q: torch.Tensor) -> bool:
@@ -243,9 +321,9 @@ def _attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Ten
     if o.numel() == 0 or shape.max_pages == 0:
         return o.zero_(), lse.fill_(float("inf"))
     plan = decode_plan(shape, q, unified_max is not None)
-    splits = _num_splits(shape, plan, not on_interpreter(q), num_splits, q.device)
+    splits, in_launch = _num_splits(shape, plan, not on_interpreter(q), num_splits, q.device)
     softmax = Softmax.of(shape, q.dtype, causal, window_left, window_right, softcap, scale, unified_max)
-    launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits)
+    launch(q, k_cache, v_cache, block_table, cache_seqlens, o, lse, shape, plan, softmax, splits, in_launch=in_launch)
     return o, lse
 
 
@@ -272,7 +350,10 @@ def attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tens
     int32 gives its length, the new tokens included (they are its last Sq
     positions). Masks as `attention` (causal by default). The keys are split
     into `num_splits` parts per sequence and head (0: enough to fill the
-    GPU) whose partial results a second kernel combines.
+    GPU) whose partial results are merged, by the last program of each
+    query group to finish or by a second kernel
+    ($TESSERA_DECODE_SEPARATE_COMBINE; by default what the decode model
+    times faster), to the same bits either way.
 
     `unified_max` (FlashDecoding++): an estimate of the largest logit
     scale * q.k (after the softcap) of typical rows, e.g. measured offline

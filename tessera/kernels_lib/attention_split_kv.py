@@ -1,4 +1,4 @@
-"""Decode attention over a paged KV cache, split along the keys (FlashDecoding), and the combine of the splits.
+"""Decode attention over a paged KV cache, split along the keys (FlashDecoding), and the merge of the splits.
 
 The cache holds each sequence's keys and values in pages of P tokens
 (k_cache, v_cache: (pages, P, H_KV, D)); block_table[b, j] is the page
@@ -31,11 +31,19 @@ Softmax, two ways (both in base 2, log2(e) folded into the scale):
   split with the synchronized softmax and writes that instead (the
   fallback: correct for any phi, paid only where the estimate was wrong).
 
-`attention_decode_combine_kernel` merges the splits of one query row:
-LSE = log sum_s exp(LSE_s) and O = sum_s exp(LSE_s - LSE) O_s (with a
-unified max, exp(LSE_s - LSE) = l_s / sum l). A split that saw no key has
-LSE_s = -inf and weight 0; a row that saw none in any split gets O = 0 and
-LSE = +inf (the forward's convention).
+`merge_splits` merges the splits of packed rows: LSE = log sum_s exp(LSE_s)
+and O = sum_s exp(LSE_s - LSE) O_s (with a unified max, exp(LSE_s - LSE) =
+l_s / sum l). A split that saw no key has LSE_s = -inf and weight 0; a row
+that saw none in any split gets O = 0 and LSE = +inf (the forward's
+convention). It runs in one of two places, to the same bits:
+
+* in the split launch (COMBINE, FlashDecoding's "split-K with a semaphore"):
+  every split writes its partial, then counts itself in with an
+  acquire-release atomic on its row group's counter; the program that
+  counts last (old value splits - 1) has every other split's partial
+  visible, merges them in split order, whichever split it is, and resets
+  the counter to 0 for the next launch (so no launch clears the counters);
+* in `attention_decode_combine_kernel`, launched after the split kernel.
 """
 
 from __future__ import annotations
@@ -101,19 +109,24 @@ def write_split(o_ptr, lse_ptr, b, kv_h, G, Sq, row0, stride_ob, stride_os, stri
 
 
 @tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
-def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, Sq, H, H_KV, P,
-                            qk_scale, softcap, unified_max, below, above, left, right, splits,
-                            stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh, stride_kd,
-                            stride_vp, stride_vt, stride_vh, stride_vd, stride_tb,
+def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, lse_ptr, out_ptr, out_lse_ptr,
+                            counter_ptr, Sq, H, H_KV, P, qk_scale, softcap, unified_max, below, above, left, right,
+                            splits, stride_qb, stride_qs, stride_qh, stride_qd, stride_kp, stride_kt, stride_kh,
+                            stride_kd, stride_vp, stride_vt, stride_vh, stride_vd, stride_tb,
                             stride_o_split, stride_ob, stride_os, stride_oh, stride_l_split, stride_lb, stride_lh,
+                            stride_out_b, stride_out_s, stride_out_h, stride_out_lb, stride_out_lh,
                             D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
                             HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
                             SPLIT: tessera.constexpr, UNIFIED: tessera.constexpr, FALLBACK: tessera.constexpr,
-                            STAGES: tessera.constexpr):
+                            STAGES: tessera.constexpr, COMBINE: tessera.constexpr = False, MR: tessera.constexpr = 16,
+                            SPLITS: tessera.constexpr = 1, CHUNK: tessera.constexpr = 1,
+                            EARLY: tessera.constexpr = True):
     """Split `split` of the key blocks of key/value head kv_h of sequence b, for BM of its G * Sq packed query
     rows (program_id(2) picks which): the partial O (float32) and LSE with SPLIT, else the final ones. UNIFIED:
     the asynchronous softmax around the base-2 max `unified_max`, valid for row maxima within [unified_max -
-    below, unified_max + above], with the synchronized one as the FALLBACK outside."""
+    below, unified_max + above], with the synchronized one as the FALLBACK outside. COMBINE (with SPLIT): the
+    last split of the rows to finish merges all the splits into out and out_lse (`merge_splits`); the others
+    only count themselves in (counter_ptr: one int32 per (b, kv_h, row group), 0 before and after a launch)."""
     split, bh, row0 = tessera.program_id(0), tessera.program_id(1), tessera.program_id(2) * BM
     b, kv_h = bh // H_KV, bh % H_KV
     G = H // H_KV
@@ -169,26 +182,98 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
         write_split(o_split, lse_split, b, kv_h, G, Sq, row0, stride_ob, stride_os, stride_oh, stride_lb, stride_lh,
                     acc, l, m, BM, D, SPLIT)
 
+    if COMBINE:         # FlashDecoding's combine in this launch: the rows' last split to finish merges them all
+        counter = counter_ptr + bh * tessera.num_programs(2) + tessera.program_id(2)
+        # acquire-release at GPU scope, after a barrier: it publishes this program's partial (every thread's
+        # stores) and, for the last to arrive, makes every other split's visible before the merge reads them
+        last = tessera.atomic_add(counter, 1) == splits - 1
+        # a loop run at most once: as a `while`, the merge's per-thread index math is computed here, not hoisted
+        # to the kernel's start and kept live through the key loop (`passes/rematerialize_index.py`; hoisted, it
+        # spilled the unified max's head-dim-128 tile)
+        while last:
+            merge_splits(o_ptr, lse_ptr, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split,
+                         stride_ob, stride_oh, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s,
+                         stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, EARLY)
+            tessera.store(counter, 0)                   # every split has counted: ready for the next launch
+            last = False
+
+
+@tessera.func
+def load_step(o_group, lse_group, s0, splits, packed, row0, stride_o_split, stride_l_split, MR, D, CHUNK):
+    """Partial O rows (MR x D each) and LSEs (MR) of splits s0 .. s0+CHUNK-1 of a row group, all loads issued
+    together; a split past the last reads nothing (O 0, LSE -inf)."""
+    parts, lses = (), ()
+    for j in tessera.static_range(CHUNK):
+        rows = tessera.where(s0 + j < splits, packed, 0)
+        parts = parts + (tessera.view(o_group + (s0 + j) * stride_o_split, (rows, D), (D, 1)).block(
+            (MR, D), offsets=(row0, 0)).load(),)
+        lses = lses + (tessera.view(lse_group + (s0 + j) * stride_l_split, (rows,), (1,)).block(
+            (MR,), offsets=(row0,)).load(fill=-float("inf")),)
+    return parts, lses
+
+
+@tessera.func
+def add_step(parts, lses, ref, total, acc, CHUNK):
+    """total and acc with the step's splits added one by one, in split order: weight exp(LSE_s - ref)."""
+    for j in tessera.static_range(CHUNK):
+        weight = tessera.exp2((lses[j] - ref) * LOG2E)
+        total = total + weight
+        acc = acc + parts[j] * weight[:, None]
+    return total, acc
+
+
+@tessera.func
+def merge_splits(o_part, lse_part, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split, stride_pb,
+                 stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s, stride_out_h,
+                 stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, EARLY):
+    """O and LSE of packed rows row0 .. row0+MR-1 of key/value head kv_h of sequence b from the `splits` partial
+    ones, into the final (B, Sq, H, D) O and (B, H, Sq) LSE: LSE = log sum_s exp(LSE_s), O = sum_s exp(LSE_s -
+    LSE) O_s. The partials are packed-row-major ((splits, B, H, Sq, D) and (splits, B, H, Sq)): a group's rows
+    of one split are contiguous. The reference max takes every split's LSE at once (a max is exact in any
+    order), with EARLY its loads issued with the first step's; then the splits are added one by one in split
+    order, 0, 1, 2, ..., CHUNK of them a step, each step's loads issued together (one round trip a step, with
+    EARLY the first shared with the max's: two steps' registers live at once, which spill the head-dim-256
+    tiles). Every element is the same chain of float operations whatever the tile, warps or program
+    that computes it, so the split launch's last program and `attention_decode_combine_kernel` (another
+    tiling) give the same bits."""
+    packed = G * Sq
+    o_group = o_part + b * stride_pb + kv_h * G * stride_ph
+    lse_group = lse_part + b * stride_lb + kv_h * G * stride_lh
+    every = tessera.view(lse_group, (splits, packed), (stride_l_split, 1)).block((SPLITS, MR), offsets=(0, row0))
+    total, acc = tessera.zeros((MR,), tessera.f32), tessera.zeros((MR, D), tessera.f32)
+    if EARLY:
+        parts, lses = load_step(o_group, lse_group, 0, splits, packed, row0, stride_o_split, stride_l_split, MR,
+                                D, CHUNK)
+        top = tessera.max(every.load(fill=-float("inf")), axis=0)
+        ref = tessera.where(top == -float("inf"), 0.0, top)
+        total, acc = add_step(parts, lses, ref, total, acc, CHUNK)
+    else:
+        top = tessera.max(every.load(fill=-float("inf")), axis=0)
+        ref = tessera.where(top == -float("inf"), 0.0, top)
+    empty = top == -float("inf")                        # no split saw a key (or the row does not exist)
+    for s0 in range(CHUNK if EARLY else 0, splits, CHUNK):
+        parts, lses = load_step(o_group, lse_group, s0, splits, packed, row0, stride_o_split, stride_l_split, MR,
+                                D, CHUNK)
+        total, acc = add_step(parts, lses, ref, total, acc, CHUNK)
+    o_ptrs, rows = packed_rows(out_ptr, b, kv_h, G, Sq, row0, stride_out_b, stride_out_s, stride_out_h, 1, MR, D)
+    tessera.store(o_ptrs, acc / tessera.where(empty, 1.0, total)[:, None], mask=rows)
+    r = row0 + tessera.arange(0, MR)
+    lse_ptrs = out_lse_ptr + b * stride_out_lb + (kv_h * G + r // Sq) * stride_out_lh + r % Sq
+    tessera.store(lse_ptrs, tessera.where(empty, float("inf"), top + tessera.log(tessera.where(empty, 1.0, total))),
+                  mask=r < packed)
+
 
 @tessera.kernel(fast_math=True)
-def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, o_ptr, lse_ptr, Sq, H, splits,
-                                    stride_o_split, stride_pb, stride_ps, stride_ph, stride_l_split, stride_lb,
-                                    stride_lh, stride_ob, stride_os, stride_oh,
-                                    D: tessera.constexpr, SPLITS: tessera.constexpr):
-    """One query row (b, i, h): O and LSE from the `splits` partial ones (SPLITS: a power of two >= splits). The
-    final LSE shares the partials' (batch, head) strides."""
-    i, bh = tessera.program_id(0), tessera.program_id(1)
-    b, h = bh // H, bh % H
-    row = b * stride_lb + h * stride_lh + i
-    lse_parts = tessera.view(lse_part_ptr + row, (splits,), (stride_l_split,)).block((SPLITS,), (0,)).load(
-        fill=-float("inf"))
-    top = tessera.max(lse_parts, axis=0)
-    empty = top == -float("inf")
-    weights = tessera.exp2((lse_parts - tessera.where(empty, 0.0, top)) * LOG2E)
-    total = tessera.sum(weights, axis=0)
-    parts = tessera.view(o_part_ptr + b * stride_pb + i * stride_ps + h * stride_ph, (splits, D),
-                         (stride_o_split, 1)).block((SPLITS, D), (0, 0)).load()
-    o = tessera.sum(parts * weights[:, None], axis=0) / tessera.where(empty, 1.0, total)
-    tessera.view(o_ptr + b * stride_ob + i * stride_os + h * stride_oh, (D,)).block((D,), (0,)).store(o)
-    lse = tessera.where(empty, float("inf"), top + tessera.log(tessera.where(empty, 1.0, total)))
-    tessera.view(lse_ptr + row, (1,)).block((1,), (0,)).store(lse)
+def attention_decode_combine_kernel(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, Sq, H, H_KV, splits,
+                                    stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh,
+                                    stride_out_b, stride_out_s, stride_out_h, stride_out_lb, stride_out_lh,
+                                    D: tessera.constexpr, MR: tessera.constexpr, SPLITS: tessera.constexpr,
+                                    CHUNK: tessera.constexpr):
+    """The two-launch path's second kernel: packed rows program_id(0) * MR .. + MR - 1 of key/value head kv_h
+    of sequence b (program_id(1) = b * H_KV + kv_h), merged from the split kernel's partials by
+    `merge_splits`: the bits of the split launch's own merge, in programs of their own (one row each, as many
+    as the query rows, so the merge's reads are spread over the GPU)."""
+    bh, row0 = tessera.program_id(1), tessera.program_id(0) * MR
+    merge_splits(o_part_ptr, lse_part_ptr, out_ptr, out_lse_ptr, bh // H_KV, bh % H_KV, H // H_KV, Sq, row0, splits,
+                 stride_o_split, stride_pb, stride_ph, stride_l_split, stride_lb, stride_lh, stride_out_b,
+                 stride_out_s, stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, True)

@@ -449,12 +449,15 @@ def test_backward_on_the_simt_simulator_matches_float64_gradients(target, num_wa
 
 # -- decode ----------------------------------------------------------------------------
 
-# q, k_cache, v_cache, block_table, cache_seqlens, o, lse, Sq, H, H_KV, P, qk_scale, softcap, unified_max, below,
-# above, left, right, splits, 3 x (4) strides of q and the caches, the table's, 4 of o (split, b, s, h), 3 of lse
-# (split, b, h: the head's is Sq, 1 when decoding one token)
-DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16", "*f32:16"] + ["i32"] * 4
+# q, k_cache, v_cache, block_table, cache_seqlens, o, lse (the partials), out, out_lse (the final ones), the
+# merge's counters, Sq, H, H_KV, P, qk_scale, softcap, unified_max, below, above, left, right, splits, 3 x (4)
+# strides of q and the caches, the table's, 4 of o (split, b, s, h), 3 of lse (split, b, h: the head's is Sq, 1
+# when decoding one token), 3 of out (b, s, h) and 2 of out_lse (b, h)
+DECODE_SIGNATURE = ",".join(["*bf16:16"] * 3 + ["*i32:16", "*i32:16", "*f32:16", "*f32:16", "*bf16:16", "*f32:16",
+                                                "*i32:16"] + ["i32"] * 4
                             + ["f32"] * 5 + ["i32"] * 3 + ["i32:16", "i32:16", "i32:16", "i32:1"] * 3
-                            + ["i32"] + ["i32:16"] * 4 + ["i32"] * 3)
+                            + ["i32"] + ["i32:16"] * 4 + ["i32"] * 3 + ["i32:16"] * 3 + ["i32"] * 2)
+MOST_SPLITS = 64    # attention_decode.MAX_SPLITS: the merge's widest reference-max tile
 
 
 def decode_tiles(vendor):
@@ -470,13 +473,29 @@ def decode_tiles(vendor):
                 yield softmax, D, r, keys, plan.stages, plan.num_warps(r)
 
 
-def compile_decode(target, softmax, D, rows, keys, stages, num_warps):
-    """The split kernel with every option compiled in (the most registers)."""
+def merge_options(D, rows, num_warps, packed=None, splits=MOST_SPLITS, unified=False):
+    """The split launch's merge constexprs for a program of `rows` packed rows of which `packed` exist (all of
+    them unless told), at `splits` splits: as the op picks them."""
+    from tessera.kernels_lib.attention_decode import (DECODE_PLANS, UNIFIED_DECODE_PLANS, DecodeShape,
+                                                      merge_chunk, merge_rows)
+    from tessera.kernels_lib.attention_decode_model import MERGE_MOST
+    plan = (UNIFIED_DECODE_PLANS if unified else DECODE_PLANS)[D]
+    shape = DecodeShape(1, 1, packed or rows, 1, D, 64, 64)
+    if rows > plan.in_launch_rows:          # the op merges this tile's splits in the combine kernel
+        return dict(COMBINE=False)
+    return dict(COMBINE=True, MR=merge_rows(shape, rows), SPLITS=splits,
+                CHUNK=merge_chunk(shape, rows, num_warps, splits, plan.merge_registers, MERGE_MOST),
+                EARLY=plan.merge_early)
+
+
+def compile_decode(target, softmax, D, rows, keys, stages, num_warps, packed=None):
+    """The split kernel with every option compiled in (the most registers), its merge included (the widest
+    merge tile unless `packed` says how many of the rows exist)."""
     from tessera.kernels_lib.attention_split_kv import attention_decode_kernel
     return compile_checked(
         attention_decode_kernel, target, signature=DECODE_SIGNATURE, num_warps=num_warps, D=D, BM=rows, BN=keys,
         STAGES=stages, SPLIT=True, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, UNIFIED=softmax == "unified",
-        FALLBACK=True)
+        FALLBACK=True, **merge_options(D, rows, num_warps, packed, unified=softmax == "unified"))
 
 
 @needs_ptxas
@@ -494,8 +513,47 @@ def test_every_decode_plan_compiles_pipelined_without_spills(target, softmax, D,
     assert "cp.async.cg.shared.global" in compiled.stages["ptx"]
 
 
-# o_part, lse_part, o, lse, Sq, H, splits, o_part's (split, b, s, h) strides, lse_part's (split, b, h), o's (b, s, h)
-COMBINE_SIGNATURE = ",".join(["*f32:16"] * 4 + ["i32"] * 3 + ["i32:16"] * 6 + ["i32"] + ["i32:16"] * 3)
+def sixteen_row_tiles():
+    """(softmax, D, keys, stages, num_warps) of each NVIDIA plan's 16-row tile: the one every group of up to 16
+    packed rows launches, whose merge tile is the rows that exist (1 .. 16)."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
+    for softmax, D, rows, keys, stages, num_warps in decode_tiles("nvidia"):
+        if rows == 16 and gpu_decode_plan(D, softmax == "unified", "nvidia").in_launch_rows >= 16:
+            yield softmax, D, keys, stages, num_warps
+
+
+@needs_ptxas
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
+@pytest.mark.parametrize("packed", [1, 4])
+@pytest.mark.parametrize("softmax, D, keys, stages, num_warps", list(sixteen_row_tiles()))
+def test_every_sixteen_row_tile_merges_few_rows_without_spills(target, packed, softmax, D, keys, stages, num_warps):
+    """A 16-row tile where only 1 or 4 packed rows exist (MQA, or GQA 4:1 at one token: the benchmark's shape):
+    its merge takes the most splits a step, the most loads in flight."""
+    compiled = compile_decode(target, softmax, D, 16, keys, stages, num_warps, packed)
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, compiled.metadata
+
+
+@needs_ptxas
+@pytest.mark.parametrize("target", ["sm_90a", "sm_80"])
+def test_the_split_launch_hands_its_partials_over_with_release_and_acquire(target):
+    """The merge's hand-off in PTX: every thread's partial stores, a barrier, a GPU-scope acq_rel fence, one
+    thread's atomic add on the counter, a fence again, then (through shared memory and a barrier) the merge's
+    loads, and the counter's reset after them. (The SIMT simulator runs programs one at a time, so it cannot
+    see a missing fence: this is the check.)"""
+    import re
+    ptx = compile_decode(target, "online", 128, 16, 16, 2, 1, packed=4).stages["ptx"]
+    atomics = re.findall(r"atom\.[\w.]+", ptx)
+    assert atomics == ["atom.global.add.u32"], atomics
+    before, after = ptx.split("atom.global.add.u32")
+    assert re.search(r"bar\.sync\s+0;\s+fence\.acq_rel\.gpu;", before[-600:]), before[-600:]
+    assert "fence.acq_rel.gpu" in after[:200] and "st.global" not in before[before.rindex("bar.sync"):]
+    assert "ld.global" in after and "st.global.b32" in after     # the merge reads, then the reset
+
+
+# o_part, lse_part, out, out_lse, Sq, H, H_KV, splits, o_part's (split, b, h) strides, lse_part's (split, b, h),
+# out's (b, s, h), out_lse's (b, h)
+COMBINE_SIGNATURE = ",".join(["*f32:16", "*f32:16", "*bf16:16", "*f32:16"] + ["i32"] * 4 + ["i32:16"] * 5 + ["i32"]
+                             + ["i32:16"] * 3 + ["i32"] * 2)
 
 
 @needs_ptxas
@@ -503,12 +561,16 @@ COMBINE_SIGNATURE = ",".join(["*f32:16"] * 4 + ["i32"] * 3 + ["i32:16"] * 6 + ["
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_the_combine_compiles_without_spills_up_to_the_most_splits(target, D, splits):
-    """The combine kernel at every head dim and up to MAX_SPLITS parts (the model may ask for them all)."""
-    from tessera.kernels_lib.attention_decode import MAX_SPLITS
+    """The two-launch path's combine kernel at every head dim and up to MAX_SPLITS parts (the model may ask for
+    them all), with the op's step of splits."""
+    from tessera.kernels_lib.attention_decode import (COMBINE_REGISTERS, COMBINE_WARPS, MAX_SPLITS, DecodeShape,
+                                                      merge_chunk)
     from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel
     assert splits <= MAX_SPLITS
+    chunk = merge_chunk(DecodeShape(1, 1, 4, 1, D, 64, 64), 1, COMBINE_WARPS, splits, COMBINE_REGISTERS)
     compiled = attention_decode_combine_kernel.compile(target=target, strict=True, signature=COMBINE_SIGNATURE,
-                                                       num_warps=4, D=D, SPLITS=splits)
+                                                       num_warps=COMBINE_WARPS, D=D, MR=1, SPLITS=splits,
+                                                       CHUNK=chunk)
     assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
 
 
@@ -525,31 +587,41 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
-                            stages=2):
-    """attention_decode's two kernels lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed,
-    2 new queries, pages of 16, sequences of 37 and 9 tokens, unless told): (O, LSE) and the float64
-    reference's. Blocks are one page (BN = page) unless `keys` says."""
+                            stages=2, combine_in_launch=True, splits=3, early=True, edit=None):
+    """attention_decode lowered for `target` on the SIMT simulator (3 splits, GQA 4:1 packed, 2 new queries,
+    pages of 16, sequences of 37 and 9 tokens, unless told): the split kernel merging in its own launch (its
+    last program per row group), or the split kernel and then the combine kernel; (O, LSE), the float64
+    reference's, and the counters after the launch. Blocks are one page (BN = page) unless `keys` says; `edit`
+    changes the split kernel's tile IR before it is lowered."""
     from tessera.backends.simt import run_threads
+    from tessera.kernels_lib.attention_decode import COMBINE_WARPS, DecodeShape, merge_chunk
     from tessera.kernels_lib.attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
     from tessera.passes.thread_passes import lower
     from test_attention_decode import expected, paged_case
     q, k_cache, v_cache, table, seqlens = tensors = paged_case(list(seqlens), Sq=2, H=4, H_kv=1, D=D, page=page)
-    splits, (B, Sq, H, D) = 3, q.shape
-    o_part, lse_part = torch.zeros(splits, *q.shape), torch.zeros(splits, B, H, Sq)
-    o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
-    args = [x.numpy() for x in (q, k_cache, v_cache, table, seqlens, o_part, lse_part)]
+    (B, Sq, H, D), packed = q.shape, 8
+    o_part, lse_part = torch.zeros(splits, B, H, Sq, D), torch.zeros(splits, B, H, Sq)   # packed-row-major
+    o, lse, counters = torch.zeros_like(q), torch.zeros(B, H, Sq), torch.zeros(B, dtype=torch.int32)
+    o_strides = (o_part.stride(0), o_part.stride(1), o_part.stride(3), o_part.stride(2))
+    args = [x.numpy() for x in (q, k_cache, v_cache, table, seqlens, o_part, lse_part, o, lse, counters)]
     args += [Sq, H, 1, page, LOG2E / math.sqrt(D), 0.0, (unified_max or 0.0) * LOG2E, 8.0, 15.0, 0, 0, splits,
-             *q.stride(), *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_part.stride()[:4],
-             *lse_part.stride()[:3]]
-    options = dict(D=D, BM=16, BN=keys or page, STAGES=stages, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,
-                   UNIFIED=unified_max is not None, FALLBACK=True)
+             *q.stride(), *k_cache.stride(), *v_cache.stride(), table.stride(0), *o_strides, *lse_part.stride()[:3],
+             *o.stride()[:3], *lse.stride()[:2]]
+    shape = DecodeShape(B, Sq, H, 1, D, page, table.shape[1])
+    options = dict(D=D, BM=16, BN=keys or page, STAGES=stages, SPLIT=True, HAS_LEFT=False, HAS_RIGHT=True,
+                   SOFTCAP=False, UNIFIED=unified_max is not None, FALLBACK=True, COMBINE=combine_in_launch, MR=packed,
+                   SPLITS=4, CHUNK=2, EARLY=early)    # 2 steps of 2 splits, the last one's second past the splits
     module = attention_decode_kernel.specialize(*args, **options).module
+    if edit is not None:
+        edit(module.functions[0])
     run_threads(lower(module, target, num_warps).functions[0], args, (splits, B, 1))
-    args = [o_part.numpy(), lse_part.numpy(), o.numpy(), lse.numpy(), Sq, H, splits, *o_part.stride()[:4],
-            *lse_part.stride()[:3], *o.stride()[:3]]
-    module = attention_decode_combine_kernel.specialize(*args, D=D, SPLITS=4).module
-    run_threads(lower(module, target, num_warps).functions[0], args, (Sq, B * H))
-    return o, lse, *expected(*tensors)
+    if not combine_in_launch:
+        args = [o_part.numpy(), lse_part.numpy(), o.numpy(), lse.numpy(), Sq, H, 1, splits, o_strides[0],
+                o_strides[1], o_strides[3], *lse_part.stride()[:3], *o.stride()[:3], *lse.stride()[:2]]
+        chunk = merge_chunk(shape, 1, COMBINE_WARPS, splits, 8)          # 8 registers: steps of 4 splits
+        module = attention_decode_combine_kernel.specialize(*args, D=D, MR=1, SPLITS=4, CHUNK=chunk).module
+        run_threads(lower(module, target, COMBINE_WARPS).functions[0], args, (packed, B))
+    return o, lse, *expected(*tensors), counters
 
 
 @pytest.mark.parametrize("unified_max", [None, 2.0, -30.0], ids=["online", "unified", "unified-falls-back"])
@@ -558,10 +630,40 @@ def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, 
 def test_decode_on_the_simt_simulator_matches_float64_attention(target, num_warps, unified_max):
     """One warp per 16 packed rows (the shipped plans: a program of its own keys) and 4 warps over one 16-row
     tile (the plans that keep them: warps repeating the products)."""
-    o, lse, expected_o, expected_lse = decode_on_the_simulator(target, num_warps, unified_max)
+    o, lse, expected_o, expected_lse, counters = decode_on_the_simulator(target, num_warps, unified_max)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+    assert counters.tolist() == [0, 0]          # the merging programs reset them for the next launch
 
+
+@pytest.mark.parametrize("target, num_warps, early", [("sm_80", 1, True), ("sm_80", 1, False), ("sm_90a", 1, True),
+                                                      ("gfx942", 2, True)])
+def test_the_split_launchs_merge_is_the_combine_kernels_bit_for_bit_on_the_simt_simulator(target, num_warps, early):
+    """The merge in the split launch (one warp, 8 packed rows, 2 splits a step, the first step's loads with the
+    max's or after it) and the combine kernel (4 warps, one row a program, 4 splits a step) lowered for the
+    target: the same bits, although their tiles, layouts and steps differ (the splits are added one by one, in
+    split order, either way)."""
+    fused = decode_on_the_simulator(target, num_warps, combine_in_launch=True, early=early)
+    separate = decode_on_the_simulator(target, num_warps, combine_in_launch=False)
+    assert torch.equal(fused[0], separate[0]) and torch.equal(fused[1], separate[1])
+    assert fused[4].tolist() == [0, 0]
+
+
+
+def test_the_merge_counter_at_cta_scope_is_a_scope_race_on_the_simt_simulator():
+    """The hand-off works between programs because the counter's atomic is at GPU scope (acquire-release,
+    every program of the launch): the same split kernel with that atomic narrowed to scope "cta" (its IR
+    edited after tracing) is a race the simulator names, since a CTA-scope release does not reach the
+    program that acquires. (A missing fence, a plain access, is not modelled: the PTX test above checks the
+    fences.)"""
+    from tessera.backends.interp.errors import InterpreterError
+
+    def narrow(fn):
+        atomics = [op for op in fn.walk() if op.name == "atomic_rmw"]
+        assert len(atomics) == 1
+        atomics[0].attrs["scope"] = "cta"
+    with pytest.raises(InterpreterError, match=r"scope race: this atomic_rmw \(scope 'cta'\)"):
+        decode_on_the_simulator("sm_80", 1, edit=narrow)
 
 
 @pytest.mark.parametrize("softmax", ["online", "unified"])
@@ -571,7 +673,7 @@ def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention(
     simulator, which also checks shared-memory races; sequences not a multiple of the block."""
     from tessera.kernels_lib.attention_decode import gpu_decode_plan
     plan = gpu_decode_plan(128, softmax == "unified", "nvidia")
-    o, lse, expected_o, expected_lse = decode_on_the_simulator(
+    o, lse, expected_o, expected_lse, _ = decode_on_the_simulator(
         "sm_90a", plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
         keys=plan.keys, stages=plan.stages)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
@@ -598,9 +700,10 @@ def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch, softm
     D, page, splits = 128, 64, 2
     q, k_cache = np.zeros((1, 1, 4, D), np.float16), np.zeros((4, page, 1, D), np.float16)
     args = [q, k_cache, k_cache, np.zeros((1, 4), np.int32), np.zeros(1, np.int32),
-            np.zeros((splits, 1, 1, 4, D), np.float32), np.zeros((splits, 1, 4, 1), np.float32),
+            np.zeros((splits, 1, 4, 1, D), np.float32), np.zeros((splits, 1, 4, 1), np.float32), q.copy(),
+            np.zeros((1, 4, 1), np.float32), np.zeros(1, np.int32),
             1, 4, 1, page, 0.1, 0.0, 0.0, 64.0, 64.0, 0, 0, splits, 4 * D, 4 * D, D, 1, page * D, D, D, 1,
-            page * D, D, D, 1, 4, 4 * D, 4 * D, 4 * D, D, 4, 4, 1]
+            page * D, D, D, 1, 4, 4 * D, 4 * D, D, D, 4, 4, 1, 4 * D, 4 * D, D, 4, 1]
     plan = gpu_decode_plan(D, softmax == "unified", "nvidia")
     module = attention_decode_kernel.specialize(*args, D=D, BM=16, BN=plan.keys, STAGES=plan.stages, SPLIT=True,
                                                 HAS_LEFT=False, HAS_RIGHT=True, SOFTCAP=False,

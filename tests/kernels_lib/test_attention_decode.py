@@ -171,9 +171,30 @@ def test_the_gpu_split_count_is_the_models(monkeypatch, B, context, page):
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
     shape = module.DecodeShape(B, 1, 32, 8, 128, page, context // page)
     plan = module.gpu_decode_plan(128, False, "nvidia")
-    splits = module._num_splits(shape, plan, True, 0, "cuda")
+    monkeypatch.delenv("TESSERA_DECODE_SEPARATE_COMBINE", raising=False)
+    splits, in_launch = module._num_splits(shape, plan, True, 0, "cuda")
     rows, keys = shape.tile(plan)
-    assert splits == model.splits_for(model.Decode(B, 32, 8, 128, context), model.Tile(rows, keys, plan.stages, 1))
+    assert (splits, in_launch) == model.plan_for(model.Decode(B, 32, 8, 128, context),
+                                                 model.Tile(rows, keys, plan.stages, 1))
+    for value, merge in (("1", False), ("0", True)):           # the variable settles the merge
+        monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", value)
+        assert module._num_splits(shape, plan, True, 0, "cuda")[1] is merge
     assert 1 <= splits <= -(-context // keys)
     if B == 64:
         assert splits == 1
+
+
+def test_a_tile_that_spills_with_the_merge_merges_in_the_combine_kernel(monkeypatch):
+    """The unified max's head-dim-128 tile (4 warps) has no registers for the merge in its launch: asked for it
+    ($TESSERA_DECODE_SEPARATE_COMBINE=0), the op still plans two launches; the online one's 16-row tile merges
+    in its launch."""
+    import importlib
+    from types import SimpleNamespace
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", "0")
+    shape = module.DecodeShape(1, 1, 32, 8, 128, 64, 256)
+    for unified, merges in ((True, False), (False, True)):
+        plan = module.gpu_decode_plan(128, unified, "nvidia")
+        assert module._num_splits(shape, plan, True, 0, "cuda")[1] is merges
+        assert module._num_splits(shape, plan, True, 8, "cuda") == (8, merges)

@@ -163,6 +163,36 @@ def test_decode_launches_under_a_users_strict_mode(monkeypatch, tmp_path):
     torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("name", ["d128-page64-gqa4-auto-splits", "d64-page256-mqa-4-new-tokens",
+                                  "d64-unified-max-window"])
+def test_decode_merges_in_the_split_launch_to_the_two_launch_paths_bits(name, monkeypatch):
+    """The merge in the split launch (last program of each row group, acquire-release counter) against the
+    combine kernel: the same bits on the GPU, under a user's strict mode, twice in a row (the counters are
+    reset by the merging programs, not by a launch) and in a CUDA graph replayed twice. What the next GPU run
+    should show: all equal, counters 0."""
+    import importlib
+    module = importlib.import_module("tessera.kernels_lib.attention_decode")
+    seqlens, Sq, H, H_kv, D, page, options = DECODE_CASES[name]
+    options = {**options, "num_splits": 7}
+    tensors = paged_case(seqlens, Sq, H, H_kv, D, page)
+    monkeypatch.setenv("TESSERA_STRICT", "1")
+    monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", "1")
+    out, lse = attention_decode(*tensors, **options)
+    monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", "0")
+    for _ in range(2):
+        got, got_lse = attention_decode(*tensors, **options)
+        assert torch.equal(got, out) and torch.equal(got_lse, lse)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured, _ = attention_decode(*tensors, **options)
+    for _ in range(2):
+        captured.zero_()
+        graph.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(captured, out)
+    assert module._COUNTERS and not any(c.any() for c in module._COUNTERS.values())
+
+
 @pytest.mark.parametrize("D", [64, 128, 256])
 @pytest.mark.parametrize("causal", [False, True])
 def test_fp8_forward_matches_float64_attention_of_the_dequantized_inputs(D, causal):
