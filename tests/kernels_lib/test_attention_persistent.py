@@ -150,6 +150,21 @@ def compile_persistent(D, variant, overlap=False):
         D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=True, OVERLAP=overlap, **VARIANTS[variant])
 
 
+def enclosing_loops(lines: list[str], k: int) -> list[str]:
+    """The `for` lines of printed thread IR `lines` that enclose line k (by indentation; a region's argument
+    line, `^(...)`, is indented as its op)."""
+    loops, depth = [], len(lines[k]) - len(lines[k].lstrip())
+    for line in reversed(lines[:k]):
+        if line.lstrip().startswith("^("):
+            continue
+        indent = len(line) - len(line.lstrip())
+        if indent < depth:
+            depth = indent
+            if re.search(r"(= |^\s*)for ", line):
+                loops.append(line.strip())
+    return loops
+
+
 @needs_ptxas
 @pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
@@ -173,11 +188,14 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
     assert all(not lo <= j <= hi for j in inits for lo, hi in backward), "no mbarrier.init inside a loop"
     tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d.shared" in line and dec < i < inc]
     assert len(tma) == 2 * D // 64, "K and V: the producer's TMA fills"
-    producer_loops = [(lo, hi) for lo, hi in backward if dec < lo and hi < inc]
-    assert any(lo < min(tma) and max(tma) < hi for lo, hi in producer_loops), "the key loop's fills in a loop"
-    outer = [(lo, hi) for lo, hi in producer_loops
-             if lo < min(tma) and max(tma) < hi and any(lo < a and b < hi for a, b in producer_loops if (a, b) != (lo, hi))]
-    assert outer, "a tile loop around the producer's key loop"
+    # the thread IR (structured): the producer's TMA loads sit in a `for` (the K loop) in a `for` (the tiles)
+    thread_ir = compiled.stages["thread_ir"].splitlines()
+    for k, line in enumerate(thread_ir):
+        if "tma_load" in line and "k_ptr_tma" in line:
+            assert len(enclosing_loops(thread_ir, k)) == 2, enclosing_loops(thread_ir, k)
+            break
+    else:
+        raise AssertionError("no TMA load of K")
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in "\n".join(lines[inc:]), "O by TMA store"
 
 
