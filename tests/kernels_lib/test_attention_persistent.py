@@ -18,7 +18,8 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib import attention  # noqa: E402
-from tessera.kernels_lib.attention import PERSISTENT_ENV, WS_ENV, WS_GPU_PLANS  # noqa: E402
+from tessera.kernels_lib.attention import PERSISTENT_ENV, PERSISTENT_OVERLAP_HEAD_DIMS, WS_ENV  # noqa: E402
+from tessera.kernels_lib.attention import WS_GPU_PLANS, persistent_allowed  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import attention_fwd_persistent_kernel  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import tile_coordinates  # noqa: E402
@@ -143,6 +144,19 @@ def test_the_op_launches_the_persistent_kernel_only_when_asked(monkeypatch):
                                                                        None))
 
 
+def test_which_gpu_plans_have_a_persistent_form():
+    """The warp-specialized plans, in FlashAttention-2's order and (head dim 64) overlapped; not the plain plan
+    (no producer to run ahead), not ping-pong (the lowering refuses it in a tile loop), not head dim 128
+    overlapped (388 bytes of spills: `PERSISTENT_OVERLAP_HEAD_DIMS`); any plan on the interpreter."""
+    import dataclasses
+    ws = WS_GPU_PLANS[128]
+    assert persistent_allowed(ws, 128, False) and persistent_allowed(dataclasses.replace(ws, overlap=True), 64, False)
+    assert not persistent_allowed(dataclasses.replace(ws, overlap=True), 128, False)
+    assert not persistent_allowed(dataclasses.replace(ws, overlap=True, pingpong=True), 64, False)
+    assert not persistent_allowed(dataclasses.replace(ws, ws=False), 128, False)
+    assert persistent_allowed(attention_module.CPU_PLAN, 32, True)
+
+
 def compile_persistent(D, variant, overlap=False):
     plan = WS_GPU_PLANS[D]
     return attention_fwd_persistent_kernel.compile(
@@ -165,15 +179,17 @@ def enclosing_loops(lines: list[str], k: int) -> list[str]:
     return loops
 
 
+PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for variant in VARIANTS
+                    for overlap in (False, True) if not overlap or D in PERSISTENT_OVERLAP_HEAD_DIMS]
+
+
 @needs_ptxas
-@pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
-def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_the_tile_loop(D, variant):
-    """sm_90a, 384 threads: the mbarriers are initialized once, before the split (no mbarrier.init inside a
-    loop); the producer's one thread issues K's and V's TMA fills inside its own tile loop (a backward branch
-    after them, before the consumers' `setmaxnreg.inc`); ptxas spills nothing (FlashAttention-2's loop order,
-    the plan the op launches)."""
-    compiled = compile_persistent(D, variant)
+@pytest.mark.parametrize("D, variant, overlap", PERSISTENT_PLANS)
+def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_the_tile_loop(D, variant, overlap):
+    """sm_90a, 384 threads, every plan the op may launch persistent: the mbarriers are initialized once, before
+    the split (no mbarrier.init inside a loop); the producer's one thread issues K's and V's TMA fills inside
+    its K loop inside its own tile loop; ptxas spills nothing."""
+    compiled = compile_persistent(D, variant, overlap)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["num_threads"] == 384
     assert metadata["spill_stores"] == metadata["spill_loads"] == 0, metadata["log"]
