@@ -66,11 +66,13 @@ def persistent_on_the_simulator(num_warps, BM, programs, causal=True, Sq=70, Sk=
 
 
 @pytest.mark.parametrize("causal, Sq, Sk, overlap", [(True, 70, 50, False), (False, 70, 50, False),
-                                                     (True, 40, 50, False), (True, 70, 50, True)])
+                                                     (True, 40, 50, False), (True, 70, 50, True),
+                                                     (True, 200, 50, False), (True, 200, 50, True)])
 def test_persistent_ws_forward_on_the_simt_simulator_matches_float64_attention(causal, Sq, Sk, overlap):
-    """sm_90a, warp-specialized, two consumer warpgroups (BM = 128: 16 tiles with Sq = 70, B * H = 8) on 3
-    programs, so each program runs 5-6 tiles and the ring's slots and phases carry across them; GQA 2:1;
-    bottom-right causal with Sq > Sk (the first 20 rows see no key: O = 0, LSE = +inf) and Sq < Sk."""
+    """sm_90a, warp-specialized, two consumer warpgroups (BM = 128; B * H = 8 pairs: 8 tiles, 16 with Sq = 200)
+    on 3 programs, so each program runs 2-6 tiles and the ring's slots and phases carry across them; GQA 2:1;
+    bottom-right causal with Sq > Sk (the first Sq - Sk rows see no key: O = 0, LSE = +inf; with Sq = 200 the
+    whole first m-block, whose tiles run no key iteration between tiles that do) and Sq < Sk."""
     o, lse, fn, expected_o, expected_lse = persistent_on_the_simulator(8, 128, 3, causal, Sq, Sk, overlap=overlap)
     assert fn.attrs["num_threads"] == 8 * 32 + 128
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
