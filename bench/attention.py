@@ -19,8 +19,8 @@ Parts (`--part`, repeatable; default all):
   and `tessera_ws_pingpong` (..._PINGPONG=1 too: the consumer warpgroups take
   turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`,
   and the persistent kernel (..._PERSISTENT=1: min(tiles, SMs) programs
-  looping over tiles) `tessera_ws_persistent` with `persistent_vs_ws` and,
-  at head dim 64, `tessera_ws_overlap_persistent` with `persistent_vs_overlap`;
+  looping over tiles) `tessera_ws_persistent` with `persistent_vs_ws` and
+  `tessera_ws_overlap_persistent` with `persistent_vs_overlap`;
   at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs; on Hopper
@@ -156,8 +156,8 @@ def measure_dense(torch, part: str, case: dict) -> dict:
     """One forward or backward row: tessera (on Hopper's forward at D 64/128 also its warp-specialized plan),
     SDPA flash and SDPA cuDNN, each checked against SDPA flash."""
     from tessera.kernels_lib import attention
-    from tessera.kernels_lib.attention import (OVERLAP_ENV, OVERLAP_HEAD_DIMS, PERSISTENT_ENV,
-                                               PERSISTENT_OVERLAP_HEAD_DIMS, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS)
+    from tessera.kernels_lib.attention import (OVERLAP_ENV, OVERLAP_HEAD_DIMS, PERSISTENT_ENV, PINGPONG_ENV, WS_ENV,
+                                               WS_GPU_PLANS)
     row = {"part": part, **case}
     B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=part == "backward")
@@ -165,9 +165,7 @@ def measure_dense(torch, part: str, case: dict) -> dict:
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
     if part == "forward" and torch.cuda.get_device_capability()[0] == 9:
         for who, (ws, overlap, pingpong, persistent) in HOPPER_FORWARDS.items():
-            # (an overlapped persistent row only where the op takes it: `attention.persistent_allowed`)
-            if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS) and \
-                    (persistent == "0" or overlap == "0" or D in PERSISTENT_OVERLAP_HEAD_DIMS):
+            if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
                 impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong,
                                                          PERSISTENT_ENV: persistent})
     if part == "backward" and torch.cuda.get_device_capability()[0] == 9:

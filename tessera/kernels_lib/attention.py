@@ -114,13 +114,12 @@ AMD_PINGPONG_ENV = "TESSERA_ATTENTION_AMD_PINGPONG"
 AMD_PINGPONG_PLANS = {64: Plan(128, 16, 8, stages=1, pingpong=True), 128: Plan(64, 16, 8, stages=1, pingpong=True)}
 # FlashAttention-3's persistent forward (`attention_fwd_persistent.py`): =1 launches min(tiles, SMs) programs, each
 # walking (batch, head, query-block) tiles (causal: heaviest first), the producer warpgroup fetching the next
-# tile's K and V while the consumers store this one's O. Taken with the warp-specialized plan (Hopper) for batched
-# calls (not varlen, fp8 or fused hooks), not with PINGPONG (the lowering refuses pingpong in a persistent loop)
-# and in the overlapped order only at head dims PERSISTENT_OVERLAP_HEAD_DIMS (head dim 128's spills 388 bytes
-# there: the tile loop's carried pointers and sizes on top of the overlapped loop's live P and S); on the
-# interpreter with CPU_NUM_SMS programs. Off by default until a GPU run times it (bench/attention.py --part forward).
+# tile's K and V while the consumers store this one's O (Q comes by TMA each tile: `schedule/tma_operand.py`).
+# Taken with the warp-specialized plan (Hopper), either loop order, for batched calls (not varlen, fp8 or fused
+# hooks), not with PINGPONG (the lowering refuses pingpong in a persistent loop: each consumer warpgroup would
+# need its own copy of the tile loop); on the interpreter with CPU_NUM_SMS programs. Off by default until a GPU
+# run times it (bench/attention.py --part forward).
 PERSISTENT_ENV = "TESSERA_ATTENTION_PERSISTENT"
-PERSISTENT_OVERLAP_HEAD_DIMS = (64,)
 CPU_NUM_SMS = 4             # the "SM count" of persistent launches on the interpreter (as gemm.py's)
 
 
@@ -256,12 +255,10 @@ def wants_persistent() -> bool:
     return _env_flag(PERSISTENT_ENV, "one program per SM looping over tiles", "one program per tile")
 
 
-def persistent_allowed(plan: Plan, D: int, on_interpreter: bool) -> bool:
-    """Whether `plan` (head dim D) has a persistent form: on the interpreter any plan; on a GPU the
-    warp-specialized one without ping-pong, overlapped only at PERSISTENT_OVERLAP_HEAD_DIMS (`PERSISTENT_ENV`)."""
-    if on_interpreter:
-        return True
-    return plan.ws and not plan.pingpong and (not plan.overlap or D in PERSISTENT_OVERLAP_HEAD_DIMS)
+def persistent_allowed(plan: Plan, on_interpreter: bool) -> bool:
+    """Whether `plan` has a persistent form (`PERSISTENT_ENV`): on the interpreter any plan; on a GPU the
+    warp-specialized one without ping-pong."""
+    return on_interpreter or (plan.ws and not plan.pingpong)
 
 
 @functools.lru_cache(maxsize=None)
@@ -385,7 +382,7 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
             *hooks.args(o, p.strides), lse if descales is None else descales,     # (lse: an unused pointer)
             v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
     on_interpreter = _on_interpreter(q)
-    if plain_call and wants_persistent() and persistent_allowed(plan, p.D, on_interpreter):
+    if plain_call and wants_persistent() and persistent_allowed(plan, on_interpreter):
         tiles = tessera.cdiv(p.Sq, plan.BM) * p.batch * p.H
         sms = CPU_NUM_SMS if on_interpreter else _num_sms(q.get_device())
         attention_fwd_persistent_kernel[(min(tiles, sms),)](

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib import attention  # noqa: E402
-from tessera.kernels_lib.attention import PERSISTENT_ENV, PERSISTENT_OVERLAP_HEAD_DIMS, WS_ENV  # noqa: E402
+from tessera.kernels_lib.attention import PERSISTENT_ENV, WS_ENV  # noqa: E402
 from tessera.kernels_lib.attention import WS_GPU_PLANS, persistent_allowed  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import attention_fwd_persistent_kernel  # noqa: E402
@@ -147,16 +147,14 @@ def test_the_op_launches_the_persistent_kernel_only_when_asked(monkeypatch):
 
 
 def test_which_gpu_plans_have_a_persistent_form():
-    """The warp-specialized plans, in FlashAttention-2's order and (head dim 64) overlapped; not the plain plan
-    (no producer to run ahead), not ping-pong (the lowering refuses it in a tile loop), not head dim 128
-    overlapped (388 bytes of spills: `PERSISTENT_OVERLAP_HEAD_DIMS`); any plan on the interpreter."""
+    """The warp-specialized plans, in either loop order; not the plain plan (no producer to run ahead), not
+    ping-pong (the lowering refuses it in a tile loop); any plan on the interpreter."""
     import dataclasses
     ws = WS_GPU_PLANS[128]
-    assert persistent_allowed(ws, 128, False) and persistent_allowed(dataclasses.replace(ws, overlap=True), 64, False)
-    assert not persistent_allowed(dataclasses.replace(ws, overlap=True), 128, False)
-    assert not persistent_allowed(dataclasses.replace(ws, overlap=True, pingpong=True), 64, False)
-    assert not persistent_allowed(dataclasses.replace(ws, ws=False), 128, False)
-    assert persistent_allowed(attention_module.CPU_PLAN, 32, True)
+    assert persistent_allowed(ws, False) and persistent_allowed(dataclasses.replace(ws, overlap=True), False)
+    assert not persistent_allowed(dataclasses.replace(ws, overlap=True, pingpong=True), False)
+    assert not persistent_allowed(dataclasses.replace(ws, ws=False), False)
+    assert persistent_allowed(attention_module.CPU_PLAN, True)
 
 
 def compile_persistent(D, variant, overlap=False):
@@ -182,7 +180,7 @@ def enclosing_loops(lines: list[str], k: int) -> list[str]:
 
 
 PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for variant in VARIANTS
-                    for overlap in (False, True) if not overlap or D in PERSISTENT_OVERLAP_HEAD_DIMS]
+                    for overlap in (False, True)]
 
 
 @needs_ptxas
@@ -190,7 +188,8 @@ PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for vari
 def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_the_tile_loop(D, variant, overlap):
     """sm_90a, 384 threads, every plan the op may launch persistent: the mbarriers are initialized once, before
     the split (no mbarrier.init inside a loop); the producer's one thread issues K's and V's TMA fills inside
-    its K loop inside its own tile loop; ptxas spills nothing."""
+    its K loop inside its own tile loop; Q (and the overlapped order's peeled first K and last V blocks) come by
+    TMA each tile, issued in the consumers' branch (no `ld.global` at all); ptxas spills nothing."""
     compiled = compile_persistent(D, variant, overlap)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["num_threads"] == 384
@@ -214,6 +213,9 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
             break
     else:
         raise AssertionError("no TMA load of K")
+    assert "ld.global" not in ptx
+    consumers = [line for line in lines[inc:] if "cp.async.bulk.tensor.4d.shared" in line]
+    assert len(consumers) == (D // 64) * (3 if overlap else 1), "Q's boxes (and K_lo's, V_hi-1's) by TMA"
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in "\n".join(lines[inc:]), "O by TMA store"
 
 
