@@ -6,8 +6,10 @@ For head dims 64 and 128 (`WS_GPU_PLANS`), bf16, plain and window-softcap, Flash
 overlapped one: registers (of the 384-thread entry; the consumers run under `setmaxnreg.inc 232`), spill bytes,
 SASS instructions in all, in the consumers' key loop (the innermost loop holding HGMMAs: `sass.loop_containing`)
 and a census of the whole kernel (HGMMA, UTMALDG, UTMASTG, STSM, BAR, SYNCS: the mbarrier ops). Needs ptxas and
-cuobjdump (`tessera doctor`). What the persistent kernel adds per tile: the tile loop, Q staged by the
-consumers (its TMA load is the kernel's top level only: `schedule/tma_operand.py`) and its closing barrier.
+cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles, and per tile a
+barrier before each TMA load of a block outside the ring (Q; with the overlapped order the peeled K and V too),
+which consumer thread 0 issues each tile (`schedule/tma_operand.py`). docs/perf/attention-forward-h100.md
+tabulates the output.
 """
 
 from __future__ import annotations

@@ -46,6 +46,10 @@ P, in [0, 1], is scaled by P_SCALE = 2^8 into e4m3's range and quantized
 for P V on fp8 tensor cores (the scaling is exact and moves e4m3's
 subnormals, which would lose P's small entries, eight binades down); l
 sums the unquantized P, and O = acc * v_descale / (P_SCALE * l).
+
+A program's work is `attention_tile`: the one-tile kernel below runs it for
+its (pid_m, batch * head), the persistent one (`attention_fwd_persistent.py`)
+for each tile it takes.
 """
 
 from __future__ import annotations
