@@ -167,10 +167,26 @@ def gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK):
     return tessera.load(a + offsets, mask=mask)
 
 
-# The plain GEMM's configs, prune and model (`gemm.gemm_kernel`): on an H100 the fused kernel tunes over the same
-# tiles, 128 x 256 included, and `gemm.pin_config` pins both.
-@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=gemm_configs.prune_for_device,
-                  model=gemm_configs.predicted)
+# A prologue transforms each block in registers before the dot, which then reads it from there: the code grows with
+# the tile, and past 128 x 128 it outgrows what LLVM compiles in seconds (sm_90a, bench/fusion.py's int8 dequant:
+# ~16.8k instructions a thread at 128 x 256, ~15.7k at 256 x 128, against the compiler's 12,288 limit).
+MAX_PROLOGUE_TILE = 128 * 128
+
+
+def prune_fused(configs: list[tessera.Config], named_args: dict) -> list[tessera.Config]:
+    """The autotuner's prune hook: the plain GEMM's (`gemm_configs.prune_for_device`), less the tiles over
+    `MAX_PROLOGUE_TILE` elements when a prologue hook is set, so that neither tuning nor the untimed model
+    (inside `tessera.fusion()` or a CUDA graph capture, where nothing is compiled ahead to prune by) picks a tile
+    that does not compile."""
+    kept = gemm_configs.prune_for_device(configs, named_args)
+    if named_args.get("PROLOGUE_A") is None and named_args.get("PROLOGUE_B") is None:
+        return kept
+    return [c for c in kept if c.kwargs["BM"] * c.kwargs["BN"] <= MAX_PROLOGUE_TILE]
+
+
+# The plain GEMM's configs and model (`gemm.gemm_kernel`) and its prune (`prune_fused`): on an H100 the fused
+# kernel tunes over the same tiles, 128 x 256 included (without a prologue), and `gemm.pin_config` pins both.
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=prune_fused, model=gemm_configs.predicted)
 @tessera.kernel
 def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, x0, x1, x2, x3, x4, x5,
@@ -222,6 +238,6 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
 # runs where every output is float16 / bfloat16, whose rounding hides the difference (as `gemm.gemm_kernel_fast`):
 # bench/fusion.py's epilogue loses its exact division's slow-path check per element (FCHK, a call and a branch),
 # 15% of its sm_90a instructions.
-gemm_fused_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"],
-                                          prune=gemm_configs.prune_for_device, model=gemm_configs.predicted)(
+gemm_fused_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=prune_fused,
+                                          model=gemm_configs.predicted)(
     tessera.kernel(fast_math=True)(gemm_fused_kernel.kernel.fn))

@@ -81,7 +81,7 @@ registers). A view store whose anchor gave its value a layout that the
 loops-first rule then overruled (the value is a loop's result) converts
 the value back to the anchor's layout, once, after the loop. A store that
 may take its value as it is (`STORE_KEEPS_LAYOUT`: a 16-bit accumulator
-stored by stmatrix for a TMA store) anchors softly: the value takes what
+stored by stmatrix, or a 32-bit one by register pairs, for a TMA store) anchors softly: the value takes what
 propagation gives it; if the store cannot take that, the assignment runs
 again with that store anchored like any other. Shape ops
 (broadcast, expand_dims, reshape, permute, convert_layout), reduce operands and FMA dot operands accept any layout: the
@@ -113,7 +113,8 @@ LOOPS = frozenset(["for", "while"])
 
 # Predicates (view_store, the layout its value ended up with, target, `VectorFacts`, num_warps) -> whether the
 # store takes the value in that layout as it is, so the anchor's conversion back is not recorded: the TMA
-# store's stmatrix path (`schedule/tma_store.py`) stores a 16-bit accumulator straight from its registers.
+# store's stmatrix and pair paths (`schedule/tma_store.py`) store a 16-bit or 32-bit accumulator straight from
+# its registers.
 # Asked with layout None first (may the store take some layout as it is?): if so the store's anchor is soft,
 # it gives the value no layout and only converts back to it after propagation when the store cannot take
 # what the value got.

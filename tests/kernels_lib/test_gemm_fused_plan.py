@@ -5,7 +5,9 @@ GEMM's 128 x 128 tile and the tuner, offered only the common configs, fell back 
 Specification:
 
 * the fused kernel tunes over the plain GEMM's configs with its prune and model, so for every shape it
-  predicts the plain GEMM's config, and `gemm.pin_config` pins both;
+  predicts the plain GEMM's config, and `gemm.pin_config` pins both; only with a prologue (which transforms
+  each block in registers before the dot) are tiles over 128 x 128 pruned, since they do not compile, and
+  the largest tile left compiles for sm_90a;
 * on sm_90a, with bench/fusion.py's bias + GELU + residual + dropout epilogue, the fused kernel at the plain
   GEMM's 128 x 128 config keeps the plain K loop (the same SASS opcodes: HGMMAs, TMA loads, mbarrier waits),
   spills nothing and needs at most 128 registers (two programs per SM, as the plain GEMM), and stores C with
@@ -43,8 +45,31 @@ BENCH_SHAPES = [(4096, 4096, 4096), (8192, 4096, 1024), (8192, 8192, 8192), (512
 def test_the_fused_kernel_tunes_over_the_plain_gemms_configs_with_its_prune_and_model(fused):
     plain = gemm_kernel.tuner
     assert fused.tuner.configs == plain.configs == gemm_configs.ALL
-    assert fused.tuner.prune is plain.prune is gemm_configs.prune_for_device
+    assert plain.prune is gemm_configs.prune_for_device and fused.tuner.prune is gemm_fused.prune_fused
     assert fused.tuner.model is plain.model is gemm_configs.predicted
+    no_prologue = {"M": 64, "N": 64, "K": 64, "PROLOGUE_A": None, "PROLOGUE_B": None}
+    assert gemm_fused.prune_fused(gemm_configs.ALL, no_prologue) == plain.prune(gemm_configs.ALL, no_prologue)
+
+
+@pytest.mark.parametrize("hook", ["PROLOGUE_A", "PROLOGUE_B"])
+def test_with_a_prologue_the_fused_kernel_never_picks_a_tile_too_big_to_compile(hook):
+    hopper = gemm_configs.configs_for("sm_90")
+    named = {"M": 8192, "N": 8192, "K": 8192, "PROLOGUE_A": None, "PROLOGUE_B": None, hook: hooks.dequantize_int8}
+    kept = gemm_fused.prune_fused(hopper, named)
+    assert max(c.kwargs["BM"] * c.kwargs["BN"] for c in hopper) > gemm_fused.MAX_PROLOGUE_TILE    # something to drop
+    assert kept and all(c.kwargs["BM"] * c.kwargs["BN"] <= gemm_fused.MAX_PROLOGUE_TILE for c in kept)
+    assert gemm_configs.predicted(kept, named) in kept
+
+
+def test_the_largest_tile_a_prologue_keeps_compiles_for_sm_90a():
+    needs_ptxas()
+    from test_gemm_fusion import DEQUANT_AND_DROPOUT, compile_fused, fused_signature
+    named = {"M": 8192, "N": 8192, "K": 8192, "PROLOGUE_A": None, "PROLOGUE_B": hooks.dequantize_int8}
+    kept = gemm_fused.prune_fused(gemm_configs.configs_for("sm_90"), named)
+    largest = max(kept, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"]))
+    signature = fused_signature("f16", b_dtype="i8").replace("f32,f32,i32,i32", "i32,f32,i32,i32")
+    compiled = compile_fused("sm_90a", largest, DEQUANT_AND_DROPOUT, signature)
+    assert compiled.metadata["spill_stores"] == 0
 
 
 @pytest.mark.parametrize("M, N, K", BENCH_SHAPES)

@@ -66,3 +66,21 @@ def test_a_transposed_a_whose_rows_are_not_multiples_of_16_elements_stays_right(
     uses = [launcher_map_uses(launcher) for kernel in (gemm_kernel, gemm_kernel_fast)
             for launcher in kernel.kernel.launchers.values()]
     assert maps in uses, uses
+
+
+@pytest.mark.parametrize("M,N,K", [(208, 144, 336), (1008, 272, 1008)])
+def test_a_float32_c_stored_by_register_pairs_and_tma_matches_torch(M, N, K):
+    """out_dtype=float32: C goes from the accumulator's registers by st.shared.v2 into a 128B-swizzled tile
+    and out by one TMA store per 32 columns (`passes/schedule/pair_store.py`), clipped at ragged edges; the
+    launcher builds C's map (an f32 box of 32 columns)."""
+    from tessera.kernels_lib.gemm import gemm, gemm_kernel, gemm_kernel_fast
+
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn((M, K), generator=g).to(torch.bfloat16).cuda()
+    b = torch.randn((K, N), generator=g).to(torch.bfloat16).cuda()
+    out = gemm(a, b, out_dtype=torch.float32)
+    assert out.dtype == torch.float32
+    assert_close(out, a.float() @ b.float(), rtol=1e-3, atol=1e-2, matmul=(a.float(), b.float(), 64))
+    uses = [launcher_map_uses(launcher) for kernel in (gemm_kernel, gemm_kernel_fast)
+            for launcher in kernel.kernel.launchers.values()]
+    assert {"load": ["a_ptr", "b_ptr"], "store": ["c_ptr"]} in uses, uses

@@ -19,8 +19,13 @@ Specification (`passes/schedule/tma_store.py`):
   (16 bytes a lane each) and nothing else: no STS and no LDS anywhere in the kernel (the accumulator used to
   go through shared memory as f32 first: 32 STS.64 + 16 LDS.128 + 8 STS.128 a thread at 128 x 128);
 * sm_90 (mma.sync accumulators) stores C the same way;
-* an f32 C (no stmatrix: 32-bit elements) takes the threads' vectorized st.shared into a row-major tile and
-  one TMA store;
+* an f32 C (no stmatrix: 32-bit elements) goes the same way with st.shared.v2 of the accumulator's register
+  pairs (`pair_store.py`) into a 128B-swizzled tile, one TMA store per 32-column block (box [BM, 32]): in
+  every shipped config's PTX BM x BN / (64 x warps) st.shared.v2.b32 a thread, no other st.shared and no
+  ld.shared (no layout conversion through shared memory), no spills; in the SASS as many STS.64, no LDS.
+  The allocator's shared bytes: the persistent config 163864 (96 KiB of ring + the 64 KiB C tile + 24 of
+  mbarriers; 229400 with the conversion's 64 KiB buffer before), config0 98328 before and after (both
+  buffers reuse the ring's bytes after the K loop);
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
   loop's TMA loads) and C's (written by the store); where C's rows are not provably 16-byte aligned the
   epilogue keeps the threads' stores and there is no map of C;
@@ -137,16 +142,83 @@ def test_sm_90_stores_the_mma_sync_accumulator_with_stmatrix_too(name):
     assert compiled.metadata["spill_stores"] == 0
 
 
-def test_an_f32_c_keeps_the_threads_vectorized_shared_stores_and_one_tma_store():
+def _compile_f32_c(config, target="sm_90a"):
+    return gemm_kernel.kernel.compile(signature=F32_C, target=target, num_warps=config.num_warps,
+                                      **NO_EPILOGUE, **config.kwargs)
+
+
+# The persistent warp-specialized 128 x 256 config keeps its rings (144 KiB) for the whole kernel and its C tile's
+# own bytes (128 KiB of f32) across the tile loop: more than a block has, with or without the pair stores (main
+# before them: 278576 bytes too, with a 128 KiB conversion buffer besides). Storing C a column block at a time
+# through a smaller buffer would fit; not done.
+F32_C_TOO_BIG = {name for name, config in SHIPPED.items()
+                 if config.kwargs["PERSISTENT"] and config.kwargs.get("WS") and config.kwargs["BN"] == 256}
+F32_C_CONFIGS = [name for name in SHIPPED if name not in F32_C_TOO_BIG]
+
+
+@pytest.mark.parametrize("name", sorted(F32_C_TOO_BIG))
+def test_an_f32_c_of_the_persistent_ws_128x256_config_is_refused_for_its_shared_bytes(name):
+    from tessera import CompileError
     needs_ptxas()
-    compiled = gemm_kernel.kernel.compile(signature=F32_C, target="sm_90a", num_warps=CONFIGS[0].num_warps,
-                                          **NO_EPILOGUE, **CONFIGS[0].kwargs)
+    with pytest.raises(CompileError, match=r"needs 278576 bytes of shared memory, more than the 232448 a block has"):
+        _compile_f32_c(SHIPPED[name])
+
+
+@pytest.mark.parametrize("name", F32_C_CONFIGS)
+def test_an_f32_c_is_stored_by_register_pairs_into_a_swizzled_tile_and_a_tma_store_per_32_columns(name):
+    needs_ptxas()
+    config = SHIPPED[name]
+    compiled = _compile_f32_c(config)
     ptx = compiled.stages["ptx"]
     stores = [m.start() for m in re.finditer(TMA_STORE, ptx)]
-    assert len(stores) == 1 and "stmatrix" not in ptx
+    assert len(stores) == config.kwargs["BN"] // 32 and "stmatrix" not in ptx and "st.global" not in ptx
     fence = ptx.rindex("fence.proxy.async.shared::cta", 0, stores[0])
-    assert re.search(r"st\.shared\.v\d", ptx[:fence])
-    assert compiled.metadata["spill_stores"] == 0
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert len(re.findall(r"st\.shared\.v2\.b32", ptx[:fence])) == len(re.findall(r"st\.shared", ptx)) == pairs
+    assert "ld.shared" not in ptx                    # no conversion of the accumulator through shared memory
+    (c_map,) = [m for m in compiled.metadata["tensor_maps"] if m["pointer"] == "c_ptr"]
+    assert c_map["box"] == [config.kwargs["BM"], 32] and c_map["swizzle"] == "128B" and c_map["dtype"] == "f32"
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    assert compiled.metadata["shared_bytes"] <= 227 * 1024
+
+
+@pytest.mark.parametrize("name, shared_bytes", [("config0", 3 * 32768 + 24), (PERSISTENT, 3 * 32768 + 65536 + 24)])
+def test_an_f32_c_allocates_no_conversion_buffer(name, shared_bytes):
+    """Before: the persistent config took 229400 bytes (its own 64 KiB C tile beside a 64 KiB conversion
+    buffer); config0's conversion and C tile reused the ring's bytes (98328 either way)."""
+    needs_ptxas()
+    config = SHIPPED[name]
+    args = _gemm_args(160, 144, 64)
+    module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
+    fn = lower(module, "sm_90a", config.num_warps).functions[0]
+    tile = config.kwargs["BM"] * config.kwargs["BN"] * 4
+    buffers = sorted(op.attrs["bytes"] for op in fn.walk() if op.name == "shared_alloc")
+    assert buffers.count(tile) == 1              # the C tile; no conversion buffer (a row-major f32 tile, as big)
+    assert [op.name for op in fn.walk()].count("tma_store") == config.kwargs["BN"] // 32
+    assert _compile_f32_c(config).metadata["shared_bytes"] == shared_bytes
+
+
+@pytest.mark.parametrize("name", ["config0", PERSISTENT, "hopper0"])
+def test_the_sass_of_an_f32_c_epilogue_is_sts64_only(name):
+    from tessera.backends.nvptx.sass import disassemble
+    needs_sass()
+    config = SHIPPED[name]
+    compiled = _compile_f32_c(config)
+    opcodes = [inst.opcode for inst in disassemble(compiled.cubin)]
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert opcodes.count("STS.64") == pairs
+    assert not [o for o in opcodes if o.startswith(("STS", "LDS")) and o != "STS.64"]
+    assert opcodes.count("UTMASTG.2D") == config.kwargs["BN"] // 32
+
+
+@pytest.mark.parametrize("name", ["config0", "config3"])
+def test_sm_90_stores_an_f32_mma_sync_accumulator_by_pairs_too(name):
+    needs_ptxas()
+    config = SHIPPED[name]
+    ptx = _compile_f32_c(config, target="sm_90").stages["ptx"]
+    pairs = config.kwargs["BM"] * config.kwargs["BN"] // (32 * config.num_warps) // 2
+    assert len(re.findall(r"st\.shared\.v2\.b32", ptx)) == pairs and "ld.shared" not in ptx
+    assert len(re.findall(TMA_STORE, ptx)) == config.kwargs["BN"] // 32
 
 
 F32_C = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
@@ -205,7 +277,7 @@ def test_a_gemm_with_ragged_m_and_n_stores_what_the_interpreter_stores_on_the_si
     args = _gemm_args(M, N, K)
     module = gemm_kernel.kernel.specialize(*args, **{**NO_EPILOGUE, **config.kwargs}).module
     fn = lower(module, "sm_90a", config.num_warps).functions[0]
-    assert [op.name for op in fn.walk()].count("tma_store") == 1
+    assert [op.name for op in fn.walk()].count("tma_store") == bn // 32          # f32 C: a box per 32 columns
     tiles = -(-M // bm) * -(-N // bn)
     run_threads(fn, args, (min(tiles, 2),) if config.kwargs["PERSISTENT"] else (tiles,))
     want = _gemm_args(M, N, K)

@@ -262,11 +262,22 @@ def row_offset(ctx, thread_bits, g: int, swizzle: Swizzle | None):
     hoisted swizzled lane offset at the read (one ALU op), not hoisted per g: a hoisted offset per read held
     one register each through the loop and spilled the 512-byte rows of head dim 256."""
     base, weights = thread_bits
-    lane = _thread_offset(ctx, weights)
     if not is_wide_row_swizzle(swizzle):       # unswizzled, or a 32/64/128-byte swizzle: one hoisted offset per g
+        lane = _thread_offset(ctx, weights)
         offset = ctx.const(int(base[g])) if lane is None else \
             ctx.hoist("add", [lane, ctx.const(int(base[g]))]) if base[g] else lane
         return offset if swizzle is None else _swizzled(ctx, offset, swizzle)
+    return folded_row_offset(ctx, thread_bits, g, swizzle)
+
+
+def folded_row_offset(ctx, thread_bits, g: int, swizzle: Swizzle):
+    """swizzle(lane offset + base[g]) as one hoisted swizzled lane offset shared by every g, XORed with the low
+    part of base[g] (below the swizzle's period) where that is the same (one ALU op at the access), plus the
+    high part (a multiple of the period: the swizzle leaves it alone, and it folds into the address immediate);
+    otherwise a hoisted offset of its own. For many accesses per lane (`row_offset`'s wide rows, the pair
+    stores of `pair_store.py`), so that they do not each hold a register for the whole kernel."""
+    base, weights = thread_bits
+    lane = _thread_offset(ctx, weights)
     period = 1 << (swizzle.base + swizzle.shift + swizzle.bits)
     low, high = int(base[g]) % period, int(base[g]) // period * period
     lanes = _lane_offsets(weights)

@@ -12,11 +12,15 @@ strides, sizes from arguments or constants), emit
       -- or, for a 16-bit tile in a tensor-core accumulator layout on sm_90+ (`stmatrix_store.py`):
     buf = shared_alloc (column blocks of 64 elements, 128B swizzle, 1024-byte aligned)
     stmatrix x4 of each eight registers            (no layout conversion before: `STORE_KEEPS_LAYOUT`)
+      -- or, for a 32-bit tile in such a layout (an f32 C; `pair_store.py`):
+    buf = shared_alloc (column blocks of 32 elements, 128B swizzle, 1024-byte aligned)
+    st.shared.v2 of each register pair             (no layout conversion before either)
     fence_proxy_async                  every writer: its writes become visible to the async proxy
     barrier
     if thread 0:
         tma_store buf, map, <block offsets>      (cp.async.bulk.tensor ... global.shared::cta ... bulk_group;
-                                                  one per 64-column block with stmatrix: a 128B box row)
+                                                  one per 64-column block with stmatrix, 32 with pairs:
+                                                  a 128B box row)
         bulk_commit_group
         bulk_wait_group_read {pending = 0}       the buffer has been read
     barrier                            no thread reuses the bytes (the allocator may) before that
@@ -65,6 +69,7 @@ from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..layout_assignment import STORE_KEEPS_LAYOUT
 from ..lowering.memory import VIEW_STORE_STRATEGIES
+from .pair_store import PairPlan, pair_plan, store_pairs
 from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
 from .tma_fill import map_parameter, view_block_box
 
@@ -101,13 +106,20 @@ def _store_box(op, target, facts: dict, slot=None):
     return box
 
 
-def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
-    """(box, plan) of a TMA store of `view_store` `op` whose 16-bit value is in register layout `layout`,
-    written to shared memory by stmatrix (`stmatrix_store.py`), or None."""
+def register_store(op, layout, target, facts: dict, warp: int = 32):
+    """(box, plan) of a TMA store of `view_store` `op` whose value is in register layout `layout`, written to a
+    128B-swizzled shared tile straight from its registers: by stmatrix for 16 bits (`stmatrix_store.py`), by
+    st.shared.v2 of register pairs for 32 bits (`pair_store.py`); or None."""
     tile = op.operands[-1].type
-    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16:
+    if layout is None or not isinstance(tile, TileType):
         return None
-    plan = stmatrix_plan(layout, warp)
+    bits = tile.element.dtype.bits
+    if bits == 16 and target.has("stmatrix"):
+        plan = stmatrix_plan(layout, warp)
+    elif bits == 32 and target.has("tma"):
+        plan = pair_plan(layout, target.max_vector_bits, warp, target.shared_memory_banks)
+    else:
+        return None
     if plan is None:
         return None
     box = _store_box(op, target, facts, plan.tile)
@@ -115,21 +127,26 @@ def stmatrix_store(op, layout, target, facts: dict, warp: int = 32):
 
 
 def _keeps_accumulator_layout(op, layout, target, facts, num_warps: int) -> bool:
-    """`STORE_KEEPS_LAYOUT`: with a layout, whether stmatrix stores it for the TMA store; without, whether
-    some layout could be (a 16-bit 2-D block whose 128B-swizzled column blocks TMA can store)."""
+    """`STORE_KEEPS_LAYOUT`: with a layout, whether stmatrix (16-bit) or pair stores (32-bit) write it straight
+    into the TMA store's tile; without, whether some layout could be (a 16-bit or 32-bit 2-D block whose
+    128B-swizzled column blocks TMA can store). A 32-bit value that then gets a layout the threads store wider
+    than pairs (a blocked one) is not kept, and the assignment anchors the store as before."""
     if layout is not None:
-        return stmatrix_store(op, layout, target, facts.facts, target.warp_size) is not None
+        return register_store(op, layout, target, facts.facts, target.warp_size) is not None
     tile = op.operands[-1].type
-    if not target.has("stmatrix") or not isinstance(tile, TileType) or tile.element.dtype.bits != 16 \
-            or len(tile.shape) != 2 or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // 2):
+    if not isinstance(tile, TileType) or len(tile.shape) != 2:
         return False
-    return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, 2, SWIZZLE)) is not None
+    size = tile.element.dtype.bits // 8
+    if not (size == 2 and target.has("stmatrix") or size == 4 and target.has("tma")) \
+            or tile.shape[0] % 8 or tile.shape[1] % (SWIZZLE // size):
+        return False
+    return _store_box(op, target, facts.facts, WgmmaTileLayout(*tile.shape, size, SWIZZLE)) is not None
 
 
 def _tma_store(ctx, op) -> bool:
     index = len(op.operands) - 1
     layout = ctx.assignment.conversions.get((op, index)) or ctx.lookup(op.operands[index]).layout   # as read
-    fragments = stmatrix_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
+    fragments = register_store(op, layout, ctx.target, ctx.facts.facts, ctx.warp_size)
     box = fragments[0] if fragments else tma_store_box(ctx, op)
     if box is None:
         return False
@@ -138,7 +155,7 @@ def _tma_store(ctx, op) -> bool:
     dtype = op.operands[-1].type.element.dtype
     starts = [ctx.operand(op, i) for i in range(1, len(op.operands) - 1)]
     tensor_map = map_parameter(ctx, box.recipe)
-    plan: StmatrixPlan | None = fragments[1] if fragments else None
+    plan: StmatrixPlan | PairPlan | None = fragments[1] if fragments else None
     align = plan.tile.alignment if plan else TMA_STORE_ALIGN
     loop = overlap_loop(ctx, op)
     if loop is None:
@@ -149,8 +166,10 @@ def _tma_store(ctx, op) -> bool:
         buf.owner.attrs["async_reads"] = True
         ctx.overlapped_stores.add(loop)
         wait_for_store_reads(ctx)           # the previous iteration's store has read buf
-    if plan:
+    if isinstance(plan, StmatrixPlan):
         store_fragments(ctx, buf, plan, value.value)
+    elif plan:
+        store_pairs(ctx, buf, plan, value.value)
     else:
         owner = ctx.index.owner_predicate(value.layout)
         mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
