@@ -17,7 +17,10 @@ Parts (`--part`, repeatable; default all):
   (TESSERA_ATTENTION_OVERLAP=1: `tessera_ws_overlap`, `tessera_plain_overlap`,
   with `overlap_vs_ws` and `overlap_vs_plain` their speed over the FA2 order's,
   and `tessera_ws_pingpong` (..._PINGPONG=1 too: the consumer warpgroups take
-  turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`;
+  turns) with `pingpong_vs_overlap` its speed over `tessera_ws_overlap`,
+  and the persistent kernel (..._PERSISTENT=1: min(tiles, SMs) programs
+  looping over tiles) `tessera_ws_persistent` with `persistent_vs_ws` and
+  `tessera_ws_overlap_persistent` with `persistent_vs_overlap`;
   at D = 256, which has no warp-specialized plan, the plain ones only);
 * backward: the same shapes, the backward pass alone (dQ, dK, dV from a
   saved forward), TFLOP/s counted as 2.5x the forward's FLOPs; on Hopper
@@ -144,10 +147,11 @@ def with_env(fn, settings: dict):
 
 
 # Hopper's forward plans at D 64/128 timed beside the one chosen unasked: (warp-specialized?, overlapped?,
-# ping-pong?)
-HOPPER_FORWARDS = {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
-                   "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
-                   "tessera_ws_pingpong": ("1", "1", "1")}
+# ping-pong?, persistent?)
+HOPPER_FORWARDS = {"tessera_ws": ("1", "0", "0", "0"), "tessera_plain": ("0", "0", "0", "0"),
+                   "tessera_ws_overlap": ("1", "1", "0", "0"), "tessera_plain_overlap": ("0", "1", "0", "0"),
+                   "tessera_ws_pingpong": ("1", "1", "1", "0"), "tessera_ws_persistent": ("1", "0", "0", "1"),
+                   "tessera_ws_overlap_persistent": ("1", "1", "0", "1")}
 # Hopper's backward orders timed beside the default (FlashAttention-2's): who -> the environment its backward
 # pass runs under (set around the timed autograd.grad, where `_backward` reads it)
 HOPPER_BACKWARDS = {"tessera_overlap": {"TESSERA_ATTENTION_BWD_OVERLAP": "1"}}
@@ -157,16 +161,18 @@ def measure_dense(torch, part: str, case: dict) -> dict:
     """One forward or backward row: tessera (on Hopper's forward at D 64/128 also its warp-specialized plan),
     SDPA flash and SDPA cuDNN, each checked against SDPA flash."""
     from tessera.kernels_lib import attention
-    from tessera.kernels_lib.attention import OVERLAP_ENV, OVERLAP_HEAD_DIMS, PINGPONG_ENV, WS_ENV, WS_GPU_PLANS
+    from tessera.kernels_lib.attention import (OVERLAP_ENV, OVERLAP_HEAD_DIMS, PERSISTENT_ENV, PINGPONG_ENV, WS_ENV,
+                                               WS_GPU_PLANS)
     row = {"part": part, **case}
     B, S, H, D, causal = case["B"], case["S"], case["H"], case["D"], case["causal"]
     q, k, v = (torch.randn(B, S, H, D, device="cuda", dtype=torch.bfloat16, requires_grad=part == "backward")
                for _ in range(3))
     impls = {"tessera": lambda q, k, v, causal: attention(q, k, v, causal=causal)[0]}
     if part == "forward" and torch.cuda.get_device_capability()[0] == 9:
-        for who, (ws, overlap, pingpong) in HOPPER_FORWARDS.items():
+        for who, (ws, overlap, pingpong, persistent) in HOPPER_FORWARDS.items():
             if (ws == "0" or D in WS_GPU_PLANS) and (overlap == "0" or D in OVERLAP_HEAD_DIMS):
-                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong})
+                impls[who] = with_env(impls["tessera"], {WS_ENV: ws, OVERLAP_ENV: overlap, PINGPONG_ENV: pingpong,
+                                                         PERSISTENT_ENV: persistent})
     if part == "backward" and torch.cuda.get_device_capability()[0] == 9:
         impls.update({who: impls["tessera"] for who in HOPPER_BACKWARDS})
     impls.update({backend: sdpa(torch, backend) for backend in SDPA_BACKENDS})
@@ -246,7 +252,9 @@ def _check_all(torch, row: dict, expected) -> None:
             row[f"vs_{backend}"] = row["tessera_tflops"] / row[f"{backend}_tflops"]
     for ratio, (faster, base) in {"ws_vs_plain": ("ws", "plain"), "overlap_vs_plain": ("plain_overlap", "plain"),
                                   "overlap_vs_ws": ("ws_overlap", "ws"),
-                                  "pingpong_vs_overlap": ("ws_pingpong", "ws_overlap")}.items():
+                                  "pingpong_vs_overlap": ("ws_pingpong", "ws_overlap"),
+                                  "persistent_vs_ws": ("ws_persistent", "ws"),
+                                  "persistent_vs_overlap": ("ws_overlap_persistent", "ws_overlap")}.items():
         if f"tessera_{faster}_tflops" in row and f"tessera_{base}_tflops" in row:
             row[ratio] = row[f"tessera_{faster}_tflops"] / row[f"tessera_{base}_tflops"]
     if row.get("part") == "backward" and "tessera_overlap_tflops" in row and "tessera_tflops" in row:

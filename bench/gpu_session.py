@@ -317,6 +317,10 @@ def attention_line(r: dict) -> str:
                       for plan in ("plain", "ws") if f"overlap_vs_{plan}" in r)
             + (f"; ping-pong {r['tessera_ws_pingpong_tflops']:.0f} ({r['pingpong_vs_overlap']:.2f}x)"
                if "pingpong_vs_overlap" in r else "")
+            + (f"; persistent {r['tessera_ws_persistent_tflops']:.0f} ({r['persistent_vs_ws']:.2f}x ws)"
+               if "persistent_vs_ws" in r else "")
+            + (f"; persistent overlapped {r['tessera_ws_overlap_persistent_tflops']:.0f} "
+               f"({r['persistent_vs_overlap']:.2f}x)" if "persistent_vs_overlap" in r else "")
             + (f"; overlapped backward {r['tessera_overlap_tflops']:.0f} ({r['bwd_overlap_vs_fa2']:.2f}x)"
                if "bwd_overlap_vs_fa2" in r else ""))
 

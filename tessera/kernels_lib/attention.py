@@ -23,13 +23,15 @@ CUDA tensors launch the kernel with the plan for their head dim
 form, `WS_GPU_PLANS`: see `wants_warp_specialization`; TESSERA_ATTENTION_OVERLAP=1 asks for FlashAttention-3's
 overlapped loop order, `OVERLAP_ENV`, and TESSERA_ATTENTION_PINGPONG=1 with it for its warpgroup
 ping-pong; on AMD TESSERA_ATTENTION_AMD_PINGPONG=1 the 8-wave ping-pong, `AMD_PINGPONG_ENV`;
-TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`); CPU tensors
+TESSERA_ATTENTION_BWD_OVERLAP=1 the backward's OVERLAP order, `BWD_OVERLAP_ENV`;
+TESSERA_ATTENTION_PERSISTENT=1 the persistent forward, `PERSISTENT_ENV`); CPU tensors
 run on the tile interpreter with small tiles (`CPU_PLAN`), as `TESSERA_INTERPRET=1` makes CUDA tensors do.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
 from dataclasses import dataclass
@@ -44,6 +46,7 @@ from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, 
 from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
 from .hooks import outside_graphs
 from .attention_fwd import LOG2E, attention_fwd_kernel
+from .attention_fwd_persistent import attention_fwd_persistent_kernel
 
 DTYPES = (torch.float16, torch.bfloat16)
 FP8_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2)    # routed to attention_fp8.py (which takes e4m3 only)
@@ -109,6 +112,15 @@ PINGPONG_ENV = "TESSERA_ATTENTION_PINGPONG"
 # on gfx950 with every option compiled in (42).
 AMD_PINGPONG_ENV = "TESSERA_ATTENTION_AMD_PINGPONG"
 AMD_PINGPONG_PLANS = {64: Plan(128, 16, 8, stages=1, pingpong=True), 128: Plan(64, 16, 8, stages=1, pingpong=True)}
+# FlashAttention-3's persistent forward (`attention_fwd_persistent.py`): =1 launches min(tiles, SMs) programs, each
+# walking (batch, head, query-block) tiles (causal: heaviest first), the producer warpgroup fetching the next
+# tile's K and V while the consumers store this one's O (Q comes by TMA each tile: `schedule/tma_operand.py`).
+# Taken with the warp-specialized plan (Hopper), either loop order, for batched calls (not varlen, fp8 or fused
+# hooks), not with PINGPONG (the lowering refuses pingpong in a persistent loop: each consumer warpgroup would
+# need its own copy of the tile loop); on the interpreter with CPU_NUM_SMS programs. Off by default until a GPU
+# run times it (bench/attention.py --part forward).
+PERSISTENT_ENV = "TESSERA_ATTENTION_PERSISTENT"
+CPU_NUM_SMS = 4             # the "SM count" of persistent launches on the interpreter (as gemm.py's)
 
 
 @dataclass(frozen=True)
@@ -237,6 +249,23 @@ def wants_pingpong() -> bool:
     return _env_flag(PINGPONG_ENV, "the consumer warpgroups take turns at the tensor cores", "they do not")
 
 
+def wants_persistent() -> bool:
+    """Whether the forward takes the persistent kernel where it can (`persistent_allowed`; the interpreter too):
+    TESSERA_ATTENTION_PERSISTENT=1; unset or 0 not."""
+    return _env_flag(PERSISTENT_ENV, "one program per SM looping over tiles", "one program per tile")
+
+
+def persistent_allowed(plan: Plan, on_interpreter: bool) -> bool:
+    """Whether `plan` has a persistent form (`PERSISTENT_ENV`): on the interpreter any plan; on a GPU the
+    warp-specialized one without ping-pong."""
+    return on_interpreter or (plan.ws and not plan.pingpong)
+
+
+@functools.lru_cache(maxsize=None)
+def _num_sms(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
 def wants_amd_pingpong() -> bool:
     """Whether the forward on AMD takes the 8-wave ping-pong (`gpu_plan`): TESSERA_ATTENTION_AMD_PINGPONG=1."""
     return _env_flag(AMD_PINGPONG_ENV, "8 waves in two staggered groups on AMD", "4 waves, one program a block")
@@ -352,6 +381,17 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
             *hooks.args(o, p.strides), lse if descales is None else descales,     # (lse: an unused pointer)
             v.shape[-3])                        # V's rows (FP8 reads them up to there: `attention_fp8.py`)
+    on_interpreter = _on_interpreter(q)
+    if plain_call and wants_persistent() and persistent_allowed(plan, on_interpreter):
+        tiles = tessera.cdiv(p.Sq, plan.BM) * p.batch * p.H
+        sms = CPU_NUM_SMS if on_interpreter else _num_sms(q.get_device())
+        attention_fwd_persistent_kernel[(min(tiles, sms),)](
+            q, k, v, o, lse, p.batch, *p.scalars(q)[2:], max(p.left, 0), max(p.right, 0),
+            *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),
+            D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws, OVERLAP=plan.overlap,
+            num_warps=plan.num_warps, POSITIVE_SCALE=p.scale > 0, HAS_LEFT=p.left >= 0, HAS_RIGHT=p.right >= 0,
+            SOFTCAP=p.softcap > 0)
+        return o, lse
     grid = (tessera.cdiv(p.Sq, plan.BM), p.batch * p.H)
     with hooks.blame():
         attention_fwd_kernel[grid](*args, D=p.D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=plan.ws,

@@ -46,6 +46,10 @@ P, in [0, 1], is scaled by P_SCALE = 2^8 into e4m3's range and quantized
 for P V on fp8 tensor cores (the scaling is exact and moves e4m3's
 subnormals, which would lose P's small entries, eight binades down); l
 sums the unquantized P, and O = acc * v_descale / (P_SCALE * l).
+
+A program's work is `attention_tile`: the one-tile kernel below runs it for
+its (pid_m, batch * head), the persistent one (`attention_fwd_persistent.py`)
+for each tile it takes.
 """
 
 from __future__ import annotations
@@ -187,22 +191,20 @@ def output_epilogue(out, EPILOGUE, EP_ORDER, EP_TILE, ep_ptr, ep_strides, ep_s0,
 CACHE_BOUNDS_SHORTFALL = "its view's sizes and row stride are not constants or kernel arguments"
 
 
-@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
-def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
-                         Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
-                         stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
-                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
-                         stride_lb, stride_lh, mod_ptr0, mod_ptr1, mod_s0, mod_s1,
-                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0, descale_ptr, Sk_v,
-                         D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
-                         HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
-                         VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
-                         SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
-                         EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
-                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
-                         WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True,
-                         OVERLAP: tessera.constexpr = False, PINGPONG: tessera.constexpr = False):
-    pid_m, bh = tessera.program_id(0), tessera.program_id(1)
+@tessera.func
+def attention_tile(pid_m, bh, tensors, sizes, strides, hook_args, FLAGS, HOOKS):
+    """One program's work: query block pid_m of (batch, head) pair bh (= b * H + h). `tensors`, `sizes`,
+    `strides` and `hook_args` are the kernel's arguments of those kinds, FLAGS and HOOKS its constexprs
+    (`attention_fwd_kernel`'s signature says what each is); the one-tile kernel runs it once, the persistent one
+    (`attention_fwd_persistent.py`) once per tile it takes."""
+    q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, descale_ptr = tensors
+    Sq, Sk, H, H_KV, qk_scale, softcap, left, right, Sk_v = sizes
+    stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd = strides[:8]
+    stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od = strides[8:16]
+    stride_lb, stride_lh = strides[16:]
+    mod_ptr0, mod_ptr1, mod_s0, mod_s1, ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0 = hook_args
+    D, BM, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP, VARLEN, STAGES, FP8, WS, POSITIVE_SCALE, OVERLAP, PINGPONG = FLAGS
+    SCORE_MOD, SM_ORDER, EPILOGUE, EP_ORDER, EP_TILE = HOOKS
     b, h = bh // H, bh % H
     kv_h = h // (H // H_KV)
     q_start, Sq = sequence(cu_q_ptr, b, Sq, VARLEN)
@@ -258,3 +260,30 @@ def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr
                               ep_s0, b, h, q_start, Sq, pid_m, BM, D)
     o.block((BM, D), (pid_m, 0)).store(out)
     lse.block((BM,), (pid_m,)).store(tessera.where(empty, float("inf"), (m + tessera.log2(l)) * LN2))
+
+
+@tessera.kernel(fast_math=True, tolerate=(CACHE_BOUNDS_SHORTFALL,))
+def attention_fwd_kernel(q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr,
+                         Sq, Sk, H, H_KV, qk_scale, softcap, left, right,
+                         stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+                         stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
+                         stride_lb, stride_lh, mod_ptr0, mod_ptr1, mod_s0, mod_s1,
+                         ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0, descale_ptr, Sk_v,
+                         D: tessera.constexpr, BM: tessera.constexpr, BN: tessera.constexpr,
+                         HAS_LEFT: tessera.constexpr, HAS_RIGHT: tessera.constexpr, SOFTCAP: tessera.constexpr,
+                         VARLEN: tessera.constexpr, STAGES: tessera.constexpr,
+                         SCORE_MOD: tessera.constexpr = None, SM_ORDER: tessera.constexpr = (),
+                         EPILOGUE: tessera.constexpr = None, EP_ORDER: tessera.constexpr = (),
+                         EP_TILE: tessera.constexpr = False, FP8: tessera.constexpr = False,
+                         WS: tessera.constexpr = False, POSITIVE_SCALE: tessera.constexpr = True,
+                         OVERLAP: tessera.constexpr = False, PINGPONG: tessera.constexpr = False):
+    attention_tile(tessera.program_id(0), tessera.program_id(1),
+                   (q_ptr, k_ptr, v_ptr, o_ptr, lse_ptr, cu_q_ptr, cu_k_ptr, descale_ptr),
+                   (Sq, Sk, H, H_KV, qk_scale, softcap, left, right, Sk_v),
+                   (stride_qb, stride_qs, stride_qh, stride_qd, stride_kb, stride_ks, stride_kh, stride_kd,
+                    stride_vb, stride_vs, stride_vh, stride_vd, stride_ob, stride_os, stride_oh, stride_od,
+                    stride_lb, stride_lh),
+                   (mod_ptr0, mod_ptr1, mod_s0, mod_s1, ep_ptr, stride_eb, stride_es, stride_eh, stride_ed, ep_s0),
+                   (D, BM, BN, HAS_LEFT, HAS_RIGHT, SOFTCAP, VARLEN, STAGES, FP8, WS, POSITIVE_SCALE, OVERLAP,
+                    PINGPONG),
+                   (SCORE_MOD, SM_ORDER, EPILOGUE, EP_ORDER, EP_TILE))

@@ -90,9 +90,9 @@ def test_the_overlapped_columns_are_compared_with_their_fa2_order():
     """... and each of the two in FlashAttention-3's overlapped order (TESSERA_ATTENTION_OVERLAP=1), against
     the same plan in FlashAttention-2's order, and the warp-specialized one with its warpgroups ping-ponging
     (..._PINGPONG=1) against it overlapped alone."""
-    assert bench.HOPPER_FORWARDS == {"tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"),
-                                     "tessera_ws_overlap": ("1", "1", "0"), "tessera_plain_overlap": ("0", "1", "0"),
-                                     "tessera_ws_pingpong": ("1", "1", "1")}
+    assert {who: env[:3] for who, env in bench.HOPPER_FORWARDS.items() if env[3] == "0"} == {
+        "tessera_ws": ("1", "0", "0"), "tessera_plain": ("0", "0", "0"), "tessera_ws_overlap": ("1", "1", "0"),
+        "tessera_plain_overlap": ("0", "1", "0"), "tessera_ws_pingpong": ("1", "1", "1")}
     row = {"part": "forward", "B": 4, "S": 4096, "H": 16, "D": 128, "causal": False, "tessera_tflops": 500.0,
            "tessera_ws_tflops": 500.0, "tessera_plain_tflops": 400.0, "tessera_ws_overlap_tflops": 600.0,
            "tessera_plain_overlap_tflops": 440.0, "tessera_ws_pingpong_tflops": 630.0, "cudnn_tflops": 480.0}
@@ -136,3 +136,17 @@ def test_each_decode_row_carries_the_models_prediction():
     by_shape = {(r["B"], r["context"]): r for r in rows}
     assert by_shape[(1, 4096)]["model_us"] < by_shape[(1, 16384)]["model_us"] < by_shape[(1, 65536)]["model_us"]
     assert "model " in bench.describe(by_shape[(1, 16384)])
+
+
+def test_the_persistent_columns_are_compared_with_the_one_tile_kernel():
+    """The persistent kernel (TESSERA_ATTENTION_PERSISTENT=1) is timed warp-specialized, in both loop orders,
+    against the same plan launched one tile per program, in the same run; both ratios are in the row and the
+    session's line."""
+    assert {who: env for who, env in bench.HOPPER_FORWARDS.items() if env[3] == "1"} == {
+        "tessera_ws_persistent": ("1", "0", "0", "1"), "tessera_ws_overlap_persistent": ("1", "1", "0", "1")}
+    row = {"part": "forward", "B": 4, "S": 4096, "H": 16, "D": 64, "causal": True, "tessera_tflops": 500.0,
+           "tessera_ws_tflops": 500.0, "tessera_ws_overlap_tflops": 600.0, "tessera_ws_persistent_tflops": 550.0,
+           "tessera_ws_overlap_persistent_tflops": 630.0}
+    bench._check_all(None, row, None)
+    assert (row["persistent_vs_ws"], row["persistent_vs_overlap"]) == (pytest.approx(1.1), pytest.approx(1.05))
+    assert gpu_session.attention_line(row).endswith("; persistent 550 (1.10x ws); persistent overlapped 630 (1.05x)")

@@ -253,6 +253,22 @@ def test_attention_forward_and_backward(attention_gpu_plans):
     assert o.shape == (2, 32, 2, 64) and torch.isfinite(q.grad).all()
 
 
+def test_attention_forward_persistent_on_sm_90a(attention_gpu_plans, monkeypatch):
+    """TESSERA_ATTENTION_PERSISTENT=1 with the warp-specialized plan: the op launches the persistent kernel on
+    packed (strided) Q, K, V, Sq = 32 queries over 37 keys, and it compiles strict for sm_90a."""
+    from tessera.kernels_lib import attention
+    A = importlib.import_module("tessera.kernels_lib.attention")
+    monkeypatch.setattr(A, "CPU_PLAN", A.WS_GPU_PLANS[64])
+    monkeypatch.setenv("TESSERA_ATTENTION_PERSISTENT", "1")
+    qkv = torch.randn(2, 37, 3, 2, 64, generator=torch.Generator().manual_seed(0)).to(BF16)
+    with compiled_launches(["sm_90a"]) as seen:
+        o, lse = attention(qkv[:, 5:, 0], qkv[:, :, 1], qkv[:, :, 2], causal=True)
+    assert {c.kernel for c in seen} == {"attention_fwd_persistent_kernel"}
+    assert all(c.compiled.metadata["num_threads"] == 384 for c in seen)
+    from attention_reference import attention as reference
+    close(o, reference(qkv[:, 5:, 0], qkv[:, :, 1], qkv[:, :, 2], True)[0])
+
+
 def test_attention_backward_in_the_overlap_order(attention_gpu_plans, monkeypatch):
     """TESSERA_ATTENTION_BWD_OVERLAP=1: the op launches both backward kernels with OVERLAP, as compiled."""
     from tessera.kernels_lib import attention

@@ -81,10 +81,10 @@ class Lowering(Emitter):
         # wgmma operands computed before a loop and stored into shared memory once, before it
         # (`wgmma_dot.stage_invariant_operands`): tile-IR value -> its `SharedOperand`
         self.staged: dict[Value, Any] = {}
-        # staged operands a TMA load is still filling: tile-IR value -> the mbarrier whose phase 0 says they
-        # landed, waited for by the first lowering that reads them (`schedule/tma_operand.py`); and that
-        # pass's plan of each block load it was asked about
-        self.landing: dict[Value, Value] = {}
+        # staged operands a TMA load is still filling: tile-IR value -> (the mbarrier, the parity of the phase
+        # that says they landed: 0, or in a tile loop the tile's count mod 2), waited for by the first lowering
+        # that reads them (`schedule/tma_operand.py`); and that pass's plan of each block load it was asked about
+        self.landing: dict[Value, tuple[Value, Value]] = {}
         self.tma_operands: dict[Operation, Any] = {}
         self.used: set[Value] = {v for op in fn.walk() for v in op.operands}
 

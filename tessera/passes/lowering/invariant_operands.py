@@ -16,8 +16,12 @@ the `for` lowering before it lowers the loop, stores it once instead:
   FlashAttention-2 keeps Q; smaller ones are loaded straight into their
   fragments and stay in registers.
 
-Nothing writes a staged buffer again, so its reads need no barrier after
-them. `ctx.staged` maps the tile-IR value to its `wgmma_dot.SharedOperand`
+At the kernel's top level nothing writes a staged buffer again. Inside an
+enclosing loop (a persistent kernel's tile loop) the next iteration writes
+it again, and the allocator may give its bytes to a buffer after the loop
+(the tile's epilogue), while another warp's last dot may still read it:
+`end_staged_reads` closes such a loop's reads with a barrier, as the
+allocator's contract asks (`shared_memory.py`). `ctx.staged` maps the tile-IR value to its `wgmma_dot.SharedOperand`
 or `StagedFragment`.
 """
 
@@ -46,10 +50,11 @@ class StagedFragment:
         return read_fragment(ctx, self.buf, self.plan, dtype)
 
 
-def stage_invariant_operands(ctx, loop: Operation, await_landing: bool = True) -> None:
+def stage_invariant_operands(ctx, loop: Operation, await_landing: bool = True) -> bool:
     """Before `loop`: store the tensor-core operands its dots take from before the loop (see the module
     docstring), then fence the async proxy (wgmma) and a barrier; and wait for those a TMA load is filling
-    (`ctx.landing`) unless not `await_landing` (before a warp-specialized loop's split: the consumers wait)."""
+    (`ctx.landing`) unless not `await_landing` (before a warp-specialized loop's split: the consumers wait).
+    Returns whether it stored any (for `end_staged_reads`)."""
     stored = []
     for op in loop.walk():
         plan = mma_plan(op, ctx.target, ctx.num_threads // ctx.warp_size) if op.name == "dot" else None
@@ -69,6 +74,20 @@ def stage_invariant_operands(ctx, loop: Operation, await_landing: bool = True) -
         ctx.create("fence_proxy_async")     # generic-proxy stores -> wgmma's async-proxy reads
     if stored:
         ctx.threads.barrier()
+    return bool(stored)
+
+
+def end_staged_reads(ctx, loop: Operation, staged: bool) -> None:
+    """After lowered `loop`, for which `stage_invariant_operands` stored operands (`staged`): a barrier where
+    the loop sits in another loop, so no thread writes the staged bytes (the next iteration's staging, or a
+    later buffer the allocator placed there) while another still reads them."""
+    holder = loop.parent.parent if loop.parent is not None else None
+    while isinstance(holder, Operation):
+        if holder.name == "for":
+            if staged:
+                ctx.threads.barrier()
+            return
+        holder = holder.parent.parent if holder.parent is not None else None
 
 
 def await_loop_operands(ctx, loop: Operation) -> None:

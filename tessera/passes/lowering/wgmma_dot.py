@@ -179,9 +179,9 @@ def store_operand(ctx, op, index: int, regs: Regs, n: int) -> SharedOperand:
 def await_operands(ctx, dot: Operation) -> None:
     """Wait for the operands of `dot` a TMA load is still filling (`schedule/tma_operand.py`), once each."""
     for value in dot.operands[:2]:
-        bar = ctx.landing.pop(value, None)
-        if bar is not None:
-            ctx.create("mbarrier_wait", [bar, ctx.const(0)])
+        landing = ctx.landing.pop(value, None)
+        if landing is not None:
+            ctx.create("mbarrier_wait", list(landing))
 
 
 def wgmma_dot(ctx, op, plan):

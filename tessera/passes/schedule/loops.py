@@ -25,7 +25,7 @@ from tessera.ir.core import Operation
 
 from ..lowering import lowering
 from ..lowering.control_flow import lower_plain_for, lower_while
-from ..lowering.invariant_operands import await_loop_operands, stage_invariant_operands
+from ..lowering.invariant_operands import await_loop_operands, end_staged_reads, stage_invariant_operands
 from .consumer_prologue import lower_deferred, specialized_in
 from .auto_pipeline import auto_plan, while_refusal
 from .pipeline_plan import PipelinePlan, pipeline_plan
@@ -66,7 +66,13 @@ def _schedule_for(ctx, op):
         where, reason = refusal
         shortfall(ctx, where, f"no warp specialization: {reason} (without it, the loop is pipelined as below)")
     # operands a TMA load is filling: waited for after a pipelined loop's first fills (`lower_pipelined_for`)
-    stage_invariant_operands(ctx, op, await_landing=False)
+    staged = stage_invariant_operands(ctx, op, await_landing=False)
+    _lower_staged_for(ctx, op)
+    end_staged_reads(ctx, op, staged)           # in a tile loop: the next tile stages its operands again
+
+
+def _lower_staged_for(ctx, op):
+    """A loop that is not warp-specialized, its invariant operands staged: pipelined or plain."""
     if "stages" not in op.attrs and not op.attrs.get("warp_specialize"):
         plan = auto_plan(ctx, op)
         if plan is not None:

@@ -1,6 +1,7 @@
 """Block loads that only wgmma reads, put into its shared-memory tile by one TMA load (sm_90+).
 
-Input: a `view_load` of the kernel's body (not in a loop or an `if`) whose
+Input: a `view_load` of the kernel's body (not in a loop or an `if`), or of
+the body of a plain loop over tiles there (a persistent kernel's), whose
 result every user reads as a wgmma operand from shared memory (A or B of a
 dot `mma_plan` puts on wgmma): attention's Q block before the key loop.
 Without this the threads load it into registers and
@@ -23,8 +24,11 @@ loop whose dots read it, or the dot itself outside loops.
 
 Guarantees: the box clips at the tensor's edges and lands zero-filled, as
 the view's bounds mask (fill 0) says; the mbarrier completes one phase in
-the kernel, waited for with parity 0 (hence the top level only: a load in a
-loop would reuse it). The load runs before the loop of a warp-specialized
+the kernel, waited for with parity 0. In a tile loop it completes one phase
+a tile, waited for with parity k mod 2 in the loop's k-th tile
+(k = (tile - lb) / step), and a barrier before each issue orders it after
+every thread's reads of the previous tile's block (each warpgroup retired
+its wgmmas before the barrier). The load runs before the loop of a warp-specialized
 kernel, so every thread of the CTA sees the init and thread 0, a consumer,
 issues the load while the producer starts its fills
 (`consumer_prologue.producer_may_run` lets it stay there). Kept out: other
@@ -58,9 +62,20 @@ class TmaOperand:
     box: TmaBox
 
 
+def tile_loop_of(ctx, op: Operation) -> Operation | None:
+    """The loop over tiles whose body holds `op`: a plain `for` (not a pipeline) of the kernel's body."""
+    holder = op.parent.parent
+    if isinstance(holder, Operation) and holder.name == "for" and holder.parent is ctx.src.body and \
+            "stages" not in holder.attrs and not holder.attrs.get("warp_specialize"):
+        return holder
+    return None
+
+
 def tma_operand(ctx, op: Operation) -> TmaOperand | None:
     """The TMA load of `view_load` `op` straight into the wgmma tile its users read, or None (module docstring)."""
-    if op.name != "view_load" or op.parent is not ctx.src.body or not ctx.target.has("tma"):
+    if op.name != "view_load" or not ctx.target.has("tma"):
+        return None
+    if op.parent is not ctx.src.body and tile_loop_of(ctx, op) is None:
         return None
     if op in ctx.tma_operands:
         return ctx.tma_operands[op]
@@ -115,13 +130,22 @@ def _tma_operand_load(ctx, op: Operation) -> bool:
     buf = ctx.smem.alloc(dtype, plan.tile.rows * plan.tile.cols, align=max(plan.tile.alignment, box.slot_align),
                          whole_kernel=True)
     starts = [ctx.lookup(v) for v in op.operands[1:]]
+    parity = ctx.const(0)
+    tiles = tile_loop_of(ctx, op)
+    if tiles is not None:
+        # the barrier's phase k lands tile k's block: parity k mod 2, k = (tile - lb) / step; and every thread
+        # is done with tile k - 1's block (its wgmmas retired) before thread 0 overwrites it
+        tile, lb, step = (ctx.thread_value(ctx.lookup(v)) for v in (tiles.regions[0].args[0], *tiles.operands[:3:2]))
+        count = ctx.emit("div", ctx.emit("sub", tile, lb), step)
+        parity = ctx.emit("rem", count, ctx.const(2))
+        ctx.threads.barrier()
     with ctx.when(ctx.index.first_thread()):
         ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(box.slot_bytes)])
         for j in range(box.boxes):
             dst = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
             ctx.create("tma_load", [dst, tensor_map, *box.coordinates(ctx, starts, j), bar])
     ctx.staged[op.result] = SharedOperand(buf, plan.tile)
-    ctx.landing[op.result] = bar
+    ctx.landing[op.result] = (bar, parity)
     return True
 
 

@@ -24,7 +24,7 @@ from tessera.ir.core import Block, Operation, Value
 from tessera.ir.types import TileType
 
 from ..lowering import lower_op
-from ..lowering.invariant_operands import stage_invariant_operands
+from ..lowering.invariant_operands import end_staged_reads, stage_invariant_operands
 from ..lowering.values import I32, Regs
 from .persistent import tile_slice
 from .software_pipeline import slot_ahead
@@ -139,7 +139,7 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
     """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`; then, with a wgmma group
     in flight, its retirement and the release of the tile's last slot. Returns the ring's slot and phase after
     it."""
-    stage_invariant_operands(ctx, op)
+    staged = stage_invariant_operands(ctx, op)
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
     loop = consumer_loop(ctx, op, ring, lb, ub, step, start=(slot, phase))
     count = len(op.results)
@@ -149,6 +149,7 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
         ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
         ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
         release(ctx, ring, slot_ahead(ctx, end_slot, plan.stages - 1, plan.stages), ran)
+    end_staged_reads(ctx, op, staged)           # (Q's tile, staged by the consumers each tile)
     for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
