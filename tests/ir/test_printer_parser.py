@@ -335,6 +335,17 @@ func @warp_specialization() attributes {num_threads = 384} {
   return
 }
 """,
+    "wave_schedule": """\
+func @wave_schedule(%x: i32) attributes {num_threads = 512} {
+  %g = wave_uniform %x : i32
+  phase_barrier {fenced = true}
+  set_priority {level = 1}
+  sched_fence
+  set_priority {level = 0}
+  phase_barrier
+  return
+}
+""",
     "language_ops": """\
 func @language_ops(%i: tile<128xu32>, %w: i64, %wides: tile<4xu64>) {
   %hi = umulhi %i, %i : tile<128xu32>
