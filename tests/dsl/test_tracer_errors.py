@@ -386,8 +386,8 @@ def bad_builtin_arguments(ptr):
 
 
 def test_wrong_arguments_to_a_builtin():
-    check(bad_builtin_arguments, CompileError, "tl.store(ptr)", "bad arguments for tessera.store(pointer, value, mask, sem, scope)",
-          "missing a required argument: 'value'")
+    check(bad_builtin_arguments, CompileError, "tl.store(ptr)",
+          "bad arguments for tessera.store(pointer, value, mask, sem, scope)", "missing a required argument: 'value'")
 
 
 @tl.func
