@@ -17,7 +17,7 @@ from llvmlite import ir
 
 from tessera.backends.amdgpu.intrinsics import AMDGPU_INTRINSICS, FIXED, GFX950_ONLY, OVERLOADED
 from tessera.backends.llvm.run import run_llvm_isolated
-from tessera.backends.llvm.types import I8, I32, I64
+from tessera.backends.llvm.types import I8, I64
 
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
