@@ -38,3 +38,16 @@ def attention(q, k, v, causal=False, window=(-1, -1), softcap=0.0, scale=None):
     p = torch.exp(s - lse[..., None].masked_fill(torch.isinf(lse[..., None]), 0.0))
     o = torch.einsum("bhqk,bkhd->bqhd", p, v)
     return o, lse.masked_fill(torch.isinf(lse), math.inf)
+
+
+def nan_padded_kv(B: int, Sq: int, Sk: int, H: int, H_kv: int, D: int, seed: int, rows: int = 64):
+    """Random float16 q (B, Sq, H, D), k, v (B, Sk, H_kv, D), and the `rows`-row buffers k and v are views of, whose
+    rows past Sk are NaN (kernels get the buffers: one that reads a key past the end rather than masking it
+    poisons O)."""
+    g = torch.Generator().manual_seed(seed)
+    q = torch.randn(B, Sq, H, D, generator=g).half()
+    k_rows, v_rows = (torch.full((B, rows, H_kv, D), float("nan")).half() for _ in range(2))
+    k, v = k_rows[:, :Sk], v_rows[:, :Sk]
+    k.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
+    v.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
+    return q, k, v, k_rows, v_rows

@@ -19,7 +19,7 @@ from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention import GPU_PLANS, WS_GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
-from attention_reference import attention as reference  # noqa: E402
+from attention_reference import attention as reference, nan_padded_kv  # noqa: E402
 from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -233,12 +233,7 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
     left, right = window[0], 0 if causal else window[1]
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Sq, H, D, generator=g).half()
-    k_rows, v_rows = (torch.full((B, 64, H_kv, D), float("nan")).half() for _ in range(2))
-    k, v = k_rows[:, :Sk], v_rows[:, :Sk]
-    k.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
-    v.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
+    q, k, v, k_rows, v_rows = nan_padded_kv(B, Sq, Sk, H, H_kv, D, seed)
     o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]

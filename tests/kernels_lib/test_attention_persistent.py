@@ -24,7 +24,7 @@ from tessera.kernels_lib.attention_fwd import LOG2E  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import attention_fwd_persistent_kernel  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import tile_coordinates  # noqa: E402
 
-from attention_reference import attention as reference  # noqa: E402
+from attention_reference import attention as reference, nan_padded_kv  # noqa: E402
 
 attention_module = importlib.import_module("tessera.kernels_lib.attention")
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -46,12 +46,7 @@ def persistent_on_the_simulator(num_warps, BM, programs, causal=True, Sq=70, Sk=
     from tessera.passes.thread_passes import lower
     B, D, BN = 2, 32, 32
     left, right = window[0], 0 if causal else window[1]
-    g = torch.Generator().manual_seed(seed)
-    q = torch.randn(B, Sq, H, D, generator=g).half()
-    k_rows, v_rows = (torch.full((B, 64, H_kv, D), float("nan")).half() for _ in range(2))
-    k, v = k_rows[:, :Sk], v_rows[:, :Sk]
-    k.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
-    v.copy_(torch.randn(B, Sk, H_kv, D, generator=g))
+    q, k, v, k_rows, v_rows = nan_padded_kv(B, Sq, Sk, H, H_kv, D, seed)
     o, lse = torch.full_like(q, float("nan")), torch.full((B, H, Sq), float("nan"))   # every tile must write
     strides = [s for x in (q, k, v, o) for s in x.stride()]
     args = [q.numpy(), k_rows.numpy(), v_rows.numpy(), o.numpy(), lse.numpy(), B, Sq, Sk, H, H_kv,
