@@ -64,6 +64,9 @@ def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target,
     ctx.overlap_stores = overlap_stores
     ctx.deferred = consumer_prologue(ctx)
     ctx.lower_block(fn.body, ctx.fn.body, [ctx.env[a] for a in fn.args])
+    if ctx.after:       # an op whose lowering was to be followed by more was lowered some other way
+        raise LoweringError(f"internal: {', '.join(k for m in ctx.after.values() for k in m)} never emitted after "
+                            f"{', '.join(op.name for op in ctx.after)}", kernel=fn.name)
     if ctx.notes:
         ctx.fn.attrs["lowering_notes"] = tuple(ctx.notes)
     return ctx.module

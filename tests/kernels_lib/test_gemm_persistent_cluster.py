@@ -16,7 +16,7 @@ Specification:
   barriers;
 * for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
   initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
-  once per tile, and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
+  once after the tile loop (in no PTX loop, nor in the SASS tile loop), and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
   and the next tile's fills, which are multicast; the K loop's SASS is the one-tile cluster kernel's within 4
   instructions; warp-specialized: the empty barriers count both programs'
   consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
@@ -38,6 +38,8 @@ import tessera
 from tessera.backends.interp import InterpreterError
 from tessera.kernels_lib import gemm_configs
 from tessera.kernels_lib.gemm import HOPPER_CONFIGS, cluster_tile, gemm_kernel, gemm_tile
+
+from tessera.backends.nvptx.sass import disassemble, loop_containing
 
 from hopper_gemm import (compile_gemm, lowered_gemm, needs_ptxas, needs_sass, ptx_lines, sass_k_loop,
                          simulate)
@@ -156,19 +158,31 @@ def test_persistent_cluster_configs_set_the_barriers_up_once_and_multicast_witho
     consts = dict(re.findall(r"mov\.b32\s+(%r\d+),\s*(\d+);", ptx))
     inits = re.findall(r"mbarrier\.init\.shared\.b64\s+\[[^\]]+\],\s*(%r\d+|\d+);", ptx)
     assert sorted(int(consts.get(c, c)) for c in inits) == [1] * stages + [2] * stages
-    # inits, then the cluster barrier, all before the first wait (the tile loop's K loop), never again
+    # inits, then the cluster barrier, all before the first wait (the tile loop's K loop); then once more after the
+    # tile loop (no PTX loop holds either), after every fill, wait and remote arrival: none per tile
     arrive, wait = ptx_lines(ptx, r"barrier\.cluster\.arrive\.aligned"), ptx_lines(ptx, r"barrier\.cluster\.wait")
     waits = ptx_lines(ptx, r"mbarrier\.try_wait")
     init_lines = ptx_lines(ptx, r"mbarrier\.init\.shared")
-    assert len(arrive) == len(wait) == 2 and max(init_lines) < arrive[0] < wait[0] < waits[0] < arrive[1]
+    assert len(arrive) == len(wait) == 2 and max(init_lines) < arrive[0] < wait[0] < waits[0]
+    loops = ptx_loops(ptx)
+    assert loops and not any(first <= line <= back for first, back in loops for line in arrive + wait)
+    assert max(back for _, back in loops) < arrive[1] < wait[1]
     assert not ptx_lines(ptx, r"mbarrier\.inval")
-    # the handshake (2 remote arrivals) before the loop's refill and before each of the next tile's S - 1 fills
-    # (issued after the tile's cluster barrier); all of those fills and the first tile's are multicast
+    # the handshake (2 remote arrivals) before the loop's refill and before each of the next tile's S - 1 fills;
+    # all of those fills and the first tile's are multicast
     remote = ptx_lines(ptx, r"mbarrier\.arrive\.shared::cluster\.b64 _")
     assert len(remote) == 2 * stages and len(ptx_lines(ptx, r"mapa\.shared::cluster")) == 2 * stages
-    assert sum(line > arrive[1] for line in remote) == 2 * (stages - 1)
     multicast = ptx_lines(ptx, r"cp\.async\.bulk\.tensor\.2d.*\.multicast::cluster")
-    assert sum(line > arrive[1] for line in multicast) >= stages - 1 and min(multicast) < waits[0]
+    assert len(multicast) > stages and min(multicast) < waits[0]
+    assert max(remote + multicast + waits) < arrive[1]
+
+
+def ptx_loops(ptx: str) -> list[tuple[int, int]]:
+    """(label line, branch line) of each backward branch in `ptx`: the loops' line ranges."""
+    lines = ptx.splitlines()
+    labels = {m.group(1): i for i, line in enumerate(lines) if (m := re.match(r"\s*(\$L\w+):", line))}
+    return [(labels[m.group(1)], i) for i, line in enumerate(lines)
+            if (m := re.search(r"\bbra(?:\.uni)?\s+(\$L\w+);", line)) and labels.get(m.group(1), i + 1) < i]
 
 
 @pytest.mark.parametrize("name", list(CLUSTERED))
@@ -178,11 +192,19 @@ def test_the_persistent_cluster_k_loop_is_the_one_tile_cluster_loop(name):
     uniform datapath (no R2UR)."""
     needs_sass()
     config = CLUSTERED[name]
-    loop = sass_k_loop(compile_gemm(config, PERSISTENT=True))
+    compiled = compile_gemm(config, PERSISTENT=True)
+    loop = sass_k_loop(compiled)
     assert any(inst.opcode.startswith("UTMALDG") and ".MULTICAST" in inst.opcode for inst in loop)
     assert sum(inst.opcode.startswith("SYNCS.ARRIVE.TRANS64.RED") for inst in loop) == 2
     assert not any(inst.opcode.startswith("R2UR") for inst in loop)
     assert len(loop) <= len(sass_k_loop(compile_gemm(config))) + 4, len(loop)
+    # the cluster barrier (UCGABAR_ARV / _WAIT) twice in the kernel, never in the tile loop (the largest loop
+    # around the HGMMAs): after the inits and after the last tile
+    code = disassemble(compiled.cubin)
+    tile_loop = loop_containing(code, "HGMMA", outermost=True)
+    barriers = [inst for inst in code if inst.opcode.startswith("UCGABAR")]
+    assert len(barriers) == 4 and len(tile_loop) > len(loop)
+    assert not any(tile_loop[0].address <= inst.address <= tile_loop[-1].address for inst in barriers)
 
 
 @pytest.mark.parametrize("axis", ["CLUSTER_M", "CLUSTER_N"])

@@ -53,6 +53,8 @@ def lower_op(ctx: Lowering, op: Operation) -> None:
     saved, ctx.b.loc = ctx.b.loc, op.loc      # every op made for `op` carries its source location
     try:
         fn(ctx, op)
+        for then in ctx.after.pop(op, {}).values():
+            then()
     finally:
         ctx.b.loc = saved
 

@@ -13,7 +13,7 @@ memory and mbarriers, `shared_exchange.py`); moving tiles between layouts is
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, Sequence
+from typing import TYPE_CHECKING, Any, Callable, Sequence
 
 from tessera.ir.builder import Builder
 from tessera.ir.core import Block, Function, Module, Operation, Value
@@ -73,6 +73,10 @@ class Lowering(Emitter):
         # warp-specialized loops their tile loop could not specialize, with the reason (op to point at, message),
         # reported when the loop itself is lowered (`schedule/loops.py`)
         self.refused_specializations: dict[Operation, tuple[Operation, str]] = {}
+        # what to emit right after a tile-IR op's lowering, by key (once per key): a persistent tile loop's one
+        # cluster barrier at its end (`schedule/tma_fill.py`); `lower_op` runs them, `lower_to_threads` checks
+        # that none is left
+        self.after: dict[Operation, dict[str, Callable[[], None]]] = {}
         self.debug = False          # keep print and assert (a debug build); set by lower_to_threads
         # TMA stores in a loop body leave their read-wait to the next iteration's write (`schedule/tma_store.py`;
         # off: each store waits at once); the tile-IR loops whose final wait is still to come after them

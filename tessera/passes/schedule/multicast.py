@@ -61,8 +61,17 @@ tiles: every fill of program-wide iteration f >= S-1 releases its slot as
 the refill of an unbroken pipeline in iteration g = f - (S-1) would, with
 parity (g div S) mod 2, also a tile's first S-1 fills, which come before its
 loop or after the tile before's (`software_pipeline._prologue_release`).
-After each tile's loop the cluster barrier runs as after a lone loop (both
-blocks run it once per tile), before the next tile's first fills.
+The cluster barrier that ends a lone loop runs once, after the tile loop
+(CUTLASS's persistent cluster kernels sync the cluster once at the end
+too), not after each tile's loop: between tiles nothing needs it. A peer
+writes a slot of this block (its multicast share) only after this block
+released the slot on the peer's empty barrier, the next tile's first fills
+included, and each tile's loop waits for every byte of its own fills, so
+once a tile's loop has drained no peer write into its rings is pending; the
+epilogue's buffers (which may share bytes with a ring that is not
+`whole_kernel`) stay this block's alone until its next release, which its
+own program order puts after the epilogue. (The per-tile barrier used to
+run before the epilogue, so it never guarded those buffers anyway.)
 
 Not multicast (the load is issued by every block, as without the hint, and a
 lowering note says why): copies that are not S-1 ahead, cp.async-filled

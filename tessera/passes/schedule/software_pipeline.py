@@ -127,7 +127,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
             rings = _rings(ctx, plan, whole_kernel=True)
     else:
         rings = _rings(ctx, plan)
-    tma = TmaRing(ctx, plan.loads, stages, once=outer is not None, prefetch=plan.prefetch) if plan.tma_loads else None
+    tma = TmaRing(ctx, plan.loads, stages, outer, prefetch=plan.prefetch) if plan.tma_loads else None
     start = ring_start(ctx, outer, op, stages) if outer is not None else None
     if ahead is not None:
         with ctx.when(start.first):             # later tiles' first fills came from the tile before

@@ -274,15 +274,17 @@ def _extent(value: Value, fn: Function, facts: dict) -> Extent | None:
 class TmaRing:
     """The TMA side of one pipelined loop (see the comment above): map parameters, slots' mbarriers, the fill."""
 
-    def __init__(self, ctx, loads, stages: int, once: bool = False, *, specialized: bool = False,
+    def __init__(self, ctx, loads, stages: int, tile_loop=None, *, specialized: bool = False,
                  prefetch: int | None = None):
-        """`once`: the mbarriers are created in the kernel's prologue and live for the whole kernel (a persistent
-        kernel's tiles share them: `persistent.py`); otherwise here, for this loop alone. `specialized`: a
+        """`tile_loop`: the persistent tile loop (tile-IR `for`) around this loop; its mbarriers are created in the
+        kernel's prologue and live for the whole kernel (its tiles share them: `persistent.py`); without one,
+        here, for this loop alone. `specialized`: a
         producer warpgroup issues the fills; `prefetch`: how many iterations ahead they run (multicast:
         `multicast.py`)."""
         self.loads = [load for load in loads if load.tma is not None]
         self.stages = stages
-        self.once = once
+        self.tile_loop = tile_loop
+        self.once = once = tile_loop is not None
         shared = self._multicast_loads(ctx, specialized, prefetch)
         # each load's map; a load the cluster shares by row slices issues only slices, through their map
         self.maps = {load.load: map_parameter(ctx, share_of(load.tma, cluster_size(ctx.src)).recipe
@@ -356,9 +358,19 @@ class TmaRing:
     def release(self, ctx) -> None:
         """After the loop: thread 0 ends the slots' mbarriers (every thread is past its last wait, since it passed
         the last iteration's barrier), so that their bytes may be reused or initialized again; the loop's final
-        barrier orders this before any reuse. Mbarriers made `once` stay for the next tile."""
-        if self.cluster is not None:            # no peer writes into this block or arrives on its barriers now
-            self.cluster.sync(ctx)              # (every tile of a persistent kernel: its blocks run as many)
+        barrier orders this before any reuse. Mbarriers made `once` stay for the next tile.
+
+        A multicast ring then waits on the cluster barrier, so that no peer writes into this block or arrives on
+        its barriers any more; in a persistent tile loop only once, after it (CUTLASS's persistent cluster
+        kernels too): between tiles the empty barriers order every peer write into a slot after this block's
+        release of it, the next tile's first fills included (`software_pipeline._prologue_release`), and each
+        tile's loop has waited for every byte of its own fills; the epilogue's buffers that may share bytes
+        with a per-tile ring are thus this block's alone from the loop's end until the next tile releases its
+        slots (`multicast.py`)."""
+        if self.cluster is not None and self.tile_loop is None:
+            self.cluster.sync(ctx)
+        elif self.cluster is not None:
+            ctx.after.setdefault(self.tile_loop, {})["cluster barrier"] = lambda: self.cluster.sync(ctx)
         if self.once:
             return
         with ctx.when(ctx.index.first_thread()):
