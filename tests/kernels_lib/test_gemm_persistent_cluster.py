@@ -13,7 +13,8 @@ Specification:
   included, one or two clusters;
 * the simulator catches the lockstep broken: a program of the cluster skipping its last cluster-tile (with a
   producer warpgroup too), or a tile's first fills not releasing their slots on the (cluster-wide) empty
-  barriers;
+  barriers; the early program then waits at the one cluster barrier after the tile loop, and without that
+  barrier (the mutation) its peer arrives on an ended block's mbarrier, which the simulator names;
 * for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
   initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
   once after the tile loop (in no PTX loop, nor in the SASS tile loop), and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
@@ -47,6 +48,7 @@ from hopper_gemm import (compile_gemm, lowered_gemm, needs_ptxas, needs_sass, pt
 torch = pytest.importorskip("torch")
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
 pipeline_module = importlib.import_module("tessera.passes.schedule.software_pipeline")
+tma_fill_module = importlib.import_module("tessera.passes.schedule.tma_fill")
 
 # the shipped one-tile-per-program cluster configs (test_gemm_cluster.py), made persistent here
 CLUSTERED = {f"{c.kwargs['BM']}x{c.kwargs['BN']}-{'m' if c.kwargs.get('CLUSTER_M', 1) > 1 else 'n'}2": c
@@ -144,6 +146,40 @@ def test_the_simulator_catches_a_program_of_the_cluster_skipping_its_last_tile(s
     else:           # 2 x 2 cluster-tiles on one cluster, the second row pair's second program past M
         run_threads(fn, args, (2,))
         np.testing.assert_allclose(args[2], a.astype(np.float32) @ b.astype(np.float32), rtol=1e-4, atol=1e-3)
+
+
+@pytest.mark.parametrize("final_barrier", [True, False], ids=["final-barrier", "no-final-barrier"])
+def test_the_cluster_barrier_after_the_tile_loop_keeps_a_program_from_ending_under_its_peer(final_barrier,
+                                                                                           monkeypatch):
+    """The one cluster barrier after the tile loop (`TmaRing.release`): when a program leaves the tile loop
+    early (SKIP_LAST), it waits there, and the simulator reports the deadlock with it at cluster_wait; removed
+    too (the mutation), that program ends, and its peer's next empty-slot release arrives on an mbarrier of an
+    ended block, which the simulator names. (In lockstep every peer write into a block and every arrival on its
+    barriers precede one of its own waits, so the barrier only matters once the programs part.)"""
+    from tessera.backends.simt import run_threads
+    from tessera.passes.thread_passes import lower
+    if not final_barrier:
+        release = tma_fill_module.TmaRing.release
+
+        def without_final_barrier(ring, ctx):
+            cluster = ring.cluster
+            ring.cluster = None if ring.tile_loop is not None else cluster
+            try:
+                release(ring, ctx)
+            finally:
+                ring.cluster = cluster
+        monkeypatch.setattr(tma_fill_module.TmaRing, "release", without_final_barrier)
+    M, N, K = 192, 128, 128
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
+    args = [a, b, np.zeros((M, N), np.float32), M, N, K]
+    module = persistent_cluster_gemm.specialize(*args, BM=64, BN=64, BK=32, STAGES=3, SKIP_LAST=1).module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    assert sum(op.name == "cluster_wait" for op in fn.walk()) == (2 if final_barrier else 1)
+    expected = r"DEADLOCK(.|\n)*cluster rank 1\): cluster_wait" if final_barrier else \
+        r"mbarrier_arrive_cluster arrives on an mbarrier of block \(1, 0, 0\).*which has already ended"
+    with pytest.raises(InterpreterError, match=expected):
+        run_threads(fn, args, (2,))
 
 
 @pytest.mark.parametrize("name", list(CLUSTERED))
