@@ -17,10 +17,10 @@ Specification:
   barrier (the mutation) its peer arrives on an ended block's mbarrier, which the simulator names;
 * for sm_90a the shipped cluster configs made persistent assemble without spills, with every mbarrier
   initialized once before the tile loop (full: 1 arrival, empty: 2), the cluster barrier after the inits and
-  once after the tile loop (in no PTX loop, nor in the SASS tile loop), and the empty-slot handshake (mapa + remote arrive on both programs) before the loop's refills
-  and the next tile's fills, which are multicast; the K loop's SASS is the one-tile cluster kernel's within 4
-  instructions; warp-specialized: the empty barriers count both programs'
-  consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
+  once after the tile loop (in no PTX loop, nor in the SASS tile loop), and the empty-slot handshake (mapa +
+  remote arrive on both programs) before the loop's refills and the next tile's fills, which are multicast; the
+  K loop's SASS is the one-tile cluster kernel's within 4 instructions; warp-specialized: the empty barriers
+  count both programs' consumer warpgroups, the cluster barrier runs after the inits and once on each side of the role split;
 * on the tile interpreter the kernel agrees with torch (which checks the multicast promise, too);
 * one such config is shipped (persistent, warp-specialized, 128 x 256, CLUSTER_M = 2), for the timed autotuner
   only (`gemm_configs.awaits_measurement`), recorded by bench/gemm.py --part configs right after its twins; on a
