@@ -1,4 +1,5 @@
-"""Rematerialize thread-index math inside `while` loops: recompute it where it is used, from a fresh thread id.
+"""Rematerialize thread-index math inside `while` loops, and in an `if` after a loop: recompute it where it is
+used, from a fresh thread id.
 
 Input: thread IR whose index math (what pure ops compute from `thread_id` and constants) the lowering hoisted
 to the kernel's prologue, computed once per kernel (`lowering/thread_index.py`). Job: for every use of such a
@@ -14,6 +15,12 @@ costs a few integer ops, and the kernel fits (128 registers at the decode plan, 
 spills). A reread `thread_id` is a volatile read of %tid.x on NVIDIA, so LLVM cannot hoist the clones back
 out of the loop (its loop-invariant code motion would: the usual read is a pure intrinsic).
 Loops other than `while` (K loops, static loops) keep the hoisted values: there they are the point.
+
+The same holds for a top-level `if` that follows a loop (a `for` or `while`, or an op holding one, such as an
+`if` around a K loop): index math that only the `if` needs would be live through the whole loop, in registers
+the loop wanted. Its uses there are rewritten the same way, except for values that an earlier loop uses (live
+through it anyway, so a clone saves nothing). The split-KV decode kernel merges the splits in such an `if`
+after its key loops; before this rule it wrapped the merge in a `while` run at most once.
 """
 
 from __future__ import annotations
@@ -25,13 +32,22 @@ from tessera.ir.ops import OPS
 def rematerialize_thread_index(fn: Function) -> int:
     """Rewrite `fn` in place (see the module docstring); returns how many operands now use a clone."""
     derived = _index_math(fn)
-    if not derived or not any(op.name == "while" for op in fn.walk()):
+    if not derived:
         return 0
-    rewritten = 0
+    rewritten, after_loop, used_in_loops = 0, False, set()
     for op in fn.body.ops:
+        targets = derived - used_in_loops if after_loop and op.name == "if" else derived
         for region in op.regions:
-            rewritten += _rewrite_block(region, derived, op.name == "while")
+            rewritten += _rewrite_block(region, derived, targets, op.name == "while" or targets is not derived)
+        if _holds_loop(op):
+            after_loop = True
+            used_in_loops.update(v for inner in op.walk() for v in inner.operands if v in derived)
     return rewritten
+
+
+def _holds_loop(op: Operation) -> bool:
+    """Whether `op` is a loop or has one nested in its regions."""
+    return any(inner.name in ("for", "while") for inner in op.walk())
 
 
 def _index_math(fn: Function) -> set[Value]:
@@ -46,19 +62,24 @@ def _index_math(fn: Function) -> set[Value]:
     return derived
 
 
-def _rewrite_block(block: Block, derived: set[Value], in_while: bool) -> int:
+def _rewrite_block(block: Block, derived: set[Value], targets: set[Value], active: bool) -> int:
+    """Rewrite uses of `targets` in `block` (at any depth) once `active` (inside a `while` or a chosen `if`);
+    a `while` nested further activates the rewrite of every derived value."""
     clones: dict[Value, Value] = {}        # per block: a clone dominates the rest of its block
     rewritten, i = 0, 0
     while i < len(block.ops):
         op = block.ops[i]
-        if in_while:
+        if active:
             for k, value in enumerate(op.operands):
-                if value in derived:
+                if value in targets:
                     op.operands[k], added = _materialize(value, block, i, derived, clones)
                     i += added
                     rewritten += 1
         for region in op.regions:
-            rewritten += _rewrite_block(region, derived, in_while or op.name == "while")
+            if op.name == "while":
+                rewritten += _rewrite_block(region, derived, derived, True)
+            else:
+                rewritten += _rewrite_block(region, derived, targets, active)
         i += 1
     return rewritten
 
