@@ -18,9 +18,11 @@ Loops other than `while` (K loops, static loops) keep the hoisted values: there 
 
 The same holds for a top-level `if` that follows a loop (a `for` or `while`, or an op holding one, such as an
 `if` around a K loop): index math that only the `if` needs would be live through the whole loop, in registers
-the loop wanted. Its uses there are rewritten the same way, except for values that an earlier loop uses (live
-through it anyway, so a clone saves nothing). The split-KV decode kernel merges the splits in such an `if`
-after its key loops; before this rule it wrapped the merge in a `while` run at most once.
+the loop wanted, and what the loop needs too would stay live past it, through the `if` (and its own loops).
+Every use in such an `if` is rewritten the same way, so no prologue value lives past the last loop that uses
+it. The split-KV decode kernel merges the splits in such an `if` after its key loops (before this rule it
+wrapped the merge in a `while` run at most once; with the values the key loop uses left hoisted, sm_80's
+online head-dim-128 tile spilled 4 bytes).
 """
 
 from __future__ import annotations
@@ -34,14 +36,11 @@ def rematerialize_thread_index(fn: Function) -> int:
     derived = _index_math(fn)
     if not derived:
         return 0
-    rewritten, after_loop, used_in_loops = 0, False, set()
+    rewritten, after_loop = 0, False
     for op in fn.body.ops:
-        targets = derived - used_in_loops if after_loop and op.name == "if" else derived
         for region in op.regions:
-            rewritten += _rewrite_block(region, derived, targets, op.name == "while" or targets is not derived)
-        if _holds_loop(op):
-            after_loop = True
-            used_in_loops.update(v for inner in op.walk() for v in inner.operands if v in derived)
+            rewritten += _rewrite_block(region, derived, op.name == "while" or (after_loop and op.name == "if"))
+        after_loop = after_loop or _holds_loop(op)
     return rewritten
 
 
@@ -62,24 +61,21 @@ def _index_math(fn: Function) -> set[Value]:
     return derived
 
 
-def _rewrite_block(block: Block, derived: set[Value], targets: set[Value], active: bool) -> int:
-    """Rewrite uses of `targets` in `block` (at any depth) once `active` (inside a `while` or a chosen `if`);
-    a `while` nested further activates the rewrite of every derived value."""
+def _rewrite_block(block: Block, derived: set[Value], active: bool) -> int:
+    """Rewrite the uses of `derived` values in `block` and the blocks nested in it, once `active` (inside a
+    `while`, or a top-level `if` after a loop)."""
     clones: dict[Value, Value] = {}        # per block: a clone dominates the rest of its block
     rewritten, i = 0, 0
     while i < len(block.ops):
         op = block.ops[i]
         if active:
             for k, value in enumerate(op.operands):
-                if value in targets:
+                if value in derived:
                     op.operands[k], added = _materialize(value, block, i, derived, clones)
                     i += added
                     rewritten += 1
         for region in op.regions:
-            if op.name == "while":
-                rewritten += _rewrite_block(region, derived, derived, True)
-            else:
-                rewritten += _rewrite_block(region, derived, targets, active)
+            rewritten += _rewrite_block(region, derived, active or op.name == "while")
         i += 1
     return rewritten
 

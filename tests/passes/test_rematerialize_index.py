@@ -3,7 +3,7 @@ from a reread thread id.
 
 Specification: every use inside a `while` (condition or body, at any depth) of a value the prologue computes
 from `thread_id` gets a clone of its chain in the user's block, from `thread_id {reread = true}`, shared by
-the block's later users; so do uses in a top-level `if` after a loop, of values no earlier loop uses; other
+the block's later users; so does every use in a top-level `if` after a loop (or after an op holding one); other
 uses outside `while` loops, and uses inside other loops, keep the prologue's value; the rewritten kernel
 computes the same; on NVIDIA the reread is a volatile %tid.x inside the loop.
 """
@@ -155,12 +155,13 @@ func @merge(%out: ptr<i32>, %n: i32, %c: bool) attributes {num_threads = 32, war
     yield %3
   }
   if %c {
-    %4 = add %r, %lane : i32
-    %5 = thread_id {reread = true} : i32
-    %6 = shr %5, %2 : i32
-    %7 = add %6, %1 : i32
-    %8 = add %4, %7 : i32
-    store %out, %8
+    %4 = thread_id {reread = true} : i32
+    %5 = and %4, %1 : i32
+    %6 = add %r, %5 : i32
+    %7 = shr %4, %2 : i32
+    %8 = add %7, %1 : i32
+    %9 = add %6, %8 : i32
+    store %out, %9
     yield
   } {
     yield
@@ -170,11 +171,12 @@ func @merge(%out: ptr<i32>, %n: i32, %c: bool) attributes {num_threads = 32, war
 """
 
 
-def test_an_if_after_a_loop_recomputes_what_only_it_uses_and_keeps_what_the_loop_uses():
-    """%row (and %group under it) is used only in the `if`: hoisted, it would be live through the loop, so the
-    `if` gets its chain; %lane is used in the loop, live through it anyway, so the `if` keeps the prologue's."""
+def test_an_if_after_a_loop_recomputes_the_index_math_it_uses():
+    """%row (and %group under it) is used only in the `if`: hoisted, it would be live through the loop; %lane is
+    used in the loop too, and would stay live past it into the `if`. The `if` gets both chains from one reread;
+    the loop keeps the prologue's %lane."""
     module = parse_module(IF_AFTER_LOOP)
-    assert rematerialize_thread_index(module.functions[0]) == 1
+    assert rematerialize_thread_index(module.functions[0]) == 2
     dce_function(module.functions[0])
     verify_module(module)
     assert print_module(module) == IF_AFTER_LOOP_REWRITTEN
