@@ -22,7 +22,10 @@ the loop wanted, and what the loop needs too would stay live past it, through th
 Every use in such an `if` is rewritten the same way, so no prologue value lives past the last loop that uses
 it. The split-KV decode kernel merges the splits in such an `if` after its key loops (before this rule it
 wrapped the merge in a `while` run at most once; with the values the key loop uses left hoisted, sm_80's
-online head-dim-128 tile spilled 4 bytes).
+online head-dim-128 tile spilled 4 bytes). As in a `while`, a clone goes into its user's block, also inside a
+`for` nested in the `if` (the merge's loop over splits; the unified-max kernel's fallback key loop, in an `if`
+after the first key loop): cloned before that `for` instead, the merge's index math spilled sm_80's online
+head-dim-128 32-row tile.
 """
 
 from __future__ import annotations

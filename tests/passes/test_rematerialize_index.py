@@ -192,3 +192,15 @@ def test_an_if_before_any_loop_keeps_the_hoisted_values():
     module = parse_module(text)
     assert rematerialize_thread_index(module.functions[0]) == 0
     assert print_module(module) == print_module(parse_module(text))
+
+
+def test_an_if_after_an_if_holding_a_loop_is_rewritten_too():
+    """The unified-max decode kernel's merge follows the fallback's `if` around a key loop: a loop all the same."""
+    text = IF_AFTER_LOOP.replace("  %r = for %zero, %n, %2, %n : i32 {", "  if %c {\n  %r = for %zero, %n, %2, %n : i32 {")
+    text = text.replace("    yield %3\n  }\n", "    yield %3\n  }\n  store %out, %r\n  yield\n  } {\n  yield\n  }\n")
+    text = text.replace("%4 = add %r, %lane", "%4 = add %n, %lane")
+    module = parse_module(text)
+    assert rematerialize_thread_index(module.functions[0]) == 2
+    last_if = module.functions[0].body.ops[-2]
+    assert [op.name for op in last_if.regions[0].ops[:2]] == ["thread_id", "and"]
+    assert last_if.regions[0].ops[0].attrs["reread"]
