@@ -299,9 +299,16 @@ def test_the_shipped_persistent_cluster_config_assembles_without_spills_in_eithe
         assert meta["shared_bytes"] <= 227 * 1024
 
 
+# on the GPU: the shipped config, and each one-tile cluster config made persistent without warp specialization
+# (its K loop pipelined by thread 0's multicast fills, one cluster barrier after the tile loop)
+ON_GPU = {"shipped": SHIPPED,
+          **{f"{name}-pipelined": persistent(c, BK=c.kwargs["BK"], WS=False) for name, c in CLUSTERED.items()}}
+
+
 @pytest.mark.gpu
+@pytest.mark.parametrize("config", list(ON_GPU.values()), ids=list(ON_GPU))
 @pytest.mark.parametrize("M, N, K", [(4096, 4096, 4096), (1000, 3000, 520), (8192, 8192, 8192)])
-def test_the_shipped_persistent_cluster_config_matches_torch_matmul_on_the_gpu(M, N, K):
+def test_the_persistent_cluster_configs_match_torch_matmul_on_the_gpu(M, N, K, config):
     """What the next GPU session shows: the config pinned computes torch.matmul's product (odd row tiles, partial
     tiles, several cluster-tiles per cluster), launched as 66 clusters of 2 on an H100 (cuLaunchKernelEx)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
@@ -309,7 +316,7 @@ def test_the_shipped_persistent_cluster_config_matches_torch_matmul_on_the_gpu(M
     from tessera.kernels_lib.gemm import gemm, pin_config
     a = torch.randn(M, K, device="cuda", dtype=torch.bfloat16)
     b = torch.randn(K, N, device="cuda", dtype=torch.bfloat16)
-    pin_config(SHIPPED)
+    pin_config(config)
     try:
         out = gemm(a, b)
     finally:
