@@ -85,6 +85,14 @@ class KernelBinary:
                    int(metadata.get("programs_per_block") or 1))
 
 
+def _blocks_of_programs(launch: PreparedLaunch, per_block: int) -> PreparedLaunch:
+    """`launch` taking a grid of programs where a block runs `per_block` of them along axis 0 (AMD's wave-group
+    ping-pong: 2): grid x becomes ceil(x / per_block) blocks."""
+    def programs(gx: int, gy: int, gz: int, values: Sequence[Any], stream: int) -> None:
+        launch(-(-gx // per_block), gy, gz, values, stream)
+    return programs
+
+
 class Launcher:
     """A kernel specialization bound to a backend; call it with a grid and the runtime arguments."""
 
@@ -115,9 +123,6 @@ class Launcher:
             grid = as_dim3(grid, "grid")
             if 0 in grid:
                 return
-            per_block = self.binary.programs_per_block
-            if per_block > 1:       # the grid counts programs; a block runs `per_block` of them along axis 0
-                grid = (-(-grid[0] // per_block), grid[1], grid[2])
             values, ordinal, torch_args, exported = self._arguments(args)
             launch = self._prepared.get(ordinal) or self.prepared(ordinal)
             handle = stream_handle(stream) if stream is not None else (
@@ -155,6 +160,8 @@ class Launcher:
                 with lock:
                     pack(values)
                     device.launch(function, (gx, gy, gz), block, shared, packer, stream)
+        if self.binary.programs_per_block > 1:     # here, so that the warm entries calling it directly divide too
+            launch = _blocks_of_programs(launch, self.binary.programs_per_block)
         self._prepared[ordinal] = launch
         return launch
 

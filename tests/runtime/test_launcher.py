@@ -217,6 +217,9 @@ def test_a_block_running_two_programs_launches_half_the_grid_rounded_up(fake_dri
     for programs, blocks in ((4, 2), (5, 3), (1, 1)):
         launcher((programs, 3), [DeviceArray(0x1000), DeviceArray(0x2000), DeviceArray(0x3000), 500], stream=7)
         assert fake_driver.launches()[-1][2] == (blocks, 3, 1)
+        # the warm entries (`dsl/launch_codegen.py`) call the prepared launch with the program grid directly
+        launcher.prepared(0)(programs, 3, 1, (0x1000, 0x2000, 0x3000, 500), 7)
+        assert fake_driver.launches()[-1][2] == (blocks, 3, 1)
 
 
 def test_cuda_launch_restores_another_current_context(fake_driver):
