@@ -35,8 +35,8 @@ from __future__ import annotations
 import tessera
 
 from . import gemm_configs
-from .gemm import cluster_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, state_alignment
+from .gemm_tiles import for_each_tile
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
 # The epilogue's slice width (EPI_BN): a thread holds 8 accumulator elements of a 128-row slice on 8 warps (of a
@@ -91,7 +91,7 @@ def index_tiles(i, j, BR, BC):
 
 
 @tessera.func
-def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak, pid_m, pid_n,
+def fused_tile(pid_m, pid_n, a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT, GATHER_A,
                BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M=1, CLUSTER_N=1):
     """One BM x BN tile of C with the hooks applied (CLUSTER_M / CLUSTER_N > 1: B's / A's block multicast, as in
@@ -219,26 +219,11 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     scalars = (s0, s1, s2, s3)
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
-    if PERSISTENT and CLUSTER_M * CLUSTER_N > 1:     # clusters walking cluster-tiles, as in `gemm.gemm_kernel`
-        CLUSTER = CLUSTER_M * CLUSTER_N
-        cluster_tiles = tessera.cdiv(num_pid_m, CLUSTER_M) * tessera.cdiv(num_pid_n, CLUSTER_N)
-        for ct in range(tessera.program_id(0) // CLUSTER, cluster_tiles, tessera.num_programs(0) // CLUSTER):
-            pid_m, pid_n = cluster_tile(ct * CLUSTER + tessera.program_id(0) % CLUSTER, num_pid_m, num_pid_n,
-                                        GROUP_M, CLUSTER_M, CLUSTER_N)
-            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
-    elif PERSISTENT:
-        for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
-            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
-    else:
-        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N)
-        fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                   pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
+    # the plain GEMM's tile walk (`gemm_tiles.for_each_tile`): one tile, every num_programs-th, or cluster-tiles
+    for_each_tile(fused_tile, (a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
+                               EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT,
+                               GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N),
+                  num_pid_m, num_pid_n, GROUP_M, PERSISTENT, CLUSTER_M, CLUSTER_N)
 
 
 # The same kernel compiled with `fast_math=True` (fma contraction, approximate exp2 and division), which the op
