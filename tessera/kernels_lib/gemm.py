@@ -85,7 +85,7 @@ from . import gemm_plan
 from . import gemm_split_k
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
-from .gemm_tiles import cluster_tile, for_each_tile, grouped_tile  # noqa: F401 (cluster_tile, grouped_tile: re-exported)
+from .gemm_tiles import cluster_tile, for_each_tile, grouped_tile  # noqa: F401 (the first and last re-exported)
 from .hooks import outside_graphs
 
 
