@@ -26,6 +26,7 @@ from tessera.ir.types import TileType
 from ..lowering import lower_op
 from ..lowering.invariant_operands import end_staged_reads, stage_invariant_operands
 from ..lowering.values import I32, Regs
+from . import tile_operands
 from .persistent import tile_slice
 from .software_pipeline import slot_ahead
 from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop, end_ring, producer_entry,
@@ -77,16 +78,18 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
     """Lower tile loop `outer` holding warp-specialized loop `op` as the comment above says."""
     ring = specialized_ring(ctx, op)
+    operands = tile_operands.allocate(ctx, tile_operands.movable_operands(ctx, outer, op, ring.consumers),
+                                      ring.consumers)
     producer, consumer = Block(), Block()
     with ctx.b.at(producer):
         producer_entry(ctx, ring)
         with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(ring.consumers), attrs={"pred": "eq"})):
-            _producer_tiles(ctx, outer, op, ring)
+            _producer_tiles(ctx, outer, op, ring, operands)
         producer_exit(ctx, ring)
     with ctx.b.at(consumer):
         consumer_entry(ctx, ring)
-        results = _consumer_tiles(ctx, outer, op, ring)
-        end_ring(ctx, ring)
+        results = _consumer_tiles(ctx, outer, op, ring, operands)
+        end_ring(ctx, ring, (operands.full, operands.empty) if operands else ())
     split_roles(ctx, ring, producer, consumer)
     for old, result in zip(outer.results, results):
         result.name_hint = old.name_hint
@@ -94,51 +97,67 @@ def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
                    outer)
 
 
-def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing) -> None:
-    """The issuing thread's tile loop: per tile, the scalar ops the fills need, then the fills."""
+def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
+                    operands: tile_operands.TileOperands | None) -> None:
+    """The issuing thread's tile loop: per tile, the scalar ops the fills need, the tile's blocks outside the
+    ring (`tile_operands.py`, with their parity carried last), then the fills."""
     lo, hi, step = [ctx.thread_value(ctx.operand(outer, i)) for i in range(3)]
     values = list(op.operands[:3]) + [v for load in ring.plan.loads for o in (load.load, *load.slice)
                                       for v in o.operands]
-    slice_ops, _ = tile_slice(outer, values)            # (the refusal checked that nothing blocks it)
+    if operands is not None:
+        values += [v for load, plan in zip(operands.loads, operands.plans) for v in (*load.operands, *plan.box.leading)]
+    slice_ops, _ = tile_slice(outer, values)            # (the refusal and `movable_operands` checked it)
     region = outer.regions[0]
-    body = Block([lo.type, I32, I32, I32], [region.args[0].name_hint or "tile", "slot", "phase", "wrapped"])
+    names = [region.args[0].name_hint or "tile", "slot", "phase", "wrapped"] + (["operand_phase"] if operands else [])
+    body = Block([lo.type] + [I32] * (len(names) - 1), names)
     with ctx.b.at(body):
         ctx.env[region.args[0]] = body.args[0]
         for slice_op in slice_ops:
             lower_op(ctx, slice_op)
+        if operands is not None:
+            tile_operands.issue(ctx, operands, body.args[0], lo, body.args[4])
         lb, ub, k_step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
-        fills = producer_fills(ctx, ring, lb, ub, k_step, tuple(body.args[1:]))
-        ctx.create("yield", fills.results)
+        fills = producer_fills(ctx, ring, lb, ub, k_step, tuple(body.args[1:4]))
+        carried = list(fills.results) + ([tile_operands.flip(ctx, body.args[4])] if operands else [])
+        ctx.create("yield", carried)
     zero = ctx.const(0)
-    ctx.create("for", [lo, hi, step, zero, zero, zero], None, [I32, I32, I32], [body])
+    ctx.create("for", [lo, hi, step] + [zero] * (len(names) - 1), None, [I32] * (len(names) - 1), [body])
 
 
-def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing) -> list[Value]:
-    """The consumers' tile loop, the whole body with the K loop as `_consumer_k_loop`; its results (the ring's
-    slot and phase, carried last, left out)."""
-    operands = [ctx.thread_value(ctx.operand(outer, i)) for i in range(len(outer.operands))]
+def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
+                    operands: tile_operands.TileOperands | None) -> list[Value]:
+    """The consumers' tile loop, the whole body with the K loop as `_consumer_k_loop` and the blocks the producer
+    loads bound to its buffers (`tile_operands.bind`); its results (the ring's slot and phase, and the
+    producer-loaded blocks' parity, carried last, left out)."""
+    inits = [ctx.thread_value(ctx.operand(outer, i)) for i in range(len(outer.operands))]
     region = outer.regions[0]
     body = ctx.new_block(region)
     slot, phase = body.add_arg(I32, "slot"), body.add_arg(I32, "phase")
+    carried = [body.add_arg(I32, "operand_phase")] if operands is not None else []
     with ctx.b.at(body):
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops:
             if body_op is op:
-                slot, phase = _consumer_k_loop(ctx, op, ring, slot, phase)
+                slot, phase = _consumer_k_loop(ctx, op, ring, slot, phase, operands)
+            elif operands is not None and body_op in operands.loads:
+                tile_operands.bind(ctx, operands, body_op, carried[0])
             else:
+                if body_op is region.ops[-1] and carried:     # (the yield)
+                    carried = [tile_operands.flip(ctx, carried[0])]
                 lower_op(ctx, body_op)
-    body.ops[-1].operands.extend([slot, phase])         # the yield carries the ring's place too
+    body.ops[-1].operands.extend([slot, phase, *carried])   # the yield carries the ring's place too
     zero = ctx.const(0)
-    new = ctx.create("for", [*operands, zero, zero], None,
-                     [ctx.thread_type(r) for r in outer.results] + [I32, I32], [body])
+    new = ctx.create("for", [*inits, zero, zero] + [zero] * len(carried), None,
+                     [ctx.thread_type(r) for r in outer.results] + [I32] * (2 + len(carried)), [body])
     return new.results[:len(outer.results)]
 
 
-def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, phase: Value) -> tuple[Value, Value]:
+def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, phase: Value,
+                     operands: tile_operands.TileOperands | None) -> tuple[Value, Value]:
     """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`; then, with a wgmma group
-    in flight, its retirement and the release of the tile's last slot. Returns the ring's slot and phase after
-    it."""
+    in flight, its retirement and the release of the tile's last slot, and the release of the blocks the
+    producer loads (`operands`). Returns the ring's slot and phase after it."""
     staged = stage_invariant_operands(ctx, op)
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
     loop = consumer_loop(ctx, op, ring, lb, ub, step, start=(slot, phase))
@@ -149,6 +168,8 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
         ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
         ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
         release(ctx, ring, slot_ahead(ctx, end_slot, plan.stages - 1, plan.stages), ran)
+    if operands is not None:
+        tile_operands.release(ctx, operands, plan.in_flight)
     end_staged_reads(ctx, op, staged)           # (Q's tile, staged by the consumers each tile)
     for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
