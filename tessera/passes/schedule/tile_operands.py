@@ -16,9 +16,10 @@ buffer guarded by two mbarriers:
 
 Which loads move (`movable_operands`): a `view_load` of the tile body itself, before the K loop, that
 `tma_operand` plans for, whose address is scalar math of the tile index (`persistent.tile_slice`, what the
-producer can compute), and whose every reader is the K loop or an op before it, so that all of a tile's
-reads are retired by the K loop's final `wgmma_wait {pending = 0}`; the consumers arrive on `empty` right
-after that wait (`release`). A load read after the K loop (the overlapped order's last V block) stays with
+producer can compute), and whose every reader is in the K loop or an op of the tile body before it (not
+nested in an `if`: every tile must wait for its phase of `full`), so that all of a tile's reads are retired
+by the K loop's final `wgmma_wait {pending = 0}`; the consumers arrive on `empty` right after that wait
+(`release`). A load read after the K loop (the overlapped order's last V block) stays with
 the consumers. All moved loads share the buffer pair of barriers (one expect_tx of their summed bytes).
 
 Why it is race-free. The producer's write of tile k's block waits for the release of tile k - 1's, which
@@ -70,7 +71,11 @@ def movable_operands(ctx, outer: Operation, loop: Operation, consumers: int) -> 
         if plan is None:
             continue
         _, blocker = tile_slice(outer, [*op.operands, *plan.box.leading])
-        if blocker is None and all(_top(user, outer) <= end for user in _users(ctx, op.result)):
+        # every reader in the K loop (whose staging waits before it) or an op of the body before it, so that
+        # each tile waits for the landing once, in the tile body itself, and all reads end with the K loop
+        readers = _users(ctx, op.result)
+        if blocker is None and all(_top(user, outer) == end or user.parent is outer.regions[0] and
+                                   _top(user, outer) < end for user in readers):
             moved.append(op)
     return tuple(moved)
 

@@ -9,7 +9,9 @@ the tile loop with only the scalar tile math its fills need, the consumers
 run it with the whole body (the K loop, the epilogue), and the ring's slot
 and phase count on across tiles, so the producer fills the next tile's
 slots while the consumers run this tile's epilogue, held back only by the
-empty barriers. Guarantees: as `warp_specialization.py`'s, with the
+empty barriers; blocks that the K loop reads but that are the same for all
+its iterations (attention's Q) the producer loads too, one tile ahead
+(`tile_operands.py`). Guarantees: as `warp_specialization.py`'s, with the
 mbarriers initialized once before the split and invalidated once after
 both branches meet; the emitted code is the comment above
 `lower_specialized_tile_loop`. In a thread-block cluster with multicast
@@ -38,12 +40,15 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # uses slot g mod S with parity (g div S) mod 2, as in `persistent.py`'s non-specialized schedule):
 #
 #     rings, full[S], empty[S]: allocated and initialized here, once (`specialized_ring`)
+#     [q, q_full, q_empty: the tile-invariant operands' buffers and mbarriers (`tile_operands.py`)]
 #     if thread_id >= C {producer_joins_at = k}               the producer warpgroup
 #         [setmaxnreg dec 40]
 #         if thread_id == C {
-#             for tile = lo .. hi, slot = 0, phase = 0, wrapped = 0:
+#             for tile = lo .. hi, slot = 0, phase = 0, wrapped = 0, [q_phase = 0]:
 #                 ... the scalar ops of the tile body that the K loop's bounds and the blocks' addresses
 #                     need (`tile_slice`): pid_m, pid_n, the bounds ...
+#                 [if tile > lo: mbarrier_wait q_empty, 1 - q_phase      (the previous tile's release)
+#                  arrive_expect_tx q_full; tma_load q ... q_full]
 #                 for iv = lb .. ub, slot, phase, wrapped:
 #                     if wrapped: mbarrier_wait empty[slot], 1 - phase        (the release of fill g - S)
 #                     arrive_expect_tx full[slot]; tma_load ... full[slot]
@@ -52,13 +57,15 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 #         named_barrier {id = 2, count = C + 128}
 #     } else {                                                 the consumers
 #         [setmaxnreg inc R]
-#         for tile = lo .. hi, carried..., slot = 0, phase = 0:
+#         for tile = lo .. hi, carried..., slot = 0, phase = 0, [q_phase = 0]:
 #             ... the tile body before the K loop (pid_m, pid_n, acc = 0) ...
+#             [mbarrier_wait q_full, q_phase                             (at the first read of q)]
 #             %acc, slot', phase' = for iv = lb .. ub, acc, slot, phase:    `consumer_loop`, as without tiles:
 #                 mbarrier_wait full[slot], phase; wgmma ...; wgmma_wait {pending = 1}
 #                 if iv > lb and thread_id % 128 == 0: mbarrier_arrive empty[slot - 1]
 #             wgmma_wait {pending = 0}
 #             if lb < ub and thread_id % 128 == 0: mbarrier_arrive empty[slot' - 1]   (the tile's last slot)
+#             [if thread_id % 128 == 0: mbarrier_arrive q_empty]
 #             ... the rest of the tile body (the epilogue; barriers are the consumers' named barrier 1) ...
 #         named_barrier {id = 2}; thread 0 invalidates full[] and empty[]; named_barrier {id = 1}
 #         ... the rest of the kernel ...
@@ -74,7 +81,9 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # not wait). The producer is never more than S fills ahead, so it fills the next tile's first slots while the
 # consumers run this tile's epilogue, and the epilogue's buffers cannot share the rings' bytes: the rings are
 # live until the branches meet after the tile loop (`shared_memory._lifted_end`). Tiles with no K iteration
-# fill, wait and release nothing.
+# fill, wait and release nothing in the ring; q (the bracketed parts, when the body loads a block only the K
+# loop and the ops before it read: attention's Q) completes one phase of q_full and of q_empty every tile, so
+# the producer loads tile k + 1's q once the consumers' K loop of tile k is over (`tile_operands.py`).
 def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
     """Lower tile loop `outer` holding warp-specialized loop `op` as the comment above says."""
     ring = specialized_ring(ctx, op)
