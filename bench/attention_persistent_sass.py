@@ -9,8 +9,8 @@ and a census of the whole kernel (HGMMA, UTMALDG, UTMASTG, STSM, BAR, SYNCS: the
 cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles; per tile the producer's
 TMA load of Q (with the overlapped order also the peeled first K block) behind Q's empty mbarrier, which the
 consumers arrive on after the key loop (`schedule/tile_operands.py`), and with the overlapped order a barrier
-before the last V block's TMA load, which consumer thread 0 issues (`schedule/tma_operand.py`). docs/perf/attention-forward-h100.md
-tabulates the output.
+before the last V block's TMA load, which consumer thread 0 issues (`schedule/tma_operand.py`).
+docs/perf/attention-forward-h100.md tabulates the output.
 """
 
 from __future__ import annotations
