@@ -6,7 +6,8 @@ Specification:
   one block, so they let no other program hand the kernel data: the block load before the loop still goes
   into wgmma's tile by TMA, thread 0 issuing `fence.proxy.async.global` first (what the block's own threads
   wrote through the generic proxy reaches the async proxy), and the SIMT simulator computes what the tile
-  interpreter does;
+  interpreter does; in a persistent warp-specialized tile loop that load stays the consumers', fenced in its
+  place each tile, rather than the producer's a tile ahead (`tile_operands.py`);
 * one ordered op at a wider scope (the default "gpu", "cluster") may order another program's writes before
   the load, which a TMA read issued at the load need not see: the threads load the block instead (no TMA load,
   no fence), and the kernel's lowering notes name the kernel, the load's line, the ordered op's line and scope,
@@ -97,3 +98,44 @@ def test_a_wider_scope_keeps_the_block_load_on_the_threads_and_says_why(scope):
     assert "kernel 'scores_and_tickets'" in note and f":{load_line}" in note
     assert f"atomic_rmw at line {load_line + 6}" in note and f'scope "{scope}"' in note
     assert 'give them scope="cta"' in note
+
+
+@tessera.kernel
+def rows_and_tickets(a_ptr, b_ptr, c_ptr, count_ptr, M, N, BM: tessera.constexpr, BN: tessera.constexpr,
+                     BK: tessera.constexpr, SCOPE: tessera.constexpr):
+    """A persistent warp-specialized loop: c[m block] = a[m block] @ (sum of b's column blocks), and a ticket
+    drawn from the program's counter per tile."""
+    a = tessera.view(a_ptr, (M, BK))
+    b = tessera.view(b_ptr, (BK, N))
+    c = tessera.view(c_ptr, (M, BN))
+    for pid_m in range(tessera.program_id(0), tessera.cdiv(M, BM), tessera.num_programs(0)):
+        a_block = a.block((BM, BK), (pid_m, 0)).load()
+        acc = tessera.zeros((BM, BN), dtype=tessera.f32)
+        for n in tessera.pipeline(0, tessera.cdiv(N, BN), stages=2, warp_specialize=True):
+            acc = tessera.dot(a_block, b.block((BK, BN), (0, n)).load(), acc)
+        c.block((BM, BN), (pid_m, 0)).store(acc.to(tessera.f16))
+        tessera.atomic_add(count_ptr + tessera.program_id(0), 1, scope=SCOPE)
+
+
+def test_in_a_persistent_warp_specialized_loop_the_fenced_load_stays_with_the_consumers():
+    """The producer would issue the row block a tile ahead (`tile_operands.py`), ahead of the previous tile's
+    accesses that the fence orders before it: with block-scoped ordered ops the consumers issue it in its
+    place, fenced, each tile; the SIMT simulator computes what the tile interpreter does."""
+    rng = np.random.default_rng(1)
+    Mr, Nr, BM, BN, BK = 256, 192, 64, 64, 64
+    host = [rng.standard_normal((Mr, BK)).astype(np.float16), rng.standard_normal((BK, Nr)).astype(np.float16),
+            np.zeros((Mr, BN), np.float16), np.zeros(3, np.int32), Mr, Nr]
+    module = rows_and_tickets.specialize(*host, BM=BM, BN=BN, BK=BK, SCOPE="cta").module
+    fn = lower(module, "sm_90a", 4).functions[0]
+    split = next(op for op in fn.body.ops if op.name == "if" and "producer_joins_at" in op.attrs)
+    producer, consumers = ([o.name for op in region.ops for o in op.walk()] for region in split.regions)
+    assert producer.count("tma_load") == 1                      # b's ring only
+    assert consumers.count("tma_load") == 1 and tma_issues(consumers) == [
+        ["fence_proxy_async_global", "mbarrier_arrive_expect_tx"]]
+    expected, actual = [list(host) for _ in range(2)]
+    expected[2], actual[2] = np.zeros_like(host[2]), np.zeros_like(host[2])
+    expected[3], actual[3] = np.zeros_like(host[3]), np.zeros_like(host[3])
+    run_function(module.functions[0], expected, (3,))
+    run_threads(fn, actual, (3,))                               # 4 tiles on 3 programs: one program runs two
+    np.testing.assert_allclose(actual[2].astype(np.float32), expected[2].astype(np.float32), rtol=2e-3, atol=5e-2)
+    np.testing.assert_array_equal(actual[3], [2, 1, 1])
