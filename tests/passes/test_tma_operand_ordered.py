@@ -87,6 +87,18 @@ def test_the_fence_reaches_the_ptx():
     assert re.search(r"atom\.\w+\.cta\.global\.add", ptx)         # the ticket stays block-scoped
 
 
+@pytest.mark.gpu
+def test_block_scoped_tickets_beside_the_tma_operand_on_the_gpu():
+    """What the next GPU session shows (sm_90): the fenced TMA load of q computes q @ k^T, the tickets count."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (TMA)")
+    q, k, s, count, ticket = (torch.from_numpy(x).cuda() for x in args())
+    scores_and_tickets[(2,)](q, k, s, count, ticket, M=M, N=N, D=D, STEPS=STEPS, SCOPE="cta")
+    torch.testing.assert_close(s, q.float() @ k.float().T, rtol=2e-3, atol=2e-3)
+    assert count.tolist() == [6, 6] and ticket.tolist() == [5, 5]
+
+
 @pytest.mark.parametrize("scope", ["gpu", "cluster"], ids=["scope-gpu", "scope-cluster"])   # ("gpu" alone: the marker)
 def test_a_wider_scope_keeps_the_block_load_on_the_threads_and_says_why(scope):
     _, fn = lowered(scope)
