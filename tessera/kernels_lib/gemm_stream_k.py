@@ -32,21 +32,18 @@ zeroed once per device, stream and size; the workspace is fresh per call.
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 import tessera
 
 from . import gemm_configs
-from .gemm import gemm_tile, grouped_tile
+from .gemm import STREAM_K_ENV, gemm_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
 
-# $TESSERA_GEMM_STREAM_K: "1" always (where a persistent grid has a partial last wave), "0" never, unset or
-# "auto" where the model says it pays and the shipped entry has been measured (`gemm_configs.STREAM_K`).
-STREAM_K_ENV = "TESSERA_GEMM_STREAM_K"
 
 
 @tessera.func
@@ -145,3 +142,124 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
 
 # With fast math, as the op runs the tiled kernel where the output's precision allows (`gemm._fast_math_allows`).
 gemm_stream_k_kernel_fast = tessera.kernel(fast_math=True)(gemm_stream_k_kernel.fn)
+
+
+# ---------------------------------------------------------------------------
+# The plan: when stream K pays, by a wave model
+
+@dataclass(frozen=True)
+class StreamKPlan:
+    """One stream-K launch: the tile (BM x BN, BK deep, STAGES ring slots, GROUP_M), warps, the programs (one per
+    SM) and how many tiles, the last of the grouped order, are split in K steps over them."""
+
+    BM: int
+    BN: int
+    BK: int
+    GROUP_M: int
+    STAGES: int
+    num_warps: int
+    programs: int
+    sk_tiles: int
+
+
+# The wave model (`modelled`), in microseconds of an H100 SXM SM; the ratios between its two times decide.
+SM_TFLOPS = 5.2          # one SM's dense 16-bit tensor-core rate under load (989 TFLOP/s peak / 132 SMs, ~70%)
+SM_L2_GBPS = 64          # one SM's traffic to and from L2 (`gemm_split_k.SM_GBPS`): the partials' writes and reads
+MARGIN = 0.03            # stream K must model at least 3% faster than the data-parallel persistent kernel
+
+
+class Waves(NamedTuple):
+    """The wave model's times for one shape, in microseconds (`modelled`)."""
+
+    data_parallel: float     # ceil(tiles / programs) waves of whole tiles
+    stream_k: float          # the full waves, one equal share of the rest's K steps, the partials' traffic
+
+
+def _tile(config: dict, element_bytes: int) -> tuple[int, int, int, int, int, int]:
+    """(BM, BN, BK, GROUP_M, STAGES, num_warps) of a config entry; BK holds K_BYTES of a row, at least 16."""
+    return (config["BM"], config["BN"], max(16, config["K_BYTES"] // element_bytes), config.get("GROUP_M", 8),
+            config["STAGES"], config["num_warps"])
+
+
+def modelled(M: int, N: int, K: int, element_bytes: int, programs: int, BM: int, BN: int, BK: int) -> Waves:
+    """The wave model of one persistent launch of `programs` programs (one per SM). A K step costs 2 BM BN BK
+    flops at SM_TFLOPS (scaled by 2 / element_bytes: fp8 runs twice as fast); data-parallel, every program
+    runs ceil(tiles / programs) tiles of k_steps steps. Stream K runs tiles // programs whole tiles, then
+    cdiv((tiles % programs) * k_steps, programs) steps, and the busiest program writes two float32 partials
+    and reads every partial of one tile (cdiv(k_steps, share) + 1 of them) at SM_L2_GBPS."""
+    tiles, k_steps = tessera.cdiv(M, BM) * tessera.cdiv(N, BN), max(1, tessera.cdiv(K, BK))
+    step = 2 * BM * BN * BK / (SM_TFLOPS * 1e6 * 2 / element_bytes)
+    data_parallel = tessera.cdiv(tiles, programs) * k_steps * step
+    rest = tiles % programs
+    if rest == 0:
+        return Waves(data_parallel, data_parallel)
+    share = tessera.cdiv(rest * k_steps, programs)
+    partial = BM * BN * 4 / (SM_L2_GBPS * 1e3)
+    readers = min(tessera.cdiv(k_steps, share) + 1, programs)
+    return Waves(data_parallel, (tiles // programs * k_steps + share) * step + (2 + readers) * partial)
+
+
+def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode: str = "auto",
+                  config: dict | None = None) -> StreamKPlan | None:
+    """The stream-K plan for this GEMM (`gemm_configs.STREAM_K`'s tile, or `config`), or None: the tiled kernel.
+    Only grids of more than one wave whose last one is partial (tiles > num_sms, tiles % num_sms > 0) qualify.
+    `mode` is $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the wave model
+    (`modelled`) times MARGIN faster than the data-parallel persistent kernel, once a GPU run has measured the
+    stream-K config (`gemm_configs.awaits_measurement`)."""
+    if mode not in ("0", "1", "auto"):
+        raise ValueError(f"tessera::gemm: ${STREAM_K_ENV} must be 1 (always stream K where a persistent grid's "
+                         f"last wave is partial), 0 (never) or auto, got {mode!r}")
+    BM, BN, BK, GROUP_M, STAGES, num_warps = _tile(config or gemm_configs.STREAM_K, element_bytes)
+    tiles = tessera.cdiv(M, BM) * tessera.cdiv(N, BN)
+    if mode == "0" or tiles <= num_sms or tiles % num_sms == 0 or K == 0:
+        return None
+    if mode == "auto":
+        if gemm_configs.awaits_measurement(gemm_configs.STREAM_K_CONFIG):
+            return None
+        waves = modelled(M, N, K, element_bytes, num_sms, BM, BN, BK)
+        if waves.stream_k > waves.data_parallel * (1 - MARGIN):
+            return None
+    return StreamKPlan(BM, BN, BK, GROUP_M, STAGES, num_warps, num_sms, tiles % num_sms)
+
+
+# ---------------------------------------------------------------------------
+# The launch
+
+_COUNTERS: dict = {}
+
+
+def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
+    """At least `count` int32 arrival counters, zeroed once when made: every launch leaves them at 0 (the last
+    contributor of a tile resets its own), so no launch clears them. One set per device and stream, grown as
+    needed and kept for the process; two launches on one stream run in order, so they may share it."""
+    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+    key = (str(device), stream)
+    counters = _COUNTERS.get(key)
+    if counters is None or counters.numel() < count:
+        counters = _COUNTERS[key] = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
+    return counters
+
+
+def _direct(kernel, grid, args: tuple, kwargs: dict) -> None:
+    kernel[grid](*args, **kwargs)
+
+
+def launch(args: tuple, p: StreamKPlan, M: int, N: int, flags: dict, device, *, element_bytes: int,
+           fast: bool = False, launches=None, counters=None) -> StreamKPlan:
+    """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`. `args` are `gemm.gemm_kernel`'s 14
+    arguments (C at index 5; host arrays for the interpreter), `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    ACTIVATION; `fast` runs the fast-math compilation; `launches` (the op's `gemm_plan.Direct` or `Recording`)
+    launches the kernel and hands it the workspace; `counters` replaces `arrival_counters` (the interpreter's
+    host array)."""
+    partials = torch.empty((2 * p.programs * p.BM, p.BN), dtype=torch.float32, device=device)
+    if launches is not None:
+        partials = launches.workspace(partials, False)
+    if counters is None:
+        counters = arrival_counters(device, p.sk_tiles)
+    align, pipelined = operand_alignment(M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
+    kernel = gemm_stream_k_kernel_fast if fast else gemm_stream_k_kernel
+    run = launches.launch if launches is not None else _direct
+    run(kernel, (p.programs,), (*args[:6], partials, counters, *args[6:], p.sk_tiles),
+        dict(**flags, BM=p.BM, BN=p.BN, BK=p.BK, GROUP_M=p.GROUP_M, STAGES=p.STAGES, ALIGN=align,
+             PIPELINED=pipelined, num_warps=p.num_warps))
+    return p
