@@ -58,6 +58,10 @@ programs that each own a contiguous slice of K, so B is read once by enough
 programs to cover the SMs, the K splits summed in a fixed order (or with
 atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
 (`gemm_epilogue.py`).
+With TESSERA_GEMM_STREAM_K=1 (or, once measured, where its wave model says it
+pays), a grid of more than one wave of tiles whose last wave is partial runs
+the stream-K kernel (`gemm_stream_k.py`): whole tiles for the full waves,
+the rest split in K steps evenly over the persistent programs.
 
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float

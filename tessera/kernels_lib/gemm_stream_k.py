@@ -226,18 +226,25 @@ def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode
 # The launch
 
 _COUNTERS: dict = {}
+_RETIRED: list = []          # replaced sets, kept alive
 
 
-def arrival_counters(device: torch.device, count: int) -> torch.Tensor:
-    """At least `count` int32 arrival counters, zeroed once when made: every launch leaves them at 0 (the last
-    contributor of a tile resets its own), so no launch clears them. One set per device and stream, grown as
-    needed and kept for the process; two launches on one stream run in order, so they may share it."""
-    stream = torch.cuda.current_stream(device).cuda_stream if device.type == "cuda" else 0
+def arrival_counters(device: torch.device, count: int) -> tuple[torch.Tensor, int]:
+    """(at least `count` int32 arrival counters, the stream they belong to), zeroed once when made: every launch
+    leaves them at 0 (the last contributor of a tile resets its own), so no launch clears them. One set per
+    device and stream (two launches on one stream run in order, so they may share it; a CUDA graph that captured
+    a launch keeps its set), kept for the process; a larger one replaces a smaller (after the stream's work)."""
+    if device.type != "cuda":       # the interpreter: fresh ones, so a run stopped halfway leaves nothing behind
+        return torch.zeros(max(count, 1), dtype=torch.int32), 0
+    stream = torch.cuda.current_stream(device).cuda_stream
     key = (str(device), stream)
     counters = _COUNTERS.get(key)
     if counters is None or counters.numel() < count:
-        counters = _COUNTERS[key] = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
-    return counters
+        counters = torch.zeros(max(count, 256), dtype=torch.int32, device=device)
+        if key in _COUNTERS:
+            _RETIRED.append(_COUNTERS[key])     # a recorded plan or a captured graph may still pass the old one
+        _COUNTERS[key] = counters
+    return counters, stream
 
 
 def _direct(kernel, grid, args: tuple, kwargs: dict) -> None:
@@ -245,17 +252,18 @@ def _direct(kernel, grid, args: tuple, kwargs: dict) -> None:
 
 
 def launch(args: tuple, p: StreamKPlan, M: int, N: int, flags: dict, device, *, element_bytes: int,
-           fast: bool = False, launches=None, counters=None) -> StreamKPlan:
+           fast: bool = False, launches=None) -> StreamKPlan:
     """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`. `args` are `gemm.gemm_kernel`'s 14
     arguments (C at index 5; host arrays for the interpreter), `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
     ACTIVATION; `fast` runs the fast-math compilation; `launches` (the op's `gemm_plan.Direct` or `Recording`)
-    launches the kernel and hands it the workspace; `counters` replaces `arrival_counters` (the interpreter's
-    host array)."""
+    launches the kernel and hands it the workspace, and replays it only on this stream (`arrival_counters`)."""
     partials = torch.empty((2 * p.programs * p.BM, p.BN), dtype=torch.float32, device=device)
     if launches is not None:
         partials = launches.workspace(partials, False)
-    if counters is None:
-        counters = arrival_counters(device, p.sk_tiles)
+    counters, stream = arrival_counters(device, p.sk_tiles)
+    if launches is not None:
+        counters = launches.adapt((counters,))[0]
+        launches.pin_stream(stream)
     align, pipelined = operand_alignment(M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
     kernel = gemm_stream_k_kernel_fast if fast else gemm_stream_k_kernel
     run = launches.launch if launches is not None else _direct
