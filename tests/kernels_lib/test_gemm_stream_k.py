@@ -80,9 +80,10 @@ def test_matches_numpy_and_leaves_the_counters_at_zero(name):
 
 
 def test_the_same_bits_whatever_order_the_programs_arrive_in():
-    """Every permutation of 4 programs over tiles split 2 to 5 ways: the last to arrive differs, and sums the
-    partials in K order, so C is bitwise the same. Differing from the order-0 sum shows the partials are real."""
-    M, N, K, programs, sk_tiles = 37, 41, 300, 4, 5         # 19 steps a tile: 24 per program, 2-3 per tile
+    """Every permutation of 4 programs over two tiles split 2 and 3 ways (19 K steps each, ranges of 10): the
+    last to arrive differs, and sums the partials in K order, so C is bitwise the same (three partials, since
+    two add the same in either order). Differing from the data-parallel sum shows the partials are real."""
+    M, N, K, programs, sk_tiles = 37, 41, 300, 4, 2
     results = []
     for order in itertools.permutations(range(programs)):
         args, expected = problem(M, N, K, programs, seed=3)
