@@ -9,6 +9,8 @@ import re
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 torch = pytest.importorskip("torch")
 
@@ -110,6 +112,32 @@ def test_the_op_forced_to_stream_k_matches_torch_with_the_epilogue(dtype, trans_
     out = gemm_module.gemm(a, b, bias, activation="gelu", trans_a=trans_a, trans_b=trans_b, alpha=0.5)
     check(out, reference(a, b, bias, "gelu", dtype, trans_a, trans_b, alpha=0.5))
     assert plans == [StreamKPlan(16, 16, 16, 2, 2, 4, 4, 2)]
+
+
+def test_the_op_forced_to_stream_k_applies_fp8_row_and_column_scales_to_the_right_tiles(monkeypatch):
+    """Per-row scales of A and per-column scales of B: a stream-K tile's epilogue finds its rows and columns."""
+    import test_gemm_fp8 as fp8
+    monkeypatch.setenv(gemm_module.STREAM_K_ENV, "1")
+    plans = record_plans(monkeypatch)
+    a, b = fp8.fp8_operands(70, 40, 200, fp8.E4M3, fp8.E4M3, seed=4)        # 15 tiles: 3 stream-K
+    scale_a, scale_b = fp8.scales(70, 40, True)
+    out = gemm_module.gemm(a, b, scale_a=scale_a, scale_b=scale_b)
+    fp8.check(out, fp8.reference(a, b, scale_a, scale_b))
+    assert [p.sk_tiles for p in plans] == [3]
+
+
+@settings(max_examples=25, deadline=None, derandomize=True)
+@given(M=st.integers(1, 70), N=st.integers(1, 70), K=st.integers(1, 150), programs=st.integers(1, 9),
+       data=st.data())
+def test_any_split_of_any_shape_matches_numpy(M, N, K, programs, data):
+    """Property: for every shape, program count and number of stream-K tiles, C is numpy's product and every
+    counter is back at 0."""
+    tiles = -(-M // 16) * -(-N // 16)
+    sk_tiles = data.draw(st.integers(0, tiles), label="sk_tiles")
+    args, expected = problem(M, N, K, programs, seed=M * N)
+    gemm_stream_k_kernel[(programs,)](*args, sk_tiles, **NO_EPILOGUE, **SMALL)
+    np.testing.assert_allclose(args[5], expected, rtol=1e-5, atol=1e-4)
+    assert not args[7].any()
 
 
 def record_plans(monkeypatch):
