@@ -5,11 +5,12 @@ T mod P is small the last wave leaves most SMs idle (M = N = 3072 with
 128 x 128 tiles: 576 tiles on 132 SMs, 4.36 waves, so 5 waves of time for
 4.36 of work). CUTLASS's data-parallel + stream-K hybrid (Osama et al.,
 "Stream-K", PPoPP 2023) keeps the full waves data-parallel and splits only
-the remainder, `sk_tiles` tiles at the end of the grouped order, in
-K steps: their sk_tiles x k_steps multiply-accumulate iterations are cut
-into P equal, contiguous ranges, one per program, which may start and end
-inside a tile. Every program then does the same work, DP waves plus its
-range (4 waves + 18 of 48 K steps at 3072^3).
+the rest, `sk_tiles` tiles at the end of the grouped order (the partial
+wave, or it and the wave before: `stream_k_tiles`), in K steps: their
+sk_tiles x k_steps multiply-accumulate iterations are cut into P equal,
+contiguous ranges, one per program, which may start and end inside a tile.
+Every program then does the same work, DP waves plus its range (3072^3:
+3 waves + 66 of 48-step tiles' K steps, against 5 waves).
 
 A program that covers only part of a tile's K writes its float32 partial
 to its own workspace slot (two per program: the tile its range starts in,
@@ -27,7 +28,7 @@ GEMM tiles. A range that covers a whole tile stores it directly.
 The op (`gemm.py`) launches it where `stream_k_plan` (the wave model below)
 says it pays, or where $TESSERA_GEMM_STREAM_K forces it; the tile comes from
 `gemm_configs.json` ("stream_k"). The counters (`arrival_counters`) are
-zeroed once per device, stream and size; the workspace is fresh per call.
+zeroed once per device and stream; the workspace is fresh per call.
 """
 
 from __future__ import annotations
@@ -43,7 +44,6 @@ from . import gemm_configs
 from .gemm import STREAM_K_ENV, gemm_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
-
 
 
 @tessera.func
@@ -181,31 +181,43 @@ def _tile(config: dict, element_bytes: int) -> tuple[int, int, int, int, int, in
             config["STAGES"], config["num_warps"])
 
 
-def modelled(M: int, N: int, K: int, element_bytes: int, programs: int, BM: int, BN: int, BK: int) -> Waves:
-    """The wave model of one persistent launch of `programs` programs (one per SM). A K step costs 2 BM BN BK
-    flops at SM_TFLOPS (scaled by 2 / element_bytes: fp8 runs twice as fast); data-parallel, every program
-    runs ceil(tiles / programs) tiles of k_steps steps. Stream K runs tiles // programs whole tiles, then
-    cdiv((tiles % programs) * k_steps, programs) steps, and the busiest program writes two float32 partials
-    and reads every partial of one tile (cdiv(k_steps, share) + 1 of them) at SM_L2_GBPS."""
+def stream_k_tiles(tiles: int, programs: int) -> tuple[int, ...]:
+    """The stream-K tile counts a plan chooses from (CUTLASS's hybrids): the last, partial wave alone ("DP + one
+    tile": each program gets under one tile of K steps, so a tile may have many contributors), or with one more
+    wave ("DP + two tiles": each program gets one to two tiles' steps, at most three contributors a tile)."""
+    rest = tiles % programs
+    return (rest, rest + programs) if tiles >= rest + programs else (rest,)     # (one wave only: split K's)
+
+
+def modelled(M: int, N: int, K: int, element_bytes: int, programs: int, BM: int, BN: int, BK: int,
+             sk_tiles: int | None = None) -> Waves:
+    """The wave model of one persistent launch of `programs` programs (one per SM), `sk_tiles` of its tiles
+    stream-K (default: the partial last wave). A K step costs 2 BM BN BK flops at SM_TFLOPS (scaled by 2 /
+    element_bytes: fp8 runs twice as fast); data-parallel, every program runs ceil(tiles / programs) tiles of
+    k_steps steps. Stream K runs (tiles - sk_tiles) / programs whole tiles, then its share,
+    cdiv(sk_tiles * k_steps, programs) steps, and the busiest program writes two float32 partials and reads
+    every partial of one tile (cdiv(k_steps, share) + 1 of them) at SM_L2_GBPS."""
     tiles, k_steps = tessera.cdiv(M, BM) * tessera.cdiv(N, BN), max(1, tessera.cdiv(K, BK))
     step = 2 * BM * BN * BK / (SM_TFLOPS * 1e6 * 2 / element_bytes)
     data_parallel = tessera.cdiv(tiles, programs) * k_steps * step
-    rest = tiles % programs
-    if rest == 0:
+    sk_tiles = tiles % programs if sk_tiles is None else sk_tiles
+    if sk_tiles == 0:
         return Waves(data_parallel, data_parallel)
-    share = tessera.cdiv(rest * k_steps, programs)
+    share = tessera.cdiv(sk_tiles * k_steps, programs)
     partial = BM * BN * 4 / (SM_L2_GBPS * 1e3)
     readers = min(tessera.cdiv(k_steps, share) + 1, programs)
-    return Waves(data_parallel, (tiles // programs * k_steps + share) * step + (2 + readers) * partial)
+    whole = (tiles - sk_tiles) // programs * k_steps
+    return Waves(data_parallel, (whole + share) * step + (2 + readers) * partial)
 
 
 def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode: str = "auto",
                   config: dict | None = None) -> StreamKPlan | None:
     """The stream-K plan for this GEMM (`gemm_configs.STREAM_K`'s tile, or `config`), or None: the tiled kernel.
-    Only grids of more than one wave whose last one is partial (tiles > num_sms, tiles % num_sms > 0) qualify.
-    `mode` is $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the wave model
-    (`modelled`) times MARGIN faster than the data-parallel persistent kernel, once a GPU run has measured the
-    stream-K config (`gemm_configs.awaits_measurement`)."""
+    Only grids of more than one wave whose last one is partial (tiles > num_sms, tiles % num_sms > 0) qualify;
+    of `stream_k_tiles`' counts the one the wave model (`modelled`) times fastest is split. `mode` is
+    $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the model times MARGIN faster
+    than the data-parallel persistent kernel, once a GPU run has measured the stream-K config
+    (`gemm_configs.awaits_measurement`)."""
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"tessera::gemm: ${STREAM_K_ENV} must be 1 (always stream K where a persistent grid's "
                          f"last wave is partial), 0 (never) or auto, got {mode!r}")
@@ -213,13 +225,13 @@ def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode
     tiles = tessera.cdiv(M, BM) * tessera.cdiv(N, BN)
     if mode == "0" or tiles <= num_sms or tiles % num_sms == 0 or K == 0:
         return None
-    if mode == "auto":
-        if gemm_configs.awaits_measurement(gemm_configs.STREAM_K_CONFIG):
-            return None
-        waves = modelled(M, N, K, element_bytes, num_sms, BM, BN, BK)
-        if waves.stream_k > waves.data_parallel * (1 - MARGIN):
-            return None
-    return StreamKPlan(BM, BN, BK, GROUP_M, STAGES, num_warps, num_sms, tiles % num_sms)
+    if mode == "auto" and gemm_configs.awaits_measurement(gemm_configs.STREAM_K_CONFIG):
+        return None
+    times = {sk: modelled(M, N, K, element_bytes, num_sms, BM, BN, BK, sk) for sk in stream_k_tiles(tiles, num_sms)}
+    sk_tiles = min(times, key=lambda sk: (times[sk].stream_k, sk))
+    if mode == "auto" and times[sk_tiles].stream_k > times[sk_tiles].data_parallel * (1 - MARGIN):
+        return None
+    return StreamKPlan(BM, BN, BK, GROUP_M, STAGES, num_warps, num_sms, sk_tiles)
 
 
 # ---------------------------------------------------------------------------

@@ -103,7 +103,8 @@ def test_the_same_bits_whatever_order_the_programs_arrive_in():
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32], ids=str)
 @pytest.mark.parametrize("trans_a,trans_b", [(False, False), (True, True)])
 def test_the_op_forced_to_stream_k_matches_torch_with_the_epilogue(dtype, trans_a, trans_b, monkeypatch):
-    """$TESSERA_GEMM_STREAM_K=1 on the interpreter (4 "SMs", 16 x 16 tiles): 30 tiles, 2 in the last wave."""
+    """$TESSERA_GEMM_STREAM_K=1 on the interpreter (4 "SMs", 16 x 16 tiles): 30 tiles, 2 in the last wave, 6
+    stream-K with the wave before it (`stream_k_tiles`)."""
     monkeypatch.setenv(gemm_module.STREAM_K_ENV, "1")
     plans = record_plans(monkeypatch)
     M, N, K = 80, 90, 100
@@ -111,7 +112,7 @@ def test_the_op_forced_to_stream_k_matches_torch_with_the_epilogue(dtype, trans_
     bias = torch.randn(N, generator=torch.Generator().manual_seed(1))
     out = gemm_module.gemm(a, b, bias, activation="gelu", trans_a=trans_a, trans_b=trans_b, alpha=0.5)
     check(out, reference(a, b, bias, "gelu", dtype, trans_a, trans_b, alpha=0.5))
-    assert plans == [StreamKPlan(16, 16, 16, 2, 2, 4, 4, 2)]
+    assert plans == [StreamKPlan(16, 16, 16, 2, 2, 4, 4, 6)]
 
 
 def test_the_op_forced_to_stream_k_applies_fp8_row_and_column_scales_to_the_right_tiles(monkeypatch):
@@ -119,11 +120,11 @@ def test_the_op_forced_to_stream_k_applies_fp8_row_and_column_scales_to_the_righ
     import test_gemm_fp8 as fp8
     monkeypatch.setenv(gemm_module.STREAM_K_ENV, "1")
     plans = record_plans(monkeypatch)
-    a, b = fp8.fp8_operands(70, 40, 200, fp8.E4M3, fp8.E4M3, seed=4)        # 15 tiles: 3 stream-K
+    a, b = fp8.fp8_operands(70, 40, 200, fp8.E4M3, fp8.E4M3, seed=4)        # 15 tiles: 3 + 4 stream-K
     scale_a, scale_b = fp8.scales(70, 40, True)
     out = gemm_module.gemm(a, b, scale_a=scale_a, scale_b=scale_b)
     fp8.check(out, fp8.reference(a, b, scale_a, scale_b))
-    assert [p.sk_tiles for p in plans] == [3]
+    assert [p.sk_tiles for p in plans] == [7]
 
 
 @settings(max_examples=25, deadline=None, derandomize=True)
@@ -263,9 +264,20 @@ def test_the_wave_model_pays_where_the_last_wave_is_nearly_empty():
         4224, 4096, 4096, 2, 132, 128, 128, 64).data_parallel          # 1056 tiles: 8 whole waves
 
 
+def test_a_last_wave_of_few_tiles_is_split_with_one_more_wave():
+    """8192^3: 4096 tiles, 4 past 31 waves. Those 4 alone give each program 4 of 128 K steps, so a tile has 33
+    contributors and its last reads 33 partials; with one more wave (136 tiles) each program gets a tile's worth
+    and a tile at most 2 partials: the model picks that (CUTLASS's DP + two-tile stream-K)."""
+    assert gemm_stream_k.stream_k_tiles(4096, 132) == (4, 136)
+    assert gemm_stream_k.stream_k_tiles(140, 132) == (8, 140)                 # or every tile
+    one, two = (modelled(8192, 8192, 8192, 2, 132, 128, 128, 64, sk) for sk in (4, 136))
+    assert two.stream_k < one.stream_k < one.data_parallel
+    assert stream_k_plan(8192, 8192, 8192, 2, 132, mode="1").sk_tiles == 136
+
+
 def test_the_plan_needs_a_partial_last_wave_and_auto_waits_for_a_measurement(monkeypatch):
     forced = stream_k_plan(3072, 3072, 3072, 2, 132, mode="1")
-    assert forced == StreamKPlan(128, 128, 64, 8, 3, 8, 132, 576 - 4 * 132)
+    assert forced == StreamKPlan(128, 128, 64, 8, 3, 8, 132, 576 - 3 * 132)     # DP + two tiles (see below)
     assert stream_k_plan(3072, 3072, 3072, 2, 132, mode="0") is None
     assert stream_k_plan(4224, 4096, 4096, 2, 132, mode="1") is None       # whole waves
     assert stream_k_plan(1024, 1024, 4096, 2, 132, mode="1") is None       # 64 tiles: one wave (split K's)
