@@ -173,15 +173,41 @@ def simulated(target, mutate=None):
     fn = lower(spec.module, target, 4).functions[0]
     if mutate is not None:
         mutate(fn)
-    run_threads(fn, args, (programs,))
+    run_threads(fn, args, (programs,), global_races=True)
     return args[5], a.astype(np.float32) @ b.astype(np.float32), args[7]
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_the_simt_simulator_runs_the_hand_off_without_races(target):
+    """With the simulator's happens-before check (`global_races=True`): every partial a block reads, another
+    wrote before a release this block acquired."""
     out, expected, counters = simulated(target)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
     assert not counters.any()
+
+
+def relax_the_counter(fn):
+    """The mutation: the arrival counter bumped by a plain load, add and store (what a relaxed counter without
+    fences amounts to: no release of the partial, no acquire of the others')."""
+    from tessera.ir.core import Operation
+    (atomic,) = [op for op in fn.walk() if op.name == "atomic_rmw"]
+    pointer, one, mask = atomic.operands
+    block = atomic.parent
+    old = Operation("load", [pointer, mask], [atomic.results[0].type], {}, loc=atomic.loc)
+    new = Operation("add", [old.results[0], one], [one.type], {}, loc=atomic.loc)
+    store = Operation("store", [pointer, new.results[0], mask], [], {}, loc=atomic.loc)
+    at = block.ops.index(atomic)
+    block.ops[at:at + 1] = [old, new, store]
+    for op in (old, new, store):
+        op.parent = block
+    for op in fn.walk():
+        op.operands = [old.results[0] if v is atomic.results[0] else v for v in op.operands]
+
+
+def test_the_simulator_reports_a_relaxed_counter_as_a_race():
+    with pytest.raises(InterpreterError, match=r"global-memory race: this load in block \(1, 0, 0\) touches "
+                                               r"'counter_ptr' that block \(0, 0, 0\) wrote with store"):
+        simulated("sm_80", relax_the_counter)
 
 
 def narrow_the_counter(fn):
