@@ -1,7 +1,8 @@
 """The stream-K GEMM (tessera/kernels_lib/gemm_stream_k.py): the kernel on the interpreter against numpy where
 tiles and K ranges straddle, the same bits whatever order its programs arrive in, the SIMT simulator on sm_80
-and sm_90a (and a narrowed counter caught as a race), the hand-off's instructions in PTX, ptxas without spills,
-the wave model and the op's choice ($TESSERA_GEMM_STREAM_K)."""
+and sm_90a with its happens-before check (and two mutations of the counter caught as races: narrowed to the CTA,
+relaxed to a plain load and store), the hand-off's instructions in PTX, ptxas without spills, the wave model and
+the op's choice ($TESSERA_GEMM_STREAM_K)."""
 
 import importlib
 import itertools
@@ -156,32 +157,37 @@ def record_plans(monkeypatch):
 
 # --- the SIMT simulator: the hand-off between programs ------------------------------------------------------
 
-def simulated(target, mutate=None):
-    """The kernel lowered for `target` (64 x 64 tiles, wgmma and TMA on sm_90a, mma.sync and cp.async on sm_80)
-    on the simulator: 96 x 128 x 160 (4 tiles, 5 K steps) on 3 programs, the last 2 tiles stream-K (ranges of
-    4 steps: a tile of one program, tiles of two). `mutate` edits the thread IR first. Returns (C, numpy's C,
-    the counters)."""
+SIMULATED_TILES = {"64x64": (dict(BM=64, BN=64, BK=32, GROUP_M=2, STAGES=2), 4),
+                   "shipped": (dict(BM=128, BN=128, BK=64, GROUP_M=8, STAGES=3), 8)}    # two warpgroups
+
+
+def simulated(target, mutate=None, tile="64x64"):
+    """The kernel lowered for `target` (wgmma and TMA on sm_90a, mma.sync and cp.async on sm_80) on the
+    simulator: 2 x 2 tiles, 5 K steps, on 3 programs, the last 2 tiles stream-K (ranges of 4 steps: a tile of
+    one program, tiles of two). `mutate` edits the thread IR first. Returns (C, numpy's C, the counters)."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
-    M, N, K, programs = 96, 128, 160, 3
+    meta, warps = SIMULATED_TILES[tile]
+    M, N, K, programs = int(1.5 * meta["BM"]), 2 * meta["BN"], 5 * meta["BK"], 3
     rng = np.random.default_rng(7)
     a, b = rng.standard_normal((M, K)).astype(np.float16), rng.standard_normal((K, N)).astype(np.float16)
     unused = np.zeros(1, np.float32)
-    args = [a, b, unused, unused, unused, np.zeros((M, N), np.float32), np.zeros((2 * programs * 64, 64), np.float32),
-            np.zeros(4, np.int32), M, N, K, 1.0, K, 1, N, 1, 2]
-    spec = gemm_stream_k_kernel.specialize(*args, **NO_EPILOGUE, BM=64, BN=64, BK=32, GROUP_M=2, STAGES=2)
-    fn = lower(spec.module, target, 4).functions[0]
+    args = [a, b, unused, unused, unused, np.zeros((M, N), np.float32),
+            np.zeros((2 * programs * meta["BM"], meta["BN"]), np.float32), np.zeros(4, np.int32), M, N, K, 1.0, K, 1,
+            N, 1, 2]
+    spec = gemm_stream_k_kernel.specialize(*args, **NO_EPILOGUE, **meta)
+    fn = lower(spec.module, target, warps).functions[0]
     if mutate is not None:
         mutate(fn)
     run_threads(fn, args, (programs,), global_races=True)
     return args[5], a.astype(np.float32) @ b.astype(np.float32), args[7]
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
-def test_the_simt_simulator_runs_the_hand_off_without_races(target):
+@pytest.mark.parametrize("target, tile", [("sm_80", "64x64"), ("sm_90a", "64x64"), ("sm_90a", "shipped")])
+def test_the_simt_simulator_runs_the_hand_off_without_races(target, tile):
     """With the simulator's happens-before check (`global_races=True`): every partial a block reads, another
     wrote before a release this block acquired."""
-    out, expected, counters = simulated(target)
+    out, expected, counters = simulated(target, tile=tile)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
     assert not counters.any()
 
