@@ -17,11 +17,11 @@ def pytest_collection_modifyitems(config, items):
 
     skip_nvidia = pytest.mark.skip(reason="needs an NVIDIA GPU and its driver")
     skip_amd = pytest.mark.skip(reason="needs an AMD GPU and ROCm (libamdhip64.so)")
-    for item in items:
-        if "amdgpu" in item.keywords:
+    for item in items:                           # markers, not keywords: a parameter id "gpu" is no GPU test
+        if item.get_closest_marker("amdgpu"):
             if not hip.driver_available():
                 item.add_marker(skip_amd)
-        elif "gpu" in item.keywords and not cuda.driver_available():
+        elif item.get_closest_marker("gpu") and not cuda.driver_available():
             item.add_marker(skip_nvidia)
 
 
@@ -54,11 +54,11 @@ def pytest_runtest_makereport(item, call):
     """After a `gpu` test's call, synchronize the CUDA contexts in use; if one fails, this test fails with a
     message naming it (whatever its own outcome), and the process is marked poisoned."""
     outcome = yield
-    if call.when != "call" or POISONED in item.config.stash or "gpu" not in item.keywords:
+    if call.when != "call" or POISONED in item.config.stash or not item.get_closest_marker("gpu"):
         return              # (a CPU test may have put a fake torch in sys.modules: no probe looks at it)
     from gpu_isolation import check_after_test, context_probes
 
-    poisoning = check_after_test(item.nodeid, "gpu" in item.keywords, context_probes(),
+    poisoning = check_after_test(item.nodeid, bool(item.get_closest_marker("gpu")), context_probes(),
                                  under_xdist=hasattr(item.config, "workerinput"))
     if poisoning is None:
         return
@@ -83,7 +83,7 @@ def pytest_runtest_protocol(item, nextitem):
 def pytest_runtest_setup(item):
     """In a single process, a GPU test after the poisoning fails at once, naming the test that caused it."""
     poisoning = item.config.stash.get(POISONED, None)
-    if poisoning is not None and "gpu" in item.keywords:
+    if poisoning is not None and item.get_closest_marker("gpu"):
         pytest.fail(f"not run: {poisoning.message()} (run `pytest -n N` to give each test a fresh process after "
                     f"such a failure)", pytrace=False)
 
