@@ -84,3 +84,16 @@ def test_a_boolean_is_recomputed_but_a_multiply_is_not():
     assert "%sunk1.e = icmp eq i32 %s, 0\n  %sunk1.f = and i1 %sunk1.e, true\n  %c = and i1 %c0, %sunk1.f" in loop
     assert "%w = add <4 x i32> %v, %0\n" in loop and "mul" not in loop
     llvm.parse_assembly(after).verify()
+
+
+def test_a_kernel_attribute_joins_its_attribute_group():
+    from tessera.backends.llvm.sink_vectors import with_kernel_attribute
+    grouped = BEFORE.replace("i32 %n) {", "i32 %n) local_unnamed_addr #0 {") + \
+        'attributes #0 = { "amdgpu-flat-work-group-size"="1,256" }\n'
+    added = with_kernel_attribute(grouped, "k", '"amdgpu-sched-strategy"="iterative-minreg"')
+    assert 'attributes #0 = { "amdgpu-sched-strategy"="iterative-minreg" "amdgpu-flat-work-group-size"="1,256" }' \
+        in added
+    inline = with_kernel_attribute(BEFORE, "k", '"a"="b"')
+    assert 'i32 %n) "a"="b" {' in inline
+    for text in (added, inline):
+        llvm.parse_assembly(text).verify()

@@ -85,10 +85,16 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
         pass_builder.getModulePassManager().run(module, pass_builder)
         optimized_ir = str(module)
         result = _emit(tm, module, optimized_ir, emit_object)
-        if sink_vectors and _spills(result["assembly"]):
-            sunk = _sink_vectors(optimized_ir, kernel, triple, cpu, features, opt_level, emit_object)
-            if sunk is not None and _spills(sunk["assembly"]) < _spills(result["assembly"]):
-                result = sunk
+        if sink_vectors and any(_spills(result["assembly"])):
+            sink = _sibling("sink_vectors")
+            for scheduler in (None, sink.LOW_PRESSURE_SCHEDULER):   # the second only if the first still spills
+                sunk = _sink_vectors(optimized_ir, kernel, triple, cpu, features, opt_level, emit_object, scheduler)
+                if sunk is None:
+                    break
+                if _spills(sunk["assembly"]) < _spills(result["assembly"]):
+                    result = sunk
+                if not any(_spills(result["assembly"])):
+                    break
         return result
 
 
@@ -110,12 +116,15 @@ def _spills(assembly: str) -> tuple[int, int]:
 
 
 def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, features: str, opt_level: int,
-                  emit_object: bool) -> dict | None:
-    """The code of `optimized_ir` after `sink_vectors.sink_vector_cones`, or None if nothing moved."""
+                  emit_object: bool, scheduler: str | None = None) -> dict | None:
+    """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
+    if given, else its default), or None if nothing moved."""
     sink = _sibling("sink_vectors")
     text, copies = sink.sink_vector_cones(optimized_ir, kernel)
     if not copies:
         return None
+    if scheduler is not None:
+        text = sink.with_kernel_attribute(text, kernel, f'"amdgpu-sched-strategy"="{scheduler}"')
     try:
         module = llvm.parse_assembly(text)
         module.verify()

@@ -25,6 +25,10 @@ from __future__ import annotations
 import re
 
 CODE_GEN_LEVEL = 1   # LLVM's CodeGenOptLevel::Less: the AMDGPU code generator's own LICM runs only above it
+# Within one block, LLVM's default AMDGPU scheduler may compute every lane of a 32-lane mask before the first
+# select reads one (32 SGPR pairs at once: attention's window and softcap masks); its register-minimizing
+# scheduler does not. It is the last try for a kernel that still spills (`optimize.compile_llvm`).
+LOW_PRESSURE_SCHEDULER = "iterative-minreg"
 
 CHEAP = frozenset({"insertelement", "shufflevector", "add", "sub", "or", "and", "xor", "shl", "lshr", "ashr",
                    "icmp", "fcmp", "sext", "zext", "trunc", "select", "getelementptr"})
@@ -104,3 +108,15 @@ def sink_vector_cones(text: str, kernel: str) -> tuple[str, int]:
             out.append(line)
     out.extend(lines[end:])
     return ("\n".join(out), copies) if copies else (text, 0)
+
+
+def with_kernel_attribute(text: str, kernel: str, attribute: str) -> str:
+    """`text` with function attribute `attribute` (`"name"="value"`) added to kernel `kernel`."""
+    define = re.search(r"^define [^\n]*@\"?" + re.escape(kernel) + r"\"?\([^\n]*\)([^\n{]*)\{", text, re.M)
+    if define is None:
+        return text
+    group = re.search(r"#(\d+)", define.group(1))
+    if group is None:                              # no attribute group: the attribute goes on the line itself
+        return text[:define.start(1)] + define.group(1).rstrip() + f" {attribute} " + text[define.end(1):]
+    line = re.search(r"^attributes #" + group.group(1) + r" = \{", text, re.M)
+    return text[:line.end()] + f" {attribute}" + text[line.end():]
