@@ -97,3 +97,10 @@ def test_a_kernel_attribute_joins_its_attribute_group():
     assert 'i32 %n) "a"="b" {' in inline
     for text in (added, inline):
         llvm.parse_assembly(text).verify()
+
+
+def test_the_spill_counts_are_read_from_the_kernels_metadata():
+    from tessera.backends.llvm.optimize import _spills
+    assembly = "\t.amdhsa_kernel k\n    .sgpr_count:     106\n    .sgpr_spill_count: 48\n    .vgpr_spill_count: 2\n"
+    assert _spills(assembly) == (2, 48)
+    assert _spills("\t.entry k\n") == (0, 0)       # PTX, or a kernel without the counts: nothing spilled

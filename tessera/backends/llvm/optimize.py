@@ -128,8 +128,8 @@ def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, feature
     try:
         module = llvm.parse_assembly(text)
         module.verify()
-    except RuntimeError as e:
-        raise LLVMError(f"sinking vector values broke the module (a Tessera bug): {e}") from None
+    except RuntimeError:    # a bug of the text rewrite: keep the code that spills (the no-spill tests notice)
+        return None
     tm = _target_machine(triple, cpu, features, min(opt_level, sink.CODE_GEN_LEVEL))
     return _emit(tm, module, text, emit_object)
 
