@@ -6,10 +6,11 @@ For head dims 64 and 128 (`WS_GPU_PLANS`), bf16, plain and window-softcap, Flash
 overlapped one: registers (of the 384-thread entry; the consumers run under `setmaxnreg.inc 232`), spill bytes,
 SASS instructions in all, in the consumers' key loop (the innermost loop holding HGMMAs: `sass.loop_containing`)
 and a census of the whole kernel (HGMMA, UTMALDG, UTMASTG, STSM, BAR, SYNCS: the mbarrier ops). Needs ptxas and
-cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles, and per tile a
-barrier before each TMA load of a block outside the ring (Q; with the overlapped order the peeled K and V too),
-which consumer thread 0 issues each tile (`schedule/tma_operand.py`). docs/perf/attention-forward-h100.md
-tabulates the output.
+cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles; per tile the producer's
+TMA load of Q (with the overlapped order also the peeled first K block) behind Q's empty mbarrier, which the
+consumers arrive on after the key loop (`schedule/tile_operands.py`), and with the overlapped order a barrier
+before the last V block's TMA load, which consumer thread 0 issues (`schedule/tma_operand.py`).
+docs/perf/attention-forward-h100.md tabulates the output.
 """
 
 from __future__ import annotations

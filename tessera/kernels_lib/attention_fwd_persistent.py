@@ -6,9 +6,10 @@ warp-specialized the producer warpgroup walks the tiles too and starts the
 next tile's K and V fills while the consumers run this tile's epilogue (O's
 store, the LSE) (`passes/schedule/warp_specialized_tiles.py`); a TMA store of
 O inside the tile loop waits for its reads only before the next tile's
-(`passes/schedule/tma_store.py`); Q's block comes by TMA each tile
-(`passes/schedule/tma_operand.py`). The per-tile body is `attention_tile`,
-the one the one-tile kernel runs.
+(`passes/schedule/tma_store.py`); the producer loads each tile's Q block by
+TMA as soon as the consumers' last Q K^T of the tile before has retired, so
+it lands during that tile's epilogue (`passes/schedule/tile_operands.py`).
+The per-tile body is `attention_tile`, the one the one-tile kernel runs.
 
 Tile order. Tile t is (m-block, batch * head) by scalar math, which the
 producer can run (it reads no memory). With a right bound (causal), query

@@ -183,8 +183,9 @@ PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for vari
 def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_the_tile_loop(D, variant, overlap):
     """sm_90a, 384 threads, every plan the op may launch persistent: the mbarriers are initialized once, before
     the split (no mbarrier.init inside a loop); the producer's one thread issues K's and V's TMA fills inside
-    its K loop inside its own tile loop; Q (and the overlapped order's peeled first K and last V blocks) come by
-    TMA each tile, issued in the consumers' branch (no `ld.global` at all); ptxas spills nothing."""
+    its K loop inside its own tile loop, and Q's (with the overlapped order also the peeled first K block's) in
+    its tile loop, outside the K loop (`schedule/tile_operands.py`); only the overlapped order's last V block
+    comes by TMA issued in the consumers' branch (no `ld.global` at all); ptxas spills nothing."""
     compiled = compile_persistent(D, variant, overlap)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["num_threads"] == 384
@@ -199,18 +200,22 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
                 if (m := re.search(r"\bbra(?:\.uni)?\s+(\$?\w+);", line)) and labels.get(m.group(1), i + 1) < i]
     assert all(not lo <= j <= hi for j in inits for lo, hi in backward), "no mbarrier.init inside a loop"
     tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d.shared" in line and dec < i < inc]
-    assert len(tma) == 2 * D // 64, "K and V: the producer's TMA fills"
-    # the thread IR (structured): the producer's TMA loads sit in a `for` (the K loop) in a `for` (the tiles)
+    assert len(tma) == (D // 64) * (4 if overlap else 3), "the producer's TMA: K and V fills, Q (and K_lo)"
+    # the thread IR (structured): the producer's TMA fills sit in a `for` (the K loop) in a `for` (the tiles),
+    # Q's load in the tile loop only; the consumers' branch loads no Q
     thread_ir = compiled.stages["thread_ir"].splitlines()
+    split = next(k for k, line in enumerate(thread_ir) if "setmaxnreg" in line and '"inc"' in line)
+    maps = {}                               # (role, loops around the load) -> the maps its TMA loads use
     for k, line in enumerate(thread_ir):
-        if "tma_load" in line and "k_ptr_tma" in line:
-            assert len(enclosing_loops(thread_ir, k)) == 2, enclosing_loops(thread_ir, k)
-            break
-    else:
-        raise AssertionError("no TMA load of K")
+        if "tma_load" in line:
+            where = ("producer" if k < split else "consumers", len(enclosing_loops(thread_ir, k)))
+            maps.setdefault(where, set()).add(re.search(r"%(\w+)_ptr_tma", line).group(1))
+    assert maps.pop(("producer", 2)) == {"k", "v"}, "K and V filled in the K loop in the tile loop"
+    assert maps.pop(("producer", 1)) == ({"q", "k"} if overlap else {"q"}), "Q (and K_lo) once a tile"
+    assert maps == ({("consumers", 1): {"v"}} if overlap else {}), maps
     assert "ld.global" not in ptx
     consumers = [line for line in lines[inc:] if "cp.async.bulk.tensor.4d.shared" in line]
-    assert len(consumers) == (D // 64) * (3 if overlap else 1), "Q's boxes (and K_lo's, V_hi-1's) by TMA"
+    assert len(consumers) == (D // 64) * (1 if overlap else 0), "only V_hi-1's boxes issued by the consumers"
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in "\n".join(lines[inc:]), "O by TMA store"
 
 

@@ -177,11 +177,15 @@ def store_operand(ctx, op, index: int, regs: Regs, n: int) -> SharedOperand:
 
 
 def await_operands(ctx, dot: Operation) -> None:
-    """Wait for the operands of `dot` a TMA load is still filling (`schedule/tma_operand.py`), once each."""
+    """Wait for the operands of `dot` a TMA load is still filling (`schedule/tma_operand.py`), once each; one wait
+    also lands the other blocks counted on the same barrier phase (`schedule/tile_operands.py`), whose waits are
+    dropped (a second wait for a phase already seen would not wait for the next)."""
     for value in dot.operands[:2]:
         landing = ctx.landing.pop(value, None)
         if landing is not None:
             ctx.create("mbarrier_wait", list(landing))
+            for other in [v for v, owed in ctx.landing.items() if owed[0] is landing[0] and owed[1] is landing[1]]:
+                del ctx.landing[other]
 
 
 def wgmma_dot(ctx, op, plan):

@@ -31,7 +31,9 @@ every thread's reads of the previous tile's block (each warpgroup retired
 its wgmmas before the barrier). The load runs before the loop of a warp-specialized
 kernel, so every thread of the CTA sees the init and thread 0, a consumer,
 issues the load while the producer starts its fills
-(`consumer_prologue.producer_may_run` lets it stay there). Kept out: other
+(`consumer_prologue.producer_may_run` lets it stay there). In the tile loop
+around a warp-specialized K loop, the producer warpgroup issues the loads
+whose reads all end with the K loop instead (`tile_operands.py`). Kept out: other
 users of the registers (an elementwise op, a store), a nonzero fill,
 kernels whose programs hand data to each other (their TMA reads would need
 a global proxy fence), and targets without TMA.

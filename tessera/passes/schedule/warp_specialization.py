@@ -383,14 +383,17 @@ def _pingpong_loops(ctx, op: Operation, ring: SpecializedRing, lb, ub, step) -> 
     return ctx.create("if", [is_first], None, [r.type for r in loop.results], branches).results
 
 
-def end_ring(ctx, ring: SpecializedRing) -> None:
-    """After the consumers' last loop (its last group retired): the mbarriers invalidated once every thread, the
-    producer's included, is done with them, and a barrier before the rings' bytes are reused."""
+def end_ring(ctx, ring: SpecializedRing, more_mbarriers: tuple[Value, ...] = ()) -> None:
+    """After the consumers' last loop (its last group retired): the mbarriers (the ring's and `more_mbarriers`
+    both roles used) invalidated once every thread, the producer's included, is done with them, and a barrier
+    before the rings' bytes are reused."""
     _all_threads_barrier(ctx, ctx.threads.consumers)   # every thread is past its last use of full[] and empty[]
     ring.full.release(ctx)
     with ctx.when(ctx.index.first_thread()):
         for s in range(ring.plan.stages):
             ctx.create("mbarrier_inval", [_bar(ctx, ring.empty, ctx.const(s))])
+        for bar in more_mbarriers:
+            ctx.create("mbarrier_inval", [bar])
     ctx.threads.barrier()                                   # before later buffers reuse the rings' bytes
 
 

@@ -9,7 +9,9 @@ the tile loop with only the scalar tile math its fills need, the consumers
 run it with the whole body (the K loop, the epilogue), and the ring's slot
 and phase count on across tiles, so the producer fills the next tile's
 slots while the consumers run this tile's epilogue, held back only by the
-empty barriers. Guarantees: as `warp_specialization.py`'s, with the
+empty barriers; blocks that the K loop reads but that are the same for all
+its iterations (attention's Q) the producer loads too, one tile ahead
+(`tile_operands.py`). Guarantees: as `warp_specialization.py`'s, with the
 mbarriers initialized once before the split and invalidated once after
 both branches meet; the emitted code is the comment above
 `lower_specialized_tile_loop`. In a thread-block cluster with multicast
@@ -26,6 +28,7 @@ from tessera.ir.types import TileType
 from ..lowering import lower_op
 from ..lowering.invariant_operands import end_staged_reads, stage_invariant_operands
 from ..lowering.values import I32, Regs
+from . import tile_operands
 from .persistent import tile_slice
 from .software_pipeline import slot_ahead
 from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop, end_ring, producer_entry,
@@ -37,12 +40,15 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # uses slot g mod S with parity (g div S) mod 2, as in `persistent.py`'s non-specialized schedule):
 #
 #     rings, full[S], empty[S]: allocated and initialized here, once (`specialized_ring`)
+#     [q, q_full, q_empty: the tile-invariant operands' buffers and mbarriers (`tile_operands.py`)]
 #     if thread_id >= C {producer_joins_at = k}               the producer warpgroup
 #         [setmaxnreg dec 40]
 #         if thread_id == C {
-#             for tile = lo .. hi, slot = 0, phase = 0, wrapped = 0:
+#             for tile = lo .. hi, slot = 0, phase = 0, wrapped = 0, [q_phase = 0]:
 #                 ... the scalar ops of the tile body that the K loop's bounds and the blocks' addresses
 #                     need (`tile_slice`): pid_m, pid_n, the bounds ...
+#                 [if tile > lo: mbarrier_wait q_empty, 1 - q_phase      (the previous tile's release)
+#                  arrive_expect_tx q_full; tma_load q ... q_full]
 #                 for iv = lb .. ub, slot, phase, wrapped:
 #                     if wrapped: mbarrier_wait empty[slot], 1 - phase        (the release of fill g - S)
 #                     arrive_expect_tx full[slot]; tma_load ... full[slot]
@@ -51,13 +57,15 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 #         named_barrier {id = 2, count = C + 128}
 #     } else {                                                 the consumers
 #         [setmaxnreg inc R]
-#         for tile = lo .. hi, carried..., slot = 0, phase = 0:
+#         for tile = lo .. hi, carried..., slot = 0, phase = 0, [q_phase = 0]:
 #             ... the tile body before the K loop (pid_m, pid_n, acc = 0) ...
+#             [mbarrier_wait q_full, q_phase                             (at the first read of q)]
 #             %acc, slot', phase' = for iv = lb .. ub, acc, slot, phase:    `consumer_loop`, as without tiles:
 #                 mbarrier_wait full[slot], phase; wgmma ...; wgmma_wait {pending = 1}
 #                 if iv > lb and thread_id % 128 == 0: mbarrier_arrive empty[slot - 1]
 #             wgmma_wait {pending = 0}
 #             if lb < ub and thread_id % 128 == 0: mbarrier_arrive empty[slot' - 1]   (the tile's last slot)
+#             [if thread_id % 128 == 0: mbarrier_arrive q_empty]
 #             ... the rest of the tile body (the epilogue; barriers are the consumers' named barrier 1) ...
 #         named_barrier {id = 2}; thread 0 invalidates full[] and empty[]; named_barrier {id = 1}
 #         ... the rest of the kernel ...
@@ -73,20 +81,24 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # not wait). The producer is never more than S fills ahead, so it fills the next tile's first slots while the
 # consumers run this tile's epilogue, and the epilogue's buffers cannot share the rings' bytes: the rings are
 # live until the branches meet after the tile loop (`shared_memory._lifted_end`). Tiles with no K iteration
-# fill, wait and release nothing.
+# fill, wait and release nothing in the ring; q (the bracketed parts, when the body loads a block only the K
+# loop and the ops before it read: attention's Q) completes one phase of q_full and of q_empty every tile, so
+# the producer loads tile k + 1's q once the consumers' K loop of tile k is over (`tile_operands.py`).
 def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
     """Lower tile loop `outer` holding warp-specialized loop `op` as the comment above says."""
     ring = specialized_ring(ctx, op)
+    operands = tile_operands.allocate(ctx, tile_operands.movable_operands(ctx, outer, op, ring.consumers),
+                                      ring.consumers)
     producer, consumer = Block(), Block()
     with ctx.b.at(producer):
         producer_entry(ctx, ring)
         with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(ring.consumers), attrs={"pred": "eq"})):
-            _producer_tiles(ctx, outer, op, ring)
+            _producer_tiles(ctx, outer, op, ring, operands)
         producer_exit(ctx, ring)
     with ctx.b.at(consumer):
         consumer_entry(ctx, ring)
-        results = _consumer_tiles(ctx, outer, op, ring)
-        end_ring(ctx, ring)
+        results = _consumer_tiles(ctx, outer, op, ring, operands)
+        end_ring(ctx, ring, (operands.full, operands.empty) if operands else ())
     split_roles(ctx, ring, producer, consumer)
     for old, result in zip(outer.results, results):
         result.name_hint = old.name_hint
@@ -94,51 +106,67 @@ def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
                    outer)
 
 
-def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing) -> None:
-    """The issuing thread's tile loop: per tile, the scalar ops the fills need, then the fills."""
+def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
+                    operands: tile_operands.TileOperands | None) -> None:
+    """The issuing thread's tile loop: per tile, the scalar ops the fills need, the tile's blocks outside the
+    ring (`tile_operands.py`, with their parity carried last), then the fills."""
     lo, hi, step = [ctx.thread_value(ctx.operand(outer, i)) for i in range(3)]
     values = list(op.operands[:3]) + [v for load in ring.plan.loads for o in (load.load, *load.slice)
                                       for v in o.operands]
-    slice_ops, _ = tile_slice(outer, values)            # (the refusal checked that nothing blocks it)
+    if operands is not None:
+        values += [v for load, plan in zip(operands.loads, operands.plans) for v in (*load.operands, *plan.box.leading)]
+    slice_ops, _ = tile_slice(outer, values)            # (the refusal and `movable_operands` checked it)
     region = outer.regions[0]
-    body = Block([lo.type, I32, I32, I32], [region.args[0].name_hint or "tile", "slot", "phase", "wrapped"])
+    names = [region.args[0].name_hint or "tile", "slot", "phase", "wrapped"] + (["operand_phase"] if operands else [])
+    body = Block([lo.type] + [I32] * (len(names) - 1), names)
     with ctx.b.at(body):
         ctx.env[region.args[0]] = body.args[0]
         for slice_op in slice_ops:
             lower_op(ctx, slice_op)
+        if operands is not None:
+            tile_operands.issue(ctx, operands, body.args[0], lo, body.args[4])
         lb, ub, k_step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
-        fills = producer_fills(ctx, ring, lb, ub, k_step, tuple(body.args[1:]))
-        ctx.create("yield", fills.results)
+        fills = producer_fills(ctx, ring, lb, ub, k_step, tuple(body.args[1:4]))
+        carried = list(fills.results) + ([tile_operands.flip(ctx, body.args[4])] if operands else [])
+        ctx.create("yield", carried)
     zero = ctx.const(0)
-    ctx.create("for", [lo, hi, step, zero, zero, zero], None, [I32, I32, I32], [body])
+    ctx.create("for", [lo, hi, step] + [zero] * (len(names) - 1), None, [I32] * (len(names) - 1), [body])
 
 
-def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing) -> list[Value]:
-    """The consumers' tile loop, the whole body with the K loop as `_consumer_k_loop`; its results (the ring's
-    slot and phase, carried last, left out)."""
-    operands = [ctx.thread_value(ctx.operand(outer, i)) for i in range(len(outer.operands))]
+def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
+                    operands: tile_operands.TileOperands | None) -> list[Value]:
+    """The consumers' tile loop, the whole body with the K loop as `_consumer_k_loop` and the blocks the producer
+    loads bound to its buffers (`tile_operands.bind`); its results (the ring's slot and phase, and the
+    producer-loaded blocks' parity, carried last, left out)."""
+    inits = [ctx.thread_value(ctx.operand(outer, i)) for i in range(len(outer.operands))]
     region = outer.regions[0]
     body = ctx.new_block(region)
     slot, phase = body.add_arg(I32, "slot"), body.add_arg(I32, "phase")
+    carried = [body.add_arg(I32, "operand_phase")] if operands is not None else []
     with ctx.b.at(body):
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops:
             if body_op is op:
-                slot, phase = _consumer_k_loop(ctx, op, ring, slot, phase)
+                slot, phase = _consumer_k_loop(ctx, op, ring, slot, phase, operands)
+            elif operands is not None and body_op in operands.loads:
+                tile_operands.bind(ctx, operands, body_op, carried[0])
             else:
+                if body_op is region.ops[-1] and carried:     # (the yield)
+                    carried = [tile_operands.flip(ctx, carried[0])]
                 lower_op(ctx, body_op)
-    body.ops[-1].operands.extend([slot, phase])         # the yield carries the ring's place too
+    body.ops[-1].operands.extend([slot, phase, *carried])   # the yield carries the ring's place too
     zero = ctx.const(0)
-    new = ctx.create("for", [*operands, zero, zero], None,
-                     [ctx.thread_type(r) for r in outer.results] + [I32, I32], [body])
+    new = ctx.create("for", [*inits, zero, zero] + [zero] * len(carried), None,
+                     [ctx.thread_type(r) for r in outer.results] + [I32] * (2 + len(carried)), [body])
     return new.results[:len(outer.results)]
 
 
-def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, phase: Value) -> tuple[Value, Value]:
+def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, phase: Value,
+                     operands: tile_operands.TileOperands | None) -> tuple[Value, Value]:
     """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`; then, with a wgmma group
-    in flight, its retirement and the release of the tile's last slot. Returns the ring's slot and phase after
-    it."""
+    in flight, its retirement and the release of the tile's last slot, and the release of the blocks the
+    producer loads (`operands`). Returns the ring's slot and phase after it."""
     staged = stage_invariant_operands(ctx, op)
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
     loop = consumer_loop(ctx, op, ring, lb, ub, step, start=(slot, phase))
@@ -149,6 +177,8 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
         ctx.create("wgmma_wait", attrs={"pending": 0})     # the last group, before the accumulator is read
         ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
         release(ctx, ring, slot_ahead(ctx, end_slot, plan.stages - 1, plan.stages), ran)
+    if operands is not None:
+        tile_operands.release(ctx, operands, plan.in_flight)
     end_staged_reads(ctx, op, staged)           # (Q's tile, staged by the consumers each tile)
     for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
