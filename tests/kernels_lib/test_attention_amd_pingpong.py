@@ -16,6 +16,7 @@ from tessera.kernels_lib.attention import AMD_PINGPONG_PLANS, GPU_PLANS  # noqa:
 from tessera.kernels_lib.attention_fwd import attention_fwd_kernel  # noqa: E402
 
 from amdgcn_phases import barrier_count, instructions, mfmas_outside_priority, phases  # noqa: E402
+from amd_spills import amd_spills  # noqa: E402
 from test_attention_compile import FORWARD_SIGNATURE, VARIANTS, forward_on_the_simulator  # noqa: E402
 
 AMD_TARGETS = ("gfx942", "gfx950")
@@ -108,7 +109,7 @@ def compile_pingpong(target, D, plan, variant):
 @pytest.mark.parametrize("D", sorted(AMD_PINGPONG_PLANS))
 @pytest.mark.parametrize("target", AMD_TARGETS)
 def test_every_amd_pingpong_plan_compiles_without_scratch(target, D, variant):
-    """512 threads (8 waves, 2 programs), each group's own LDS, no VGPR spills and no scratch; in the AMDGCN every
+    """512 threads (8 waves, 2 programs), each group's own LDS, no SGPR or VGPR spills and no scratch; in the AMDGCN every
     v_mfma lies inside an `s_setprio 1` .. `s_setprio 0` window with no s_barrier in it (LLVM kept the clusters
     between the sched_barriers), and the s_barriers are the plain kernel's plus the second loop copy's and the
     ones the stagger adds: group 1's opening barrier, group 0's closing one and, where the groups' trip counts
@@ -117,7 +118,7 @@ def test_every_amd_pingpong_plan_compiles_without_scratch(target, D, variant):
     compiled = compile_pingpong(target, D, plan, variant)
     metadata, assembly = compiled.metadata, compiled.stages["amdgcn"]
     assert metadata["num_threads"] == 512 and metadata["max_flat_workgroup_size"] == 512
-    assert metadata["vgpr_spill_count"] == 0 and metadata["private_segment_fixed_size"] == 0, metadata
+    assert amd_spills(metadata) == {}, metadata
     assert metadata["vgpr_count"] + metadata.get("agpr_count", 0) <= 256, "8 waves: 2 a SIMD, 256 registers each"
     assert re.findall(r"\bv_mfma_f32_\w+", assembly) and mfmas_outside_priority(assembly) == []
     assert "v_readfirstlane_b32" in assembly, "the group id is a scalar: the branches around the barriers are too"

@@ -20,6 +20,7 @@ from tessera.kernels_lib.attention import GPU_PLANS, WS_GPU_PLANS  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
 from attention_reference import attention as reference, nan_padded_kv  # noqa: E402
+from amd_spills import amd_spills  # noqa: E402
 from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -211,14 +212,29 @@ def test_head_dim_256_forward_has_register_headroom_on_sm_90a(variant):
     assert info["spill_stores"] == info["spill_loads"] == 0, f"under .maxnreg {cap}: {info['spill_stores']} bytes"
 
 
+# SGPR spills left where every plan has none (bench/amd_registers.py; a ceiling, so a regression fails): with
+# every option compiled in, the head-dim-128 forward on gfx942 keeps its window and softcap lane masks (two
+# SGPRs a lane of S) and its varlen bounds live at once; LLVM's register-minimizing scheduler, which gets
+# head dims 64 and 256 to none, spills 7 VGPRs to scratch there instead (worse). The dQ kernel's few: not
+# analysed yet.
+SGPR_SPILLS_LEFT = {("forward", "gfx942", 128): 27, ("amd-64-q", "gfx942"): 5, ("amd-64-q", "gfx950"): 1}
+
+
+def assert_amd_spills_within(metadata, *key):
+    """No VGPR spills and no scratch; SGPR spills at most `SGPR_SPILLS_LEFT[key]` (none unless listed)."""
+    spills = amd_spills(metadata)
+    assert spills.get("sgpr_spill_count", 0) <= SGPR_SPILLS_LEFT.get(key, 0), (key, spills)
+    assert set(spills) <= {"sgpr_spill_count"}, (key, spills)
+
+
 @pytest.mark.parametrize("target, mfma", [("gfx942", "v_mfma_f32_32x32x8_bf16"),
                                           ("gfx950", "v_mfma_f32_32x32x16_bf16")])    # gfx950: double-K
 @pytest.mark.parametrize("D", sorted(GPU_PLANS["amd"]))
-def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
+def test_every_amd_plan_compiles_on_mfma_without_spills(D, target, mfma):
     plan = GPU_PLANS["amd"][D]
     compiled = compile_forward(target, D, plan, "window-softcap-varlen")
     assert set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"])) == {mfma}
-    assert compiled.metadata["vgpr_spill_count"] == 0
+    assert_amd_spills_within(compiled.metadata, "forward", target, D)
 
 
 def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0,
@@ -383,7 +399,7 @@ def test_every_backward_plan_compiles_without_spills(name, target):
                                      D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, **extra, **VARIANTS[variant])
         metadata = compiled.metadata
         if target.startswith("gfx"):
-            assert metadata["vgpr_spill_count"] == 0, variant
+            assert_amd_spills_within(metadata, name, target)
             assert set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)", compiled.stages["amdgcn"])) <= set(MFMA[target])
         else:
             assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{variant}: {metadata['registers']}"
@@ -571,14 +587,14 @@ def test_the_combine_compiles_without_spills_up_to_the_most_splits(target, D, sp
 
 @pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("amd")))
 @pytest.mark.parametrize("target", AMD_TARGETS)
-def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softmax, D, rows, keys, stages,
+def test_every_decode_plan_compiles_for_amd_without_spills(target, softmax, D, rows, keys, stages,
                                                                   num_warps):
     compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     shapes = set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)_bf16", compiled.stages["amdgcn"]))
     assert shapes and shapes <= set(MFMA[target])
     if target == "gfx950":
         assert shapes & {"32x32x16", "16x16x32"}, "gfx950's double-K forms where K allows"
-    assert compiled.metadata["vgpr_spill_count"] == 0
+    assert amd_spills(compiled.metadata) == {}
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,

@@ -72,6 +72,7 @@ def compile_thread_ir(fn: Function, target: Target | str | None = None, *, isola
     request = {
         "llvm_ir": llvm_ir, "kernel": lowered.kernel, "triple": target.llvm_triple, "cpu": target.llvm_cpu,
         "features": target.llvm_features, "opt_level": opt_level, "emit_object": True,
+        "sink_vectors": opt_level > 1,      # a spilling kernel: try recomputing hoisted vectors and masks
     }
     inline_asm = any(op.name == "inline_asm" for op in fn.walk())
     if inline_asm:          # llvmlite cannot assemble it (see assembler.py): emit the text, assemble it with clang

@@ -121,8 +121,12 @@ class AmdgpuDialect(TargetDialect):
         return lds
 
     def thread_id(self, lw, reread: bool = False) -> ir.Value:
-        # the work-item id arrives in v0 and has no register to read again: `reread` reads the intrinsic too
-        return lw.intrinsic("llvm.amdgcn.workitem.id.x", [])
+        # the work-item id arrives in v0 and has no register to read again: `reread` reads the intrinsic too.
+        # Its range is the block's: LLVM then folds bounds checks such as (tid >> 6) + 124 < 128, which it
+        # would otherwise keep (a wave64 lane mask: two SGPRs for each element of a checked tile)
+        tid = lw.intrinsic("llvm.amdgcn.workitem.id.x", [])
+        tid.set_metadata("range", lw.module.add_metadata([ir.Constant(I32, 0), ir.Constant(I32, int(lw.fn.attrs["num_threads"]))]))
+        return tid
 
     def program_id(self, lw, axis: int) -> ir.Value:
         return lw.intrinsic(f"llvm.amdgcn.workgroup.id.{_AXES[axis]}", [])

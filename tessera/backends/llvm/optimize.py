@@ -27,14 +27,20 @@ Details that matter:
   linking, everything but the kernel becomes internal and O3 drops what is
   unused;
 * `emit_object` also returns the relocatable object (`emit_object`, ET_REL
-  for AMDGPU, which `ld.lld` links into a code object).
+  for AMDGPU, which `ld.lld` links into a code object);
+* `sink_vectors` (AMDGPU): a kernel whose code spills registers is generated
+  a second time from the optimized IR with its cheap loop-invariant vectors
+  and lane masks recomputed where used (`sink_vectors.py`), and the version
+  that spills less is kept; a kernel that does not spill is untouched.
 """
 
 from __future__ import annotations
 
 import base64
+import importlib.util
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -52,12 +58,15 @@ _LOCK = threading.Lock()  # one LLVM context for the process: compile one module
 _INITIALIZED = False
 _TARGET_MACHINES: dict[tuple, llvm.TargetMachine] = {}
 _LIBRARY_PIECES: dict[tuple[str, str], bytes] = {}  # (library path, function) -> bitcode holding it
+_SIBLINGS: dict = {}  # module name -> a module of this folder (`_sibling`)
 
 
 def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: str, opt_level: int = 3,
                  bitcode_library: str | None = None, library_functions: list[str] = (),
-                 emit_object: bool = False) -> dict:
-    """Assembly, optimized IR and (with `emit_object`) the object bytes of module `llvm_ir`; raises LLVMError."""
+                 emit_object: bool = False, sink_vectors: bool = False) -> dict:
+    """Assembly, optimized IR and (with `emit_object`) the object bytes of module `llvm_ir`; raises LLVMError.
+    `sink_vectors` (AMDGPU): if the code spills registers, also generate it with the cheap vector values
+    recomputed where they are used (`sink_vectors.py`), and keep whichever spills less."""
     with _LOCK:
         tm = _target_machine(triple, cpu, features, opt_level)
         try:
@@ -75,11 +84,64 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
         pass_builder = llvm.create_pass_builder(tm, llvm.create_pipeline_tuning_options(speed_level=opt_level))
         pass_builder.getModulePassManager().run(module, pass_builder)
         optimized_ir = str(module)
-        # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
-        # intrinsics it cannot select a second time), so each emission gets its own copy.
-        assembly = tm.emit_assembly(module.clone() if emit_object else module)
-        return {"assembly": assembly, "optimized_ir": optimized_ir,
-                "object": tm.emit_object(module) if emit_object else None}
+        result = _emit(tm, module, optimized_ir, emit_object)
+        if sink_vectors and any(_spills(result["assembly"])):
+            sink = _sibling("sink_vectors")
+            for scheduler in (None, sink.LOW_PRESSURE_SCHEDULER):   # the second only if the first still spills
+                sunk = _sink_vectors(optimized_ir, kernel, triple, cpu, features, opt_level, emit_object, scheduler)
+                if sunk is None:
+                    break
+                if _spills(sunk["assembly"]) < _spills(result["assembly"]):
+                    result = sunk
+                if not any(_spills(result["assembly"])):
+                    break
+        return result
+
+
+def _emit(tm, module, optimized_ir: str, emit_object: bool) -> dict:
+    # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
+    # intrinsics it cannot select a second time), so each emission gets its own copy.
+    assembly = tm.emit_assembly(module.clone() if emit_object else module)
+    return {"assembly": assembly, "optimized_ir": optimized_ir,
+            "object": tm.emit_object(module) if emit_object else None}
+
+
+_SPILLS = re.compile(r"^\s+\.(vgpr_spill_count|sgpr_spill_count):\s+(\d+)", re.M)
+
+
+def _spills(assembly: str) -> tuple[int, int]:
+    """(VGPR spills, SGPR spills) of the kernel, from the AMDGPU metadata in its assembly ((0, 0) elsewhere)."""
+    counts = dict((name, int(n)) for name, n in _SPILLS.findall(assembly))
+    return counts.get("vgpr_spill_count", 0), counts.get("sgpr_spill_count", 0)
+
+
+def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, features: str, opt_level: int,
+                  emit_object: bool, scheduler: str | None = None) -> dict | None:
+    """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
+    if given, else its default), or None if nothing moved."""
+    sink = _sibling("sink_vectors")
+    text, copies = sink.sink_vector_cones(optimized_ir, kernel)
+    if not copies:
+        return None
+    if scheduler is not None:
+        text = sink.with_kernel_attribute(text, kernel, f'"amdgpu-sched-strategy"="{scheduler}"')
+    try:
+        module = llvm.parse_assembly(text)
+        module.verify()
+    except RuntimeError:    # a bug of the text rewrite: keep the code that spills (the no-spill tests notice)
+        return None
+    tm = _target_machine(triple, cpu, features, min(opt_level, sink.CODE_GEN_LEVEL))
+    return _emit(tm, module, text, emit_object)
+
+
+def _sibling(name: str):
+    """Module `name`.py of this folder, loaded by path (the worker runs with -P: this folder is not on sys.path)."""
+    if name not in _SIBLINGS:
+        spec = importlib.util.spec_from_file_location(f"_tessera_llvm_{name}", Path(__file__).with_name(f"{name}.py"))
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        _SIBLINGS[name] = module
+    return _SIBLINGS[name]
 
 
 def _initialize() -> None:

@@ -1,0 +1,165 @@
+"""Registers, spills and scratch of every shipped library kernel on an AMD target (CPU only: LLVM's AMDGPU backend).
+
+    python3 bench/amd_registers.py                      # gfx942, every group: a markdown table
+    python3 bench/amd_registers.py --only moe attention --target gfx950 --json bench/results/amd_registers.json
+
+Each row is one shipped config compiled as the library (and its compile tests) compile it: SGPR / VGPR / AGPR
+counts, SGPR and VGPR spills and the scratch bytes a work-item needs, from the code object's `.amdhsa` metadata
+(`tessera/backends/amdgpu/elf.py`). An SGPR spill on AMD goes to a lane of a VGPR (`v_writelane_b32` /
+`v_readlane_b32`), so it costs no scratch but an instruction each way; a VGPR spill goes to scratch memory.
+The shipped configs must spill neither (tests/kernels_lib/test_amd_spills.py checks the ones that used to).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+import warnings
+from pathlib import Path
+from typing import Callable, Iterator
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels_lib")]
+
+COLUMNS = ("sgpr_count", "vgpr_count", "agpr_count", "sgpr_spill_count", "vgpr_spill_count",
+           "private_segment_fixed_size")
+Case = tuple[str, str, Callable[[str], object]]      # (group, config name, target -> compiled kernel)
+
+
+def _quiet(compile_: Callable[[], object]):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")     # AMD runs pipelines as plain loops; those warnings are expected
+        return compile_()
+
+
+def gemm_cases() -> Iterator[Case]:
+    from test_gemm import B_STRIDES, GEMM_SIGNATURE
+    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    for config in CONFIGS:
+        yield "gemm", str(config), lambda t, c=config: gemm_kernel.kernel.compile(
+            signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]), target=t, num_warps=c.num_warps,
+            strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
+
+
+def attention_cases() -> Iterator[Case]:
+    from test_attention_compile import (BACKWARD_KERNELS, compile_checked, compile_decode, compile_forward,
+                                        decode_tiles)
+    from attention_amd_pingpong import compile_plan
+    from tessera.kernels_lib.attention import AMD_PINGPONG_PLANS, GPU_PLANS
+    for D, plan in sorted(GPU_PLANS["amd"].items()):
+        for variant in ("plain", "window-softcap-varlen"):
+            yield "attention fwd", f"D={D} 4-wave {variant}", \
+                lambda t, D=D, p=plan, v=variant: compile_forward(t, D, p, v)
+    for D, plan in sorted(AMD_PINGPONG_PLANS.items()):
+        yield "attention fwd", f"D={D} 8-wave ping-pong", lambda t, D=D, p=plan: compile_plan(t, D, p)
+    for name, (_, kernel, signature, D, plan, extra) in BACKWARD_KERNELS.items():
+        if name.startswith("amd"):
+            yield "attention bwd", name, lambda t, k=kernel, s=signature, D=D, p=plan, e=extra: compile_checked(
+                k, t, signature=s.format(t="bf16"), num_warps=p.num_warps, D=D, BM=p.BM, BN=p.BN, STAGES=p.stages,
+                **e, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, VARLEN=True)
+    for softmax, D, rows, keys, stages, warps in decode_tiles("amd"):
+        yield "attention decode", f"{softmax} D={D} rows={rows} keys={keys} warps={warps}", \
+            lambda t, a=(softmax, D, rows, keys, stages, warps): compile_decode(t, *a)
+
+
+def moe_cases() -> Iterator[Case]:
+    import tessera
+    from test_moe_experts import KERNELS, SIGNATURES, _launch_constexprs
+    from test_moe_one_launch import ROUTING
+    from tessera.kernels_lib.moe import plan as plans
+    from tessera.kernels_lib.moe.align import (PREFIX_EXPERTS, align_kernel, count_kernel, prefix_chunks,
+                                               prefix_kernel)
+    from tessera.kernels_lib.moe.persistent import SIGNATURE, constexprs_for, moe_layer_kernel
+    from tessera.kernels_lib.moe.routing import routing_kernel, tokens_per_program
+    for E, K, grouped in ((8, 2, False), (128, 8, False), (256, 8, True)):
+        n_group = 8 if grouped else 1
+        yield "moe routing", f"E={E} K={K}", lambda t, E=E, K=K, g=grouped, n=n_group: routing_kernel.compile(
+            signature="*f32:16,*f32:16,*f32:16,*i32:16,*i32:16,*i32:16,i32,i32,i32,f32", target=t, strict=True,
+            K=K, SCORING="sigmoid" if g else "softmax", HAS_BIAS=g, N_GROUP=n, TOPK_GROUP=4 if g else 1,
+            RENORMALIZE=True, BT=tokens_per_program(E, K), E_PAD=tessera.next_power_of_2(E),
+            K_PAD=tessera.next_power_of_2(K), NG_PAD=n, num_warps=4)
+    for E, K in ((8, 2), (128, 8), (256, 8)):
+        chunk = tokens_per_program(E, K) * K
+        E_PAD = 1 << (E - 1).bit_length()
+        sizes = dict(CHUNK=chunk, CHUNK_PAD=1 << (chunk - 1).bit_length(), E_PAD=E_PAD)
+        EB = min(PREFIX_EXPERTS, E_PAD)
+        for kernel, signature, constexprs in (
+                (count_kernel, "*i32:16,*i32:16,*i32:16,i32,i32", sizes),
+                (prefix_kernel, "*i32:16,*i32:16,i32,i32", dict(CB=prefix_chunks(1 << 20, EB), EB=EB)),
+                (align_kernel, "*i32:16,*i32:16,*i32:16,*i32:16,*i32:16,*i32:16,i32,i32,i32",
+                 dict(BM=64, **sizes))):
+            yield "moe align", f"{kernel.__name__} E={E}", lambda t, k=kernel, s=signature, c=constexprs: \
+                k.compile(signature=s, target=t, strict=True, **c)
+    for regime, shipped in plans.SHIPPED.items():
+        p = shipped.without_pipelining()
+        for name in (("gate_up", "down") if regime != "middle" else KERNELS):
+            yield "moe experts", f"{name} {regime}", lambda t, n=name, p=p: KERNELS[n].compile(
+                signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
+    for regime, shipped in plans.SHIPPED.items():
+        for model, (E, K, options) in ROUTING.items():
+            yield "moe one-launch", f"{model} {regime}", lambda t, p=shipped, E=E, K=K, o=options: \
+                moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=False, num_warps=p.gate_up.num_warps,
+                                         **constexprs_for(p.without_pipelining(), E, K, 1, route=True, **o))
+
+
+def quant_cases() -> Iterator[Case]:
+    from test_quant_gemm import KERNELS, _signature
+    from tessera.kernels_lib.quant_gemm import fp4_gemm_kernel, plan, w4a8_kernel
+    for case in ("w4a16-decode", "w4a16-large", "mxfp4"):
+        kernel, M = KERNELS[case]
+        group = 32 if kernel is fp4_gemm_kernel else 128
+        p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel)
+        signature, extra = _signature(kernel, p, "e8m0")
+        yield "quant gemm", case, lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
+            signature=s, target=t, G=g, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages,
+            num_warps=p.num_warps, **e)
+
+
+GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "quant": quant_cases}
+
+
+def measure(target: str, groups) -> list[dict]:
+    rows = []
+    for group in groups:
+        for kind, name, compile_ in GROUPS[group]():
+            start = time.perf_counter()
+            try:
+                m = _quiet(lambda: compile_(target)).metadata
+                row = {c: m.get(c, 0) for c in COLUMNS}
+            except Exception as e:  # noqa: BLE001  (a config that no longer compiles is a row too)
+                row = {"error": f"{type(e).__name__}: {str(e)[:160]}"}
+            rows.append({"group": kind, "config": name, "target": target,
+                         "compile_s": round(time.perf_counter() - start, 1), **row})
+            print(_markdown_row(rows[-1]), flush=True)
+    return rows
+
+
+HEADER = ("| group | config | SGPR | VGPR | AGPR | SGPR spills | VGPR spills | scratch B |\n"
+          "|---|---|---|---|---|---|---|---|")
+
+
+def _markdown_row(r: dict) -> str:
+    if "error" in r:
+        return f"| {r['group']} | {r['config']} | {r['error']} | | | | | |"
+    return f"| {r['group']} | {r['config']} | " + " | ".join(str(r[c]) for c in COLUMNS) + " |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--target", default="gfx942")
+    parser.add_argument("--only", nargs="*", choices=list(GROUPS), default=list(GROUPS))
+    parser.add_argument("--json", type=Path, help="also write the rows here")
+    args = parser.parse_args()
+    print(HEADER, flush=True)
+    rows = measure(args.target, args.only)
+    spilling = [r for r in rows if r.get("sgpr_spill_count") or r.get("vgpr_spill_count")
+                or r.get("private_segment_fixed_size") or "error" in r]
+    print(f"\n{len(rows)} configs on {args.target}, {len(spilling)} spill, need scratch or fail")
+    if args.json:
+        args.json.write_text(json.dumps({"target": args.target, "rows": rows}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
