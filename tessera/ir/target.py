@@ -55,6 +55,11 @@ _GFX90A = frozenset({"dpp", "mfma"})
 _GFX942 = _GFX90A | {"mfma.fp8", "lds.dma"}
 
 
+def has_async_copies(target: "Target") -> bool:
+    """Whether `target` copies global memory into shared memory asynchronously (cp.async or LDS DMA)."""
+    return target.has("cp.async") or target.has("lds.dma")
+
+
 def lds_dma_bytes(target: "Target") -> tuple[int, ...]:
     """The bytes a lane may copy straight into LDS on `target` (global_load_lds), widest first; () if none."""
     if not target.has("lds.dma"):
