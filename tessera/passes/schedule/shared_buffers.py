@@ -387,12 +387,12 @@ def _lds_dma_plan(ctx, layout: RegisterLayout, width: int, t: SharedType, view: 
         if nbytes * 8 % bits or elements > width:
             continue
         chunked = _chunk_layout(ctx, t.shape, elements) if view else layout
-        if _lanes_consecutive(chunked, t.shape, elements, ctx.warp_size):
+        if lanes_consecutive(chunked, t.shape, elements, ctx.warp_size):
             return CopyPlan(chunked, elements, True)
     return CopyPlan(layout, width, False)
 
 
-def _lanes_consecutive(layout: RegisterLayout, shape, width: int, warp: int) -> bool:
+def lanes_consecutive(layout: RegisterLayout, shape, width: int, warp: int) -> bool:
     """Whether chunk j of every thread of each wave starts `width` elements after its lower lane's."""
     if layout.local_size % width or layout.local_contiguity(-1) % width:
         return False
