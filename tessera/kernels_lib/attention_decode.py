@@ -99,6 +99,10 @@ DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
                         128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
+# AMD's K and V ring depth per (unified softmax, head dim): 2 where every tile the op launches fits gfx942's LDS
+# (tests/kernels_lib/test_attention_compile.py compiles them all); the online softmax's head dim 256 needs 66680
+# bytes with two stages of 32-key blocks, so it keeps one.
+AMD_DECODE_STAGES = {(False, 64): 2, (False, 128): 2, (False, 256): 1, (True, 64): 2, (True, 128): 2}
 
 
 @dataclass(frozen=True)
@@ -292,14 +296,14 @@ def on_interpreter(q: torch.Tensor) -> bool:
 
 
 def gpu_decode_plan(D: int, unified: bool, vendor: str) -> DecodePlan:
-    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with one stage, since Tessera has no
-    asynchronous copies into LDS there yet (a pipeline would be a plain loop: a shortfall)."""
+    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with `AMD_DECODE_STAGES` (rings of
+    direct-to-LDS loads, as deep as gfx942's 64 KiB of LDS holds)."""
     plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
     if D not in plans:
         fix = "leave unified_max=None (the online softmax)" if D in DECODE_PLANS else "use another head dim"
         raise ValueError(f"tessera::attention_decode: head dim {D} has no GPU plan"
                          f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
-    return replace(plans[D], stages=1) if vendor == "amd" else plans[D]
+    return replace(plans[D], stages=AMD_DECODE_STAGES[unified, D]) if vendor == "amd" else plans[D]
 
 
 def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePlan:

@@ -219,6 +219,17 @@ def test_every_amd_plan_compiles_on_mfma_without_vector_spills(D, target, mfma):
     compiled = compile_forward(target, D, plan, "window-softcap-varlen")
     assert set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"])) == {mfma}
     assert compiled.metadata["vgpr_spill_count"] == 0
+    assert_lds_ring_without_scratch(compiled, plan.stages)
+
+
+def assert_lds_ring_without_scratch(compiled, stages):
+    """A plan of more than one stage fills its K and V rings with direct-to-LDS loads; none uses scratch (SGPR
+    spills go to VGPR lanes), and the object links into a loadable code object."""
+    assert ("global_load_lds_dword" in compiled.stages["amdgcn"]) == (stages > 1)
+    assert compiled.metadata["private_segment_fixed_size"] == 0
+    from tessera.backends.amdgpu import CodeObject, find_linker
+    if find_linker() is not None:
+        assert CodeObject(compiled.binary).elf_type == "ET_DYN"
 
 
 def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0,
@@ -579,6 +590,7 @@ def test_every_decode_plan_compiles_for_amd_without_vector_spills(target, softma
     if target == "gfx950":
         assert shapes & {"32x32x16", "16x16x32"}, "gfx950's double-K forms where K allows"
     assert compiled.metadata["vgpr_spill_count"] == 0
+    assert_lds_ring_without_scratch(compiled, stages)
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,
