@@ -688,6 +688,20 @@ def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention(
 
 
 @pytest.mark.parametrize("softmax", ["online", "unified"])
+def test_amds_shipped_head_dim_128_decode_tile_on_the_simulator_matches_float64_attention(softmax):
+    """The same on gfx942 with AMD's plan: 2 stages of K and V rings filled by direct-to-LDS loads (the simulator
+    checks each wave's lanes fill consecutive LDS chunks, and the ring's waits and barriers)."""
+    from tessera.kernels_lib.attention_decode import gpu_decode_plan
+    plan = gpu_decode_plan(128, softmax == "unified", "amd")
+    assert plan.stages == 2
+    o, lse, expected_o, expected_lse, _ = decode_on_the_simulator(
+        "gfx942", plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
+        keys=plan.keys, stages=plan.stages)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("softmax", ["online", "unified"])
 def test_the_decode_ring_reads_k_and_v_without_bank_conflicts(monkeypatch, softmax):
     """Every ldmatrix buffer of the shipped head-dim-128 tile of each softmax (16 packed rows, its keys, warps
     and stages, pages of 64, sm_90a) is laid out so that its row reads are conflict-free: the 64 x 128 bf16
