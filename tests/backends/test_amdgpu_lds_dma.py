@@ -97,3 +97,13 @@ def test_the_wait_counts_the_fewest_copies_of_a_group_and_packs_vmcnt_as_gfx9_do
     assert copies_per_group(kernel(4)) == 1
     assert waitcnt_vmcnt(0) == 0x0F70 and waitcnt_vmcnt(1) == 0x0F71
     assert waitcnt_vmcnt(17) == 0x0F71 | (1 << 14) and waitcnt_vmcnt(500) == waitcnt_vmcnt(63)
+
+
+def test_a_copy_a_wave_may_skip_makes_every_wait_wait_for_everything():
+    text = KERNEL.format(smem=1024, elements=1, half=128, bytes=4).replace(
+        "  async_copy %s2, %g2, %in {bytes = 4}\n",
+        "  if %in {\n    async_copy %s2, %g2, %in {bytes = 4}\n    yield\n  } {\n    yield\n  }\n")
+    fn = parse_module(text).functions[0]
+    assert copies_per_group(fn) == 0
+    lines = body(compile_thread_ir(fn, "gfx942", link=False).assembly)
+    assert [line for line in lines if "vmcnt" in line and "vmcnt(0)" not in line] == []

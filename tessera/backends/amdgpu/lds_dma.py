@@ -14,8 +14,9 @@ here they become:
 * `async_wait {pending = P}` -> `s_waitcnt vmcnt(P * C)`, C the fewest copies any commit group of the
   function holds (static count of `async_copy` ops between commits, in program order). Vector memory
   loads complete in issue order, so at most P * C outstanding means every group older than the last P
-  has landed; other loads issued since only make the wait longer. This needs every copy to be issued by
-  the whole wave (no copy under a branch: the lowering puts none there) and C to be a lower bound.
+  has landed; other loads issued since only make the wait longer. This needs C to be a lower bound on
+  what each wave issues: a group with a copy outside its commit's block (under a branch a whole wave
+  may skip) makes C 0, so every wait is vmcnt(0); the lowering emits no such copy.
 * LLVM would add `s_waitcnt vmcnt(0)` before every LDS access and at every workgroup release fence while
   an LDS DMA may be in flight, which serializes the copies with the compute. So LDS DMA calls carry the
   alias scope `tessera.lds_dma` and every other LDS access `tessera.lds_access` with `noalias` to the
@@ -53,14 +54,16 @@ WAITCNT_LGKMCNT_0 = _NO_VMCNT | _NO_EXPCNT      # s_waitcnt lgkmcnt(0): this wav
 
 
 def copies_per_group(fn: Function) -> int:
-    """The fewest `async_copy` ops between two `async_commit`s of `fn`, in program order (0: no commit)."""
-    counts, current = [], 0
+    """The fewest `async_copy` ops between two `async_commit`s of `fn`, in program order (0: no commit). A group
+    with a copy in another block than its commit's (under an `if`, or in a loop that may run no iteration)
+    may issue fewer than it shows: then 0, and every wait is vmcnt(0)."""
+    counts, group = [], []
     for op in fn.walk():
         if op.name == "async_copy":
-            current += 1
+            group.append(op)
         elif op.name == "async_commit":
-            counts.append(current)
-            current = 0
+            counts.append(0 if any(copy.parent is not op.parent for copy in group) else len(group))
+            group = []
     return min(counts, default=0)
 
 
