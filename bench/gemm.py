@@ -22,6 +22,14 @@ Parts (`--part`, repeatable; default all):
   plus, on Hopper, each non-persistent one warp-specialized (WS=True), and the
   persistent warp-specialized one next to them: the data to tune the shipped
   configs from.
+* stream_k: shapes whose persistent grid's last wave is partial
+  (STREAM_K_SHAPES), each run four ways against cuBLAS: the stream-K kernel
+  ($TESSERA_GEMM_STREAM_K=1, `gemm_stream_k.py`; also whether two runs give
+  the same bits), the data-parallel persistent kernel of the same tile
+  (CONFIGS[5] pinned), split K over 128 x 128 tiles (the split count whose
+  waves waste least), and the autotuned op: whether the "stream_k" entry of
+  gemm_configs.json may be marked measured (the wave model predicts ~8% over
+  the persistent kernel at 3072^3, ~1% at 4096^3, ~43% at 1536^2 x 16384).
 
 Every row is checked against the reference before it is timed (a wrong result
 is recorded with `tessera.testing.diagnose`'s description, not timed), and is
@@ -49,7 +57,11 @@ SHAPES = {
     "decode": [(m, n, k) for m in (1, 16, 32, 64) for n, k in LLM_NK],
 }
 DECODE_LAYOUTS = ("b-row-major", "b-weight")     # B as [K, N], or as an nn.Linear weight [N, K] (trans_b)
-PARTS = ("bf16", "fp8", "configs")
+PARTS = ("bf16", "fp8", "configs", "stream_k")
+# Stream K's shapes: a persistent grid of 128 x 128 tiles with a partial last wave on an H100's 132 SMs (3072^2:
+# 576 tiles, 4.36 waves; 1536^2 x 16384: 144 tiles, 1.09 waves), and 4096^3 (7.76 waves) where it should not pay
+STREAM_K_SHAPES = [(3072, 3072, 3072), (3072, 3072, 8192), (2304, 4096, 4096), (1536, 1536, 16384),
+                   (4096, 4096, 4096)]
 
 
 def timed(torch, row: dict, who: str, fn, flops: float) -> None:
@@ -223,6 +235,68 @@ def config_rows(torch, sizes) -> list[dict]:
     return rows
 
 
+def _split_k_call(torch, a, b):
+    """(split-K of 128 x 128 tiles with the split count whose waves waste least, the count) for C = a @ b."""
+    from tessera.kernels_lib import gemm_split_k
+    m, k = a.shape
+    n = b.shape[1]
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    tiles = -(-m // 128) * -(-n // 128)
+    split = min(range(2, 9), key=lambda s: (-(-tiles * s // sms) / s, s))     # waves per unit of work
+    plan = gemm_split_k._even(128, 128, 64, 3, 8, k, split)
+    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+
+    def run():
+        c = torch.empty(m, n, device="cuda", dtype=a.dtype)
+        args = (a, b, c, c, c, c, m, n, k, 1.0, a.stride(0), a.stride(1), b.stride(0), b.stride(1))
+        gemm_split_k.launch(args, plan, m, n, flags, a.device, element_bytes=2, fast=True)
+        return c
+    return run, plan.split_k
+
+
+def stream_k_rows(torch, shapes) -> list[dict]:
+    """Per shape: stream K, the data-parallel persistent kernel, split K and the autotuned op, each against
+    cuBLAS (`compare`); stream K's plan (tiles split in K) and whether two of its runs give the same bits."""
+    import os
+
+    import importlib
+
+    gemm_module = importlib.import_module("tessera.kernels_lib.gemm")     # (the package exports the function)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    rows = []
+    for m, n, k in shapes:
+        a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
+        split_k, splits = _split_k_call(torch, a, b)
+        variants = [("stream_k", "1", None, lambda: gemm_module.gemm(a, b)),
+                    ("persistent", "0", gemm_module.CONFIGS[5], lambda: gemm_module.gemm(a, b)),
+                    (f"split_k_{splits}", "0", None, split_k),
+                    ("autotuned", "0", None, lambda: gemm_module.gemm(a, b))]
+        for name, mode, config, ours in variants:
+            row = {"m": m, "n": n, "k": k, "variant": name}
+            os.environ[gemm_module.STREAM_K_ENV] = mode
+            gemm_module._stream_k_plan.cache_clear()
+            gemm_module.clear_plans()
+            gemm_module.pin_config(config)
+            try:
+                if name == "stream_k":
+                    plan = gemm_module._stream_k_plan(m, n, k, 2, sms, False, "1")
+                    row["sk_tiles"] = None if plan is None else plan.sk_tiles
+                    row["bitwise_repeatable"] = bool(torch.equal(ours(), ours()))
+                compare(torch, row, ours, lambda: a @ b, "cublas", a @ b, m, n, k)
+            except Exception as error:          # recorded, not fatal
+                row["error"] = f"{type(error).__name__}: {error}"[:2000]
+            finally:
+                gemm_module.pin_config(None)
+                os.environ.pop(gemm_module.STREAM_K_ENV, None)
+            rows.append(row)
+            gpu_common.record("gemm_stream_k", row)
+            print(f"stream_k {m} x {n} x {k} {name}: " + _describe(row, "cublas", "cuBLAS"), flush=True)
+    gemm_module._stream_k_plan.cache_clear()
+    gemm_module.clear_plans()
+    return rows
+
+
 def _describe(row: dict, theirs_key: str, theirs: str) -> str:
     if "error" in row or "wrong" in row:
         return ("ERROR " + row["error"]) if "error" in row else ("WRONG " + row["wrong"])
@@ -271,6 +345,8 @@ def main() -> None:
     pin_config(None)
     if "configs" in parts:
         result["config_rows"] = config_rows(torch, [4096, 8192])
+    if "stream_k" in parts:
+        result["stream_k_rows"] = stream_k_rows(torch, STREAM_K_SHAPES)
     name = "gemm" if parts == list(PARTS) and args.shapes == "all" else "gemm_" + "_".join(parts)
     if args.shapes == "decode":
         name += "_decode"

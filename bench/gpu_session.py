@@ -104,6 +104,8 @@ def steps(dry_run: bool) -> list[Step]:
         Step("gemm-decode", 1, 45, 110, b("gemm.py", "--part", "bf16", "--shapes", "decode")),
         Step("gemm-fp8", 2, 60, 100, b("gemm.py", "--part", "fp8", "--shapes", "tier1", "--pin", "0")),
         Step("gemm-configs", 2, 90, 150, b("gemm.py", "--part", "configs")),
+        # stream K vs the data-parallel persistent kernel, split K, the autotuned op and cuBLAS: never timed yet
+        Step("gemm-stream-k", 2, 60, 150, b("gemm.py", "--part", "stream_k")),
         Step("moe", 2, 190, 300, b("moe.py")),              # never timed yet (int4 and fp8 sides: ~12 more compiles)
         Step("gemm-autotuned", 2, 120, 200, b("gemm.py", "--part", "bf16", "--shapes", "all")),
         Step("compile_time", 2, 40, 90, b("compile_time.py", "--repeat", "3")),

@@ -58,6 +58,10 @@ programs that each own a contiguous slice of K, so B is read once by enough
 programs to cover the SMs, the K splits summed in a fixed order (or with
 atomics: TESSERA_GEMM_ATOMIC_SPLIT_K=1) before the same epilogue
 (`gemm_epilogue.py`).
+With TESSERA_GEMM_STREAM_K=1 (or, once measured, where its wave model says it
+pays), a grid of more than one wave of tiles whose last wave is partial runs
+the stream-K kernel (`gemm_stream_k.py`): whole tiles for the full waves,
+the rest split in K steps evenly over the persistent programs.
 
 `gemm(a, b, ...)` is the `torch.ops.tessera.gemm` custom op (`gemm_op`, with a
 fake implementation, so `torch.compile` traces it, and autograd for float
@@ -103,6 +107,11 @@ CPU_NUM_SMS = 4
 # The split-K paths' tiles on the interpreter (`gemm_split_k.small_m_plan`'s and `few_tiles_plan`'s config).
 CPU_SMALL_M_CONFIG = {"BN": 16, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
 CPU_SPLIT_K_CONFIG = {"BM": 64, "BN": 32, "K_BYTES": 16, "STAGES": 2, "num_warps": 4}
+# The stream-K kernel's tile on the interpreter (`gemm_stream_k.stream_k_plan`'s config).
+CPU_STREAM_K_CONFIG = {"BM": 16, "BN": 16, "K_BYTES": 32, "GROUP_M": 2, "STAGES": 2, "num_warps": 4}
+# "1": the persistent GEMM with its partial last wave split in K steps (`gemm_stream_k.py`), "0": never, unset or
+# "auto": where its wave model says it pays, once a GPU run has measured it (`gemm_configs.awaits_measurement`).
+STREAM_K_ENV = "TESSERA_GEMM_STREAM_K"
 # Set to "1" to sum the split-K paths' partials with float32 atomics (less workspace, not bit-reproducible).
 ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
@@ -418,6 +427,19 @@ def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
     return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
 
 
+@functools.lru_cache(maxsize=4096)
+def _stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, cpu: bool, mode: str):
+    """The stream-K plan the op runs (`gemm_stream_k.stream_k_plan`; `mode`: $TESSERA_GEMM_STREAM_K), or None:
+    the tiled kernel. Kept per shape and mode, as `_split_k_plan`."""
+    from . import gemm_stream_k
+    return gemm_stream_k.stream_k_plan(M, N, K, element_bytes, num_sms, mode, CPU_STREAM_K_CONFIG if cpu else None)
+
+
+def gemm_stream_k_mode() -> str:
+    """$TESSERA_GEMM_STREAM_K: "1" (always, where a persistent grid's last wave is partial), "0" or "auto"."""
+    return os.environ.get(STREAM_K_ENV, "auto") or "auto"
+
+
 # The op's plans (`gemm_plan.py`): plan key -> what a warm call of that key launches.
 _PLANS = gemm_plan.Plans()
 
@@ -513,6 +535,13 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
             gemm_split_k.launch(args, split, M, N, flags, device, element_bytes=element_bytes, fast=fast,
                                 atomic=atomic, launches=launches)
         return atomic if split.split_k > 1 else None
+    stream = _stream_k_plan(M, N, K, element_bytes, num_sms, cpu, gemm_stream_k_mode())
+    if stream is not None:                  # a partial last wave: its tiles split in K steps over the SMs
+        from . import gemm_stream_k
+        with tessera.writes_whole(c) if capturing else contextlib.nullcontext():
+            gemm_stream_k.launch(args, stream, M, N, flags, device, element_bytes=element_bytes, fast=fast,
+                                 launches=launches)
+        return None
     # what the sizes and strides are multiples of, and whether the rows allow a pipelined K loop
     align, pipelined = operand_alignment(M, N, K, args[10:14], element_bytes, pointers_aligned(args[0], args[1]))
     if cpu:

@@ -5,7 +5,8 @@ e.g. "sm_90": 128 x 256 tiles that only Hopper's wgmma and 227 KB of shared
 memory make pay) join them on that family only: the autotuner gets them all
 (`ALL`) and `prune_for_device` keeps what the launching device's family
 ships. The split-K paths (`gemm_split_k.py`) take their tiles from the
-"small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`). The file is data so that a GPU session's measurements
+"small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`), the
+stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry (`STREAM_K`). The file is data so that a GPU session's measurements
 (bench/gemm.py --part configs) can reorder or replace entries without code
 changes.
 """
@@ -35,6 +36,11 @@ for _entry in _DATA["small_m"]:
     SMALL_M.setdefault(_entry["BM"], []).append(dict(_entry["meta"], num_warps=_entry["num_warps"]))
 # The few-tiles split-K tile (`gemm_split_k.few_tiles_plan`): {"BM", "BN", "K_BYTES", "STAGES", "num_warps"}.
 SPLIT_K = dict(_DATA["split_k"]["meta"], num_warps=_DATA["split_k"]["num_warps"])
+# The stream-K tile (`gemm_stream_k.stream_k_plan`): {"BM", "BN", "K_BYTES", "GROUP_M", "STAGES", "num_warps"}, and
+# whether a GPU run has timed it (until then the op takes stream K only when $TESSERA_GEMM_STREAM_K forces it).
+STREAM_K = dict(_DATA["stream_k"]["meta"], num_warps=_DATA["stream_k"]["num_warps"])
+STREAM_K_MEASURED = bool(_DATA["stream_k"].get("measured", False))
+STREAM_K_CONFIG = tessera.Config(dict(_DATA["stream_k"]["meta"], STREAM_K=True), num_warps=STREAM_K["num_warps"])
 
 
 def family_of(capability: tuple[int, int] | None) -> str | None:
@@ -72,11 +78,18 @@ def is_persistent_specialized(config: tessera.Config) -> bool:
     return bool(config.kwargs.get("PERSISTENT") and config.kwargs.get("WS"))
 
 
+def is_stream_k(config: tessera.Config) -> bool:
+    """Whether `config` is the stream-K kernel's (`gemm_stream_k.py`: STREAM_K in its kwargs)."""
+    return bool(config.kwargs.get("STREAM_K"))
+
+
 def awaits_measurement(config: tessera.Config) -> bool:
     """Whether `config` is shipped for the timed autotuner only, its "why" a model no GPU has measured yet: the
-    cluster configs and the persistent warp-specialized ones. The untimed model (`predicted`) never picks
-    them."""
-    return is_clustered(config) or is_persistent_specialized(config)
+    cluster configs and the persistent warp-specialized ones, and the stream-K config until its entry says
+    "measured". The untimed model (`predicted`) never picks them; the op takes stream K by its model only once
+    measured (`gemm_stream_k.stream_k_plan`)."""
+    return is_clustered(config) or is_persistent_specialized(config) or (is_stream_k(config)
+                                                                          and not STREAM_K_MEASURED)
 
 
 # The SM count `predicted` assumes when the arguments do not name a torch CUDA device (an H100 SXM's).

@@ -27,7 +27,8 @@ against the general path for random calls.
 Not planned (the general path runs every time): fp8 scales, operands that
 need a copy (not dense), an empty K, calls inside `tessera.fusion()`.
 $TESSERA_GEMM_ATOMIC_SPLIT_K is read on each call of a plan that splits K;
-$TESSERA_INTERPRET when a key is first planned (as for kernels' warm path).
+$TESSERA_INTERPRET and $TESSERA_GEMM_STREAM_K when a key is first planned (as for kernels' warm path). A
+stream-K plan replays only on the stream it was recorded on, whose arrival counters it passes.
 """
 
 from __future__ import annotations
@@ -81,17 +82,18 @@ class Step(NamedTuple):
 class GemmPlan:
     """What one plan key launches: C's shape and dtype, the workspace (if K is split), the steps."""
 
-    __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "_current",
-                 "_launches")
+    __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "stream",
+                 "_current", "_launches")
 
     def __init__(self, out_shape: tuple[int, int], out_dtype: torch.dtype, device: torch.device,
                  workspace: Optional[tuple[tuple[int, int], bool]], atomic: Optional[bool],
-                 atomic_now: Callable[[], bool], steps: tuple[Step, ...]):
+                 atomic_now: Callable[[], bool], steps: tuple[Step, ...], stream: Optional[int] = None):
         self.out_shape, self.out_dtype, self.device = out_shape, out_dtype, device
         self.workspace = workspace      # (shape, zeroed) of the float32 split-K partials, or None
         self.atomic = atomic            # K split: whether it sums with atomics (the env switch at recording)
         self.atomic_now = atomic_now    # ... and the switch now
         self.steps = steps
+        self.stream = stream            # the stream whose arrival counters a stream-K step uses, or None
         self._current = tuple((s.fast, s.generation) for s in steps)      # plain tuples: read on every call
         self._launches = tuple(s[2:] for s in steps)
 
@@ -104,6 +106,10 @@ class GemmPlan:
                 return None
         if self.atomic is not None and self.atomic_now() != self.atomic:
             return None
+        if self.stream is not None:     # stream K's counters are the recording stream's: another one re-plans
+            step = self.steps[0]
+            if step.stream_of is None or step.stream_of(step.ordinal) != self.stream:
+                return None
         c = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
         pc = c.data_ptr()
         if pc & 15:
@@ -138,6 +144,9 @@ class Direct:
         """A split-K workspace the launch allocated (zeroed or not), as the kernels take it."""
         return self.adapt((tensor,))[0]
 
+    def pin_stream(self, stream: int) -> None:
+        """A recording replays only on `stream` (see `Recording.pin_stream`); launching directly, nothing to do."""
+
 
 class Recording(Direct):
     """Launches like `Direct`, recording each launch as a plan step (`complete` when every one was warm)."""
@@ -153,6 +162,11 @@ class Recording(Direct):
         self.complete = True
         self.workspace_of: Optional[tuple[tuple[int, int], bool]] = None
         self.workspace_aligned = True
+        self.stream: Optional[int] = None
+
+    def pin_stream(self, stream: int) -> None:
+        """The launches use state kept per stream (stream K's arrival counters): replay only on `stream`."""
+        self.stream = stream
 
     def workspace(self, tensor: torch.Tensor, zeroed: bool) -> Any:
         array = super().workspace(tensor, zeroed)
@@ -200,7 +214,7 @@ class Plans(dict):
         if len(self) >= CAPACITY:
             self.clear()
         self[key] = GemmPlan(tuple(c.shape), c.dtype, c.device, recording.workspace_of, atomic, atomic_now,
-                             tuple(recording.steps))
+                             tuple(recording.steps), recording.stream)
 
 
 class _CudaView:
@@ -208,7 +222,7 @@ class _CudaView:
 
     def __init__(self, t: torch.Tensor):
         self.tensor = t
-        typestr = {torch.float16: "<f2", torch.float32: "<f4", torch.uint8: "|u1"}[t.dtype]
+        typestr = {torch.float16: "<f2", torch.float32: "<f4", torch.uint8: "|u1", torch.int32: "<i4"}[t.dtype]
         self.__cuda_array_interface__ = {"shape": tuple(t.shape), "typestr": typestr, "data": (t.data_ptr(), False),
                                          "version": 3, "strides": tuple(s * t.element_size() for s in t.stride())}
 

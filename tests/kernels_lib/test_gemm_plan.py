@@ -27,13 +27,15 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera.dsl import gpu_launch  # noqa: E402
 from tessera.kernels_lib import gemm_plan  # noqa: E402
+from tessera.kernels_lib import gemm_stream_k  # noqa: E402
 from tessera.kernels_lib.gemm_plan import stub_gpu_operands  # noqa: E402
 from tessera.runtime.stub_driver import StubDriver, stubbed_driver  # noqa: E402
 
 gemm = importlib.import_module("tessera.kernels_lib.gemm")    # the package exports the function `gemm`
 KERNELS = (gemm.gemm_kernel.kernel, gemm.gemm_kernel_fast.kernel, gemm.gemm_split_k.gemm_split_k_kernel,
            gemm.gemm_split_k.gemm_split_k_kernel_fast, gemm.gemm_split_k.gemm_split_k_reduce_kernel,
-           gemm.gemm_split_k.gemm_split_k_reduce_kernel_fast)
+           gemm.gemm_split_k.gemm_split_k_reduce_kernel_fast, gemm_stream_k.gemm_stream_k_kernel,
+           gemm_stream_k.gemm_stream_k_kernel_fast)
 TUNED = (gemm.gemm_kernel, gemm.gemm_kernel_fast)
 
 
@@ -250,6 +252,29 @@ def test_the_atomic_split_switch_is_read_on_every_call_of_a_split_plan(monkeypat
         gemm._gemm(*args)
         ran = [c[1][2][2].decode() for c in driver.calls[since:] if c[0] == "cuLaunchKernel"]
         assert "('ATOMIC', 'bool', False)" in ran[0] and f"('SPLITS', 'int', {plan.split_k})" in ran[1], ran
+
+
+def test_a_stream_k_plan_replays_what_the_general_path_launches_on_its_stream_only(monkeypatch):
+    """$TESSERA_GEMM_STREAM_K=1, 3072 x 3072 tiles on the stub's 132 SMs (a partial fifth wave): the plan replays
+    the general path's one launch, fresh workspace included; on another stream it steps aside."""
+    monkeypatch.setenv(gemm.STREAM_K_ENV, "1")
+    gemm._stream_k_plan.cache_clear()
+    with stub_gpu() as driver:
+        a, b = torch.randn(3072, 64).half(), torch.randn(64, 3072).half()
+        args = (a, b, None, None, None, "relu", None, False, False, 1.0)
+        for _ in range(3):                  # compiled, then warm, then recorded
+            run(driver, args)
+        assert len(gemm._PLANS) == 1
+        replayed = run(driver, args)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(gemm, "_PLANS", NoPlans())
+            general = run(driver, args)
+        assert replayed == general and len(general) == 1 and general[0][0].startswith("('gemm_stream_k_kernel'")
+        plan = next(iter(gemm._PLANS.values()))
+        assert plan.stream == 0 and plan.workspace == ((2 * 132 * 128, 128), False)
+        plan.stream = 1                                 # as if recorded on another stream: not replayed
+        assert plan.run(a.data_ptr(), b.data_ptr(), 0, 1.0) is None
+    gemm._stream_k_plan.cache_clear()
 
 
 def test_calls_with_fp8_scales_are_not_planned(monkeypatch):

@@ -55,6 +55,20 @@ def test_gemm(M, N, K, aligned):
     assert pipelined(seen, kernel) == {"sm_80": aligned, "sm_90a": aligned}
 
 
+@pytest.mark.parametrize("M, N, K, aligned", [(80, 40, 56, True), (80, 40, 37, False)])
+def test_stream_k_gemm(M, N, K, aligned, monkeypatch):
+    """$TESSERA_GEMM_STREAM_K=1: 15 tiles of 16 x 16 on the interpreter's 4 "SMs" (`gemm_stream_k.py`)."""
+    gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
+    monkeypatch.setenv(gemm_module.STREAM_K_ENV, "1")
+    gemm_module._stream_k_plan.cache_clear()
+    a, b = torch.randn(M, K).to(BF16), torch.randn(N, K).to(BF16)
+    with compiled_launches(ALL_TARGETS) as seen:
+        out = gemm_module.gemm(a, b, trans_b=True)
+    gemm_module._stream_k_plan.cache_clear()
+    close(out, a.float() @ b.float().t())
+    assert pipelined(seen, "gemm_stream_k_kernel") == {"sm_80": aligned, "sm_90a": aligned}
+
+
 # --- fused GEMM (gemm_fusion.py: gemm_fused_kernel; CPU_CONFIG pipelines two stages) -------------------------
 
 @pytest.mark.parametrize("M, N, K, trans_a, trans_b, aligned", [

@@ -293,3 +293,46 @@ def test_the_ir_carries_the_scope_and_the_verifier_refuses_an_unknown_one():
     fn = parse_module(text.replace('scope = "cta"', 'scope = "warp"')).functions[0]
     with pytest.raises(VerifyError, match=r"scope must be one of \('cta', 'cluster', 'gpu', 'sys'\), got 'warp'"):
         verify_function(fn)
+
+
+# -- the SIMT simulator's happens-before check (run_threads(..., global_races=True)) --------------------------
+
+
+@tessera.kernel
+def handoff(flag, data, out, RELEASE: tessera.constexpr, ACQUIRE: tessera.constexpr):
+    """`scoped_handoff` at GPU scope, with the release (RELEASE) or the acquire (ACQUIRE) made a plain access."""
+    offs = tessera.arange(0, 64)
+    if tessera.program_id(0) == 0:
+        if ACQUIRE:
+            while tessera.load(flag, sem="acquire") < 1:
+                tessera.nanosleep(32)
+        else:
+            while tessera.load(flag) < 1:
+                tessera.nanosleep(32)
+        tessera.store(out + offs, tessera.load(data + offs) + 1)
+    else:
+        tessera.store(data + offs, offs * 3)
+        if RELEASE:
+            tessera.store(flag, 1, sem="release")
+        else:
+            tessera.store(flag, 1)
+
+
+@pytest.mark.parametrize("release, acquire, race", [
+    (True, True, None),
+    (False, True, r"this load_acquire in block \(0, 0, 0\) touches 'flag' that block \(1, 0, 0\) wrote with store"),
+    (True, False, r"this load in block \(0, 0, 0\) touches 'flag' that block \(1, 0, 0\) wrote with store_release")])
+def test_the_happens_before_check_wants_a_release_and_an_acquire(release, acquire, race):
+    """Without `global_races` every variant runs (blocks run one at a time); with it, the data moves only with
+    a release read by an acquire, and a plain flag on either side is reported."""
+    args = _handoff_args()
+    run_threads(_threads(handoff, RELEASE=release, ACQUIRE=acquire), args, (2,))
+    np.testing.assert_array_equal(args[2], np.arange(N) * 3 + 1)
+    args = _handoff_args()
+    fn = _threads(handoff, RELEASE=release, ACQUIRE=acquire)
+    if race is None:
+        run_threads(fn, args, (2,), global_races=True)
+        np.testing.assert_array_equal(args[2], np.arange(N) * 3 + 1)
+    else:
+        with pytest.raises(InterpreterError, match="global-memory race: " + race):
+            run_threads(fn, args, (2,), global_races=True)

@@ -17,6 +17,8 @@ and deadlocks are `InterpreterError`s. Files:
     control_flow.py  for / if / while under a mask of active threads
     paths.py         cooperative scheduling of divergent paths that wait for each other (warp specialization)
     memory.py        loads, stores and atomics, checked for bounds, races and vector alignment
+    scopes.py        release/acquire pairs between blocks whose scopes do not hold each other
+    happens_before.py  with global_races=True: blocks' global accesses not ordered after another's write
     low_bit.py       sub-byte addresses, unpack_bits / pack_bits (the low-bit pass's ops)
     shared.py        shared memory and its race detection
     mbarrier.py      mbarriers and TMA box copies

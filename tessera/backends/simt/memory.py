@@ -23,7 +23,7 @@ import numpy as np
 
 from ..interp.memory import apply_in_lane_order, combine_atomic
 from ..interp.values import Pointers
-from . import scopes
+from . import happens_before, scopes
 from .ops import describe_lane, simt, thread_index
 from .shared import SharedRegion
 
@@ -121,6 +121,7 @@ def _load(ctx, op, ptr, mask=None, other=None):     # (but an acquire's scope ma
     _record_shared(ctx, op, ptr, live)
     if op.name == "load_acquire":
         scopes.observe(ctx, op, ptr, live)
+    happens_before.before(ctx, op, ptr, live)
     if live is None:
         return ptr.memory.load(ptr.offsets)
     if other is None:
@@ -135,11 +136,13 @@ def _load(ctx, op, ptr, mask=None, other=None):     # (but an acquire's scope ma
 def _store(ctx, op, ptr, value, mask=None):
     live = _access(ctx, op, ptr, mask, "store")
     _record_shared(ctx, op, ptr, live, value)
+    happens_before.before(ctx, op, ptr, live)
     if live is None:
         ptr.memory.store(ptr.offsets, value)
     else:
         ptr.memory.store(ptr.offsets[live], value[live])
     scopes.record(ctx, op, ptr, live)
+    happens_before.after(ctx, op, ptr, live)
 
 
 @simt("nanosleep")
@@ -155,10 +158,12 @@ def _atomic_rmw(ctx, op, ptr, value, mask=None):
         live = np.ones(ptr.offsets.shape, dtype=bool)
     values = value[live]
     scopes.observe(ctx, op, ptr, live)
+    happens_before.before(ctx, op, ptr, live)
     result = np.zeros(ptr.offsets.shape, dtype=dtype.compute_dtype)
     result[live] = apply_in_lane_order(ptr.memory, ptr.offsets[live],
                                        lambda old, lane: combine_atomic(kind, old, values[lane], dtype))
     scopes.record(ctx, op, ptr, live)
+    happens_before.after(ctx, op, ptr, live)
     return result
 
 
@@ -175,7 +180,9 @@ def _atomic_cas(ctx, op, ptr, compare, value):
         return np.where(dtype.encode(old) == expected[lane], values[lane], old)
 
     scopes.observe(ctx, op, ptr, live)
+    happens_before.before(ctx, op, ptr, live)
     result = np.zeros(ptr.offsets.shape, dtype=dtype.compute_dtype)
     result[live] = apply_in_lane_order(ptr.memory, ptr.offsets[live], swap)
     scopes.record(ctx, op, ptr, live)
+    happens_before.after(ctx, op, ptr, live)
     return result

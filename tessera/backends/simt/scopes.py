@@ -57,7 +57,7 @@ def _cluster_of(ctx) -> tuple[int, ...]:
     return tuple(p // d for p, d in zip(ctx.program_id, cluster_dims(ctx.fn)))
 
 
-def _addresses(ptr: Pointers, live) -> list[int] | None:
+def global_addresses(ptr: Pointers, live) -> list[int] | None:
     """Byte addresses of the live lanes' elements, or None for memory this check does not follow (shared
     memory, packed sub-byte elements)."""
     memory = ptr.memory
@@ -83,7 +83,7 @@ def observe(ctx, op: Operation, ptr: Pointers, live) -> None:
     writes = ctx.launch.scoped
     if not writes:
         return
-    addresses = _addresses(ptr, live)
+    addresses = global_addresses(ptr, live)
     if addresses is None:
         return
     me = _Access(tuple(ctx.program_id), _cluster_of(ctx), scope_of(op), op)
@@ -101,7 +101,7 @@ def record(ctx, op: Operation, ptr: Pointers, live) -> None:
     writes = ctx.launch.scoped
     if writes is None or (not writes and not OPS[op.name].orders_programs):
         return
-    addresses = _addresses(ptr, live)
+    addresses = global_addresses(ptr, live)
     if addresses is None:
         return
     if OPS[op.name].orders_programs:

@@ -46,7 +46,7 @@ from ..interp.interpreter import bind_arguments, normalize_grid
 from ..interp.registry import apply_semantics
 from ..interp.values import Pointers
 from . import cluster, control_flow, low_bit, mbarrier, memory, tma_store  # noqa: F401  (fill the SIMT semantics table)
-from . import scopes
+from . import happens_before, scopes
 from . import warp_specialization, wave_schedule, wgmma  # noqa: F401
 from .ops import SIMT_SEMANTICS
 from .shared import SharedMemory
@@ -58,7 +58,7 @@ _TERMINATORS = frozenset(name for name, opdef in OPS.items() if opdef.terminator
 
 def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], num_threads: int | None = None,
                 *, warp_size: int | None = None, max_steps: int = DEFAULT_MAX_STEPS,
-                resident: int | None = None) -> None:
+                resident: int | None = None, global_races: bool = False) -> None:
     """Run thread-IR kernel `fn` over `grid`, writing results in place.
 
     `args` are as for the tile interpreter's `run_function`: a numpy array or
@@ -66,6 +66,8 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     with a `while` loop runs its blocks cooperatively, as `run_function` runs
     programs (blocks spinning on a flag park; `resident` blocks live at once,
     default all; a deadlock is an InterpreterError naming the loop).
+    `global_races` also checks that every block's access to global memory
+    another block wrote is ordered after it (`happens_before.py`).
     """
     verify_thread_ir(fn)
     launch = Launch(
@@ -78,6 +80,7 @@ def run_threads(fn: Function, args: Sequence[Any], grid: int | tuple[int, ...], 
     bound = bind_arguments(fn, [mbarrier.as_argument(a) for a in mbarrier.with_tensor_maps(fn, args)])
     launch.addresses = AddressSpace(bound)
     launch.scoped = scopes.new_record(fn)
+    launch.happens_before = happens_before.Clocks() if global_races else None
     blocks = [(x, y, z) for z, y, x in itertools.product(*(range(n) for n in reversed(grid3)))]
     if math.prod(cluster.cluster_dims(fn)) > 1:     # blocks of a cluster run together (`cluster.py`)
         if resident is not None or any(op.name == "while" for op in fn.walk()):
@@ -113,6 +116,7 @@ class Launch:
     cache: dict[Operation, Any] = field(default_factory=dict)
     addresses: AddressSpace | None = None      # the arrays reached by address (int_to_ptr), set per launch
     scoped: dict | None = None                 # ordered writes by address, where scopes can fail (`scopes.py`)
+    happens_before: Any = None                 # with global_races: `happens_before.Clocks`
 
 
 def _launch_attr(fn: Function, name: str, given: int | None, default: int | None) -> int:
