@@ -187,15 +187,13 @@ def attention_decode_kernel(q_ptr, k_ptr, v_ptr, table_ptr, seqlens_ptr, o_ptr, 
         # acquire-release at GPU scope, after a barrier: it publishes this program's partial (every thread's
         # stores) and, for the last to arrive, makes every other split's visible before the merge reads them
         last = tessera.atomic_add(counter, 1) == splits - 1
-        # a loop run at most once: as a `while`, the merge's per-thread index math is computed here, not hoisted
-        # to the kernel's start and kept live through the key loop (`passes/rematerialize_index.py`; hoisted, it
-        # spilled the unified max's head-dim-128 tile)
-        while last:
+        # (the merge's per-thread index math is computed in this `if`, not kept live through the key loops:
+        # `passes/rematerialize_index.py`)
+        if last:
             merge_splits(o_ptr, lse_ptr, out_ptr, out_lse_ptr, b, kv_h, G, Sq, row0, splits, stride_o_split,
                          stride_ob, stride_oh, stride_l_split, stride_lb, stride_lh, stride_out_b, stride_out_s,
                          stride_out_h, stride_out_lb, stride_out_lh, MR, D, SPLITS, CHUNK, EARLY)
             tessera.store(counter, 0)                   # every split has counted: ready for the next launch
-            last = False
 
 
 @tessera.func

@@ -89,6 +89,7 @@ from . import gemm_plan
 from . import gemm_split_k
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
+from .gemm_tiles import cluster_tile, for_each_tile, grouped_tile  # noqa: F401 (the first and last re-exported)
 from .hooks import outside_graphs
 
 
@@ -115,39 +116,9 @@ STREAM_K_ENV = "TESSERA_GEMM_STREAM_K"
 # Set to "1" to sum the split-K paths' partials with float32 atomics (less workspace, not bit-reproducible).
 ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
-@tessera.func
-def grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M):
-    """Tile number -> (pid_m, pid_n), walking GROUP_M rows of tiles at a time, column by column."""
-    group = GROUP_M * num_pid_n                       # tiles per group of GROUP_M rows
-    first_m = (tile // group) * GROUP_M
-    size_m = min(num_pid_m - first_m, GROUP_M)        # the last group may have fewer rows
-    pid_m = first_m + (tile % group) % size_m
-    pid_n = (tile % group) // size_m
-    return pid_m, pid_n
-
 
 @tessera.func
-def cluster_tile(program, num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N):
-    """Program -> (pid_m, pid_n) when CLUSTER_M (or CLUSTER_N) programs in a row form a cluster
-    (`tessera.cluster_dims`): the cluster takes a CLUSTER_M x 1 column (1 x CLUSTER_N row) of tiles in grouped
-    order, rows (columns) of tiles rounded up to a whole number of clusters, its programs one tile each, so they
-    share pid_n and with it every block of B (pid_m: every block of A). A tile past the last loads zeros and
-    stores nothing, but still issues its share of the shared operand for its peers."""
-    if CLUSTER_M * CLUSTER_N == 1:
-        return grouped_tile(program, num_pid_m, num_pid_n, GROUP_M)
-    tessera.static_assert(CLUSTER_M == 1 or CLUSTER_N == 1, "a cluster shares B (CLUSTER_M) or A (CLUSTER_N), "
-                          "not both")
-    if CLUSTER_M > 1:
-        tessera.static_assert(GROUP_M % CLUSTER_M == 0, "GROUP_M must be a multiple of CLUSTER_M")
-        pid_mc, pid_n = grouped_tile(program // CLUSTER_M, tessera.cdiv(num_pid_m, CLUSTER_M), num_pid_n,
-                                     GROUP_M // CLUSTER_M)
-        return pid_mc * CLUSTER_M + program % CLUSTER_M, pid_n
-    pid_m, pid_nc = grouped_tile(program // CLUSTER_N, num_pid_m, tessera.cdiv(num_pid_n, CLUSTER_N), GROUP_M)
-    return pid_m, pid_nc * CLUSTER_N + program % CLUSTER_N
-
-
-@tessera.func
-def gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+def gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha,
               HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M=1, CLUSTER_N=1):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
@@ -187,27 +158,10 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     c = tessera.view(c_ptr, (M, N))
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
-    if PERSISTENT and CLUSTER_M * CLUSTER_N > 1:
-        # one cluster per CLUSTER_M * CLUSTER_N SMs, each taking every (num_programs / cluster size)-th
-        # cluster-tile, its programs their member tiles of it (`cluster_tile`'s numbering): the programs of a
-        # cluster run the same cluster-tiles, so their multicast fills stay in lockstep; a member tile past C
-        # loads zeros, stores nothing, and still issues its share of the shared operand for its peer
-        CLUSTER = CLUSTER_M * CLUSTER_N
-        cluster_tiles = tessera.cdiv(num_pid_m, CLUSTER_M) * tessera.cdiv(num_pid_n, CLUSTER_N)
-        for ct in range(tessera.program_id(0) // CLUSTER, cluster_tiles, tessera.num_programs(0) // CLUSTER):
-            pid_m, pid_n = cluster_tile(ct * CLUSTER + tessera.program_id(0) % CLUSTER, num_pid_m, num_pid_n,
-                                        GROUP_M, CLUSTER_M, CLUSTER_N)
-            gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N)
-    elif PERSISTENT:    # one program per SM, each taking every num_programs-th tile
-        for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
-            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                      HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS)
-    else:               # one program per tile
-        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N)
-        gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N)
+    # one tile, every num_programs-th (PERSISTENT), or clusters walking cluster-tiles (`gemm_tiles.for_each_tile`)
+    for_each_tile(gemm_tile, (a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, HAS_BIAS, HAS_SCALE_A,
+                              HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N),
+                  num_pid_m, num_pid_n, GROUP_M, PERSISTENT, CLUSTER_M, CLUSTER_N)
 
 
 # The same kernel compiled with `fast_math=True`: a*b+c contracted into one fma (FFMA: the FMA-path dot of

@@ -25,7 +25,8 @@ the compiler would have to refuse).
 `gemm_fusion.py` checks the user's functions and operands and launches this.
 
 The main loop and tiles are the plain GEMM's (same configs, prune and model,
-so the same plan for a shape); the epilogue runs on EPILOGUE_COLUMNS-wide
+so the same plan for a shape, less the tiles too large for a prologue, and for
+an epilogue where the untimed model cannot compile to check); the epilogue runs on EPILOGUE_COLUMNS-wide
 column slices of the accumulator, each stored when done, so that what it
 computes never holds more than a slice beside the accumulator.
 """
@@ -35,8 +36,8 @@ from __future__ import annotations
 import tessera
 
 from . import gemm_configs
-from .gemm import cluster_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, state_alignment
+from .gemm_tiles import for_each_tile
 
 ROLES = ("epilogue", "prologue_a", "prologue_b")
 # The epilogue's slice width (EPI_BN): a thread holds 8 accumulator elements of a 128-row slice on 8 warps (of a
@@ -91,7 +92,7 @@ def index_tiles(i, j, BR, BC):
 
 
 @tessera.func
-def fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak, pid_m, pid_n,
+def fused_tile(pid_m, pid_n, a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
                EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT, GATHER_A,
                BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M=1, CLUSTER_N=1):
     """One BM x BN tile of C with the hooks applied (CLUSTER_M / CLUSTER_N > 1: B's / A's block multicast, as in
@@ -171,6 +172,13 @@ def gathered_block(a, gather_ptr, M, K, stride_am, stride_ak, pid_m, k, BM, BK):
 # the tile, and past 128 x 128 it outgrows what LLVM compiles in seconds (sm_90a, bench/fusion.py's int8 dequant:
 # ~16.8k instructions a thread at 128 x 256, ~15.7k at 256 x 128, against the compiler's 12,288 limit).
 MAX_PROLOGUE_TILE = 128 * 128
+# An epilogue's code grows with the tile too (every accumulator element a thread holds goes through it), but how
+# fast depends on the user's function: on sm_90a, 8 warps (compiler's estimate per thread; limit 12,288), the
+# plain store 640 at 128 x 128 / 1,248 at 128 x 256, a scale-and-add ~3.1k / ~7.2k, an erf GELU ~5.3k / ~11.7k
+# (fits), bench/fusion.py's tanh GELU + residual + Philox dropout ~10.8k / ~22.4k (the 128 x 256 tiles, persistent
+# warp-specialized included, do not compile). Tuning compiles every config and drops those that do not compile,
+# so it keeps 128 x 256 for the epilogues that fit; the untimed model, which compiles nothing, stays within this.
+MAX_MODEL_EPILOGUE_TILE = 128 * 128
 
 
 def prune_fused(configs: list[tessera.Config], named_args: dict) -> list[tessera.Config]:
@@ -184,9 +192,20 @@ def prune_fused(configs: list[tessera.Config], named_args: dict) -> list[tessera
     return [c for c in kept if c.kwargs["BM"] * c.kwargs["BN"] <= MAX_PROLOGUE_TILE]
 
 
-# The plain GEMM's configs and model (`gemm.gemm_kernel`) and its prune (`prune_fused`): on an H100 the fused
-# kernel tunes over the same tiles, 128 x 256 included (without a prologue), and `gemm.pin_config` pins both.
-@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=prune_fused, model=gemm_configs.predicted)
+def predicted_fused(configs: list[tessera.Config], named_args: dict) -> tessera.Config:
+    """The autotuner's model: the plain GEMM's (`gemm_configs.predicted`, so without hooks the same config for
+    every shape), over the tiles up to `MAX_MODEL_EPILOGUE_TILE` elements when an epilogue hook is set: the model
+    runs where nothing may be compiled to see whether the user's epilogue fits a larger tile, and at 128 x 128
+    a heavy one (bench/fusion.py's) still does."""
+    if named_args.get("EPILOGUE") is not None:
+        configs = [c for c in configs if c.kwargs["BM"] * c.kwargs["BN"] <= MAX_MODEL_EPILOGUE_TILE] or configs
+    return gemm_configs.predicted(configs, named_args)
+
+
+# The plain GEMM's configs (`gemm.gemm_kernel`), its prune and model with the hooks' limits (`prune_fused`,
+# `predicted_fused`): on an H100 the fused kernel tunes over the same tiles, 128 x 256 included (without a
+# prologue), and `gemm.pin_config` pins both.
+@tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=prune_fused, model=predicted_fused)
 @tessera.kernel
 def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride_bk, stride_bn,
                       stride_cm, stride_cn, x0, x1, x2, x3, x4, x5,
@@ -219,26 +238,11 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
     scalars = (s0, s1, s2, s3)
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
-    if PERSISTENT and CLUSTER_M * CLUSTER_N > 1:     # clusters walking cluster-tiles, as in `gemm.gemm_kernel`
-        CLUSTER = CLUSTER_M * CLUSTER_N
-        cluster_tiles = tessera.cdiv(num_pid_m, CLUSTER_M) * tessera.cdiv(num_pid_n, CLUSTER_N)
-        for ct in range(tessera.program_id(0) // CLUSTER, cluster_tiles, tessera.num_programs(0) // CLUSTER):
-            pid_m, pid_n = cluster_tile(ct * CLUSTER + tessera.program_id(0) % CLUSTER, num_pid_m, num_pid_n,
-                                        GROUP_M, CLUSTER_M, CLUSTER_N)
-            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
-    elif PERSISTENT:
-        for tile in range(tessera.program_id(0), num_pid_m * num_pid_n, tessera.num_programs(0)):
-            pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-            fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                       pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                       N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN)
-    else:
-        pid_m, pid_n = cluster_tile(tessera.program_id(0), num_pid_m, num_pid_n, GROUP_M, CLUSTER_M, CLUSTER_N)
-        fused_tile(a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
-                   pid_m, pid_n, EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS,
-                   N_OUT, GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N)
+    # the plain GEMM's tile walk (`gemm_tiles.for_each_tile`): one tile, every num_programs-th, or cluster-tiles
+    for_each_tile(fused_tile, (a, b, c, outs, ptrs, strides, scalars, gather_ptr, M, N, K, stride_am, stride_ak,
+                               EPILOGUE, EP_ORDER, PROLOGUE_A, PA_ORDER, PROLOGUE_B, PB_ORDER, SPECS, N_OUT,
+                               GATHER_A, BM, BN, BK, STAGES, WS, EPI_BN, CLUSTER_M, CLUSTER_N),
+                  num_pid_m, num_pid_n, GROUP_M, PERSISTENT, CLUSTER_M, CLUSTER_N)
 
 
 # The same kernel compiled with `fast_math=True` (fma contraction, approximate exp2 and division), which the op
@@ -246,5 +250,5 @@ def gemm_fused_kernel(a_ptr, b_ptr, c_ptr, M, N, K, stride_am, stride_ak, stride
 # bench/fusion.py's epilogue loses its exact division's slow-path check per element (FCHK, a call and a branch),
 # 15% of its sm_90a instructions.
 gemm_fused_kernel_fast = tessera.autotune(configs=gemm_configs.ALL, key=["M", "N", "K"], prune=prune_fused,
-                                          model=gemm_configs.predicted)(
+                                          model=predicted_fused)(
     tessera.kernel(fast_math=True)(gemm_fused_kernel.kernel.fn))

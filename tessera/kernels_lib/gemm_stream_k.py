@@ -103,7 +103,7 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
     dp_tiles = num_pid_m * num_pid_n - sk_tiles
     for tile in range(program, dp_tiles, programs):             # data-parallel: whole tiles
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
-        gemm_tile(a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, pid_m, pid_n,
+        gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha,
                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, False)
 
     # stream-K: iterations start .. end - 1 of the sk_tiles * k_steps, tile t's steps t * k_steps ..

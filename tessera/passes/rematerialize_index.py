@@ -1,4 +1,5 @@
-"""Rematerialize thread-index math inside `while` loops: recompute it where it is used, from a fresh thread id.
+"""Rematerialize thread-index math inside `while` loops, and in an `if` holding a loop after a loop: recompute it
+where it is used, from a fresh thread id.
 
 Input: thread IR whose index math (what pure ops compute from `thread_id` and constants) the lowering hoisted
 to the kernel's prologue, computed once per kernel (`lowering/thread_index.py`). Job: for every use of such a
@@ -14,6 +15,21 @@ costs a few integer ops, and the kernel fits (128 registers at the decode plan, 
 spills). A reread `thread_id` is a volatile read of %tid.x on NVIDIA, so LLVM cannot hoist the clones back
 out of the loop (its loop-invariant code motion would: the usual read is a pure intrinsic).
 Loops other than `while` (K loops, static loops) keep the hoisted values: there they are the point.
+
+The same holds for a top-level `if` that holds a loop and follows a loop (a `for` or `while`, or an op holding
+one, such as an `if` around a K loop): index math that only the `if` needs would be live through the whole
+loop, in registers the loop wanted, and what the loop needs too would stay live past it, through the `if`'s
+loops.
+Every use in such an `if` is rewritten the same way, so no prologue value lives past the last loop that uses
+it. The split-KV decode kernel merges the splits in such an `if` after its key loops (before this rule it
+wrapped the merge in a `while` run at most once; with the values the key loop uses left hoisted, sm_80's
+online head-dim-128 tile spilled 4 bytes). As in a `while`, a clone goes into its user's block, also inside a
+`for` nested in the `if` (the merge's loop over splits; the unified-max kernel's fallback key loop, in an `if`
+after the first key loop): cloned before that `for` instead, the merge's index math spilled sm_80's online
+head-dim-128 32-row tile. An `if` without a loop of its own keeps the hoisted values: its uses are one
+straight run, where a chain recomputed from a volatile reread (which LLVM cannot share with the prologue's)
+costs registers at the very point it would free them: rewriting MoE's align_kernel's `if chunk == 0` (one
+store of the offsets after its padding loops) spilled 4 bytes at 80 registers on sm_80 with 128 experts.
 """
 
 from __future__ import annotations
@@ -25,13 +41,20 @@ from tessera.ir.ops import OPS
 def rematerialize_thread_index(fn: Function) -> int:
     """Rewrite `fn` in place (see the module docstring); returns how many operands now use a clone."""
     derived = _index_math(fn)
-    if not derived or not any(op.name == "while" for op in fn.walk()):
+    if not derived:
         return 0
-    rewritten = 0
+    rewritten, after_loop = 0, False
     for op in fn.body.ops:
         for region in op.regions:
-            rewritten += _rewrite_block(region, derived, op.name == "while")
+            rewritten += _rewrite_block(region, derived, op.name == "while" or (after_loop and op.name == "if"
+                                                                                and _holds_loop(op)))
+        after_loop = after_loop or _holds_loop(op)
     return rewritten
+
+
+def _holds_loop(op: Operation) -> bool:
+    """Whether `op` is a loop or has one nested in its regions."""
+    return any(inner.name in ("for", "while") for inner in op.walk())
 
 
 def _index_math(fn: Function) -> set[Value]:
@@ -46,19 +69,21 @@ def _index_math(fn: Function) -> set[Value]:
     return derived
 
 
-def _rewrite_block(block: Block, derived: set[Value], in_while: bool) -> int:
+def _rewrite_block(block: Block, derived: set[Value], active: bool) -> int:
+    """Rewrite the uses of `derived` values in `block` and the blocks nested in it, once `active` (inside a
+    `while`, or a top-level `if` holding a loop after a loop)."""
     clones: dict[Value, Value] = {}        # per block: a clone dominates the rest of its block
     rewritten, i = 0, 0
     while i < len(block.ops):
         op = block.ops[i]
-        if in_while:
+        if active:
             for k, value in enumerate(op.operands):
                 if value in derived:
                     op.operands[k], added = _materialize(value, block, i, derived, clones)
                     i += added
                     rewritten += 1
         for region in op.regions:
-            rewritten += _rewrite_block(region, derived, in_while or op.name == "while")
+            rewritten += _rewrite_block(region, derived, active or op.name == "while")
         i += 1
     return rewritten
 

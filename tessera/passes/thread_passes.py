@@ -6,12 +6,12 @@ For each function: the alignment analysis, `layout_assignment` (with the
 layouts its `convert_layout` ops pin, plus any `overrides`, which win),
 the `register_budget` check (a tile one thread cannot hold is refused here,
 before any per-thread code exists), `lower_to_threads`, `rematerialize_index` (index math used in `while`
-loops recomputed there, then DCE), `defer_wgmma_wait` (each wgmma wait moved down to the first read of
-its results), `pingpong` (the turn-taking barriers of a `pingpong` loop), `low_bit` (sub-byte loads
-and stores become byte accesses), `merge_mbarrier_inits` (the top-level mbarrier inits behind one fence and
-one barrier), `shared_memory` allocation (lowering again with every TMA store
-waiting for its read at once when the staging buffers that loops overlap with the next iteration do
-not fit), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
+loops, or in an `if` holding a loop after a loop, recomputed there, then DCE), `defer_wgmma_wait` (each
+wgmma wait moved down to the first read of its results), `pingpong` (the turn-taking barriers of a
+`pingpong` loop), `low_bit` (sub-byte loads and stores become byte accesses), `merge_mbarrier_inits`
+(the top-level mbarrier inits behind one fence and one barrier), `shared_memory` allocation (lowering
+again with every TMA store waiting for its read at once when the staging buffers that loops overlap
+with the next iteration do not fit), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
 programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
 verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.

@@ -7,7 +7,10 @@ Specification:
 * the fused kernel tunes over the plain GEMM's configs with its prune and model, so for every shape it
   predicts the plain GEMM's config, and `gemm.pin_config` pins both; only with a prologue (which transforms
   each block in registers before the dot) are tiles over 128 x 128 pruned, since they do not compile, and
-  the largest tile left compiles for sm_90a;
+  the largest tile left compiles for sm_90a; with an epilogue, the untimed model (which compiles nothing)
+  stays within 128 x 128, the largest tile bench/fusion.py's GELU + dropout epilogue compiles at (the 128 x 256
+  tiles, persistent warp-specialized included, exceed the compiler's unroll limit: tuning, which compiles
+  every config, drops them), and the largest tile it may pick compiles for sm_90a without spills;
 * on sm_90a, with bench/fusion.py's bias + GELU + residual + dropout epilogue, the fused kernel at the plain
   GEMM's 128 x 128 config keeps the plain K loop (the same SASS opcodes: HGMMAs, TMA loads, mbarrier waits),
   spills nothing and needs at most 128 registers (two programs per SM, as the plain GEMM), and stores C with
@@ -46,7 +49,7 @@ def test_the_fused_kernel_tunes_over_the_plain_gemms_configs_with_its_prune_and_
     plain = gemm_kernel.tuner
     assert fused.tuner.configs == plain.configs == gemm_configs.ALL
     assert plain.prune is gemm_configs.prune_for_device and fused.tuner.prune is gemm_fused.prune_fused
-    assert fused.tuner.model is plain.model is gemm_configs.predicted
+    assert plain.model is gemm_configs.predicted and fused.tuner.model is gemm_fused.predicted_fused
     no_prologue = {"M": 64, "N": 64, "K": 64, "PROLOGUE_A": None, "PROLOGUE_B": None}
     assert gemm_fused.prune_fused(gemm_configs.ALL, no_prologue) == plain.prune(gemm_configs.ALL, no_prologue)
 
@@ -70,6 +73,37 @@ def test_the_largest_tile_a_prologue_keeps_compiles_for_sm_90a():
     signature = fused_signature("f16", b_dtype="i8").replace("f32,f32,i32,i32", "i32,f32,i32,i32")
     compiled = compile_fused("sm_90a", largest, DEQUANT_AND_DROPOUT, signature)
     assert compiled.metadata["spill_stores"] == 0
+
+
+# shapes where the plain GEMM's model picks 128 x 256 (one wave of 132 tiles, or fewer padded waves)
+WIDE_TILE_SHAPES = [(16896, 256, 4096), (8448, 8192, 1024), (4096, 33792, 512)]
+
+
+@pytest.mark.parametrize("M, N, K", WIDE_TILE_SHAPES)
+def test_with_an_epilogue_the_untimed_model_stays_within_128x128(M, N, K):
+    hopper = gemm_configs.configs_for("sm_90")
+    plain = {"M": M, "N": N, "K": K}
+    assert gemm_configs.predicted(hopper, plain).kwargs["BN"] == 256          # something to stay away from
+    named = {**plain, "EPILOGUE": hooks.bias_gelu_tanh_residual_dropout, "PROLOGUE_A": None, "PROLOGUE_B": None}
+    chosen = gemm_fused.predicted_fused(gemm_fused.prune_fused(hopper, named), named)
+    assert chosen.kwargs["BM"] * chosen.kwargs["BN"] <= gemm_fused.MAX_MODEL_EPILOGUE_TILE
+    assert gemm_fused.predicted_fused(hopper, plain) == gemm_configs.predicted(hopper, plain)   # no hook: same
+
+
+def test_the_bench_epilogue_fits_the_largest_tile_the_model_may_pick_and_not_128x256():
+    """What `MAX_MODEL_EPILOGUE_TILE` rests on: bench/fusion.py's epilogue (tanh GELU, residual, Philox dropout)
+    compiles for sm_90a without spills at the model's largest tile, and the compiler refuses the 128 x 256
+    persistent warp-specialized tile (its unroll limit), which timed tuning therefore drops."""
+    needs_ptxas()
+    hopper = gemm_configs.configs_for("sm_90")
+    allowed = [c for c in hopper if c.kwargs["BM"] * c.kwargs["BN"] <= gemm_fused.MAX_MODEL_EPILOGUE_TILE]
+    largest = max(allowed, key=lambda c: (c.kwargs["BM"] * c.kwargs["BN"], c.kwargs["BK"], c.kwargs["STAGES"]))
+    compiled = compile_bench_fused(largest)
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    wide = next(c for c in hopper if gemm_configs.is_persistent_specialized(c) and not gemm_configs.is_clustered(c))
+    assert wide.kwargs["BM"] * wide.kwargs["BN"] > gemm_fused.MAX_MODEL_EPILOGUE_TILE
+    with pytest.raises(tessera.CompileError, match="unrolls to about"):
+        compile_bench_fused(wide)
 
 
 @pytest.mark.parametrize("M, N, K", BENCH_SHAPES)

@@ -1,9 +1,12 @@
-"""rematerialize_index: thread-index math used inside `while` loops is recomputed there, from a reread thread id.
+"""rematerialize_index: thread-index math used inside `while` loops (or an `if` holding a loop after a loop) is
+recomputed there, from a reread thread id.
 
 Specification: every use inside a `while` (condition or body, at any depth) of a value the prologue computes
 from `thread_id` gets a clone of its chain in the user's block, from `thread_id {reread = true}`, shared by
-the block's later users; uses outside `while` loops, and inside other loops, keep the prologue's value; the
-rewritten kernel computes the same; on NVIDIA the reread is a volatile %tid.x inside the loop.
+the block's later users; so does every use in a top-level `if` that holds a loop and follows a loop (or an op
+holding one), while an `if` of straight-line code keeps the prologue's values (MoE's align_kernel); other uses
+outside `while` loops, and uses inside other loops, keep the prologue's value; the rewritten kernel computes the
+same; on NVIDIA the reread is a volatile %tid.x inside the loop.
 """
 
 import numpy as np
@@ -112,3 +115,129 @@ def test_a_ticket_loop_computes_the_same_and_reads_tid_inside_the_loop_on_nvidia
     ptx = drain.compile(*_drain_args(), BLOCK=16, target="sm_80", num_warps=1).stages["ptx"]
     loop = ptx[ptx.index("$L__BB"):]
     assert "mov.u32 %r" in loop and "%tid.x;" in loop       # the volatile read, inside the loop
+
+
+IF_AFTER_LOOP = """\
+func @merge(%out: ptr<i32>, %n: i32, %c: bool) attributes {num_threads = 32, warp_size = 32} {
+  %0 = thread_id : i32
+  %1 = constant {value = 15} : i32
+  %lane = and %0, %1 : i32
+  %2 = constant {value = 4} : i32
+  %group = shr %0, %2 : i32
+  %row = add %group, %1 : i32
+  %zero = constant {value = 0} : i32
+  %r = for %zero, %n, %2, %n : i32 {
+  ^(%i: i32, %k: i32):
+    %3 = sub %k, %lane : i32
+    yield %3
+  }
+  if %c {
+    %s = for %zero, %n, %2, %r : i32 {
+    ^(%j: i32, %a: i32):
+      %4 = add %a, %lane : i32
+      %5 = add %4, %row : i32
+      yield %5
+    }
+    store %out, %s
+    yield
+  } {
+    yield
+  }
+  return
+}
+"""
+
+IF_AFTER_LOOP_REWRITTEN = """\
+func @merge(%out: ptr<i32>, %n: i32, %c: bool) attributes {num_threads = 32, warp_size = 32} {
+  %0 = thread_id : i32
+  %1 = constant {value = 15} : i32
+  %lane = and %0, %1 : i32
+  %2 = constant {value = 4} : i32
+  %zero = constant {value = 0} : i32
+  %r = for %zero, %n, %2, %n : i32 {
+  ^(%i: i32, %k: i32):
+    %3 = sub %k, %lane : i32
+    yield %3
+  }
+  if %c {
+    %s = for %zero, %n, %2, %r : i32 {
+    ^(%j: i32, %a: i32):
+      %4 = thread_id {reread = true} : i32
+      %5 = and %4, %1 : i32
+      %6 = add %a, %5 : i32
+      %7 = shr %4, %2 : i32
+      %8 = add %7, %1 : i32
+      %9 = add %6, %8 : i32
+      yield %9
+    }
+    store %out, %s
+    yield
+  } {
+    yield
+  }
+  return
+}
+"""
+
+
+def test_an_if_holding_a_loop_after_a_loop_recomputes_the_index_math_it_uses():
+    """%row (and %group under it) is used only in the `if`: hoisted, it would be live through the first loop;
+    %lane is used in that loop too, and would stay live past it through the `if`'s loop. The `if`'s loop body
+    gets both chains from one reread; the first loop keeps the prologue's %lane."""
+    module = parse_module(IF_AFTER_LOOP)
+    assert rematerialize_thread_index(module.functions[0]) == 2
+    dce_function(module.functions[0])
+    verify_module(module)
+    assert print_module(module) == IF_AFTER_LOOP_REWRITTEN
+
+
+def straight_if() -> str:
+    """IF_AFTER_LOOP with the `if`'s loop unrolled once: straight-line code (MoE align_kernel's `if chunk == 0`)."""
+    start, end = IF_AFTER_LOOP.index("    %s = for"), IF_AFTER_LOOP.index("    store %out, %s")
+    return (IF_AFTER_LOOP[:start] + "    %4 = add %r, %lane : i32\n    %s = add %4, %row : i32\n"
+            + IF_AFTER_LOOP[end:])
+
+
+def test_an_if_of_straight_line_code_after_a_loop_keeps_the_hoisted_values():
+    """Recomputed there, the chain from a volatile reread adds registers where the `if` uses them: MoE's
+    align_kernel spilled 4 bytes on sm_80 (128 experts) so."""
+    module = parse_module(straight_if())
+    assert rematerialize_thread_index(module.functions[0]) == 0
+    assert print_module(module) == print_module(parse_module(straight_if()))
+
+
+def test_an_if_before_any_loop_keeps_the_hoisted_values():
+    """Nothing is live across a loop before the first loop: the `if` moved ahead of it is left alone."""
+    loop_start = IF_AFTER_LOOP.index("  %r = for")
+    if_start = IF_AFTER_LOOP.index("  if %c")
+    if_end = IF_AFTER_LOOP.index("  return")
+    moved_if = IF_AFTER_LOOP[if_start:if_end].replace("%zero, %n, %2, %r", "%zero, %n, %2, %n")
+    text = IF_AFTER_LOOP[:loop_start] + moved_if + IF_AFTER_LOOP[loop_start:if_start] + IF_AFTER_LOOP[if_end:]
+    module = parse_module(text)
+    assert rematerialize_thread_index(module.functions[0]) == 0
+    assert print_module(module) == print_module(parse_module(text))
+
+
+def test_an_if_after_an_if_holding_a_loop_is_rewritten_too():
+    """The unified-max decode kernel's merge follows the fallback's `if` around a key loop: a loop all the same."""
+    first_loop = "  %r = for %zero, %n, %2, %n : i32 {"
+    text = IF_AFTER_LOOP.replace(first_loop, "  if %c {\n" + first_loop)
+    text = text.replace("    yield %3\n  }\n", "    yield %3\n  }\n  store %out, %r\n  yield\n  } {\n  yield\n  }\n")
+    text = text.replace("%zero, %n, %2, %r", "%zero, %n, %2, %n")
+    module = parse_module(text)
+    assert rematerialize_thread_index(module.functions[0]) == 2
+    inner_loop = module.functions[0].body.ops[-2].regions[0].ops[0]
+    assert inner_loop.name == "for"
+    assert [op.name for op in inner_loop.regions[0].ops[:2]] == ["thread_id", "and"]
+    assert inner_loop.regions[0].ops[0].attrs["reread"]
+
+
+def test_the_rewritten_if_computes_the_same_on_the_simt_simulator():
+    module = parse_module(IF_AFTER_LOOP)
+    expected = [np.zeros(1, np.int32), 7, True]
+    run_threads(module.functions[0], expected, (1,))
+    rematerialize_thread_index(module.functions[0])
+    dce_function(module.functions[0])
+    actual = [np.zeros(1, np.int32), 7, True]
+    run_threads(module.functions[0], actual, (1,))
+    np.testing.assert_array_equal(actual[0], expected[0])

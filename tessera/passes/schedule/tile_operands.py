@@ -20,7 +20,9 @@ producer can compute), and whose every reader is in the K loop or an op of the t
 nested in an `if`: every tile must wait for its phase of `full`), so that all of a tile's reads are retired
 by the K loop's final `wgmma_wait {pending = 0}`; the consumers arrive on `empty` right after that wait
 (`release`). A load read after the K loop (the overlapped order's last V block) stays with
-the consumers. All moved loads share the buffer pair of barriers (one expect_tx of their summed bytes).
+the consumers, as do the loads of a kernel with (block-scoped) ordered ops (`tma_operand.py`): issued a
+tile ahead, such a load would no longer follow the previous tile's accesses that its proxy fence is to
+order before it. All moved loads share the buffer pair of barriers (one expect_tx of their summed bytes).
 
 Why it is race-free. The producer's write of tile k's block waits for the release of tile k - 1's, which
 each warpgroup's first thread gives after `wgmma_wait {pending = 0}` retired every wgmma group of that
@@ -68,7 +70,7 @@ def movable_operands(ctx, outer: Operation, loop: Operation, consumers: int) -> 
     moved = []
     for op in body[:end]:
         plan = tma_operand(ctx, op) if op.name == "view_load" else None
-        if plan is None:
+        if plan is None or plan.fence_global:   # (ordered ops: see the module docstring)
             continue
         _, blocker = tile_slice(outer, [*op.operands, *plan.box.leading])
         # every reader in the K loop (whose staging waits before it) or an op of the body before it, so that

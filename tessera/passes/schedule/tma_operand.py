@@ -35,8 +35,21 @@ issues the load while the producer starts its fills
 around a warp-specialized K loop, the producer warpgroup issues the loads
 whose reads all end with the K loop instead (`tile_operands.py`). Kept out: other
 users of the registers (an elementwise op, a store), a nonzero fill,
-kernels whose programs hand data to each other (their TMA reads would need
-a global proxy fence), and targets without TMA.
+targets without TMA, and kernels whose programs may hand data to each other:
+an ordered op (`orders_programs`: acquire load, release store, atomic) at a
+scope wider than the block (`ordered_handoff`; a lowering note names it, the
+load and the fix). What another program wrote through the generic proxy and
+this one acquired, TMA (the async proxy) may read only after the issuing
+thread's `fence.proxy.async.global`, and only if that thread's issue follows
+the acquire, which the block load's position does not promise (the acquiring
+thread may be another one, or the acquire come later). Ordered ops that are
+all `scope="cta"` synchronize only with this block's threads (PTX: two
+accesses are morally strong only if each one's scope holds the other's
+thread), so no other program's write is ordered before the load by them;
+what this block's own threads wrote and ordered before it (by them or by a
+barrier) thread 0 makes visible to the async proxy with
+`fence.proxy.async.global` right before the issue (`fence_global`), as the
+pipelined TMA fills do (`tma_fill.TmaRing`).
 """
 
 from __future__ import annotations
@@ -45,7 +58,7 @@ from dataclasses import dataclass
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
-from tessera.ir.ops import OPS
+from tessera.ir.ops import OPS, scope_of
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
@@ -53,6 +66,7 @@ from ..lowering.memory import VIEW_LOAD_STRATEGIES
 from ..lowering.wgmma_dot import SharedOperand
 from ..mma import mma_plan
 from .pipeline_plan import _slot_layout
+from .shortfalls import place
 from .tma_fill import TmaBox, map_parameter, view_block_box
 
 
@@ -62,6 +76,7 @@ class TmaOperand:
 
     tile: WgmmaTileLayout
     box: TmaBox
+    fence_global: bool = False      # the kernel has (block-scoped) ordered ops: fence the async proxy first
 
 
 def tile_loop_of(ctx, op: Operation) -> Operation | None:
@@ -89,7 +104,10 @@ def _plan(ctx, op: Operation) -> TmaOperand | None:
     tile_type = op.result.type
     if not isinstance(tile_type, TileType) or len(tile_type.shape) != 2 or op.attrs.get("fill", 0) != 0:
         return None
-    if any(OPS[o.name].orders_programs for o in ctx.src.walk()):
+    ordered = [o for o in ctx.src.walk() if OPS[o.name].orders_programs]
+    handoff = ordered_handoff(ordered)
+    if handoff is not None:
+        ctx.notes.append(_handoff_note(ctx, op, handoff))
         return None
     info = ctx.facts.facts.get(op.operands[0])
     if info is None or not any(info.unit_stride):
@@ -112,7 +130,21 @@ def _plan(ctx, op: Operation) -> TmaOperand | None:
     tile = tiles.pop()
     box = view_block_box(op.operands[0], tile_type.shape, tile_type.element.dtype, dim, tile, ctx.target,
                          ctx.facts.facts)
-    return None if box is None else TmaOperand(tile, box)
+    return None if box is None else TmaOperand(tile, box, fence_global=bool(ordered))
+
+
+def ordered_handoff(ordered: list[Operation]) -> Operation | None:
+    """The first of the kernel's ordered ops whose scope reaches past the block (a hand-off between programs a
+    TMA read could miss), or None when they are all `scope="cta"`."""
+    return next((o for o in ordered if scope_of(o) != "cta"), None)
+
+
+def _handoff_note(ctx, load: Operation, ordered: Operation) -> str:
+    where = f" at {load.loc}" if load.loc else ""
+    return (f"kernel '{ctx.src.name}': the block load{where} that a wgmma reads is loaded by the threads, not by "
+            f"TMA: this kernel's {ordered.name} at {place(ordered)} orders memory at scope "
+            f"\"{scope_of(ordered)}\", so other programs may hand it data, which a TMA read issued here need not "
+            f"see; if every ordered access only synchronizes threads of one program, give them scope=\"cta\"")
 
 
 def _tma_operand_load(ctx, op: Operation) -> bool:
@@ -142,6 +174,8 @@ def _tma_operand_load(ctx, op: Operation) -> bool:
         parity = ctx.emit("rem", count, ctx.const(2))
         ctx.threads.barrier()
     with ctx.when(ctx.index.first_thread()):
+        if plan.fence_global:       # this block's generic-proxy writes ordered before the load (module docstring)
+            ctx.create("fence_proxy_async_global")
         ctx.create("mbarrier_arrive_expect_tx", [bar, ctx.const(box.slot_bytes)])
         for j in range(box.boxes):
             dst = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
