@@ -155,7 +155,7 @@ class static_range:
 
 class pipeline:
     """`for k in tessera.pipeline(lo, hi, step, stages=S)`: a runtime loop whose global -> shared copies
-    for `dot` operands are software-pipelined S deep (cp.async ring buffers; see
+    for `dot` operands are software-pipelined S deep (cp.async ring buffers; direct-to-LDS loads on gfx942 / gfx950; see
     `passes/schedule/software_pipeline.py`). It computes what `range` computes; `stages` (a compile-time
     int >= 1; 1 keeps the loop plain) is recorded on the IR `for`. A bare `range` loop feeding a `dot` is
     pipelined by the compiler on its own where that is safe (3 stages on sm_80+,

@@ -13,8 +13,14 @@ LLVM triple and CPU name, PTX features) through the fields below.
 | sm_90a  | nvidia | 32   | 227 KiB               | sm_90 + wgmma, setmaxnreg                  |
 | sm_100  | nvidia | 32   | 227 KiB (B200)        | sm_90 + tcgen05 (no wgmma)                 |
 | gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
-| gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + fp8 mfma                          |
-| gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + mfma.wide (32x32x16, 16x16x32)    |
+| gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + fp8 mfma, lds.dma (4 B a lane)    |
+| gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + mfma.wide (32x32x16, 16x16x32),   |
+|         |        |      |                       | lds.dma.wide (16 B a lane)                 |
+
+"lds.dma" is CDNA3's direct global -> LDS load (`global_load_lds_dword`):
+each lane of a wave writes `bytes` at the wave's LDS base + lane * bytes,
+tracked by vmcnt; `LDS_DMA_BYTES` lists the widths a target's lanes may
+copy (gfx950 adds dwordx4; its dwordx3 is left out: chunks are powers of 2).
 """
 
 from __future__ import annotations
@@ -46,7 +52,19 @@ _SM80 = frozenset({"shfl", "cp.async", "mma.sync", "ldmatrix"})
 _SM89 = _SM80 | {"mma.fp8"}
 _SM90 = _SM89 | {"tma", "mbarrier", "cluster", "stmatrix"}
 _GFX90A = frozenset({"dpp", "mfma"})
-_GFX942 = _GFX90A | {"mfma.fp8"}
+_GFX942 = _GFX90A | {"mfma.fp8", "lds.dma"}
+
+
+def has_async_copies(target: "Target") -> bool:
+    """Whether `target` copies global memory into shared memory asynchronously (cp.async or LDS DMA)."""
+    return target.has("cp.async") or target.has("lds.dma")
+
+
+def lds_dma_bytes(target: "Target") -> tuple[int, ...]:
+    """The bytes a lane may copy straight into LDS on `target` (global_load_lds), widest first; () if none."""
+    if not target.has("lds.dma"):
+        return ()
+    return (16, 4) if target.has("lds.dma.wide") else (4,)
 
 
 def _nvidia(name: str, smem_kib: int, features: frozenset[str], ptx: str) -> Target:
@@ -67,7 +85,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
     _amd("gfx90a", 64, _GFX90A),
     _amd("gfx942", 64, _GFX942),
-    _amd("gfx950", 160, _GFX942 | {"mfma.wide"}, lds_banks=64),
+    _amd("gfx950", 160, _GFX942 | {"mfma.wide", "lds.dma.wide"}, lds_banks=64),
 )}
 
 DEFAULT_TARGET = "sm_80"

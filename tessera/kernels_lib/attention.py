@@ -75,8 +75,9 @@ class Plan:
 # (tests/kernels_lib/test_attention_compile.py); none has been timed on a GPU yet.
 GPU_PLANS = {
     "nvidia": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
-    "amd": {64: Plan(128, 64, 4, stages=1), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
-}   # (AMD: one stage, since Tessera has no asynchronous copies into LDS on AMD yet)
+    "amd": {64: Plan(128, 64, 4, stages=2), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
+}   # (AMD: K and V rings of 2 stages filled by direct-to-LDS loads at head dim 64, 50 KiB of LDS on gfx942; head
+#   dims 128 and 256 keep one stage: with two, the kernel needs 82936 / 70136 bytes, over gfx942's 64 KiB)
 CPU_PLAN = Plan(16, 16, 4, stages=1)
 # Warp-specialized forward plans for Hopper: the tiles above plus a producer warpgroup (384 threads) whose one
 # thread issues K's and V's TMA fills ahead, behind mbarriers, while the two consumer warpgroups (setmaxnreg

@@ -99,6 +99,13 @@ DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
                         128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
+# AMD's K and V ring depth per (unified softmax, head dim): 2 (direct-to-LDS loads) only where every tile the op
+# launches compiles for gfx942 without spills and fits its LDS (tests/kernels_lib/test_attention_compile.py
+# compiles them all). With two stages the one-warp tiles spill SGPRs on gfx942 (online D=64 16x64: 44, online
+# D=128 16x16: 39, unified D=64 16x16 / 16x32: 10 / 41, and unified D=64 32x32 on two warps: 10; gfx950 none),
+# and the online softmax's head dim 256 needs 66680 bytes, so those keep one stage until a GPU run says whether
+# the deeper ring is worth the spills.
+AMD_DECODE_STAGES = {(False, 64): 1, (False, 128): 1, (False, 256): 1, (True, 64): 1, (True, 128): 2}
 
 
 @dataclass(frozen=True)
@@ -292,14 +299,14 @@ def on_interpreter(q: torch.Tensor) -> bool:
 
 
 def gpu_decode_plan(D: int, unified: bool, vendor: str) -> DecodePlan:
-    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with one stage, since Tessera has no
-    asynchronous copies into LDS there yet (a pipeline would be a plain loop: a shortfall)."""
+    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with `AMD_DECODE_STAGES` (rings of
+    direct-to-LDS loads, as deep as gfx942's 64 KiB of LDS holds)."""
     plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
     if D not in plans:
         fix = "leave unified_max=None (the online softmax)" if D in DECODE_PLANS else "use another head dim"
         raise ValueError(f"tessera::attention_decode: head dim {D} has no GPU plan"
                          f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
-    return replace(plans[D], stages=1) if vendor == "amd" else plans[D]
+    return replace(plans[D], stages=AMD_DECODE_STAGES[unified, D]) if vendor == "amd" else plans[D]
 
 
 def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePlan:

@@ -116,9 +116,6 @@ func @k(%x: ptr<f16>, %out: ptr<f32>) attributes {{num_threads = 64, shared_byte
 
 NVIDIA_ONLY = {
     "ldmatrix": "  %r = ldmatrix %smem {num = 4, trans = false} : regs<8xf16>",
-    "async_copy": "  %in = constant {value = true} : bool\n  async_copy %smem, %x, %in {bytes = 4}",
-    "async_commit": "  async_commit",
-    "async_wait": "  async_wait {pending = 0}",
 }
 
 

@@ -22,7 +22,9 @@ from tessera.backends.llvm.types import I8, I64
 TARGETS = ("gfx90a", "gfx942", "gfx950")
 IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constants
 # s_sleep's, s_setprio's and sched_barrier's one operand is an immediate too
-ONE_IMMEDIATE = ("llvm.amdgcn.s.sleep", "llvm.amdgcn.s.setprio", "llvm.amdgcn.sched.barrier")
+ONE_IMMEDIATE = ("llvm.amdgcn.s.sleep", "llvm.amdgcn.s.setprio", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.waitcnt")
+# global_load_lds's bytes, offset and aux are immediates, and bytes must be a width it has
+IMMEDIATES = {"llvm.amdgcn.global.load.lds": (4, 0, 0)}
 
 
 def _table_kernel(target: str) -> str:
@@ -43,9 +45,11 @@ def _table_kernel(target: str) -> str:
 
     def call(callee: ir.Function, name: str):
         types = callee.function_type.args
-        immediates = IMMEDIATE_ARGS if ".mfma." in name else 1 if name in ONE_IMMEDIATE else 0
+        fixed = IMMEDIATES.get(name)
+        immediates = len(fixed) if fixed else IMMEDIATE_ARGS if ".mfma." in name else 1 if name in ONE_IMMEDIATE else 0
         loaded = [b.load(address(src), typ=t) for t in types[:len(types) - immediates]]
-        result = b.call(callee, loaded + [ir.Constant(t, 0) for t in types[len(types) - immediates:]])
+        values = fixed or [0] * immediates
+        result = b.call(callee, loaded + [ir.Constant(t, v) for t, v in zip(types[len(types) - immediates:], values)])
         if not isinstance(callee.function_type.return_type, ir.VoidType):
             b.store(result, address(dst))
 

@@ -16,7 +16,8 @@ PipelineWarning, e.g. varlen's "cp.async instead of TMA" on sm_90a, which
 non-strict and fails on any other shortfall. A kernel's own accepted
 shortfalls (`tessera.kernel(tolerate=...)`, decode's) stay warnings in
 strict mode, and are not counted as others. gfx942 compiles
-non-strict (no asynchronous copies on AMD yet), so there it checks only that
+non-strict (some AMD loops stay one stage, their LDS short for a ring, and
+other ops' loads are not yet direct-to-LDS), so there it checks only that
 the launch compiles.
 
 Why here and not in each test: an op's alignment bugs are in the arguments it

@@ -133,8 +133,8 @@ def test_fewer_stages_than_asked_is_said():
 
 
 def test_no_async_copies_on_amd_is_said():
-    with pytest.warns(tessera.PipelineWarning, match="runs as a plain loop on gfx942 .*no asynchronous copies"):
-        sized_by_memory.compile(*gemm_args(), HINT="multiple_of", target="gfx942", num_warps=2, **BLOCKS)
+    with pytest.warns(tessera.PipelineWarning, match="runs as a plain loop on gfx90a .*no asynchronous copies"):
+        sized_by_memory.compile(*gemm_args(), HINT="multiple_of", target="gfx90a", num_warps=2, **BLOCKS)
 
 
 # -- promises the interpreter checks ---------------------------------------------------------------------------

@@ -146,9 +146,12 @@ def test_stages_shrink_to_fit_shared_memory():
     assert plan.shared_bytes <= get_target("sm_80").shared_memory_bytes
 
 
-def test_no_plan_without_cp_async_or_with_one_stage():
+def test_no_plan_without_async_copies_or_with_one_stage():
     case = matmul_case(64, 64, 64, 64, 64, 32, stages=3)
-    assert plan_for(case, "gfx942") is None
+    assert plan_for(case, "gfx90a") is None             # no direct-to-LDS loads (gfx942 has them)
+    amd = plan_for(case, "gfx942")                        # unswizzled row-major slots, 4-byte chunks
+    assert amd is not None and {(load.copy_bytes, load.fragment, load.slot_layout.swizzle) for load in amd.loads} \
+        == {(4, None, None)}
     fn = case.module.functions[0]
     without = dataclasses.replace(get_target("sm_80"), features=frozenset({"shfl", "mma.sync", "ldmatrix"}))
     assert pipeline_plan(loop_of(fn), without, 4, VectorFacts(fn).facts) is None
@@ -203,15 +206,15 @@ def test_lowered_loop_is_prologue_then_wait_barrier_refill_read():
     assert names(after[:2]) == ["async_wait", "barrier"] and after[0].attrs["pending"] == 0
 
 
-@pytest.mark.parametrize("target,stages", [("sm_80", 1), ("gfx942", 3)])
-def test_one_stage_or_no_cp_async_lowers_like_range(target, stages):
-    num_warps = 2 if target == "gfx942" else 4
+@pytest.mark.parametrize("target,stages", [("sm_80", 1), ("gfx90a", 3)])
+def test_one_stage_or_no_async_copies_lowers_like_range(target, stages):
+    num_warps = 2 if target == "gfx90a" else 4
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         fn = lower(matmul_case(64, 64, 64, 64, 64, 32, stages=stages).module, target, num_warps).functions[0]
     assert not [op for op in fn.walk() if op.name.startswith("async_")]
     assert "stages" not in loop_of(fn).attrs
-    said = "runs as a plain loop on gfx942 (no asynchronous copies): gfx942 has no asynchronous copies"
+    said = "runs as a plain loop on gfx90a (no asynchronous copies): gfx90a has no asynchronous copies"
     notes = fn.attrs.get("lowering_notes", ())
     assert any(said in note for note in notes) == (stages > 1)
     assert [type(w.message) for w in caught] == [tessera.PipelineWarning] * (stages > 1)

@@ -7,8 +7,10 @@ Specification:
   its bytes, since async copies land in it on the author's schedule);
 * on sm_80 a copy of a 16-byte aligned view block is one cp.async of 16
   bytes per chunk, commit and wait keep their counts, barrier stays; on
-  gfx942 (no cp.async) the copy is a load and a shared store and commit and
-  wait disappear;
+  gfx942 it is one direct-to-LDS load of 4 bytes a lane per chunk (16 on
+  gfx950), every wave's lanes on consecutive chunks of an unswizzled buffer,
+  commit and wait kept; on gfx90a (no async copy) the copy is a load and a
+  shared store and commit and wait disappear;
 * the swizzle is chosen to cut bank conflicts: a tile read back transposed
   (a column per thread) has fewer conflicts than in a row-major buffer.
 """
@@ -16,6 +18,7 @@ Specification:
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tessera
 from tessera.ir import dtypes as dt
@@ -64,8 +67,19 @@ def test_on_sm_80_a_block_copy_is_16_byte_cp_async_chunks():
     assert [op.attrs["pending"] for op in ops if op.name == "async_wait"] == [0]
 
 
-def test_on_gfx942_a_block_copy_is_a_load_and_a_shared_store():
-    fn, ops = thread_ops("gfx942")
+@pytest.mark.parametrize("target, nbytes", [("gfx942", 4), ("gfx950", 16)])
+def test_on_cdna3_a_block_copy_is_direct_to_lds_chunks_consecutive_per_wave(target, nbytes):
+    fn, ops = thread_ops(target)
+    copies = [op for op in ops if op.name == "async_copy"]
+    assert len(copies) == 64 * 32 * 2 // nbytes // 256 and {op.attrs["bytes"] for op in copies} == {nbytes}
+    names = [op.name for op in ops]
+    assert names.count("async_commit") == 1 and [op.attrs["pending"] for op in ops if op.name == "async_wait"] == [0]
+    shared_stores = [op for op in ops if op.name == "store" and op.operands[0].type.element.address_space == "shared"]
+    assert len(shared_stores) == 1                  # the smem_store's: the copy writes LDS itself
+
+
+def test_on_gfx90a_a_block_copy_is_a_load_and_a_shared_store():
+    fn, ops = thread_ops("gfx90a")
     names = {op.name for op in ops}
     assert not names & {"async_copy", "async_commit", "async_wait"}
     shared_stores = [op for op in ops if op.name == "store" and op.operands[0].type.element.address_space == "shared"]

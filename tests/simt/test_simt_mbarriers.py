@@ -66,10 +66,7 @@ def test_where_tma_cannot_copy_the_threads_do_and_the_result_is_the_same(target,
     fn = lower_and_compare(MatmulCase(M, N, K), target)
     names = {op.name for op in fn.walk()}
     assert not names & {"tma_load", "mbarrier_init", "mbarrier_wait"}
-    if target == "gfx942":
-        assert not names & {"async_copy", "async_commit", "async_wait"}
-    else:
-        assert {"async_commit", "async_wait"} <= names
+    assert {"async_commit", "async_wait"} <= names      # cp.async, or direct-to-LDS loads on gfx942
 
 
 def test_without_the_arrival_the_tma_wait_deadlocks():

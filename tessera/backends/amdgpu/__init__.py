@@ -12,7 +12,8 @@ this package supplies what is AMD's. Files, in the order they run:
     validate.py     AMD targets (triple, gfx CPU)
     dialect.py      AmdgpuDialect: amdgpu_kernel, COv5, workitem/workgroup ids, dispatch packet,
                     fenced s_barrier, ds_bpermute shuffles, static LDS
-    codegen_table.py the AMDGPU codegen table (common ops; the place for mfma)
+    codegen_table.py the AMDGPU codegen table (common ops; the place for mfma and async copies)
+    lds_dma.py      async_copy as global_load_lds (M0-based, per wave), waits as s_waitcnt vmcnt
     math.py         math from LLVM intrinsics and expansions (tanh, erf), with their accuracy
     intrinsics.py   every llvm.amdgcn.* / math intrinsic the backend calls
     linker.py       finding ld.lld (TESSERA_LLD, ROCm, PATH, ziglang) and linking ET_REL -> ET_DYN

@@ -2,7 +2,9 @@
 
 Every target-neutral op comes from `tessera.backends.llvm.codegen_table.COMMON`
 (with `AmdgpuDialect` supplying ids, barrier, shuffles, LDS and math).
-NVIDIA's warp-level ops (mma, ldmatrix, cp.async) have no entry:
+`async_copy` / `async_commit` / `async_wait` are direct global->LDS loads and
+vmcnt waits on gfx942 / gfx950 (`lds_dma.py`). NVIDIA's warp-level ops (mma,
+ldmatrix, mbarriers) have no entry:
 `AmdgpuDialect.unsupported_ops` rejects them with the reason before LLVM
 sees anything. A failed `assert` (debug builds) traps; device-side `print`
 has no printf here yet, and is refused with the reason.
@@ -28,6 +30,7 @@ from tessera.ir.types import scalar_dtype
 
 from ..llvm.codegen import COMMON_CODEGEN
 from ..llvm.types import I16, I32
+from .lds_dma import lds_dma
 
 CODEGEN = OpTable("AMDGPU codegen", base=COMMON_CODEGEN)
 codegen_for = CODEGEN.register
@@ -88,3 +91,22 @@ def _assert(lw, op, cond):
     for lane in lanes[1:]:
         failed = lw.builder.or_(failed, lw.builder.not_(lane))
     lw.guarded(failed, lambda: lw.intrinsic("llvm.trap", []) and None, name="assert")
+
+
+@codegen_for("async_copy")
+def _async_copy(lw, op, dst, src, pred):
+    lds_dma(lw).copy(dst, src, pred, op.attrs["bytes"])
+
+
+@codegen_for("async_commit")
+def _async_commit(lw, op):
+    """Nothing: vmcnt counts instructions, and `async_wait` converts groups into them."""
+
+
+@codegen_for("async_wait")
+def _async_wait(lw, op):
+    state = lds_dma(lw)
+    if state is not None:
+        state.wait(op.attrs["pending"])
+    else:   # a wait with no copy in the kernel: nothing is in flight
+        pass

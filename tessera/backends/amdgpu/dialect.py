@@ -13,7 +13,9 @@
   grid_size (u32 at byte 12 + 4 axis, in work-items, as HIP sets it) /
   workgroup_size (u16 at byte 4 + 2 axis);
 * `barrier` is a workgroup-scope release fence, `s_barrier`, and an acquire
-  fence (s_barrier alone orders execution, not LDS or global memory);
+  fence (s_barrier alone orders execution, not LDS or global memory); in a
+  kernel with direct-to-LDS copies (`async_copy`, `lds_dma.py`) it is
+  `s_waitcnt lgkmcnt(0); s_barrier`, so that it does not wait for them;
 * a shuffle word moves with `ds_bpermute_b32`: each lane computes the lane
   it reads (the same rule as PTX `shfl.sync` and the SIMT simulator, with
   `width` segments) and asks for its byte address, lane * 4 (wave64);
@@ -36,7 +38,7 @@ from tessera.ir.mfma_layouts import MFMA_WIDE_SHAPES
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
-from . import math as amdgpu_math
+from . import lds_dma, math as amdgpu_math
 from .intrinsics import AMDGPU_INTRINSICS
 from .codegen_table import CODEGEN
 
@@ -57,9 +59,6 @@ UNSUPPORTED_OPS = {
     "mma": "mma (mma.sync) " + _NVIDIA_ONLY + "dot uses MFMA or FMA",
     "ldmatrix": "ldmatrix " + _NVIDIA_ONLY + "dot operands go through plain LDS loads",
     "stmatrix": "stmatrix " + _NVIDIA_ONLY + "tiles reach LDS through plain stores",
-    "async_copy": "async_copy (cp.async) " + _NVIDIA_ONLY + "copies go through registers",
-    "async_commit": "async_commit (cp.async.commit_group) " + _NVIDIA_ONLY + "copies go through registers",
-    "async_wait": "async_wait (cp.async.wait_group) " + _NVIDIA_ONLY + "copies go through registers",
     **{name: f"{name} (sm_90 mbarriers) " + _NVIDIA_ONLY + "blocks synchronize with barriers"
        for name in ("mbarrier_init", "mbarrier_arrive", "mbarrier_arrive_expect_tx", "mbarrier_wait",
                     "fence_mbarrier_init", "fence_proxy_async", "fence_proxy_async_global")},
@@ -95,7 +94,10 @@ class AmdgpuDialect(TargetDialect):
         return {name: reason.format(target=self.target.name) for name, reason in UNSUPPORTED_OPS.items()}
 
     def check_op(self, op: Operation) -> str | None:
-        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere)."""
+        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere); an
+        async_copy needs a direct-to-LDS load of its width (`lds_dma.check_copy`)."""
+        if op.name == "async_copy":
+            return lds_dma.check_copy(self.target, op.attrs["bytes"])
         if op.name == "mfma" and (op.attrs["m"], op.attrs["n"], op.attrs["k"]) in MFMA_WIDE_SHAPES \
                 and not self.target.has("mfma.wide"):
             return (f"mfma {op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']} is a gfx950 (\"mfma.wide\") instruction "
@@ -141,9 +143,18 @@ class AmdgpuDialect(TargetDialect):
         return bld.udiv(grid, block)
 
     def barrier(self, lw) -> None:
+        state = lds_dma.lds_dma(lw)
+        if state is not None:       # fences would wait for every LDS DMA in flight (see lds_dma.py)
+            state.barrier()
+            return
         lw.builder.fence("release", "workgroup")
         lw.intrinsic("llvm.amdgcn.s.barrier", [])
         lw.builder.fence("acquire", "workgroup")
+
+    def finish_kernel(self, lw) -> None:
+        state = lds_dma.lds_dma(lw)
+        if state is not None:
+            state.tag_lds_accesses()
 
     def nanosleep(self, lw, ns: ir.Value) -> None:
         if isinstance(ns, ir.Constant):

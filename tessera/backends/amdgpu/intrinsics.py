@@ -58,6 +58,12 @@ FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
        for m, n, k in ((32, 32, 8), (16, 16, 16))
        for suffix, operand in (("f16", ir.VectorType(ir.HalfType(), 4)), ("bf16.1k", ir.VectorType(I16, 4)))},
     **GFX950_ONLY,
+    # Direct global -> LDS loads (`lds_dma.py`): global_load_lds_dword{,x4}(global source, LDS base, bytes,
+    # instruction offset, aux); the LDS base goes in M0 (wave-uniform) and lane i writes at base + i * bytes.
+    # The last three operands are immediates; bytes is 1, 2 or 4 (12 and 16 on gfx950 alone).
+    "llvm.amdgcn.global.load.lds": (VOID, (ir.PointerType(addrspace=1), ir.PointerType(addrspace=3), I32, I32, I32)),
+    # s_waitcnt (an immediate: vmcnt, expcnt and lgkmcnt packed as `lds_dma.waitcnt_vmcnt` packs them).
+    "llvm.amdgcn.s.waitcnt": (VOID, (I32,)),
     # s_trap: ends the launch with an error (a failed device_assert). Last: code after it is unreachable.
     "llvm.trap": (VOID, ()),
 }

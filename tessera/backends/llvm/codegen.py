@@ -111,6 +111,7 @@ class Codegen:
                 param = self.builder.shl(self.builder.ptrtoint(param, I64), ir.Constant(I64, 3), name=param.name)
             entry_values.append(param)
         self.region(self.fn.body, entry_values)
+        self.dialect.finish_kernel(self)
 
     @property
     def shared_memory(self) -> ir.GlobalVariable:

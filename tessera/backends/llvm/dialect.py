@@ -85,6 +85,9 @@ class TargetDialect:
 
     # -- thread ops ------------------------------------------------------------------------
 
+    def finish_kernel(self, lw) -> None:
+        """Called once the whole kernel is emitted (AMDGPU tags its LDS accesses here); nothing by default."""
+
     def thread_id(self, lw, reread: bool = False) -> ir.Value:
         """threadIdx.x; `reread`: a read LLVM may not hoist or merge with another, where the target has one."""
         raise NotImplementedError

@@ -21,6 +21,7 @@ and deadlocks are `InterpreterError`s. Files:
     happens_before.py  with global_races=True: blocks' global accesses not ordered after another's write
     low_bit.py       sub-byte addresses, unpack_bits / pack_bits (the low-bit pass's ops)
     shared.py        shared memory and its race detection
+    lds_dma.py       AMD's async_copy (global_load_lds): a wave's lanes fill consecutive LDS chunks (M0)
     mbarrier.py      mbarriers and TMA box copies
     cluster.py       thread-block clusters: a cluster's blocks run together (multicast, remote arrivals, barrier)
     tma_store.py     TMA box stores and their bulk groups

@@ -42,6 +42,7 @@ from tessera.ir.types import shape_of, scalar_dtype
 from ..interp import debug, elementwise, memory  # noqa: F401
 from ..interp.registry import SEMANTICS, Semantics
 from ..interp.values import Pointers, map_lanes
+from . import lds_dma
 from .shared import SharedRegion
 
 SIMT_SEMANTICS = OpTable("SIMT semantics", entry=Semantics)
@@ -465,6 +466,7 @@ def _async_copy(ctx, op, dst, src, pred):
             i = int(np.argmax(bad))
             raise ctx.error(op, f"async_copy {name} of thread {int(threads[i])} is at byte {int(at[i])}, which is "
                                 f"not aligned to the copy's {size} bytes")
+    lds_dma.check_lanes(ctx, op, threads, dst_bytes, size)
     lanes = np.arange(size)
     raw = memory.array.reshape(-1).view(np.uint8)
     data = np.zeros((threads.size, size), np.uint8)

@@ -146,8 +146,9 @@ def mbarriers(ctx: Context, count) -> Tensor:
     fence.mbarrier_init and bar.sync; mbarrier.inval at the end), TMA copies
     (cp.async.bulk.tensor ... mbarrier::complete_tx) of view blocks that
     qualify, and `wait` = mbarrier.try_wait.parity by every thread.
-    Elsewhere the copies are cp.async groups (sm_80) or synchronous (AMD)
-    and `wait` waits for all of this thread's copies, then bar.sync.
+    Elsewhere the copies are cp.async groups (sm_80), direct-to-LDS loads
+    (gfx942/gfx950) or synchronous (gfx90a), and `wait` waits for all of
+    this thread's copies, then bar.sync (s_barrier).
     """
     count = static_int(ctx, count, "the number of mbarriers")
     if count < 1:
@@ -197,7 +198,9 @@ def async_copy(ctx: Context, dst, src, mask=None, barrier=None) -> None:
     The copy joins the open group: `async_commit()` closes it and
     `async_wait(n)` waits for it. Until then its bytes may be neither read
     nor written. Lowered to cp.async (16-byte chunks where alignment allows)
-    on sm_80+, to a plain load and shared store where the GPU has no cp.async.
+    on sm_80+, to direct-to-LDS loads (global_load_lds: 4 bytes a lane, 16 on
+    gfx950, each wave filling consecutive chunks) on gfx942/gfx950, and to a
+    plain load and shared store where the GPU has neither (gfx90a).
 
     With `barrier=bars[s]` (an mbarrier of `tessera.mbarriers`) the copy
     joins bars[s]'s current phase instead of the group, and `bars[s].wait(p)`

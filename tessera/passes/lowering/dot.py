@@ -115,6 +115,8 @@ def _fragment(ctx, op, index, want, trans, inst):
     if staged is not None:                      # stored in shared memory before the loop
         return staged.read(ctx, lowered.element.dtype)
     if isinstance(lowered, RingOperand):        # a software-pipelined load: its slot of the ring buffer
+        if lowered.load.fragment is None:       # an unswizzled slot (AMD's direct-to-LDS ring): plain LDS loads
+            return _ring_lds_operand(ctx, lowered)
         regs = read_fragment(ctx, lowered.slot(ctx), lowered.load.fragment, lowered.load.dtype)
         return Regs(regs.value, lowered.load.want)
     if isinstance(lowered, Regs):
@@ -125,6 +127,17 @@ def _fragment(ctx, op, index, want, trans, inst):
         if loaded is not None:
             return loaded
     return convert(ctx, ctx.operand(op, index), want, op)
+
+
+def _ring_lds_operand(ctx, ring: RingOperand) -> Regs:
+    """The fragment `ring.load.want` read from its row-major slot (rows along the contiguous dim `dim`, the
+    tile transposed when dim is 0) with plain, vectorized LDS loads; no barrier (the loop has one)."""
+    load = ring.load
+    weights = [0, 0]
+    weights[load.contiguous_dim] = 1
+    weights[1 - load.contiguous_dim] = load.load.result.type.shape[load.contiguous_dim]
+    value = ctx.smem.access("load", ring.slot(ctx), load.want, weights)
+    return Regs(value, load.want)
 
 
 def _round_to_tf32(ctx, x):

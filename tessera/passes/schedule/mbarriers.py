@@ -46,6 +46,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation
 from tessera.ir.shared_ops import copy_barrier
 from tessera.ir.smem_layouts import SmemLayout
+from tessera.ir.target import has_async_copies
 from tessera.ir.types import PointerType, SharedType, ViewType
 
 from ..lowering import lowering
@@ -99,7 +100,7 @@ def _async_copy(ctx, op):
     boxes = tma_boxes(ctx, root(bar)) if bar is not None else None
     if boxes is None:
         thread_copy(ctx, op)
-        if bar is not None and ctx.target.has("cp.async"):
+        if bar is not None and has_async_copies(ctx.target):
             ctx.create("async_commit")
         return
     box = boxes[op]
@@ -119,7 +120,7 @@ def _async_copy(ctx, op):
 def _wait(ctx, op):
     bar = op.operands[0]
     if tma_boxes(ctx, root(bar)) is None:
-        if ctx.target.has("cp.async"):
+        if has_async_copies(ctx.target):
             ctx.create("async_wait", attrs={"pending": 0})
         ctx.threads.barrier()
         return

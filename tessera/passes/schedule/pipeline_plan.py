@@ -20,13 +20,14 @@ from tessera.ir.core import Block, Operation, Value
 from tessera.ir.layouts import RegisterLayout, local, spatial
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
-from tessera.ir.target import Target
+from tessera.ir.target import Target, lds_dma_bytes
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
 
 from .. import alignment
 from ..mma import MmaPlan, mma_plan
 from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, is_wide_row_swizzle, ldmatrix_plan
+from .shared_buffers import lanes_consecutive
 from .tma_fill import NO_BOX, TmaBox, tma_plan
 from .shortfalls import place, refuse
 
@@ -198,9 +199,10 @@ def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
     requested = loop.attrs.get("stages", 1) if stages is None else stages
     if requested < 2:
         return None
-    if not (target.has("cp.async") and target.has("ldmatrix")):
+    if not (target.has("cp.async") and target.has("ldmatrix") or target.has("lds.dma") and target.has("mfma")):
         return refuse(why, f"{target.name} has no asynchronous copies into shared memory that Tessera uses yet "
-                            f"(cp.async and ldmatrix: sm_80 and newer)")
+                            f"(cp.async and ldmatrix: sm_80 and newer; direct-to-LDS loads and MFMA: gfx942, "
+                            f"gfx950)")
     step = getattr(facts.get(loop.operands[2]), "constant", None)
     if step is None or step <= 0:
         return refuse(why, "the loop's step is not a positive compile-time constant")
@@ -272,6 +274,8 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
     dim = 1 if view_facts.unit_stride[1] else 0
     width = alignment.access_width(facts, load, MAX_COPY_BYTES * 8, dim=dim)
     slot_shape = tile.shape if dim == 1 else tile.shape[::-1]
+    if target.has("lds.dma"):
+        return _plan_lds_load(load, slice_ops, dot, operand, mma, dim, width, slot_shape, target, num_warps, why)
     slot = _slot_layout(mma, operand, dim, slot_shape, dtype.bits // 8, target.warp_size)
     if slot is None:
         return refuse(why, f"is contiguous along a dim the dot cannot read {dtype.name} from shared memory in "
@@ -303,6 +307,38 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
         width //= 2
     return refuse(why, f"is too small to deal its copies evenly to {num_threads} threads")
 
+
+
+# On gfx942 / gfx950 the slots are filled by direct-to-LDS loads (`global_load_lds`): each wave's lanes write
+# consecutive chunks of 4 bytes (16 on gfx950) from one base in M0, so a slot is the block row-major along its
+# contiguous dim with no swizzle (a swizzle would break that rule), its chunks dealt round-robin as on NVIDIA
+# (`_copy_layout`), and the dot reads its MFMA fragments from it with plain LDS loads (`fragment` None,
+# `dot._fragment`).
+def _plan_lds_load(load: Operation, slice_ops, dot: Operation, operand: int, mma: MmaPlan, dim: int, width: int,
+                   slot_shape: tuple[int, int], target: Target, num_warps: int,
+                   why: list[str]) -> PipelinedLoad | None:
+    """The plan of a block load whose ring direct-to-LDS loads fill (see above), or None with the reason."""
+    if mma.a is None or mma.instruction.op != "mfma":
+        return refuse(why, f"feeds a dot that does not run on {target.name}'s matrix cores (MFMA)")
+    dtype = load.result.type.element.dtype
+    num_threads = num_warps * target.warp_size
+    for nbytes in lds_dma_bytes(target):
+        elements = nbytes * 8 // dtype.bits
+        if nbytes * 8 % dtype.bits or elements > width:
+            continue
+        copies = _copy_layout(slot_shape, elements, num_threads)
+        chunk_grid = (slot_shape[0], slot_shape[1] // elements)      # `copies` numbers chunks, not elements
+        if copies is None or not lanes_consecutive(copies, chunk_grid, 1, target.warp_size):
+            continue
+        if dim == 0:
+            copies = copies.permute((1, 0))
+        want = mma.a if operand == 0 else mma.b
+        return PipelinedLoad(load, slice_ops, dot, operand, want, dim, elements, copies, SmemLayout(
+            slot_shape, (slot_shape[1], 1)), None)
+    return refuse(why, f"cannot be copied by {target.name}'s direct-to-LDS loads "
+                       f"({', '.join(map(str, lds_dma_bytes(target)))} bytes a lane, consecutive per wave): the "
+                       f"alignment analysis proves runs of {width} aligned element(s) along its contiguous dim, "
+                       f"or the block's chunks do not fill whole waves")
 
 
 # A cp.async ring's ldmatrix slots with rows up to this wide take the row-keyed swizzle (conflict-free reads of a

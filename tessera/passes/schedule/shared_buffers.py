@@ -33,8 +33,13 @@ schedule (commits, waits, barriers) is the author's, unchanged. Per op:
   for pointers: runs of w registers of the pointer tile's own layout), the
   predicate false (zero fill) for chunks outside the view or masked off. Threads that
   replicate another's chunks (more threads than chunks) skip them.
-  Narrower than 4 bytes, and on targets without cp.async (AMD gfx9xx), the
-  copy is a synchronous global load (0 where masked) and shared store, and
+  On gfx942 / gfx950 (`lds.dma`) the chunks are direct-to-LDS loads
+  (`global_load_lds`, 4 bytes a lane; 16 on gfx950) when every wave's
+  lanes then fill consecutive chunks, the rule of its M0-based LDS address;
+  such a buffer keeps no swizzle (it would break the rule).
+  Narrower than 4 bytes, on gfx90a, and where an AMD copy's lanes are not
+  consecutive, the copy is a synchronous global load (0 where masked) and
+  shared store, and on targets with no async copy at all
   `smem_async_commit` / `smem_async_wait` become nothing; a wait still
   needs the barrier after it, which the author writes anyway.
 * a buffer that a copy with an mbarrier (`barrier=`) fills from a view on a
@@ -58,6 +63,7 @@ from tessera.ir.core import Operation, Value
 from tessera.ir.layouts import RegisterLayout, local
 from tessera.ir.shared_ops import copy_barrier
 from tessera.ir.smem_layouts import SmemLayout, Swizzle, bank_conflicts, swizzle_bytes
+from tessera.ir.target import has_async_copies, lds_dma_bytes
 from tessera.ir.types import PointerType, RegsType, ScalarType, SharedType, ViewType
 
 from .. import alignment
@@ -224,8 +230,9 @@ def _alloc(ctx, op):
 def buffer_swizzle(ctx, alloc: Operation) -> Swizzle | None:
     """The swizzle of the buffer `alloc` (see `choose_swizzle`); the same answer every time it is asked."""
     t: SharedType = alloc.result.type
+    allowed = (None,) if lds_dma_fills(ctx, alloc) else tma_swizzles(ctx, alloc)
     return choose_swizzle(buffer_accesses(ctx, alloc), t.dtype, ctx.target.shared_memory_banks, ctx.warp_size,
-                          ctx.num_threads, tma_swizzles(ctx, alloc))
+                          ctx.num_threads, allowed)
 
 
 def tma_swizzles(ctx, alloc: Operation) -> tuple[Swizzle | None, ...] | None:
@@ -307,13 +314,13 @@ def _store(ctx, op):
 
 @lowering("smem_async_commit")
 def _commit(ctx, op):
-    if ctx.target.has("cp.async"):
+    if has_async_copies(ctx.target):
         ctx.create("async_commit")
 
 
 @lowering("smem_async_wait")
 def _wait(ctx, op):
-    if ctx.target.has("cp.async"):
+    if has_async_copies(ctx.target):
         ctx.create("async_wait", attrs={"pending": op.attrs["pending"]})
 
 
@@ -331,7 +338,7 @@ class CopyPlan:
 
     layout: RegisterLayout          # each thread's registers come in runs of `width` consecutive elements
     width: int
-    asynchronous: bool              # cp.async (else a load and a shared store)
+    asynchronous: bool              # cp.async or LDS DMA (else a load and a shared store)
 
 
 def copy_plan(ctx, op: Operation) -> CopyPlan:
@@ -348,10 +355,7 @@ def copy_plan(ctx, op: Operation) -> CopyPlan:
         width = 1 if view is None or None in offsets else alignment.view_vector_width(
             view, offsets, t.shape, bits, max_bits)
         width = _pow2_floor(math.gcd(width, t.shape[-1]))
-        chunks = t.shape[:-1] + (t.shape[-1] // width,)
-        layout = blocked_layout(chunks, 1, ctx.assignment.num_warps, ctx.warp_size)
-        if width > 1:
-            layout = layout * local(*([1] * (len(chunks) - 1) + [width]))
+        layout = _chunk_layout(ctx, t.shape, width)
     else:
         layout = ctx.assignment.layout(source)
         info = facts.get(source)
@@ -359,8 +363,52 @@ def copy_plan(ctx, op: Operation) -> CopyPlan:
         if len(operands) > 2 and facts.get(operands[2]) is not None:
             width = min(width, alignment.mask_constancy(facts[operands[2]]))
         width = _pow2_floor(min(width, layout.local_contiguity(-1)))
+    if ctx.target.has("lds.dma"):
+        return _lds_dma_plan(ctx, layout, width, t, isinstance(source.type, ViewType))
     asynchronous = ctx.target.has("cp.async") and width * bits >= MIN_ASYNC_COPY_BYTES * 8
     return CopyPlan(layout, width, asynchronous)
+
+
+def _chunk_layout(ctx, shape, width: int) -> RegisterLayout:
+    """A view block's copy layout: blocked over its chunks of `width` elements, neighbouring threads on
+    neighbouring chunks."""
+    chunks = shape[:-1] + (shape[-1] // width,)
+    layout = blocked_layout(chunks, 1, ctx.assignment.num_warps, ctx.warp_size)
+    return layout * local(*([1] * (len(chunks) - 1) + [width])) if width > 1 else layout
+
+
+def _lds_dma_plan(ctx, layout: RegisterLayout, width: int, t: SharedType, view: bool) -> CopyPlan:
+    """AMD's direct-to-LDS copy: the widest width the target's lanes copy (`lds_dma_bytes`) that the
+    alignment allows, if every wave's lanes then fill consecutive chunks of the (unswizzled) buffer, the M0
+    rule of `global_load_lds`; else the synchronous copy at the alignment's width."""
+    bits = t.dtype.bits
+    for nbytes in lds_dma_bytes(ctx.target):
+        elements = nbytes * 8 // bits
+        if nbytes * 8 % bits or elements > width:
+            continue
+        chunked = _chunk_layout(ctx, t.shape, elements) if view else layout
+        if lanes_consecutive(chunked, t.shape, elements, ctx.warp_size):
+            return CopyPlan(chunked, elements, True)
+    return CopyPlan(layout, width, False)
+
+
+def lanes_consecutive(layout: RegisterLayout, shape, width: int, warp: int) -> bool:
+    """Whether chunk j of every thread of each wave starts `width` elements after its lower lane's."""
+    if layout.local_size % width or layout.local_contiguity(-1) % width:
+        return False
+    starts = _pattern(layout, shape, width)[:, 0, 0]                 # (groups * threads,) chunk starts
+    threads = layout.table().shape[0]
+    if threads % warp:
+        return False
+    waves = starts.reshape(-1, warp)
+    return bool((waves - waves[:, :1] == np.arange(warp) * width).all())
+
+
+def lds_dma_fills(ctx, alloc: Operation) -> bool:
+    """Whether a direct-to-LDS copy fills the buffer `alloc` (which then stays unswizzled: see `copy_plan`)."""
+    return ctx.target.has("lds.dma") and any(
+        op.name == "smem_async_copy" and root(op.operands[0]) is alloc and copy_plan(ctx, op).asynchronous
+        for op in ctx.src.walk())
 
 
 def copy_operands(op: Operation) -> list[Value]:
