@@ -7,7 +7,7 @@ Each row is one shipped config compiled as the library (and its compile tests) c
 counts, SGPR and VGPR spills and the scratch bytes a work-item needs, from the code object's `.amdhsa` metadata
 (`tessera/backends/amdgpu/elf.py`). An SGPR spill on AMD goes to a lane of a VGPR (`v_writelane_b32` /
 `v_readlane_b32`), so it costs no scratch but an instruction each way; a VGPR spill goes to scratch memory.
-The shipped configs must spill neither (tests/kernels_lib/test_amd_spills.py checks the ones that used to).
+The shipped configs must spill neither: the AMD compile tests check it (`tests/kernels_lib/amd_spills.py`).
 """
 
 from __future__ import annotations
