@@ -110,7 +110,7 @@ def quant_cases() -> Iterator[Case]:
     for case in ("w4a16-decode", "w4a16-large", "mxfp4"):
         kernel, M = KERNELS[case]
         group = 32 if kernel is fp4_gemm_kernel else 128
-        p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel)
+        p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, amd=True)
         signature, extra = _signature(kernel, p, "e8m0")
         yield "quant gemm", case, lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
             signature=s, target=t, G=g, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages,
