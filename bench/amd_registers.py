@@ -97,11 +97,11 @@ def moe_cases() -> Iterator[Case]:
         for name in (("gate_up", "down") if regime != "middle" else KERNELS):
             yield "moe experts", f"{name} {regime}", lambda t, n=name, p=p: KERNELS[n].compile(
                 signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
-    for regime, shipped in plans.SHIPPED.items():
+    for regime, shipped in plans.AMD_ONE_LAUNCH.items():     # the plans the one-launch layer runs on AMD
         for model, (E, K, options) in ROUTING.items():
             yield "moe one-launch", f"{model} {regime}", lambda t, p=shipped, E=E, K=K, o=options: \
                 moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=False, num_warps=p.gate_up.num_warps,
-                                         **constexprs_for(p.without_pipelining(), E, K, 1, route=True, **o))
+                                         **constexprs_for(p, E, K, 1, route=True, **o))
 
 
 def quant_cases() -> Iterator[Case]:

@@ -164,9 +164,14 @@ CPU_PROGRAMS = 4    # programs on the interpreter (any number finishes; tests va
 
 
 def _tiles(x, T: int, K: int, E: int, block_m: Optional[int]) -> plans.Plan:
-    """The multi-kernel path's plan for this batch (`plan.plan`) on a GPU, the interpreter's on the CPU."""
+    """The multi-kernel path's plan for this batch (`plan.plan`) on an NVIDIA GPU, its AMD one-launch plan
+    (`plan.AMD_ONE_LAUNCH`, same BM) on AMD, the interpreter's on the CPU."""
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, E).BM
+    if x.device.type != "cpu" and torch.version.hip is not None:
+        for amd in plans.AMD_ONE_LAUNCH.values():
+            if amd.BM == block_m:
+                return amd
     return tiles(block_m, x)
 
 

@@ -73,6 +73,14 @@ FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
        "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
        "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
 
+# The one-launch layer (`persistent.py`) on AMD: one kernel holds every phase's registers, and at 8 waves (512
+# threads) a wave gets at most 256 VGPRs on gfx942, which prefill's 128-row tiles overran (18-29 VGPR spills and
+# 76-120 B of scratch with 8 waves, whatever the BN). Prefill runs 4 waves there, each with up to 512 VGPRs and
+# AGPRs (about 460 used), and down's BN is 64 (at 128, 4 waves spilled SGPRs 738 times). Decode and middle keep
+# their tiles; STAGES = 1 as for every AMD plan. tests/kernels_lib/test_moe_one_launch.py compiles them.
+AMD_ONE_LAUNCH = {"decode": DECODE.without_pipelining(), "middle": MIDDLE.without_pipelining(),
+                  "prefill": Plan(128, GemmTiles(64, 64, 1, 4), GemmTiles(64, 64, 1, 4))}
+
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
 CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))
 
