@@ -136,11 +136,13 @@ def test_every_shipped_plan_compiles_without_spills(target, regime, model):
         assert fills and len(re.findall(r"^\s*fence_proxy_async_global$", thread_ir, re.M)) == fills  # every fill
 
 
-# SGPR spills left at the AMD plans on gfx942 (bench/amd_registers.py; a ceiling, so a regression fails): mostly
-# the 64-bit base addresses of the phases' buffers, which stay live across the ticket loop and outnumber the ~100
-# SGPRs a wave has. A v_writelane/v_readlane pair each, no scratch.
-AMD_SGPR_SPILLS_LEFT = {("qwen3", "decode"): 74, ("deepseek_v3", "decode"): 24, ("qwen3", "middle"): 104,
-                        ("deepseek_v3", "middle"): 26, ("qwen3", "prefill"): 72, ("deepseek_v3", "prefill"): 66}
+# SGPR spills left at the AMD plans on gfx942 (bench/amd_registers.py; a ceiling, so a regression fails): the
+# kernel's 18 buffers' 64-bit base addresses, live across the ticket loop, outnumber the ~100 SGPRs a wave has.
+# `reload_arguments.py` reads them from the kernarg segment where used (qwen3 middle 104 -> 74, DeepSeek-V3
+# decode 24 -> 1, middle 26 -> 3); where that costs scratch (qwen3 decode, the prefill plans) the compiler keeps
+# the entry's copies. Each spill is a v_writelane/v_readlane pair, no scratch.
+AMD_SGPR_SPILLS_LEFT = {("qwen3", "decode"): 74, ("deepseek_v3", "decode"): 1, ("qwen3", "middle"): 74,
+                        ("deepseek_v3", "middle"): 3, ("qwen3", "prefill"): 72, ("deepseek_v3", "prefill"): 66}
 
 
 @pytest.mark.parametrize("regime", list(plans.AMD_ONE_LAUNCH))

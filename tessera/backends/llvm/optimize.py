@@ -31,7 +31,10 @@ Details that matter:
 * `sink_vectors` (AMDGPU): a kernel whose code spills registers is generated
   a second time from the optimized IR with its cheap loop-invariant vectors
   and lane masks recomputed where used (`sink_vectors.py`), and the version
-  that spills less is kept; a kernel that does not spill is untouched.
+  that spills less is kept; a kernel that does not spill is untouched. One
+  that still spills SGPRs is tried once more with its pointer arguments
+  read from the kernarg segment where used (`reload_arguments.py`), kept if
+  it spills less and needs no more scratch.
 """
 
 from __future__ import annotations
@@ -95,6 +98,14 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
                     result = sunk
                 if not any(_spills(result["assembly"])):
                     break
+            for scheduler in (None, sink.LOW_PRESSURE_SCHEDULER):   # SGPR spills left: base addresses read again
+                if not _spills(result["assembly"])[1]:                # where used (`reload_arguments.py`)
+                    break
+                reloaded = _sink_vectors(optimized_ir, kernel, triple, cpu, features, opt_level, emit_object,
+                                         scheduler, reload_arguments=True)
+                if reloaded is not None and _spills(reloaded["assembly"]) < _spills(result["assembly"]) and \
+                        _scratch(reloaded["assembly"]) <= _scratch(result["assembly"]):
+                    result = reloaded
         return result
 
 
@@ -115,12 +126,24 @@ def _spills(assembly: str) -> tuple[int, int]:
     return counts.get("vgpr_spill_count", 0), counts.get("sgpr_spill_count", 0)
 
 
+_SCRATCH = re.compile(r"^\s+\.private_segment_fixed_size:\s+(\d+)", re.M)
+
+
+def _scratch(assembly: str) -> int:
+    """The kernel's fixed scratch bytes a lane, from the AMDGPU metadata in its assembly (0 elsewhere)."""
+    return sum(int(n) for n in _SCRATCH.findall(assembly))
+
+
 def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, features: str, opt_level: int,
-                  emit_object: bool, scheduler: str | None = None) -> dict | None:
+                  emit_object: bool, scheduler: str | None = None, reload_arguments: bool = False) -> dict | None:
     """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
-    if given, else its default), or None if nothing moved."""
+    if given, else its default) and, with `reload_arguments`, `reload_arguments.reload_kernel_arguments`; or
+    None if nothing moved."""
     sink = _sibling("sink_vectors")
     text, copies = sink.sink_vector_cones(optimized_ir, kernel)
+    if reload_arguments:
+        text, loads = _sibling("reload_arguments").reload_kernel_arguments(text, kernel)
+        copies += loads
     if not copies:
         return None
     if scheduler is not None:

@@ -1,0 +1,113 @@
+"""`reload_kernel_arguments`: read an AMDGPU kernel's pointer arguments again where they are used (LLVM IR text).
+
+Why: the AMDGPU code generator loads every kernel argument from the kernarg segment once, at the entry, and keeps
+it in SGPRs until its last use. A persistent kernel (the one-launch MoE layer: 18 buffers, each phase of its
+ticket loop using a few) holds every 64-bit base address across the loop, more than the ~100 SGPRs a wave has:
+each spilled one is a v_writelane at the entry and a v_readlane at every use. Neither LLVM nor the code generator
+rematerializes such a load; this pass does, at the IR level: each block other than the entry that uses pointer
+argument %p gets its own `load ptr addrspace(1)` from the kernarg segment (an invariant scalar load, served by
+the scalar cache), and the entry's value is live only in the entry. `optimize.compile_llvm` tries it last, for a
+kernel that still spills SGPRs after `sink_vectors`, and keeps whichever code spills less; like the sunk code it
+is generated at `sink_vectors.CODE_GEN_LEVEL` (no code-generation LICM to hoist the loads back).
+
+The kernarg layout is the explicit arguments in order, each at its ABI alignment (AMDGPULowerKernelArguments):
+pointers of address space 1 take 8 bytes, i32 and float 4, i64 and double 8. A kernel with any other parameter
+type (byref, vectors, structs) is left as it is. It imports only the standard library (the compile worker loads
+it by path).
+"""
+
+from __future__ import annotations
+
+import re
+
+SIZES = {"ptr addrspace(1)": 8, "i32": 4, "float": 4, "i64": 8, "double": 8}
+_PARAM_RE = re.compile(r'^(ptr addrspace\(1\)|i32|float|i64|double)(?=\s)[^%]*(%"[^"]*"|%[-a-zA-Z$._0-9]+)$')
+_LABEL_RE = re.compile(r'^([-a-zA-Z$._0-9]+|"[^"]*"):')
+KERNARG = "%kernarg.segment"
+
+
+def _parameters(define: str) -> list[str]:
+    """The parameters of a `define` line, split at the commas of its parameter list's own level."""
+    begin = define.index("(", define.index("@"))
+    params, depth, current = [], 0, []
+    for char in define[begin + 1:]:
+        if char in "([{<":
+            depth += 1
+        elif char in ")]}>":
+            if depth == 0:
+                break
+            depth -= 1
+        if char == "," and depth == 0:
+            params.append("".join(current).strip())
+            current = []
+        else:
+            current.append(char)
+    last = "".join(current).strip()
+    return params + [last] if last else params
+
+
+def kernarg_layout(define: str) -> dict[str, tuple[str, int]] | None:
+    """Parameter name -> (type, byte offset in the kernarg segment) of a kernel's `define` line; None where a
+    parameter's type is not one this pass lays out."""
+    layout, offset = {}, 0
+    for param in _parameters(define):
+        match = _PARAM_RE.match(param)
+        if match is None or "byref" in param:
+            return None
+        kind, name = match.groups()
+        size = SIZES[kind]
+        offset = (offset + size - 1) // size * size
+        layout[name] = (kind, offset)
+        offset += size
+    return layout
+
+
+def reload_kernel_arguments(text: str, kernel: str) -> tuple[str, int]:
+    """`text` with kernel `kernel`'s pointer arguments loaded from the kernarg segment in each non-entry block
+    that uses them; and how many loads it added ((text, 0) if none)."""
+    lines = text.split("\n")
+    start = next((i for i, line in enumerate(lines)
+                  if line.startswith("define amdgpu_kernel") and re.search(r'@"?' + re.escape(kernel) + r'"?\(', line)),
+                 None)
+    if start is None or KERNARG in text or "@llvm.amdgcn.kernarg.segment.ptr" in text:
+        return text, 0
+    layout = kernarg_layout(lines[start])
+    if not layout:
+        return text, 0
+    pointers = {name: offset for name, (kind, offset) in layout.items() if kind == "ptr addrspace(1)"}
+    uses = re.compile("|".join(re.escape(n) + r'(?![-a-zA-Z$._0-9"])' for n in sorted(pointers, key=len,
+                                                                                       reverse=True)))
+    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+    out, loads, entry, local = lines[:start + 1], 0, True, {}
+    if not _LABEL_RE.match(lines[start + 1]):
+        out.append(f"  {KERNARG} = call ptr addrspace(4) @llvm.amdgcn.kernarg.segment.ptr()")
+    for line in lines[start + 1:end]:
+        if _LABEL_RE.match(line):
+            out.append(line)
+            if entry and len(out) == start + 2:       # the entry block's label: the segment pointer goes first
+                out.append(f"  {KERNARG} = call ptr addrspace(4) @llvm.amdgcn.kernarg.segment.ptr()")
+            else:
+                entry, local = False, {}
+            continue
+        if entry or " = phi " in line or not uses.search(line):
+            out.append(line)
+            continue
+
+        def reloaded(match: re.Match) -> str:
+            nonlocal loads
+            name = match.group(0)
+            if name not in local:
+                loads += 1
+                local[name] = f"%kernarg.reload{loads}"
+                out.append(f"  %kernarg.addr{loads} = getelementptr inbounds i8, ptr addrspace(4) {KERNARG}, "
+                           f"i64 {pointers[name]}")
+                out.append(f"  {local[name]} = load ptr addrspace(1), ptr addrspace(4) %kernarg.addr{loads}, "
+                           f"align 8, !invariant.load !{{}}")
+            return local[name]
+
+        out.append(uses.sub(reloaded, line))
+    if not loads:
+        return text, 0
+    out.extend(lines[end:])
+    out.append("declare ptr addrspace(4) @llvm.amdgcn.kernarg.segment.ptr()")
+    return "\n".join(out), loads
