@@ -43,16 +43,25 @@ def _join(into: dict, other: dict) -> None:
             into[block] = count
 
 
-def before(ctx, op: Operation, ptr: Pointers, live) -> None:
-    """Before `op` touches `ptr`'s live lanes: acquire (if it does), then check each element's last writer."""
+def _tracked(ctx, ptr: Pointers, live):
+    """(clocks, the global addresses of `ptr`'s live lanes, this block, its clock), or None when the launch does
+    not check happens-before or the pointers are not global memory."""
     clocks: Clocks | None = ctx.launch.happens_before
     if clocks is None:
-        return
+        return None
     addresses = global_addresses(ptr, live)
     if addresses is None:
-        return
+        return None
     me = tuple(ctx.program_id)
-    mine = clocks.of(me)
+    return clocks, addresses, me, clocks.of(me)
+
+
+def before(ctx, op: Operation, ptr: Pointers, live) -> None:
+    """Before `op` touches `ptr`'s live lanes: acquire (if it does), then check each element's last writer."""
+    tracked = _tracked(ctx, ptr, live)
+    if tracked is None:
+        return
+    clocks, addresses, me, mine = tracked
     if op.name in _ACQUIRES:
         for address in addresses:
             published = clocks.published.get(address)
@@ -69,14 +78,10 @@ def before(ctx, op: Operation, ptr: Pointers, live) -> None:
 
 def after(ctx, op: Operation, ptr: Pointers, live) -> None:
     """After `op` wrote `ptr`'s live lanes: remember the writer, and for a release publish the block's clock."""
-    clocks: Clocks | None = ctx.launch.happens_before
-    if clocks is None or not OPS[op.name].writes_memory:
+    tracked = _tracked(ctx, ptr, live) if OPS[op.name].writes_memory else None
+    if tracked is None:
         return
-    addresses = global_addresses(ptr, live)
-    if addresses is None:
-        return
-    me = tuple(ctx.program_id)
-    mine = clocks.of(me)
+    clocks, addresses, me, mine = tracked
     writer = (me, mine[me], op)
     for address in addresses:
         clocks.writes[address] = writer
