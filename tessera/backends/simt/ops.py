@@ -441,8 +441,8 @@ def _async_copy(ctx, op, dst, src, pred):
     """Snapshot `bytes` bytes of global memory now (zeros where `pred` is false: then nothing is read, and
     the source address may lie outside memory); they land in shared memory when an `async_wait` retires
     the copy's group (`SharedMemory.async_issue`)."""
-    size, region, memory = op.attrs["bytes"], dst.memory, src.memory
-    if not isinstance(region, SharedRegion) or isinstance(memory, SharedRegion):
+    size, region, source = op.attrs["bytes"], dst.memory, src.memory
+    if not isinstance(region, SharedRegion) or isinstance(source, SharedRegion):
         raise ctx.error(op, "async_copy copies from global to shared memory, but its pointers point elsewhere")
     threads = _active_threads(ctx)
     if threads.size == 0:
@@ -451,7 +451,7 @@ def _async_copy(ctx, op, dst, src, pred):
     count = size // width
     dst_el, src_el = dst.offsets[threads], src.offsets[threads]
     reads = np.asarray(pred, bool)[threads]         # a predicated-off copy reads nothing (src-size 0)
-    for name, offsets, mem, checked in (("destination", dst_el, region, True), ("source", src_el, memory, reads)):
+    for name, offsets, mem, checked in (("destination", dst_el, region, True), ("source", src_el, source, reads)):
         bad = checked & ((offsets < 0) | (offsets + count > mem.size))
         if bad.any():
             i = int(np.argmax(bad))
@@ -468,7 +468,7 @@ def _async_copy(ctx, op, dst, src, pred):
                                 f"not aligned to the copy's {size} bytes")
     lds_dma.check_lanes(ctx, op, threads, dst_bytes, size)
     lanes = np.arange(size)
-    raw = memory.array.reshape(-1).view(np.uint8)
+    raw = source.array.reshape(-1).view(np.uint8)
     data = np.zeros((threads.size, size), np.uint8)
     data[reads] = raw[src_bytes[reads][:, None] + lanes]
     failure = region.shared.async_issue(threads, dst_bytes[:, None] + lanes, data.astype(np.uint8))
