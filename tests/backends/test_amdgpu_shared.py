@@ -15,19 +15,10 @@ from tessera.backends.amdgpu import compile_thread_ir, find_linker
 from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "interp"))
+from amdgcn_loops import loop_body  # noqa: E402
 from shared_kernels import MatmulCase  # noqa: E402
 
 needs_linker = pytest.mark.skipif(find_linker() is None, reason="no ld.lld found (pip install ziglang)")
-
-
-def loop_body(assembly: str) -> list[str]:
-    """The instructions of the kernel's innermost loop: from its label to the branch back to it."""
-    lines = [line.strip() for line in assembly.splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        back = re.match(r"s_cbranch_\w+ (\.LBB\d+_\d+)", line)
-        if back and f"{back.group(1)}:" in lines[:i]:
-            return lines[lines.index(f"{back.group(1)}:"):i + 1]
-    raise AssertionError("no loop in the kernel")
 
 
 @needs_linker

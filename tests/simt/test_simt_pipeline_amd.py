@@ -15,7 +15,6 @@ Specification:
 
 from __future__ import annotations
 
-import re
 import sys
 from pathlib import Path
 
@@ -29,6 +28,8 @@ from tessera.backends.simt import run_threads
 from tessera.passes.thread_passes import lower
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "passes"))
+sys.path.insert(0, str(Path(__file__).parents[1] / "backends"))
+from amdgcn_loops import loop_body  # noqa: E402
 from pipeline_kernels import F16_RESULT, matmul_case  # noqa: E402
 
 CASES = {   # M, N, K, BM, BN, BK, stages, dtype, trans_b, target
@@ -76,15 +77,6 @@ def test_waiting_for_one_group_too_few_is_a_read_before_the_wait():
     wait.attrs["pending"] += 1
     with pytest.raises(InterpreterError, match="before cp.async.wait_group"):
         run_threads(fn, case.make_args(), case.grid)
-
-
-def loop_body(assembly: str) -> list[str]:
-    lines = [line.strip() for line in assembly.splitlines() if line.strip()]
-    for i, line in enumerate(lines):
-        back = re.match(r"s_cbranch_\w+ (\.LBB\d+_\d+)", line)
-        if back and f"{back.group(1)}:" in lines[:i]:
-            return lines[lines.index(f"{back.group(1)}:"):i + 1]
-    raise AssertionError("no loop in the kernel")
 
 
 @pytest.mark.skipif(find_linker() is None, reason="no ld.lld found (pip install ziglang)")
