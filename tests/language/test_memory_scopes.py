@@ -336,3 +336,15 @@ def test_the_happens_before_check_wants_a_release_and_an_acquire(release, acquir
     else:
         with pytest.raises(InterpreterError, match="global-memory race: " + race):
             run_threads(fn, args, (2,), global_races=True)
+
+
+def test_the_happens_before_check_ignores_shared_memory_whose_bytes_a_later_block_reuses():
+    """A block's shared memory dies with the block, and numpy may give a later block the same bytes, so the check
+    follows global memory only (it once reported the stream-K kernel's shared ring as a race between blocks)."""
+    from tessera.backends.interp.values import Pointers
+    from tessera.backends.simt.scopes import global_addresses
+    from tessera.backends.simt.shared import SharedMemory
+    from tessera.ir import dtypes
+
+    region = SharedMemory(256).region(0, 256, dtypes.f32)
+    assert global_addresses(Pointers(region, np.arange(4, dtype=np.int64)), None) is None

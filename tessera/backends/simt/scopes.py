@@ -32,6 +32,7 @@ from tessera.ir.ops import OPS, scope_of
 from ..interp.storage import Memory
 from ..interp.values import Pointers
 from .cluster import cluster_dims
+from .shared import SharedRegion
 
 _NARROW = ("cta", "cluster")          # the scopes that leave some blocks of the launch out
 
@@ -59,9 +60,10 @@ def _cluster_of(ctx) -> tuple[int, ...]:
 
 def global_addresses(ptr: Pointers, live) -> list[int] | None:
     """Byte addresses of the live lanes' elements, or None for memory this check does not follow (shared
-    memory, packed sub-byte elements)."""
+    memory, packed sub-byte elements). Shared memory is each block's own and is freed when the block ends, so
+    numpy may hand the same bytes to a later block: its addresses name no element of the launch."""
     memory = ptr.memory
-    if not isinstance(memory, Memory) or memory.dtype.is_subbyte:
+    if not isinstance(memory, Memory) or isinstance(memory, SharedRegion) or memory.dtype.is_subbyte:
         return None
     offsets = ptr.offsets if live is None else ptr.offsets[np.broadcast_to(live, ptr.offsets.shape)]
     base = memory.array.__array_interface__["data"][0]
