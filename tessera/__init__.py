@@ -31,6 +31,8 @@ The public API, in one place:
 * `Kernel.compile(...)`, which runs the compile driver (`tessera/dsl/compiler.py`:
   tile passes -> thread passes -> a backend; README's architecture paragraph
   maps the packages);
+* `get_target(name)`, the description of a GPU target (`tessera/ir/target.py`: warp size, shared memory /
+  LDS per block, features), which library plans read their target's capacities from;
 * `CompileError` and friends, which every user mistake raises;
   `InterpreterError`, raised by the CPU interpreter for bad memory accesses
   and failed device asserts; `LaunchError`, for GPU launches that cannot run.
@@ -81,6 +83,7 @@ from .dsl.language.hints import assume, max_contiguous, multiple_of
 from .dsl.language.algorithms import gather, histogram, interleave, join, sort, split, topk
 from .dsl.language.asm import asm_emulation, inline_asm_elementwise
 from .ir import layouts
+from .ir.target import Target, get_target
 from .dsl.autotune import Config, autotune
 from .dsl.capture import capturing, fusion, writes_whole
 from .dsl.fast_launch import launching_directly

@@ -149,9 +149,10 @@ define_thread_op("shared_alloc", "`bytes` bytes of shared memory at byte `offset
                  "a multiple of `align` (default 16; 1024 for a 128B-swizzled wgmma tile); `whole_kernel`: live "
                  "for the whole kernel, sharing bytes with no other buffer (explicit `tessera.shared` buffers); "
                  "`async_reads`: a TMA store's staging buffer that the store may still read after the loop "
-                 "holding it, until a bulk_wait_group_read after that loop (`schedule/tma_store.py`).", 0,
+                 "holding it, until a bulk_wait_group_read after that loop (`schedule/tma_store.py`); "
+                 "`ring_stages`: the ring of a pipelined loop, that many slots (the allocator's error names them).", 0,
        attrs={"bytes": "int", "offset": "int"},
-       optional_attrs={"align": "int", "whole_kernel": "bool", "async_reads": "bool"},
+       optional_attrs={"align": "int", "whole_kernel": "bool", "async_reads": "bool", "ring_stages": "int"},
        check=_check_shared_alloc,
        pure=False)
 

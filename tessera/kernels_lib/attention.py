@@ -45,6 +45,7 @@ import tessera.torch
 from .attention_bwd import attention_bwd_delta_kernel, attention_bwd_kv_kernel, attention_bwd_q_kernel
 from .attention_fusion import NO_HOOKS, AttentionHooks, attention_hooks
 from .hooks import outside_graphs
+from .targets import plan_target
 from .attention_fwd import LOG2E, attention_fwd_kernel
 from .attention_fwd_persistent import attention_fwd_persistent_kernel
 
@@ -69,15 +70,20 @@ class Plan:
     # a block runs two programs, so the launcher halves grid axis 0: `KernelBinary.programs_per_block`)
 
 
-# Per vendor and head dim. The warps split the rows of the score and output tiles (`passes/mma.py`: chained dots
-# split along M), so on NVIDIA BM = 16 rows per warp (mma.sync m16n8k16; wgmma: 64 per warpgroup) and on AMD 32
-# per wave (MFMA 32x32x8; on gfx950 32x32x16). No config spills registers on sm_80, sm_90a, gfx942 or gfx950
-# (tests/kernels_lib/test_attention_compile.py); none has been timed on a GPU yet.
+# Per vendor (AMD: per target, `targets.plan_target`) and head dim. The warps split the rows of the score and output
+# tiles (`passes/mma.py`: chained dots split along M), so on NVIDIA BM = 16 rows per warp (mma.sync m16n8k16;
+# wgmma: 64 per warpgroup) and on AMD 32 per wave (MFMA 32x32x8; on gfx950 32x32x16). No config spills registers
+# on sm_80, sm_90a, gfx942 or gfx950 (tests/kernels_lib/test_attention_compile.py); none has been timed on a GPU yet.
+# AMD's K and V rings are filled by direct-to-LDS loads, as deep as the target's LDS holds (`targets.lds_bytes`):
+# on gfx942 (64 KiB) two stages at head dim 64 (50 KiB) and one at 128 and 256 (two need 82936 / 70136 bytes);
+# on gfx950 (160 KiB) three at head dim 64 (67568 bytes) and two at 128 and 256 (83952 / 70640 bytes), which
+# leave every variant without VGPR or SGPR spills or scratch (bench/results/amd_registers_gfx950.md). At 128,
+# 288-298 VGPRs a wave already hold a CU to one 4-wave workgroup, so the deeper ring costs no occupancy there.
 GPU_PLANS = {
     "nvidia": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
-    "amd": {64: Plan(128, 64, 4, stages=2), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
-}   # (AMD: K and V rings of 2 stages filled by direct-to-LDS loads at head dim 64, 50 KiB of LDS on gfx942; head
-#   dims 128 and 256 keep one stage: with two, the kernel needs 82936 / 70136 bytes, over gfx942's 64 KiB)
+    "gfx942": {64: Plan(128, 64, 4, stages=2), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)},
+    "gfx950": {64: Plan(128, 64, 4, stages=3), 128: Plan(128, 64, 4, stages=2), 256: Plan(64, 32, 4, stages=2)},
+}
 CPU_PLAN = Plan(16, 16, 4, stages=1)
 # Warp-specialized forward plans for Hopper: the tiles above plus a producer warpgroup (384 threads) whose one
 # thread issues K's and V's TMA fills ahead, behind mbarriers, while the two consumer warpgroups (setmaxnreg
@@ -221,18 +227,20 @@ def window_bounds(causal: bool, window: Window) -> tuple[int, int]:
 
 
 def gpu_plan(D: int, warp_specialized: bool = False, overlap: bool = False, pingpong: bool = False,
-             amd_pingpong: bool = False) -> Plan:
-    """The plan for head dim D on this machine's GPUs (ROCm builds of torch: AMD's); with `warp_specialized`,
+             amd_pingpong: bool = False, target: Optional[str] = None) -> Plan:
+    """The plan for head dim D on this machine's GPU (`target`: the `GPU_PLANS` key, by default the current
+    device's, `targets.plan_target`: on ROCm builds of torch the AMD target's plans); with `warp_specialized`,
     Hopper's warp-specialized one where head dim D has one (`WS_GPU_PLANS`); with `overlap`, on Hopper, in
     FlashAttention-3's loop order (`OVERLAP_ENV`: wgmma is asynchronous there, mma.sync and MFMA are not); with
     `pingpong` too, a warp-specialized overlapped plan's warpgroups take turns (`PINGPONG_ENV`); with
     `amd_pingpong`, on AMD, the 8-wave ping-pong where head dim D has one (`AMD_PINGPONG_PLANS`)."""
-    plans = GPU_PLANS["amd" if torch.version.hip else "nvidia"]
+    target = target or plan_target()
+    plans = GPU_PLANS[target]
     if D not in plans:
         raise ValueError(f"tessera::attention: head dim {D} has no GPU plan; use one of {HEAD_DIMS}")
-    if torch.version.hip:
+    if target != "nvidia":
         return AMD_PINGPONG_PLANS[D] if amd_pingpong and D in AMD_PINGPONG_PLANS else plans[D]
-    hopper = not torch.version.hip and torch.cuda.get_device_capability()[0] == 9
+    hopper = torch.cuda.get_device_capability()[0] == 9
     plan = WS_GPU_PLANS[D] if warp_specialized and hopper and D in WS_GPU_PLANS else plans[D]
     if not (overlap and hopper and D in OVERLAP_HEAD_DIMS):
         return plan
@@ -376,7 +384,8 @@ def _forward(q, k, v, problem: Problem, hooks: AttentionHooks = NO_HOOKS,
     if _on_interpreter(q):
         plan = dataclasses.replace(CPU_PLAN, overlap=overlap)
     else:
-        plan = plan or gpu_plan(problem.D, ws, overlap, wants_pingpong(), plain_call and wants_amd_pingpong())
+        plan = plan or gpu_plan(problem.D, ws, overlap, wants_pingpong(), plain_call and wants_amd_pingpong(),
+                                plan_target(q.device))
     p = problem
     args = (q, k, v, o, lse, *p.scalars(q), max(p.left, 0), max(p.right, 0),
             *p.strides(q), *p.strides(k), *p.strides(v), *p.strides(o), *p.lse_strides(lse),

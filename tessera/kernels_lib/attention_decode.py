@@ -26,6 +26,7 @@ import tessera.torch
 from . import attention_decode_model as model
 from .attention_fwd import LOG2E
 from .attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
+from .targets import plan_target
 
 MAX_SPLITS = model.MAX_SPLITS
 # The window [phi - below, phi + above] (base-2 logits) around the unified max phi where the asynchronous softmax
@@ -99,13 +100,17 @@ DECODE_PLANS = {64: DecodePlan(64, 64, 3), 128: DecodePlan(64, 16, 2, in_launch_
 UNIFIED_DECODE_PLANS = {64: DecodePlan(64, 32, 2),
                         128: DecodePlan(16, 32, 3, warp_per_rows=False, in_launch_rows=0)}
 CPU_DECODE_PLAN = DecodePlan(16, 16, 1)
-# AMD's K and V ring depth per (unified softmax, head dim): 2 (direct-to-LDS loads) only where every tile the op
-# launches compiles for gfx942 without spills and fits its LDS (tests/kernels_lib/test_attention_compile.py
-# compiles them all). With two stages the one-warp tiles spill SGPRs on gfx942 (online D=64 16x64: 44, online
-# D=128 16x16: 39, unified D=64 16x16 / 16x32: 10 / 41, and unified D=64 32x32 on two warps: 10; gfx950 none),
-# and the online softmax's head dim 256 needs 66680 bytes, so those keep one stage until a GPU run says whether
-# the deeper ring is worth the spills.
-AMD_DECODE_STAGES = {(False, 64): 1, (False, 128): 1, (False, 256): 1, (True, 64): 1, (True, 128): 2}
+# AMD's K and V ring depth per target and (unified softmax, head dim): rings of direct-to-LDS loads, 2 stages only
+# where every tile the op launches compiles for that target without spills and fits its LDS (`targets.lds_bytes`;
+# tests/kernels_lib/test_attention_compile.py compiles them all). On gfx942 (64 KiB) two stages spill SGPRs in
+# the one-warp tiles (online D=64 16x64: 44, online D=128 16x16: 39, unified D=64 16x16 / 16x32: 10 / 41, and
+# unified D=64 32x32 on two warps: 10) and the online softmax's head dim 256 needs 66680 bytes, so those keep one
+# stage until a GPU run says whether the deeper ring is worth the spills. On gfx950 (160 KiB) every tile of every
+# plan compiles with two stages without spills (bench/results/amd_registers_gfx950.md).
+AMD_DECODE_STAGES = {
+    "gfx942": {(False, 64): 1, (False, 128): 1, (False, 256): 1, (True, 64): 1, (True, 128): 2},
+    "gfx950": {(False, 64): 2, (False, 128): 2, (False, 256): 2, (True, 64): 2, (True, 128): 2},
+}
 
 
 @dataclass(frozen=True)
@@ -298,22 +303,22 @@ def on_interpreter(q: torch.Tensor) -> bool:
     return q.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
 
 
-def gpu_decode_plan(D: int, unified: bool, vendor: str) -> DecodePlan:
-    """The GPU plan of head dim D for the softmax asked for; on AMD ("amd") with `AMD_DECODE_STAGES` (rings of
-    direct-to-LDS loads, as deep as gfx942's 64 KiB of LDS holds)."""
+def gpu_decode_plan(D: int, unified: bool, target: str) -> DecodePlan:
+    """The GPU plan of head dim D for the softmax asked for on `target` (a plan key, `targets.plan_target`:
+    "nvidia", or an AMD target, whose rings are `AMD_DECODE_STAGES[target]` deep)."""
     plans = UNIFIED_DECODE_PLANS if unified else DECODE_PLANS
     if D not in plans:
         fix = "leave unified_max=None (the online softmax)" if D in DECODE_PLANS else "use another head dim"
         raise ValueError(f"tessera::attention_decode: head dim {D} has no GPU plan"
                          f"{' with a unified max' if unified else ''} (planned: {sorted(plans)}); {fix}")
-    return replace(plans[D], stages=AMD_DECODE_STAGES[unified, D]) if vendor == "amd" else plans[D]
+    return plans[D] if target == "nvidia" else replace(plans[D], stages=AMD_DECODE_STAGES[target][unified, D])
 
 
 def decode_plan(shape: DecodeShape, q: torch.Tensor, unified: bool) -> DecodePlan:
-    """The interpreter's small plan for CPU tensors, else the GPU plan of this machine's vendor."""
+    """The interpreter's small plan for CPU tensors, else the GPU plan of q's device (`targets.plan_target`)."""
     if on_interpreter(q):
         return CPU_DECODE_PLAN
-    return gpu_decode_plan(shape.D, unified, "amd" if torch.version.hip else "nvidia")
+    return gpu_decode_plan(shape.D, unified, plan_target(q.device))
 
 
 def _attention_decode(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, block_table: torch.Tensor,

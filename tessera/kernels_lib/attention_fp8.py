@@ -27,6 +27,7 @@ from typing import Optional, Union
 import torch
 
 from .attention import Plan, Problem, _check, _forward, _on_interpreter
+from .targets import device_arch
 
 # Per target and head dim, like attention.GPU_PLANS; sm_89 (mma.sync m16n8k32, K = BN for P V) takes BN = 32 at
 # head dim 128 (BN = 64 spilled 8 bytes at 255 registers). No config spills
@@ -42,14 +43,6 @@ Descale = Union[None, float, torch.Tensor]
 OP = "tessera::attention_fp8"
 DEQUANTIZE = ("dequantize to bfloat16 (x.to(torch.bfloat16) * x_descale for each of q, k, v) and call "
               "tessera.kernels_lib.attention without descales")
-
-
-def device_arch(device: torch.device) -> str:
-    """The target a CUDA/ROCm device compiles for: 'sm_90a' on Hopper, 'sm_XY' on other NVIDIA GPUs, 'gfxNNN'."""
-    if torch.version.hip:
-        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
-    major, minor = torch.cuda.get_device_capability(device)
-    return "sm_90a" if major == 9 else f"sm_{major}{minor}"
 
 
 def require_fp8_tensor_cores(arch: str) -> None:

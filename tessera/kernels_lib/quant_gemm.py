@@ -45,6 +45,7 @@ import tessera.torch
 from .gemm_alignment import NOTHING_STATED, ROW_BYTES, operand_alignment, pointers_aligned, state_alignment
 from .quant import FORMATS, LAYOUTS, QuantizedWeight
 from .quant_fragment import DECODE_TILING
+from .targets import plan_target
 
 
 @tessera.func
@@ -193,12 +194,18 @@ class Plan:
 CPU_PLAN = Plan(BM=16, BN=16, BK=32, split_k=2, stages=1, num_warps=4)
 
 
+# The K loop's ring depth of the 64- and 128-row W4A16 tiles per AMD target (NVIDIA: 3): with 3 stages x's 16 KiB
+# blocks and the dequantized weight tile the dot reads (17,400 bytes at 128 x 64) need 66,552 bytes (67,568 on
+# gfx950), over gfx942's 64 KiB of LDS and well within gfx950's 160 KiB (`targets.lds_bytes`); both compile
+# without spills (tests/kernels_lib/test_quant_gemm.py).
+AMD_STAGES = {"gfx942": 2, "gfx950": 3}
+
+
 @functools.lru_cache(maxsize=4096)      # per shape: the op asks on every call
-def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = False, amd: bool = False) -> Plan:
+def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = False, target: str = "nvidia") -> Plan:
     """Decode (M <= 16): one 16-row tile, K split so that about two programs per SM stream the weights;
-    otherwise 64- or 128-row tiles over all of K. BK is a whole number of groups, or divides one (W4A8: one
-    group). On AMD (`amd`) the K loop's ring is 2 stages deep: with 3, x's 16 KiB blocks and the dequantized
-    weight tile the dot reads (17,400 bytes at 128 x 64) need 66,552 bytes, over gfx942's 64 KiB of LDS."""
+    otherwise 64- or 128-row tiles over all of K, their ring `AMD_STAGES[target]` deep on an AMD `target` (a
+    plan key, `targets.plan_target`). BK is a whole number of groups, or divides one (W4A8: one group)."""
     bk = group_size if w4a8 else 128 if M <= 16 else 64
     if bk % group_size and group_size % bk:
         bk = group_size
@@ -213,7 +220,7 @@ def plan(M: int, N: int, K: int, group_size: int, num_sms: int, w4a8: bool = Fal
     if w4a8:        # two float32 tiles (the sum, and each group's product) and a whole group of K per step
         return Plan(64, 64, bk, 1, 3, 4)
     bm = 128 if M >= 1024 else 64
-    return Plan(bm, 128, bk, 1, 2 if amd else 3, 8 if bm == 128 else 4)
+    return Plan(bm, 128, bk, 1, 3 if target == "nvidia" else AMD_STAGES[target], 8 if bm == 128 else 4)
 
 
 @functools.lru_cache(maxsize=4096)
@@ -305,7 +312,7 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
         raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs fp8 tensor cores (sm_89 or newer); "
                          f"this GPU is sm_{major}{minor}: pass float16 or bfloat16 x (W4A16) instead")
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None,
-                                  amd=bool(torch.version.hip))
+                                  plan_target(x.device))
     fragment = {}
     if layout == "fragment":        # the tiles the codes are stored for
         p = fragment_plan(p, M, K, 64 if torch.version.hip and not cpu else 32)

@@ -26,6 +26,8 @@ the bytes used; a function that needs more than the target has raises
 
 from __future__ import annotations
 
+from typing import Callable
+
 from tessera.ir.core import Block, Function, Module, Operation, Value
 from tessera.ir.target import Target, get_target
 from tessera.ir.types import PointerType, element_of
@@ -46,29 +48,78 @@ def allocate_shared_memory(fn: Function, capacity: int | None = None) -> int:
     last = len(positions) - 1
     ranges = {op: (0, last) if op.attrs.get("whole_kernel") else (positions[op], _live_end(op, positions, ends))
               for op in allocs}
-    placed: list[tuple[Operation, int]] = []
-    for op in sorted(allocs, key=lambda o: (-o.attrs["bytes"], positions[o])):
-        start, end = ranges[op]
-        busy = sorted((offset, offset + other.attrs["bytes"]) for other, offset in placed
-                      if ranges[other][0] <= end and start <= ranges[other][1])
-        offset = 0
-        for lo, hi in busy:
-            if offset + op.attrs["bytes"] <= lo:
-                break
-            offset = max(offset, _align(hi, op.attrs.get("align", ALIGNMENT)))
+    offsets, total = _place(allocs, ranges, positions)
+    for op, offset in offsets.items():
         op.attrs["offset"] = offset
-        placed.append((op, offset))
-    total = max((offset + op.attrs["bytes"] for op, offset in placed), default=0)
     fn.attrs["shared_bytes"] = total
     if capacity is None and "target" in fn.attrs:
         capacity = get_target(fn.attrs["target"]).shared_memory_bytes
     if capacity is not None and total > capacity:
-        largest = sorted(allocs, key=lambda o: -o.attrs["bytes"])[:3]
-        listed = ", ".join(f"{o.attrs['bytes']} bytes" + (f" at {o.loc}" if o.loc else "") for o in largest)
-        raise LoweringError(f"the kernel needs {total} bytes of shared memory, more than the {capacity} a block "
-                            f"has (largest buffers: {listed}); use smaller tiles or fewer warps' worth of "
-                            f"data per reduction", largest[0], fn.name)
+        raise _too_much(fn, allocs, ranges, positions, total, capacity)
     return total
+
+
+def _place(allocs: list[Operation], ranges: dict, positions: dict,
+           size: Callable[[Operation], int] = lambda op: op.attrs["bytes"]) -> tuple[dict[Operation, int], int]:
+    """First-fit placement, largest first: (each allocation's offset, the bytes used), with `size` bytes each."""
+    placed: list[tuple[Operation, int]] = []
+    for op in sorted(allocs, key=lambda o: (-size(o), positions[o])):
+        start, end = ranges[op]
+        busy = sorted((offset, offset + size(other)) for other, offset in placed
+                      if ranges[other][0] <= end and start <= ranges[other][1])
+        offset = 0
+        for lo, hi in busy:
+            if offset + size(op) <= lo:
+                break
+            offset = max(offset, _align(hi, op.attrs.get("align", ALIGNMENT)))
+        placed.append((op, offset))
+    return dict(placed), max((offset + size(op) for op, offset in placed), default=0)
+
+
+def _too_much(fn: Function, allocs: list[Operation], ranges: dict, positions: dict, total: int,
+              capacity: int) -> LoweringError:
+    """The error for a kernel needing `total` bytes of shared memory, more than `capacity`. Where a pipelined
+    loop's rings (`ring_stages`) hold part of them, it is located at that loop and names the most stages that
+    fit beside the buffers live with them (placed again with the rings that deep), since the ring depth was
+    chosen from the rings alone (`schedule/pipeline_plan.py`); otherwise at the largest buffer."""
+    on = f" on {fn.attrs['target']}" if "target" in fn.attrs else ""
+    need = f"the kernel needs {total} bytes of shared memory, more than the {capacity} a block has{on}"
+    rings: dict[object, list[Operation]] = {}
+    for op in allocs:
+        if op.attrs.get("ring_stages"):
+            rings.setdefault((op.loc, op.attrs["ring_stages"]), []).append(op)
+    others = sorted((op for op in allocs if not op.attrs.get("ring_stages")), key=lambda o: -o.attrs["bytes"])
+    if not rings:
+        listed = ", ".join(_described(o) for o in others[:3])
+        return LoweringError(f"{need} (largest buffers: {listed}); use smaller tiles or fewer warps' worth of "
+                             f"data per reduction", others[0], fn.name)
+    (_, stages), ring = max(rings.items(), key=lambda item: sum(o.attrs["bytes"] for o in item[1]))
+    ring_bytes = sum(o.attrs["bytes"] for o in ring)
+
+    def used(depth: int) -> int:
+        return _place(allocs, ranges, positions,
+                      lambda o: o.attrs["bytes"] * depth // stages if o in ring else o.attrs["bytes"])[1]
+    live = [o for o in allocs if o in ring or any(ranges[o][0] <= ranges[r][1] and ranges[r][0] <= ranges[o][1]
+                                                  for r in ring)]
+    beside = _place(live, ranges, positions)[1] - ring_bytes        # what the buffers live with the rings add
+    fits = next((depth for depth in range(stages - 1, 1, -1) if used(depth) <= capacity), None)
+    where = f"line {ring[0].loc.line}" if ring[0].loc is not None else "an unknown line"
+    listed = ", ".join(_described(o) for o in [o for o in others if o in live][:2]) or "none"
+    if fits is not None:
+        fix = f"pass stages={fits} to that tessera.pipeline (the most that fit beside them), or use smaller blocks"
+    elif used(0) <= capacity:
+        fix = ("not even 2 stages fit beside them: pass stages=1 to that tessera.pipeline (no ring), or use "
+               "smaller blocks")
+    else:
+        fix = "the other buffers alone do not fit: use smaller tiles"
+    return LoweringError(f"{need}: the pipelined loop at {where} keeps {stages} stages of its ring buffers "
+                         f"({ring_bytes} bytes, {ring_bytes // stages} a stage), chosen to fit shared memory on "
+                         f"their own, and the buffers live beside them take {beside} more at the peak (largest: "
+                         f"{listed}); {fix}", ring[0], fn.name)
+
+
+def _described(op: Operation) -> str:
+    return f"{op.attrs['bytes']} bytes" + (f" at {op.loc}" if op.loc else "")
 
 
 class SharedMemoryAllocation:

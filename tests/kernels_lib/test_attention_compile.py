@@ -21,6 +21,7 @@ from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noq
 
 from attention_reference import attention as reference, nan_padded_kv  # noqa: E402
 from amd_spills import amd_spills  # noqa: E402
+from tessera.kernels_lib.targets import lds_bytes  # noqa: E402
 from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 
 needs_ptxas = pytest.mark.skipif(find_ptxas() is None, reason="ptxas not installed")
@@ -227,15 +228,37 @@ def assert_amd_spills_within(metadata, *key):
     assert set(spills) <= {"sgpr_spill_count"}, (key, spills)
 
 
+@pytest.mark.parametrize("variant", list(VARIANTS))
 @pytest.mark.parametrize("target, mfma", [("gfx942", "v_mfma_f32_32x32x8_bf16"),
                                           ("gfx950", "v_mfma_f32_32x32x16_bf16")])    # gfx950: double-K
-@pytest.mark.parametrize("D", sorted(GPU_PLANS["amd"]))
-def test_every_amd_plan_compiles_on_mfma_without_spills(D, target, mfma):
-    plan = GPU_PLANS["amd"][D]
-    compiled = compile_forward(target, D, plan, "window-softcap-varlen")
+@pytest.mark.parametrize("D", sorted(GPU_PLANS["gfx942"]))
+def test_every_amd_plan_compiles_on_mfma_without_spills(D, target, mfma, variant):
+    """Each AMD target's own plan (`GPU_PLANS[target]`), plain and with every option compiled in: MFMA only,
+    no VGPR spills or scratch, and within the target's LDS (`targets.lds_bytes`)."""
+    plan = GPU_PLANS[target][D]
+    compiled = compile_forward(target, D, plan, variant)
     assert set(re.findall(r"\bv_mfma_f32_\w+", compiled.stages["amdgcn"])) == {mfma}
     assert_amd_spills_within(compiled.metadata, "forward", target, D)
     assert_lds_ring_without_scratch(compiled, plan.stages)
+    assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
+
+
+def test_gfx950_forward_plans_keep_rings_deeper_than_gfx942_fits():
+    """gfx950's 160 KiB of LDS holds a ring one stage deeper than gfx942's 64 KiB at every head dim, with the same
+    tiles (so a gfx950 GPU falling back to gfx942's plan would show here as equal stages)."""
+    assert lds_bytes("gfx950") > lds_bytes("gfx942")
+    for D, plan in GPU_PLANS["gfx942"].items():
+        deeper = GPU_PLANS["gfx950"][D]
+        assert (deeper.BM, deeper.BN, deeper.num_warps) == (plan.BM, plan.BN, plan.num_warps)
+        assert deeper.stages == plan.stages + 1, D
+
+
+@pytest.mark.parametrize("D", [128, 256])
+def test_gfx950s_deeper_forward_ring_would_not_fit_gfx942(D):
+    """Why the plans differ: gfx950's two-stage head-dim 128 / 256 forward asks more than gfx942's LDS, and the
+    compile says so naming the loop and the stages that fit (`passes/shared_memory.py`)."""
+    with pytest.raises(tessera.CompileError, match=r"pipelined loop at line \d+ keeps 2 stages.*stages=1"):
+        compile_forward("gfx942", D, GPU_PLANS["gfx950"][D], "plain")
 
 
 def assert_lds_ring_without_scratch(compiled, stages):
@@ -483,7 +506,7 @@ MOST_SPLITS = 64    # attention_decode.MAX_SPLITS: the merge's widest reference-
 
 
 def decode_tiles(vendor):
-    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans at every row count it launches
+    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans ("nvidia" or an AMD target) at every row count it launches
     (16 .. its rows: with a warp per 16 rows each is another warp count) and its widest and narrowest blocks
     (16 keys: pages of 16 tokens)."""
     from tessera.kernels_lib.attention_decode import DECODE_PLANS, UNIFIED_DECODE_PLANS, gpu_decode_plan
@@ -596,10 +619,11 @@ def test_the_combine_compiles_without_spills_up_to_the_most_splits(target, D, sp
     assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
 
 
-@pytest.mark.parametrize("softmax, D, rows, keys, stages, num_warps", list(decode_tiles("amd")))
-@pytest.mark.parametrize("target", AMD_TARGETS)
+@pytest.mark.parametrize("target, softmax, D, rows, keys, stages, num_warps",
+                         [(target, *tile) for target in AMD_TARGETS for tile in decode_tiles(target)])
 def test_every_decode_plan_compiles_for_amd_without_spills(target, softmax, D, rows, keys, stages,
                                                                   num_warps):
+    """Every tile of each AMD target's own decode plans (`AMD_DECODE_STAGES[target]`), within its LDS."""
     compiled = compile_decode(target, softmax, D, rows, keys, stages, num_warps)
     shapes = set(re.findall(r"\bv_mfma_f32_(\d+x\d+x\d+)_bf16", compiled.stages["amdgcn"]))
     assert shapes and shapes <= set(MFMA[target])
@@ -607,6 +631,7 @@ def test_every_decode_plan_compiles_for_amd_without_spills(target, softmax, D, r
         assert shapes & {"32x32x16", "16x16x32"}, "gfx950's double-K forms where K allows"
     assert amd_spills(compiled.metadata) == {}
     assert_lds_ring_without_scratch(compiled, stages)
+    assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
 
 
 def decode_on_the_simulator(target, num_warps, unified_max=None, D=32, page=16, seqlens=(37, 9), keys=None,

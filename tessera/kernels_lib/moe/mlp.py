@@ -18,6 +18,7 @@ import tessera.torch
 
 from . import plan as plans
 from ..gemm_alignment import pointers_aligned, rows_alignment
+from ..targets import plan_target
 from .align import align
 from .common import FLOAT_DTYPES, check_device, kernel_arg
 from .experts import ACTIVATIONS, combine_kernel, down_kernel, gate_up_kernel, permute_kernel
@@ -33,7 +34,8 @@ def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = Fa
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
     for shipped in (plans.FP8 if fp8 else plans.QUANTIZED if quantized else plans.SHIPPED).values():
         if shipped.BM == block_m:
-            pipelined = t.dtype != torch.float32 and torch.version.hip is None
+            pipelined = t.dtype != torch.float32 and (torch.version.hip is None or not (quantized or fp8)
+                                                      and plan_target(t.device) in plans.AMD_PIPELINED)
             return shipped if pipelined else shipped.without_pipelining()
     raise ValueError(f"tessera::moe: no GPU plan aligns to block_m = {block_m}; use one of "
                      f"{sorted(p.BM for p in plans.SHIPPED.values())} (plan.plan(...).BM)")

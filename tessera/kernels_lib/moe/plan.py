@@ -13,9 +13,9 @@ Three regimes, by how many rows an active expert gets on average (pairs
 `QUANTIZED` holds the same regimes' tiles for int4 and fp8 weights. Each plan
 compiles without register spills for sm_80, sm_90a (TMA-filled
 rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
-test_moe_experts.py compiles every one). AMD targets get the same tiles
-with STAGES = 1: Tessera has no asynchronous global->shared copies there
-yet, so a pipeline would only warn. float32 operands (the CPU tests' dtype)
+test_moe_experts.py compiles every one). AMD targets get the same tiles;
+their rings (direct-to-LDS loads) run only where the target's LDS holds them
+(`AMD_PIPELINED`), elsewhere STAGES = 1. float32 operands (the CPU tests' dtype)
 multiply on FMA units, which no pipeline feeds: STAGES = 1 too. The
 first H100 run (2026-11-26) timed the plans before the decode changes
 noted at `DECODE` and `plan`.
@@ -77,9 +77,15 @@ FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
 # threads) a wave gets at most 256 VGPRs on gfx942, which prefill's 128-row tiles overran (18-29 VGPR spills and
 # 76-120 B of scratch with 8 waves, whatever the BN). Prefill runs 4 waves there, each with up to 512 VGPRs and
 # AGPRs (about 460 used), and down's BN is 64 (at 128, 4 waves spilled SGPRs 738 times). Decode and middle keep
-# their tiles; STAGES = 1 as for every AMD plan. tests/kernels_lib/test_moe_one_launch.py compiles them.
+# their tiles; STAGES = 1 on every AMD target. tests/kernels_lib/test_moe_one_launch.py compiles them.
 AMD_ONE_LAUNCH = {"decode": DECODE.without_pipelining(), "middle": MIDDLE.without_pipelining(),
                   "prefill": Plan(128, GemmTiles(64, 64, 1, 4), GemmTiles(64, 64, 1, 4))}
+
+# AMD targets whose LDS holds the bf16 plans' rings (`SHIPPED`; `targets.lds_bytes`): gfx950's 160 KiB holds them
+# all (73,728 bytes at decode and middle, 98,304 at prefill), each compiling without spills; gfx942's 64 KiB holds
+# neither decode's gate_up nor middle's, so there every plan runs without pipelining. The quantized and fp8 plans,
+# and the one-launch layer's (`AMD_ONE_LAUNCH`), run without on every AMD target (not compiled pipelined yet).
+AMD_PIPELINED = ("gfx950",)
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
 CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))

@@ -38,12 +38,13 @@ class SharedExchange:
         self.target = target
         self.kernel = kernel
 
-    def alloc(self, dtype: dt.DType, count: int, align: int | None = None, whole_kernel: bool = False) -> Value:
+    def alloc(self, dtype: dt.DType, count: int, align: int | None = None, whole_kernel: bool = False,
+              ring_stages: int | None = None) -> Value:
         """An unplaced buffer of `count` elements of `dtype` (a pointer to its first); `whole_kernel`: its bytes
-        are never given to another buffer."""
+        are never given to another buffer; `ring_stages`: it is a pipelined loop's ring of that many slots."""
         nbytes = max(1, (count * dtype.bits + 7) // 8)
         attrs = {"bytes": nbytes, "offset": -1} | ({"align": align} if align else {}) | \
-            ({"whole_kernel": True} if whole_kernel else {})
+            ({"whole_kernel": True} if whole_kernel else {}) | ({"ring_stages": ring_stages} if ring_stages else {})
         return self.out.emit("shared_alloc", attrs=attrs, type=PointerType(dtype, "shared"))
 
     def mbarriers(self, count: int, arrivals: int, whole_kernel: bool = False) -> Value:

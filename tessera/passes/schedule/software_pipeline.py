@@ -162,7 +162,7 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
 def _rings(ctx, plan: PipelinePlan, whole_kernel: bool = False) -> list[Value]:
     """One ring of `plan.stages` slots per pipelined load."""
     return [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, whole_kernel=whole_kernel,
-                           align=load.slot_alignment if load.on_wgmma or load.tma else None)
+                           align=load.slot_alignment if load.on_wgmma or load.tma else None, ring_stages=plan.stages)
             for load in plan.loads]
 
 

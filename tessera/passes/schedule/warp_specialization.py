@@ -141,8 +141,8 @@ def specialized_ring(ctx, op: Operation) -> SpecializedRing:
                            f"memory; use smaller blocks or fewer stages")
     consumers = ctx.num_threads
     ctx.fn.attrs["num_threads"] = consumers + PRODUCER_THREADS
-    rings = [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, align=load.slot_alignment)
-             for load in plan.loads]
+    rings = [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, align=load.slot_alignment,
+                            ring_stages=plan.stages) for load in plan.loads]
     full = TmaRing(ctx, plan.loads, plan.stages, specialized=True)
     # a phase completes when every consumer warpgroup (wgmma) or thread (ldmatrix) released the slot, of every
     # block of the cluster when the slots are multicast (`multicast.py`)

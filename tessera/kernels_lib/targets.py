@@ -1,0 +1,46 @@
+"""Which GPU a library op plans for: the device's target name, and the plan key its tables use.
+
+Library plans are keyed by vendor ("nvidia") where one table serves every GPU of it, and by AMD target where
+the AMD GPUs differ in what a plan may hold: gfx950 (MI350/MI355) has 160 KiB of LDS a workgroup where gfx942
+(MI300) has 64 KiB, so its attention, decode, quantized GEMM and MoE plans keep deeper rings (`AMD_PLAN_TARGETS`).
+A target's capacities come from one place, Tessera's target description (`tessera.get_target(name)`,
+`tessera/ir/target.py`); `lds_bytes` reads it, and the compile tests check every plan against it.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+import tessera
+
+# The AMD targets with plans of their own; any other AMD GPU (gfx90a) takes gfx942's, the smallest LDS.
+AMD_PLAN_TARGETS = ("gfx942", "gfx950")
+AMD_FALLBACK = "gfx942"
+
+
+def device_arch(device: Optional[torch.device] = None) -> str:
+    """The target a CUDA/ROCm device compiles for: 'sm_90a' on Hopper, 'sm_XY' on other NVIDIA GPUs, 'gfxNNN'
+    (the current device unless `device` says)."""
+    if device is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    if torch.version.hip:
+        return torch.cuda.get_device_properties(device).gcnArchName.split(":")[0]
+    major, minor = torch.cuda.get_device_capability(device)
+    return "sm_90a" if major == 9 else f"sm_{major}{minor}"
+
+
+def amd_plan_target(arch: str) -> str:
+    """The AMD target whose plans a GPU of target `arch` runs: its own where the library has them, else gfx942's."""
+    return arch if arch in AMD_PLAN_TARGETS else AMD_FALLBACK
+
+
+def plan_target(device: Optional[torch.device] = None) -> str:
+    """The key of this device's plans: 'nvidia' on CUDA builds of torch, the AMD plan target on ROCm ones."""
+    return amd_plan_target(device_arch(device)) if torch.version.hip else "nvidia"
+
+
+def lds_bytes(arch: str) -> int:
+    """Shared memory (LDS on AMD) a block may use on target `arch`, from Tessera's target description."""
+    return tessera.get_target(arch).shared_memory_bytes
