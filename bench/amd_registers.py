@@ -3,8 +3,10 @@
     python3 bench/amd_registers.py                      # gfx942, every group: a markdown table
     python3 bench/amd_registers.py --only moe attention --target gfx950 --json bench/results/amd_registers.json
 
-Each row is one shipped config compiled as the library (and its compile tests) compile it: SGPR / VGPR / AGPR
-counts, SGPR and VGPR spills and the scratch bytes a work-item needs, from the code object's `.amdhsa` metadata
+Each row is one shipped config compiled as the library (and its compile tests) compile it for the target, with
+the target's own plans where they differ (`kernels_lib/targets.py`: gfx950's deeper rings): SGPR / VGPR / AGPR
+counts, SGPR and VGPR spills, the scratch bytes a work-item needs and the LDS bytes a workgroup needs (against
+`tessera.get_target(target).shared_memory_bytes`), from the code object's `.amdhsa` metadata
 (`tessera/backends/amdgpu/elf.py`). An SGPR spill on AMD goes to a lane of a VGPR (`v_writelane_b32` /
 `v_readlane_b32`), so it costs no scratch but an instruction each way; a VGPR spill goes to scratch memory.
 The shipped configs must spill neither: the AMD compile tests check it (`tests/kernels_lib/amd_spills.py`).
@@ -23,8 +25,10 @@ from typing import Callable, Iterator
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "kernels_lib")]
 
+from tessera.kernels_lib.targets import amd_plan_target  # noqa: E402
+
 COLUMNS = ("sgpr_count", "vgpr_count", "agpr_count", "sgpr_spill_count", "vgpr_spill_count",
-           "private_segment_fixed_size")
+           "private_segment_fixed_size", "shared_bytes")
 Case = tuple[str, str, Callable[[str], object]]      # (group, config name, target -> compiled kernel)
 
 
@@ -34,7 +38,7 @@ def _quiet(compile_: Callable[[], object]):
         return compile_()
 
 
-def gemm_cases() -> Iterator[Case]:
+def gemm_cases(target: str) -> Iterator[Case]:
     from test_gemm import B_STRIDES, GEMM_SIGNATURE
     from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
     for config in CONFIGS:
@@ -43,28 +47,28 @@ def gemm_cases() -> Iterator[Case]:
             strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
 
 
-def attention_cases() -> Iterator[Case]:
+def attention_cases(target: str) -> Iterator[Case]:
     from test_attention_compile import (BACKWARD_KERNELS, compile_checked, compile_decode, compile_forward,
                                         decode_tiles)
     from attention_amd_pingpong import compile_plan
     from tessera.kernels_lib.attention import AMD_PINGPONG_PLANS, GPU_PLANS
-    for D, plan in sorted(GPU_PLANS["amd"].items()):
+    for D, plan in sorted(GPU_PLANS[amd_plan_target(target)].items()):
         for variant in ("plain", "window-softcap-varlen"):
             yield "attention fwd", f"D={D} 4-wave {variant}", \
                 lambda t, D=D, p=plan, v=variant: compile_forward(t, D, p, v)
     for D, plan in sorted(AMD_PINGPONG_PLANS.items()):
         yield "attention fwd", f"D={D} 8-wave ping-pong", lambda t, D=D, p=plan: compile_plan(t, D, p)
     for name, (_, kernel, signature, D, plan, extra) in BACKWARD_KERNELS.items():
-        if name.startswith("amd"):
+        if name.startswith(amd_plan_target(target)):
             yield "attention bwd", name, lambda t, k=kernel, s=signature, D=D, p=plan, e=extra: compile_checked(
                 k, t, signature=s.format(t="bf16"), num_warps=p.num_warps, D=D, BM=p.BM, BN=p.BN, STAGES=p.stages,
                 **e, HAS_LEFT=True, HAS_RIGHT=True, SOFTCAP=True, VARLEN=True)
-    for softmax, D, rows, keys, stages, warps in decode_tiles("amd"):
-        yield "attention decode", f"{softmax} D={D} rows={rows} keys={keys} warps={warps}", \
+    for softmax, D, rows, keys, stages, warps in decode_tiles(amd_plan_target(target)):
+        yield "attention decode", f"{softmax} D={D} rows={rows} keys={keys} warps={warps} stages={stages}", \
             lambda t, a=(softmax, D, rows, keys, stages, warps): compile_decode(t, *a)
 
 
-def moe_cases() -> Iterator[Case]:
+def moe_cases(target: str) -> Iterator[Case]:
     import tessera
     from test_moe_experts import KERNELS, SIGNATURES, _launch_constexprs
     from test_moe_one_launch import ROUTING
@@ -92,10 +96,11 @@ def moe_cases() -> Iterator[Case]:
                  dict(BM=64, **sizes))):
             yield "moe align", f"{kernel.__name__} E={E}", lambda t, k=kernel, s=signature, c=constexprs: \
                 k.compile(signature=s, target=t, strict=True, **c)
-    for regime, shipped in plans.SHIPPED.items():
-        p = shipped.without_pipelining()
+    for regime, shipped in plans.SHIPPED.items():   # pipelined where the target's LDS holds the rings
+        p = shipped if amd_plan_target(target) in plans.AMD_PIPELINED else shipped.without_pipelining()
         for name in (("gate_up", "down") if regime != "middle" else KERNELS):
-            yield "moe experts", f"{name} {regime}", lambda t, n=name, p=p: KERNELS[n].compile(
+            stages = (p.gate_up if name in ("gate_up", "weight_grad") else p.down).stages
+            yield "moe experts", f"{name} {regime} stages={stages}", lambda t, n=name, p=p: KERNELS[n].compile(
                 signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
     for regime, shipped in plans.AMD_ONE_LAUNCH.items():     # the plans the one-launch layer runs on AMD
         for model, (E, K, options) in ROUTING.items():
@@ -104,15 +109,15 @@ def moe_cases() -> Iterator[Case]:
                                          **constexprs_for(p, E, K, 1, route=True, **o))
 
 
-def quant_cases() -> Iterator[Case]:
+def quant_cases(target: str) -> Iterator[Case]:
     from test_quant_gemm import KERNELS, _signature
     from tessera.kernels_lib.quant_gemm import fp4_gemm_kernel, plan, w4a8_kernel
     for case in ("w4a16-decode", "w4a16-large", "mxfp4"):
         kernel, M = KERNELS[case]
         group = 32 if kernel is fp4_gemm_kernel else 128
-        p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, amd=True)
+        p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, target=amd_plan_target(target))
         signature, extra = _signature(kernel, p, "e8m0")
-        yield "quant gemm", case, lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
+        yield "quant gemm", f"{case} stages={p.stages}", lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
             signature=s, target=t, G=g, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages,
             num_warps=p.num_warps, **e)
 
@@ -123,7 +128,7 @@ GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "q
 def measure(target: str, groups) -> list[dict]:
     rows = []
     for group in groups:
-        for kind, name, compile_ in GROUPS[group]():
+        for kind, name, compile_ in GROUPS[group](target):
             start = time.perf_counter()
             try:
                 m = _quiet(lambda: compile_(target)).metadata
@@ -136,13 +141,13 @@ def measure(target: str, groups) -> list[dict]:
     return rows
 
 
-HEADER = ("| group | config | SGPR | VGPR | AGPR | SGPR spills | VGPR spills | scratch B |\n"
-          "|---|---|---|---|---|---|---|---|")
+HEADER = ("| group | config | SGPR | VGPR | AGPR | SGPR spills | VGPR spills | scratch B | LDS B |\n"
+          "|---|---|---|---|---|---|---|---|---|")
 
 
 def _markdown_row(r: dict) -> str:
     if "error" in r:
-        return f"| {r['group']} | {r['config']} | {r['error']} | | | | | |"
+        return f"| {r['group']} | {r['config']} | {r['error']} | | | | | | |"
     return f"| {r['group']} | {r['config']} | " + " | ".join(str(r[c]) for c in COLUMNS) + " |"
 
 

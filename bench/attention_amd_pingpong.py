@@ -2,7 +2,7 @@
 
     python3 bench/attention_amd_pingpong.py            # a markdown table, then each kernel's phases
 
-For gfx942 and gfx950, head dims 64 and 128: the plan `GPU_PLANS["amd"]` launches, and
+For gfx942 and gfx950, head dims 64 and 128: the plan `GPU_PLANS[target]` launches, and
 `AMD_PINGPONG_PLANS` (TESSERA_ATTENTION_AMD_PINGPONG=1), compiled as the library compiles them (bf16, batched,
 no mask options), with the VGPR/AGPR/SGPR counts, spills, scratch and LDS LLVM reports, and the s_barrier-cut
 phases of the AMDGCN (`tests/kernels_lib/amdgcn_phases.py`): `M` MFMAs, `g` global loads, `r`/`w` LDS reads
@@ -44,7 +44,7 @@ def main() -> None:
     rows, details = [], []
     for target in ("gfx942", "gfx950"):
         for D in (64, 128):
-            for name, plan in (("4-wave", GPU_PLANS["amd"][D]), ("ping-pong", AMD_PINGPONG_PLANS[D])):
+            for name, plan in (("4-wave", GPU_PLANS[target][D]), ("ping-pong", AMD_PINGPONG_PLANS[D])):
                 compiled = compile_plan(target, D, plan)
                 m, asm = compiled.metadata, compiled.stages["amdgcn"]
                 mfma_phases = [p for p in phases(asm) if p.mfma]

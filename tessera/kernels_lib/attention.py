@@ -154,8 +154,9 @@ BWD_GPU_PLANS = {
                128: BackwardPlan(Plan(16, 128, 8), Plan(64, 64, 4), atomic_dq=False),
                256: BackwardPlan(Plan(32, 32, 8), Plan(64, 32, 4), atomic_dq=False, transposed=True)},
     "sm_80": {64: BackwardPlan(Plan(32, 128, 8), Plan(128, 64, 8), atomic_dq=False)},
-    "amd": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
-}
+    "gfx942": {64: BackwardPlan(Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1), atomic_dq=True)},
+    "gfx950": {64: BackwardPlan(Plan(32, 64, 4, stages=2), Plan(64, 64, 4, stages=2), atomic_dq=True)},
+}   # (gfx950: two-stage K/V and Q/dO rings, 37872 / 58352 bytes of its 160 KiB of LDS, no spills of either kind)
 BWD_CPU_PLAN = BackwardPlan(Plan(16, 16, 4, stages=1), Plan(16, 16, 4, stages=1), atomic_dq=True)
 # The backward kernels' OVERLAP order (`attention_bwd.py`): =1 takes it on Hopper (sm_90a plans: wgmma is
 # asynchronous there, mma.sync and MFMA are not) and on the interpreter; unset or 0 keeps FlashAttention-2's
@@ -165,10 +166,10 @@ BWD_OVERLAP_ENV = "TESSERA_ATTENTION_BWD_OVERLAP"
 
 
 def bwd_gpu_plan(D: int, device: torch.device, overlap: bool = False) -> BackwardPlan:
-    """The backward plan for head dim D on `device` (Hopper: sm_90a's; other NVIDIA GPUs: sm_80's); with
-    `overlap`, on Hopper, in the OVERLAP order (`BWD_OVERLAP_ENV`)."""
+    """The backward plan for head dim D on `device` (Hopper: sm_90a's; other NVIDIA GPUs: sm_80's; AMD: its
+    target's, `targets.plan_target`); with `overlap`, on Hopper, in the OVERLAP order (`BWD_OVERLAP_ENV`)."""
     if torch.version.hip:
-        arch = "amd"
+        arch = plan_target(device)
     else:
         arch = "sm_90a" if torch.cuda.get_device_capability(device)[0] == 9 else "sm_80"
     plans = BWD_GPU_PLANS[arch]

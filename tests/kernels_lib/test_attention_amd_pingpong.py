@@ -148,7 +148,7 @@ def test_the_plans_are_the_4_wave_tiles_doubled_where_they_fit():
     4-wave plan's only where 256 registers a wave demand it (see AMD_PINGPONG_PLANS)."""
     for D, plan in AMD_PINGPONG_PLANS.items():
         assert plan.num_warps == 8 and plan.stages == 1 and plan.pingpong and not plan.ws
-        assert not GPU_PLANS["amd"][D].pingpong
+        assert not any(GPU_PLANS[target][D].pingpong for target in ("gfx942", "gfx950"))
 
 
 @pytest.mark.gpu
@@ -180,15 +180,17 @@ def test_the_amd_pingpong_variable_takes_the_plan(monkeypatch):
     and 128 and the 4-wave plan otherwise; unset, always the 4-wave plan; anything but 0/1 is an error."""
     import importlib
     attention_module = importlib.import_module("tessera.kernels_lib.attention")    # (the package exports the op)
+    from tessera.kernels_lib import targets
     monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.setattr(targets, "device_arch", lambda device=None: "gfx942")
     monkeypatch.setenv(attention_module.AMD_PINGPONG_ENV, "1")
     assert attention_module.wants_amd_pingpong()
     for D in (64, 128, 256):
-        want = AMD_PINGPONG_PLANS.get(D, GPU_PLANS["amd"][D])
+        want = AMD_PINGPONG_PLANS.get(D, GPU_PLANS["gfx942"][D])
         assert attention_module.gpu_plan(D, amd_pingpong=attention_module.wants_amd_pingpong()) == want
     monkeypatch.delenv(attention_module.AMD_PINGPONG_ENV)
     assert not attention_module.wants_amd_pingpong()
-    assert attention_module.gpu_plan(64, amd_pingpong=False) == GPU_PLANS["amd"][64]
+    assert attention_module.gpu_plan(64, amd_pingpong=False) == GPU_PLANS["gfx942"][64]
     monkeypatch.setenv(attention_module.AMD_PINGPONG_ENV, "yes")
     with pytest.raises(ValueError, match="TESSERA_ATTENTION_AMD_PINGPONG='yes' is not understood"):
         attention_module.wants_amd_pingpong()

@@ -216,9 +216,9 @@ def test_head_dim_256_forward_has_register_headroom_on_sm_90a(variant):
 # SGPR spills left where every plan has none (bench/amd_registers.py; a ceiling, so a regression fails): with
 # every option compiled in, the head-dim-128 forward on gfx942 keeps its window and softcap lane masks (two
 # SGPRs a lane of S) and its varlen bounds live at once; LLVM's register-minimizing scheduler, which gets
-# head dims 64 and 256 to none, spills 7 VGPRs to scratch there instead (worse). The dQ kernel's few: not
-# analysed yet.
-SGPR_SPILLS_LEFT = {("forward", "gfx942", 128): 27, ("amd-64-q", "gfx942"): 5, ("amd-64-q", "gfx950"): 1}
+# head dims 64 and 256 to none, spills 7 VGPRs to scratch there instead (worse). The dQ kernel's few on gfx942:
+# not analysed yet (gfx950's two-stage plan has none).
+SGPR_SPILLS_LEFT = {("forward", "gfx942", 128): 27, ("gfx942-64-q", "gfx942"): 5}
 
 
 def assert_amd_spills_within(metadata, *key):
@@ -272,18 +272,19 @@ def assert_lds_ring_without_scratch(compiled, stages):
 
 
 def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=False, window=(-1, -1), softcap=0.0,
-                             overlap=False, check_waits=None, pingpong=False):
+                             overlap=False, check_waits=None, pingpong=False, stages=2, Sk=50):
     """The forward kernel lowered for `target` on the SIMT simulator, 2 x 70 queries x 50 keys, 4 query heads on
     2 KV heads: (O, LSE) and the float64 reference's. K and V are the first 50 rows of 64-row tensors whose
     other rows are NaN: a block that read past a sequence's end into them (rather than zeros, or masked lanes)
     would poison O; on sm_90a their blocks come by TMA at per-(batch, head) coordinates. `overlap`: in
     FlashAttention-3's loop order (OVERLAP), `pingpong` with its two consumer warpgroups taking turns
-    (PINGPONG); `check_waits(fn)`, when given, must hold of the lowered kernel."""
+    (PINGPONG); `check_waits(fn)`, when given, must hold of the lowered kernel; `stages` deep K and V rings (and
+    `Sk` keys, in 64-row buffers or the next multiple of 64)."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
-    B, Sq, Sk, H, H_kv, D, BN = 2, 70, 50, 4, 2, 32, 32
+    B, Sq, H, H_kv, D, BN = 2, 70, 4, 2, 32, 32
     left, right = window[0], 0 if causal else window[1]
-    q, k, v, k_rows, v_rows = nan_padded_kv(B, Sq, Sk, H, H_kv, D, seed)
+    q, k, v, k_rows, v_rows = nan_padded_kv(B, Sq, Sk, H, H_kv, D, seed, rows=-(-(Sk + 1) // 64) * 64)
     o, lse = torch.zeros_like(q), torch.zeros(B, H, Sq)
     unused = np.zeros(1, np.int32)
     strides = [s for x in (q, k, v, o) for s in x.stride()]
@@ -293,7 +294,8 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
             o.numpy(), o.numpy(), 0.0, 0.0, o.numpy(), 0, 0, 0, 0, 0.0,      # the fusion hooks' slots, unused
             lse.numpy(), Sk]                                                 # the fp8 descales (unused), V's length
     options = dict(D=D, BM=BM, BN=BN, HAS_LEFT=left >= 0, HAS_RIGHT=right >= 0, SOFTCAP=softcap > 0, VARLEN=False,
-                   STAGES=1 if pingpong and target.startswith("gfx") else 2, WS=ws, OVERLAP=overlap, PINGPONG=pingpong)
+                   STAGES=1 if pingpong and target.startswith("gfx") else stages, WS=ws, OVERLAP=overlap,
+                   PINGPONG=pingpong)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
     assert check_waits is None or check_waits(fn)
@@ -326,6 +328,15 @@ def test_forward_on_the_simt_simulator_matches_float64_attention(target, num_war
     o, lse, expected_o, expected_lse = forward_on_the_simulator(target, num_warps, BM)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     assert torch.isinf(lse[:, :, :20]).all()
+    torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("stages", sorted({plan.stages for plan in GPU_PLANS["gfx950"].values()}))
+def test_forward_with_gfx950s_ring_depths_on_the_simt_simulator_matches_float64_attention(stages):
+    """gfx950's plans' K and V rings (2 and 3 stages of direct-to-LDS loads) over 150 keys (5 blocks: the ring
+    wraps), on the simulator lowered for gfx950 (its double-K MFMA and 16-byte LDS loads)."""
+    o, lse, expected_o, expected_lse = forward_on_the_simulator("gfx950", 2, 64, stages=stages, Sk=150)
+    torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
@@ -417,9 +428,8 @@ def backward_kernels(arch):
         yield f"{arch}-{D}-q", attention_bwd_q_kernel, Q_SIGNATURE, D, plan.q, {}
 
 
-BACKWARD_KERNELS = {case[0]: case for arch in ("sm_80", "sm_90a", "amd") for case in backward_kernels(arch)}
-BACKWARD_CASES = [(name, target) for name in BACKWARD_KERNELS
-                  for target in (AMD_TARGETS if name.startswith("amd") else [name.split("-")[0]])]
+BACKWARD_KERNELS = {case[0]: case for arch in ("sm_80", "sm_90a", *AMD_TARGETS) for case in backward_kernels(arch)}
+BACKWARD_CASES = [(name, name.split("-")[0]) for name in BACKWARD_KERNELS]     # each plan on its own target
 
 
 @pytest.mark.parametrize("name, target", BACKWARD_CASES)
@@ -728,18 +738,19 @@ def test_decode_at_head_dim_128_on_the_simt_simulator_matches_float64_attention(
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 
 
+@pytest.mark.parametrize("target", AMD_TARGETS)
 @pytest.mark.parametrize("softmax", ["online", "unified"])
-def test_amds_shipped_head_dim_128_decode_tile_on_the_simulator_matches_float64_attention(softmax):
-    """The same on gfx942 with AMD's tile and 2 stages of K and V rings filled by direct-to-LDS loads (the
-    simulator checks each wave's lanes fill consecutive LDS chunks, and the ring's waits and barriers). The
-    unified softmax ships these two stages; the online one keeps one on gfx942 (`AMD_DECODE_STAGES`: two spill
-    SGPRs there), so its deeper ring is checked here for when a GPU run picks it."""
-    from tessera.kernels_lib.attention_decode import gpu_decode_plan
-    plan = gpu_decode_plan(128, softmax == "unified", "amd")
-    assert plan.stages == (2 if softmax == "unified" else 1)
+def test_amds_shipped_head_dim_128_decode_tile_on_the_simulator_matches_float64_attention(softmax, target):
+    """The same on AMD with the target's tile and K and V rings filled by direct-to-LDS loads (the simulator
+    checks each wave's lanes fill consecutive LDS chunks, and the ring's waits and barriers): on gfx950 its own
+    ring depth (`AMD_DECODE_STAGES["gfx950"]`); on gfx942 2 stages, which the unified softmax ships, while the
+    online one keeps one there (two spill SGPRs), so its deeper ring is checked here for when a GPU run picks it."""
+    from tessera.kernels_lib.attention_decode import AMD_DECODE_STAGES, gpu_decode_plan
+    plan = gpu_decode_plan(128, softmax == "unified", target)
+    assert plan.stages == AMD_DECODE_STAGES[target][softmax == "unified", 128]
     o, lse, expected_o, expected_lse, _ = decode_on_the_simulator(
-        "gfx942", plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
-        keys=plan.keys, stages=2)
+        target, plan.num_warps(16), 2.0 if softmax == "unified" else None, D=128, page=64, seqlens=(150, 70),
+        keys=plan.keys, stages=plan.stages if target == "gfx950" else 2)
     torch.testing.assert_close(o.double(), expected_o, rtol=2e-3, atol=2e-3)
     torch.testing.assert_close(lse.double(), expected_lse, rtol=1e-4, atol=1e-4)
 

@@ -25,6 +25,7 @@ from moe_problem import random_moe
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
 from tessera.kernels_lib.moe import plan as plans
+from tessera.kernels_lib.targets import lds_bytes
 from tessera.kernels_lib.moe.autograd import experts_op, grouped_gemm, weight_grad
 from tessera.kernels_lib.moe.experts import down_kernel, gate_up_kernel, grouped_gemm_kernel, permute_kernel, \
     weight_grad_kernel
@@ -177,12 +178,28 @@ KERNELS = {"gate_up": gate_up_kernel, "down": down_kernel, "grouped_gemm": group
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.SHIPPED))
 def test_the_shipped_plans_compile_without_spills(target, regime):
-    p = plans.SHIPPED[regime] if not target.startswith("gfx") else plans.SHIPPED[regime].without_pipelining()
+    """On AMD the rings run where the target's LDS holds them (`plan.AMD_PIPELINED`: gfx950), strict (every stage
+    kept), within its LDS; elsewhere on AMD the plans run without pipelining."""
+    amd = target.startswith("gfx")
+    pipelined = not amd or target in plans.AMD_PIPELINED
+    p = plans.SHIPPED[regime] if pipelined else plans.SHIPPED[regime].without_pipelining()
     for name in (("gate_up", "down") if regime != "middle" else KERNELS):      # the backward GEMMs: one plan
         compiled = KERNELS[name].compile(signature=SIGNATURES[name], target=target, strict=True,
                                          **_launch_constexprs(name, p))
-        spills = amd_spills(compiled.metadata) if target.startswith("gfx") else compiled.metadata.get("spill_stores", 0)
+        spills = amd_spills(compiled.metadata) if amd else compiled.metadata.get("spill_stores", 0)
         assert not spills, f"{name} spills on {target} ({regime}): {compiled.metadata}"
+        if amd:
+            assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
+            assert ("global_load_lds" in compiled.stages["amdgcn"]) == pipelined, name
+
+
+def test_gfx950_pipelines_the_expert_gemms_that_gfx942s_lds_cannot_hold():
+    """The bf16 plans' rings on gfx950 only: decode's gate_up ring (4 stages) would not fit gfx942's 64 KiB (which
+    plan a gfx950 tensor gets: test_amd_target_plans.py)."""
+    assert plans.AMD_PIPELINED == ("gfx950",)
+    compiled = KERNELS["gate_up"].compile(signature=SIGNATURES["gate_up"], target="gfx950", strict=True,
+                                          **_launch_constexprs("gate_up", plans.DECODE))
+    assert lds_bytes("gfx942") < compiled.metadata["shared_bytes"] <= lds_bytes("gfx950")
 
 
 # -- the ops ---------------------------------------------------------------------------------------------

@@ -27,11 +27,12 @@ import torch
 
 import tessera
 from amd_spills import amd_spills
+from tessera.kernels_lib.targets import lds_bytes
 from tessera.backends.interp.storage import Memory
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib import quant
-from tessera.kernels_lib.quant_gemm import fp4_gemm_kernel, plan, quant_gemm, quant_gemm_kernel, quant_gemm_op, \
-    w4a8_kernel
+from tessera.kernels_lib.quant_gemm import AMD_STAGES, fp4_gemm_kernel, plan, quant_gemm, quant_gemm_kernel, \
+    quant_gemm_op, w4a8_kernel
 from tessera.passes.thread_passes import lower
 
 N, K = 64, 256
@@ -235,18 +236,24 @@ KERNELS = {"w4a16-decode": (quant_gemm_kernel, 1), "w4a16-large": (quant_gemm_ke
 
 
 @pytest.mark.parametrize("target, case", [("sm_90a", case) for case in KERNELS] + [
-    ("sm_80", "w4a16-decode"), ("sm_80", "w4a16-large"), ("sm_89", "w4a8"), ("gfx942", "w4a16-decode"),
-    ("gfx942", "w4a16-large"), ("gfx942", "mxfp4")])
+    ("sm_80", "w4a16-decode"), ("sm_80", "w4a16-large"), ("sm_89", "w4a8")] + [
+    (target, case) for target in ("gfx942", "gfx950") for case in ("w4a16-decode", "w4a16-large", "mxfp4")])
 def test_the_kernels_compile_without_spills(target, case):
-    """Each plan the op picks on that vendor compiles without spills (and, on AMD, its rings fit in LDS)."""
+    """Each plan the op picks on that target compiles without spills (and, on AMD, its rings fit in the target's
+    LDS, `targets.lds_bytes`: gfx950's 3-stage ring of the large tile would not fit gfx942's)."""
     kernel, M = KERNELS[case]
     group = 32 if kernel is fp4_gemm_kernel else 128
-    p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, amd=target.startswith("gfx"))
+    amd = target.startswith("gfx")
+    p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, target=target if amd else "nvidia")
     signature, extra = _signature(kernel, p, "e8m0")
-    compiled = kernel.compile(signature=signature, target=target, G=group, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k,
-                              STAGES=p.stages, num_warps=p.num_warps, **extra)
-    if target.startswith("gfx"):
+    compiled = kernel.compile(signature=signature, target=target, G=group, BM=p.BM, BN=p.BN,
+                              SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps, **extra)
+    if amd:
         assert amd_spills(compiled.metadata) == {}, compiled.metadata
+        assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
+        if case == "w4a16-large":
+            assert p.stages == AMD_STAGES[target] and ("global_load_lds" in compiled.stages["amdgcn"])
+            assert (compiled.metadata["shared_bytes"] > lds_bytes("gfx942")) == (target == "gfx950")
     else:
         assert compiled.metadata.get("spill_stores", 0) == 0, compiled.metadata
 

@@ -1,0 +1,84 @@
+"""Which plan each library op takes on an AMD GPU, by its target (`kernels_lib/targets.py`), with a ROCm build of
+torch and the device's architecture faked: gfx942 (and any AMD target without plans of its own) keeps exactly the
+plans it had; gfx950 takes its deeper rings. These fail if a gfx950 device falls back to gfx942's plans.
+Whether each plan compiles without spills within the target's LDS: test_attention_compile.py,
+test_quant_gemm.py, test_moe_experts.py."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import importlib  # noqa: E402
+
+import tessera  # noqa: E402
+from tessera.kernels_lib import targets  # noqa: E402
+from tessera.kernels_lib.moe import mlp, plan as moe_plans  # noqa: E402
+
+# the modules (the package exports the ops under their names)
+attention, attention_decode, quant_gemm = (importlib.import_module(f"tessera.kernels_lib.{name}")
+                                           for name in ("attention", "attention_decode", "quant_gemm"))
+
+Plan = attention.Plan
+# gfx942's plans as they were before plans were keyed by target (the vendor-wide "amd" ones): unchanged
+GFX942_FORWARD = {64: Plan(128, 64, 4, stages=2), 128: Plan(128, 64, 4, stages=1), 256: Plan(64, 32, 4, stages=1)}
+GFX942_DECODE_STAGES = {(False, 64): 1, (False, 128): 1, (False, 256): 1, (True, 64): 1, (True, 128): 2}
+
+
+@pytest.fixture
+def amd_device(monkeypatch):
+    """Set the faked AMD device's architecture: `amd_device("gfx950")`."""
+    monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
+    monkeypatch.delenv("TESSERA_INTERPRET", raising=False)
+
+    def on(arch: str) -> torch.device:
+        monkeypatch.setattr(targets, "device_arch", lambda device=None: arch)
+        return torch.device("meta")     # a tensor there is not a CPU tensor: the ops take their GPU plan
+    return on
+
+
+def test_the_plan_key_is_the_amd_target_or_gfx942s_and_the_lds_comes_from_the_target_description(amd_device):
+    for arch, key in (("gfx942", "gfx942"), ("gfx950", "gfx950"), ("gfx90a", "gfx942")):
+        amd_device(arch)
+        assert targets.plan_target() == key
+    assert targets.lds_bytes("gfx942") == tessera.get_target("gfx942").shared_memory_bytes == 64 * 1024
+    assert targets.lds_bytes("gfx950") == tessera.get_target("gfx950").shared_memory_bytes == 160 * 1024
+
+
+@pytest.mark.parametrize("D", [64, 128, 256])
+def test_the_attention_forward_takes_its_targets_plan(amd_device, D):
+    amd_device("gfx942")
+    assert attention.gpu_plan(D) == GFX942_FORWARD[D]
+    amd_device("gfx950")
+    assert attention.gpu_plan(D) == attention.GPU_PLANS["gfx950"][D]
+    assert attention.gpu_plan(D).stages == GFX942_FORWARD[D].stages + 1
+
+
+@pytest.mark.parametrize("unified, D", sorted(GFX942_DECODE_STAGES))
+def test_decode_takes_its_targets_ring_depth(amd_device, unified, D):
+    shape = attention_decode.DecodeShape(1, 1, 8, 1, D, 64, 4)
+    for arch, stages in (("gfx942", GFX942_DECODE_STAGES[unified, D]), ("gfx950", 3)):
+        q = torch.empty(1, 1, 8, D, device=amd_device(arch))
+        plan = attention_decode.decode_plan(shape, q, unified)
+        base = (attention_decode.UNIFIED_DECODE_PLANS if unified else attention_decode.DECODE_PLANS)[D]
+        assert plan.stages == stages and (plan.rows, plan.keys) == (base.rows, base.keys), arch
+
+
+def test_the_quantized_gemm_rings_are_as_deep_as_the_targets_lds_holds(amd_device):
+    for arch, stages in (("gfx942", 2), ("gfx950", 3)):
+        amd_device(arch)
+        p = quant_gemm.plan(4096, 4096, 4096, 128, 304, target=targets.plan_target())
+        assert (p.BM, p.BN, p.BK, p.stages) == (128, 128, 64, stages), arch
+        assert quant_gemm.plan(1, 4096, 4096, 128, 304, target=targets.plan_target()).stages == 1     # decode
+    assert quant_gemm.plan(4096, 4096, 4096, 128, 132).stages == 3         # NVIDIA
+
+
+@pytest.mark.parametrize("block_m", [16, 64, 128])
+def test_the_moe_expert_gemms_pipeline_on_gfx950_only(amd_device, block_m):
+    shipped = next(p for p in moe_plans.SHIPPED.values() if p.BM == block_m)
+    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx942"))
+    assert mlp.tiles(block_m, t) == shipped.without_pipelining()
+    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx950"))
+    assert mlp.tiles(block_m, t) == shipped and shipped.gate_up.stages > 1
+    assert mlp.tiles(block_m, t, quantized=True).gate_up.stages == 1     # not compiled pipelined on AMD yet
