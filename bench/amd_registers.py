@@ -117,9 +117,10 @@ def quant_cases(target: str) -> Iterator[Case]:
         group = 32 if kernel is fp4_gemm_kernel else 128
         p = plan(M, 4096, 4096, group, 132, w4a8=kernel is w4a8_kernel, target=amd_plan_target(target))
         signature, extra = _signature(kernel, p, "e8m0")
-        yield "quant gemm", f"{case} stages={p.stages}", lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
-            signature=s, target=t, G=g, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages,
-            num_warps=p.num_warps, **e)
+        yield "quant gemm", f"{case} stages={p.stages}", \
+            lambda t, k=kernel, s=signature, g=group, p=p, e=extra: k.compile(
+                signature=s, target=t, G=g, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages,
+                num_warps=p.num_warps, **e)
 
 
 GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "quant": quant_cases}

@@ -82,3 +82,26 @@ def test_the_moe_expert_gemms_pipeline_on_gfx950_only(amd_device, block_m):
     t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx950"))
     assert mlp.tiles(block_m, t) == shipped and shipped.gate_up.stages > 1
     assert mlp.tiles(block_m, t, quantized=True).gate_up.stages == 1     # not compiled pipelined on AMD yet
+
+
+def test_the_attention_backward_takes_its_targets_plan(amd_device):
+    """gfx942's one-stage backward kernels, unchanged; gfx950's two-stage rings, the same tiles."""
+    one = Plan(32, 64, 4, stages=1), Plan(64, 64, 4, stages=1)
+    plan = attention.bwd_gpu_plan(64, amd_device("gfx942"))
+    assert (plan.kv, plan.q, plan.atomic_dq) == (*one, True)
+    plan = attention.bwd_gpu_plan(64, amd_device("gfx950"))
+    assert (plan.kv, plan.q) == tuple(attention.dataclasses.replace(p, stages=2) for p in one) and plan.atomic_dq
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+def test_an_amd_gpu_takes_the_plans_of_its_own_target():
+    """On an MI300 / MI355 (never run yet: this project has no AMD GPU): torch's gcnArchName ("gfx950:sramecc+:
+    xnack-") gives the plan key, so an MI355 takes GPU_PLANS["gfx950"], not gfx942's."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    arch = targets.device_arch()
+    assert arch.startswith("gfx") and ":" not in arch
+    assert targets.plan_target() == targets.amd_plan_target(arch)
+    if arch == "gfx950":
+        assert attention.gpu_plan(128) == attention.GPU_PLANS["gfx950"][128]

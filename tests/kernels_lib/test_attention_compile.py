@@ -516,9 +516,9 @@ MOST_SPLITS = 64    # attention_decode.MAX_SPLITS: the merge's widest reference-
 
 
 def decode_tiles(vendor):
-    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans ("nvidia" or an AMD target) at every row count it launches
-    (16 .. its rows: with a warp per 16 rows each is another warp count) and its widest and narrowest blocks
-    (16 keys: pages of 16 tokens)."""
+    """(softmax, D, rows, keys, stages, num_warps) of each of `vendor`'s plans ("nvidia" or an AMD target) at every
+    row count it launches (16 .. its rows: with a warp per 16 rows each is another warp count) and its widest and
+    narrowest blocks (16 keys: pages of 16 tokens)."""
     from tessera.kernels_lib.attention_decode import DECODE_PLANS, UNIFIED_DECODE_PLANS, gpu_decode_plan
     for softmax, plans in (("online", DECODE_PLANS), ("unified", UNIFIED_DECODE_PLANS)):
         for D in plans:
