@@ -9,6 +9,7 @@ A target's capacities come from one place, Tessera's target description (`tesser
 
 from __future__ import annotations
 
+import os
 from typing import Optional
 
 import torch
@@ -18,6 +19,8 @@ import tessera
 # The AMD targets with plans of their own; any other AMD GPU (gfx90a) takes gfx942's, the smallest LDS.
 AMD_PLAN_TARGETS = ("gfx942", "gfx950")
 AMD_FALLBACK = "gfx942"
+# =gfx942 on a gfx950 GPU launches gfx942's plans there (a GPU session times both in one run); unset: the device's own.
+AMD_PLANS_ENV = "TESSERA_AMD_PLANS"
 
 
 def device_arch(device: Optional[torch.device] = None) -> str:
@@ -37,8 +40,19 @@ def amd_plan_target(arch: str) -> str:
 
 
 def plan_target(device: Optional[torch.device] = None) -> str:
-    """The key of this device's plans: 'nvidia' on CUDA builds of torch, the AMD plan target on ROCm ones."""
-    return amd_plan_target(device_arch(device)) if torch.version.hip else "nvidia"
+    """The key of this device's plans: 'nvidia' on CUDA builds of torch, the AMD plan target on ROCm ones (or the
+    one $TESSERA_AMD_PLANS names, if the device's LDS holds its plans)."""
+    if not torch.version.hip:
+        return "nvidia"
+    own = amd_plan_target(device_arch(device))
+    forced = os.environ.get(AMD_PLANS_ENV, "")
+    if not forced:
+        return own
+    if forced not in AMD_PLAN_TARGETS or lds_bytes(forced) > lds_bytes(own):
+        fits = [t for t in AMD_PLAN_TARGETS if lds_bytes(t) <= lds_bytes(own)]
+        raise ValueError(f"{AMD_PLANS_ENV}={forced!r}: this {own} GPU runs the plans of {', '.join(fits)} (their "
+                         f"rings fit its {lds_bytes(own)} bytes of LDS); set one of them or unset it")
+    return forced
 
 
 def lds_bytes(arch: str) -> int:

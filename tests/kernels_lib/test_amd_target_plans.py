@@ -31,6 +31,7 @@ def amd_device(monkeypatch):
     """Set the faked AMD device's architecture: `amd_device("gfx950")`."""
     monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
     monkeypatch.delenv("TESSERA_INTERPRET", raising=False)
+    monkeypatch.delenv(targets.AMD_PLANS_ENV, raising=False)
 
     def on(arch: str) -> torch.device:
         monkeypatch.setattr(targets, "device_arch", lambda device=None: arch)
@@ -44,6 +45,17 @@ def test_the_plan_key_is_the_amd_target_or_gfx942s_and_the_lds_comes_from_the_ta
         assert targets.plan_target() == key
     assert targets.lds_bytes("gfx942") == tessera.get_target("gfx942").shared_memory_bytes == 64 * 1024
     assert targets.lds_bytes("gfx950") == tessera.get_target("gfx950").shared_memory_bytes == 160 * 1024
+
+
+def test_a_gpu_session_can_run_gfx942s_plans_on_a_gfx950_but_not_the_reverse(amd_device, monkeypatch):
+    monkeypatch.setenv(targets.AMD_PLANS_ENV, "gfx942")
+    amd_device("gfx950")
+    assert targets.plan_target() == "gfx942" and attention.gpu_plan(128) == GFX942_FORWARD[128]
+    monkeypatch.setenv(targets.AMD_PLANS_ENV, "gfx950")
+    amd_device("gfx942")
+    with pytest.raises(ValueError, match=r"TESSERA_AMD_PLANS='gfx950': this gfx942 GPU runs the plans of gfx942 "
+                                         r"\(their rings fit its 65536 bytes of LDS\)"):
+        targets.plan_target()
 
 
 @pytest.mark.parametrize("D", [64, 128, 256])
