@@ -130,6 +130,30 @@ def test_each_kernel_on_the_simt_simulator(target, BM, pipelined_by):
         target, [2], pipelined_by - {"wgmma"}, BN=16, BK=16, BR=16, STAGES=2)       # 16-row tiles: mma.sync
 
 
+def test_gate_up_and_down_with_gfx950s_rings_on_the_simt_simulator():
+    """gfx950's pipelined expert GEMMs (`plan.AMD_PIPELINED`): the middle plan's 64-row tile on 4 waves and its
+    3-stage rings filled by direct-to-LDS loads, over 4 K steps (the ring wraps), at blocks that fill whole waves
+    (32 x 32), compute on the simulator what the interpreter computes."""
+    assert plans.MIDDLE.gate_up.stages == plans.MIDDLE.down.stages == 3
+    T, H, I, E, K, BM = 6, 128, 128, 4, 2, 64
+    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
+    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, BM, counts, chunk_counts))
+    rows, numel = sorted_ids.shape[0], T * K
+    grid_rows = (rows + BM - 1) // BM
+    aligned = dict(BM=BM, BN=32, BK=32, STAGES=3)
+    xs = _simt_matches_interpreter(
+        permute_kernel, [x.numpy(), sorted_ids, np.zeros((rows, H), np.float16), rows, H, numel],
+        (grid_rows, 1, 1), "gfx950", [2], set(), TOP_K=K, BR=BM, BH=32)[2]
+    h = _simt_matches_interpreter(
+        gate_up_kernel, [xs, w13.numpy(), np.zeros((rows, I), np.float16), block_expert, offsets, rows, H, I, E,
+                         2 * I * E], (grid_rows, I // 32, 1), "gfx950", [2], {"mfma", "async_copy"},
+        ACTIVATION="silu", **aligned)[2]
+    _simt_matches_interpreter(
+        down_kernel, [h, w2.numpy(), np.zeros((numel, H), np.float16), weights.numpy(), sorted_ids, block_expert,
+                      offsets, rows, H, I, E, E * H, numel], (grid_rows, H // 32, 1), "gfx950", [2],
+        {"mfma", "async_copy"}, TOP_K=K, ATOMIC=False, **aligned)
+
+
 def test_the_decode_plans_tiles_on_the_simt_simulator_for_sm_90a():
     """plan.DECODE's own tiles as the H100 runs them: TMA-filled rings of 128-byte rows (the 128B swizzle) read
     by ldmatrix into mma.sync, gate_up and down, compute on the simulator what the interpreter computes."""

@@ -199,10 +199,13 @@ def simulated_matches_interpreted(fn, args, grid, constexprs, w) -> np.ndarray:
     return got[4]
 
 
-@pytest.mark.parametrize("target, pipelined_by", [("sm_80", "async_copy"), ("sm_90a", "mbarrier_wait")])
+@pytest.mark.parametrize("target, pipelined_by", [("sm_80", "async_copy"), ("sm_90a", "mbarrier_wait"),
+                                                  ("gfx950", "async_copy")])
 def test_the_pipelined_tensor_core_kernel_on_the_simt_simulator(target, pipelined_by):
-    """x's blocks stream through the ring (cp.async; TMA on sm_90a, where wgmma reads them) while W's codes
-    are loaded as bytes and unpacked in registers each step."""
+    """x's blocks stream through the ring (cp.async; TMA on sm_90a, where wgmma reads them; direct-to-LDS loads on
+    gfx950, 3 stages as its plan has: `AMD_STAGES`) while W's codes are loaded as bytes and unpacked in registers
+    each step."""
+    assert AMD_STAGES["gfx950"] == 3
     M = 64
     w = quant.quantize(_weight(), bits=4, group_size=64, symmetric=False)
     x = torch.randn(M, K, dtype=torch.float16)
