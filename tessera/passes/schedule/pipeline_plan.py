@@ -188,8 +188,10 @@ class PipelinePlan:
 # Shared memory: the ring of a load is S slots of its tile (wgmma slots start
 # on their swizzle pattern: 1024 bytes for 128B). S is lowered
 # until S x (sum of the slots) fits the target's shared memory per block
-# (other buffers live during the loop are not counted: should they not fit,
-# the allocator reports it); below 2 stages nothing is pipelined.
+# (other buffers live during the loop are not counted: they are placed
+# later; should they not fit beside the rings, the allocator's error names
+# this loop and the most stages that fit, `passes/shared_memory.py`, via the
+# rings' `ring_stages`); below 2 stages nothing is pipelined.
 def pipeline_plan(loop: Operation, target: Target, num_warps: int, facts: dict,
                   why: list[str] | None = None, stages: int | None = None) -> PipelinePlan | None:
     """How `loop` is pipelined on `target` (the conditions are in the comment above); None: a plain loop.
