@@ -21,7 +21,9 @@ Placement is first-fit, largest allocation first, at 16-byte alignment (the
 widest vector access) or the allocation's own `align` (swizzled wgmma tiles:
 the swizzle is a function of the absolute address). The function's `shared_bytes` attribute is set to
 the bytes used; a function that needs more than the target has raises
-`LoweringError` naming the largest buffers.
+`LoweringError`: located at a pipelined loop whose rings (`ring_stages`) are
+part of the overflow, naming the most stages that fit beside the other
+buffers, else naming the largest buffers.
 """
 
 from __future__ import annotations
