@@ -91,16 +91,19 @@ def _too_much(fn: Function, allocs: list[Operation], ranges: dict, positions: di
         if op.attrs.get("ring_stages"):
             rings.setdefault((op.loc, op.attrs["ring_stages"]), []).append(op)
     others = sorted((op for op in allocs if not op.attrs.get("ring_stages")), key=lambda o: -o.attrs["bytes"])
-    if not rings:
-        listed = ", ".join(_described(o) for o in others[:3])
-        return LoweringError(f"{need} (largest buffers: {listed}); use smaller tiles or fewer warps' worth of "
-                             f"data per reduction", others[0], fn.name)
-    (_, stages), ring = max(rings.items(), key=lambda item: sum(o.attrs["bytes"] for o in item[1]))
-    ring_bytes = sum(o.attrs["bytes"] for o in ring)
+    ring: list[Operation] = []
+    if rings:
+        (_, stages), ring = max(rings.items(), key=lambda item: sum(o.attrs["bytes"] for o in item[1]))
 
     def used(depth: int) -> int:
         return _place(allocs, ranges, positions,
                       lambda o: o.attrs["bytes"] * depth // stages if o in ring else o.attrs["bytes"])[1]
+    if not ring or used(0) > capacity:      # no ring, or the kernel does not fit even without this one
+        listed = ", ".join(_described(o) for o in sorted(allocs, key=lambda o: -o.attrs["bytes"])[:3])
+        largest = max(allocs, key=lambda o: o.attrs["bytes"])
+        return LoweringError(f"{need} (largest buffers: {listed}); use smaller tiles or fewer warps' worth of "
+                             f"data per reduction", largest, fn.name)
+    ring_bytes = sum(o.attrs["bytes"] for o in ring)
     live = [o for o in allocs if o in ring or any(ranges[o][0] <= ranges[r][1] and ranges[r][0] <= ranges[o][1]
                                                   for r in ring)]
     beside = _place(live, ranges, positions)[1] - ring_bytes        # what the buffers live with the rings add
@@ -109,11 +112,9 @@ def _too_much(fn: Function, allocs: list[Operation], ranges: dict, positions: di
     listed = ", ".join(_described(o) for o in [o for o in others if o in live][:2]) or "none"
     if fits is not None:
         fix = f"pass stages={fits} to that tessera.pipeline (the most that fit beside them), or use smaller blocks"
-    elif used(0) <= capacity:
+    else:
         fix = ("not even 2 stages fit beside them: pass stages=1 to that tessera.pipeline (no ring), or use "
                "smaller blocks")
-    else:
-        fix = "the other buffers alone do not fit: use smaller tiles"
     return LoweringError(f"{need}: the pipelined loop at {where} keeps {stages} stages of its ring buffers "
                          f"({ring_bytes} bytes, {ring_bytes // stages} a stage), chosen to fit shared memory on "
                          f"their own, and the buffers live beside them take {beside} more at the peak (largest: "

@@ -93,3 +93,13 @@ def test_the_interpreter_is_unchanged_by_the_stages():
         outs.append(c)
     np.testing.assert_allclose(outs[0], a @ b + table.sum(0), rtol=1e-2, atol=1e-1)      # C is stored as bf16
     np.testing.assert_array_equal(outs[0], outs[1])
+
+
+def test_a_buffer_too_large_even_without_the_ring_is_named_not_the_pipeline():
+    """A 128 KiB table does not fit gfx942's 64 KiB whatever the stages: the error names the largest buffers and
+    smaller tiles, at the table's line."""
+    with pytest.raises(CompileError) as info:
+        compile_for("gfx942", 2, 512)
+    message = info.value.message
+    assert "largest buffers: 131072 bytes" in message and "use smaller tiles" in message, message
+    assert "pipelined loop" not in message and info.value.line != pipeline_line()
