@@ -93,7 +93,10 @@ def test_the_moe_expert_gemms_pipeline_on_gfx950_only(amd_device, block_m):
     assert mlp.tiles(block_m, t) == shipped.without_pipelining()
     t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx950"))
     assert mlp.tiles(block_m, t) == shipped and shipped.gate_up.stages > 1
-    assert mlp.tiles(block_m, t, quantized=True).gate_up.stages == 1     # not compiled pipelined on AMD yet
+    quantized = next(p for p in moe_plans.QUANTIZED.values() if p.BM == block_m)
+    assert mlp.tiles(block_m, t, quantized=True) == quantized and quantized.gate_up.stages > 1
+    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx942"))
+    assert mlp.tiles(block_m, t, quantized=True) == quantized.without_pipelining()
 
 
 def test_the_attention_backward_takes_its_targets_plan(amd_device):

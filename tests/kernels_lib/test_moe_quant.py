@@ -25,6 +25,7 @@ import pytest
 import torch
 
 import moe_reference as ref
+from amd_spills import amd_spills
 from moe_problem import random_moe
 import tessera
 from tessera.backends.interp.storage import Memory
@@ -35,6 +36,7 @@ from tessera.kernels_lib.moe.common import kernel_arg
 from tessera.kernels_lib import quant
 from tessera.kernels_lib.moe.quantized import from_fp8_blocks, interleave, stack_int4
 from tessera.kernels_lib.moe.quantized_mlp import down_quant, down_quant_kernel, gate_up_quant, gate_up_quant_kernel
+from tessera.kernels_lib.targets import lds_bytes
 from tessera.passes.thread_passes import lower
 
 FORMATS = {     # name -> quantize_experts options (fp8 blocks of 16: several blocks per expert at test sizes)
@@ -201,14 +203,21 @@ def _weight_args(q):
     ("sm_80", 16, "fp8-block16", {"mma", "async_copy"}),          # no fp8 tensor cores: e4m3 -> f16 in registers
     ("sm_90a", 64, "int4-sym-g32", {"unpack_bits", "wgmma", "mbarrier_wait"}),
     ("sm_90a", 64, "fp8-block16", {"wgmma", "mbarrier_wait"}),
+    ("gfx950", 64, "int4-sym-g32", {"mfma", "async_copy"}),     # x's 3-stage ring (direct to LDS)
+    ("gfx950", 64, "fp8-block16", {"mfma", "async_copy"}),
 ])
 def test_both_kernels_on_the_simt_simulator(target, BM, name, expect_ops):
+    """gfx950 (`plan.AMD_PIPELINED`): the middle plan's 3-stage ring over 4 K steps, so that it wraps."""
     T, H, I, E, K = 6, 32, 32, 4, 2
+    stages = 2
+    if target == "gfx950":
+        H, I, stages = 64, 64, plans.QUANTIZED["middle"].gate_up.stages
     x, q13, q2, weights, ids, counts, chunk_counts, _, _ = _problem(T, H, I, E, K, FORMATS[name])
     sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, BM, counts, chunk_counts))
     rows, numel, grid_rows = sorted_ids.shape[0], T * K, sorted_ids.shape[0] // BM
     xs = x.half().numpy()[np.minimum(sorted_ids, numel - 1) // K] * (sorted_ids < numel)[:, None]
-    common = dict(FORMAT=q13.format, G=q13.group_size, ZEROS=q13.zeros is not None, BM=BM, BN=16, BK=16, STAGES=2)
+    common = dict(FORMAT=q13.format, G=q13.group_size, ZEROS=q13.zeros is not None, BM=BM, BN=16, BK=16,
+                  STAGES=stages)
     h = _simt_matches_interpreter(
         gate_up_quant_kernel, [xs, *_weight_args(q13), np.zeros((rows, I), np.float16), block_expert, offsets, rows, H,
                                I, E, 2 * I * E, q13.scales.shape[2]], (grid_rows, I // 16, 1), target, 4, expect_ops,
@@ -226,10 +235,14 @@ def _signature(kernel: str, fmt: str) -> str:
     return f"*bf16:16,{w},{s},{s},*bf16:16,*f32:16,*i32:16,*i32:16,*i32:16,i32:16,i32:16,i32:16,i32,i32:16,i32,i32"
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
+@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.QUANTIZED))
 def test_the_quantized_plans_compile_without_spills(target, regime):
-    p = plans.QUANTIZED[regime] if not target.startswith("gfx") else plans.QUANTIZED[regime].without_pipelining()
+    """Pipelined where the rings run (NVIDIA; on AMD `plan.AMD_PIPELINED`, gfx950: strict, so every stage is kept,
+    within its LDS), else plain loops."""
+    amd = target.startswith("gfx")
+    pipelined = not amd or target in plans.AMD_PIPELINED
+    p = plans.QUANTIZED[regime] if pipelined else plans.QUANTIZED[regime].without_pipelining()
     for fmt in ("int4", "fp8"):
         for name, kernel, t, extra in (("gate_up", gate_up_quant_kernel, p.gate_up, dict(ACTIVATION="silu")),
                                        ("down", down_quant_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):
@@ -238,6 +251,10 @@ def test_the_quantized_plans_compile_without_spills(target, regime):
                                       num_warps=t.num_warps, **extra)
             spills = compiled.metadata.get("spill_stores", 0) + compiled.metadata.get("vgpr_spill_count", 0)
             assert spills == 0, f"{fmt} {name} spills on {target} ({regime}): {compiled.metadata}"
+            if amd:
+                assert not (pipelined and amd_spills(compiled.metadata)), compiled.metadata    # gfx950: none at all
+                assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
+                assert ("global_load_lds" in compiled.stages["amdgcn"]) == pipelined
 
 
 @pytest.mark.parametrize("regime", list(plans.QUANTIZED))

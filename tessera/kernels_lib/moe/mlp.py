@@ -34,7 +34,7 @@ def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = Fa
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
     for shipped in (plans.FP8 if fp8 else plans.QUANTIZED if quantized else plans.SHIPPED).values():
         if shipped.BM == block_m:
-            pipelined = t.dtype != torch.float32 and (torch.version.hip is None or not (quantized or fp8)
+            pipelined = t.dtype != torch.float32 and (torch.version.hip is None or not fp8
                                                       and plan_target(t.device) in plans.AMD_PIPELINED)
             return shipped if pipelined else shipped.without_pipelining()
     raise ValueError(f"tessera::moe: no GPU plan aligns to block_m = {block_m}; use one of "

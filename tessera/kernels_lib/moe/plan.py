@@ -82,9 +82,10 @@ AMD_ONE_LAUNCH = {"decode": DECODE.without_pipelining(), "middle": MIDDLE.withou
                   "prefill": Plan(128, GemmTiles(64, 64, 1, 4), GemmTiles(64, 64, 1, 4))}
 
 # AMD targets whose LDS holds the bf16 plans' rings (`SHIPPED`; `targets.lds_bytes`): gfx950's 160 KiB holds them
-# all (73,728 bytes at decode and middle, 98,304 at prefill), each compiling without spills; gfx942's 64 KiB holds
-# neither decode's gate_up nor middle's, so there every plan runs without pipelining. The quantized and fp8 plans,
-# and the one-launch layer's (`AMD_ONE_LAUNCH`), run without on every AMD target (not compiled pipelined yet).
+# all (73,728 bytes at decode and middle, 98,304 at prefill), and the int4 / fp8-weight plans' (`QUANTIZED`: 33,776
+# and 67,568), each compiling without spills; gfx942's 64 KiB holds neither decode's gate_up nor middle's, so there
+# every plan runs without pipelining. The one-launch layer (`AMD_ONE_LAUNCH`) runs without on every AMD target (not
+# compiled pipelined yet), and fp8 activations (`FP8`) do not run on AMD.
 AMD_PIPELINED = ("gfx950",)
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
