@@ -10,9 +10,9 @@ Specification:
   formats and every fp8 granularity, SiLU and GELU, top-1 to top-8, odd sizes, experts with no tokens, the
   deterministic and the atomic top-k sum (interpreter, float32 activations; bfloat16 to its precision);
 * `MoELayer.quantize_experts` gives the layer whose output is the bf16 layer's with the dequantized weights;
-* lowered for sm_80 and sm_90a, both quantized kernels compute on the SIMT simulator what the interpreter
-  computes, with the u4 codes unpacked in registers; every quantized plan compiles for sm_80, sm_90a and gfx942
-  without register spills;
+* lowered for sm_80, sm_90a and gfx950 (its 3-stage rings), both quantized kernels compute on the SIMT simulator
+  what the interpreter computes, with the u4 codes unpacked in registers; every quantized plan compiles for
+  sm_80, sm_90a, gfx942 and gfx950 (pipelined) without register spills;
 * opcheck passes for both ops; bad arguments name the fix.
 """
 
