@@ -283,6 +283,26 @@ def test_the_shipped_config_compiles_pipelined_without_spills(target, dtype, ele
         assert "mma.sync.aligned.m16n8k" in ptx and "cp.async.cg.shared.global" in ptx
 
 
+def test_the_two_k_loops_share_one_ring_on_sm_90a():
+    """The data-parallel tiles' ring (allocated in the prologue: the next tile's fills land during the epilogue)
+    is live only until the tile loop ends, so the stream-K ranges' ring takes bytes it held (`persistent.py`): the
+    kernel needs what its data-parallel phase needs (a ring and the epilogue's staging beside it, 160 KiB here),
+    not two rings (213,016 bytes before on the shipped config's compile)."""
+    from tessera.passes.thread_passes import lower
+    meta = SIMULATED_TILES["shipped"][0]
+    args = [np.zeros((192, 320), np.float16), np.zeros((320, 256), np.float16), *[np.zeros(1, np.float32)] * 3,
+            np.zeros((192, 256), np.float32), np.zeros((768, 128), np.float32), np.zeros(4, np.int32),
+            192, 256, 320, 1.0, 320, 1, 256, 1, 2]
+    fn = lower(gemm_stream_k_kernel.specialize(*args, **NO_EPILOGUE, **meta).module, "sm_90a", 8).functions[0]
+    ring_bytes = meta["STAGES"] * meta["BM"] * meta["BK"] * 2
+    rings = [op for op in fn.walk() if op.name == "shared_alloc" and op.attrs["bytes"] == ring_bytes]
+    assert len(rings) == 4 and not any(op.attrs.get("whole_kernel") for op in rings)
+    data_parallel, stream_k = rings[:2], rings[2:]
+    end = lambda ops: max(op.attrs["offset"] + op.attrs["bytes"] for op in ops)     # noqa: E731
+    assert end(stream_k) <= end(data_parallel), "the stream-K ring lies in bytes the data-parallel phase needs"
+    assert fn.attrs["shared_bytes"] == end(data_parallel) + 24 < 2 * len(data_parallel) * ring_bytes   # + 3 bars
+
+
 # --- the wave model and the op's choice ----------------------------------------------------------------------
 
 def test_the_wave_model_pays_where_the_last_wave_is_nearly_empty():
