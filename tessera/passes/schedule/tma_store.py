@@ -61,14 +61,15 @@ read-wait does not order the global writes), blocks under
 
 from __future__ import annotations
 
-from tessera.ir.core import Operation, enclosing_function
+from tessera.ir.core import Function, Operation, enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..layout_assignment import STORE_KEEPS_LAYOUT
-from ..lowering.memory import VIEW_STORE_STRATEGIES
+from ..lowering.memory import BEFORE_RELEASE, VIEW_STORE_STRATEGIES
+from .auto_pipeline import is_address, may_alias, pointer_roots
 from .pair_store import PairPlan, pair_plan, store_pairs
 from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
 from .tma_fill import map_parameter, view_block_box
@@ -87,11 +88,7 @@ def _store_box(op, target, facts: dict, slot=None):
     tile = op.operands[-1].type
     if not target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
         return None
-    fn = enclosing_function(op)
-    # A kernel whose programs hand data to each other (atomics, release stores, acquire loads: MoE's one-launch
-    # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those
-    # keep the threads' stores.
-    if fn is None or any(OPS[o.name].orders_programs for o in fn.walk()):
+    if enclosing_function(op) is None:
         return None
     rows, cols = tile.shape
     dtype = tile.element.dtype
@@ -157,7 +154,8 @@ def _tma_store(ctx, op) -> bool:
     tensor_map = map_parameter(ctx, box.recipe)
     plan: StmatrixPlan | PairPlan | None = fragments[1] if fragments else None
     align = plan.tile.alignment if plan else TMA_STORE_ALIGN
-    loop = overlap_loop(ctx, op)
+    read_back = kernel_may_read(ctx.src, op)     # its writes must be complete before the block goes on
+    loop = None if read_back else overlap_loop(ctx, op)
     if loop is None:
         buf = ctx.smem.alloc(dtype, rows * cols, align=align)
     else:                                   # its own bytes across the loop: TMA may read them into the next iteration
@@ -181,10 +179,40 @@ def _tma_store(ctx, op) -> bool:
             src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
             ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
         ctx.create("bulk_commit_group")
-        if loop is None:
+        if read_back:
+            ctx.create("bulk_wait_group", attrs={"pending": 0})
+        elif loop is None:
             ctx.create("bulk_wait_group_read", attrs={"pending": 0})
     if loop is None:
         ctx.threads.barrier()
+    return True
+
+
+def kernel_may_read(fn: Function, store: Operation) -> bool:
+    """Whether an op of kernel `fn` may read memory `view_store` `store` writes: an op that reads memory through
+    an address (pointer, pointer tile or view) whose parameters may alias the store's (`auto_pipeline.may_alias`:
+    the same pointer argument, one the launch did not find disjoint, or one of unknown origin)."""
+    noalias = set(fn.attrs.get("noalias", ()))
+    written = pointer_roots(store.operands[0], fn)
+    return any(may_alias(pointer_roots(v, fn), written, noalias)
+               for op in fn.walk() if OPS[op.name].reads_memory
+               for v in op.operands if is_address(v))
+
+
+def complete_before_release(ctx) -> bool:
+    """`BEFORE_RELEASE`: in a kernel that may store by TMA, thread 0 waits for every TMA store it issued to
+    complete (`bulk_wait_group {pending = 0}`, not .read) before the block's release, which then publishes their
+    global writes (module docstring); True (a barrier must follow). Elsewhere nothing: False."""
+    if ctx.may_store_by_tma is None:
+        facts = ctx.facts.facts
+        ctx.may_store_by_tma = ctx.target.has("tma") and any(
+            op.name == "view_store" and (_store_box(op, ctx.target, facts) is not None or
+                                         _keeps_accumulator_layout(op, None, ctx.target, ctx.facts, 0))
+            for op in ctx.src.walk())
+    if not ctx.may_store_by_tma:
+        return False
+    with ctx.when(ctx.index.first_thread()):
+        ctx.create("bulk_wait_group", attrs={"pending": 0})
     return True
 
 
@@ -222,3 +250,4 @@ def finish_overlapped_stores(ctx, loop: Operation) -> None:
 
 STORE_KEEPS_LAYOUT.append(_keeps_accumulator_layout)
 VIEW_STORE_STRATEGIES.append(_tma_store)
+BEFORE_RELEASE.append(complete_before_release)
