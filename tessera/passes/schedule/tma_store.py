@@ -46,15 +46,34 @@ the buffer's own bytes do not fit beside what the loop needs,
 `thread_passes.lower` lowers the kernel again with the immediate wait
 (`Lowering.overlap_stores` off).
 
+The read-wait does not wait for the global writes (PTX: only the wait
+without .read completes a bulk group, its writes then visible to the
+waiting thread, the completion implying a generic-async proxy fence). So
+where the writes must be seen in this launch, thread 0 waits in full
+(`bulk_wait_group {pending = 0}`, cp.async.bulk.wait_group 0), then the
+barrier:
+
+* a store whose memory an op of the kernel may read (`kernel_may_read`:
+  the same pointer argument, or one the launch did not find disjoint)
+  waits in full right after its commit, never overlapped with a loop:
+  this block's later reads, and another program's after a release, see it;
+* before every release (atomic, release store; `complete_before_release`,
+  hooked into `lowering/memory.py`) in a kernel that may store by TMA:
+  the release then publishes the stores' writes like the threads' stores,
+  so a program that acquires it may overwrite them (stream K's tiles, MoE's
+  one-launch tickets).
+
+A store nothing reads keeps the read-wait (stream K's C, the persistent
+GEMM's overlapped C): no thread of the launch observes it before the
+kernel ends.
+
 Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
 is read before anyone may overwrite it or the block exits. After a warp-specialized
 loop only the consumers run (threads 0 .. consumers-1: thread 0 issues, the
 barriers are the consumers' named one). Views offset from their pointer
 argument by batch/head indices (attention's O at (b, h)) store through a
-map with a dim per index (`TmaBox.leading`). Kept out: kernels with atomics
-or ordered accesses (their programs may publish what they store, and the
-read-wait does not order the global writes), blocks under
+map with a dim per index (`TmaBox.leading`). Kept out: blocks under
 `TMA_STORE_MIN_BYTES`, and every target without TMA (sm_80, AMD), where
 `view_store` lowers as before.
 """
