@@ -144,9 +144,11 @@ def _infer_tma_store(ts, a):
     return []
 
 
-def _infer_bulk_wait(ts, a):
-    require(a["pending"] >= 0, f"a bulk group wait's pending must be >= 0, got {a['pending']}")
-    return []
+def _bulk_wait(name: str):
+    def infer(ts, a):
+        require(a["pending"] >= 0, f"{name} pending must be >= 0, got {a['pending']}")
+        return []
+    return infer
 
 
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
@@ -194,9 +196,9 @@ define_thread_op("bulk_commit_group", "Close this thread's open group of tma_sto
 define_thread_op("bulk_wait_group_read", "Wait until at most `pending` of this thread's committed bulk groups are "
                  "still reading shared memory (cp.async.bulk.wait_group.read): their source buffers may then be "
                  "rewritten, and with pending = 0 the block may exit.", 0, attrs={"pending": "int"},
-                 infer=_infer_bulk_wait, pure=False, **SYNCHRONIZES)
+                 infer=_bulk_wait("bulk_wait_group_read"), pure=False, **SYNCHRONIZES)
 define_thread_op("bulk_wait_group", "Wait until at most `pending` of this thread's committed bulk groups are "
                  "incomplete (cp.async.bulk.wait_group): the others have read their shared memory and their global "
                  "writes are performed and visible to this thread, through the generic proxy too (completion "
                  "implies a generic-async proxy fence), so a release after it publishes them.", 0,
-                 attrs={"pending": "int"}, infer=_infer_bulk_wait, pure=False, **SYNCHRONIZES)
+                 attrs={"pending": "int"}, infer=_bulk_wait("bulk_wait_group"), pure=False, **SYNCHRONIZES)
