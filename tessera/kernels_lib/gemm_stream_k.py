@@ -17,8 +17,9 @@ to its own workspace slot (two per program: the tile its range starts in,
 the tile it ends in) and bumps the tile's arrival counter, an acquire-release
 atomic at GPU scope after a barrier (so it publishes every thread's stores of
 the slot; on sm_90a the slot and C leave by TMA stores, the partial's
-completed by the full bulk wait before the counter: `schedule/tma_store.py`). The program that arrives last, known by the counter's old value,
-sums every contributor's partial in program order (= K order: the same
+completed by the full bulk wait before the counter: `schedule/tma_store.py`).
+The program that arrives last, known by the counter's old value, sums every
+contributor's partial in program order (= K order: the same
 float32 additions whoever arrives last, so C's bits do not depend on the
 schedule), applies the epilogue (`gemm_epilogue.py`), stores the tile and
 sets the counter back to 0 for the next launch. Nobody waits for anybody, so

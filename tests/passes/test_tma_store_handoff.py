@@ -194,3 +194,20 @@ def test_ptx_waits_in_full_before_the_release():
     lines = [line.strip() for line in compiled.stages["ptx"].splitlines()]
     assert any(line.startswith("cp.async.bulk.tensor.2d.global.shared::cta") for line in lines)
     assert "cp.async.bulk.wait_group 0;" in [" ".join(line.split()) for line in lines]
+
+
+@pytest.mark.gpu
+def test_the_hand_offs_on_the_gpu():
+    """What the next GPU session shows (sm_90): parts stored by TMA and summed by the last program, and the block
+    program 1 overwrites after the flag, come out as on the CPU (every run: a late TMA write would lose)."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or torch.cuda.get_device_capability() < (9, 0):
+        pytest.skip("needs an sm_90 GPU (TMA)")
+    for _ in range(20):
+        x, parts, total, counter, rows = sum_args(programs=8)
+        x, parts, total, counter = (torch.from_numpy(a).cuda() for a in (x, parts, total, counter))
+        publish_then_sum[(8,)](x, parts, total, counter, rows, BM=BM, BN=BN)
+        torch.testing.assert_close(total, 2 * x.reshape(8, BM, BN).sum(dim=0), rtol=1e-5, atol=1e-5)
+        x, out, flag, rows = (torch.from_numpy(a).cuda() if isinstance(a, np.ndarray) else a for a in overwrite_args())
+        hand_over_then_overwrite[(2,)](x, out, flag, rows, BM=BM, BN=BN)
+        assert torch.equal(out[:BM], x[BM:])
