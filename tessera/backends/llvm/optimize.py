@@ -106,15 +106,27 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
                 if reloaded is not None and _spills(reloaded["assembly"]) < _spills(result["assembly"]) and \
                         _scratch(reloaded["assembly"]) <= _scratch(result["assembly"]):
                     result = reloaded
-        return result
+        return _with_object(result)
 
 
 def _emit(tm, module, optimized_ir: str, emit_object: bool) -> dict:
+    """The assembly of `module`; with `emit_object`, what `_with_object` needs to emit its object, which waits
+    until the caller has chosen among the versions it generated (each code generation costs seconds for a large
+    kernel; only the kept version's object is needed)."""
     # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
     # intrinsics it cannot select a second time), so each emission gets its own copy.
     assembly = tm.emit_assembly(module.clone() if emit_object else module)
-    return {"assembly": assembly, "optimized_ir": optimized_ir,
-            "object": tm.emit_object(module) if emit_object else None}
+    return {"assembly": assembly, "optimized_ir": optimized_ir, "object": None,
+            "_emit_object": (tm, module) if emit_object else None}
+
+
+def _with_object(result: dict) -> dict:
+    """`result` (from `_emit`) with its object emitted if it was asked for."""
+    pending = result.pop("_emit_object")
+    if pending is not None:
+        tm, module = pending
+        result["object"] = tm.emit_object(module)
+    return result
 
 
 _SPILLS = re.compile(r"^\s+\.(vgpr_spill_count|sgpr_spill_count):\s+(\d+)", re.M)
@@ -139,10 +151,11 @@ def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, feature
     """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
     if given, else its default) and, with `reload_arguments`, `reload_arguments.reload_kernel_arguments`; or
     None if nothing moved."""
-    sink = _sibling("sink_vectors")
-    text, copies = sink.sink_vector_cones(optimized_ir, kernel)
+    sink, reload = _sibling("sink_vectors"), _sibling("reload_arguments")
+    cones = reload.argument_cones(optimized_ir, kernel) if reload_arguments else frozenset()
+    text, copies = sink.sink_vector_cones(optimized_ir, kernel, also=cones, past_barriers=reload_arguments)
     if reload_arguments:
-        text, loads = _sibling("reload_arguments").reload_kernel_arguments(text, kernel)
+        text, loads = reload.reload_kernel_arguments(text, kernel)
         copies += loads
     if not copies:
         return None

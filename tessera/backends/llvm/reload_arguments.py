@@ -62,22 +62,75 @@ def kernarg_layout(define: str) -> dict[str, tuple[str, int]] | None:
     return layout
 
 
-def reload_kernel_arguments(text: str, kernel: str) -> tuple[str, int]:
-    """`text` with kernel `kernel`'s pointer arguments loaded from the kernarg segment in each non-entry block
-    that uses them; and how many loads it added ((text, 0) if none)."""
+# Scalar instructions the code generator emits as one SALU instruction on uniform operands (or folds into an
+# address's immediate offset): worth recomputing next to each use rather than keeping their result in an SGPR.
+UNIFORM_CHEAP = frozenset({"add", "sub", "mul", "or", "and", "xor", "shl", "lshr", "ashr", "icmp", "sext", "zext",
+                           "trunc", "select", "getelementptr"})
+DIVISIONS = frozenset({"sdiv", "udiv", "srem", "urem"})    # cheap by a constant (shifts, or a multiply-high)
+_NAME = r'%(?:"[^"]*"|[-a-zA-Z$._0-9]+)'
+_DEF_RE = re.compile(r"^\s+(" + _NAME + r") = (\w+) (.*)$")
+_I64_MUL = re.compile(r"^(?:nuw |nsw )*i64 ")
+_CONSTANT_DIVISOR = re.compile(r"^(?:exact )?i32 [^,]+, -?[1-9][0-9]*$")
+
+
+def _kernel_lines(text: str, kernel: str) -> tuple[list[str], int, int] | None:
+    """The lines of `text`, and the indices of kernel `kernel`'s `define` line and closing brace (None if absent)."""
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines)
                   if line.startswith("define amdgpu_kernel") and re.search(r'@"?' + re.escape(kernel) + r'"?\(', line)),
                  None)
-    if start is None or KERNARG in text or "@llvm.amdgcn.kernarg.segment.ptr" in text:
+    if start is None:
+        return None
+    return lines, start, next(i for i in range(start, len(lines)) if lines[i] == "}")
+
+
+def argument_cones(text: str, kernel: str) -> frozenset[str]:
+    """The values of kernel `kernel` computed from its arguments and constants only, by `UNIFORM_CHEAP`
+    instructions (scalar ones: a vector's elements are sink_vectors' business), directly or through other such
+    values: uniform across the launch, so the code generator keeps each in SGPRs wherever it is live. LICM hoists
+    them to the entry (loop bounds, `T + 63`, an argument's address plus an offset, a stride's sign extension);
+    recomputed in each block that uses them (`sink_vectors.sink_vector_cones(also=...)`) from reloaded arguments,
+    each lives only within its block. A 64-bit multiply (four instructions) is not cheap."""
+    found = _kernel_lines(text, kernel)
+    if found is None:
+        return frozenset()
+    lines, start, end = found
+    layout = kernarg_layout(lines[start])
+    if not layout:
+        return frozenset()
+    candidates: dict[str, set[str]] = {}
+    for line in lines[start + 1:end]:
+        match = _DEF_RE.match(line)
+        if match is None or match.group(2) not in UNIFORM_CHEAP | DIVISIONS:
+            continue
+        opcode, rest = match.group(2), match.group(3)
+        if "<" in rest or (opcode == "mul" and _I64_MUL.match(rest)) or \
+                (opcode in DIVISIONS and not _CONSTANT_DIVISOR.search(rest)):
+            continue
+        candidates[match.group(1)] = set(re.findall(_NAME, rest))
+    cones = set(layout)          # the arguments themselves are the leaves
+    grew = True
+    while grew:                  # to a fixed point: the text need not list a definition before its uses
+        grew = False
+        for name, operands in candidates.items():
+            if name not in cones and operands <= cones:
+                cones.add(name)
+                grew = True
+    return frozenset(cones - set(layout))
+
+
+def reload_kernel_arguments(text: str, kernel: str) -> tuple[str, int]:
+    """`text` with kernel `kernel`'s arguments loaded from the kernarg segment in each non-entry block that uses
+    them; and how many loads it added ((text, 0) if none)."""
+    found = _kernel_lines(text, kernel)
+    if found is None or KERNARG in text or "@llvm.amdgcn.kernarg.segment.ptr" in text:
         return text, 0
+    lines, start, end = found
     layout = kernarg_layout(lines[start])
     if not layout:
         return text, 0
-    pointers = {name: offset for name, (kind, offset) in layout.items() if kind == "ptr addrspace(1)"}
-    uses = re.compile("|".join(re.escape(n) + r'(?![-a-zA-Z$._0-9"])' for n in sorted(pointers, key=len,
-                                                                                       reverse=True)))
-    end = next(i for i in range(start, len(lines)) if lines[i] == "}")
+    uses = re.compile("|".join(re.escape(n) + r'(?![-a-zA-Z$._0-9"])' for n in sorted(layout, key=len,
+                                                                                     reverse=True)))
     out, loads, entry, local = lines[:start + 1], 0, True, {}
     if not _LABEL_RE.match(lines[start + 1]):
         out.append(f"  {KERNARG} = call ptr addrspace(4) @llvm.amdgcn.kernarg.segment.ptr()")
@@ -97,12 +150,13 @@ def reload_kernel_arguments(text: str, kernel: str) -> tuple[str, int]:
             nonlocal loads
             name = match.group(0)
             if name not in local:
+                kind, offset = layout[name]
                 loads += 1
                 local[name] = f"%kernarg.reload{loads}"
                 out.append(f"  %kernarg.addr{loads} = getelementptr inbounds i8, ptr addrspace(4) {KERNARG}, "
-                           f"i64 {pointers[name]}")
-                out.append(f"  {local[name]} = load ptr addrspace(1), ptr addrspace(4) %kernarg.addr{loads}, "
-                           f"align 8, !invariant.load !{{}}")
+                           f"i64 {offset}")
+                out.append(f"  {local[name]} = load {kind}, ptr addrspace(4) %kernarg.addr{loads}, "
+                           f"align {SIZES[kind]}, !invariant.load !{{}}")
             return local[name]
 
         out.append(uses.sub(reloaded, line))
