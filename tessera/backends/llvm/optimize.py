@@ -32,9 +32,11 @@ Details that matter:
   a second time from the optimized IR with its cheap loop-invariant vectors
   and lane masks recomputed where used (`sink_vectors.py`), and the version
   that spills less is kept; a kernel that does not spill is untouched. One
-  that still spills SGPRs is tried once more with its pointer arguments
-  read from the kernarg segment where used (`reload_arguments.py`), kept if
-  it spills less and needs no more scratch.
+  that still spills SGPRs is tried once more with its arguments read from
+  the kernarg segment where used and what is computed from them alone
+  recomputed there (`reload_arguments.py`), and lane masks computed after
+  the barriers their uses follow, kept if it spills less and needs no more
+  scratch. Only the kept version's object is emitted.
 """
 
 from __future__ import annotations

@@ -1,14 +1,24 @@
-"""`reload_kernel_arguments`: read an AMDGPU kernel's pointer arguments again where they are used (LLVM IR text).
+"""`reload_kernel_arguments`: read an AMDGPU kernel's arguments again where they are used; `argument_cones`: the
+values computed from them alone, to recompute where used (LLVM IR text).
 
 Why: the AMDGPU code generator loads every kernel argument from the kernarg segment once, at the entry, and keeps
-it in SGPRs until its last use. A persistent kernel (the one-launch MoE layer: 18 buffers, each phase of its
-ticket loop using a few) holds every 64-bit base address across the loop, more than the ~100 SGPRs a wave has:
-each spilled one is a v_writelane at the entry and a v_readlane at every use. Neither LLVM nor the code generator
-rematerializes such a load; this pass does, at the IR level: each block other than the entry that uses pointer
-argument %p gets its own `load ptr addrspace(1)` from the kernarg segment (an invariant scalar load, served by
-the scalar cache), and the entry's value is live only in the entry. `optimize.compile_llvm` tries it last, for a
-kernel that still spills SGPRs after `sink_vectors`, and keeps whichever code spills less; like the sunk code it
-is generated at `sink_vectors.CODE_GEN_LEVEL` (no code-generation LICM to hoist the loads back).
+it in SGPRs until its last use, and LICM hoists what is computed from the arguments alone (bounds like `T + 63`,
+`cdiv`s, an argument's address plus a constant, sign extensions) to the entry too. A persistent kernel (the
+one-launch MoE layer: 18 buffers and 9 scalars, each phase of its ticket loop using a few) holds all of it across
+the loop, more than the ~100 SGPRs a wave has: each spilled one is a v_writelane at the entry and a v_readlane at
+every use. Neither LLVM nor the code generator rematerializes such values across blocks; these passes do, at the
+IR level: `sink_vectors.sink_vector_cones(also=argument_cones(...))` recomputes each cone in the blocks using it,
+then each block other than the entry gets its own invariant `load` of each argument it uses from the kernarg
+segment (a scalar load, served by the scalar cache), and the entry's values are live only in the entry.
+`optimize.compile_llvm` tries this last, for a kernel that still spills SGPRs after `sink_vectors`, and keeps it
+if it spills less and needs no more scratch; like the sunk code it is generated at `sink_vectors.CODE_GEN_LEVEL`
+(no code-generation LICM to hoist the loads back).
+
+Scalars matter as much as pointers: the entry loads four i32 arguments with one s_load_dwordx4, a 128-bit SGPR
+range live across the kernel if any of them is. With only the pointers reread, the greedy allocator split and
+spilled that range on qwen3's decode plan, rematerialized every use, yet kept the split piece's dead bundled
+sub-register copies, so InlineSpiller gave it a 16-byte stack slot nothing reads or writes: with the register
+scavenger's emergency slot, 20 bytes of scratch a lane for nothing.
 
 The kernarg layout is the explicit arguments in order, each at its ABI alignment (AMDGPULowerKernelArguments):
 pointers of address space 1 take 8 bytes, i32 and float 4, i64 and double 8. A kernel with any other parameter

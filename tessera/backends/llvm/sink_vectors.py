@@ -15,7 +15,9 @@ What moves: an instruction in `CHEAP` (pure, one instruction per element: no mul
 64-bit elements) that yields a vector or a boolean (any comparison, and/or/xor of i1: on AMD a divergent
 boolean is a lane mask in an SGPR pair), used in a block other than its own and not by a phi. Each using block
 gets its own copy of it and, recursively, of such operands from other blocks; other operands (scalars, loads,
-phis, products) are used as they are: the original's block dominates the use, so they do too. The pass is
+phis, products) are used as they are: the original's block dominates the use, so they do too. The caller may
+add values it knows to be pure (`also`: `reload_arguments.argument_cones`); with `past_barriers`, the part of a
+block after a barrier counts as a block, and the originals left unused go (`BARRIERS`). The pass is
 plain text processing of the IR LLVM prints (the caller parses and verifies the result). It imports only the
 standard library: the compile worker loads it by path.
 """
