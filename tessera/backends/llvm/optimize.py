@@ -151,8 +151,8 @@ def _scratch(assembly: str) -> int:
 def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, features: str, opt_level: int,
                   emit_object: bool, scheduler: str | None = None, reload_arguments: bool = False) -> dict | None:
     """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
-    if given, else its default) and, with `reload_arguments`, `reload_arguments.reload_kernel_arguments`; or
-    None if nothing moved."""
+    if given, else its default) and, with `reload_arguments`, with the argument cones sunk too, lane masks
+    computed past barriers, and `reload_arguments.reload_kernel_arguments`; or None if nothing moved."""
     sink, reload = _sibling("sink_vectors"), _sibling("reload_arguments")
     cones = reload.argument_cones(optimized_ir, kernel) if reload_arguments else frozenset()
     text, copies = sink.sink_vector_cones(optimized_ir, kernel, also=cones, past_barriers=reload_arguments)

@@ -137,7 +137,7 @@ def _without_unused(body: list[str], pure: set[str]) -> list[str]:
         for name in names:
             uses[name] = uses.get(name, 0) + 1
     dead: set[int] = set()
-    for i in range(len(body) - 1, -1, -1):      # users come after their operands within a block: one sweep up
+    for i in range(len(body) - 1, -1, -1):      # one sweep up: a user listed above its operand keeps it (safe)
         match = _DEF_RE.match(body[i])
         if match and match.group(1) in pure and not uses.get(match.group(1)):
             dead.add(i)
