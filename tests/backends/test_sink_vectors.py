@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import llvmlite.binding as llvm
 
 from tessera.backends.llvm.sink_vectors import sink_vector_cones
@@ -104,3 +106,46 @@ def test_the_spill_counts_are_read_from_the_kernels_metadata():
     assembly = "\t.amdhsa_kernel k\n    .sgpr_count:     106\n    .sgpr_spill_count: 48\n    .vgpr_spill_count: 2\n"
     assert _spills(assembly) == (2, 48)
     assert _spills("\t.entry k\n") == (0, 0)       # PTX, or a kernel without the counts: nothing spilled
+
+
+# a tile of booleans read from LDS, the barrier, then the tile's use: the loaded bytes are VGPRs, the compared
+# lanes SGPR pairs (wave64 lane masks) held across the barrier
+BARRIER = """\
+define amdgpu_kernel void @k(ptr addrspace(3) %lds, ptr addrspace(1) %out) {
+entry:
+  %a = load i8, ptr addrspace(3) %lds, align 1
+  %0 = icmp ne i8 %a, 0
+  %1 = insertelement <2 x i1> poison, i1 %0, i64 0
+  %b = load i8, ptr addrspace(3) %lds, align 1
+  %2 = icmp ne i8 %b, 0
+  %mask = insertelement <2 x i1> %1, i1 %2, i64 1
+  %early = icmp eq i8 %a, %b
+  %held = select i1 %early, i32 1, i32 2
+  fence syncscope("workgroup") release
+  tail call void @llvm.amdgcn.s.barrier()
+  fence syncscope("workgroup") acquire
+  %3 = select <2 x i1> %mask, <2 x i32> splat (i32 1), <2 x i32> zeroinitializer
+  store <2 x i32> %3, ptr addrspace(1) %out, align 8
+  store i32 %held, ptr addrspace(1) %out, align 4
+  ret void
+}
+
+declare void @llvm.amdgcn.s.barrier()
+"""
+
+
+def test_past_barriers_a_mask_is_computed_after_the_barrier_its_use_follows():
+    """The compares and the vector built of them move past the barrier (recomputed there, the originals gone:
+    instruction selection would merge a copy with its original, which keeps the first one's place); the loads
+    stay, and so does a compare used before the barrier. Numbered values keep their order (a copy is named)."""
+    assert sink_vector_cones(BARRIER, "k") == (BARRIER, 0)
+    after, copies = sink_vector_cones(BARRIER, "k", past_barriers=True)
+    assert copies == 4
+    llvm.parse_assembly(after).verify()
+    before, past = after.split("tail call void @llvm.amdgcn.s.barrier()")
+    assert "icmp ne" not in before and "insertelement" not in before
+    assert "%a = load i8" in before and "%early = icmp eq i8 %a, %b" in before
+    assert re.findall(r"^  (%\S+) = (icmp ne|insertelement)", past, re.M) == [
+        ("%sunk3.0", "icmp ne"), ("%sunk3.1", "insertelement"), ("%sunk3.2", "icmp ne"),
+        ("%sunk3.mask", "insertelement")]
+    assert "%3 = select <2 x i1> %sunk3.mask," in past

@@ -32,9 +32,11 @@ Details that matter:
   a second time from the optimized IR with its cheap loop-invariant vectors
   and lane masks recomputed where used (`sink_vectors.py`), and the version
   that spills less is kept; a kernel that does not spill is untouched. One
-  that still spills SGPRs is tried once more with its pointer arguments
-  read from the kernarg segment where used (`reload_arguments.py`), kept if
-  it spills less and needs no more scratch.
+  that still spills SGPRs is tried once more with its arguments read from
+  the kernarg segment where used and what is computed from them alone
+  recomputed there (`reload_arguments.py`), and lane masks computed after
+  the barriers their uses follow, kept if it spills less and needs no more
+  scratch. Only the kept version's object is emitted.
 """
 
 from __future__ import annotations
@@ -106,15 +108,27 @@ def compile_llvm(llvm_ir: str, *, kernel: str, triple: str, cpu: str, features: 
                 if reloaded is not None and _spills(reloaded["assembly"]) < _spills(result["assembly"]) and \
                         _scratch(reloaded["assembly"]) <= _scratch(result["assembly"]):
                     result = reloaded
-        return result
+        return _with_object(result)
 
 
 def _emit(tm, module, optimized_ir: str, emit_object: bool) -> dict:
+    """The assembly of `module`; with `emit_object`, what `_with_object` needs to emit its object, which waits
+    until the caller has chosen among the versions it generated (each code generation costs seconds for a large
+    kernel; only the kept version's object is needed)."""
     # Code generation rewrites the module it runs on (AMDGPU annotates control flow with
     # intrinsics it cannot select a second time), so each emission gets its own copy.
     assembly = tm.emit_assembly(module.clone() if emit_object else module)
-    return {"assembly": assembly, "optimized_ir": optimized_ir,
-            "object": tm.emit_object(module) if emit_object else None}
+    return {"assembly": assembly, "optimized_ir": optimized_ir, "object": None,
+            "_emit_object": (tm, module) if emit_object else None}
+
+
+def _with_object(result: dict) -> dict:
+    """`result` (from `_emit`) with its object emitted if it was asked for."""
+    pending = result.pop("_emit_object")
+    if pending is not None:
+        tm, module = pending
+        result["object"] = tm.emit_object(module)
+    return result
 
 
 _SPILLS = re.compile(r"^\s+\.(vgpr_spill_count|sgpr_spill_count):\s+(\d+)", re.M)
@@ -137,12 +151,13 @@ def _scratch(assembly: str) -> int:
 def _sink_vectors(optimized_ir: str, kernel: str, triple: str, cpu: str, features: str, opt_level: int,
                   emit_object: bool, scheduler: str | None = None, reload_arguments: bool = False) -> dict | None:
     """The code of `optimized_ir` after `sink_vectors.sink_vector_cones` (scheduled by AMDGPU's `scheduler`
-    if given, else its default) and, with `reload_arguments`, `reload_arguments.reload_kernel_arguments`; or
-    None if nothing moved."""
-    sink = _sibling("sink_vectors")
-    text, copies = sink.sink_vector_cones(optimized_ir, kernel)
+    if given, else its default) and, with `reload_arguments`, with the argument cones sunk too, lane masks
+    computed past barriers, and `reload_arguments.reload_kernel_arguments`; or None if nothing moved."""
+    sink, reload = _sibling("sink_vectors"), _sibling("reload_arguments")
+    cones = reload.argument_cones(optimized_ir, kernel) if reload_arguments else frozenset()
+    text, copies = sink.sink_vector_cones(optimized_ir, kernel, also=cones, past_barriers=reload_arguments)
     if reload_arguments:
-        text, loads = _sibling("reload_arguments").reload_kernel_arguments(text, kernel)
+        text, loads = reload.reload_kernel_arguments(text, kernel)
         copies += loads
     if not copies:
         return None

@@ -15,7 +15,9 @@ What moves: an instruction in `CHEAP` (pure, one instruction per element: no mul
 64-bit elements) that yields a vector or a boolean (any comparison, and/or/xor of i1: on AMD a divergent
 boolean is a lane mask in an SGPR pair), used in a block other than its own and not by a phi. Each using block
 gets its own copy of it and, recursively, of such operands from other blocks; other operands (scalars, loads,
-phis, products) are used as they are: the original's block dominates the use, so they do too. The pass is
+phis, products) are used as they are: the original's block dominates the use, so they do too. The caller may
+add values it knows to be pure (`also`: `reload_arguments.argument_cones`); with `past_barriers`, the part of a
+block after a barrier counts as a block, and the originals left unused go (`BARRIERS`). The pass is
 plain text processing of the IR LLVM prints (the caller parses and verifies the result). It imports only the
 standard library: the compile worker loads it by path.
 """
@@ -32,6 +34,11 @@ LOW_PRESSURE_SCHEDULER = "iterative-minreg"
 
 CHEAP = frozenset({"insertelement", "shufflevector", "add", "sub", "or", "and", "xor", "shl", "lshr", "ashr",
                    "icmp", "fcmp", "sext", "zext", "trunc", "select", "getelementptr"})
+# Instructions the AMDGPU code generator does not move others across: a value computed before one and used after
+# it is live across it, whatever the scheduler does. A tile of booleans read from LDS before a barrier and used
+# after it is 32 lane masks (64 SGPRs) held across the barrier; recomputed after it, its bytes are 32 VGPRs until
+# the compare next to the use (`sink_vector_cones(past_barriers=True)`).
+BARRIERS = ("fence ", "@llvm.amdgcn.s.barrier")
 _NAME = r'%(?:"[^"]*"|[-a-zA-Z$._0-9]+)'
 _NAME_RE = re.compile(_NAME)
 _DEF_RE = re.compile(r"^\s+(" + _NAME + r") = (\w+) (.*)$")
@@ -50,8 +57,11 @@ def _is_cheap_vector(opcode: str, rest: str) -> bool:
     return "<" in first or (opcode in ("and", "or", "xor") and " i1 " in f" {first} ")
 
 
-def sink_vector_cones(text: str, kernel: str) -> tuple[str, int]:
-    """`text` with kernel `kernel`'s cheap cross-block vector values recomputed where used; and how many copies."""
+def sink_vector_cones(text: str, kernel: str, also: frozenset[str] = frozenset(),
+                      past_barriers: bool = False) -> tuple[str, int]:
+    """`text` with kernel `kernel`'s cheap cross-block vector values, and the values named in `also` (the
+    caller vouches that they are pure), recomputed where used; with `past_barriers`, the part of a block after
+    each barrier counts as a block of its own (`BARRIERS`); and how many copies."""
     lines = text.split("\n")
     start = next((i for i, line in enumerate(lines) if line.startswith("define") and f"@{kernel}(" in line), None)
     if start is None:
@@ -66,11 +76,13 @@ def sink_vector_cones(text: str, kernel: str) -> tuple[str, int]:
             if not blocks:
                 blocks.append((None, []))
             blocks[-1][1].append(line)
+            if past_barriers and any(b in line for b in BARRIERS):     # what follows is a segment of its own
+                blocks.append((None, []))
     defs: dict[str, tuple[int, str]] = {}           # cheap vector value -> (its block, its right-hand side)
     for index, (_, body) in enumerate(blocks):
         for line in body:
             match = _DEF_RE.match(line)
-            if match and _is_cheap_vector(match.group(2), match.group(3)):
+            if match and (_is_cheap_vector(match.group(2), match.group(3)) or match.group(1) in also):
                 defs[match.group(1)] = (index, line.split(" = ", 1)[1])
     copies = 0
     taken = set(_NAME_RE.findall("\n".join(lines[start:end])))
@@ -106,8 +118,32 @@ def sink_vector_cones(text: str, kernel: str) -> tuple[str, int]:
                 out.extend(emitted)
                 line = rhs if lhs is None else f"{lhs} = {rhs}"
             out.append(line)
+    if past_barriers:    # the originals the copies replaced go: DAG ISel would merge a copy with its original
+        out[start + 1:] = _without_unused(out[start + 1:], set(defs))
     out.extend(lines[end:])
     return ("\n".join(out), copies) if copies else (text, 0)
+
+
+def _without_unused(body: list[str], pure: set[str]) -> list[str]:
+    """`body` without the definitions of values in `pure` that nothing uses (and then their unused operands).
+    Why it matters: instruction selection merges identical values of a block, and the merged one keeps the
+    first one's place, so a copy made past a barrier would land where its original was."""
+    uses: dict[str, int] = {}
+    operands = []
+    for line in body:
+        match = _DEF_RE.match(line)
+        names = _NAME_RE.findall(line.split(" = ", 1)[1] if match else line)
+        operands.append(names)
+        for name in names:
+            uses[name] = uses.get(name, 0) + 1
+    dead: set[int] = set()
+    for i in range(len(body) - 1, -1, -1):      # one sweep up: a user listed above its operand keeps it (safe)
+        match = _DEF_RE.match(body[i])
+        if match and match.group(1) in pure and not uses.get(match.group(1)):
+            dead.add(i)
+            for name in operands[i]:
+                uses[name] -= 1
+    return [line for i, line in enumerate(body) if i not in dead]
 
 
 def with_kernel_attribute(text: str, kernel: str, attribute: str) -> str:
