@@ -285,7 +285,7 @@ def producer_fills(ctx, ring: SpecializedRing, lb, ub, step, start: tuple[Value,
     start (slot 0, parity 0; its first S fills wait for no release), or from `start` = (slot, parity, whether
     the ring has been gone round once), carried on as the last three results (a persistent tile loop's
     producer: `warp_specialized_tiles.py`)."""
-    plan, stages = ring.plan, ring.plan.stages
+    stages = ring.plan.stages
     index = lb.type
     if start is None:
         first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(stages, index.dtype)))
@@ -295,18 +295,41 @@ def producer_fills(ctx, ring: SpecializedRing, lb, ub, step, start: tuple[Value,
     with ctx.b.at(body):
         if start is None:           # skipped on the first round through the ring: nothing to wait for yet
             reused = ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})
+            ctx.create("yield", _fill(ctx, ring, iv, slot, phase, reused))
         else:
-            reused = ctx.emit("cmp", wrapped[0], ctx.const(0), attrs={"pred": "ne"})
-        with ctx.when(reused):      # the previous use's release
-            ctx.create("mbarrier_wait", [_bar(ctx, ring.empty, slot), ctx.emit("sub", ctx.const(1), phase)])
-        _issue(ctx, plan, ring.rings, ring.full, iv, slot)
-        carried = next_slot_and_phase(ctx, slot, phase, stages)
-        if start is not None:
-            at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
-            carried.append(ctx.emit("select", at_last, ctx.const(1), wrapped[0]))
-        ctx.create("yield", carried)
+            ctx.create("yield", _fill(ctx, ring, iv, slot, phase, None, wrapped[0]))
     inits = [ctx.const(0), ctx.const(0)] if start is None else list(start)
     return ctx.create("for", [lb, ub, step, *inits], None, [I32] * len(inits), [body])
+
+
+def producer_first_fill(ctx, ring: SpecializedRing, lb, ub, start: tuple[Value, Value, Value]) -> list[Value]:
+    """A persistent tile loop's producer: the fill of iteration lb alone, where lb < ub, from `start` (as for
+    `producer_fills`); returns (slot, parity, wrapped) after it. FlashAttention-3's producer issues a tile's first
+    K block before it waits for Q's release (`tile_operands.py`)."""
+    then, otherwise = Block(), Block()
+    with ctx.b.at(then):
+        ctx.create("yield", _fill(ctx, ring, lb, *start[:2], None, start[2]))
+    with ctx.b.at(otherwise):
+        ctx.create("yield", list(start))
+    ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
+    return list(ctx.create("if", [ran], None, [I32] * 3, [then, otherwise]).results)
+
+
+def _fill(ctx, ring: SpecializedRing, iv: Value, slot: Value, phase: Value, reused: Value | None,
+          wrapped: Value | None = None) -> list[Value]:
+    """One fill: wait for the slot's previous release where `reused` (or, counting across tiles, `wrapped`: the
+    ring has been gone round) holds, issue iteration `iv`'s boxes into `slot`; the next (slot, parity[, wrapped])."""
+    stages = ring.plan.stages
+    if wrapped is not None:
+        reused = ctx.emit("cmp", wrapped, ctx.const(0), attrs={"pred": "ne"})
+    with ctx.when(reused):          # the previous use's release
+        ctx.create("mbarrier_wait", [_bar(ctx, ring.empty, slot), ctx.emit("sub", ctx.const(1), phase)])
+    _issue(ctx, ring.plan, ring.rings, ring.full, iv, slot)
+    carried = next_slot_and_phase(ctx, slot, phase, stages)
+    if wrapped is not None:
+        at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
+        carried.append(ctx.emit("select", at_last, ctx.const(1), wrapped))
+    return carried
 
 
 def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value) -> None:

@@ -32,7 +32,8 @@ from . import tile_operands
 from .persistent import tile_slice
 from .software_pipeline import slot_ahead
 from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop, end_ring, producer_entry,
-                                  producer_exit, producer_fills, release, specialized_ring, split_roles)
+                                  producer_exit, producer_fills, producer_first_fill, release, specialized_ring,
+                                  split_roles)
 
 
 # `for tile in range(lo, hi, step) { ...; for k in tessera.pipeline(..., warp_specialize=True) {...}; ... }`
@@ -98,7 +99,7 @@ def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
     with ctx.b.at(consumer):
         consumer_entry(ctx, ring)
         results = _consumer_tiles(ctx, outer, op, ring, operands)
-        end_ring(ctx, ring, (operands.full, operands.empty) if operands else ())
+        end_ring(ctx, ring, operands.mbarriers if operands else ())
     split_roles(ctx, ring, producer, consumer)
     for old, result in zip(outer.results, results):
         result.name_hint = old.name_hint
@@ -114,7 +115,8 @@ def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
     values = list(op.operands[:3]) + [v for load in ring.plan.loads for o in (load.load, *load.slice)
                                       for v in o.operands]
     if operands is not None:
-        values += [v for load, plan in zip(operands.loads, operands.plans) for v in (*load.operands, *plan.box.leading)]
+        values += [v for group in operands.groups for load, plan in zip(group.loads, group.plans)
+                   for v in (*load.operands, *plan.box.leading)]
     slice_ops, _ = tile_slice(outer, values)            # (the refusal and `movable_operands` checked it)
     region = outer.regions[0]
     names = [region.args[0].name_hint or "tile", "slot", "phase", "wrapped"] + (["operand_phase"] if operands else [])
@@ -123,11 +125,21 @@ def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
         ctx.env[region.args[0]] = body.args[0]
         for slice_op in slice_ops:
             lower_op(ctx, slice_op)
-        if operands is not None:
-            tile_operands.issue(ctx, operands, body.args[0], lo, body.args[4])
         lb, ub, k_step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
-        fills = producer_fills(ctx, ring, lb, ub, k_step, tuple(body.args[1:4]))
-        carried = list(fills.results) + ([tile_operands.flip(ctx, body.args[4])] if operands else [])
+        start = tuple(body.args[1:4])
+        if operands is None:
+            fills = producer_fills(ctx, ring, lb, ub, k_step, start).results
+        else:
+            tile, parity = body.args[0], body.args[4]
+            tile_operands.issue(ctx, operands.at(tile_operands.HEAD), tile, lo, parity)
+            loop = operands.at(tile_operands.LOOP)
+            if loop is not None:        # the tile's first fill before the wait for Q's release (FlashAttention-3)
+                start = tuple(producer_first_fill(ctx, ring, lb, ub, start))
+                tile_operands.issue(ctx, loop, tile, lo, parity)
+                lb = ctx.emit("add", lb, k_step)
+            fills = producer_fills(ctx, ring, lb, ub, k_step, start).results
+            tile_operands.issue(ctx, operands.at(tile_operands.TAIL), tile, lo, parity)
+        carried = list(fills) + ([tile_operands.flip(ctx, body.args[4])] if operands else [])
         ctx.create("yield", carried)
     zero = ctx.const(0)
     ctx.create("for", [lo, hi, step] + [zero] * (len(names) - 1), None, [I32] * (len(names) - 1), [body])
@@ -147,12 +159,14 @@ def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
         for old, new in zip(region.args, ctx.region_args(region, body)):
             ctx.env[old] = new
         for body_op in region.ops:
+            group = operands.group_of(body_op) if operands is not None else None
             if body_op is op:
                 slot, phase = _consumer_k_loop(ctx, op, ring, slot, phase, operands)
-            elif operands is not None and body_op in operands.loads:
-                tile_operands.bind(ctx, operands, body_op, carried[0])
+            elif group is not None:
+                tile_operands.bind(ctx, group, body_op, carried[0])
             else:
                 if body_op is region.ops[-1] and carried:     # (the yield)
+                    tile_operands.release(ctx, operands.at(tile_operands.TAIL))   # the tile's last reads are over
                     carried = [tile_operands.flip(ctx, carried[0])]
                 lower_op(ctx, body_op)
     body.ops[-1].operands.extend([slot, phase, *carried])   # the yield carries the ring's place too
@@ -167,6 +181,8 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
     """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`; then, with a wgmma group
     in flight, its retirement and the release of the tile's last slot, and the release of the blocks the
     producer loads (`operands`). Returns the ring's slot and phase after it."""
+    if operands is not None:     # the blocks read only before the loop (the peeled K): the producer may reload them
+        tile_operands.release(ctx, operands.at(tile_operands.HEAD))
     staged = stage_invariant_operands(ctx, op)
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
     loop = consumer_loop(ctx, op, ring, lb, ub, step, start=(slot, phase))
@@ -178,7 +194,7 @@ def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, pha
         ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
         release(ctx, ring, slot_ahead(ctx, end_slot, plan.stages - 1, plan.stages), ran)
     if operands is not None:
-        tile_operands.release(ctx, operands, plan.in_flight)
+        tile_operands.release(ctx, operands.at(tile_operands.LOOP), plan.in_flight)
     end_staged_reads(ctx, op, staged)           # (Q's tile, staged by the consumers each tile)
     for old, result in zip(op.results, loop.results):
         result.name_hint = old.name_hint
