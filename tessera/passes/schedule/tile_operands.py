@@ -191,7 +191,7 @@ def release(ctx, group: Group | None, in_flight: bool = False) -> None:
     if group is None:
         return
     if not in_flight:
-        ctx.create("wgmma_wait", attrs={"pending": 0})     # (merged into an earlier one where nothing is in flight)
+        ctx.create("wgmma_wait", attrs={"pending": 0})     # (it absorbs an earlier one: `defer_wgmma_wait`)
     leader = ctx.emit("cmp", ctx.index.digit(1, WARPGROUP), ctx.const(0), attrs={"pred": "eq"})
     with ctx.when(leader):
         ctx.create("mbarrier_arrive", [group.empty])

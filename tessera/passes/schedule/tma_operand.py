@@ -33,7 +33,7 @@ kernel, so every thread of the CTA sees the init and thread 0, a consumer,
 issues the load while the producer starts its fills
 (`consumer_prologue.producer_may_run` lets it stay there). In the tile loop
 around a warp-specialized K loop, the producer warpgroup issues the loads
-whose reads all end with the K loop instead (`tile_operands.py`). Kept out: other
+whose reads all lie on one side of the K loop's end instead (`tile_operands.py`). Kept out: other
 users of the registers (an elementwise op, a store), a nonzero fill,
 targets without TMA, and kernels whose programs may hand data to each other:
 an ordered op (`orders_programs`: acquire load, release store, atomic) at a

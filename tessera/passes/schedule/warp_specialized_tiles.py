@@ -11,7 +11,8 @@ and phase count on across tiles, so the producer fills the next tile's
 slots while the consumers run this tile's epilogue, held back only by the
 empty barriers; blocks that the K loop reads but that are the same for all
 its iterations (attention's Q) the producer loads too, one tile ahead
-(`tile_operands.py`). Guarantees: as `warp_specialization.py`'s, with the
+(`tile_operands.py`, in FlashAttention-3's order: the first K block before
+the wait for Q's release). Guarantees: as `warp_specialization.py`'s, with the
 mbarriers initialized once before the split and invalidated once after
 both branches meet; the emitted code is the comment above
 `lower_specialized_tile_loop`. In a thread-block cluster with multicast
@@ -41,26 +42,33 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # uses slot g mod S with parity (g div S) mod 2, as in `persistent.py`'s non-specialized schedule):
 #
 #     rings, full[S], empty[S]: allocated and initialized here, once (`specialized_ring`)
-#     [q, q_full, q_empty: the tile-invariant operands' buffers and mbarriers (`tile_operands.py`)]
+#     [k0, q, v1; their full and empty mbarriers: the once-a-tile operands' HEAD, LOOP and TAIL groups, each
+#      with its own pair (`tile_operands.py`; attention's overlapped order: K_lo, Q, V_hi-1; the FA2 order: Q)]
 #     if thread_id >= C {producer_joins_at = k}               the producer warpgroup
 #         [setmaxnreg dec 40]
 #         if thread_id == C {
 #             for tile = lo .. hi, slot = 0, phase = 0, wrapped = 0, [q_phase = 0]:
 #                 ... the scalar ops of the tile body that the K loop's bounds and the blocks' addresses
 #                     need (`tile_slice`): pid_m, pid_n, the bounds ...
-#                 [if tile > lo: mbarrier_wait q_empty, 1 - q_phase      (the previous tile's release)
+#                 [if tile > lo: mbarrier_wait k0_empty, 1 - q_phase     (HEAD: the previous tile's release)
+#                  arrive_expect_tx k0_full; tma_load k0 ... k0_full]
+#                 [slot, phase, wrapped = if lb < ub {the fill of iteration lb, as in the loop below}]
+#                 [if tile > lo: mbarrier_wait q_empty, 1 - q_phase      (LOOP: the previous tile's release)
 #                  arrive_expect_tx q_full; tma_load q ... q_full]
-#                 for iv = lb .. ub, slot, phase, wrapped:
+#                 for iv = lb [+ step] .. ub, slot, phase, wrapped:        (+ step: with a LOOP group)
 #                     if wrapped: mbarrier_wait empty[slot], 1 - phase        (the release of fill g - S)
 #                     arrive_expect_tx full[slot]; tma_load ... full[slot]
 #                     wrapped |= slot == S - 1; slot, phase = next
+#                 [if tile > lo: mbarrier_wait v1_empty, 1 - q_phase     (TAIL: the previous tile's release)
+#                  arrive_expect_tx v1_full; tma_load v1 ... v1_full]
 #         }
 #         named_barrier {id = 2, count = C + 128}
 #     } else {                                                 the consumers
 #         [setmaxnreg inc R]
 #         for tile = lo .. hi, carried..., slot = 0, phase = 0, [q_phase = 0]:
 #             ... the tile body before the K loop (pid_m, pid_n, acc = 0) ...
-#             [mbarrier_wait q_full, q_phase                             (at the first read of q)]
+#             [mbarrier_wait q_full, q_phase; mbarrier_wait k0_full, q_phase     (at their first reads)]
+#             [wgmma_wait {pending = 0}; if thread_id % 128 == 0: mbarrier_arrive k0_empty]
 #             %acc, slot', phase' = for iv = lb .. ub, acc, slot, phase:    `consumer_loop`, as without tiles:
 #                 mbarrier_wait full[slot], phase; wgmma ...; wgmma_wait {pending = 1}
 #                 if iv > lb and thread_id % 128 == 0: mbarrier_arrive empty[slot - 1]
@@ -68,6 +76,8 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 #             if lb < ub and thread_id % 128 == 0: mbarrier_arrive empty[slot' - 1]   (the tile's last slot)
 #             [if thread_id % 128 == 0: mbarrier_arrive q_empty]
 #             ... the rest of the tile body (the epilogue; barriers are the consumers' named barrier 1) ...
+#                 [mbarrier_wait v1_full, q_phase                        (at the first read of v1)]
+#             [wgmma_wait {pending = 0}; if thread_id % 128 == 0: mbarrier_arrive v1_empty]
 #         named_barrier {id = 2}; thread 0 invalidates full[] and empty[]; named_barrier {id = 1}
 #         ... the rest of the kernel ...
 #     }
@@ -82,9 +92,11 @@ from .warp_specialization import (SpecializedRing, consumer_entry, consumer_loop
 # not wait). The producer is never more than S fills ahead, so it fills the next tile's first slots while the
 # consumers run this tile's epilogue, and the epilogue's buffers cannot share the rings' bytes: the rings are
 # live until the branches meet after the tile loop (`shared_memory._lifted_end`). Tiles with no K iteration
-# fill, wait and release nothing in the ring; q (the bracketed parts, when the body loads a block only the K
-# loop and the ops before it read: attention's Q) completes one phase of q_full and of q_empty every tile, so
-# the producer loads tile k + 1's q once the consumers' K loop of tile k is over (`tile_operands.py`).
+# fill, wait and release nothing in the ring; each once-a-tile group (the bracketed parts: attention's Q, and with
+# the overlapped order K_lo and V_hi-1) completes one phase of its full and empty barriers every tile, so the
+# producer loads tile k + 1's q once the consumers' K loop of tile k is over, its k0 once their first S of
+# tile k retired, and its v1 once tile k is done; the tile's first fill goes before the wait for q's release
+# (FlashAttention-3's order; `tile_operands.py` says why none of this deadlocks).
 def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
     """Lower tile loop `outer` holding warp-specialized loop `op` as the comment above says."""
     ring = specialized_ring(ctx, op)
@@ -109,8 +121,9 @@ def lower_specialized_tile_loop(ctx, outer: Operation, op: Operation) -> None:
 
 def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
                     operands: tile_operands.TileOperands | None) -> None:
-    """The issuing thread's tile loop: per tile, the scalar ops the fills need, the tile's blocks outside the
-    ring (`tile_operands.py`, with their parity carried last), then the fills."""
+    """The issuing thread's tile loop: per tile, the scalar ops the fills need, then the fills, and the tile's
+    blocks outside the ring (`tile_operands.py`, with their parity carried last) in FlashAttention-3's order:
+    HEAD, the first fill, LOOP, the other fills, TAIL."""
     lo, hi, step = [ctx.thread_value(ctx.operand(outer, i)) for i in range(3)]
     values = list(op.operands[:3]) + [v for load in ring.plan.loads for o in (load.load, *load.slice)
                                       for v in o.operands]
@@ -148,8 +161,8 @@ def _producer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
 def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
                     operands: tile_operands.TileOperands | None) -> list[Value]:
     """The consumers' tile loop, the whole body with the K loop as `_consumer_k_loop` and the blocks the producer
-    loads bound to its buffers (`tile_operands.bind`); its results (the ring's slot and phase, and the
-    producer-loaded blocks' parity, carried last, left out)."""
+    loads bound to its buffers (`tile_operands.bind`; those read after the K loop released before the yield);
+    its results (the ring's slot and phase, and the producer-loaded blocks' parity, carried last, left out)."""
     inits = [ctx.thread_value(ctx.operand(outer, i)) for i in range(len(outer.operands))]
     region = outer.regions[0]
     body = ctx.new_block(region)
@@ -178,9 +191,10 @@ def _consumer_tiles(ctx, outer: Operation, op: Operation, ring: SpecializedRing,
 
 def _consumer_k_loop(ctx, op: Operation, ring: SpecializedRing, slot: Value, phase: Value,
                      operands: tile_operands.TileOperands | None) -> tuple[Value, Value]:
-    """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`; then, with a wgmma group
-    in flight, its retirement and the release of the tile's last slot, and the release of the blocks the
-    producer loads (`operands`). Returns the ring's slot and phase after it."""
+    """One tile's K loop in the consumers' branch, from the ring's `slot` and `phase`, after the release of the
+    producer-loaded blocks read only before it (`operands`' HEAD); then, with a wgmma group in flight, its
+    retirement and the release of the tile's last slot, and the release of the blocks the loop read (LOOP).
+    Returns the ring's slot and phase after it."""
     if operands is not None:     # the blocks read only before the loop (the peeled K): the producer may reload them
         tile_operands.release(ctx, operands.at(tile_operands.HEAD))
     staged = stage_invariant_operands(ctx, op)
