@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib import attention  # noqa: E402
-from tessera.kernels_lib.attention import PERSISTENT_ENV, WS_ENV  # noqa: E402
+from tessera.kernels_lib.attention import OVERLAP_ENV, PERSISTENT_ENV, WS_ENV  # noqa: E402
 from tessera.kernels_lib.attention import WS_GPU_PLANS, persistent_allowed  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import attention_fwd_persistent_kernel  # noqa: E402
@@ -263,15 +263,18 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
-def test_persistent_forward_matches_sdpa_on_hopper(D, causal, monkeypatch):
+def test_persistent_forward_matches_sdpa_on_hopper(D, causal, overlap, monkeypatch):
     """On an H100 with TESSERA_ATTENTION_PERSISTENT=1 and WS=1: ~4 tiles per SM (B = 4, H = 16, 2k queries), and
-    Sq < Sk bottom-right causal, against torch's SDPA in float32."""
+    Sq < Sk bottom-right causal, against torch's SDPA in float32; FlashAttention-2's order and the overlapped one
+    (whose peeled K and last V blocks the producer loads in groups of their own: `schedule/tile_operands.py`)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs a Hopper GPU")
     monkeypatch.setenv(PERSISTENT_ENV, "1")
     monkeypatch.setenv(WS_ENV, "1")
+    monkeypatch.setenv(OVERLAP_ENV, "1" if overlap else "0")
     for Sq, Sk in ((2048, 2048), (1000, 1536)):
         q = torch.randn(4, Sq, 16, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(4, Sk, 8, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
