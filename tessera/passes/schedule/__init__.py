@@ -7,7 +7,8 @@ modules decide when data moves and who moves it: software pipelining of
 emits, `tma_fill.py` fills ring slots by TMA, `multicast.py` shares a TMA
 ring's operand across a thread-block cluster, `persistent.py` lets a
 persistent kernel's tiles share one ring's mbarriers), warp specialization
-(`warp_specialization.py`; in a persistent kernel's tile loop,
+(`warp_specialization.py`, whose producer also loads the blocks read only
+after the loop: `tail_operands.py`; in a persistent kernel's tile loop,
 `warp_specialized_tiles.py`, whose producer also loads the tile's
 once-a-tile operands: `tile_operands.py`), the explicit shared buffers and their copies
 (`shared_buffers.py`), the language's mbarriers (`mbarriers.py`) and block stores by TMA

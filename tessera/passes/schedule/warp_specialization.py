@@ -27,6 +27,7 @@ from ..lowering.values import I32, Regs, RingOperand
 from .persistent import specialized_tile_loop_refusal, tile_loop_of
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
+from . import tail_operands
 from .consumer_prologue import lower_deferred, producer_may_run, producer_reads_deferred
 from .tma_fill import TmaRing
 from .shortfalls import shortfall
@@ -63,7 +64,8 @@ PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pi
 #                 tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
 #                                                              `TmaRing.start`; the fence only when ldmatrix
 #                                                              read the slot through the generic proxy)
-#         }
+#             [arrive_expect_tx bar; tma_load tile ... bar]    the blocks read only after the loop
+#         }                                                    (`tail_operands.py`: the overlapped last V block)
 #         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
 #     } else {                                                 the consumers
 #         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
@@ -194,15 +196,18 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     ring = specialized_ring(ctx, op)
     plan, consumers = ring.plan, ring.consumers
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
+    tails = tail_operands.tail_operands(ctx, op)    # (before the consumers' entry lowers the deferred reads)
 
     producer, consumer = Block(), Block()
     with ctx.b.at(producer):
         producer_entry(ctx, ring)
         with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
             producer_fills(ctx, ring, lb, ub, step)
+            tail_operands.issue(ctx, tails)         # the blocks read after the loop (the last V block)
         producer_exit(ctx, ring)
     with ctx.b.at(consumer):
         consumer_entry(ctx, ring)
+        tail_operands.bind(ctx, tails)
         stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
         if op.attrs.get("pingpong"):
             results = _pingpong_loops(ctx, op, ring, lb, ub, step)
