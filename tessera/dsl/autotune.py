@@ -36,14 +36,13 @@ from ..ir.target import DEFAULT_TARGET, get_target
 from ..runtime.autotune import CPU_DEVICE, AutotuneError, Autotuner, Config, Timer, cuda_event_timer, perf_counter_timer
 from .arguments import DeviceArray
 from .errors import KernelArgumentError
-from .fast_launch import FastLaunches, SlowLaunch, recorder, with_grid
-from .torch_compile import dynamo_opaque
+from .fast_launch import FastLaunches, Launchable, SlowLaunch
 from .kernel import LAUNCH_OPTIONS, Grid, Kernel
 
 __all__ = ["AutotuneError", "AutotunedKernel", "Config", "autotune"]
 
 
-class AutotunedKernel:
+class AutotunedKernel(Launchable):
     """A kernel whose constexpr configs are chosen by measurement. Create with `@tessera.autotune`."""
 
     def __init__(self, kernel: Kernel, configs: list[Config], key: list[str], *, prune=None, warmup: int = 1,
@@ -98,23 +97,6 @@ class AutotunedKernel:
         return self.tuner.predict(named, device)
 
     # -- launching --------------------------------------------------------
-
-    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
-
-    @dynamo_opaque
-    def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:
-        if grid is None:
-            raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...)",
-                                      kernel=self.name)
-        if recorder() is not None:
-            return recorder()(self, grid, args, kwargs)
-        self.fast_launches.entry(grid, *args, **kwargs)
-
-    @dynamo_opaque
-    def run(self, *args, grid: Grid, **kwargs) -> None:
-        if recorder() is not None:
-            return recorder()(self, grid, args, kwargs)
-        self.fast_launches.entry(grid, *args, **kwargs)
 
     def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:
         """Choose the config (tuning if need be) and launch it the slow way; what ran, for the warm path."""

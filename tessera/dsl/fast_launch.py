@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Iterator, NamedTuple
 
 from .arguments import DeviceArray
+from .errors import KernelArgumentError
 from .launch_codegen import ARRAY_INTERFACE, DEVICE_ARRAY, GPU_ARRAYS, TORCH, TORCH_DEVICE_ARRAY, generate_entry
 from .torch_compile import dynamo_opaque
 
@@ -126,6 +127,30 @@ def with_grid(kernel: Any, grid: Any) -> Callable[..., None]:
             fast.grids.clear()
         fast.grids[grid] = launch
     return launch
+
+
+class Launchable:
+    """The launch entry points a kernel and an autotuned kernel share: `kernel[grid](...)`, `kernel(..., grid=)`
+    and `kernel.run(..., grid=)`, each the warm entry (`fast_launches`) unless a plan is being recorded. A
+    subclass has `name` and `fast_launches`."""
+
+    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
+
+    @dynamo_opaque
+    def __call__(self, *args, grid: Any = None, **kwargs) -> None:
+        if grid is None:
+            raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...) or "
+                                      f"{self.name}(..., grid=(n,))", kernel=self.name)
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
+        self.fast_launches.entry(grid, *args, **kwargs)
+
+    @dynamo_opaque
+    def run(self, *args, grid: Any, **kwargs) -> None:
+        """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
+        if recorder() is not None:
+            return recorder()(self, grid, args, kwargs)
+        self.fast_launches.entry(grid, *args, **kwargs)
 
 
 class Resolved(NamedTuple):

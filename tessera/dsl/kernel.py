@@ -29,14 +29,13 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable
 
 from ..backends.interp import Memory, run_function
 from ..ir.core import Module
-from ..runtime.errors import LaunchError
 from ..ir.verifier import verify_module
 from ..ir.errors import VerifyError
 from .arguments import BoundArguments, DeviceArray, TypedArray, bind_arguments
 from .tracer import build_kernel_ir
 from .dependencies import kernel_dependencies
-from .fast_launch import FastLaunches, Signature, SlowLaunch, recorder, with_grid
-from .torch_compile import dynamo_opaque, install as install_torch_compile_rules
+from .fast_launch import FastLaunches, Launchable, Signature, SlowLaunch
+from .torch_compile import install as install_torch_compile_rules
 from .gpu_launch import binary_for, interpret_device_arrays, launch_on_gpu, launcher_for
 from .errors import CompileError, KernelArgumentError
 from .signature import SignatureError, parse_signature
@@ -64,7 +63,7 @@ class Specialization:
         return self.module.functions[0]
 
 
-class Kernel:
+class Kernel(Launchable):
     """A traced, launchable tile kernel. Create with `@tessera.kernel`."""
 
     def __init__(self, fn: Callable[..., Any], do_not_specialize: Iterable[str | int] = (), fast_math: bool = False,
@@ -171,24 +170,6 @@ class Kernel:
                                    tolerate=self.tolerate)
 
     # -- launching --------------------------------------------------------
-
-    __getitem__ = with_grid        # `kernel[grid](*args, **kwargs)`: launch over `grid` program instances
-
-    @dynamo_opaque
-    def __call__(self, *args, grid: Grid | None = None, **kwargs) -> None:
-        if grid is None:
-            raise KernelArgumentError(f"launch kernel '{self.name}' with a grid: {self.name}[grid](...) or "
-                                      f"{self.name}(..., grid=(n,))", kernel=self.name)
-        if recorder() is not None:
-            return recorder()(self, grid, args, kwargs)
-        self.fast_launches.entry(grid, *args, **kwargs)
-
-    @dynamo_opaque
-    def run(self, *args, grid: Grid, **kwargs) -> None:
-        """Launch: GPU tensors run on the GPU, host arrays (or anything with TESSERA_INTERPRET=1) on the CPU."""
-        if recorder() is not None:
-            return recorder()(self, grid, args, kwargs)
-        self.fast_launches.entry(grid, *args, **kwargs)
 
     def _launch_slowly(self, grid: Grid, args: tuple, kwargs: dict) -> SlowLaunch | None:
         """Bind every argument and launch; what ran on a GPU, for the warm path to remember (None on the CPU)."""

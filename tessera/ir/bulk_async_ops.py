@@ -24,7 +24,12 @@ box outside the tensor are not written (TMA clips stores). It reports to no
 mbarrier: the issuing thread groups its stores with `bulk_commit_group` and
 `bulk_wait_group_read {pending = N}` waits until all but the N newest groups
 have finished *reading* shared memory, after which the buffer may be
-rewritten or the block may exit. The shared bytes must be written by the
+rewritten or the block may exit. Their global writes may still be under way:
+`bulk_wait_group {pending = N}` (without .read) waits until those groups are
+*complete*, writes performed and visible to the issuing thread; PTX follows
+the completion with an implicit generic-async proxy fence (ISA, "Async
+proxy"), so from then on the thread's generic accesses, and a release after
+them, order the writes like its own stores. The shared bytes must be written by the
 threads and then made visible to the async proxy by `fence_proxy_async` of
 each writing thread and a `barrier`, before the one thread issues the store.
 
@@ -38,6 +43,11 @@ Ordering rules the ops encode (PTX ISA, "mbarrier" and "tensor copy"):
   that observes the completion of the phase that counted them.
 * the bytes a `tma_store` reads may be written again (and the block may end)
   only after the issuing thread's `bulk_wait_group_read` retires its group.
+* the global memory a `tma_store` writes may be read or written by the
+  generic proxy (any thread, this block's or, after a release, another's)
+  only after the issuing thread's `bulk_wait_group` completes its group
+  (`schedule/tma_store.py` waits so where the kernel reads that memory, and
+  before every release).
 
 Coordinates are in elements, outermost dimension first (numpy order, as
 tiles are indexed everywhere in Tessera); the backend reverses them into
@@ -134,9 +144,11 @@ def _infer_tma_store(ts, a):
     return []
 
 
-def _infer_bulk_wait(ts, a):
-    require(a["pending"] >= 0, f"bulk_wait_group_read pending must be >= 0, got {a['pending']}")
-    return []
+def _bulk_wait(name: str):
+    def infer(ts, a):
+        require(a["pending"] >= 0, f"{name} pending must be >= 0, got {a['pending']}")
+        return []
+    return infer
 
 
 define_thread_op("mbarrier_init", "Initialize the mbarrier at `bar` for `count` arrivals per phase, in phase 0 with "
@@ -184,4 +196,9 @@ define_thread_op("bulk_commit_group", "Close this thread's open group of tma_sto
 define_thread_op("bulk_wait_group_read", "Wait until at most `pending` of this thread's committed bulk groups are "
                  "still reading shared memory (cp.async.bulk.wait_group.read): their source buffers may then be "
                  "rewritten, and with pending = 0 the block may exit.", 0, attrs={"pending": "int"},
-                 infer=_infer_bulk_wait, pure=False, **SYNCHRONIZES)
+                 infer=_bulk_wait("bulk_wait_group_read"), pure=False, **SYNCHRONIZES)
+define_thread_op("bulk_wait_group", "Wait until at most `pending` of this thread's committed bulk groups are "
+                 "incomplete (cp.async.bulk.wait_group): the others have read their shared memory and their global "
+                 "writes are performed and visible to this thread, through the generic proxy too (completion "
+                 "implies a generic-async proxy fence), so a release after it publishes them.", 0,
+                 attrs={"pending": "int"}, infer=_bulk_wait("bulk_wait_group"), pure=False, **SYNCHRONIZES)

@@ -16,8 +16,10 @@ A program that covers only part of a tile's K writes its float32 partial
 to its own workspace slot (two per program: the tile its range starts in,
 the tile it ends in) and bumps the tile's arrival counter, an acquire-release
 atomic at GPU scope after a barrier (so it publishes every thread's stores of
-the slot). The program that arrives last, known by the counter's old value,
-sums every contributor's partial in program order (= K order: the same
+the slot; on sm_90a the slot and C leave by TMA stores, the partial's
+completed by the full bulk wait before the counter: `schedule/tma_store.py`).
+The program that arrives last, known by the counter's old value, sums every
+contributor's partial in program order (= K order: the same
 float32 additions whoever arrives last, so C's bits do not depend on the
 schedule), applies the epilogue (`gemm_epilogue.py`), stores the tile and
 sets the counter back to 0 for the next launch. Nobody waits for anybody, so
@@ -84,7 +86,7 @@ def store_tile(c, acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, p
 
 @tessera.kernel
 def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, partial_ptr, counter_ptr,
-                         M, N, K, alpha, stride_am, stride_ak, stride_bk, stride_bn, sk_tiles,
+                         M, N, K, alpha, stride_am, stride_ak, stride_bk, stride_bn, partial_rows, sk_tiles,
                          HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr,
                          HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                          BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
@@ -92,7 +94,8 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
                          ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
     """`gemm.gemm_kernel`'s GEMM, persistent: the first tiles - sk_tiles tiles (grouped order) one program each,
     num_programs apart, then the last sk_tiles split in K steps over all programs (see the module docstring).
-    partial_ptr: float32 [2 * num_programs * BM, BN]; counter_ptr: int32 [sk_tiles], 0 before and after."""
+    partial_ptr: float32 [partial_rows = 2 * num_programs * BM, BN] (the rows an argument, so that the host can
+    build the partials' TMA store map); counter_ptr: int32 [sk_tiles], 0 before and after."""
     state_alignment(M, N, K, stride_am, stride_ak, stride_bk, stride_bn, ALIGN)
     STAGES = STAGES if PIPELINED else 1
     a = tessera.view(a_ptr, (M, K), (stride_am, stride_ak))
@@ -113,7 +116,7 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
     start = min(program * per_program, total)
     end = min(start + per_program, total)
     first = start // k_steps
-    partials = tessera.view(partial_ptr, (2 * programs * BM, BN))
+    partials = tessera.view(partial_ptr, (partial_rows, BN))
     stop = tessera.where(start < end, tessera.cdiv(end, k_steps), first)       # past the last tile it touches
     t = first
     # a `while`, not a `for`: the index math of the partial, the sum and the epilogue is recomputed in it rather
@@ -279,7 +282,7 @@ def launch(args: tuple, p: StreamKPlan, M: int, N: int, flags: dict, device, *, 
     align, pipelined = operand_alignment(M, N, args[8], args[10:14], element_bytes, pointers_aligned(*args[:2]))
     kernel = gemm_stream_k_kernel_fast if fast else gemm_stream_k_kernel
     run = launches.launch if launches is not None else _direct
-    run(kernel, (p.programs,), (*args[:6], partials, counters, *args[6:], p.sk_tiles),
+    run(kernel, (p.programs,), (*args[:6], partials, counters, *args[6:], 2 * p.programs * p.BM, p.sk_tiles),
         dict(**flags, BM=p.BM, BN=p.BN, BK=p.BK, GROUP_M=p.GROUP_M, STAGES=p.STAGES, ALIGN=align,
              PIPELINED=pipelined, num_warps=p.num_warps))
     return p

@@ -91,7 +91,7 @@ def test_every_sm90_table_entry_compiles_and_assembles_for_sm_90a():
                 args.append(ir.Constant(t, 0))
         if name.startswith("llvm.nvvm.cp.async.bulk.tensor.g2s"):
             args[-1] = ir.Constant(I32, 0)   # cta_group is an immediate
-        if name == "llvm.nvvm.cp.async.bulk.wait.group.read":
+        if name in ("llvm.nvvm.cp.async.bulk.wait.group.read", "llvm.nvvm.cp.async.bulk.wait.group"):
             args[0] = ir.Constant(I32, 1)    # the group count is an immediate
         result = b.call(callee, args)
         if isinstance(result.type, ir.PointerType):     # mapa: a shared::cluster address

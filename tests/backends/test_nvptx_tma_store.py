@@ -40,6 +40,16 @@ def test_tile_store_lowers_to_a_tma_store_its_commit_and_read_wait_and_assembles
         assert artifacts.cubin
 
 
+def test_the_full_wait_is_cp_async_bulk_wait_group_without_read():
+    """`bulk_wait_group` waits for the group's writes too: PTX's cp.async.bulk.wait_group N, no .read."""
+    artifacts = compile_thread_ir(kernel(tile_store(wait=False, full_wait=True)), "sm_90a", assemble=HAS_PTXAS)
+    ptx = artifacts.ptx
+    full = re.search(r"cp\.async\.bulk\.wait_group\s+0;", ptx)
+    assert full and ptx.index("cp.async.bulk.commit_group;") < full.start() and ".read" not in ptx
+    if HAS_PTXAS:
+        assert artifacts.cubin
+
+
 @pytest.mark.parametrize("target", ["sm_80", dataclasses.replace(get_target("sm_90a"),
                                                                  features=get_target("sm_90a").features - {"tma"})])
 def test_targets_without_tma_refuse_the_store_before_llvm(target):

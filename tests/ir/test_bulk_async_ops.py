@@ -46,6 +46,7 @@ def test_well_typed_ops_verify():
     ("tma_store %box, %map, %j", "tma_store coordinate 0 must be i32"),
     ("tma_store %box, %map, %i, %i, %i, %i, %i, %i", "tma_store takes 3 to 7 operands"),
     ("bulk_wait_group_read {pending = -1}", "bulk_wait_group_read pending must be >= 0, got -1"),
+    ("bulk_wait_group {pending = -1}", "bulk_wait_group pending must be >= 0, got -1"),
 ])
 def test_wrong_operands_are_rejected(line, message):
     with pytest.raises(VerifyError, match=message):

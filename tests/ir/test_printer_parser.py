@@ -268,6 +268,7 @@ func @bulk_async(%map: tensormap) {
   tma_store %box, %map, %row, %one
   bulk_commit_group
   bulk_wait_group_read {pending = 0}
+  bulk_wait_group {pending = 0}
   mbarrier_inval %bar
   return
 }

@@ -1,8 +1,9 @@
 """The stream-K GEMM (tessera/kernels_lib/gemm_stream_k.py): the kernel on the interpreter against numpy where
 tiles and K ranges straddle, the same bits whatever order its programs arrive in, the SIMT simulator on sm_80
 and sm_90a with its happens-before check (and two mutations of the counter caught as races: narrowed to the CTA,
-relaxed to a plain load and store), the hand-off's instructions in PTX, ptxas without spills, the wave model and
-the op's choice ($TESSERA_GEMM_STREAM_K)."""
+relaxed to a plain load and store; on sm_90a the TMA-stored partial's full wait weakened), the hand-off's
+instructions in PTX, the two K loops' shared ring, ptxas without spills, the wave model and the op's choice
+($TESSERA_GEMM_STREAM_K)."""
 
 import importlib
 import itertools
@@ -39,7 +40,7 @@ def problem(M, N, K, programs, BM=16, BN=16, seed=0):
     tiles = -(-M // BM) * -(-N // BN)
     args = [a, b, unused, unused, unused, np.zeros((M, N), np.float32),
             np.zeros((2 * programs * BM, BN), np.float32), np.zeros(max(tiles, 1), np.int32),
-            M, N, K, 1.0, K, 1, N, 1]
+            M, N, K, 1.0, K, 1, N, 1, 2 * programs * BM]
     return args, a.astype(np.float64) @ b.astype(np.float64)
 
 
@@ -174,7 +175,7 @@ def simulated(target, mutate=None, tile="64x64"):
     unused = np.zeros(1, np.float32)
     args = [a, b, unused, unused, unused, np.zeros((M, N), np.float32),
             np.zeros((2 * programs * meta["BM"], meta["BN"]), np.float32), np.zeros(4, np.int32), M, N, K, 1.0, K, 1,
-            N, 1, 2]
+            N, 1, 2 * programs * meta["BM"], 2]
     spec = gemm_stream_k_kernel.specialize(*args, **NO_EPILOGUE, **meta)
     fn = lower(spec.module, target, warps).functions[0]
     if mutate is not None:
@@ -231,17 +232,19 @@ def test_the_simulator_reports_a_counter_narrowed_to_the_cta_as_a_race():
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a"])
 def test_the_partials_are_published_and_acquired_around_the_counter_in_ptx(target):
-    """The hand-off as compiled: the partial's st.global, a barrier and fence.acq_rel.gpu, the counter's atom
-    (GPU scope), fence.acq_rel.gpu and a barrier before the partials are read back; no read of them goes
-    through the non-coherent cache (ld.global.nc could serve a stale line another SM has since written)."""
+    """The hand-off as compiled: the partial's st.global (sm_90a: its TMA store's full wait), a barrier and
+    fence.acq_rel.gpu, the counter's atom (GPU scope), fence.acq_rel.gpu and a barrier before the partials are
+    read back; no read of them goes through the non-coherent cache (ld.global.nc could serve a stale line another
+    SM has since written)."""
     compiled = compile_shipped(target)
-    lines = [line.strip() for line in compiled.stages["ptx"].splitlines()]
+    lines = [" ".join(line.split()) for line in compiled.stages["ptx"].splitlines()]
+    published = "cp.async.bulk.wait_group 0;" if target == "sm_90a" else "st.global.v4.b32"
     atom = [i for i, line in enumerate(lines) if line.startswith("atom.")]
     assert len(atom) == 1 and re.match(r"atom\.global\.add\.u32", lines[atom[0]])
     before, after = lines[:atom[0]], lines[atom[0] + 1:]
     last_fence = max(i for i, line in enumerate(before) if line == "fence.acq_rel.gpu;")
     last_barrier = max(i for i, line in enumerate(before) if line.startswith("bar.sync"))
-    last_partial_store = max(i for i, line in enumerate(before) if line.startswith("st.global.v4.b32"))
+    last_partial_store = max(i for i, line in enumerate(before) if line.startswith(published))
     assert last_partial_store < last_barrier < last_fence
     first_barrier = min(i for i, line in enumerate(after) if line.startswith("bar.sync"))
     first_partial_load = min(i for i, line in enumerate(after) if line.startswith("ld.global.v4.b32"))
@@ -249,10 +252,48 @@ def test_the_partials_are_published_and_acquired_around_the_counter_in_ptx(targe
     assert not any(line.startswith("ld.global.nc") for line in after)
 
 
+def weaken_full_waits(fn):
+    """The mutation: every full wait for TMA stores (`bulk_wait_group`, cp.async.bulk.wait_group) becomes the
+    read-wait (`bulk_wait_group_read`), which does not wait for their global writes."""
+    from tessera.ir.core import Operation
+    weakened = 0
+    for old in [op for op in fn.walk() if op.name == "bulk_wait_group"]:
+        new = Operation("bulk_wait_group_read", [], [], dict(old.attrs), loc=old.loc)
+        new.parent = old.parent
+        old.parent.ops[old.parent.ops.index(old)] = new
+        weakened += 1
+    assert weakened
+
+
+def test_the_simulator_reports_partials_stored_by_tma_without_the_full_wait():
+    """sm_90a stores the partial by TMA: weakened to the read-wait, its writes may still be under way when the
+    counter publishes it (`schedule/tma_store.py`), and the last contributor's read of it is a race."""
+    with pytest.raises(InterpreterError, match=r"global-memory race: this load in block \(\d, 0, 0\) touches "
+                                               r"'partial_ptr' that block \(\d, 0, 0\) wrote with tma_store"):
+        simulated("sm_90a", weaken_full_waits)
+
+
+def test_the_sm_90a_epilogue_stores_by_tma_and_waits_in_full_before_the_counter():
+    """C and the partials leave by cp.async.bulk.tensor stores; the partial's store and the counter's release are
+    each preceded by thread 0's cp.async.bulk.wait_group 0 (not .read: that one waits only for the shared
+    memory to be read); C, read by no op, keeps the read-wait."""
+    compiled = compile_shipped("sm_90a")
+    ptx = [" ".join(line.split()) for line in compiled.stages["ptx"].splitlines()]
+    assert sum(line.startswith("cp.async.bulk.tensor.2d.global.shared::cta") for line in ptx) >= 3
+    assert "cp.async.bulk.wait_group.read 0;" in ptx
+    thread_ir = [line.strip() for line in compiled.stages["thread_ir"].splitlines()]
+    (atomic,) = [i for i, line in enumerate(thread_ir) if "atomic_rmw" in line]
+    last_wait = max(i for i, line in enumerate(thread_ir[:atomic]) if line.startswith("bulk_wait_group"))
+    assert thread_ir[last_wait] == "bulk_wait_group {pending = 0}"
+    assert [line for line in thread_ir[last_wait:atomic] if line == "barrier"], "thread 0 waits, then the block"
+    full = [i for i, line in enumerate(ptx) if line == "cp.async.bulk.wait_group 0;"]
+    assert len(full) == 2 and not any(line.startswith("cp.async.bulk.tensor") for line in ptx[full[1]:full[1] + 8])
+
+
 # --- ptxas: the shipped config without spills ---------------------------------------------------------------
 
 SIGNATURE = ("*{t}:16,*{t}:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16,f32,"
-             "i32:16,i32:1,{b},i32")
+             "i32:16,i32:1,{b},i32:16,i32")
 B_ROW_MAJOR, B_TRANSPOSED = "i32:16,i32:1", "i32:1,i32:16"     # stride_bk, stride_bn
 
 
@@ -281,6 +322,26 @@ def test_the_shipped_config_compiles_pipelined_without_spills(target, dtype, ele
         assert "wgmma.mma_async" in ptx and "cp.async.bulk.tensor.2d" in ptx and "mma.sync" not in ptx
     else:
         assert "mma.sync.aligned.m16n8k" in ptx and "cp.async.cg.shared.global" in ptx
+
+
+def test_the_two_k_loops_share_one_ring_on_sm_90a():
+    """The data-parallel tiles' ring (allocated in the prologue: the next tile's fills land during the epilogue)
+    is live only until the tile loop ends, so the stream-K ranges' ring takes bytes it held (`persistent.py`): the
+    kernel needs what its data-parallel phase needs (a ring and the epilogue's staging beside it, 160 KiB here),
+    not two rings (213,016 bytes before on the shipped config's compile)."""
+    from tessera.passes.thread_passes import lower
+    meta = SIMULATED_TILES["shipped"][0]
+    args = [np.zeros((192, 320), np.float16), np.zeros((320, 256), np.float16), *[np.zeros(1, np.float32)] * 3,
+            np.zeros((192, 256), np.float32), np.zeros((768, 128), np.float32), np.zeros(4, np.int32),
+            192, 256, 320, 1.0, 320, 1, 256, 1, 768, 2]
+    fn = lower(gemm_stream_k_kernel.specialize(*args, **NO_EPILOGUE, **meta).module, "sm_90a", 8).functions[0]
+    ring_bytes = meta["STAGES"] * meta["BM"] * meta["BK"] * 2
+    rings = [op for op in fn.walk() if op.name == "shared_alloc" and op.attrs["bytes"] == ring_bytes]
+    assert len(rings) == 4 and not any(op.attrs.get("whole_kernel") for op in rings)
+    data_parallel, stream_k = rings[:2], rings[2:]
+    end = lambda ops: max(op.attrs["offset"] + op.attrs["bytes"] for op in ops)     # noqa: E731
+    assert end(stream_k) <= end(data_parallel), "the stream-K ring lies in bytes the data-parallel phase needs"
+    assert fn.attrs["shared_bytes"] == end(data_parallel) + 24 < 2 * len(data_parallel) * ring_bytes   # + 3 bars
 
 
 # --- the wave model and the op's choice ----------------------------------------------------------------------

@@ -172,7 +172,9 @@ SIMT_CASES = {   # target -> (plan, tokens, hidden, intermediate): mma.sync tile
 def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_computes(target, programs, resident):
     """Thread IR (mma.sync on sm_80; wgmma reading TMA-filled rings, whose mbarriers each tile sets up, on sm_90a;
     one thread's atomics broadcast through shared memory between barriers): blocks spin on each other's counters
-    in the simulator's cooperative scheduler, and the result is the interpreter's, bit for bit."""
+    in the simulator's cooperative scheduler, and the result is the interpreter's, bit for bit. With the
+    happens-before check: every row a block reads another wrote before a release it acquired (on sm_90a the
+    combine's TMA store too, completed by the full wait before each release: `schedule/tma_store.py`)."""
     plan, T, H, I = SIMT_CASES[target]
     x, w13, w2, weights, ids, _ = _problem(T, H, I, 4, 2, torch.float16, empty=(3,))
     launch = layer_launch(x, w13, w2, None, None, weights, ids, 2, "softmax", 1, 1, True, 1.0, "silu", False, plan.BM,
@@ -184,7 +186,9 @@ def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_
     got = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
     moe_layer_kernel[(programs,)](*expected, **launch.constexprs)
     got[OUT_ARG][...] = np.nan
-    run_threads(fn, got, programs, resident=resident)
+    if target == "sm_90a":
+        assert {"tma_store", "bulk_wait_group"} <= {op.name for op in fn.walk()}
+    run_threads(fn, got, programs, resident=resident, global_races=True)
     np.testing.assert_array_equal(got[OUT_ARG], expected[OUT_ARG])
     reference = experts(x.float(), w13.float(), w2.float(), weights, ids).numpy()
     np.testing.assert_allclose(got[OUT_ARG].astype(np.float32), reference, rtol=2e-3, atol=2e-3)

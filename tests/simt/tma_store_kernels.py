@@ -5,9 +5,9 @@
 when asked, where a TMA store of a 128B-swizzled map reads them), fences
 its writes for the async proxy, and after a block barrier thread 0 issues
 one TMA store of the tile to the box at (%row, %col) of the map's tensor,
-commits the bulk group and waits for its reads. Pieces can be left out (or
-a rewrite of the tile added before the wait) to build the broken kernels
-the tests expect to be reported.
+commits the bulk group and waits for its reads (`full_wait`: and then for
+its writes). Pieces can be left out (or a rewrite of the tile added before
+the wait) to build the broken kernels the tests expect to be reported.
 
 `tile_store_loop(...)`: the same store in a loop of two iterations, as a
 persistent kernel's tile loop lowers it (`passes/schedule/tma_store.py`):
@@ -37,7 +37,8 @@ def _fill(swizzled: bool) -> str:
             "  }\n")
 
 
-def tile_store(*, swizzled=False, fence=True, barrier=True, commit=True, wait=True, rewrite_before_wait=False) -> str:
+def tile_store(*, swizzled=False, fence=True, barrier=True, commit=True, wait=True, rewrite_before_wait=False,
+               full_wait=False) -> str:
     head = (f"func @tma_store_tile(%tm: tensormap, %inp: ptr<bf16>, %row: i32, %col: i32) attributes "
             f"{{num_threads = {THREADS}, shared_bytes = 8192}} {{\n")
     body = PROLOGUE + "  %tile = shared_alloc {bytes = 8192, offset = 0} : ptr<bf16, shared>\n" + _fill(swizzled)
@@ -50,6 +51,8 @@ def tile_store(*, swizzled=False, fence=True, barrier=True, commit=True, wait=Tr
         issue += "    %zero = load %inp : bf16\n    store %tile, %zero\n"
     if wait:
         issue += "    bulk_wait_group_read {pending = 0}\n"
+    if full_wait:                   # the writes complete too (what a later read or release of them needs)
+        issue += "    bulk_wait_group {pending = 0}\n"
     body += f"  if %leader {{\n{issue}    yield\n  }} {{\n    yield\n  }}\n"
     return head + body + "  return\n}\n"
 

@@ -64,7 +64,7 @@ UNSUPPORTED_OPS = {
                     "fence_mbarrier_init", "fence_proxy_async", "fence_proxy_async_global")},
     "tma_load": "tma_load (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are loaded by the threads",
     **{name: f"{name} (the Tensor Memory Accelerator) " + _NVIDIA_ONLY + "tiles are stored by the threads"
-       for name in ("tma_store", "bulk_commit_group", "bulk_wait_group_read")},
+       for name in ("tma_store", "bulk_commit_group", "bulk_wait_group_read", "bulk_wait_group")},
     **{name: f"{name} (Hopper warpgroup MMA) " + _NVIDIA_ONLY + "dot uses MFMA"
        for name in ("wgmma", "wgmma_desc", "wgmma_fence", "wgmma_commit", "wgmma_wait")},
     "setmaxnreg": "setmaxnreg (Hopper register rebalancing) " + _NVIDIA_ONLY + "it runs without warp specialization",

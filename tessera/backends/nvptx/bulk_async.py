@@ -15,6 +15,7 @@
 | tma_store                   | cp.async.bulk.tensor.<r>d.global.shared::cta.tile.bulk_group              |
 | bulk_commit_group           | cp.async.bulk.commit_group                                                |
 | bulk_wait_group_read        | cp.async.bulk.wait_group.read N                                           |
+| bulk_wait_group             | cp.async.bulk.wait_group N                                                |
 
 `mbarrier_wait` loops because `try_wait` may give up after a
 hardware-chosen time; the loop is the blocking wait CUTLASS and Triton emit.
@@ -59,7 +60,7 @@ REQUIRED_FEATURES = {
     "fence_proxy_async": ("mbarrier", "the async proxy (sm_90+: TMA, wgmma)"),
     "fence_proxy_async_global": ("tma", "the async proxy (sm_90+: TMA)"),
     **{name: ("tma", "the Tensor Memory Accelerator (sm_90+)") for name in (
-        "tma_load", "tma_store", "bulk_commit_group", "bulk_wait_group_read")},
+        "tma_load", "tma_store", "bulk_commit_group", "bulk_wait_group_read", "bulk_wait_group")},
 }
 
 
@@ -157,3 +158,8 @@ def _bulk_commit_group(lw, op):
 @codegen_for("bulk_wait_group_read")
 def _bulk_wait_group_read(lw, op):
     lw.intrinsic("llvm.nvvm.cp.async.bulk.wait.group.read", [ir.Constant(I32, op.attrs["pending"])])
+
+
+@codegen_for("bulk_wait_group")
+def _bulk_wait_group(lw, op):
+    lw.intrinsic("llvm.nvvm.cp.async.bulk.wait.group", [ir.Constant(I32, op.attrs["pending"])])

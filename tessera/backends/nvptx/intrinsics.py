@@ -140,6 +140,7 @@ SM90_FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     "llvm.nvvm.mbarrier.arrive.scope.cta.space.cluster": (VOID, (_CLUSTER_SMEM, I32)),
     "llvm.nvvm.cp.async.bulk.commit.group": (VOID, ()),                               # cp.async.bulk.commit_group
     "llvm.nvvm.cp.async.bulk.wait.group.read": (VOID, (I32,)),                        # ...wait_group.read N (immarg)
+    "llvm.nvvm.cp.async.bulk.wait.group": (VOID, (I32,)),                             # ...wait_group N (immarg)
 }
 
 OVERLOADED: dict[str, Family] = COMMON_OVERLOADED

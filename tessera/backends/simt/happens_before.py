@@ -6,9 +6,10 @@ atomic), read by this block's acquire before its access (a `load_acquire`, an at
 vector clock (its own count of releases, and the counts of the blocks it has acquired from): a release publishes
 the block's clock at its addresses and ticks its own count; an acquire joins what was published there. A plain
 access to an element that another block last wrote (an ordered op meeting an ordered write excepted) at a count
-this block has not acquired raises InterpreterError naming both ops and the fix. Not followed: one block's own
-threads (a block is one unit: the lowering puts a barrier before a program's ordered op), write-after-read, and
-copies by TMA or cp.async. Scopes narrower than the GPU are `scopes.py`'s check.
+this block has not acquired raises InterpreterError naming both ops and the fix. A tma_store's writes count when
+its issuing thread's full wait completes them (`tma_store.py`), so only a release after that wait publishes them.
+Not followed: one block's own threads (a block is one unit: the lowering puts a barrier before a program's ordered
+op), write-after-read, and other copies by TMA or cp.async. Scopes narrower than the GPU are `scopes.py`'s check.
 """
 
 from __future__ import annotations
@@ -57,7 +58,13 @@ def _tracked(ctx, ptr: Pointers, live):
 
 
 def before(ctx, op: Operation, ptr: Pointers, live) -> None:
-    """Before `op` touches `ptr`'s live lanes: acquire (if it does), then check each element's last writer."""
+    """Before `op` touches `ptr`'s live lanes: none is one this block's tma_store may still be writing; then, when
+    the launch checks happens-before, acquire (if `op` does) and check each element's last writer."""
+    proxy = ctx.shared.async_proxy
+    if proxy is not None and proxy.writing:
+        addresses = global_addresses(ptr, live)
+        if addresses is not None:
+            _check_not_writing(ctx, op, proxy.writing, addresses)
     tracked = _tracked(ctx, ptr, live)
     if tracked is None:
         return
@@ -89,6 +96,32 @@ def after(ctx, op: Operation, ptr: Pointers, live) -> None:
         for address in addresses:
             _join(clocks.published.setdefault(address, {}), mine)
         mine[me] += 1
+
+
+def _check_not_writing(ctx, op: Operation, writing: dict, addresses: list[int]) -> None:
+    """Before a load, store or atomic of global byte `addresses`: none may be one a tma_store of this block is
+    still writing (`tma_store.py`: its issuing thread has not waited with bulk_wait_group, the full wait)."""
+    hit = next((a for a in addresses if a in writing), None)
+    if hit is not None:
+        store = writing[hit]
+        where = f" at {store.loc}" if store.loc is not None else ""
+        raise ctx.error(op, f"global-memory race: this {op.name} touches memory that the tma_store{where} may "
+                            f"still be writing: bulk_wait_group_read (cp.async.bulk.wait_group.read) waits only "
+                            f"for its reads of shared memory; its issuing thread must wait with bulk_wait_group "
+                            f"(cp.async.bulk.wait_group, the full wait), then a barrier, before any thread "
+                            f"touches what it wrote")
+
+
+def completed(ctx, op: Operation, addresses: list[int]) -> None:
+    """The global writes of tma_store `op` at `addresses` are complete (its issuing thread's full wait, or the
+    block's end): they count as this block's writes at its current release count."""
+    clocks: Clocks | None = ctx.launch.happens_before
+    if clocks is None:
+        return
+    me = tuple(ctx.program_id)
+    writer = (me, clocks.of(me)[me], op)
+    for address in addresses:
+        clocks.writes[address] = writer
 
 
 def _message(op: Operation, reader: tuple, last: tuple, ptr: Pointers) -> str:

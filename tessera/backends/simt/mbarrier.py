@@ -201,6 +201,10 @@ class AsyncProxy:
         self.in_flight_bytes = np.zeros(nbytes, dtype=np.int32)
         self.store_reads = np.zeros(nbytes, dtype=np.int32)     # tma_stores reading each byte (`tma_store.py`)
         self.store_groups: dict[int, list[list[np.ndarray]]] = {}   # issuer -> its bulk groups, open one last
+        # issuer -> its bulk groups' global writes not yet complete, (tma_store, byte addresses) each, open one
+        # last; and every such byte address -> its tma_store (`tma_store.py`)
+        self.store_writes: dict[int, list[list[tuple]]] = {}
+        self.writing: dict[int, object] = {}
 
     def describe_in_flight(self, addrs: np.ndarray, threads: np.ndarray, verb: str, place) -> str | None:
         """The hook `SharedMemory` calls before every access: an error if it touches bytes a TMA is writing,

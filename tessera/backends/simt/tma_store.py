@@ -1,4 +1,4 @@
-"""TMA stores in the SIMT simulator: `tma_store`, `bulk_commit_group`, `bulk_wait_group_read`.
+"""TMA stores in the SIMT simulator: `tma_store`, `bulk_commit_group`, `bulk_wait_group_read`, `bulk_wait_group`.
 
 A `tma_store` is executed when it is issued: the box is read from shared
 memory (through the map's swizzle, as `tma_load` writes it) and the
@@ -22,7 +22,14 @@ is checked instead:
   as it comes before the next write;
 * once retired, the reads are the issuing thread's (`SharedMemory.record_retired_read`):
   another thread writing those bytes before a barrier with it races, as
-  only the issuer knows the read is over.
+  only the issuer knows the read is over;
+* its global writes are complete only once the issuing thread's
+  `bulk_wait_group` (the full wait, not .read) retires the group: until
+  then a load, store or atomic of this block touching them is an error,
+  and for the happens-before check between blocks (`happens_before.py`)
+  they count as written at completion, so only a release after the full
+  wait publishes them (writes never waited for complete when the block
+  ends, after its last release: no block may read them in this launch).
 """
 
 from __future__ import annotations
@@ -30,7 +37,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..interp.errors import InterpreterError
-from . import wgmma
+from . import happens_before, wgmma
 from .mbarrier import _active, _proxy, _source, tma_operands
 from .ops import simt
 from .shared import _NONE
@@ -64,12 +71,14 @@ def _tma_store(ctx, op, src, tensor_map, *coords):
         addrs = base + swizzle_offsets(np.arange(numel * desc.element_bytes, dtype=np.int64), desc.swizzle)
         _check_readable(ctx, op, t, addrs)
         start = [int(c[t]) for c in coords]
-        _write_box(desc, target, start, ctx.shared.bytes[addrs])
+        written = _write_box(desc, target, start, ctx.shared.bytes[addrs])
         if desc.writeback is not None:
-            _write_through(ctx, op, desc, start, ctx.shared.bytes[addrs])
+            written = _write_through(ctx, op, desc, start, ctx.shared.bytes[addrs])
         proxy.store_reads[addrs] += 1
         groups = proxy.store_groups.setdefault(t, [[]])
         groups[-1].append(addrs)
+        proxy.store_writes.setdefault(t, [[]])[-1].append((op, written))
+        proxy.writing.update(dict.fromkeys(written, op))
 
 
 def _check_readable(ctx, op, thread: int, addrs: np.ndarray) -> None:
@@ -94,12 +103,15 @@ def _check_readable(ctx, op, thread: int, addrs: np.ndarray) -> None:
                             f"fence_proxy_async, so the async proxy may not see it; {_FENCE_ADVICE}")
 
 
-def _write_box(desc, target: np.ndarray, start: list[int], raw: np.ndarray) -> None:
-    """Write the box (row-major bytes `raw`) at element `start` of `target`, skipping elements outside it."""
+def _write_box(desc, target: np.ndarray, start: list[int], raw: np.ndarray) -> list[int]:
+    """Write the box (row-major bytes `raw`) at element `start` of `target`, skipping elements outside it; return
+    the byte addresses of the elements written (as `scopes.global_addresses` names them)."""
     index = np.indices(desc.box_shape).reshape(desc.rank, -1) + np.asarray(start)[:, None]
     inside = np.all((index >= 0) & (index < np.asarray(desc.shape)[:, None]), axis=0)
     values = raw.astype(np.uint8).view(target.dtype)
     target[tuple(index[:, inside])] = values[inside]
+    base = target.__array_interface__["data"][0]
+    return (base + (index[:, inside] * np.asarray(target.strides)[:, None]).sum(axis=0)).tolist()
 
 
 def _write_through(ctx, op, desc, start: list[int], raw: np.ndarray) -> None:
@@ -115,6 +127,7 @@ def _write_through(ctx, op, desc, start: list[int], raw: np.ndarray) -> None:
                             f"{desc.writeback.size} bytes: its coordinates {start} (outermost first) are out of range")
     elements = raw.astype(np.uint8).reshape(-1, size)[inside]
     desc.writeback[offsets[:, None] + np.arange(size)] = elements
+    return (desc.writeback.__array_interface__["data"][0] + offsets).tolist()
 
 
 @simt("bulk_commit_group")
@@ -123,6 +136,32 @@ def _bulk_commit_group(ctx, op):
     for t in _active(ctx).tolist():
         groups = proxy.store_groups.setdefault(t, [[]])
         groups.append([])
+        proxy.store_writes.setdefault(t, [[]]).append([])
+
+
+@simt("bulk_wait_group")
+def _bulk_wait_group(ctx, op):
+    """The full wait: the groups' reads retire as with .read, and their global writes complete."""
+    _bulk_wait_group_read(ctx, op)
+    proxy, pending = _proxy(ctx), op.attrs["pending"]
+    for t in _active(ctx).tolist():
+        groups = proxy.store_writes.get(t)
+        if not groups:
+            continue
+        committed, open_group = groups[:-1], groups[-1]
+        done = committed[:max(len(committed) - pending, 0)]
+        for group in done:
+            _complete(ctx, proxy, group)
+        proxy.store_writes[t] = committed[len(done):] + [open_group]
+
+
+def _complete(ctx, proxy, group: list[tuple]) -> None:
+    """The global writes of a group of tma_stores are complete: no longer in flight, and written (for the
+    happens-before check) at this block's current release count."""
+    for op, written in group:
+        for address in written:
+            proxy.writing.pop(address, None)
+        happens_before.completed(ctx, op, written)
 
 
 @simt("bulk_wait_group_read")
@@ -143,9 +182,16 @@ def _bulk_wait_group_read(ctx, op):
 
 def finish_block(block) -> None:
     """At the end of a block: tma_stores no bulk_wait_group_read retired are an error (the GPU may still be
-    reading the shared memory the block gives up)."""
+    reading the shared memory the block gives up); global writes no full wait completed complete now, after
+    every release of the block."""
     proxy = block.shared.async_proxy
-    if proxy is None or not proxy.store_groups:
+    if proxy is None:
+        return
+    for groups in proxy.store_writes.values():
+        for group in groups:
+            _complete(block, proxy, group)
+    proxy.store_writes.clear()
+    if not proxy.store_groups:
         return
     for t, groups in proxy.store_groups.items():
         left = sum(len(g) for g in groups)

@@ -82,6 +82,9 @@ class Lowering(Emitter):
         # off: each store waits at once); the tile-IR loops whose final wait is still to come after them
         self.overlap_stores = True
         self.overlapped_stores: set[Operation] = set()
+        # whether some view_store of the kernel may take a TMA store, so that releases complete them first
+        # (`schedule/tma_store.complete_before_release`); None until asked
+        self.may_store_by_tma: bool | None = None
         # wgmma operands computed before a loop and stored into shared memory once, before it
         # (`wgmma_dot.stage_invariant_operands`): tile-IR value -> its `SharedOperand`
         self.staged: dict[Value, Any] = {}

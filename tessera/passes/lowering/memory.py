@@ -64,6 +64,18 @@ def _scoped(op, attrs: dict | None = None) -> dict | None:
     return {**(attrs or {}), "scope": op.attrs["scope"]}
 
 
+# What must complete before a release (store_release, atomic_rmw, atomic_cas) publishes this block's writes:
+# fn(ctx) -> bool, True when it emitted a wait that a barrier must follow (so every thread's release comes after
+# it). `passes/schedule/tma_store.py` adds the completion of the block's TMA stores.
+BEFORE_RELEASE: list = []
+
+
+def _complete_before_release(ctx, barrier: bool) -> None:
+    """Emit the `BEFORE_RELEASE` waits, then a barrier if `barrier` or any of them asks for one."""
+    if any([hook(ctx) for hook in BEFORE_RELEASE]) or barrier:
+        ctx.threads.barrier()
+
+
 def _and_first_thread(ctx, mask):
     first = ctx.index.first_thread()
     return first if mask is None else ctx.emit("and", mask, first)
@@ -112,7 +124,7 @@ def _load_acquire(ctx, op):
 
 @lowering("store_release")
 def _store_release(ctx, op):
-    ctx.threads.barrier()
+    _complete_before_release(ctx, barrier=True)
     if not isinstance(op.operands[0].type, TileType):
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
         ctx.create("store_release", [ptr, value, _and_first_thread(ctx, mask[0] if mask else None)], _scoped(op))
@@ -125,8 +137,9 @@ def _store_release(ctx, op):
 @lowering("atomic_rmw")
 def _atomic_rmw(ctx, op):
     attrs = _scoped(op, {"kind": op.attrs["kind"]})
-    if not isinstance(op.operands[0].type, TileType):
-        ctx.threads.barrier()           # thread 0's release covers every thread's earlier writes
+    tile = isinstance(op.operands[0].type, TileType)
+    _complete_before_release(ctx, barrier=not tile)    # a scalar's: thread 0's release covers every thread's writes
+    if not tile:
         ptr, value, *mask = [ctx.thread_value(x) for x in ctx.operands(op)]
         mask = _and_first_thread(ctx, mask[0] if mask else None)
         old = ctx.create("atomic_rmw", [ptr, value, mask], attrs, [op.result.type]).result
@@ -148,8 +161,7 @@ def _atomic_cas(ctx, op):
     lowered = ctx.operands(op)
     operands = [ctx.thread_value(x) for x in lowered]
     layout = ctx.assignment.layout(op.result) if tile else None
-    if not tile:
-        ctx.threads.barrier()           # thread 0's release covers every thread's earlier writes
+    _complete_before_release(ctx, barrier=not tile)    # a scalar's: thread 0's release covers every thread's writes
     pred = ctx.index.owner_predicate(layout) if tile else ctx.index.first_thread()
     t = RegsType(op.result.type.element, layout.local_size) if tile else op.result.type
     if pred is None:

@@ -185,23 +185,23 @@ def pointer_roots(value: Value, fn: Function) -> frozenset[int] | None:
             continue
         seen.add(v)
         if v in params:
-            if _is_address(v):
+            if is_address(v):
                 roots.add(params[v])
             continue
         owner = v.owner
         if isinstance(owner, Block):            # an induction variable is an index; a carried pointer is unknown
-            if _is_address(v):
+            if is_address(v):
                 return None
             continue
         if owner is None or owner.regions or not OPS[owner.name].pure:
-            if _is_address(v):
+            if is_address(v):
                 return None
             continue
         work.extend(owner.operands)
     return frozenset(roots)
 
 
-def _is_address(value: Value) -> bool:
+def is_address(value: Value) -> bool:
     t = value.type
     return isinstance(t, (PointerType, ViewType)) or (isinstance(t, TileType) and isinstance(t.element, PointerType))
 
@@ -209,4 +209,4 @@ def _is_address(value: Value) -> bool:
 def _writes_global(op: Operation) -> bool:
     """A write to global memory through a pointer or view (operand 0): stores, view stores and atomics.
     (The body's other writes, barriers and shared memory, cannot change what a global load reads.)"""
-    return OPS[op.name].writes_memory and bool(op.operands) and _is_address(op.operands[0])
+    return OPS[op.name].writes_memory and bool(op.operands) and is_address(op.operands[0])

@@ -14,11 +14,16 @@ there instead of from 0.
 
 When every pipelined load is TMA-filled and what its addresses take from
 the tile is pure scalar math of the tile index (`next_tile_slice`), the
-rings get `whole_kernel` bytes too, and right after a tile's K loop drains,
-before its epilogue, thread 0 issues the first S - 1 fills of the *next*
-tile (`for_next_tile`: the address math re-lowered for tile index + step,
-predicated on that tile existing), so they land while the epilogue runs;
-only the program's first tile issues its own prologue.
+rings are allocated in the kernel's prologue too, and right after a tile's
+K loop drains, before its epilogue, thread 0 issues the first S - 1 fills
+of the *next* tile (`for_next_tile`: the address math re-lowered for tile
+index + step, predicated on that tile existing), so they land while the
+epilogue runs; only the program's first tile issues its own prologue. The
+rings' bytes are live until the tile loop ends, not for the whole kernel:
+the last tile's next-tile fills are predicated off, and its K loop ended
+with `wgmma_wait {pending = 0}` and a barrier, so nothing reads or writes
+them after the loop and a later buffer may take their bytes (stream-K's
+second K loop reuses them for its own ring, `gemm_stream_k.py`).
 
 Why the phases stay right: every iteration of every tile gets exactly one
 live fill of its slot (fills past a tile's end are predicated off and

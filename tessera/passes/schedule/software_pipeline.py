@@ -123,8 +123,8 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
     outer = persistent_outer_loop(op) if plan.tma_loads else None     # tiles share the mbarriers
     ahead = next_tile_slice(outer, plan.loads) if outer is not None and not plan.copy_loads else None
     if ahead is not None:                       # the rings outlive the tile: the next one's fills overlap its end
-        with ctx.in_prologue():
-            rings = _rings(ctx, plan, whole_kernel=True)
+        with ctx.in_prologue():                 # (live until the tile loop ends: `persistent.py`)
+            rings = _rings(ctx, plan)
     else:
         rings = _rings(ctx, plan)
     tma = TmaRing(ctx, plan.loads, stages, outer, prefetch=plan.prefetch) if plan.tma_loads else None
@@ -159,9 +159,9 @@ def lower_pipelined_for(ctx, op: Operation, plan: PipelinePlan) -> None:
         ctx.define(old, Regs(result, ctx.assignment.layout(old)) if isinstance(old.type, TileType) else result, op)
 
 
-def _rings(ctx, plan: PipelinePlan, whole_kernel: bool = False) -> list[Value]:
+def _rings(ctx, plan: PipelinePlan) -> list[Value]:
     """One ring of `plan.stages` slots per pipelined load."""
-    return [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements, whole_kernel=whole_kernel,
+    return [ctx.smem.alloc(load.dtype, plan.stages * load.slot_elements,
                            align=load.slot_alignment if load.on_wgmma or load.tma else None)
             for load in plan.loads]
 

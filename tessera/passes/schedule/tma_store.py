@@ -46,29 +46,49 @@ the buffer's own bytes do not fit beside what the loop needs,
 `thread_passes.lower` lowers the kernel again with the immediate wait
 (`Lowering.overlap_stores` off).
 
+The read-wait does not wait for the global writes (PTX: only the wait
+without .read completes a bulk group, its writes then visible to the
+waiting thread, the completion implying a generic-async proxy fence). So
+where the writes must be seen in this launch, thread 0 waits in full
+(`bulk_wait_group {pending = 0}`, cp.async.bulk.wait_group 0), then the
+barrier:
+
+* a store whose memory an op of the kernel may read (`kernel_may_read`:
+  the same pointer argument, or one the launch did not find disjoint)
+  waits in full right after its commit, never overlapped with a loop:
+  this block's later reads, and another program's after a release, see it;
+* before every release (atomic, release store; `complete_before_release`,
+  hooked into `lowering/memory.py`) in a kernel that may store by TMA:
+  the release then publishes the stores' writes like the threads' stores,
+  so a program that acquires it may overwrite them (stream K's tiles, MoE's
+  one-launch tickets).
+
+A store nothing reads keeps the read-wait (stream K's C, the persistent
+GEMM's overlapped C): no thread of the launch observes it before the
+kernel ends.
+
 Guarantees: TMA clips the box at the tensor's edges, so the view's bounds
 mask holds by construction (elements outside are not written); the buffer
 is read before anyone may overwrite it or the block exits. After a warp-specialized
 loop only the consumers run (threads 0 .. consumers-1: thread 0 issues, the
 barriers are the consumers' named one). Views offset from their pointer
 argument by batch/head indices (attention's O at (b, h)) store through a
-map with a dim per index (`TmaBox.leading`). Kept out: kernels with atomics
-or ordered accesses (their programs may publish what they store, and the
-read-wait does not order the global writes), blocks under
+map with a dim per index (`TmaBox.leading`). Kept out: blocks under
 `TMA_STORE_MIN_BYTES`, and every target without TMA (sm_80, AMD), where
 `view_store` lowers as before.
 """
 
 from __future__ import annotations
 
-from tessera.ir.core import Operation, enclosing_function
+from tessera.ir.core import Function, Operation, enclosing_function
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.types import TileType
 from tessera.ir.wgmma_layouts import WgmmaTileLayout
 
 from ..layout_assignment import STORE_KEEPS_LAYOUT
-from ..lowering.memory import VIEW_STORE_STRATEGIES
+from ..lowering.memory import BEFORE_RELEASE, VIEW_STORE_STRATEGIES
+from .auto_pipeline import is_address, may_alias, pointer_roots
 from .pair_store import PairPlan, pair_plan, store_pairs
 from .stmatrix_store import SWIZZLE, StmatrixPlan, stmatrix_plan, store_fragments
 from .tma_fill import map_parameter, view_block_box
@@ -87,11 +107,7 @@ def _store_box(op, target, facts: dict, slot=None):
     tile = op.operands[-1].type
     if not target.has("tma") or not isinstance(tile, TileType) or len(tile.shape) != 2:
         return None
-    fn = enclosing_function(op)
-    # A kernel whose programs hand data to each other (atomics, release stores, acquire loads: MoE's one-launch
-    # tickets) may publish the rows it stores; wait_group.read does not wait for the global writes, so those
-    # keep the threads' stores.
-    if fn is None or any(OPS[o.name].orders_programs for o in fn.walk()):
+    if enclosing_function(op) is None:
         return None
     rows, cols = tile.shape
     dtype = tile.element.dtype
@@ -157,7 +173,8 @@ def _tma_store(ctx, op) -> bool:
     tensor_map = map_parameter(ctx, box.recipe)
     plan: StmatrixPlan | PairPlan | None = fragments[1] if fragments else None
     align = plan.tile.alignment if plan else TMA_STORE_ALIGN
-    loop = overlap_loop(ctx, op)
+    read_back = kernel_may_read(ctx.src, op)     # its writes must be complete before the block goes on
+    loop = None if read_back else overlap_loop(ctx, op)
     if loop is None:
         buf = ctx.smem.alloc(dtype, rows * cols, align=align)
     else:                                   # its own bytes across the loop: TMA may read them into the next iteration
@@ -181,10 +198,40 @@ def _tma_store(ctx, op) -> bool:
             src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
             ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
         ctx.create("bulk_commit_group")
-        if loop is None:
+        if read_back:
+            ctx.create("bulk_wait_group", attrs={"pending": 0})
+        elif loop is None:
             ctx.create("bulk_wait_group_read", attrs={"pending": 0})
     if loop is None:
         ctx.threads.barrier()
+    return True
+
+
+def kernel_may_read(fn: Function, store: Operation) -> bool:
+    """Whether an op of kernel `fn` may read memory `view_store` `store` writes: an op that reads memory through
+    an address (pointer, pointer tile or view) whose parameters may alias the store's (`auto_pipeline.may_alias`:
+    the same pointer argument, one the launch did not find disjoint, or one of unknown origin)."""
+    noalias = set(fn.attrs.get("noalias", ()))
+    written = pointer_roots(store.operands[0], fn)
+    return any(may_alias(pointer_roots(v, fn), written, noalias)
+               for op in fn.walk() if OPS[op.name].reads_memory
+               for v in op.operands if is_address(v))
+
+
+def complete_before_release(ctx) -> bool:
+    """`BEFORE_RELEASE`: in a kernel that may store by TMA, thread 0 waits for every TMA store it issued to
+    complete (`bulk_wait_group {pending = 0}`, not .read) before the block's release, which then publishes their
+    global writes (module docstring); True (a barrier must follow). Elsewhere nothing: False."""
+    if ctx.may_store_by_tma is None:
+        facts = ctx.facts.facts
+        ctx.may_store_by_tma = ctx.target.has("tma") and any(
+            op.name == "view_store" and (_store_box(op, ctx.target, facts) is not None or
+                                         _keeps_accumulator_layout(op, None, ctx.target, ctx.facts, 0))
+            for op in ctx.src.walk())
+    if not ctx.may_store_by_tma:
+        return False
+    with ctx.when(ctx.index.first_thread()):
+        ctx.create("bulk_wait_group", attrs={"pending": 0})
     return True
 
 
@@ -222,3 +269,4 @@ def finish_overlapped_stores(ctx, loop: Operation) -> None:
 
 STORE_KEEPS_LAYOUT.append(_keeps_accumulator_layout)
 VIEW_STORE_STRATEGIES.append(_tma_store)
+BEFORE_RELEASE.append(complete_before_release)
