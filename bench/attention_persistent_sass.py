@@ -6,10 +6,10 @@ For head dims 64 and 128 (`WS_GPU_PLANS`), bf16, plain and window-softcap, Flash
 overlapped one: registers (of the 384-thread entry; the consumers run under `setmaxnreg.inc 232`), spill bytes,
 SASS instructions in all, in the consumers' key loop (the innermost loop holding HGMMAs: `sass.loop_containing`)
 and a census of the whole kernel (HGMMA, UTMALDG, UTMASTG, STSM, BAR, SYNCS: the mbarrier ops). Needs ptxas and
-cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles; per tile the producer's
-TMA load of Q (with the overlapped order also the peeled first K block) behind Q's empty mbarrier, which the
-consumers arrive on after the key loop (`schedule/tile_operands.py`), and with the overlapped order a barrier
-before the last V block's TMA load, which consumer thread 0 issues (`schedule/tma_operand.py`).
+cuobjdump (`tessera doctor`). What the persistent kernel adds: the tile loop in both roles; per tile, in FlashAttention-3's order, the
+producer's TMA loads of the peeled first K block (overlapped order), the tile's first K/V fill, Q behind Q's
+empty mbarrier (which the consumers arrive on after the key loop), the other fills and the last V block
+(overlapped order), each once-a-tile block behind an empty mbarrier of its own (`schedule/tile_operands.py`).
 docs/perf/attention-forward-h100.md tabulates the output.
 """
 

@@ -8,7 +8,10 @@ store, the LSE) (`passes/schedule/warp_specialized_tiles.py`); a TMA store of
 O inside the tile loop waits for its reads only before the next tile's
 (`passes/schedule/tma_store.py`); the producer loads each tile's Q block by
 TMA as soon as the consumers' last Q K^T of the tile before has retired, so
-it lands during that tile's epilogue (`passes/schedule/tile_operands.py`).
+it lands during that tile's epilogue, and, in FlashAttention-3's order, the
+tile's first K block before it waits for that (with the overlapped order
+also the last V block after the tile's fills: every K and V load is the
+producer's; `passes/schedule/tile_operands.py`).
 The per-tile body is `attention_tile`, the one the one-tile kernel runs.
 
 Tile order. Tile t is (m-block, batch * head) by scalar math, which the

@@ -145,6 +145,44 @@ def test_ping_pong_plans_take_turns_around_their_products_without_spills(D, vari
                                                                  "WARPGROUP.DEPBAR.LE gsb0, 0x0"], ops
 
 
+@needs_ptxas
+@pytest.mark.parametrize("pingpong", [False, True])
+@pytest.mark.parametrize("D", sorted(set(WS_GPU_PLANS) & set(OVERLAP_HEAD_DIMS)))
+def test_warp_specialized_overlapped_plans_load_the_last_v_block_from_the_producer(D, pingpong):
+    """FlashAttention-3's producer loads the last V block (read by the P V after the key loop) after its loop's
+    fills, so it lands while the consumers run their last iterations (`schedule/tail_operands.py`); the
+    consumers issue no TMA load (Q and K_lo come from thread 0 before the split) and wait for V at the P V."""
+    plan = WS_GPU_PLANS[D]
+    compiled = compile_checked(attention_fwd_kernel, "sm_90a", signature=FORWARD_SIGNATURE.format(t="bf16"),
+                               num_warps=plan.num_warps, D=D, BM=plan.BM, BN=plan.BN, STAGES=plan.stages, WS=True,
+                               OVERLAP=True, PINGPONG=pingpong, **WS_VARIANTS["plain"])
+    thread_ir = compiled.stages["thread_ir"].splitlines()        # (structured: PTX may place blocks anywhere)
+    start = next(k for k, line in enumerate(thread_ir) if '"dec"' in line)
+    split = next(k for k, line in enumerate(thread_ir) if '"inc"' in line)
+    assert not [line for line in thread_ir[split:] if "tma_load" in line], "no TMA load in the consumers' branch"
+    ptx = compiled.stages["ptx"]
+    assert len(re.findall(r"cp\.async\.bulk\.tensor\.\w+\.shared", ptx)) == (D // 64) * 5    # Q, K_lo, K, V, V_hi-1
+    fills = next(k for k in range(start, split) if re.search(r"= for ", thread_ir[k]))
+    after = [re.search(r"%(\w+)_ptr_tma", line).group(1) for line in thread_ir[fills:split] if "tma_load" in line
+             and len(line) - len(line.lstrip()) <= len(thread_ir[fills]) - len(thread_ir[fills].lstrip())]
+    assert after == ["v"] * (D // 64), f"the producer's loads after its fill loop: {after}"
+
+
+def test_the_producers_last_v_block_read_without_its_wait_is_reported(monkeypatch):
+    """The consumers' wait for the producer's last V block is what orders their P V after its landing: bound
+    without it (`tail_operands.bind` leaving out the owed wait), the SIMT simulator reports the read."""
+    from tessera.passes.schedule import tail_operands
+    bind = tail_operands.bind
+
+    def without_wait(ctx, operands):
+        bind(ctx, operands)
+        for tail in operands:
+            del ctx.landing[tail.load.result]
+    monkeypatch.setattr(tail_operands, "bind", without_wait)
+    with pytest.raises(Exception, match="before the mbarrier_wait that completes its tma_load"):
+        forward_on_the_simulator("sm_90a", 8, 128, ws=True, overlap=True)
+
+
 def test_ping_pong_forward_on_the_simt_simulator_matches_float64_attention():
     """The two consumer warpgroups run their copies as cooperating paths: a turn that never comes is a DEADLOCK,
     an arrival never matched an error at the block's end; O and LSE as before."""

@@ -18,7 +18,7 @@ torch = pytest.importorskip("torch")
 import tessera  # noqa: E402
 from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib import attention  # noqa: E402
-from tessera.kernels_lib.attention import PERSISTENT_ENV, WS_ENV  # noqa: E402
+from tessera.kernels_lib.attention import OVERLAP_ENV, PERSISTENT_ENV, WS_ENV  # noqa: E402
 from tessera.kernels_lib.attention import WS_GPU_PLANS, persistent_allowed  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E  # noqa: E402
 from tessera.kernels_lib.attention_fwd_persistent import attention_fwd_persistent_kernel  # noqa: E402
@@ -174,6 +174,46 @@ def enclosing_loops(lines: list[str], k: int) -> list[str]:
     return loops
 
 
+def tma_maps_in_ptx(compiled, lines: list[str]) -> dict[str, str]:
+    """PTX register -> tensor map name ('q', 'k', ...): `mov.b64 %rdA, <param>; cvta.param.u64 %rdB, %rdA`."""
+    names = {f"_param_{m['param']};": m["pointer"].removesuffix("_ptr") for m in compiled.metadata["tensor_maps"]}
+    params = {}
+    for line in lines:
+        if (m := re.search(r"mov\.b64\s+(%rd\d+), \w+(_param_\d+;)", line)) and m.group(2) in names:
+            params[m.group(1)] = names[m.group(2)]
+        elif (m := re.search(r"cvta\.param\.u64\s+(%rd\d+), (%rd\d+);", line)) and m.group(2) in params:
+            params[m.group(1)] = params[m.group(2)]
+    return params
+
+
+def assert_first_k_before_q_empty(compiled, producer: list[str], overlap: bool) -> None:
+    """FlashAttention-3's producer order in the PTX of the producer branch (`producer`) and in the thread IR: the
+    tile's first K TMA comes before the wait for Q's release (the last mbarrier wait before Q's TMA), and with the
+    overlapped order V_hi-1's TMA after the K loop's fills."""
+    maps = tma_maps_in_ptx(compiled, compiled.stages["ptx"].splitlines())
+    issues = [(i, maps[m.group(1)]) for i, line in enumerate(producer)
+              if (m := re.search(r"cp\.async\.bulk\.tensor\.\w+\.shared\S* \[%rd\d+\], \[(%rd\d+),", line))]
+    q = next(i for i, name in issues if name == "q")
+    q_empty = max(i for i, line in enumerate(producer[:q]) if "mbarrier.try_wait" in line)
+    first_k = next(i for i, name in issues if name == "k")
+    assert first_k < q_empty, "PTX: the tile's first K load before the wait for Q's release"
+    # the thread IR, in program order: the producer's tile loop body, the K loop's ops left out
+    thread_ir = compiled.stages["thread_ir"].splitlines()
+    split = next(k for k, line in enumerate(thread_ir) if "setmaxnreg" in line and '"inc"' in line)
+    events = [(k, line) for k, line in enumerate(thread_ir[:split])
+              if len(enclosing_loops(thread_ir, k)) == 1 and ("tma_load" in line or "mbarrier_wait" in line)]
+    names = [re.search(r"%(\w+)_ptr_tma", line).group(1) if "tma_load" in line else "wait" for _, line in events]
+    q = names.index("q")
+    q_empty = max(i for i in range(q) if names[i] == "wait")
+    assert "k" in names[:q_empty], f"thread IR: the first K load before Q's release wait: {names}"
+    if overlap:     # V_hi-1 last, after the K loop (whose fills are the lines between)
+        loop_end = max(k for k, line in enumerate(thread_ir[:split]) if "tma_load" in line
+                       and len(enclosing_loops(thread_ir, k)) == 2)
+        assert names[-1] == "v" and events[-1][0] > loop_end, f"thread IR: V_hi-1 after the K loop: {names}"
+        boxes = len(names) - len("".join("v" if n == "v" else "." for n in names).rstrip("v"))
+        assert names[-boxes - 1] == "wait", f"thread IR: V_hi-1's load behind the wait for its release: {names}"
+
+
 PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for variant in VARIANTS
                     for overlap in (False, True)]
 
@@ -183,9 +223,10 @@ PERSISTENT_PLANS = [(D, variant, overlap) for D in sorted(WS_GPU_PLANS) for vari
 def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_the_tile_loop(D, variant, overlap):
     """sm_90a, 384 threads, every plan the op may launch persistent: the mbarriers are initialized once, before
     the split (no mbarrier.init inside a loop); the producer's one thread issues K's and V's TMA fills inside
-    its K loop inside its own tile loop, and Q's (with the overlapped order also the peeled first K block's) in
-    its tile loop, outside the K loop (`schedule/tile_operands.py`); only the overlapped order's last V block
-    comes by TMA issued in the consumers' branch (no `ld.global` at all); ptxas spills nothing."""
+    its K loop inside its own tile loop, and in its tile loop, outside the K loop, the tile's first fill, Q's
+    (with the overlapped order also the peeled first K block's and the last V block's), in FlashAttention-3's
+    order (`schedule/tile_operands.py`); the consumers issue no TMA load (no `ld.global` at all); ptxas spills
+    nothing."""
     compiled = compile_persistent(D, variant, overlap)
     metadata, ptx = compiled.metadata, compiled.stages["ptx"]
     assert metadata["num_threads"] == 384
@@ -200,9 +241,10 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
                 if (m := re.search(r"\bbra(?:\.uni)?\s+(\$?\w+);", line)) and labels.get(m.group(1), i + 1) < i]
     assert all(not lo <= j <= hi for j in inits for lo, hi in backward), "no mbarrier.init inside a loop"
     tma = [i for i, line in enumerate(lines) if "cp.async.bulk.tensor.4d.shared" in line and dec < i < inc]
-    assert len(tma) == (D // 64) * (4 if overlap else 3), "the producer's TMA: K and V fills, Q (and K_lo)"
+    assert len(tma) == (D // 64) * (7 if overlap else 5), \
+        "the producer's TMA: K and V fills (a tile's first one peeled), Q (and K_lo, V_hi-1)"
     # the thread IR (structured): the producer's TMA fills sit in a `for` (the K loop) in a `for` (the tiles),
-    # Q's load in the tile loop only; the consumers' branch loads no Q
+    # Q's load (and K_lo's, V_hi-1's) and the tile's first K/V fill in the tile loop only; the consumers issue none
     thread_ir = compiled.stages["thread_ir"].splitlines()
     split = next(k for k, line in enumerate(thread_ir) if "setmaxnreg" in line and '"inc"' in line)
     maps = {}                               # (role, loops around the load) -> the maps its TMA loads use
@@ -211,24 +253,28 @@ def test_persistent_ws_plans_compile_without_spills_with_the_producer_running_th
             where = ("producer" if k < split else "consumers", len(enclosing_loops(thread_ir, k)))
             maps.setdefault(where, set()).add(re.search(r"%(\w+)_ptr_tma", line).group(1))
     assert maps.pop(("producer", 2)) == {"k", "v"}, "K and V filled in the K loop in the tile loop"
-    assert maps.pop(("producer", 1)) == ({"q", "k"} if overlap else {"q"}), "Q (and K_lo) once a tile"
-    assert maps == ({("consumers", 1): {"v"}} if overlap else {}), maps
+    assert maps.pop(("producer", 1)) == {"q", "k", "v"}, "Q, the first K/V fill (K_lo, V_hi-1) once a tile"
+    assert maps == {}, maps
     assert "ld.global" not in ptx
     consumers = [line for line in lines[inc:] if "cp.async.bulk.tensor.4d.shared" in line]
-    assert len(consumers) == (D // 64) * (1 if overlap else 0), "only V_hi-1's boxes issued by the consumers"
+    assert consumers == [], "no TMA load issued by the consumers (V_hi-1 is the producer's)"
+    assert_first_k_before_q_empty(compiled, lines[dec:inc], overlap)
     assert "cp.async.bulk.tensor.4d.global.shared::cta" in "\n".join(lines[inc:]), "O by TMA store"
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("overlap", [False, True])
 @pytest.mark.parametrize("causal", [False, True])
 @pytest.mark.parametrize("D", sorted(WS_GPU_PLANS))
-def test_persistent_forward_matches_sdpa_on_hopper(D, causal, monkeypatch):
+def test_persistent_forward_matches_sdpa_on_hopper(D, causal, overlap, monkeypatch):
     """On an H100 with TESSERA_ATTENTION_PERSISTENT=1 and WS=1: ~4 tiles per SM (B = 4, H = 16, 2k queries), and
-    Sq < Sk bottom-right causal, against torch's SDPA in float32."""
+    Sq < Sk bottom-right causal, against torch's SDPA in float32; FlashAttention-2's order and the overlapped one
+    (whose peeled K and last V blocks the producer loads in groups of their own: `schedule/tile_operands.py`)."""
     if not torch.cuda.is_available() or torch.cuda.get_device_capability()[0] != 9:
         pytest.skip("needs a Hopper GPU")
     monkeypatch.setenv(PERSISTENT_ENV, "1")
     monkeypatch.setenv(WS_ENV, "1")
+    monkeypatch.setenv(OVERLAP_ENV, "1" if overlap else "0")
     for Sq, Sk in ((2048, 2048), (1000, 1536)):
         q = torch.randn(4, Sq, 16, D, device="cuda", dtype=torch.bfloat16)
         k, v = (torch.randn(4, Sk, 8, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))

@@ -1,6 +1,7 @@
-"""Q of the persistent warp-specialized attention forward comes from the producer warpgroup
-(`passes/schedule/tile_operands.py`): the SIMT simulator agrees with the tile interpreter, and reports the
-race or the deadlock when either side of Q's empty barrier is taken away."""
+"""Q of the persistent warp-specialized attention forward comes from the producer warpgroup, and with the
+overlapped order the peeled K block and the last V block too, each group behind an empty barrier of its own
+(`passes/schedule/tile_operands.py`): the SIMT simulator agrees with the tile interpreter, and reports the race
+or the deadlock when either side of an empty barrier is taken away."""
 
 from __future__ import annotations
 
@@ -66,6 +67,37 @@ def test_a_producer_that_does_not_wait_for_q_empty_races(monkeypatch):
 
 def test_consumers_that_do_not_release_q_deadlock_the_producer(monkeypatch):
     """Without the consumers' arrivals the producer waits for Q's empty barrier forever."""
-    monkeypatch.setattr(tile_operands, "release", lambda ctx, operands, in_flight: None)
+    monkeypatch.setattr(tile_operands, "release", lambda ctx, group, in_flight=False: None)
     with pytest.raises(Exception, match=r"DEADLOCK(.|\n)*0 of 2 arrivals seen"):
         on_the_simulator(*problem(True))
+
+
+def without(name, where):
+    """tile_operands.<name> (`await_release` or `release`) doing nothing for the group at `where` only."""
+    original = getattr(tile_operands, name)
+
+    def patched(ctx, group, *rest, **kwargs):
+        if group is not None and group.where == where:
+            return None
+        return original(ctx, group, *rest, **kwargs)
+    return patched
+
+
+def test_overlapped_order_without_the_producers_wait_for_k_lo_races(monkeypatch):
+    """The overlapped order's peeled K block (HEAD) has a buffer of its own: without the producer's wait for its
+    release the producer writes the next tile's K_lo while this tile's first S wgmma reads it. (The same
+    mutation for the last V block, TAIL, goes unseen here: the simulator lets the consumers run at each of the
+    producer's arrivals, its expect_tx included, so they finish the tile's last P V before the producer's next
+    V load; `test_attention_persistent.py` checks that the wait is there.)"""
+    monkeypatch.setattr(tile_operands, "await_release", without("await_release", tile_operands.HEAD))
+    with pytest.raises(Exception, match="shared-memory race"):
+        on_the_simulator(*problem(True, overlap=True))
+
+
+@pytest.mark.parametrize("where", [tile_operands.HEAD, tile_operands.TAIL])
+def test_overlapped_order_without_the_consumers_release_of_k_lo_or_v_last_deadlocks(where, monkeypatch):
+    """Without the consumers' arrivals on the peeled K's (HEAD) or the last V's (TAIL) empty barrier the producer
+    waits for it forever."""
+    monkeypatch.setattr(tile_operands, "release", without("release", where))
+    with pytest.raises(Exception, match=r"DEADLOCK(.|\n)*0 of 2 arrivals seen"):
+        on_the_simulator(*problem(True, overlap=True))

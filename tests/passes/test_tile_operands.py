@@ -4,10 +4,12 @@ Specification, on a kernel that is not attention (A's row block, read by every i
 every column block of B, summed):
 
 * sm_90a: the row block's TMA load is issued in the producer branch, inside its tile loop and outside its K
-  loop; the consumers' branch issues no TMA load; the SIMT simulator with fewer programs than tiles computes
-  what numpy does;
-* a row block also read after the K loop stays the consumers' load (its last read is not retired by the K
-  loop's final wait), as does the column block read there.
+  loop, after the tile's first column block (FlashAttention-3's order: the first K block before the wait for
+  Q's release); the consumers' branch issues no TMA load; the SIMT simulator with fewer programs than tiles
+  computes what numpy does;
+* a row block also read after the K loop stays the consumers' load (released with the tile's end, it would
+  hold the next tile's fills behind this tile's epilogue); the column block read only there is the
+  producer's, issued after the tile's fills.
 """
 
 from __future__ import annotations
@@ -56,10 +58,14 @@ def tma_loads(block, loops=0):
     found = []
     for op in block.ops:
         if op.name == "tma_load":
-            found.append((op.operands[1].name_hint.split("_ptr")[0], loops))
+            found.append((map_name(op), loops))
         for region in op.regions:
             found += tma_loads(region, loops + (op.name == "for"))
     return found
+
+
+def map_name(op):
+    return op.operands[1].name_hint.split("_ptr")[0]
 
 
 def roles(fn):
@@ -67,13 +73,38 @@ def roles(fn):
     return split.regions
 
 
+def tile_loop_events(producer):
+    """The producer's tile loop body in program order, nested `if`s entered, the K loop as one event: a TMA
+    load's map name, 'wait' for an mbarrier wait, 'K loop'."""
+    tiles = next(op for top in producer.ops for op in top.walk() if op.name == "for")
+    events = []
+
+    def walk(block):
+        for op in block.ops:
+            if op.name == "for":
+                events.append("K loop")
+            elif op.name == "tma_load":
+                events.append(map_name(op))
+            elif op.name == "mbarrier_wait":
+                events.append("wait")
+            for region in ([] if op.name == "for" else op.regions):
+                walk(region)
+    walk(tiles.regions[0])
+    return events
+
+
 @pytest.mark.parametrize("after", [False, True])
 def test_the_row_block_is_loaded_by_the_producer_unless_read_after_the_loop(after):
     fn, args, a, b = lowered(after)
     producer, consumers = roles(fn)
-    expected = {("b", 2)} | (set() if after else {("a", 1)})
+    expected = {("b", 2), ("b", 1)} | (set() if after else {("a", 1)})
     assert set(tma_loads(producer)) == expected
-    assert set(tma_loads(consumers)) == ({("a", 1), ("b", 1)} if after else set())   # (and b's block after it)
+    assert set(tma_loads(consumers)) == ({("a", 1)} if after else set())
+    events = tile_loop_events(producer)
+    if after:       # no block read in the K loop: the fills are not split; b's block after the loop comes last
+        assert events == ["K loop", "wait", "b"], events
+    else:           # the first fill (its slot's wait, b), then a behind a's release (from the second tile on)
+        assert events == ["wait", "b", "wait", "a", "K loop"], events
     run_threads(fn, args, (3,))                 # 4 tiles on 3 programs: one program runs two
     columns = b.astype(np.float64).reshape(BK, N // BN, BN).sum(axis=1) + (b[:, :BN] if after else 0)
     np.testing.assert_allclose(args[2].astype(np.float32), (a.astype(np.float64) @ columns).astype(np.float16),

@@ -7,9 +7,10 @@ modules decide when data moves and who moves it: software pipelining of
 emits, `tma_fill.py` fills ring slots by TMA, `multicast.py` shares a TMA
 ring's operand across a thread-block cluster, `persistent.py` lets a
 persistent kernel's tiles share one ring's mbarriers), warp specialization
-(`warp_specialization.py`; in a persistent kernel's tile loop,
+(`warp_specialization.py`, whose producer also loads the blocks read only
+after the loop: `tail_operands.py`; in a persistent kernel's tile loop,
 `warp_specialized_tiles.py`, whose producer also loads the tile's
-invariant operands: `tile_operands.py`), the explicit shared buffers and their copies
+once-a-tile operands: `tile_operands.py`), the explicit shared buffers and their copies
 (`shared_buffers.py`), the language's mbarriers (`mbarriers.py`) and block stores by TMA
 (`tma_store.py`; a 16-bit accumulator written to shared memory by stmatrix: `stmatrix_store.py`);
 `loops.py` picks each `for`'s schedule. They run inside the tile -> thread

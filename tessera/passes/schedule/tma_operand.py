@@ -33,7 +33,9 @@ kernel, so every thread of the CTA sees the init and thread 0, a consumer,
 issues the load while the producer starts its fills
 (`consumer_prologue.producer_may_run` lets it stay there). In the tile loop
 around a warp-specialized K loop, the producer warpgroup issues the loads
-whose reads all end with the K loop instead (`tile_operands.py`). Kept out: other
+whose reads all lie on one side of the K loop's end instead (`tile_operands.py`),
+and in a one-tile kernel those read only after the warp-specialized loop
+(`tail_operands.py`); the load then lowers to nothing here. Kept out: other
 users of the registers (an elementwise op, a store), a nonzero fill,
 targets without TMA, and kernels whose programs may hand data to each other:
 an ordered op (`orders_programs`: acquire load, release store, atomic) at a
@@ -148,6 +150,8 @@ def _handoff_note(ctx, load: Operation, ordered: Operation) -> str:
 
 
 def _tma_operand_load(ctx, op: Operation) -> bool:
+    if op.result in ctx.staged:     # bound to the tile the producer loads (`tail_operands.py`)
+        return True
     plan = tma_operand(ctx, op)
     if plan is None:
         return False

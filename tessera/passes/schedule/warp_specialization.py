@@ -27,6 +27,7 @@ from ..lowering.values import I32, Regs, RingOperand
 from .persistent import specialized_tile_loop_refusal, tile_loop_of
 from .pipeline_plan import PipelinePlan, pipeline_plan
 from .software_pipeline import lower_body_op, next_slot_and_phase, slot_ahead
+from . import tail_operands
 from .consumer_prologue import lower_deferred, producer_may_run, producer_reads_deferred
 from .tma_fill import TmaRing
 from .shortfalls import shortfall
@@ -63,7 +64,8 @@ PINGPONG_BARRIERS = (3, 4)              # warpgroup 0's turn, warpgroup 1's (`pi
 #                 tma_load ring[slot], map, <block offsets>, full[slot]        (each box of each load:
 #                                                              `TmaRing.start`; the fence only when ldmatrix
 #                                                              read the slot through the generic proxy)
-#         }
+#             [arrive_expect_tx bar; tma_load tile ... bar]    the blocks read only after the loop
+#         }                                                    (`tail_operands.py`: the overlapped last V block)
 #         named_barrier {id = 2, count = C + 128}              (the mbarriers may be invalidated after it)
 #     } else {                                                 the consumers
 #         [setmaxnreg inc R]                                   R: what 64K registers leave them, at most 240
@@ -194,15 +196,18 @@ def lower_warp_specialized_for(ctx, op: Operation) -> None:
     ring = specialized_ring(ctx, op)
     plan, consumers = ring.plan, ring.consumers
     lb, ub, step = [ctx.thread_value(ctx.operand(op, i)) for i in range(3)]
+    tails = tail_operands.tail_operands(ctx, op)    # (before the consumers' entry lowers the deferred reads)
 
     producer, consumer = Block(), Block()
     with ctx.b.at(producer):
         producer_entry(ctx, ring)
         with ctx.when(ctx.emit("cmp", ctx.index.thread_id, ctx.const(consumers), attrs={"pred": "eq"})):
             producer_fills(ctx, ring, lb, ub, step)
+            tail_operands.issue(ctx, tails)         # the blocks read after the loop (the last V block)
         producer_exit(ctx, ring)
     with ctx.b.at(consumer):
         consumer_entry(ctx, ring)
+        tail_operands.bind(ctx, tails)
         stage_invariant_operands(ctx, op)           # ... and the dot operands among them, staged once
         if op.attrs.get("pingpong"):
             results = _pingpong_loops(ctx, op, ring, lb, ub, step)
@@ -285,7 +290,7 @@ def producer_fills(ctx, ring: SpecializedRing, lb, ub, step, start: tuple[Value,
     start (slot 0, parity 0; its first S fills wait for no release), or from `start` = (slot, parity, whether
     the ring has been gone round once), carried on as the last three results (a persistent tile loop's
     producer: `warp_specialized_tiles.py`)."""
-    plan, stages = ring.plan, ring.plan.stages
+    stages = ring.plan.stages
     index = lb.type
     if start is None:
         first_reuse = ctx.emit("add", lb, ctx.emit("mul", step, ctx.const(stages, index.dtype)))
@@ -295,18 +300,41 @@ def producer_fills(ctx, ring: SpecializedRing, lb, ub, step, start: tuple[Value,
     with ctx.b.at(body):
         if start is None:           # skipped on the first round through the ring: nothing to wait for yet
             reused = ctx.emit("cmp", iv, first_reuse, attrs={"pred": "ge"})
+            ctx.create("yield", _fill(ctx, ring, iv, slot, phase, reused))
         else:
-            reused = ctx.emit("cmp", wrapped[0], ctx.const(0), attrs={"pred": "ne"})
-        with ctx.when(reused):      # the previous use's release
-            ctx.create("mbarrier_wait", [_bar(ctx, ring.empty, slot), ctx.emit("sub", ctx.const(1), phase)])
-        _issue(ctx, plan, ring.rings, ring.full, iv, slot)
-        carried = next_slot_and_phase(ctx, slot, phase, stages)
-        if start is not None:
-            at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
-            carried.append(ctx.emit("select", at_last, ctx.const(1), wrapped[0]))
-        ctx.create("yield", carried)
+            ctx.create("yield", _fill(ctx, ring, iv, slot, phase, None, wrapped[0]))
     inits = [ctx.const(0), ctx.const(0)] if start is None else list(start)
     return ctx.create("for", [lb, ub, step, *inits], None, [I32] * len(inits), [body])
+
+
+def producer_first_fill(ctx, ring: SpecializedRing, lb, ub, start: tuple[Value, Value, Value]) -> list[Value]:
+    """A persistent tile loop's producer: the fill of iteration lb alone, where lb < ub, from `start` (as for
+    `producer_fills`); returns (slot, parity, wrapped) after it. FlashAttention-3's producer issues a tile's first
+    K block before it waits for Q's release (`tile_operands.py`)."""
+    then, otherwise = Block(), Block()
+    with ctx.b.at(then):
+        ctx.create("yield", _fill(ctx, ring, lb, *start[:2], None, start[2]))
+    with ctx.b.at(otherwise):
+        ctx.create("yield", list(start))
+    ran = ctx.emit("cmp", lb, ub, attrs={"pred": "lt"})
+    return list(ctx.create("if", [ran], None, [I32] * 3, [then, otherwise]).results)
+
+
+def _fill(ctx, ring: SpecializedRing, iv: Value, slot: Value, phase: Value, reused: Value | None,
+          wrapped: Value | None = None) -> list[Value]:
+    """One fill: wait for the slot's previous release where `reused` (or, counting across tiles, `wrapped`: the
+    ring has been gone round) holds, issue iteration `iv`'s boxes into `slot`; the next (slot, parity[, wrapped])."""
+    stages = ring.plan.stages
+    if wrapped is not None:
+        reused = ctx.emit("cmp", wrapped, ctx.const(0), attrs={"pred": "ne"})
+    with ctx.when(reused):          # the previous use's release
+        ctx.create("mbarrier_wait", [_bar(ctx, ring.empty, slot), ctx.emit("sub", ctx.const(1), phase)])
+    _issue(ctx, ring.plan, ring.rings, ring.full, iv, slot)
+    carried = next_slot_and_phase(ctx, slot, phase, stages)
+    if wrapped is not None:
+        at_last = ctx.emit("cmp", slot, ctx.const(stages - 1), attrs={"pred": "eq"})
+        carried.append(ctx.emit("select", at_last, ctx.const(1), wrapped))
+    return carried
 
 
 def _issue(ctx, plan: PipelinePlan, rings, full: TmaRing, iv: Value, slot: Value) -> None:
