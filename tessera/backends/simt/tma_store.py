@@ -145,14 +145,20 @@ def _bulk_wait_group(ctx, op):
     _bulk_wait_group_read(ctx, op)
     proxy, pending = _proxy(ctx), op.attrs["pending"]
     for t in _active(ctx).tolist():
-        groups = proxy.store_writes.get(t)
-        if not groups:
-            continue
-        committed, open_group = groups[:-1], groups[-1]
-        done = committed[:max(len(committed) - pending, 0)]
-        for group in done:
+        for group in _retire(proxy.store_writes, t, pending):
             _complete(ctx, proxy, group)
-        proxy.store_writes[t] = committed[len(done):] + [open_group]
+
+
+def _retire(groups_of: dict, t: int, pending: int) -> list:
+    """Take thread `t`'s committed groups older than its last `pending` out of `groups_of` (thread -> its
+    committed groups, then the open one) and return them, oldest first."""
+    groups = groups_of.get(t)
+    if not groups:
+        return []
+    committed, open_group = groups[:-1], groups[-1]
+    done = committed[:max(len(committed) - pending, 0)]
+    groups_of[t] = committed[len(done):] + [open_group]
+    return done
 
 
 def _complete(ctx, proxy, group: list[tuple]) -> None:
@@ -168,16 +174,10 @@ def _complete(ctx, proxy, group: list[tuple]) -> None:
 def _bulk_wait_group_read(ctx, op):
     proxy, pending = _proxy(ctx), op.attrs["pending"]
     for t in _active(ctx).tolist():
-        groups = proxy.store_groups.get(t)
-        if not groups:
-            continue
-        committed, open_group = groups[:-1], groups[-1]
-        retire = committed[:max(len(committed) - pending, 0)]
-        for group in retire:
+        for group in _retire(proxy.store_groups, t, pending):
             for addrs in group:
                 proxy.store_reads[addrs] -= 1
                 ctx.shared.record_retired_read(addrs, t)     # the others write them after a barrier with t
-        proxy.store_groups[t] = committed[len(retire):] + [open_group]
 
 
 def finish_block(block) -> None:
