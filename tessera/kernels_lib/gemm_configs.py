@@ -4,7 +4,14 @@
 e.g. "sm_90": 128 x 256 tiles that only Hopper's wgmma and 227 KB of shared
 memory make pay) join them on that family only: the autotuner gets them all
 (`ALL`) and `prune_for_device` keeps what the launching device's family
-ships. The split-K paths (`gemm_split_k.py`) take their tiles from the
+ships. On an AMD GPU it keeps the common configs as its plan target
+(`targets.plan_target`) holds them (`BY_AMD_TARGET`): each with no more
+STAGES than the target's LDS holds of its rings (`fitted`: the target
+description's LDS over a stage's bytes, `ring_bytes`, counted as the
+pipeline planner counts them), so that no compile asks for a stage the
+planner would drop with a PipelineWarning. gfx942's 64 KiB takes the
+BK = 64 tiles with 128 rows or columns 2 deep; gfx950's 160 KiB keeps each
+config's own depth. The split-K paths (`gemm_split_k.py`) take their tiles from the
 "small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`), the
 stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry (`STREAM_K`). The file is data so that a GPU session's measurements
 (bench/gemm.py --part configs) can reorder or replace entries without code
@@ -18,6 +25,8 @@ from pathlib import Path
 
 import tessera
 
+from . import targets
+
 _DATA = json.loads((Path(__file__).with_name("gemm_configs.json")).read_text())
 
 
@@ -27,7 +36,35 @@ def _configs(entries: list[dict]) -> list[tessera.Config]:
 
 COMMON = _configs(_DATA["common"])
 BY_FAMILY = {family: _configs(entries) for family, entries in _DATA.items() if family.startswith("sm_")}
-ALL = COMMON + [c for configs in BY_FAMILY.values() for c in configs]
+# The operands' element size the AMD ring budget assumes: bf16 / fp16 (fp8's rings take half of it).
+RING_ELEMENT_BYTES = 2
+
+
+def ring_bytes(config: tessera.Config) -> int:
+    """LDS bytes one stage of the K loop's rings takes: a BM x BK block of A and a BK x BN block of B, each slot
+    16-byte aligned, as the pipeline planner counts them (`passes/schedule/pipeline_plan.py`, whose AMD slots are
+    plain row-major)."""
+    kw = config.kwargs
+    return sum(-(-rows * kw["BK"] * RING_ELEMENT_BYTES // 16) * 16 for rows in (kw["BM"], kw["BN"]))
+
+
+def fitted(config: tessera.Config, lds: int) -> tessera.Config:
+    """`config` with no more STAGES than `lds` bytes hold of its rings: the planner's own cap (it lowers S
+    until S x the stage's bytes fit), made ahead so that a compile asks for no stage it would drop."""
+    stages = min(config.kwargs["STAGES"], lds // ring_bytes(config))
+    if stages == config.kwargs["STAGES"]:
+        return config
+    return tessera.Config({**config.kwargs, "STAGES": stages}, num_warps=config.num_warps)
+
+
+BY_AMD_TARGET = {target: [fitted(c, targets.lds_bytes(target)) for c in COMMON]
+                 for target in targets.AMD_PLAN_TARGETS}
+# Each common config followed by its AMD twins that differ from it, so that every list the prune hook keeps is in
+# the common order (the untimed model breaks its ties by it), then the families' own.
+ALL = []
+for _twins in zip(COMMON, *BY_AMD_TARGET.values()):
+    ALL += [c for i, c in enumerate(_twins) if c not in _twins[:i]]
+ALL += [c for configs in BY_FAMILY.values() for c in configs]
 # The small-M path's tiles per row tile BM, in file order (`gemm_split_k.small_m_plan` picks one by its bandwidth
 # model): {"BN", "K_BYTES" (BK = K_BYTES / element size, so a ring slot holds the same bytes for any dtype),
 # "STAGES", "num_warps"}; the split count is computed.
@@ -54,16 +91,19 @@ def configs_for(family: str | None) -> list[tessera.Config]:
 
 
 def prune_for_device(configs: list[tessera.Config], named_args: dict) -> list[tessera.Config]:
-    """The autotuner's prune hook: keep the configs the launching device's family ships (`configs_for`)."""
-    capability = None
+    """The autotuner's prune hook: keep the configs the launching device's family ships (`configs_for`), or on a
+    ROCm build of torch its AMD plan target's (`BY_AMD_TARGET`)."""
+    capability, amd_target = None, None
     for value in named_args.values():
         device = getattr(value, "device", None)
         if getattr(device, "type", None) == "cuda":
             import torch
-            if torch.version.cuda is not None:          # (a ROCm build reports gfx archs, not capabilities)
+            if torch.version.hip:                       # (a ROCm build reports gfx archs, not capabilities)
+                amd_target = targets.plan_target(device)
+            elif torch.version.cuda is not None:
                 capability = torch.cuda.get_device_capability(device)
             break
-    wanted = configs_for(family_of(capability))
+    wanted = BY_AMD_TARGET[amd_target] if amd_target else configs_for(family_of(capability))
     return [c for c in configs if c in wanted]
 
 

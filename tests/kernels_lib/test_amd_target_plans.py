@@ -13,7 +13,7 @@ torch = pytest.importorskip("torch")
 import importlib  # noqa: E402
 
 import tessera  # noqa: E402
-from tessera.kernels_lib import targets  # noqa: E402
+from tessera.kernels_lib import gemm_configs, targets  # noqa: E402
 from tessera.kernels_lib.moe import mlp, plan as moe_plans  # noqa: E402
 
 # the modules (the package exports the ops under their names)
@@ -106,6 +106,22 @@ def test_the_attention_backward_takes_its_targets_plan(amd_device):
     assert (plan.kv, plan.q, plan.atomic_dq) == (*one, True)
     plan = attention.bwd_gpu_plan(64, amd_device("gfx950"))
     assert (plan.kv, plan.q) == tuple(attention.dataclasses.replace(p, stages=2) for p in one) and plan.atomic_dq
+
+
+class _GpuTensor:
+    """An argument on a GPU as the GEMM's prune hook sees it (a ROCm torch names its devices "cuda" too)."""
+    device = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize("arch, key", [("gfx942", "gfx942"), ("gfx950", "gfx950"), ("gfx90a", "gfx942")])
+def test_the_gemm_tunes_over_its_targets_configs(amd_device, monkeypatch, arch, key):
+    """On a ROCm device the GEMM's autotuner keeps the common configs at its plan target's depth
+    (`gemm_configs.BY_AMD_TARGET`): gfx942's 128 x 128 x 64 tile 2 deep, not the 3 that NVIDIA GPUs take."""
+    amd_device(arch)
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: pytest.fail("not an NVIDIA GPU"))
+    kept = gemm_configs.prune_for_device(list(gemm_configs.ALL), {"a_ptr": _GpuTensor(), "M": 64})
+    assert kept == gemm_configs.BY_AMD_TARGET[key]
+    assert kept[0].kwargs["STAGES"] == (2 if key == "gfx942" else gemm_configs.COMMON[0].kwargs["STAGES"])
 
 
 @pytest.mark.gpu

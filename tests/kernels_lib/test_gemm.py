@@ -12,7 +12,7 @@ from tessera.kernels_lib import gemm  # noqa: E402
 from tessera.kernels_lib import gemm_configs  # noqa: E402
 from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noqa: E402
 
-from hopper_gemm import lowered_gemm  # noqa: E402
+from hopper_gemm import NO_EPILOGUE, lowered_gemm  # noqa: E402
 from amd_spills import amd_spills  # noqa: E402
 from tma_maps import maps_by_use  # noqa: E402
 
@@ -345,6 +345,45 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
         if find_linker() is not None:
             code = CodeObject(compiled.binary)
             assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_the_amd_configs_compile_with_every_stage_they_ask_for(target):
+    """What an MI300 / MI355 tunes over (`gemm_configs.BY_AMD_TARGET`) compiles in strict mode: no ring is made
+    shallower than its STAGES (a PipelineWarning, here an error), in bf16 with either layout of B. Fails for
+    gfx942 if the stage cap (`gemm_configs.fitted`) is dropped: its 64 KiB of LDS holds 2 stages of the
+    128 x 128 x 64 rings where the common config asks for 3."""
+    for config in gemm_configs.BY_AMD_TARGET[target]:
+        for b_strides in B_STRIDES.values():
+            compiled = gemm_kernel.kernel.compile(
+                signature=GEMM_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps,
+                strict=True, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none",
+                **config.kwargs)
+            assert "global_load_lds" in compiled.stages["amdgcn"], config
+
+
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_the_amd_configs_are_the_common_ones_as_deep_as_the_lds_holds(target):
+    """Each AMD config is its common twin (and in the autotuner's list), its STAGES lowered where the target's LDS
+    holds fewer of its rings: on gfx942 the 64-wide-K tiles of 128 rows or columns, to the deepest the planner
+    keeps (one stage more is refused in strict mode, the planner counting `ring_bytes` a stage); gfx950's
+    160 KiB holds every config as shipped."""
+    import tessera
+    lowered = []
+    for twin, config in zip(CONFIGS, gemm_configs.BY_AMD_TARGET[target], strict=True):
+        assert config in gemm_configs.ALL and config.num_warps == twin.num_warps
+        assert {**config.kwargs, "STAGES": twin.kwargs["STAGES"]} == twin.kwargs
+        if config != twin:
+            lowered.append((config.kwargs["BM"], config.kwargs["BN"], config.kwargs["BK"], config.kwargs["STAGES"]))
+            deeper = {**config.kwargs, "STAGES": config.kwargs["STAGES"] + 1}
+            planner_says = (f"{config.kwargs['STAGES']} of the {deeper['STAGES']} stages fit in {target}'s shared "
+                            f"memory \\({gemm_configs.ring_bytes(config)} bytes per stage\\)")
+            with pytest.raises(tessera.CompileError, match=planner_says):
+                gemm_kernel.kernel.compile(signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]),
+                                           target=target, num_warps=config.num_warps, strict=True,
+                                           **NO_EPILOGUE, **deeper)
+    assert lowered == ([(128, 128, 64, 2), (128, 64, 64, 2), (64, 128, 64, 2), (128, 128, 64, 2)]
+                       if target == "gfx942" else [])
 
 
 def test_pin_config_pins_both_compilations_of_the_kernel():
