@@ -13,8 +13,7 @@ its own tile loop, one tile ahead wherever the consumers let it, in three groups
     TAIL (read only after the K loop: the last V block)   released at the end of the tile body, issued last
 
     full  (count 1): the TMA's bytes of tile k landed; phase k, the consumers wait with parity k mod 2 at the
-                     group's first read (`ctx.landing`, as for `tma_operand.py`'s loads); HEAD's is LOOP's
-                     (count 2) when one op first reads both (see the end)
+                     group's first read (`ctx.landing`, as for `tma_operand.py`'s loads)
     empty (count W, one per consumer warpgroup): every warpgroup retired its last wgmma reading the group's
                      buffers in tile k (`wgmma_wait {pending = 0}` just before the arrival); the producer waits
                      with parity (k - 1) mod 2 before issuing tile k's (not before tile 0's: a wait for
@@ -48,17 +47,6 @@ read of them in tile k - 1 (a wgmma group is the warpgroup's, as for the ring's 
 them, and their bytes are `whole_kernel` (no later buffer reuses them). The consumers read them only after the
 phase's landing. The ring's fills keep their own protocol; only their place among these loads changed. The
 SIMT simulator checks both directions (a write over bytes in use, a read before the landing).
-
-One landing for HEAD and LOOP (`_shared_landing`). When the first op of the tile body to read a HEAD or LOOP
-block reads blocks of both (attention's first S = Q K_lo^T), the consumers would wait on two full barriers
-back to back at that op; one full barrier of count 2 (each group's issue arrives on it with its own bytes)
-completes exactly when both would have, so that op waits once (`wgmma_dot` drops the owed wait of a landing
-already waited for) and the kernel has one mbarrier less: a try_wait a tile less, and 4 SYNCS less of SASS
-(an init, an inval, a wait's fast and retry paths). Why phase k counts tile k's two arrivals only: the
-producer arrives for HEAD(k) and then LOOP(k), and for HEAD(k + 1) only after HEAD's empty phase k, which
-each consumer warpgroup completes after that first read of tile k, so after full's phase k completed;
-LOOP(k + 1) comes later still. Each tile's body runs that read (readers are not nested), so every phase is
-waited for. TAIL keeps its own: its first read follows the K loop, and the first S must not wait for it.
 """
 
 from __future__ import annotations
@@ -106,7 +94,7 @@ class TileOperands:
 
     @property
     def mbarriers(self) -> tuple[Value, ...]:
-        return tuple(dict.fromkeys(bar for g in self.groups for bar in (g.full, g.empty)))   # a shared one once
+        return tuple(bar for g in self.groups for bar in (g.full, g.empty))
 
 
 def movable_operands(ctx, outer: Operation, loop: Operation, consumers: int) -> tuple[tuple[Operation, str], ...]:
@@ -149,38 +137,18 @@ def _place(ctx, op: Operation, outer: Operation, end: int) -> str | None:
 def allocate(ctx, moved: tuple[tuple[Operation, str], ...], consumers: int) -> TileOperands | None:
     """Before the roles split: each group's wgmma tiles (`whole_kernel`) and two mbarriers; None without loads."""
     groups = []
-    placed = {where: tuple(op for op, place in moved if place == where) for where in (HEAD, LOOP, TAIL)}
-    shared = _shared_landing(ctx, placed[HEAD], placed[LOOP])
-    for where, loads in placed.items():
+    for where in (HEAD, LOOP, TAIL):
+        loads = tuple(op for op, place in moved if place == where)
         if not loads:
             continue
         plans = tuple(ctx.tma_operands[op] for op in loads)
         bufs = tuple(ctx.smem.alloc(op.result.type.element.dtype, plan.tile.rows * plan.tile.cols,
                                     align=max(plan.tile.alignment, plan.box.slot_align), whole_kernel=True)
                      for op, plan in zip(loads, plans))
-        if where == LOOP and shared:
-            full = groups[0].full                   # HEAD's, allocated to count both groups' arrivals
-        else:
-            full = ctx.smem.mbarriers(1, 2 if where == HEAD and shared else 1)
+        full = ctx.smem.mbarriers(1, 1)
         empty = ctx.smem.mbarriers(1, consumers // WARPGROUP)
         groups.append(Group(where, loads, plans, bufs, full, empty))
     return TileOperands(tuple(groups)) if groups else None
-
-
-def _shared_landing(ctx, head: tuple[Operation, ...], loop: tuple[Operation, ...]) -> bool:
-    """Whether HEAD and LOOP share one full barrier (the module docstring's end): both have loads, and the first
-    op of the tile body to read any of them reads loads of both."""
-    if not head or not loop:
-        return False
-    body = head[0].parent
-    readers: dict[int, set[str]] = {}
-    for where, loads in ((HEAD, head), (LOOP, loop)):
-        for load in loads:
-            for user in _users(ctx, load.result):
-                while user.parent is not body:
-                    user = user.parent.parent
-                readers.setdefault(body.ops.index(user), set()).add(where)
-    return readers[min(readers)] == {HEAD, LOOP}
 
 
 def issue(ctx, group: Group | None, tile: Value, lo: Value, parity: Value) -> None:
