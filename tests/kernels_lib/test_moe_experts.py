@@ -39,6 +39,15 @@ def _problem(T, H, I, E, K, seed=0, dtype=torch.float32, empty=()):
     return [t.to(dtype) for t in (x, w13, w2)] + [weights, ids, counts, chunk_counts, torch.cat([w1, w3], 1)]
 
 
+def _aligned_f16(T, H, I, E, K, BM):
+    """`_problem` in float16 with its token rows aligned to BM-row blocks (`align`): x, w13, w2, the routing
+    weights, then as numpy the sorted token ids, each block's expert and the experts' row offsets, the aligned
+    row count and the T * K routed rows."""
+    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
+    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, BM, counts, chunk_counts))
+    return x, w13, w2, weights, sorted_ids, block_expert, offsets, sorted_ids.shape[0], T * K
+
+
 def _reference(x, w13_cat, w2, weights, ids, activation="silu"):
     return ref.experts(ref.as64(x), ref.as64(w13_cat), ref.as64(w2), ref.as64(weights), ids.numpy(), activation)
 
@@ -107,9 +116,7 @@ def _simt_matches_interpreter(kernel, args, grid, target, outputs, expect_ops, *
                                                       ("sm_90a", 64, {"wgmma", "mbarrier_wait"})])
 def test_each_kernel_on_the_simt_simulator(target, BM, pipelined_by):
     T, H, I, E, K = 6, 32, 32, 4, 2
-    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
-    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, BM, counts, chunk_counts))
-    rows, numel = sorted_ids.shape[0], T * K
+    x, w13, w2, weights, sorted_ids, block_expert, offsets, rows, numel = _aligned_f16(T, H, I, E, K, BM)
     grid_rows = (rows + BM - 1) // BM
     aligned = dict(BM=BM, BN=16, BK=16, STAGES=2)
     xs = _simt_matches_interpreter(
@@ -136,9 +143,7 @@ def test_gate_up_and_down_with_gfx950s_rings_on_the_simt_simulator():
     (32 x 32), compute on the simulator what the interpreter computes."""
     assert plans.MIDDLE.gate_up.stages == plans.MIDDLE.down.stages == 3
     T, H, I, E, K, BM = 6, 128, 128, 4, 2, 64
-    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
-    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, BM, counts, chunk_counts))
-    rows, numel = sorted_ids.shape[0], T * K
+    x, w13, w2, weights, sorted_ids, block_expert, offsets, rows, numel = _aligned_f16(T, H, I, E, K, BM)
     grid_rows = (rows + BM - 1) // BM
     aligned = dict(BM=BM, BN=32, BK=32, STAGES=3)
     xs = _simt_matches_interpreter(
@@ -159,9 +164,7 @@ def test_the_decode_plans_tiles_on_the_simt_simulator_for_sm_90a():
     by ldmatrix into mma.sync, gate_up and down, compute on the simulator what the interpreter computes."""
     T, H, I, E, K = 5, 256, 128, 4, 2
     p = plans.DECODE
-    x, w13, w2, weights, ids, counts, chunk_counts, _ = _problem(T, H, I, E, K, dtype=torch.float16)
-    sorted_ids, block_expert, offsets = (t.numpy() for t in align(ids, E, p.BM, counts, chunk_counts))
-    rows, numel = sorted_ids.shape[0], T * K
+    x, w13, w2, weights, sorted_ids, block_expert, offsets, rows, numel = _aligned_f16(T, H, I, E, K, p.BM)
     xs = np.zeros((rows, H), np.float16)
     permute_kernel[(rows // p.BM, 1, 1)](x.numpy(), sorted_ids, xs, rows, H, numel, TOP_K=K, BR=p.BM, BH=H)
     up, down = p.gate_up, p.down
