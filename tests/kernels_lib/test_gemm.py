@@ -135,7 +135,11 @@ def test_errors(call, message):
 
 
 def test_gpu_configs_are_tiles_of_64_and_128_and_hopper_adds_128_by_256_and_256_by_128_and_clusters():
-    assert gemm_kernel.tuner.configs == CONFIGS + HOPPER_CONFIGS
+    assert gemm_kernel.tuner.configs == gemm_configs.ALL         # the prune hook keeps a device's own
+    shipped = CONFIGS + HOPPER_CONFIGS
+    amd = [c for configs in gemm_configs.BY_AMD_TARGET.values() for c in configs]
+    assert [c for c in gemm_configs.ALL if c in shipped] == shipped     # the common ones in order, then Hopper's,
+    assert all(c in amd for c in gemm_configs.ALL if c not in shipped)  # between them AMD's shallower twins
     assert all(c.kwargs["BM"] in (64, 128) and c.kwargs["BN"] in (64, 128) and c.num_warps in (4, 8)
                for c in CONFIGS)
     plain = [c for c in HOPPER_CONFIGS if not gemm_configs.is_clustered(c)]
