@@ -23,6 +23,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import torch
+
 import tessera
 
 from . import targets
@@ -97,7 +99,6 @@ def prune_for_device(configs: list[tessera.Config], named_args: dict) -> list[te
     for value in named_args.values():
         device = getattr(value, "device", None)
         if getattr(device, "type", None) == "cuda":
-            import torch
             if torch.version.hip:                       # (a ROCm build reports gfx archs, not capabilities)
                 amd_target = targets.plan_target(device)
             elif torch.version.cuda is not None:
