@@ -94,15 +94,16 @@ def compare(torch, row: dict, ours, theirs, theirs_name: str, expected, m: int, 
 def bf16_rows(torch, gemm, shapes) -> list[dict]:
     """Each shape against cuBLAS; `split_k` says where the op ran a split-K plan instead of the tiled kernel
     (M <= 64, or fewer tiles than SMs: `gemm._split_k_plan`), which ignores --pin."""
-    from tessera.kernels_lib.gemm import _split_k_plan
+    from tessera.kernels_lib.gemm import _gpu_of, _split_k_plan
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = _gpu_of(torch.device("cuda", 0))         # (the constants and tiles the op plans with on this GPU)
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k}
-        split = _split_k_plan(m, n, k, 2, num_sms, cpu=False)
+        split = _split_k_plan(m, n, k, 2, num_sms, False, *gpu)
         if split is not None:
             row["split_k"], row["b_layout"] = split.split_k, "b-row-major"
         try:
@@ -121,9 +122,10 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
     import os
 
     from tessera.kernels_lib import gemm_split_k
-    from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV
+    from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _gpu_of
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = _gpu_of(torch.device("cuda", 0))
     rows = []
     for m, n, k in shapes:
         for layout in DECODE_LAYOUTS:
@@ -131,7 +133,7 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
             weight = layout == "b-weight"
             b = torch.randn((n, k) if weight else (k, n), device="cuda", dtype=torch.bfloat16)
             theirs = (lambda: a @ b.t()) if weight else (lambda: a @ b)        # noqa: E731
-            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms)
+            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms, None, *gpu)
             row = {"m": m, "n": n, "k": k, "b_layout": layout, "split_k": plan.split_k,
                    "plan": {"BM": plan.BM, "BN": plan.BN, "BK": plan.BK, "STAGES": plan.STAGES}}
             try:
@@ -280,7 +282,8 @@ def stream_k_rows(torch, shapes) -> list[dict]:
             gemm_module.pin_config(config)
             try:
                 if name == "stream_k":
-                    plan = gemm_module._stream_k_plan(m, n, k, 2, sms, False, "1")
+                    plan = gemm_module._stream_k_plan(m, n, k, 2, sms, False, "1",
+                                                      *gemm_module._gpu_of(torch.device("cuda", 0)))
                     row["sk_tiles"] = None if plan is None else plan.sk_tiles
                     row["bitwise_repeatable"] = bool(torch.equal(ours(), ours()))
                 compare(torch, row, ours, lambda: a @ b, "cublas", a @ b, m, n, k)

@@ -111,7 +111,15 @@ def of_device(index: int) -> Gpu:
     return lookup(targets.device_arch(device), torch.cuda.get_device_properties(device).name)
 
 
-def of(arch: str) -> Gpu:
+def of(device: torch.device) -> Gpu:
+    """The row of the GPU torch `device` is on (`of_device`: cached); the reference GPU's (H100_SXM) for a device
+    that is not a CUDA/ROCm one (the interpreter's CPU tensors, the stub driver's)."""
+    if device.type != "cuda":
+        return H100_SXM
+    return of_device(device.index if device.index is not None else torch.cuda.current_device())
+
+
+def of_target(arch: str) -> Gpu:
     """The row a model assumes for target `arch` with no device to ask (`lookup` without a name)."""
     tessera.get_target(arch)           # an unknown target is the ValueError naming the known ones
     return lookup(arch)
