@@ -11,11 +11,13 @@ description's LDS over a stage's bytes, `ring_bytes`, counted as the
 pipeline planner counts them), so that no compile asks for a stage the
 planner would drop with a PipelineWarning. gfx942's 64 KiB takes the
 BK = 64 tiles with 128 rows or columns 2 deep; gfx950's 160 KiB keeps each
-config's own depth. The split-K paths (`gemm_split_k.py`) take their tiles from the
-"small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`), the
-stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry (`STREAM_K`). The file is data so that a GPU session's measurements
-(bench/gemm.py --part configs) can reorder or replace entries without code
-changes.
+config's own depth. The split-K paths (`gemm_split_k.py`) take their tiles
+from the "small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`),
+the stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry
+(`STREAM_K`), per plan key the same way (`small_m_tiles`, `split_k_tile`,
+`stream_k_tile`: each AMD target's fitted by `fitted_tile`). The file is data
+so that a GPU session's measurements (bench/gemm.py --part configs) can
+reorder or replace entries without code changes.
 """
 
 from __future__ import annotations
