@@ -373,11 +373,12 @@ def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0, BN=
 
 
 @pytest.mark.parametrize("target,M,BM,num_warps", [("sm_80", 5, 16, 4), ("sm_90a", 33, 64, 4),
-                                                   ("sm_90a", 70, 64, 4)])
+                                                   ("sm_90a", 70, 64, 4), ("gfx942", 5, 16, 4)])
 def test_split_k_on_the_simt_simulator_matches_numpy(target, M, BM, num_warps):
-    """mma.sync fed by cp.async (sm_80, a 16-row tile), and wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
-    two row tiles, as on the few-tiles path): three K splits (the last one short) over two column strips (the
-    second one partial), summed by the reduce."""
+    """mma.sync fed by cp.async (sm_80, a 16-row tile), wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
+    two row tiles, as on the few-tiles path), and MFMA fed by direct-to-LDS loads (gfx942, the decode tile's 16
+    rows): three K splits (the last one short) over two column strips (the second one partial), summed by the
+    reduce."""
     out, expected, _ = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 
