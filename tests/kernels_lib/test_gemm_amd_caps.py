@@ -193,3 +193,22 @@ def test_decode_attention_splits_further_on_an_mi300x():
     assert decode_model.plan_for(d, tile, 304, None, gpus.H100_SXM)[0] == 5
     cost = decode_model.modelled(d, tile, 8, 304, True, gpus.MI300X)
     assert cost.hbm_share == pytest.approx(cost.moved / (cost.total * 1e3) / 5300)     # "% of HBM": MI300X's peak
+
+
+@pytest.mark.gpu
+def test_this_gpu_plans_with_its_own_row():
+    """On a GPU session: the device's row is the one for its target and name (an "NVIDIA H100 80GB HBM3" the
+    H100 SXM's, an "NVIDIA H200" the H200's, an MI300X / MI355X its own), and, on a whole chip, its SM count the
+    row's; a mismatch names the device, so a new GPU's row can be added to gpus.py."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    device = torch.device("cuda", 0)
+    props = torch.cuda.get_device_properties(device)
+    gpu, plans_of = gemm._gpu_of(device)
+    arch = targets.device_arch(device)
+    assert gpu.arch == arch or arch not in gpus.BY_ARCH, (props.name, arch, gpu)
+    assert plans_of == targets.plan_target(device)
+    for marker, row in (("H100 80GB HBM3", gpus.H100_SXM), ("H200", gpus.H200), ("MI300X", gpus.MI300X),
+                        ("MI355X", gpus.MI355X)):
+        if marker in props.name:
+            assert gpu is row and props.multi_processor_count == row.sms, (props.name, props.multi_processor_count)
