@@ -371,14 +371,13 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def _gpu_of(device) -> tuple[gpus.Gpu, str]:
+def _gpu_of(device: Optional[torch.device]) -> tuple[gpus.Gpu, str]:
     """(the constants of the GPU `device` is on, the key of the plans it runs): its row in `gpus.py`, looked up
-    once per device (`gpus.of_device`), and `targets.plan_target` (its AMD target on ROCm, 'nvidia' otherwise,
-    read per call for $TESSERA_AMD_PLANS). Tensors not on a CUDA/ROCm device (the interpreter, the stub driver's
-    CPU tensors) plan as on the reference GPU, an H100 SXM."""
-    if getattr(device, "type", None) != "cuda":
-        return gpus.H100_SXM, "nvidia"
-    return gpus.of(device), targets.plan_target(device)
+    once per device (`gpus.of`), and on an AMD GPU `targets.plan_target` (its AMD target, or the one
+    $TESSERA_AMD_PLANS names, read per call); 'nvidia' on the others. Without a device, or with tensors not on a
+    CUDA/ROCm one (the stub driver's CPU tensors), the op plans as on the reference GPU, an H100 SXM."""
+    gpu = gpus.of(device)
+    return gpu, (targets.plan_target(device) if gpu.plan_key != "nvidia" else "nvidia")
 
 
 @functools.lru_cache(maxsize=4096)

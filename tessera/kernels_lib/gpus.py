@@ -111,12 +111,28 @@ def of_device(index: int) -> Gpu:
     return lookup(targets.device_arch(device), torch.cuda.get_device_properties(device).name)
 
 
-def of(device: torch.device) -> Gpu:
-    """The row of the GPU torch `device` is on (`of_device`: cached); the reference GPU's (H100_SXM) for a device
-    that is not a CUDA/ROCm one (the interpreter's CPU tensors, the stub driver's)."""
-    if device.type != "cuda":
+_ROWS: dict[torch.device, Gpu] = {}     # `of`'s answers per device that names its index
+
+
+def of(device: Optional[torch.device]) -> Gpu:
+    """The row of the GPU torch `device` is on (`of_device`), kept per device: a warm call costs one dict lookup
+    (reading `device.type` alone costs ~0.5 us); the reference GPU's (H100_SXM) for no device or one that is not
+    a CUDA/ROCm one (the interpreter's CPU tensors, the stub driver's)."""
+    gpu = _ROWS.get(device)
+    if gpu is not None:
+        return gpu
+    if device is None or device.type != "cuda":
         return H100_SXM
-    return of_device(device.index if device.index is not None else torch.cuda.current_device())
+    if device.index is None:            # ("cuda": whichever device is current, so not kept)
+        return of_device(torch.cuda.current_device())
+    gpu = _ROWS[device] = of_device(device.index)
+    return gpu
+
+
+def forget_devices() -> None:
+    """Forget every device's row (`of`, `of_device`): for tests that fake a device."""
+    _ROWS.clear()
+    of_device.cache_clear()
 
 
 def of_target(arch: str) -> Gpu:

@@ -132,27 +132,30 @@ def test_each_gpu_takes_its_shared_memory_from_the_target_description_and_its_ro
 
 
 def test_the_op_looks_its_gpu_up_once_per_device(monkeypatch):
-    """On a ROCm MI300X (faked) the op plans with MI300X's row and gfx942's tiles (`gemm._gpu_of`); the device's
-    properties are read once, not per call."""
+    """On a ROCm MI355X (faked) the op plans with MI355X's row and gfx950's tiles (`gemm._gpu_of`); the device's
+    properties are read once, not per call, while the plan key follows $TESSERA_AMD_PLANS on every call (a GPU
+    session runs gfx942's tiles on an MI355X with its own constants)."""
     reads = []
 
     class Properties:
-        name, multi_processor_count = "AMD Instinct MI300X", 304
+        name, multi_processor_count = "AMD Instinct MI355X", 256
 
     def properties(device):
         reads.append(device)
         return Properties()
     monkeypatch.setattr(torch.version, "hip", "6.2", raising=False)
     monkeypatch.delenv(targets.AMD_PLANS_ENV, raising=False)
-    monkeypatch.setattr(targets, "device_arch", lambda device=None: "gfx942")
+    monkeypatch.setattr(targets, "device_arch", lambda device=None: "gfx950")
     monkeypatch.setattr(torch.cuda, "get_device_properties", properties)
-    gpus.of_device.cache_clear()
+    gpus.forget_devices()
     try:
         device = torch.device("cuda", 0)
-        assert gemm._gpu_of(device) == gemm._gpu_of(device) == (gpus.MI300X, "gfx942")
+        assert gemm._gpu_of(device) == gemm._gpu_of(device) == (gpus.MI355X, "gfx950")
         assert len(reads) == 1
+        monkeypatch.setenv(targets.AMD_PLANS_ENV, "gfx942")
+        assert gemm._gpu_of(device) == (gpus.MI355X, "gfx942")
     finally:
-        gpus.of_device.cache_clear()
+        gpus.forget_devices()
     assert gemm._gpu_of(torch.device("cpu")) == (gpus.H100_SXM, "nvidia")     # the interpreter, the stub driver
 
 
