@@ -30,8 +30,6 @@ from typing import Optional
 
 import torch
 
-import tessera
-
 from . import targets
 
 # What the H100 fit gave, and how each carries to another GPU:
@@ -133,9 +131,3 @@ def forget_devices() -> None:
     """Forget every device's row (`of`, `of_device`): for tests that fake a device."""
     _ROWS.clear()
     of_device.cache_clear()
-
-
-def of_target(arch: str) -> Gpu:
-    """The row a model assumes for target `arch` with no device to ask (`lookup` without a name)."""
-    tessera.get_target(arch)           # an unknown target is the ValueError naming the known ones
-    return lookup(arch)
