@@ -294,8 +294,9 @@ def sdpa_decode(torch, q, k, v):
 
 def modelled_decode(case: dict) -> dict:
     """The decode model's figures for the online plan this row launches (tessera.kernels_lib.attention_decode_model,
-    with this GPU's constants, `gpus.py`; the reference H100 SXM's without a GPU): its microseconds in a graph and share of HBM, to set beside the measured ones; for the
-    merge it picks (model_*) and for each merge at its own best split count (model_in_launch_*, model_two_launch_*)."""
+    with this GPU's constants, `gpus.py`; the reference H100 SXM's without a GPU): its microseconds in a graph and
+    share of HBM, to set beside the measured ones; for the merge it picks (model_*) and for each merge at its own
+    best split count (model_in_launch_*, model_two_launch_*)."""
     import torch
 
     from tessera.kernels_lib import attention_decode_model as model, gpus
