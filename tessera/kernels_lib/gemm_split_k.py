@@ -234,11 +234,19 @@ def modelled(M: int, N: int, K: int, element_bytes: int, num_sms: int, p: SplitK
 def small_m_candidates(M: int, N: int, K: int, element_bytes: int, num_sms: int,
                        tiles: list[dict] | None = None, plans_of: str = "nvidia") -> list[SplitKPlan]:
     """The plans the small-M model compares: each of M's row tile's tiles (`tiles`, or those GPUs of plan key
-    `plans_of` run: `gemm_configs.small_m_tiles`, fitted to an AMD target's LDS) unsplit, and split as far as
-    `split_count` covers the SMs, made even."""
+    `plans_of` run: `gemm_configs.small_m_tiles`, fitted to an AMD target's LDS; where a target's LDS left a row
+    tile none, the next larger row tile's) unsplit, and split as far as `split_count` covers the SMs, made even."""
     BM = row_tile(M)
+    if not tiles:
+        table = gemm_configs.small_m_tiles(plans_of)
+        BM = next((bm for bm in ROW_TILES if bm >= BM and table.get(bm)), 0)
+        if not BM:
+            raise ValueError(f"tessera::gemm small-M path: plan key {plans_of!r} has no tile of {row_tile(M)} or "
+                             f"more rows (`gemm_configs.small_m_tiles`: none fits its shared memory 2 stages "
+                             f"deep); ship a smaller tile for it in gemm_configs.json")
+        tiles = table[BM]
     plans = []
-    for config in tiles or gemm_configs.small_m_tiles(plans_of)[BM]:
+    for config in tiles:
         BN, BK, STAGES, num_warps = _tile(config, element_bytes)
         for split in sorted({1, split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)}):
             plans.append(_even(BM, BN, BK, STAGES, num_warps, K, split))

@@ -70,6 +70,19 @@ def test_a_tile_whose_two_stages_do_not_fit_is_left_out():
         gemm_configs.small_m_tiles("gfx90a")
 
 
+
+def test_a_row_tile_left_out_takes_the_next_larger_ones(monkeypatch):
+    """Where a target's LDS left a small-M row tile no tiles, M takes the next larger row tile's; with none left,
+    a ValueError says what to ship."""
+    table = dict(gemm_configs.small_m_tiles("gfx942"))
+    del table[16]
+    monkeypatch.setitem(gemm_configs.SMALL_M_BY_TARGET, "gfx942", table)
+    assert {p.BM for p in gemm_split_k.small_m_candidates(1, 4096, 4096, 2, 304, plans_of="gfx942")} == {32}
+    monkeypatch.setitem(gemm_configs.SMALL_M_BY_TARGET, "gfx942", {})
+    with pytest.raises(ValueError, match=r"plan key 'gfx942' has no tile of 16 or more rows"):
+        gemm_split_k.small_m_plan(1, 4096, 4096, 2, 304, gpu=gpus.MI300X)
+
+
 # --- compiled: the kinds test_gemm_split_k.py's gfx942 test leaves out -----------------------------------------
 
 SPLIT_SIGNATURE = ("*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,"
