@@ -116,12 +116,32 @@ def bf16_rows(torch, gemm, shapes) -> list[dict]:
     return rows
 
 
+def planning_as(gpu, fn) -> None:
+    """Run `fn` with the op pricing its split-K plans with `gpu`'s constants (`kernels_lib/gpus.py`) instead of
+    this GPU's row, its plan key (tiles) kept; the op's plans are forgotten before and after."""
+    import importlib
+    gemm_module = importlib.import_module("tessera.kernels_lib.gemm")     # (the package exports the function)
+    own = gemm_module._gpu_of
+    gemm_module._gpu_of = lambda device: (gpu, own(device)[1])
+    gemm_module._split_k_plan.cache_clear()
+    gemm_module.clear_plans()
+    try:
+        fn()
+    finally:
+        gemm_module._gpu_of = own
+        gemm_module._split_k_plan.cache_clear()
+        gemm_module.clear_plans()
+
+
 def decode_rows(torch, gemm, shapes) -> list[dict]:
     """The small-M path against cuBLAS, B in both layouts: TFLOP/s and ratios as for bf16, plus the plan it ran,
-    GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s."""
+    GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s. On a GPU
+    whose row in `kernels_lib/gpus.py` is not the reference H100 SXM's (an H200: its constants carried from the
+    H100 fit, not measured), where the reference row would plan differently, also the op with that plan
+    (`reference_plan`, `tessera_reference_row_*`): whether the GPU's own row picks the faster plan."""
     import os
 
-    from tessera.kernels_lib import gemm_split_k
+    from tessera.kernels_lib import gemm_split_k, gpus
     from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _gpu_of
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
@@ -149,6 +169,12 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
                         timed(torch, row, "tessera_atomic", lambda: gemm(a, b, trans_b=weight), 2 * m * n * k)
                     finally:
                         del os.environ[ATOMIC_SPLIT_K_ENV]
+                reference = gemm_split_k.small_m_plan(m, n, k, 2, num_sms, None, gpus.H100_SXM, gpu[1])
+                if gpu[0] is not gpus.H100_SXM and reference != plan and "ratio" in row:
+                    row["reference_plan"] = {"BN": reference.BN, "STAGES": reference.STAGES,
+                                             "split_k": reference.split_k}
+                    planning_as(gpus.H100_SXM, lambda: timed(torch, row, "tessera_reference_row",
+                                                             lambda: gemm(a, b, trans_b=weight), 2 * m * n * k))
             except Exception as error:
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
             rows.append(row)
