@@ -18,8 +18,9 @@ Vendor numbers (peak HBM bandwidth, SM/CU count, dense 16-bit matrix TFLOP/s, bo
 * MI355X (gfx950): 256 CUs, 8 TB/s HBM3E, 2.5 PFLOP/s dense BF16, 2.4 GHz (AMD Instinct MI355X data sheet, 2025).
 
 The rest were fitted on one GPU only, an H100 SXM (bench/results/2026-11-26-h100-run7: `gemm_split_k`'s decode
-rows), and carry to the others by a stated rule, not a measurement (each rule is next to its constant below):
-the next GPU session on another card refits them from the same benchmark rows.
+rows), and carry to the others by a stated rule, not a measurement (each rule is next to its constant below),
+except the H200's streaming rate, which its runs measured: the next GPU session on another card refits them from
+the same benchmark rows (bench/gemm.py's decode rows time the plan the H100's row would pick beside its own).
 """
 
 from __future__ import annotations
@@ -69,15 +70,18 @@ class Gpu:
 
 
 def _row(name: str, arch: str, sms: int, hbm_peak_gbps: float, dense_tflops: float, clock_ghz: float,
-         l2_gbps: Optional[float] = None) -> Gpu:
-    """A row from the datasheet's numbers, the fitted ones carried over by the rules above."""
-    return Gpu(name, arch, sms, hbm_peak_gbps, hbm_gbps=round(STREAM_SHARE * hbm_peak_gbps),
+         l2_gbps: Optional[float] = None, hbm_gbps: Optional[float] = None) -> Gpu:
+    """A row from the datasheet's numbers, the fitted ones carried over by the rules above (or measured:
+    `hbm_gbps`, `l2_gbps`)."""
+    return Gpu(name, arch, sms, hbm_peak_gbps, hbm_gbps=hbm_gbps or round(STREAM_SHARE * hbm_peak_gbps),
                l2_gbps=l2_gbps or round(L2_PER_HBM * hbm_peak_gbps), sm_gbps=round(SM_BYTES_PER_CLOCK * clock_ghz),
                sm_tflops=round(LOADED_SHARE * dense_tflops / sms, 2))
 
 
 H100_SXM = Gpu("H100 SXM", "sm_90a", 132, 3350, hbm_gbps=3000, l2_gbps=5500, sm_gbps=64, sm_tflops=5.2)
-H200 = _row("H200", "sm_90a", 132, 4800, 989, 1.98, l2_gbps=H100_SXM.l2_gbps)    # the H100's die and L2
+# The H200: the H100's die and L2; its streaming rate measured, Tessera's vector add at 4160-4274 GB/s (torch's
+# copy 4207-4238) in six runs (bench/results/2026-11-26-h200-tier1-run1 .. -tier2-run5, "bandwidth").
+H200 = _row("H200", "sm_90a", 132, 4800, 989, 1.98, l2_gbps=H100_SXM.l2_gbps, hbm_gbps=4200)
 A100_SXM = _row("A100 SXM", "sm_80", 108, 2039, 312, 1.41)
 L40S = _row("L40S", "sm_89", 142, 864, 362, 2.52)
 MI300X = _row("MI300X", "gfx942", 304, 5300, 1307, 2.1)
