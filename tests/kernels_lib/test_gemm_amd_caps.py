@@ -19,9 +19,9 @@ import tessera  # noqa: E402
 from tessera.kernels_lib import attention_decode_model as decode_model  # noqa: E402
 from tessera.kernels_lib import gemm_configs, gemm_split_k, gemm_stream_k, gpus, targets  # noqa: E402
 
-gemm = importlib.import_module("tessera.kernels_lib.gemm")     # (the package exports the op under its name)
-
 from amd_spills import amd_spills  # noqa: E402
+
+gemm = importlib.import_module("tessera.kernels_lib.gemm")     # (the package exports the op under its name)
 
 AMD = targets.AMD_PLAN_TARGETS
 
