@@ -97,6 +97,10 @@ SPLIT_K = dict(_DATA["split_k"]["meta"], num_warps=_DATA["split_k"]["num_warps"]
 # whether a GPU run has timed it (until then the op takes stream K only when $TESSERA_GEMM_STREAM_K forces it).
 STREAM_K = dict(_DATA["stream_k"]["meta"], num_warps=_DATA["stream_k"]["num_warps"])
 STREAM_K_MEASURED = bool(_DATA["stream_k"].get("measured", False))
+# ... and the AMD plan keys whose GPUs have timed it ("measured_amd"): "measured" is an NVIDIA GPU's run (the only
+# GPUs this project has run on), and an AMD GPU's atomics and LDS rings are another kernel's worth of risk, so
+# "auto" takes stream K on an AMD GPU only once its own target is listed (`stream_k_measured`).
+STREAM_K_MEASURED_AMD = tuple(_DATA["stream_k"].get("measured_amd", ()))
 STREAM_K_CONFIG = tessera.Config(dict(_DATA["stream_k"]["meta"], STREAM_K=True), num_warps=STREAM_K["num_warps"])
 
 
@@ -140,6 +144,12 @@ def split_k_tile(key: str = "nvidia") -> dict | None:
 def stream_k_tile(key: str = "nvidia") -> dict | None:
     """The stream-K tile GPUs of plan key `key` run (`STREAM_K_BY_TARGET`); None: left out there."""
     return _plans(key, STREAM_K_BY_TARGET)
+
+
+def stream_k_measured(key: str = "nvidia") -> bool:
+    """Whether a GPU run of plan key `key`'s GPUs has timed the stream-K kernel (`STREAM_K_MEASURED` for
+    NVIDIA's, `STREAM_K_MEASURED_AMD` for an AMD target's): until then the op takes it only when forced."""
+    return STREAM_K_MEASURED if key == "nvidia" else key in STREAM_K_MEASURED_AMD
 
 
 def family_of(capability: tuple[int, int] | None) -> str | None:

@@ -223,19 +223,20 @@ def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode
     Only grids of more than one wave whose last one is partial (tiles > num_sms, tiles % num_sms > 0) qualify;
     of `stream_k_tiles`' counts the one the wave model (`modelled`, with the GPU's constants) times fastest is
     split. `mode` is $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the model times
-    MARGIN faster than the data-parallel persistent kernel, once a GPU run has measured the stream-K config
-    (`gemm_configs.awaits_measurement`)."""
+    MARGIN faster than the data-parallel persistent kernel, once a run on GPUs of this plan key has measured the
+    stream-K config (`gemm_configs.stream_k_measured`: an NVIDIA run does not vouch for an AMD GPU)."""
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"tessera::gemm: ${STREAM_K_ENV} must be 1 (always stream K where a persistent grid's "
                          f"last wave is partial), 0 (never) or auto, got {mode!r}")
-    config = config or gemm_configs.stream_k_tile(plans_of or gpu.plan_key)
+    plans_of = plans_of or gpu.plan_key
+    config = config or gemm_configs.stream_k_tile(plans_of)
     if config is None:                  # (no stream-K tile fits this target's shared memory)
         return None
     BM, BN, BK, GROUP_M, STAGES, num_warps = _tile(config, element_bytes)
     tiles = tessera.cdiv(M, BM) * tessera.cdiv(N, BN)
     if mode == "0" or tiles <= num_sms or tiles % num_sms == 0 or K == 0:
         return None
-    if mode == "auto" and gemm_configs.awaits_measurement(gemm_configs.STREAM_K_CONFIG):
+    if mode == "auto" and not gemm_configs.stream_k_measured(plans_of):
         return None
     times = {sk: modelled(M, N, K, element_bytes, num_sms, BM, BN, BK, sk, gpu)
              for sk in stream_k_tiles(tiles, num_sms)}

@@ -187,10 +187,14 @@ def test_decode_gemm_splits_k_on_an_mi300x_where_an_h100_streams_unsplit():
 
 
 def test_stream_k_pays_on_an_mi300x_where_its_partials_cost_an_h100_too_much(monkeypatch):
-    """4096 x 4096 x 1024 (1024 tiles on 304 CUs, 112 left for a last wave), once stream K is measured: a
-    MI300X CU's ~3 TFLOP/s makes a K step long beside its partials' L2 traffic, so stream K models >3% faster;
-    at an H100 SM's 5.2 TFLOP/s the same partials eat the gain. The gfx942 tile runs 2 stages."""
+    """4096 x 4096 x 1024 (1024 tiles on 304 CUs, 112 left for a last wave), once stream K is measured on gfx942:
+    a MI300X CU's ~3 TFLOP/s makes a K step long beside its partials' L2 traffic, so stream K models >3% faster;
+    at an H100 SM's 5.2 TFLOP/s the same partials eat the gain. The gfx942 tile runs 2 stages. An NVIDIA run's
+    measurement alone leaves AMD GPUs on the data-parallel kernel unless forced."""
     monkeypatch.setattr(gemm_configs, "STREAM_K_MEASURED", True)
+    assert gemm_stream_k.stream_k_plan(4096, 4096, 1024, 2, 304, gpu=gpus.MI300X) is None
+    assert gemm_stream_k.stream_k_plan(4096, 4096, 1024, 2, 304, "1", gpu=gpus.MI300X).STAGES == 2
+    monkeypatch.setattr(gemm_configs, "STREAM_K_MEASURED_AMD", ("gfx942",))
     plan = gemm_stream_k.stream_k_plan(4096, 4096, 1024, 2, 304, gpu=gpus.MI300X)
     assert plan is not None and (plan.STAGES, plan.sk_tiles) == (2, 416)
     assert gemm_stream_k.stream_k_plan(4096, 4096, 1024, 2, 304, gpu=gpus.H100_SXM, plans_of="gfx942") is None
