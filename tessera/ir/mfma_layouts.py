@@ -44,13 +44,29 @@ kABKPerLane 4) and Triton's gfx950 operand layout (`kWidth = 8`):
                B[8 * (l // 32) + i][l % 32]       i < 8
                D as 32x32x8
 
+gfx950 also reads OCP fp8 (feature "mfma.fp8"): `v_mfma_f32_{32x32x16,
+16x16x32}_{fp8,bf8}_{fp8,bf8}` (`llvm.amdgcn.mfma.f32.16x16x32.fp8.bf8`
+..., A and B as i64: eight 8-bit values, element i in byte i), e4m3 = fp8,
+e5m2 = bf8, either operand of either format. Their k is that of the
+double-K 16-bit forms and so is the rule: eight consecutive k per lane
+(ck_tile `WarpGemmAttributeMfmaImpl_f32_32x32x16_f8_base`: kABKLane 2,
+kABKPerLane 8, an 8-byte vector per operand; the calculator's rule above
+gives 4 lanes x 8 for 16x16x32), so the
+fp8 fragments are the 16x16x32 and 32x32x16 layouts above, packed two
+VGPRs per operand instead of four. gfx942 has the same instructions but
+reads the fnuz formats in them (e4m3 bias 8, e5m2 bias 16, no infinities,
+0x80 the only NaN and no negative zero): an OCP e4m3 byte read as fnuz is
+half its value, its -0 becomes NaN and its NaN 240, an e5m2 infinity a
+finite 32768. Tessera's fp8 types are OCP, so gfx942 lacks "mfma.fp8" and
+its fp8 dots stay on the exact FMA path (`passes/mma.py`).
+
 In the layout algebra these are products of `spatial` / `local` factors (lane
 = the thread index within the wave), so they compose with the warp tiling of
 `passes/mma.py` like the mma.sync fragments do.
 
 `MFMA_SHAPES` lists the (m, n, k) supported here (`MFMA_WIDE_SHAPES` the
 gfx950-only ones among them); `mfma_fragments(m, n, k)` gives the (A, B, C)
-layouts of one of them.
+layouts of one of them; `mfma_accepts` says which input dtypes a shape takes.
 """
 
 from __future__ import annotations
@@ -62,6 +78,16 @@ WAVE = 64
 MFMA_WIDE_SHAPES = ((32, 32, 16), (16, 16, 32))     # gfx950 ("mfma.wide") only
 MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES
 MFMA_INPUTS = (dt.f16, dt.bf16)
+MFMA_FP8 = (dt.f8e4m3, dt.f8e5m2)                    # OCP formats: gfx950 ("mfma.fp8") only
+MFMA_FP8_SHAPES = MFMA_WIDE_SHAPES                  # 8 fp8 a lane: the k of the double-K 16-bit forms
+
+
+def mfma_accepts(shape: tuple[int, int, int], a: dt.DType, b: dt.DType) -> bool:
+    """Whether the MFMA of `shape` multiplies an `a` A by a `b` B: f16 or bf16 (both the same) at every
+    shape, e4m3 / e5m2 (either mix) at the fp8 shapes."""
+    if a in MFMA_FP8 or b in MFMA_FP8:
+        return a in MFMA_FP8 and b in MFMA_FP8 and shape in MFMA_FP8_SHAPES
+    return a == b and a in MFMA_INPUTS and shape in MFMA_SHAPES
 
 
 def mfma_16x16x16_a() -> RegisterLayout:

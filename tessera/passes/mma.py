@@ -16,6 +16,8 @@ m x n x k (`instruction_for`):
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
     + "mfma.wide" (gfx950)    f16, bf16 -> f32           v_mfma_f32_32x32x16        mfma {m = 32, n = 32, k = 16}
                                                          v_mfma_f32_16x16x32        mfma {m = 16, n = 16, k = 32}
+    + "mfma.fp8" (gfx950)     e4m3/e5m2 -> f32 (any mix) v_mfma_f32_32x32x16_fp8..  mfma {m = 32, n = 32, k = 16}
+                                                         v_mfma_f32_16x16x32_fp8..  mfma {m = 16, n = 16, k = 32}
 
 (MFMA 32x32 when M and N are multiples of 32, else 16x16; on "mfma.wide"
 the double-K form of that size when K allows it (K % 16, K % 32), which
@@ -30,8 +32,14 @@ takes wgmma wherever the shape allows. A wgmma dot in the body of a
 slots: `schedule/pipeline_plan.py`.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
 with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
-(other dtypes, fp8 without "mma.fp8", shapes that do not divide, other
-targets) keeps the FMA lowering (`lowering/dot.py`).
+(other dtypes, fp8 without "mma.fp8" / "mfma.fp8", shapes that do not
+divide, other targets) keeps the FMA lowering (`lowering/dot.py`). gfx942
+has fp8 MFMA too, but on the fnuz formats, which would misread Tessera's
+OCP fp8 bytes (`mfma_layouts`): its fp8 dots stay exact, on FMA. gfx950's
+double-rate `v_mfma_f32_{16x16x128,32x32x64}_f8f6f4` is not used: LLVM 22
+has no plain intrinsic for it (only `llvm.amdgcn.mfma.scale.*.f8f6f4`,
+which it selects to the unscaled instruction when the scale operands are
+0) and no source here fixes its per-lane k layout (32 bytes a lane).
 
 One planning algorithm serves every instruction, parameterized by its shape,
 the lanes it spans and its fragment layouts (`MatrixInstruction`). The
@@ -76,7 +84,7 @@ from dataclasses import dataclass, field
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, enclosing_function
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
-from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
+from tessera.ir.mfma_layouts import MFMA_FP8, MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.ops import OPS
 from tessera.ir.target import Target
@@ -133,7 +141,7 @@ def mfma(m: int, n: int, k: int) -> MatrixInstruction:
 
 MFMA_32X32X8 = mfma(32, 32, 8)
 MFMA_16X16X16 = mfma(16, 16, 16)
-MFMA_32X32X16 = mfma(32, 32, 16)        # gfx950 ("mfma.wide")
+MFMA_32X32X16 = mfma(32, 32, 16)        # gfx950 ("mfma.wide"; with fp8 operands, "mfma.fp8")
 MFMA_16X16X32 = mfma(16, 16, 32)
 
 
@@ -154,10 +162,12 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
             return None
         candidates = tuple(inst for inst in (MMA_M16N8K16, MMA_M16N8K8, MMA_M16N8K32)
                            if mma_accepts((inst.m, inst.n, inst.k), a, b, acc))
-    elif target.has("mfma") and target.warp_size == 64 and a == b and a in MFMA_INPUTS and acc == dt.f32:
+    elif target.has("mfma") and target.warp_size == 64 and acc == dt.f32 and (a == b and a in MFMA_INPUTS):
         # The larger m x n first (half the instructions per flop), and of one m x n the double-K form first.
         candidates = ((MFMA_32X32X16, MFMA_32X32X8, MFMA_16X16X32, MFMA_16X16X16) if target.has("mfma.wide")
                       else (MFMA_32X32X8, MFMA_16X16X16))
+    elif target.has("mfma.fp8") and target.warp_size == 64 and acc == dt.f32 and a in MFMA_FP8 and b in MFMA_FP8:
+        candidates = (MFMA_32X32X16, MFMA_16X16X32)         # OCP fp8 (gfx950; not gfx942's fnuz, see above)
     else:
         return None
     return next((inst for inst in candidates if inst.divides(m, n, k)), None)
