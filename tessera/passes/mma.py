@@ -173,6 +173,15 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
     return next((inst for inst in candidates if inst.divides(m, n, k)), None)
 
 
+def fma_reason(target: Target, a: dt.DType, b: dt.DType) -> str:
+    """Why a dot of `a` x `b` inputs keeps FMA on `target` when the reason is its dtypes ("" otherwise): the
+    tail of the pipeline planner's and the op's warnings."""
+    if target.has("mfma") and (a in MFMA_FP8 or b in MFMA_FP8) and not target.has("mfma.fp8"):
+        return (f" ({target.name}'s fp8 MFMA reads the fnuz formats, not the OCP e4m3/e5m2 of Tessera's fp8, so "
+                f"fp8 dots run exactly on FMA there; gfx950 multiplies OCP fp8 on MFMA)")
+    return ""
+
+
 @dataclass(frozen=True)
 class MmaPlan:
     """The layouts of one matrix-instruction dot and how many fragments each warp holds."""

@@ -1,6 +1,7 @@
 """The fp8 attention forward as GPU code: every shipped fp8 plan (tessera/kernels_lib/attention_fp8.py) assembles
-without spills on sm_89 and sm_90a, multiplying both products on e4m3 tensor cores, and the lowered per-thread code
-computes on the SIMT simulator what float64 attention of the dequantized inputs computes."""
+without spills on sm_89, sm_90a and gfx950, multiplying both products on e4m3 tensor cores (gfx950: OCP fp8 MFMA),
+and the lowered per-thread code computes on the SIMT simulator what float64 attention of the dequantized inputs
+computes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS, keys_contiguous  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
+from amd_spills import amd_spills  # noqa: E402
 from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 from test_attention_compile import FORWARD_SIGNATURE  # noqa: E402
 from test_attention_fp8 import check_fp8, quantized  # noqa: E402
@@ -48,7 +50,8 @@ def compile_fp8(target, D, plan, variant):
 
 @needs_ptxas
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("target, D", [(t, D) for t in FP8_GPU_PLANS for D in sorted(FP8_GPU_PLANS[t])])
+@pytest.mark.parametrize("target, D", [(t, D) for t in FP8_GPU_PLANS if t.startswith("sm_")
+                                       for D in sorted(FP8_GPU_PLANS[t])])
 def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, variant):
     """sm_89: both products on mma.sync m16n8k32 .e4m3, K and V streamed by cp.async; sm_90a: both on wgmma
     k32 .e4m3 (P through shared memory), K and V streamed by TMA (V's map over its keys-contiguous buffer)."""
@@ -72,6 +75,24 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     # Q's block by one TMA load into wgmma's tile, O by a TMA store (`tma_operand.py`, `tma_store.py`)
     assert [r["pointer"] for r in metadata["tensor_maps"]] == ["q_ptr", "k_ptr", "v_ptr", "o_ptr"]
     assert_wgmma_descriptors_built(compiled)
+
+
+@pytest.mark.parametrize("D", sorted(FP8_GPU_PLANS["gfx950"]))
+def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
+    """gfx950: both products on v_mfma_f32_32x32x16_fp8_fp8, each wave owning BM / 32 / waves of the 32-row blocks
+    (the chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / 16 per 32x32 block of S
+    and BN / 16 per block of O; K and V streamed into LDS rings by direct-to-LDS loads (strict: no stage
+    dropped); no spills of either kind. The plain variant: it took more registers than the window-softcap one
+    at every head dim (298 / 375 / 416 VGPRs at 64 / 128 / 256 against 197 / 241 / 310)."""
+    plan = FP8_GPU_PLANS["gfx950"][D]
+    compiled = compile_fp8("gfx950", D, plan, "plain")
+    asm = compiled.stages["amdgcn"]
+    mfmas = re.findall(r"\bv_mfma_\w+", asm)
+    assert set(mfmas) == {"v_mfma_f32_32x32x16_fp8_fp8"}
+    row_blocks = plan.BM // 32 // min(plan.num_warps, plan.BM // 32)
+    assert len(mfmas) == row_blocks * (plan.BN // 32 * D // 16 + D // 32 * plan.BN // 16), len(mfmas)
+    assert "global_load_lds_dwordx4" in asm
+    assert amd_spills(compiled.metadata) == {}
 
 
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8

@@ -9,17 +9,22 @@ Specification:
   GELU, top-1 to top-8, a partial last group, experts with no tokens, the deterministic and the atomic top-k
   sum (interpreter);
 * lowered for sm_89 (mma.sync on e4m3) and sm_90a (wgmma), both GEMMs compute on the SIMT simulator what the
-  interpreter computes; every fp8 plan compiles for sm_89 and sm_90a without spills;
+  interpreter computes; every fp8 plan compiles for sm_89, sm_90a and gfx950 (OCP fp8 MFMA, pipelined) without
+  spills; GPUs without e4m3 tensor cores (sm_80, gfx942 whose fp8 MFMA reads fnuz fp8) are refused with the
+  bf16-activation path named;
 * opcheck passes for the three ops; bad arguments name the fix.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
 import moe_reference as ref
+from amd_spills import amd_spills
 from moe_problem import random_moe
 import tessera
 from tessera.backends.interp.storage import Memory
@@ -28,7 +33,7 @@ from tessera.kernels_lib.moe import align, experts, quantize_experts, route
 from tessera.kernels_lib.moe import plan as plans
 from tessera.kernels_lib.moe.common import kernel_arg
 from tessera.kernels_lib.moe.fp8_mlp import down_fp8, down_fp8_kernel, forward_fp8, gate_up_fp8, \
-    gate_up_fp8_kernel, quantize_tokens
+    gate_up_fp8_kernel, quantize_tokens, target_refusal
 from tessera.kernels_lib.moe.quantized import interleave
 from tessera.passes.thread_passes import lower
 
@@ -163,15 +168,34 @@ SIGNATURES = {
 }
 
 
-@pytest.mark.parametrize("target", ["sm_89", "sm_90a"])
+@pytest.mark.parametrize("target", ["sm_89", "sm_90a", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.FP8))
 def test_the_fp8_plans_compile_without_spills(target, regime):
+    """Strict: pipelined as planned. gfx950 multiplies the e4m3 codes on its OCP fp8 MFMA (16x16x32 for decode's
+    16-row blocks, 32x32x16 otherwise) from direct-to-LDS rings (4-byte chunks for the decode blocks, too small to
+    give every lane 16), and spills neither kind of register."""
     p = plans.FP8[regime]
     for name, kernel, t, extra in (("gate_up", gate_up_fp8_kernel, p.gate_up, dict(ACTIVATION="silu")),
                                    ("down", down_fp8_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):
         compiled = kernel.compile(signature=SIGNATURES[name], target=target, strict=True, G=128, WG=128, BM=p.BM,
                                   BN=t.BN, STAGES=t.stages, num_warps=t.num_warps, **extra)
-        assert compiled.metadata.get("spill_stores", 0) == 0, f"{name} spills on {target} ({regime})"
+        if target.startswith("gfx"):
+            asm = compiled.stages["amdgcn"]
+            shape = "16x16x32" if p.BM == 16 else "32x32x16"
+            assert set(re.findall(r"\bv_mfma_\w+", asm)) == {f"v_mfma_f32_{shape}_fp8_fp8"}, (name, regime)
+            assert "global_load_lds_dword" in asm                # the K loop streams through LDS rings
+            assert amd_spills(compiled.metadata) == {}, f"{name} spills on {target} ({regime})"
+        else:
+            assert compiled.metadata["spill_stores"] == 0, f"{name} spills on {target} ({regime})"
+
+
+@pytest.mark.parametrize("arch, says", [("gfx942", "this GPU is gfx942, whose fp8 MFMA (if any) reads the fnuz"),
+                                        ("gfx90a", "which gfx950 has; this GPU is gfx90a"),
+                                        ("sm_80", "need fp8 tensor cores (sm_89 or newer); this GPU is sm_80")])
+def test_gpus_without_e4m3_tensor_cores_are_refused_naming_the_bf16_path(arch, says):
+    refusal = target_refusal(arch, "moe_gate_up_fp8")
+    assert says in refusal and "fp8_activations=False" in refusal
+    assert target_refusal("gfx950", "moe_gate_up_fp8") is None and target_refusal("sm_89", "x") is None
 
 
 # -- the ops ---------------------------------------------------------------------------------------------
