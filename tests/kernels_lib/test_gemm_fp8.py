@@ -121,9 +121,10 @@ def test_fp8_inputs_requiring_grad_raise():
 FP8_SIGNATURE = "*f8e4m3:16,*f8e4m3:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
 
 
-def compile_fp8(config, b_strides: str, target: str):
-    """The e4m3 GEMM of `config`: strict when B is K-contiguous; a B contiguous along N cannot be pipelined (8-bit
-    operands are read from shared memory K-contiguous only), which the compile says in a PipelineWarning."""
+def compile_fp8(config, b_strides: str, target: str, strict: bool = True):
+    """The e4m3 GEMM of `config`: strict when B is K-contiguous (unless `strict` is False); on NVIDIA a B
+    contiguous along N cannot be pipelined (8-bit operands are read from shared memory K-contiguous only), which
+    the compile says in a PipelineWarning."""
     from tessera.kernels_lib.gemm import gemm_kernel
 
     def compile_it(strict):
@@ -131,7 +132,7 @@ def compile_fp8(config, b_strides: str, target: str):
             signature=FP8_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps, strict=strict,
             HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
     if b_strides == "i32:1,i32:16":
-        return compile_it(True)
+        return compile_it(strict)
     with pytest.warns(tessera.PipelineWarning, match="not every block load is pipelined: .* the dot cannot read "
                                                      "f8e4m3 from shared memory"):
         return compile_it(False)
@@ -174,6 +175,34 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
         assert "st.global" not in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
         assert "cp.async.bulk.tensor" in ptx
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
+
+
+def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
+    """On gfx950 (OCP fp8 MFMA) an e4m3 GEMM with torch._scaled_mm's K-contiguous B runs every config the autotuner
+    keeps there (`gemm_configs.BY_AMD_TARGET`) on v_mfma_f32_32x32x16_fp8_fp8, (BM / 32) (BN / 32) (BK / 16) per
+    K step over the waves, its K loop pipelined through direct-to-LDS rings as deep as the config asks (strict: no
+    PipelineWarning; fp8's rings take half of the bf16 bytes the configs were fitted to), no register spilled,
+    and links into a code object. gfx942 keeps the exact FMA loop (its fp8 MFMA reads fnuz fp8) and says why."""
+    import re
+
+    from amd_spills import amd_spills
+    from tessera.backends.amdgpu.elf import CodeObject
+    from tessera.backends.amdgpu.linker import find_linker
+    from tessera.kernels_lib import gemm_configs
+    for config in gemm_configs.BY_AMD_TARGET["gfx950"]:
+        compiled = compile_fp8(config, "i32:1,i32:16", "gfx950")
+        bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
+        asm = compiled.stages["amdgcn"]
+        assert re.findall(r"\bv_mfma_\w+", asm) == ["v_mfma_f32_32x32x16_fp8_fp8"] * (
+            (bm // 32) * (bn // 32) * (bk // 16) // config.num_warps), config
+        assert "global_load_lds_dword" in asm          # (x4: 16 bytes a lane where the block gives every lane 16)
+        assert amd_spills(compiled.metadata) == {}, f"{config} spills"
+        assert compiled.metadata["shared_bytes"] <= tessera.get_target("gfx950").shared_memory_bytes
+        if find_linker() is not None:
+            assert f"{compiled.name}.kd" in CodeObject(compiled.binary).symbols
+    with pytest.warns(tessera.PipelineWarning, match="gfx942's fp8 MFMA reads the fnuz formats"):
+        compiled = compile_fp8(gemm_configs.BY_AMD_TARGET["gfx942"][3], "i32:1,i32:16", "gfx942", strict=False)
+    assert "v_mfma" not in compiled.stages["amdgcn"]
 
 
 def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
