@@ -60,6 +60,28 @@ half its value, its -0 becomes NaN and its NaN 240, an e5m2 infinity a
 finite 32768. Tessera's fp8 types are OCP, so gfx942 lacks "mfma.fp8" and
 its fp8 dots stay on the exact FMA path (`passes/mma.py`).
 
+gfx950's double-rate fp8 forms, `v_mfma_f32_{32x32x64,16x16x128}_f8f6f4`
+(feature "mfma.fp8"; LLVM has only the scaled intrinsic,
+`llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4`, and selects the unscaled
+instruction when its scale operands are 0; the operands' formats are its
+cbsz / blgp immediates: 0 e4m3, 1 e5m2), take 32 bytes a lane of A and of B
+(<8 x i32>) and give the 32x32 / 16x16 D above:
+
+    16x16x128  A[l % 16][32 * (l // 16) + i]      i < 32
+               B[32 * (l // 16) + i][l % 16]      i < 32
+    32x32x64   A[l % 32][32 * (l // 32) + i]      i < 32
+               B[32 * (l // 32) + i][l % 32]      i < 32
+
+Which k a lane's byte i stands for cannot change D: every documented MFMA
+gives A and B mirrored fragments (lane l % m holds row m of A and column
+n of B, and both assign k to (lane group, element) alike), i.e. it
+multiplies element i of A's group g by element i of B's group g, so A
+and B given in any one assignment of k to (group, byte) sum the same
+products. This one keeps a
+lane's 32 bytes consecutive in k (two 16-byte LDS reads); aiter's gfx950
+fp8 kernels use [16 g, 16 g + 16) and [64 + 16 g, ...) instead, to the
+same effect.
+
 In the layout algebra these are products of `spatial` / `local` factors (lane
 = the thread index within the wave), so they compose with the warp tiling of
 `passes/mma.py` like the mma.sync fragments do.
@@ -76,10 +98,11 @@ from .layouts import LayoutError, RegisterLayout, column_spatial, local, spatial
 
 WAVE = 64
 MFMA_WIDE_SHAPES = ((32, 32, 16), (16, 16, 32))     # gfx950 ("mfma.wide") only
-MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES
+MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES        # the f16 / bf16 forms
+MFMA_F8F6F4_SHAPES = ((32, 32, 64), (16, 16, 128))  # gfx950's double-rate fp8 forms: 32 bytes a lane
 MFMA_INPUTS = (dt.f16, dt.bf16)
 MFMA_FP8 = (dt.f8e4m3, dt.f8e5m2)                    # OCP formats: gfx950 ("mfma.fp8") only
-MFMA_FP8_SHAPES = MFMA_WIDE_SHAPES                  # 8 fp8 a lane: the k of the double-K 16-bit forms
+MFMA_FP8_SHAPES = MFMA_F8F6F4_SHAPES + MFMA_WIDE_SHAPES
 
 
 def mfma_accepts(shape: tuple[int, int, int], a: dt.DType, b: dt.DType) -> bool:
@@ -88,6 +111,11 @@ def mfma_accepts(shape: tuple[int, int, int], a: dt.DType, b: dt.DType) -> bool:
     if a in MFMA_FP8 or b in MFMA_FP8:
         return a in MFMA_FP8 and b in MFMA_FP8 and shape in MFMA_FP8_SHAPES
     return a == b and a in MFMA_INPUTS and shape in MFMA_SHAPES
+
+
+def is_mfma_shape(shape: tuple[int, int, int]) -> bool:
+    """Whether some MFMA modelled here is m x n x k (`mfma_accepts` says for which dtypes)."""
+    return shape in MFMA_SHAPES or shape in MFMA_F8F6F4_SHAPES
 
 
 def mfma_16x16x16_a() -> RegisterLayout:
@@ -145,11 +173,37 @@ def mfma_32x32x16_b() -> RegisterLayout:
     return spatial(2, 32).local(8, 1)
 
 
+def mfma_16x16x128_a() -> RegisterLayout:
+    """A of v_mfma_f32_16x16x128_f8f6f4 on fp8 (gfx950), a 16x128 (m, k) tile: lane l, byte i ->
+    A[l % 16][32 (l // 16) + i]."""
+    return column_spatial(16, 4).local(1, 32)
+
+
+def mfma_16x16x128_b() -> RegisterLayout:
+    """B of v_mfma_f32_16x16x128_f8f6f4 on fp8 (gfx950), a 128x16 (k, n) tile: lane l, byte i ->
+    B[32 (l // 16) + i][l % 16]."""
+    return spatial(4, 16).local(32, 1)
+
+
+def mfma_32x32x64_a() -> RegisterLayout:
+    """A of v_mfma_f32_32x32x64_f8f6f4 on fp8 (gfx950), a 32x64 (m, k) tile: lane l, byte i ->
+    A[l % 32][32 (l // 32) + i]."""
+    return column_spatial(32, 2).local(1, 32)
+
+
+def mfma_32x32x64_b() -> RegisterLayout:
+    """B of v_mfma_f32_32x32x64_f8f6f4 on fp8 (gfx950), a 64x32 (k, n) tile: lane l, byte i ->
+    B[32 (l // 32) + i][l % 32]."""
+    return spatial(2, 32).local(32, 1)
+
+
 _FRAGMENTS = {
     (32, 32, 8): (mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c),
     (16, 16, 16): (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c),
     (32, 32, 16): (mfma_32x32x16_a, mfma_32x32x16_b, mfma_32x32x8_c),      # D: the same as the narrow form's
     (16, 16, 32): (mfma_16x16x32_a, mfma_16x16x32_b, mfma_16x16x16_c),
+    (32, 32, 64): (mfma_32x32x64_a, mfma_32x32x64_b, mfma_32x32x8_c),
+    (16, 16, 128): (mfma_16x16x128_a, mfma_16x16x128_b, mfma_16x16x16_c),
 }
 
 
@@ -158,12 +212,12 @@ def mfma_fragments(m: int, n: int, k: int) -> tuple[RegisterLayout, RegisterLayo
     try:
         return tuple(make() for make in _FRAGMENTS[(m, n, k)])
     except KeyError:
-        shapes = ", ".join("x".join(map(str, s)) for s in MFMA_SHAPES)
+        shapes = ", ".join("x".join(map(str, s)) for s in MFMA_SHAPES + MFMA_F8F6F4_SHAPES)
         raise LayoutError(f"no MFMA fragment layouts for {m}x{n}x{k}; supported: {shapes}") from None
 
 
 # Kernels may call the constructors on compile-time arguments, like those of `layouts`.
 for _constructor in (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c, mfma_32x32x8_a, mfma_32x32x8_b,
                      mfma_32x32x8_c, mfma_16x16x32_a, mfma_16x16x32_b, mfma_32x32x16_a, mfma_32x32x16_b,
-                     mfma_fragments):
+                     mfma_16x16x128_a, mfma_16x16x128_b, mfma_32x32x64_a, mfma_32x32x64_b, mfma_fragments):
     _constructor.__tessera_constexpr__ = True

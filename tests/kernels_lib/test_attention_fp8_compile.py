@@ -79,18 +79,21 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
 
 @pytest.mark.parametrize("D", sorted(FP8_GPU_PLANS["gfx950"]))
 def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
-    """gfx950: both products on v_mfma_f32_32x32x16_fp8_fp8, each wave owning BM / 32 / waves of the 32-row blocks
-    (the chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / 16 per 32x32 block of S
-    and BN / 16 per block of O; K and V streamed into LDS rings by direct-to-LDS loads (strict: no stage
+    """gfx950: both products on its OCP fp8 MFMA, each wave owning BM / 32 / waves of the 32-row blocks (the
+    chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / k per 32x32 block of S and
+    BN / k per block of O, k = 64 (v_mfma_f32_32x32x64_f8f6f4) where the reduced dim allows, else 16
+    (v_mfma_f32_32x32x16_fp8_fp8: P V at BN = 32); K and V streamed into LDS rings by direct-to-LDS loads (strict: no stage
     dropped); no spills of either kind. The plain variant: it took more registers than the window-softcap one
     at every head dim (298 / 375 / 416 VGPRs at 64 / 128 / 256 against 197 / 241 / 310)."""
     plan = FP8_GPU_PLANS["gfx950"][D]
     compiled = compile_fp8("gfx950", D, plan, "plain")
     asm = compiled.stages["amdgcn"]
     mfmas = re.findall(r"\bv_mfma_\w+", asm)
-    assert set(mfmas) == {"v_mfma_f32_32x32x16_fp8_fp8"}
+    form = {64: "v_mfma_f32_32x32x64_f8f6f4", 16: "v_mfma_f32_32x32x16_fp8_fp8"}
+    k = {reduced: 64 if reduced % 64 == 0 else 16 for reduced in (D, plan.BN)}
     row_blocks = plan.BM // 32 // min(plan.num_warps, plan.BM // 32)
-    assert len(mfmas) == row_blocks * (plan.BN // 32 * D // 16 + D // 32 * plan.BN // 16), len(mfmas)
+    assert sorted(mfmas) == sorted([form[k[D]]] * (row_blocks * plan.BN // 32 * D // k[D])
+                                   + [form[k[plan.BN]]] * (row_blocks * D // 32 * plan.BN // k[plan.BN]))
     assert "global_load_lds_dwordx4" in asm
     assert amd_spills(compiled.metadata) == {}
 

@@ -179,8 +179,8 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
 
 def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
     """On gfx950 (OCP fp8 MFMA) an e4m3 GEMM with torch._scaled_mm's K-contiguous B runs every config the autotuner
-    keeps there (`gemm_configs.BY_AMD_TARGET`) on v_mfma_f32_32x32x16_fp8_fp8, (BM / 32) (BN / 32) (BK / 16) per
-    K step over the waves, its K loop pipelined through direct-to-LDS rings as deep as the config asks (strict: no
+    keeps there (`gemm_configs.BY_AMD_TARGET`) on v_mfma_f32_32x32x64_f8f6f4 (BK = 32: v_mfma_f32_32x32x16_fp8_fp8),
+    (BM / 32) (BN / 32) (BK / k) per K step over the waves, its K loop pipelined through direct-to-LDS rings as deep as the config asks (strict: no
     PipelineWarning; fp8's rings take half of the bf16 bytes the configs were fitted to), no register spilled,
     and links into a code object. gfx942 keeps the exact FMA loop (its fp8 MFMA reads fnuz fp8) and says why."""
     import re
@@ -193,8 +193,9 @@ def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
         compiled = compile_fp8(config, "i32:1,i32:16", "gfx950")
         bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
         asm = compiled.stages["amdgcn"]
-        assert re.findall(r"\bv_mfma_\w+", asm) == ["v_mfma_f32_32x32x16_fp8_fp8"] * (
-            (bm // 32) * (bn // 32) * (bk // 16) // config.num_warps), config
+        k, mfma = (64, "v_mfma_f32_32x32x64_f8f6f4") if bk % 64 == 0 else (16, "v_mfma_f32_32x32x16_fp8_fp8")
+        assert re.findall(r"\bv_mfma_\w+", asm) == [mfma] * ((bm // 32) * (bn // 32) * (bk // k) // config.num_warps), \
+            config
         assert "global_load_lds_dword" in asm          # (x4: 16 bytes a lane where the block gives every lane 16)
         assert amd_spills(compiled.metadata) == {}, f"{config} spills"
         assert compiled.metadata["shared_bytes"] <= tessera.get_target("gfx950").shared_memory_bytes

@@ -171,8 +171,8 @@ SIGNATURES = {
 @pytest.mark.parametrize("target", ["sm_89", "sm_90a", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.FP8))
 def test_the_fp8_plans_compile_without_spills(target, regime):
-    """Strict: pipelined as planned. gfx950 multiplies the e4m3 codes on its OCP fp8 MFMA (16x16x32 for decode's
-    16-row blocks, 32x32x16 otherwise) from direct-to-LDS rings (4-byte chunks for the decode blocks, too small to
+    """Strict: pipelined as planned. gfx950 multiplies the e4m3 codes on its double-rate OCP fp8 MFMA (16x16x128
+    for decode's 16-row blocks, 32x32x64 otherwise: each K step is a group of 128) from direct-to-LDS rings (4-byte chunks for the decode blocks, too small to
     give every lane 16), and spills neither kind of register."""
     p = plans.FP8[regime]
     for name, kernel, t, extra in (("gate_up", gate_up_fp8_kernel, p.gate_up, dict(ACTIVATION="silu")),
@@ -181,8 +181,8 @@ def test_the_fp8_plans_compile_without_spills(target, regime):
                                   BN=t.BN, STAGES=t.stages, num_warps=t.num_warps, **extra)
         if target.startswith("gfx"):
             asm = compiled.stages["amdgcn"]
-            shape = "16x16x32" if p.BM == 16 else "32x32x16"
-            assert set(re.findall(r"\bv_mfma_\w+", asm)) == {f"v_mfma_f32_{shape}_fp8_fp8"}, (name, regime)
+            shape = "16x16x128" if p.BM == 16 else "32x32x64"
+            assert set(re.findall(r"\bv_mfma_\w+", asm)) == {f"v_mfma_f32_{shape}_f8f6f4"}, (name, regime)
             assert "global_load_lds_dword" in asm                # the K loop streams through LDS rings
             assert amd_spills(compiled.metadata) == {}, f"{name} spills on {target} ({regime})"
         else:

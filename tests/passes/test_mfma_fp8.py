@@ -1,18 +1,21 @@
-"""gfx950's OCP fp8 MFMA: e4m3 / e5m2 dots on v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8}; gfx942 stays on FMA.
+"""gfx950's OCP fp8 MFMA: e4m3 / e5m2 dots on v_mfma_f32_{32x32x64,16x16x128}_f8f6f4 and
+v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8}; gfx942 stays on FMA.
 
 Specification:
 
-* on gfx950 ("mfma.fp8") an e4m3 / e5m2 dot, either mix, into f32 takes the 32x32x16 form when M and N are
-  multiples of 32 and K of 16, else 16x16x32 (M, N multiples of 16, K of 32), else FMA; gfx942 and gfx90a
-  never take an fp8 MFMA: gfx942's reads the fnuz formats, in which an OCP byte is another number (half of it,
-  -0 a NaN, e5m2's infinity finite), so its fp8 dots stay exact on FMA;
+* on gfx950 ("mfma.fp8") an e4m3 / e5m2 dot, either mix, into f32 takes a 32x32 form when M and N are
+  multiples of 32, else a 16x16 one, and of that size the double-rate f8f6f4 form (k 64 / 128) where K
+  allows, else the fp8 one (k 16 / 32), else FMA; gfx942 and gfx90a never take an fp8 MFMA: gfx942's reads
+  the fnuz formats, in which an OCP byte is another number (half of it, -0 a NaN, e5m2's infinity finite),
+  so its fp8 dots stay exact on FMA;
 * lowered for gfx950, an fp8 dot computes on the SIMT simulator what the tile interpreter computes, to the
   error bound of f32 sums taken in another order, with every finite code of the format among the inputs:
-  subnormals, the largest normals (448, 57344), negative zero; e4m3 on 32x32x16 with 4 waves, e5m2 on
-  16x16x32 with 1;
-* the AMDGPU backend calls `llvm.amdgcn.mfma.f32.32x32x16.fp8.fp8` on i64 operands for gfx950
-  (`v_mfma_f32_32x32x16_fp8_fp8`, no spills); the same dot for gfx942 has no MFMA at all; an e4m3 x e5m2
-  mfma calls `...32x32x16.fp8.bf8` on gfx950 and is refused for gfx942 with the reason before LLVM.
+  subnormals, the largest normals (448, 57344), negative zero; on each of the four instructions, e4m3 and
+  e5m2, with 1, 2 and 4 waves;
+* the AMDGPU backend calls `llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4` on <8 x i32> operands with zero
+  scales for gfx950 (`v_mfma_f32_32x32x64_f8f6f4`, unscaled, no spills); the same dot for gfx942 has no MFMA
+  at all; an e4m3 x e5m2 mfma calls `...32x32x16.fp8.bf8` (and the f8f6f4 form with formats 0 and 1) on
+  gfx950 and is refused for gfx942 with the reason before LLVM.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from tessera.backends.interp import run_function
 from tessera.backends.simt import run_threads
 from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
-from tessera.passes.mma import MFMA_16X16X32, MFMA_32X32X16, instruction_for
+from tessera.passes.mma import MFMA_16X16X32, MFMA_16X16X128, MFMA_32X32X16, MFMA_32X32X64, instruction_for
 from tessera.passes.thread_passes import lower
 from test_mma_dot import dot_module
 
@@ -36,13 +39,17 @@ E4M3, E5M2 = tessera.f8e4m3, tessera.f8e5m2
 
 
 @pytest.mark.parametrize("shape,gfx950", [
-    ((64, 64, 32), MFMA_32X32X16),
+    ((64, 64, 128), MFMA_32X32X64),
+    ((32, 32, 64), MFMA_32X32X64),
+    ((64, 64, 32), MFMA_32X32X16),      # K % 64 != 0: the fp8 form
     ((32, 32, 16), MFMA_32X32X16),
+    ((16, 16, 256), MFMA_16X16X128),
     ((16, 16, 32), MFMA_16X16X32),
-    ((32, 16, 64), MFMA_16X16X32),      # N = 16: the 16x16 form
+    ((32, 16, 64), MFMA_16X16X32),      # N = 16: a 16x16 form, K % 128 != 0
     ((16, 16, 16), None),               # K = 16: no 16x16 fp8 form takes it; FMA
     ((32, 32, 8), None),
-], ids=str)
+], ids=lambda x: "x".join(map(str, x)) if isinstance(x, tuple) else getattr(x, "attrs", None) and
+                 "mfma{m}x{n}x{k}".format(**x.attrs) or "fma")
 def test_gfx950_plans_fp8_on_mfma_in_any_mix_and_gfx942_never(shape, gfx950):
     for a, b in ((E4M3, E4M3), (E5M2, E5M2), (E4M3, E5M2), (E5M2, E4M3)):
         assert instruction_for(get_target("gfx950"), *shape, a, b) == gfx950
@@ -75,7 +82,9 @@ def odd_operands(m, n, k, dtype, seed):
 @pytest.mark.parametrize("dtype,shape,num_warps,instruction", [
     (E4M3, (64, 64, 32), 4, (32, 32, 16)),
     (E5M2, (16, 32, 64), 1, (16, 16, 32)),
-], ids=["e4m3-32x32x16-4waves", "e5m2-16x16x32-1wave"])
+    (E5M2, (64, 32, 128), 2, (32, 32, 64)),
+    (E4M3, (16, 16, 256), 1, (16, 16, 128)),
+], ids=["e4m3-32x32x16-4waves", "e5m2-16x16x32-1wave", "e5m2-32x32x64-2waves", "e4m3-16x16x128-1wave"])
 def test_fp8_dot_on_the_simt_simulator_matches_the_tile_interpreter(dtype, shape, num_warps, instruction):
     m, n, k = shape
     module = dot_module(m, n, k, dtype)
@@ -94,16 +103,19 @@ def test_fp8_dot_on_the_simt_simulator_matches_the_tile_interpreter(dtype, shape
 
 @pytest.fixture(scope="module")
 def e4m3_dot():
-    """A 64x64x32 e4m3 dot with 4 waves, compiled for gfx950 and for gfx942 (unlinked)."""
-    module = dot_module(64, 64, 32, E4M3)
+    """A 64x64x64 e4m3 dot with 4 waves, compiled for gfx950 and for gfx942 (unlinked)."""
+    module = dot_module(64, 64, 64, E4M3)
     return {target: compile_thread_ir(lower(module, target, num_warps=4).functions[0], target, link=False)
             for target in ("gfx950", "gfx942")}
 
 
 def test_gfx950_issues_the_ocp_fp8_mfma_and_gfx942_none(e4m3_dot):
     gfx950, gfx942 = e4m3_dot["gfx950"], e4m3_dot["gfx942"]
-    assert re.findall(r"\bv_mfma_\w+", gfx950.assembly) == ["v_mfma_f32_32x32x16_fp8_fp8"] * 2     # 2 k-steps a wave
-    assert re.search(r'call <16 x float> @"llvm\.amdgcn\.mfma\.f32\.32x32x16\.fp8\.fp8"\(i64', gfx950.llvm_ir)
+    # one 32x32 block and one k-step a wave, unscaled (the scale intrinsic with A and B in e4m3, zero scales)
+    assert re.findall(r"\bv_mfma_\w+", gfx950.assembly) == ["v_mfma_f32_32x32x64_f8f6f4"]
+    assert re.search(r'call <16 x float> @"llvm\.amdgcn\.mfma\.scale\.f32\.32x32x64\.f8f6f4\.v8i32\.v8i32"'
+                     r'\(<8 x i32> %"?[.\w]+"?, <8 x i32> %"?[.\w]+"?, <16 x float> %"?[.\w]+"?, '
+                     r'i32 0, i32 0, i32 0, i32 0, i32 0, i32 0\)', gfx950.llvm_ir)
     assert gfx950.metadata["vgpr_spill_count"] == 0
     assert not re.search(r"\bv_mfma", gfx942.assembly)       # fnuz MFMA would misread the bytes: FMA
 
@@ -114,6 +126,9 @@ func @k() attributes {num_threads = 64, warp_size = 64} {
   %b = constant {value = 0.25} : regs<8xf8e5m2>
   %c = constant {value = 0.0} : regs<16xf32>
   %d = mfma %a, %b, %c {k = 16, m = 32, n = 32} : regs<16xf32>
+  %a4 = constant {value = 1.5} : regs<32xf8e4m3>
+  %b4 = constant {value = 0.25} : regs<32xf8e5m2>
+  %d4 = mfma %a4, %b4, %c {k = 64, m = 32, n = 32} : regs<16xf32>
   return
 }
 """
@@ -121,8 +136,10 @@ func @k() attributes {num_threads = 64, warp_size = 64} {
 
 def test_a_mixed_fp8_mfma_is_fp8_bf8_on_gfx950_and_refused_for_gfx942_before_llvm():
     fn = parse_module(MIXED).functions[0]
-    # (its result is unused, so only the IR keeps it; the intrinsics table test sees it become the instruction)
-    assert '@"llvm.amdgcn.mfma.f32.32x32x16.fp8.bf8"(i64' in compile_thread_ir(fn, "gfx950", link=False).llvm_ir
+    # (the results are unused, so only the IR keeps them; the intrinsics table test sees them become instructions)
+    llvm_ir = compile_thread_ir(fn, "gfx950", link=False).llvm_ir
+    assert '@"llvm.amdgcn.mfma.f32.32x32x16.fp8.bf8"(i64' in llvm_ir
+    assert re.search(r'f8f6f4\.v8i32\.v8i32"\(.*, i32 0, i32 1, i32 0, i32 0, i32 0, i32 0\)', llvm_ir)  # A e4m3, B e5m2
     with pytest.raises(CodegenError, match=r"mfma on fp8 \(e4m3/e5m2\) fragments needs gfx950's OCP fp8 MFMA "
                                            r"\(\"mfma.fp8\"\); gfx942's fp8 MFMA reads the fnuz formats.*"
                                            r"compile for gfx950"):

@@ -38,6 +38,14 @@ GFX950_ONLY.update({
     f"llvm.amdgcn.mfma.f32.{m}x{n}x{k}.{x}.{y}": (ir.VectorType(F32, m * n // 64),
                                                 (I64, I64, ir.VectorType(F32, m * n // 64), I32, I32, I32))
     for m, n, k in ((32, 32, 16), (16, 16, 32)) for x in ("fp8", "bf8") for y in ("fp8", "bf8")})
+# v_mfma_{scale_,}f32_{32x32x64,16x16x128}_f8f6f4, gfx950's double-rate fp8 (`codegen_table.f8f6f4_intrinsic`):
+# A and B as <8 x i32> (32 8-bit values), C, then A's and B's formats (cbsz, blgp: immediates), A's scale op
+# select (an immediate) and scale, B's; LLVM emits the unscaled instruction when the four scale operands are 0.
+GFX950_ONLY.update({
+    f"llvm.amdgcn.mfma.scale.f32.{m}x{n}x{k}.f8f6f4.v8i32.v8i32": (
+        ir.VectorType(F32, m * n // 64),
+        (ir.VectorType(I32, 8), ir.VectorType(I32, 8), ir.VectorType(F32, m * n // 64), I32, I32, I32, I32, I32, I32))
+    for m, n, k in ((32, 32, 64), (16, 16, 128))})
 
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.amdgcn.workitem.id.{axis}": (I32, ()) for axis in "xyz"},
