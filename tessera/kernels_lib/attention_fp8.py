@@ -34,8 +34,8 @@ from .targets import device_arch, fp8_matrix_cores
 
 # Per target and head dim, like attention.GPU_PLANS; sm_89 (mma.sync m16n8k32, K = BN for P V) takes BN = 32 at
 # head dim 128 (BN = 64 spilled 8 bytes at 255 registers). gfx950 takes its bf16 plans (attention.GPU_PLANS):
-# fp8 halves their rings' LDS bytes, and every variant compiles without spills or scratch (at most 491 of the
-# 512 VGPRs + AGPRs a lane of a 4-wave block has: head dim 256). No config spills
+# fp8 halves their rings' LDS bytes, and every variant compiles without spills or scratch (at most 416 of the
+# 512 VGPRs and AGPRs a lane may hold: head dim 256; bench/results/amd_registers_gfx950_fp8.json). No config spills
 # (tests/kernels_lib/test_attention_fp8_compile.py); none has been timed on a GPU.
 FP8_GPU_PLANS = {
     "sm_89": {64: Plan(128, 64, 8), 128: Plan(128, 32, 8), 256: Plan(64, 32, 4)},

@@ -24,9 +24,9 @@ m x n x k (`instruction_for`):
 (MFMA 32x32 when M and N are multiples of 32, else 16x16; on "mfma.wide"
 the double-K form of that size when K allows it (K % 16, K % 32), which
 halves the instructions per flop; fp8 on gfx950 the double-rate f8f6f4
-form when K allows it (K % 64, K % 128: four times the k of the fp8 form,
-in twice its cycles, by the MI355X's fp8 peak), else the k16 / k32 fp8
-form; wgmma first
+form when K allows it (K % 64, K % 128: four times the k of the fp8 form;
+the MI355X's fp8 peak, twice its bf16 peak, is quoted for these), else the
+k16 / k32 fp8 form; wgmma first
 where it fits, else mma.sync on sm_90a too. fp8 wgmma reads only K-major
 operands: a register operand is stored K-major by its owners whatever its
 layout, but a pipelined fp8 load contiguous along M/N cannot fill a K-major
@@ -179,7 +179,7 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
 
 def fma_reason(target: Target, a: dt.DType, b: dt.DType) -> str:
     """Why a dot of `a` x `b` inputs keeps FMA on `target` when the reason is its dtypes ("" otherwise): the
-    tail of the pipeline planner's and the op's warnings."""
+    tail of the pipeline planner's refusal (`schedule/pipeline_plan.py`)."""
     if target.has("mfma") and (a in MFMA_FP8 or b in MFMA_FP8) and not target.has("mfma.fp8"):
         return (f" ({target.name}'s fp8 MFMA reads the fnuz formats, not the OCP e4m3/e5m2 of Tessera's fp8, so "
                 f"fp8 dots run exactly on FMA there; gfx950 multiplies OCP fp8 on MFMA)")

@@ -26,7 +26,8 @@ import pytest
 
 from tessera.ir.errors import IRError
 from tessera.ir.layouts import LayoutError, parse_layout
-from tessera.ir.mfma_layouts import (MFMA_FP8_SHAPES, MFMA_SHAPES, MFMA_WIDE_SHAPES, mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c,
+from tessera.ir.mfma_layouts import (MFMA_FP8_SHAPES, MFMA_SHAPES, MFMA_WIDE_SHAPES, mfma_16x16x16_a, mfma_16x16x16_b,
+                                     mfma_16x16x16_c,
                                      mfma_16x16x32_a, mfma_16x16x32_b, mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c,
                                      mfma_32x32x16_a, mfma_32x32x16_b, mfma_fragments)
 from tessera.ir.parser import parse_module

@@ -82,9 +82,9 @@ def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
     """gfx950: both products on its OCP fp8 MFMA, each wave owning BM / 32 / waves of the 32-row blocks (the
     chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / k per 32x32 block of S and
     BN / k per block of O, k = 64 (v_mfma_f32_32x32x64_f8f6f4) where the reduced dim allows, else 16
-    (v_mfma_f32_32x32x16_fp8_fp8: P V at BN = 32); K and V streamed into LDS rings by direct-to-LDS loads (strict: no stage
-    dropped); no spills of either kind. The plain variant: it took more registers than the window-softcap one
-    at every head dim (298 / 375 / 416 VGPRs at 64 / 128 / 256 against 197 / 241 / 310)."""
+    (v_mfma_f32_32x32x16_fp8_fp8: P V at BN = 32); K and V streamed into LDS rings by direct-to-LDS loads
+    (strict: no stage dropped); no spills of either kind. The plain variant: it took more registers than the
+    window-softcap one at every head dim (306 / 359 / 416 VGPRs at 64 / 128 / 256 against 202 / 246 / 310)."""
     plan = FP8_GPU_PLANS["gfx950"][D]
     compiled = compile_fp8("gfx950", D, plan, "plain")
     asm = compiled.stages["amdgcn"]

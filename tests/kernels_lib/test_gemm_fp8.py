@@ -180,9 +180,10 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
 def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
     """On gfx950 (OCP fp8 MFMA) an e4m3 GEMM with torch._scaled_mm's K-contiguous B runs every config the autotuner
     keeps there (`gemm_configs.BY_AMD_TARGET`) on v_mfma_f32_32x32x64_f8f6f4 (BK = 32: v_mfma_f32_32x32x16_fp8_fp8),
-    (BM / 32) (BN / 32) (BK / k) per K step over the waves, its K loop pipelined through direct-to-LDS rings as deep as the config asks (strict: no
-    PipelineWarning; fp8's rings take half of the bf16 bytes the configs were fitted to), no register spilled,
-    and links into a code object. gfx942 keeps the exact FMA loop (its fp8 MFMA reads fnuz fp8) and says why."""
+    (BM / 32) (BN / 32) (BK / k) per K step over the waves, its K loop pipelined through direct-to-LDS rings as
+    deep as the config asks (strict: no PipelineWarning; fp8's rings take half of the bf16 bytes the configs
+    were fitted to), no register spilled, and links into a code object. gfx942 keeps the exact FMA loop (its
+    fp8 MFMA reads fnuz fp8) and says why."""
     import re
 
     from amd_spills import amd_spills

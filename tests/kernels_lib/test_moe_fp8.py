@@ -172,8 +172,9 @@ SIGNATURES = {
 @pytest.mark.parametrize("regime", list(plans.FP8))
 def test_the_fp8_plans_compile_without_spills(target, regime):
     """Strict: pipelined as planned. gfx950 multiplies the e4m3 codes on its double-rate OCP fp8 MFMA (16x16x128
-    for decode's 16-row blocks, 32x32x64 otherwise: each K step is a group of 128) from direct-to-LDS rings (4-byte chunks for the decode blocks, too small to
-    give every lane 16), and spills neither kind of register."""
+    for decode's 16-row blocks, 32x32x64 otherwise: each K step is a group of 128) from direct-to-LDS rings
+    (4-byte chunks for the decode blocks, too small to give every lane 16), and spills neither kind of
+    register."""
     p = plans.FP8[regime]
     for name, kernel, t, extra in (("gate_up", gate_up_fp8_kernel, p.gate_up, dict(ACTIVATION="silu")),
                                    ("down", down_fp8_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):

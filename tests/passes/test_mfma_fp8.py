@@ -139,7 +139,8 @@ def test_a_mixed_fp8_mfma_is_fp8_bf8_on_gfx950_and_refused_for_gfx942_before_llv
     # (the results are unused, so only the IR keeps them; the intrinsics table test sees them become instructions)
     llvm_ir = compile_thread_ir(fn, "gfx950", link=False).llvm_ir
     assert '@"llvm.amdgcn.mfma.f32.32x32x16.fp8.bf8"(i64' in llvm_ir
-    assert re.search(r'f8f6f4\.v8i32\.v8i32"\(.*, i32 0, i32 1, i32 0, i32 0, i32 0, i32 0\)', llvm_ir)  # A e4m3, B e5m2
+    # A's format e4m3 (0), B's e5m2 (1), no scales
+    assert re.search(r'f8f6f4\.v8i32\.v8i32"\(.*, i32 0, i32 1, i32 0, i32 0, i32 0, i32 0\)', llvm_ir)
     with pytest.raises(CodegenError, match=r"mfma on fp8 \(e4m3/e5m2\) fragments needs gfx950's OCP fp8 MFMA "
                                            r"\(\"mfma.fp8\"\); gfx942's fp8 MFMA reads the fnuz formats.*"
                                            r"compile for gfx950"):
