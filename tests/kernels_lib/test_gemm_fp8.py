@@ -207,6 +207,23 @@ def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
     assert "v_mfma" not in compiled.stages["amdgcn"]
 
 
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+def test_on_a_gfx950_gpu_the_fp8_gemm_matches_the_reference():
+    """On an MI350 / MI355: both layouts of B (K-contiguous, as torch._scaled_mm takes it: the f8f6f4 MFMA from
+    its rings; N-contiguous), e4m3 and e5m2, per-row scales, M and N no multiple of the blocks."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib.targets import device_arch
+    if device_arch() != "gfx950":
+        pytest.skip(f"needs gfx950 (MI350 / MI355), this GPU is {device_arch()}")
+    for dtype_a, dtype_b, trans_b in ((E4M3, E4M3, True), (E4M3, E4M3, False), (E5M2, E5M2, True)):
+        a, b = fp8_operands(300, 200, 512, dtype_a, dtype_b, trans_b=trans_b, seed=6)
+        scale_a, scale_b = scales(300, 200, per_row=True)
+        out = gemm(a.cuda(), b.cuda(), scale_a=scale_a.cuda(), scale_b=scale_b.cuda(), trans_b=trans_b)
+        check(out.cpu(), reference(a, b, scale_a, scale_b, trans_b=trans_b))
+
+
 def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     """The library kernel itself, lowered for sm_90a (wgmma, both operands from the rings: B given transposed
     like torch._scaled_mm's column-major B), per-row scales, odd M and N, on the SIMT simulator."""

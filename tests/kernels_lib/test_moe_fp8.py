@@ -230,10 +230,15 @@ def test_bad_arguments_name_the_fix():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vendor", ["nvidia", pytest.param("amd", marks=pytest.mark.amdgpu)])
 @pytest.mark.parametrize("tokens", [3, 100, 700])                 # the decode, middle and prefill plans
-def test_on_the_gpu_every_fp8_plan_matches_the_reference(tokens):
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("fp8 tensor cores need sm_89 or newer")
+def test_on_the_gpu_every_fp8_plan_matches_the_reference(tokens, vendor):
+    """On an sm_89+ GPU, or an MI350 / MI355 (gfx950: OCP fp8 MFMA; the `amd` case)."""
+    from tessera.kernels_lib.targets import device_arch, fp8_matrix_cores
+    if not torch.cuda.is_available() or (vendor == "amd") != bool(torch.version.hip):
+        pytest.skip(f"needs a{'n AMD' if vendor == 'amd' else 'n NVIDIA'} GPU and its build of torch")
+    if not fp8_matrix_cores(device_arch()):
+        pytest.skip(f"{device_arch()} has no e4m3 tensor cores (sm_89 and newer, gfx950)")
     H, I, E, K = 512, 256, 8, 2
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=g).bfloat16().float()

@@ -11,7 +11,7 @@ Specification:
 * lowered for gfx950, an fp8 dot computes on the SIMT simulator what the tile interpreter computes, to the
   error bound of f32 sums taken in another order, with every finite code of the format among the inputs:
   subnormals, the largest normals (448, 57344), negative zero; on each of the four instructions, e4m3 and
-  e5m2, with 1, 2 and 4 waves;
+  e5m2, with 1, 2 and 4 waves (and, marked gpu / amdgpu, on an MI350 / MI355, to the same bound);
 * the AMDGPU backend calls `llvm.amdgcn.mfma.scale.f32.32x32x64.f8f6f4` on <8 x i32> operands with zero
   scales for gfx950 (`v_mfma_f32_32x32x64_f8f6f4`, unscaled, no spills); the same dot for gfx942 has no MFMA
   at all; an e4m3 x e5m2 mfma calls `...32x32x16.fp8.bf8` (and the f8f6f4 form with formats 0 and 1) on
@@ -33,7 +33,7 @@ from tessera.ir.parser import parse_module
 from tessera.ir.target import get_target
 from tessera.passes.mma import MFMA_16X16X32, MFMA_16X16X128, MFMA_32X32X16, MFMA_32X32X64, instruction_for
 from tessera.passes.thread_passes import lower
-from test_mma_dot import dot_module
+from test_mma_dot import dot_kernel, dot_module
 
 E4M3, E5M2 = tessera.f8e4m3, tessera.f8e5m2
 
@@ -79,26 +79,56 @@ def odd_operands(m, n, k, dtype, seed):
     return [a, b, c]
 
 
-@pytest.mark.parametrize("dtype,shape,num_warps,instruction", [
+FOUR_INSTRUCTIONS = pytest.mark.parametrize("dtype,shape,num_warps,instruction", [
     (E4M3, (64, 64, 32), 4, (32, 32, 16)),
     (E5M2, (16, 32, 64), 1, (16, 16, 32)),
     (E5M2, (64, 32, 128), 2, (32, 32, 64)),
     (E4M3, (16, 16, 256), 1, (16, 16, 128)),
 ], ids=["e4m3-32x32x16-4waves", "e5m2-16x16x32-1wave", "e5m2-32x32x64-2waves", "e4m3-16x16x128-1wave"])
+
+
+def assert_within_reordering(got, operands, dtype):
+    """`got` is C + A @ B summed in f32 in some order: within k + 1 roundings of the exact sum, finite, and
+    reaching the largest products (the extremes met)."""
+    a, b, c = (x.astype(np.float64) for x in operands)
+    bound = (a.shape[1] + 1) * 2.0 ** -24 * (np.abs(a) @ np.abs(b) + np.abs(c))
+    assert np.all(np.abs(got - (c + a @ b)) <= bound)
+    assert np.isfinite(got).all() and np.abs(got).max() > dtype.max_value ** 2 / 2
+
+
+@FOUR_INSTRUCTIONS
 def test_fp8_dot_on_the_simt_simulator_matches_the_tile_interpreter(dtype, shape, num_warps, instruction):
     m, n, k = shape
     module = dot_module(m, n, k, dtype)
     expected, actual = odd_operands(m, n, k, dtype, seed=k), odd_operands(m, n, k, dtype, seed=k)
-    a, b, c = (x.astype(np.float64) for x in expected)
+    operands = [x.copy() for x in expected]
     run_function(module.functions[0], expected, (1,))
     fn = lower(module, "gfx950", num_warps=num_warps).functions[0]
     assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {instruction}
     run_threads(fn, actual, (1,))
-    # f32 sums of the exact products in two orders: each within k + 1 roundings of the exact sum
-    bound = (k + 1) * 2.0 ** -24 * (np.abs(a) @ np.abs(b) + np.abs(c))
-    exact = c + a @ b
-    assert np.all(np.abs(actual[2] - exact) <= bound) and np.all(np.abs(expected[2] - exact) <= bound)
-    assert np.isfinite(actual[2]).all() and np.abs(actual[2]).max() > dtype.max_value ** 2 / 2
+    assert_within_reordering(expected[2], operands, dtype)
+    assert_within_reordering(actual[2], operands, dtype)
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+@FOUR_INSTRUCTIONS
+def test_on_a_gfx950_gpu_each_fp8_mfma_computes_the_product(dtype, shape, num_warps, instruction):
+    """What the CPU cannot settle: that gfx950 reads these bytes as OCP e4m3 / e5m2 (as fnuz, 448 would come out
+    224 and -0 NaN), that the f8f6f4 forms with zero scales are unscaled, and the lane layouts. The same odd
+    operands as the simulator test, launched for real on an MI350 / MI355."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib.targets import device_arch
+    if device_arch() != "gfx950":
+        pytest.skip(f"needs gfx950 (MI350 / MI355), this GPU is {device_arch()}")
+    m, n, k = shape
+    operands = odd_operands(m, n, k, dtype, seed=k)
+    a, b, c = (torch.from_numpy(x.copy()).cuda() for x in operands)
+    dot_kernel[(1,)](a, b, c, M=m, N=n, K=k, DTYPE=dtype, num_warps=num_warps)
+    torch.cuda.synchronize()
+    assert_within_reordering(c.cpu().numpy().astype(np.float64), operands, dtype)
 
 
 @pytest.fixture(scope="module")
