@@ -181,8 +181,8 @@ def fma_reason(target: Target, a: dt.DType, b: dt.DType) -> str:
     """Why a dot of `a` x `b` inputs keeps FMA on `target` when the reason is its dtypes ("" otherwise): the
     tail of the pipeline planner's refusal (`schedule/pipeline_plan.py`)."""
     if target.has("mfma") and (a in MFMA_FP8 or b in MFMA_FP8) and not target.has("mfma.fp8"):
-        return (f" ({target.name}'s fp8 MFMA reads the fnuz formats, not the OCP e4m3/e5m2 of Tessera's fp8, so "
-                f"fp8 dots run exactly on FMA there; gfx950 multiplies OCP fp8 on MFMA)")
+        return (f" ({target.name} has no MFMA for the OCP e4m3/e5m2 of Tessera's fp8: gfx942's fp8 MFMA reads the "
+                f"fnuz formats, so fp8 dots run exactly on FMA there; gfx950 multiplies OCP fp8 on MFMA)")
     return ""
 
 

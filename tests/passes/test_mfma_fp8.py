@@ -172,7 +172,7 @@ def test_a_mixed_fp8_mfma_is_fp8_bf8_on_gfx950_and_refused_for_gfx942_before_llv
     # A's format e4m3 (0), B's e5m2 (1), no scales
     assert re.search(r'f8f6f4\.v8i32\.v8i32"\(.*, i32 0, i32 1, i32 0, i32 0, i32 0, i32 0\)', llvm_ir)
     with pytest.raises(CodegenError, match=r"mfma on fp8 \(e4m3/e5m2\) fragments needs gfx950's OCP fp8 MFMA "
-                                           r"\(\"mfma.fp8\"\); gfx942's fp8 MFMA reads the fnuz formats.*"
-                                           r"compile for gfx950"):
+                                           r"\(\"mfma.fp8\"\), which gfx942 lacks \(gfx942's fp8 MFMA reads the "
+                                           r"fnuz formats.*compile for gfx950"):
         compile_thread_ir(fn, "gfx942", link=False)
 

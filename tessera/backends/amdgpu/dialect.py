@@ -101,9 +101,10 @@ class AmdgpuDialect(TargetDialect):
         if op.name == "async_copy":
             return lds_dma.check_copy(self.target, op.attrs["bytes"])
         if op.name == "mfma" and scalar_dtype(op.operands[0].type) in MFMA_FP8 and not self.target.has("mfma.fp8"):
-            return (f"mfma on fp8 (e4m3/e5m2) fragments needs gfx950's OCP fp8 MFMA (\"mfma.fp8\"); "
-                    f"{self.target.name}'s fp8 MFMA reads the fnuz formats, which would misread these bytes; lower "
-                    f"the kernel for {self.target.name} (its fp8 dots then run exactly on FMA) or compile for gfx950")
+            return (f"mfma on fp8 (e4m3/e5m2) fragments needs gfx950's OCP fp8 MFMA (\"mfma.fp8\"), which "
+                    f"{self.target.name} lacks (gfx942's fp8 MFMA reads the fnuz formats, which would misread these "
+                    f"bytes); lower the kernel for {self.target.name} (its fp8 dots then run exactly on FMA) or "
+                    f"compile for gfx950")
         if op.name == "mfma" and (op.attrs["m"], op.attrs["n"], op.attrs["k"]) in MFMA_WIDE_SHAPES \
                 and not self.target.has("mfma.wide"):
             return (f"mfma {op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']} is a gfx950 (\"mfma.wide\") instruction "
