@@ -44,51 +44,38 @@ kABKPerLane 4) and Triton's gfx950 operand layout (`kWidth = 8`):
                B[8 * (l // 32) + i][l % 32]       i < 8
                D as 32x32x8
 
-gfx950 also reads OCP fp8 (feature "mfma.fp8"): `v_mfma_f32_{32x32x16,
-16x16x32}_{fp8,bf8}_{fp8,bf8}` (`llvm.amdgcn.mfma.f32.16x16x32.fp8.bf8`
-..., A and B as i64: eight 8-bit values, element i in byte i), e4m3 = fp8,
-e5m2 = bf8, either operand of either format. Their k is that of the
-double-K 16-bit forms and so is the rule: eight consecutive k per lane
-(ck_tile `WarpGemmAttributeMfmaImpl_f32_32x32x16_f8_base`: kABKLane 2,
-kABKPerLane 8, an 8-byte vector per operand; the calculator's rule above
-gives 4 lanes x 8 for 16x16x32), so the
-fp8 fragments are the 16x16x32 and 32x32x16 layouts above, packed two
-VGPRs per operand instead of four. gfx942 has the same instructions but
-reads the fnuz formats in them (e4m3 bias 8, e5m2 bias 16, no infinities,
-0x80 the only NaN and no negative zero): an OCP e4m3 byte read as fnuz is
-half its value, its -0 becomes NaN and its NaN 240, an e5m2 infinity a
-finite 32768. Tessera's fp8 types are OCP, so gfx942 lacks "mfma.fp8" and
-its fp8 dots stay on the exact FMA path (`passes/mma.py`).
+gfx950 ("mfma.fp8") multiplies OCP fp8, e4m3 (AMD's "fp8") and e5m2
+("bf8") in either mix: `v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8}`
+(8 bytes a lane as an i64; the 16-bit double-K layouts above, as ck_tile's
+`WarpGemmAttributeMfmaImpl_f32_32x32x16_f8_base`: kABKLane 2, kABKPerLane
+8) and the double-rate `v_mfma_f32_{32x32x64,16x16x128}_f8f6f4` (32 bytes a
+lane as <8 x i32>; LLVM 22 has only the scaled intrinsic for them and
+selects the unscaled instruction for zero scales; the formats are its
+cbsz / blgp immediates):
 
-gfx950's double-rate fp8 forms, `v_mfma_f32_{32x32x64,16x16x128}_f8f6f4`
-(feature "mfma.fp8"; LLVM has only the scaled intrinsic,
-`llvm.amdgcn.mfma.scale.f32.16x16x128.f8f6f4`, and selects the unscaled
-instruction when its scale operands are 0; the operands' formats are its
-cbsz / blgp immediates: 0 e4m3, 1 e5m2), take 32 bytes a lane of A and of B
-(<8 x i32>) and give the 32x32 / 16x16 D above:
+    16x16x128  A[l % 16][32 * (l // 16) + i]      B[32 * (l // 16) + i][l % 16]      i < 32
+    32x32x64   A[l % 32][32 * (l // 32) + i]      B[32 * (l // 32) + i][l % 32]      i < 32
 
-    16x16x128  A[l % 16][32 * (l // 16) + i]      i < 32
-               B[32 * (l // 16) + i][l % 16]      i < 32
-    32x32x64   A[l % 32][32 * (l // 32) + i]      i < 32
-               B[32 * (l // 32) + i][l % 32]      i < 32
-
-Which k a lane's byte i stands for cannot change D: every documented MFMA
-gives A and B mirrored fragments (lane l % m holds row m of A and column
-n of B, and both assign k to (lane group, element) alike), i.e. it
-multiplies element i of A's group g by element i of B's group g, so A
-and B given in any one assignment of k to (group, byte) sum the same
-products. This one keeps a
-lane's 32 bytes consecutive in k (two 16-byte LDS reads); aiter's gfx950
-fp8 kernels use [16 g, 16 g + 16) and [64 + 16 g, ...) instead, to the
-same effect.
+with D as the 16x16 / 32x32 forms above. Which k byte i of a lane stands
+for cannot change D: every MFMA gives A and B mirrored fragments (lane
+l % m holds row m of A and column n of B, and both assign k to (lane group,
+element) alike), so it multiplies element i of A's group g by element i of
+B's group g, and any one assignment of k used for both sums the same
+products. Tessera's keeps a lane's bytes consecutive (16-byte LDS reads);
+aiter's gfx950 kernels use [16 g, +16) and [64 + 16 g, +16), to the same
+effect. gfx942 has the k16 / k32 fp8 instructions but reads the fnuz
+formats in them (bias 8 / 16, 0x80 the only NaN, no infinities): an OCP
+e4m3 byte there is half its value, -0 a NaN, e5m2's infinity 32768; so
+gfx942 lacks "mfma.fp8" and its fp8 dots stay exact on FMA.
 
 In the layout algebra these are products of `spatial` / `local` factors (lane
 = the thread index within the wave), so they compose with the warp tiling of
 `passes/mma.py` like the mma.sync fragments do.
 
-`MFMA_SHAPES` lists the (m, n, k) supported here (`MFMA_WIDE_SHAPES` the
-gfx950-only ones among them); `mfma_fragments(m, n, k)` gives the (A, B, C)
-layouts of one of them; `mfma_accepts` says which input dtypes a shape takes.
+`MFMA_SHAPES` lists the (m, n, k) of the f16 / bf16 forms (`MFMA_WIDE_SHAPES`
+the gfx950-only ones among them), `MFMA_FP8_SHAPES` those that take fp8;
+`mfma_fragments(m, n, k)` gives the (A, B, C) layouts of one of them and
+`mfma_accepts` the input dtypes a shape takes.
 """
 
 from __future__ import annotations
