@@ -99,11 +99,12 @@ def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
 
 
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8
-@pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32)])
+@pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32),
+                                                       ("gfx950", 4, 64, 64)])
 def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM, BN):
     """1 x 70 queries x 50 keys, 2 query heads on 1 KV head, causal (Sq > Sk: the first 20 rows see no key), with
     descales far from 1; tolerance as in test_attention_fp8.py. V is the op's keys-contiguous copy (50 keys
-    padded to 64 with zeros); on sm_90a K and V come by TMA."""
+    padded to 64 with zeros); on sm_90a K and V come by TMA, on gfx950 by direct-to-LDS loads."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D = 1, 70, 50, 2, 1, 32
@@ -123,8 +124,13 @@ def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num
                    FP8=True)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
-    dots = [op for op in fn.walk() if op.name in ("wgmma", "mma")]
-    assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
+    dots = [op for op in fn.walk() if op.name in ("wgmma", "mma", "mfma")]
+    if target == "gfx950":      # S = Q K^T over D = 32 on the k16 fp8 MFMA, P V over BN = 64 keys on f8f6f4's k64
+        assert {(op.attrs["k"], op.operands[0].type.element.dtype.name) for op in dots} == {(16, "f8e4m3"),
+                                                                                           (64, "f8e4m3")}
+        assert {op.attrs["bytes"] for op in fn.walk() if op.name == "async_copy"} == {16}
+    else:
+        assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     # K and V: the prologue's fill and the loop's; Q's block, one box
     assert len(tma_loads) == (5 if target == "sm_90a" else 0)
