@@ -8,10 +8,10 @@ Specification:
   reference that quantizes x per token group, rounds h to bfloat16 and quantizes it the same way, for SiLU and
   GELU, top-1 to top-8, a partial last group, experts with no tokens, the deterministic and the atomic top-k
   sum (interpreter);
-* lowered for sm_89 (mma.sync on e4m3) and sm_90a (wgmma), both GEMMs compute on the SIMT simulator what the
-  interpreter computes; every fp8 plan compiles for sm_89, sm_90a and gfx950 (OCP fp8 MFMA, pipelined) without
-  spills; GPUs without e4m3 tensor cores (sm_80, gfx942 whose fp8 MFMA reads fnuz fp8) are refused with the
-  bf16-activation path named;
+* lowered for sm_89 (mma.sync on e4m3), sm_90a (wgmma) and gfx950 (OCP fp8 MFMA), both GEMMs compute on the
+  SIMT simulator what the interpreter computes; every fp8 plan compiles for sm_89, sm_90a and gfx950
+  (pipelined) without spills; GPUs without e4m3 tensor cores (sm_80, gfx942 whose fp8 MFMA reads fnuz fp8)
+  are refused with the bf16-activation path named;
 * opcheck passes for the three ops; bad arguments name the fix.
 """
 
@@ -128,7 +128,7 @@ def _memory(a):
 def _simt_matches_interpreter(kernel, args, grid, target, out, **constexprs):
     fn = lower(kernel.specialize(*args, **constexprs).module, target).functions[0]
     names = {op.name for op in fn.walk()}
-    assert ("wgmma" if target == "sm_90a" else "mma") in names
+    assert {"sm_90a": "wgmma", "gfx950": "mfma"}.get(target, "mma") in names
     expected = [_memory(a) if isinstance(a, np.ndarray) else a for a in args]
     kernel[grid](*expected, **constexprs)
     got = [_memory(a) for a in args]
@@ -137,7 +137,9 @@ def _simt_matches_interpreter(kernel, args, grid, target, out, **constexprs):
     assert np.abs(expected[out].astype(np.float32)).max() > 0.1
 
 
-@pytest.mark.parametrize("target, BM", [("sm_89", 16), ("sm_90a", 64)])
+# (gfx950: these 16 x 32 blocks are too small to give 256 lanes a 4-byte LDS DMA chunk each: a plain loop, said)
+@pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")
+@pytest.mark.parametrize("target, BM", [("sm_89", 16), ("sm_90a", 64), ("gfx950", 16)])
 def test_both_gemms_on_the_simt_simulator(target, BM):
     T, H, I, E, K = 6, 64, 32, 4, 2
     x, q13, q2, weights, ids, counts, chunk_counts = _problem(T, H, I, E, K, "block")
