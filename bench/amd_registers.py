@@ -127,7 +127,7 @@ def quant_cases(target: str) -> Iterator[Case]:
 def fp8_cases(target: str) -> Iterator[Case]:
     """The e4m3 kernels: the GEMM's configs with torch._scaled_mm's K-contiguous B (on MFMA where the target has
     OCP fp8 MFMA, gfx950; gfx942 runs them on FMA), and where the library runs them (`targets.fp8_matrix_cores`)
-    the fp8 MoE expert GEMMs and the fp8 attention forward."""
+    the fp8 MoE expert GEMMs, the fp8 attention forward and the W4A8 quant GEMM."""
     from test_attention_fp8_compile import VARIANTS, compile_fp8 as compile_attention
     from test_gemm_fp8 import FP8_SIGNATURE
     from test_moe_fp8 import SIGNATURES
@@ -154,6 +154,14 @@ def fp8_cases(target: str) -> Iterator[Case]:
         for variant in VARIANTS:
             yield "attention fp8 fwd", f"D={D} {variant} stages={plan.stages}", \
                 lambda t, D=D, p=plan, v=variant: compile_attention(t, D, p, v)
+    from test_quant_gemm import KERNELS, _signature
+    from tessera.kernels_lib.quant_gemm import plan as quant_plan
+    kernel, M = KERNELS["w4a8"]
+    p = quant_plan(M, 4096, 4096, 128, 132, w4a8=True, target=amd_plan_target(target))
+    signature, extra = _signature(kernel, p, "e8m0")
+    yield "quant gemm", f"w4a8 stages={p.stages}", lambda t, s=signature, p=p, e=extra: kernel.compile(
+        signature=s, target=t, G=128, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps,
+        **e)
 
 
 GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "quant": quant_cases, "fp8": fp8_cases}
