@@ -77,7 +77,8 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     assert_wgmma_descriptors_built(compiled)
 
 
-@pytest.mark.parametrize("D", [128, 256])     # the most registers (D = 64's plan: 306, bench/amd_registers.py --only fp8)
+# the head dims with the most registers (D = 64's plan takes 306: bench/amd_registers.py --only fp8)
+@pytest.mark.parametrize("D", [128, 256])
 def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
     """gfx950: both products on its OCP fp8 MFMA, each wave owning BM / 32 / waves of the 32-row blocks (the
     chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / k per 32x32 block of S and
