@@ -96,7 +96,7 @@ from .hooks import outside_graphs
 
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
 # 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
-# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a), and per GPU family its own
+# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a/gfx950), and per GPU family its own
 # (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups, clusters, a persistent warp-specialized kernel);
 # the autotuner gets all of them and keeps the launching device's (`prune_for_device`), then prunes by what
 # ptxas reports. Each compiles without register spills; not yet timed on a GPU.
