@@ -47,6 +47,14 @@ def gemm_cases(target: str) -> Iterator[Case]:
             strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
 
 
+def split_k_cases(target: str) -> Iterator[Case]:
+    """The split-K paths' tiles and the stream-K tile the target runs (`gemm_configs.small_m_tiles` / `split_k_tile`
+    / `stream_k_tile`: fitted to its LDS), bf16 with B row-major, K split 3 ways into the workspace."""
+    from test_gemm_amd_caps import _amd_tiles, _compile
+    for name in _amd_tiles(amd_plan_target(target)):
+        yield "gemm split/stream K", name, lambda t, n=name: _compile(n, t)[0]
+
+
 def attention_cases(target: str) -> Iterator[Case]:
     from test_attention_compile import (BACKWARD_KERNELS, compile_checked, compile_decode, compile_forward,
                                         decode_tiles)
@@ -124,7 +132,8 @@ def quant_cases(target: str) -> Iterator[Case]:
                 num_warps=p.num_warps, **e)
 
 
-GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "quant": quant_cases}
+GROUPS = {"gemm": gemm_cases, "split_k": split_k_cases, "attention": attention_cases, "moe": moe_cases,
+          "quant": quant_cases}
 
 
 def measure(target: str, groups) -> list[dict]:
