@@ -111,10 +111,11 @@ def moe_cases(target: str) -> Iterator[Case]:
             stages = (p.gate_up if name in ("gate_up", "weight_grad") else p.down).stages
             yield "moe experts", f"{name} {regime} stages={stages}", lambda t, n=name, p=p: KERNELS[n].compile(
                 signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
-    for regime, shipped in plans.AMD_ONE_LAUNCH.items():     # the plans the one-launch layer runs on AMD
+    for regime, shipped in plans.AMD_ONE_LAUNCH[amd_plan_target(target)].items():   # the layer's plans on target
+        stages = f"stages={shipped.gate_up.stages}/{shipped.down.stages} BK={shipped.gate_up.BK}"
         for model, (E, K, options) in ROUTING.items():
-            yield "moe one-launch", f"{model} {regime}", lambda t, p=shipped, E=E, K=K, o=options: \
-                moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=False, num_warps=p.gate_up.num_warps,
+            yield "moe one-launch", f"{model} {regime} {stages}", lambda t, p=shipped, E=E, K=K, o=options: \
+                moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=True, num_warps=p.gate_up.num_warps,
                                          **constexprs_for(p, E, K, 1, route=True, **o))
 
 
