@@ -24,7 +24,20 @@ four consecutive registers hold four consecutive k of one m / n, with the 16
 lanes of each group on 16 consecutive m / n, while LDS holds the tile
 MN-major (B row-major, attention's V), is read with `lds_read_tr`
 (ds_read_b64_tr_b16): one 8-byte read per four registers where plain loads
-need one `ds_read_u16` per register and a pack per pair.
+need one `ds_read_u16` per register and a pack per pair. The ring slots are
+unpadded (direct-to-LDS fills write rows back to back), so the four rows a
+16-lane group reads lie a row pitch apart: at a 256-byte pitch (128 bf16)
+they share banks, and the model (`bench/amd_lds_transpose_banks.py`) gives
+16 cycles for a 32x32x16 B fragment's 2 reads, what its 8 `ds_read_u16`
+cost; 8 against 16 at a 128-byte pitch. A padded or swizzled slot would make
+them conflict-free, but the DMA fill cannot write one.
+
+gfx942 has no transpose read: such operands stay on `ds_read_u16` + one
+`v_perm_b32` / `v_lshl_or_b32` per pair (the library GEMM's 128x128x64 K
+loop: 64 + 32 of its 482 instructions). LLVM would pair
+`ds_read_u16_d16_hi` into the high half instead, but only without SRAM ECC
+("-sramecc"), which MI300 parts run with: a D16 load there does not keep the
+other half.
 """
 
 from __future__ import annotations
