@@ -102,3 +102,22 @@ def test_an_mn_major_b_fragment_is_read_transposed_and_a_k_major_one_is_not(shap
     terms, consts = transpose_read_starts(b, (cols, 1))              # B row-major [K, N]: N contiguous
     assert len(consts) == b.local_size // 4                            # one read per 4 registers
     assert transpose_read_starts(b, (1, rows)) is None                 # K contiguous: plain loads read it
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+def test_on_a_gfx950_gpu_the_gemm_with_b_row_major_matches_torch():
+    """What the CPU cannot settle: the lane mapping of ds_read_b64_tr_b16 as the hardware does it (the simulator
+    implements the documented one). The library GEMM with B row-major reads B by transpose reads on gfx950; a
+    wrong mapping permutes k or n inside every fragment, far outside bf16 rounding."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib.gemm import gemm
+    from tessera.kernels_lib.targets import device_arch
+    if device_arch() != "gfx950":
+        pytest.skip(f"needs gfx950 (MI350 / MI355), this GPU is {device_arch()}")
+    g = torch.Generator(device="cuda").manual_seed(0)
+    a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16, generator=g)
+    b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16, generator=g)     # row-major [K, N]
+    torch.testing.assert_close(gemm(a, b).float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
