@@ -83,7 +83,7 @@ class GemmPlan:
     """What one plan key launches: C's shape and dtype, the workspace (if K is split), the steps."""
 
     __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "stream",
-                 "_current", "_launches")
+                 "_current", "_launches", "_rows", "_columns")
 
     def __init__(self, out_shape: tuple[int, int], out_dtype: torch.dtype, device: torch.device,
                  workspace: Optional[tuple[tuple[int, int], bool]], atomic: Optional[bool],
@@ -96,6 +96,7 @@ class GemmPlan:
         self.stream = stream            # the stream whose arrival counters a stream-K step uses, or None
         self._current = tuple((s.fast, s.generation) for s in steps)      # plain tuples: read on every call
         self._launches = tuple(s[2:] for s in steps)
+        self._rows, self._columns = out_shape       # torch.empty(rows, columns, ...): ~0.4 µs less than a shape tuple
 
     def run(self, pa: int, pb: int, pbias: int, alpha: float) -> Optional[torch.Tensor]:
         """Launch for a call with these addresses and return C; None, with nothing launched, when the plan is
@@ -110,7 +111,7 @@ class GemmPlan:
             step = self.steps[0]
             if step.stream_of is None or step.stream_of(step.ordinal) != self.stream:
                 return None
-        c = torch.empty(self.out_shape, dtype=self.out_dtype, device=self.device)
+        c = torch.empty(self._rows, self._columns, dtype=self.out_dtype, device=self.device)
         pc = c.data_ptr()
         if pc & 15:
             return None
