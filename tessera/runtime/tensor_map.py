@@ -29,6 +29,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.tensor_map import (GLOBAL_ALIGN, SWIZZLES, TensorMapDescription, TensorMapError, TensorMapRecipe,
                                    validate)
 
+from . import tensor_map_patch
 from .errors import LaunchError
 from .packing import _Inexact as Inexact
 
@@ -100,6 +101,15 @@ def prepare_encoding(desc: TensorMapDescription) -> Callable[[int], bytes]:
         if len(blob) != TENSOR_MAP_BYTES:
             raise LaunchError(f"cuTensorMapEncodeTiled returned {len(blob)} bytes; expected {TENSOR_MAP_BYTES}")
         return blob
+    if tensor_map_patch.enabled():      # new addresses patched into a learned map, not encoded (off by default)
+        patcher = tensor_map_patch.AddressPatcher(encode, f"tensor map of a {desc.dtype.name} {desc.shape} tensor")
+
+        def patched(address: int) -> bytes:
+            if address % GLOBAL_ALIGN:
+                raise TensorMapError(f"tensor map: global address {address:#x} is not {GLOBAL_ALIGN}-byte aligned")
+            return patcher(address)
+        patched.patcher = patcher
+        return patched
     return encode
 
 
