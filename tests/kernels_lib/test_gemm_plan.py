@@ -304,8 +304,38 @@ def test_calls_a_plan_cannot_replay_take_the_general_path(case):
         assert len(gemm._PLANS) == 0
 
 
-def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode():
-    """The real sm_90a binaries (TMA maps for A, B and C): the op's replay writes C's map only when C moves."""
+# The tessera functions a warm op call runs, in order (`tessera_frames`): the op, the plan's key and replay, the
+# prepared launch and its packing. A new layer here costs every call ~0.1-0.3 µs: add it on purpose.
+WARM_FRAMES = ["_gemm", "launching_directly", "plan_key", "run", "launch", "pack"]
+
+
+def tessera_frames(fn) -> list[str]:
+    """The names of the Python functions of the tessera package that `fn()` calls, in order (sys.setprofile), the
+    driver's calls (`cu*`, the stub's Python) and what they call left out."""
+    import os
+    import sys
+    root = os.path.dirname(tessera.__file__) + os.sep
+    names, in_driver = [], []
+
+    def profile(frame, event, arg):
+        if event == "call" and not in_driver:
+            if frame.f_code.co_name.startswith("cu"):
+                in_driver.append(frame)
+            elif frame.f_code.co_filename.startswith(root):
+                names.append(frame.f_code.co_name)
+        elif event == "return" and in_driver and in_driver[-1] is frame:
+            in_driver.pop()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode(monkeypatch):
+    """The real sm_90a binaries (TMA maps for A, B and C): the op's replay writes C's map only when C moves, and
+    runs WARM_FRAMES; with $TESSERA_TMA_ADDRESS_PATCH=1 a moved C's map is patched, not encoded, once learned."""
     with stub_gpu(hopper=True, fake=False) as driver:
         a, b = (torch.randn(64, 64).half() for _ in range(2))
         args = (a, b, None, None, None, None, None, False, False, 1.0)
@@ -321,13 +351,28 @@ def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode
         last = gemm._gemm(*args).data_ptr()
         for _ in range(8):
             before = Counter(driver.counts)
-            c = gemm._gemm(*args)
-            moved = c.data_ptr() != last
-            last = c.data_ptr()
-            del c
+            out = []
+            names = tessera_frames(lambda: out.append(gemm._gemm(*args)))
+            moved = out[0].data_ptr() != last
+            last = out.pop().data_ptr()
             calls = driver.counts - before
             assert calls["cuLaunchKernel"] == 1 and calls["cuTensorMapEncodeTiled"] <= moved
             assert set(calls) <= {"cuLaunchKernel", "cuTensorMapEncodeTiled"}
+            assert names[:len(WARM_FRAMES)] == WARM_FRAMES and (names == WARM_FRAMES or moved), names
+
+        monkeypatch.setenv("TESSERA_TMA_ADDRESS_PATCH", "1")
+        forget_launches()                               # prepared again: C's map encoder learns its address field
+        before = Counter(driver.counts)
+        kept = [gemm._gemm(*args) for _ in range(64)]
+        assert len({c.data_ptr() for c in kept}) == len(kept)
+        assert driver.counts["cuTensorMapEncodeTiled"] - before["cuTensorMapEncodeTiled"] < 32
+        maps = [(encoder, plan.blobs) for kernel in KERNELS for launcher in kernel.launchers.values()
+                if launcher.tensor_maps is not None for plan in launcher.tensor_maps._plans
+                for encoder in plan.by_shape.values()]
+        patchers = [encoder.patcher for encoder, _ in maps]
+        assert any(p.patched for p in patchers) and not any(p.broken for p in patchers)
+        for encoder, blobs in maps:                     # every map the launches used is the driver's
+            assert all(blob == encoder.patcher.encode(key[0]) for key, blob in blobs.items())
 
 
 @pytest.mark.parametrize("M,N,K,launches", [(16, 256, 256, 1), (16, 256, 4096, 2), (256, 256, 64, 1),
