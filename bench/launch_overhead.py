@@ -3,7 +3,7 @@
     python bench/launch_overhead.py                 # on an NVIDIA GPU: torch CUDA tensors
     python bench/launch_overhead.py --stub-driver   # on the CPU: tessera.runtime.stub_driver, no GPU needed
     python bench/launch_overhead.py --dry-run       # the plan only
-    python bench/launch_overhead.py --profile       # on a GPU: also cProfile's top functions of the GEMM op
+    python bench/launch_overhead.py --profile       # also cProfile's top functions of the GEMM op (GPU or stub)
 
 Tessera paths: an empty kernel; vector add (3 tensors and an int) with a tuple
 grid, with its defaulted constexpr left out, with a callable grid, with
@@ -26,10 +26,16 @@ a CPU tensor would stop it early) plus `_gemm`. torch's figures are then CPU
 ops: `torch.matmul` at 2x2 (dispatch and allocation, next to no compute:
 the floor of its host cost) and at the GEMM's size (its compute included);
 neither is cuBLAS's host path, so the ratios here bracket the GPU's, which
-only a GPU run measures. Stub figures are the best and the median of 15
-batches of 2000 launches, in the process's CPU time. Goals (issue 13): at
-most 3 µs per warm launch with up to 4 tensors, 6 µs for the GEMM's
-argument list.
+only a GPU run measures. The op with C at a new address every call is also
+timed with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched, not encoded:
+`runtime/tensor_map_patch.py`). Beside them, what dispatching costs on the
+CPU, around one 64x64 `torch.empty`: called from Python, as a
+`torch.library.custom_op` (the registration `tessera::gemm` has; the op
+skips it where nothing observes the call), and as an op defined with
+`torch.library.Library` whose kernel the C++ dispatcher calls. Stub figures
+are the best and the median of 15 batches of 2000 launches, in the
+process's CPU time. Goals (issue 13): at most 3 µs per warm launch with up
+to 4 tensors, 6 µs for the GEMM's argument list.
 """
 
 from __future__ import annotations
@@ -135,6 +141,29 @@ def gemm_op_cases() -> dict:
     return {"tessera_gemm_op_sm90a": lambda: op._gemm(a, b, None, None, None, None, None, False, False, 1.0),
             "tessera_gemm_op_sm90a_new_output":
                 lambda: kept.append(op._gemm(a, b, None, None, None, None, None, False, False, 1.0))}
+
+
+def dispatch_cases() -> dict:
+    """One 64x64 float16 `torch.empty` (what the op's replay allocates) called directly, through a
+    `torch.library.custom_op` with a fake and autograd (as `tessera::gemm` is registered), and through an op
+    defined with `torch.library.Library` whose CPU kernel is the same function (C++ dispatch, no Python
+    autograd layer): what each way of being an op costs per call."""
+    import torch
+
+    def allocate(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty(GEMM_SIZE, GEMM_SIZE, dtype=a.dtype, device=a.device)
+
+    name = f"tessera_bench_{os.getpid()}"
+    custom = torch.library.custom_op(f"{name}::allocate", allocate, mutates_args=(), schema="(Tensor a) -> Tensor")
+    custom.register_fake(allocate)
+    custom.register_autograd(lambda ctx, grad: grad, setup_context=lambda ctx, inputs, output: None)
+    library = torch.library.Library(name, "FRAGMENT")
+    library.define("allocate_low(Tensor a) -> Tensor")
+    library.impl("allocate_low", allocate, "CPU")
+    low = getattr(torch.ops, name).allocate_low.default
+    a = torch.empty(GEMM_SIZE, GEMM_SIZE, dtype=torch.float16)
+    return {"python_call_cpu": lambda: allocate(a), "torch_custom_op_dispatch_cpu": lambda: custom(a),
+            "torch_library_impl_dispatch_cpu": lambda: low(a), "_library": library}
 
 
 def driver_calls(driver, fn) -> dict:
@@ -248,6 +277,17 @@ def run_stubbed() -> dict:
             for name, fn in gemm_op_cases().items():
                 timings.measure(name, fn)
                 calls[name] = driver_calls(driver, fn)
+            if "--profile" in sys.argv:
+                profile(gemm_op_cases()["tessera_gemm_op_sm90a"])
+            forget_prepared_launches()              # prepared again with C's map patched at new addresses
+            os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
+            try:
+                name, fn = "tessera_gemm_op_sm90a_new_output_patched", gemm_op_cases()[
+                    "tessera_gemm_op_sm90a_new_output"]
+                timings.measure(name, fn)
+                calls[name] = driver_calls(driver, fn)
+            finally:
+                del os.environ["TESSERA_TMA_ADDRESS_PATCH"]
         forget_prepared_launches()
     timings.measure("tessera_op_dispatch_check", lambda: unobserved())
     for name, counts in calls.items():
@@ -258,6 +298,9 @@ def run_stubbed() -> dict:
     timings.measure("torch_add_cpu", lambda: torch.add(tx, ty, out=tout))
     timings.measure("torch_matmul_cpu", lambda: torch.matmul(ta, tb))
     timings.measure("torch_matmul_cpu_2x2", lambda: torch.matmul(sa, sb))
+    for name, fn in dispatch_cases().items():
+        if not name.startswith("_"):
+            timings.measure(name, fn)
     ratios = report_ratios(timings, ["tessera_op_dispatch_check", "tessera_gemm_op_sm90a"],
                            ["torch_matmul_cpu_2x2", "torch_matmul_cpu"])
     return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings),

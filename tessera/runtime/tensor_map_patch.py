@@ -9,7 +9,7 @@ the driver encode it and tests one hypothesis: a single 64-bit word holds
 and no other byte depends on the address. Two encodes propose s, p and rest;
 a third must then be predicted exactly. After that it builds maps itself,
 but only at addresses that differ from the ones it saw in bits the driver's
-own maps showed varying, per alignment class (trailing zero bits up to 4 KiB,
+own maps showed varying, per alignment class (lowest set bit, up to 4 KiB,
 in case the driver looks at alignment); an address outside that span is
 encoded by the driver and checked against the patch, which widens the span
 or, on a miss, ends patching for the description. Every `SPOT_CHECK`-th
@@ -32,8 +32,7 @@ ENV = "TESSERA_TMA_ADDRESS_PATCH"
 SPOT_CHECK = 64            # every 64th patched map is also encoded by the driver and compared
 PROPOSALS = 2              # failed proposals (per alignment class) before a description stops learning
 _WORDS = 16                 # a CUtensorMap is 16 little-endian 64-bit words
-_MASK = (1 << 64) - 1
-_ALIGNMENT_CLASSES = 12     # trailing zero bits of an address, counted up to 4 KiB: one learned patch per class
+_ALIGNMENT_CLASS = 4096    # addresses are classed by their lowest set bit up to 4 KiB: one learned patch per class
 
 
 def enabled() -> bool:
@@ -42,32 +41,35 @@ def enabled() -> bool:
 
 
 def _alignment(address: int) -> int:
-    """Trailing zero bits of `address`, at most `_ALIGNMENT_CLASSES` (0 has them all)."""
-    return min((address & -address).bit_length() - 1, _ALIGNMENT_CLASSES) if address else _ALIGNMENT_CLASSES
+    """The alignment class of `address`: its lowest set bit, at most `_ALIGNMENT_CLASS` (0 is in the last)."""
+    low = address & -address
+    return low if 0 < low < _ALIGNMENT_CLASS else _ALIGNMENT_CLASS
+
+
+def _bits(address: int, shift: int, position: int) -> Optional[int]:
+    """`(address >> shift) << position`, or None when that loses bits of the address or overflows the word."""
+    value = address >> shift
+    if value << shift != address or (value << position) >> 64:
+        return None
+    return value << position
 
 
 class _Field:
-    """Where an address lives in a map: word `word` is `rest ^ ((address >> shift) << position)`."""
+    """Where an address lives in a map: word `word` is `rest ^ ((address >> shift) << position)`, the other
+    words those of the map it was learned from."""
 
-    __slots__ = ("word", "shift", "position", "rest", "template")
+    __slots__ = ("shift", "position", "rest", "prefix", "suffix")
 
     def __init__(self, word: int, shift: int, position: int, rest: int, template: bytes):
-        self.word, self.shift, self.position, self.rest, self.template = word, shift, position, rest, template
+        self.shift, self.position, self.rest = shift, position, rest
+        self.prefix, self.suffix = template[:8 * word], template[8 * word + 8:]
 
-    def bits(self, address: int) -> Optional[int]:
-        """The address's contribution to the word, or None when the field cannot hold it exactly."""
+    def patch(self, address: int) -> Optional[bytes]:
+        """The map at `address` (None when the field cannot hold it); inlined `_bits`: it runs per launch."""
         value = address >> self.shift
         if value << self.shift != address or (value << self.position) >> 64:
             return None
-        return value << self.position
-
-    def patch(self, address: int) -> Optional[bytes]:
-        bits = self.bits(address)
-        if bits is None:
-            return None
-        start = 8 * self.word
-        return b"".join((self.template[:start], ((self.rest ^ bits) & _MASK).to_bytes(8, "little"),
-                         self.template[start + 8:]))
+        return self.prefix + (self.rest ^ (value << self.position)).to_bytes(8, "little") + self.suffix
 
 
 def _learn(first: tuple[int, bytes], second: tuple[int, bytes]) -> Optional[_Field]:
@@ -83,13 +85,12 @@ def _learn(first: tuple[int, bytes], second: tuple[int, bytes]) -> Optional[_Fie
     # (a1 ^ a2) >> shift << position == w1 ^ w2 fixes position - shift by the lowest set bits
     offset = ((w1 ^ w2) & -(w1 ^ w2)).bit_length() - ((a1 ^ a2) & -(a1 ^ a2)).bit_length()
     for shift in range(5):
-        if not 0 <= offset + shift < 64:
+        position = offset + shift
+        if not 0 <= position < 64:
             continue
-        field = _Field(word, shift, offset + shift, 0, m1)
-        b1, b2 = field.bits(a1), field.bits(a2)
+        b1, b2 = _bits(a1, shift, position), _bits(a2, shift, position)
         if b1 is not None and b2 is not None and w1 ^ b1 == w2 ^ b2:
-            field.rest = w1 ^ b1
-            return field
+            return _Field(word, shift, position, w1 ^ b1, m1)
     return None
 
 
