@@ -341,9 +341,39 @@ def run_on_gpu() -> dict:
     print(f"{'tessera::gemm / torch_matmul (unqueued)':<42} {ratios['unqueued:torch_matmul']:7.2f}x  (goal <= 1.2x)")
     if "--profile" in sys.argv:
         profile(gemm_cases["tessera_gemm_op"])
+
+    def measure(name, fn):
+        timings.measure(name, fn)
+        unqueued[name] = unqueued_us(fn, torch)
+        print(f"{name:<42} {unqueued[name]:7.2f} µs with the GPU's queue kept short", flush=True)
+    op_variants_on_gpu(torch, gemm, a, b, measure)
     return {"mode": timings.mode, "environment": gpu_common.environment(torch), "n": N, "gemm_size": GEMM_SIZE,
             "median_us": dict(timings), "unqueued_median_us": unqueued, "op_over_torch_matmul": ratios,
             "driver_calls_per_launch": calls}
+
+
+def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
+    """`measure(name, fn)` the op through the dispatcher (`torch.ops.tessera.gemm`: what a call that torch
+    observes pays), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
+    same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched: `runtime/tensor_map_patch.py`), whose outputs are
+    checked against torch.matmul (the count of wrong ones is printed: it must be 0)."""
+    from collections import deque
+
+    kept = deque(maxlen=4096)
+    measure("tessera_gemm_op_dispatched", lambda: torch.ops.tessera.gemm(a, b))
+    measure("tessera_gemm_op_new_output", lambda: kept.append(gemm(a, b)))
+    os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
+    try:
+        forget_prepared_launches()              # prepared again: C's map encoder patches once it has learned
+        kept.clear()
+        measure("tessera_gemm_op_new_output_patched", lambda: kept.append(gemm(a, b)))
+        torch.cuda.synchronize()
+        expected = torch.matmul(a.float(), b.float())
+        wrong = sum(not torch.allclose(c.float(), expected, rtol=2e-2, atol=2e-2) for c in kept)
+        print(f"{'patched C maps: outputs off torch.matmul':<42} {wrong} of {len(kept)}", flush=True)
+    finally:
+        del os.environ["TESSERA_TMA_ADDRESS_PATCH"]
+        forget_prepared_launches()
 
 
 def unqueued_us(fn, torch, calls: int = 2000, every: int = 16) -> float:
@@ -433,7 +463,9 @@ def main() -> None:
         print(f"launch_overhead ({'stub driver' if stub else 'GPU'}): tessera empty, vector add (tuple grid, "
               f"defaulted constexpr, callable grid, stream=, autotuned), the GEMM's arguments, the tessera::gemm "
               f"op (on the stub: its GPU path on an sm_90a stub, with its driver calls); torch add, torch.matmul "
-              f"(on the CPU: 2x2 and 64^3), Triton vector add; the op's host cost over torch.matmul's (goal <= 1.2x)")
+              f"(on the CPU: 2x2 and 64^3), Triton vector add; the op's host cost over torch.matmul's (goal <= 1.2x); the op with C at a new address every call, with its map "
+              f"encoded and patched (TESSERA_TMA_ADDRESS_PATCH=1; on a GPU also the outputs checked), and through "
+              f"the dispatcher; dispatch costs (Python call, custom_op, Library.impl)")
         return
     results = run_stubbed() if stub else run_on_gpu()
     results["cache_hit_new_process_ms"] = cache_hit_ms()
