@@ -15,7 +15,10 @@ Kernels whose pipelined loads the compiler turned into TMA loads carry one
 maps from a launch's arguments and writes them into the launch's prepared
 parameter buffer, re-encoding only when a map's (pointer, dims, strides)
 change (its box, dtype and swizzle are the recipe's), so a warm launch with
-the same tensors compares one small tuple per map and writes nothing.
+the same tensors compares one small tuple per map and writes nothing. With
+$TESSERA_TMA_ADDRESS_PATCH=1 a tensor at a new address gets its map patched
+from the driver's map of the same description (`tensor_map_patch.py`)
+rather than encoded again.
 """
 
 from __future__ import annotations

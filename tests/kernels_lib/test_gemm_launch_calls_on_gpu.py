@@ -71,3 +71,22 @@ def test_replayed_plans_compute_the_product(M, N, K, trans_b):
         out = gemm.gemm(a, b, bias, activation="relu", trans_b=trans_b)
         assert_close(out.float(), reference, rtol=2e-2, atol=2e-1)
     assert len(gemm._PLANS) == plans + 1, "the warm calls were planned"
+
+
+def test_with_patched_maps_each_new_output_gets_its_own_product(driver, monkeypatch):
+    """$TESSERA_TMA_ADDRESS_PATCH=1 (`runtime/tensor_map_patch.py`): 300 calls, each output kept (a new address
+    every call) and scaled by its own alpha, so a C map patched wrong would store into another call's output. Every
+    output must be its own product, with most maps patched rather than encoded. This passing (with
+    tests/runtime/test_tensor_map_patch.py's GPU test) is what lets the switch default to on."""
+    from tessera.kernels_lib.gemm import gemm
+
+    monkeypatch.setenv("TESSERA_TMA_ADDRESS_PATCH", "1")
+    a, b = (torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    product = a.float() @ b.float()
+    alphas = [1.0 + i / 64 for i in range(300)]
+    before = Counter(driver.counts)
+    outputs = [gemm(a, b, alpha=alpha) for alpha in alphas]
+    encodes = (driver.counts - before)["cuTensorMapEncodeTiled"]
+    for alpha, out in zip(alphas, outputs):
+        assert_close(out.float(), alpha * product, rtol=2e-2, atol=5e-1)
+    assert encodes < len(outputs) // 4, f"{encodes} encodes: the maps were not patched"
