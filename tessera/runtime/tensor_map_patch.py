@@ -1,7 +1,9 @@
 """`AddressPatcher`: a tensor map at a new address from the driver's map of the same tensor elsewhere.
 
 A launch whose output is a fresh tensor each call needs its TMA map encoded
-again (`cuTensorMapEncodeTiled`, ~5 µs of host time through cuda-python).
+again: a `cuTensorMapEncodeTiled` call through cuda-python per launch (about
+2 µs of the stub driver's Python alone; the real call is measured on a GPU by
+bench/launch_overhead.py).
 The driver documents `CUtensorMap` as opaque, so nothing here assumes its
 layout. For one description (all but the address fixed) the patcher watches
 the driver encode it and tests one hypothesis: a single 64-bit word holds
