@@ -168,8 +168,9 @@ class KernelTensorMaps:
         own = len(packer.slots) - len(self._plans)
         if [p.recipe.param for p in self._plans] != list(range(own, len(packer.slots))):
             return None
-        pack_own, write = packer.prefix_pack(own), packer.write_bytes
-        steps = tuple((plan, plan.key_of, packer.slots[plan.recipe.param].offset) for plan in self._plans)
+        pack_own, view = packer.prefix_pack(own), packer.view
+        steps = tuple((plan, plan.key_of, packer.slots[plan.recipe.param].offset, plan.blobs)
+                      for plan in self._plans)
         written: list = [None] * len(steps)     # the key of the map each slot holds now
         blob_of = self._blob
         # every map's key at once: a warm launch with the same tensors compares one tuple, then writes nothing
@@ -179,11 +180,12 @@ class KernelTensorMaps:
         def write_maps(values: Sequence, keys: tuple) -> None:
             nonlocal last
             last = None                         # a failed encode leaves the slots unknown
-            for i, (plan, key_of, offset) in enumerate(steps):
+            for i, (plan, key_of, offset, blobs) in enumerate(steps):
                 key = key_of(values)
                 if key != written[i]:
                     written[i] = None
-                    write(offset, blob_of(plan, values, key))
+                    blob = blobs.get(key) or blob_of(plan, values, key)     # (the cache looked up inline)
+                    view[offset:offset + len(blob)] = blob
                     written[i] = key
             last = keys
 

@@ -152,9 +152,11 @@ def test_patched_maps_equal_the_real_drivers():
     torch = pytest.importorskip("torch")
     from tessera.ir import dtypes as dt
     from tessera.runtime.tensor_map import TensorMapDescription, encode_tensor_map, prepare_encoding
-    cases = [(dt.f16, (64, 64), (128, 2), (64, 64), "128B"), (dt.bf16, (4096, 4096), (8192, 2), (64, 64), "128B"),
-             (dt.f32, (300, 100), (400, 4), (32, 16), "64B"), (dt.u8, (8, 128, 256), (32768, 256, 1), (1, 64, 128),
-                                                                   "128B"), (dt.f16, (512, 64), (128, 2), (8, 8), "none")]
+    cases = [(dt.f16, (64, 64), (128, 2), (64, 64), "128B"),
+             (dt.bf16, (4096, 4096), (8192, 2), (64, 64), "128B"),
+             (dt.f32, (300, 100), (400, 4), (32, 16), "64B"),
+             (dt.u8, (8, 128, 256), (32768, 256, 1), (1, 64, 128), "128B"),
+             (dt.f16, (512, 64), (128, 2), (8, 8), "none")]
     buffers = [torch.empty(1 << 16, dtype=torch.uint8, device="cuda") for _ in range(400)]
     places = [t.data_ptr() for t in buffers] + [buffers[0].data_ptr() + 16 * i for i in range(1, 200)]
     with pytest.MonkeyPatch.context() as mp:
