@@ -359,13 +359,15 @@ def run_on_gpu() -> dict:
 
 def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
     """`measure(name, fn)` the op through the dispatcher (`torch.ops.tessera.gemm`: what a call that torch
-    observes pays), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
+    observes pays), with C kept until the next call (two blocks in turn, as in x = gemm(x, w): C's map rewritten
+    from the cache), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
     same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched: `runtime/tensor_map_patch.py`), whose outputs are
     checked against torch.matmul (the count of wrong ones is printed: it must be 0)."""
     from collections import deque
 
-    kept = deque(maxlen=4096)
+    kept, last = deque(maxlen=4096), deque(maxlen=1)
     measure("tessera_gemm_op_dispatched", lambda: torch.ops.tessera.gemm(a, b))
+    measure("tessera_gemm_op_two_outputs", lambda: last.append(gemm(a, b)))
     measure("tessera_gemm_op_new_output", lambda: kept.append(gemm(a, b)))
     os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
     try:
