@@ -169,10 +169,11 @@ def run(driver, args) -> list[tuple]:
     """The launches of one `_gemm` call with `args`, pointer values named."""
     since = len(driver.calls)
     out = gemm._gemm(*args)
-    a, b, bias = args[:3]
+    a, b = args[:2]
     named = {a.data_ptr(): "a", b.data_ptr(): "b", out.data_ptr(): "c"}
-    if bias is not None:
-        named[bias.data_ptr()] = "bias"
+    for name, t in zip(("bias", "scale_a", "scale_b"), args[2:5]):
+        if t is not None:                   # (a per-tensor scale's own address is never launched: its vector is)
+            named[t.data_ptr()] = name
     return launched(driver, since, named)
 
 
@@ -277,9 +278,43 @@ def test_a_stream_k_plan_replays_what_the_general_path_launches_on_its_stream_on
     gemm._stream_k_plan.cache_clear()
 
 
-def test_calls_with_fp8_scales_are_not_planned(monkeypatch):
-    """(On the CPU interpreter: the stub's arrays have no fp8 type.) The key is never even computed."""
-    monkeypatch.setattr(gemm_plan, "plan_key", lambda *args: pytest.fail("a call with scales was planned"))
+def fp8_scale_variants(M: int, N: int, K: int) -> list[tuple]:
+    """`_gemm` arguments of fp8 GEMMs whose scales differ in what the launches' specialization sees: per tensor,
+    per row / column, absent, a vector not 16-byte aligned, a vector that is the bias or the other scale."""
+    g = torch.Generator().manual_seed(M + N + K)
+    a = torch.randn((M, K), generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn((K, N), generator=g).to(torch.float8_e5m2)
+    rows, columns = torch.rand(M, generator=g), torch.rand(N, generator=g)
+    shifted = torch.rand(N + 1, generator=g)[1:]                        # 4 bytes past a 16-byte boundary
+    bias = torch.randn(N, generator=g)
+    cases = [(None, torch.tensor(0.5), torch.tensor(2.0)), (None, rows, columns), (None, None, columns),
+             (None, torch.tensor(0.5), None), (None, rows, shifted), (bias, rows, columns)]
+    if M == N:
+        cases += [(bias, rows, bias), (None, rows, rows)]                 # scale_b is the bias; one vector twice
+    return [(a, b, bias_, scale_a, scale_b, "relu", None, False, False, 1.5) for bias_, scale_a, scale_b in cases]
+
+
+@pytest.mark.parametrize("M,N,K", [(64, 64, 64), (128, 128, 128), (16, 96, 1024)],
+                         ids=["small-m", "tiled", "small-m-split"])
+def test_fp8_calls_with_scales_replay_what_the_general_path_launches(M, N, K):
+    """fp8 scales are planned: each variant's replay (no checks run: `_check` fails if called) launches what the
+    general path does, its scale vectors made again (a per-tensor scale's expansion is fresh each call) or
+    passed as they are."""
+    with stub_gpu() as driver:
+        for args in fp8_scale_variants(M, N, K):
+            for _ in range(3):              # compiled, warm, recorded
+                run(driver, args)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(gemm, "_check", lambda *_: pytest.fail(f"not replayed: scales {args[3:5]}"))
+                replayed = run(driver, args)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(gemm, "_PLANS", NoPlans())
+                general = run(driver, args)
+            assert replayed == general and replayed, args[2:5]
+
+
+def test_fp8_scales_on_the_interpreter():
+    """(The CPU interpreter, beside the plans: a per-tensor scale on each side multiplies the product.)"""
     a, b = (torch.randn(16, 16).to(torch.float8_e4m3fn) for _ in range(2))
     scale = torch.tensor(0.5)
     out = gemm._gemm(a, b, None, scale, scale, None, None, False, False, 1.0)
@@ -390,8 +425,8 @@ def test_a_warm_op_call_is_one_driver_call_per_kernel(M, N, K, launches):
     with stub_gpu() as driver:
         a, b = torch.randn(M, K).half(), torch.randn(K, N).half()
         args = (a, b, None, None, None, None, None, False, False, 1.0)
-        for _ in range(2):
-            gemm._gemm(*args)
+        for _ in range(3):                  # compiled, warm, recorded (run alone, the tiled and split cases
+            gemm._gemm(*args)               # record their plan on the third call; after other tests, the second)
         assert len(gemm._PLANS) == 1
         before = Counter(driver.counts)
         gemm._gemm(*args)
