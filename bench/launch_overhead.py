@@ -132,7 +132,8 @@ def gemm_op_cases() -> dict:
     next call returns (as in `x = gemm(x, w)`: C alternates between two blocks, its map rewritten from the cache
     of encoded maps each call), or kept alive for the next 2048 calls, so C is at a new address every call and
     its tensor map is encoded again. (The CPU allocator sometimes hands two blocks in turn even when C is freed:
-    then the first case costs what the second does; the C addresses say which happened.)"""
+    then the first case costs what the second does; the C addresses say which happened.) Beside them fp8 (e4m3)
+    with per-tensor and with per-row / per-column scales (bfloat16 out), whose plans make the scale vectors."""
     from collections import deque
     import importlib
 
@@ -141,7 +142,13 @@ def gemm_op_cases() -> dict:
     op = importlib.import_module("tessera.kernels_lib.gemm")
     a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE).to(torch.float16) for _ in range(2))
     kept, last = deque(maxlen=2048), deque(maxlen=1)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    scale, rows, columns = torch.tensor(0.5), torch.rand(GEMM_SIZE), torch.rand(GEMM_SIZE)
     return {"tessera_gemm_op_sm90a": lambda: op._gemm(a, b, None, None, None, None, None, False, False, 1.0),
+            "tessera_gemm_op_sm90a_fp8_tensor_scales":
+                lambda: op._gemm(a8, b8, None, scale, scale, None, None, False, False, 1.0),
+            "tessera_gemm_op_sm90a_fp8_vector_scales":
+                lambda: op._gemm(a8, b8, None, rows, columns, None, None, False, False, 1.0),
             "tessera_gemm_op_sm90a_two_outputs":
                 lambda: last.append(op._gemm(a, b, None, None, None, None, None, False, False, 1.0)),
             "tessera_gemm_op_sm90a_new_output":
@@ -360,7 +367,7 @@ def run_on_gpu() -> dict:
 def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
     """`measure(name, fn)` the op through the dispatcher (`torch.ops.tessera.gemm`: what a call that torch
     observes pays), with C kept until the next call (two blocks in turn, as in x = gemm(x, w): C's map rewritten
-    from the cache), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
+    from the cache), fp8 with per-tensor and per-row / column scales (sm_89+), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
     same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched: `runtime/tensor_map_patch.py`), whose outputs are
     checked against torch.matmul (the count of wrong ones is printed: it must be 0)."""
     from collections import deque
@@ -369,6 +376,12 @@ def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
     measure("tessera_gemm_op_dispatched", lambda: torch.ops.tessera.gemm(a, b))
     measure("tessera_gemm_op_two_outputs", lambda: last.append(gemm(a, b)))
     measure("tessera_gemm_op_new_output", lambda: kept.append(gemm(a, b)))
+    if torch.cuda.get_device_capability() >= (8, 9):        # fp8 with scales: planned, the vectors made per call
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        scale = torch.tensor(0.5, device="cuda")
+        rows, columns = (torch.rand(GEMM_SIZE, device="cuda") for _ in range(2))
+        measure("tessera_gemm_op_fp8_tensor_scales", lambda: gemm(a8, b8, scale_a=scale, scale_b=scale))
+        measure("tessera_gemm_op_fp8_vector_scales", lambda: gemm(a8, b8, scale_a=rows, scale_b=columns))
     os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
     try:
         forget_prepared_launches()              # prepared again: C's map encoder patches once it has learned
