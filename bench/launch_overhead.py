@@ -367,9 +367,10 @@ def run_on_gpu() -> dict:
 def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
     """`measure(name, fn)` the op through the dispatcher (`torch.ops.tessera.gemm`: what a call that torch
     observes pays), with C kept until the next call (two blocks in turn, as in x = gemm(x, w): C's map rewritten
-    from the cache), fp8 with per-tensor and per-row / column scales (sm_89+), and with C kept alive (a new address every call: C's tensor map encoded each time), then the
-    same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched: `runtime/tensor_map_patch.py`), whose outputs are
-    checked against torch.matmul (the count of wrong ones is printed: it must be 0)."""
+    from the cache), fp8 with per-tensor and per-row / column scales (sm_89+), and with C kept alive (a new
+    address every call: C's tensor map encoded each time), then the same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's
+    map patched: `runtime/tensor_map_patch.py`), whose outputs are checked against torch.matmul (the count of
+    wrong ones is printed: it must be 0)."""
     from collections import deque
 
     kept, last = deque(maxlen=4096), deque(maxlen=1)
