@@ -2,6 +2,7 @@
 
     python3 bench/amd_registers.py                      # gfx942, every group: a markdown table
     python3 bench/amd_registers.py --only moe attention --target gfx950 --json bench/results/amd_registers.json
+    python3 bench/amd_registers.py --only fp8 --target gfx950       # the e4m3 GEMM, MoE and attention kernels
 
 Each row is one shipped config compiled as the library (and its compile tests) compile it for the target, with
 the target's own plans where they differ (`kernels_lib/targets.py`: gfx950's deeper rings): SGPR / VGPR / AGPR
@@ -45,6 +46,14 @@ def gemm_cases(target: str) -> Iterator[Case]:
         yield "gemm", str(config), lambda t, c=config: gemm_kernel.kernel.compile(
             signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]), target=t, num_warps=c.num_warps,
             strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
+
+
+def split_k_cases(target: str) -> Iterator[Case]:
+    """The split-K paths' tiles and the stream-K tile the target runs (`gemm_configs.small_m_tiles` / `split_k_tile`
+    / `stream_k_tile`: fitted to its LDS), bf16 with B row-major, K split 3 ways into the workspace."""
+    from test_gemm_amd_caps import _amd_tiles, _compile
+    for name in _amd_tiles(amd_plan_target(target)):
+        yield "gemm split/stream K", name, lambda t, n=name: _compile(n, t)[0]
 
 
 def attention_cases(target: str) -> Iterator[Case]:
@@ -102,10 +111,11 @@ def moe_cases(target: str) -> Iterator[Case]:
             stages = (p.gate_up if name in ("gate_up", "weight_grad") else p.down).stages
             yield "moe experts", f"{name} {regime} stages={stages}", lambda t, n=name, p=p: KERNELS[n].compile(
                 signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
-    for regime, shipped in plans.AMD_ONE_LAUNCH.items():     # the plans the one-launch layer runs on AMD
+    for regime, shipped in plans.AMD_ONE_LAUNCH[amd_plan_target(target)].items():   # the layer's plans on target
+        stages = f"stages={shipped.gate_up.stages}/{shipped.down.stages} BK={shipped.gate_up.BK}"
         for model, (E, K, options) in ROUTING.items():
-            yield "moe one-launch", f"{model} {regime}", lambda t, p=shipped, E=E, K=K, o=options: \
-                moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=False, num_warps=p.gate_up.num_warps,
+            yield "moe one-launch", f"{model} {regime} {stages}", lambda t, p=shipped, E=E, K=K, o=options: \
+                moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=True, num_warps=p.gate_up.num_warps,
                                          **constexprs_for(p, E, K, 1, route=True, **o))
 
 
@@ -123,7 +133,48 @@ def quant_cases(target: str) -> Iterator[Case]:
                 num_warps=p.num_warps, **e)
 
 
-GROUPS = {"gemm": gemm_cases, "attention": attention_cases, "moe": moe_cases, "quant": quant_cases}
+def fp8_cases(target: str) -> Iterator[Case]:
+    """The e4m3 kernels: the GEMM's configs with torch._scaled_mm's K-contiguous B (on MFMA where the target has
+    OCP fp8 MFMA, gfx950; gfx942 runs them on FMA), and where the library runs them (`targets.fp8_matrix_cores`)
+    the fp8 MoE expert GEMMs, the fp8 attention forward and the W4A8 quant GEMM."""
+    from test_attention_fp8_compile import VARIANTS, compile_fp8 as compile_attention
+    from test_gemm_fp8 import FP8_SIGNATURE
+    from test_moe_fp8 import SIGNATURES
+    from tessera.kernels_lib import gemm_configs
+    from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS
+    from tessera.kernels_lib.gemm import gemm_kernel
+    from tessera.kernels_lib.moe import plan as plans
+    from tessera.kernels_lib.moe.fp8_mlp import down_fp8_kernel, gate_up_fp8_kernel
+    from tessera.kernels_lib.targets import fp8_matrix_cores
+    for config in gemm_configs.BY_AMD_TARGET[amd_plan_target(target)]:
+        yield "gemm e4m3", str(config), lambda t, c=config: gemm_kernel.kernel.compile(
+            signature=FP8_SIGNATURE.format(b="i32:1,i32:16"), target=t, num_warps=c.num_warps, strict=False,
+            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
+    if not fp8_matrix_cores(target):
+        return
+    for regime, p in plans.FP8.items():
+        for name, kernel, tiles, extra in (("gate_up", gate_up_fp8_kernel, p.gate_up, dict(ACTIVATION="silu")),
+                                           ("down", down_fp8_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):
+            yield "moe fp8 experts", f"{name} {regime} stages={tiles.stages}", \
+                lambda t, k=kernel, n=name, p=p, g=tiles, e=extra: k.compile(
+                    signature=SIGNATURES[n], target=t, strict=True, G=128, WG=128, BM=p.BM, BN=g.BN,
+                    STAGES=g.stages, num_warps=g.num_warps, **e)
+    for D, plan in sorted(FP8_GPU_PLANS.get(target, {}).items()):
+        for variant in VARIANTS:
+            yield "attention fp8 fwd", f"D={D} {variant} stages={plan.stages}", \
+                lambda t, D=D, p=plan, v=variant: compile_attention(t, D, p, v)
+    from test_quant_gemm import KERNELS, _signature
+    from tessera.kernels_lib.quant_gemm import plan as quant_plan
+    kernel, M = KERNELS["w4a8"]
+    p = quant_plan(M, 4096, 4096, 128, 132, w4a8=True, target=amd_plan_target(target))
+    signature, extra = _signature(kernel, p, "e8m0")
+    yield "quant gemm", f"w4a8 stages={p.stages}", lambda t, s=signature, p=p, e=extra: kernel.compile(
+        signature=s, target=t, G=128, BM=p.BM, BN=p.BN, SPLIT_K=p.split_k, STAGES=p.stages, num_warps=p.num_warps,
+        **e)
+
+
+GROUPS = {"gemm": gemm_cases, "split_k": split_k_cases, "attention": attention_cases, "moe": moe_cases,
+          "quant": quant_cases, "fp8": fp8_cases}
 
 
 def measure(target: str, groups) -> list[dict]:

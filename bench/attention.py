@@ -294,9 +294,12 @@ def sdpa_decode(torch, q, k, v):
 
 def modelled_decode(case: dict) -> dict:
     """The decode model's figures for the online plan this row launches (tessera.kernels_lib.attention_decode_model,
-    H100 SXM constants): its microseconds in a graph and share of HBM, to set beside the measured ones; for the
-    merge it picks (model_*) and for each merge at its own best split count (model_in_launch_*, model_two_launch_*)."""
-    from tessera.kernels_lib import attention_decode_model as model
+    with this GPU's constants, `gpus.py`; the reference H100 SXM's without a GPU): its microseconds in a graph and
+    share of HBM, to set beside the measured ones; for the merge it picks (model_*) and for each merge at its own
+    best split count (model_in_launch_*, model_two_launch_*)."""
+    import torch
+
+    from tessera.kernels_lib import attention_decode_model as model, gpus
     from tessera.kernels_lib.attention_decode import DecodeShape, gpu_decode_plan
     shape = DecodeShape(case["B"], 1, case["H"], case["H_kv"], case["D"], case["page"], case["context"] // case["page"])
     plan = gpu_decode_plan(case["D"], False, "nvidia")
@@ -304,13 +307,14 @@ def modelled_decode(case: dict) -> dict:
     decode = model.Decode(case["B"], case["H"], case["H_kv"], case["D"], case["context"])
     tile = model.Tile(rows, keys, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
                       in_launch=rows <= plan.in_launch_rows, merge_early=plan.merge_early)
-    splits, in_launch = model.plan_for(decode, tile)
-    cost = model.modelled(decode, tile, splits, in_launch=in_launch)
+    gpu = gpus.of(torch.device("cuda", 0)) if torch.cuda.is_available() else model.REFERENCE
+    splits, in_launch = model.plan_for(decode, tile, gpu.sms, None, gpu)
+    cost = model.modelled(decode, tile, splits, gpu.sms, in_launch, gpu)
     row = {"model_us": cost.total, "model_hbm_share": cost.hbm_share, "model_splits": splits,
            "model_merge": "in_launch" if in_launch else "two_launch"}
     for merge, flag in (("in_launch", True), ("two_launch", False)):
-        s, merged_in_launch = model.plan_for(decode, tile, in_launch=flag)
-        row[f"model_{merge}_us"] = model.modelled(decode, tile, s, in_launch=merged_in_launch).total
+        s, merged_in_launch = model.plan_for(decode, tile, gpu.sms, flag, gpu)
+        row[f"model_{merge}_us"] = model.modelled(decode, tile, s, gpu.sms, merged_in_launch, gpu).total
         row[f"model_{merge}_splits"] = s
     return row
 

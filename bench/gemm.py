@@ -94,15 +94,16 @@ def compare(torch, row: dict, ours, theirs, theirs_name: str, expected, m: int, 
 def bf16_rows(torch, gemm, shapes) -> list[dict]:
     """Each shape against cuBLAS; `split_k` says where the op ran a split-K plan instead of the tiled kernel
     (M <= 64, or fewer tiles than SMs: `gemm._split_k_plan`), which ignores --pin."""
-    from tessera.kernels_lib.gemm import _split_k_plan
+    from tessera.kernels_lib.gemm import _gpu_of, _split_k_plan
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = _gpu_of(torch.device("cuda", 0))         # (the constants and tiles the op plans with on this GPU)
     rows = []
     for m, n, k in shapes:
         a = torch.randn(m, k, device="cuda", dtype=torch.bfloat16)
         b = torch.randn(k, n, device="cuda", dtype=torch.bfloat16)
         row = {"m": m, "n": n, "k": k}
-        split = _split_k_plan(m, n, k, 2, num_sms, cpu=False)
+        split = _split_k_plan(m, n, k, 2, num_sms, False, *gpu)
         if split is not None:
             row["split_k"], row["b_layout"] = split.split_k, "b-row-major"
         try:
@@ -115,15 +116,36 @@ def bf16_rows(torch, gemm, shapes) -> list[dict]:
     return rows
 
 
+def planning_as(gpu, fn) -> None:
+    """Run `fn` with the op pricing its split-K plans with `gpu`'s constants (`kernels_lib/gpus.py`) instead of
+    this GPU's row, its plan key (tiles) kept; the op's plans are forgotten before and after."""
+    import importlib
+    gemm_module = importlib.import_module("tessera.kernels_lib.gemm")     # (the package exports the function)
+    own = gemm_module._gpu_of
+    gemm_module._gpu_of = lambda device: (gpu, own(device)[1])
+    gemm_module._split_k_plan.cache_clear()
+    gemm_module.clear_plans()
+    try:
+        fn()
+    finally:
+        gemm_module._gpu_of = own
+        gemm_module._split_k_plan.cache_clear()
+        gemm_module.clear_plans()
+
+
 def decode_rows(torch, gemm, shapes) -> list[dict]:
     """The small-M path against cuBLAS, B in both layouts: TFLOP/s and ratios as for bf16, plus the plan it ran,
-    GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s."""
+    GB/s moved (A, B once, C) per graph-timed call, and, where K is split, the atomic variant's TFLOP/s. On a GPU
+    whose row in `kernels_lib/gpus.py` is not the reference H100 SXM's (an H200: its constants carried from the
+    H100 fit, not measured), where the reference row would plan differently, also the op with that plan
+    (`reference_plan`, `tessera_reference_row_*`): whether the GPU's own row picks the faster plan."""
     import os
 
-    from tessera.kernels_lib import gemm_split_k
-    from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV
+    from tessera.kernels_lib import gemm_split_k, gpus
+    from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _gpu_of
 
     num_sms = torch.cuda.get_device_properties(0).multi_processor_count
+    gpu = _gpu_of(torch.device("cuda", 0))
     rows = []
     for m, n, k in shapes:
         for layout in DECODE_LAYOUTS:
@@ -131,7 +153,7 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
             weight = layout == "b-weight"
             b = torch.randn((n, k) if weight else (k, n), device="cuda", dtype=torch.bfloat16)
             theirs = (lambda: a @ b.t()) if weight else (lambda: a @ b)        # noqa: E731
-            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms)
+            plan = gemm_split_k.small_m_plan(m, n, k, 2, num_sms, None, *gpu)
             row = {"m": m, "n": n, "k": k, "b_layout": layout, "split_k": plan.split_k,
                    "plan": {"BM": plan.BM, "BN": plan.BN, "BK": plan.BK, "STAGES": plan.STAGES}}
             try:
@@ -147,6 +169,12 @@ def decode_rows(torch, gemm, shapes) -> list[dict]:
                         timed(torch, row, "tessera_atomic", lambda: gemm(a, b, trans_b=weight), 2 * m * n * k)
                     finally:
                         del os.environ[ATOMIC_SPLIT_K_ENV]
+                reference = gemm_split_k.small_m_plan(m, n, k, 2, num_sms, None, gpus.H100_SXM, gpu[1])
+                if gpu[0] is not gpus.H100_SXM and reference != plan and "ratio" in row:
+                    row["reference_plan"] = {"BN": reference.BN, "STAGES": reference.STAGES,
+                                             "split_k": reference.split_k}
+                    planning_as(gpus.H100_SXM, lambda: timed(torch, row, "tessera_reference_row",
+                                                             lambda: gemm(a, b, trans_b=weight), 2 * m * n * k))
             except Exception as error:
                 row["error"] = f"{type(error).__name__}: {error}"[:2000]
             rows.append(row)
@@ -280,7 +308,8 @@ def stream_k_rows(torch, shapes) -> list[dict]:
             gemm_module.pin_config(config)
             try:
                 if name == "stream_k":
-                    plan = gemm_module._stream_k_plan(m, n, k, 2, sms, False, "1")
+                    plan = gemm_module._stream_k_plan(m, n, k, 2, sms, False, "1",
+                                                      *gemm_module._gpu_of(torch.device("cuda", 0)))
                     row["sk_tiles"] = None if plan is None else plan.sk_tiles
                     row["bitwise_repeatable"] = bool(torch.equal(ours(), ours()))
                 compare(torch, row, ours, lambda: a @ b, "cublas", a @ b, m, n, k)

@@ -44,13 +44,38 @@ kABKPerLane 4) and Triton's gfx950 operand layout (`kWidth = 8`):
                B[8 * (l // 32) + i][l % 32]       i < 8
                D as 32x32x8
 
+gfx950 ("mfma.fp8") multiplies OCP fp8, e4m3 (AMD's "fp8") and e5m2
+("bf8") in either mix: `v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8}`
+(8 bytes a lane as an i64; the 16-bit double-K layouts above, as ck_tile's
+`WarpGemmAttributeMfmaImpl_f32_32x32x16_f8_base`: kABKLane 2, kABKPerLane
+8) and the double-rate `v_mfma_f32_{32x32x64,16x16x128}_f8f6f4` (32 bytes a
+lane as <8 x i32>; LLVM 22 has only the scaled intrinsic for them and
+selects the unscaled instruction for zero scales; the formats are its
+cbsz / blgp immediates):
+
+    16x16x128  A[l % 16][32 * (l // 16) + i]      B[32 * (l // 16) + i][l % 16]      i < 32
+    32x32x64   A[l % 32][32 * (l // 32) + i]      B[32 * (l // 32) + i][l % 32]      i < 32
+
+with D as the 16x16 / 32x32 forms above. Which k byte i of a lane stands
+for cannot change D: every MFMA gives A and B mirrored fragments (lane
+l % m holds row m of A and column n of B, and both assign k to (lane group,
+element) alike), so it multiplies element i of A's group g by element i of
+B's group g, and any one assignment of k used for both sums the same
+products. Tessera's keeps a lane's bytes consecutive (16-byte LDS reads);
+aiter's gfx950 kernels use [16 g, +16) and [64 + 16 g, +16), to the same
+effect. gfx942 has the k16 / k32 fp8 instructions but reads the fnuz
+formats in them (bias 8 / 16, 0x80 the only NaN, no infinities): an OCP
+e4m3 byte there is half its value, -0 a NaN, e5m2's infinity 32768; so
+gfx942 lacks "mfma.fp8" and its fp8 dots stay exact on FMA.
+
 In the layout algebra these are products of `spatial` / `local` factors (lane
 = the thread index within the wave), so they compose with the warp tiling of
 `passes/mma.py` like the mma.sync fragments do.
 
-`MFMA_SHAPES` lists the (m, n, k) supported here (`MFMA_WIDE_SHAPES` the
-gfx950-only ones among them); `mfma_fragments(m, n, k)` gives the (A, B, C)
-layouts of one of them.
+`MFMA_SHAPES` lists the (m, n, k) of the f16 / bf16 forms (`MFMA_WIDE_SHAPES`
+the gfx950-only ones among them), `MFMA_FP8_SHAPES` those that take fp8;
+`mfma_fragments(m, n, k)` gives the (A, B, C) layouts of one of them and
+`mfma_accepts` the input dtypes a shape takes.
 """
 
 from __future__ import annotations
@@ -60,8 +85,24 @@ from .layouts import LayoutError, RegisterLayout, column_spatial, local, spatial
 
 WAVE = 64
 MFMA_WIDE_SHAPES = ((32, 32, 16), (16, 16, 32))     # gfx950 ("mfma.wide") only
-MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES
+MFMA_SHAPES = ((32, 32, 8), (16, 16, 16)) + MFMA_WIDE_SHAPES        # the f16 / bf16 forms
+MFMA_F8F6F4_SHAPES = ((32, 32, 64), (16, 16, 128))  # gfx950's double-rate fp8 forms: 32 bytes a lane
 MFMA_INPUTS = (dt.f16, dt.bf16)
+MFMA_FP8 = (dt.f8e4m3, dt.f8e5m2)                    # OCP formats: gfx950 ("mfma.fp8") only
+MFMA_FP8_SHAPES = MFMA_F8F6F4_SHAPES + MFMA_WIDE_SHAPES
+
+
+def mfma_accepts(shape: tuple[int, int, int], a: dt.DType, b: dt.DType) -> bool:
+    """Whether the MFMA of `shape` multiplies an `a` A by a `b` B: f16 or bf16 (both the same) at every
+    shape, e4m3 / e5m2 (either mix) at the fp8 shapes."""
+    if a in MFMA_FP8 or b in MFMA_FP8:
+        return a in MFMA_FP8 and b in MFMA_FP8 and shape in MFMA_FP8_SHAPES
+    return a == b and a in MFMA_INPUTS and shape in MFMA_SHAPES
+
+
+def is_mfma_shape(shape: tuple[int, int, int]) -> bool:
+    """Whether some MFMA modelled here is m x n x k (`mfma_accepts` says for which dtypes)."""
+    return shape in MFMA_SHAPES or shape in MFMA_F8F6F4_SHAPES
 
 
 def mfma_16x16x16_a() -> RegisterLayout:
@@ -119,11 +160,37 @@ def mfma_32x32x16_b() -> RegisterLayout:
     return spatial(2, 32).local(8, 1)
 
 
+def mfma_16x16x128_a() -> RegisterLayout:
+    """A of v_mfma_f32_16x16x128_f8f6f4 on fp8 (gfx950), a 16x128 (m, k) tile: lane l, byte i ->
+    A[l % 16][32 (l // 16) + i]."""
+    return column_spatial(16, 4).local(1, 32)
+
+
+def mfma_16x16x128_b() -> RegisterLayout:
+    """B of v_mfma_f32_16x16x128_f8f6f4 on fp8 (gfx950), a 128x16 (k, n) tile: lane l, byte i ->
+    B[32 (l // 16) + i][l % 16]."""
+    return spatial(4, 16).local(32, 1)
+
+
+def mfma_32x32x64_a() -> RegisterLayout:
+    """A of v_mfma_f32_32x32x64_f8f6f4 on fp8 (gfx950), a 32x64 (m, k) tile: lane l, byte i ->
+    A[l % 32][32 (l // 32) + i]."""
+    return column_spatial(32, 2).local(1, 32)
+
+
+def mfma_32x32x64_b() -> RegisterLayout:
+    """B of v_mfma_f32_32x32x64_f8f6f4 on fp8 (gfx950), a 64x32 (k, n) tile: lane l, byte i ->
+    B[32 (l // 32) + i][l % 32]."""
+    return spatial(2, 32).local(32, 1)
+
+
 _FRAGMENTS = {
     (32, 32, 8): (mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c),
     (16, 16, 16): (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c),
     (32, 32, 16): (mfma_32x32x16_a, mfma_32x32x16_b, mfma_32x32x8_c),      # D: the same as the narrow form's
     (16, 16, 32): (mfma_16x16x32_a, mfma_16x16x32_b, mfma_16x16x16_c),
+    (32, 32, 64): (mfma_32x32x64_a, mfma_32x32x64_b, mfma_32x32x8_c),
+    (16, 16, 128): (mfma_16x16x128_a, mfma_16x16x128_b, mfma_16x16x16_c),
 }
 
 
@@ -132,12 +199,12 @@ def mfma_fragments(m: int, n: int, k: int) -> tuple[RegisterLayout, RegisterLayo
     try:
         return tuple(make() for make in _FRAGMENTS[(m, n, k)])
     except KeyError:
-        shapes = ", ".join("x".join(map(str, s)) for s in MFMA_SHAPES)
+        shapes = ", ".join("x".join(map(str, s)) for s in MFMA_SHAPES + MFMA_F8F6F4_SHAPES)
         raise LayoutError(f"no MFMA fragment layouts for {m}x{n}x{k}; supported: {shapes}") from None
 
 
 # Kernels may call the constructors on compile-time arguments, like those of `layouts`.
 for _constructor in (mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c, mfma_32x32x8_a, mfma_32x32x8_b,
                      mfma_32x32x8_c, mfma_16x16x32_a, mfma_16x16x32_b, mfma_32x32x16_a, mfma_32x32x16_b,
-                     mfma_fragments):
+                     mfma_16x16x128_a, mfma_16x16x128_b, mfma_32x32x64_a, mfma_32x32x64_b, mfma_fragments):
     _constructor.__tessera_constexpr__ = True

@@ -13,9 +13,14 @@ LLVM triple and CPU name, PTX features) through the fields below.
 | sm_90a  | nvidia | 32   | 227 KiB               | sm_90 + wgmma, setmaxnreg                  |
 | sm_100  | nvidia | 32   | 227 KiB (B200)        | sm_90 + tcgen05 (no wgmma)                 |
 | gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
-| gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + fp8 mfma, lds.dma (4 B a lane)    |
+| gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + lds.dma (4 B a lane)              |
 | gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + mfma.wide (32x32x16, 16x16x32),   |
-|         |        |      |                       | lds.dma.wide (16 B a lane)                 |
+|         |        |      |                       | mfma.fp8, lds.dma.wide (16 B a lane)       |
+
+"mfma.fp8" is MFMA on OCP e4m3 / e5m2 (Tessera's f8e4m3 / f8e5m2). gfx942's
+fp8 MFMA reads the fnuz formats instead (other biases, no -0 or infinities):
+it would misread Tessera's fp8, so gfx942 does not have the feature and its
+fp8 dots stay on FMA (`mfma_layouts`).
 
 "lds.dma" is CDNA3's direct global -> LDS load (`global_load_lds_dword`):
 each lane of a wave writes `bytes` at the wave's LDS base + lane * bytes,
@@ -52,7 +57,7 @@ _SM80 = frozenset({"shfl", "cp.async", "mma.sync", "ldmatrix"})
 _SM89 = _SM80 | {"mma.fp8"}
 _SM90 = _SM89 | {"tma", "mbarrier", "cluster", "stmatrix"}
 _GFX90A = frozenset({"dpp", "mfma"})
-_GFX942 = _GFX90A | {"mfma.fp8", "lds.dma"}
+_GFX942 = _GFX90A | {"lds.dma"}       # its fp8 MFMA reads fnuz fp8, not OCP: no "mfma.fp8" (see above)
 
 
 def has_async_copies(target: "Target") -> bool:
@@ -85,7 +90,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
     _amd("gfx90a", 64, _GFX90A),
     _amd("gfx942", 64, _GFX942),
-    _amd("gfx950", 160, _GFX942 | {"mfma.wide", "lds.dma.wide"}, lds_banks=64),
+    _amd("gfx950", 160, _GFX942 | {"mfma.wide", "mfma.fp8", "lds.dma.wide"}, lds_banks=64),
 )}
 
 DEFAULT_TARGET = "sm_80"

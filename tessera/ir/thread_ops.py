@@ -14,7 +14,7 @@ Registered into the same op table as the tile ops (`ops.OPS`).
 from __future__ import annotations
 
 from . import dtypes as dt
-from .mfma_layouts import MFMA_INPUTS, MFMA_SHAPES, WAVE
+from .mfma_layouts import MFMA_F8F6F4_SHAPES, MFMA_FP8_SHAPES, MFMA_SHAPES, WAVE, is_mfma_shape, mfma_accepts
 from .mma_layouts import LDMATRIX_ELEMENTS, MMA_SHAPES, WARP as MMA_WARP, mma_accepts
 from .ops import READS, SYNCHRONIZES, WRITES, define, require
 from .types import PointerType, RegsType, ScalarType
@@ -63,16 +63,23 @@ def _infer_mma(ts, a):
     return [acc]
 
 
+def _shapes(shapes) -> str:
+    return ", ".join("x".join(map(str, shape)) for shape in shapes)
+
+
 def _infer_mfma(ts, a):
     x, y, acc = ts
     shape = (a["m"], a["n"], a["k"])
-    require(shape in MFMA_SHAPES, f"mfma shape (m, n, k) = {shape} is not one of {list(MFMA_SHAPES)}")
-    count, per_lane = a["m"] * a["n"] // WAVE, a["m"] * a["k"] // WAVE    # per_lane: 4, or 8 for the wide forms
+    require(is_mfma_shape(shape), f"mfma shape (m, n, k) = {shape} is not one of "
+                                  f"{list(MFMA_SHAPES + MFMA_F8F6F4_SHAPES)}")
+    count, per_lane = a["m"] * a["n"] // WAVE, a["m"] * a["k"] // WAVE    # per_lane: 4, 8 (wide, fp8), 32 (f8f6f4)
     require(all(isinstance(t, RegsType) for t in ts) and (x.count, y.count, acc.count) == (per_lane, per_lane, count),
             f"mfma {a['m']}x{a['n']}x{a['k']} takes regs<{per_lane}>, regs<{per_lane}>, regs<{count}> (the A, B, C "
             f"fragments), got {x}, {y}, {acc}")
-    require(x.element == y.element and x.element.dtype in MFMA_INPUTS,
-            f"mfma multiplies f16 or bf16 fragments of one dtype, got {x.element} and {y.element}")
+    require(isinstance(x.element, ScalarType) and isinstance(y.element, ScalarType)
+            and mfma_accepts(shape, x.element.dtype, y.element.dtype),
+            f"mfma {a['m']}x{a['n']}x{a['k']} has no instruction for {x.element} x {y.element} (it multiplies f16 "
+            f"or bf16 fragments of one dtype, and e4m3/e5m2 in any mix at {_shapes(MFMA_FP8_SHAPES)})")
     require(acc.element == ScalarType(dt.f32), f"mfma accumulates in f32, got {acc.element}")
     return [acc]
 
@@ -130,7 +137,10 @@ define_thread_op("mma", "D = A @ B + C for one m x k A, k x n B and m x n C, eac
 define_thread_op("mfma", "D = A @ B + C for one m x k A, k x n B and m x n f32 C ((m, n, k) = (32, 32, 8) or (16, 16, "
                  "16); (32, 32, 16) or (16, 16, 32) on targets with \"mfma.wide\" (gfx950)), each spread over the "
                  "64 lanes of a wave in the `mfma_layouts.mfma_fragments(m, n, k)` "
-                 "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'); every lane of "
+                 "fragments (v_mfma_f32_{m}x{n}x{k}_{f16,bf16}; the input dtype is the operands'; e4m3/e5m2 "
+                 "operands, either mix, at 32x32x16 and 16x16x32: v_mfma_f32_{m}x{n}x{k}_{fp8,bf8}_{fp8,bf8}, and at "
+                 "32x32x64 and 16x16x128: v_mfma_f32_{m}x{n}x{k}_f8f6f4, on targets with \"mfma.fp8\", gfx950's "
+                 "OCP formats); every lane of "
                  "the wave must execute it together.", 3,
                  attrs={"m": "int", "n": "int", "k": "int"}, infer=_infer_mfma)
 define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared memory into the `mma_layouts."

@@ -24,6 +24,7 @@ import tessera
 import tessera.torch
 
 from . import attention_decode_model as model
+from . import gpus
 from .attention_fwd import LOG2E
 from .attention_split_kv import attention_decode_combine_kernel, attention_decode_kernel
 from .targets import plan_target
@@ -189,16 +190,17 @@ def _num_splits(shape: DecodeShape, plan: DecodePlan, on_gpu: bool, asked: int, 
         splits = asked if asked > 0 else min(4 // max(programs, 1), tessera.cdiv(blocks, 2))
         return max(1, min(splits, blocks, MAX_SPLITS)), can and in_launch is not False
     sms = torch.cuda.get_device_properties(device).multi_processor_count
+    gpu = gpus.of(device)                   # (its constants, looked up once per device)
     decode = model.Decode(shape.B, shape.H, shape.H_kv, shape.D, shape.max_pages * shape.P, shape.Sq)
     tile = model.Tile(rows, block, plan.stages, plan.num_warps(rows), merge_registers=plan.merge_registers,
                       in_launch=can, merge_early=plan.merge_early)
     if asked > 0:
         splits = max(1, min(asked, blocks, MAX_SPLITS))
         if in_launch is None:
-            in_launch = model.modelled(decode, tile, splits, sms, True).total <= \
-                model.modelled(decode, tile, splits, sms, False).total
+            in_launch = model.modelled(decode, tile, splits, sms, True, gpu).total <= \
+                model.modelled(decode, tile, splits, sms, False, gpu).total
         return splits, can and in_launch
-    return model.plan_for(decode, tile, sms, in_launch)
+    return model.plan_for(decode, tile, sms, in_launch, gpu)
 
 
 @dataclass(frozen=True)

@@ -1,4 +1,4 @@
-"""A bandwidth model of paged decode attention on an H100 SXM: what a plan and a split count cost, in microseconds.
+"""A bandwidth model of paged decode attention: what a plan and a split count cost on a GPU, in microseconds.
 
 `modelled(shape, plan, splits, in_launch)` prices one `attention_decode`
 call as the split kernel (the slowest of HBM and the busiest SM's stream,
@@ -6,7 +6,10 @@ after the dependent loads that start each program) plus the merge of the
 splits, plus a fixed cost per call in a CUDA graph. `plan_for` picks the
 split count, and where the splits are merged, that the model times fastest;
 the op uses it on a GPU (`num_splits=0`, $TESSERA_DECODE_SEPARATE_COMBINE
-unset).
+unset), with that GPU's row of `gpus.py` (HBM bandwidth and peak, SM count,
+one SM's fill rate, DRAM latency, the shared memory an SM holds rings in);
+the rest below was fitted on an H100 SXM (sm_90a SASS, its clock) and is
+carried to other GPUs as is.
 
 An SM streams at the least of:
 * its resident programs' bytes in flight over DRAM latency (Little's law:
@@ -68,11 +71,13 @@ from __future__ import annotations
 import functools
 from typing import NamedTuple
 
-from .gemm_split_k import HBM_GBPS, LATENCY_US, SM_GBPS
+from . import gpus
 
-HBM_PEAK_GBPS = 3350            # the H100 SXM's HBM3, what "% of HBM" divides by (bench/attention.py's peak)
-NUM_SMS = 132
-SHARED_PER_SM = 227 * 1024      # a program's ring: as many as fit
+REFERENCE = gpus.H100_SXM       # the GPU a model given none prices plans on (the one its constants were fitted on)
+HBM_PEAK_GBPS = REFERENCE.hbm_peak_gbps     # what "% of HBM" divides by (bench/attention.py's peak)
+HBM_GBPS, LATENCY_US, SM_GBPS = REFERENCE.hbm_gbps, REFERENCE.latency_us, REFERENCE.sm_gbps
+NUM_SMS = REFERENCE.sms
+SHARED_PER_SM = REFERENCE.shared_per_sm     # a program's ring: as many as fit
 REGISTERS_PER_SM = 65536
 REGISTERS_PER_THREAD = 256      # the decode kernels use 240-255 (ptxas, every shipped tile)
 PROGRAMS_PER_SM = 32
@@ -126,6 +131,7 @@ class Cost(NamedTuple):
     chain: float            # dependent loads before the first block
     combine: float          # the merge of the splits, in the launch or by the combine kernel (0 with one split)
     moved: int              # the cache's bytes plus q and O: what the benchmark divides by
+    peak_gbps: float = HBM_PEAK_GBPS    # the GPU's HBM peak, what `hbm_share` divides by
 
     @property
     def total(self) -> float:
@@ -134,7 +140,7 @@ class Cost(NamedTuple):
     @property
     def hbm_share(self) -> float:
         """The benchmark's figure: moved bytes per second over the HBM peak."""
-        return self.moved / (self.total * 1e3) / HBM_PEAK_GBPS
+        return self.moved / (self.total * 1e3) / self.peak_gbps
 
 
 def _cdiv(a: int, b: int) -> int:
@@ -156,9 +162,10 @@ def merge_chunk(packed: int, D: int, rows: int, warps: int, splits: int, registe
     return min(1 << (fit.bit_length() - 1), _next_power_of_2(splits))
 
 
-def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool) -> float:
-    """The merge's microseconds after the split loop (its bytes are counted with HBM's): see the module
-    docstring."""
+def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool, gpu: gpus.Gpu = REFERENCE) -> float:
+    """The merge's microseconds after the split loop on `gpu` (its bytes are counted with HBM's; a round trip
+    is the GPU's DRAM latency, ROUND_TRIP_US on the reference): see the module docstring."""
+    round_trip = gpu.latency_us
     if splits == 1:
         return 0.0
     packed = d.H // d.H_kv * d.Sq
@@ -166,9 +173,9 @@ def merge_us(d: Decode, tile: Tile, splits: int, in_launch: bool) -> float:
         steps = _cdiv(splits, merge_chunk(packed, d.D, tile.rows, tile.warps, splits, tile.merge_registers,
                                           MERGE_MOST))
         # the counter's atomic, the steps (the max's loads with the first, or a round trip of their own)
-        return (1 + steps + (0 if tile.merge_early else 1)) * ROUND_TRIP_US
+        return (1 + steps + (0 if tile.merge_early else 1)) * round_trip
     steps = _cdiv(splits, merge_chunk(packed, d.D, 1, COMBINE_WARPS, splits, COMBINE_REGISTERS))
-    return LAUNCH_US + steps * ROUND_TRIP_US
+    return LAUNCH_US + steps * round_trip
 
 
 def step_instructions(d: Decode, tile: Tile) -> float:
@@ -183,47 +190,51 @@ def step_instructions(d: Decode, tile: Tile) -> float:
 MMA_M = 16
 
 
-def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS, in_launch: bool = False) -> Cost:
-    """The model's cost of one call with `tile` and `splits`, the splits merged in the split launch or by the
-    combine kernel (see the module docstring)."""
+def modelled(d: Decode, tile: Tile, splits: int, num_sms: int = NUM_SMS, in_launch: bool = False,
+             gpu: gpus.Gpu = REFERENCE) -> Cost:
+    """The model's cost of one call with `tile` and `splits` on `gpu` (`num_sms` of them), the splits merged in
+    the split launch or by the combine kernel (see the module docstring)."""
     G = d.H // d.H_kv
     row_tiles = _cdiv(G * d.Sq, tile.rows)
     block = 2 * tile.keys * d.D * d.element_bytes                       # K and V of one step
     blocks = _cdiv(_cdiv(d.context, tile.keys), splits)                 # steps per program
     programs = d.B * d.H_kv * row_tiles * splits
     per_sm = _cdiv(programs, num_sms)
-    resident = min(PROGRAMS_PER_SM, SHARED_PER_SM // (tile.stages * block),
+    resident = min(PROGRAMS_PER_SM, gpu.shared_per_sm // (tile.stages * block),
                    REGISTERS_PER_SM // (REGISTERS_PER_THREAD * 32 * tile.warps), per_sm)
     in_flight = resident * max(tile.stages - 1, 1) * block
     shared = SMEM_GBPS / (1 + tile.warps * tile.conflicts)              # written once, read by every warp
     instructions = step_instructions(d, tile)
     loop = resident * block / (instructions * CLOCKS_PER_INSTRUCTION / CLOCK_GHZ)
     issue = 4 * CLOCK_GHZ * block / (tile.warps * instructions)
-    rate = min(SM_GBPS, in_flight / (LATENCY_US * 1e3), shared, loop, issue)   # GB/s of K and V into one SM
+    rate = min(gpu.sm_gbps, in_flight / (gpu.latency_us * 1e3), shared, loop, issue)  # GB/s of K, V into an SM
     partials = 0 if splits == 1 else splits * d.B * d.Sq * d.H * (d.D + 1) * 4
     cache = 2 * d.B * d.context * d.H_kv * d.D * d.element_bytes
-    return Cost(hbm=(cache * row_tiles + partials) / (HBM_GBPS * 1e3),
+    return Cost(hbm=(cache * row_tiles + partials) / (gpu.hbm_gbps * 1e3),
                 sm=per_sm * blocks * block / (rate * 1e3),
-                chain=CHAIN_LOADS * LATENCY_US,
-                combine=merge_us(d, tile, splits, in_launch) + (partials / (HBM_GBPS * 1e3) if splits > 1 else 0),
-                moved=cache + 2 * d.B * d.Sq * d.H * d.D * d.element_bytes)
+                chain=CHAIN_LOADS * gpu.latency_us,
+                combine=merge_us(d, tile, splits, in_launch, gpu) + (partials / (gpu.hbm_gbps * 1e3)
+                                                                     if splits > 1 else 0),
+                moved=cache + 2 * d.B * d.Sq * d.H * d.D * d.element_bytes, peak_gbps=gpu.hbm_peak_gbps)
 
 
 @functools.lru_cache(maxsize=1024)
-def plan_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS, in_launch: bool | None = None) -> tuple[int, bool]:
-    """(splits, whether the split launch merges them) the model times fastest: the split count 1 .. MAX_SPLITS
+def plan_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS, in_launch: bool | None = None,
+             gpu: gpus.Gpu = REFERENCE) -> tuple[int, bool]:
+    """(splits, whether the split launch merges them) the model times fastest on `gpu`: the split count 1 .. MAX_SPLITS
     (no more than the key blocks) and the merge (`in_launch`: only that one; none in the launch where the tile
     may not); the fewest splits among those
     within 2% of the best (fewer partials to write and merge for the same time), in the launch on a tie.
     Remembered per shape: the op asks on every call, and the search costs ~1 ms of host time."""
     most = max(1, min(MAX_SPLITS, _cdiv(d.context, tile.keys)))
     merges = ((True, False) if in_launch is None else (in_launch,)) if tile.in_launch else (False,)
-    costs = {(s, m): modelled(d, tile, s, num_sms, m).total for s in range(1, most + 1) for m in merges}
+    costs = {(s, m): modelled(d, tile, s, num_sms, m, gpu).total for s in range(1, most + 1) for m in merges}
     best = min(costs.values())
     splits, two_launches = min((s, not m) for (s, m), t in costs.items() if t <= best * 1.02)
     return splits, not two_launches
 
 
-def splits_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS, in_launch: bool | None = None) -> int:
+def splits_for(d: Decode, tile: Tile, num_sms: int = NUM_SMS, in_launch: bool | None = None,
+               gpu: gpus.Gpu = REFERENCE) -> int:
     """The split count of `plan_for`."""
-    return plan_for(d, tile, num_sms, in_launch)[0]
+    return plan_for(d, tile, num_sms, in_launch, gpu)[0]

@@ -15,9 +15,12 @@ where FA3 transposes V in shared memory, which Tessera cannot express for
 8-bit tiles yet); on sm_90a K and V then both stream by TMA. P reaches the
 P V wgmma through shared memory, not registers: Tessera's register-A wgmma
 is f16/bf16 only (fp8's k32 fragment is not the accumulator's; FA3 permutes
-bytes between lanes). sm_80 has no fp8 tensor cores and Tessera's dot has
-no fp8 MFMA lowering for AMD yet: both are refused with the fix (dequantize
-and call the bf16 op). Forward only, like FA3's; batched only (no varlen).
+bytes between lanes). On gfx950 both products run on its OCP fp8 MFMA
+(v_mfma_f32_32x32x16_fp8_fp8), K and V streamed into LDS rings by
+direct-to-LDS loads, P through LDS. sm_80 has no fp8 tensor cores and
+gfx942's fp8 MFMA reads the fnuz formats, not float8_e4m3fn: both are
+refused with the fix (dequantize and call the bf16 op). Forward only, like
+FA3's; batched only (no varlen).
 """
 
 from __future__ import annotations
@@ -26,15 +29,18 @@ from typing import Optional, Union
 
 import torch
 
-from .attention import Plan, Problem, _check, _forward, _on_interpreter
-from .targets import device_arch
+from .attention import GPU_PLANS, Plan, Problem, _check, _forward, _on_interpreter
+from .targets import device_arch, fp8_matrix_cores
 
 # Per target and head dim, like attention.GPU_PLANS; sm_89 (mma.sync m16n8k32, K = BN for P V) takes BN = 32 at
-# head dim 128 (BN = 64 spilled 8 bytes at 255 registers). No config spills
+# head dim 128 (BN = 64 spilled 8 bytes at 255 registers). gfx950 takes its bf16 plans (attention.GPU_PLANS):
+# fp8 halves their rings' LDS bytes, and every variant compiles without spills or scratch (at most 416 of the
+# 512 VGPRs and AGPRs a lane may hold: head dim 256; bench/results/amd_registers_gfx950_fp8.json). No config spills
 # (tests/kernels_lib/test_attention_fp8_compile.py); none has been timed on a GPU.
 FP8_GPU_PLANS = {
     "sm_89": {64: Plan(128, 64, 8), 128: Plan(128, 32, 8), 256: Plan(64, 32, 4)},
     "sm_90a": {64: Plan(128, 64, 8), 128: Plan(128, 64, 8), 256: Plan(64, 32, 4)},
+    "gfx950": GPU_PLANS["gfx950"],
 }
 
 FP8_DTYPES = (torch.float8_e4m3fn,)
@@ -47,11 +53,13 @@ DEQUANTIZE = ("dequantize to bfloat16 (x.to(torch.bfloat16) * x_descale for each
 
 def require_fp8_tensor_cores(arch: str) -> None:
     """A ValueError naming the fix unless `arch` multiplies e4m3 on tensor cores that Tessera's dot lowers to."""
+    if fp8_matrix_cores(arch):
+        return
     if arch.startswith("gfx"):
-        raise ValueError(f"{OP}: {arch}: Tessera's dot has no fp8 MFMA lowering yet (only f16/bf16 MFMA), so the "
-                         f"fp8 kernel would run on FMA; {DEQUANTIZE}")
-    if int(arch.removeprefix("sm_").rstrip("a")) < 89:
-        raise ValueError(f"{OP}: {arch} has no fp8 tensor cores (they begin with sm_89: L40, H100); {DEQUANTIZE}")
+        raise ValueError(f"{OP}: {arch}: Tessera's dot has no MFMA for float8_e4m3fn there (gfx942's fp8 MFMA reads "
+                         f"the fnuz formats; gfx950 is the AMD GPU it runs on), so the fp8 kernel would run on FMA; "
+                         f"{DEQUANTIZE}")
+    raise ValueError(f"{OP}: {arch} has no fp8 tensor cores (they begin with sm_89: L40, H100); {DEQUANTIZE}")
 
 
 def descales(q: torch.Tensor, q_descale: Descale, k_descale: Descale, v_descale: Descale) -> torch.Tensor:
@@ -71,8 +79,9 @@ def descales(q: torch.Tensor, q_descale: Descale, k_descale: Descale, v_descale:
 
 
 def fp8_plan(D: int, arch: str) -> Plan:
-    """The plan for head dim D on `arch` (Hopper: sm_90a's; other GPUs with fp8 tensor cores: sm_89's)."""
-    plans = FP8_GPU_PLANS["sm_90a" if arch == "sm_90a" else "sm_89"]
+    """The plan for head dim D on `arch` (Hopper: sm_90a's; gfx950: its own; other GPUs with fp8 tensor cores:
+    sm_89's)."""
+    plans = FP8_GPU_PLANS[arch if arch in ("sm_90a", "gfx950") else "sm_89"]
     if D not in plans:
         raise ValueError(f"{OP}: head dim {D} has no GPU plan; use one of {sorted(plans)}")
     return plans[D]

@@ -87,6 +87,7 @@ import tessera.torch
 from . import gemm_configs
 from . import gemm_plan
 from . import gemm_split_k
+from . import gpus, targets
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import ACTIVATIONS, SQRT_2_OVER_PI, epilogue
 from .gemm_tiles import cluster_tile, for_each_tile, grouped_tile  # noqa: F401 (the first and last re-exported)
@@ -95,7 +96,7 @@ from .hooks import outside_graphs
 
 # Configs (`gemm_configs.json`, read by `gemm_configs.py`): the common ones for every GPU (CONFIGS: 64-128 x
 # 64-128 tiles, STAGES-deep rings of 64-96 KB filled by cp.async on sm_80 and by TMA on sm_90/sm_90a, wgmma on
-# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a), and per GPU family its own
+# sm_90a with one group in flight, mma.sync otherwise, fp8 on sm_89/sm_90a/gfx950), and per GPU family its own
 # (HOPPER_CONFIGS: 128 x 256 tiles on two consumer warpgroups, clusters, a persistent warp-specialized kernel);
 # the autotuner gets all of them and keeps the launching device's (`prune_for_device`), then prunes by what
 # ptxas reports. Each compiles without register spills; not yet timed on a GPU.
@@ -363,23 +364,37 @@ def _num_sms(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
+def _gpu_of(device: Optional[torch.device]) -> tuple[gpus.Gpu, str]:
+    """(the constants of the GPU `device` is on, the key of the plans it runs): its row in `gpus.py`, looked up
+    once per device (`gpus.of`), and on an AMD GPU `targets.plan_target` (its AMD target, or the one
+    $TESSERA_AMD_PLANS names, read per call); 'nvidia' on the others. Without a device, or with tensors not on a
+    CUDA/ROCm one (the stub driver's CPU tensors), the op plans as on the reference GPU, an H100 SXM."""
+    gpu = gpus.of(device)
+    return gpu, (targets.plan_target(device) if gpu.plan_key != "nvidia" else "nvidia")
+
+
 @functools.lru_cache(maxsize=4096)
-def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
-                  cpu: bool) -> Optional[gemm_split_k.SplitKPlan]:
-    """The split-K plan the op runs (`gemm_split_k.py`): always for M <= 64 (decode: B streamed once), for larger
-    M where the tiles are too few for the SMs and splitting K pays; None: the tiled kernel. Kept per shape: the
-    bandwidth model costs ~7 µs of Python, more than the launch it plans."""
+def _split_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, cpu: bool,
+                  gpu: gpus.Gpu = gpus.H100_SXM, plans_of: str = "nvidia") -> Optional[gemm_split_k.SplitKPlan]:
+    """The split-K plan the op runs (`gemm_split_k.py`) on `gpu` with the tiles of plan key `plans_of` (`_gpu_of`):
+    always for M <= 64 (decode: B streamed once), for larger M where the tiles are too few for the SMs and
+    splitting K pays; None: the tiled kernel. Kept per shape and GPU: the bandwidth model costs ~7 µs of Python,
+    more than the launch it plans."""
     if M <= gemm_split_k.SMALL_M:
-        return gemm_split_k.small_m_plan(M, N, K, element_bytes, num_sms, CPU_SMALL_M_CONFIG if cpu else None)
-    return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None)
+        return gemm_split_k.small_m_plan(M, N, K, element_bytes, num_sms, CPU_SMALL_M_CONFIG if cpu else None,
+                                         gpu, plans_of)
+    return gemm_split_k.few_tiles_plan(M, N, K, element_bytes, num_sms, CPU_SPLIT_K_CONFIG if cpu else None,
+                                       plans_of)
 
 
 @functools.lru_cache(maxsize=4096)
-def _stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, cpu: bool, mode: str):
+def _stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, cpu: bool, mode: str,
+                   gpu: gpus.Gpu = gpus.H100_SXM, plans_of: str = "nvidia"):
     """The stream-K plan the op runs (`gemm_stream_k.stream_k_plan`; `mode`: $TESSERA_GEMM_STREAM_K), or None:
-    the tiled kernel. Kept per shape and mode, as `_split_k_plan`."""
+    the tiled kernel. Kept per shape, mode and GPU, as `_split_k_plan`."""
     from . import gemm_stream_k
-    return gemm_stream_k.stream_k_plan(M, N, K, element_bytes, num_sms, mode, CPU_STREAM_K_CONFIG if cpu else None)
+    return gemm_stream_k.stream_k_plan(M, N, K, element_bytes, num_sms, mode, CPU_STREAM_K_CONFIG if cpu else None,
+                                       gpu, plans_of)
 
 
 def gemm_stream_k_mode() -> str:
@@ -476,7 +491,8 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
     capturing = tessera.capturing()
     fast = not cpu and _fast_math_allows(out_dtype, flags["ACTIVATION"]) and not capturing
     c = args[5]
-    split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu)
+    gpu, plans_of = (gpus.H100_SXM, "nvidia") if cpu else _gpu_of(device)
+    split = _split_k_plan(M, N, K, element_bytes, num_sms, cpu, gpu, plans_of)
     if split is not None:                   # small M, or too few tiles for the SMs: K split over programs
         atomic = split.split_k > 1 and _atomic_split_k()
         # (inside tessera.fusion(), declare that C is stored whole, as `launch_tuned` does)
@@ -484,7 +500,7 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
             gemm_split_k.launch(args, split, M, N, flags, device, element_bytes=element_bytes, fast=fast,
                                 atomic=atomic, launches=launches)
         return atomic if split.split_k > 1 else None
-    stream = _stream_k_plan(M, N, K, element_bytes, num_sms, cpu, gemm_stream_k_mode())
+    stream = _stream_k_plan(M, N, K, element_bytes, num_sms, cpu, gemm_stream_k_mode(), gpu, plans_of)
     if stream is not None:                  # a partial last wave: its tiles split in K steps over the SMs
         from . import gemm_stream_k
         with tessera.writes_whole(c) if capturing else contextlib.nullcontext():

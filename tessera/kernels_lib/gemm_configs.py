@@ -11,11 +11,13 @@ description's LDS over a stage's bytes, `ring_bytes`, counted as the
 pipeline planner counts them), so that no compile asks for a stage the
 planner would drop with a PipelineWarning. gfx942's 64 KiB takes the
 BK = 64 tiles with 128 rows or columns 2 deep; gfx950's 160 KiB keeps each
-config's own depth. The split-K paths (`gemm_split_k.py`) take their tiles from the
-"small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`), the
-stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry (`STREAM_K`). The file is data so that a GPU session's measurements
-(bench/gemm.py --part configs) can reorder or replace entries without code
-changes.
+config's own depth. The split-K paths (`gemm_split_k.py`) take their tiles
+from the "small_m" entries (`SMALL_M`) and the "split_k" entry (`SPLIT_K`),
+the stream-K kernel (`gemm_stream_k.py`) from the "stream_k" entry
+(`STREAM_K`), per plan key the same way (`small_m_tiles`, `split_k_tile`,
+`stream_k_tile`: each AMD target's fitted by `fitted_tile`). The file is data
+so that a GPU session's measurements (bench/gemm.py --part configs) can
+reorder or replace entries without code changes.
 """
 
 from __future__ import annotations
@@ -27,7 +29,7 @@ import torch
 
 import tessera
 
-from . import targets
+from . import gpus, targets
 
 _DATA = json.loads((Path(__file__).with_name("gemm_configs.json")).read_text())
 
@@ -42,12 +44,17 @@ BY_FAMILY = {family: _configs(entries) for family, entries in _DATA.items() if f
 RING_ELEMENT_BYTES = 2
 
 
+def stage_bytes(BM: int, BN: int, row_bytes: int) -> int:
+    """LDS bytes one stage of a K loop's rings takes: BM rows of A's block and BN of B's, `row_bytes` of K each,
+    each slot 16-byte aligned, as the pipeline planner counts them (`passes/schedule/pipeline_plan.py`, whose AMD
+    slots are plain row-major)."""
+    return sum(-(-rows * row_bytes // 16) * 16 for rows in (BM, BN))
+
+
 def ring_bytes(config: tessera.Config) -> int:
-    """LDS bytes one stage of the K loop's rings takes: a BM x BK block of A and a BK x BN block of B, each slot
-    16-byte aligned, as the pipeline planner counts them (`passes/schedule/pipeline_plan.py`, whose AMD slots are
-    plain row-major)."""
+    """LDS bytes one stage of the tiled kernel's rings takes (`stage_bytes`, BK elements of RING_ELEMENT_BYTES)."""
     kw = config.kwargs
-    return sum(-(-rows * kw["BK"] * RING_ELEMENT_BYTES // 16) * 16 for rows in (kw["BM"], kw["BN"]))
+    return stage_bytes(kw["BM"], kw["BN"], kw["BK"] * RING_ELEMENT_BYTES)
 
 
 def fitted(config: tessera.Config, lds: int) -> tessera.Config:
@@ -57,6 +64,17 @@ def fitted(config: tessera.Config, lds: int) -> tessera.Config:
     if stages == config.kwargs["STAGES"]:
         return config
     return tessera.Config({**config.kwargs, "STAGES": stages}, num_warps=config.num_warps)
+
+
+def fitted_tile(tile: dict, BM: int, lds: int) -> dict | None:
+    """A split-K or stream-K tile ({"BN", "K_BYTES", "STAGES", ...}, rows BM) with no more STAGES than `lds`
+    bytes hold of its rings (`stage_bytes`: K_BYTES of a row whatever the dtype, as the paths size BK), as
+    `fitted` caps the tiled configs; None where not even 2 stages fit (the planner would run it unpipelined):
+    the entry is dropped for that target."""
+    stages = min(tile["STAGES"], lds // stage_bytes(BM, tile["BN"], tile["K_BYTES"]))
+    if stages < 2:
+        return None
+    return tile if stages == tile["STAGES"] else {**tile, "STAGES": stages}
 
 
 BY_AMD_TARGET = {target: [fitted(c, targets.lds_bytes(target)) for c in COMMON]
@@ -79,7 +97,59 @@ SPLIT_K = dict(_DATA["split_k"]["meta"], num_warps=_DATA["split_k"]["num_warps"]
 # whether a GPU run has timed it (until then the op takes stream K only when $TESSERA_GEMM_STREAM_K forces it).
 STREAM_K = dict(_DATA["stream_k"]["meta"], num_warps=_DATA["stream_k"]["num_warps"])
 STREAM_K_MEASURED = bool(_DATA["stream_k"].get("measured", False))
+# ... and the AMD plan keys whose GPUs have timed it ("measured_amd"): "measured" is an NVIDIA GPU's run (the only
+# GPUs this project has run on), and an AMD GPU's atomics and LDS rings are another kernel's worth of risk, so
+# "auto" takes stream K on an AMD GPU only once its own target is listed (`stream_k_measured`).
+STREAM_K_MEASURED_AMD = tuple(_DATA["stream_k"].get("measured_amd", ()))
 STREAM_K_CONFIG = tessera.Config(dict(_DATA["stream_k"]["meta"], STREAM_K=True), num_warps=STREAM_K["num_warps"])
+
+
+# The split-K and stream-K tiles per plan key (`targets.plan_target`: "nvidia", or an AMD target), each fitted to
+# the AMD target's LDS (`fitted_tile`), as BY_AMD_TARGET fits the tiled configs: gfx942's 64 KiB keeps the
+# decode tiles 6-10 deep where NVIDIA's are 8-12, and the 128 x 128 split-K and stream-K tiles 2 deep; gfx950's
+# 160 KiB holds them as shipped. A row tile (or the few-tiles / stream-K entry) whose 2 stages do not fit is
+# left out there (none on gfx942 or gfx950).
+def _fitted_small_m(lds: int) -> dict[int, list[dict]]:
+    fitted_rows = {bm: [t for t in (fitted_tile(tile, bm, lds) for tile in tiles) if t is not None]
+                   for bm, tiles in SMALL_M.items()}
+    return {bm: tiles for bm, tiles in fitted_rows.items() if tiles}
+
+
+SMALL_M_BY_TARGET = {"nvidia": SMALL_M, **{target: _fitted_small_m(targets.lds_bytes(target))
+                                           for target in targets.AMD_PLAN_TARGETS}}
+SPLIT_K_BY_TARGET = {"nvidia": SPLIT_K, **{target: fitted_tile(SPLIT_K, SPLIT_K["BM"], targets.lds_bytes(target))
+                                           for target in targets.AMD_PLAN_TARGETS}}
+STREAM_K_BY_TARGET = {"nvidia": STREAM_K, **{target: fitted_tile(STREAM_K, STREAM_K["BM"], targets.lds_bytes(target))
+                                             for target in targets.AMD_PLAN_TARGETS}}
+
+
+def _plans(key: str, table: dict):
+    try:
+        return table[key]
+    except KeyError:
+        raise ValueError(f"tessera::gemm: no split-K / stream-K tiles for plan key {key!r}; the keys are "
+                         f"{', '.join(table)} (`targets.plan_target` gives a device's)") from None
+
+
+def small_m_tiles(key: str = "nvidia") -> dict[int, list[dict]]:
+    """The small-M tiles per row tile BM that GPUs of plan key `key` run (`SMALL_M_BY_TARGET`)."""
+    return _plans(key, SMALL_M_BY_TARGET)
+
+
+def split_k_tile(key: str = "nvidia") -> dict | None:
+    """The few-tiles split-K tile GPUs of plan key `key` run (`SPLIT_K_BY_TARGET`); None: left out there."""
+    return _plans(key, SPLIT_K_BY_TARGET)
+
+
+def stream_k_tile(key: str = "nvidia") -> dict | None:
+    """The stream-K tile GPUs of plan key `key` run (`STREAM_K_BY_TARGET`); None: left out there."""
+    return _plans(key, STREAM_K_BY_TARGET)
+
+
+def stream_k_measured(key: str = "nvidia") -> bool:
+    """Whether a GPU run of plan key `key`'s GPUs has timed the stream-K kernel (`STREAM_K_MEASURED` for
+    NVIDIA's, `STREAM_K_MEASURED_AMD` for an AMD target's): until then the op takes it only when forced."""
+    return STREAM_K_MEASURED if key == "nvidia" else key in STREAM_K_MEASURED_AMD
 
 
 def family_of(capability: tuple[int, int] | None) -> str | None:
@@ -133,8 +203,8 @@ def awaits_measurement(config: tessera.Config) -> bool:
                                                                           and not STREAM_K_MEASURED)
 
 
-# The SM count `predicted` assumes when the arguments do not name a torch CUDA device (an H100 SXM's).
-ASSUMED_SMS = 132
+# The SM count `predicted` assumes when the arguments do not name a torch CUDA device (the reference GPU's).
+ASSUMED_SMS = gpus.H100_SXM.sms
 
 
 def predicted(configs: list[tessera.Config], named_args: dict) -> tessera.Config:

@@ -34,7 +34,10 @@ counts from the models below. The K slice is pipelined only where every
 operand row starts on a 16-byte boundary, with the alignment the op checked
 stated to the compiler (`main_constexprs`, `gemm_alignment.py`). The kernels use only tile-level ops, so the dot
 runs on whatever the target has: mma.sync on sm_80/sm_89 (and on sm_90a for
-BM < 64), wgmma on sm_90a for BM >= 64, MFMA on gfx942.
+BM < 64), wgmma on sm_90a for BM >= 64, MFMA on gfx942 / gfx950, whose tiles
+are the same ones with no more stages than the target's LDS holds
+(`gemm_configs.small_m_tiles` / `split_k_tile` by plan key). The models price
+plans with the launching GPU's constants (`gpus.py`).
 """
 
 from __future__ import annotations
@@ -46,7 +49,7 @@ import torch
 
 import tessera
 
-from . import gemm_configs
+from . import gemm_configs, gpus
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
 
@@ -183,18 +186,15 @@ def _tile(config: dict, element_bytes: int) -> tuple[int, int, int, int]:
     return config["BN"], max(16, config["K_BYTES"] // element_bytes), config["STAGES"], config["num_warps"]
 
 
-# The small-M model (`modelled`): what a plan's launch(es) cost on an H100 SXM, in microseconds, as the
-# slowest of three streams plus the reduce. Ratios between plans matter, not the absolute values; the constants
-# are the card's and were checked against bench/results/2026-11-26-h100-run7 (64 x 4096 x 14336, split 3:
-# the model's 46.8 us, measured 47.3).
-HBM_GBPS = 3000              # B (and A) from HBM, once: what a streaming kernel reaches of the 3.35 TB/s peak
-L2_GBPS = 5500               # L2 -> SMs over all SMs: B once plus A once per column strip (A is re-read per strip)
-SM_GBPS = 64                 # one SM's fills (TMA / cp.async) at most, whatever is in flight
-LATENCY_US = 0.8             # DRAM latency under load: a program's rate is its bytes in flight / LATENCY_US
-STEP_US = 0.125              # ... and at most a K step's bytes per K step: the sm_90a SASS of a 64-deep step is
-#                              the ring's wait, a barrier, ldmatrix and 4 dependent HMMA.16816 (~220 clk)
+# The small-M model (`modelled`): what a plan's launch(es) cost on a GPU, in microseconds, as the slowest of
+# three streams plus the reduce. Ratios between plans matter, not the absolute values. The GPU's constants come
+# from its row in `gpus.py` (HBM and L2 -> SM bandwidth, one SM's fill rate, DRAM latency, the shared memory an
+# SM holds rings in); the H100 SXM's were checked against bench/results/2026-11-26-h100-run7 (64 x 4096 x
+# 14336, split 3: the model's 46.8 us, measured 47.3), and a model given no GPU prices plans on it.
+# The two below are fitted on that H100 alone (no other GPU has run them):
+STEP_US = 0.125              # a program streams at most a K step's bytes per K step: the sm_90a SASS of a 64-deep
+#                              step is the ring's wait, a barrier, ldmatrix and 4 dependent HMMA.16816 (~220 clk)
 REDUCE_US = 2.0              # the reduce kernel: its launch and ramp after the main one, before its traffic
-SHARED_PER_SM = 228 * 1024   # programs per SM: as many rings as fit
 
 
 class Streams(NamedTuple):
@@ -211,64 +211,79 @@ class Streams(NamedTuple):
         return max(self.hbm, self.l2, self.sm) + self.reduce
 
 
-def modelled(M: int, N: int, K: int, element_bytes: int, num_sms: int, p: SplitKPlan) -> Streams:
-    """The small-M bandwidth model of plan `p` (see `Streams`). An SM's rate is its resident programs (as
-    many rings as fit its shared memory, at most those it is given) times what each keeps in flight (STAGES
-    - 1 slots) over the latency, at most SM_GBPS; the partials are written and read once, BM rows each. A
-    program reads the rows of A that exist (a slot's rows past M are zero-filled, not read). A program
+def modelled(M: int, N: int, K: int, element_bytes: int, num_sms: int, p: SplitKPlan,
+             gpu: gpus.Gpu = gpus.H100_SXM) -> Streams:
+    """The small-M bandwidth model of plan `p` on `gpu` (see `Streams`). An SM's rate is its resident programs
+    (as many rings as fit its shared memory, at most those it is given) times what each keeps in flight (STAGES
+    - 1 slots) over the latency, at most the SM's fill rate; the partials are written and read once, BM rows
+    each. A program reads the rows of A that exist (a slot's rows past M are zero-filled, not read). A program
     streams no faster than one K step's bytes per STEP_US either (its loop is one dependent chain)."""
     rows, strips = min(M, p.BM), tessera.cdiv(N, p.BN)
     per_sm = tessera.cdiv(strips * p.split_k, num_sms)
-    resident = max(1, SHARED_PER_SM // (p.STAGES * (p.BM + p.BN) * p.BK * element_bytes))
+    resident = max(1, gpu.shared_per_sm // (p.STAGES * (p.BM + p.BN) * p.BK * element_bytes))
     in_flight = (p.STAGES - 1) * (rows + p.BN) * p.BK * element_bytes
     step = (rows + p.BN) * p.BK * element_bytes
-    rate = min(SM_GBPS, min(per_sm, resident) * min(in_flight / LATENCY_US, step / STEP_US) / 1e3)
+    rate = min(gpu.sm_gbps, min(per_sm, resident) * min(in_flight / gpu.latency_us, step / STEP_US) / 1e3)
     return Streams(
-        hbm=(K * N + M * K) * element_bytes / (HBM_GBPS * 1e3),
-        l2=(K * N + strips * rows * K) * element_bytes / (L2_GBPS * 1e3),
+        hbm=(K * N + M * K) * element_bytes / (gpu.hbm_gbps * 1e3),
+        l2=(K * N + strips * rows * K) * element_bytes / (gpu.l2_gbps * 1e3),
         sm=per_sm * (rows + p.BN) * p.steps * p.BK * element_bytes / (rate * 1e3),
-        reduce=0.0 if p.split_k == 1 else REDUCE_US + 2 * p.split_k * p.BM * N * 4 / (HBM_GBPS * 1e3))
+        reduce=0.0 if p.split_k == 1 else REDUCE_US + 2 * p.split_k * p.BM * N * 4 / (gpu.hbm_gbps * 1e3))
 
 
 def small_m_candidates(M: int, N: int, K: int, element_bytes: int, num_sms: int,
-                       tiles: list[dict] | None = None) -> list[SplitKPlan]:
-    """The plans the small-M model compares: each of M's row tile's tiles (`gemm_configs.SMALL_M`, or `tiles`)
-    unsplit, and split as far as `split_count` covers the SMs, made even."""
+                       tiles: list[dict] | None = None, plans_of: str = "nvidia") -> list[SplitKPlan]:
+    """The plans the small-M model compares: each of M's row tile's tiles (`tiles`, or those GPUs of plan key
+    `plans_of` run: `gemm_configs.small_m_tiles`, fitted to an AMD target's LDS; where a target's LDS left a row
+    tile none, the next larger row tile's) unsplit, and split as far as `split_count` covers the SMs, made even."""
     BM = row_tile(M)
+    if not tiles:
+        table = gemm_configs.small_m_tiles(plans_of)
+        BM = next((bm for bm in ROW_TILES if bm >= BM and table.get(bm)), 0)
+        if not BM:
+            raise ValueError(f"tessera::gemm small-M path: plan key {plans_of!r} has no tile of {row_tile(M)} or "
+                             f"more rows (`gemm_configs.small_m_tiles`: none fits its shared memory 2 stages "
+                             f"deep); ship a smaller tile for it in gemm_configs.json")
+        tiles = table[BM]
     plans = []
-    for config in tiles or gemm_configs.SMALL_M[BM]:
+    for config in tiles:
         BN, BK, STAGES, num_warps = _tile(config, element_bytes)
         for split in sorted({1, split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)}):
             plans.append(_even(BM, BN, BK, STAGES, num_warps, K, split))
     return plans
 
 
-def small_m_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, config: dict | None = None) -> SplitKPlan:
-    """The small-M plan: the candidate (`small_m_candidates`) the bandwidth model (`modelled`) times fastest;
-    among equals the one whose SM and L2 streams leave the most headroom below HBM, then fewer splits, then the
-    tiles' order. With `config` (the interpreter's one tile: {"BN", "K_BYTES", "STAGES", "num_warps"}) there is
-    nothing to time: that tile, split by `split_count`."""
+def small_m_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, config: dict | None = None,
+                 gpu: gpus.Gpu = gpus.H100_SXM, plans_of: str | None = None) -> SplitKPlan:
+    """The small-M plan on `gpu` (its constants: `gpus.py`), from the tiles of plan key `plans_of` (default the
+    GPU's own, `Gpu.plan_key`): the candidate (`small_m_candidates`) the bandwidth model (`modelled`) times
+    fastest; among equals the one whose SM and L2 streams leave the most headroom below HBM, then fewer splits,
+    then the tiles' order. With `config` (the interpreter's one tile: {"BN", "K_BYTES", "STAGES", "num_warps"})
+    there is nothing to time: that tile, split by `split_count`."""
     if config is not None:
         BM = row_tile(M)
         BN, BK, STAGES, num_warps = _tile(config, element_bytes)
         split = split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)
         return _even(BM, BN, BK, STAGES, num_warps, K, split)
-    plans = small_m_candidates(M, N, K, element_bytes, num_sms)
+    plans = small_m_candidates(M, N, K, element_bytes, num_sms, plans_of=plans_of or gpu.plan_key)
 
     def cost(indexed):
         i, p = indexed
-        streams = modelled(M, N, K, element_bytes, num_sms, p)
+        streams = modelled(M, N, K, element_bytes, num_sms, p, gpu)
         return round(streams.total, 3), round(max(streams.l2, streams.sm), 3), p.split_k, i
 
     return min(enumerate(plans), key=cost)[1]
 
 
 def few_tiles_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int,
-                   config: dict | None = None) -> SplitKPlan | None:
-    """The few-tiles split for M > SMALL_M (`gemm_configs.SPLIT_K`'s tile, or `config`: {"BM", "BN", "K_BYTES",
-    "STAGES", "num_warps"}), or None where splitting does not pay (`few_tiles_split_count` is 1): the tiled
-    kernel runs then."""
-    config = config or gemm_configs.SPLIT_K
+                   config: dict | None = None, plans_of: str = "nvidia") -> SplitKPlan | None:
+    """The few-tiles split for M > SMALL_M (the tile GPUs of plan key `plans_of` run, `gemm_configs.split_k_tile`:
+    fitted to an AMD target's LDS; or `config`: {"BM", "BN", "K_BYTES", "STAGES", "num_warps"}), or None where
+    splitting does not pay (`few_tiles_split_count` is 1) or the target has no such tile: the tiled kernel runs
+    then."""
+    config = config or gemm_configs.split_k_tile(plans_of)
+    if config is None:
+        return None
     BM = config["BM"]
     BN, BK, STAGES, num_warps = _tile(config, element_bytes)
     split = few_tiles_split_count(M, N, K, element_bytes, num_sms, BM, BN, BK, STAGES)

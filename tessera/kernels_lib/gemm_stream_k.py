@@ -29,7 +29,9 @@ GEMM tiles. A range that covers a whole tile stores it directly.
 
 The op (`gemm.py`) launches it where `stream_k_plan` (the wave model below)
 says it pays, or where $TESSERA_GEMM_STREAM_K forces it; the tile comes from
-`gemm_configs.json` ("stream_k"). The counters (`arrival_counters`) are
+`gemm_configs.json` ("stream_k"), on AMD with no more stages than the target's
+LDS holds (`gemm_configs.stream_k_tile`: 2 on gfx942, whose two K loops share
+one 64 KiB ring; gfx950 keeps 3). The counters (`arrival_counters`) are
 zeroed once per device and stream; the workspace is fresh per call.
 """
 
@@ -42,7 +44,7 @@ import torch
 
 import tessera
 
-from . import gemm_configs
+from . import gemm_configs, gpus
 from .gemm import STREAM_K_ENV, gemm_tile, grouped_tile
 from .gemm_alignment import NOTHING_STATED, operand_alignment, pointers_aligned, state_alignment
 from .gemm_epilogue import epilogue
@@ -165,9 +167,9 @@ class StreamKPlan:
     sk_tiles: int
 
 
-# The wave model (`modelled`), in microseconds of an H100 SXM SM; the ratios between its two times decide.
-SM_TFLOPS = 5.2          # one SM's dense 16-bit tensor-core rate under load (989 TFLOP/s peak / 132 SMs, ~70%)
-SM_L2_GBPS = 64          # one SM's traffic to and from L2 (`gemm_split_k.SM_GBPS`): the partials' writes and reads
+# The wave model (`modelled`), in microseconds of one SM (CU) of the GPU's row in `gpus.py`: its dense 16-bit
+# matrix rate under load (`Gpu.sm_tflops`: the H100 SXM's 989 TFLOP/s / 132 SMs at ~70%) and its traffic to and
+# from L2 (`Gpu.sm_gbps`, the partials' writes and reads); the ratios between its two times decide.
 MARGIN = 0.03            # stream K must model at least 3% faster than the data-parallel persistent kernel
 
 
@@ -193,44 +195,51 @@ def stream_k_tiles(tiles: int, programs: int) -> tuple[int, ...]:
 
 
 def modelled(M: int, N: int, K: int, element_bytes: int, programs: int, BM: int, BN: int, BK: int,
-             sk_tiles: int | None = None) -> Waves:
-    """The wave model of one persistent launch of `programs` programs (one per SM), `sk_tiles` of its tiles
-    stream-K (default: the partial last wave). A K step costs 2 BM BN BK flops at SM_TFLOPS (scaled by 2 /
-    element_bytes: fp8 runs twice as fast); data-parallel, every program runs ceil(tiles / programs) tiles of
-    k_steps steps. Stream K runs (tiles - sk_tiles) / programs whole tiles, then its share,
+             sk_tiles: int | None = None, gpu: gpus.Gpu = gpus.H100_SXM) -> Waves:
+    """The wave model of one persistent launch of `programs` programs (one per SM) on `gpu`, `sk_tiles` of its
+    tiles stream-K (default: the partial last wave). A K step costs 2 BM BN BK flops at the SM's matrix rate
+    (scaled by 2 / element_bytes: fp8 runs twice as fast); data-parallel, every program runs ceil(tiles /
+    programs) tiles of k_steps steps. Stream K runs (tiles - sk_tiles) / programs whole tiles, then its share,
     cdiv(sk_tiles * k_steps, programs) steps, and the busiest program writes two float32 partials and reads
-    every partial of one tile (cdiv(k_steps, share) + 1 of them) at SM_L2_GBPS."""
+    every partial of one tile (cdiv(k_steps, share) + 1 of them) at the SM's L2 rate."""
     tiles, k_steps = tessera.cdiv(M, BM) * tessera.cdiv(N, BN), max(1, tessera.cdiv(K, BK))
-    step = 2 * BM * BN * BK / (SM_TFLOPS * 1e6 * 2 / element_bytes)
+    step = 2 * BM * BN * BK / (gpu.sm_tflops * 1e6 * 2 / element_bytes)
     data_parallel = tessera.cdiv(tiles, programs) * k_steps * step
     sk_tiles = tiles % programs if sk_tiles is None else sk_tiles
     if sk_tiles == 0:
         return Waves(data_parallel, data_parallel)
     share = tessera.cdiv(sk_tiles * k_steps, programs)
-    partial = BM * BN * 4 / (SM_L2_GBPS * 1e3)
+    partial = BM * BN * 4 / (gpu.sm_gbps * 1e3)
     readers = min(tessera.cdiv(k_steps, share) + 1, programs)
     whole = (tiles - sk_tiles) // programs * k_steps
     return Waves(data_parallel, (whole + share) * step + (2 + readers) * partial)
 
 
 def stream_k_plan(M: int, N: int, K: int, element_bytes: int, num_sms: int, mode: str = "auto",
-                  config: dict | None = None) -> StreamKPlan | None:
-    """The stream-K plan for this GEMM (`gemm_configs.STREAM_K`'s tile, or `config`), or None: the tiled kernel.
+                  config: dict | None = None, gpu: gpus.Gpu = gpus.H100_SXM,
+                  plans_of: str | None = None) -> StreamKPlan | None:
+    """The stream-K plan for this GEMM on `gpu` (the tile GPUs of plan key `plans_of`, default the GPU's own, run:
+    `gemm_configs.stream_k_tile`, fitted to an AMD target's LDS; or `config`), or None: the tiled kernel.
     Only grids of more than one wave whose last one is partial (tiles > num_sms, tiles % num_sms > 0) qualify;
-    of `stream_k_tiles`' counts the one the wave model (`modelled`) times fastest is split. `mode` is
-    $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the model times MARGIN faster
-    than the data-parallel persistent kernel, once a GPU run has measured the stream-K config
-    (`gemm_configs.awaits_measurement`)."""
+    of `stream_k_tiles`' counts the one the wave model (`modelled`, with the GPU's constants) times fastest is
+    split. `mode` is $TESSERA_GEMM_STREAM_K: "1" takes every such grid, "0" none, "auto" those the model times
+    MARGIN faster than the data-parallel persistent kernel, once a run on GPUs of this plan key has measured the
+    stream-K config (`gemm_configs.stream_k_measured`: an NVIDIA run does not vouch for an AMD GPU)."""
     if mode not in ("0", "1", "auto"):
         raise ValueError(f"tessera::gemm: ${STREAM_K_ENV} must be 1 (always stream K where a persistent grid's "
                          f"last wave is partial), 0 (never) or auto, got {mode!r}")
-    BM, BN, BK, GROUP_M, STAGES, num_warps = _tile(config or gemm_configs.STREAM_K, element_bytes)
+    plans_of = plans_of or gpu.plan_key
+    config = config or gemm_configs.stream_k_tile(plans_of)
+    if config is None:                  # (no stream-K tile fits this target's shared memory)
+        return None
+    BM, BN, BK, GROUP_M, STAGES, num_warps = _tile(config, element_bytes)
     tiles = tessera.cdiv(M, BM) * tessera.cdiv(N, BN)
     if mode == "0" or tiles <= num_sms or tiles % num_sms == 0 or K == 0:
         return None
-    if mode == "auto" and gemm_configs.awaits_measurement(gemm_configs.STREAM_K_CONFIG):
+    if mode == "auto" and not gemm_configs.stream_k_measured(plans_of):
         return None
-    times = {sk: modelled(M, N, K, element_bytes, num_sms, BM, BN, BK, sk) for sk in stream_k_tiles(tiles, num_sms)}
+    times = {sk: modelled(M, N, K, element_bytes, num_sms, BM, BN, BK, sk, gpu)
+             for sk in stream_k_tiles(tiles, num_sms)}
     sk_tiles = min(times, key=lambda sk: (times[sk].stream_k, sk))
     if mode == "auto" and times[sk_tiles].stream_k > times[sk_tiles].data_parallel * (1 - MARGIN):
         return None

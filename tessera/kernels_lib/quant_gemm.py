@@ -11,7 +11,8 @@ K step ahead (loop-carried, as in `moe.quantized_mlp`): no ring prefetches
 a load that feeds a cast, and waiting for them in their own step exposed one
 DRAM latency per step (2026-11-26, H100: the decode GEMM at 9% of HBM). MXFP4/NVFP4 weights go through
 `tessera.dot_scaled`; W4A8 multiplies fp8 activations by the weights'
-exact fp8 codes and scales each group's partial product.
+exact fp8 codes and scales each group's partial product (e4m3 tensor cores:
+sm_89 and newer, gfx950's OCP fp8 MFMA; other GPUs are refused with the fix).
 
 Two launch shapes (`plan`): for decode (M <= 16) one 16-row tile and the
 K range split over SPLIT_K programs, which add their partial products into
@@ -45,7 +46,7 @@ import tessera.torch
 from .gemm_alignment import NOTHING_STATED, ROW_BYTES, operand_alignment, pointers_aligned, state_alignment
 from .quant import FORMATS, LAYOUTS, QuantizedWeight
 from .quant_fragment import DECODE_TILING
-from .targets import plan_target
+from .targets import device_arch, fp8_matrix_cores, plan_target
 
 
 @tessera.func
@@ -307,10 +308,10 @@ def _quant_gemm(x: torch.Tensor, qweight: torch.Tensor, scales: torch.Tensor, ze
     if perm is not None:
         x2 = x2.index_select(1, perm)
     cpu = x.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
-    if x_scale is not None and not cpu and x.is_cuda and _capability(x.get_device()) < (8, 9):
-        major, minor = _capability(x.get_device())
-        raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs fp8 tensor cores (sm_89 or newer); "
-                         f"this GPU is sm_{major}{minor}: pass float16 or bfloat16 x (W4A16) instead")
+    if x_scale is not None and not cpu and x.is_cuda and not fp8_matrix_cores(_arch(x.get_device())):
+        raise ValueError(f"tessera::quant_gemm: W4A8 (float8_e4m3fn x) needs e4m3 tensor cores (sm_89 or newer, "
+                         f"gfx950; gfx942's fp8 MFMA reads the fnuz formats); this GPU is {_arch(x.get_device())}: "
+                         f"pass float16 or bfloat16 x (W4A16) instead")
     p = CPU_PLAN if cpu else plan(M, N, K, group_size, _num_sms(x.get_device()), x_scale is not None,
                                   plan_target(x.device))
     fragment = {}
@@ -375,9 +376,9 @@ def _num_sms(device_index: int) -> int:
 
 
 @functools.lru_cache(maxsize=None)
-def _capability(device_index: int) -> tuple[int, int]:
-    """The device's compute capability, asked once (W4A8 checks it on every call)."""
-    return torch.cuda.get_device_capability(device_index)
+def _arch(device_index: int) -> str:
+    """The device's target (sm_89, gfx950, ...), asked once (W4A8 checks it on every call)."""
+    return device_arch(torch.device("cuda", device_index))
 
 
 def _host(t: torch.Tensor, dtype: Optional[tessera.DType] = None):

@@ -55,6 +55,17 @@ def plan_target(device: Optional[torch.device] = None) -> str:
     return forced
 
 
+def fp8_matrix_cores(arch: str) -> bool:
+    """Whether Tessera's dot multiplies OCP e4m3 / e5m2 (torch.float8_e4m3fn / e5m2) on `arch`'s matrix cores:
+    sm_89 and newer (mma.sync / wgmma), gfx950 (MFMA, "mfma.fp8"). Not gfx942, whose fp8 MFMA reads fnuz fp8."""
+    if arch.startswith("sm_"):
+        return int(arch.removeprefix("sm_").rstrip("a")) >= 89
+    try:
+        return tessera.get_target(arch).has("mfma.fp8")
+    except ValueError:          # a GPU Tessera has no description of (gfx1100, ...)
+        return False
+
+
 def lds_bytes(arch: str) -> int:
     """Shared memory (LDS on AMD) a block may use on target `arch`, from Tessera's target description."""
     return tessera.get_target(arch).shared_memory_bytes

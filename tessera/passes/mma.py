@@ -16,10 +16,17 @@ m x n x k (`instruction_for`):
                                                          v_mfma_f32_16x16x16        mfma {m = 16, n = 16, k = 16}
     + "mfma.wide" (gfx950)    f16, bf16 -> f32           v_mfma_f32_32x32x16        mfma {m = 32, n = 32, k = 16}
                                                          v_mfma_f32_16x16x32        mfma {m = 16, n = 16, k = 32}
+    + "mfma.fp8" (gfx950)     e4m3/e5m2 -> f32 (any mix) v_mfma_f32_32x32x64_f8f6f4 mfma {m = 32, n = 32, k = 64}
+                                                         v_mfma_f32_32x32x16_fp8..  mfma {m = 32, n = 32, k = 16}
+                                                         v_mfma_f32_16x16x128_f8f6f4 mfma {m = 16, n = 16, k = 128}
+                                                         v_mfma_f32_16x16x32_fp8..  mfma {m = 16, n = 16, k = 32}
 
 (MFMA 32x32 when M and N are multiples of 32, else 16x16; on "mfma.wide"
 the double-K form of that size when K allows it (K % 16, K % 32), which
-halves the instructions per flop; wgmma first
+halves the instructions per flop; fp8 on gfx950 the double-rate f8f6f4
+form when K allows it (K % 64, K % 128: four times the k of the fp8 form;
+the MI355X's fp8 peak, twice its bf16 peak, is quoted for these), else the
+k16 / k32 fp8 form; wgmma first
 where it fits, else mma.sync on sm_90a too. fp8 wgmma reads only K-major
 operands: a register operand is stored K-major by its owners whatever its
 layout, but a pipelined fp8 load contiguous along M/N cannot fill a K-major
@@ -30,8 +37,10 @@ takes wgmma wherever the shape allows. A wgmma dot in the body of a
 slots: `schedule/pipeline_plan.py`.) f32 inputs
 use tf32 only when the dot says `input_precision = "tf32"`: by default (and
 with "ieee") an f32 dot stays exact, on FMA, like Triton's. Anything else
-(other dtypes, fp8 without "mma.fp8", shapes that do not divide, other
-targets) keeps the FMA lowering (`lowering/dot.py`).
+(other dtypes, fp8 without "mma.fp8" / "mfma.fp8", shapes that do not
+divide, other targets) keeps the FMA lowering (`lowering/dot.py`). gfx942
+has fp8 MFMA too, but on the fnuz formats, which would misread Tessera's
+OCP fp8 bytes (`mfma_layouts`): its fp8 dots stay exact, on FMA.
 
 One planning algorithm serves every instruction, parameterized by its shape,
 the lanes it spans and its fragment layouts (`MatrixInstruction`). The
@@ -76,7 +85,7 @@ from dataclasses import dataclass, field
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Operation, enclosing_function
 from tessera.ir.layouts import RegisterLayout, local, replicated, spatial
-from tessera.ir.mfma_layouts import MFMA_INPUTS, mfma_fragments
+from tessera.ir.mfma_layouts import MFMA_FP8, MFMA_INPUTS, mfma_fragments
 from tessera.ir.mma_layouts import FP8, mma_accepts, mma_fragments
 from tessera.ir.ops import OPS
 from tessera.ir.target import Target
@@ -133,8 +142,10 @@ def mfma(m: int, n: int, k: int) -> MatrixInstruction:
 
 MFMA_32X32X8 = mfma(32, 32, 8)
 MFMA_16X16X16 = mfma(16, 16, 16)
-MFMA_32X32X16 = mfma(32, 32, 16)        # gfx950 ("mfma.wide")
+MFMA_32X32X16 = mfma(32, 32, 16)        # gfx950 ("mfma.wide"; with fp8 operands, "mfma.fp8")
 MFMA_16X16X32 = mfma(16, 16, 32)
+MFMA_32X32X64 = mfma(32, 32, 64)        # gfx950 fp8 only ("mfma.fp8": v_mfma_f32_32x32x64_f8f6f4)
+MFMA_16X16X128 = mfma(16, 16, 128)
 
 
 def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16, b: dt.DType | None = None,
@@ -154,13 +165,25 @@ def instruction_for(target: Target, m: int, n: int, k: int, a: dt.DType = dt.f16
             return None
         candidates = tuple(inst for inst in (MMA_M16N8K16, MMA_M16N8K8, MMA_M16N8K32)
                            if mma_accepts((inst.m, inst.n, inst.k), a, b, acc))
-    elif target.has("mfma") and target.warp_size == 64 and a == b and a in MFMA_INPUTS and acc == dt.f32:
+    elif target.has("mfma") and target.warp_size == 64 and acc == dt.f32 and (a == b and a in MFMA_INPUTS):
         # The larger m x n first (half the instructions per flop), and of one m x n the double-K form first.
         candidates = ((MFMA_32X32X16, MFMA_32X32X8, MFMA_16X16X32, MFMA_16X16X16) if target.has("mfma.wide")
                       else (MFMA_32X32X8, MFMA_16X16X16))
+    elif target.has("mfma.fp8") and target.warp_size == 64 and acc == dt.f32 and a in MFMA_FP8 and b in MFMA_FP8:
+        # OCP fp8 (gfx950; not gfx942's fnuz, see above): the double-rate f8f6f4 form first, as above
+        candidates = (MFMA_32X32X64, MFMA_32X32X16, MFMA_16X16X128, MFMA_16X16X32)
     else:
         return None
     return next((inst for inst in candidates if inst.divides(m, n, k)), None)
+
+
+def fma_reason(target: Target, a: dt.DType, b: dt.DType) -> str:
+    """Why a dot of `a` x `b` inputs keeps FMA on `target` when the reason is its dtypes ("" otherwise): the
+    tail of the pipeline planner's refusal (`schedule/pipeline_plan.py`)."""
+    if target.has("mfma") and (a in MFMA_FP8 or b in MFMA_FP8) and not target.has("mfma.fp8"):
+        return (f" ({target.name} has no MFMA for the OCP e4m3/e5m2 of Tessera's fp8: gfx942's fp8 MFMA reads the "
+                f"fnuz formats, so fp8 dots run exactly on FMA there; gfx950 multiplies OCP fp8 on MFMA)")
+    return ""
 
 
 @dataclass(frozen=True)

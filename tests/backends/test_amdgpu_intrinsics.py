@@ -6,8 +6,9 @@ the first to notice). So each name in `FIXED` and each overload in
 `OVERLOADED[...].examples` is called from one kernel per target, compiled
 in a child process, and the assembly is checked to call nothing external.
 The MFMA entries must become `v_mfma` instructions. The `GFX950_ONLY`
-entries (the double-K MFMA) are called for gfx950 alone and must become
-their own instructions there.
+entries (the double-K and the OCP fp8 MFMA, the double-rate f8f6f4 through
+the scale intrinsic with zero scales) are called for gfx950 alone and must
+become their own, unscaled, instructions there.
 """
 
 import re
@@ -25,6 +26,8 @@ IMMEDIATE_ARGS = 3   # the trailing cbsz, abid, blgp of an mfma must be constant
 ONE_IMMEDIATE = ("llvm.amdgcn.s.sleep", "llvm.amdgcn.s.setprio", "llvm.amdgcn.sched.barrier", "llvm.amdgcn.s.waitcnt")
 # global_load_lds's bytes, offset and aux are immediates, and bytes must be a width it has
 IMMEDIATES = {"llvm.amdgcn.global.load.lds": (4, 0, 0)}
+# the f8f6f4 MFMA's formats (e4m3), scale op selects (immediates) and scales: all 0, the unscaled instruction
+IMMEDIATES.update({name: (0,) * 6 for name in GFX950_ONLY if ".mfma.scale." in name})
 
 
 def _table_kernel(target: str) -> str:
@@ -77,8 +80,14 @@ def test_every_table_entry_compiles_for_the_target(target):
     assert reply["object"][:4] == b"\x7fELF"
     assert not re.search(r"s_swappc|s_setpc|\bcall\b", assembly), "an intrinsic became an external call"
     mfma_entries = [name for name in FIXED if ".mfma." in name and (target == "gfx950" or name not in GFX950_ONLY)]
-    assert len(mfma_entries) == (8 if target == "gfx950" else 4)
+    assert len(mfma_entries) == (18 if target == "gfx950" else 4)
     assert len(re.findall(r"\bv_mfma_f32_\w+", assembly)) >= len(mfma_entries)
     wide = set(re.findall(r"\bv_mfma_f32_(32x32x16|16x16x32)_(f16|bf16)\b", assembly))
     every_wide = {(s, t) for s in ("32x32x16", "16x16x32") for t in ("f16", "bf16")}
     assert wide == (every_wide if target == "gfx950" else set())
+    fp8 = set(re.findall(r"\bv_mfma_f32_(32x32x16|16x16x32)_(fp8|bf8)_(fp8|bf8)\b", assembly))
+    every_fp8 = {(s, x, y) for s in ("32x32x16", "16x16x32") for x in ("fp8", "bf8") for y in ("fp8", "bf8")}
+    assert fp8 == (every_fp8 if target == "gfx950" else set())
+    f8f6f4 = set(re.findall(r"\bv_mfma_f32_(32x32x64|16x16x128)_f8f6f4\b", assembly))
+    assert f8f6f4 == ({"32x32x64", "16x16x128"} if target == "gfx950" else set())
+    assert "v_mfma_scale" not in assembly                   # zero scales: the unscaled instruction

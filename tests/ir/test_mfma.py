@@ -26,7 +26,8 @@ import pytest
 
 from tessera.ir.errors import IRError
 from tessera.ir.layouts import LayoutError, parse_layout
-from tessera.ir.mfma_layouts import (MFMA_SHAPES, MFMA_WIDE_SHAPES, mfma_16x16x16_a, mfma_16x16x16_b, mfma_16x16x16_c,
+from tessera.ir.mfma_layouts import (MFMA_FP8_SHAPES, MFMA_SHAPES, MFMA_WIDE_SHAPES, mfma_16x16x16_a, mfma_16x16x16_b,
+                                     mfma_16x16x16_c,
                                      mfma_16x16x32_a, mfma_16x16x32_b, mfma_32x32x8_a, mfma_32x32x8_b, mfma_32x32x8_c,
                                      mfma_32x32x16_a, mfma_32x32x16_b, mfma_fragments)
 from tessera.ir.parser import parse_module
@@ -117,9 +118,13 @@ def test_fragments_by_shape():
         a, b, c = mfma_fragments(m, n, k)
         assert (a.shape, b.shape, c.shape) == ((m, k), (k, n), (m, n))
     assert mfma_fragments(32, 32, 16)[2] == mfma_32x32x8_c() and mfma_fragments(16, 16, 32)[2] == mfma_16x16x16_c()
+    # f8f6f4 on fp8: 32 consecutive k a lane (A[3][40] of 32x32x64: lane 35, byte 8), D as the k8 / k16 forms
+    assert mfma_fragments(32, 32, 64)[0].inverse((3, 40)) == [(35, 8)]
+    assert [mfma_fragments(16, 16, 128)[1].map(53, i) for i in (0, 31)] == [(96, 5), (127, 5)]
+    assert mfma_fragments(32, 32, 64)[2] == mfma_32x32x8_c() and mfma_fragments(16, 16, 128)[2] == mfma_16x16x16_c()
     assert set(MFMA_WIDE_SHAPES) < set(MFMA_SHAPES)
     with pytest.raises(LayoutError, match=r"no MFMA fragment layouts for 32x32x32; supported: 32x32x8, 16x16x16, "
-                                          r"32x32x16, 16x16x32"):
+                                          r"32x32x16, 16x16x32, 32x32x64, 16x16x128"):
         mfma_fragments(32, 32, 32)
 
 
@@ -145,15 +150,30 @@ def test_mfma_type_rule_accepts_the_supported_instructions(m, n, k, dtype):
     verify(mfma_program(f"regs<{ab}x{dtype}>", f"regs<{ab}x{dtype}>", c, m, n, k))
 
 
+@pytest.mark.parametrize("a,b", [("f8e4m3", "f8e4m3"), ("f8e5m2", "f8e5m2"), ("f8e4m3", "f8e5m2"),
+                                 ("f8e5m2", "f8e4m3")])
+@pytest.mark.parametrize("m,n,k", MFMA_FP8_SHAPES)
+def test_mfma_type_rule_accepts_fp8_in_any_mix_at_the_fp8_shapes(m, n, k, a, b):
+    """gfx950's v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8} (eight 8-bit values a lane) and
+    v_mfma_f32_{32x32x64,16x16x128}_f8f6f4 (32 a lane), either format."""
+    per_lane = m * k // 64
+    verify(mfma_program(f"regs<{per_lane}x{a}>", f"regs<{per_lane}x{b}>", f"regs<{m * n // 64}xf32>", m, n, k))
+
+
 @pytest.mark.parametrize("program,message", [
     (dict(m=32, n=32, k=32), r"mfma shape \(m, n, k\) = \(32, 32, 32\) is not one of"),
     (dict(k=16), r"mfma 32x32x16 takes regs<8>, regs<8>, regs<16>"),
     (dict(c="regs<4xf32>"), r"mfma 32x32x8 takes regs<4>, regs<4>, regs<16>"),
     (dict(a="regs<8xf16>"), r"mfma 32x32x8 takes regs<4>, regs<4>, regs<16>"),
-    (dict(a="regs<4xf32>", b="regs<4xf32>"), r"mfma multiplies f16 or bf16 fragments of one dtype"),
-    (dict(a="regs<4xbf16>"), r"mfma multiplies f16 or bf16 fragments of one dtype"),
+    (dict(a="regs<4xf32>", b="regs<4xf32>"), r"mfma 32x32x8 has no instruction for f32 x f32 \(it multiplies f16 "
+                                              r"or bf16 fragments of one dtype, and e4m3/e5m2 in any mix at 32x32x64"),
+    (dict(a="regs<4xbf16>"), r"mfma 32x32x8 has no instruction for bf16 x f16"),
+    (dict(a="regs<4xf8e4m3>", b="regs<4xf8e4m3>"), r"mfma 32x32x8 has no instruction for f8e4m3 x f8e4m3"),
+    (dict(a="regs<8xf8e4m3>", b="regs<8xf16>", k=16), r"mfma 32x32x16 has no instruction for f8e4m3 x f16"),
+    (dict(a="regs<32xbf16>", b="regs<32xbf16>", k=64), r"mfma 32x32x64 has no instruction for bf16 x bf16"),
     (dict(c="regs<16xf16>"), r"mfma accumulates in f32"),
-], ids=["shape", "wide-a-count", "c-count", "a-count", "f32-inputs", "mixed", "f16-acc"])
+], ids=["shape", "wide-a-count", "c-count", "a-count", "f32-inputs", "mixed", "fp8-narrow-k", "fp8-x-f16",
+        "f8f6f4-bf16", "f16-acc"])
 def test_mfma_type_rule_rejects(program, message):
     with pytest.raises(IRError, match=message):
         verify(mfma_program(**program))

@@ -14,7 +14,7 @@ import importlib  # noqa: E402
 
 import tessera  # noqa: E402
 from tessera.kernels_lib import gemm_configs, targets  # noqa: E402
-from tessera.kernels_lib.moe import mlp, plan as moe_plans  # noqa: E402
+from tessera.kernels_lib.moe import mlp, persistent, plan as moe_plans  # noqa: E402
 
 # the modules (the package exports the ops under their names)
 attention, attention_decode, quant_gemm = (importlib.import_module(f"tessera.kernels_lib.{name}")
@@ -97,6 +97,19 @@ def test_the_moe_expert_gemms_pipeline_on_gfx950_only(amd_device, block_m):
     assert mlp.tiles(block_m, t, quantized=True) == quantized and quantized.gate_up.stages > 1
     t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx942"))
     assert mlp.tiles(block_m, t, quantized=True) == quantized.without_pipelining()
+
+
+@pytest.mark.parametrize("tokens, regime", [(1, "decode"), (512, "middle"), (4096, "prefill")])
+def test_the_one_launch_moe_layer_takes_its_targets_plan(amd_device, tokens, regime):
+    """Qwen3-30B-A3B's routing (128 experts, top-8): the regime `plan.plan` picks, at its AMD target's rings
+    (`plan.AMD_ONE_LAUNCH`): gfx950's as deep as the multi-kernel plans', gfx942's shallower; gfx90a runs gfx942's."""
+    for arch, key in (("gfx942", "gfx942"), ("gfx950", "gfx950"), ("gfx90a", "gfx942")):
+        x = torch.empty(tokens, 1, dtype=torch.bfloat16, device=amd_device(arch))
+        assert persistent._tiles(x, tokens, 8, 128, None) == moe_plans.AMD_ONE_LAUNCH[key][regime], arch
+    assert moe_plans.AMD_ONE_LAUNCH["gfx950"][regime].gate_up.stages == moe_plans.SHIPPED[regime].gate_up.stages
+    gfx942 = moe_plans.AMD_ONE_LAUNCH["gfx942"][regime]     # the multi-kernel plan's rings outgrow its LDS
+    assert gfx942.gate_up.stages >= 2 and moe_plans.ring_bytes(gfx942) <= targets.lds_bytes("gfx942") < \
+        moe_plans.ring_bytes(moe_plans.SHIPPED[regime])
 
 
 def test_the_attention_backward_takes_its_targets_plan(amd_device):

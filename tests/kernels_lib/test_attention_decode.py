@@ -160,41 +160,52 @@ def test_a_unified_max_must_be_finite():
         attention_decode(*paged_case([10, 3]), unified_max=float("inf"))
 
 
-@pytest.mark.parametrize("B, context, page", [(1, 16384, 64), (64, 4096, 16), (1, 40, 16)])
-def test_the_gpu_split_count_is_the_models(monkeypatch, B, context, page):
-    """On a GPU (`num_splits=0`) the op asks the decode model for its plan's tile on this device's SMs: within
-    1 .. the key blocks, and one split where the batch alone fills the SMs."""
-    import importlib
+@pytest.fixture
+def fake_h100(monkeypatch):
+    """A faked H100 SXM as torch.device("cuda", 0) (its properties: name, capability, SMs), the decode op's
+    planning asks it for its SM count and its row in `gpus.py`; the row is forgotten after the test."""
     from types import SimpleNamespace
+    from tessera.kernels_lib import gpus
+    h100 = SimpleNamespace(multi_processor_count=132, name="NVIDIA H100 80GB HBM3", major=9, minor=0)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: h100)
+    gpus.forget_devices()
+    yield torch.device("cuda", 0)
+    gpus.forget_devices()
+
+
+@pytest.mark.parametrize("B, context, page", [(1, 16384, 64), (64, 4096, 16), (1, 40, 16)])
+def test_the_gpu_split_count_is_the_models(monkeypatch, fake_h100, B, context, page):
+    """On a GPU (`num_splits=0`) the op asks the decode model for its plan's tile on this device's SMs, with its
+    constants (`gpus.py`: an H100 SXM's here, by its name): within 1 .. the key blocks, and one split where the
+    batch alone fills the SMs."""
+    import importlib
     module = importlib.import_module("tessera.kernels_lib.attention_decode")
-    from tessera.kernels_lib import attention_decode_model as model
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
+    from tessera.kernels_lib import attention_decode_model as model, gpus
     shape = module.DecodeShape(B, 1, 32, 8, 128, page, context // page)
     plan = module.gpu_decode_plan(128, False, "nvidia")
     monkeypatch.delenv("TESSERA_DECODE_SEPARATE_COMBINE", raising=False)
-    splits, in_launch = module._num_splits(shape, plan, True, 0, "cuda")
+    splits, in_launch = module._num_splits(shape, plan, True, 0, fake_h100)
+    assert gpus.of(fake_h100) is gpus.H100_SXM
     rows, keys = shape.tile(plan)
     assert (splits, in_launch) == model.plan_for(model.Decode(B, 32, 8, 128, context),
                                                  model.Tile(rows, keys, plan.stages, 1))
     for value, merge in (("1", False), ("0", True)):           # the variable settles the merge
         monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", value)
-        assert module._num_splits(shape, plan, True, 0, "cuda")[1] is merge
+        assert module._num_splits(shape, plan, True, 0, fake_h100)[1] is merge
     assert 1 <= splits <= -(-context // keys)
     if B == 64:
         assert splits == 1
 
 
-def test_a_tile_that_spills_with_the_merge_merges_in_the_combine_kernel(monkeypatch):
+def test_a_tile_that_spills_with_the_merge_merges_in_the_combine_kernel(monkeypatch, fake_h100):
     """The unified max's head-dim-128 tile (4 warps) has no registers for the merge in its launch: asked for it
     ($TESSERA_DECODE_SEPARATE_COMBINE=0), the op still plans two launches; the online one's 16-row tile merges
     in its launch."""
     import importlib
-    from types import SimpleNamespace
     module = importlib.import_module("tessera.kernels_lib.attention_decode")
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(multi_processor_count=132))
     monkeypatch.setenv("TESSERA_DECODE_SEPARATE_COMBINE", "0")
     shape = module.DecodeShape(1, 1, 32, 8, 128, 64, 256)
     for unified, merges in ((True, False), (False, True)):
         plan = module.gpu_decode_plan(128, unified, "nvidia")
-        assert module._num_splits(shape, plan, True, 0, "cuda")[1] is merges
-        assert module._num_splits(shape, plan, True, 8, "cuda") == (8, merges)
+        assert module._num_splits(shape, plan, True, 0, fake_h100)[1] is merges
+        assert module._num_splits(shape, plan, True, 8, fake_h100) == (8, merges)

@@ -107,14 +107,15 @@ def test_fp8_op_passes_opcheck():
 
 @pytest.mark.parametrize("arch, says", [("sm_80", "sm_80 has no fp8 tensor cores (they begin with sm_89"),
                                         ("sm_86", "sm_86 has no fp8 tensor cores"),
-                                        ("gfx942", "gfx942: Tessera's dot has no fp8 MFMA lowering yet")])
+                                        ("gfx942", "gfx942: Tessera's dot has no MFMA for float8_e4m3fn there "
+                                                   "(gfx942's fp8 MFMA reads the fnuz formats; gfx950 is the AMD GPU")])
 def test_targets_without_fp8_tensor_cores_are_refused_with_the_fix(arch, says):
     with pytest.raises(ValueError, match="tessera::attention_fp8") as refused:
         require_fp8_tensor_cores(arch)
     assert says in str(refused.value) and "dequantize to bfloat16" in str(refused.value)
 
 
-@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_100a", "sm_120"])
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90a", "sm_100a", "sm_120", "gfx950"])
 def test_targets_with_fp8_tensor_cores_are_accepted(arch):
     require_fp8_tensor_cores(arch)
 

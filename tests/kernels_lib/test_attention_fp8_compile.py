@@ -1,6 +1,7 @@
 """The fp8 attention forward as GPU code: every shipped fp8 plan (tessera/kernels_lib/attention_fp8.py) assembles
-without spills on sm_89 and sm_90a, multiplying both products on e4m3 tensor cores, and the lowered per-thread code
-computes on the SIMT simulator what float64 attention of the dequantized inputs computes."""
+without spills on sm_89, sm_90a and gfx950, multiplying both products on e4m3 tensor cores (gfx950: OCP fp8 MFMA),
+and the lowered per-thread code computes on the SIMT simulator what float64 attention of the dequantized inputs
+computes."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from tessera.backends.nvptx import find_ptxas  # noqa: E402
 from tessera.kernels_lib.attention_fp8 import FP8_GPU_PLANS, keys_contiguous  # noqa: E402
 from tessera.kernels_lib.attention_fwd import LOG2E, attention_fwd_kernel  # noqa: E402
 
+from amd_spills import amd_spills  # noqa: E402
 from sass_checks import assert_wgmma_descriptors_built  # noqa: E402
 from test_attention_compile import FORWARD_SIGNATURE  # noqa: E402
 from test_attention_fp8 import check_fp8, quantized  # noqa: E402
@@ -48,7 +50,8 @@ def compile_fp8(target, D, plan, variant):
 
 @needs_ptxas
 @pytest.mark.parametrize("variant", list(VARIANTS))
-@pytest.mark.parametrize("target, D", [(t, D) for t in FP8_GPU_PLANS for D in sorted(FP8_GPU_PLANS[t])])
+@pytest.mark.parametrize("target, D", [(t, D) for t in FP8_GPU_PLANS if t.startswith("sm_")
+                                       for D in sorted(FP8_GPU_PLANS[t])])
 def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, variant):
     """sm_89: both products on mma.sync m16n8k32 .e4m3, K and V streamed by cp.async; sm_90a: both on wgmma
     k32 .e4m3 (P through shared memory), K and V streamed by TMA (V's map over its keys-contiguous buffer)."""
@@ -74,12 +77,35 @@ def test_every_fp8_plan_compiles_without_spills_on_e4m3_tensor_cores(target, D, 
     assert_wgmma_descriptors_built(compiled)
 
 
+# the head dims with the most registers (D = 64's plan takes 306: bench/amd_registers.py --only fp8)
+@pytest.mark.parametrize("D", [128, 256])
+def test_every_fp8_plan_compiles_for_gfx950_on_ocp_fp8_mfma_without_spills(D):
+    """gfx950: both products on its OCP fp8 MFMA, each wave owning BM / 32 / waves of the 32-row blocks (the
+    chained dots split rows only; waves beyond BM / 32 replicate) and issuing D / k per 32x32 block of S and
+    BN / k per block of O, k = 64 (v_mfma_f32_32x32x64_f8f6f4) where the reduced dim allows, else 16
+    (v_mfma_f32_32x32x16_fp8_fp8: P V at BN = 32); K and V streamed into LDS rings by direct-to-LDS loads
+    (strict: no stage dropped); no spills of either kind. The plain variant: it took more registers than the
+    window-softcap one at every head dim (306 / 359 / 416 VGPRs at 64 / 128 / 256 against 202 / 246 / 310)."""
+    plan = FP8_GPU_PLANS["gfx950"][D]
+    compiled = compile_fp8("gfx950", D, plan, "plain")
+    asm = compiled.stages["amdgcn"]
+    mfmas = re.findall(r"\bv_mfma_\w+", asm)
+    form = {64: "v_mfma_f32_32x32x64_f8f6f4", 16: "v_mfma_f32_32x32x16_fp8_fp8"}
+    k = {reduced: 64 if reduced % 64 == 0 else 16 for reduced in (D, plan.BN)}
+    row_blocks = plan.BM // 32 // min(plan.num_warps, plan.BM // 32)
+    assert sorted(mfmas) == sorted([form[k[D]]] * (row_blocks * plan.BN // 32 * D // k[D])
+                                   + [form[k[plan.BN]]] * (row_blocks * D // 32 * plan.BN // k[plan.BN]))
+    assert "global_load_lds_dwordx4" in asm
+    assert amd_spills(compiled.metadata) == {}
+
+
 @pytest.mark.filterwarnings("ignore::tessera.PipelineWarning")      # V by cp.async on sm_90a: see compile_fp8
-@pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32)])
+@pytest.mark.parametrize("target, num_warps, BM, BN", [("sm_90a", 4, 64, 32), ("sm_89", 4, 64, 32),
+                                                       ("gfx950", 4, 64, 64)])
 def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num_warps, BM, BN):
     """1 x 70 queries x 50 keys, 2 query heads on 1 KV head, causal (Sq > Sk: the first 20 rows see no key), with
     descales far from 1; tolerance as in test_attention_fp8.py. V is the op's keys-contiguous copy (50 keys
-    padded to 64 with zeros); on sm_90a K and V come by TMA."""
+    padded to 64 with zeros); on sm_90a K and V come by TMA, on gfx950 by direct-to-LDS loads."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     B, Sq, Sk, H, H_kv, D = 1, 70, 50, 2, 1, 32
@@ -99,8 +125,13 @@ def test_fp8_forward_on_the_simt_simulator_matches_float64_attention(target, num
                    FP8=True)
     module = attention_fwd_kernel.specialize(*args, **options).module
     fn = lower(module, target, num_warps).functions[0]
-    dots = [op for op in fn.walk() if op.name in ("wgmma", "mma")]
-    assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
+    dots = [op for op in fn.walk() if op.name in ("wgmma", "mma", "mfma")]
+    if target == "gfx950":      # S = Q K^T over D = 32 on the k16 fp8 MFMA, P V over BN = 64 keys on f8f6f4's k64
+        assert {(op.attrs["k"], op.operands[0].type.element.dtype.name) for op in dots} == {(16, "f8e4m3"),
+                                                                                           (64, "f8e4m3")}
+        assert any(op.name == "async_copy" for op in fn.walk())     # K and V rings filled by global_load_lds
+    else:
+        assert dots and all(op.attrs["k"] == 32 for op in dots), "both products on fp8 tensor cores (k = 32)"
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     # K and V: the prologue's fill and the loop's; Q's block, one box
     assert len(tma_loads) == (5 if target == "sm_90a" else 0)

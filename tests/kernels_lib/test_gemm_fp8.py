@@ -121,9 +121,10 @@ def test_fp8_inputs_requiring_grad_raise():
 FP8_SIGNATURE = "*f8e4m3:16,*f8e4m3:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
 
 
-def compile_fp8(config, b_strides: str, target: str):
-    """The e4m3 GEMM of `config`: strict when B is K-contiguous; a B contiguous along N cannot be pipelined (8-bit
-    operands are read from shared memory K-contiguous only), which the compile says in a PipelineWarning."""
+def compile_fp8(config, b_strides: str, target: str, strict: bool = True):
+    """The e4m3 GEMM of `config`: strict when B is K-contiguous (unless `strict` is False); on NVIDIA a B
+    contiguous along N cannot be pipelined (8-bit operands are read from shared memory K-contiguous only), which
+    the compile says in a PipelineWarning."""
     from tessera.kernels_lib.gemm import gemm_kernel
 
     def compile_it(strict):
@@ -131,7 +132,7 @@ def compile_fp8(config, b_strides: str, target: str):
             signature=FP8_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps, strict=strict,
             HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
     if b_strides == "i32:1,i32:16":
-        return compile_it(True)
+        return compile_it(strict)
     with pytest.warns(tessera.PipelineWarning, match="not every block load is pipelined: .* the dot cannot read "
                                                      "f8e4m3 from shared memory"):
         return compile_it(False)
@@ -174,6 +175,54 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
         assert "st.global" not in ptx and "cp.async.bulk.tensor.2d.global.shared::cta" in ptx
         assert "cp.async.bulk.tensor" in ptx
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0, f"{config} spills"
+
+
+def test_every_gfx950_config_runs_fp8_on_mfma_pipelined_without_spills():
+    """On gfx950 (OCP fp8 MFMA) an e4m3 GEMM with torch._scaled_mm's K-contiguous B runs every config the autotuner
+    keeps there (`gemm_configs.BY_AMD_TARGET`) on v_mfma_f32_32x32x64_f8f6f4 (BK = 32: v_mfma_f32_32x32x16_fp8_fp8),
+    (BM / 32) (BN / 32) (BK / k) per K step over the waves, its K loop pipelined through direct-to-LDS rings as
+    deep as the config asks (strict: no PipelineWarning; fp8's rings take half of the bf16 bytes the configs
+    were fitted to), no register spilled, and links into a code object. gfx942 keeps the exact FMA loop (its
+    fp8 MFMA reads fnuz fp8) and says why."""
+    import re
+
+    from amd_spills import amd_spills
+    from tessera.backends.amdgpu.elf import CodeObject
+    from tessera.backends.amdgpu.linker import find_linker
+    from tessera.kernels_lib import gemm_configs
+    for config in gemm_configs.BY_AMD_TARGET["gfx950"]:
+        compiled = compile_fp8(config, "i32:1,i32:16", "gfx950")
+        bm, bn, bk = (config.kwargs[key] for key in ("BM", "BN", "BK"))
+        asm = compiled.stages["amdgcn"]
+        k, mfma = (64, "v_mfma_f32_32x32x64_f8f6f4") if bk % 64 == 0 else (16, "v_mfma_f32_32x32x16_fp8_fp8")
+        assert re.findall(r"\bv_mfma_\w+", asm) == [mfma] * ((bm // 32) * (bn // 32) * (bk // k) // config.num_warps), \
+            config
+        assert "global_load_lds_dword" in asm          # (x4: 16 bytes a lane where the block gives every lane 16)
+        assert amd_spills(compiled.metadata) == {}, f"{config} spills"
+        assert compiled.metadata["shared_bytes"] <= tessera.get_target("gfx950").shared_memory_bytes
+        if find_linker() is not None:
+            assert f"{compiled.name}.kd" in CodeObject(compiled.binary).symbols
+    with pytest.warns(tessera.PipelineWarning, match="gfx942 has no MFMA for the OCP e4m3/e5m2 of Tessera's fp8: "
+                                                     "gfx942's fp8 MFMA reads the fnuz formats"):
+        compiled = compile_fp8(gemm_configs.BY_AMD_TARGET["gfx942"][3], "i32:1,i32:16", "gfx942", strict=False)
+    assert "v_mfma" not in compiled.stages["amdgcn"]
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+def test_on_a_gfx950_gpu_the_fp8_gemm_matches_the_reference():
+    """On an MI350 / MI355: both layouts of B (K-contiguous, as torch._scaled_mm takes it: the f8f6f4 MFMA from
+    its rings; N-contiguous), e4m3 and e5m2, per-row scales, M and N no multiple of the blocks."""
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib.targets import device_arch
+    if device_arch() != "gfx950":
+        pytest.skip(f"needs gfx950 (MI350 / MI355), this GPU is {device_arch()}")
+    for dtype_a, dtype_b, trans_b in ((E4M3, E4M3, True), (E4M3, E4M3, False), (E5M2, E5M2, True)):
+        a, b = fp8_operands(300, 200, 512, dtype_a, dtype_b, trans_b=trans_b, seed=6)
+        scale_a, scale_b = scales(300, 200, per_row=True)
+        out = gemm(a.cuda(), b.cuda(), scale_a=scale_a.cuda(), scale_b=scale_b.cuda(), trans_b=trans_b)
+        check(out.cpu(), reference(a, b, scale_a, scale_b, trans_b=trans_b))
 
 
 def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():

@@ -18,6 +18,7 @@ from tessera.kernels_lib.gemm_split_k import (SMALL_M, few_tiles_plan, few_tiles
                                              gemm_split_k_kernel, gemm_split_k_reduce_kernel, small_m_plan,
                                              split_count)
 
+from amd_spills import amd_spills  # noqa: E402
 from test_gemm import check, operands, reference  # noqa: E402
 
 
@@ -306,17 +307,25 @@ def test_the_decode_k_step_in_sass_is_what_the_model_charges(b_layout):
     assert len(loop) <= 96, f"{len(loop)} instructions per K step"
 
 
+GFX942_TILES = {**{f"small-m-{bm}x{tile['BN']}": dict(tile, BM=bm)
+                   for bm, tiles in gemm_configs.small_m_tiles("gfx942").items() for tile in tiles},
+                "few-tiles": gemm_configs.split_k_tile("gfx942")}
+
+
 @pytest.mark.parametrize("split", list(SPLITS))
-def test_every_shipped_tile_compiles_for_gfx942_on_mfma(split):
-    """On gfx942 the K slice is pipelined through direct-to-LDS rings (`global_load_lds_dword`, with as many stages
-    as the LDS holds), the dot runs on MFMA, and no vector registers spill."""
-    for name, tile in SHIPPED_TILES.items():
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", tessera.PipelineWarning)     # "k of the 8 stages fit": said, not tested
-            compiled = compile_split_k("gfx942", tile, "b-row-major", *SPLITS[split], strict=False)
+def test_every_gfx942_tile_compiles_on_mfma_with_the_stages_it_asks_for(split):
+    """On gfx942 the tiles an MI300 runs (`gemm_configs.small_m_tiles` / `split_k_tile`: the shipped ones with no
+    more stages than its 64 KiB of LDS holds) compile in strict mode, so every stage asked for is a ring slot (a
+    PipelineWarning would fail: the unfitted 16 x 64 decode tile asks for 8 where 6 fit): the K slice pipelined
+    through direct-to-LDS rings (`global_load_lds_dword`) of exactly STAGES x `gemm_configs.stage_bytes`, the dot
+    on MFMA, no register spilled."""
+    for name, tile in GFX942_TILES.items():
+        compiled = compile_split_k("gfx942", tile, "b-row-major", *SPLITS[split], strict=True)
         assert re.search(r"\bv_mfma_f32_\w+bf16", compiled.stages["amdgcn"]), f"{name}: not on MFMA"
         assert "global_load_lds_dword" in compiled.stages["amdgcn"], f"{name}: not pipelined"
-        assert compiled.metadata["vgpr_spill_count"] == 0
+        rings = tile["STAGES"] * gemm_configs.stage_bytes(tile["BM"], tile["BN"], tile["K_BYTES"])
+        assert compiled.metadata["shared_bytes"] == rings <= 64 * 1024, name
+        assert amd_spills(compiled.metadata) == {}, name
 
 
 @pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942"])
@@ -364,11 +373,12 @@ def split_k_on_the_simulator(target, M, N, K, BM, num_warps, splits, seed=0, BN=
 
 
 @pytest.mark.parametrize("target,M,BM,num_warps", [("sm_80", 5, 16, 4), ("sm_90a", 33, 64, 4),
-                                                   ("sm_90a", 70, 64, 4)])
+                                                   ("sm_90a", 70, 64, 4), ("gfx942", 5, 16, 4)])
 def test_split_k_on_the_simt_simulator_matches_numpy(target, M, BM, num_warps):
-    """mma.sync fed by cp.async (sm_80, a 16-row tile), and wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
-    two row tiles, as on the few-tiles path): three K splits (the last one short) over two column strips (the
-    second one partial), summed by the reduce."""
+    """mma.sync fed by cp.async (sm_80, a 16-row tile), wgmma fed by TMA (sm_90a, 64-row tiles; 70 rows are
+    two row tiles, as on the few-tiles path), and MFMA fed by direct-to-LDS loads (gfx942, the decode tile's 16
+    rows): three K splits (the last one short) over two column strips (the second one partial), summed by the
+    reduce."""
     out, expected, _ = split_k_on_the_simulator(target, M, 48, 224, BM, num_warps, splits=3)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
 

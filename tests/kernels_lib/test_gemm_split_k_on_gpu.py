@@ -10,7 +10,7 @@ from tessera.testing import assert_close
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(cuda.device_count() == 0, reason="needs an NVIDIA GPU")]
 
 torch = pytest.importorskip("torch")
-from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _num_sms, _split_k_plan, gemm  # noqa: E402
+from tessera.kernels_lib.gemm import ATOMIC_SPLIT_K_ENV, _gpu_of, _num_sms, _split_k_plan, gemm  # noqa: E402
 
 # (16 / 32, 4096, 4096): the unsplit 32-column strips of the 16- and 32-row tiles; (16, 1000, 4104): a split one
 SHAPES = [(1, 4096, 4096), (16, 4096, 4096), (32, 4096, 4096), (16, 1000, 4104), (64, 4096, 14336), (37, 272, 1008),
@@ -27,7 +27,7 @@ def test_split_k_matches_a_float32_product(M, N, K, weight, atomic, monkeypatch)
     a = torch.randn((M, K), generator=g).to(torch.bfloat16).cuda()
     b = torch.randn((N, K) if weight else (K, N), generator=g).to(torch.bfloat16).cuda()
     bias = torch.randn(N, generator=g).cuda()
-    plan = _split_k_plan(M, N, K, 2, _num_sms(0), cpu=False)
+    plan = _split_k_plan(M, N, K, 2, _num_sms(0), False, *_gpu_of(a.device))     # (as the op plans on this GPU)
     assert plan is not None, "these shapes take a split-K plan"
     out = gemm(a, b, bias, activation="gelu", trans_b=weight)
     b_kn = b.float().t() if weight else b.float()

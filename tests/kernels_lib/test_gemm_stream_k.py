@@ -163,9 +163,10 @@ SIMULATED_TILES = {"64x64": (dict(BM=64, BN=64, BK=32, GROUP_M=2, STAGES=2), 4),
 
 
 def simulated(target, mutate=None, tile="64x64"):
-    """The kernel lowered for `target` (wgmma and TMA on sm_90a, mma.sync and cp.async on sm_80) on the
-    simulator: 2 x 2 tiles, 5 K steps, on 3 programs, the last 2 tiles stream-K (ranges of 4 steps: a tile of
-    one program, tiles of two). `mutate` edits the thread IR first. Returns (C, numpy's C, the counters)."""
+    """The kernel lowered for `target` (wgmma and TMA on sm_90a, mma.sync and cp.async on sm_80, MFMA and
+    direct-to-LDS loads on gfx942) on the simulator: 2 x 2 tiles, 5 K steps, on 3 programs, the last 2 tiles
+    stream-K (ranges of 4 steps: a tile of one program, tiles of two). `mutate` edits the thread IR first.
+    Returns (C, numpy's C, the counters)."""
     from tessera.backends.simt import run_threads
     from tessera.passes.thread_passes import lower
     meta, warps = SIMULATED_TILES[tile]
@@ -184,10 +185,12 @@ def simulated(target, mutate=None, tile="64x64"):
     return args[5], a.astype(np.float32) @ b.astype(np.float32), args[7]
 
 
-@pytest.mark.parametrize("target, tile", [("sm_80", "64x64"), ("sm_90a", "64x64"), ("sm_90a", "shipped")])
+@pytest.mark.parametrize("target, tile", [("sm_80", "64x64"), ("sm_90a", "64x64"), ("sm_90a", "shipped"),
+                                          ("gfx942", "64x64")])
 def test_the_simt_simulator_runs_the_hand_off_without_races(target, tile):
     """With the simulator's happens-before check (`global_races=True`): every partial a block reads, another
-    wrote before a release this block acquired."""
+    wrote before a release this block acquired; on gfx942 too (MFMA, direct-to-LDS rings, 64-wide waves), where
+    the op may take stream K (`gemm_configs.stream_k_tile`)."""
     out, expected, counters = simulated(target, tile=tile)
     np.testing.assert_allclose(out, expected, rtol=1e-4, atol=1e-3)
     assert not counters.any()

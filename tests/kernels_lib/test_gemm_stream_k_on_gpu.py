@@ -38,7 +38,7 @@ def test_stream_k_matches_torch_matmul_and_repeats_its_bits(M, N, K, weight, str
     b = torch.randn((N, K) if weight else (K, N), generator=g).to(torch.bfloat16).cuda()
     bias = torch.randn(N, generator=g).cuda()
     sms = gemm._num_sms(0)
-    plan = gemm._stream_k_plan(M, N, K, 2, sms, False, "1")
+    plan = gemm._stream_k_plan(M, N, K, 2, sms, False, "1", *gemm._gpu_of(a.device))     # (the op's, on this GPU)
     tiles = -(-M // 128) * -(-N // 128)
     if tiles <= sms or tiles % sms == 0:
         pytest.skip(f"{tiles} tiles on {sms} SMs: no partial last wave")

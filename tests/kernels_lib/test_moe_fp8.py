@@ -8,18 +8,23 @@ Specification:
   reference that quantizes x per token group, rounds h to bfloat16 and quantizes it the same way, for SiLU and
   GELU, top-1 to top-8, a partial last group, experts with no tokens, the deterministic and the atomic top-k
   sum (interpreter);
-* lowered for sm_89 (mma.sync on e4m3) and sm_90a (wgmma), both GEMMs compute on the SIMT simulator what the
-  interpreter computes; every fp8 plan compiles for sm_89 and sm_90a without spills;
+* lowered for sm_89 (mma.sync on e4m3), sm_90a (wgmma) and gfx950 (OCP fp8 MFMA), both GEMMs compute on the
+  SIMT simulator what the interpreter computes; every fp8 plan compiles for sm_89, sm_90a and gfx950
+  (pipelined) without spills; GPUs without e4m3 tensor cores (sm_80, gfx942 whose fp8 MFMA reads fnuz fp8)
+  are refused with the bf16-activation path named;
 * opcheck passes for the three ops; bad arguments name the fix.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
 import torch
 
 import moe_reference as ref
+from amd_spills import amd_spills
 from moe_problem import random_moe
 import tessera
 from tessera.backends.interp.storage import Memory
@@ -28,7 +33,7 @@ from tessera.kernels_lib.moe import align, experts, quantize_experts, route
 from tessera.kernels_lib.moe import plan as plans
 from tessera.kernels_lib.moe.common import kernel_arg
 from tessera.kernels_lib.moe.fp8_mlp import down_fp8, down_fp8_kernel, forward_fp8, gate_up_fp8, \
-    gate_up_fp8_kernel, quantize_tokens
+    gate_up_fp8_kernel, quantize_tokens, target_refusal
 from tessera.kernels_lib.moe.quantized import interleave
 from tessera.passes.thread_passes import lower
 
@@ -123,7 +128,7 @@ def _memory(a):
 def _simt_matches_interpreter(kernel, args, grid, target, out, **constexprs):
     fn = lower(kernel.specialize(*args, **constexprs).module, target).functions[0]
     names = {op.name for op in fn.walk()}
-    assert ("wgmma" if target == "sm_90a" else "mma") in names
+    assert {"sm_90a": "wgmma", "gfx950": "mfma"}.get(target, "mma") in names
     expected = [_memory(a) if isinstance(a, np.ndarray) else a for a in args]
     kernel[grid](*expected, **constexprs)
     got = [_memory(a) for a in args]
@@ -132,7 +137,10 @@ def _simt_matches_interpreter(kernel, args, grid, target, out, **constexprs):
     assert np.abs(expected[out].astype(np.float32)).max() > 0.1
 
 
-@pytest.mark.parametrize("target, BM", [("sm_89", 16), ("sm_90a", 64)])
+@pytest.mark.parametrize("target, BM", [
+    ("sm_89", 16), ("sm_90a", 64),
+    # these 16 x 32 blocks are too small to give 256 lanes a 4-byte LDS DMA chunk each: a plain loop, said
+    pytest.param("gfx950", 16, marks=pytest.mark.filterwarnings("ignore::tessera.PipelineWarning"))])
 def test_both_gemms_on_the_simt_simulator(target, BM):
     T, H, I, E, K = 6, 64, 32, 4, 2
     x, q13, q2, weights, ids, counts, chunk_counts = _problem(T, H, I, E, K, "block")
@@ -163,15 +171,35 @@ SIGNATURES = {
 }
 
 
-@pytest.mark.parametrize("target", ["sm_89", "sm_90a"])
+@pytest.mark.parametrize("target", ["sm_89", "sm_90a", "gfx950"])
 @pytest.mark.parametrize("regime", list(plans.FP8))
 def test_the_fp8_plans_compile_without_spills(target, regime):
+    """Strict: pipelined as planned. gfx950 multiplies the e4m3 codes on its double-rate OCP fp8 MFMA (16x16x128
+    for decode's 16-row blocks, 32x32x64 otherwise: each K step is a group of 128) from direct-to-LDS rings
+    (4-byte chunks for the decode blocks, too small to give every lane 16), and spills neither kind of
+    register."""
     p = plans.FP8[regime]
     for name, kernel, t, extra in (("gate_up", gate_up_fp8_kernel, p.gate_up, dict(ACTIVATION="silu")),
                                    ("down", down_fp8_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):
         compiled = kernel.compile(signature=SIGNATURES[name], target=target, strict=True, G=128, WG=128, BM=p.BM,
                                   BN=t.BN, STAGES=t.stages, num_warps=t.num_warps, **extra)
-        assert compiled.metadata.get("spill_stores", 0) == 0, f"{name} spills on {target} ({regime})"
+        if target.startswith("gfx"):
+            asm = compiled.stages["amdgcn"]
+            shape = "16x16x128" if p.BM == 16 else "32x32x64"
+            assert set(re.findall(r"\bv_mfma_\w+", asm)) == {f"v_mfma_f32_{shape}_f8f6f4"}, (name, regime)
+            assert "global_load_lds_dword" in asm                # the K loop streams through LDS rings
+            assert amd_spills(compiled.metadata) == {}, f"{name} spills on {target} ({regime})"
+        else:
+            assert compiled.metadata["spill_stores"] == 0, f"{name} spills on {target} ({regime})"
+
+
+@pytest.mark.parametrize("arch, says", [("gfx942", "this GPU is gfx942, whose fp8 MFMA (if any) reads the fnuz"),
+                                        ("gfx90a", "which gfx950 has; this GPU is gfx90a"),
+                                        ("sm_80", "need fp8 tensor cores (sm_89 or newer); this GPU is sm_80")])
+def test_gpus_without_e4m3_tensor_cores_are_refused_naming_the_bf16_path(arch, says):
+    refusal = target_refusal(arch, "moe_gate_up_fp8")
+    assert says in refusal and "fp8_activations=False" in refusal
+    assert target_refusal("gfx950", "moe_gate_up_fp8") is None and target_refusal("sm_89", "x") is None
 
 
 # -- the ops ---------------------------------------------------------------------------------------------
@@ -205,10 +233,15 @@ def test_bad_arguments_name_the_fix():
 
 
 @pytest.mark.gpu
+@pytest.mark.parametrize("vendor", ["nvidia", pytest.param("amd", marks=pytest.mark.amdgpu)])
 @pytest.mark.parametrize("tokens", [3, 100, 700])                 # the decode, middle and prefill plans
-def test_on_the_gpu_every_fp8_plan_matches_the_reference(tokens):
-    if torch.cuda.get_device_capability() < (8, 9):
-        pytest.skip("fp8 tensor cores need sm_89 or newer")
+def test_on_the_gpu_every_fp8_plan_matches_the_reference(tokens, vendor):
+    """On an sm_89+ GPU, or an MI350 / MI355 (gfx950: OCP fp8 MFMA; the `amd` case)."""
+    from tessera.kernels_lib.targets import device_arch, fp8_matrix_cores
+    if not torch.cuda.is_available() or (vendor == "amd") != bool(torch.version.hip):
+        pytest.skip(f"needs a{'n AMD' if vendor == 'amd' else 'n NVIDIA'} GPU and its build of torch")
+    if not fp8_matrix_cores(device_arch()):
+        pytest.skip(f"{device_arch()} has no e4m3 tensor cores (sm_89 and newer, gfx950)")
     H, I, E, K = 512, 256, 8, 2
     g = torch.Generator().manual_seed(tokens)
     x = torch.randn(tokens, H, generator=g).bfloat16().float()

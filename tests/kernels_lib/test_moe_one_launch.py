@@ -12,9 +12,12 @@ Specification:
   interpreter computes, 1 or more blocks resident;
 * `experts(..., one_launch=True)` and `MoELayer(one_launch=True)` use it; opcheck passes for both ops;
   training through it is refused with the fix;
-* at every shipped plan it compiles for sm_80 and sm_90a without register spills, and at every AMD plan
-  (`plan.AMD_ONE_LAUNCH`) for gfx942 without spills or scratch; its waits poll with acquire
-  loads and nanosleep backoff, and on sm_90a every TMA fill is fenced for the async proxy.
+* at every shipped plan it compiles for sm_80 and sm_90a without register spills, and at every AMD plan of gfx942
+  (`plan.AMD_ONE_LAUNCH`) and gfx950's deepest (decode's 4-stage rings) without spills or scratch, pipelined (strict),
+  within the target's LDS (`plan.ring_bytes`); its waits poll with acquire loads and nanosleep backoff, and on
+  sm_90a every TMA fill is fenced for the async proxy;
+* lowered for gfx950 with 3-stage rings filled by direct-to-LDS loads, the simulator computes what the interpreter
+  computes.
 """
 
 from __future__ import annotations
@@ -31,6 +34,7 @@ from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import MoELayer, experts, interleave_gate_up, plan as plans, route
 from tessera.kernels_lib.moe.persistent import (OUT_ARG, SIGNATURE, constexprs_for, experts_op, experts_one_launch,
                                                 layer_launch, layer_op, moe_layer, moe_layer_kernel)
+from tessera.kernels_lib.targets import AMD_PLAN_TARGETS, lds_bytes
 from tessera.passes.thread_passes import lower
 
 
@@ -136,32 +140,56 @@ def test_every_shipped_plan_compiles_without_spills(target, regime, model):
         assert fills and len(re.findall(r"^\s*fence_proxy_async_global$", thread_ir, re.M)) == fills  # every fill
 
 
-@pytest.mark.parametrize("regime", list(plans.AMD_ONE_LAUNCH))
-@pytest.mark.parametrize("model", list(ROUTING))
-def test_every_amd_plan_compiles_on_gfx942_without_spills(model, regime):
-    """The plans the layer launches on AMD (strict: STAGES = 1, nothing to fall short of): no spills, no scratch.
-    With the NVIDIA prefill plan's 8 waves a wave has 256 VGPRs, and the qwen3 and deepseek_v3 kernels spilled 18
-    and 29 VGPRs to 76 and 120 bytes of scratch. SGPRs: the 18 buffers' base addresses, the uniform bounds and
-    offsets LICM hoists out of the ticket loop, and a tile of booleans read from LDS across a barrier outnumbered
-    the ~100 a wave has (spills 66-74 with the pointers alone reread); the spill retry rereads every argument
-    where used, recomputes what is computed from them alone there, and computes lane masks after the barrier
-    their use follows (`backends/llvm/reload_arguments.py`, `sink_vectors.py`)."""
+def test_each_amd_targets_one_launch_plans_pipeline_within_its_lds():
+    """One plan per regime for every AMD plan target, at the regime's BM (the layer picks its plan by BM), with
+    rings of 2+ stages for both GEMMs that fit the target's LDS; gfx950's outgrow gfx942's 64 KiB (decode's
+    4 x 18,432 bytes), so gfx942 cannot run them."""
+    assert set(plans.AMD_ONE_LAUNCH) == set(AMD_PLAN_TARGETS)
+    assert plans.ring_bytes(plans.DECODE) == 4 * (16 + 2 * 64) * 64 * 2
+    for target, regimes in plans.AMD_ONE_LAUNCH.items():
+        assert {r: p.BM for r, p in regimes.items()} == {r: p.BM for r, p in plans.SHIPPED.items()}, target
+        for regime, p in regimes.items():
+            assert min(p.gate_up.stages, p.down.stages) >= 2, (target, regime)
+            assert plans.ring_bytes(p) <= lds_bytes(target), (target, regime, plans.ring_bytes(p))
+    assert plans.ring_bytes(plans.AMD_ONE_LAUNCH["gfx950"]["decode"]) > lds_bytes("gfx942")
+
+
+AMD_COMPILES = [("gfx942", regime, model) for regime in plans.AMD_ONE_LAUNCH["gfx942"] for model in ROUTING] + [
+    ("gfx950", "decode", "qwen3")]      # gfx950: its deepest rings with the routing that needs the most VGPRs
+
+
+@pytest.mark.parametrize("target, regime, model", AMD_COMPILES)
+def test_every_amd_plan_compiles_without_spills(target, regime, model):
+    """The plans the layer launches on AMD (strict: every stage kept), its rings filled by direct-to-LDS loads in
+    the LDS `plan.ring_bytes` counts: no spills, no scratch. With the NVIDIA prefill plan's 8 waves a wave has 256
+    VGPRs, and the qwen3 and deepseek_v3 kernels spilled 18 and 29 VGPRs to 76 and 120 bytes of scratch. SGPRs:
+    the 18 buffers' base addresses, the uniform bounds and offsets LICM hoists out of the ticket loop, and a tile
+    of booleans read from LDS across a barrier outnumbered the ~100 a wave has (spills 66-74 with the pointers
+    alone reread); the spill retry rereads every argument where used, recomputes what is computed from them alone
+    there, and computes lane masks after the barrier their use follows (`backends/llvm/reload_arguments.py`,
+    `sink_vectors.py`). On gfx942 deeper rings spill SGPRs again (`plan.AMD_ONE_LAUNCH`'s comment)."""
     E, K, options = ROUTING[model]
-    p = plans.AMD_ONE_LAUNCH[regime]
-    compiled = moe_layer_kernel.compile(signature=SIGNATURE, target="gfx942", strict=True,
+    p = plans.AMD_ONE_LAUNCH[target][regime]
+    compiled = moe_layer_kernel.compile(signature=SIGNATURE, target=target, strict=True,
                                         num_warps=p.gate_up.num_warps, **constexprs_for(p, E, K, 1, route=True,
                                                                                        **options))
-    assert "v_mfma_f32_" in compiled.stages["amdgcn"]
+    assembly = compiled.stages["amdgcn"]
+    assert "v_mfma_f32_" in assembly and "global_load_lds_dword" in assembly
     assert amd_spills(compiled.metadata) == {}, (model, regime, compiled.metadata)
+    assert compiled.metadata["shared_bytes"] == plans.ring_bytes(p) <= lds_bytes(target), compiled.metadata
 
 
 SIMT_CASES = {   # target -> (plan, tokens, hidden, intermediate): mma.sync tiles, or wgmma tiles on TMA-filled rings
     "sm_80": (plans.CPU_PLAN, 5, 16, 16),
     "sm_90a": (plans.Plan(64, plans.GemmTiles(16, 32, 2, 4), plans.GemmTiles(16, 32, 2, 4)), 6, 64, 32),
+    # 3-stage rings over 4 K steps of each GEMM (they wrap), blocks that fill whole waves (32 x 32)
+    "gfx950": (plans.Plan(64, plans.GemmTiles(32, 32, 3, 4), plans.GemmTiles(32, 32, 3, 4)), 6, 128, 128),
 }
+SIMT_OPS = {"sm_80": {"mma"}, "sm_90a": {"wgmma", "tma_load", "mbarrier_wait"}, "gfx950": {"mfma", "async_copy"}}
 
 
-@pytest.mark.parametrize("target, programs, resident", [("sm_80", 2, None), ("sm_80", 3, 1), ("sm_90a", 2, None)])
+@pytest.mark.parametrize("target, programs, resident", [("sm_80", 2, None), ("sm_80", 3, 1), ("sm_90a", 2, None),
+                                                         ("gfx950", 2, None)])
 def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_computes(target, programs, resident):
     """Thread IR (mma.sync on sm_80; wgmma reading TMA-filled rings, whose mbarriers each tile sets up, on sm_90a;
     one thread's atomics broadcast through shared memory between barriers): blocks spin on each other's counters
@@ -173,8 +201,7 @@ def test_the_lowered_kernel_on_the_simt_simulator_computes_what_the_interpreter_
     launch = layer_launch(x, w13, w2, None, None, weights, ids, 2, "softmax", 1, 1, True, 1.0, "silu", False, plan.BM,
                           plan=plan)
     fn = lower(moe_layer_kernel.specialize(*launch.args, **launch.constexprs).module, target).functions[0]
-    expect = {"mma"} if target == "sm_80" else {"wgmma", "tma_load", "mbarrier_wait"}
-    assert expect | {"atomic_rmw", "while", "barrier"} <= {op.name for op in fn.walk()}
+    assert SIMT_OPS[target] | {"atomic_rmw", "while", "barrier"} <= {op.name for op in fn.walk()}
     expected = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
     got = [a.copy() if isinstance(a, np.ndarray) else a for a in launch.args]
     moe_layer_kernel[(programs,)](*expected, **launch.constexprs)

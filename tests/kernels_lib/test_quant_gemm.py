@@ -15,11 +15,13 @@ Specification:
   GPU for decode and tensor-core shapes;
 * lowered for sm_80, the decode kernel computes on the SIMT simulator what
   the interpreter computes, and every kernel compiles for sm_80, sm_90a and
-  gfx942 without spills (W4A8 for sm_89 and sm_90a: fp8 tensor cores);
+  gfx942 without spills (W4A8 for sm_89, sm_90a and gfx950: fp8 tensor cores);
 * `torch.library.opcheck` passes on the CPU; bad arguments name the fix.
 """
 
 from __future__ import annotations
+
+import re
 
 import numpy as np
 import pytest
@@ -240,7 +242,8 @@ KERNELS = {"w4a16-decode": (quant_gemm_kernel, 1), "w4a16-large": (quant_gemm_ke
 
 @pytest.mark.parametrize("target, case", [("sm_90a", case) for case in KERNELS] + [
     ("sm_80", "w4a16-decode"), ("sm_80", "w4a16-large"), ("sm_89", "w4a8")] + [
-    (target, case) for target in ("gfx942", "gfx950") for case in ("w4a16-decode", "w4a16-large", "mxfp4")])
+    (target, case) for target in ("gfx942", "gfx950") for case in ("w4a16-decode", "w4a16-large", "mxfp4")] + [
+    ("gfx950", "w4a8")])
 def test_the_kernels_compile_without_spills(target, case):
     """Each plan the op picks on that target compiles without spills (and, on AMD, its rings fit in the target's
     LDS, `targets.lds_bytes`: gfx950's 3-stage ring of the large tile would not fit gfx942's)."""
@@ -257,6 +260,9 @@ def test_the_kernels_compile_without_spills(target, case):
         if case == "w4a16-large":
             assert p.stages == AMD_STAGES[target] and ("global_load_lds" in compiled.stages["amdgcn"])
             assert (compiled.metadata["shared_bytes"] > lds_bytes("gfx942")) == (target == "gfx950")
+        if case == "w4a8":      # the e4m3 codes on gfx950's double-rate OCP fp8 MFMA, x streamed through LDS rings
+            assert set(re.findall(r"\bv_mfma_\w+", compiled.stages["amdgcn"])) == {"v_mfma_f32_32x32x64_f8f6f4"}
+            assert "global_load_lds" in compiled.stages["amdgcn"]
     else:
         assert compiled.metadata.get("spill_stores", 0) == 0, compiled.metadata
 

@@ -63,16 +63,20 @@ class MatmulCase:
 
 
 def _host(x: np.ndarray, dtype) -> np.ndarray:
-    """float32 values as the storage of a `dtype` array (bf16: its bits, as uint16)."""
+    """float32 values as the storage of a `dtype` array (bf16: its bits, as uint16; fp8: its bytes)."""
     if dtype == tessera.bf16:
         return (x.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+    if dtype in (tessera.f8e4m3, tessera.f8e5m2):
+        return dtype.encode(x)
     return x.astype(NUMPY_DTYPES[dtype])
 
 
 def _exact(x: np.ndarray, dtype) -> np.ndarray:
-    """float32 values representable in `dtype` (bf16: truncated to its 8 mantissa bits)."""
+    """float32 values representable in `dtype` (bf16: truncated to its 8 mantissa bits; fp8: rounded)."""
     if dtype == tessera.bf16:
         return ((x.astype(np.float32).view(np.uint32) >> 16) << 16).astype(np.uint32).view(np.float32)
+    if dtype in (tessera.f8e4m3, tessera.f8e5m2):
+        return dtype.decode(dtype.encode(x)).astype(np.float32)
     return x.astype(NUMPY_DTYPES[dtype]).astype(np.float32)
 
 

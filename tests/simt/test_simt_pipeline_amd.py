@@ -5,7 +5,8 @@ Specification:
 * a `tessera.pipeline(..., stages=S)` K loop lowered for gfx942 (4-byte `global_load_lds` chunks) or gfx950
   (16-byte ones) is pipelined (the loop keeps `stages = S`, its copies are async) and computes on the SIMT
   simulator what the tile interpreter computes: f16 and bf16, S = 2, 3, 4, M and N not multiples of the
-  blocks (zero-filled chunks), B transposed through its strides, loops shorter than the pipeline;
+  blocks (zero-filled chunks), B transposed through its strides, loops shorter than the pipeline; e4m3 on
+  gfx950's fp8 MFMA;
 * the simulator checks the M0 rule of every copy (a wave's lanes fill consecutive LDS chunks) and the
   ring's waits and barriers: taking out the loop's barrier, or waiting for one group too few, is caught;
 * the AMDGCN of the 3-stage loop keeps one group in flight: inside the loop `s_waitcnt vmcnt(8)` (8 copies
@@ -38,6 +39,8 @@ CASES = {   # M, N, K, BM, BN, BK, stages, dtype, trans_b, target
     "gfx942-f16-4stages-two-programs": (100, 64, 160, 64, 64, 32, 4, tessera.f16, False, "gfx942"),
     "gfx942-f16-4stages-one-iteration": (64, 64, 32, 64, 64, 32, 4, tessera.f16, False, "gfx942"),
     "gfx950-bf16-3stages-transposed-B": (64, 48, 112, 64, 64, 32, 3, tessera.bf16, True, "gfx950"),
+    # OCP fp8 MFMA (32x32x16 .fp8.fp8) reading its 8-byte k runs from the rings
+    "gfx950-e4m3-3stages-transposed-B": (64, 48, 192, 64, 64, 64, 3, tessera.f8e4m3, True, "gfx950"),
 }
 
 
@@ -54,6 +57,7 @@ def test_the_pipelined_matmul_matches_the_tile_interpreter(name):
     fn, loop = lowered(case, target)
     assert loop.attrs.get("stages") == stages
     assert {op.attrs["bytes"] for op in fn.walk() if op.name == "async_copy"} == {4 if target == "gfx942" else 16}
+    assert {op.operands[0].type.element.dtype for op in fn.walk() if op.name == "mfma"} == {dtype}
     expected, actual = case.make_args(), case.make_args()
     run_function(case.module.functions[0], expected, case.grid)
     run_threads(fn, actual, case.grid)

@@ -34,7 +34,8 @@ from llvmlite import ir
 
 from tessera.ir import dtypes as dt
 from tessera.ir.core import Function, Operation
-from tessera.ir.mfma_layouts import MFMA_WIDE_SHAPES
+from tessera.ir.mfma_layouts import MFMA_FP8, MFMA_WIDE_SHAPES
+from tessera.ir.types import scalar_dtype
 
 from ..llvm.dialect import TargetDialect, add_string_attribute
 from ..llvm.types import I8, I16, I32, SHARED_ADDRSPACE
@@ -94,10 +95,16 @@ class AmdgpuDialect(TargetDialect):
         return {name: reason.format(target=self.target.name) for name, reason in UNSUPPORTED_OPS.items()}
 
     def check_op(self, op: Operation) -> str | None:
-        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere); an
-        async_copy needs a direct-to-LDS load of its width (`lds_dma.check_copy`)."""
+        """gfx950's double-K MFMA shapes need the target's "mfma.wide" (LLVM aborts on them elsewhere), fp8
+        ones its "mfma.fp8" (gfx942 would read the OCP bytes as fnuz fp8); an async_copy needs a direct-to-LDS
+        load of its width (`lds_dma.check_copy`)."""
         if op.name == "async_copy":
             return lds_dma.check_copy(self.target, op.attrs["bytes"])
+        if op.name == "mfma" and scalar_dtype(op.operands[0].type) in MFMA_FP8 and not self.target.has("mfma.fp8"):
+            return (f"mfma on fp8 (e4m3/e5m2) fragments needs gfx950's OCP fp8 MFMA (\"mfma.fp8\"), which "
+                    f"{self.target.name} lacks (gfx942's fp8 MFMA reads the fnuz formats, which would misread these "
+                    f"bytes); lower the kernel for {self.target.name} (its fp8 dots then run exactly on FMA) or "
+                    f"compile for gfx950")
         if op.name == "mfma" and (op.attrs["m"], op.attrs["n"], op.attrs["k"]) in MFMA_WIDE_SHAPES \
                 and not self.target.has("mfma.wide"):
             return (f"mfma {op.attrs['m']}x{op.attrs['n']}x{op.attrs['k']} is a gfx950 (\"mfma.wide\") instruction "

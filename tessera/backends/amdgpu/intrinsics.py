@@ -5,7 +5,8 @@ overload listed, for gfx90a, gfx942 and gfx950 in a child process (an
 intrinsic the GPU cannot select aborts LLVM); the `GFX950_ONLY` entries for
 gfx950 alone.
 
-* `FIXED`: `llvm.amdgcn.*` intrinsics with one signature.
+* `FIXED`: `llvm.amdgcn.*` intrinsics with one signature (`GFX950_ONLY`
+  among them: gfx950's double-K and OCP fp8 MFMA).
 * `OVERLOADED`: the common families plus the f32 math intrinsics AMDGPU
   selects natively (`llvm.exp2.f32` is `v_exp_f32`, ...). Their f64
   versions have no AMDGPU lowering (LLVM would need a libm call and aborts),
@@ -17,7 +18,7 @@ from __future__ import annotations
 from llvmlite import ir
 
 from ..llvm.intrinsics import COMMON_OVERLOADED, VOID, Family, IntrinsicTable, unary, vectors
-from ..llvm.types import F32, I16, I32, BFloatType
+from ..llvm.types import F32, I16, I32, I64, BFloatType
 
 CONSTANT_ADDRSPACE = 4  # AMDGPU's read-only constant memory (the dispatch packet lives there)
 
@@ -30,6 +31,21 @@ GFX950_ONLY: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
                                                   ir.VectorType(F32, m * n // 64), I32, I32, I32))
     for m, n, k in ((32, 32, 16), (16, 16, 32))
     for name, element in (("f16", ir.HalfType()), ("bf16", BFloatType()))}
+# v_mfma_f32_{32x32x16,16x16x32}_{fp8,bf8}_{fp8,bf8} (A format, B format): eight 8-bit values in an i64 per
+# operand. gfx942 selects them too, but reads its fnuz fp8 in them; Tessera calls them for gfx950's OCP fp8 only
+# ("mfma.fp8"; `AmdgpuDialect.check_op`), so they are listed, and tested, with gfx950's.
+GFX950_ONLY.update({
+    f"llvm.amdgcn.mfma.f32.{m}x{n}x{k}.{x}.{y}": (ir.VectorType(F32, m * n // 64),
+                                                (I64, I64, ir.VectorType(F32, m * n // 64), I32, I32, I32))
+    for m, n, k in ((32, 32, 16), (16, 16, 32)) for x in ("fp8", "bf8") for y in ("fp8", "bf8")})
+# v_mfma_{scale_,}f32_{32x32x64,16x16x128}_f8f6f4, gfx950's double-rate fp8 (`codegen_table.f8f6f4_intrinsic`):
+# A and B as <8 x i32> (32 8-bit values), C, then A's and B's formats (cbsz, blgp: immediates), A's scale op
+# select (an immediate) and scale, B's; LLVM emits the unscaled instruction when the four scale operands are 0.
+GFX950_ONLY.update({
+    f"llvm.amdgcn.mfma.scale.f32.{m}x{n}x{k}.f8f6f4.v8i32.v8i32": (
+        ir.VectorType(F32, m * n // 64),
+        (ir.VectorType(I32, 8), ir.VectorType(I32, 8), ir.VectorType(F32, m * n // 64), I32, I32, I32, I32, I32, I32))
+    for m, n, k in ((32, 32, 64), (16, 16, 128))})
 
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.amdgcn.workitem.id.{axis}": (I32, ()) for axis in "xyz"},

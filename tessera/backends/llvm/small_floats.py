@@ -5,8 +5,8 @@ bits (fp8 and e8m0 in memory are the same byte; fp6 and fp4 are packed, and
 the low-bit pass unpacks them into these registers). Only data movement
 (load, store, select, shuffle, pack/extract/splat, loops) and conversions
 touch them (`SMALL_FLOAT_OPS`); arithmetic happens after a cast to f32 (the
-frontend promotes), or on an fp8 tensor core (`mma`, sm_89+), and the
-validator rejects anything else.
+frontend promotes), or on an fp8 tensor core (`mma`, sm_89+; `mfma`,
+gfx950), and the validator rejects anything else.
 
 Conversions follow `tessera.ir.dtypes` bit for bit, so the GPU and the CPU
 interpreter agree:
@@ -36,9 +36,9 @@ from tessera.ir import float_formats
 from .types import F32, F64, int_constant, splat_constant, with_element
 
 # Ops that may hold small floats (as i8 bit patterns; ldmatrix moves them); computing needs a cast to f32 first,
-# except in `mma`, whose fp8 tensor-core instruction takes the bit patterns (the NVPTX dialect checks the target).
+# except in `mma` / `mfma`, whose fp8 matrix instructions take the bit patterns (the dialects check the target).
 SMALL_FLOAT_OPS = frozenset({"constant", "load", "store", "cast", "bitcast", "select", "pack", "extract", "splat",
-                             "shuffle", "for", "if", "while", "breakpoint", "mma", "ldmatrix", "unpack_bits",
+                             "shuffle", "for", "if", "while", "breakpoint", "mma", "mfma", "ldmatrix", "unpack_bits",
                              "pack_bits"})
 
 _SOURCE = {32: (F32, 8, 23), 64: (F64, 11, 52)}  # float width -> (type, exponent bits, mantissa bits)

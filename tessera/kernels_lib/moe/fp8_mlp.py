@@ -9,10 +9,12 @@ the grouped GEMMs is one group:
     acc += (xq[:, group] @ wq[:, group]^T) * x_scale[:, group] * w_scale[:, group]^T
 
 so the dot multiplies e4m3 codes exactly on the fp8 tensor cores
-(mma.sync m16n8k32 on sm_89, wgmma on sm_90a) and the scales are applied
-to each group's float32 product (the W4A8 kernel's scheme in quant_gemm).
-gate_up's output h is quantized the same way before down. sm_80 has no
-fp8 tensor cores: the op refuses it and names the bf16-activation path.
+(mma.sync m16n8k32 on sm_89, wgmma on sm_90a, MFMA 32x32x16 / 16x16x32
+fp8 on gfx950, pipelined through direct-to-LDS rings) and the scales are
+applied to each group's float32 product (the W4A8 kernel's scheme in
+quant_gemm). gate_up's output h is quantized the same way before down.
+sm_80 has no fp8 tensor cores and gfx942's fp8 MFMA reads the fnuz formats,
+not e4m3fn: the op refuses them and names the bf16-activation path.
 Forward only.
 """
 
@@ -24,6 +26,7 @@ import torch
 
 import tessera
 
+from ..targets import device_arch, fp8_matrix_cores
 from .common import check_device, kernel_arg
 from .experts import activate, weighted_rows_out
 from ..gemm_alignment import state_multiples
@@ -99,15 +102,24 @@ def down_fp8_kernel(h_ptr, h_s_ptr, w2_ptr, s_ptr, out_ptr, weights_ptr, sorted_
 
 
 def _check_target(t: torch.Tensor, name: str) -> None:
-    """fp8 tensor cores are sm_89 and newer; say so, and name the path that runs on older GPUs."""
+    """On a GPU, the refusal of `target_refusal` for the tensor's device."""
     interpreted = t.device.type == "cpu" or os.environ.get("TESSERA_INTERPRET", "0") == "1"
-    if not interpreted and torch.version.hip is not None:
-        raise ValueError(f"tessera::{name}: fp8 activations are built for NVIDIA's e4m3 tensor cores (sm_89+), not "
-                         f"AMD's fnuz fp8: use bf16 activations with the fp8 weights (fp8_activations=False)")
-    if not interpreted and t.is_cuda and torch.cuda.get_device_capability(t.device) < (8, 9):
-        major, minor = torch.cuda.get_device_capability(t.device)
-        raise ValueError(f"tessera::{name}: fp8 activations need fp8 tensor cores (sm_89 or newer); this GPU is "
-                         f"sm_{major}{minor}: use bf16 activations with the fp8 weights (fp8_activations=False)")
+    refusal = None if interpreted or not t.is_cuda else target_refusal(device_arch(t.device), name)
+    if refusal:
+        raise ValueError(refusal)
+
+
+def target_refusal(arch: str, name: str) -> str | None:
+    """Why op `name` cannot run on a GPU of target `arch`, naming the path that can, or None: fp8 tensor cores
+    for e4m3fn are sm_89 and newer, and gfx950."""
+    if fp8_matrix_cores(arch):
+        return None
+    if arch.startswith("gfx"):
+        return (f"tessera::{name}: fp8 activations need MFMA on OCP e4m3 (float8_e4m3fn), which gfx950 has; this "
+                f"GPU is {arch}, whose fp8 MFMA (if any) reads the fnuz formats: use bf16 activations with the fp8 "
+                f"weights (fp8_activations=False)")
+    return (f"tessera::{name}: fp8 activations need fp8 tensor cores (sm_89 or newer); this GPU is {arch}: use "
+            f"bf16 activations with the fp8 weights (fp8_activations=False)")
 
 
 @torch.library.custom_op("tessera::moe_quantize_tokens", mutates_args=())

@@ -34,8 +34,8 @@ def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = Fa
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
     for shipped in (plans.FP8 if fp8 else plans.QUANTIZED if quantized else plans.SHIPPED).values():
         if shipped.BM == block_m:
-            pipelined = t.dtype != torch.float32 and (torch.version.hip is None or not fp8
-                                                      and plan_target(t.device) in plans.AMD_PIPELINED)
+            pipelined = t.dtype != torch.float32 and (torch.version.hip is None
+                                                      or plan_target(t.device) in plans.AMD_PIPELINED)
             return shipped if pipelined else shipped.without_pipelining()
     raise ValueError(f"tessera::moe: no GPU plan aligns to block_m = {block_m}; use one of "
                      f"{sorted(p.BM for p in plans.SHIPPED.values())} (plan.plan(...).BM)")
@@ -202,7 +202,7 @@ def experts(x: torch.Tensor, w13: torch.Tensor, w2: torch.Tensor, weights: torch
     differentiable in x and weights with the quantized weights frozen
     (`quantized_autograd.py`). With fp8 weights, `fp8_activations` also
     quantizes x and h per token and group of 128 (DeepSeek-V3's W8A8,
-    `fp8_mlp.py`; sm_89+; inference only).
+    `fp8_mlp.py`; sm_89+ and gfx950; inference only).
 
     `one_launch=True` runs counting, alignment and the four steps in one
     persistent kernel (`persistent.py`; bf16/f16/f32 weights, inference

@@ -44,6 +44,7 @@ import tessera
 import tessera.torch
 
 from ..gemm_alignment import state_multiples
+from ..targets import plan_target
 from . import plan as plans
 from .align import PREFIX_EXPERTS, count_chunk, max_rows, prefix_chunks, prefix_slice, scatter_chunk
 from .common import kernel_arg
@@ -164,12 +165,13 @@ CPU_PROGRAMS = 4    # programs on the interpreter (any number finishes; tests va
 
 
 def _tiles(x, T: int, K: int, E: int, block_m: Optional[int]) -> plans.Plan:
-    """The multi-kernel path's plan for this batch (`plan.plan`) on an NVIDIA GPU, its AMD one-launch plan
-    (`plan.AMD_ONE_LAUNCH`, same BM) on AMD, the interpreter's on the CPU."""
+    """The multi-kernel path's plan for this batch (`plan.plan`) on an NVIDIA GPU, the one-launch plan of the
+    device's AMD target (`plan.AMD_ONE_LAUNCH[targets.plan_target()]`, same BM) on AMD, the interpreter's on the
+    CPU."""
     if block_m is None:
         block_m = plans.CPU_PLAN.BM if x.device.type == "cpu" else plans.plan(T, K, E).BM
     if x.device.type != "cpu" and torch.version.hip is not None:
-        for amd in plans.AMD_ONE_LAUNCH.values():
+        for amd in plans.AMD_ONE_LAUNCH[plan_target(x.device)].values():
             if amd.BM == block_m:
                 return amd
     return tiles(block_m, x)

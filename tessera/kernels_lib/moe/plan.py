@@ -15,7 +15,8 @@ compiles without register spills for sm_80, sm_90a (TMA-filled
 rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
 test_moe_experts.py compiles every one). AMD targets get the same tiles;
 their rings (direct-to-LDS loads) run only where the target's LDS holds them
-(`AMD_PIPELINED`), elsewhere STAGES = 1. float32 operands (the CPU tests' dtype)
+(`AMD_PIPELINED`), elsewhere STAGES = 1; the one-launch layer has plans of its
+own per AMD target (`AMD_ONE_LAUNCH`). float32 operands (the CPU tests' dtype)
 multiply on FMA units, which no pipeline feeds: STAGES = 1 too. The
 first H100 run (2026-11-26) timed the plans before the decode changes
 noted at `DECODE` and `plan`.
@@ -73,20 +74,46 @@ FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
        "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
        "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
 
-# The one-launch layer (`persistent.py`) on AMD: one kernel holds every phase's registers, and at 8 waves (512
-# threads) a wave gets at most 256 VGPRs on gfx942, which prefill's 128-row tiles overran (18-29 VGPR spills and
-# 76-120 B of scratch with 8 waves, whatever the BN). Prefill runs 4 waves there, each with up to 512 VGPRs and
-# AGPRs (about 460 used), and down's BN is 64 (at 128, 4 waves spilled SGPRs 738 times). Decode and middle keep
-# their tiles; STAGES = 1 on every AMD target. tests/kernels_lib/test_moe_one_launch.py compiles them.
-AMD_ONE_LAUNCH = {"decode": DECODE.without_pipelining(), "middle": MIDDLE.without_pipelining(),
-                  "prefill": Plan(128, GemmTiles(64, 64, 1, 4), GemmTiles(64, 64, 1, 4))}
-
 # AMD targets whose LDS holds the bf16 plans' rings (`SHIPPED`; `targets.lds_bytes`): gfx950's 160 KiB holds them
 # all (73,728 bytes at decode and middle, 98,304 at prefill), and the int4 / fp8-weight plans' (`QUANTIZED`: 33,776
 # and 67,568), each compiling without spills; gfx942's 64 KiB holds neither decode's gate_up nor middle's, so there
-# every plan runs without pipelining. The one-launch layer (`AMD_ONE_LAUNCH`) runs without on every AMD target (not
-# compiled pipelined yet), and fp8 activations (`FP8`) do not run on AMD.
+# every multi-kernel plan runs without pipelining (the one-launch layer's rings: `AMD_ONE_LAUNCH`). fp8
+# activations (`FP8`) run on gfx950 alone (OCP fp8 MFMA; gfx942's reads fnuz fp8), pipelined: 12,536 / 33,272 /
+# 57,848 bytes of rings at decode / middle / prefill, no spills.
 AMD_PIPELINED = ("gfx950",)
+
+# The one-launch layer (`persistent.py`) on AMD, by plan target (`targets.plan_target`): one kernel holds every
+# phase's registers, and at 8 waves (512 threads) a wave gets at most 256 VGPRs, which prefill's 128-row tiles
+# overran on gfx942 (18-29 VGPR spills and 76-120 B of scratch, whatever the BN). Prefill runs 4 waves, each with
+# up to 512 VGPRs and AGPRs (about 450 used), and down's BN is 64 (at 128, 4 waves spilled SGPRs 738 times). The
+# phases share one LDS allocation, so the kernel needs the larger of its two rings (`ring_bytes`).
+# gfx950 (160 KiB) runs the multi-kernel plans' rings, 4 stages at decode and 3 beyond (73,728 / 73,728 / 98,304
+# bytes), without spills or scratch for Qwen3's and DeepSeek-V3's routing (tests/kernels_lib/test_moe_one_launch.py,
+# bench/results/amd_registers_gfx950.md). gfx942 (64 KiB; LDS DMA of 4 bytes a lane, 4x the copy instructions of
+# gfx950's 16) runs the deepest rings that compile clean: decode 2 stages at BK = 64 (36,864 bytes), middle 3 at
+# BK = 32 (36,864), prefill 2 at BK = 32 (32,768). One step deeper each fits its LDS but spills SGPRs with Qwen3's
+# routing: decode 3 stages 3, middle 4 stages 3 (2 stages at BK = 64: 2), prefill 3 stages 4 (2 stages at BK = 64,
+# 65,536 bytes: 4). What spills is the gate_up tile's coordinates, live across its K loop for the epilogue and the
+# h_done[block] increment (block's byte offset, block * BM, the column tile): written to VGPR lanes before the loop
+# and read back after it, not in it, but the rule is no spills (bench/results/amd_registers_gfx942.md).
+AMD_ONE_LAUNCH = {
+    "gfx942": {"decode": Plan(16, GemmTiles(64, 64, 2, 4), GemmTiles(32, 64, 2, 4)),
+               "middle": Plan(64, GemmTiles(64, 32, 3, 4), GemmTiles(128, 32, 3, 4)),
+               "prefill": Plan(128, GemmTiles(64, 32, 2, 4), GemmTiles(64, 32, 2, 4))},
+    "gfx950": {"decode": DECODE, "middle": MIDDLE,
+               "prefill": Plan(128, GemmTiles(64, 64, 3, 4), GemmTiles(64, 64, 3, 4))},
+}
+RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the one-launch layer's rings hold
+
+
+def ring_bytes(p: Plan) -> int:
+    """LDS bytes of plan `p`'s larger K-loop ring: STAGES x (a BM x BK block of rows and the weights' block, gate_up's
+    2BN x BK (gate and up) or down's BN x BK) of bf16. A pipelined one-launch kernel's LDS is this (the compile
+    tests compare)."""
+    gate_up, down = p.gate_up, p.down
+    return RING_ELEMENT_BYTES * max(gate_up.stages * (p.BM + 2 * gate_up.BN) * gate_up.BK,
+                                    down.stages * (p.BM + down.BN) * down.BK)
+
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
 CPU_PLAN = Plan(16, GemmTiles(16, 16, 1, 4), GemmTiles(16, 16, 1, 4))

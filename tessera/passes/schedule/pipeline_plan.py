@@ -21,11 +21,11 @@ from tessera.ir.layouts import RegisterLayout, local, spatial
 from tessera.ir.ops import OPS
 from tessera.ir.smem_layouts import SmemLayout
 from tessera.ir.target import Target, lds_dma_bytes
-from tessera.ir.types import TileType
+from tessera.ir.types import TileType, scalar_dtype
 from tessera.ir.wgmma_layouts import WGMMA_M, WgmmaTileLayout, wgmma_tile_swizzle
 
 from .. import alignment
-from ..mma import MmaPlan, mma_plan
+from ..mma import MmaPlan, fma_reason, mma_plan
 from ..lowering.mma_operands import LDMATRIX_DTYPES, LdmatrixPlan, is_wide_row_swizzle, ldmatrix_plan
 from .shared_buffers import lanes_consecutive
 from .tma_fill import NO_BOX, TmaBox, tma_plan
@@ -265,7 +265,9 @@ def _plan_load(load: Operation, body: Block, users, target: Target, num_warps: i
                             f"(drop the fill, or pick it with tessera.where after the dot)")
     mma = mma_plan(dot, target, num_warps)
     if mma is None:
-        return refuse(why, f"feeds a dot that does not run on {target.name}'s tensor cores")
+        inputs = (scalar_dtype(v.type) for v in dot.operands[:2])
+        return refuse(why, f"feeds a dot that does not run on {target.name}'s tensor cores"
+                           f"{fma_reason(target, *inputs)}")
     slice_ops = _address_slice(load, body)
     if slice_ops is None:
         return refuse(why, "has a view or offsets the loop cannot compute for iterations ahead (they must "
