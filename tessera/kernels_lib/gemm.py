@@ -468,7 +468,9 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     atomic = launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
                             CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu, launches=launches)
     if recording is not None:
-        _PLANS.remember(key, recording, c, atomic, _atomic_split_k)
+        plans_of = _gpu_of(a.device)[1]     # (read per call on AMD: a replay checks it; 'nvidia' never moves)
+        _PLANS.remember(key, recording, c, atomic, _atomic_split_k,
+                        None if plans_of == "nvidia" else (plans_of, lambda device=a.device: _gpu_of(device)[1]))
     return c
 
 

@@ -31,7 +31,9 @@ alignment, overlaps and identities with the other operands.
 
 Not planned (the general path runs every time): operands that need a copy
 (not dense), an empty K, calls inside `tessera.fusion()`.
-$TESSERA_GEMM_ATOMIC_SPLIT_K is read on each call of a plan that splits K;
+$TESSERA_GEMM_ATOMIC_SPLIT_K is read on each call of a plan that splits K, and
+on AMD GPUs the plan target (`targets.plan_target`: $TESSERA_AMD_PLANS) on
+each call;
 $TESSERA_INTERPRET and $TESSERA_GEMM_STREAM_K when a key is first planned (as for kernels' warm path). A
 stream-K plan replays only on the stream it was recorded on, whose arrival counters it passes.
 """
@@ -121,14 +123,15 @@ class GemmPlan:
     """What one plan key launches: C's shape and dtype, the workspace (if K is split), the steps."""
 
     __slots__ = ("out_shape", "out_dtype", "device", "workspace", "atomic", "atomic_now", "steps", "stream",
-                 "scaled", "_current", "_launches", "_rows", "_columns")
+                 "scaled", "target", "_current", "_launches", "_rows", "_columns")
 
     def __init__(self, out_shape: tuple[int, int], out_dtype: torch.dtype, device: torch.device,
                  workspace: Optional[tuple[tuple[int, int], bool]], atomic: Optional[bool],
                  atomic_now: Callable[[], bool], steps: tuple[Step, ...], stream: Optional[int] = None,
-                 scaled: bool = False):
+                 scaled: bool = False, target: Optional[tuple[str, Callable[[], str]]] = None):
         self.out_shape, self.out_dtype, self.device = out_shape, out_dtype, device
         self.scaled = scaled            # fp8 scales: their vectors made per call (`scale_vector`)
+        self.target = target            # AMD: (the plan target the launches were picked for, the target now)
         self.workspace = workspace      # (shape, zeroed) of the float32 split-K partials, or None
         self.atomic = atomic            # K split: whether it sums with atomics (the env switch at recording)
         self.atomic_now = atomic_now    # ... and the switch now
@@ -148,6 +151,8 @@ class GemmPlan:
                 return None
         if self.atomic is not None and self.atomic_now() != self.atomic:
             return None
+        if self.target is not None and self.target[1]() != self.target[0]:
+            return None                 # $TESSERA_AMD_PLANS moved: another target's tiles
         if self.stream is not None:     # stream K's counters are the recording stream's: another one re-plans
             step = self.steps[0]
             if step.stream_of is None or step.stream_of(step.ordinal) != self.stream:
@@ -263,15 +268,16 @@ class Plans(dict):
     """Plan key -> GemmPlan, emptied when full."""
 
     def remember(self, key: tuple, recording: Recording, c: torch.Tensor, atomic: Optional[bool],
-                 atomic_now: Callable[[], bool]) -> None:
+                 atomic_now: Callable[[], bool], target: Optional[tuple[str, Callable[[], str]]] = None) -> None:
         """Keep what `recording` launched under `key`, if every launch was warm and C and the workspace are
-        16-byte aligned (what a replay checks its own allocations against)."""
+        16-byte aligned (what a replay checks its own allocations against). `target`: on AMD, the plan target
+        the launches were picked for and how to read it now (`GemmPlan.run` compares them)."""
         if not (recording.complete and recording.steps and recording.workspace_aligned) or c.data_ptr() & 15:
             return
         if len(self) >= CAPACITY:
             self.clear()
         self[key] = GemmPlan(tuple(c.shape), c.dtype, c.device, recording.workspace_of, atomic, atomic_now,
-                             tuple(recording.steps), recording.stream, recording.scaled)
+                             tuple(recording.steps), recording.stream, recording.scaled, target)
 
 
 class _CudaView:

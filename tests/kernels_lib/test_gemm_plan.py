@@ -277,6 +277,30 @@ def test_a_stream_k_plan_replays_what_the_general_path_launches_on_its_stream_on
     gemm._stream_k_plan.cache_clear()
 
 
+def test_an_amd_plan_replays_only_while_its_plan_target_holds(monkeypatch):
+    """On AMD the plan target is read per call ($TESSERA_AMD_PLANS, `targets.plan_target`): a plan recorded for
+    one target steps aside (launching nothing) once the target reads otherwise, and the general path decides.
+    (`_gpu_of` is stubbed to answer as an AMD GPU would; NVIDIA plans carry no target to check.)"""
+    target = {"now": "gfx942"}
+    gpu_of = gemm._gpu_of
+    with stub_gpu() as driver:
+        a, b = torch.randn(64, 64).half(), torch.randn(64, 64).half()
+        args = (a, b, None, None, None, None, None, False, False, 1.0)
+        for _ in range(3):
+            gemm._gemm(*args)
+        assert next(iter(gemm._PLANS.values())).target is None
+        gemm.clear_plans()
+        monkeypatch.setattr(gemm, "_gpu_of", lambda device: (gpu_of(device)[0], target["now"]))
+        for _ in range(2):
+            gemm._gemm(*args)
+        plan = next(iter(gemm._PLANS.values()))
+        assert plan.target[0] == "gfx942"
+        before = len(driver.calls)
+        assert plan.run(a.data_ptr(), b.data_ptr(), 0, 1.0) is not None and len(driver.calls) == before + 1
+        target["now"] = "gfx950"
+        assert plan.run(a.data_ptr(), b.data_ptr(), 0, 1.0) is None and len(driver.calls) == before + 1
+
+
 def fp8_scale_variants(M: int, N: int, K: int) -> list[tuple]:
     """`_gemm` arguments of fp8 GEMMs whose scales differ in what the launches' specialization sees: per tensor,
     per row / column, absent, a vector not 16-byte aligned, a vector that is the bias or the other scale."""
