@@ -44,8 +44,8 @@ per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
 A warm call on the GPU replays what the first calls of its shape, dtypes,
-alignment and layout launched (`gemm_plan.py`): no checks, binding or
-config selection, one prepared launch per kernel.
+alignment and layout launched, fp8 scales included (`gemm_plan.py`): no
+checks, binding or config selection, one prepared launch per kernel.
 
 On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
 fma contraction, approximate exp2 and division) wherever the output's
