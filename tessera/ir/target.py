@@ -15,7 +15,8 @@ LLVM triple and CPU name, PTX features) through the fields below.
 | gfx90a  | amd    | 64   | 64 KiB (MI200)        | dpp, mfma                                  |
 | gfx942  | amd    | 64   | 64 KiB (MI300)        | gfx90a + lds.dma (4 B a lane)              |
 | gfx950  | amd    | 64   | 160 KiB (MI350)       | gfx942 + mfma.wide (32x32x16, 16x16x32),   |
-|         |        |      |                       | mfma.fp8, lds.dma.wide (16 B a lane)       |
+|         |        |      |                       | mfma.fp8, lds.dma.wide (16 B a lane),      |
+|         |        |      |                       | lds.read.tr (ds_read_b64_tr_b16)           |
 
 "mfma.fp8" is MFMA on OCP e4m3 / e5m2 (Tessera's f8e4m3 / f8e5m2). gfx942's
 fp8 MFMA reads the fnuz formats instead (other biases, no -0 or infinities):
@@ -26,6 +27,10 @@ fp8 dots stay on FMA (`mfma_layouts`).
 each lane of a wave writes `bytes` at the wave's LDS base + lane * bytes,
 tracked by vmcnt; `LDS_DMA_BYTES` lists the widths a target's lanes may
 copy (gfx950 adds dwordx4; its dwordx3 is left out: chunks are powers of 2).
+
+"lds.read.tr" is CDNA4's LDS transpose read (`ds_read_b64_tr_b16`, the thread
+op `lds_read_tr`): an MFMA operand stored MN-major in LDS reaches its
+K-major fragment in one read per four k instead of one read per element.
 """
 
 from __future__ import annotations
@@ -90,7 +95,7 @@ TARGETS: dict[str, Target] = {t.name: t for t in (
     _nvidia("sm_100", 227, _SM90 | {"tcgen05"}, "ptx86"),
     _amd("gfx90a", 64, _GFX90A),
     _amd("gfx942", 64, _GFX942),
-    _amd("gfx950", 160, _GFX942 | {"mfma.wide", "mfma.fp8", "lds.dma.wide"}, lds_banks=64),
+    _amd("gfx950", 160, _GFX942 | {"mfma.wide", "mfma.fp8", "lds.dma.wide", "lds.read.tr"}, lds_banks=64),
 )}
 
 DEFAULT_TARGET = "sm_80"

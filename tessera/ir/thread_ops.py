@@ -84,6 +84,9 @@ def _infer_mfma(ts, a):
     return [acc]
 
 
+LDS_READ_TR_ROW = 4       # 16-bit elements each lane of ds_read_b64_tr_b16 addresses (and receives)
+
+
 def _infer_ldmatrix(ts, a):
     (row,) = ts
     require(a["num"] in (1, 2, 4), f"ldmatrix loads 1, 2 or 4 matrices, got num = {a['num']}")
@@ -93,6 +96,14 @@ def _infer_ldmatrix(ts, a):
     require(not a["trans"] or row.pointee.bits == 16,
             f"ldmatrix .trans transposes 16-bit elements; {row.pointee.name} rows can only be read plain")
     return [RegsType(ScalarType(row.pointee), a["num"] * 32 // row.pointee.bits)]
+
+
+def _infer_lds_read_tr(ts, a):
+    (row,) = ts
+    require(isinstance(row, PointerType) and row.address_space == "shared" and row.pointee.bits == 16,
+            "lds_read_tr (ds_read_b64_tr_b16) reads 8-byte rows of 16-bit elements from LDS: its operand is a "
+            f"ptr<T, shared> with T a 16-bit type, got {row}")
+    return [RegsType(ScalarType(row.pointee), LDS_READ_TR_ROW)]
 
 
 def _infer_stmatrix(ts, a):
@@ -148,6 +159,12 @@ define_thread_op("ldmatrix", "`num` 8x8 matrices of 16-bit words from shared mem
                  "8j..8j+7 each give the address of one 16-byte-aligned row of matrix j (8 16-bit, 16 8-bit or 4 "
                  "32-bit elements; .trans only for 16-bit ones); every lane of the warp must execute it together.", 1,
                  attrs={"num": "int", "trans": "bool"}, infer=_infer_ldmatrix, pure=False, **READS)
+define_thread_op("lds_read_tr", "gfx950's LDS transpose read (ds_read_b64_tr_b16, `llvm.amdgcn.ds.read.tr16.b64`): in "
+                 "each group of 16 lanes, lane 16h + s gives the 8-byte-aligned address of row s // 4, columns "
+                 "4 (s % 4) .. + 3 of a 4 x 16 tile of 16-bit elements, and lane 16h + d receives column d: "
+                 "register e is element (e, d), i.e. element d % 4 of the row lane 16h + 4e + d // 4 addressed. "
+                 "Every lane of the wave must execute it together (the ISA needs EXEC all ones).", 1,
+                 infer=_infer_lds_read_tr, pure=False, **READS)
 define_thread_op("stmatrix", "The inverse of `ldmatrix` for 16-bit elements (stmatrix.sync.aligned.m8n8.x{num}[.trans]"
                  ".shared.b16, sm_90+): registers 2j, 2j + 1 of lane l are elements (l // 4, 2 (l % 4) + e) of "
                  "8x8 matrix j (.trans: (2 (l % 4) + e, l // 4)); lanes 8j..8j+7 each give the address of one "

@@ -228,6 +228,7 @@ func @thread_level(%p: ptr<f32>, %m: regs<4xbool>) {
   %tiles = shared_alloc {bytes = 512, offset = 0} : ptr<f16, shared>
   %frag = ldmatrix %tiles {num = 4, trans = true} : regs<8xf16>
   stmatrix %tiles, %frag {num = 4, trans = false}
+  %column = lds_read_tr %tiles : regs<4xf16>
   %go = constant {value = true} : bool
   async_copy %smem, %p, %go {bytes = 16}
   async_commit

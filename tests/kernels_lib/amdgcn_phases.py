@@ -2,6 +2,7 @@
 
     phases(assembly)            -> [Phase(mfma=8, global_loads=0, lds_reads=4, lds_writes=0, priority=[1, 0]), ...]
     mfmas_outside_priority(asm) -> the v_mfma lines not inside an `s_setprio 1` .. `s_setprio 0` window
+    loop_bodies(asm)            -> the instruction lines of each loop (a label .. the branch back to it)
 
 A phase is the text between two consecutive `s_barrier` lines, in the order the assembler laid the code out
 (branches included: the two wave groups' loop copies follow each other). Used by the wave-group ping-pong
@@ -83,3 +84,26 @@ def mfmas_outside_priority(assembly: str) -> list[str]:
 
 def barrier_count(assembly: str) -> int:
     return sum(bool(BARRIER.match(line)) for line in instructions(assembly))
+
+
+def loop_bodies(assembly: str) -> list[list[str]]:
+    """The instructions of every loop: from a label to a later conditional branch back to it, in layout order
+    (the K loop of a GEMM or the key loop of attention is the longest one)."""
+    lines = assembly.splitlines()
+    labels, out = {}, []
+    for i, line in enumerate(lines):
+        label = re.match(r"^(\.LBB\w+):", line)
+        if label:
+            labels[label.group(1)] = i
+        back = re.match(r"^\s*s_cbranch_\w+\s+(\.LBB\w+)", line)
+        if back and labels.get(back.group(1), i) < i:
+            out.append(instructions("\n".join(lines[labels[back.group(1)]:i + 1])))
+    return out
+
+
+def opcode_counts(lines: list[str]) -> dict[str, int]:
+    """How many times each opcode appears in `lines`."""
+    counts: dict[str, int] = {}
+    for line in lines:
+        counts[line.split()[0]] = counts.get(line.split()[0], 0) + 1
+    return counts

@@ -14,6 +14,7 @@ from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel  # noq
 
 from hopper_gemm import NO_EPILOGUE, lowered_gemm  # noqa: E402
 from amd_spills import amd_spills  # noqa: E402
+from amdgcn_phases import loop_bodies, opcode_counts  # noqa: E402
 from tma_maps import maps_by_use  # noqa: E402
 
 DTYPES = [torch.float16, torch.bfloat16, torch.float32]
@@ -326,7 +327,9 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
     no vector registers spill, and the object links into an ET_DYN code object with the kernel's descriptor (when a
     linker is found).
     STAGES pipelines the K loop with direct-to-LDS rings on gfx942 / gfx950 (as many stages as the LDS holds);
-    gfx90a has no asynchronous copies: its K loop is the plain one, and the compile says so."""
+    gfx90a has no asynchronous copies: its K loop is the plain one, and the compile says so.
+    B row-major is MN-major in its LDS slots: gfx950 reads its fragments with LDS transpose reads
+    (ds_read_b64_tr_b16, 4 k a read), gfx942 element by element (ds_read_u16, then packs)."""
     import tessera
     from tessera.backends.amdgpu.elf import CodeObject
     from tessera.backends.amdgpu.linker import find_linker
@@ -346,6 +349,10 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
         assert mfma == {WIDEST_MFMA[target]}, f"{config}: not on the widest matrix instruction, but on {mfma}"
         assert amd_spills(metadata) == {}, f"{config} spills registers"
         assert metadata["shared_bytes"] <= get_target(target).shared_memory_bytes
+        if target != "gfx90a":
+            k_loop = opcode_counts(max(loop_bodies(compiled.stages["amdgcn"]), key=len))
+            assert (k_loop.get("ds_read_b64_tr_b16", 0) > 0) == (target == "gfx950"), f"{config}: {k_loop}"
+            assert (k_loop.get("ds_read_u16", 0) > 0) == (target != "gfx950"), f"{config}: {k_loop}"
         if find_linker() is not None:
             code = CodeObject(compiled.binary)
             assert code.elf_type == "ET_DYN" and f"{compiled.name}.kd" in code.symbols

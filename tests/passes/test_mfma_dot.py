@@ -143,6 +143,8 @@ def test_library_gemm_runs_on_mfma(target, dtype, blocks, epilogue):
     fn = lower(module, target, num_warps=4).functions[0]
     wide = {(32, 32, 16), (16, 16, 32)}
     assert mfma_ops(fn) and all((tuple(op.attrs.values()) in wide) == (target == "gfx950") for op in mfma_ops(fn))
+    # B row-major (MN-major) in its ring slots: gfx950 reads it with LDS transpose reads (`test_lds_read_tr.py`)
+    assert any(op.name == "lds_read_tr" for op in fn.walk()) == (target == "gfx950")
     run_threads(fn, actual, grid)
     np.testing.assert_allclose(actual[5], expected[5], **F32_ACC)
 

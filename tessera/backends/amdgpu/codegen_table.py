@@ -22,6 +22,8 @@ intrinsic for them, `llvm.amdgcn.mfma.scale.f32.<m>x<n>x<k>.f8f6f4`, with
 A's and B's formats in cbsz / blgp (0 e4m3, 1 e5m2) and both scales 0 (op
 selects and values), which LLVM selects as the unscaled
 `v_mfma_f32_<m>x<n>x<k>_f8f6f4`.
+`lds_read_tr` is `ds_read_b64_tr_b16` (gfx950, "lds.read.tr"): <4 x i16>
+bitcast to the op's <4 x half> / <4 x bfloat>.
 `AmdgpuDialect.check_op` has already refused a double-K shape on a target
 without "mfma.wide" and fp8 operands on one without "mfma.fp8".
 """
@@ -36,6 +38,7 @@ from tessera.ir.op_table import OpTable
 from tessera.ir.types import scalar_dtype
 
 from ..llvm.codegen import COMMON_CODEGEN
+from ..llvm.types import register_type
 from ..llvm.types import I16, I32, I64
 from .lds_dma import lds_dma
 
@@ -80,6 +83,12 @@ def _mfma(lw, op, a, b, c):
         a, b = (lw.builder.bitcast(x, ir.VectorType(I16, 4)) for x in (a, b))
     no_broadcast = ir.Constant(I32, 0)
     return lw.intrinsic(name, [a, b, c, no_broadcast, no_broadcast, no_broadcast])
+
+
+@codegen_for("lds_read_tr")
+def _lds_read_tr(lw, op, row):
+    loaded = lw.intrinsic("llvm.amdgcn.ds.read.tr16.b64.v4i16", [row])
+    return lw.builder.bitcast(loaded, register_type(op.result.type))
 
 
 @codegen_for("phase_barrier")

@@ -100,6 +100,10 @@ class AmdgpuDialect(TargetDialect):
         load of its width (`lds_dma.check_copy`)."""
         if op.name == "async_copy":
             return lds_dma.check_copy(self.target, op.attrs["bytes"])
+        if op.name == "lds_read_tr" and not self.target.has("lds.read.tr"):
+            return (f"lds_read_tr (ds_read_b64_tr_b16) is a gfx950 (\"lds.read.tr\") instruction that "
+                    f"{self.target.name} lacks; lower the kernel for {self.target.name} (its MFMA operands are then "
+                    f"read from LDS element by element) or compile for gfx950")
         if op.name == "mfma" and scalar_dtype(op.operands[0].type) in MFMA_FP8 and not self.target.has("mfma.fp8"):
             return (f"mfma on fp8 (e4m3/e5m2) fragments needs gfx950's OCP fp8 MFMA (\"mfma.fp8\"), which "
                     f"{self.target.name} lacks (gfx942's fp8 MFMA reads the fnuz formats, which would misread these "

@@ -46,6 +46,9 @@ GFX950_ONLY.update({
         ir.VectorType(F32, m * n // 64),
         (ir.VectorType(I32, 8), ir.VectorType(I32, 8), ir.VectorType(F32, m * n // 64), I32, I32, I32, I32, I32, I32))
     for m, n, k in ((32, 32, 64), (16, 16, 128))})
+# ds_read_b64_tr_b16 (the LDS transpose read, target feature "lds.read.tr"; thread op `lds_read_tr`): an LDS
+# address in, four 16-bit elements out (overloaded on the result: .v4i16; codegen bitcasts to half/bfloat).
+GFX950_ONLY["llvm.amdgcn.ds.read.tr16.b64.v4i16"] = (ir.VectorType(I16, 4), (ir.PointerType(addrspace=3),))
 
 FIXED: dict[str, tuple[ir.Type, tuple[ir.Type, ...]]] = {
     **{f"llvm.amdgcn.workitem.id.{axis}": (I32, ()) for axis in "xyz"},

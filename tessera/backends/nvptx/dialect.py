@@ -55,6 +55,8 @@ class NvptxDialect(TargetDialect):
     unsupported_ops = {
         "mfma": "mfma is an AMD matrix-core instruction that NVIDIA GPUs lack; lower the kernel for this "
                 "target (dot then uses mma.sync or FMA)",
+        "lds_read_tr": "lds_read_tr is gfx950's LDS transpose read, which NVIDIA GPUs lack; lower the kernel for "
+                       "this target (dot operands then use ldmatrix .trans)",
         **{name: f"{name} is part of AMD's wave-group ping-pong (s_barrier / s_setprio / sched_barrier / "
                  f"readfirstlane), which NVIDIA GPUs do not run; on sm_90a take turns with "
                  f"tessera.pipeline(warp_specialize=True, pingpong=True)"

@@ -324,6 +324,43 @@ def _ldmatrix(ctx, op, rows):
     return result
 
 
+@simt("lds_read_tr")
+def _lds_read_tr(ctx, op, rows):
+    """ds_read_b64_tr_b16 per 64-lane wave, in groups of 16 lanes (the `lds_read_tr` op's semantics).
+
+    Lane 16h + s addresses 4 contiguous 16-bit elements (8-byte aligned): row
+    s // 4, columns 4 (s % 4) .. + 3 of the group's 4 x 16 tile. Lane 16h + d
+    receives column d: register e is element d % 4 of the row lane
+    16h + 4e + d // 4 addressed. Like ldmatrix's, the reads count as reads of
+    the lanes that receive the bytes.
+    """
+    _require_whole_warps(ctx, op)
+    region = rows.memory
+    if not isinstance(region, SharedRegion) or region.dtype.bits != 16:
+        raise ctx.error(op, "lds_read_tr reads 16-bit elements from LDS, but its operand points elsewhere")
+    live = live_mask(ctx)
+    starts = np.where(live, rows.offsets, 0)
+    if (starts % 4).any():
+        t = int(np.argmax(starts % 4))
+        raise ctx.error(op, f"lds_read_tr row address of lane {t % ctx.warp_size} (thread {t}, element "
+                            f"{int(starts[t])}) is not 8-byte aligned")
+    t = np.arange(ctx.num_threads)
+    e = np.arange(4)
+    source = (t // 16 * 16)[:, None] + 4 * e[None, :] + (t % 16 // 4)[:, None]     # (threads, 4)
+    offsets = starts[source] + (t % 4)[:, None]
+    outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
+    if outside.any():
+        raise ctx.error(op, f"lds_read_tr reads outside {region.name} (elements {int(offsets.min())}.."
+                            f"{int(offsets.max())} of {region.size})")
+    threads = np.broadcast_to(t[:, None], offsets.shape)
+    race = region.shared.record_read(region, threads[live], offsets[live])
+    if race is not None:
+        raise ctx.error(op, f"shared-memory race: {race}")
+    result = np.zeros(offsets.shape, region.dtype.compute_dtype)
+    result[live] = region.load(offsets[live])
+    return result
+
+
 @simt("stmatrix")
 def _stmatrix(ctx, op, rows, regs):
     """stmatrix.sync.aligned.m8n8.x{num}[.trans].shared.b16 per warp: `ldmatrix` backwards (16-bit only).

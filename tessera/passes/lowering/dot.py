@@ -47,7 +47,7 @@ from tessera.ir.types import RegsType, ScalarType
 
 from ..mma import mma_plan
 from . import lowering
-from .mfma_operands import lds_operand
+from .mfma_operands import lds_operand, lds_transpose_read
 from .mma_operands import ldmatrix_operand, read_fragment
 from .relayout import convert
 from .values import Regs, RingOperand
@@ -136,7 +136,10 @@ def _ring_lds_operand(ctx, ring: RingOperand) -> Regs:
     weights = [0, 0]
     weights[load.contiguous_dim] = 1
     weights[1 - load.contiguous_dim] = load.load.result.type.shape[load.contiguous_dim]
-    value = ctx.smem.access("load", ring.slot(ctx), load.want, weights)
+    slot = ring.slot(ctx)
+    value = lds_transpose_read(ctx, slot, load.want, weights, load.dtype)     # gfx950, MN-major 16-bit
+    if value is None:
+        value = ctx.smem.access("load", slot, load.want, weights)
     return Regs(value, load.want)
 
 

@@ -18,6 +18,26 @@ keeps the cheapest (then the one with wider accesses, then the smallest).
 The model takes a wave's lanes in order, 4 * banks bytes per phase, as
 `bank_conflicts` documents; the hardware's exact phase grouping for wide
 LDS accesses is not modelled.
+
+`lds_transpose_read`: on gfx950 ("lds.read.tr") a 16-bit fragment whose
+four consecutive registers hold four consecutive k of one m / n, with the 16
+lanes of each group on 16 consecutive m / n, while LDS holds the tile
+MN-major (B row-major, attention's V), is read with `lds_read_tr`
+(ds_read_b64_tr_b16): one 8-byte read per four registers where plain loads
+need one `ds_read_u16` per register and a pack per pair. The ring slots are
+unpadded (direct-to-LDS fills write rows back to back), so the four rows a
+16-lane group reads lie a row pitch apart: at a 256-byte pitch (128 bf16)
+they share banks, and the model (`bench/amd_lds_transpose_banks.py`) gives
+16 cycles for a 32x32x16 B fragment's 2 reads, what its 8 `ds_read_u16`
+cost; 8 against 16 at a 128-byte pitch. A padded or swizzled slot would make
+them conflict-free, but the DMA fill cannot write one.
+
+gfx942 has no transpose read: such operands stay on `ds_read_u16` + one
+`v_perm_b32` / `v_lshl_or_b32` per pair (the library GEMM's 128x128x64 K
+loop: 64 + 32 of its 482 instructions). LLVM would pair
+`ds_read_u16_d16_hi` into the high half instead, but only without SRAM ECC
+("-sramecc"), which MI300 parts run with: a D16 load there does not keep the
+other half.
 """
 
 from __future__ import annotations
@@ -28,6 +48,7 @@ from functools import lru_cache
 
 import numpy as np
 
+from tessera.ir.core import Value
 from tessera.ir.layouts import RegisterLayout
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
 from tessera.ir.types import PointerType
@@ -116,6 +137,75 @@ def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int,
             phases = math.ceil(lanes.size / _lanes_per_phase(vector * bits // 8, banks))
             cycles += phases * bank_conflicts(smem, access[lanes], bits / 8, banks)
     return cycles
+
+
+TR_LANES, TR_ROW = 16, 4          # ds_read_b64_tr_b16: groups of 16 lanes, 4 16-bit elements a lane
+
+
+def lds_transpose_read(ctx, base, want: RegisterLayout, weights, dtype) -> Value | None:
+    """The registers of fragment layout `want`, register j at element sum_d weights[d] * coord_d of `base`
+    (a shared pointer), read with `lds_read_tr` where the target has it and the layout allows
+    (`transpose_read_starts`); None otherwise (the caller falls back to plain loads)."""
+    if not ctx.target.has("lds.read.tr") or dtype.bits != 16 or ctx.warp_size % TR_LANES:
+        return None
+    plan = transpose_read_starts(want, tuple(weights))
+    if plan is None:
+        return None
+    terms, consts = plan
+    part = None
+    for stride, size, scale in terms:
+        term = ctx.index.affine(ctx.index.digit(stride, size), scale)
+        part = term if part is None else ctx.hoist("add", [part, term])
+    registers = []
+    for c in consts:
+        offset = ctx.const(c) if part is None else (part if c == 0 else ctx.emit("add", part, ctx.const(c)))
+        row = ctx.emit("lds_read_tr", ctx.emit("addptr", base, offset))
+        registers += ctx.unpack(row)
+    return ctx.pack(registers)
+
+
+@lru_cache(maxsize=256)
+def transpose_read_starts(want: RegisterLayout, weights: tuple[int, ...]):
+    """Where each lane's `lds_read_tr` rows start, as (thread terms, per-read constants), or None if the reads
+    cannot give `want`.
+
+    Register 4q + e of lane 16h + d must be element d % 4 of the row that lane 16h + 4e + d // 4 addresses in
+    read q; so lane 16h + s addresses start[16h + s, q] = offset of (lane 16h + 4 (s % 4), register 4q + s // 4),
+    and every register is checked against that. The starts must split into a thread part that is linear in the
+    thread id's bits (emitted as digits: (stride, size, scale) terms) plus a constant per read, and be 8-byte
+    aligned (a multiple of 4 elements; the ring slots are 16-byte aligned)."""
+    threads, count = want.num_threads, want.local_size
+    if threads % TR_LANES or count % TR_ROW or threads & (threads - 1):
+        return None
+    offsets = (want.table() * np.asarray(weights, np.int64)).sum(-1)            # (threads, registers)
+    t = np.arange(threads)
+    group, s = t // TR_LANES * TR_LANES, t % TR_LANES
+    reads = np.arange(count // TR_ROW)
+    starts = offsets[(group + TR_ROW * (s % TR_ROW))[:, None], TR_ROW * reads[None, :] + (s // TR_ROW)[:, None]]
+    e = np.arange(TR_ROW)
+    source = group[:, None] + TR_ROW * e[None, :] + (s // TR_ROW)[:, None]      # (threads, 4): who addressed it
+    got = starts[source] + (s % TR_ROW)[:, None, None]                           # (threads, 4, reads)
+    if (got.transpose(0, 2, 1).reshape(threads, count) != offsets).any() or (starts % TR_ROW).any():
+        return None
+    consts = starts[0]
+    part = starts - consts
+    if (part != part[:, :1]).any():
+        return None
+    part = part[:, 0]
+    bits = threads.bit_length() - 1
+    coeff = [int(part[1 << i]) for i in range(bits)]
+    linear = sum(((t >> i) & 1) * c for i, c in enumerate(coeff))
+    if (linear != part).any():
+        return None
+    terms, i = [], 0
+    while i < bits:                  # runs of bits with doubling coefficients are one digit
+        j = i + 1
+        while j < bits and coeff[j] == 2 * coeff[j - 1]:
+            j += 1
+        if coeff[i]:
+            terms.append((1 << i, 1 << (j - i), coeff[i]))
+        i = j
+    return tuple(terms), tuple(int(c) for c in consts)
 
 
 def _lanes_per_phase(nbytes: int, banks: int) -> int:
