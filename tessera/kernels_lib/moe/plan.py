@@ -148,13 +148,19 @@ AMD_ONE_LAUNCH = {
 RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the one-launch layer's rings hold
 
 
+def gemm_ring_bytes(p: Plan, gemm: str) -> int:
+    """LDS bytes of plan `p`'s ring for `gemm` ("gate_up" or "down"): STAGES x (a BM x BK block of rows and the
+    weights' block, gate_up's 2BN x BK (gate and up) or down's BN x BK) of bf16. On AMD this is the whole LDS of
+    the multi-kernel GEMM (the compile tests compare)."""
+    t = getattr(p, gemm)
+    weight_rows = 2 * t.BN if gemm == "gate_up" else t.BN
+    return RING_ELEMENT_BYTES * t.stages * (p.BM + weight_rows) * t.BK
+
+
 def ring_bytes(p: Plan) -> int:
-    """LDS bytes of plan `p`'s larger K-loop ring: STAGES x (a BM x BK block of rows and the weights' block, gate_up's
-    2BN x BK (gate and up) or down's BN x BK) of bf16. A pipelined one-launch kernel's LDS is this (the compile
-    tests compare)."""
-    gate_up, down = p.gate_up, p.down
-    return RING_ELEMENT_BYTES * max(gate_up.stages * (p.BM + 2 * gate_up.BN) * gate_up.BK,
-                                    down.stages * (p.BM + down.BN) * down.BK)
+    """LDS bytes of plan `p`'s larger K-loop ring (`gemm_ring_bytes`). A pipelined one-launch kernel's LDS is this
+    (the compile tests compare)."""
+    return max(gemm_ring_bytes(p, "gate_up"), gemm_ring_bytes(p, "down"))
 
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
