@@ -3,7 +3,7 @@
     python bench/launch_overhead.py                 # on an NVIDIA GPU: torch CUDA tensors
     python bench/launch_overhead.py --stub-driver   # on the CPU: tessera.runtime.stub_driver, no GPU needed
     python bench/launch_overhead.py --dry-run       # the plan only
-    python bench/launch_overhead.py --profile       # on a GPU: also cProfile's top functions of the GEMM op
+    python bench/launch_overhead.py --profile       # also cProfile's top functions of the GEMM op (GPU or stub)
 
 Tessera paths: an empty kernel; vector add (3 tensors and an int) with a tuple
 grid, with its defaulted constexpr left out, with a callable grid, with
@@ -26,10 +26,16 @@ a CPU tensor would stop it early) plus `_gemm`. torch's figures are then CPU
 ops: `torch.matmul` at 2x2 (dispatch and allocation, next to no compute:
 the floor of its host cost) and at the GEMM's size (its compute included);
 neither is cuBLAS's host path, so the ratios here bracket the GPU's, which
-only a GPU run measures. Stub figures are the best and the median of 15
-batches of 2000 launches, in the process's CPU time. Goals (issue 13): at
-most 3 µs per warm launch with up to 4 tensors, 6 µs for the GEMM's
-argument list.
+only a GPU run measures. The op with C at a new address every call is also
+timed with $TESSERA_TMA_ADDRESS_PATCH=1 (C's map patched, not encoded:
+`runtime/tensor_map_patch.py`). Beside them, what dispatching costs on the
+CPU, around one 64x64 `torch.empty`: called from Python, as a
+`torch.library.custom_op` (the registration `tessera::gemm` has; the op
+skips it where nothing observes the call), and as an op defined with
+`torch.library.Library` whose kernel the C++ dispatcher calls. Stub figures
+are the best and the median of 15 batches of 2000 launches, in the
+process's CPU time. Goals (issue 13): at most 3 µs per warm launch with up
+to 4 tensors, 6 µs for the GEMM's argument list.
 """
 
 from __future__ import annotations
@@ -122,8 +128,12 @@ def gemm_kernel_case(a, b, c):
 def gemm_op_cases() -> dict:
     """`tessera::gemm`'s implementation (`_gemm`) at GEMM_SIZE^3 on CPU float16 tensors run as GPU ones
     (`gemm_plan.stub_gpu_operands`, entered by the caller): its warm calls replay the shape's plan. Its output
-    is freed each call (the allocator hands the same block back, as CUDA's caching allocator does), or kept
-    alive for the next 2048 calls, so C is at a new address every call and its tensor map is encoded again."""
+    is freed each call (the allocator hands the same block back, as CUDA's caching allocator does), kept until the
+    next call returns (as in `x = gemm(x, w)`: C alternates between two blocks, its map rewritten from the cache
+    of encoded maps each call), or kept alive for the next 2048 calls, so C is at a new address every call and
+    its tensor map is encoded again. (The CPU allocator sometimes hands two blocks in turn even when C is freed:
+    then the first case costs what the second does; the C addresses say which happened.) Beside them fp8 (e4m3)
+    with per-tensor and with per-row / per-column scales (bfloat16 out), whose plans make the scale vectors."""
     from collections import deque
     import importlib
 
@@ -131,10 +141,41 @@ def gemm_op_cases() -> dict:
 
     op = importlib.import_module("tessera.kernels_lib.gemm")
     a, b = (torch.randn(GEMM_SIZE, GEMM_SIZE).to(torch.float16) for _ in range(2))
-    kept = deque(maxlen=2048)
+    kept, last = deque(maxlen=2048), deque(maxlen=1)
+    a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+    scale, rows, columns = torch.tensor(0.5), torch.rand(GEMM_SIZE), torch.rand(GEMM_SIZE)
     return {"tessera_gemm_op_sm90a": lambda: op._gemm(a, b, None, None, None, None, None, False, False, 1.0),
+            "tessera_gemm_op_sm90a_fp8_tensor_scales":
+                lambda: op._gemm(a8, b8, None, scale, scale, None, None, False, False, 1.0),
+            "tessera_gemm_op_sm90a_fp8_vector_scales":
+                lambda: op._gemm(a8, b8, None, rows, columns, None, None, False, False, 1.0),
+            "tessera_gemm_op_sm90a_two_outputs":
+                lambda: last.append(op._gemm(a, b, None, None, None, None, None, False, False, 1.0)),
             "tessera_gemm_op_sm90a_new_output":
                 lambda: kept.append(op._gemm(a, b, None, None, None, None, None, False, False, 1.0))}
+
+
+def dispatch_cases() -> dict:
+    """One 64x64 float16 `torch.empty` (what the op's replay allocates) called directly, through a
+    `torch.library.custom_op` with a fake and autograd (as `tessera::gemm` is registered), and through an op
+    defined with `torch.library.Library` whose CPU kernel is the same function (C++ dispatch, no Python
+    autograd layer): what each way of being an op costs per call."""
+    import torch
+
+    def allocate(a: torch.Tensor) -> torch.Tensor:
+        return torch.empty(GEMM_SIZE, GEMM_SIZE, dtype=a.dtype, device=a.device)
+
+    name = f"tessera_bench_{os.getpid()}"
+    custom = torch.library.custom_op(f"{name}::allocate", allocate, mutates_args=(), schema="(Tensor a) -> Tensor")
+    custom.register_fake(allocate)
+    custom.register_autograd(lambda ctx, grad: grad, setup_context=lambda ctx, inputs, output: None)
+    library = torch.library.Library(name, "FRAGMENT")
+    library.define("allocate_low(Tensor a) -> Tensor")
+    library.impl("allocate_low", allocate, "CPU")
+    low = getattr(torch.ops, name).allocate_low.default
+    a = torch.empty(GEMM_SIZE, GEMM_SIZE, dtype=torch.float16)
+    return {"python_call_cpu": lambda: allocate(a), "torch_custom_op_dispatch_cpu": lambda: custom(a),
+            "torch_library_impl_dispatch_cpu": lambda: low(a), "_library": library}
 
 
 def driver_calls(driver, fn) -> dict:
@@ -248,6 +289,17 @@ def run_stubbed() -> dict:
             for name, fn in gemm_op_cases().items():
                 timings.measure(name, fn)
                 calls[name] = driver_calls(driver, fn)
+            if "--profile" in sys.argv:
+                profile(gemm_op_cases()["tessera_gemm_op_sm90a"])
+            forget_prepared_launches()              # prepared again with C's map patched at new addresses
+            os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
+            try:
+                name, fn = "tessera_gemm_op_sm90a_new_output_patched", gemm_op_cases()[
+                    "tessera_gemm_op_sm90a_new_output"]
+                timings.measure(name, fn)
+                calls[name] = driver_calls(driver, fn)
+            finally:
+                del os.environ["TESSERA_TMA_ADDRESS_PATCH"]
         forget_prepared_launches()
     timings.measure("tessera_op_dispatch_check", lambda: unobserved())
     for name, counts in calls.items():
@@ -258,6 +310,9 @@ def run_stubbed() -> dict:
     timings.measure("torch_add_cpu", lambda: torch.add(tx, ty, out=tout))
     timings.measure("torch_matmul_cpu", lambda: torch.matmul(ta, tb))
     timings.measure("torch_matmul_cpu_2x2", lambda: torch.matmul(sa, sb))
+    for name, fn in dispatch_cases().items():
+        if not name.startswith("_"):
+            timings.measure(name, fn)
     ratios = report_ratios(timings, ["tessera_op_dispatch_check", "tessera_gemm_op_sm90a"],
                            ["torch_matmul_cpu_2x2", "torch_matmul_cpu"])
     return {"mode": timings.mode, "n": N, "gemm_size": GEMM_SIZE, "best_us": dict(timings),
@@ -298,9 +353,48 @@ def run_on_gpu() -> dict:
     print(f"{'tessera::gemm / torch_matmul (unqueued)':<42} {ratios['unqueued:torch_matmul']:7.2f}x  (goal <= 1.2x)")
     if "--profile" in sys.argv:
         profile(gemm_cases["tessera_gemm_op"])
+
+    def measure(name, fn):
+        timings.measure(name, fn)
+        unqueued[name] = unqueued_us(fn, torch)
+        print(f"{name:<42} {unqueued[name]:7.2f} µs with the GPU's queue kept short", flush=True)
+    op_variants_on_gpu(torch, gemm, a, b, measure)
     return {"mode": timings.mode, "environment": gpu_common.environment(torch), "n": N, "gemm_size": GEMM_SIZE,
             "median_us": dict(timings), "unqueued_median_us": unqueued, "op_over_torch_matmul": ratios,
             "driver_calls_per_launch": calls}
+
+
+def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
+    """`measure(name, fn)` the op through the dispatcher (`torch.ops.tessera.gemm`: what a call that torch
+    observes pays), with C kept until the next call (two blocks in turn, as in x = gemm(x, w): C's map rewritten
+    from the cache), fp8 with per-tensor and per-row / column scales (sm_89+), and with C kept alive (a new
+    address every call: C's tensor map encoded each time), then the same with $TESSERA_TMA_ADDRESS_PATCH=1 (C's
+    map patched: `runtime/tensor_map_patch.py`), whose outputs are checked against torch.matmul (the count of
+    wrong ones is printed: it must be 0)."""
+    from collections import deque
+
+    kept, last = deque(maxlen=4096), deque(maxlen=1)
+    measure("tessera_gemm_op_dispatched", lambda: torch.ops.tessera.gemm(a, b))
+    measure("tessera_gemm_op_two_outputs", lambda: last.append(gemm(a, b)))
+    measure("tessera_gemm_op_new_output", lambda: kept.append(gemm(a, b)))
+    if torch.cuda.get_device_capability() >= (8, 9):        # fp8 with scales: planned, the vectors made per call
+        a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
+        scale = torch.tensor(0.5, device="cuda")
+        rows, columns = (torch.rand(GEMM_SIZE, device="cuda") for _ in range(2))
+        measure("tessera_gemm_op_fp8_tensor_scales", lambda: gemm(a8, b8, scale_a=scale, scale_b=scale))
+        measure("tessera_gemm_op_fp8_vector_scales", lambda: gemm(a8, b8, scale_a=rows, scale_b=columns))
+    os.environ["TESSERA_TMA_ADDRESS_PATCH"] = "1"
+    try:
+        forget_prepared_launches()              # prepared again: C's map encoder patches once it has learned
+        kept.clear()
+        measure("tessera_gemm_op_new_output_patched", lambda: kept.append(gemm(a, b)))
+        torch.cuda.synchronize()
+        expected = torch.matmul(a.float(), b.float())
+        wrong = sum(not torch.allclose(c.float(), expected, rtol=2e-2, atol=2e-2) for c in kept)
+        print(f"{'patched C maps: outputs off torch.matmul':<42} {wrong} of {len(kept)}", flush=True)
+    finally:
+        del os.environ["TESSERA_TMA_ADDRESS_PATCH"]
+        forget_prepared_launches()
 
 
 def unqueued_us(fn, torch, calls: int = 2000, every: int = 16) -> float:
@@ -390,7 +484,10 @@ def main() -> None:
         print(f"launch_overhead ({'stub driver' if stub else 'GPU'}): tessera empty, vector add (tuple grid, "
               f"defaulted constexpr, callable grid, stream=, autotuned), the GEMM's arguments, the tessera::gemm "
               f"op (on the stub: its GPU path on an sm_90a stub, with its driver calls); torch add, torch.matmul "
-              f"(on the CPU: 2x2 and 64^3), Triton vector add; the op's host cost over torch.matmul's (goal <= 1.2x)")
+              f"(on the CPU: 2x2 and 64^3), Triton vector add; the op's host cost over torch.matmul's (goal <= "
+              f"1.2x); the op with C kept until the next call, and at a new address every call, its map "
+              f"encoded and patched (TESSERA_TMA_ADDRESS_PATCH=1; on a GPU also the outputs checked), and through "
+              f"the dispatcher; dispatch costs (Python call, custom_op, Library.impl)")
         return
     results = run_stubbed() if stub else run_on_gpu()
     results["cache_hit_new_process_ms"] = cache_hit_ms()

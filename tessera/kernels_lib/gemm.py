@@ -44,8 +44,8 @@ per column of op(B) ([N]), applied to the float32 accumulator before alpha:
 acc * scale_a[:, None] * scale_b[None, :].
 
 A warm call on the GPU replays what the first calls of its shape, dtypes,
-alignment and layout launched (`gemm_plan.py`): no checks, binding or
-config selection, one prepared launch per kernel.
+alignment and layout launched, fp8 scales included (`gemm_plan.py`): no
+checks, binding or config selection, one prepared launch per kernel.
 
 On the GPU the op runs the kernel compiled with fast math (`gemm_kernel_fast`:
 fma contraction, approximate exp2 and division) wherever the output's
@@ -277,13 +277,6 @@ def _host(x: torch.Tensor):
     return x
 
 
-def _scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
-    """A per-tensor scale expanded to one per row/column (the kernel reads a vector either way)."""
-    if scale is None:
-        return None
-    return scale.reshape(1).expand(length).contiguous() if scale.dim() == 0 else scale.contiguous()
-
-
 def _grid(M: int, N: int, meta: dict, num_sms: int) -> tuple[int]:
     """One program per tile, or per SM (at most one per tile) for persistent configs; with CLUSTER_M (CLUSTER_N),
     rows (columns) of tiles rounded up to whole clusters (`cluster_tile`), and persistent programs a whole number
@@ -434,12 +427,12 @@ def _atomic_split_k() -> bool:
 def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b, alpha) -> torch.Tensor:
     """The implementation: a warm call replays its plan (`gemm_plan.py`); otherwise check, allocate the output,
     launch (the interpreter for CPU tensors), and on the GPU record the launches as the key's plan."""
-    planned = scale_a is None and scale_b is None and tessera.launching_directly()
+    planned = tessera.launching_directly()
     if planned:
-        key, pa, pb, pbias = gemm_plan.plan_key(a, b, bias, activation, out_dtype, trans_a, trans_b)
+        key, pa, pb, pbias = gemm_plan.plan_key(a, b, bias, activation, out_dtype, trans_a, trans_b, scale_a, scale_b)
         plan = _PLANS.get(key)
         if plan is not None:
-            c = plan.run(pa, pb, pbias, alpha)
+            c = plan.run(pa, pb, pbias, alpha, scale_a, scale_b)
             if c is not None:
                 return c
             _PLANS.pop(key, None)          # recorded again below
@@ -450,7 +443,7 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     a_mem, stride_am, stride_ak = _strided(a.t() if trans_a else a)
     b_mem, stride_bk, stride_bn = _strided(b.t() if trans_b else b)
     bias_mem = bias.contiguous() if bias is not None else c       # c stands in when there is no bias/scale
-    scale_a_mem, scale_b_mem = _scale_vector(scale_a, M), _scale_vector(scale_b, N)
+    scale_a_mem, scale_b_mem = gemm_plan.scale_vector(scale_a, M), gemm_plan.scale_vector(scale_b, N)
     args = (a_mem, b_mem, bias_mem, c if scale_a_mem is None else scale_a_mem,
             c if scale_b_mem is None else scale_b_mem, c,
             M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
@@ -467,13 +460,17 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
         # a plan replays addresses, so only operands passed as they are (dense, not copied), and a non-empty K
         if planned and K > 0 and a_mem.data_ptr() == pa and b_mem.data_ptr() == pb and \
                 bias_mem is (c if bias is None else bias):
-            launches = recording = gemm_plan.Recording(_device_args, args[0], args[1], args[2], args[5], args[9])
+            launches = recording = gemm_plan.Recording(_device_args, args[0], args[1], args[2], args[5], args[9],
+                                                       args[3] if scale_a is not None else None,
+                                                       args[4] if scale_b is not None else None)
         else:
             launches = gemm_plan.Direct(_device_args)
     atomic = launch_kernels(args, M, N, K, flags, out_dtype, a.element_size(), a.device,
                             CPU_NUM_SMS if cpu else _num_sms(a.get_device()), cpu=cpu, launches=launches)
     if recording is not None:
-        _PLANS.remember(key, recording, c, atomic, _atomic_split_k)
+        plans_of = _gpu_of(a.device)[1]     # (read per call on AMD: a replay checks it; 'nvidia' never moves)
+        _PLANS.remember(key, recording, c, atomic, _atomic_split_k,
+                        None if plans_of == "nvidia" else (plans_of, lambda device=a.device: _gpu_of(device)[1]))
     return c
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import functools
 import inspect
 import os
+import sys
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Optional, Sequence
@@ -42,12 +43,33 @@ def caller_line() -> tuple[Optional[str], Optional[int]]:
 def outside_graphs(op: str, hooks: str):
     """`torch.compiler.disable` for a library op's path with fused functions: a Python function cannot be a
     torch op's argument, so torch.compile breaks the graph at the call and runs it eagerly (rather than
-    tracing the hook machinery into an internal error); under fullgraph=True torch's error gives this reason."""
-    return torch.compiler.disable(reason=f"{op} with fused functions ({hooks}) runs outside torch.compile's graph: "
-                                         f"a Python function cannot be a torch op's argument. Without "
-                                         f"fullgraph=True the graph breaks here and the op runs eagerly; to keep "
-                                         f"one graph, wrap the call, with its functions fixed, in your own "
-                                         f"@tessera.torch.op")
+    tracing the hook machinery into an internal error); under fullgraph=True torch's error gives this reason.
+
+    Applied lazily: `torch.compiler.disable` imports Dynamo (about 1.5 s of CPU), which `import
+    tessera.kernels_lib` should not cost a process that never compiles. The returned function carries the
+    marks Dynamo reads at a call site (the graph breaks there, with `reason`), and wraps the op in
+    `torch.compiler.disable` on its first call in a process that has Dynamo loaded; until then there is no
+    graph to keep it out of, and it calls the op directly."""
+    reason = (f"{op} with fused functions ({hooks}) runs outside torch.compile's graph: a Python function cannot "
+              f"be a torch op's argument. Without fullgraph=True the graph breaks here and the op runs eagerly; to "
+              f"keep one graph, wrap the call, with its functions fixed, in your own @tessera.torch.op")
+
+    def decorate(fn):
+        disabled = []
+
+        @functools.wraps(fn)
+        def call(*args, **kwargs):
+            if not disabled:
+                if "torch._dynamo" not in sys.modules:
+                    return fn(*args, **kwargs)
+                disabled.append(torch.compiler.disable(fn, reason=reason))
+            return disabled[0](*args, **kwargs)
+
+        call._torchdynamo_disable = True            # the marks torch.compiler.disable leaves, read at call sites
+        call._torchdynamo_disable_msg = reason
+        return call
+
+    return decorate
 
 
 def call_error(op: str, message: str) -> tessera.CompileError:

@@ -145,6 +145,7 @@ class ArgumentPacker:
         self._buffer = (ctypes.c_uint64 * words)()      # fixed address; the parameters start 64-byte aligned
         self._start = -ctypes.addressof(self._buffer) % TENSOR_MAP_ALIGN
         self.address = ctypes.addressof(self._buffer) + self._start
+        self.view = memoryview(self._buffer).cast("B")[self._start:]    # the parameters' bytes, writable in place
         self._pointers = (ctypes.c_void_p * max(1, self._count))(*[self.address + s.offset for s in self.slots])
         self._bits = struct.Struct(_struct_format(self.slots, _bits_format))
         self._exact_converters = tuple(_exact_converter(s) for s in self.slots)
@@ -209,8 +210,9 @@ class ArgumentPacker:
         return pack
 
     def write_bytes(self, offset: int, data: bytes) -> None:
-        """Copy `data` into the buffer at parameter byte `offset` (a tensor map's 128 bytes, by value)."""
-        ctypes.memmove(self.address + offset, data, len(data))
+        """Copy `data` into the buffer at parameter byte `offset` (a tensor map's 128 bytes, by value). A slice
+        assignment to `view`: ~0.3 µs less than ctypes.memmove, on every launch that writes a map."""
+        self.view[offset:offset + len(data)] = data
 
     def _pack_exactly(self, values: Sequence[Any], slots: Sequence[ParamSlot] | None = None,
                       bits: struct.Struct | None = None) -> None:

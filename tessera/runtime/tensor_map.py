@@ -15,7 +15,10 @@ Kernels whose pipelined loads the compiler turned into TMA loads carry one
 maps from a launch's arguments and writes them into the launch's prepared
 parameter buffer, re-encoding only when a map's (pointer, dims, strides)
 change (its box, dtype and swizzle are the recipe's), so a warm launch with
-the same tensors compares one small tuple per map and writes nothing.
+the same tensors compares one small tuple per map and writes nothing. With
+$TESSERA_TMA_ADDRESS_PATCH=1 a tensor at a new address gets its map patched
+from the driver's map of the same description (`tensor_map_patch.py`)
+rather than encoded again.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from tessera.ir import dtypes as dt
 from tessera.ir.tensor_map import (GLOBAL_ALIGN, SWIZZLES, TensorMapDescription, TensorMapError, TensorMapRecipe,
                                    validate)
 
+from . import tensor_map_patch
 from .errors import LaunchError
 from .packing import _Inexact as Inexact
 
@@ -100,6 +104,15 @@ def prepare_encoding(desc: TensorMapDescription) -> Callable[[int], bytes]:
         if len(blob) != TENSOR_MAP_BYTES:
             raise LaunchError(f"cuTensorMapEncodeTiled returned {len(blob)} bytes; expected {TENSOR_MAP_BYTES}")
         return blob
+    if tensor_map_patch.enabled():      # new addresses patched into a learned map, not encoded (off by default)
+        patcher = tensor_map_patch.AddressPatcher(encode, f"tensor map of a {desc.dtype.name} {desc.shape} tensor")
+
+        def patched(address: int) -> bytes:
+            if address % GLOBAL_ALIGN:
+                raise TensorMapError(f"tensor map: global address {address:#x} is not {GLOBAL_ALIGN}-byte aligned")
+            return patcher(address)
+        patched.patcher = patcher
+        return patched
     return encode
 
 
@@ -155,8 +168,9 @@ class KernelTensorMaps:
         own = len(packer.slots) - len(self._plans)
         if [p.recipe.param for p in self._plans] != list(range(own, len(packer.slots))):
             return None
-        pack_own, write = packer.prefix_pack(own), packer.write_bytes
-        steps = tuple((plan, plan.key_of, packer.slots[plan.recipe.param].offset) for plan in self._plans)
+        pack_own, view = packer.prefix_pack(own), packer.view
+        steps = tuple((plan, plan.key_of, packer.slots[plan.recipe.param].offset, plan.blobs)
+                      for plan in self._plans)
         written: list = [None] * len(steps)     # the key of the map each slot holds now
         blob_of = self._blob
         # every map's key at once: a warm launch with the same tensors compares one tuple, then writes nothing
@@ -166,11 +180,12 @@ class KernelTensorMaps:
         def write_maps(values: Sequence, keys: tuple) -> None:
             nonlocal last
             last = None                         # a failed encode leaves the slots unknown
-            for i, (plan, key_of, offset) in enumerate(steps):
+            for i, (plan, key_of, offset, blobs) in enumerate(steps):
                 key = key_of(values)
                 if key != written[i]:
                     written[i] = None
-                    write(offset, blob_of(plan, values, key))
+                    blob = blobs.get(key) or blob_of(plan, values, key)     # (the cache looked up inline)
+                    view[offset:offset + len(blob)] = blob
                     written[i] = key
             last = keys
 

@@ -131,3 +131,13 @@ def test_fused_forward_compiles_without_spills(target):
         assert compiled.metadata["vgpr_spill_count"] == 0
     else:
         assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+
+
+def test_importing_the_library_leaves_dynamo_unloaded():
+    """`import tessera.kernels_lib` must not import Dynamo (about 1.5 s of CPU a process): the ops that keep fused
+    functions out of torch.compile's graphs disable Dynamo for them lazily (`hooks.outside_graphs`)."""
+    import subprocess
+    import sys
+    code = "import sys, tessera.kernels_lib, tessera.kernels_lib.moe; print('torch._dynamo' in sys.modules)"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.stdout.strip() == "False", done.stdout + done.stderr

@@ -71,3 +71,49 @@ def test_replayed_plans_compute_the_product(M, N, K, trans_b):
         out = gemm.gemm(a, b, bias, activation="relu", trans_b=trans_b)
         assert_close(out.float(), reference, rtol=2e-2, atol=2e-1)
     assert len(gemm._PLANS) == plans + 1, "the warm calls were planned"
+
+
+def test_with_patched_maps_each_new_output_gets_its_own_product(driver, monkeypatch):
+    """$TESSERA_TMA_ADDRESS_PATCH=1 (`runtime/tensor_map_patch.py`): 300 calls, each output kept (a new address
+    every call) and scaled by its own alpha, so a C map patched wrong would store into another call's output. Every
+    output must be its own product, with most maps patched rather than encoded. This passing (with
+    tests/runtime/test_tensor_map_patch.py's GPU test) is what lets the switch default to on."""
+    from tessera.kernels_lib.gemm import gemm
+
+    monkeypatch.setenv("TESSERA_TMA_ADDRESS_PATCH", "1")
+    a, b = (torch.randn(64, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    product = a.float() @ b.float()
+    alphas = [1.0 + i / 64 for i in range(300)]
+    before = Counter(driver.counts)
+    outputs = [gemm(a, b, alpha=alpha) for alpha in alphas]
+    encodes = (driver.counts - before)["cuTensorMapEncodeTiled"]
+    for alpha, out in zip(alphas, outputs):
+        assert_close(out.float(), alpha * product, rtol=2e-2, atol=5e-1)
+    assert encodes < len(outputs) // 4, f"{encodes} encodes: the maps were not patched"
+
+
+@pytest.mark.parametrize("scales", ["per-tensor", "per-row-and-column"])
+def test_replayed_fp8_plans_with_scales_compute_the_product(scales):
+    """fp8 calls with scales replay their plan too (`gemm_plan.py`: the scale vectors made again each call); each
+    call's scales differ, so a replay passing a stale vector would be caught."""
+    import importlib
+
+    gemm = importlib.import_module("tessera.kernels_lib.gemm")
+    if cuda.get_device(0).capability < (8, 9):
+        pytest.skip("fp8 needs sm_89+")
+    g = torch.Generator().manual_seed(7)
+    a = torch.randn((64, 512), generator=g).to(torch.float8_e4m3fn).cuda()
+    b = torch.randn((512, 256), generator=g).to(torch.float8_e4m3fn).cuda()
+    product = a.float() @ b.float()
+    plans = len(gemm._PLANS)
+    for step in range(5):
+        if scales == "per-tensor":
+            scale_a, scale_b = torch.tensor(0.5 + step, device="cuda"), torch.tensor(0.25, device="cuda")
+        else:
+            scale_a = torch.rand(64, generator=g).cuda() + step
+            scale_b = torch.rand(256, generator=g).cuda()
+        out = gemm.gemm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32)
+        expected = product * scale_a.reshape(-1, 1) * scale_b.reshape(1, -1) if scale_a.dim() else \
+            product * scale_a * scale_b
+        assert_close(out, expected, rtol=2e-2, atol=2e-1)
+    assert len(gemm._PLANS) == plans + 1, "the warm calls were planned"

@@ -26,7 +26,6 @@ torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
 from tessera.dsl import gpu_launch  # noqa: E402
-from tessera.kernels_lib import gemm_plan  # noqa: E402
 from tessera.kernels_lib import gemm_stream_k  # noqa: E402
 from tessera.kernels_lib.gemm_plan import stub_gpu_operands  # noqa: E402
 from tessera.runtime.stub_driver import StubDriver, stubbed_driver  # noqa: E402
@@ -169,10 +168,11 @@ def run(driver, args) -> list[tuple]:
     """The launches of one `_gemm` call with `args`, pointer values named."""
     since = len(driver.calls)
     out = gemm._gemm(*args)
-    a, b, bias = args[:3]
+    a, b = args[:2]
     named = {a.data_ptr(): "a", b.data_ptr(): "b", out.data_ptr(): "c"}
-    if bias is not None:
-        named[bias.data_ptr()] = "bias"
+    for name, t in zip(("bias", "scale_a", "scale_b"), args[2:5]):
+        if t is not None:                   # (a per-tensor scale's own address is never launched: its vector is)
+            named[t.data_ptr()] = name
     return launched(driver, since, named)
 
 
@@ -277,9 +277,67 @@ def test_a_stream_k_plan_replays_what_the_general_path_launches_on_its_stream_on
     gemm._stream_k_plan.cache_clear()
 
 
-def test_calls_with_fp8_scales_are_not_planned(monkeypatch):
-    """(On the CPU interpreter: the stub's arrays have no fp8 type.) The key is never even computed."""
-    monkeypatch.setattr(gemm_plan, "plan_key", lambda *args: pytest.fail("a call with scales was planned"))
+def test_an_amd_plan_replays_only_while_its_plan_target_holds(monkeypatch):
+    """On AMD the plan target is read per call ($TESSERA_AMD_PLANS, `targets.plan_target`): a plan recorded for
+    one target steps aside (launching nothing) once the target reads otherwise, and the general path decides.
+    (`_gpu_of` is stubbed to answer as an AMD GPU would; NVIDIA plans carry no target to check.)"""
+    target = {"now": "gfx942"}
+    gpu_of = gemm._gpu_of
+    with stub_gpu() as driver:
+        a, b = torch.randn(64, 64).half(), torch.randn(64, 64).half()
+        args = (a, b, None, None, None, None, None, False, False, 1.0)
+        for _ in range(3):
+            gemm._gemm(*args)
+        assert next(iter(gemm._PLANS.values())).target is None
+        gemm.clear_plans()
+        monkeypatch.setattr(gemm, "_gpu_of", lambda device: (gpu_of(device)[0], target["now"]))
+        for _ in range(2):
+            gemm._gemm(*args)
+        plan = next(iter(gemm._PLANS.values()))
+        assert plan.target[0] == "gfx942"
+        before = len(driver.calls)
+        assert plan.run(a.data_ptr(), b.data_ptr(), 0, 1.0) is not None and len(driver.calls) == before + 1
+        target["now"] = "gfx950"
+        assert plan.run(a.data_ptr(), b.data_ptr(), 0, 1.0) is None and len(driver.calls) == before + 1
+
+
+def fp8_scale_variants(M: int, N: int, K: int) -> list[tuple]:
+    """`_gemm` arguments of fp8 GEMMs whose scales differ in what the launches' specialization sees: per tensor,
+    per row / column, absent, a vector not 16-byte aligned, a vector that is the bias or the other scale."""
+    g = torch.Generator().manual_seed(M + N + K)
+    a = torch.randn((M, K), generator=g).to(torch.float8_e4m3fn)
+    b = torch.randn((K, N), generator=g).to(torch.float8_e5m2)
+    rows, columns = torch.rand(M, generator=g), torch.rand(N, generator=g)
+    shifted = torch.rand(N + 1, generator=g)[1:]                        # 4 bytes past a 16-byte boundary
+    bias = torch.randn(N, generator=g)
+    cases = [(None, torch.tensor(0.5), torch.tensor(2.0)), (None, rows, columns), (None, None, columns),
+             (None, torch.tensor(0.5), None), (None, rows, shifted), (bias, rows, columns)]
+    if M == N:
+        cases += [(bias, rows, bias), (None, rows, rows)]                 # scale_b is the bias; one vector twice
+    return [(a, b, bias_, scale_a, scale_b, "relu", None, False, False, 1.5) for bias_, scale_a, scale_b in cases]
+
+
+@pytest.mark.parametrize("M,N,K", [(64, 64, 64), (128, 128, 128), (16, 96, 1024)],
+                         ids=["small-m", "tiled", "small-m-split"])
+def test_fp8_calls_with_scales_replay_what_the_general_path_launches(M, N, K):
+    """fp8 scales are planned: each variant's replay (no checks run: `_check` fails if called) launches what the
+    general path does, its scale vectors made again (a per-tensor scale's expansion is fresh each call) or
+    passed as they are."""
+    with stub_gpu() as driver:
+        for args in fp8_scale_variants(M, N, K):
+            for _ in range(3):              # compiled, warm, recorded
+                run(driver, args)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(gemm, "_check", lambda *_: pytest.fail(f"not replayed: scales {args[3:5]}"))
+                replayed = run(driver, args)
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setattr(gemm, "_PLANS", NoPlans())
+                general = run(driver, args)
+            assert replayed == general and replayed, args[2:5]
+
+
+def test_fp8_scales_on_the_interpreter():
+    """(The CPU interpreter, beside the plans: a per-tensor scale on each side multiplies the product.)"""
     a, b = (torch.randn(16, 16).to(torch.float8_e4m3fn) for _ in range(2))
     scale = torch.tensor(0.5)
     out = gemm._gemm(a, b, None, scale, scale, None, None, False, False, 1.0)
@@ -304,8 +362,38 @@ def test_calls_a_plan_cannot_replay_take_the_general_path(case):
         assert len(gemm._PLANS) == 0
 
 
-def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode():
-    """The real sm_90a binaries (TMA maps for A, B and C): the op's replay writes C's map only when C moves."""
+# The tessera functions a warm op call runs, in order (`tessera_frames`): the op, the plan's key and replay, the
+# prepared launch and its packing. A new layer here costs every call ~0.1-0.3 µs: add it on purpose.
+WARM_FRAMES = ["_gemm", "launching_directly", "plan_key", "run", "launch", "pack"]
+
+
+def tessera_frames(fn) -> list[str]:
+    """The names of the Python functions of the tessera package that `fn()` calls, in order (sys.setprofile), the
+    driver's calls (`cu*`, the stub's Python) and what they call left out."""
+    import os
+    import sys
+    root = os.path.dirname(tessera.__file__) + os.sep
+    names, in_driver = [], []
+
+    def profile(frame, event, arg):
+        if event == "call" and not in_driver:
+            if frame.f_code.co_name.startswith("cu"):
+                in_driver.append(frame)
+            elif frame.f_code.co_filename.startswith(root):
+                names.append(frame.f_code.co_name)
+        elif event == "return" and in_driver and in_driver[-1] is frame:
+            in_driver.pop()
+    sys.setprofile(profile)
+    try:
+        fn()
+    finally:
+        sys.setprofile(None)
+    return names
+
+
+def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode(monkeypatch):
+    """The real sm_90a binaries (TMA maps for A, B and C): the op's replay writes C's map only when C moves, and
+    runs WARM_FRAMES; with $TESSERA_TMA_ADDRESS_PATCH=1 a moved C's map is patched, not encoded, once learned."""
     with stub_gpu(hopper=True, fake=False) as driver:
         a, b = (torch.randn(64, 64).half() for _ in range(2))
         args = (a, b, None, None, None, None, None, False, False, 1.0)
@@ -319,15 +407,38 @@ def test_a_warm_op_call_on_hopper_is_one_driver_call_and_a_new_output_one_encode
         # a moved C costs at most one encode. Whether C moved is read from its address, not assumed (under xdist
         # the allocator sometimes hands out other bytes).
         last = gemm._gemm(*args).data_ptr()
-        for _ in range(8):
+        seen, previous = {last}, None
+        for step in range(12):
             before = Counter(driver.counts)
-            c = gemm._gemm(*args)
-            moved = c.data_ptr() != last
-            last = c.data_ptr()
-            del c
+            out = []
+            names = tessera_frames(lambda: out.append(gemm._gemm(*args)))
+            moved, cached = out[0].data_ptr() != last, out[0].data_ptr() in seen
+            last = out[0].data_ptr()
+            seen.add(last)
+            if step >= 6:                   # then C kept until the next call returns, as in x = gemm(x, w)
+                previous = out.pop()
+            out.clear()
             calls = driver.counts - before
             assert calls["cuLaunchKernel"] == 1 and calls["cuTensorMapEncodeTiled"] <= moved
             assert set(calls) <= {"cuLaunchKernel", "cuTensorMapEncodeTiled"}
+            # a C seen before: its map comes from the cache of encoded maps (no _blob, no encode)
+            assert names == (WARM_FRAMES + ["write_maps"] if moved else WARM_FRAMES) if cached else \
+                names[:len(WARM_FRAMES)] == WARM_FRAMES, names
+        del previous
+
+        monkeypatch.setenv("TESSERA_TMA_ADDRESS_PATCH", "1")
+        forget_launches()                               # prepared again: C's map encoder learns its address field
+        before = Counter(driver.counts)
+        kept = [gemm._gemm(*args) for _ in range(64)]
+        assert len({c.data_ptr() for c in kept}) == len(kept)
+        assert driver.counts["cuTensorMapEncodeTiled"] - before["cuTensorMapEncodeTiled"] < 32
+        maps = [(encoder, plan.blobs) for kernel in KERNELS for launcher in kernel.launchers.values()
+                if launcher.tensor_maps is not None for plan in launcher.tensor_maps._plans
+                for encoder in plan.by_shape.values()]
+        patchers = [encoder.patcher for encoder, _ in maps]
+        assert any(p.patched for p in patchers) and not any(p.broken for p in patchers)
+        for encoder, blobs in maps:                     # every map the launches used is the driver's
+            assert all(blob == encoder.patcher.encode(key[0]) for key, blob in blobs.items())
 
 
 @pytest.mark.parametrize("M,N,K,launches", [(16, 256, 256, 1), (16, 256, 4096, 2), (256, 256, 64, 1),
@@ -337,8 +448,8 @@ def test_a_warm_op_call_is_one_driver_call_per_kernel(M, N, K, launches):
     with stub_gpu() as driver:
         a, b = torch.randn(M, K).half(), torch.randn(K, N).half()
         args = (a, b, None, None, None, None, None, False, False, 1.0)
-        for _ in range(2):
-            gemm._gemm(*args)
+        for _ in range(3):                  # compiled, warm, recorded (run alone, the tiled and split cases
+            gemm._gemm(*args)               # record their plan on the third call; after other tests, the second)
         assert len(gemm._PLANS) == 1
         before = Counter(driver.counts)
         gemm._gemm(*args)
