@@ -145,7 +145,7 @@ AMD_ONE_LAUNCH = {
     "gfx950": {"decode": DECODE, "middle": MIDDLE,
                "prefill": Plan(128, GemmTiles(64, 64, 3, 4), GemmTiles(64, 64, 3, 4))},
 }
-RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the one-launch layer's rings hold
+RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the expert GEMMs' rings hold
 
 
 def gemm_ring_bytes(p: Plan, gemm: str) -> int:
