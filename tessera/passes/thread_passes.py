@@ -10,8 +10,9 @@ loops, or in an `if` holding a loop after a loop, recomputed there, then DCE), `
 wgmma wait moved down to the first read of its results), `pingpong` (the turn-taking barriers of a
 `pingpong` loop), `low_bit` (sub-byte loads and stores become byte accesses), `merge_mbarrier_inits`
 (the top-level mbarrier inits behind one fence and one barrier), `shared_memory` allocation (lowering
-again with every TMA store waiting for its read at once when the staging buffers that loops overlap
-with the next iteration do not fit), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
+again when the staging buffers that loops overlap with the next iteration do not fit: first with 32-bit C
+tiles staged a column block at a time through two block-sized slots, then with every TMA store waiting for
+its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
 programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
 verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.
@@ -56,6 +57,8 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         assignment = assign_layouts(fn, target, warps, pins, facts)
         check_register_budget(assignment, target)
         lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True)
+        if _overlapped_stores_overflow(lowered, target):      # a 32-bit C a column block at a time, still overlapped
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True, slice_stores=True)
         if _overlapped_stores_overflow(lowered, target):
             lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=False)
         allocate_shared_memory(lowered, target.shared_memory_bytes)
@@ -66,9 +69,11 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
     return out
 
 
-def _to_threads(fn, assignment, target: Target, num_warps: int, facts, debug: bool, overlap_stores: bool) -> Function:
+def _to_threads(fn, assignment, target: Target, num_warps: int, facts, debug: bool, overlap_stores: bool,
+                slice_stores: bool = False) -> Function:
     """`lower_to_threads` and the thread-IR passes after it, up to shared-memory allocation."""
-    lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores).functions[0]
+    lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores,
+                               slice_stores).functions[0]
     if rematerialize_thread_index(lowered):
         dce_function(lowered)
     defer_wgmma_waits(lowered)
