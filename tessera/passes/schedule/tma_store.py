@@ -42,9 +42,22 @@ iteration runs (its K loop):
 
 Nothing else touches buf (it is this store's alone), so its only hazard
 is the next write of it, which the wait before the writes orders. When
-the buffer's own bytes do not fit beside what the loop needs,
-`thread_passes.lower` lowers the kernel again with the immediate wait
-(`Lowering.overlap_stores` off).
+the buffer's own bytes do not fit beside what the loop needs (the
+persistent warp-specialized 128 x 256 GEMM: 144 KiB of rings for the
+whole kernel, 128 KiB of f32 C), `thread_passes.lower` lowers the kernel
+again with a 32-bit C sliced (`Lowering.slice_stores`; CUTLASS's epilogue
+sub-tiling): buf is `STAGING_SLOTS` slots of one column block (rows x 32),
+and block j goes through slot j % slots
+
+    if thread 0: bulk_wait_group_read {pending = slots - 1}   the store that last read the slot has
+    barrier
+    st.shared.v2 of block j's pairs into the slot, fence_proxy_async, barrier
+    if thread 0: tma_store slot ...; bulk_commit_group        a bulk group per block
+
+(the first blocks of a store outside a loop skip the wait: no store read
+their slot yet); the loop's final wait is as above. If that does not fit
+either, it is lowered with the immediate wait (`Lowering.overlap_stores`
+off).
 
 The read-wait does not wait for the global writes (PTX: only the wait
 without .read completes a bulk group, its writes then visible to the
