@@ -43,9 +43,11 @@ from .wave_pingpong import GROUPS, pingpong_loop, stagger_wave_groups
 
 
 def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int = 4,
-          overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False) -> Module:
+          overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False,
+          slice_stores: bool | None = None) -> Module:
     """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block; `debug`
-    keeps device-side print and assert (dropped otherwise)."""
+    keeps device-side print and assert (dropped otherwise). `slice_stores` stages every 32-bit C a column
+    block at a time (True), never (False), or where a whole tile's overlapped buffer does not fit (None)."""
     if isinstance(target, str):
         target = get_target(target)
     functions = module_or_fn.functions if isinstance(module_or_fn, Module) else [module_or_fn]
@@ -56,11 +58,11 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         warps = _warps_per_program(fn, target, num_warps)
         assignment = assign_layouts(fn, target, warps, pins, facts)
         check_register_budget(assignment, target)
-        lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True)
-        if _overlapped_stores_overflow(lowered, target):      # a 32-bit C a column block at a time, still overlapped
-            lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True, slice_stores=True)
+        lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, bool(slice_stores))
+        if slice_stores is None and _overlapped_stores_overflow(lowered, target):   # a 32-bit C a block at a time
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, slice_stores=True)
         if _overlapped_stores_overflow(lowered, target):
-            lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=False)
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, False, bool(slice_stores))
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         if warps != num_warps:
             stagger_wave_groups(lowered, target.shared_memory_bytes)

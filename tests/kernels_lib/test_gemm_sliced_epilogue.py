@@ -14,7 +14,10 @@ barrier, thread 0's TMA store of the slot and a commit_group; after the tile loo
   STS.64 only, 8 UTMASTG.2D and a DEPBAR.LE SB0, 0x1 per block;
 * on the SIMT simulator the kernel, several tiles per program over ragged edges, writes what the tile
   interpreter does; dropping a slot's read-wait (within a tile, or the next tile's first block), or the barrier
-  after one, is reported as a race.
+  after one, is reported as a race;
+* asked for (`lower(..., slice_stores=True)`), a one-tile-per-program config slices too: 128 x 128 (4 blocks)
+  waits only before the blocks that reuse a slot (2 and 3), then once for all after the last commit, and
+  matches the interpreter; without the third block's wait the simulator reports the race.
 """
 
 from __future__ import annotations
@@ -26,7 +29,7 @@ import pytest
 
 from tessera.backends.interp import InterpreterError, run_function
 from tessera.backends.simt import run_threads
-from tessera.kernels_lib.gemm import HOPPER_CONFIGS, gemm_kernel
+from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel
 from tessera.passes.thread_passes import lower
 
 from hopper_gemm import NO_EPILOGUE, needs_ptxas, needs_sass
@@ -107,10 +110,9 @@ def _args(M, N, K, seed=0):
     return [a, b, unused, unused, unused, c, M, N, K, 1.0, K, 1, N, 1]
 
 
-def _lowered(M, N, K):
-    config = PERSISTENT_WS_128x256[0]
+def _lowered(M, N, K, config=PERSISTENT_WS_128x256[0], **options):
     module = gemm_kernel.kernel.specialize(*_args(M, N, K), **{**NO_EPILOGUE, **config.kwargs}).module
-    return module, lower(module, "sm_90a", config.num_warps).functions[0]
+    return module, lower(module, "sm_90a", config.num_warps, **options).functions[0]
 
 
 def _slot_waits(fn):
@@ -153,4 +155,22 @@ def test_rewriting_a_slot_before_its_last_store_has_read_it_is_reported(change, 
     else:
         del block.ops[i]
     with pytest.raises(InterpreterError, match=error):
+        run_threads(fn, _args(M, N, K), (1,))
+
+
+def test_a_one_tile_config_sliced_on_request_waits_only_to_reuse_a_slot_and_matches_the_interpreter():
+    """config0 (128 x 128, not persistent) at 160 x 144: 2 x 2 programs, the last row and column ragged."""
+    M, N, K = 160, 144, 64
+    config = CONFIGS[0]
+    module, fn = _lowered(M, N, K, config, slice_stores=True)
+    assert [op.name for op in fn.walk()].count("tma_store") == 4 and len(_slot_waits(fn)) == 2
+    got = _args(M, N, K)
+    run_threads(fn, got, (4,))
+    want = _args(M, N, K)
+    run_function(module.functions[0], want, (4,))
+    assert not np.isnan(got[5]).any()
+    np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
+    block, i = _slot_waits(fn)[0]                   # the third block's: slot 0, which the first block's store read
+    del block.ops[i]
+    with pytest.raises(InterpreterError, match=r"writes shared byte \d+ .*which a tma_store may still be reading"):
         run_threads(fn, _args(M, N, K), (1,))
