@@ -53,8 +53,8 @@ def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target,
                      facts: VectorFacts | None = None, debug: bool = False, overlap_stores: bool = True,
                      slice_stores: bool = False) -> Module:
     """The thread-IR module of tile function `fn` under `assignment` (see the module docstring); without
-    `overlap_stores`, every TMA store waits for its read at once, loops or not; with `slice_stores`, a 32-bit
-    C goes out a column block at a time through a small staging buffer (`schedule/tma_store.py`)."""
+    `overlap_stores`, every TMA store waits for its read at once, loops or not; with `slice_stores`, a C stored
+    from its registers goes out a column block at a time through a small staging buffer (`schedule/tma_store.py`)."""
     if num_warps is not None and num_warps != assignment.num_warps:
         raise LoweringError(f"the layouts were assigned for {assignment.num_warps} warps, not {num_warps}",
                             kernel=fn.name)

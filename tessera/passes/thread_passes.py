@@ -10,9 +10,9 @@ loops, or in an `if` holding a loop after a loop, recomputed there, then DCE), `
 wgmma wait moved down to the first read of its results), `pingpong` (the turn-taking barriers of a
 `pingpong` loop), `low_bit` (sub-byte loads and stores become byte accesses), `merge_mbarrier_inits`
 (the top-level mbarrier inits behind one fence and one barrier), `shared_memory` allocation (lowering
-again when the staging buffers that loops overlap with the next iteration do not fit: first with 32-bit C
-tiles staged a column block at a time through two block-sized slots, then with every TMA store waiting for
-its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
+again when the staging buffers that loops overlap with the next iteration do not fit: first with C
+tiles stored from their registers staged a column block at a time through two block-sized slots, then
+with every TMA store waiting for its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
 programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
 verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.
@@ -46,8 +46,9 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
           overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False,
           slice_stores: bool | None = None) -> Module:
     """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block; `debug`
-    keeps device-side print and assert (dropped otherwise). `slice_stores` stages every 32-bit C a column
-    block at a time (True), never (False), or where a whole tile's overlapped buffer does not fit (None)."""
+    keeps device-side print and assert (dropped otherwise). `slice_stores` stages every C stored from its
+    registers (pairs, stmatrix) a column block at a time (True), never (False), or where a whole tile's
+    overlapped buffer does not fit (None)."""
     if isinstance(target, str):
         target = get_target(target)
     functions = module_or_fn.functions if isinstance(module_or_fn, Module) else [module_or_fn]
@@ -59,7 +60,7 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         assignment = assign_layouts(fn, target, warps, pins, facts)
         check_register_budget(assignment, target)
         lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, bool(slice_stores))
-        if slice_stores is None and _overlapped_stores_overflow(lowered, target):   # a 32-bit C a block at a time
+        if slice_stores is None and _overlapped_stores_overflow(lowered, target):   # C a block at a time
             lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, slice_stores=True)
         if _overlapped_stores_overflow(lowered, target):
             lowered = _to_threads(fn, assignment, target, warps, facts, debug, False, bool(slice_stores))

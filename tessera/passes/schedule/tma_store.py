@@ -45,13 +45,14 @@ is the next write of it, which the wait before the writes orders. When
 the buffer's own bytes do not fit beside what the loop needs (the
 persistent warp-specialized 128 x 256 GEMM: 144 KiB of rings for the
 whole kernel, 128 KiB of f32 C), `thread_passes.lower` lowers the kernel
-again with a 32-bit C sliced (`Lowering.slice_stores`; CUTLASS's epilogue
-sub-tiling): buf is `STAGING_SLOTS` slots of one column block (rows x 32),
+again with C sliced (`Lowering.slice_stores`; CUTLASS's epilogue
+sub-tiling; a C stored from its registers, by pairs or stmatrix): buf is
+`STAGING_SLOTS` slots of one column block (rows x 32 f32, or rows x 64 bf16),
 and block j goes through slot j % slots
 
     if thread 0: bulk_wait_group_read {pending = slots - 1}   the store that last read the slot has
     barrier
-    st.shared.v2 of block j's pairs into the slot, fence_proxy_async, barrier
+    st.shared.v2 (stmatrix) of block j's registers into the slot, fence_proxy_async, barrier
     if thread 0: tma_store slot ...; bulk_commit_group        a bulk group per block
 
 (the first blocks of a store outside a loop skip the wait: no store read
@@ -229,19 +230,20 @@ def _tma_store(ctx, op) -> bool:
 
 
 def staging_slots(ctx, plan, boxes: int) -> int | None:
-    """How many column-block slots the staging buffer of a pair-stored (32-bit) C has when the lowering slices
-    stores (`ctx.slice_stores`, `thread_passes.lower` once the whole tile does not fit): `STAGING_SLOTS`, or 1
-    where the blocks do not divide among them evenly (the slot a block takes must be the same every tile loop
-    iteration, for the read-wait's count to cover it); None for the whole tile."""
-    if not ctx.slice_stores or not isinstance(plan, PairPlan) or plan.blocks is None or boxes < 2:
+    """How many column-block slots the staging buffer of a C stored from its registers (pairs or stmatrix) has
+    when the lowering slices stores (`ctx.slice_stores`, `thread_passes.lower` once the whole tile does not
+    fit): `STAGING_SLOTS`, or 1 where the blocks do not divide among them evenly (the slot a block takes must be
+    the same every tile loop iteration, for the read-wait's count to cover it); None for the whole tile."""
+    if not ctx.slice_stores or plan is None or plan.blocks is None or boxes < 2:
         return None
     return STAGING_SLOTS if boxes % STAGING_SLOTS == 0 else 1
 
 
-def _store_slices(ctx, buf, plan: PairPlan, value, box, tensor_map, starts, slots: int, waits_first: bool) -> None:
+def _store_slices(ctx, buf, plan: PairPlan | StmatrixPlan, value, box, tensor_map, starts, slots: int,
+                  waits_first: bool) -> None:
     """C a column block at a time through `slots` block-sized slots of `buf` (CUTLASS's epilogue sub-tiling):
     block j goes to slot j % slots once the store that last read that slot has (thread 0's
-    `bulk_wait_group_read {pending = slots - 1}`, then a barrier), then pair stores, fence, barrier, and thread
+    `bulk_wait_group_read {pending = slots - 1}`, then a barrier), then pair stores or stmatrix, fence, barrier, and thread
     0's TMA store and commit, a bulk group per block. Blocks before the first reuse of a slot wait only where
     an earlier store (the tile loop's previous iteration, `waits_first`) may still read the slot."""
     for j in range(box.boxes):
@@ -250,7 +252,8 @@ def _store_slices(ctx, buf, plan: PairPlan, value, box, tensor_map, starts, slot
             with ctx.when(ctx.index.first_thread()):
                 ctx.create("bulk_wait_group_read", attrs={"pending": slots - 1})
             ctx.threads.barrier()
-        store_pairs(ctx, slot, plan, value, block=j)
+        write = store_fragments if isinstance(plan, StmatrixPlan) else store_pairs
+        write(ctx, slot, plan, value, block=j)
         ctx.create("fence_proxy_async")
         ctx.threads.barrier()
         with ctx.when(ctx.index.first_thread()):
