@@ -17,7 +17,10 @@ barrier, thread 0's TMA store of the slot and a commit_group; after the tile loo
   after one, is reported as a race;
 * asked for (`lower(..., slice_stores=True)`), a one-tile-per-program config slices too: 128 x 128 (4 blocks)
   waits only before the blocks that reuse a slot (2 and 3), then once for all after the last commit, and
-  matches the interpreter; without the third block's wait the simulator reports the race.
+  matches the interpreter; without the third block's wait the simulator reports the race;
+* a bf16 C slices the same way through stmatrix (two 128 x 64 slots): the config with a 4-stage ring (192 KiB)
+  fits only so (229440 bytes, no spills; the whole 64 KiB tile would make 262208), and on the simulator it
+  matches the interpreter.
 """
 
 from __future__ import annotations
@@ -174,3 +177,41 @@ def test_a_one_tile_config_sliced_on_request_waits_only_to_reuse_a_slot_and_matc
     del block.ops[i]
     with pytest.raises(InterpreterError, match=r"writes shared byte \d+ .*which a tma_store may still be reading"):
         run_threads(fn, _args(M, N, K), (1,))
+
+
+FOUR_STAGES = dict(PERSISTENT_WS_128x256[0].kwargs, STAGES=4)
+BF16_C = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
+
+
+def test_a_bf16_c_beside_a_4_stage_ring_fits_only_sliced():
+    needs_ptxas()
+    compiled = gemm_kernel.kernel.compile(signature=BF16_C, target="sm_90a", num_warps=8, **NO_EPILOGUE,
+                                          **FOUR_STAGES)
+    assert compiled.metadata["shared_bytes"] == 4 * 49152 + 2 * 128 * 64 * 2 + 64 <= 227 * 1024
+    assert compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    ptx = compiled.stages["ptx"]
+    assert len(re.findall(r"cp\.async\.bulk\.wait_group\.read\s+1;", ptx)) == len(re.findall(
+        r"cp\.async\.bulk\.tensor\.2d\.global\.shared::cta", ptx)) == 256 // 64
+    assert ptx.count("stmatrix.sync.aligned.m8n8.x4.shared.b16") == 128 * 256 // (32 * 8) // 8
+
+
+def test_a_sliced_bf16_c_over_several_tiles_per_program_is_what_the_interpreter_computes():
+    """200 x 400: 2 x 2 ragged tiles on one program, C through two 64-column stmatrix slots."""
+    from test_gemm_tma_store import _bf16_gemm_args
+    from tessera.ir import dtypes as dt
+    M, N, K = 200, 400, 64
+    module = gemm_kernel.kernel.specialize(*_bf16_gemm_args(M, N, K, typed=True), **NO_EPILOGUE,
+                                           **FOUR_STAGES).module
+    from tessera.passes.errors import LoweringError
+    with pytest.raises(LoweringError, match=r"needs 262208 bytes of shared memory, more than the 232448"):
+        lower(module, "sm_90a", 8, slice_stores=False)         # the whole tile beside the 4-stage ring
+    fn = lower(module, "sm_90a", 8).functions[0]
+    names = [op.name for op in fn.walk()]
+    assert names.count("tma_store") == 4 and names.count("stmatrix") == 16 and len(_slot_waits(fn)) == 4
+    run = _bf16_gemm_args(M, N, K)
+    run_threads(fn, run, (1,))
+    got = run[5].array.reshape(M, N)
+    want = _bf16_gemm_args(M, N, K)
+    run_function(module.functions[0], want, (4,))
+    assert (got != 0x7FC0).all()
+    np.testing.assert_allclose(dt.bf16.decode(got), dt.bf16.decode(want[5].array.reshape(M, N)), rtol=1e-2, atol=1e-2)
