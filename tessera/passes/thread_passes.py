@@ -12,9 +12,9 @@ wgmma wait moved down to the first read of its results), `pingpong` (the turn-ta
 (the top-level mbarrier inits behind one fence and one barrier), `shared_memory` allocation (lowering
 again when the staging buffers that loops overlap with the next iteration do not fit: first with C
 tiles stored from their registers staged a column block at a time through two block-sized slots, then
-with every TMA store waiting for its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
-programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
-verifier on the result. Returns a new module of thread-IR functions; the input is not
+with every TMA store waiting for its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp
+specialization runs two programs per block, their wave groups staggered; layouts are then assigned for half
+the warps), and the verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
 

@@ -243,8 +243,8 @@ def _store_slices(ctx, buf, plan: PairPlan | StmatrixPlan, value, box, tensor_ma
                   waits_first: bool) -> None:
     """C a column block at a time through `slots` block-sized slots of `buf` (CUTLASS's epilogue sub-tiling):
     block j goes to slot j % slots once the store that last read that slot has (thread 0's
-    `bulk_wait_group_read {pending = slots - 1}`, then a barrier), then pair stores or stmatrix, fence, barrier, and thread
-    0's TMA store and commit, a bulk group per block. Blocks before the first reuse of a slot wait only where
+    `bulk_wait_group_read {pending = slots - 1}`, then a barrier), then pair stores or stmatrix, fence, barrier,
+    and thread 0's TMA store and commit, a bulk group per block. Blocks before the first reuse of a slot wait only where
     an earlier store (the tile loop's previous iteration, `waits_first`) may still read the slot."""
     for j in range(box.boxes):
         slot = buf if j % slots == 0 else ctx.emit("addptr", buf, ctx.const(j % slots * box.box_elements))
