@@ -25,7 +25,9 @@ Specification (`passes/schedule/tma_store.py`):
   ld.shared (no layout conversion through shared memory), no spills; in the SASS as many STS.64, no LDS.
   The allocator's shared bytes: the persistent config 163864 (96 KiB of ring + the 64 KiB C tile + 24 of
   mbarriers; 229400 with the conversion's 64 KiB buffer before), config0 98328 before and after (both
-  buffers reuse the ring's bytes after the K loop);
+  buffers reuse the ring's bytes after the K loop); the persistent warp-specialized 128 x 256 configs, whose
+  whole f32 tile does not fit beside their rings, stage it a column block at a time through two 16 KiB
+  slots instead (180272 bytes; `test_gemm_sliced_epilogue.py`);
 * the kernel's hidden tensor maps, and so what its launcher builds, are exactly A's and B's (read by the K
   loop's TMA loads) and C's (written by the store); where C's rows are not provably 16-byte aligned the
   epilogue keeps the threads' stores and there is no map of C;
