@@ -232,11 +232,12 @@ def _tma_store(ctx, op) -> bool:
 def staging_slots(ctx, plan, boxes: int) -> int | None:
     """How many column-block slots the staging buffer of a C stored from its registers (pairs or stmatrix) has
     when the lowering slices stores (`ctx.slice_stores`, `thread_passes.lower` once the whole tile does not
-    fit): `STAGING_SLOTS`, or 1 where the blocks do not divide among them evenly (the slot a block takes must be
-    the same every tile loop iteration, for the read-wait's count to cover it); None for the whole tile."""
-    if not ctx.slice_stores or plan is None or plan.blocks is None or boxes < 2:
+    fit): `STAGING_SLOTS`; None for the whole tile. The blocks divide evenly among the slots (tile dims are
+    powers of two), so a block takes the same slot every tile loop iteration, which the read-wait's count needs."""
+    if not ctx.slice_stores or plan is None or plan.blocks is None or boxes < STAGING_SLOTS:
         return None
-    return STAGING_SLOTS if boxes % STAGING_SLOTS == 0 else 1
+    assert boxes % STAGING_SLOTS == 0, f"{boxes} column blocks do not divide among {STAGING_SLOTS} slots"
+    return STAGING_SLOTS
 
 
 def _store_slices(ctx, buf, plan: PairPlan | StmatrixPlan, value, box, tensor_map, starts, slots: int,
