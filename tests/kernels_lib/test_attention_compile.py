@@ -305,8 +305,9 @@ def forward_on_the_simulator(target, num_warps, BM, causal=True, seed=0, ws=Fals
     if target.startswith("gfx"):        # both products on MFMA; on gfx950 its double-K form (K = D = BN = 32)
         want = (32, 32, 16) if target == "gfx950" else (32, 32, 8)
         assert {(op.attrs["m"], op.attrs["n"], op.attrs["k"]) for op in fn.walk() if op.name == "mfma"} == {want}
-        # V is MN-major in its ring slots: P @ V reads it with gfx950's LDS transpose reads
-        assert any(op.name == "lds_read_tr" for op in fn.walk()) == (target == "gfx950" and stages > 1)
+        # gfx950's LDS transpose reads: P, stored column-major (a lane's 4 rows one 8-byte write, not 4 2-byte
+        # ones: `mfma_operands.plan_lds_transpose_read`), and V, MN-major in its ring slots or stored so
+        assert any(op.name == "lds_read_tr" for op in fn.walk()) == (target == "gfx950")
     tma_loads = [op for op in fn.walk() if op.name == "tma_load"]
     # K and V: the prologue's fill and the loop's (warp-specialized: the producer's loop only); Q's one box
     # (32 x 32, straight into wgmma's tile: `passes/schedule/tma_operand.py`), and with `overlap` so are the
