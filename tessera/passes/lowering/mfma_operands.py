@@ -32,6 +32,14 @@ they share banks, and the model (`bench/amd_lds_transpose_banks.py`) gives
 cost; 8 against 16 at a 128-byte pitch. A padded or swizzled slot would make
 them conflict-free, but the DMA fill cannot write one.
 
+The same reads take a 16-bit register tile that has to move on gfx950 when the bank model
+prices it cheaper (`plan_lds_transpose_read`): attention's P, the first MFMA's accumulator (4 consecutive
+rows of one key column a lane) on its way to P @ V's A fragment (8 consecutive keys of one row a lane), is
+stored keys-major, one 8-byte write per 4 elements where the row-major buffer needs a 2-byte write per
+element (the key loop at BM=128, BN=64: 32 ds_write_b16 -> 8 ds_write_b64), in rows grouped by 4 so that
+both the writes and the reads are conflict-free. Keeping P in registers instead would need S's accumulator
+transposed (lane: one row, consecutive keys), i.e. S^T = K Q^T with the operands swapped.
+
 gfx942 has no transpose read: such operands stay on `ds_read_u16` + one
 `v_perm_b32` / `v_lshl_or_b32` per pair (the library GEMM's 128x128x64 K
 loop: 64 + 32 of its 482 instructions). LLVM would pair
@@ -158,29 +166,36 @@ def plan_lds_transpose_read(src: RegisterLayout, want: RegisterLayout, banks: in
     alignment)."""
     best = None
     for order in ORDERS:
-        for split, group_pads in ((1, (0,)), (TR_ROW, TR_PADS)):
-            for pad in TR_PADS:
-                for group_pad in group_pads:
-                    candidate = LdsPlan(order, pad, 1, TR_ROW, 0, True, split, group_pad)
-                    try:
-                        stored, fragment = candidate.view(src), candidate.view(want)
-                    except LayoutError:
-                        continue
-                    smem = candidate.storage(src.shape)
-                    if transpose_read_starts(fragment, smem.strides) is None:
-                        continue
-                    ks = shared_vector_width(stored, smem.strides, 16, max_vector_bits)
-                    cycles = (lds_cycles(smem, stored, ks, 16, banks, warp, owners_only=True)
-                              + transpose_read_cycles(fragment, smem.strides, banks, warp))
-                    candidate = LdsPlan(order, pad, ks, TR_ROW, cycles, True, split, group_pad)
-                    if best is None or candidate.cost < best.cost:
-                        best = candidate
+        for pad in reversed(TR_PADS):
+            for split, group_pad in ((1, 0), *((TR_ROW, g) for g in TR_PADS)):
+                candidate = LdsPlan(order, pad, 1, TR_ROW, 0, True, split, group_pad)
+                try:
+                    stored, fragment = candidate.view(src), candidate.view(want)
+                except LayoutError:
+                    continue
+                smem = candidate.storage(src.shape)
+                if transpose_read_starts(fragment, smem.strides) is None:
+                    continue
+                reads = transpose_read_cycles(fragment, smem.strides, banks, warp)
+                if best is not None and reads >= best.cycles:
+                    continue
+                ks = shared_vector_width(stored, smem.strides, 16, max_vector_bits)
+                cycles = lds_cycles(smem, stored, ks, 16, banks, warp, owners_only=True) + reads
+                candidate = LdsPlan(order, pad, ks, TR_ROW, cycles, True, split, group_pad)
+                if best is None or candidate.cost < best.cost:
+                    best = candidate
+                ideal = (lds_cycles(smem, stored, ks, 16, banks, warp, owners_only=True, conflicts=False)
+                         + transpose_read_cycles(fragment, smem.strides, banks, warp, conflicts=False))
+                if cycles == ideal and ks == min(stored.local_contiguity(-1), max_vector_bits // 16):
+                    return best         # conflict-free with the widest stores this order allows: stop searching
     return best
 
 
-def transpose_read_cycles(want: RegisterLayout, weights: tuple[int, ...], banks: int, warp: int) -> int:
+def transpose_read_cycles(want: RegisterLayout, weights: tuple[int, ...], banks: int, warp: int,
+                          conflicts: bool = True) -> int:
     """Modelled LDS cycles of reading `want` with `lds_read_tr` at `weights` (as `lds_cycles`: phases x worst
-    bank-conflict degree, each lane reading the 4 elements from its row's start)."""
+    bank-conflict degree, each lane reading the 4 elements from its row's start; phases alone without
+    `conflicts`)."""
     terms, consts = transpose_read_starts(want, weights)
     t = np.arange(want.num_threads)
     part = sum(((t // stride) % size) * scale for stride, size, scale in terms) if terms else np.zeros_like(t)
@@ -190,15 +205,16 @@ def transpose_read_cycles(want: RegisterLayout, weights: tuple[int, ...], banks:
         access = (part + c)[:, None, None] + np.arange(TR_ROW)[None, :, None]       # (threads, 4, 1)
         for w in range(0, want.num_threads, warp):
             phases = math.ceil(warp / _lanes_per_phase(TR_ROW * 2, banks))
-            cycles += phases * bank_conflicts(flat, access[w:w + warp], 2, banks)
+            cycles += phases * (bank_conflicts(flat, access[w:w + warp], 2, banks) if conflicts else 1)
     return cycles
 
 
 def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int, banks: int, warp: int,
-               owners_only: bool = False) -> int:
+               owners_only: bool = False, conflicts: bool = True) -> int:
     """Modelled LDS cycles for every thread of `layout` to access its registers at `smem` (coordinates in
     the layout's dims), `vector` registers per access: the sum over accesses and warps of phases x worst
-    bank-conflict degree. With `owners_only`, replicas (which do not store) are left out."""
+    bank-conflict degree (phases alone without `conflicts`: the conflict-free bound). With `owners_only`,
+    replicas (which do not store) are left out."""
     table = layout.table()                                       # (threads, registers, 2)
     active = _owners(layout) if owners_only else np.ones(layout.num_threads, bool)
     cycles = 0
@@ -209,7 +225,7 @@ def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int,
             if lanes.size == 0:
                 continue
             phases = math.ceil(lanes.size / _lanes_per_phase(vector * bits // 8, banks))
-            cycles += phases * bank_conflicts(smem, access[lanes], bits / 8, banks)
+            cycles += phases * (bank_conflicts(smem, access[lanes], bits / 8, banks) if conflicts else 1)
     return cycles
 
 
