@@ -105,18 +105,32 @@ def moe_cases(target: str) -> Iterator[Case]:
                  dict(BM=64, **sizes))):
             yield "moe align", f"{kernel.__name__} E={E}", lambda t, k=kernel, s=signature, c=constexprs: \
                 k.compile(signature=s, target=t, strict=True, **c)
-    for regime, shipped in plans.SHIPPED.items():   # pipelined where the target's LDS holds the rings
-        p = shipped if amd_plan_target(target) in plans.AMD_PIPELINED else shipped.without_pipelining()
+    for regime, p in plans.gpu_plans(amd_plan_target(target)).items():   # the target's rings (`plan.gpu_plans`)
         for name in (("gate_up", "down") if regime != "middle" else KERNELS):
             stages = (p.gate_up if name in ("gate_up", "weight_grad") else p.down).stages
             yield "moe experts", f"{name} {regime} stages={stages}", lambda t, n=name, p=p: KERNELS[n].compile(
                 signature=SIGNATURES[n], target=t, strict=True, **_launch_constexprs(n, p))
+    yield from _moe_quantized_cases(plans.gpu_plans(amd_plan_target(target), "quantized"))
     for regime, shipped in plans.AMD_ONE_LAUNCH[amd_plan_target(target)].items():   # the layer's plans on target
         stages = f"stages={shipped.gate_up.stages}/{shipped.down.stages} BK={shipped.gate_up.BK}"
         for model, (E, K, options) in ROUTING.items():
             yield "moe one-launch", f"{model} {regime} {stages}", lambda t, p=shipped, E=E, K=K, o=options: \
                 moe_layer_kernel.compile(signature=SIGNATURE, target=t, strict=True, num_warps=p.gate_up.num_warps,
                                          **constexprs_for(p, E, K, 1, route=True, **o))
+
+
+def _moe_quantized_cases(regimes: dict) -> Iterator[Case]:
+    """The int4 / fp8-weight expert GEMMs (`moe/quantized_mlp.py`) at the target's plans, group 128."""
+    from test_moe_quant import _signature
+    from tessera.kernels_lib.moe.quantized_mlp import down_quant_kernel, gate_up_quant_kernel
+    for regime, p in regimes.items():
+        for fmt in ("int4", "fp8"):
+            for name, kernel, g, extra in (("gate_up", gate_up_quant_kernel, p.gate_up, dict(ACTIVATION="silu")),
+                                           ("down", down_quant_kernel, p.down, dict(TOP_K=8, ATOMIC=False))):
+                yield "moe quantized experts", f"{fmt} {name} {regime} stages={g.stages}", \
+                    lambda t, k=kernel, n=name, f=fmt, p=p, g=g, e=extra: k.compile(
+                        signature=_signature(n, f), target=t, strict=True, FORMAT=f, G=128, ZEROS=f == "int4",
+                        BM=p.BM, BN=g.BN, BK=g.BK, STAGES=g.stages, num_warps=g.num_warps, **e)
 
 
 def quant_cases(target: str) -> Iterator[Case]:

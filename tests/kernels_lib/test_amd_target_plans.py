@@ -87,16 +87,23 @@ def test_the_quantized_gemm_rings_are_as_deep_as_the_targets_lds_holds(amd_devic
 
 
 @pytest.mark.parametrize("block_m", [16, 64, 128])
-def test_the_moe_expert_gemms_pipeline_on_gfx950_only(amd_device, block_m):
-    shipped = next(p for p in moe_plans.SHIPPED.values() if p.BM == block_m)
-    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx942"))
-    assert mlp.tiles(block_m, t) == shipped.without_pipelining()
-    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx950"))
-    assert mlp.tiles(block_m, t) == shipped and shipped.gate_up.stages > 1
-    quantized = next(p for p in moe_plans.QUANTIZED.values() if p.BM == block_m)
-    assert mlp.tiles(block_m, t, quantized=True) == quantized and quantized.gate_up.stages > 1
-    t = torch.empty(1, dtype=torch.bfloat16, device=amd_device("gfx942"))
-    assert mlp.tiles(block_m, t, quantized=True) == quantized.without_pipelining()
+def test_the_moe_expert_gemms_take_their_targets_rings(amd_device, block_m):
+    """The multi-kernel expert GEMMs' plan at BM = block_m (`plan.gpu_plans`): gfx950 runs the shipped rings,
+    gfx942 (and gfx90a) shallower ones that its 64 KiB holds, pipelined, for bf16 and int4 / fp8 weights; fp8
+    activations have no gfx942 plan (its fp8 MFMA reads fnuz fp8), and the error says what to use."""
+    def at(plans: dict) -> moe_plans.Plan:
+        return next(p for p in plans.values() if p.BM == block_m)
+    for arch, key in (("gfx942", "gfx942"), ("gfx950", "gfx950"), ("gfx90a", "gfx942")):
+        t = torch.empty(1, dtype=torch.bfloat16, device=amd_device(arch))
+        bf16, quantized = mlp.tiles(block_m, t), mlp.tiles(block_m, t, quantized=True)
+        assert (bf16, quantized) == (at(moe_plans.gpu_plans(key)), at(moe_plans.gpu_plans(key, "quantized"))), arch
+        assert min(bf16.gate_up.stages, bf16.down.stages, quantized.gate_up.stages, quantized.down.stages) >= 2
+        assert (bf16 == at(moe_plans.SHIPPED)) == (key == "gfx950"), arch
+        if key == "gfx950":
+            assert mlp.tiles(block_m, t, fp8=True) == at(moe_plans.FP8)
+        else:
+            with pytest.raises(ValueError, match="gfx942 runs no fp8-activation expert GEMMs.*fp8_activations=False"):
+                mlp.tiles(block_m, t, fp8=True)
 
 
 @pytest.mark.parametrize("tokens, regime", [(1, "decode"), (512, "middle"), (4096, "prefill")])
@@ -107,7 +114,7 @@ def test_the_one_launch_moe_layer_takes_its_targets_plan(amd_device, tokens, reg
         x = torch.empty(tokens, 1, dtype=torch.bfloat16, device=amd_device(arch))
         assert persistent._tiles(x, tokens, 8, 128, None) == moe_plans.AMD_ONE_LAUNCH[key][regime], arch
     assert moe_plans.AMD_ONE_LAUNCH["gfx950"][regime].gate_up.stages == moe_plans.SHIPPED[regime].gate_up.stages
-    gfx942 = moe_plans.AMD_ONE_LAUNCH["gfx942"][regime]     # the multi-kernel plan's rings outgrow its LDS
+    gfx942 = moe_plans.AMD_ONE_LAUNCH["gfx942"][regime]     # the shipped plan's rings outgrow its LDS
     assert gfx942.gate_up.stages >= 2 and moe_plans.ring_bytes(gfx942) <= targets.lds_bytes("gfx942") < \
         moe_plans.ring_bytes(moe_plans.SHIPPED[regime])
 

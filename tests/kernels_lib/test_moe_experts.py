@@ -8,12 +8,14 @@ Specification:
 * its gradients in x, w13, w2 and the routing weights are the float64 reference's (autograd);
 * lowered for sm_80 (mma.sync, cp.async rings) and sm_90a (wgmma on TMA-filled rings), each kernel computes on
   the SIMT simulator what the interpreter computes;
-* every shipped plan's kernels compile for sm_80, sm_90a, gfx942 and gfx950 with no register spills and, in strict
-  mode, no pipeline shortfall;
+* every target's plans (`plan.gpu_plans`) keep rings its LDS holds, and their kernels compile for sm_80, sm_90a,
+  gfx942 and gfx950 with no register spills and, in strict mode, no pipeline shortfall;
 * opcheck passes for every op; bad arguments name the fix.
 """
 
 from __future__ import annotations
+
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -25,7 +27,7 @@ from moe_problem import random_moe
 from tessera.backends.simt import run_threads
 from tessera.kernels_lib.moe import align, route
 from tessera.kernels_lib.moe import plan as plans
-from tessera.kernels_lib.targets import lds_bytes
+from tessera.kernels_lib.targets import amd_plan_target, lds_bytes
 from tessera.kernels_lib.moe.autograd import experts_op, grouped_gemm, weight_grad
 from tessera.kernels_lib.moe.experts import down_kernel, gate_up_kernel, grouped_gemm_kernel, permute_kernel, \
     weight_grad_kernel
@@ -137,25 +139,28 @@ def test_each_kernel_on_the_simt_simulator(target, BM, pipelined_by):
         target, [2], pipelined_by - {"wgmma"}, BN=16, BK=16, BR=16, STAGES=2)       # 16-row tiles: mma.sync
 
 
-def test_gate_up_and_down_with_gfx950s_rings_on_the_simt_simulator():
-    """gfx950's pipelined expert GEMMs (`plan.AMD_PIPELINED`): the middle plan's 64-row tile on 4 waves and its
-    3-stage rings filled by direct-to-LDS loads, over 4 K steps (the ring wraps), at blocks that fill whole waves
-    (32 x 32), compute on the simulator what the interpreter computes."""
-    assert plans.MIDDLE.gate_up.stages == plans.MIDDLE.down.stages == 3
+@pytest.mark.parametrize("target", ["gfx942", "gfx950"])
+def test_gate_up_and_down_with_amd_rings_on_the_simt_simulator(target):
+    """The AMD targets' pipelined expert GEMMs (`plan.gpu_plans`): the middle plan's 64-row tile on 4 waves and its
+    rings filled by direct-to-LDS loads (gfx942: 2 stages of 4-byte-a-lane copies; gfx950: 3 of 16-byte ones),
+    over 4 K steps (the ring wraps), at blocks that fill whole waves (32 x 32), compute on the simulator what the
+    interpreter computes."""
+    stages = plans.gpu_plans(target)["middle"].gate_up.stages
+    assert stages == plans.gpu_plans(target)["middle"].down.stages == {"gfx942": 2, "gfx950": 3}[target]
     T, H, I, E, K, BM = 6, 128, 128, 4, 2, 64
     x, w13, w2, weights, sorted_ids, block_expert, offsets, rows, numel = _aligned_f16(T, H, I, E, K, BM)
     grid_rows = (rows + BM - 1) // BM
-    aligned = dict(BM=BM, BN=32, BK=32, STAGES=3)
+    aligned = dict(BM=BM, BN=32, BK=32, STAGES=stages)
     xs = _simt_matches_interpreter(
         permute_kernel, [x.numpy(), sorted_ids, np.zeros((rows, H), np.float16), rows, H, numel],
-        (grid_rows, 1, 1), "gfx950", [2], set(), TOP_K=K, BR=BM, BH=32)[2]
+        (grid_rows, 1, 1), target, [2], set(), TOP_K=K, BR=BM, BH=32)[2]
     h = _simt_matches_interpreter(
         gate_up_kernel, [xs, w13.numpy(), np.zeros((rows, I), np.float16), block_expert, offsets, rows, H, I, E,
-                         2 * I * E], (grid_rows, I // 32, 1), "gfx950", [2], {"mfma", "async_copy"},
+                         2 * I * E], (grid_rows, I // 32, 1), target, [2], {"mfma", "async_copy"},
         ACTIVATION="silu", **aligned)[2]
     _simt_matches_interpreter(
         down_kernel, [h, w2.numpy(), np.zeros((numel, H), np.float16), weights.numpy(), sorted_ids, block_expert,
-                      offsets, rows, H, I, E, E * H, numel], (grid_rows, H // 32, 1), "gfx950", [2],
+                      offsets, rows, H, I, E, E * H, numel], (grid_rows, H // 32, 1), target, [2],
         {"mfma", "async_copy"}, TOP_K=K, ATOMIC=False, **aligned)
 
 
@@ -202,31 +207,49 @@ KERNELS = {"gate_up": gate_up_kernel, "down": down_kernel, "grouped_gemm": group
            "weight_grad": weight_grad_kernel}
 
 
-@pytest.mark.parametrize("target", ["sm_80", "sm_90a", "gfx942", "gfx950"])
+GPU_TARGETS = ("sm_80", "sm_90a", "gfx942", "gfx950")
+
+
+def _plan_key(target: str) -> str:
+    """The plan key (`targets.plan_target`) a GPU of `target` runs: NVIDIA's one table, else the AMD target."""
+    return "nvidia" if target.startswith("sm_") else amd_plan_target(target)
+
+
+@pytest.mark.parametrize("target", GPU_TARGETS)
 @pytest.mark.parametrize("regime", list(plans.SHIPPED))
 def test_the_shipped_plans_compile_without_spills(target, regime):
-    """On AMD the rings run where the target's LDS holds them (`plan.AMD_PIPELINED`: gfx950), strict (every stage
-    kept), within its LDS; elsewhere on AMD the plans run without pipelining."""
+    """Each target's plans (`plan.gpu_plans`) pipelined, strict (every stage kept), within its LDS; on AMD with
+    direct-to-LDS rings and no SGPR / VGPR spills or scratch."""
     amd = target.startswith("gfx")
-    pipelined = not amd or target in plans.AMD_PIPELINED
-    p = plans.SHIPPED[regime] if pipelined else plans.SHIPPED[regime].without_pipelining()
+    p = plans.gpu_plans(_plan_key(target))[regime]
     for name in (("gate_up", "down") if regime != "middle" else KERNELS):      # the backward GEMMs: one plan
         compiled = KERNELS[name].compile(signature=SIGNATURES[name], target=target, strict=True,
                                          **_launch_constexprs(name, p))
         spills = amd_spills(compiled.metadata) if amd else compiled.metadata.get("spill_stores", 0)
         assert not spills, f"{name} spills on {target} ({regime}): {compiled.metadata}"
+        assert compiled.metadata["shared_bytes"] <= lds_bytes(target), (name, compiled.metadata["shared_bytes"])
         if amd:
-            assert compiled.metadata["shared_bytes"] <= lds_bytes(target)
-            assert ("global_load_lds" in compiled.stages["amdgcn"]) == pipelined, name
+            assert "global_load_lds" in compiled.stages["amdgcn"], name
+        if amd and name in ("gate_up", "down"):     # the ring is all the LDS it takes: the model the plans fit by
+            assert compiled.metadata["shared_bytes"] == plans.gemm_ring_bytes(p, name), name
 
 
-def test_gfx950_pipelines_the_expert_gemms_that_gfx942s_lds_cannot_hold():
-    """The bf16 plans' rings on gfx950 only: decode's gate_up ring (4 stages) would not fit gfx942's 64 KiB (which
-    plan a gfx950 tensor gets: test_amd_target_plans.py)."""
-    assert plans.AMD_PIPELINED == ("gfx950",)
-    compiled = KERNELS["gate_up"].compile(signature=SIGNATURES["gate_up"], target="gfx950", strict=True,
-                                          **_launch_constexprs("gate_up", plans.DECODE))
-    assert lds_bytes("gfx942") < compiled.metadata["shared_bytes"] <= lds_bytes("gfx950")
+@pytest.mark.parametrize("target", GPU_TARGETS)
+def test_every_targets_rings_fit_its_lds(target):
+    """Each target's bf16 plans keep the shipped tiles, pipelined (2+ stages), with rings (`plan.ring_bytes`) its
+    LDS holds, each GEMM's as deep as shipped or as deep as fits: gfx942 (64 KiB) cannot hold the shipped rings
+    (decode's gate_up: 4 x 18,432 bytes), gfx950 (160 KiB) and NVIDIA's run them."""
+    own = plans.gpu_plans(_plan_key(target))
+    assert {r: p.BM for r, p in own.items()} == {r: p.BM for r, p in plans.SHIPPED.items()}
+    for regime, p in own.items():
+        assert plans.ring_bytes(p) <= lds_bytes(target), (target, regime, plans.ring_bytes(p))
+        for gemm in ("gate_up", "down"):
+            t, shipped = getattr(p, gemm), getattr(plans.SHIPPED[regime], gemm)
+            assert replace(t, stages=shipped.stages) == shipped and t.stages >= 2, (regime, gemm, t)
+            deeper = replace(p, **{gemm: replace(t, stages=t.stages + 1)})
+            assert t.stages == shipped.stages or plans.gemm_ring_bytes(deeper, gemm) > lds_bytes(target), \
+                (regime, gemm)
+    assert (own == plans.SHIPPED) == (plans.ring_bytes(plans.DECODE) <= lds_bytes(target))
 
 
 # -- the ops ---------------------------------------------------------------------------------------------

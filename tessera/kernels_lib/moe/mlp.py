@@ -4,7 +4,7 @@ Each op launches one kernel of `experts.py` over the aligned rows of
 `align` (sorted_ids, block_expert, offsets, padded to block_m rows) and has
 a fake implementation, so torch.compile traces a layer built of them. CPU
 tensors run on the tile interpreter with small tiles (`plan.CPU_PLAN`);
-CUDA tensors with the shipped plan whose BM is block_m (`plan.SHIPPED`).
+GPU tensors with their plan target's plan whose BM is block_m (`plan.gpu_plans`).
 """
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ def tiles(block_m: int, t: torch.Tensor, quantized: bool = False, fp8: bool = Fa
     `quantized` ones, or `fp8` activations and weights."""
     if t.device.type == "cpu":
         return plans.Plan(block_m, plans.CPU_PLAN.gate_up, plans.CPU_PLAN.down)
-    for shipped in (plans.FP8 if fp8 else plans.QUANTIZED if quantized else plans.SHIPPED).values():
+    weights = "fp8" if fp8 else "quantized" if quantized else "bf16"
+    for shipped in plans.gpu_plans(plan_target(t.device), weights).values():
         if shipped.BM == block_m:
-            pipelined = t.dtype != torch.float32 and (torch.version.hip is None
-                                                      or plan_target(t.device) in plans.AMD_PIPELINED)
-            return shipped if pipelined else shipped.without_pipelining()
+            return shipped if t.dtype != torch.float32 else shipped.without_pipelining()
     raise ValueError(f"tessera::moe: no GPU plan aligns to block_m = {block_m}; use one of "
                      f"{sorted(p.BM for p in plans.SHIPPED.values())} (plan.plan(...).BM)")
 

@@ -12,12 +12,13 @@ Three regimes, by how many rows an active expert gets on average (pairs
 
 `QUANTIZED` holds the same regimes' tiles for int4 and fp8 weights. Each plan
 compiles without register spills for sm_80, sm_90a (TMA-filled
-rings read by wgmma for 64+ row tiles) and gfx942 (tests/kernels_lib/
-test_moe_experts.py compiles every one). AMD targets get the same tiles;
-their rings (direct-to-LDS loads) run only where the target's LDS holds them
-(`AMD_PIPELINED`), elsewhere STAGES = 1; the one-launch layer has plans of its
-own per AMD target (`AMD_ONE_LAUNCH`). float32 operands (the CPU tests' dtype)
-multiply on FMA units, which no pipeline feeds: STAGES = 1 too. The
+rings read by wgmma for 64+ row tiles), gfx942 and gfx950 (tests/kernels_lib/
+test_moe_experts.py compiles every one). A GPU runs its plan target's plans
+(`targets.plan_target`; `gpu_plans` is the one choice): the same tiles
+everywhere, with rings (direct-to-LDS loads on AMD) as deep as the target's
+LDS holds (`GFX942`); the one-launch layer has plans of its own per AMD
+target (`AMD_ONE_LAUNCH`). float32 operands (the CPU tests' dtype)
+multiply on FMA units, which no pipeline feeds: STAGES = 1. The
 first H100 run (2026-11-26) timed the plans before the decode changes
 noted at `DECODE` and `plan`.
 """
@@ -25,6 +26,7 @@ noted at `DECODE` and `plan`.
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
+from typing import Optional
 
 
 @dataclass(frozen=True)
@@ -74,13 +76,53 @@ FP8 = {"decode": Plan(16, GemmTiles(16, 128, 4, 4), GemmTiles(32, 128, 4, 4)),
        "middle": Plan(64, GemmTiles(32, 128, 3, 4), GemmTiles(64, 128, 3, 4)),
        "prefill": Plan(128, GemmTiles(32, 128, 3, 8), GemmTiles(64, 128, 3, 8))}
 
-# AMD targets whose LDS holds the bf16 plans' rings (`SHIPPED`; `targets.lds_bytes`): gfx950's 160 KiB holds them
-# all (73,728 bytes at decode and middle, 98,304 at prefill), and the int4 / fp8-weight plans' (`QUANTIZED`: 33,776
-# and 67,568), each compiling without spills; gfx942's 64 KiB holds neither decode's gate_up nor middle's, so there
-# every multi-kernel plan runs without pipelining (the one-launch layer's rings: `AMD_ONE_LAUNCH`). fp8
-# activations (`FP8`) run on gfx950 alone (OCP fp8 MFMA; gfx942's reads fnuz fp8), pipelined: 12,536 / 33,272 /
-# 57,848 bytes of rings at decode / middle / prefill, no spills.
-AMD_PIPELINED = ("gfx950",)
+# gfx942 (MI300: 64 KiB of LDS) runs the shipped tiles at the deepest rings its LDS holds (`ring_bytes`), each
+# compiling without spills or scratch (bench/results/amd_registers_gfx942.md): decode's gate_up 3 stages (55,296
+# bytes; 4 would be 73,728) and down 4 as shipped (24,576); middle 2 and 2 (49,152; 3: 73,728); prefill 2 and 2
+# (65,536, the whole LDS; 3: 98,304). Deeper rings at BK = 32 compile clean too (middle 5 stages, 61,440 bytes),
+# but halve the K step to 64 bytes and double the loop's trips and barriers; which wins needs an MI300. The int4 /
+# fp8-weight plans ring only x (the weight codes feed a cast into one dequantized B block), so decode and middle
+# fit as shipped (33,280 / 33,272 bytes) and prefill's x ring takes 2 stages (50,168; 3 need 66,552). A ring over
+# 32 KiB leaves one workgroup a CU where the 1-stage loops let two or three share it; whether the rings' loads in
+# flight outweigh that is for an MI300 to say (the 1-stage plans: `Plan.without_pipelining`).
+GFX942 = {"decode": Plan(16, GemmTiles(64, 64, 3, 4), GemmTiles(32, 64, 4, 4)),
+          "middle": Plan(64, GemmTiles(64, 64, 2, 4), GemmTiles(128, 64, 2, 4)),
+          "prefill": Plan(128, GemmTiles(64, 64, 2, 8), GemmTiles(128, 64, 2, 8))}
+GFX942_QUANTIZED = {**QUANTIZED, "prefill": GFX942["prefill"]}
+
+
+@dataclass(frozen=True)
+class TargetPlans:
+    """One plan target's multi-kernel plans by regime: bf16 weights, int4 / fp8 weights (`quantized_mlp.py`), and
+    fp8 activations (`fp8_mlp.py`; None where the target runs none: gfx942's fp8 MFMA reads fnuz fp8)."""
+
+    bf16: dict[str, Plan]
+    quantized: dict[str, Plan]
+    fp8: Optional[dict[str, Plan]]
+
+
+# The multi-kernel plans by plan target (`targets.plan_target`): gfx950's 160 KiB of LDS holds the shipped rings
+# (73,728 bytes at decode and middle, 98,304 at prefill; the quantized plans' 33,776 and 67,568; fp8 activations'
+# 12,536 / 33,272 / 57,848), each compiling without spills.
+BY_TARGET = {"nvidia": TargetPlans(SHIPPED, QUANTIZED, FP8),
+             "gfx950": TargetPlans(SHIPPED, QUANTIZED, FP8),
+             "gfx942": TargetPlans(GFX942, GFX942_QUANTIZED, None)}
+
+
+def gpu_plans(target: str, weights: str = "bf16") -> dict[str, Plan]:
+    """The regimes' plans that plan target `target` (`targets.plan_target`) runs for `weights`: "bf16",
+    "quantized" (int4 / fp8 weights) or "fp8" (fp8 activations and weights)."""
+    if target not in BY_TARGET:
+        raise ValueError(f"tessera::moe: no expert GEMM plans for plan target {target!r}; use one of "
+                         f"{sorted(BY_TARGET)} (`targets.plan_target` gives a device's)")
+    if weights not in ("bf16", "quantized", "fp8"):
+        raise ValueError(f"tessera::moe: weights must be 'bf16', 'quantized' or 'fp8', got {weights!r}")
+    chosen = getattr(BY_TARGET[target], weights)
+    if chosen is None:
+        raise ValueError(f"tessera::moe: {target} runs no fp8-activation expert GEMMs (fp8_mlp.target_refusal); "
+                         f"use bf16 activations with the fp8 weights (fp8_activations=False)")
+    return chosen
+
 
 # The one-launch layer (`persistent.py`) on AMD, by plan target (`targets.plan_target`): one kernel holds every
 # phase's registers, and at 8 waves (512 threads) a wave gets at most 256 VGPRs, which prefill's 128-row tiles
@@ -103,16 +145,22 @@ AMD_ONE_LAUNCH = {
     "gfx950": {"decode": DECODE, "middle": MIDDLE,
                "prefill": Plan(128, GemmTiles(64, 64, 3, 4), GemmTiles(64, 64, 3, 4))},
 }
-RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the one-launch layer's rings hold
+RING_ELEMENT_BYTES = 2      # the bf16 / f16 operands the expert GEMMs' rings hold
+
+
+def gemm_ring_bytes(p: Plan, gemm: str) -> int:
+    """LDS bytes of plan `p`'s ring for `gemm` ("gate_up" or "down"): STAGES x (a BM x BK block of rows and the
+    weights' block, gate_up's 2BN x BK (gate and up) or down's BN x BK) of bf16. On AMD this is the whole LDS of
+    the multi-kernel GEMM (the compile tests compare)."""
+    t = getattr(p, gemm)
+    weight_rows = 2 * t.BN if gemm == "gate_up" else t.BN
+    return RING_ELEMENT_BYTES * t.stages * (p.BM + weight_rows) * t.BK
 
 
 def ring_bytes(p: Plan) -> int:
-    """LDS bytes of plan `p`'s larger K-loop ring: STAGES x (a BM x BK block of rows and the weights' block, gate_up's
-    2BN x BK (gate and up) or down's BN x BK) of bf16. A pipelined one-launch kernel's LDS is this (the compile
-    tests compare)."""
-    gate_up, down = p.gate_up, p.down
-    return RING_ELEMENT_BYTES * max(gate_up.stages * (p.BM + 2 * gate_up.BN) * gate_up.BK,
-                                    down.stages * (p.BM + down.BN) * down.BK)
+    """LDS bytes of plan `p`'s larger K-loop ring (`gemm_ring_bytes`). A pipelined one-launch kernel's LDS is this
+    (the compile tests compare)."""
+    return max(gemm_ring_bytes(p, "gate_up"), gemm_ring_bytes(p, "down"))
 
 
 # The interpreter's plan: small tiles keep the interpreted dots cheap (and give the tests several blocks).
