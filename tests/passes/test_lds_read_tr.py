@@ -13,7 +13,12 @@ Specification:
   with the reason, before LLVM;
 * `transpose_read_starts` accepts an MFMA B fragment read from an MN-major
   (row-major [K, N]) slot and refuses a K-major one (plain 16-byte loads
-  already read that).
+  already read that);
+* a 16-bit MFMA accumulator that becomes the next MFMA's A operand
+  (attention's P) is stored column-major, 8 bytes a lane, its rows grouped by
+  4 so that the stores and the transpose reads are both conflict-free
+  (`plan_lds_transpose_read`), cheaper in the bank model than the row-major
+  buffer's 2-byte stores and 16-byte loads.
 The library GEMM with B row-major and attention's P @ V on gfx950 use it
 (checked against the tile interpreter in test_mfma_dot.py and
 test_attention_compile.py, and in the K loop's AMDGCN in test_gemm.py).
@@ -26,10 +31,10 @@ import pytest
 
 from tessera.backends.amdgpu import CodegenError, compile_thread_ir
 from tessera.backends.simt import run_threads
-from tessera.ir.layouts import local, replicated
+from tessera.ir.layouts import local, replicated, spatial
 from tessera.ir.mfma_layouts import mfma_fragments
 from tessera.ir.parser import parse_module
-from tessera.passes.lowering.mfma_operands import transpose_read_starts
+from tessera.passes.lowering.mfma_operands import plan_lds, plan_lds_transpose_read, transpose_read_starts
 
 LDS_READ_TR = """\
 func @k(%src: ptr<f32>, %rows: ptr<i32>, %out: ptr<f32>) attributes {num_threads = 64, warp_size = 64, \
@@ -104,6 +109,25 @@ def test_an_mn_major_b_fragment_is_read_transposed_and_a_k_major_one_is_not(shap
     assert transpose_read_starts(b, (1, rows)) is None                 # K contiguous: plain loads read it
 
 
+def test_attentions_p_is_written_8_bytes_a_lane_and_read_back_transposed_without_bank_conflicts():
+    """gfx950's forward at BM = 128, BN = 64, 4 waves: S's accumulator (lane: 4 consecutive rows of one key column)
+    to P @ V's A fragment (lane: 8 consecutive keys of one row). Row-major, every element is a 2-byte store."""
+    _, _, acc = mfma_fragments(32, 32, 16)
+    a, _, _ = mfma_fragments(32, 32, 16)
+    src, want = local(1, 2) * spatial(4, 1) * acc, local(1, 4) * spatial(4, 1) * a       # both (128, 64)
+    banks, max_bits, warp = 64, 128, 64
+    plan = plan_lds_transpose_read(src, want, banks, max_bits, warp)
+    assert (plan.transpose_read, plan.order, plan.store_vector) == (True, (1, 0), 4)    # keys x rows, 4 rows a write
+    assert (plan.split, plan.pad, plan.group_pad) == (4, 32, 4)
+    # conflict-free both ways: 8 stores and 8 reads of 8 bytes a lane, 2 phases each, 4 waves
+    assert plan.cycles == (8 + 8) * 2 * 4
+    row_major = plan_lds(src, want, 16, banks, max_bits, warp)
+    assert (row_major.store_vector, row_major.cycles) == (1, 192)
+    smem = plan.storage(src.shape)
+    offsets = (plan.view(src).table() * np.asarray(smem.strides)).sum(-1)
+    assert len(np.unique(offsets)) == offsets.size              # every element its own address
+
+
 @pytest.mark.gpu
 @pytest.mark.amdgpu
 def test_on_a_gfx950_gpu_the_gemm_with_b_row_major_matches_torch():
@@ -121,3 +145,30 @@ def test_on_a_gfx950_gpu_the_gemm_with_b_row_major_matches_torch():
     a = torch.randn(512, 384, device="cuda", dtype=torch.bfloat16, generator=g)
     b = torch.randn(384, 256, device="cuda", dtype=torch.bfloat16, generator=g)     # row-major [K, N]
     torch.testing.assert_close(gemm(a, b).float(), a.float() @ b.float(), rtol=2e-2, atol=2e-1)
+
+
+@pytest.mark.gpu
+@pytest.mark.amdgpu
+@pytest.mark.parametrize("D", [64, 128])
+def test_on_a_gfx950_gpu_the_attention_forward_with_p_read_transposed_matches_float64(D):
+    """What the CPU cannot settle for P: the grouped keys-major buffer and the transpose reads as the hardware
+    does them. A wrong lane mapping permutes keys inside each P fragment, far outside bf16 rounding. (Timing:
+    bench/attention.py --part forward before and after this change on one MI355 should show the forward no
+    slower; the key loop has 24 fewer LDS writes and ~35 fewer instructions.)"""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None) is None:
+        pytest.skip("needs a ROCm build of torch with an AMD GPU")
+    from tessera.kernels_lib import attention
+    from tessera.kernels_lib.targets import device_arch
+    if device_arch() != "gfx950":
+        pytest.skip(f"needs gfx950 (MI350 / MI355), this GPU is {device_arch()}")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "kernels_lib"))
+    from attention_reference import attention as reference
+    q, k, v = (torch.randn(2, n, h, D, device="cuda", dtype=torch.bfloat16) for n, h in ((200, 4), (333, 2), (333, 2)))
+    out, lse = attention(q, k, v, causal=True)
+    expected, expected_lse = reference(q.cpu(), k.cpu(), v.cpu(), True)
+    torch.testing.assert_close(out.cpu().double(), expected, rtol=2e-2, atol=2e-2)
+    finite = ~torch.isinf(expected_lse)
+    torch.testing.assert_close(lse.cpu().double()[finite], expected_lse[finite], rtol=1e-3, atol=1e-3)

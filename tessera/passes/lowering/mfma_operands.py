@@ -32,6 +32,14 @@ they share banks, and the model (`bench/amd_lds_transpose_banks.py`) gives
 cost; 8 against 16 at a 128-byte pitch. A padded or swizzled slot would make
 them conflict-free, but the DMA fill cannot write one.
 
+The same reads take a 16-bit register tile that has to move on gfx950 when the bank model
+prices it cheaper (`plan_lds_transpose_read`): attention's P, the first MFMA's accumulator (4 consecutive
+rows of one key column a lane) on its way to P @ V's A fragment (8 consecutive keys of one row a lane), is
+stored keys-major, one 8-byte write per 4 elements where the row-major buffer needs a 2-byte write per
+element (the key loop at BM=128, BN=64: 32 ds_write_b16 -> 8 ds_write_b64), in rows grouped by 4 so that
+both the writes and the reads are conflict-free. Keeping P in registers instead would need S's accumulator
+transposed (lane: one row, consecutive keys), i.e. S^T = K Q^T with the operands swapped.
+
 gfx942 has no transpose read: such operands stay on `ds_read_u16` + one
 `v_perm_b32` / `v_lshl_or_b32` per pair (the library GEMM's 128x128x64 K
 loop: 64 + 32 of its 482 instructions). LLVM would pair
@@ -49,7 +57,7 @@ from functools import lru_cache
 import numpy as np
 
 from tessera.ir.core import Value
-from tessera.ir.layouts import RegisterLayout
+from tessera.ir.layouts import LayoutError, RegisterLayout
 from tessera.ir.smem_layouts import SmemLayout, bank_conflicts
 from tessera.ir.types import PointerType
 
@@ -69,6 +77,9 @@ class LdsPlan:
     store_vector: int
     load_vector: int
     cycles: int                 # modelled LDS cycles of the store plus the loads
+    transpose_read: bool = False    # the fragment is read with `lds_read_tr` (gfx950), not plain loads
+    split: int = 1              # stored rows taken `split` at a time, each group `group_pad` elements apart
+    group_pad: int = 0
 
     @property
     def cost(self) -> tuple[int, float]:
@@ -76,9 +87,21 @@ class LdsPlan:
         return self.cycles, 1 / self.store_vector + 1 / self.load_vector
 
     def storage(self, shape: tuple[int, int]) -> SmemLayout:
-        """The buffer as a layout of the tile in storage order (the tile transposed when column-major)."""
+        """The buffer as a layout of the tile in storage order (the tile transposed when column-major), its
+        rows split into (groups, `split`) when split > 1."""
         rows, cols = (shape[d] for d in self.order)
-        return SmemLayout((rows, cols), (cols + self.pad, 1))
+        pitch = cols + self.pad
+        if self.split == 1:
+            return SmemLayout((rows, cols), (pitch, 1))
+        return SmemLayout((rows // self.split, self.split, cols), (self.split * pitch + self.group_pad, pitch, 1))
+
+    def view(self, layout: RegisterLayout) -> RegisterLayout:
+        """`layout` (a layout of the tile) in the storage's dims; the registers keep their order."""
+        stored = layout.permute(self.order)
+        if self.split == 1:
+            return stored
+        rows, cols = stored.shape
+        return stored.reshape((rows // self.split, self.split, cols))
 
 
 def lds_operand(ctx, regs: Regs, want: RegisterLayout) -> Regs | None:
@@ -89,15 +112,21 @@ def lds_operand(ctx, regs: Regs, want: RegisterLayout) -> Regs | None:
             or register_map(layout, want, row_major_strides(want.shape)) is not None):
         return None
     dtype = regs.element.dtype
-    plan = plan_lds(layout, want, dtype.bits, ctx.target.shared_memory_banks, ctx.target.max_vector_bits,
-                    ctx.warp_size)
+    banks, max_bits, warp = ctx.target.shared_memory_banks, ctx.target.max_vector_bits, ctx.warp_size
+    plan = plan_lds(layout, want, dtype.bits, banks, max_bits, warp)
+    if ctx.target.has("lds.read.tr") and dtype.bits == 16 and warp % TR_LANES == 0:
+        transposed = plan_lds_transpose_read(layout, want, banks, max_bits, warp)
+        if transposed is not None and transposed.cost < plan.cost:
+            plan = transposed
     smem = plan.storage(layout.shape)
     buf = ctx.smem.alloc(dtype, smem.cosize)
     owner = ctx.index.owner_predicate(layout)
     mask = ctx.splat(owner, regs.count) if owner is not None else None
-    ctx.smem.access("store", buf, layout.permute(plan.order), smem.strides, regs.value, mask)
+    ctx.smem.access("store", buf, plan.view(layout), smem.strides, regs.value, mask)
     ctx.threads.barrier()
-    loaded = ctx.smem.access("load", buf, want.permute(plan.order), smem.strides)
+    loaded = lds_transpose_read(ctx, buf, plan.view(want), smem.strides, dtype) if plan.transpose_read else None
+    if loaded is None:
+        loaded = ctx.smem.access("load", buf, plan.view(want), smem.strides)
     ctx.threads.barrier()
     return Regs(loaded, want)
 
@@ -120,11 +149,72 @@ def plan_lds(src: RegisterLayout, want: RegisterLayout, bits: int, banks: int, m
     return best
 
 
+@lru_cache(maxsize=256)
+def plan_lds_transpose_read(src: RegisterLayout, want: RegisterLayout, banks: int, max_vector_bits: int,
+                            warp: int) -> LdsPlan | None:
+    """The cheapest storage for a 16-bit tile whose fragment `want` is read with `lds_read_tr` (gfx950), or
+    None if no storage allows those reads.
+
+    This is how an MFMA accumulator (attention's P: four consecutive rows of one column a lane) becomes the
+    next MFMA's A operand (consecutive columns of one row a lane): stored column-major, each lane writes its
+    four rows with one 8-byte store, where the row-major buffer takes a 2-byte store per element. The two
+    sides want different row pitches: the 32 lanes of a store phase write 32 consecutive stored rows (an odd
+    pitch in 8-byte units spreads them over the banks), a read phase takes 4 consecutive rows x 32 bytes from
+    each of two 16-lane groups (a pitch of a quarter of the banks does). Storing the rows in groups of
+    `TR_ROW`, the groups `group_pad` elements apart, gives both: the pitch within a group serves the reads,
+    the groups' pitch (one unit past a whole bank row) the stores. Pads are whole 8-byte units (the reads'
+    alignment)."""
+    best = None
+    for order in ORDERS:
+        for pad in reversed(TR_PADS):
+            for split, group_pad in ((1, 0), *((TR_ROW, g) for g in TR_PADS)):
+                candidate = LdsPlan(order, pad, 1, TR_ROW, 0, True, split, group_pad)
+                try:
+                    stored, fragment = candidate.view(src), candidate.view(want)
+                except LayoutError:
+                    continue
+                smem = candidate.storage(src.shape)
+                if transpose_read_starts(fragment, smem.strides) is None:
+                    continue
+                reads = transpose_read_cycles(fragment, smem.strides, banks, warp)
+                if best is not None and reads >= best.cycles:
+                    continue
+                ks = shared_vector_width(stored, smem.strides, 16, max_vector_bits)
+                cycles = lds_cycles(smem, stored, ks, 16, banks, warp, owners_only=True) + reads
+                candidate = LdsPlan(order, pad, ks, TR_ROW, cycles, True, split, group_pad)
+                if best is None or candidate.cost < best.cost:
+                    best = candidate
+                ideal = (lds_cycles(smem, stored, ks, 16, banks, warp, owners_only=True, conflicts=False)
+                         + transpose_read_cycles(fragment, smem.strides, banks, warp, conflicts=False))
+                if cycles == ideal and ks == min(stored.local_contiguity(-1), max_vector_bits // 16):
+                    return best         # conflict-free with the widest stores this order allows: stop searching
+    return best
+
+
+def transpose_read_cycles(want: RegisterLayout, weights: tuple[int, ...], banks: int, warp: int,
+                          conflicts: bool = True) -> int:
+    """Modelled LDS cycles of reading `want` with `lds_read_tr` at `weights` (as `lds_cycles`: phases x worst
+    bank-conflict degree, each lane reading the 4 elements from its row's start; phases alone without
+    `conflicts`)."""
+    terms, consts = transpose_read_starts(want, weights)
+    t = np.arange(want.num_threads)
+    part = sum(((t // stride) % size) * scale for stride, size, scale in terms) if terms else np.zeros_like(t)
+    flat = SmemLayout((1 << 30,), (1,))
+    cycles = 0
+    for c in consts:
+        access = (part + c)[:, None, None] + np.arange(TR_ROW)[None, :, None]       # (threads, 4, 1)
+        for w in range(0, want.num_threads, warp):
+            phases = math.ceil(warp / _lanes_per_phase(TR_ROW * 2, banks))
+            cycles += phases * (bank_conflicts(flat, access[w:w + warp], 2, banks) if conflicts else 1)
+    return cycles
+
+
 def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int, banks: int, warp: int,
-               owners_only: bool = False) -> int:
+               owners_only: bool = False, conflicts: bool = True) -> int:
     """Modelled LDS cycles for every thread of `layout` to access its registers at `smem` (coordinates in
     the layout's dims), `vector` registers per access: the sum over accesses and warps of phases x worst
-    bank-conflict degree. With `owners_only`, replicas (which do not store) are left out."""
+    bank-conflict degree (phases alone without `conflicts`: the conflict-free bound). With `owners_only`,
+    replicas (which do not store) are left out."""
     table = layout.table()                                       # (threads, registers, 2)
     active = _owners(layout) if owners_only else np.ones(layout.num_threads, bool)
     cycles = 0
@@ -135,11 +225,14 @@ def lds_cycles(smem: SmemLayout, layout: RegisterLayout, vector: int, bits: int,
             if lanes.size == 0:
                 continue
             phases = math.ceil(lanes.size / _lanes_per_phase(vector * bits // 8, banks))
-            cycles += phases * bank_conflicts(smem, access[lanes], bits / 8, banks)
+            cycles += phases * (bank_conflicts(smem, access[lanes], bits / 8, banks) if conflicts else 1)
     return cycles
 
 
 TR_LANES, TR_ROW = 16, 4          # ds_read_b64_tr_b16: groups of 16 lanes, 4 16-bit elements a lane
+# pads for a buffer read by `lds_read_tr`: whole 8-byte units (the reads' alignment), up to the 64 bytes that
+# put a 16-lane group's 4 rows x 32 bytes (and the phase's other group's) in 64 different banks
+TR_PADS = (0, 4, 8, 16, 32)
 
 
 def lds_transpose_read(ctx, base, want: RegisterLayout, weights, dtype) -> Value | None:
