@@ -121,7 +121,7 @@ def gemm_kernel_case(a, b, c):
 
     M = N_ = K = GEMM_SIZE
     args = (a, b, c, c, c, c, M, N_, K, 1.0, K, 1, N_, 1)
-    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    flags = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
     return lambda: gemm_kernel[lambda meta: _grid(M, N_, meta, 132)](*args, **flags)
 
 

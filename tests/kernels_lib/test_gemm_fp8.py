@@ -130,7 +130,7 @@ def compile_fp8(config, b_strides: str, target: str, strict: bool = True):
     def compile_it(strict):
         return gemm_kernel.kernel.compile(
             signature=FP8_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps, strict=strict,
-            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+            HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **config.kwargs)
     if b_strides == "i32:1,i32:16":
         return compile_it(strict)
     with pytest.warns(tessera.PipelineWarning, match="not every block load is pipelined: .* the dot cannot read "
@@ -245,7 +245,7 @@ def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     args = [a, bt, c, scale_a, scale_b, c, M, N, K, 0.5, K, 1, 1, K]
     traced = [tessera.reinterpret(x, dt.f8e4m3) if i < 2 else x for i, x in enumerate(args)]
     module = gemm_kernel.kernel.specialize(
-        *traced, HAS_BIAS=False, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="none", BM=BM, BN=BN, BK=BK,
+        *traced, HAS_BIAS=False, SCALE_A="vector", SCALE_B="vector", ACTIVATION="none", BM=BM, BN=BN, BK=BK,
         GROUP_M=2, PERSISTENT=False, STAGES=3).module
     fn = lower(module, "sm_90a", 4).functions[0]
     assert [op for op in fn.walk() if op.name == "wgmma"] and not [op for op in fn.walk() if op.name == "mma"]
