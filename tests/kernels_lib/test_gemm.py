@@ -168,9 +168,9 @@ def test_fp8_kernel_compiles_for_hopper():
         pytest.skip("ptxas not installed")
     compiled = gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
-        target="sm_90a", num_warps=4, HAS_BIAS=True, SCALE_A="vector", SCALE_B="vector", ACTIVATION="relu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
-    assert compiled.cubin
+        target="sm_90a", num_warps=4, HAS_BIAS=True, SCALE_A="tensor", SCALE_B="vector", ACTIVATION="relu",
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)     # (scale_a: one scalar; scale_b: per column)
+    assert compiled.cubin and compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
 
 
 # stride_am, stride_ak, stride_bk, stride_bn: B row-major (K x N), or B^T stored (N x K), as trans_b passes it

@@ -254,3 +254,20 @@ def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     x = np.asarray(dt.f8e4m3.decode(a), np.float64) @ np.asarray(dt.f8e4m3.decode(bt), np.float64).T
     expected = 0.5 * x * scale_a[:, None] * scale_b[None, :]
     np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_scale_mode_other_than_none_tensor_or_vector_names_the_modes():
+    """SCALE_A / SCALE_B are modes (`gemm_epilogue.SCALE_MODES`): the old boolean flags fail at trace time, naming
+    the kernel, the epilogue's line and the modes, rather than silently dropping the scale."""
+    import numpy as np
+
+    import tessera
+    from tessera.ir import dtypes as dt
+    from tessera.kernels_lib.gemm import gemm_kernel
+
+    a = tessera.reinterpret(dt.f8e4m3.encode(np.zeros((32, 32))), dt.f8e4m3)
+    c, scale = np.zeros((32, 32), np.float32), np.ones(32, np.float32)
+    with pytest.raises(tessera.StaticAssertionError, match=r"(?s)gemm_kernel.*gemm_epilogue.py.*'none', 'tensor'"):
+        gemm_kernel.kernel.specialize(a, a, c, scale, scale, c, 32, 32, 32, 1.0, 32, 1, 32, 1, HAS_BIAS=False,
+                                      SCALE_A=True, SCALE_B="none", ACTIVATION="none", BM=32, BN=32, BK=32,
+                                      GROUP_M=1, PERSISTENT=False, STAGES=1)

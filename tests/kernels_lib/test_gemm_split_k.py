@@ -402,14 +402,16 @@ FP8_SIGNATURE = ("*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16
 def test_fp8_with_k_major_b_compiles_pipelined_without_spills(target):
     """fp8 operands with B as an nn.Linear weight (N x K, K-major: what 8-bit tensor-core reads need), scales,
     bias and silu: each shipped tile takes K_BYTES / 1 = twice the 16-bit K depth, runs pipelined (strict
-    mode) without spills, on wgmma where it has 64-row slabs on sm_90a, else mma.sync."""
+    mode) without spills, on wgmma where it has 64-row slabs on sm_90a, else mma.sync. The tiles take the
+    scales per tensor (one scalar load) and per row / column in turn."""
     from tessera.backends.nvptx import find_ptxas
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
-    for name, tile in SHIPPED_TILES.items():
+    for i, (name, tile) in enumerate(SHIPPED_TILES.items()):
+        scale_a, scale_b = ("tensor", "vector") if i % 2 else ("vector", "tensor")
         compiled = gemm_split_k_kernel.compile(
-            signature=FP8_SIGNATURE, target=target, num_warps=tile["num_warps"], HAS_BIAS=True, SCALE_A="vector",
-            SCALE_B="vector", ACTIVATION="silu", BM=tile["BM"], BN=tile["BN"], BK=tile["K_BYTES"],
+            signature=FP8_SIGNATURE, target=target, num_warps=tile["num_warps"], HAS_BIAS=True, SCALE_A=scale_a,
+            SCALE_B=scale_b, ACTIVATION="silu", BM=tile["BM"], BN=tile["BN"], BK=tile["K_BYTES"],
             STAGES=tile["STAGES"], SPLIT_K=2, ATOMIC=False)
         metadata, ptx = compiled.metadata, compiled.stages["ptx"]
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{name} spills"
