@@ -171,6 +171,10 @@ def test_fp8_kernel_compiles_for_hopper():
         target="sm_90a", num_warps=4, HAS_BIAS=True, SCALE_A="tensor", SCALE_B="vector", ACTIVATION="relu",
         BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)     # (scale_a: one scalar; scale_b: per column)
     assert compiled.cubin and compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    # the per-tensor scale_a: one 4-byte load at its parameter's address itself (no index arithmetic)
+    ptx = compiled.stages["ptx"]
+    address = re.search(r"ld\.param\.b64\s+(%rd\d+), \[gemm_kernel_param_3\]", ptx).group(1)
+    assert re.search(rf"ld\.global(\.nc)?\.b32\s+%r\d+, \[{address}\]", ptx), "scale_a is not read as one scalar"
 
 
 # stride_am, stride_ak, stride_bk, stride_bn: B row-major (K x N), or B^T stored (N x K), as trans_b passes it

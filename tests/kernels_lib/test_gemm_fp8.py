@@ -227,7 +227,8 @@ def test_on_a_gfx950_gpu_the_fp8_gemm_matches_the_reference():
 
 def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     """The library kernel itself, lowered for sm_90a (wgmma, both operands from the rings: B given transposed
-    like torch._scaled_mm's column-major B), per-row scales, odd M and N, on the SIMT simulator."""
+    like torch._scaled_mm's column-major B), a per-tensor scale_a (one scalar load) and a per-column scale_b, odd
+    M and N, on the SIMT simulator."""
     import numpy as np
 
     import tessera
@@ -240,19 +241,19 @@ def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     rng = np.random.default_rng(5)
     a = dt.f8e4m3.encode(rng.standard_normal((M, K)))
     bt = dt.f8e4m3.encode(rng.standard_normal((N, K)))         # B^T: K-contiguous
-    scale_a, scale_b = (rng.random(n).astype(np.float32) + 0.5 for n in (M, N))
+    scale_a, scale_b = (rng.random(n).astype(np.float32) + 0.5 for n in (1, N))     # (scale_a: its one element)
     c = np.zeros((M, N), np.float32)
     args = [a, bt, c, scale_a, scale_b, c, M, N, K, 0.5, K, 1, 1, K]
     traced = [tessera.reinterpret(x, dt.f8e4m3) if i < 2 else x for i, x in enumerate(args)]
     module = gemm_kernel.kernel.specialize(
-        *traced, HAS_BIAS=False, SCALE_A="vector", SCALE_B="vector", ACTIVATION="none", BM=BM, BN=BN, BK=BK,
+        *traced, HAS_BIAS=False, SCALE_A="tensor", SCALE_B="vector", ACTIVATION="none", BM=BM, BN=BN, BK=BK,
         GROUP_M=2, PERSISTENT=False, STAGES=3).module
     fn = lower(module, "sm_90a", 4).functions[0]
     assert [op for op in fn.walk() if op.name == "wgmma"] and not [op for op in fn.walk() if op.name == "mma"]
     assert not [op for op in fn.walk() if op.name == "store" and op.operands[1].type.element.dtype == dt.f8e4m3]
     run_threads(fn, args, (-(-M // BM) * -(-N // BN),))         # (no fp8 tile goes through registers)
     x = np.asarray(dt.f8e4m3.decode(a), np.float64) @ np.asarray(dt.f8e4m3.decode(bt), np.float64).T
-    expected = 0.5 * x * scale_a[:, None] * scale_b[None, :]
+    expected = 0.5 * x * scale_a[0] * scale_b[None, :]
     np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-4)
 
 
