@@ -41,7 +41,8 @@ the multicast ring counting on across tiles (`passes/schedule/multicast.py`).
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
-acc * scale_a[:, None] * scale_b[None, :].
+acc * scale_a[:, None] * scale_b[None, :]. The kernels take each scale as it
+is, a [] one read as one scalar (SCALE_A / SCALE_B: `gemm_epilogue.SCALE_MODES`).
 
 A warm call on the GPU replays what the first calls of its shape, dtypes,
 alignment and layout launched, fp8 scales included (`gemm_plan.py`): no

@@ -24,10 +24,9 @@ launches and is dropped when one moved (autotune's `pin`, a test forgetting
 prepared launches). tests/kernels_lib/test_gemm_plan.py checks replays
 against the general path for random calls.
 
-fp8 scales are planned too: a replay passes each scale as the general path
-does (`scale_operand`: a per-tensor 0-d scale as it is, which the kernels
-read as one scalar; a vector as it is when dense) and passes its address; the
-key holds each scale's layout (so its mode: a plan recorded for a vector never
+fp8 scales are planned too: a replay passes each scale's address as the
+general path does (`scale_operand`: a per-tensor 0-d scale as it is, which
+the kernels read as one scalar; a vector as it is when dense); the key holds each scale's layout (so its mode: a plan recorded for a vector never
 replays for a 0-d scale, nor the other way), alignment, overlaps and
 identities with the other operands.
 
@@ -80,8 +79,8 @@ def plan_key(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], act
 def _scale_facts(seen: list, scale_a: Optional[torch.Tensor], scale_b: Optional[torch.Tensor]) -> tuple:
     """What the launches' specialization reads of the fp8 scales (`seen`: the operands as (tensor, start, end)):
     per scale (None: absent) its layout, dtype, device and alignment, and its identity to and overlap with each
-    operand and scale before it (a dense vector is passed as it is, so it may be, or share bytes with, the bias
-    or the other scale)."""
+    operand and scale before it (a 0-d scale or a dense vector is passed as it is, so it may be, or share bytes
+    with, the bias or the other scale)."""
     facts = []
     for scale in (scale_a, scale_b):
         if scale is None:
@@ -224,7 +223,7 @@ class Recording(Direct):
         if bias_mem is not c:
             self.slots[id(bias_mem)] = BIAS
         for array, slot in ((scale_a_mem, SCALE_A), (scale_b_mem, SCALE_B)):
-            if array is not None:       # (a vector that is the bias, or the other scale: one address either way)
+            if array is not None:       # (a scale that is the bias, or the other scale: one address either way)
                 self.slots[id(array)] = slot
         self.scaled = scale_a_mem is not None or scale_b_mem is not None
         self.alive = [a_mem, b_mem, bias_mem, c, alpha, scale_a_mem, scale_b_mem]  # ids stay theirs while recording
