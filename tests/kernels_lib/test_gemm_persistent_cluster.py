@@ -124,7 +124,7 @@ def persistent_cluster_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr,
     last = tessera.cdiv(num_pid_m, 2) * num_pid_n - SKIP_LAST * (tessera.program_id(0) % 2)
     for ct in range(tessera.program_id(0) // 2, last, tessera.num_programs(0) // 2):
         pid_m, pid_n = cluster_tile(ct * 2 + tessera.program_id(0) % 2, num_pid_m, num_pid_n, 2, 2, 1)
-        gemm_tile(pid_m, pid_n, a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, False, False, False, "none",
+        gemm_tile(pid_m, pid_n, a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, False, "none", "none", "none",
                   BM, BN, BK, STAGES, WS, 2, 1)
 
 
