@@ -26,9 +26,10 @@ against the general path for random calls.
 
 fp8 scales are planned too: a replay passes each scale's address as the
 general path does (`scale_operand`: a per-tensor 0-d scale as it is, which
-the kernels read as one scalar; a vector as it is when dense); the key holds each scale's layout (so its mode: a plan recorded for a vector never
-replays for a 0-d scale, nor the other way), alignment, overlaps and
-identities with the other operands.
+the kernels read as one scalar; a vector as it is when dense); the key holds
+each scale's layout (so its mode: a plan recorded for a vector never replays
+for a 0-d scale, nor the other way), alignment, overlaps and identities with
+the other operands.
 
 Not planned (the general path runs every time): operands that need a copy
 (not dense), an empty K, calls inside `tessera.fusion()`.
