@@ -220,7 +220,9 @@ def config_variants(torch):
     """Every config shipped for this GPU (`gemm_configs.configs_for`: the common ones and its family's, the
     cluster-multicast ones (CLUSTER_M / CLUSTER_N) next to their twins on sm_90), and on sm_90 each non-persistent one
     warp-specialized too, right after it (the cluster ones then multicast from the producer warpgroup, as CUTLASS's
-    kernels); a persistent warp-specialized config comes right after its non-persistent twin's two rows."""
+    kernels); a persistent warp-specialized config comes right after its non-persistent twin's two rows; at the
+    end, the persistent warp-specialized 128 x 256 ones with 4 stages (their C sliced to fit: against 3 stages,
+    whether the deeper ring is worth the epilogue's per-block waits)."""
     import tessera
     from tessera.kernels_lib import gemm_configs
 
@@ -237,6 +239,10 @@ def config_variants(torch):
         twin = dict(config.kwargs, PERSISTENT=False)
         at = next((i for i, c in enumerate(variants) if c.kwargs == twin), len(variants) - 1)
         variants.insert(at + 1, config)
+    if hopper:      # a 4-stage ring fits beside C only with C staged in column-block slots (`tma_store.py`): last
+        variants += [tessera.Config(dict(config.kwargs, STAGES=4), num_warps=config.num_warps)
+                     for config in filter(gemm_configs.is_persistent_specialized, shipped)
+                     if config.kwargs["BN"] == 256 and config.kwargs["STAGES"] == 3]
     return variants
 
 

@@ -50,9 +50,11 @@ from .schedule.consumer_prologue import consumer_prologue
 
 
 def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target, num_warps: int | None = None,
-                     facts: VectorFacts | None = None, debug: bool = False, overlap_stores: bool = True) -> Module:
+                     facts: VectorFacts | None = None, debug: bool = False, overlap_stores: bool = True,
+                     slice_stores: bool = False) -> Module:
     """The thread-IR module of tile function `fn` under `assignment` (see the module docstring); without
-    `overlap_stores`, every TMA store waits for its read at once, loops or not (`schedule/tma_store.py`)."""
+    `overlap_stores`, every TMA store waits for its read at once, loops or not; with `slice_stores`, a C stored
+    from its registers goes out a column block at a time through a small staging buffer (`schedule/tma_store.py`)."""
     if num_warps is not None and num_warps != assignment.num_warps:
         raise LoweringError(f"the layouts were assigned for {assignment.num_warps} warps, not {num_warps}",
                             kernel=fn.name)
@@ -62,6 +64,7 @@ def lower_to_threads(fn: Function, assignment: LayoutAssignment, target: Target,
     ctx = Lowering(fn, assignment, target, facts)
     ctx.debug = debug
     ctx.overlap_stores = overlap_stores
+    ctx.slice_stores = slice_stores
     ctx.deferred = consumer_prologue(ctx)
     ctx.lower_block(fn.body, ctx.fn.body, [ctx.env[a] for a in fn.args])
     if ctx.after:       # an op whose lowering was to be followed by more was lowered some other way

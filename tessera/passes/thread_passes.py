@@ -10,10 +10,11 @@ loops, or in an `if` holding a loop after a loop, recomputed there, then DCE), `
 wgmma wait moved down to the first read of its results), `pingpong` (the turn-taking barriers of a
 `pingpong` loop), `low_bit` (sub-byte loads and stores become byte accesses), `merge_mbarrier_inits`
 (the top-level mbarrier inits behind one fence and one barrier), `shared_memory` allocation (lowering
-again with every TMA store waiting for its read at once when the staging buffers that loops overlap
-with the next iteration do not fit), `wave_pingpong` (AMD: a `pingpong` loop without warp specialization runs two
-programs per block, their wave groups staggered; layouts are then assigned for half the warps), and the
-verifier on the result. Returns a new module of thread-IR functions; the input is not
+again when the staging buffers that loops overlap with the next iteration do not fit: first with C
+tiles stored from their registers staged a column block at a time through two block-sized slots, then
+with every TMA store waiting for its read at once), `wave_pingpong` (AMD: a `pingpong` loop without warp
+specialization runs two programs per block, their wave groups staggered; layouts are then assigned for half
+the warps), and the verifier on the result. Returns a new module of thread-IR functions; the input is not
 changed.
 """
 
@@ -42,9 +43,12 @@ from .wave_pingpong import GROUPS, pingpong_loop, stagger_wave_groups
 
 
 def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int = 4,
-          overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False) -> Module:
+          overrides: Mapping[Value, RegisterLayout] | None = None, debug: bool = False,
+          slice_stores: bool | None = None) -> Module:
     """Thread IR for every function of `module_or_fn` on `target` with `num_warps` warps per block; `debug`
-    keeps device-side print and assert (dropped otherwise)."""
+    keeps device-side print and assert (dropped otherwise). `slice_stores` stages every C stored from its
+    registers (pairs, stmatrix) a column block at a time (True), never (False), or where a whole tile's
+    overlapped buffer does not fit (None)."""
     if isinstance(target, str):
         target = get_target(target)
     functions = module_or_fn.functions if isinstance(module_or_fn, Module) else [module_or_fn]
@@ -55,9 +59,11 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
         warps = _warps_per_program(fn, target, num_warps)
         assignment = assign_layouts(fn, target, warps, pins, facts)
         check_register_budget(assignment, target)
-        lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=True)
+        lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, bool(slice_stores))
+        if slice_stores is None and _overlapped_stores_overflow(lowered, target):   # C a block at a time
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, True, slice_stores=True)
         if _overlapped_stores_overflow(lowered, target):
-            lowered = _to_threads(fn, assignment, target, warps, facts, debug, overlap_stores=False)
+            lowered = _to_threads(fn, assignment, target, warps, facts, debug, False, bool(slice_stores))
         allocate_shared_memory(lowered, target.shared_memory_bytes)
         if warps != num_warps:
             stagger_wave_groups(lowered, target.shared_memory_bytes)
@@ -66,9 +72,11 @@ def lower(module_or_fn: Module | Function, target: Target | str, num_warps: int 
     return out
 
 
-def _to_threads(fn, assignment, target: Target, num_warps: int, facts, debug: bool, overlap_stores: bool) -> Function:
+def _to_threads(fn, assignment, target: Target, num_warps: int, facts, debug: bool, overlap_stores: bool,
+                slice_stores: bool = False) -> Function:
     """`lower_to_threads` and the thread-IR passes after it, up to shared-memory allocation."""
-    lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores).functions[0]
+    lowered = lower_to_threads(fn, assignment, target, num_warps, facts, debug, overlap_stores,
+                               slice_stores).functions[0]
     if rematerialize_thread_index(lowered):
         dce_function(lowered)
     defer_wgmma_waits(lowered)

@@ -87,7 +87,8 @@ PERSISTENT = [v for v in VARIANTS if v[1].kwargs["PERSISTENT"]]
 def test_the_persistent_config_with_several_tiles_per_program_matches_a_float32_product(pinned, out_dtype):
     """2000 x 4000: 16 x 32 tiles of 128 x 128 (the last row and column ragged), ~4 per SM, so each program's
     C store is read by TMA while its next tile's K loop runs (`passes/schedule/tma_store.py`); bf16 C leaves
-    through stmatrix, float32 C through the threads' st.shared."""
+    through stmatrix, float32 C through st.shared.v2 register pairs (`pair_store.py`), in column slices
+    through two reused slots where the whole f32 tile does not fit beside the rings (the 128 x 256 configs)."""
     g = torch.Generator().manual_seed(4)
     a = torch.randn((2000, 520), generator=g).to(torch.bfloat16).cuda()
     b = torch.randn((520, 4000), generator=g).to(torch.bfloat16).cuda()

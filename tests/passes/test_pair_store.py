@@ -10,6 +10,9 @@
   16-byte chunk with row % 8, so rows 2i and 2i + 1 swap the same two chunks), against 4-way for the same
   stores into unswizzled 128-byte rows;
 * every register lands on its own element (the plan's offsets are a permutation of the tile);
+* `blocks`: each pair lies in one 32-column block for every thread (what lets `tma_store.py` stage C a block at
+  a time), 8 pairs a block for the GEMM's accumulator; a layout whose threads spread a pair over 64 columns
+  still gets a plan, but no blocks;
 * a blocked layout (4 contiguous f32: the row-major tile takes 16-byte stores), a replicated one, and a layout
   whose pairs are not two adjacent columns get no plan.
 """
@@ -44,6 +47,17 @@ def test_the_gemm_accumulator_gets_a_plan_of_pairs_with_two_way_conflicts():
     both = np.concatenate([offsets, offsets + 1], axis=1).ravel()      # each pair's two elements
     assert sorted(both) == list(range(128 * 128))
     assert plan.conflicts == 2
+
+
+def test_each_pair_of_the_accumulators_lies_in_one_column_block_for_every_thread():
+    layout = parse_layout(WGMMA_128x128_8_WARPS)
+    plan = pair_plan(layout)
+    table = layout.table()[:, 0::2]                                    # (threads, pairs, (row, col))
+    np.testing.assert_array_equal(table[..., 1] // 32, np.broadcast_to(plan.blocks, table.shape[:2]))
+    assert plan.blocks == tuple(g // 8 for g in range(32))
+    assert pair_plan(parse_layout(MMA_SYNC_64x64_4_WARPS)).blocks == (0,) * 8 + (1,) * 8
+    across = pair_plan(parse_layout("local(2,1).spatial(4,32).local(1,2)"))        # 32 threads x 2 = 64 columns
+    assert across is not None and across.blocks is None
 
 
 def test_the_mma_sync_accumulator_gets_a_plan_too():

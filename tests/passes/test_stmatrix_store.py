@@ -4,6 +4,8 @@ column blocks a TMA store reads, and that each phase of those stores is free of 
 * the wgmma accumulator of the library GEMM's 128 x 128 tile on 8 warps gets a plan (the mma.sync one: the sm_90
   test of tests/kernels_lib/test_gemm_tma_store.py):
   BM x BN / (32 x 8 x warps) stmatrix per thread, every phase's 8 rows in 8 different 16-byte bank groups;
+* `blocks`: each stmatrix writes one 64-column block for every lane (what lets `tma_store.py` stage C a block
+  at a time), 4 a block at 128 x 128 on 8 warps;
 * the same rows without the swizzle (row-major rows of 128 bytes) would put all 8 in one bank group;
 * a blocked layout (the threads' vector stores) and a layout with replicas get no plan.
 """
@@ -21,6 +23,12 @@ def test_the_gemm_accumulator_gets_a_conflict_free_plan():
     assert plan is not None and plan.rows.nums == (4,) * 8            # 64 registers a thread: 8 x4 stores
     assert (plan.tile.rows, plan.tile.cols, plan.tile.swizzle) == (128, 128, 128)
     assert conflict_free(plan.tile, plan.rows.starts)
+
+
+def test_each_stmatrix_of_the_gemm_accumulator_writes_one_column_block():
+    plan = stmatrix_plan(parse_layout(WGMMA_128x128_8_WARPS))
+    starts = plan.rows.starts                                         # (threads, stmatrices, (row, col))
+    assert (starts[..., 1] // 64 == plan.blocks).all() and plan.blocks == (0,) * 4 + (1,) * 4
 
 
 def test_without_the_swizzle_the_eight_rows_of_a_phase_share_one_bank_group():

@@ -81,6 +81,10 @@ class Lowering(Emitter):
         # TMA stores in a loop body leave their read-wait to the next iteration's write (`schedule/tma_store.py`;
         # off: each store waits at once); the tile-IR loops whose final wait is still to come after them
         self.overlap_stores = True
+        # C tiles stored from their registers (pairs, stmatrix) go out a column block at a time through
+        # `STAGING_SLOTS` block-sized slots, not a whole-tile buffer (`schedule/tma_store.py`; set where the
+        # whole tile does not fit)
+        self.slice_stores = False
         self.overlapped_stores: set[Operation] = set()
         # whether some view_store of the kernel may take a TMA store, so that releases complete them first
         # (`schedule/tma_store.complete_before_release`); None until asked

@@ -56,12 +56,15 @@ ELEMENT_BYTES = 4
 @dataclass(frozen=True)
 class PairPlan:
     """Where each thread's register pairs go: `tile` (the shared layout), the pairs' unswizzled element offsets
-    as `base[g] + sum_b bit_b(thread) * weight[b]` (`thread_bits`), and the worst bank-conflict degree of one
-    warp's v2 stores (`conflicts`, 1 = conflict-free)."""
+    as `base[g] + sum_b bit_b(thread) * weight[b]` (`thread_bits`), the worst bank-conflict degree of one
+    warp's v2 stores (`conflicts`, 1 = conflict-free), and the column block each pair g lies in for every
+    thread (`blocks[g]`; None where the threads' pair g spans blocks: then the tile cannot go out a block at a
+    time, `tma_store.py`'s sliced staging)."""
 
     tile: WgmmaTileLayout
     thread_bits: tuple
     conflicts: int
+    blocks: tuple | None = None
 
 
 def pair_plan(layout: RegisterLayout, max_vector_bits: int = 128, warp: int = 32, banks: int = 32) \
@@ -83,7 +86,9 @@ def pair_plan(layout: RegisterLayout, max_vector_bits: int = 128, warp: int = 32
     thread_bits = thread_bit_weights(np.asarray(plain, np.int64))
     if thread_bits is None:
         return None
-    return PairPlan(tile, thread_bits, _conflicts(tile, first, warp, banks))
+    block = first[..., 1] // tile.atom                      # (threads, pairs)
+    blocks = tuple(int(b) for b in block[0]) if (block == block[:1]).all() else None
+    return PairPlan(tile, thread_bits, _conflicts(tile, first, warp, banks), blocks)
 
 
 def swizzled_tile(tile: WgmmaTileLayout) -> SmemLayout:
@@ -107,12 +112,20 @@ def _conflicts(tile: WgmmaTileLayout, first: np.ndarray, warp: int, banks: int) 
     return worst
 
 
-def store_pairs(ctx, buf, plan: PairPlan, value) -> None:
+def store_pairs(ctx, buf, plan: PairPlan, value, block: int | None = None) -> None:
     """One st.shared.v2 per register pair of `value` (regs of 32-bit elements, the plan's layout) into `buf`
-    (the plan's tile, on a 1024-byte boundary): one vector-2 `store` of the whole tile; no fence, no barrier."""
+    (the plan's tile, on a 1024-byte boundary): one vector-2 `store` of the whole tile; no fence, no barrier.
+    With `block`, only the pairs of that column block (`plan.blocks`), into `buf` holding that block alone
+    (rows x 32 elements, the same swizzle: a block is a whole number of the swizzle's 1024-byte periods)."""
     swizzle = swizzle_bytes(SWIZZLE, ELEMENT_BYTES)
-    pointers = []
-    for g in range(value.type.count // 2):
-        pair = ctx.emit("addptr", buf, folded_row_offset(ctx, plan.thread_bits, g, swizzle))
+    pairs = range(value.type.count // 2)
+    base, weights = plan.thread_bits
+    if block is not None:
+        pairs = [g for g in pairs if plan.blocks[g] == block]
+        base = np.asarray(base) - block * plan.tile.rows * plan.tile.atom      # offsets in the block's slice
+    pointers, registers = [], []
+    for g in pairs:
+        pair = ctx.emit("addptr", buf, folded_row_offset(ctx, (base, weights), g, swizzle))
         pointers += [pair, ctx.emit("addptr", pair, ctx.const(1))]
-    ctx.create("store", [ctx.pack(pointers), value], {"vector": 2})
+        registers += [ctx.extract(value, 2 * g), ctx.extract(value, 2 * g + 1)]
+    ctx.create("store", [ctx.pack(pointers), ctx.pack(registers)], {"vector": 2})

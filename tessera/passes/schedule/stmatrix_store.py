@@ -45,12 +45,15 @@ ELEMENT_BYTES = 2
 
 @dataclass(frozen=True)
 class StmatrixPlan:
-    """Where each lane's rows go: `tile` (the shared layout), the rows (`RowPlan`), and the row addresses
-    (unswizzled element offsets) as `base[g] + sum_b bit_b(thread) * weight[b]`."""
+    """Where each lane's rows go: `tile` (the shared layout), the rows (`RowPlan`), the row addresses
+    (unswizzled element offsets) as `base[g] + sum_b bit_b(thread) * weight[b]`, and the column block each
+    stmatrix g writes for every lane (`blocks[g]`; None where one spans blocks: then the tile cannot go out a
+    block at a time, `tma_store.py`'s sliced staging)."""
 
     tile: WgmmaTileLayout
     rows: RowPlan
     thread_bits: tuple
+    blocks: tuple | None = None
 
 
 def stmatrix_plan(layout: RegisterLayout, warp: int = 32) -> StmatrixPlan | None:
@@ -69,7 +72,9 @@ def stmatrix_plan(layout: RegisterLayout, warp: int = 32) -> StmatrixPlan | None
     thread_bits = thread_bit_weights(np.asarray(plain, np.int64))
     if thread_bits is None or not conflict_free(tile, starts, warp):
         return None
-    return StmatrixPlan(tile, plan, thread_bits)
+    block = starts[..., 1] // tile.atom                      # (threads, stmatrices)
+    blocks = tuple(int(b) for b in block[0]) if (block == block[:1]).all() else None
+    return StmatrixPlan(tile, plan, thread_bits, blocks)
 
 
 def conflict_free(tile: WgmmaTileLayout, starts: np.ndarray, warp: int = 32) -> bool:
@@ -81,11 +86,18 @@ def conflict_free(tile: WgmmaTileLayout, starts: np.ndarray, warp: int = 32) -> 
                for j in range(phases.shape[1]) for g in range(phases.shape[3]))
 
 
-def store_fragments(ctx, buf, plan: StmatrixPlan, value) -> None:
+def store_fragments(ctx, buf, plan: StmatrixPlan, value, block: int | None = None) -> None:
     """One stmatrix x4 per eight registers of `value` (regs of 16-bit elements, the plan's layout) into `buf`
-    (the plan's tile, on a 1024-byte boundary); no fence, no barrier."""
+    (the plan's tile, on a 1024-byte boundary); no fence, no barrier. With `block`, only the stmatrices of that
+    column block (`plan.blocks`), into `buf` holding that block alone (rows x 64 elements, the same swizzle:
+    a block is a whole number of the swizzle's 1024-byte periods)."""
     swizzle = swizzle_bytes(SWIZZLE, ELEMENT_BYTES)
     registers = ctx.unpack(value)
-    for g in range(len(plan.rows.nums)):
-        row = ctx.emit("addptr", buf, row_offset(ctx, plan.thread_bits, g, swizzle))
+    groups = range(len(plan.rows.nums))
+    base, weights = plan.thread_bits
+    if block is not None:
+        groups = [g for g in groups if plan.blocks[g] == block]
+        base = np.asarray(base) - block * plan.tile.rows * plan.tile.atom      # offsets in the block's slice
+    for g in groups:
+        row = ctx.emit("addptr", buf, row_offset(ctx, (base, weights), g, swizzle))
         ctx.create("stmatrix", [row, ctx.pack(registers[8 * g:8 * g + 8])], {"num": 4, "trans": False})

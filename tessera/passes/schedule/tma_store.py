@@ -42,9 +42,23 @@ iteration runs (its K loop):
 
 Nothing else touches buf (it is this store's alone), so its only hazard
 is the next write of it, which the wait before the writes orders. When
-the buffer's own bytes do not fit beside what the loop needs,
-`thread_passes.lower` lowers the kernel again with the immediate wait
-(`Lowering.overlap_stores` off).
+the buffer's own bytes do not fit beside what the loop needs (the
+persistent warp-specialized 128 x 256 GEMM: 144 KiB of rings for the
+whole kernel, 128 KiB of f32 C), `thread_passes.lower` lowers the kernel
+again with C sliced (`Lowering.slice_stores`; CUTLASS's epilogue
+sub-tiling; a C stored from its registers, by pairs or stmatrix): buf is
+`STAGING_SLOTS` slots of one column block (rows x 32 f32, or rows x 64 bf16),
+and block j goes through slot j % slots
+
+    if thread 0: bulk_wait_group_read {pending = slots - 1}   the store that last read the slot has
+    barrier
+    st.shared.v2 (stmatrix) of block j's registers into the slot, fence_proxy_async, barrier
+    if thread 0: tma_store slot ...; bulk_commit_group        a bulk group per block
+
+(the first blocks of a store outside a loop skip the wait: no store read
+their slot yet); the loop's final wait is as above. If that does not fit
+either, it is lowered with the immediate wait (`Lowering.overlap_stores`
+off).
 
 The read-wait does not wait for the global writes (PTX: only the wait
 without .read completes a bulk group, its writes then visible to the
@@ -95,6 +109,7 @@ from .tma_fill import map_parameter, view_block_box
 
 TMA_STORE_MIN_BYTES = 4096      # smaller blocks: a few vector stores per thread beat the fence, barriers and wait
 TMA_STORE_ALIGN = 128           # a box without swizzle must start 128-byte aligned in shared memory
+STAGING_SLOTS = 2               # a sliced C's column-block slots: one written while TMA reads the other
 
 
 def tma_store_box(ctx, op, slot=None):
@@ -175,29 +190,36 @@ def _tma_store(ctx, op) -> bool:
     align = plan.tile.alignment if plan else TMA_STORE_ALIGN
     read_back = kernel_may_read(ctx.src, op)     # its writes must be complete before the block goes on
     loop = None if read_back else overlap_loop(ctx, op)
+    slots = staging_slots(ctx, plan, box.boxes)
+    elements = rows * cols if slots is None else slots * box.box_elements
     if loop is None:
-        buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+        buf = ctx.smem.alloc(dtype, elements, align=align)
     else:                                   # its own bytes across the loop: TMA may read them into the next iteration
         with ctx.in_prologue():
-            buf = ctx.smem.alloc(dtype, rows * cols, align=align)
+            buf = ctx.smem.alloc(dtype, elements, align=align)
         buf.owner.attrs["async_reads"] = True
         ctx.overlapped_stores.add(loop)
-        wait_for_store_reads(ctx)           # the previous iteration's store has read buf
-    if isinstance(plan, StmatrixPlan):
-        store_fragments(ctx, buf, plan, value.value)
-    elif plan:
-        store_pairs(ctx, buf, plan, value.value)
+        if slots is None:
+            wait_for_store_reads(ctx)       # the previous iteration's store has read buf
+    if slots is not None:
+        _store_slices(ctx, buf, plan, value.value, box, tensor_map, starts, slots, waits_first=loop is not None)
     else:
-        owner = ctx.index.owner_predicate(value.layout)
-        mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
-        ctx.smem.access("store", buf, value.layout, (cols, 1), value=value.value, mask=mask)
-    ctx.create("fence_proxy_async")
-    ctx.threads.barrier()
+        if isinstance(plan, StmatrixPlan):
+            store_fragments(ctx, buf, plan, value.value)
+        elif plan:
+            store_pairs(ctx, buf, plan, value.value)
+        else:
+            owner = ctx.index.owner_predicate(value.layout)
+            mask = None if owner is None else ctx.splat(owner, value.layout.local_size)
+            ctx.smem.access("store", buf, value.layout, (cols, 1), value=value.value, mask=mask)
+        ctx.create("fence_proxy_async")
+        ctx.threads.barrier()
     with ctx.when(ctx.index.first_thread()):
-        for j in range(box.boxes):          # column block j: its own box, j box widths along the rows
-            src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
-            ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
-        ctx.create("bulk_commit_group")
+        if slots is None:
+            for j in range(box.boxes):      # column block j: its own box, j box widths along the rows
+                src = buf if j == 0 else ctx.emit("addptr", buf, ctx.const(j * box.box_elements))
+                ctx.create("tma_store", [src, tensor_map, *box.coordinates(ctx, starts, j)])
+            ctx.create("bulk_commit_group")
         if read_back:
             ctx.create("bulk_wait_group", attrs={"pending": 0})
         elif loop is None:
@@ -205,6 +227,39 @@ def _tma_store(ctx, op) -> bool:
     if loop is None:
         ctx.threads.barrier()
     return True
+
+
+def staging_slots(ctx, plan, boxes: int) -> int | None:
+    """How many column-block slots the staging buffer of a C stored from its registers (pairs or stmatrix) has
+    when the lowering slices stores (`ctx.slice_stores`, `thread_passes.lower` once the whole tile does not
+    fit): `STAGING_SLOTS`; None for the whole tile. The blocks divide evenly among the slots (tile dims are
+    powers of two), so a block takes the same slot every tile loop iteration, which the read-wait's count needs."""
+    if not ctx.slice_stores or plan is None or plan.blocks is None or boxes < STAGING_SLOTS:
+        return None
+    assert boxes % STAGING_SLOTS == 0, f"{boxes} column blocks do not divide among {STAGING_SLOTS} slots"
+    return STAGING_SLOTS
+
+
+def _store_slices(ctx, buf, plan: PairPlan | StmatrixPlan, value, box, tensor_map, starts, slots: int,
+                  waits_first: bool) -> None:
+    """C a column block at a time through `slots` block-sized slots of `buf` (CUTLASS's epilogue sub-tiling):
+    block j goes to slot j % slots once the store that last read that slot has (thread 0's
+    `bulk_wait_group_read {pending = slots - 1}`, then a barrier), then pair stores or stmatrix, fence, barrier,
+    and thread 0's TMA store and commit, a bulk group per block. Blocks before the first reuse of a slot wait only where
+    an earlier store (the tile loop's previous iteration, `waits_first`) may still read the slot."""
+    for j in range(box.boxes):
+        slot = buf if j % slots == 0 else ctx.emit("addptr", buf, ctx.const(j % slots * box.box_elements))
+        if j >= slots or waits_first:
+            with ctx.when(ctx.index.first_thread()):
+                ctx.create("bulk_wait_group_read", attrs={"pending": slots - 1})
+            ctx.threads.barrier()
+        write = store_fragments if isinstance(plan, StmatrixPlan) else store_pairs
+        write(ctx, slot, plan, value, block=j)
+        ctx.create("fence_proxy_async")
+        ctx.threads.barrier()
+        with ctx.when(ctx.index.first_thread()):
+            ctx.create("tma_store", [slot, tensor_map, *box.coordinates(ctx, starts, j)])
+            ctx.create("bulk_commit_group")
 
 
 def kernel_may_read(fn: Function, store: Operation) -> bool:
