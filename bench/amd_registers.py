@@ -45,7 +45,7 @@ def gemm_cases(target: str) -> Iterator[Case]:
     for config in CONFIGS:
         yield "gemm", str(config), lambda t, c=config: gemm_kernel.kernel.compile(
             signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]), target=t, num_warps=c.num_warps,
-            strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
+            strict=False, HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **c.kwargs)
 
 
 def split_k_cases(target: str) -> Iterator[Case]:
@@ -163,7 +163,7 @@ def fp8_cases(target: str) -> Iterator[Case]:
     for config in gemm_configs.BY_AMD_TARGET[amd_plan_target(target)]:
         yield "gemm e4m3", str(config), lambda t, c=config: gemm_kernel.kernel.compile(
             signature=FP8_SIGNATURE.format(b="i32:1,i32:16"), target=t, num_warps=c.num_warps, strict=False,
-            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **c.kwargs)
+            HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **c.kwargs)
     if not fp8_matrix_cores(target):
         return
     for regime, p in plans.FP8.items():

@@ -278,7 +278,7 @@ def _split_k_call(torch, a, b):
     tiles = -(-m // 128) * -(-n // 128)
     split = min(range(2, 9), key=lambda s: (-(-tiles * s // sms) / s, s))     # waves per unit of work
     plan = gemm_split_k._even(128, 128, 64, 3, 8, k, split)
-    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    flags = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 
     def run():
         c = torch.empty(m, n, device="cuda", dtype=a.dtype)

@@ -121,7 +121,7 @@ def gemm_kernel_case(a, b, c):
 
     M = N_ = K = GEMM_SIZE
     args = (a, b, c, c, c, c, M, N_, K, 1.0, K, 1, N_, 1)
-    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    flags = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
     return lambda: gemm_kernel[lambda meta: _grid(M, N_, meta, 132)](*args, **flags)
 
 
@@ -133,7 +133,8 @@ def gemm_op_cases() -> dict:
     of encoded maps each call), or kept alive for the next 2048 calls, so C is at a new address every call and
     its tensor map is encoded again. (The CPU allocator sometimes hands two blocks in turn even when C is freed:
     then the first case costs what the second does; the C addresses say which happened.) Beside them fp8 (e4m3)
-    with per-tensor and with per-row / per-column scales (bfloat16 out), whose plans make the scale vectors."""
+    with per-tensor and with per-row / per-column scales (bfloat16 out), whose plans pass each scale as it is
+    (a 0-d one read as one scalar by the kernel)."""
     from collections import deque
     import importlib
 
@@ -377,7 +378,7 @@ def op_variants_on_gpu(torch, gemm, a, b, measure) -> None:
     measure("tessera_gemm_op_dispatched", lambda: torch.ops.tessera.gemm(a, b))
     measure("tessera_gemm_op_two_outputs", lambda: last.append(gemm(a, b)))
     measure("tessera_gemm_op_new_output", lambda: kept.append(gemm(a, b)))
-    if torch.cuda.get_device_capability() >= (8, 9):        # fp8 with scales: planned, the vectors made per call
+    if torch.cuda.get_device_capability() >= (8, 9):        # fp8 with scales: planned, each scale passed as it is
         a8, b8 = a.to(torch.float8_e4m3fn), b.to(torch.float8_e4m3fn)
         scale = torch.tensor(0.5, device="cuda")
         rows, columns = (torch.rand(GEMM_SIZE, device="cuda") for _ in range(2))

@@ -41,7 +41,8 @@ the multicast ring counting on across tiles (`passes/schedule/multicast.py`).
 fp8 operands (float8_e4m3fn / float8_e5m2, either mixed) take optional
 float32 dequantization scales, per tensor ([]) or per row of op(A) ([M]) /
 per column of op(B) ([N]), applied to the float32 accumulator before alpha:
-acc * scale_a[:, None] * scale_b[None, :].
+acc * scale_a[:, None] * scale_b[None, :]. The kernels take each scale as it
+is, a [] one read as one scalar (SCALE_A / SCALE_B: `gemm_epilogue.SCALE_MODES`).
 
 A warm call on the GPU replays what the first calls of its shape, dtypes,
 alignment and layout launched, fp8 scales included (`gemm_plan.py`): no
@@ -120,7 +121,7 @@ ATOMIC_SPLIT_K_ENV = "TESSERA_GEMM_ATOMIC_SPLIT_K"
 
 @tessera.func
 def gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha,
-              HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M=1, CLUSTER_N=1):
+              HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M=1, CLUSTER_N=1):
     """C[pid_m, pid_n] = act(alpha * A[pid_m, :] @ B[:, pid_n] * scales + bias), one BM x BN tile."""
     acc = tessera.zeros((BM, BN), dtype=tessera.f32)
     # blocks copied ahead (see above); WS: by a producer warpgroup of their own
@@ -132,7 +133,7 @@ def gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K
         acc = tessera.dot(a_block, b_block, acc)
 
     acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
+                   HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN)
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
@@ -141,7 +142,7 @@ def gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K
 @tessera.kernel
 def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K, alpha,
                 stride_am, stride_ak, stride_bk, stride_bn,
-                HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr, HAS_SCALE_B: tessera.constexpr,
+                HAS_BIAS: tessera.constexpr, SCALE_A: tessera.constexpr, SCALE_B: tessera.constexpr,
                 ACTIVATION: tessera.constexpr,
                 BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                 GROUP_M: tessera.constexpr, PERSISTENT: tessera.constexpr, STAGES: tessera.constexpr,
@@ -160,8 +161,8 @@ def gemm_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, K
     num_pid_m = tessera.cdiv(M, BM)
     num_pid_n = tessera.cdiv(N, BN)
     # one tile, every num_programs-th (PERSISTENT), or clusters walking cluster-tiles (`gemm_tiles.for_each_tile`)
-    for_each_tile(gemm_tile, (a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, HAS_BIAS, HAS_SCALE_A,
-                              HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N),
+    for_each_tile(gemm_tile, (a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha, HAS_BIAS, SCALE_A,
+                              SCALE_B, ACTIVATION, BM, BN, BK, STAGES, WS, CLUSTER_M, CLUSTER_N),
                   num_pid_m, num_pid_n, GROUP_M, PERSISTENT, CLUSTER_M, CLUSTER_N)
 
 
@@ -443,13 +444,13 @@ def _gemm(a, b, bias, scale_a, scale_b, activation, out_dtype, trans_a, trans_b,
     a_mem, stride_am, stride_ak = _strided(a.t() if trans_a else a)
     b_mem, stride_bk, stride_bn = _strided(b.t() if trans_b else b)
     bias_mem = bias.contiguous() if bias is not None else c       # c stands in when there is no bias/scale
-    scale_a_mem, scale_b_mem = gemm_plan.scale_vector(scale_a, M), gemm_plan.scale_vector(scale_b, N)
+    scale_a_mem, scale_b_mem = gemm_plan.scale_operand(scale_a), gemm_plan.scale_operand(scale_b)
     args = (a_mem, b_mem, bias_mem, c if scale_a_mem is None else scale_a_mem,
             c if scale_b_mem is None else scale_b_mem, c,
             M, N, K, float(alpha), stride_am, stride_ak, stride_bk, stride_bn)
     activation = activation or "none"
-    flags = dict(HAS_BIAS=bias is not None, HAS_SCALE_A=scale_a is not None, HAS_SCALE_B=scale_b is not None,
-                 ACTIVATION=activation)
+    flags = dict(HAS_BIAS=bias is not None, SCALE_A=gemm_plan.scale_mode(scale_a),
+                 SCALE_B=gemm_plan.scale_mode(scale_b), ACTIVATION=activation)
     cpu = not _runs_on_gpu(a)
     recording = None
     if cpu:
@@ -485,7 +486,7 @@ def launch_kernels(args: tuple, M: int, N: int, K: int, flags: dict, out_dtype: 
                    launches: Optional[gemm_plan.Direct] = None) -> Optional[bool]:
     """The op's launches for `gemm_kernel`'s 14 arguments `args` (tensors already laid out; C at index 5, host
     arrays for the interpreter when `cpu`): the split-K plan when the shape takes one, else the autotuned tiled
-    kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    kernel (the interpreter's pinned config on the CPU). `flags` are HAS_BIAS / SCALE_A / SCALE_B /
     ACTIVATION; `device` is where split-K workspaces are allocated; `launches` launches each kernel (and records
     it for a plan: `gemm_plan.Recording`). Returns whether split K sums atomically (None: K not split), which a
     plan keeps. tests/kernels_lib/test_gemm_launch_calls.py counts its driver calls on the stub's arrays."""

@@ -24,10 +24,12 @@ launches and is dropped when one moved (autotune's `pin`, a test forgetting
 prepared launches). tests/kernels_lib/test_gemm_plan.py checks replays
 against the general path for random calls.
 
-fp8 scales are planned too: a replay makes each scale's vector as the general
-path does (`scale_vector`: a per-tensor scale expanded, a vector passed as it
-is when dense) and passes its address; the key holds each scale's layout,
-alignment, overlaps and identities with the other operands.
+fp8 scales are planned too: a replay passes each scale's address as the
+general path does (`scale_operand`: a per-tensor 0-d scale as it is, which
+the kernels read as one scalar; a vector as it is when dense); the key holds
+each scale's layout (so its mode: a plan recorded for a vector never replays
+for a 0-d scale, nor the other way), alignment, overlaps and identities with
+the other operands.
 
 Not planned (the general path runs every time): operands that need a copy
 (not dense), an empty K, calls inside `tessera.fusion()`.
@@ -78,8 +80,8 @@ def plan_key(a: torch.Tensor, b: torch.Tensor, bias: Optional[torch.Tensor], act
 def _scale_facts(seen: list, scale_a: Optional[torch.Tensor], scale_b: Optional[torch.Tensor]) -> tuple:
     """What the launches' specialization reads of the fp8 scales (`seen`: the operands as (tensor, start, end)):
     per scale (None: absent) its layout, dtype, device and alignment, and its identity to and overlap with each
-    operand and scale before it (a dense vector is passed as it is, so it may be, or share bytes with, the bias
-    or the other scale)."""
+    operand and scale before it (a 0-d scale or a dense vector is passed as it is, so it may be, or share bytes
+    with, the bias or the other scale)."""
     facts = []
     for scale in (scale_a, scale_b):
         if scale is None:
@@ -95,12 +97,18 @@ def _scale_facts(seen: list, scale_a: Optional[torch.Tensor], scale_b: Optional[
     return tuple(facts)
 
 
-def scale_vector(scale: Optional[torch.Tensor], length: int) -> Optional[torch.Tensor]:
-    """What the kernels read of an fp8 scale: a per-tensor scale expanded to one per row/column, a vector as it
-    is when dense (the general path and a replay both make it here)."""
-    if scale is None:
-        return None
-    return scale.expand(length).contiguous() if scale.dim() == 0 else scale.contiguous()   # (no reshape: -0.9 µs)
+def scale_mode(scale: Optional[torch.Tensor]) -> str:
+    """The kernels' SCALE_A / SCALE_B for an fp8 scale (`gemm_epilogue.SCALE_MODES`): "none", "tensor" for a
+    0-d scale (one scalar load), "vector" for one per row / column."""
+    return "none" if scale is None else "tensor" if scale.dim() == 0 else "vector"
+
+
+def scale_operand(scale: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    """What the kernels read of an fp8 scale: a per-tensor (0-d) scale as it is, a vector as it is when dense
+    (the general path and a replay both make it here; a 0-d tensor is never copied)."""
+    if scale is None or scale.dim() == 0:
+        return scale
+    return scale.contiguous()       # (no reshape: -0.9 µs)
 
 
 class Step(NamedTuple):
@@ -130,7 +138,7 @@ class GemmPlan:
                  atomic_now: Callable[[], bool], steps: tuple[Step, ...], stream: Optional[int] = None,
                  scaled: bool = False, target: Optional[tuple[str, Callable[[], str]]] = None):
         self.out_shape, self.out_dtype, self.device = out_shape, out_dtype, device
-        self.scaled = scaled            # fp8 scales: their vectors made per call (`scale_vector`)
+        self.scaled = scaled            # fp8 scales: their addresses read per call (`scale_operand`)
         self.target = target            # AMD: (the plan target the launches were picked for, the target now)
         self.workspace = workspace      # (shape, zeroed) of the float32 split-K partials, or None
         self.atomic = atomic            # K split: whether it sums with atomics (the env switch at recording)
@@ -169,15 +177,15 @@ class GemmPlan:
             if pw & 15:
                 return None
         psa = psb = 0
-        if self.scaled:                 # (the vectors stay referenced until the launches are queued)
-            vector_a, vector_b = scale_vector(scale_a, self._rows), scale_vector(scale_b, self._columns)
-            if vector_a is not None:
-                psa = vector_a.data_ptr()
-                if psa & 15 and vector_a is not scale_a:
-                    return None         # a fresh vector not aligned as at recording
-            if vector_b is not None:
-                psb = vector_b.data_ptr()
-                if psb & 15 and vector_b is not scale_b:
+        if self.scaled:                 # (the copies stay referenced until the launches are queued)
+            operand_a, operand_b = scale_operand(scale_a), scale_operand(scale_b)
+            if operand_a is not None:
+                psa = operand_a.data_ptr()
+                if psa & 15 and operand_a is not scale_a:
+                    return None         # a fresh copy not aligned as at recording
+            if operand_b is not None:
+                psb = operand_b.data_ptr()
+                if psb & 15 and operand_b is not scale_b:
                     return None
         pool = (pa, pb, pbias, pc, pw, float(alpha), psa, psb)
         for launch, gx, gy, gz, pick, consts, ordinal, stream_of, name in self._launches:
@@ -216,7 +224,7 @@ class Recording(Direct):
         if bias_mem is not c:
             self.slots[id(bias_mem)] = BIAS
         for array, slot in ((scale_a_mem, SCALE_A), (scale_b_mem, SCALE_B)):
-            if array is not None:       # (a vector that is the bias, or the other scale: one address either way)
+            if array is not None:       # (a scale that is the bias, or the other scale: one address either way)
                 self.slots[id(array)] = slot
         self.scaled = scale_a_mem is not None or scale_b_mem is not None
         self.alive = [a_mem, b_mem, bias_mem, c, alpha, scale_a_mem, scale_b_mem]  # ids stay theirs while recording

@@ -60,8 +60,8 @@ ROW_TILES = (16, 32, 64)     # its BM: the smallest that holds M (the matrix ins
 @tessera.kernel
 def gemm_split_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, partial_ptr, M, N, K, alpha,
                         stride_am, stride_ak, stride_bk, stride_bn, steps,
-                        HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr,
-                        HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
+                        HAS_BIAS: tessera.constexpr, SCALE_A: tessera.constexpr,
+                        SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                         BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                         STAGES: tessera.constexpr, SPLIT_K: tessera.constexpr, ATOMIC: tessera.constexpr,
                         ALIGN: tessera.constexpr = NOTHING_STATED):
@@ -77,7 +77,7 @@ def gemm_split_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr,
         acc = tessera.dot(a.block((BM, BK), (pid_m, k)).load(), b.block((BK, BN), (k, pid_n)).load(), acc)
     if SPLIT_K == 1:
         acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-                       HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
+                       HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN)
         tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
     elif ATOMIC:        # one shared [row tiles * BM, N] float32 sum (zeroed by the caller)
         rows = pid_m * BM + tessera.arange(0, BM)[:, None]
@@ -91,8 +91,8 @@ def gemm_split_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr,
 
 @tessera.kernel
 def gemm_split_k_reduce_kernel(partial_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, M, N, alpha,
-                               HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr,
-                               HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
+                               HAS_BIAS: tessera.constexpr, SCALE_A: tessera.constexpr,
+                               SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                                BM: tessera.constexpr, BN: tessera.constexpr, SPLITS: tessera.constexpr):
     """Program (pid_n, pid_m): C's tile = epilogue(the sum of its SPLITS partial tiles, in split order)."""
     pid_n, pid_m = tessera.program_id(0), tessera.program_id(1)
@@ -102,7 +102,7 @@ def gemm_split_k_reduce_kernel(partial_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, 
     for split in range(1, SPLITS):
         acc = acc + partials.block((BM, BN), (split * row_tiles + pid_m, pid_n)).load()
     acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
+                   HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN)
     tessera.view(c_ptr, (M, N)).block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
@@ -312,7 +312,7 @@ def launch(args: tuple, p: SplitKPlan, M: int, N: int, flags: dict, device, *, e
     """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`.
 
     `args` are `gemm.gemm_kernel`'s 14 arguments (C at index 5), already host arrays for the interpreter;
-    `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B / ACTIVATION; `element_bytes` the size of A's and B's
+    `flags` its HAS_BIAS / SCALE_A / SCALE_B / ACTIVATION; `element_bytes` the size of A's and B's
     elements (ALIGN and STAGES follow from it and the arguments: `main_constexprs`). `atomic` sums the splits with atomics
     instead of the deterministic workspace; `fast` runs the fast-math compilations. `launches` (the op's
     `gemm_plan.Direct` or `Recording`) launches each kernel and hands the workspace to the kernels."""

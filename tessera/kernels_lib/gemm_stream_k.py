@@ -79,18 +79,18 @@ def fixed_order_sum(partials, tile, per_program, k_steps, BM, BN):
 
 @tessera.func
 def store_tile(c, acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-               HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN):
+               HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN):
     """C[pid_m, pid_n] = the epilogue (`gemm_epilogue.py`) of the tile's float32 sum `acc`."""
     acc = epilogue(acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-                   HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
+                   HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN)
     c.block((BM, BN), (pid_m, pid_n)).store(acc)
 
 
 @tessera.kernel
 def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr, partial_ptr, counter_ptr,
                          M, N, K, alpha, stride_am, stride_ak, stride_bk, stride_bn, partial_rows, sk_tiles,
-                         HAS_BIAS: tessera.constexpr, HAS_SCALE_A: tessera.constexpr,
-                         HAS_SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
+                         HAS_BIAS: tessera.constexpr, SCALE_A: tessera.constexpr,
+                         SCALE_B: tessera.constexpr, ACTIVATION: tessera.constexpr,
                          BM: tessera.constexpr, BN: tessera.constexpr, BK: tessera.constexpr,
                          GROUP_M: tessera.constexpr, STAGES: tessera.constexpr,
                          ALIGN: tessera.constexpr = NOTHING_STATED, PIPELINED: tessera.constexpr = True):
@@ -109,7 +109,7 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
     for tile in range(program, dp_tiles, programs):             # data-parallel: whole tiles
         pid_m, pid_n = grouped_tile(tile, num_pid_m, num_pid_n, GROUP_M)
         gemm_tile(pid_m, pid_n, a, b, c, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, K, alpha,
-                  HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN, BK, STAGES, False)
+                  HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN, BK, STAGES, False)
 
     # stream-K: iterations start .. end - 1 of the sk_tiles * k_steps, tile t's steps t * k_steps ..
     k_steps = tessera.cdiv(K, BK)
@@ -131,7 +131,7 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
         acc = k_range(a, b, pid_m, pid_n, k0, k1, BM, BN, BK, STAGES)
         if (k0 == 0) & (k1 == k_steps):                        # the whole tile: no one to meet
             store_tile(c, acc, bias_ptr, scale_a_ptr, scale_b_ptr, M, N, alpha, pid_m, pid_n,
-                       HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION, BM, BN)
+                       HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION, BM, BN)
         else:
             partials.block((BM, BN), (slot_of(program, t, per_program, k_steps), 0)).store(acc)
             # acquire-release at GPU scope, after a barrier: publishes this program's partial and, for the last
@@ -139,7 +139,7 @@ def gemm_stream_k_kernel(a_ptr, b_ptr, bias_ptr, scale_a_ptr, scale_b_ptr, c_ptr
             contributors = ((t + 1) * k_steps - 1) // per_program - (t * k_steps) // per_program + 1
             if tessera.atomic_add(counter_ptr + t, 1, scope="gpu") == contributors - 1:
                 store_tile(c, fixed_order_sum(partials, t, per_program, k_steps, BM, BN), bias_ptr, scale_a_ptr,
-                           scale_b_ptr, M, N, alpha, pid_m, pid_n, HAS_BIAS, HAS_SCALE_A, HAS_SCALE_B, ACTIVATION,
+                           scale_b_ptr, M, N, alpha, pid_m, pid_n, HAS_BIAS, SCALE_A, SCALE_B, ACTIVATION,
                            BM, BN)
                 tessera.store(counter_ptr + t, 0)       # every contributor has counted: 0 for the next launch
         t = t + 1
@@ -278,7 +278,7 @@ def _direct(kernel, grid, args: tuple, kwargs: dict) -> None:
 def launch(args: tuple, p: StreamKPlan, M: int, N: int, flags: dict, device, *, element_bytes: int,
            fast: bool = False, launches=None) -> StreamKPlan:
     """Compute C = op(A) @ op(B) with the epilogue by plan `p`; return `p`. `args` are `gemm.gemm_kernel`'s 14
-    arguments (C at index 5; host arrays for the interpreter), `flags` its HAS_BIAS / HAS_SCALE_A / HAS_SCALE_B /
+    arguments (C at index 5; host arrays for the interpreter), `flags` its HAS_BIAS / SCALE_A / SCALE_B /
     ACTIVATION; `fast` runs the fast-math compilation; `launches` (the op's `gemm_plan.Direct` or `Recording`)
     launches the kernel and hands it the workspace, and replays it only on this stream (`arrival_counters`)."""
     partials = torch.empty((2 * p.programs * p.BM, p.BN), dtype=torch.float32, device=device)

@@ -28,7 +28,7 @@ HERE = Path(__file__).resolve().parent
 ADD = f"{ROOT / 'tutorials' / '01-vector-add.py'}:add"
 GEMM = f"{ROOT / 'tessera' / 'kernels_lib' / 'gemm.py'}:gemm_kernel"
 GEMM_SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
-GEMM_CONSTS = ["HAS_BIAS=False", "HAS_SCALE_A=False", "HAS_SCALE_B=False", "ACTIVATION='none'", "BM=128", "BN=128",
+GEMM_CONSTS = ["HAS_BIAS=False", "SCALE_A='none'", "SCALE_B='none'", "ACTIVATION='none'", "BM=128", "BN=128",
                "BK=64", "GROUP_M=8", "PERSISTENT=False", "STAGES=3"]
 
 

@@ -53,7 +53,7 @@ def capture_gemm_bias_gelu(bufs):
     a, b, c, bias, out = (bufs[n] for n in ("a", "b", "c", "bias", "out"))
     with tessera.fusion() as f:
         launch_tuned(gemm_kernel, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
-                     HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+                     HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
         k.bias_gelu[(tessera.cdiv(M * N, 512),)](c, bias, out, M * N, N, BLOCK=512)
         f.intermediate(c)
     return f
@@ -117,7 +117,7 @@ def test_the_exact_gemm_is_captured_since_a_fast_math_producer_refuses_its_consu
     a, b, c, bias, out = (bufs[n] for n in ("a", "b", "c", "bias", "out"))
     with tessera.fusion() as f:
         launch_tuned(gemm_kernel_fast, (a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
-                     HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+                     HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
         k.bias_gelu[(tessera.cdiv(M * N, 512),)](c, bias, out, M * N, N, BLOCK=512)
     assert len(f.ran) == 2 and "numerics options differ (fast_math)" in f.report()
 
@@ -186,7 +186,7 @@ def test_q_k_and_v_projections_on_gpu_memory_run_as_one_launch(gpu):
     with tessera.fusion() as f:
         for w, c in zip(weights, outs):
             launch_tuned(gemm_kernel, (a, w, c, c, c, c, M, N, K, 1.0, K, 1, N, 1), c, M, N, 132, tessera.capturing(),
-                         HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+                         HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
     assert f.ran == ["gemm_kernel+gemm_kernel+gemm_kernel"]
     assert "horizontal gemm_kernel | gemm_kernel | gemm_kernel: fused (3 launches -> 1, grid 36)" in f.report()
     assert [launch[2] for launch in gpu.launches()] == [(36, 1, 1)]

@@ -93,7 +93,7 @@ def gemm_bias_gelu_plan(config):
     a, b, c = np.zeros((Mg, Kg), np.float16), np.zeros((Kg, Ng), np.float16), np.zeros((Mg, Ng), np.float16)
     names = ("a", "b", "c", "c", "c", "c", f"#{Mg}", f"#{Ng}", f"#{Kg}", "#1.0", f"#{Kg}", "#1", f"#{Ng}", "#1")
     gemm = Launch(gemm_kernel.kernel.specialize(a, b, c, c, c, c, Mg, Ng, Kg, 1.0, Kg, 1, Ng, 1, HAS_BIAS=False,
-                                                HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none",
+                                                SCALE_A="none", SCALE_B="none", ACTIVATION="none",
                                                 **config.kwargs).function,
                   (tessera.cdiv(Mg, config.kwargs["BM"]) * tessera.cdiv(Ng, config.kwargs["BN"]),), names,
                   writes_all=frozenset({"c"}))

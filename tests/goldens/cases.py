@@ -63,7 +63,7 @@ def tutorial_cases() -> list[Case]:
 GEMM_BF16 = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
 GEMM_FP8 = "*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b}"
 B_ROW_MAJOR, B_TRANSPOSED = "i32:16,i32:1", "i32:1,i32:16"
-NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+NO_EPILOGUE = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 
 
 def gemm_cases() -> list[Case]:
@@ -83,7 +83,7 @@ def gemm_cases() -> list[Case]:
     cases.append(Case("gemm/bf16-bias-gelu/config0", kernel, GEMM_BF16,
                       {**NO_EPILOGUE, **first, "HAS_BIAS": True, "ACTIVATION": "gelu"}, CONFIGS[0].num_warps))
     cases.append(Case("gemm/fp8-b-transposed-scaled-bias-silu/config0", kernel, GEMM_FP8.format(b=B_TRANSPOSED),
-                      {**first, "HAS_BIAS": True, "HAS_SCALE_A": True, "HAS_SCALE_B": True, "ACTIVATION": "silu"},
+                      {**first, "HAS_BIAS": True, "SCALE_A": "vector", "SCALE_B": "vector", "ACTIVATION": "silu"},
                       CONFIGS[0].num_warps))
     from tessera.kernels_lib.gemm import HOPPER_CONFIGS
     hopper = dict(HOPPER_CONFIGS[0].kwargs)         # 128 x 256 on two consumer warpgroups (issue 19)

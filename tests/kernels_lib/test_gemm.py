@@ -157,7 +157,7 @@ def test_kernel_compiles_for_hopper():
         pytest.skip("ptxas not installed")
     compiled = gemm_kernel.kernel.compile(
         signature="*f16:16,*f16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
-        target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="gelu",
+        target="sm_90a", num_warps=4, HAS_BIAS=True, SCALE_A="none", SCALE_B="none", ACTIVATION="gelu",
         BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
     assert compiled.cubin
 
@@ -168,9 +168,13 @@ def test_fp8_kernel_compiles_for_hopper():
         pytest.skip("ptxas not installed")
     compiled = gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
-        target="sm_90a", num_warps=4, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="relu",
-        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)
-    assert compiled.cubin
+        target="sm_90a", num_warps=4, HAS_BIAS=True, SCALE_A="tensor", SCALE_B="vector", ACTIVATION="relu",
+        BM=64, BN=64, BK=64, GROUP_M=8, PERSISTENT=False, STAGES=3)     # (scale_a: one scalar; scale_b: per column)
+    assert compiled.cubin and compiled.metadata["spill_stores"] == compiled.metadata["spill_loads"] == 0
+    # the per-tensor scale_a: one 4-byte load at its parameter's address itself (no index arithmetic)
+    ptx = compiled.stages["ptx"]
+    address = re.search(r"ld\.param\.b64\s+(%rd\d+), \[gemm_kernel_param_3\]", ptx).group(1)
+    assert re.search(rf"ld\.global(\.nc)?\.b32\s+%r\d+, \[{address}\]", ptx), "scale_a is not read as one scalar"
 
 
 # stride_am, stride_ak, stride_bk, stride_bn: B row-major (K x N), or B^T stored (N x K), as trans_b passes it
@@ -194,7 +198,7 @@ def test_every_shipped_config_compiles_pipelined_without_spills(target, b_layout
     for config in CONFIGS:
         compiled = gemm_kernel.kernel.compile(
             signature=GEMM_SIGNATURE.format(b=B_STRIDES[b_layout]), target=target, num_warps=config.num_warps,
-            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+            HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **config.kwargs)
         metadata, ptx = compiled.metadata, compiled.stages["ptx"]
         stages = config.kwargs["STAGES"]
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{config} spills"
@@ -289,7 +293,7 @@ def test_tensor_map_recipes_of_the_library_gemm_on_sm_90(b_layout):
     config = CONFIGS[0]     # BM = BN = 128, BK = 64
     compiled = gemm_kernel.kernel.compile(
         signature=GEMM_SIGNATURE.format(b=B_STRIDES[b_layout]), target="sm_90", num_warps=config.num_warps,
-        HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+        HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **config.kwargs)
     fn = parse_module(compiled.stages["thread_ir"]).functions[0]        # the printed recipes read back
     names = [a.name_hint for a in fn.args]
     assert names[:len(GEMM_ARGS)] == GEMM_ARGS and names[len(GEMM_ARGS):] == ["a_ptr_tma0", "b_ptr_tma1",
@@ -339,7 +343,7 @@ def test_every_shipped_config_compiles_for_amd_matrix_cores_into_a_loadable_code
             warnings.simplefilter("always")
             compiled = gemm_kernel.kernel.compile(
                 signature=GEMM_SIGNATURE.format(b=B_STRIDES["b-row-major"]), target=target,
-                num_warps=config.num_warps, strict=False, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False,
+                num_warps=config.num_warps, strict=False, HAS_BIAS=False, SCALE_A="none", SCALE_B="none",
                 ACTIVATION="none", **config.kwargs)
         said = " ".join(str(w.message) for w in caught if issubclass(w.category, tessera.PipelineWarning))
         assert (f"runs as a plain loop on {target}" in said) == (target == "gfx90a"), said
@@ -368,7 +372,7 @@ def test_the_amd_configs_compile_with_every_stage_they_ask_for(target):
         for b_strides in B_STRIDES.values():
             compiled = gemm_kernel.kernel.compile(
                 signature=GEMM_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps,
-                strict=True, HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none",
+                strict=True, HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none",
                 **config.kwargs)
             assert "global_load_lds" in compiled.stages["amdgcn"], config
 

@@ -89,7 +89,7 @@ SPLIT_SIGNATURE = ("*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,*f32:16
                    "i32:1,i32:16,i32:1,i32")
 STREAM_SIGNATURE = ("*bf16:16,*bf16:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16,*i32:16,i32:16,i32:16,i32:16,f32,"
                     "i32:16,i32:1,i32:16,i32:1,i32:16,i32")
-NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+NO_EPILOGUE = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 
 
 def _compile(kind: str, target: str):

@@ -155,7 +155,7 @@ def test_a_cluster_config_on_the_interpreter_matches_torch(M, N, K, axis):
                              axis: 2}, num_warps=4)
     a, b = torch.randn(M, K), torch.randn(K, N)
     c = torch.empty(M, N)
-    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    flags = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
     grid = gemm_module._grid(M, N, config.kwargs, 4)
     rows, columns = -(-M // 16), -(-N // 16)
     assert grid == (-(-rows // 2) * 2 * columns if axis == "CLUSTER_M" else rows * -(-columns // 2) * 2,)

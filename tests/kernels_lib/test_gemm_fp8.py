@@ -130,7 +130,7 @@ def compile_fp8(config, b_strides: str, target: str, strict: bool = True):
     def compile_it(strict):
         return gemm_kernel.kernel.compile(
             signature=FP8_SIGNATURE.format(b=b_strides), target=target, num_warps=config.num_warps, strict=strict,
-            HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none", **config.kwargs)
+            HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none", **config.kwargs)
     if b_strides == "i32:1,i32:16":
         return compile_it(strict)
     with pytest.warns(tessera.PipelineWarning, match="not every block load is pipelined: .* the dot cannot read "
@@ -227,7 +227,8 @@ def test_on_a_gfx950_gpu_the_fp8_gemm_matches_the_reference():
 
 def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     """The library kernel itself, lowered for sm_90a (wgmma, both operands from the rings: B given transposed
-    like torch._scaled_mm's column-major B), per-row scales, odd M and N, on the SIMT simulator."""
+    like torch._scaled_mm's column-major B), a per-tensor scale_a (one scalar load) and a per-column scale_b, odd
+    M and N, on the SIMT simulator."""
     import numpy as np
 
     import tessera
@@ -240,17 +241,34 @@ def test_fp8_library_gemm_on_wgmma_matches_numpy_on_the_simt_simulator():
     rng = np.random.default_rng(5)
     a = dt.f8e4m3.encode(rng.standard_normal((M, K)))
     bt = dt.f8e4m3.encode(rng.standard_normal((N, K)))         # B^T: K-contiguous
-    scale_a, scale_b = (rng.random(n).astype(np.float32) + 0.5 for n in (M, N))
+    scale_a, scale_b = (rng.random(n).astype(np.float32) + 0.5 for n in (1, N))     # (scale_a: its one element)
     c = np.zeros((M, N), np.float32)
     args = [a, bt, c, scale_a, scale_b, c, M, N, K, 0.5, K, 1, 1, K]
     traced = [tessera.reinterpret(x, dt.f8e4m3) if i < 2 else x for i, x in enumerate(args)]
     module = gemm_kernel.kernel.specialize(
-        *traced, HAS_BIAS=False, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="none", BM=BM, BN=BN, BK=BK,
+        *traced, HAS_BIAS=False, SCALE_A="tensor", SCALE_B="vector", ACTIVATION="none", BM=BM, BN=BN, BK=BK,
         GROUP_M=2, PERSISTENT=False, STAGES=3).module
     fn = lower(module, "sm_90a", 4).functions[0]
     assert [op for op in fn.walk() if op.name == "wgmma"] and not [op for op in fn.walk() if op.name == "mma"]
     assert not [op for op in fn.walk() if op.name == "store" and op.operands[1].type.element.dtype == dt.f8e4m3]
     run_threads(fn, args, (-(-M // BM) * -(-N // BN),))         # (no fp8 tile goes through registers)
     x = np.asarray(dt.f8e4m3.decode(a), np.float64) @ np.asarray(dt.f8e4m3.decode(bt), np.float64).T
-    expected = 0.5 * x * scale_a[:, None] * scale_b[None, :]
+    expected = 0.5 * x * scale_a[0] * scale_b[None, :]
     np.testing.assert_allclose(c, expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_scale_mode_other_than_none_tensor_or_vector_names_the_modes():
+    """SCALE_A / SCALE_B are modes (`gemm_epilogue.SCALE_MODES`): the old boolean flags fail at trace time, naming
+    the kernel, the epilogue's line and the modes, rather than silently dropping the scale."""
+    import numpy as np
+
+    import tessera
+    from tessera.ir import dtypes as dt
+    from tessera.kernels_lib.gemm import gemm_kernel
+
+    a = tessera.reinterpret(dt.f8e4m3.encode(np.zeros((32, 32))), dt.f8e4m3)
+    c, scale = np.zeros((32, 32), np.float32), np.ones(32, np.float32)
+    with pytest.raises(tessera.StaticAssertionError, match=r"(?s)gemm_kernel.*gemm_epilogue.py.*'none', 'tensor'"):
+        gemm_kernel.kernel.specialize(a, a, c, scale, scale, c, 32, 32, 32, 1.0, 32, 1, 32, 1, HAS_BIAS=False,
+                                      SCALE_A=True, SCALE_B="none", ACTIVATION="none", BM=32, BN=32, BK=32,
+                                      GROUP_M=1, PERSISTENT=False, STAGES=1)

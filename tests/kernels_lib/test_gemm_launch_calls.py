@@ -19,7 +19,7 @@ from tessera.runtime.stub_driver import StubDriver, stubbed_driver
 
 gemm = importlib.import_module("tessera.kernels_lib.gemm")    # the package exports the function `gemm`
 SIZE = 64
-FLAGS = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+FLAGS = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 
 
 class Array:

@@ -92,10 +92,10 @@ def test_with_patched_maps_each_new_output_gets_its_own_product(driver, monkeypa
     assert encodes < len(outputs) // 4, f"{encodes} encodes: the maps were not patched"
 
 
-@pytest.mark.parametrize("scales", ["per-tensor", "per-row-and-column"])
+@pytest.mark.parametrize("scales", ["per-tensor", "per-row-and-column", "mixed"])
 def test_replayed_fp8_plans_with_scales_compute_the_product(scales):
-    """fp8 calls with scales replay their plan too (`gemm_plan.py`: the scale vectors made again each call); each
-    call's scales differ, so a replay passing a stale vector would be caught."""
+    """fp8 calls with scales replay their plan too (`gemm_plan.py`: each scale's own address passed, a 0-d one
+    read as one scalar); each call's scales differ, so a replay passing a stale address would be caught."""
     import importlib
 
     gemm = importlib.import_module("tessera.kernels_lib.gemm")
@@ -109,11 +109,12 @@ def test_replayed_fp8_plans_with_scales_compute_the_product(scales):
     for step in range(5):
         if scales == "per-tensor":
             scale_a, scale_b = torch.tensor(0.5 + step, device="cuda"), torch.tensor(0.25, device="cuda")
+        elif scales == "mixed":
+            scale_a, scale_b = torch.tensor(0.5 + step, device="cuda"), torch.rand(256, generator=g).cuda()
         else:
             scale_a = torch.rand(64, generator=g).cuda() + step
             scale_b = torch.rand(256, generator=g).cuda()
         out = gemm.gemm(a, b, scale_a=scale_a, scale_b=scale_b, out_dtype=torch.float32)
-        expected = product * scale_a.reshape(-1, 1) * scale_b.reshape(1, -1) if scale_a.dim() else \
-            product * scale_a * scale_b
+        expected = product * (scale_a.reshape(-1, 1) if scale_a.dim() else scale_a) * scale_b.reshape(1, -1)
         assert_close(out, expected, rtol=2e-2, atol=2e-1)
     assert len(gemm._PLANS) == plans + 1, "the warm calls were planned"

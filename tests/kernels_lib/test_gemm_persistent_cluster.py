@@ -124,7 +124,7 @@ def persistent_cluster_gemm(a_ptr, b_ptr, c_ptr, M, N, K, BM: tessera.constexpr,
     last = tessera.cdiv(num_pid_m, 2) * num_pid_n - SKIP_LAST * (tessera.program_id(0) % 2)
     for ct in range(tessera.program_id(0) // 2, last, tessera.num_programs(0) // 2):
         pid_m, pid_n = cluster_tile(ct * 2 + tessera.program_id(0) % 2, num_pid_m, num_pid_n, 2, 2, 1)
-        gemm_tile(pid_m, pid_n, a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, False, False, False, "none",
+        gemm_tile(pid_m, pid_n, a, b, c, c_ptr, c_ptr, c_ptr, M, N, K, 1.0, False, "none", "none", "none",
                   BM, BN, BK, STAGES, WS, 2, 1)
 
 
@@ -250,7 +250,7 @@ def test_a_persistent_cluster_config_on_the_interpreter_matches_torch(M, N, K, a
                              axis: 2}, num_warps=4)
     a, b = torch.randn(M, K), torch.randn(K, N)
     c = torch.empty(M, N)
-    flags = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+    flags = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
     grid = gemm_module._grid(M, N, config.kwargs, 4)
     assert grid == (4,)         # two clusters, several cluster-tiles each
     gemm_kernel.kernel[grid](a, b, c, c, c, c, M, N, K, 1.0, K, 1, N, 1, **flags, **config.as_dict())

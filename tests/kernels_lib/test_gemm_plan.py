@@ -26,7 +26,7 @@ torch = pytest.importorskip("torch")
 
 import tessera  # noqa: E402
 from tessera.dsl import gpu_launch  # noqa: E402
-from tessera.kernels_lib import gemm_stream_k  # noqa: E402
+from tessera.kernels_lib import gemm_plan, gemm_stream_k  # noqa: E402
 from tessera.kernels_lib.gemm_plan import stub_gpu_operands  # noqa: E402
 from tessera.runtime.stub_driver import StubDriver, stubbed_driver  # noqa: E402
 
@@ -171,7 +171,7 @@ def run(driver, args) -> list[tuple]:
     a, b = args[:2]
     named = {a.data_ptr(): "a", b.data_ptr(): "b", out.data_ptr(): "c"}
     for name, t in zip(("bias", "scale_a", "scale_b"), args[2:5]):
-        if t is not None:                   # (a per-tensor scale's own address is never launched: its vector is)
+        if t is not None:                   # (a scale's own address is launched: a 0-d one is read as it is)
             named[t.data_ptr()] = name
     return launched(driver, since, named)
 
@@ -303,26 +303,36 @@ def test_an_amd_plan_replays_only_while_its_plan_target_holds(monkeypatch):
 
 def fp8_scale_variants(M: int, N: int, K: int) -> list[tuple]:
     """`_gemm` arguments of fp8 GEMMs whose scales differ in what the launches' specialization sees: per tensor,
-    per row / column, absent, a vector not 16-byte aligned, a vector that is the bias or the other scale."""
+    per row / column, mixed, absent, a scale not 16-byte aligned (vector or 0-d), one 0-d scale on both sides, a
+    0-d scale inside the bias, a vector that is the bias or the other scale."""
     g = torch.Generator().manual_seed(M + N + K)
     a = torch.randn((M, K), generator=g).to(torch.float8_e4m3fn)
     b = torch.randn((K, N), generator=g).to(torch.float8_e5m2)
     rows, columns = torch.rand(M, generator=g), torch.rand(N, generator=g)
     shifted = torch.rand(N + 1, generator=g)[1:]                        # 4 bytes past a 16-byte boundary
     bias = torch.randn(N, generator=g)
-    cases = [(None, torch.tensor(0.5), torch.tensor(2.0)), (None, rows, columns), (None, None, columns),
-             (None, torch.tensor(0.5), None), (None, rows, shifted), (bias, rows, columns)]
+    one = torch.tensor(0.5)
+    cases = [(None, one, torch.tensor(2.0)), (None, rows, columns), (None, None, columns),
+             (None, one, None), (None, rows, shifted), (bias, rows, columns),
+             (None, rows, torch.tensor(2.0)), (None, one, columns),          # mixed
+             (None, one, one), (None, one, shifted[2]), (bias, bias[1], rows if M == N else columns)]
     if M == N:
         cases += [(bias, rows, bias), (None, rows, rows)]                 # scale_b is the bias; one vector twice
     return [(a, b, bias_, scale_a, scale_b, "relu", None, False, False, 1.5) for bias_, scale_a, scale_b in cases]
+
+
+def launched_name(args: tuple, scale: torch.Tensor) -> str:
+    """The name `run` gives `scale`'s address (the last of bias, scale_a, scale_b at that address)."""
+    return [name for name, t in zip(("bias", "scale_a", "scale_b"), args[2:5])
+            if t is not None and t.data_ptr() == scale.data_ptr()][-1]
 
 
 @pytest.mark.parametrize("M,N,K", [(64, 64, 64), (128, 128, 128), (16, 96, 1024)],
                          ids=["small-m", "tiled", "small-m-split"])
 def test_fp8_calls_with_scales_replay_what_the_general_path_launches(M, N, K):
     """fp8 scales are planned: each variant's replay (no checks run: `_check` fails if called) launches what the
-    general path does, its scale vectors made again (a per-tensor scale's expansion is fresh each call) or
-    passed as they are."""
+    general path does, and both pass every scale's own address: a 0-d scale is read as one scalar, not expanded
+    (no fresh vector), a dense vector as it is."""
     with stub_gpu() as driver:
         for args in fp8_scale_variants(M, N, K):
             for _ in range(3):              # compiled, warm, recorded
@@ -334,6 +344,52 @@ def test_fp8_calls_with_scales_replay_what_the_general_path_launches(M, N, K):
                 mp.setattr(gemm, "_PLANS", NoPlans())
                 general = run(driver, args)
             assert replayed == general and replayed, args[2:5]
+            values = {v for launch in replayed for v in launch[5]}
+            assert {launched_name(args, t) for t in args[3:5] if t is not None} <= values, args[2:5]
+
+
+def test_a_plan_for_a_vector_scale_is_never_keyed_as_a_per_tensor_one():
+    """M = N = 1: a (1,) scale and a 0-d one hold the same float at the same kind of address, but the kernels
+    read them differently (SCALE_A "vector" / "tensor"), so the plan keys differ, either side."""
+    a, b = torch.randn(1, 32).to(torch.float8_e4m3fn), torch.randn(32, 1).to(torch.float8_e4m3fn)
+    vector, scalar = torch.tensor([0.5]), torch.tensor(0.5)
+
+    def key(scale_a, scale_b):
+        return gemm_plan.plan_key(a, b, None, None, None, False, False, scale_a, scale_b)[0]
+    assert key(vector, None) != key(scalar, None) and key(None, vector) != key(None, scalar)
+    assert key(vector, scalar) != key(scalar, vector)
+    assert (gemm_plan.scale_mode(None), gemm_plan.scale_mode(scalar), gemm_plan.scale_mode(vector)) == \
+        ("none", "tensor", "vector")
+
+
+def test_a_warm_per_tensor_fp8_call_is_one_launch_and_allocates_only_c():
+    """The warm fp8 call with per-tensor scales: one cuLaunchKernel, passing the 0-d scales' own addresses, and
+    one torch op (C's allocation; a per-tensor scale was expanded with two more: expand + copy)."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Ops(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.seen = []
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(str(func))
+            return func(*args, **(kwargs or {}))
+
+    with stub_gpu() as driver:
+        a, b = (torch.randn(64, 64).to(torch.float8_e4m3fn) for _ in range(2))
+        scale_a, scale_b = torch.tensor(0.5), torch.tensor(2.0)
+        args = (a, b, None, scale_a, scale_b, None, None, False, False, 1.0)
+        for _ in range(3):
+            gemm._gemm(*args)
+        before, since = Counter(driver.counts), len(driver.calls)
+        with Ops() as ops:
+            c = gemm._gemm(*args)
+        assert driver.counts - before == Counter(cuLaunchKernel=1)
+        assert ops.seen == ["aten.empty.memory_format"], ops.seen
+        named = {a.data_ptr(): "a", b.data_ptr(): "b", c.data_ptr(): "c", scale_a.data_ptr(): "scale_a",
+                 scale_b.data_ptr(): "scale_b"}
+        assert {"scale_a", "scale_b"} <= set(launched(driver, since, named)[0][5])
 
 
 def test_fp8_scales_on_the_interpreter():

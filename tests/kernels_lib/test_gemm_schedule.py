@@ -73,6 +73,6 @@ def test_persistent_loop_around_k_loop_and_epilogue_compiles_for_hopper():
         pytest.skip("ptxas not installed")
     compiled = gemm_module.gemm_kernel.kernel.compile(
         signature="*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:1,i32:16",
-        target="sm_90a", num_warps=8, HAS_BIAS=True, HAS_SCALE_A=True, HAS_SCALE_B=True, ACTIVATION="gelu",
+        target="sm_90a", num_warps=8, HAS_BIAS=True, SCALE_A="vector", SCALE_B="vector", ACTIVATION="gelu",
         BM=128, BN=128, BK=64, GROUP_M=8, PERSISTENT=True, STAGES=3)
     assert compiled.cubin and compiled.metadata["spill_stores"] == 0

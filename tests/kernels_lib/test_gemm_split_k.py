@@ -225,7 +225,7 @@ def test_few_tiles_split_only_within_one_wave_and_where_k_and_the_traffic_allow(
 
 SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,*f32:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,{b},i32"
 B_STRIDES = {"b-row-major": "i32:16,i32:1", "b-transposed": "i32:1,i32:16"}
-NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+NO_EPILOGUE = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 SPLITS = {"one-split": (1, False), "workspace": (3, False), "atomic": (3, True)}
 
 
@@ -334,7 +334,7 @@ def test_the_reduce_kernel_compiles(target):
         warnings.simplefilter("error")
         compiled = gemm_split_k_reduce_kernel.compile(
             signature="*f32:16,*f32:16,*f32:16,*f32:16,*bf16:16,i32:16,i32:16,f32", target=target, num_warps=4,
-            HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="silu", BM=16, BN=64, SPLITS=3)
+            HAS_BIAS=True, SCALE_A="none", SCALE_B="none", ACTIVATION="silu", BM=16, BN=64, SPLITS=3)
     assert compiled.metadata.get("spill_stores", 0) == 0 and compiled.metadata.get("vgpr_spill_count", 0) == 0
 
 
@@ -402,14 +402,16 @@ FP8_SIGNATURE = ("*f8e4m3:16,*f8e4m3:16,*f32:16,*f32:16,*f32:16,*bf16:16,*f32:16
 def test_fp8_with_k_major_b_compiles_pipelined_without_spills(target):
     """fp8 operands with B as an nn.Linear weight (N x K, K-major: what 8-bit tensor-core reads need), scales,
     bias and silu: each shipped tile takes K_BYTES / 1 = twice the 16-bit K depth, runs pipelined (strict
-    mode) without spills, on wgmma where it has 64-row slabs on sm_90a, else mma.sync."""
+    mode) without spills, on wgmma where it has 64-row slabs on sm_90a, else mma.sync. The tiles take the
+    scales per tensor (one scalar load) and per row / column in turn."""
     from tessera.backends.nvptx import find_ptxas
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
-    for name, tile in SHIPPED_TILES.items():
+    for i, (name, tile) in enumerate(SHIPPED_TILES.items()):
+        scale_a, scale_b = ("tensor", "vector") if i % 2 else ("vector", "tensor")
         compiled = gemm_split_k_kernel.compile(
-            signature=FP8_SIGNATURE, target=target, num_warps=tile["num_warps"], HAS_BIAS=True, HAS_SCALE_A=True,
-            HAS_SCALE_B=True, ACTIVATION="silu", BM=tile["BM"], BN=tile["BN"], BK=tile["K_BYTES"],
+            signature=FP8_SIGNATURE, target=target, num_warps=tile["num_warps"], HAS_BIAS=True, SCALE_A=scale_a,
+            SCALE_B=scale_b, ACTIVATION="silu", BM=tile["BM"], BN=tile["BN"], BK=tile["K_BYTES"],
             STAGES=tile["STAGES"], SPLIT_K=2, ATOMIC=False)
         metadata, ptx = compiled.metadata, compiled.stages["ptx"]
         assert metadata["spill_stores"] == metadata["spill_loads"] == 0, f"{name} spills"
@@ -433,7 +435,7 @@ def op_launches(M, N, K, weight, atomic):
     plan = _split_k_plan(M, N, K, 2, H100_SMS, cpu=False)
     assert plan is not None, "the GPU test's shapes take a split-K plan"
     strides = (K, 1, 1, K) if weight else (K, 1, N, 1)      # stride_am, stride_ak, stride_bk, stride_bn
-    flags = dict(HAS_BIAS=True, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="gelu")
+    flags = dict(HAS_BIAS=True, SCALE_A="none", SCALE_B="none", ACTIVATION="gelu")
     atomic = atomic and plan.split_k > 1
     chosen = main_constexprs(plan, M, N, K, strides, 2, pointers_aligned=True)
     signature = ",".join(["*bf16:16", "*bf16:16", "*f32:16", "*bf16:16", "*bf16:16", "*bf16:16", "*f32:16",

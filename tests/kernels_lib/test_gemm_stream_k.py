@@ -27,7 +27,7 @@ from tessera.kernels_lib.gemm_stream_k import (StreamKPlan, gemm_stream_k_kernel
 from test_gemm import check, operands, reference  # noqa: E402
 
 gemm_module = importlib.import_module("tessera.kernels_lib.gemm")
-NO_EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+NO_EPILOGUE = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 SMALL = dict(BM=16, BN=16, BK=16, GROUP_M=2, STAGES=2)
 
 

@@ -21,7 +21,7 @@ from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel  # noqa: E402
 from tessera.passes.thread_passes import lower  # noqa: E402
 
 SIGNATURE = "*bf16:16,*bf16:16,*f32:16,*bf16:16,*bf16:16,*bf16:16,i32:16,i32:16,i32:16,f32,i32:16,i32:1,i32:16,i32:1"
-EPILOGUE = dict(HAS_BIAS=False, HAS_SCALE_A=False, HAS_SCALE_B=False, ACTIVATION="none")
+EPILOGUE = dict(HAS_BIAS=False, SCALE_A="none", SCALE_B="none", ACTIVATION="none")
 
 
 def bf16_bits(x):

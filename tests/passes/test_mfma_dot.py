@@ -133,7 +133,7 @@ def test_library_gemm_runs_on_mfma(target, dtype, blocks, epilogue):
         c = np.zeros((M, N), np.float32)
         return [a, b, bias.copy() if epilogue else c, c, c, c, M, N, K, 0.5, K, 1, N, 1]
 
-    constexprs = dict(HAS_BIAS=epilogue, HAS_SCALE_A=False, HAS_SCALE_B=False,
+    constexprs = dict(HAS_BIAS=epilogue, SCALE_A="none", SCALE_B="none",
                       ACTIVATION="relu" if epilogue else "none", BM=bm, BN=bn, BK=bk, GROUP_M=2, PERSISTENT=False, STAGES=2)
     expected, actual = args(), args()
     traced = [tessera.reinterpret(x.array, x.dtype) if isinstance(x, Memory) else x for x in expected]
