@@ -62,7 +62,6 @@ def lowered_gemm(M, N, K, config, trans_a=False, trans_b=False, seed=0, target="
     f16 operands; C is float32."""
     import numpy as np
 
-    import tessera
     from tessera.passes.thread_passes import lower
     rng = np.random.default_rng(seed)
     a = rng.standard_normal((M, K)).astype(np.float16)

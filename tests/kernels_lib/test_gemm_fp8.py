@@ -142,7 +142,7 @@ def compile_fp8(config, b_strides: str, target: str, strict: bool = True):
 def test_every_shipped_config_runs_fp8_mma_sync_on_sm89_without_spills(b_strides):
     """On sm_89 (fp8 mma.sync, no wgmma) an e4m3 GEMM multiplies on m16n8k32 .e4m3 tensor cores, not FMA."""
     from tessera.backends.nvptx import find_ptxas
-    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    from tessera.kernels_lib.gemm import CONFIGS
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
     for config in CONFIGS:
@@ -159,7 +159,7 @@ def test_every_shipped_config_runs_fp8_on_wgmma_on_sm90a_without_spills(b_stride
     columns), BK / 32 per warpgroup slab and K step, A pipelined through TMA-filled rings (and B too when it
     is K-contiguous, the torch._scaled_mm layout); no mma.sync is left."""
     from tessera.backends.nvptx import find_ptxas
-    from tessera.kernels_lib.gemm import CONFIGS, gemm_kernel
+    from tessera.kernels_lib.gemm import CONFIGS
     if find_ptxas() is None:
         pytest.skip("ptxas not installed")
     for config in CONFIGS:
