@@ -310,10 +310,16 @@ def _ldmatrix(ctx, op, rows):
     offsets = np.empty((warps, warp, num, per_word), np.int64)
     for j in range(num):
         offsets[:, :, j, :] = starts[:, j, :][:, src_row] + src_col
-    offsets = offsets.reshape(ctx.num_threads, per_word * num)
+    return _read_for_lanes(ctx, op, region, offsets.reshape(ctx.num_threads, per_word * num), live)
+
+
+def _read_for_lanes(ctx, op, region, offsets, live):
+    """Each live thread's row of shared-memory element `offsets` (threads x elements), read as that thread's
+    (bounds- and race-checked; dead threads' rows are zeros): the values a cooperative read (ldmatrix,
+    lds_read_tr) hands each lane."""
     outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
     if outside.any():
-        raise ctx.error(op, f"ldmatrix reads outside {region.name} (elements {int(offsets.min())}.."
+        raise ctx.error(op, f"{op.name} reads outside {region.name} (elements {int(offsets.min())}.."
                             f"{int(offsets.max())} of {region.size})")
     threads = np.broadcast_to(np.arange(ctx.num_threads)[:, None], offsets.shape)
     race = region.shared.record_read(region, threads[live], offsets[live])
@@ -347,18 +353,7 @@ def _lds_read_tr(ctx, op, rows):
     t = np.arange(ctx.num_threads)
     e = np.arange(4)
     source = (t // 16 * 16)[:, None] + 4 * e[None, :] + (t % 16 // 4)[:, None]     # (threads, 4)
-    offsets = starts[source] + (t % 4)[:, None]
-    outside = live[:, None] & ((offsets < 0) | (offsets >= region.size))
-    if outside.any():
-        raise ctx.error(op, f"lds_read_tr reads outside {region.name} (elements {int(offsets.min())}.."
-                            f"{int(offsets.max())} of {region.size})")
-    threads = np.broadcast_to(t[:, None], offsets.shape)
-    race = region.shared.record_read(region, threads[live], offsets[live])
-    if race is not None:
-        raise ctx.error(op, f"shared-memory race: {race}")
-    result = np.zeros(offsets.shape, region.dtype.compute_dtype)
-    result[live] = region.load(offsets[live])
-    return result
+    return _read_for_lanes(ctx, op, region, starts[source] + (t % 4)[:, None], live)
 
 
 @simt("stmatrix")
