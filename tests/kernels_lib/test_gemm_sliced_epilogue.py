@@ -36,6 +36,7 @@ from tessera.kernels_lib.gemm import CONFIGS, HOPPER_CONFIGS, gemm_kernel
 from tessera.passes.thread_passes import lower
 
 from hopper_gemm import NO_EPILOGUE, needs_ptxas, needs_sass
+from test_gemm_tma_store import _gemm_args
 
 PERSISTENT_WS_128x256 = [c for c in HOPPER_CONFIGS
                          if c.kwargs["PERSISTENT"] and c.kwargs.get("WS") and c.kwargs["BN"] == 256]
@@ -104,17 +105,8 @@ def test_the_sass_writes_c_with_sts64_only_and_waits_per_block(compiled):
 
 # -- on the SIMT simulator ----------------------------------------------------------------------------------
 
-def _args(M, N, K, seed=0):
-    rng = np.random.default_rng(seed)
-    a = rng.standard_normal((M, K)).astype(np.float16)
-    b = rng.standard_normal((K, N)).astype(np.float16)
-    unused = np.zeros(1, np.float32)
-    c = np.full((M, N), np.nan, np.float32)
-    return [a, b, unused, unused, unused, c, M, N, K, 1.0, K, 1, N, 1]
-
-
 def _lowered(M, N, K, config=PERSISTENT_WS_128x256[0], **options):
-    module = gemm_kernel.kernel.specialize(*_args(M, N, K), **{**NO_EPILOGUE, **config.kwargs}).module
+    module = gemm_kernel.kernel.specialize(*_gemm_args(M, N, K), **{**NO_EPILOGUE, **config.kwargs}).module
     return module, lower(module, "sm_90a", config.num_warps, **options).functions[0]
 
 
@@ -132,9 +124,9 @@ def test_a_sliced_f32_c_over_several_ragged_tiles_per_program_is_what_the_interp
     assert names.count("tma_store") == 8 and len(_slot_waits(fn)) == 8
     assert sorted(op.attrs["bytes"] for op in fn.walk() if op.name == "shared_alloc" and op.attrs.get("async_reads")) \
         == [2 * SLOT_BYTES]
-    got = _args(M, N, K)
+    got = _gemm_args(M, N, K)
     run_threads(fn, got, (2,))
-    want = _args(M, N, K)
+    want = _gemm_args(M, N, K)
     run_function(module.functions[0], want, (6,))
     assert not np.isnan(got[5]).any()                          # every element written
     np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
@@ -158,7 +150,7 @@ def test_rewriting_a_slot_before_its_last_store_has_read_it_is_reported(change, 
     else:
         del block.ops[i]
     with pytest.raises(InterpreterError, match=error):
-        run_threads(fn, _args(M, N, K), (1,))
+        run_threads(fn, _gemm_args(M, N, K), (1,))
 
 
 def test_a_one_tile_config_sliced_on_request_waits_only_to_reuse_a_slot_and_matches_the_interpreter():
@@ -167,16 +159,16 @@ def test_a_one_tile_config_sliced_on_request_waits_only_to_reuse_a_slot_and_matc
     config = CONFIGS[0]
     module, fn = _lowered(M, N, K, config, slice_stores=True)
     assert [op.name for op in fn.walk()].count("tma_store") == 4 and len(_slot_waits(fn)) == 2
-    got = _args(M, N, K)
+    got = _gemm_args(M, N, K)
     run_threads(fn, got, (4,))
-    want = _args(M, N, K)
+    want = _gemm_args(M, N, K)
     run_function(module.functions[0], want, (4,))
     assert not np.isnan(got[5]).any()
     np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
     block, i = _slot_waits(fn)[0]                   # the third block's: slot 0, which the first block's store read
     del block.ops[i]
     with pytest.raises(InterpreterError, match=r"writes shared byte \d+ .*which a tma_store may still be reading"):
-        run_threads(fn, _args(M, N, K), (1,))
+        run_threads(fn, _gemm_args(M, N, K), (1,))
 
 
 FOUR_STAGES = dict(PERSISTENT_WS_128x256[0].kwargs, STAGES=4)
