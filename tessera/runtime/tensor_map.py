@@ -95,8 +95,7 @@ def prepare_encoding(desc: TensorMapDescription) -> Callable[[int], bytes]:
     rank, call = driver.cuuint32_t(desc.rank), driver.cuTensorMapEncodeTiled
 
     def encode(address: int) -> bytes:
-        if address % GLOBAL_ALIGN:      # the one check that depends on the address
-            raise TensorMapError(f"tensor map: global address {address:#x} is not {GLOBAL_ALIGN}-byte aligned")
+        _check_aligned(address)
         result = call(data_type, rank, address, *arguments)
         if int(result[0]):
             _check(result, "cuTensorMapEncodeTiled")        # raises the driver's error
@@ -108,12 +107,17 @@ def prepare_encoding(desc: TensorMapDescription) -> Callable[[int], bytes]:
         patcher = tensor_map_patch.AddressPatcher(encode, f"tensor map of a {desc.dtype.name} {desc.shape} tensor")
 
         def patched(address: int) -> bytes:
-            if address % GLOBAL_ALIGN:
-                raise TensorMapError(f"tensor map: global address {address:#x} is not {GLOBAL_ALIGN}-byte aligned")
+            _check_aligned(address)
             return patcher(address)
         patched.patcher = patcher
         return patched
     return encode
+
+
+def _check_aligned(address: int) -> None:
+    """The one check of a map's description that depends on its address (encoded or patched alike)."""
+    if address % GLOBAL_ALIGN:
+        raise TensorMapError(f"tensor map: global address {address:#x} is not {GLOBAL_ALIGN}-byte aligned")
 
 
 def _map_bytes(tensor_map) -> bytes:

@@ -116,6 +116,17 @@ def _slot_waits(fn):
             and [(o.name, o.attrs.get("pending")) for o in op.regions[0].ops][:1] == [("bulk_wait_group_read", 1)]]
 
 
+def _assert_simulator_matches_interpreter(module, fn, M, N, K, programs, grid):
+    """The lowered kernel `fn` on the SIMT simulator (`programs` programs) writes every element of C, and the
+    same C as the interpreter runs the traced `module` to (on `grid` programs)."""
+    got = _gemm_args(M, N, K)
+    run_threads(fn, got, (programs,))
+    want = _gemm_args(M, N, K)
+    run_function(module.functions[0], want, (grid,))
+    assert not np.isnan(got[5]).any()                          # every element written
+    np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
+
+
 def test_a_sliced_f32_c_over_several_ragged_tiles_per_program_is_what_the_interpreter_computes():
     """300 x 400: 3 x 2 tiles of 128 x 256, the last row and column ragged, on 2 programs (3 tiles each)."""
     M, N, K = 300, 400, 64
@@ -124,12 +135,7 @@ def test_a_sliced_f32_c_over_several_ragged_tiles_per_program_is_what_the_interp
     assert names.count("tma_store") == 8 and len(_slot_waits(fn)) == 8
     assert sorted(op.attrs["bytes"] for op in fn.walk() if op.name == "shared_alloc" and op.attrs.get("async_reads")) \
         == [2 * SLOT_BYTES]
-    got = _gemm_args(M, N, K)
-    run_threads(fn, got, (2,))
-    want = _gemm_args(M, N, K)
-    run_function(module.functions[0], want, (6,))
-    assert not np.isnan(got[5]).any()                          # every element written
-    np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
+    _assert_simulator_matches_interpreter(module, fn, M, N, K, programs=2, grid=6)
 
 
 @pytest.mark.parametrize("change, error", [
@@ -159,12 +165,7 @@ def test_a_one_tile_config_sliced_on_request_waits_only_to_reuse_a_slot_and_matc
     config = CONFIGS[0]
     module, fn = _lowered(M, N, K, config, slice_stores=True)
     assert [op.name for op in fn.walk()].count("tma_store") == 4 and len(_slot_waits(fn)) == 2
-    got = _gemm_args(M, N, K)
-    run_threads(fn, got, (4,))
-    want = _gemm_args(M, N, K)
-    run_function(module.functions[0], want, (4,))
-    assert not np.isnan(got[5]).any()
-    np.testing.assert_allclose(got[5], want[5], rtol=1e-5, atol=1e-4)
+    _assert_simulator_matches_interpreter(module, fn, M, N, K, programs=4, grid=4)
     block, i = _slot_waits(fn)[0]                   # the third block's: slot 0, which the first block's store read
     del block.ops[i]
     with pytest.raises(InterpreterError, match=r"writes shared byte \d+ .*which a tma_store may still be reading"):
